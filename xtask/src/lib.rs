@@ -1,0 +1,26 @@
+//! Project gates that cargo does not provide.
+//!
+//! - [`check_versions`]: every workspace crate carries the workspace version, unless its manifest
+//!   declares itself independent with a reason (`[package.metadata.mlxcel] independent-version`),
+//!   and every internal dependency in `[workspace.dependencies]` asks for that version.
+//! - [`check_env_docs`]: every `MLXCEL_*` variable the code reads is documented in
+//!   `docs/environment.md`, and every documented one is read somewhere.
+//!
+//! Both take the workspace root as a value so that tests can run them on a mutated copy.
+
+mod env_docs;
+mod versions;
+
+pub use env_docs::{check_env_docs, documented_variables, variables_in_code};
+pub use versions::check_versions;
+
+use std::path::PathBuf;
+
+/// The workspace root: the parent of this crate's directory.
+pub fn workspace_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or(manifest_dir)
+}

@@ -1,0 +1,162 @@
+//! Each gate passes on the real tree and fails on a mutated copy of it, naming what is wrong.
+//!
+//! Modules: `versions` (the crate-version gate), `env_docs` (the environment-variable docs gate).
+
+use std::fs;
+use std::path::Path;
+
+use tempfile::TempDir;
+
+/// Copies the workspace (without build outputs and VCS data) into a temporary directory.
+fn copy_of_tree() -> TempDir {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    copy_dir(&xtask::workspace_root(), dir.path());
+    dir
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if ["target", ".git", ".cache"]
+            .iter()
+            .any(|skip| name == *skip)
+        {
+            continue;
+        }
+        let path = entry.path();
+        if path.is_dir() {
+            copy_dir(&path, &to.join(&name));
+        } else if path.is_file() {
+            fs::copy(&path, to.join(&name)).unwrap();
+        }
+    }
+}
+
+fn edit(root: &Path, file: &str, change: impl FnOnce(String) -> String) {
+    let path = root.join(file);
+    let text = fs::read_to_string(&path).unwrap();
+    let changed = change(text.clone());
+    assert_ne!(text, changed, "the mutation of {file} changed nothing");
+    fs::write(path, changed).unwrap();
+}
+
+mod versions {
+    use super::*;
+
+    #[test]
+    fn real_tree_passes() {
+        let summary = xtask::check_versions(&xtask::workspace_root()).unwrap();
+        assert!(summary.contains("carry version"), "{summary}");
+    }
+
+    #[test]
+    fn a_crate_with_its_own_version_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), "crates/capacity/Cargo.toml", |t| {
+            t.replace("version.workspace = true", "version = \"9.9.9\"")
+        });
+        let err = xtask::check_versions(tree.path()).unwrap_err().to_string();
+        assert!(err.contains("mlxcel-capacity"), "{err}");
+        assert!(
+            err.contains("does not carry the workspace version"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_declared_independent_crate_passes() {
+        let tree = copy_of_tree();
+        edit(tree.path(), "crates/capacity/Cargo.toml", |t| {
+            t.replace("version.workspace = true", "version = \"9.9.9\"")
+                + "\n[package.metadata.mlxcel]\nindependent-version = \"released on its own\"\n"
+        });
+        xtask::check_versions(tree.path()).unwrap();
+    }
+
+    #[test]
+    fn an_empty_independence_reason_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), "crates/capacity/Cargo.toml", |t| {
+            t.replace("version.workspace = true", "version = \"9.9.9\"")
+                + "\n[package.metadata.mlxcel]\nindependent-version = \" \"\n"
+        });
+        assert!(xtask::check_versions(tree.path()).is_err());
+    }
+
+    #[test]
+    fn a_stale_internal_dependency_version_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), "Cargo.toml", |t| {
+            t.replace(
+                "mlxcel-capacity = { path = \"crates/capacity\", version = \"0.1.0\" }",
+                "mlxcel-capacity = { path = \"crates/capacity\", version = \"0.0.9\" }",
+            )
+        });
+        let err = xtask::check_versions(tree.path()).unwrap_err().to_string();
+        assert!(err.contains("mlxcel-capacity asks for version"), "{err}");
+    }
+}
+
+mod env_docs {
+    use super::*;
+
+    #[test]
+    fn real_tree_passes() {
+        xtask::check_env_docs(&xtask::workspace_root()).unwrap();
+        let in_code = xtask::variables_in_code(&xtask::workspace_root()).unwrap();
+        assert!(
+            in_code.contains("MLXCEL_XLA_CONTEXT_CAPACITY"),
+            "{in_code:?}"
+        );
+        assert!(
+            in_code.contains("MLXCEL_XLA_CONTEXT_BUCKETS"),
+            "{in_code:?}"
+        );
+    }
+
+    #[test]
+    fn an_undocumented_variable_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), "crates/capacity/src/env.rs", |t| {
+            t + "\npub const SNEAKY: &str = \"MLXCEL_SNEAKY_KNOB\";\n"
+        });
+        let err = xtask::check_env_docs(tree.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("MLXCEL_SNEAKY_KNOB is read by the code but has no row"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_removed_row_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), "docs/environment.md", |t| {
+            t.lines()
+                .filter(|l| !l.starts_with("| `MLXCEL_XLA_CONTEXT_BUCKETS`"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        });
+        let err = xtask::check_env_docs(tree.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("MLXCEL_XLA_CONTEXT_BUCKETS is read by the code but has no row"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_documented_variable_nothing_reads_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), "docs/environment.md", |t| {
+            t + "| `MLXCEL_FORGOTTEN` | — | Once did something. |\n"
+        });
+        let err = xtask::check_env_docs(tree.path()).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "MLXCEL_FORGOTTEN is documented in docs/environment.md but nothing reads it"
+            ),
+            "{err}"
+        );
+    }
+}
