@@ -1,0 +1,115 @@
+//! The seam between the engine and a backend.
+//!
+//! The engine owns requests, sequences, scheduling and sampling; a backend owns weights, KV memory
+//! and the forward pass. A backend is told which slot each sequence lives in, which tokens are new
+//! (a prefill chunk or one decode token) and where they start, and returns the logits of each
+//! sequence's last new position. Everything above the logits happens in the engine, so backends
+//! behave identically to users and a mock backend can test the scheduler.
+
+use mlxcel_capacity::{MaxNewTokens, admit};
+
+use crate::error::EngineError;
+
+/// A backend's handle for one sequence's KV memory.
+pub type SlotId = usize;
+
+/// The shape-relevant facts of a request, known before it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestShape {
+    /// Prompt tokens after templating.
+    pub prompt_len: usize,
+    /// Worst-case image expansion in tokens (0 for text).
+    pub image_tokens: usize,
+    /// The generation budget asked for.
+    pub max_new_tokens: MaxNewTokens,
+}
+
+impl RequestShape {
+    /// Prompt plus worst-case image expansion.
+    pub fn effective_prompt_len(&self) -> usize {
+        self.prompt_len.saturating_add(self.image_tokens)
+    }
+}
+
+/// How a backend sizes its sequences.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShapePolicy {
+    /// Any length up to the checkpoint window (MLX).
+    Dynamic,
+    /// A fixed set of compiled capacities, each with its own batch limit (OpenXLA).
+    Static {
+        /// Ascending by capacity.
+        buckets: Vec<Bucket>,
+    },
+}
+
+/// One compiled static shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bucket {
+    /// Positions per sequence.
+    pub context_capacity: usize,
+    /// Sequences per step.
+    pub max_batch: usize,
+}
+
+/// Where and with what budget a request runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionPlan {
+    /// The static capacity the sequence runs in; `None` for a dynamic shape.
+    pub context_capacity: Option<usize>,
+    /// The most positions the sequence may occupy (the capacity, or the window).
+    pub max_positions: usize,
+    /// The budget the request runs with: explicit budgets unchanged, unlimited ones clamped.
+    pub admitted_max_new_tokens: usize,
+}
+
+/// New tokens of one sequence for one step.
+#[derive(Debug, Clone, Copy)]
+pub struct SequenceStep<'a> {
+    /// The sequence's slot, from [`Backend::allocate_slot`].
+    pub slot: SlotId,
+    /// The tokens to run: a prefill chunk, or the one token sampled last step.
+    pub tokens: &'a [u32],
+    /// The position of `tokens[0]`: how many tokens the slot already holds.
+    pub start_position: usize,
+}
+
+/// A model runner.
+pub trait Backend {
+    /// A short name (`mlx`, `xla`), used in errors and logs.
+    fn name(&self) -> &'static str;
+
+    /// The checkpoint's window: the most positions any sequence may use.
+    fn window(&self) -> usize;
+
+    /// The size of each logits vector.
+    fn vocab_size(&self) -> usize;
+
+    /// How sequences are shaped; dynamic unless the backend compiles static shapes.
+    fn shape_policy(&self) -> ShapePolicy {
+        ShapePolicy::Dynamic
+    }
+
+    /// Sizes a request. The default is a dynamic shape bounded by the window: an explicit budget is
+    /// honoured or refused, an unlimited one runs to the end of the window. Only static-shape
+    /// backends override this, sizing through `mlxcel-capacity`.
+    fn create_session_for_request(&self, shape: &RequestShape) -> Result<SessionPlan, EngineError> {
+        let window = self.window();
+        let admitted = admit(shape.effective_prompt_len(), shape.max_new_tokens, window)?;
+        Ok(SessionPlan {
+            context_capacity: None,
+            max_positions: window,
+            admitted_max_new_tokens: admitted,
+        })
+    }
+
+    /// Reserves KV memory for a sequence run under `plan`.
+    fn allocate_slot(&mut self, plan: &SessionPlan) -> Result<SlotId, EngineError>;
+
+    /// Runs one step over `batch` and returns, per entry and in order, the logits of its last new
+    /// position (`vocab_size()` floats each).
+    fn step(&mut self, batch: &[SequenceStep<'_>]) -> Result<Vec<Vec<f32>>, EngineError>;
+
+    /// Frees a slot's KV memory. Releasing an unknown slot is a no-op.
+    fn release_slot(&mut self, slot: SlotId);
+}

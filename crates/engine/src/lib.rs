@@ -1,0 +1,32 @@
+//! The mlxcel engine: what sits between a user's request and a backend's forward pass.
+//!
+//! - [`Backend`] is the seam: a backend owns weights, KV memory and the forward pass, and returns
+//!   logits for the last new position of each sequence in a step. [`Backend::create_session_for_request`]
+//!   sizes a request ([`SessionPlan`]); only static-shape backends override its default.
+//! - [`Sampler`] turns logits into a token under [`SamplingParams`] with the request's own seeded
+//!   stream, so a request's output never depends on its batch-mates.
+//! - [`StopMatcher`] finds stop strings across token boundaries without ever releasing part of one.
+//!
+//! ```
+//! use mlxcel_engine::{Sampler, SamplingParams, StopMatcher};
+//!
+//! let mut sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+//! let mut logits = vec![0.1, 2.5, -1.0];
+//! assert_eq!(sampler.sample(&mut logits, &[]), 1);
+//!
+//! let mut stops = StopMatcher::new(["</s>"]);
+//! assert_eq!(stops.push("Paris.</").text, "Paris.");
+//! assert!(stops.push("s> more").stopped);
+//! ```
+
+mod backend;
+mod error;
+mod rng;
+mod sampling;
+mod stop;
+
+pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
+pub use error::EngineError;
+pub use mlxcel_capacity::MaxNewTokens;
+pub use sampling::{Sampler, SamplingParams, argmax};
+pub use stop::{StopMatcher, StopScan};
