@@ -21,6 +21,19 @@ pub enum EngineError {
         backend: &'static str,
         message: String,
     },
+    /// The waiting queue is full; try again later.
+    #[error("the request queue is full ({capacity} waiting); retry shortly")]
+    QueueFull { capacity: usize },
+    /// The backend has no free slot (KV memory) right now; the request stays queued.
+    #[error("no free slot")]
+    NoFreeSlot,
+    /// A scheduler setting that cannot work.
+    #[error("invalid scheduler setting {field}={value}: {expected}")]
+    InvalidConfig {
+        field: &'static str,
+        value: usize,
+        expected: &'static str,
+    },
     /// An empty prompt: there is no position to predict from.
     #[error("the prompt is empty: give at least one token of input")]
     EmptyPrompt,

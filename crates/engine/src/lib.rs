@@ -6,6 +6,9 @@
 //! - [`Sampler`] turns logits into a token under [`SamplingParams`] with the request's own seeded
 //!   stream, so a request's output never depends on its batch-mates.
 //! - [`StopMatcher`] finds stop strings across token boundaries without ever releasing part of one.
+//! - [`Scheduler`] is the continuous batcher: each [`Scheduler::step`] decodes one token for every
+//!   running sequence, spends the rest of a token budget on chunked prefill, and reports
+//!   [`Event`]s per request; a [`TextDecoder`] turns tokens into complete UTF-8 text.
 //!
 //! ```
 //! use mlxcel_engine::{Sampler, SamplingParams, StopMatcher};
@@ -20,13 +23,21 @@
 //! ```
 
 mod backend;
+mod decode;
 mod error;
+mod request;
 mod rng;
 mod sampling;
+mod scheduler;
 mod stop;
 
 pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
+pub use decode::{DecodeStream, TextDecoder};
 pub use error::EngineError;
 pub use mlxcel_capacity::MaxNewTokens;
+pub use request::{
+    Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
+};
 pub use sampling::{Sampler, SamplingParams, argmax};
+pub use scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 pub use stop::{StopMatcher, StopScan};

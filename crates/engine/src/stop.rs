@@ -68,6 +68,11 @@ impl StopMatcher {
         }
     }
 
+    /// Whether a stop string has completed.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+
     /// Releases whatever is held back; call when generation ends for another reason.
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.pending)

@@ -1,9 +1,12 @@
 //! The engine's public behaviour, one module per concern.
 //!
 //! Modules: `sampling` (the sampler chain and seeding), `stop` (stop strings across token
-//! boundaries), `seam` (the backend trait's defaults).
+//! boundaries), `seam` (the backend trait's defaults), `scheduler` (continuous batching over a
+//! mock backend).
 
 use mlxcel_engine::*;
+
+mod scheduler;
 
 mod sampling {
     use super::*;

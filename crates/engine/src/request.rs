@@ -1,0 +1,144 @@
+//! What a caller submits, and what comes back.
+
+use crate::sampling::SamplingParams;
+use mlxcel_capacity::MaxNewTokens;
+
+/// Identifies a submitted request for its lifetime in the engine.
+pub type RequestId = u64;
+
+/// A tokenized generation request.
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    /// The prompt after templating and tokenization; never empty.
+    pub prompt: Vec<u32>,
+    /// How many tokens to generate.
+    pub max_new_tokens: MaxNewTokens,
+    /// How to pick each token.
+    pub sampling: SamplingParams,
+    /// Strings that end generation; the text reported stops before them.
+    pub stop: Vec<String>,
+    /// Token ids that end generation (the checkpoint's EOS ids, usually).
+    pub stop_token_ids: Vec<u32>,
+    /// Report each token's log-probability and this many most likely alternatives; `None` for no
+    /// log-probabilities at all.
+    pub logprobs: Option<usize>,
+}
+
+impl GenerationRequest {
+    /// A request with default sampling, no stops, no logprobs.
+    pub fn new(prompt: Vec<u32>, max_new_tokens: MaxNewTokens) -> Self {
+        Self {
+            prompt,
+            max_new_tokens,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            logprobs: None,
+        }
+    }
+}
+
+/// Where a request is in its life. Ordered: the finished states come last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RequestStatus {
+    /// Queued, no slot yet.
+    Waiting,
+    /// Holds a slot: prefilling or decoding.
+    Running,
+    /// Ended by an EOS token or a stop string.
+    FinishedStopped,
+    /// Ended by its token budget or the end of its shape.
+    FinishedLength,
+    /// Ended by the caller.
+    FinishedCancelled,
+    /// Ended by a backend failure.
+    FinishedError,
+}
+
+impl RequestStatus {
+    /// Whether the request has ended.
+    pub fn is_finished(self) -> bool {
+        self >= Self::FinishedStopped
+    }
+
+    /// The one mapping from status to a finish reason; `None` while the request runs.
+    pub fn finish_reason(self) -> Option<FinishReason> {
+        match self {
+            Self::Waiting | Self::Running => None,
+            Self::FinishedStopped => Some(FinishReason::Stop),
+            Self::FinishedLength => Some(FinishReason::Length),
+            Self::FinishedCancelled => Some(FinishReason::Cancelled),
+            Self::FinishedError => Some(FinishReason::Error),
+        }
+    }
+}
+
+/// Why a request ended, as wire formats report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// EOS or a stop string.
+    Stop,
+    /// The token budget or the shape ran out.
+    Length,
+    /// The caller cancelled.
+    Cancelled,
+    /// The backend failed.
+    Error,
+}
+
+impl FinishReason {
+    /// The OpenAI spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Cancelled => "cancelled",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens (including a final EOS token, which produces no text).
+    pub completion_tokens: usize,
+}
+
+/// One alternative at a position, with its log-probability under the model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenLogprob {
+    /// The token.
+    pub token: u32,
+    /// Natural log of its probability before any sampling transform.
+    pub logprob: f32,
+}
+
+/// Something that happened to a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A token was generated.
+    Token {
+        /// The token id.
+        token: u32,
+        /// Text released by this token: complete UTF-8, stop strings withheld; may be empty.
+        text: String,
+        /// The sampled token's log-probability, when logprobs were requested.
+        logprob: Option<TokenLogprob>,
+        /// The most likely alternatives, when requested.
+        top_logprobs: Vec<TokenLogprob>,
+    },
+    /// The request ended; no event follows.
+    Finished {
+        /// Why.
+        reason: FinishReason,
+        /// Text released at the end (held-back text that turned out not to be a stop).
+        text: String,
+        /// Token counts.
+        usage: Usage,
+        /// The backend's message when `reason` is `Error`.
+        error: Option<String>,
+    },
+}

@@ -1,0 +1,526 @@
+//! Continuous batching: one step decodes a token for every running sequence and spends the rest
+//! of a token budget on chunked prefill, admitting waiting requests first come, first served.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
+use crate::decode::{DecodeStream, TextDecoder};
+use crate::error::EngineError;
+use crate::request::{
+    Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
+};
+use crate::sampling::Sampler;
+use crate::stop::StopMatcher;
+
+/// Scheduler limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most sequences running at once (holding a slot).
+    pub max_batch: usize,
+    /// Most prompt tokens one sequence prefills in one step.
+    pub prefill_chunk: usize,
+    /// Most tokens (decode and prefill together) in one step; at least `max_batch`.
+    pub token_budget: usize,
+    /// Most requests waiting for a slot; more are refused with [`EngineError::QueueFull`].
+    pub max_waiting: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_batch: 8,
+            prefill_chunk: 512,
+            token_budget: 512,
+            max_waiting: 64,
+        }
+    }
+}
+
+impl SchedulerConfig {
+    /// Checks that the limits can make progress.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let check = |field, value: usize, ok: bool, expected| {
+            if ok {
+                Ok(())
+            } else {
+                Err(EngineError::InvalidConfig {
+                    field,
+                    value,
+                    expected,
+                })
+            }
+        };
+        check(
+            "max_batch",
+            self.max_batch,
+            self.max_batch >= 1,
+            "at least 1",
+        )?;
+        check(
+            "prefill_chunk",
+            self.prefill_chunk,
+            self.prefill_chunk >= 1,
+            "at least 1",
+        )?;
+        check(
+            "token_budget",
+            self.token_budget,
+            self.token_budget >= self.max_batch,
+            "at least max_batch, so every running sequence decodes each step",
+        )
+    }
+}
+
+/// One sequence in the scheduler.
+struct Sequence {
+    id: RequestId,
+    status: RequestStatus,
+    plan: SessionPlan,
+    slot: Option<SlotId>,
+    /// Prompt then generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Tokens whose keys and values are in the slot.
+    computed: usize,
+    sampler: Sampler,
+    decoder: Box<dyn DecodeStream>,
+    stops: StopMatcher,
+    stop_token_ids: Vec<u32>,
+    logprobs: Option<usize>,
+    cancel_requested: bool,
+}
+
+impl Sequence {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.generated(),
+        }
+    }
+}
+
+/// Counters a caller can read cheaply after each step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SchedulerStats {
+    /// Requests waiting for a slot.
+    pub waiting: usize,
+    /// Requests holding a slot.
+    pub running: usize,
+    /// Steps run so far.
+    pub steps: u64,
+    /// Prompt tokens prefilled so far.
+    pub prompt_tokens: u64,
+    /// Tokens generated so far.
+    pub generated_tokens: u64,
+}
+
+/// The continuous batcher over one backend.
+pub struct Scheduler<B: Backend> {
+    backend: B,
+    decoder: Arc<dyn TextDecoder>,
+    config: SchedulerConfig,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    next_id: RequestId,
+    stats: SchedulerStats,
+}
+
+impl<B: Backend> std::fmt::Debug for Scheduler<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("backend", &self.backend.name())
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl<B: Backend> Scheduler<B> {
+    /// A scheduler over `backend`, decoding text with `decoder`.
+    pub fn new(
+        backend: B,
+        decoder: Arc<dyn TextDecoder>,
+        config: SchedulerConfig,
+    ) -> Result<Self, EngineError> {
+        config.validate()?;
+        Ok(Self {
+            backend,
+            decoder,
+            config,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 1,
+            stats: SchedulerStats::default(),
+        })
+    }
+
+    /// The backend, for queries such as its window.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The backend, mutably, for backend-specific controls between steps.
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Counters as of the last step.
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            waiting: self.waiting.len(),
+            running: self.running.len(),
+            ..self.stats
+        }
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Sizes and queues a request. Refusals (a request no shape can hold, bad sampling settings, a
+    /// full queue) happen here, before the request takes any resources.
+    pub fn submit(&mut self, request: GenerationRequest) -> Result<RequestId, EngineError> {
+        if request.prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if self.waiting.len() >= self.config.max_waiting {
+            return Err(EngineError::QueueFull {
+                capacity: self.config.max_waiting,
+            });
+        }
+        let plan = self.backend.create_session_for_request(&RequestShape {
+            prompt_len: request.prompt.len(),
+            image_tokens: 0,
+            max_new_tokens: request.max_new_tokens,
+        })?;
+        let sampler = Sampler::new(request.sampling)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back(Sequence {
+            id,
+            status: RequestStatus::Waiting,
+            plan,
+            slot: None,
+            decoder: self.decoder.stream(&request.prompt),
+            prompt_len: request.prompt.len(),
+            tokens: request.prompt,
+            computed: 0,
+            sampler,
+            stops: StopMatcher::new(request.stop),
+            stop_token_ids: request.stop_token_ids,
+            logprobs: request.logprobs,
+            cancel_requested: false,
+        });
+        Ok(id)
+    }
+
+    /// The plan a queued or running request runs under.
+    pub fn plan(&self, id: RequestId) -> Option<SessionPlan> {
+        self.waiting
+            .iter()
+            .chain(&self.running)
+            .find(|s| s.id == id)
+            .map(|s| s.plan)
+    }
+
+    /// Asks for a request to end; it finishes as `cancelled` at the start of the next step.
+    /// Returns whether the request was known.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        match self
+            .waiting
+            .iter_mut()
+            .chain(self.running.iter_mut())
+            .find(|s| s.id == id)
+        {
+            Some(sequence) => {
+                sequence.cancel_requested = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Runs one step and returns what happened to each request, in order.
+    pub fn step(&mut self) -> Vec<(RequestId, Event)> {
+        let mut events = Vec::new();
+        self.finish_early(&mut events);
+        self.admit();
+
+        // Decode first (one token each), then prefill chunks in admission order.
+        let mut budget = self.config.token_budget;
+        let mut scheduled: Vec<(usize, usize)> = Vec::new();
+        for (index, sequence) in self.running.iter().enumerate() {
+            let pending = sequence.tokens.len() - sequence.computed;
+            if sequence.computed >= sequence.prompt_len && pending == 1 && budget > 0 {
+                scheduled.push((index, 1));
+                budget -= 1;
+            }
+        }
+        for (index, sequence) in self.running.iter().enumerate() {
+            if sequence.computed < sequence.prompt_len && budget > 0 {
+                let chunk = (sequence.prompt_len - sequence.computed)
+                    .min(self.config.prefill_chunk)
+                    .min(budget);
+                scheduled.push((index, chunk));
+                budget -= chunk;
+            }
+        }
+        if scheduled.is_empty() {
+            return events;
+        }
+
+        let batch: Vec<SequenceStep<'_>> = scheduled
+            .iter()
+            .map(|&(index, count)| {
+                let s = &self.running[index];
+                SequenceStep {
+                    slot: s.slot.expect("running sequences hold a slot"),
+                    tokens: &s.tokens[s.computed..s.computed + count],
+                    start_position: s.computed,
+                }
+            })
+            .collect();
+        let result = self.backend.step(&batch);
+        self.stats.steps += 1;
+
+        match result {
+            Ok(logits) if logits.len() == scheduled.len() => {
+                for (&(index, count), logits) in scheduled.iter().zip(logits) {
+                    self.advance(index, count, logits, &mut events);
+                }
+            }
+            Ok(logits) => {
+                let message = format!(
+                    "returned {} logits vectors for a batch of {}",
+                    logits.len(),
+                    scheduled.len()
+                );
+                self.fail(&scheduled, &message, &mut events);
+            }
+            Err(err) => self.fail(&scheduled, &err.to_string(), &mut events),
+        }
+        self.retire(&mut events);
+        events
+    }
+
+    /// Ends, before any work is scheduled, the requests that were cancelled and those whose budget
+    /// is zero (nothing to generate).
+    fn finish_early(&mut self, events: &mut Vec<(RequestId, Event)>) {
+        let mut index = 0;
+        while index < self.waiting.len() {
+            let sequence = &self.waiting[index];
+            let status = if sequence.cancel_requested {
+                Some(RequestStatus::FinishedCancelled)
+            } else if sequence.plan.admitted_max_new_tokens == 0 {
+                Some(RequestStatus::FinishedLength)
+            } else {
+                None
+            };
+            if let Some(status) = status {
+                let mut sequence = self.waiting.remove(index).expect("index is in range");
+                sequence.status = status;
+                events.push((sequence.id, finished_event(&sequence, String::new(), None)));
+            } else {
+                index += 1;
+            }
+        }
+        for sequence in &mut self.running {
+            if sequence.cancel_requested {
+                sequence.status = RequestStatus::FinishedCancelled;
+            }
+        }
+        self.retire(events);
+    }
+
+    /// Moves waiting requests into the running set, first come first served, while there is room.
+    fn admit(&mut self) {
+        while self.running.len() < self.config.max_batch {
+            let Some(head) = self.waiting.front() else {
+                break;
+            };
+            if !self.bucket_has_room(&head.plan) {
+                break;
+            }
+            match self.backend.allocate_slot(&head.plan) {
+                Ok(slot) => {
+                    let mut sequence = self.waiting.pop_front().expect("head exists");
+                    sequence.slot = Some(slot);
+                    sequence.status = RequestStatus::Running;
+                    self.running.push(sequence);
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn bucket_has_room(&self, plan: &SessionPlan) -> bool {
+        let (ShapePolicy::Static { buckets }, Some(capacity)) =
+            (self.backend.shape_policy(), plan.context_capacity)
+        else {
+            return true;
+        };
+        let limit = buckets
+            .iter()
+            .find(|b| b.context_capacity == capacity)
+            .map_or(0, |b| b.max_batch);
+        let in_bucket = self
+            .running
+            .iter()
+            .filter(|s| s.plan.context_capacity == Some(capacity))
+            .count();
+        in_bucket < limit
+    }
+
+    /// Records a step's result for one sequence: the chunk is now cached, and if it was the last
+    /// pending input, the next token is sampled.
+    fn advance(
+        &mut self,
+        index: usize,
+        count: usize,
+        mut logits: Vec<f32>,
+        events: &mut Vec<(RequestId, Event)>,
+    ) {
+        let sequence = &mut self.running[index];
+        let was_prefill = sequence.computed < sequence.prompt_len;
+        sequence.computed += count;
+        if was_prefill {
+            self.stats.prompt_tokens += count as u64;
+        }
+        if sequence.computed < sequence.tokens.len() {
+            return;
+        }
+        let (logprob, top_logprobs) = match sequence.logprobs {
+            Some(k) => log_probabilities(&logits, k),
+            None => (Vec::new(), Vec::new()),
+        };
+        let token = sequence.sampler.sample(&mut logits, &sequence.tokens);
+        sequence.tokens.push(token);
+        self.stats.generated_tokens += 1;
+
+        let mut text = String::new();
+        let is_stop_token = sequence.stop_token_ids.contains(&token);
+        if is_stop_token {
+            sequence.status = RequestStatus::FinishedStopped;
+        } else {
+            let scan = sequence.stops.push(&sequence.decoder.push(token));
+            text = scan.text;
+            if scan.stopped {
+                sequence.status = RequestStatus::FinishedStopped;
+            } else if sequence.generated() >= sequence.plan.admitted_max_new_tokens
+                || sequence.tokens.len() > sequence.plan.max_positions
+            {
+                sequence.status = RequestStatus::FinishedLength;
+            }
+        }
+        let logprob = sequence.logprobs.map(|_| TokenLogprob {
+            token,
+            logprob: logprob
+                .get(token as usize)
+                .copied()
+                .unwrap_or(f32::NEG_INFINITY),
+        });
+        events.push((
+            sequence.id,
+            Event::Token {
+                token,
+                text,
+                logprob,
+                top_logprobs,
+            },
+        ));
+    }
+
+    fn fail(
+        &mut self,
+        scheduled: &[(usize, usize)],
+        message: &str,
+        events: &mut Vec<(RequestId, Event)>,
+    ) {
+        for &(index, _) in scheduled {
+            let sequence = &mut self.running[index];
+            sequence.status = RequestStatus::FinishedError;
+            events.push((
+                sequence.id,
+                finished_event(sequence, String::new(), Some(message.to_owned())),
+            ));
+        }
+    }
+
+    /// Releases the slots of finished sequences and reports their end.
+    fn retire(&mut self, events: &mut Vec<(RequestId, Event)>) {
+        let mut index = 0;
+        while index < self.running.len() {
+            if !self.running[index].status.is_finished() {
+                index += 1;
+                continue;
+            }
+            let mut sequence = self.running.remove(index);
+            if let Some(slot) = sequence.slot.take() {
+                self.backend.release_slot(slot);
+            }
+            let already_reported = sequence.status == RequestStatus::FinishedError;
+            if !already_reported {
+                let text = match sequence.status {
+                    // A completed stop string withholds everything after it.
+                    RequestStatus::FinishedStopped if sequence.stops.is_stopped() => String::new(),
+                    RequestStatus::FinishedCancelled => String::new(),
+                    _ => {
+                        let tail = sequence.decoder.flush();
+                        let mut text = sequence.stops.push(&tail).text;
+                        text.push_str(&sequence.stops.finish());
+                        text
+                    }
+                };
+                events.push((sequence.id, finished_event(&sequence, text, None)));
+            }
+        }
+    }
+}
+
+fn finished_event(sequence: &Sequence, text: String, error: Option<String>) -> Event {
+    Event::Finished {
+        reason: sequence
+            .status
+            .finish_reason()
+            .unwrap_or(FinishReason::Error),
+        text,
+        usage: sequence.usage(),
+        error,
+    }
+}
+
+/// Log-softmax of `logits` and its `k` most likely entries, most likely first.
+fn log_probabilities(logits: &[f32], k: usize) -> (Vec<f32>, Vec<TokenLogprob>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_sum = max + sum.ln() as f32;
+    let logprobs: Vec<f32> = logits.iter().map(|&l| l - log_sum).collect();
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    let k = k.min(order.len());
+    if k > 0 {
+        let desc = |a: &u32, b: &u32| {
+            logprobs[*b as usize]
+                .total_cmp(&logprobs[*a as usize])
+                .then(a.cmp(b))
+        };
+        order.select_nth_unstable_by(k - 1, desc);
+        order.truncate(k);
+        order.sort_unstable_by(desc);
+    } else {
+        order.clear();
+    }
+    let top = order
+        .into_iter()
+        .map(|token| TokenLogprob {
+            token,
+            logprob: logprobs[token as usize],
+        })
+        .collect();
+    (logprobs, top)
+}
