@@ -19,12 +19,21 @@ struct Cli {
 enum Command {
     /// Show which static context capacity a request gets on the OpenXLA backend.
     Capacity(commands::capacity::Args),
+    /// Convert a GGUF file (F32/F16/BF16/Q4_0/Q4_1/Q8_0) into an MLX checkpoint directory.
+    Convert(commands::convert::Args),
+    /// Install the default model (or convert a GGUF) into the cache and print its directory.
+    Pull(commands::pull::Args),
+    /// Print the token ids of a text.
+    Tokenize(commands::tokenize::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Capacity(args) => commands::capacity::run(&args),
+        Command::Convert(args) => commands::convert::run(&args),
+        Command::Pull(args) => commands::pull::run(&args),
+        Command::Tokenize(args) => commands::tokenize::run(&args),
     };
     match outcome {
         Ok(code) => code,

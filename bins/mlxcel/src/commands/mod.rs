@@ -1,3 +1,6 @@
 //! One module per subcommand.
 
 pub mod capacity;
+pub mod convert;
+pub mod pull;
+pub mod tokenize;

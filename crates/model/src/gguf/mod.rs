@@ -1,0 +1,14 @@
+//! GGUF: reading, llama.cpp-exact dequantization, and conversion to an MLX checkpoint.
+
+mod convert;
+pub mod dequant;
+pub mod permute;
+mod reader;
+mod tokenizer_json;
+mod types;
+mod writer;
+
+pub use convert::{ConvertSummary, convert_gguf, hf_name};
+pub use reader::{GgufFile, GgufTensorInfo, GgufValue};
+pub use types::GgmlType;
+pub use writer::GgufWriter;

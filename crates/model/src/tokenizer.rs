@@ -1,0 +1,169 @@
+//! The tokenizer (`tokenizer.json` through the `tokenizers` crate) and incremental detokenization.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::error::{ModelError, Result};
+
+/// A checkpoint's tokenizer.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special-token parsing off, built on first use.
+    plain: OnceLock<tokenizers::Tokenizer>,
+    path: PathBuf,
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        Self::from_file(&dir.join("tokenizer.json"))
+    }
+
+    /// Loads a `tokenizer.json` file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        if !path.is_file() {
+            return Err(ModelError::io(
+                path,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+            ));
+        }
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| ModelError::Tokenizer {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        Ok(Self {
+            inner,
+            plain: OnceLock::new(),
+            path: path.to_owned(),
+        })
+    }
+
+    /// Token ids of `text`. `add_special` applies the tokenizer's post-processor (e.g. a BOS);
+    /// `parse_special` recognises special tokens written in the text (`<|im_start|>`), otherwise
+    /// they are tokenized as plain text.
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        let tokenizer = if parse_special {
+            &self.inner
+        } else {
+            self.plain.get_or_init(|| {
+                let mut plain = self.inner.clone();
+                plain.set_encode_special_tokens(true);
+                plain
+            })
+        };
+        let encoding = tokenizer
+            .encode(text, add_special)
+            .map_err(|e| ModelError::Tokenize {
+                operation: "encode",
+                reason: e.to_string(),
+            })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Text of `ids`; `skip_special` drops special tokens.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| ModelError::Tokenize {
+                operation: "decode",
+                reason: e.to_string(),
+            })
+    }
+
+    /// The id of a token string, e.g. `<|im_end|>`.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The vocabulary string of a token (byte-level pieces look like `Ġthe`).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The file this tokenizer was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A fresh incremental detokenizer over this tokenizer.
+    pub fn detokenizer(&self, skip_special: bool) -> Detokenizer<'_> {
+        Detokenizer {
+            tokenizer: self,
+            ids: Vec::new(),
+            prefix_offset: 0,
+            read_offset: 0,
+            skip_special,
+        }
+    }
+}
+
+/// Turns a stream of token ids into text, emitting only complete UTF-8.
+///
+/// Byte-level tokens may carry part of a character; decoding them alone yields U+FFFD. We decode a
+/// short window of recent tokens twice, with and without the newest ones, and emit the difference
+/// only once it no longer ends in U+FFFD (the approach of Hugging Face text-generation-inference).
+/// Decoding a window rather than single tokens also keeps tokenizer-specific spacing right.
+#[derive(Debug)]
+pub struct Detokenizer<'a> {
+    tokenizer: &'a Tokenizer,
+    ids: Vec<u32>,
+    /// Start of the context window decoded for comparison.
+    prefix_offset: usize,
+    /// End of what has already been emitted.
+    read_offset: usize,
+    skip_special: bool,
+}
+
+impl Detokenizer<'_> {
+    /// Adds one token; returns the text it completes, if any.
+    pub fn push(&mut self, id: u32) -> Result<Option<String>> {
+        self.ids.push(id);
+        let text = self.pending(false)?;
+        Ok(text)
+    }
+
+    /// Returns whatever is still held back (an incomplete character becomes U+FFFD).
+    pub fn flush(&mut self) -> Result<Option<String>> {
+        self.pending(true)
+    }
+
+    /// Every id pushed so far.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    fn pending(&mut self, force: bool) -> Result<Option<String>> {
+        let tok = self.tokenizer;
+        let prefix = tok.decode(
+            &self.ids[self.prefix_offset..self.read_offset],
+            self.skip_special,
+        )?;
+        let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
+        if full.len() <= prefix.len() || (!force && full.ends_with('\u{FFFD}')) {
+            return Ok(None);
+        }
+        // The window's text normally extends the prefix; if a tokenizer rewrote it, emit from the
+        // first byte where they differ, on a character boundary.
+        let mut split = prefix.len();
+        if !full.starts_with(&prefix) {
+            split = full
+                .bytes()
+                .zip(prefix.bytes())
+                .take_while(|(a, b)| a == b)
+                .count();
+        }
+        while !full.is_char_boundary(split) {
+            split -= 1;
+        }
+        let text = full[split..].to_owned();
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        Ok(Some(text))
+    }
+}
