@@ -1,0 +1,142 @@
+// Construction, metadata, evaluation and read-back of arrays; device and memory knobs.
+#include "mlxcel-core/cpp/bridge.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "mlx/allocator.h"
+#include "mlx/device.h"
+#include "mlx/memory.h"
+#include "mlx/ops.h"
+#include "mlx/transforms.h"
+#include "mlx/version.h"
+
+namespace mx = mlx::core;
+
+namespace mlxcel {
+
+// Codes shared with `Dtype` in src/dtype.rs.
+mx::Stream mlxcel_stream() {
+  static const mx::Stream stream = mx::new_thread_unsafe_stream(mx::Device(mx::Device::cpu));
+  return stream;
+}
+
+mx::Dtype dtype_from_code(uint8_t code) {
+  switch (code) {
+    case 0: return mx::bool_;
+    case 1: return mx::uint8;
+    case 2: return mx::uint16;
+    case 3: return mx::uint32;
+    case 4: return mx::uint64;
+    case 5: return mx::int8;
+    case 6: return mx::int16;
+    case 7: return mx::int32;
+    case 8: return mx::int64;
+    case 9: return mx::float16;
+    case 10: return mx::float32;
+    case 11: return mx::float64;
+    case 12: return mx::bfloat16;
+    default: throw std::invalid_argument("mlxcel: unknown dtype code " + std::to_string(code));
+  }
+}
+
+uint8_t dtype_code(mx::Dtype dtype) {
+  switch (dtype.val()) {
+    case mx::Dtype::Val::bool_: return 0;
+    case mx::Dtype::Val::uint8: return 1;
+    case mx::Dtype::Val::uint16: return 2;
+    case mx::Dtype::Val::uint32: return 3;
+    case mx::Dtype::Val::uint64: return 4;
+    case mx::Dtype::Val::int8: return 5;
+    case mx::Dtype::Val::int16: return 6;
+    case mx::Dtype::Val::int32: return 7;
+    case mx::Dtype::Val::int64: return 8;
+    case mx::Dtype::Val::float16: return 9;
+    case mx::Dtype::Val::float32: return 10;
+    case mx::Dtype::Val::float64: return 11;
+    case mx::Dtype::Val::bfloat16: return 12;
+    default: return 255;  // complex64: never produced by mlxcel's ops.
+  }
+}
+
+mx::Shape to_shape(rust::Slice<const int32_t> dims) {
+  return mx::Shape(dims.begin(), dims.end());
+}
+
+std::unique_ptr<MlxArray> wrap(mx::array a) {
+  return std::make_unique<MlxArray>(MlxArray{std::move(a)});
+}
+
+std::unique_ptr<MlxArray> array_from_bytes(rust::Slice<const uint8_t> bytes,
+                                           rust::Slice<const int32_t> shape, uint8_t dtype) {
+  mx::Dtype dt = dtype_from_code(dtype);
+  size_t elements = 1;
+  for (int32_t d : shape) {
+    if (d < 0) throw std::invalid_argument("mlxcel: negative dimension in array shape");
+    elements *= static_cast<size_t>(d);
+  }
+  size_t nbytes = elements * mx::size_of(dt);
+  if (bytes.size() != nbytes) {
+    throw std::invalid_argument("mlxcel: " + std::to_string(bytes.size()) +
+                                " bytes given for an array of " + std::to_string(elements) +
+                                " elements of " + std::to_string(mx::size_of(dt)) +
+                                " bytes each");
+  }
+  // One copy, into memory owned by MLX's allocator: the source may be a borrowed mmap.
+  mx::array out(mx::allocator::malloc(nbytes), to_shape(shape), dt);
+  if (nbytes > 0) std::memcpy(out.data<uint8_t>(), bytes.data(), nbytes);
+  return wrap(std::move(out));
+}
+
+std::unique_ptr<MlxArray> array_clone(const MlxArray& a) { return wrap(a.inner); }
+
+rust::Vec<int32_t> array_shape(const MlxArray& a) {
+  rust::Vec<int32_t> out;
+  for (auto d : a.inner.shape()) out.push_back(static_cast<int32_t>(d));
+  return out;
+}
+
+uint8_t array_dtype(const MlxArray& a) { return dtype_code(a.inner.dtype()); }
+
+void array_eval(const MlxArray& a) { mx::eval({a.inner}); }
+
+void array_list_eval(const ArrayList& list) { mx::eval(list.items); }
+
+// Evaluates `a` converted to `dtype`, row-contiguous, and copies it out.
+template <typename T>
+rust::Vec<T> read_back(const MlxArray& a, mx::Dtype dtype) {
+  mx::array c = mx::contiguous(mx::astype(a.inner, dtype, mlxcel_stream()), false, mlxcel_stream());
+  mx::eval({c});
+  const T* data = c.data<T>();
+  rust::Vec<T> out;
+  out.reserve(c.size());
+  for (size_t i = 0; i < c.size(); ++i) out.push_back(data[i]);
+  return out;
+}
+
+rust::Vec<float> array_to_f32(const MlxArray& a) { return read_back<float>(a, mx::float32); }
+rust::Vec<uint32_t> array_to_u32(const MlxArray& a) {
+  return read_back<uint32_t>(a, mx::uint32);
+}
+rust::Vec<int32_t> array_to_i32(const MlxArray& a) { return read_back<int32_t>(a, mx::int32); }
+
+std::unique_ptr<ArrayList> array_list_new() { return std::make_unique<ArrayList>(); }
+void array_list_push(ArrayList& list, const MlxArray& a) { list.items.push_back(a.inner); }
+size_t array_list_len(const ArrayList& list) { return list.items.size(); }
+std::unique_ptr<MlxArray> array_list_get(const ArrayList& list, size_t index) {
+  return wrap(list.items.at(index));
+}
+
+void set_default_device_cpu() {
+  mx::set_default_device(mx::Device(mx::Device::cpu));
+  if (mlxcel_stream().device != mx::Device(mx::Device::cpu)) {
+    throw std::runtime_error("mlxcel: the mlxcel stream is not on the CPU");
+  }
+}
+
+size_t set_memory_limit(size_t bytes) { return mx::set_memory_limit(bytes); }
+
+rust::String mlx_version() { return rust::String(mx::version()); }
+
+}  // namespace mlxcel

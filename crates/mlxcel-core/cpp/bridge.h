@@ -1,0 +1,122 @@
+// The C++ half of the mlxcel-core cxx bridge (src/sys.rs declares the Rust half).
+//
+// Rules for this layer:
+// - Shim functions are concrete (no templates across the bridge) and take or return only
+//   `MlxArray`, `ArrayList`, scalars, slices and strings: no MLX type reaches Rust.
+// - Every function that can throw is declared `Result<...>` on the Rust side, so cxx
+//   catches the exception and Rust receives MLX's message. The `trycatch` below also
+//   catches non-std exceptions, so nothing unwinds into Rust.
+// - Dtypes cross as `uint8_t` codes; the table lives in dtype_code()/dtype_from_code()
+//   in array.cc and must match `Dtype` in src/dtype.rs.
+// - Custom CPU kernels (MLX `Primitive` subclasses whose eval_cpu dispatches through
+//   cpu::get_command_encoder(stream()).dispatch(...)) go in cpp/kernels/, with their
+//   shims declared here.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <vector>
+
+#include "mlx/array.h"
+#include "mlx/stream.h"
+#include "rust/cxx.h"
+
+namespace rust::behavior {
+// Replaces cxx's default exception translation so that exceptions not derived from
+// std::exception also become a Rust error instead of std::terminate.
+template <typename Try, typename Fail>
+static void trycatch(Try&& func, Fail&& fail) noexcept try {
+  func();
+} catch (const std::exception& e) {
+  fail(e.what());
+} catch (...) {
+  fail("unknown C++ exception thrown by MLX");
+}
+}  // namespace rust::behavior
+
+namespace mlxcel {
+
+// One MLX array (a refcounted handle to a graph node).
+struct MlxArray {
+  mlx::core::array inner;
+};
+
+// An ordered list of arrays, for ops that take or return several.
+struct ArrayList {
+  std::vector<mlx::core::array> items;
+};
+
+// The one stream every mlxcel op runs on (array.cc). MLX's default streams are per thread:
+// a graph built on one thread and evaluated on another fails with "There is no Stream(cpu, N)
+// in current thread". A stream from new_thread_unsafe_stream may be used from any thread;
+// mlxcel provides the missing thread safety by serialising every call (src/sys.rs).
+mlx::core::Stream mlxcel_stream();
+
+// Construction, metadata, evaluation and read-back (array.cc).
+std::unique_ptr<MlxArray> array_from_bytes(rust::Slice<const uint8_t> bytes,
+                                           rust::Slice<const int32_t> shape, uint8_t dtype);
+std::unique_ptr<MlxArray> array_clone(const MlxArray& a);
+rust::Vec<int32_t> array_shape(const MlxArray& a);
+uint8_t array_dtype(const MlxArray& a);
+void array_eval(const MlxArray& a);
+void array_list_eval(const ArrayList& list);
+rust::Vec<float> array_to_f32(const MlxArray& a);
+rust::Vec<uint32_t> array_to_u32(const MlxArray& a);
+rust::Vec<int32_t> array_to_i32(const MlxArray& a);
+
+std::unique_ptr<ArrayList> array_list_new();
+void array_list_push(ArrayList& list, const MlxArray& a);
+size_t array_list_len(const ArrayList& list);
+std::unique_ptr<MlxArray> array_list_get(const ArrayList& list, size_t index);
+
+// Device, memory and version knobs (array.cc).
+void set_default_device_cpu();
+size_t set_memory_limit(size_t bytes);
+rust::String mlx_version();
+
+// Shape and layout ops (ops.cc).
+std::unique_ptr<MlxArray> reshape(const MlxArray& a, rust::Slice<const int32_t> shape);
+std::unique_ptr<MlxArray> transpose(const MlxArray& a, rust::Slice<const int32_t> axes);
+std::unique_ptr<MlxArray> swapaxes(const MlxArray& a, int32_t axis1, int32_t axis2);
+std::unique_ptr<MlxArray> astype(const MlxArray& a, uint8_t dtype);
+std::unique_ptr<MlxArray> take(const MlxArray& a, const MlxArray& indices, int32_t axis);
+std::unique_ptr<MlxArray> concatenate(const ArrayList& list, int32_t axis);
+std::unique_ptr<MlxArray> slice(const MlxArray& a, rust::Slice<const int32_t> start,
+                                rust::Slice<const int32_t> stop,
+                                rust::Slice<const int32_t> strides);
+std::unique_ptr<MlxArray> slice_update(const MlxArray& src, const MlxArray& update,
+                                       rust::Slice<const int32_t> start,
+                                       rust::Slice<const int32_t> stop,
+                                       rust::Slice<const int32_t> strides);
+
+// Arithmetic (ops.cc).
+std::unique_ptr<MlxArray> add(const MlxArray& a, const MlxArray& b);
+std::unique_ptr<MlxArray> subtract(const MlxArray& a, const MlxArray& b);
+std::unique_ptr<MlxArray> multiply(const MlxArray& a, const MlxArray& b);
+std::unique_ptr<MlxArray> divide(const MlxArray& a, const MlxArray& b);
+std::unique_ptr<MlxArray> matmul(const MlxArray& a, const MlxArray& b);
+std::unique_ptr<MlxArray> silu(const MlxArray& a);
+std::unique_ptr<MlxArray> softmax(const MlxArray& a, int32_t axis, bool precise);
+std::unique_ptr<MlxArray> argmax(const MlxArray& a, int32_t axis, bool keepdims);
+
+// mlx::core::fast (fast.cc).
+std::unique_ptr<MlxArray> rms_norm(const MlxArray& x, const MlxArray& weight, float eps);
+std::unique_ptr<MlxArray> rope(const MlxArray& x, int32_t dims, bool traditional, float base,
+                               float scale, int32_t offset);
+std::unique_ptr<MlxArray> rope_with_freqs(const MlxArray& x, int32_t dims, bool traditional,
+                                          float scale, int32_t offset, const MlxArray& freqs);
+std::unique_ptr<MlxArray> sdpa(const MlxArray& q, const MlxArray& k, const MlxArray& v,
+                               float scale, bool causal);
+std::unique_ptr<MlxArray> sdpa_with_mask(const MlxArray& q, const MlxArray& k,
+                                         const MlxArray& v, float scale, const MlxArray& mask);
+
+// Affine quantization (fast.cc).
+std::unique_ptr<MlxArray> quantized_matmul(const MlxArray& x, const MlxArray& w,
+                                           const MlxArray& scales, const MlxArray& biases,
+                                           bool transpose, int32_t group_size, int32_t bits);
+std::unique_ptr<MlxArray> dequantize(const MlxArray& w, const MlxArray& scales,
+                                     const MlxArray& biases, int32_t group_size, int32_t bits);
+std::unique_ptr<ArrayList> quantize(const MlxArray& w, int32_t group_size, int32_t bits);
+
+}  // namespace mlxcel

@@ -1,0 +1,81 @@
+// Shape, layout and arithmetic ops: thin wrappers over mlx/ops.h.
+#include "mlxcel-core/cpp/bridge.h"
+
+#include "mlx/ops.h"
+
+namespace mx = mlx::core;
+
+namespace mlxcel {
+
+// Defined in array.cc.
+mx::Dtype dtype_from_code(uint8_t code);
+mx::Shape to_shape(rust::Slice<const int32_t> dims);
+std::unique_ptr<MlxArray> wrap(mx::array a);
+
+std::unique_ptr<MlxArray> reshape(const MlxArray& a, rust::Slice<const int32_t> shape) {
+  return wrap(mx::reshape(a.inner, to_shape(shape), mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> transpose(const MlxArray& a, rust::Slice<const int32_t> axes) {
+  return wrap(mx::transpose(a.inner, std::vector<int>(axes.begin(), axes.end()), mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> swapaxes(const MlxArray& a, int32_t axis1, int32_t axis2) {
+  return wrap(mx::swapaxes(a.inner, axis1, axis2, mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> astype(const MlxArray& a, uint8_t dtype) {
+  return wrap(mx::astype(a.inner, dtype_from_code(dtype), mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> take(const MlxArray& a, const MlxArray& indices, int32_t axis) {
+  return wrap(mx::take(a.inner, indices.inner, axis, mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> concatenate(const ArrayList& list, int32_t axis) {
+  return wrap(mx::concatenate(list.items, axis, mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> slice(const MlxArray& a, rust::Slice<const int32_t> start,
+                                rust::Slice<const int32_t> stop,
+                                rust::Slice<const int32_t> strides) {
+  return wrap(mx::slice(a.inner, to_shape(start), to_shape(stop), to_shape(strides), mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> slice_update(const MlxArray& src, const MlxArray& update,
+                                       rust::Slice<const int32_t> start,
+                                       rust::Slice<const int32_t> stop,
+                                       rust::Slice<const int32_t> strides) {
+  return wrap(mx::slice_update(src.inner, update.inner, to_shape(start), to_shape(stop),
+                               to_shape(strides), mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> add(const MlxArray& a, const MlxArray& b) {
+  return wrap(mx::add(a.inner, b.inner, mlxcel_stream()));
+}
+std::unique_ptr<MlxArray> subtract(const MlxArray& a, const MlxArray& b) {
+  return wrap(mx::subtract(a.inner, b.inner, mlxcel_stream()));
+}
+std::unique_ptr<MlxArray> multiply(const MlxArray& a, const MlxArray& b) {
+  return wrap(mx::multiply(a.inner, b.inner, mlxcel_stream()));
+}
+std::unique_ptr<MlxArray> divide(const MlxArray& a, const MlxArray& b) {
+  return wrap(mx::divide(a.inner, b.inner, mlxcel_stream()));
+}
+std::unique_ptr<MlxArray> matmul(const MlxArray& a, const MlxArray& b) {
+  return wrap(mx::matmul(a.inner, b.inner, mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> silu(const MlxArray& a) {
+  return wrap(mx::multiply(a.inner, mx::sigmoid(a.inner, mlxcel_stream()), mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> softmax(const MlxArray& a, int32_t axis, bool precise) {
+  return wrap(mx::softmax(a.inner, std::vector<int>{axis}, precise, mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> argmax(const MlxArray& a, int32_t axis, bool keepdims) {
+  return wrap(mx::argmax(a.inner, axis, keepdims, mlxcel_stream()));
+}
+
+}  // namespace mlxcel

@@ -1,0 +1,99 @@
+//! The fused transformer ops of `mlx::core::fast`: RMS norm, rotary embedding, attention.
+
+use crate::array::{Array, call};
+use crate::error::Result;
+use crate::sys::ffi;
+
+/// `x / sqrt(mean(x², last axis) + eps) * weight`, normalising over the last axis.
+pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
+    call("rms_norm", || ffi::rms_norm(x.raw(), weight.raw(), eps))
+}
+
+/// Where RoPE's rotation frequencies come from.
+#[derive(Debug, Clone)]
+pub enum RopeFrequencies {
+    /// The standard `base^(-2i/dims)` schedule, e.g. `base = 10000.0` or `500000.0`.
+    Base(f32),
+    /// Explicit per-pair *periods* (MLX divides positions by them), `dims / 2` entries, f32:
+    /// what llama3 rope scaling computes at load time (`mlx_lm`'s `Llama3RoPE._freqs`).
+    Custom(Array),
+}
+
+/// Rotary position embedding over the first `dims` features of the last axis.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    /// Number of leading features rotated (the head dimension for llama).
+    pub dims: i32,
+    /// `true`: rotate interleaved pairs `(x[2i], x[2i+1])` (GPT-J / GGUF-permuted weights);
+    /// `false`: rotate halves `(x[i], x[i + dims/2])` (Hugging Face llama layout).
+    pub traditional: bool,
+    /// Multiplier on positions (linear scaling); `1.0` for none.
+    pub scale: f32,
+    /// The frequency schedule.
+    pub frequencies: RopeFrequencies,
+}
+
+impl Rope {
+    /// Rotates `x` (`[..., seq, dims]`, the sequence on the second-to-last axis) whose first
+    /// row sits at absolute position `offset`.
+    pub fn apply(&self, x: &Array, offset: i32) -> Result<Array> {
+        match &self.frequencies {
+            RopeFrequencies::Base(base) => call("rope", || {
+                ffi::rope(
+                    x.raw(),
+                    self.dims,
+                    self.traditional,
+                    *base,
+                    self.scale,
+                    offset,
+                )
+            }),
+            RopeFrequencies::Custom(freqs) => call("rope", || {
+                ffi::rope_with_freqs(
+                    x.raw(),
+                    self.dims,
+                    self.traditional,
+                    self.scale,
+                    offset,
+                    freqs.raw(),
+                )
+            }),
+        }
+    }
+}
+
+/// The mask of [`scaled_dot_product_attention`].
+#[derive(Debug, Clone, Copy)]
+pub enum AttentionMask<'a> {
+    /// Every query attends to every key.
+    None,
+    /// Query `i` attends to keys `0..=i + (keys - queries)` (aligned to the end, as when
+    /// the queries are the newest positions of a KV cache).
+    Causal,
+    /// An additive mask broadcastable to `[batch, heads, queries, keys]` (`0` keeps,
+    /// `-inf` drops), or a boolean mask (`true` keeps).
+    Array(&'a Array),
+}
+
+/// `softmax(q·kᵀ·scale + mask)·v` with `q: [batch, heads, queries, head_dim]` and
+/// `k, v: [batch, kv_heads, keys, head_dim]`; `heads` must be a multiple of `kv_heads`
+/// (grouped-query attention shares each KV head among `heads / kv_heads` query heads).
+pub fn scaled_dot_product_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    mask: AttentionMask<'_>,
+) -> Result<Array> {
+    match mask {
+        AttentionMask::None => call("scaled_dot_product_attention", || {
+            ffi::sdpa(q.raw(), k.raw(), v.raw(), scale, false)
+        }),
+        AttentionMask::Causal => call("scaled_dot_product_attention", || {
+            ffi::sdpa(q.raw(), k.raw(), v.raw(), scale, true)
+        }),
+        AttentionMask::Array(m) => call("scaled_dot_product_attention", || {
+            ffi::sdpa_with_mask(q.raw(), k.raw(), v.raw(), scale, m.raw())
+        }),
+    }
+}

@@ -1,0 +1,43 @@
+//! mlxcel-core: the MLX backend's foundation — a safe Rust [`Array`] over MLX's C++ API.
+//!
+//! MLX (pinned in `mlx.pin`, provisioned from the `mlx-cpu` wheel by `scripts/provision-mlx`,
+//! or taken from `MLX_DIR`) is reached through a `cxx` bridge to concrete shims in `cpp/`. No
+//! MLX type crosses this crate's public API: callers see [`Array`], [`Dtype`] and [`Error`].
+//!
+//! - [`Array`] is a lazily evaluated, refcounted MLX array with the general ops (shape, layout,
+//!   arithmetic, gather, slicing) and read-back. [`eval`] evaluates several arrays at once.
+//! - [`fast`] holds the fused transformer ops (RMS norm, RoPE, attention).
+//! - [`QuantizedWeight`] is an affine-quantized matrix and its matmul.
+//! - Every MLX exception becomes [`Error::Mlx`] carrying MLX's message.
+//!
+//! On CPU keep activations in f32: MLX's CPU kernels are 15–70× slower in f16.
+//!
+//! Binaries of crates that depend on this one need an rpath to `libmlx.so`; see the
+//! `build.rs` snippet in `docs/mlx.md`.
+//!
+//! ```
+//! use mlxcel_core::Array;
+//!
+//! let a = Array::from_f32(&[1.0, 2.0, 3.0, 4.0], &[2, 2])?;
+//! let b = Array::from_f32(&[10.0, 20.0], &[2])?;
+//! assert_eq!(a.add(&b)?.to_vec_f32()?, [11.0, 22.0, 13.0, 24.0]);
+//! assert!(a.matmul(&Array::from_f32(&[1.0; 3], &[3, 1])?).is_err());
+//! # Ok::<(), mlxcel_core::Error>(())
+//! ```
+
+mod array;
+mod device;
+mod dtype;
+mod error;
+pub mod fast;
+pub mod pin;
+mod quantized;
+mod sys;
+
+pub use array::{Array, eval};
+pub use device::{
+    MlxBuildInfo, mlx_build_info, mlx_version, set_default_device_cpu, set_memory_limit,
+};
+pub use dtype::Dtype;
+pub use error::{Error, Result};
+pub use quantized::QuantizedWeight;

@@ -1,0 +1,80 @@
+//! MLX affine quantization: `value = scale · q + bias` per group of `group_size` weights.
+//!
+//! A quantized `[out, in]` matrix is stored as `weight: u32 [out, in·bits/32]` (for 4 bits,
+//! eight values per u32, lowest nibble first), `scales` and `biases: [out, in/group_size]`.
+//! GGUF Q4_0/Q4_1/Q8_0 blocks are this format with `group_size = 32`.
+
+use crate::array::{Array, call};
+use crate::error::{Error, Result};
+use crate::sys::{self, Handle, ffi};
+
+/// A quantized weight matrix and its layout.
+#[derive(Debug, Clone)]
+pub struct QuantizedWeight {
+    /// Packed quantized values, u32.
+    pub weight: Array,
+    /// One scale per group (the dtype of the original weights).
+    pub scales: Array,
+    /// One bias per group.
+    pub biases: Array,
+    /// Weights per group: 32, 64 or 128.
+    pub group_size: i32,
+    /// Bits per weight: 4 or 8 (MLX also accepts 2, 3, 5, 6).
+    pub bits: i32,
+}
+
+impl QuantizedWeight {
+    /// Quantizes `w` (`[out, in]`, `in` a multiple of `group_size`) with MLX's affine scheme.
+    pub fn quantize(w: &Array, group_size: i32, bits: i32) -> Result<QuantizedWeight> {
+        let parts = sys::with_lock(|| -> Result<Vec<Handle>, cxx::Exception> {
+            let list = ffi::quantize(w.raw(), group_size, bits)?;
+            (0..ffi::array_list_len(&list))
+                .map(|i| ffi::array_list_get(&list, i).map(Handle::new))
+                .collect()
+        })
+        .map_err(Error::mlx("quantize"))?;
+        let [weight, scales, biases]: [Handle; 3] =
+            parts.try_into().map_err(|parts: Vec<Handle>| Error::Mlx {
+                op: "quantize",
+                message: format!(
+                    "expected 3 outputs (weight, scales, biases), got {}",
+                    parts.len()
+                ),
+            })?;
+        Ok(QuantizedWeight {
+            weight: Array::from_handle(weight),
+            scales: Array::from_handle(scales),
+            biases: Array::from_handle(biases),
+            group_size,
+            bits,
+        })
+    }
+
+    /// The full-precision matrix `scale · q + bias`.
+    pub fn dequantize(&self) -> Result<Array> {
+        call("dequantize", || {
+            ffi::dequantize(
+                self.weight.raw(),
+                self.scales.raw(),
+                self.biases.raw(),
+                self.group_size,
+                self.bits,
+            )
+        })
+    }
+
+    /// `x · Wᵀ` when `transpose` (the linear-layer case, `W: [out, in]`), else `x · W`.
+    pub fn matmul(&self, x: &Array, transpose: bool) -> Result<Array> {
+        call("quantized_matmul", || {
+            ffi::quantized_matmul(
+                x.raw(),
+                self.weight.raw(),
+                self.scales.raw(),
+                self.biases.raw(),
+                transpose,
+                self.group_size,
+                self.bits,
+            )
+        })
+    }
+}

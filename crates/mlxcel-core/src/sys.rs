@@ -1,0 +1,198 @@
+//! The FFI layer: the cxx bridge to `cpp/`, the process-wide MLX lock, and every `unsafe`
+//! block of the crate.
+//!
+//! Nothing here is public outside the crate. [`crate::Array`] holds a [`Handle`] and calls the
+//! functions below through [`with_lock`].
+//!
+//! # Why a lock
+//!
+//! An MLX array is a refcounted handle (`std::shared_ptr`) to a node of a lazily evaluated
+//! graph. Copies share the node, and evaluating an array *mutates* every unevaluated node
+//! beneath it (status, data, detached inputs), so two handles that merely share an ancestor
+//! (every activation shares the weights) can race if evaluated from two threads. MLX's own
+//! graph code takes no locks, and its default streams are per thread. We therefore serialise
+//! every call into MLX, including the destructor of a handle, behind one process-wide mutex.
+//! Under that lock no two threads ever touch MLX state at once, which is what makes
+//! `Array: Send + Sync` sound. The lock is uncontended in the expected use (one backend
+//! thread), costs tens of nanoseconds against microseconds of MLX graph overhead per op, and
+//! is held for the whole of an `eval` (MLX's CPU stream is one queue anyway). MLX's worker
+//! threads never call back into Rust, so the lock cannot deadlock.
+
+use std::sync::{Mutex, MutexGuard};
+
+pub(crate) use ffi::{ArrayList, MlxArray};
+
+#[cxx::bridge(namespace = "mlxcel")]
+pub(crate) mod ffi {
+    unsafe extern "C++" {
+        include!("mlxcel-core/cpp/bridge.h");
+
+        type MlxArray;
+        type ArrayList;
+
+        fn array_from_bytes(bytes: &[u8], shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;
+        fn array_clone(a: &MlxArray) -> UniquePtr<MlxArray>;
+        fn array_shape(a: &MlxArray) -> Vec<i32>;
+        fn array_dtype(a: &MlxArray) -> u8;
+        fn array_eval(a: &MlxArray) -> Result<()>;
+        fn array_list_eval(list: &ArrayList) -> Result<()>;
+        fn array_to_f32(a: &MlxArray) -> Result<Vec<f32>>;
+        fn array_to_u32(a: &MlxArray) -> Result<Vec<u32>>;
+        fn array_to_i32(a: &MlxArray) -> Result<Vec<i32>>;
+
+        fn array_list_new() -> UniquePtr<ArrayList>;
+        fn array_list_push(list: Pin<&mut ArrayList>, a: &MlxArray);
+        fn array_list_len(list: &ArrayList) -> usize;
+        fn array_list_get(list: &ArrayList, index: usize) -> Result<UniquePtr<MlxArray>>;
+
+        fn set_default_device_cpu() -> Result<()>;
+        fn set_memory_limit(bytes: usize) -> Result<usize>;
+        fn mlx_version() -> String;
+
+        fn reshape(a: &MlxArray, shape: &[i32]) -> Result<UniquePtr<MlxArray>>;
+        fn transpose(a: &MlxArray, axes: &[i32]) -> Result<UniquePtr<MlxArray>>;
+        fn swapaxes(a: &MlxArray, axis1: i32, axis2: i32) -> Result<UniquePtr<MlxArray>>;
+        fn astype(a: &MlxArray, dtype: u8) -> Result<UniquePtr<MlxArray>>;
+        fn take(a: &MlxArray, indices: &MlxArray, axis: i32) -> Result<UniquePtr<MlxArray>>;
+        fn concatenate(list: &ArrayList, axis: i32) -> Result<UniquePtr<MlxArray>>;
+        fn slice(
+            a: &MlxArray,
+            start: &[i32],
+            stop: &[i32],
+            strides: &[i32],
+        ) -> Result<UniquePtr<MlxArray>>;
+        fn slice_update(
+            src: &MlxArray,
+            update: &MlxArray,
+            start: &[i32],
+            stop: &[i32],
+            strides: &[i32],
+        ) -> Result<UniquePtr<MlxArray>>;
+
+        fn add(a: &MlxArray, b: &MlxArray) -> Result<UniquePtr<MlxArray>>;
+        fn subtract(a: &MlxArray, b: &MlxArray) -> Result<UniquePtr<MlxArray>>;
+        fn multiply(a: &MlxArray, b: &MlxArray) -> Result<UniquePtr<MlxArray>>;
+        fn divide(a: &MlxArray, b: &MlxArray) -> Result<UniquePtr<MlxArray>>;
+        fn matmul(a: &MlxArray, b: &MlxArray) -> Result<UniquePtr<MlxArray>>;
+        fn silu(a: &MlxArray) -> Result<UniquePtr<MlxArray>>;
+        fn softmax(a: &MlxArray, axis: i32, precise: bool) -> Result<UniquePtr<MlxArray>>;
+        fn argmax(a: &MlxArray, axis: i32, keepdims: bool) -> Result<UniquePtr<MlxArray>>;
+
+        fn rms_norm(x: &MlxArray, weight: &MlxArray, eps: f32) -> Result<UniquePtr<MlxArray>>;
+        fn rope(
+            x: &MlxArray,
+            dims: i32,
+            traditional: bool,
+            base: f32,
+            scale: f32,
+            offset: i32,
+        ) -> Result<UniquePtr<MlxArray>>;
+        fn rope_with_freqs(
+            x: &MlxArray,
+            dims: i32,
+            traditional: bool,
+            scale: f32,
+            offset: i32,
+            freqs: &MlxArray,
+        ) -> Result<UniquePtr<MlxArray>>;
+        fn sdpa(
+            q: &MlxArray,
+            k: &MlxArray,
+            v: &MlxArray,
+            scale: f32,
+            causal: bool,
+        ) -> Result<UniquePtr<MlxArray>>;
+        fn sdpa_with_mask(
+            q: &MlxArray,
+            k: &MlxArray,
+            v: &MlxArray,
+            scale: f32,
+            mask: &MlxArray,
+        ) -> Result<UniquePtr<MlxArray>>;
+
+        #[allow(clippy::too_many_arguments)]
+        fn quantized_matmul(
+            x: &MlxArray,
+            w: &MlxArray,
+            scales: &MlxArray,
+            biases: &MlxArray,
+            transpose: bool,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<MlxArray>>;
+        fn dequantize(
+            w: &MlxArray,
+            scales: &MlxArray,
+            biases: &MlxArray,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<MlxArray>>;
+        fn quantize(w: &MlxArray, group_size: i32, bits: i32) -> Result<UniquePtr<ArrayList>>;
+    }
+}
+
+static MLX_LOCK: Mutex<()> = Mutex::new(());
+
+/// Runs `f` holding the process-wide MLX lock (see the module docs).
+pub(crate) fn with_lock<R>(f: impl FnOnce() -> R) -> R {
+    let _guard = lock();
+    f()
+}
+
+fn lock() -> MutexGuard<'static, ()> {
+    // Poisoning only means a panic happened while the lock was held; the bridge converts
+    // every C++ exception into a Result, so MLX's state is not left half-updated by it.
+    MLX_LOCK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// An owned, non-null MLX array handle whose destructor runs under the MLX lock.
+pub(crate) struct Handle(cxx::UniquePtr<MlxArray>);
+
+impl Handle {
+    /// Wraps a pointer returned by the bridge. cxx returns null only for a moved-from
+    /// `unique_ptr`, which the shims never produce.
+    pub(crate) fn new(ptr: cxx::UniquePtr<MlxArray>) -> Handle {
+        assert!(!ptr.is_null(), "mlxcel-core shim returned a null array");
+        Handle(ptr)
+    }
+
+    pub(crate) fn get(&self) -> &MlxArray {
+        self.0
+            .as_ref()
+            .expect("a Handle is never null (checked in Handle::new)")
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let ptr = std::mem::replace(&mut self.0, cxx::UniquePtr::null());
+        with_lock(move || drop(ptr));
+    }
+}
+
+// SAFETY: a Handle owns one reference to an MLX graph node. Every access to MLX state through
+// it (ops, eval, read-back, and the final release in Drop) happens inside `with_lock`, so no
+// two threads touch MLX at once; the refcount itself is an atomic std::shared_ptr count. MLX
+// keeps no thread-affine state in an array (the per-thread default stream is only recorded
+// in the node and is usable from any thread while calls are serialised).
+unsafe impl Send for Handle {}
+// SAFETY: `&Handle` only allows calls that take the MLX lock (see the Send impl above).
+unsafe impl Sync for Handle {}
+
+/// Reinterprets a slice of plain numbers as its bytes, for [`ffi::array_from_bytes`].
+pub(crate) fn as_bytes<T: Plain>(data: &[T]) -> &[u8] {
+    // SAFETY: `Plain` is implemented only for primitive numeric types, which have no padding
+    // and no invalid bit patterns as bytes; u8 has alignment 1; the length covers exactly the
+    // same memory; the returned slice borrows `data` so it cannot outlive it.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
+}
+
+/// Primitive numeric types whose memory may be viewed as bytes.
+pub(crate) trait Plain: Copy {}
+impl Plain for f32 {}
+impl Plain for u32 {}
+impl Plain for i32 {}
+impl Plain for u16 {}
+impl Plain for u8 {}

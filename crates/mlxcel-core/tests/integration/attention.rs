@@ -1,0 +1,133 @@
+//! `fast::scaled_dot_product_attention` against naive softmax attention, with GQA shapes.
+
+use mlxcel_core::Array;
+use mlxcel_core::fast::{AttentionMask, scaled_dot_product_attention};
+
+use crate::{assert_close, pseudo_random};
+
+struct Shapes {
+    heads: usize,
+    kv_heads: usize,
+    queries: usize,
+    keys: usize,
+    head_dim: usize,
+}
+
+/// Naive attention for batch 1. `mask(q, k)` is added to the score (0 or -inf).
+fn attention_ref(
+    s: &Shapes,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    scale: f32,
+    mask: impl Fn(usize, usize) -> f32,
+) -> Vec<f32> {
+    let d = s.head_dim;
+    let group = s.heads / s.kv_heads;
+    let mut out = vec![0.0; s.heads * s.queries * d];
+    for h in 0..s.heads {
+        let kvh = h / group;
+        for i in 0..s.queries {
+            let qrow = &q[(h * s.queries + i) * d..][..d];
+            let scores: Vec<f32> = (0..s.keys)
+                .map(|j| {
+                    let krow = &k[(kvh * s.keys + j) * d..][..d];
+                    qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>() * scale + mask(i, j)
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let weights: Vec<f32> = scores.iter().map(|x| (x - max).exp()).collect();
+            let total: f32 = weights.iter().sum();
+            for (j, w) in weights.iter().enumerate() {
+                let vrow = &v[(kvh * s.keys + j) * d..][..d];
+                for (o, x) in out[(h * s.queries + i) * d..][..d].iter_mut().zip(vrow) {
+                    *o += w / total * x;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn run(s: &Shapes, mask: AttentionMask<'_>, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let q = pseudo_random(s.heads * s.queries * s.head_dim, seed);
+    let k = pseudo_random(s.kv_heads * s.keys * s.head_dim, seed + 1);
+    let v = pseudo_random(s.kv_heads * s.keys * s.head_dim, seed + 2);
+    let dims = |h: usize, n: usize| [1, h as i32, n as i32, s.head_dim as i32];
+    let out = scaled_dot_product_attention(
+        &Array::from_f32(&q, &dims(s.heads, s.queries)).unwrap(),
+        &Array::from_f32(&k, &dims(s.kv_heads, s.keys)).unwrap(),
+        &Array::from_f32(&v, &dims(s.kv_heads, s.keys)).unwrap(),
+        1.0 / (s.head_dim as f32).sqrt(),
+        mask,
+    )
+    .unwrap();
+    assert_eq!(out.shape(), dims(s.heads, s.queries));
+    (out.to_vec_f32().unwrap(), q, k, v)
+}
+
+#[test]
+fn sdpa_without_mask_matches_naive_attention_with_gqa() {
+    let s = Shapes {
+        heads: 6,
+        kv_heads: 2,
+        queries: 3,
+        keys: 5,
+        head_dim: 8,
+    };
+    let (out, q, k, v) = run(&s, AttentionMask::None, 31);
+    let expected = attention_ref(&s, &q, &k, &v, 1.0 / 8f32.sqrt(), |_, _| 0.0);
+    assert_close(&out, &expected, 1e-5);
+}
+
+#[test]
+fn causal_mask_aligns_queries_to_the_newest_keys() {
+    // Prefill (queries == keys), chunked prefill over a cache, and one decode step.
+    for (queries, keys) in [(4, 4), (3, 7), (1, 6)] {
+        let s = Shapes {
+            heads: 4,
+            kv_heads: 2,
+            queries,
+            keys,
+            head_dim: 8,
+        };
+        let (out, q, k, v) = run(&s, AttentionMask::Causal, 41);
+        let past = keys - queries;
+        let expected = attention_ref(&s, &q, &k, &v, 1.0 / 8f32.sqrt(), |i, j| {
+            if j <= i + past {
+                0.0
+            } else {
+                f32::NEG_INFINITY
+            }
+        });
+        assert_close(&out, &expected, 1e-5);
+    }
+}
+
+#[test]
+fn additive_mask_array_is_added_to_the_scores() {
+    let s = Shapes {
+        heads: 3,
+        kv_heads: 1,
+        queries: 2,
+        keys: 4,
+        head_dim: 4,
+    };
+    // Query 0 sees keys 0 and 2; query 1 sees keys 1..4 with a penalty on key 3.
+    let mask_values = [
+        0.0,
+        f32::NEG_INFINITY,
+        0.0,
+        f32::NEG_INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        0.0,
+        -1.5,
+    ];
+    let mask = Array::from_f32(&mask_values, &[2, 4]).unwrap();
+    let (out, q, k, v) = run(&s, AttentionMask::Array(&mask), 51);
+    let expected = attention_ref(&s, &q, &k, &v, 1.0 / 2.0, |i, j| {
+        mask_values[i * s.keys + j]
+    });
+    assert_close(&out, &expected, 1e-5);
+}

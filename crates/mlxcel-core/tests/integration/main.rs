@@ -1,0 +1,49 @@
+//! mlxcel-core's one integration-test binary. Every op is checked against a scalar Rust
+//! reference on small inputs built here; nothing is downloaded beyond the pinned MLX wheel.
+
+mod array_ops;
+mod attention;
+mod errors;
+mod pin;
+mod quantized;
+mod rms_rope;
+mod rpath;
+mod threads;
+
+/// Deterministic pseudo-random f32s in `[-1, 1)` (a 64-bit LCG; no dependency needed).
+pub fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Asserts `actual ≈ expected` element-wise within `tol` (absolute + relative).
+#[track_caller]
+pub fn assert_close(actual: &[f32], expected: &[f32], tol: f32) {
+    assert_eq!(actual.len(), expected.len(), "length mismatch");
+    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        assert!(
+            (a - e).abs() <= tol * (1.0 + e.abs()),
+            "element {i}: got {a}, expected {e} (tol {tol})\nactual:   {actual:?}\nexpected: {expected:?}"
+        );
+    }
+}
+
+/// Row-major `[m, k] · [k, n]`.
+pub fn matmul_ref(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+        }
+    }
+    out
+}
