@@ -76,6 +76,7 @@ size_t set_memory_limit(size_t bytes);
 rust::String mlx_version();
 
 // Shape and layout ops (ops.cc).
+std::unique_ptr<MlxArray> zeros(rust::Slice<const int32_t> shape, uint8_t dtype);
 std::unique_ptr<MlxArray> reshape(const MlxArray& a, rust::Slice<const int32_t> shape);
 std::unique_ptr<MlxArray> transpose(const MlxArray& a, rust::Slice<const int32_t> axes);
 std::unique_ptr<MlxArray> swapaxes(const MlxArray& a, int32_t axis1, int32_t axis2);

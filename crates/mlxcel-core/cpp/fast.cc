@@ -37,7 +37,8 @@ std::unique_ptr<MlxArray> sdpa(const MlxArray& q, const MlxArray& k, const MlxAr
 std::unique_ptr<MlxArray> sdpa_with_mask(const MlxArray& q, const MlxArray& k,
                                          const MlxArray& v, float scale, const MlxArray& mask) {
   return wrap(mx::fast::scaled_dot_product_attention(q.inner, k.inner, v.inner, scale, "array",
-                                                     mask.inner, std::nullopt, false, mlxcel_stream()));
+                                                     mask.inner, std::nullopt, false,
+                                                     mlxcel_stream()));
 }
 
 std::unique_ptr<MlxArray> quantized_matmul(const MlxArray& x, const MlxArray& w,
@@ -50,7 +51,7 @@ std::unique_ptr<MlxArray> quantized_matmul(const MlxArray& x, const MlxArray& w,
 std::unique_ptr<MlxArray> dequantize(const MlxArray& w, const MlxArray& scales,
                                      const MlxArray& biases, int32_t group_size, int32_t bits) {
   return wrap(mx::dequantize(w.inner, scales.inner, biases.inner, group_size, bits, "affine",
-                              std::nullopt, std::nullopt, mlxcel_stream()));
+                             std::nullopt, std::nullopt, mlxcel_stream()));
 }
 
 std::unique_ptr<ArrayList> quantize(const MlxArray& w, int32_t group_size, int32_t bits) {

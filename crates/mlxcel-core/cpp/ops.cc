@@ -17,11 +17,16 @@ std::unique_ptr<MlxArray> reshape(const MlxArray& a, rust::Slice<const int32_t> 
 }
 
 std::unique_ptr<MlxArray> transpose(const MlxArray& a, rust::Slice<const int32_t> axes) {
-  return wrap(mx::transpose(a.inner, std::vector<int>(axes.begin(), axes.end()), mlxcel_stream()));
+  return wrap(
+      mx::transpose(a.inner, std::vector<int>(axes.begin(), axes.end()), mlxcel_stream()));
 }
 
 std::unique_ptr<MlxArray> swapaxes(const MlxArray& a, int32_t axis1, int32_t axis2) {
   return wrap(mx::swapaxes(a.inner, axis1, axis2, mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> zeros(rust::Slice<const int32_t> shape, uint8_t dtype) {
+  return wrap(mx::zeros(to_shape(shape), dtype_from_code(dtype), mlxcel_stream()));
 }
 
 std::unique_ptr<MlxArray> astype(const MlxArray& a, uint8_t dtype) {
@@ -39,7 +44,8 @@ std::unique_ptr<MlxArray> concatenate(const ArrayList& list, int32_t axis) {
 std::unique_ptr<MlxArray> slice(const MlxArray& a, rust::Slice<const int32_t> start,
                                 rust::Slice<const int32_t> stop,
                                 rust::Slice<const int32_t> strides) {
-  return wrap(mx::slice(a.inner, to_shape(start), to_shape(stop), to_shape(strides), mlxcel_stream()));
+  return wrap(
+      mx::slice(a.inner, to_shape(start), to_shape(stop), to_shape(strides), mlxcel_stream()));
 }
 
 std::unique_ptr<MlxArray> slice_update(const MlxArray& src, const MlxArray& update,

@@ -136,6 +136,12 @@ impl Array {
         Array::from_f32(&[value], &[]).expect("one element always matches the empty shape")
     }
 
+    /// An array of `shape` filled with zeros, allocated by MLX (no host buffer), e.g. a KV
+    /// cache's backing store.
+    pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<Array> {
+        call("zeros", || ffi::zeros(shape, dtype.code()))
+    }
+
     /// The dimensions, outermost first.
     pub fn shape(&self) -> Vec<i32> {
         sys::with_lock(|| ffi::array_shape(self.raw()))

@@ -49,6 +49,7 @@ pub(crate) mod ffi {
         fn set_memory_limit(bytes: usize) -> Result<usize>;
         fn mlx_version() -> String;
 
+        fn zeros(shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;
         fn reshape(a: &MlxArray, shape: &[i32]) -> Result<UniquePtr<MlxArray>>;
         fn transpose(a: &MlxArray, axes: &[i32]) -> Result<UniquePtr<MlxArray>>;
         fn swapaxes(a: &MlxArray, axis1: i32, axis2: i32) -> Result<UniquePtr<MlxArray>>;

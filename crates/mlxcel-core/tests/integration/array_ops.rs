@@ -143,7 +143,8 @@ fn take_gathers_embedding_rows() {
 #[test]
 fn concatenate_slice_and_slice_update_make_a_kv_cache() {
     // Cache [batch 1, kv_heads 2, capacity 4, head_dim 2], written one step at a time.
-    let mut cache = Array::from_f32(&[0.0; 16], &[1, 2, 4, 2]).unwrap();
+    let mut cache = Array::zeros(&[1, 2, 4, 2], Dtype::F32).unwrap();
+    assert_eq!(cache.to_vec_f32().unwrap(), [0.0; 16]);
     for step in 0..3 {
         let v = step as f32 + 1.0;
         let new = Array::from_f32(&[v, v, -v, -v], &[1, 2, 1, 2]).unwrap();
