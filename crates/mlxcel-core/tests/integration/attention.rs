@@ -131,3 +131,26 @@ fn additive_mask_array_is_added_to_the_scores() {
     });
     assert_close(&out, &expected, 1e-5);
 }
+
+#[test]
+fn boolean_mask_array_keeps_true_positions() {
+    let s = Shapes {
+        heads: 2,
+        kv_heads: 2,
+        queries: 2,
+        keys: 3,
+        head_dim: 4,
+    };
+    let keep = [true, false, true, false, true, true];
+    let bytes: Vec<u8> = keep.iter().map(|&k| k as u8).collect();
+    let mask = Array::from_bytes(&bytes, &[2, 3], mlxcel_core::Dtype::Bool).unwrap();
+    let (out, q, k, v) = run(&s, AttentionMask::Array(&mask), 61);
+    let expected = attention_ref(&s, &q, &k, &v, 0.5, |i, j| {
+        if keep[i * s.keys + j] {
+            0.0
+        } else {
+            f32::NEG_INFINITY
+        }
+    });
+    assert_close(&out, &expected, 1e-5);
+}

@@ -3,6 +3,7 @@
 
 mod array_ops;
 mod attention;
+mod device;
 mod errors;
 mod pin;
 mod quantized;
