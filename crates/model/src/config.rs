@@ -168,7 +168,9 @@ impl ModelConfig {
         }
         let head_dim = match raw.head_dim {
             Some(d) => need(Some(d), "head_dim")?,
-            None if hidden_size.is_multiple_of(num_attention_heads) => hidden_size / num_attention_heads,
+            None if hidden_size.is_multiple_of(num_attention_heads) => {
+                hidden_size / num_attention_heads
+            }
             None => {
                 return Err(ModelError::invalid(
                     path,

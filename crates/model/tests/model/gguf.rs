@@ -1,0 +1,210 @@
+//! GGUF: reading metadata and every tensor type against known values, refusing K-quants, the q/k
+//! permutation, and lossless conversion of a tiny llama.
+
+use half::{bf16, f16};
+use mlxcel_model::gguf::dequant::{dequantize_reference, to_affine};
+use mlxcel_model::gguf::permute::{gguf_row_of_hf_row, permute_rows, unpermute_rows};
+use mlxcel_model::gguf::{GgmlType, GgufFile, GgufValue, GgufWriter};
+use mlxcel_model::{Checkpoint, LoadedModel, ModelError, convert_gguf};
+
+use crate::fixtures::{Rng, TinyLlama, assert_lossless};
+
+fn write(writer: &GgufWriter) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fixture.gguf");
+    writer
+        .write(&mut std::fs::File::create(&path).unwrap())
+        .unwrap();
+    (dir, path)
+}
+
+#[test]
+fn metadata_of_every_type_round_trips() {
+    let values = [
+        ("u8", GgufValue::U8(200)),
+        ("i8", GgufValue::I8(-100)),
+        ("u16", GgufValue::U16(60_000)),
+        ("i16", GgufValue::I16(-30_000)),
+        ("u32", GgufValue::U32(4_000_000_000)),
+        ("i32", GgufValue::I32(-2_000_000_000)),
+        ("u64", GgufValue::U64(u64::MAX)),
+        ("i64", GgufValue::I64(i64::MIN)),
+        ("f32", GgufValue::F32(1.5)),
+        ("f64", GgufValue::F64(-2.25)),
+        ("bool", GgufValue::Bool(true)),
+        ("string", GgufValue::String("héllo 🌍".into())),
+        (
+            "array",
+            GgufValue::Array(vec![GgufValue::I32(1), GgufValue::I32(-2)]),
+        ),
+        (
+            "nested",
+            GgufValue::Array(vec![GgufValue::Array(vec![GgufValue::String("a".into())])]),
+        ),
+    ];
+    let mut w = GgufWriter::new();
+    for (k, v) in &values {
+        w.metadata(k, v.clone());
+    }
+    let (_dir, path) = write(&w);
+    let file = GgufFile::open(&path).unwrap();
+    assert_eq!(file.version, 3);
+    for (k, v) in &values {
+        assert_eq!(file.get(k), Some(v), "{k}");
+    }
+}
+
+/// One tensor of each type, with hand-computed expected values (llama.cpp's formulas).
+#[test]
+fn every_tensor_type_reads_known_values() {
+    let h = |v: f32| f16::from_f32(v).to_le_bytes();
+    // Q4_0: d = 0.5; byte 0x19 holds element j = 9 (low) and j+16 = 1 (high): (9-8)*0.5, (1-8)*0.5.
+    let q4_0: Vec<u8> = h(0.5).into_iter().chain([0x19; 16]).collect();
+    // Q4_1: d = 0.25, m = -1; nibbles 4 and 15: 4*0.25-1 = 0, 15*0.25-1 = 2.75.
+    let q4_1: Vec<u8> = h(0.25)
+        .into_iter()
+        .chain(h(-1.0))
+        .chain([0xF4; 16])
+        .collect();
+    // Q8_0: d = 2; q = -3 → -6, q = 127 → 254.
+    let q8_0: Vec<u8> = h(2.0)
+        .into_iter()
+        .chain([(-3i8) as u8; 16])
+        .chain([127u8; 16])
+        .collect();
+    let mut w = GgufWriter::new();
+    w.tensor(
+        "f32",
+        &[2],
+        GgmlType::F32,
+        [3.25f32, -1.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+    )
+    .tensor("f16", &[1], GgmlType::F16, h(1.5).to_vec())
+    .tensor(
+        "bf16",
+        &[1],
+        GgmlType::BF16,
+        bf16::from_f32(-2.0).to_le_bytes().to_vec(),
+    )
+    .tensor("q4_0", &[32], GgmlType::Q4_0, q4_0)
+    .tensor("q4_1", &[32], GgmlType::Q4_1, q4_1)
+    .tensor("q8_0", &[32], GgmlType::Q8_0, q8_0);
+    let (_dir, path) = write(&w);
+    let file = GgufFile::open(&path).unwrap();
+    let read = |name: &str| {
+        let info = file.tensor_info(name).unwrap();
+        dequantize_reference(info.ggml_type, file.tensor_data(info).unwrap()).unwrap()
+    };
+    assert_eq!(read("f32"), [3.25, -1.0]);
+    assert_eq!(read("f16"), [1.5]);
+    assert_eq!(read("bf16"), [-2.0]);
+    let halves = |a: f32, b: f32| [[a; 16], [b; 16]].concat();
+    assert_eq!(read("q4_0"), halves(0.5, -3.5));
+    assert_eq!(read("q4_1"), halves(0.0, 2.75));
+    assert_eq!(read("q8_0"), halves(-6.0, 254.0));
+}
+
+#[test]
+fn affine_blocks_reproduce_llama_cpp_exactly() {
+    let mut rng = Rng::new(7);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for _ in 0..500 {
+            let block = crate::fixtures::random_block(ty, &mut rng);
+            let expected = dequantize_reference(ty, &block).unwrap();
+            let a = to_affine(ty, &block);
+            for (i, e) in expected.iter().enumerate() {
+                let v = a.scale * a.q[i] as f32 + a.bias;
+                assert_eq!(v.to_bits(), e.to_bits(), "{ty} element {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn k_quants_are_refused_naming_type_and_tensor() {
+    let mut w = TinyLlama::default().metadata();
+    w.tensor(
+        "blk.0.attn_q.weight",
+        &[256, 4],
+        GgmlType::Q4_K,
+        vec![0; 4 * 144],
+    );
+    let (dir, path) = write(&w);
+    let file = GgufFile::open(&path).unwrap();
+    let info = file.tensor_info("blk.0.attn_q.weight").unwrap();
+    let err = file.tensor_data(info).unwrap_err();
+    assert!(matches!(err, ModelError::UnsupportedGgmlType { .. }));
+    let message = convert_gguf(&path, &dir.path().join("out"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("Q4_K") && message.contains("blk.0.attn_q.weight"),
+        "{message}"
+    );
+    let iq = GgmlType(16).to_string();
+    assert_eq!(iq, "IQ2_XXS (type id 16)");
+}
+
+#[test]
+fn truncated_and_foreign_files_are_refused() {
+    let (_dir, path) = write(&TinyLlama::default().metadata());
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let message = GgufFile::open(&path).unwrap_err().to_string();
+    assert!(
+        message.contains("fixture.gguf") && message.contains("truncated"),
+        "{message}"
+    );
+    std::fs::write(&path, b"PK\x03\x04 not gguf").unwrap();
+    assert!(
+        GgufFile::open(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("bad magic")
+    );
+}
+
+#[test]
+fn permutation_matches_llama_cpp_and_round_trips() {
+    // convert_hf_to_gguf.py: reshape(n_head, 2, head_dim/2).swapaxes(1, 2) on rows.
+    let head_dim = 4;
+    let order: Vec<usize> = (0..8).map(|hf| gguf_row_of_hf_row(hf, head_dim)).collect();
+    assert_eq!(order, [0, 2, 1, 3, 4, 6, 5, 7]);
+    let mut rng = Rng::new(3);
+    for (rows, head_dim, row_len) in [(8, 4, 3), (576, 64, 20), (192, 64, 34)] {
+        let data = rng.bytes(rows * row_len);
+        let permuted = permute_rows(&data, rows, head_dim);
+        assert_ne!(permuted, data);
+        assert_eq!(unpermute_rows(&permuted, rows, head_dim), data);
+    }
+}
+
+#[test]
+fn tiny_llama_converts_losslessly_and_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    for tied in [true, false] {
+        TinyLlama {
+            tied,
+            ..TinyLlama::default()
+        }
+        .write(&gguf, 11);
+        let out = dir.path().join(format!("tiny-{tied}"));
+        let summary = convert_gguf(&gguf, &out).unwrap();
+        assert_eq!(summary.config.tie_word_embeddings, tied);
+        let model = LoadedModel::open(&out).unwrap();
+        let ckpt: &Checkpoint = &model.checkpoint;
+        let compared = assert_lossless(&gguf, ckpt);
+        assert_eq!(compared, 2 + 9 * 2 + usize::from(!tied));
+        let spec = |m: &str| ckpt.quantization_of(m).map(|s| (s.bits, s.group_size));
+        assert_eq!(spec("model.embed_tokens"), Some((8, 32)));
+        assert_eq!(spec("model.layers.0.self_attn.q_proj"), Some((4, 32)));
+        assert_eq!(spec("model.layers.0.self_attn.v_proj"), None);
+        assert_eq!(spec("model.layers.1.mlp.gate_proj"), Some((8, 32)));
+        assert_eq!(model.eos_token_ids, [2]);
+        assert_eq!(model.config().window(), 2048);
+    }
+}

@@ -1,0 +1,10 @@
+//! Integration tests of mlxcel-model, one module per concern. Fixtures are generated in the tests;
+//! only `default_model` touches the real default model (skippable with `MLXCEL_SKIP_MODEL_TESTS`).
+
+mod chat;
+mod checkpoint;
+mod config;
+mod default_model;
+mod fixtures;
+mod gguf;
+mod tokenizer;

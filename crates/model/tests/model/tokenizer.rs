@@ -1,0 +1,110 @@
+//! The tokenizer built from GGUF metadata: round trips on tricky text, special-token parsing, and
+//! incremental detokenization that only emits complete UTF-8.
+
+use mlxcel_model::{Tokenizer, convert_gguf};
+
+use crate::fixtures::{TinyLlama, byte_token_id};
+
+/// A converted tiny model's tokenizer (byte-level BPE with a few merges).
+fn tiny_tokenizer() -> (tempfile::TempDir, Tokenizer) {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    TinyLlama::default().write(&gguf, 5);
+    let out = dir.path().join("ckpt");
+    convert_gguf(&gguf, &out).unwrap();
+    let tokenizer = Tokenizer::from_dir(&out).unwrap();
+    (dir, tokenizer)
+}
+
+pub const TRICKY: &[&str] = &[
+    "the the  then",
+    "héllo wörld — naïve café",
+    "日本語のテキスト",
+    "emoji 🌍🎉👩‍👩‍👧 and flags 🇫🇷",
+    "   leading, trailing   ",
+    "tabs\tand\nnewlines\r\n\n  mixed \u{a0}nbsp",
+    "digits 1234567890 and 3.14159",
+    "",
+];
+
+#[test]
+fn round_trips_tricky_text() {
+    let (_dir, tok) = tiny_tokenizer();
+    for text in TRICKY {
+        let ids = tok.encode(text, true, true).unwrap();
+        assert_eq!(tok.decode(&ids, false).unwrap(), *text);
+    }
+}
+
+#[test]
+fn merges_apply_and_digits_split() {
+    let (_dir, tok) = tiny_tokenizer();
+    let the = tok.token_to_id("Ġthe").unwrap();
+    let ids = tok.encode("the the", true, true).unwrap();
+    let he = tok.token_to_id("he").unwrap();
+    assert_eq!(ids, [byte_token_id(b't'), he, the]);
+    let digits = tok.encode("123", true, true).unwrap();
+    assert_eq!(
+        digits,
+        [
+            byte_token_id(b'1'),
+            byte_token_id(b'2'),
+            byte_token_id(b'3')
+        ]
+    );
+}
+
+#[test]
+fn special_tokens_parse_unless_disabled() {
+    let (_dir, tok) = tiny_tokenizer();
+    assert_eq!(tok.encode("<|im_start|>", true, true).unwrap(), [1]);
+    let plain = tok.encode("<|im_start|>", true, false).unwrap();
+    assert_eq!(plain.len(), "<|im_start|>".len());
+    assert_eq!(tok.decode(&plain, false).unwrap(), "<|im_start|>");
+    assert_eq!(tok.decode(&[1, byte_token_id(b'a')], true).unwrap(), "a");
+}
+
+#[test]
+fn detokenizer_emits_complete_utf8_byte_by_byte() {
+    let (_dir, tok) = tiny_tokenizer();
+    for text in TRICKY {
+        let mut detok = tok.detokenizer(false);
+        let mut out = String::new();
+        for &b in text.as_bytes() {
+            if let Some(piece) = detok.push(byte_token_id(b)).unwrap() {
+                assert!(!piece.contains('\u{FFFD}'), "{text:?}: emitted {piece:?}");
+                out.push_str(&piece);
+            }
+        }
+        out.extend(detok.flush().unwrap());
+        assert_eq!(out, *text);
+    }
+}
+
+#[test]
+fn detokenizer_holds_a_split_character_then_flushes_it_lossily() {
+    let (_dir, tok) = tiny_tokenizer();
+    let mut detok = tok.detokenizer(false);
+    let euro = "€".as_bytes();
+    assert_eq!(
+        detok.push(byte_token_id(b'a')).unwrap().as_deref(),
+        Some("a")
+    );
+    assert_eq!(detok.push(byte_token_id(euro[0])).unwrap(), None);
+    assert_eq!(detok.push(byte_token_id(euro[1])).unwrap(), None);
+    assert_eq!(detok.flush().unwrap().as_deref(), Some("\u{FFFD}"));
+}
+
+#[test]
+fn detokenizer_matches_decode_on_merged_tokens() {
+    let (_dir, tok) = tiny_tokenizer();
+    let text = "the then 🌍 the";
+    let ids = tok.encode(text, true, true).unwrap();
+    let mut detok = tok.detokenizer(false);
+    let mut out = String::new();
+    for &id in &ids {
+        out.extend(detok.push(id).unwrap());
+    }
+    out.extend(detok.flush().unwrap());
+    assert_eq!(out, text);
+}
