@@ -59,6 +59,12 @@ fn main() {
         .flag_if_supported("-Wno-unused-parameter")
         .compile("mlxcel-core-shim");
 
+    // Deleting the cache (or the MLX_DIR install) re-runs this script, which re-provisions,
+    // instead of leaving binaries with an rpath to nothing.
+    println!(
+        "cargo::rerun-if-changed={}",
+        libdir.join("libmlx.so").display()
+    );
     println!("cargo::rustc-link-search=native={}", libdir.display());
     println!("cargo::rustc-link-lib=dylib=mlx");
     println!("cargo::rustc-link-arg=-Wl,-rpath,{}", libdir.display());
