@@ -6,6 +6,7 @@ mod attention;
 mod device;
 mod errors;
 mod pin;
+mod properties;
 mod quantized;
 mod rms_rope;
 mod rpath;
