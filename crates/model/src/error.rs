@@ -82,6 +82,12 @@ pub enum ModelError {
         tensor: String,
         ggml_type: String,
     },
+    #[error("{path}: tensor `{tensor}`: {reason}")]
+    GgufTensor {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
+    },
     #[error("{path}: GGUF metadata `{key}`: {reason}")]
     GgufMetadata {
         path: PathBuf,

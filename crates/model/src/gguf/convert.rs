@@ -48,13 +48,10 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
     let mut tensors = BTreeMap::new();
     let mut module_bits: BTreeMap<String, Option<u32>> = BTreeMap::new();
     for info in &gguf.tensors {
-        let (module, suffix) = hf_name(&info.name).ok_or_else(|| ModelError::Gguf {
+        let (module, suffix) = hf_name(&info.name).ok_or_else(|| ModelError::GgufTensor {
             path: gguf_path.to_owned(),
-            offset: 0,
-            reason: format!(
-                "tensor `{}` has no Hugging Face llama counterpart",
-                info.name
-            ),
+            tensor: info.name.clone(),
+            reason: "has no Hugging Face llama counterpart (not supported for import)".into(),
         })?;
         let rows_per_head = match (header.architecture, module.rsplit('.').next()) {
             (Architecture::Llama, Some("q_proj" | "k_proj")) => Some(header.head_dim),
@@ -338,13 +335,10 @@ fn convert_tensor(
             Cow::Owned(unpermute_rows(raw, rows, head_dim))
         }
         Some(head_dim) => {
-            return Err(ModelError::Gguf {
+            return Err(ModelError::GgufTensor {
                 path: gguf.path().to_owned(),
-                offset: 0,
-                reason: format!(
-                    "tensor `{}` has {rows} rows, not whole heads of {head_dim}",
-                    info.name
-                ),
+                tensor: info.name.clone(),
+                reason: format!("{rows} rows are not whole heads of {head_dim}"),
             });
         }
         None => Cow::Borrowed(raw),
@@ -366,13 +360,10 @@ fn convert_tensor(
         ty => {
             let bits = affine_bits(ty).expect("only supported types reach here");
             if shape.len() != 2 {
-                return Err(ModelError::Gguf {
+                return Err(ModelError::GgufTensor {
                     path: gguf.path().to_owned(),
-                    offset: 0,
-                    reason: format!(
-                        "quantized tensor `{}` is not 2-D (shape {shape:?})",
-                        info.name
-                    ),
+                    tensor: info.name.clone(),
+                    reason: format!("quantized but not 2-D (shape {shape:?})"),
                 });
             }
             Ok(block_quantized(ty, bits, &data, shape[0], shape[1]))

@@ -208,3 +208,17 @@ fn tiny_llama_converts_losslessly_and_validates() {
         assert_eq!(model.config().window(), 2048);
     }
 }
+
+#[test]
+fn tensors_without_a_llama_counterpart_are_refused_by_name() {
+    let mut w = TinyLlama::default().metadata();
+    w.tensor("rope_freqs.weight", &[32], GgmlType::F32, vec![0; 128]);
+    let (dir, path) = write(&w);
+    let message = convert_gguf(&path, &dir.path().join("out"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("tensor `rope_freqs.weight`: has no Hugging Face llama counterpart"),
+        "{message}"
+    );
+}
