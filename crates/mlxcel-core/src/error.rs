@@ -30,6 +30,41 @@ pub enum Error {
         /// The raw dtype code from the shim.
         code: u8,
     },
+    /// A tensor the forward pass needs is not in the checkpoint.
+    #[error("checkpoint has no tensor {name}")]
+    MissingTensor {
+        /// The tensor's name, e.g. `model.layers.0.self_attn.q_proj.weight`.
+        name: String,
+    },
+    /// A checkpoint tensor has a dtype the forward pass cannot use.
+    #[error("tensor {name} has dtype {dtype}; expected f32, f16, bf16 or packed u32")]
+    UnsupportedTensor {
+        /// The tensor's name.
+        name: String,
+        /// Its dtype as the file names it.
+        dtype: String,
+    },
+    /// A sequence in a step had no new tokens.
+    #[error("a sequence in the step has no new tokens")]
+    EmptyStep,
+    /// A token id outside the vocabulary.
+    #[error("token id {token} is outside the vocabulary (size {vocab_size})")]
+    TokenOutOfRange {
+        /// The offending id.
+        token: u32,
+        /// The model's vocabulary size.
+        vocab_size: usize,
+    },
+    /// A sequence would grow past the positions its cache may hold.
+    #[error("KV cache full: {len} positions + {extra} new > {max_positions}")]
+    CacheFull {
+        /// Positions already held.
+        len: usize,
+        /// Positions asked for.
+        extra: usize,
+        /// The cache's limit.
+        max_positions: usize,
+    },
 }
 
 /// `Result` with [`Error`].

@@ -8,6 +8,9 @@
 //!   arithmetic, gather, slicing) and read-back. [`eval`] evaluates several arrays at once.
 //! - [`fast`] holds the fused transformer ops (RMS norm, RoPE, attention).
 //! - [`QuantizedWeight`] is an affine-quantized matrix and its matmul.
+//! - [`LlamaModel`] is the llama-family forward pass over a validated `mlxcel_model::Checkpoint`;
+//!   each sequence keeps its keys and values in its own [`KvCache`], and one
+//!   [`LlamaModel::forward`] runs any mix of prefill chunks and decode tokens.
 //! - Every MLX exception becomes [`Error::Mlx`] carrying MLX's message.
 //!
 //! On CPU keep activations in f32: MLX's CPU kernels are 15–70× slower in f16.
@@ -30,6 +33,8 @@ mod device;
 mod dtype;
 mod error;
 pub mod fast;
+mod kv_cache;
+mod llama;
 pub mod pin;
 mod quantized;
 mod sys;
@@ -40,4 +45,6 @@ pub use device::{
 };
 pub use dtype::Dtype;
 pub use error::{Error, Result};
+pub use kv_cache::{KV_CHUNK, KvCache};
+pub use llama::{ForwardSeq, LlamaModel, llama3_periods};
 pub use quantized::QuantizedWeight;

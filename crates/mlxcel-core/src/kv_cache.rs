@@ -1,0 +1,131 @@
+//! Per-sequence key/value memory that grows in chunks.
+
+use crate::array::Array;
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+
+/// Positions added whenever a cache runs out of room: growing one position at a time would copy
+/// the whole cache every step.
+pub const KV_CHUNK: usize = 256;
+
+/// One sequence's keys and values for every layer, `[1, kv_heads, allocated, head_dim]` each.
+#[derive(Debug)]
+pub struct KvCache {
+    layers: Vec<(Array, Array)>,
+    layer_count: usize,
+    len: usize,
+    allocated: usize,
+    max_positions: usize,
+    kv_heads: i32,
+    head_dim: i32,
+}
+
+impl KvCache {
+    pub(crate) fn new(
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        max_positions: usize,
+    ) -> Self {
+        // Layer arrays are created by the first `reserve`, so an idle slot costs nothing.
+        Self {
+            layers: Vec::new(),
+            layer_count: layers,
+            len: 0,
+            allocated: 0,
+            max_positions,
+            kv_heads: kv_heads as i32,
+            head_dim: head_dim as i32,
+        }
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most positions this cache may ever hold.
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    /// Bytes of key/value memory currently allocated.
+    pub fn allocated_bytes(&self) -> usize {
+        2 * self.layer_count
+            * self.allocated
+            * self.kv_heads as usize
+            * self.head_dim as usize
+            * Dtype::F32.size_in_bytes()
+    }
+
+    /// Makes room for `extra` more positions, growing in [`KV_CHUNK`]s up to `max_positions`.
+    pub(crate) fn reserve(&mut self, extra: usize) -> Result<()> {
+        let needed = self.len + extra;
+        if needed > self.max_positions {
+            return Err(Error::CacheFull {
+                len: self.len,
+                extra,
+                max_positions: self.max_positions,
+            });
+        }
+        if needed <= self.allocated {
+            return Ok(());
+        }
+        let target = needed
+            .div_ceil(KV_CHUNK)
+            .saturating_mul(KV_CHUNK)
+            .min(self.max_positions);
+        let grow = (target - self.allocated) as i32;
+        let zeros = Array::zeros(&[1, self.kv_heads, grow, self.head_dim], Dtype::F32)?;
+        if self.layers.is_empty() {
+            self.layers = (0..self.layer_count)
+                .map(|_| (zeros.clone(), zeros.clone()))
+                .collect();
+        } else {
+            for (k, v) in &mut self.layers {
+                *k = Array::concatenate(&[k, &zeros], 2)?;
+                *v = Array::concatenate(&[v, &zeros], 2)?;
+            }
+        }
+        self.allocated = target;
+        Ok(())
+    }
+
+    /// Writes `k`, `v` (`[1, kv_heads, n, head_dim]`) of `layer` at the current end and returns
+    /// the keys and values of every position so far, including the new ones.
+    pub(crate) fn append(
+        &mut self,
+        layer: usize,
+        k: &Array,
+        v: &Array,
+        n: usize,
+    ) -> Result<(Array, Array)> {
+        let start = self.len as i32;
+        let stop = (self.len + n) as i32;
+        let (ck, cv) = &mut self.layers[layer];
+        let lo = [0, 0, start, 0];
+        let hi = [1, self.kv_heads, stop, self.head_dim];
+        *ck = ck.slice_update(k, &lo, &hi)?;
+        *cv = cv.slice_update(v, &lo, &hi)?;
+        let upto = [1, self.kv_heads, stop, self.head_dim];
+        Ok((
+            ck.slice(&[0, 0, 0, 0], &upto)?,
+            cv.slice(&[0, 0, 0, 0], &upto)?,
+        ))
+    }
+
+    /// Records that `n` positions were appended to every layer.
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.len += n;
+    }
+
+    /// Every layer's arrays, for evaluating them together with the step's outputs.
+    pub(crate) fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.layers.iter().flat_map(|(k, v)| [k, v])
+    }
+}
