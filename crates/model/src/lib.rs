@@ -36,6 +36,7 @@ mod model;
 mod quant;
 mod resolve;
 mod safetensors_files;
+mod safetensors_writer;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
@@ -48,6 +49,6 @@ pub use error::{ModelError, Result};
 pub use gguf::convert_gguf;
 pub use model::{LoadedModel, eos_token_ids};
 pub use quant::{QuantSpec, Quantization, dequantize_affine, pack, unpack};
-pub use resolve::{converted, resolve_model};
+pub use resolve::{CONVERTER_VERSION, converted, resolve_model};
 pub use safetensors_files::{Dtype, SafetensorsFiles, TensorView};
-pub use tokenizer::{Detokenizer, Tokenizer};
+pub use tokenizer::{Detokenizer, Tokenizer, shared_detokenizer};

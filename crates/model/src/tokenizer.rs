@@ -1,7 +1,7 @@
 //! The tokenizer (`tokenizer.json` through the `tokenizers` crate) and incremental detokenization.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::error::{ModelError, Result};
 
@@ -94,11 +94,40 @@ impl Tokenizer {
     /// A fresh incremental detokenizer over this tokenizer.
     pub fn detokenizer(&self, skip_special: bool) -> Detokenizer<'_> {
         Detokenizer {
-            tokenizer: self,
+            tokenizer: TokenizerRef::Borrowed(self),
             ids: Vec::new(),
             prefix_offset: 0,
             read_offset: 0,
             skip_special,
+        }
+    }
+}
+
+/// A detokenizer that shares ownership of its tokenizer, for streams that outlive any borrow
+/// (one per request in the engine).
+pub fn shared_detokenizer(tokenizer: Arc<Tokenizer>, skip_special: bool) -> Detokenizer<'static> {
+    Detokenizer {
+        tokenizer: TokenizerRef::Shared(tokenizer),
+        ids: Vec::new(),
+        prefix_offset: 0,
+        read_offset: 0,
+        skip_special,
+    }
+}
+
+#[derive(Debug)]
+enum TokenizerRef<'a> {
+    Borrowed(&'a Tokenizer),
+    Shared(Arc<Tokenizer>),
+}
+
+impl std::ops::Deref for TokenizerRef<'_> {
+    type Target = Tokenizer;
+
+    fn deref(&self) -> &Tokenizer {
+        match self {
+            Self::Borrowed(tokenizer) => tokenizer,
+            Self::Shared(tokenizer) => tokenizer,
         }
     }
 }
@@ -111,7 +140,7 @@ impl Tokenizer {
 /// Decoding a window rather than single tokens also keeps tokenizer-specific spacing right.
 #[derive(Debug)]
 pub struct Detokenizer<'a> {
-    tokenizer: &'a Tokenizer,
+    tokenizer: TokenizerRef<'a>,
     ids: Vec<u32>,
     /// Start of the context window decoded for comparison.
     prefix_offset: usize,
@@ -139,7 +168,7 @@ impl Detokenizer<'_> {
     }
 
     fn pending(&mut self, force: bool) -> Result<Option<String>> {
-        let tok = self.tokenizer;
+        let tok = &*self.tokenizer;
         let prefix = tok.decode(
             &self.ids[self.prefix_offset..self.read_offset],
             self.skip_special,

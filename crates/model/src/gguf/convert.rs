@@ -3,21 +3,18 @@
 //! Q4_0, Q4_1 and Q8_0 blocks become MLX affine groups of 32 without loss; F32/F16/BF16 tensors
 //! are copied; llama.cpp's q/k row permutation is undone; the tokenizer is rebuilt from metadata.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use half::f16;
 use serde_json::{Value, json};
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::gguf::dequant::{affine_bits, to_affine};
-use crate::gguf::permute::unpermute_rows;
-use crate::gguf::reader::{GgufFile, GgufTensorInfo, GgufValue};
+use crate::gguf::reader::{GgufFile, GgufValue};
+use crate::gguf::tensors::plan;
 use crate::gguf::tokenizer_json::GgufVocab;
-use crate::gguf::types::GgmlType;
-use crate::quant::{QuantSpec, Quantization, pack};
+use crate::quant::{QuantSpec, Quantization};
+use crate::safetensors_writer::{PlannedTensor, write_streaming};
 
 /// The group size of every GGUF block type we import.
 const GROUP_SIZE: usize = 32;
@@ -45,7 +42,7 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
             });
         }
     }
-    let mut tensors = BTreeMap::new();
+    let mut outputs = Vec::new();
     let mut module_bits: BTreeMap<String, Option<u32>> = BTreeMap::new();
     for info in &gguf.tensors {
         let (module, suffix) = hf_name(&info.name).ok_or_else(|| ModelError::GgufTensor {
@@ -57,19 +54,12 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
             (Architecture::Llama, Some("q_proj" | "k_proj")) => Some(header.head_dim),
             _ => None,
         };
-        let converted = convert_tensor(&gguf, info, rows_per_head)?;
-        if suffix == "weight" && converted.len() == 3 {
-            module_bits.insert(module.clone(), affine_bits(info.ggml_type));
-        } else if suffix == "weight" && info.dims.len() == 2 {
-            module_bits.insert(module.clone(), None);
+        let planned = plan(&gguf, info, &module, suffix, rows_per_head)?;
+        if suffix == "weight" && info.dims.len() == 2 {
+            let bits = planned.iter().find_map(|o| o.quantized_bits());
+            module_bits.insert(module.clone(), bits);
         }
-        for (part, tensor) in converted {
-            let name = match part {
-                "" => format!("{module}.{suffix}"),
-                part => format!("{module}.{part}"),
-            };
-            tensors.insert(name, tensor);
-        }
+        outputs.extend(planned);
     }
     let tie_word_embeddings = gguf.tensor_info("output.weight").is_none();
     let quantization = quantization(&module_bits);
@@ -79,15 +69,15 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
     let config_path = out_dir.join("config.json");
     let config = ModelConfig::from_json(&config_path, &config_json.to_string())?;
     write_json(&config_path, &config_json)?;
-    let weights_path = out_dir.join("model.safetensors");
-    let count = tensors.len();
-    let metadata = HashMap::from([("format".to_owned(), "mlx".to_owned())]);
-    safetensors::serialize_to_file(tensors, Some(metadata), &weights_path).map_err(|e| {
-        ModelError::Safetensors {
-            path: weights_path.clone(),
-            reason: e.to_string(),
-        }
-    })?;
+    let planned: Vec<PlannedTensor> = outputs.iter().map(|o| o.planned.clone()).collect();
+    let metadata = BTreeMap::from([("format".to_owned(), "mlx".to_owned())]);
+    write_streaming(
+        &out_dir.join("model.safetensors"),
+        &metadata,
+        &planned,
+        |i, out| outputs[i].write(&gguf, out),
+    )?;
+    let count = planned.len();
     let tokenizer_path = out_dir.join("tokenizer.json");
     write_json(&tokenizer_path, &vocab.tokenizer_json(&gguf)?)?;
     // Load what we wrote, so a vocabulary the tokenizers crate rejects fails here, not at first use.
@@ -222,8 +212,8 @@ impl Header {
             "num_key_value_heads": self.head_count_kv,
             "head_dim": self.head_dim,
             "intermediate_size": self.feed_forward_length,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
+            "rms_norm_eps": shortest(self.rms_norm_eps),
+            "rope_theta": shortest(self.rope_theta),
             "max_position_embeddings": self.context_length,
             "vocab_size": self.vocab_size,
             "tie_word_embeddings": tie,
@@ -238,6 +228,12 @@ impl Header {
         }
         config
     }
+}
+
+/// The f64 with the shortest decimal form that rounds to `v`: GGUF stores f32, and `1e-5` reads
+/// better in config.json than its exact widening `9.999999747378752e-6`.
+fn shortest(v: f32) -> f64 {
+    v.to_string().parse().unwrap_or(f64::from(v))
 }
 
 /// Maps a GGUF tensor name to its Hugging Face module and suffix (`weight` or `bias`).
@@ -292,136 +288,4 @@ fn quantization(module_bits: &BTreeMap<String, Option<u32>>) -> Option<Quantizat
         default: spec(default_bits),
         overrides,
     })
-}
-
-/// An output tensor held in memory until the safetensors file is written.
-#[derive(Debug)]
-struct OwnedTensor {
-    dtype: safetensors::Dtype,
-    shape: Vec<usize>,
-    data: Vec<u8>,
-}
-
-impl safetensors::View for OwnedTensor {
-    fn dtype(&self) -> safetensors::Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.data)
-    }
-    fn data_len(&self) -> usize {
-        self.data.len()
-    }
-}
-
-/// Converts one tensor: `[("", dense)]` or `[("weight", packed), ("scales", ..), ("biases", ..)]`.
-fn convert_tensor(
-    gguf: &GgufFile,
-    info: &GgufTensorInfo,
-    rows_per_head: Option<usize>,
-) -> Result<Vec<(&'static str, OwnedTensor)>> {
-    let raw = gguf.tensor_data(info)?;
-    let shape = info.shape();
-    let rows = if shape.len() >= 2 {
-        shape[0]
-    } else {
-        shape.iter().product()
-    };
-    let data: Cow<'_, [u8]> = match rows_per_head {
-        Some(head_dim) if rows.is_multiple_of(head_dim) && head_dim.is_multiple_of(2) => {
-            Cow::Owned(unpermute_rows(raw, rows, head_dim))
-        }
-        Some(head_dim) => {
-            return Err(ModelError::GgufTensor {
-                path: gguf.path().to_owned(),
-                tensor: info.name.clone(),
-                reason: format!("{rows} rows are not whole heads of {head_dim}"),
-            });
-        }
-        None => Cow::Borrowed(raw),
-    };
-    let dense = |dtype| {
-        Ok(vec![(
-            "",
-            OwnedTensor {
-                dtype,
-                shape: shape.clone(),
-                data: data.to_vec(),
-            },
-        )])
-    };
-    match info.ggml_type {
-        GgmlType::F32 => dense(safetensors::Dtype::F32),
-        GgmlType::F16 => dense(safetensors::Dtype::F16),
-        GgmlType::BF16 => dense(safetensors::Dtype::BF16),
-        ty => {
-            let bits = affine_bits(ty).expect("only supported types reach here");
-            if shape.len() != 2 {
-                return Err(ModelError::GgufTensor {
-                    path: gguf.path().to_owned(),
-                    tensor: info.name.clone(),
-                    reason: format!("quantized but not 2-D (shape {shape:?})"),
-                });
-            }
-            Ok(block_quantized(ty, bits, &data, shape[0], shape[1]))
-        }
-    }
-}
-
-fn block_quantized(
-    ty: GgmlType,
-    bits: u32,
-    data: &[u8],
-    rows: usize,
-    cols: usize,
-) -> Vec<(&'static str, OwnedTensor)> {
-    let (_, block_bytes) = ty.block().expect("block type");
-    let groups = cols / GROUP_SIZE;
-    let mut q = Vec::with_capacity(rows * cols);
-    let mut scales = Vec::with_capacity(rows * groups);
-    let mut biases = Vec::with_capacity(rows * groups);
-    for block in data.chunks_exact(block_bytes) {
-        let affine = to_affine(ty, block);
-        q.extend_from_slice(&affine.q);
-        scales.push(affine.scale);
-        biases.push(affine.bias);
-    }
-    let words = pack(&q, bits);
-    let weight = OwnedTensor {
-        dtype: safetensors::Dtype::U32,
-        shape: vec![rows, cols * bits as usize / 32],
-        data: words.iter().flat_map(|w| w.to_le_bytes()).collect(),
-    };
-    // Scales are f16 in GGUF and biases are f16 or small multiples of a power of two, so f16 is
-    // lossless unless `-8 d`/`-128 d` overflows it; then this tensor keeps f32.
-    let fits_f16 = biases.iter().all(|&b| f16::from_f32(b).to_f32() == b);
-    let floats = |values: &[f32]| -> OwnedTensor {
-        let (dtype, data) = if fits_f16 {
-            (
-                safetensors::Dtype::F16,
-                values
-                    .iter()
-                    .flat_map(|&v| f16::from_f32(v).to_le_bytes())
-                    .collect(),
-            )
-        } else {
-            (
-                safetensors::Dtype::F32,
-                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            )
-        };
-        OwnedTensor {
-            dtype,
-            shape: vec![rows, groups],
-            data,
-        }
-    };
-    vec![
-        ("weight", weight),
-        ("scales", floats(&scales)),
-        ("biases", floats(&biases)),
-    ]
 }

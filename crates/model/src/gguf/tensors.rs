@@ -1,0 +1,179 @@
+//! The output tensors of one GGUF tensor, planned up front and produced on demand.
+
+use std::borrow::Cow;
+use std::io::Write;
+
+use half::f16;
+
+use crate::error::{ModelError, Result};
+use crate::gguf::dequant::{affine_bits, to_affine};
+use crate::gguf::permute::unpermute_rows;
+use crate::gguf::reader::{GgufFile, GgufTensorInfo};
+use crate::gguf::types::GgmlType;
+use crate::quant::pack;
+use crate::safetensors_writer::PlannedTensor;
+
+/// Which part of a converted tensor an output is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// F32/F16/BF16 copied as is (rows reordered for q/k).
+    Dense,
+    /// Packed quantized values (U32).
+    Weight {
+        bits: u32,
+    },
+    Scales,
+    Biases,
+}
+
+/// One output tensor and how to produce its bytes from the GGUF.
+#[derive(Debug)]
+pub(crate) struct Output<'a> {
+    pub planned: PlannedTensor,
+    source: &'a GgufTensorInfo,
+    part: Part,
+    /// `Some(head_dim)` for llama q/k projections, whose rows llama.cpp permuted.
+    rows_per_head: Option<usize>,
+}
+
+/// Plans the outputs of `info`, which becomes the Hugging Face `module` + `suffix`.
+pub(crate) fn plan<'a>(
+    gguf: &GgufFile,
+    info: &'a GgufTensorInfo,
+    module: &str,
+    suffix: &str,
+    rows_per_head: Option<usize>,
+) -> Result<Vec<Output<'a>>> {
+    let refuse = |reason: String| ModelError::GgufTensor {
+        path: gguf.path().to_owned(),
+        tensor: info.name.clone(),
+        reason,
+    };
+    let shape = info.shape();
+    let rows = rows(&shape);
+    if let Some(head_dim) = rows_per_head
+        && !(rows.is_multiple_of(head_dim) && head_dim.is_multiple_of(2))
+    {
+        return Err(refuse(format!(
+            "{rows} rows are not whole heads of {head_dim}"
+        )));
+    }
+    let output = |name: String, dtype, shape: Vec<usize>, part| Output {
+        planned: PlannedTensor { name, dtype, shape },
+        source: info,
+        part,
+        rows_per_head,
+    };
+    let dense = |dtype| {
+        Ok(vec![output(
+            format!("{module}.{suffix}"),
+            dtype,
+            shape.clone(),
+            Part::Dense,
+        )])
+    };
+    match info.ggml_type {
+        GgmlType::F32 => dense(safetensors::Dtype::F32),
+        GgmlType::F16 => dense(safetensors::Dtype::F16),
+        GgmlType::BF16 => dense(safetensors::Dtype::BF16),
+        ty => {
+            let bits = affine_bits(ty).ok_or_else(|| ModelError::UnsupportedGgmlType {
+                path: gguf.path().to_owned(),
+                tensor: info.name.clone(),
+                ggml_type: ty.to_string(),
+            })?;
+            let [rows, cols] = shape[..] else {
+                return Err(refuse(format!("quantized but not 2-D (shape {shape:?})")));
+            };
+            let float = if fits_f16(ty, gguf.tensor_data(info)?) {
+                safetensors::Dtype::F16
+            } else {
+                safetensors::Dtype::F32
+            };
+            let groups = vec![rows, cols / 32];
+            Ok(vec![
+                output(
+                    format!("{module}.weight"),
+                    safetensors::Dtype::U32,
+                    vec![rows, cols * bits as usize / 32],
+                    Part::Weight { bits },
+                ),
+                output(
+                    format!("{module}.scales"),
+                    float,
+                    groups.clone(),
+                    Part::Scales,
+                ),
+                output(format!("{module}.biases"), float, groups, Part::Biases),
+            ])
+        }
+    }
+}
+
+/// Rows of a tensor: the outer dimension of a matrix, every element of a vector.
+fn rows(shape: &[usize]) -> usize {
+    if shape.len() >= 2 {
+        shape[0]
+    } else {
+        shape.iter().product()
+    }
+}
+
+/// Scales are f16 in GGUF and biases are f16 (Q4_1) or `-8 d`/`-128 d`, exact in f16 unless they
+/// overflow it; only then does a tensor keep f32 scales and biases.
+fn fits_f16(ty: GgmlType, data: &[u8]) -> bool {
+    let (_, block_bytes) = ty.block().expect("block type");
+    data.chunks_exact(block_bytes).all(|block| {
+        let bias = to_affine(ty, block).bias;
+        f16::from_f32(bias).to_f32() == bias
+    })
+}
+
+impl Output<'_> {
+    /// Writes this output's bytes.
+    pub(crate) fn write(&self, gguf: &GgufFile, out: &mut dyn Write) -> Result<()> {
+        let raw = gguf.tensor_data(self.source)?;
+        let data: Cow<'_, [u8]> = match self.rows_per_head {
+            Some(head_dim) => Cow::Owned(unpermute_rows(raw, rows(&self.source.shape()), head_dim)),
+            None => Cow::Borrowed(raw),
+        };
+        let io = |e| ModelError::io(gguf.path(), e);
+        let ty = self.source.ggml_type;
+        if self.part == Part::Dense {
+            return out.write_all(&data).map_err(io);
+        }
+        let (_, block_bytes) = ty.block().expect("block type");
+        let as_f16 = self.planned.dtype == safetensors::Dtype::F16;
+        let mut buf = Vec::with_capacity(1 << 16);
+        for block in data.chunks_exact(block_bytes) {
+            let affine = to_affine(ty, block);
+            let value = match self.part {
+                Part::Weight { bits } => {
+                    buf.extend(pack(&affine.q, bits).iter().flat_map(|w| w.to_le_bytes()));
+                    None
+                }
+                Part::Scales => Some(affine.scale),
+                Part::Biases => Some(affine.bias),
+                Part::Dense => unreachable!("handled above"),
+            };
+            match value {
+                Some(v) if as_f16 => buf.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
+                Some(v) => buf.extend_from_slice(&v.to_le_bytes()),
+                None => {}
+            }
+            if buf.len() >= 1 << 16 {
+                out.write_all(&buf).map_err(io)?;
+                buf.clear();
+            }
+        }
+        out.write_all(&buf).map_err(io)
+    }
+
+    /// Whether this is the packed weight of a quantized module, and its bits.
+    pub(crate) fn quantized_bits(&self) -> Option<u32> {
+        match self.part {
+            Part::Weight { bits } => Some(bits),
+            _ => None,
+        }
+    }
+}
