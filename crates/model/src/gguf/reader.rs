@@ -90,8 +90,13 @@ pub struct GgufTensorInfo {
 }
 
 impl GgufTensorInfo {
+    /// The number of elements (saturating: absurd dimensions from a corrupt file give `u64::MAX`,
+    /// which no block size divides, so such a tensor is refused rather than overflowing).
     pub fn elements(&self) -> u64 {
-        self.dims.iter().product()
+        self.dims
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .unwrap_or(u64::MAX)
     }
 
     /// The shape in row-major (PyTorch) order.
@@ -186,14 +191,8 @@ impl GgufFile {
             data_start,
         };
         for info in &this.tensors {
-            if let Some(len) = info.ggml_type.bytes_for(info.elements()) {
-                let end = this.data_start + info.offset + len;
-                if end > this.mmap.len() as u64 {
-                    return Err(this.error(
-                        end,
-                        format!("tensor `{}` ends past the end of the file", info.name),
-                    ));
-                }
+            if info.ggml_type.is_supported() {
+                this.byte_range(info)?;
             }
         }
         Ok(this)
@@ -215,15 +214,34 @@ impl GgufFile {
 
     /// The raw bytes of a tensor; refuses types mlxcel cannot import, naming type and tensor.
     pub fn tensor_data(&self, info: &GgufTensorInfo) -> Result<&[u8]> {
-        let len = info.ggml_type.bytes_for(info.elements()).ok_or_else(|| {
-            ModelError::UnsupportedGgmlType {
+        let (start, end) = self.byte_range(info)?;
+        Ok(&self.mmap[start..end])
+    }
+
+    /// Where a tensor's bytes are in the map, checked against the file's length.
+    fn byte_range(&self, info: &GgufTensorInfo) -> Result<(usize, usize)> {
+        if !info.ggml_type.is_supported() {
+            return Err(ModelError::UnsupportedGgmlType {
                 path: self.path.clone(),
                 tensor: info.name.clone(),
                 ggml_type: info.ggml_type.to_string(),
+            });
+        }
+        let start = self.data_start.checked_add(info.offset);
+        let len = info.ggml_type.bytes_for(info.elements());
+        let end = start.zip(len).and_then(|(s, l)| s.checked_add(l));
+        match (start, end) {
+            (Some(start), Some(end)) if end <= self.mmap.len() as u64 => {
+                Ok((start as usize, end as usize))
             }
-        })?;
-        let start = (self.data_start + info.offset) as usize;
-        Ok(&self.mmap[start..start + len as usize])
+            _ => Err(self.error(
+                start.unwrap_or(u64::MAX),
+                format!(
+                    "tensor `{}` ({}, dims {:?}, offset {}) does not lie within the file",
+                    info.name, info.ggml_type, info.dims, info.offset
+                ),
+            )),
+        }
     }
 
     fn error(&self, offset: u64, reason: impl Into<String>) -> ModelError {
@@ -320,7 +338,8 @@ impl<'a> Cursor<'a> {
                 }
                 let item_kind = self.u32()?;
                 let n = self.count()?;
-                let mut items = Vec::with_capacity(n);
+                // A corrupt count must not reserve gigabytes up front.
+                let mut items = Vec::with_capacity(n.min(1 << 16));
                 for _ in 0..n {
                     items.push(self.value(item_kind, depth + 1)?);
                 }

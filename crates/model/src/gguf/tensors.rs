@@ -85,6 +85,11 @@ pub(crate) fn plan<'a>(
             let [rows, cols] = shape[..] else {
                 return Err(refuse(format!("quantized but not 2-D (shape {shape:?})")));
             };
+            if !cols.is_multiple_of(32) {
+                return Err(refuse(format!(
+                    "rows of {cols} elements are not whole blocks of 32"
+                )));
+            }
             let float = if fits_f16(ty, gguf.tensor_data(info)?) {
                 safetensors::Dtype::F16
             } else {

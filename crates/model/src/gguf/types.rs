@@ -41,9 +41,10 @@ impl GgmlType {
     /// Bytes of a tensor of `elements` elements, for supported types.
     pub fn bytes_for(self, elements: u64) -> Option<u64> {
         let (block, bytes) = self.block()?;
-        elements
-            .is_multiple_of(block as u64)
-            .then(|| elements / block as u64 * bytes as u64)
+        if !elements.is_multiple_of(block as u64) {
+            return None;
+        }
+        (elements / block as u64).checked_mul(bytes as u64)
     }
 
     /// ggml's name for the type (`Q4_K`, `IQ2_XS`, ...).

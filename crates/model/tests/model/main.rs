@@ -7,4 +7,5 @@ mod config;
 mod default_model;
 mod fixtures;
 mod gguf;
+mod properties;
 mod tokenizer;
