@@ -21,6 +21,8 @@ enum Command {
     Capacity(commands::capacity::Args),
     /// Convert a GGUF file (F32/F16/BF16/Q4_0/Q4_1/Q8_0) into an MLX checkpoint directory.
     Convert(commands::convert::Args),
+    /// Generate text from a prompt, or chat interactively without one.
+    Generate(commands::generate::Args),
     /// Install the default model (or convert a GGUF) into the cache and print its directory.
     Pull(commands::pull::Args),
     /// Print the token ids of a text.
@@ -32,6 +34,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Capacity(args) => commands::capacity::run(&args),
         Command::Convert(args) => commands::convert::run(&args),
+        Command::Generate(args) => commands::generate::run(&args),
         Command::Pull(args) => commands::pull::run(&args),
         Command::Tokenize(args) => commands::tokenize::run(&args),
     };

@@ -1,6 +1,7 @@
 //! The `mlxcel` binary driven as a user drives it: arguments, environment, stdout, stderr, exit code.
 //!
-//! Modules: `capacity` (the `mlxcel capacity` planning subcommand).
+//! Modules: `capacity` (the `mlxcel capacity` planning subcommand), `generate` (text generation on
+//! the default model, skipped with `MLXCEL_SKIP_MODEL_TESTS=1`).
 
 use std::process::{Command, Output};
 
@@ -175,5 +176,106 @@ mod capacity {
             "{}",
             stderr(&output)
         );
+    }
+}
+
+mod generate {
+    use super::*;
+
+    fn skip() -> bool {
+        std::env::var_os("MLXCEL_SKIP_MODEL_TESTS").is_some_and(|v| !v.is_empty() && v != "0")
+    }
+
+    #[test]
+    fn greedy_text_streams_to_stdout_and_statistics_to_stderr() {
+        if skip() {
+            return;
+        }
+        let output = mlxcel(
+            &[
+                "generate",
+                "-p",
+                "The capital of France is",
+                "--no-chat-template",
+                "--temp",
+                "0",
+                "-n",
+                "8",
+            ],
+            &[],
+        );
+        assert!(output.status.success(), "{}", stderr(&output));
+        assert_eq!(stdout(&output), " Paris.\n\nThe answer is:\n");
+        let err = stderr(&output);
+        assert!(err.contains("prompt: 5 tokens in "), "{err}");
+        assert!(err.contains("Generated 8 tokens in "), "{err}");
+        assert!(err.contains(" tok/s"), "{err}");
+    }
+
+    #[test]
+    fn unlimited_budget_says_how_it_resolved() {
+        if skip() {
+            return;
+        }
+        let output = mlxcel(
+            &[
+                "generate", "-p", "Hi", "--temp", "0", "--stop", "\n", "--stop", ".",
+            ],
+            &[],
+        );
+        assert!(output.status.success(), "{}", stderr(&output));
+        let err = stderr(&output);
+        assert!(err.contains("-n -1 resolved to "), "{err}");
+        assert!(err.contains("(window 8192 - prompt "), "{err}");
+    }
+
+    #[test]
+    fn bad_flags_are_clear_errors() {
+        let output = mlxcel(&["generate", "-p", "x", "--backend", "tpu"], &[]);
+        assert!(!output.status.success());
+        assert!(
+            stderr(&output).contains("unknown backend \"tpu\"; choose one of: mlx"),
+            "{}",
+            stderr(&output)
+        );
+        let output = mlxcel(&["generate", "-p", "x", "--top-p", "0"], &[]);
+        assert!(!output.status.success());
+        assert!(
+            stderr(&output).contains("invalid top_p=0"),
+            "{}",
+            stderr(&output)
+        );
+        let output = mlxcel(&["generate", "-p", "x", "-n", "-5"], &[]);
+        assert!(
+            stderr(&output).contains("give -1 (unlimited)"),
+            "{}",
+            stderr(&output)
+        );
+    }
+
+    #[test]
+    fn interactive_chat_reads_turns_until_bye() {
+        if skip() {
+            return;
+        }
+        use std::io::Write;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mlxcel"))
+            .args(["generate", "--temp", "0", "-n", "4"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"Hello\\\nthere\n/clear\nWhat is 2+2?\n/bye\nnever read\n")
+            .unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        let err = stderr(&output);
+        assert_eq!(err.matches("Generated 4 tokens").count(), 2, "{err}");
+        assert!(err.contains("(conversation cleared)"), "{err}");
     }
 }

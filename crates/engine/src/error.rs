@@ -34,6 +34,31 @@ pub enum EngineError {
         value: usize,
         expected: &'static str,
     },
+    /// A request whose worst-case KV memory exceeds the whole budget.
+    #[error(
+        "the request needs up to {positions} positions ({bytes} bytes of KV memory), more than the \
+         KV budget of {budget} bytes; lower max tokens or raise the KV budget"
+    )]
+    KvBudget {
+        positions: usize,
+        bytes: usize,
+        budget: usize,
+    },
+    /// A backend name that does not exist.
+    #[error("unknown backend {name:?}; choose one of: {choices}")]
+    UnknownBackend { name: String, choices: String },
+    /// The checkpoint could not be found, read or tokenized.
+    #[error(transparent)]
+    Model(#[from] mlxcel_model::ModelError),
+    /// Chat was asked of a checkpoint without a chat template.
+    #[error(
+        "the model has no chat template; pass a plain prompt (--no-chat-template) or use a \
+         checkpoint whose tokenizer_config.json has one"
+    )]
+    NoChatTemplate,
+    /// The engine thread has stopped.
+    #[error("the engine has stopped")]
+    Stopped,
     /// An empty prompt: there is no position to predict from.
     #[error("the prompt is empty: give at least one token of input")]
     EmptyPrompt,

@@ -24,17 +24,22 @@
 
 mod backend;
 mod decode;
+mod engine;
 mod error;
+mod mlx;
 mod request;
 mod rng;
 mod sampling;
 mod scheduler;
 mod stop;
+mod text;
 
 pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
 pub use decode::{DecodeStream, TextDecoder};
+pub use engine::{BackendKind, Completion, Engine, EngineOptions, GenerationStream, ModelInfo};
 pub use error::EngineError;
 pub use mlxcel_capacity::MaxNewTokens;
+pub use mlxcel_model::ChatMessage;
 pub use request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };

@@ -2,5 +2,6 @@
 
 pub mod capacity;
 pub mod convert;
+pub mod generate;
 pub mod pull;
 pub mod tokenize;

@@ -2,10 +2,11 @@
 //!
 //! Modules: `sampling` (the sampler chain and seeding), `stop` (stop strings across token
 //! boundaries), `seam` (the backend trait's defaults), `scheduler` (continuous batching over a
-//! mock backend).
+//! mock backend), `default_model` (the public `Engine` on the real default model).
 
 use mlxcel_engine::*;
 
+mod default_model;
 mod scheduler;
 
 mod sampling {

@@ -1,0 +1,294 @@
+//! `mlxcel generate`: stream text from a prompt, or chat interactively without one.
+
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use mlxcel_engine::{
+    BackendKind, ChatMessage, Engine, EngineOptions, Event, FinishReason, GenerationRequest,
+    MaxNewTokens, SamplingParams,
+};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Model: a checkpoint directory or a .gguf file (default: the default model, see `mlxcel pull`).
+    #[arg(short = 'm', long, env = "MLXCEL_MODEL")]
+    model: Option<String>,
+
+    /// The prompt. Without it, mlxcel starts an interactive chat.
+    #[arg(short = 'p', long)]
+    prompt: Option<String>,
+
+    /// Tokens to generate; -1 generates until the end of the window or an end-of-sequence token.
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    n_predict: i64,
+
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    temperature: f32,
+
+    /// Keep the K most likely tokens (0 disables).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+
+    /// Nucleus sampling mass (1.0 disables).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+
+    /// Drop tokens below this fraction of the most likely one's probability (0 disables).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+
+    /// Penalise repeating the last --repeat-last-n tokens (1.0 disables).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+
+    /// How many recent tokens the penalties consider.
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+
+    /// OpenAI-style presence penalty.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+
+    /// OpenAI-style frequency penalty.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+
+    /// Random seed; -1 picks one (printed so the run can be repeated).
+    #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
+    seed: i64,
+
+    /// Stop when this string is generated (repeatable); the string itself is not printed.
+    #[arg(long)]
+    stop: Vec<String>,
+
+    /// System message for the chat template.
+    #[arg(long)]
+    system: Option<String>,
+
+    /// Send the prompt as-is instead of through the model's chat template.
+    #[arg(long)]
+    no_chat_template: bool,
+
+    /// Backend to run the model on.
+    #[arg(long, env = "MLXCEL_BACKEND", default_value = "mlx")]
+    backend: String,
+}
+
+pub fn run(args: &Args) -> Result<ExitCode> {
+    let max_new_tokens = MaxNewTokens::from_signed(args.n_predict).with_context(|| {
+        format!(
+            "-n {} is not a token budget; give -1 (unlimited) or a count >= 0",
+            args.n_predict
+        )
+    })?;
+    let backend: BackendKind = args.backend.parse()?;
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        seed: u64::try_from(args.seed).ok(),
+    };
+    sampling.validate()?;
+
+    let started = Instant::now();
+    let engine = Engine::load(
+        args.model.as_deref(),
+        EngineOptions {
+            backend,
+            ..EngineOptions::default()
+        },
+    )?;
+    let info = engine.info();
+    eprintln!(
+        "loaded {} ({} backend, window {}, {:.1} MB of weights) in {:.2}s",
+        info.name,
+        info.backend.as_str(),
+        info.window,
+        info.weight_bytes as f64 / 1e6,
+        started.elapsed().as_secs_f64()
+    );
+
+    let session = Session {
+        engine: &engine,
+        args,
+        sampling,
+        max_new_tokens,
+    };
+    match &args.prompt {
+        Some(prompt) => {
+            let mut messages = session.system_messages();
+            messages.push(ChatMessage::new("user", prompt.as_str()));
+            let prompt_ids = session.prompt_ids(prompt, &messages)?;
+            session.generate(prompt_ids)?;
+        }
+        None => session.chat()?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+struct Session<'a> {
+    engine: &'a Engine,
+    args: &'a Args,
+    sampling: SamplingParams,
+    max_new_tokens: MaxNewTokens,
+}
+
+impl Session<'_> {
+    fn system_messages(&self) -> Vec<ChatMessage> {
+        self.args
+            .system
+            .iter()
+            .map(|s| ChatMessage::new("system", s.as_str()))
+            .collect()
+    }
+
+    /// The prompt's tokens: through the chat template unless it is off.
+    fn prompt_ids(&self, raw: &str, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        if self.args.no_chat_template {
+            if self.args.system.is_some() {
+                bail!("--system needs the chat template; drop --no-chat-template or --system");
+            }
+            return Ok(self.engine.tokenize(raw)?);
+        }
+        let text = self.engine.apply_chat_template(messages)?;
+        // Templates write their own special tokens; the tokenizer adds none.
+        Ok(self.engine.tokenizer().encode(&text, false, true)?)
+    }
+
+    /// Streams one completion to stdout; statistics go to stderr. Returns the generated text.
+    fn generate(&self, prompt: Vec<u32>) -> Result<String> {
+        let prompt_len = prompt.len();
+        if self.max_new_tokens == MaxNewTokens::Unlimited {
+            let room = self.engine.info().window.saturating_sub(prompt_len);
+            eprintln!(
+                "-n -1 resolved to {room} tokens (window {} - prompt {prompt_len})",
+                self.engine.info().window
+            );
+        }
+        let mut request = GenerationRequest::new(prompt, self.max_new_tokens);
+        request.sampling = self.sampling.clone();
+        request.stop = self.args.stop.clone();
+
+        let started = Instant::now();
+        let mut stream = self.engine.submit(request)?;
+        let mut first_token_at = None;
+        let mut text = String::new();
+        let mut stdout = std::io::stdout().lock();
+        let mut outcome = None;
+        for event in stream.by_ref() {
+            match event {
+                Event::Token { text: piece, .. } => {
+                    first_token_at.get_or_insert_with(Instant::now);
+                    stdout.write_all(piece.as_bytes())?;
+                    stdout.flush()?;
+                    text.push_str(&piece);
+                }
+                Event::Finished {
+                    reason,
+                    text: piece,
+                    usage,
+                    error,
+                } => {
+                    stdout.write_all(piece.as_bytes())?;
+                    writeln!(stdout)?;
+                    text.push_str(&piece);
+                    outcome = Some((reason, usage, error));
+                }
+            }
+        }
+        let (reason, usage, error) = outcome.context("the engine stopped mid-request")?;
+        if let (FinishReason::Error, Some(message)) = (reason, error) {
+            bail!("generation failed: {message}");
+        }
+        let end = Instant::now();
+        let first = first_token_at.unwrap_or(end);
+        let prompt_secs = (first - started).as_secs_f64();
+        let decode_secs = (end - first).as_secs_f64();
+        let decoded = usage.completion_tokens.saturating_sub(1);
+        eprintln!(
+            "prompt: {prompt_len} tokens in {prompt_secs:.2}s = {:.1} tok/s",
+            rate(prompt_len, prompt_secs)
+        );
+        eprintln!(
+            "Generated {} tokens in {:.2}s = {:.1} tok/s (finish: {}; seed {})",
+            usage.completion_tokens,
+            prompt_secs + decode_secs,
+            rate(decoded, decode_secs),
+            reason.as_str(),
+            self.sampling
+                .seed
+                .map_or_else(|| "random".to_owned(), |s| s.to_string()),
+        );
+        Ok(text)
+    }
+
+    /// An interactive chat: history kept, `/clear` forgets it, `/bye` or end of input leaves, and a
+    /// line ending in `\` continues on the next line.
+    fn chat(&self) -> Result<()> {
+        if self.args.no_chat_template {
+            bail!("interactive chat needs the chat template; give a prompt with -p instead");
+        }
+        eprintln!(
+            "chat: /clear forgets the conversation, /bye leaves; end a line with \\ to continue it"
+        );
+        let mut history = self.system_messages();
+        let stdin = std::io::stdin();
+        let mut lines = stdin.lock().lines();
+        loop {
+            eprint!("> ");
+            let mut input = String::new();
+            loop {
+                let Some(line) = lines.next() else {
+                    return Ok(());
+                };
+                let line = line?;
+                match line.strip_suffix('\\') {
+                    Some(continued) => {
+                        input.push_str(continued);
+                        input.push('\n');
+                    }
+                    None => {
+                        input.push_str(&line);
+                        break;
+                    }
+                }
+            }
+            match input.trim() {
+                "" => continue,
+                "/bye" => return Ok(()),
+                "/clear" => {
+                    history = self.system_messages();
+                    eprintln!("(conversation cleared)");
+                    continue;
+                }
+                _ => {}
+            }
+            history.push(ChatMessage::new("user", input.as_str()));
+            let ids = self.prompt_ids(&input, &history)?;
+            match self.generate(ids) {
+                Ok(reply) => history.push(ChatMessage::new("assistant", reply.trim())),
+                Err(err) => {
+                    // A refused turn (too long, say) leaves the conversation as it was.
+                    history.pop();
+                    eprintln!("error: {err:#}");
+                }
+            }
+        }
+    }
+}
+
+fn rate(tokens: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        tokens as f64 / seconds
+    } else {
+        0.0
+    }
+}

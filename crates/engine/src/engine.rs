@@ -1,0 +1,451 @@
+//! The embedding API: a loaded model, a scheduler on its own thread, and streams of events.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+
+use mlxcel_model::{ChatMessage, ChatTemplate, LoadedModel, Tokenizer, resolve_model};
+use tokio::sync::mpsc as events;
+
+use crate::backend::Backend;
+use crate::error::EngineError;
+use crate::mlx::MlxBackend;
+use crate::request::{Event, FinishReason, GenerationRequest, RequestId, Usage};
+use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
+use crate::text::TokenizerDecoder;
+
+/// Which backend runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    /// MLX: dynamic shapes, eager graphs.
+    #[default]
+    Mlx,
+}
+
+impl BackendKind {
+    /// Every backend name `from_str` accepts.
+    pub const NAMES: &'static [&'static str] = &["mlx"];
+
+    /// The backend's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mlx => "mlx",
+        }
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = EngineError;
+
+    fn from_str(name: &str) -> Result<Self, EngineError> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "mlx" => Ok(Self::Mlx),
+            _ => Err(EngineError::UnknownBackend {
+                name: name.to_owned(),
+                choices: Self::NAMES.join(", "),
+            }),
+        }
+    }
+}
+
+/// How to load and run a model.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// The backend.
+    pub backend: BackendKind,
+    /// Scheduler limits.
+    pub scheduler: SchedulerConfig,
+    /// Most bytes of KV memory live sequences may reserve, each at its worst case.
+    pub kv_budget_bytes: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            backend: BackendKind::default(),
+            scheduler: SchedulerConfig::default(),
+            kv_budget_bytes: 4 << 30,
+        }
+    }
+}
+
+/// What the engine knows about its model.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// The checkpoint directory.
+    pub dir: PathBuf,
+    /// A short name: the directory's name.
+    pub name: String,
+    /// The backend running it.
+    pub backend: BackendKind,
+    /// The checkpoint's window (`max_position_embeddings`).
+    pub window: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Token ids that end generation.
+    pub eos_token_ids: Vec<u32>,
+    /// Bytes of weights as stored in the checkpoint.
+    pub weight_bytes: u64,
+    /// Parameter count (quantized weights counted unpacked).
+    pub parameters: u64,
+}
+
+enum Command {
+    Submit {
+        request: GenerationRequest,
+        events: events::UnboundedSender<Event>,
+        reply: mpsc::Sender<Result<RequestId, EngineError>>,
+    },
+    Cancel(RequestId),
+    Shutdown,
+}
+
+/// A loaded model behind a continuous-batching scheduler on its own thread.
+///
+/// Cheap to share: `&Engine` is all submitting needs, from any thread.
+pub struct Engine {
+    commands: mpsc::Sender<Command>,
+    worker: Option<JoinHandle<()>>,
+    info: ModelInfo,
+    tokenizer: Arc<Tokenizer>,
+    chat_template: Option<ChatTemplate>,
+    stats: Arc<Mutex<SchedulerStats>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("info", &self.info).finish()
+    }
+}
+
+impl Engine {
+    /// Loads a model: `None` is the default model, else a checkpoint directory or a `.gguf` file.
+    pub fn load(model: Option<&str>, options: EngineOptions) -> Result<Self, EngineError> {
+        let dir = resolve_model(model)?;
+        let loaded = LoadedModel::open(&dir)?;
+        Self::from_loaded(loaded, options)
+    }
+
+    /// Starts an engine over an opened checkpoint.
+    pub fn from_loaded(
+        mut loaded: LoadedModel,
+        options: EngineOptions,
+    ) -> Result<Self, EngineError> {
+        options.scheduler.validate()?;
+        let config = loaded.config();
+        let (weight_bytes, parameters) = weight_totals(&loaded);
+        let info = ModelInfo {
+            name: loaded
+                .dir()
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| loaded.dir().display().to_string()),
+            dir: loaded.dir().to_owned(),
+            backend: options.backend,
+            window: config.window(),
+            vocab_size: config.vocab_size,
+            eos_token_ids: loaded.eos_token_ids.clone(),
+            weight_bytes,
+            parameters,
+        };
+        let tokenizer = Arc::new(loaded.tokenizer.clone());
+        let chat_template = loaded.chat_template.take();
+        let stats = Arc::new(Mutex::new(SchedulerStats::default()));
+
+        let (commands, inbox) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let decoder = Arc::new(TokenizerDecoder::new(tokenizer.clone()));
+        let worker_stats = stats.clone();
+        let worker = std::thread::Builder::new()
+            .name("mlxcel-engine".into())
+            .spawn(move || {
+                // The backend is built on the thread that runs it.
+                let backend = match options.backend {
+                    BackendKind::Mlx => {
+                        MlxBackend::load(&loaded.checkpoint, options.kv_budget_bytes)
+                    }
+                };
+                let scheduler = backend.and_then(|b| Scheduler::new(b, decoder, options.scheduler));
+                match scheduler {
+                    Ok(scheduler) => {
+                        let _ = ready_tx.send(Ok(()));
+                        drop(loaded);
+                        run_worker(scheduler, inbox, worker_stats);
+                    }
+                    Err(err) => {
+                        let _ = ready_tx.send(Err(err));
+                    }
+                }
+            })
+            .map_err(|e| EngineError::Backend {
+                backend: options.backend.as_str(),
+                message: format!("cannot start the engine thread: {e}"),
+            })?;
+        ready_rx.recv().map_err(|_| EngineError::Stopped)??;
+        Ok(Self {
+            commands,
+            worker: Some(worker),
+            info,
+            tokenizer,
+            chat_template,
+            stats,
+        })
+    }
+
+    /// The model's description.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The model's chat template, if it has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// Scheduler counters as of the last step.
+    pub fn stats(&self) -> SchedulerStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tokenizes `text` as a prompt (the tokenizer's special handling on, as llama.cpp does).
+    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        Ok(self.tokenizer.encode(text, true, true)?)
+    }
+
+    /// Renders `messages` through the chat template, ready to tokenize.
+    pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
+        let template = self
+            .chat_template
+            .as_ref()
+            .ok_or(EngineError::NoChatTemplate)?;
+        Ok(template.render(messages, true)?)
+    }
+
+    /// Queues a request and returns its stream of events. Refusals (too long, bad settings, a full
+    /// queue) are returned here. The checkpoint's EOS ids are added to the request's stop tokens.
+    pub fn submit(&self, mut request: GenerationRequest) -> Result<GenerationStream, EngineError> {
+        for &eos in &self.info.eos_token_ids {
+            if !request.stop_token_ids.contains(&eos) {
+                request.stop_token_ids.push(eos);
+            }
+        }
+        let (events_tx, events_rx) = events::unbounded_channel();
+        let (reply_tx, reply_rx) = mpsc::channel();
+        self.commands
+            .send(Command::Submit {
+                request,
+                events: events_tx,
+                reply: reply_tx,
+            })
+            .map_err(|_| EngineError::Stopped)?;
+        let id = reply_rx.recv().map_err(|_| EngineError::Stopped)??;
+        Ok(GenerationStream {
+            id,
+            events: events_rx,
+            commands: self.commands.clone(),
+            finished: false,
+        })
+    }
+
+    /// Generates to the end and returns the whole completion.
+    pub fn generate(&self, request: GenerationRequest) -> Result<Completion, EngineError> {
+        self.submit(request)?.collect_completion()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+fn weight_totals(loaded: &LoadedModel) -> (u64, u64) {
+    let mut bytes = 0u64;
+    let mut parameters = 0u64;
+    for tensor in loaded.checkpoint.tensors() {
+        bytes += tensor.data.len() as u64;
+        let elements: u64 = tensor.shape.iter().map(|&d| d as u64).product();
+        if tensor.name.ends_with(".scales") || tensor.name.ends_with(".biases") {
+            continue;
+        }
+        let unpacked = match (
+            tensor.dtype,
+            loaded
+                .checkpoint
+                .quantization_of(tensor.name.trim_end_matches(".weight")),
+        ) {
+            (mlxcel_model::Dtype::U32, Some(spec)) => elements * 32 / u64::from(spec.bits),
+            _ => elements,
+        };
+        parameters += unpacked;
+    }
+    (bytes, parameters)
+}
+
+fn run_worker<B: Backend>(
+    mut scheduler: Scheduler<B>,
+    inbox: mpsc::Receiver<Command>,
+    stats: Arc<Mutex<SchedulerStats>>,
+) {
+    let mut streams: HashMap<RequestId, events::UnboundedSender<Event>> = HashMap::new();
+    loop {
+        // Block for a command while idle; otherwise take what has arrived and keep stepping.
+        let first = if scheduler.has_work() {
+            inbox.try_recv().ok()
+        } else {
+            match inbox.recv() {
+                Ok(command) => Some(command),
+                Err(_) => return,
+            }
+        };
+        let mut next = first;
+        while let Some(command) = next {
+            match command {
+                Command::Submit {
+                    request,
+                    events,
+                    reply,
+                } => {
+                    let result = scheduler.submit(request);
+                    if let Ok(id) = result {
+                        streams.insert(id, events);
+                    }
+                    let _ = reply.send(result);
+                }
+                Command::Cancel(id) => {
+                    scheduler.cancel(id);
+                }
+                Command::Shutdown => return,
+            }
+            next = inbox.try_recv().ok();
+        }
+        if !scheduler.has_work() {
+            continue;
+        }
+        for (id, event) in scheduler.step() {
+            let finished = matches!(event, Event::Finished { .. });
+            let delivered = streams.get(&id).is_some_and(|tx| tx.send(event).is_ok());
+            if finished {
+                streams.remove(&id);
+            } else if !delivered {
+                // The caller dropped the stream: stop spending steps on it.
+                scheduler.cancel(id);
+            }
+        }
+        *stats.lock().unwrap_or_else(|e| e.into_inner()) = scheduler.stats();
+    }
+}
+
+/// The events of one request. Dropping it cancels the request.
+#[derive(Debug)]
+pub struct GenerationStream {
+    id: RequestId,
+    events: events::UnboundedReceiver<Event>,
+    commands: mpsc::Sender<Command>,
+    finished: bool,
+}
+
+impl GenerationStream {
+    /// The request's id.
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event, waiting for it asynchronously; `None` after `Finished`.
+    pub async fn next_event(&mut self) -> Option<Event> {
+        if self.finished {
+            return None;
+        }
+        let event = self.events.recv().await;
+        self.note(&event);
+        event
+    }
+
+    /// Asks the engine to end this request; a `Finished { reason: Cancelled }` event follows.
+    pub fn cancel(&self) {
+        let _ = self.commands.send(Command::Cancel(self.id));
+    }
+
+    fn note(&mut self, event: &Option<Event>) {
+        if matches!(event, None | Some(Event::Finished { .. })) {
+            self.finished = true;
+        }
+    }
+
+    /// Waits for the end and gathers the text, tokens and usage.
+    pub fn collect_completion(mut self) -> Result<Completion, EngineError> {
+        let mut completion = Completion::default();
+        for event in self.by_ref() {
+            match event {
+                Event::Token { token, text, .. } => {
+                    completion.tokens.push(token);
+                    completion.text.push_str(&text);
+                }
+                Event::Finished {
+                    reason,
+                    text,
+                    usage,
+                    error,
+                } => {
+                    completion.text.push_str(&text);
+                    if let (FinishReason::Error, Some(message)) = (reason, error) {
+                        return Err(EngineError::Backend {
+                            backend: "engine",
+                            message,
+                        });
+                    }
+                    completion.finish_reason = Some(reason);
+                    completion.usage = usage;
+                }
+            }
+        }
+        if completion.finish_reason.is_none() {
+            return Err(EngineError::Stopped);
+        }
+        Ok(completion)
+    }
+}
+
+impl Iterator for GenerationStream {
+    type Item = Event;
+
+    /// Blocks for the next event. Do not call from inside an async runtime; use `next_event`.
+    fn next(&mut self) -> Option<Event> {
+        if self.finished {
+            return None;
+        }
+        let event = self.events.blocking_recv();
+        self.note(&event);
+        event
+    }
+}
+
+impl Drop for GenerationStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.cancel();
+        }
+    }
+}
+
+/// A finished generation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Completion {
+    /// The generated text (stop strings excluded).
+    pub text: String,
+    /// The generated tokens (including a final EOS token).
+    pub tokens: Vec<u32>,
+    /// Why it ended.
+    pub finish_reason: Option<FinishReason>,
+    /// Token counts.
+    pub usage: Usage,
+}

@@ -1,0 +1,155 @@
+//! The MLX backend adapter: slots are KV caches, a step is one `LlamaModel::forward`.
+
+use std::collections::HashMap;
+
+use mlxcel_core::{ForwardSeq, KvCache, LlamaModel};
+use mlxcel_model::Checkpoint;
+
+use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, SlotId};
+use crate::error::EngineError;
+
+/// The llama-family model on MLX, with one KV cache per slot.
+#[derive(Debug)]
+pub(crate) struct MlxBackend {
+    model: LlamaModel,
+    slots: HashMap<SlotId, KvCache>,
+    next_slot: SlotId,
+    /// Most bytes of KV memory the live slots may reserve (each at its plan's worst case).
+    kv_budget_bytes: usize,
+}
+
+fn backend_error(err: mlxcel_core::Error) -> EngineError {
+    EngineError::Backend {
+        backend: "mlx",
+        message: err.to_string(),
+    }
+}
+
+impl MlxBackend {
+    pub(crate) fn load(
+        checkpoint: &Checkpoint,
+        kv_budget_bytes: usize,
+    ) -> Result<Self, EngineError> {
+        mlxcel_core::set_default_device_cpu().map_err(backend_error)?;
+        Ok(Self {
+            model: LlamaModel::load(checkpoint).map_err(backend_error)?,
+            slots: HashMap::new(),
+            next_slot: 0,
+            kv_budget_bytes,
+        })
+    }
+
+    /// KV bytes one position takes across all layers (keys and values, f32).
+    fn bytes_per_position(&self) -> usize {
+        let c = self.model.config();
+        2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
+    }
+
+    fn reserved_bytes(&self) -> usize {
+        self.slots
+            .values()
+            .map(|cache| cache.max_positions() * self.bytes_per_position())
+            .sum()
+    }
+}
+
+impl Backend for MlxBackend {
+    fn name(&self) -> &'static str {
+        "mlx"
+    }
+
+    fn window(&self) -> usize {
+        self.model.config().window()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    /// Dynamic shapes bounded by the window, and by the KV memory budget: a request whose worst
+    /// case could never fit the budget is refused now rather than queued forever.
+    fn create_session_for_request(&self, shape: &RequestShape) -> Result<SessionPlan, EngineError> {
+        let window = self.window();
+        let admitted =
+            mlxcel_capacity::admit(shape.effective_prompt_len(), shape.max_new_tokens, window)?;
+        let positions = shape.effective_prompt_len() + admitted;
+        let bytes = positions * self.bytes_per_position();
+        if bytes > self.kv_budget_bytes {
+            return Err(EngineError::KvBudget {
+                positions,
+                bytes,
+                budget: self.kv_budget_bytes,
+            });
+        }
+        Ok(SessionPlan {
+            context_capacity: None,
+            max_positions: positions,
+            admitted_max_new_tokens: admitted,
+        })
+    }
+
+    fn allocate_slot(&mut self, plan: &SessionPlan) -> Result<SlotId, EngineError> {
+        let wanted = plan.max_positions * self.bytes_per_position();
+        if self.reserved_bytes() + wanted > self.kv_budget_bytes {
+            return Err(EngineError::NoFreeSlot);
+        }
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        self.slots
+            .insert(slot, self.model.new_cache(plan.max_positions));
+        Ok(slot)
+    }
+
+    fn step(&mut self, batch: &[SequenceStep<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        // Take the batch's caches out of the map so that each can be borrowed mutably.
+        let mut caches = Vec::with_capacity(batch.len());
+        let mut failure = None;
+        for entry in batch {
+            match self.slots.remove(&entry.slot) {
+                Some(cache) if cache.len() == entry.start_position => {
+                    caches.push((entry.slot, cache))
+                }
+                Some(cache) => {
+                    failure = Some(format!(
+                        "slot {} holds {} positions but the step starts at {}",
+                        entry.slot,
+                        cache.len(),
+                        entry.start_position
+                    ));
+                    caches.push((entry.slot, cache));
+                    break;
+                }
+                None => {
+                    failure = Some(format!(
+                        "slot {} is not allocated (or repeated)",
+                        entry.slot
+                    ));
+                    break;
+                }
+            }
+        }
+        let result = match failure {
+            Some(message) => Err(EngineError::Backend {
+                backend: "mlx",
+                message,
+            }),
+            None => {
+                let mut seqs: Vec<ForwardSeq<'_>> = caches
+                    .iter_mut()
+                    .zip(batch)
+                    .map(|((_, cache), entry)| ForwardSeq {
+                        cache,
+                        tokens: entry.tokens,
+                    })
+                    .collect();
+                self.model.forward(&mut seqs).map_err(backend_error)
+            }
+        };
+        self.slots.extend(caches);
+        result
+    }
+
+    fn release_slot(&mut self, slot: SlotId) {
+        self.slots.remove(&slot);
+    }
+}

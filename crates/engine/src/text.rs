@@ -1,0 +1,41 @@
+//! The checkpoint tokenizer as the engine's [`TextDecoder`].
+
+use std::sync::Arc;
+
+use mlxcel_model::{Detokenizer, Tokenizer, shared_detokenizer};
+
+use crate::decode::{DecodeStream, TextDecoder};
+
+/// Decodes with the checkpoint's tokenizer, skipping special tokens (EOS never shows as text).
+#[derive(Debug)]
+pub(crate) struct TokenizerDecoder {
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl TokenizerDecoder {
+    pub(crate) fn new(tokenizer: Arc<Tokenizer>) -> Self {
+        Self { tokenizer }
+    }
+}
+
+impl TextDecoder for TokenizerDecoder {
+    fn stream(&self, _prompt: &[u32]) -> Box<dyn DecodeStream> {
+        Box::new(TokenizerStream(shared_detokenizer(
+            self.tokenizer.clone(),
+            true,
+        )))
+    }
+}
+
+struct TokenizerStream(Detokenizer<'static>);
+
+impl DecodeStream for TokenizerStream {
+    fn push(&mut self, token: u32) -> String {
+        // A token the tokenizer cannot decode contributes no text rather than ending the request.
+        self.0.push(token).ok().flatten().unwrap_or_default()
+    }
+
+    fn flush(&mut self) -> String {
+        self.0.flush().ok().flatten().unwrap_or_default()
+    }
+}

@@ -1,0 +1,126 @@
+//! The public `Engine` on the real default model (provisioned through the project's cached,
+//! checksummed script; skipped with `MLXCEL_SKIP_MODEL_TESTS=1`).
+
+use std::sync::OnceLock;
+
+use super::*;
+
+fn skip() -> bool {
+    std::env::var_os("MLXCEL_SKIP_MODEL_TESTS").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        Engine::load(None, EngineOptions::default())
+            .expect("load the default model (set MLXCEL_SKIP_MODEL_TESTS=1 to skip)")
+    })
+}
+
+fn greedy(prompt: &str, n: usize) -> GenerationRequest {
+    let ids = engine().tokenize(prompt).unwrap();
+    GenerationRequest {
+        sampling: SamplingParams::greedy(),
+        ..GenerationRequest::new(ids, MaxNewTokens::Limited(n))
+    }
+}
+
+#[test]
+fn greedy_generation_matches_the_reference() {
+    if skip() {
+        return;
+    }
+    let completion = engine()
+        .generate(greedy("The capital of France is", 8))
+        .unwrap();
+    assert_eq!(completion.text, " Paris.\n\nThe answer is:");
+    assert_eq!(completion.finish_reason, Some(FinishReason::Length));
+    assert_eq!(
+        completion.usage,
+        Usage {
+            prompt_tokens: 5,
+            completion_tokens: 8
+        }
+    );
+}
+
+#[test]
+fn stop_strings_and_info() {
+    if skip() {
+        return;
+    }
+    let mut request = greedy("The capital of France is", 20);
+    request.stop = vec!["answer".to_owned()];
+    let completion = engine().generate(request).unwrap();
+    assert_eq!(completion.text, " Paris.\n\nThe ");
+    assert_eq!(completion.finish_reason, Some(FinishReason::Stop));
+    let info = engine().info();
+    assert_eq!((info.window, info.vocab_size), (8192, 49152));
+    assert!(!info.eos_token_ids.is_empty());
+    assert!(info.parameters > 100_000_000, "{}", info.parameters);
+}
+
+#[test]
+fn concurrent_seeded_requests_match_running_alone() {
+    if skip() {
+        return;
+    }
+    let sampled = |seed| {
+        let mut request = greedy("Once upon a time", 12);
+        request.sampling = SamplingParams {
+            seed: Some(seed),
+            ..SamplingParams::default()
+        };
+        request
+    };
+    let alone = engine().generate(sampled(5)).unwrap();
+    let streams: Vec<_> = [sampled(1), sampled(5), greedy("Hello", 6)]
+        .into_iter()
+        .map(|r| engine().submit(r).unwrap())
+        .collect();
+    let together: Vec<Completion> = streams
+        .into_iter()
+        .map(|s| s.collect_completion().unwrap())
+        .collect();
+    assert_eq!(together[1].tokens, alone.tokens);
+    assert_eq!(together[1].text, alone.text);
+}
+
+#[test]
+fn dropping_a_stream_cancels_it_and_chat_templates_render() {
+    if skip() {
+        return;
+    }
+    let mut stream = engine()
+        .submit(greedy("Count to one hundred:", 500))
+        .unwrap();
+    assert!(matches!(stream.next(), Some(Event::Token { .. })));
+    drop(stream);
+    // The engine keeps serving.
+    let text = engine()
+        .apply_chat_template(&[ChatMessage::new("user", "Hi")])
+        .unwrap();
+    assert!(text.contains("<|im_start|>user\nHi<|im_end|>"), "{text}");
+    assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
+    let completion = engine()
+        .generate(greedy("The capital of France is", 2))
+        .unwrap();
+    assert_eq!(completion.text, " Paris.");
+}
+
+#[test]
+fn refusals_are_errors_and_the_engine_keeps_serving() {
+    if skip() {
+        return;
+    }
+    let too_long = GenerationRequest::new(vec![1; 8000], MaxNewTokens::Limited(500));
+    let err = engine().submit(too_long).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "effective_prompt_len=8000 + max_new_tokens=500 > context_capacity=8192"
+    );
+    assert!("xla".parse::<BackendKind>().is_err());
+    let err = "nope".parse::<BackendKind>().unwrap_err().to_string();
+    assert!(err.contains("choose one of: mlx"), "{err}");
+    engine().generate(greedy("Hi", 1)).unwrap();
+}
