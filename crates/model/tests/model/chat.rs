@@ -102,3 +102,32 @@ fn tokenizer_config_list_form_and_jinja_file() {
     let t = ChatTemplate::from_dir(dir.path()).unwrap().unwrap();
     assert_eq!(t.render(&[], false).unwrap(), "</s>jinja");
 }
+
+/// Llama 3 Instruct's template: `loop.index0`, `set`, and a filter binding tighter than `+`.
+#[test]
+fn llama3_template() {
+    let source = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+    let t = ChatTemplate::new(source, "<|begin_of_text|>", "<|eot_id|>").unwrap();
+    assert_eq!(
+        t.render(&[user("  Hi \n")], true).unwrap(),
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>\
+         <|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+}
+
+/// Qwen2.5's template: whitespace control (`{%-`), attribute access, a default system prompt.
+#[test]
+fn qwen2_template() {
+    let source = "{%- if messages[0]['role'] == 'system' %}\n    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n{%- else %}\n    {{- '<|im_start|>system\\nYou are Qwen.<|im_end|>\\n' }}\n{%- endif %}\n{%- for message in messages %}\n    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n    {%- elif message.role == \"assistant\" %}\n        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n";
+    let t = ChatTemplate::new(source, "", "<|im_end|>").unwrap();
+    let messages = [
+        user("Hi"),
+        ChatMessage::new("assistant", "Hello!"),
+        user("2+2?"),
+    ];
+    assert_eq!(
+        t.render(&messages, true).unwrap(),
+        "<|im_start|>system\nYou are Qwen.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+         <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
