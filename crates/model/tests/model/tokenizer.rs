@@ -108,3 +108,17 @@ fn detokenizer_matches_decode_on_merged_tokens() {
     out.extend(detok.flush().unwrap());
     assert_eq!(out, text);
 }
+
+#[test]
+fn shared_detokenizer_streams_like_the_borrowed_one() {
+    let (_dir, tok) = tiny_tokenizer();
+    let ids = tok.encode("the 🌍", true, true).unwrap();
+    let mut shared = mlxcel_model::shared_detokenizer(std::sync::Arc::new(tok.clone()), false);
+    let mut out = String::new();
+    for &id in &ids {
+        out.extend(shared.push(id).unwrap());
+    }
+    out.extend(shared.flush().unwrap());
+    assert_eq!(out, "the 🌍");
+    assert_eq!(shared.ids(), ids.as_slice());
+}
