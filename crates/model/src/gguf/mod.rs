@@ -4,6 +4,7 @@ mod convert;
 pub mod dequant;
 pub mod permute;
 mod reader;
+mod spm;
 mod tensors;
 mod tokenizer_json;
 mod types;

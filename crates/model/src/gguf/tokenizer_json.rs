@@ -6,6 +6,7 @@ use crate::error::{ModelError, Result};
 use crate::gguf::reader::{GgufFile, GgufValue};
 
 /// llama.cpp token types (`tokenizer.ggml.token_type`).
+const TOKEN_TYPE_UNKNOWN: i64 = 2;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
@@ -17,9 +18,16 @@ const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 /// The vocabulary and special tokens read from GGUF metadata.
 #[derive(Debug)]
 pub struct GgufVocab {
+    /// `tokenizer.ggml.model`: `gpt2` (byte-level BPE) or `llama` (SentencePiece BPE).
+    pub model: String,
     pub tokens: Vec<String>,
     pub token_types: Vec<i64>,
+    /// BPE merges (`gpt2`); SentencePiece vocabularies have none and use `scores` instead.
     pub merges: Vec<String>,
+    /// Piece scores (`llama`): higher merges first.
+    pub scores: Vec<f32>,
+    /// Whether SentencePiece text gets a leading `▁` (`tokenizer.ggml.add_space_prefix`).
+    pub add_space_prefix: bool,
     pub pre: String,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
@@ -42,11 +50,12 @@ impl GgufVocab {
             .get("tokenizer.ggml.model")
             .and_then(GgufValue::as_str)
             .unwrap_or("");
-        if model != "gpt2" {
+        if model != "gpt2" && model != "llama" {
             return Err(missing(
                 "tokenizer.ggml.model",
                 &format!(
-                    "`{model}` is not supported (supported: gpt2, the byte-level BPE of GPT-2, Llama 3, Qwen2, SmolLM)"
+                    "`{model}` is not supported (supported: gpt2, the byte-level BPE of GPT-2, \
+                     Llama 3, Qwen2, SmolLM; llama, the SentencePiece BPE of Llama 2 and Mistral)"
                 ),
             ));
         }
@@ -98,8 +107,40 @@ impl GgufVocab {
         for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
             extra_eos.extend(id(key)?);
         }
+        let is_spm = model == "llama";
+        let scores = match gguf
+            .get("tokenizer.ggml.scores")
+            .and_then(GgufValue::as_array)
+        {
+            Some(scores) => scores
+                .iter()
+                .map(|v| {
+                    v.as_f64()
+                        .map(|s| s as f32)
+                        .ok_or_else(|| missing("tokenizer.ggml.scores", "not an array of numbers"))
+                })
+                .collect::<Result<Vec<_>>>()?,
+            None if is_spm => return Err(missing("tokenizer.ggml.scores", "missing")),
+            None => Vec::new(),
+        };
+        if is_spm && scores.len() != tokens.len() {
+            return Err(missing(
+                "tokenizer.ggml.scores",
+                "length differs from tokenizer.ggml.tokens",
+            ));
+        }
         Ok(Self {
-            merges: strings("tokenizer.ggml.merges")?,
+            model: model.to_owned(),
+            merges: if is_spm {
+                Vec::new()
+            } else {
+                strings("tokenizer.ggml.merges")?
+            },
+            scores,
+            add_space_prefix: gguf
+                .get("tokenizer.ggml.add_space_prefix")
+                .and_then(GgufValue::as_bool)
+                .unwrap_or(is_spm),
             pre: gguf
                 .get("tokenizer.ggml.pre")
                 .and_then(GgufValue::as_str)
@@ -113,7 +154,7 @@ impl GgufVocab {
             add_bos: gguf
                 .get("tokenizer.ggml.add_bos_token")
                 .and_then(GgufValue::as_bool)
-                .unwrap_or(false),
+                .unwrap_or(is_spm),
             chat_template: gguf
                 .get("tokenizer.chat_template")
                 .and_then(GgufValue::as_str)
@@ -136,6 +177,9 @@ impl GgufVocab {
 
     /// The `tokenizer.json` document.
     pub fn tokenizer_json(&self, gguf: &GgufFile) -> Result<Value> {
+        if self.model == "llama" {
+            return Ok(crate::gguf::spm::tokenizer_json(self));
+        }
         let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
         let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
         let pre_tokenizer = match self.pre.as_str() {
@@ -163,33 +207,10 @@ impl GgufVocab {
                 });
             }
         };
-        let mut vocab = Map::new();
-        let mut added = Vec::new();
-        for (id, (token, &ty)) in self.tokens.iter().zip(&self.token_types).enumerate() {
-            vocab.entry(token.clone()).or_insert(json!(id));
-            if ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED {
-                added.push(json!({
-                    "id": id, "content": token, "single_word": false, "lstrip": false,
-                    "rstrip": false, "normalized": false, "special": ty == TOKEN_TYPE_CONTROL,
-                }));
-            }
-        }
-        let post_processor = match (self.add_bos, self.bos) {
-            (true, Some(bos)) => {
-                let bos_token = &self.tokens[bos as usize];
-                let special = |seq: &str| json!({"Sequence": {"id": seq, "type_id": 0}});
-                let bos_piece = json!({"SpecialToken": {"id": bos_token, "type_id": 0}});
-                json!({
-                    "type": "TemplateProcessing",
-                    "single": [bos_piece, special("A")],
-                    "pair": [bos_piece, special("A"), bos_piece, special("B")],
-                    "special_tokens": {bos_token: {"id": bos_token, "ids": [bos], "tokens": [bos_token]}}
-                })
-            }
-            _ => {
-                json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true})
-            }
-        };
+        let (vocab, added) = self.vocab_and_added_tokens();
+        let post_processor = self.bos_template().unwrap_or_else(|| {
+            json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true})
+        });
         Ok(json!({
             "version": "1.0",
             "truncation": null,
@@ -204,6 +225,38 @@ impl GgufVocab {
                 "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
                 "ignore_merges": false, "vocab": vocab, "merges": self.merges,
             }
+        }))
+    }
+
+    /// The vocabulary (token → id, first id wins for duplicates) and the added tokens: control and
+    /// unknown tokens as special, user-defined ones as plain added tokens.
+    pub(crate) fn vocab_and_added_tokens(&self) -> (Map<String, Value>, Vec<Value>) {
+        let mut vocab = Map::new();
+        let mut added = Vec::new();
+        for (id, (token, &ty)) in self.tokens.iter().zip(&self.token_types).enumerate() {
+            vocab.entry(token.clone()).or_insert(json!(id));
+            let special = ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_UNKNOWN;
+            if special || ty == TOKEN_TYPE_USER_DEFINED {
+                added.push(json!({
+                    "id": id, "content": token, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": special,
+                }));
+            }
+        }
+        (vocab, added)
+    }
+
+    /// A post-processor that prepends BOS, when the model wants one.
+    pub(crate) fn bos_template(&self) -> Option<Value> {
+        let bos = self.bos.filter(|_| self.add_bos)?;
+        let bos_token = &self.tokens[bos as usize];
+        let special = |seq: &str| json!({"Sequence": {"id": seq, "type_id": 0}});
+        let bos_piece = json!({"SpecialToken": {"id": bos_token, "type_id": 0}});
+        Some(json!({
+            "type": "TemplateProcessing",
+            "single": [bos_piece, special("A")],
+            "pair": [bos_piece, special("A"), bos_piece, special("B")],
+            "special_tokens": {bos_token: {"id": bos_token, "ids": [bos], "tokens": [bos_token]}}
         }))
     }
 

@@ -8,4 +8,5 @@ mod default_model;
 mod fixtures;
 mod gguf;
 mod properties;
+mod spm;
 mod tokenizer;
