@@ -85,6 +85,8 @@ impl ChatTemplate {
     }
 
     /// Renders `messages`; with `add_generation_prompt`, ends with the assistant's turn header.
+    /// Templates write their own special tokens (BOS included): tokenize the result with
+    /// `add_special = false`, as Hugging Face does after `apply_chat_template`.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let template =
             self.env

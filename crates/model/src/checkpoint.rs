@@ -233,7 +233,7 @@ fn validate_module(
 
 fn tensor<'a>(files: &'a SafetensorsFiles, name: &str) -> Result<TensorView<'a>> {
     files.get(name).ok_or_else(|| ModelError::MissingTensor {
-        path: files.files().next().map(Path::to_owned).unwrap_or_default(),
+        path: files.origin().to_owned(),
         tensor: name.to_owned(),
     })
 }

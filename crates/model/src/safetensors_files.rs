@@ -90,6 +90,8 @@ struct Shard {
 /// `model.safetensors.index.json`, or (MLX style) every `*.safetensors` in the directory.
 #[derive(Debug)]
 pub struct SafetensorsFiles {
+    /// What names the set in errors: the index of a sharded checkpoint, else the (first) file.
+    origin: PathBuf,
     shards: Vec<Shard>,
     /// Tensor name → shard index, sorted for stable iteration.
     names: BTreeMap<String, usize>,
@@ -115,6 +117,7 @@ impl SafetensorsFiles {
             files.sort();
             files.dedup();
             let mut this = Self::open_files(&files)?;
+            this.origin = index_path;
             // Every tensor the index names must be in the shard it names.
             for (tensor, file) in &index.weight_map {
                 let in_shard = this
@@ -169,7 +172,11 @@ impl SafetensorsFiles {
             }
             shards.push(shard);
         }
-        Ok(Self { shards, names })
+        Ok(Self {
+            origin: files.first().cloned().unwrap_or_default(),
+            shards,
+            names,
+        })
     }
 
     /// The tensor called `name`, if present.
@@ -199,6 +206,11 @@ impl SafetensorsFiles {
     /// Whether there are no tensors.
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
+    }
+
+    /// The index file of a sharded checkpoint, else the first safetensors file.
+    pub fn origin(&self) -> &Path {
+        &self.origin
     }
 
     /// The files mapped, in order.

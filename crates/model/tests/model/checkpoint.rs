@@ -208,3 +208,19 @@ fn index_naming_a_missing_tensor_is_refused() {
         "{message}"
     );
 }
+
+#[test]
+fn missing_tensor_of_a_sharded_checkpoint_names_the_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = config(None);
+    let mut t = tensors(&parsed(&v), false);
+    t.remove("model.layers.1.mlp.up_proj.weight");
+    write_dir(dir.path(), &v, &t, 2);
+    let message = Checkpoint::open(dir.path()).unwrap_err().to_string();
+    assert!(
+        message.contains(
+            "model.safetensors.index.json: missing tensor `model.layers.1.mlp.up_proj.weight`"
+        ),
+        "{message}"
+    );
+}
