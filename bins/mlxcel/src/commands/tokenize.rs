@@ -45,7 +45,14 @@ fn render(tokenizer: &Tokenizer, args: &Args) -> Result<String> {
         let mut out = String::new();
         for &id in &ids {
             let piece = tokenizer.decode(&[id], false)?;
-            out.push_str(&format!("{id:>6} -> {piece:?}\n"));
+            out.push_str(&format!("{id:>6} -> {piece:?}"));
+            // A token holding part of a character decodes to U+FFFD; show its vocabulary entry too.
+            if piece.contains('\u{FFFD}')
+                && let Some(token) = tokenizer.id_to_token(id)
+            {
+                out.push_str(&format!(" (token {token:?})"));
+            }
+            out.push('\n');
         }
         Ok(out)
     } else {
