@@ -17,6 +17,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Measure prompt and generation throughput (llama-bench's table).
+    Bench(commands::bench::Args),
     /// Show which static context capacity a request gets on the OpenXLA backend.
     Capacity(commands::capacity::Args),
     /// Convert a GGUF file (F32/F16/BF16/Q4_0/Q4_1/Q8_0) into an MLX checkpoint directory.
@@ -32,6 +34,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
+        Command::Bench(args) => commands::bench::run(&args),
         Command::Capacity(args) => commands::capacity::run(&args),
         Command::Convert(args) => commands::convert::run(&args),
         Command::Generate(args) => commands::generate::run(&args),

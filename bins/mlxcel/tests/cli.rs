@@ -1,7 +1,7 @@
 //! The `mlxcel` binary driven as a user drives it: arguments, environment, stdout, stderr, exit code.
 //!
 //! Modules: `capacity` (the `mlxcel capacity` planning subcommand), `generate` (text generation on
-//! the default model, skipped with `MLXCEL_SKIP_MODEL_TESTS=1`).
+//! the default model, skipped with `MLXCEL_SKIP_MODEL_TESTS=1`), `bench` (llama-bench rows).
 
 use std::process::{Command, Output};
 
@@ -277,5 +277,59 @@ mod generate {
         let err = stderr(&output);
         assert_eq!(err.matches("Generated 4 tokens").count(), 2, "{err}");
         assert!(err.contains("(conversation cleared)"), "{err}");
+    }
+}
+
+mod bench {
+    use super::*;
+
+    fn skip() -> bool {
+        std::env::var_os("MLXCEL_SKIP_MODEL_TESTS").is_some_and(|v| !v.is_empty() && v != "0")
+    }
+
+    #[test]
+    fn prints_llama_bench_rows() {
+        if skip() {
+            return;
+        }
+        let output = mlxcel(&["bench", "-p", "8", "-n", "4", "-r", "2"], &[]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let out = stdout(&output);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("| model "), "{out}");
+        assert!(lines[0].ends_with("|                  t/s |"), "{out}");
+        assert_eq!(lines[0].len(), lines[1].len(), "{out}");
+        for (line, test) in lines[2..4].iter().zip(["pp8", "tg4"]) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            assert_eq!(cells[4], "mlx", "{line}");
+            assert_eq!(cells[6], test, "{line}");
+            let (mean, sd) = cells[7].split_once(" ± ").expect("mean ± sd");
+            assert!(mean.parse::<f64>().unwrap() > 0.0, "{line}");
+            assert!(sd.parse::<f64>().unwrap() >= 0.0, "{line}");
+        }
+        assert!(out.contains("GB/s read bandwidth measured now"), "{out}");
+    }
+
+    #[test]
+    fn json_output_and_bad_flags() {
+        if skip() {
+            return;
+        }
+        let output = mlxcel(
+            &["bench", "-p", "4", "-n", "0", "-r", "1", "-o", "json"],
+            &[],
+        );
+        assert!(output.status.success(), "{}", stderr(&output));
+        let out = stdout(&output);
+        assert!(out.trim_start().starts_with('['), "{out}");
+        assert!(out.contains("\"test\": \"pp4\""), "{out}");
+        assert!(!out.contains("tg"), "{out}");
+        let output = mlxcel(&["bench", "-r", "0"], &[]);
+        assert!(!output.status.success());
+        assert!(
+            stderr(&output).contains("-r must be at least 1"),
+            "{}",
+            stderr(&output)
+        );
     }
 }

@@ -91,6 +91,28 @@ pub struct ModelInfo {
     pub parameters: u64,
 }
 
+impl ModelInfo {
+    /// Describes an opened checkpoint.
+    pub fn from_loaded(loaded: &LoadedModel, backend: BackendKind) -> Self {
+        let config = loaded.config();
+        let (weight_bytes, parameters) = weight_totals(loaded);
+        Self {
+            name: loaded
+                .dir()
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| loaded.dir().display().to_string()),
+            dir: loaded.dir().to_owned(),
+            backend,
+            window: config.window(),
+            vocab_size: config.vocab_size,
+            eos_token_ids: loaded.eos_token_ids.clone(),
+            weight_bytes,
+            parameters,
+        }
+    }
+}
+
 enum Command {
     Submit {
         request: GenerationRequest,
@@ -133,22 +155,7 @@ impl Engine {
         options: EngineOptions,
     ) -> Result<Self, EngineError> {
         options.scheduler.validate()?;
-        let config = loaded.config();
-        let (weight_bytes, parameters) = weight_totals(&loaded);
-        let info = ModelInfo {
-            name: loaded
-                .dir()
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| loaded.dir().display().to_string()),
-            dir: loaded.dir().to_owned(),
-            backend: options.backend,
-            window: config.window(),
-            vocab_size: config.vocab_size,
-            eos_token_ids: loaded.eos_token_ids.clone(),
-            weight_bytes,
-            parameters,
-        };
+        let info = ModelInfo::from_loaded(&loaded, options.backend);
         let tokenizer = Arc::new(loaded.tokenizer.clone());
         let chat_template = loaded.chat_template.take();
         let stats = Arc::new(Mutex::new(SchedulerStats::default()));

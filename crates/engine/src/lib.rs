@@ -23,6 +23,7 @@
 //! ```
 
 mod backend;
+mod bench;
 mod decode;
 mod engine;
 mod error;
@@ -34,6 +35,7 @@ mod scheduler;
 mod stop;
 mod text;
 
+pub use bench::{BackendBench, measure_read_bandwidth};
 pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
 pub use decode::{DecodeStream, TextDecoder};
 pub use engine::{BackendKind, Completion, Engine, EngineOptions, GenerationStream, ModelInfo};

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod capacity;
 pub mod convert;
 pub mod generate;

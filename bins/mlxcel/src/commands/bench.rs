@@ -1,0 +1,233 @@
+//! `mlxcel bench`: prompt and generation throughput in llama-bench's format.
+
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use mlxcel_engine::{BackendBench, BackendKind, EngineOptions, measure_read_bandwidth};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Model: a checkpoint directory or a .gguf file (default: the default model).
+    #[arg(short = 'm', long, env = "MLXCEL_MODEL")]
+    model: Option<String>,
+
+    /// Prompt lengths to test, comma-separated (`pp<N>` rows); 0 skips.
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    n_prompt: Vec<usize>,
+
+    /// Generation lengths to test, comma-separated (`tg<N>` rows); 0 skips.
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    n_gen: Vec<usize>,
+
+    /// Repetitions of each test (after one warm-up run).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    repetitions: usize,
+
+    /// Prefill chunk: most prompt tokens per forward pass (llama-bench's ubatch).
+    #[arg(short = 'u', long = "ubatch-size", default_value_t = 512)]
+    ubatch: usize,
+
+    /// Backend to run the model on.
+    #[arg(long, env = "MLXCEL_BACKEND", default_value = "mlx")]
+    backend: String,
+
+    /// Threads (reported, and used for the memory-bandwidth measurement; defaults to all cores).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "md")]
+    output: Format,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    Md,
+    Json,
+}
+
+/// One test's samples.
+struct Row {
+    test: String,
+    n_prompt: usize,
+    n_gen: usize,
+    /// Tokens per second of each repetition.
+    samples: Vec<f64>,
+}
+
+impl Row {
+    fn mean(&self) -> f64 {
+        self.samples.iter().sum::<f64>() / self.samples.len() as f64
+    }
+
+    fn stddev(&self) -> f64 {
+        if self.samples.len() < 2 {
+            return 0.0;
+        }
+        let mean = self.mean();
+        let var = self.samples.iter().map(|s| (s - mean).powi(2)).sum::<f64>()
+            / (self.samples.len() - 1) as f64;
+        var.sqrt()
+    }
+}
+
+pub fn run(args: &Args) -> Result<ExitCode> {
+    if args.repetitions == 0 {
+        bail!("-r must be at least 1");
+    }
+    let backend: BackendKind = args.backend.parse()?;
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let options = EngineOptions {
+        backend,
+        ..EngineOptions::default()
+    };
+    let mut bench = BackendBench::load(args.model.as_deref(), &options)?;
+
+    let mut rows = Vec::new();
+    for &n in args.n_prompt.iter().filter(|&&n| n > 0) {
+        let mut run = || bench.prompt(n, args.ubatch);
+        rows.push(measure(format!("pp{n}"), n, 0, args.repetitions, &mut run)?);
+    }
+    for &n in args.n_gen.iter().filter(|&&n| n > 0) {
+        let mut run = || bench.generate(n);
+        rows.push(measure(format!("tg{n}"), 0, n, args.repetitions, &mut run)?);
+    }
+    let info = bench.info();
+    let bandwidth = rows
+        .iter()
+        .any(|r| r.n_gen > 0)
+        .then(|| measure_read_bandwidth(threads, 3));
+
+    match args.output {
+        Format::Md => print_markdown(info, threads, &rows, bandwidth),
+        Format::Json => print_json(info, threads, &rows, bandwidth),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn measure(
+    test: String,
+    n_prompt: usize,
+    n_gen: usize,
+    repetitions: usize,
+    run: &mut dyn FnMut() -> Result<std::time::Duration, mlxcel_engine::EngineError>,
+) -> Result<Row> {
+    run()?; // warm-up, as llama-bench does
+    let tokens = (n_prompt + n_gen) as f64;
+    let samples = (0..repetitions)
+        .map(|_| Ok(tokens / run()?.as_secs_f64()))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Row {
+        test,
+        n_prompt,
+        n_gen,
+        samples,
+    })
+}
+
+fn size_mib(info: &mlxcel_engine::ModelInfo) -> f64 {
+    info.weight_bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn print_markdown(
+    info: &mlxcel_engine::ModelInfo,
+    threads: usize,
+    rows: &[Row],
+    bandwidth: Option<f64>,
+) {
+    println!(
+        "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |",
+        "model", "size", "params", "backend", "threads", "test", "t/s"
+    );
+    println!(
+        "| {:-<30} | {:->9}: | {:->9}: | {:-<10} | {:->6}: | {:->14}: | {:->19}: |",
+        "", "", "", "", "", "", ""
+    );
+    for row in rows {
+        println!(
+            "| {:<30} | {:>6.2} MiB | {:>8.2} M | {:<10} | {:>7} | {:>15} | {:>20} |",
+            truncate(&info.name, 30),
+            size_mib(info),
+            info.parameters as f64 / 1e6,
+            info.backend.as_str(),
+            threads,
+            row.test,
+            format!("{:.2} ± {:.2}", row.mean(), row.stddev()),
+        );
+    }
+    if let Some(measured) = bandwidth {
+        for row in rows.iter().filter(|r| r.n_gen > 0) {
+            let effective = info.weight_bytes as f64 * row.mean() / 1e9;
+            println!(
+                "\n{}: {:.1} MB of weights per token × {:.2} tok/s = {:.2} GB/s, {:.0}% of the {:.2} GB/s read bandwidth measured now ({} threads)",
+                row.test,
+                info.weight_bytes as f64 / 1e6,
+                row.mean(),
+                effective,
+                100.0 * effective / measured,
+                measured,
+                threads
+            );
+        }
+    }
+}
+
+fn print_json(
+    info: &mlxcel_engine::ModelInfo,
+    threads: usize,
+    rows: &[Row],
+    bandwidth: Option<f64>,
+) {
+    let entries: Vec<String> = rows
+        .iter()
+        .map(|row| {
+            let samples: Vec<String> = row.samples.iter().map(|s| format!("{s:.4}")).collect();
+            let decode = match (row.n_gen > 0, bandwidth) {
+                (true, Some(measured)) => {
+                    let effective = info.weight_bytes as f64 * row.mean() / 1e9;
+                    format!(
+                        ", \"weight_read_gbps\": {effective:.4}, \"measured_read_gbps\": {measured:.4}"
+                    )
+                }
+                _ => String::new(),
+            };
+            format!(
+                "  {{\"model\": {:?}, \"model_size\": {}, \"model_n_params\": {}, \"backend\": {:?}, \"n_threads\": {}, \"test\": {:?}, \"n_prompt\": {}, \"n_gen\": {}, \"avg_ts\": {:.4}, \"stddev_ts\": {:.4}, \"samples_ts\": [{}]{decode}}}",
+                info.name,
+                info.weight_bytes,
+                info.parameters,
+                info.backend.as_str(),
+                threads,
+                row.test,
+                row.n_prompt,
+                row.n_gen,
+                row.mean(),
+                row.stddev(),
+                samples.join(", "),
+            )
+        })
+        .collect();
+    println!("[\n{}\n]", entries.join(",\n"));
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_owned()
+    } else {
+        let mut short: String = text.chars().take(max - 1).collect();
+        short.push('…');
+        short
+    }
+}

@@ -1,0 +1,134 @@
+//! Backend throughput without the scheduler: what `mlxcel bench` and `cargo bench` measure.
+//!
+//! Like llama-bench, a prompt test prefills `n` random tokens into an empty sequence and a
+//! generation test decodes `n` tokens one at a time from an empty sequence; sampling and
+//! detokenization are left out so the numbers are the backend's.
+
+use std::time::{Duration, Instant};
+
+use mlxcel_capacity::MaxNewTokens;
+use mlxcel_model::{LoadedModel, resolve_model};
+
+use crate::backend::{Backend, RequestShape, SequenceStep};
+use crate::engine::{BackendKind, EngineOptions, ModelInfo};
+use crate::error::EngineError;
+use crate::mlx::MlxBackend;
+use crate::rng::Rng;
+
+/// A backend loaded for benchmarking.
+pub struct BackendBench {
+    backend: Box<dyn Backend>,
+    info: ModelInfo,
+    rng: Rng,
+}
+
+impl std::fmt::Debug for BackendBench {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackendBench").field("info", &self.info).finish()
+    }
+}
+
+impl BackendBench {
+    /// Loads `model` (`None` for the default model) on the backend `options` name.
+    pub fn load(model: Option<&str>, options: &EngineOptions) -> Result<Self, EngineError> {
+        let loaded = LoadedModel::open(&resolve_model(model)?)?;
+        let info = ModelInfo::from_loaded(&loaded, options.backend);
+        let backend: Box<dyn Backend> = match options.backend {
+            BackendKind::Mlx => Box::new(MlxBackend::load(&loaded.checkpoint, options.kv_budget_bytes)?),
+        };
+        Ok(Self {
+            backend,
+            info,
+            rng: Rng::seeded(0x6d6c_7863_656c),
+        })
+    }
+
+    /// The model's description.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn random_tokens(&mut self, n: usize) -> Vec<u32> {
+        let vocab = self.backend.vocab_size() as u64;
+        (0..n).map(|_| (self.rng.next_u64() % vocab) as u32).collect()
+    }
+
+    /// Time to prefill `n` random tokens into an empty sequence, in chunks of at most `chunk`.
+    pub fn prompt(&mut self, n: usize, chunk: usize) -> Result<Duration, EngineError> {
+        let tokens = self.random_tokens(n);
+        self.with_slot(n, |backend, slot| {
+            let started = Instant::now();
+            for (index, piece) in tokens.chunks(chunk.max(1)).enumerate() {
+                backend.step(&[SequenceStep {
+                    slot,
+                    tokens: piece,
+                    start_position: index * chunk.max(1),
+                }])?;
+            }
+            Ok(started.elapsed())
+        })
+    }
+
+    /// Time to decode `n` random tokens one at a time from an empty sequence.
+    pub fn generate(&mut self, n: usize) -> Result<Duration, EngineError> {
+        let tokens = self.random_tokens(n);
+        self.with_slot(n, |backend, slot| {
+            let started = Instant::now();
+            for (position, token) in tokens.iter().enumerate() {
+                backend.step(&[SequenceStep {
+                    slot,
+                    tokens: std::slice::from_ref(token),
+                    start_position: position,
+                }])?;
+            }
+            Ok(started.elapsed())
+        })
+    }
+
+    fn with_slot(
+        &mut self,
+        positions: usize,
+        run: impl FnOnce(&mut dyn Backend, usize) -> Result<Duration, EngineError>,
+    ) -> Result<Duration, EngineError> {
+        let plan = self.backend.create_session_for_request(&RequestShape {
+            prompt_len: positions,
+            image_tokens: 0,
+            max_new_tokens: MaxNewTokens::Limited(0),
+        })?;
+        let slot = self.backend.allocate_slot(&plan)?;
+        let result = run(self.backend.as_mut(), slot);
+        self.backend.release_slot(slot);
+        result
+    }
+}
+
+/// Read bandwidth of main memory in GB/s, measured now: `threads` threads each sum their share of
+/// a buffer far larger than the caches; the best of `rounds` passes counts.
+pub fn measure_read_bandwidth(threads: usize, rounds: usize) -> f64 {
+    const BYTES: usize = 512 << 20;
+    let words = BYTES / 8;
+    let buffer: Vec<u64> = (0..words as u64).collect();
+    let threads = threads.max(1);
+    let share = words.div_ceil(threads);
+    let mut best = 0.0f64;
+    for _ in 0..rounds.max(1) {
+        let started = Instant::now();
+        std::thread::scope(|scope| {
+            for part in buffer.chunks(share) {
+                scope.spawn(move || {
+                    // Eight independent sums keep the loads in flight.
+                    let mut sums = [0u64; 8];
+                    for block in part.chunks_exact(8) {
+                        for (sum, &word) in sums.iter_mut().zip(block) {
+                            *sum = sum.wrapping_add(word);
+                        }
+                    }
+                    std::hint::black_box(sums);
+                });
+            }
+        });
+        let seconds = started.elapsed().as_secs_f64();
+        best = best.max(BYTES as f64 / seconds / 1e9);
+    }
+    best
+}
