@@ -112,4 +112,9 @@ pub trait Backend {
 
     /// Frees a slot's KV memory. Releasing an unknown slot is a no-op.
     fn release_slot(&mut self, slot: SlotId);
+
+    /// Executables compiled so far (static-shape backends); nothing compiles after warm-up.
+    fn compilations(&self) -> u64 {
+        0
+    }
 }

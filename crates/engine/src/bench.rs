@@ -24,7 +24,9 @@ pub struct BackendBench {
 
 impl std::fmt::Debug for BackendBench {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BackendBench").field("info", &self.info).finish()
+        f.debug_struct("BackendBench")
+            .field("info", &self.info)
+            .finish()
     }
 }
 
@@ -34,7 +36,10 @@ impl BackendBench {
         let loaded = LoadedModel::open(&resolve_model(model)?)?;
         let info = ModelInfo::from_loaded(&loaded, options.backend);
         let backend: Box<dyn Backend> = match options.backend {
-            BackendKind::Mlx => Box::new(MlxBackend::load(&loaded.checkpoint, options.kv_budget_bytes)?),
+            BackendKind::Mlx => Box::new(MlxBackend::load(
+                &loaded.checkpoint,
+                options.kv_budget_bytes,
+            )?),
         };
         Ok(Self {
             backend,
@@ -50,7 +55,9 @@ impl BackendBench {
 
     fn random_tokens(&mut self, n: usize) -> Vec<u32> {
         let vocab = self.backend.vocab_size() as u64;
-        (0..n).map(|_| (self.rng.next_u64() % vocab) as u32).collect()
+        (0..n)
+            .map(|_| (self.rng.next_u64() % vocab) as u32)
+            .collect()
     }
 
     /// Time to prefill `n` random tokens into an empty sequence, in chunks of at most `chunk`.

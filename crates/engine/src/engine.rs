@@ -4,12 +4,14 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use mlxcel_model::{ChatMessage, ChatTemplate, LoadedModel, Tokenizer, resolve_model};
 use tokio::sync::mpsc as events;
 
 use crate::backend::Backend;
 use crate::error::EngineError;
+use crate::metrics::EngineMetrics;
 use crate::mlx::MlxBackend;
 use crate::request::{Event, FinishReason, GenerationRequest, RequestId, Usage};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
@@ -132,7 +134,7 @@ pub struct Engine {
     info: ModelInfo,
     tokenizer: Arc<Tokenizer>,
     chat_template: Option<ChatTemplate>,
-    stats: Arc<Mutex<SchedulerStats>>,
+    metrics: Arc<Mutex<EngineMetrics>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -158,12 +160,12 @@ impl Engine {
         let info = ModelInfo::from_loaded(&loaded, options.backend);
         let tokenizer = Arc::new(loaded.tokenizer.clone());
         let chat_template = loaded.chat_template.take();
-        let stats = Arc::new(Mutex::new(SchedulerStats::default()));
+        let metrics = Arc::new(Mutex::new(EngineMetrics::default()));
 
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let decoder = Arc::new(TokenizerDecoder::new(tokenizer.clone()));
-        let worker_stats = stats.clone();
+        let worker_metrics = metrics.clone();
         let worker = std::thread::Builder::new()
             .name("mlxcel-engine".into())
             .spawn(move || {
@@ -178,7 +180,7 @@ impl Engine {
                     Ok(scheduler) => {
                         let _ = ready_tx.send(Ok(()));
                         drop(loaded);
-                        run_worker(scheduler, inbox, worker_stats);
+                        run_worker(scheduler, inbox, worker_metrics);
                     }
                     Err(err) => {
                         let _ = ready_tx.send(Err(err));
@@ -196,7 +198,7 @@ impl Engine {
             info,
             tokenizer,
             chat_template,
-            stats,
+            metrics,
         })
     }
 
@@ -217,7 +219,22 @@ impl Engine {
 
     /// Scheduler counters as of the last step.
     pub fn stats(&self) -> SchedulerStats {
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+        let m = self.metrics();
+        SchedulerStats {
+            waiting: m.waiting,
+            running: m.running,
+            steps: m.steps,
+            prompt_tokens: m.prompt_tokens,
+            generated_tokens: m.generated_tokens,
+        }
+    }
+
+    /// Counters, latency histograms and bucket occupancy as of the last step.
+    pub fn metrics(&self) -> EngineMetrics {
+        self.metrics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Tokenizes `text` as a prompt (the tokenizer's special handling on, as llama.cpp does).
@@ -232,6 +249,24 @@ impl Engine {
             .as_ref()
             .ok_or(EngineError::NoChatTemplate)?;
         Ok(template.render(messages, true)?)
+    }
+
+    /// The prompt tokens of a conversation: the messages through the chat template with the
+    /// generation prompt, tokenized without adding special tokens (the template writes them).
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
+        let text = self.apply_chat_template(messages)?;
+        Ok(self.tokenizer.encode(&text, false, true)?)
+    }
+
+    /// Starts the assistant's reply to `messages`; `request` supplies everything but the prompt
+    /// (its `prompt` is replaced).
+    pub fn chat(
+        &self,
+        messages: &[ChatMessage],
+        mut request: GenerationRequest,
+    ) -> Result<GenerationStream, EngineError> {
+        request.prompt = self.chat_prompt(messages)?;
+        self.submit(request)
     }
 
     /// Queues a request and returns its stream of events. Refusals (too long, bad settings, a full
@@ -298,12 +333,19 @@ fn weight_totals(loaded: &LoadedModel) -> (u64, u64) {
     (bytes, parameters)
 }
 
+/// Per-request timing, for the latency histograms.
+struct Timing {
+    submitted: Instant,
+    last_token: Option<Instant>,
+}
+
 fn run_worker<B: Backend>(
     mut scheduler: Scheduler<B>,
     inbox: mpsc::Receiver<Command>,
-    stats: Arc<Mutex<SchedulerStats>>,
+    metrics: Arc<Mutex<EngineMetrics>>,
 ) {
-    let mut streams: HashMap<RequestId, events::UnboundedSender<Event>> = HashMap::new();
+    let mut streams: HashMap<RequestId, (events::UnboundedSender<Event>, Timing)> = HashMap::new();
+    let mut local = EngineMetrics::default();
     loop {
         // Block for a command while idle; otherwise take what has arrived and keep stepping.
         let first = if scheduler.has_work() {
@@ -324,7 +366,12 @@ fn run_worker<B: Backend>(
                 } => {
                     let result = scheduler.submit(request);
                     if let Ok(id) = result {
-                        streams.insert(id, events);
+                        let timing = Timing {
+                            submitted: Instant::now(),
+                            last_token: None,
+                        };
+                        streams.insert(id, (events, timing));
+                        local.requests_submitted += 1;
                     }
                     let _ = reply.send(result);
                 }
@@ -336,11 +383,35 @@ fn run_worker<B: Backend>(
             next = inbox.try_recv().ok();
         }
         if !scheduler.has_work() {
+            publish(&metrics, &mut local, &scheduler);
             continue;
         }
-        for (id, event) in scheduler.step() {
+        let events = scheduler.step();
+        let now = Instant::now();
+        for (id, event) in events {
+            let Some((sender, timing)) = streams.get_mut(&id) else {
+                continue;
+            };
+            match &event {
+                Event::Token { .. } => {
+                    match timing.last_token {
+                        None => local.time_to_first_token.observe(now - timing.submitted),
+                        Some(last) => local.inter_token_latency.observe(now - last),
+                    }
+                    timing.last_token = Some(now);
+                }
+                Event::Finished { reason, .. } => {
+                    let counter = match reason {
+                        FinishReason::Stop => &mut local.finished.stop,
+                        FinishReason::Length => &mut local.finished.length,
+                        FinishReason::Cancelled => &mut local.finished.cancelled,
+                        FinishReason::Error => &mut local.finished.error,
+                    };
+                    *counter += 1;
+                }
+            }
             let finished = matches!(event, Event::Finished { .. });
-            let delivered = streams.get(&id).is_some_and(|tx| tx.send(event).is_ok());
+            let delivered = sender.send(event).is_ok();
             if finished {
                 streams.remove(&id);
             } else if !delivered {
@@ -348,8 +419,25 @@ fn run_worker<B: Backend>(
                 scheduler.cancel(id);
             }
         }
-        *stats.lock().unwrap_or_else(|e| e.into_inner()) = scheduler.stats();
+        publish(&metrics, &mut local, &scheduler);
     }
+}
+
+/// Copies the worker's metrics, with the scheduler's current counters, where readers see them.
+fn publish<B: Backend>(
+    shared: &Mutex<EngineMetrics>,
+    local: &mut EngineMetrics,
+    scheduler: &Scheduler<B>,
+) {
+    let stats = scheduler.stats();
+    local.waiting = stats.waiting;
+    local.running = stats.running;
+    local.steps = stats.steps;
+    local.prompt_tokens = stats.prompt_tokens;
+    local.generated_tokens = stats.generated_tokens;
+    local.buckets = scheduler.bucket_occupancy();
+    local.compilations = scheduler.backend().compilations();
+    *shared.lock().unwrap_or_else(|e| e.into_inner()) = local.clone();
 }
 
 /// The events of one request. Dropping it cancels the request.

@@ -10,6 +10,24 @@
 //!   running sequence, spends the rest of a token budget on chunked prefill, and reports
 //!   [`Event`]s per request; a [`TextDecoder`] turns tokens into complete UTF-8 text.
 //!
+//! [`Engine`] is the embedding API: it loads a checkpoint, runs the scheduler on its own thread,
+//! and hands out a [`GenerationStream`] per request (an `Iterator` of [`Event`]s, or
+//! `next_event().await` in async code); dropping a stream cancels its request.
+//!
+//! ```no_run
+//! use mlxcel_engine::{ChatMessage, Engine, EngineOptions, GenerationRequest, MaxNewTokens};
+//!
+//! let engine = Engine::load(None, EngineOptions::default())?; // the default model, on MLX
+//! let request = GenerationRequest::new(Vec::new(), MaxNewTokens::Limited(32));
+//! let reply = engine
+//!     .chat(&[ChatMessage::new("user", "Hi!")], request)?
+//!     .collect_completion()?;
+//! println!("{}", reply.text);
+//! # Ok::<(), mlxcel_engine::EngineError>(())
+//! ```
+//!
+//! The pieces below the engine work on their own:
+//!
 //! ```
 //! use mlxcel_engine::{Sampler, SamplingParams, StopMatcher};
 //!
@@ -27,6 +45,7 @@ mod bench;
 mod decode;
 mod engine;
 mod error;
+mod metrics;
 mod mlx;
 mod request;
 mod rng;
@@ -35,11 +54,14 @@ mod scheduler;
 mod stop;
 mod text;
 
-pub use bench::{BackendBench, measure_read_bandwidth};
 pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
+pub use bench::{BackendBench, measure_read_bandwidth};
 pub use decode::{DecodeStream, TextDecoder};
 pub use engine::{BackendKind, Completion, Engine, EngineOptions, GenerationStream, ModelInfo};
 pub use error::EngineError;
+pub use metrics::{
+    BucketOccupancy, EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, TTFT_BOUNDS,
+};
 pub use mlxcel_capacity::MaxNewTokens;
 pub use mlxcel_model::ChatMessage;
 pub use request::{

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
 use crate::decode::{DecodeStream, TextDecoder};
 use crate::error::EngineError;
+use crate::metrics::BucketOccupancy;
 use crate::request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };
@@ -176,6 +177,29 @@ impl<B: Backend> Scheduler<B> {
             running: self.running.len(),
             ..self.stats
         }
+    }
+
+    /// Each static-shape bucket's running sequences and the positions they hold; empty for a
+    /// dynamic backend.
+    pub fn bucket_occupancy(&self) -> Vec<BucketOccupancy> {
+        let ShapePolicy::Static { buckets } = self.backend.shape_policy() else {
+            return Vec::new();
+        };
+        buckets
+            .iter()
+            .map(|bucket| {
+                let members = self
+                    .running
+                    .iter()
+                    .filter(|s| s.plan.context_capacity == Some(bucket.context_capacity));
+                BucketOccupancy {
+                    context_capacity: bucket.context_capacity,
+                    max_batch: bucket.max_batch,
+                    running: members.clone().count(),
+                    positions_used: members.map(|s| s.computed).sum(),
+                }
+            })
+            .collect()
     }
 
     /// Whether any request is waiting or running.

@@ -124,3 +124,24 @@ fn refusals_are_errors_and_the_engine_keeps_serving() {
     assert!(err.contains("choose one of: mlx"), "{err}");
     engine().generate(greedy("Hi", 1)).unwrap();
 }
+
+#[test]
+fn metrics_count_tokens_latencies_and_finishes() {
+    if skip() {
+        return;
+    }
+    let before = engine().metrics();
+    engine()
+        .generate(greedy("The capital of France is", 3))
+        .unwrap();
+    let after = engine().metrics();
+    // Other tests share the engine: counters only grow, by at least this request's share.
+    assert!(after.generated_tokens >= before.generated_tokens + 3);
+    assert!(after.prompt_tokens >= before.prompt_tokens + 5);
+    assert!(after.requests_submitted > before.requests_submitted);
+    assert!(after.finished.length > before.finished.length);
+    assert!(after.time_to_first_token.count > before.time_to_first_token.count);
+    assert!(after.inter_token_latency.count >= before.inter_token_latency.count + 2);
+    assert!(after.buckets.is_empty(), "MLX has no static buckets");
+    assert_eq!(after.compilations, 0);
+}

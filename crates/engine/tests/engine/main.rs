@@ -2,11 +2,13 @@
 //!
 //! Modules: `sampling` (the sampler chain and seeding), `stop` (stop strings across token
 //! boundaries), `seam` (the backend trait's defaults), `scheduler` (continuous batching over a
-//! mock backend), `default_model` (the public `Engine` on the real default model).
+//! mock backend), `default_model` (the public `Engine` on the real default model), `metrics`
+//! (histograms).
 
 use mlxcel_engine::*;
 
 mod default_model;
+mod metrics;
 mod scheduler;
 
 mod sampling {

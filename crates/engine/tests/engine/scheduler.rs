@@ -483,8 +483,29 @@ fn buckets_route_clamp_and_limit_their_batch() {
         "{err}"
     );
 
+    // Before any step nothing runs; after one, each bucket reports its sequences and positions.
+    assert!(s.bucket_occupancy().iter().all(|b| b.running == 0));
+    let mut outcomes = HashMap::new();
+    collect(&mut outcomes, s.step(), 1);
+    let occupancy = s.bucket_occupancy();
+    assert_eq!(occupancy.len(), 2);
+    assert_eq!(
+        (occupancy[0].context_capacity, occupancy[0].running),
+        (256, 1)
+    );
+    assert_eq!(
+        (occupancy[1].context_capacity, occupancy[1].running),
+        (4096, 1)
+    );
+    assert_eq!(occupancy[0].positions_used, 6);
+    assert_eq!(occupancy[1].positions_used, 415);
+
     // The 4096 bucket holds one sequence at a time: `unlimited` waits for `long`.
-    let outcomes = run_to_end(&mut s);
+    let mut step = 1;
+    while s.has_work() {
+        step += 1;
+        collect(&mut outcomes, s.step(), step);
+    }
     assert!(outcomes[&unlimited].finished_at_step > outcomes[&long].finished_at_step);
     assert_eq!(
         outcomes[&unlimited].finish,

@@ -1,0 +1,145 @@
+//! Counters and latency histograms the engine keeps, cheap to read from a server.
+
+use std::time::Duration;
+
+/// A cumulative histogram with fixed upper bounds (Prometheus' shape).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Histogram {
+    /// Upper bounds in seconds, ascending; an implicit `+Inf` bucket follows.
+    pub bounds: Vec<f64>,
+    /// Observations per bucket (`bounds.len() + 1` entries, not cumulative).
+    pub counts: Vec<u64>,
+    /// Sum of all observations, in seconds.
+    pub sum: f64,
+    /// Number of observations.
+    pub count: u64,
+}
+
+impl Histogram {
+    /// An empty histogram with the given upper bounds (seconds).
+    pub fn new(bounds: &[f64]) -> Self {
+        Self {
+            bounds: bounds.to_vec(),
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&mut self, value: Duration) {
+        let seconds = value.as_secs_f64();
+        let index = self
+            .bounds
+            .iter()
+            .position(|&bound| seconds <= bound)
+            .unwrap_or(self.bounds.len());
+        self.counts[index] += 1;
+        self.sum += seconds;
+        self.count += 1;
+    }
+
+    /// Cumulative counts per upper bound, ending with `+Inf` (what Prometheus exposes).
+    pub fn cumulative(&self) -> Vec<(Option<f64>, u64)> {
+        let mut total = 0;
+        self.counts
+            .iter()
+            .enumerate()
+            .map(|(i, &count)| {
+                total += count;
+                (self.bounds.get(i).copied(), total)
+            })
+            .collect()
+    }
+}
+
+/// Time to first token: from submission to the first generated token (queueing and prefill).
+pub const TTFT_BOUNDS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Inter-token latency: between consecutive tokens of one request (one decode step).
+pub const ITL_BOUNDS: &[f64] = &[0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5];
+
+/// One static-shape bucket's use right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketOccupancy {
+    /// The bucket's context capacity.
+    pub context_capacity: usize,
+    /// Its batch limit.
+    pub max_batch: usize,
+    /// Sequences running in it.
+    pub running: usize,
+    /// Positions those sequences hold (prompt plus generated so far).
+    pub positions_used: usize,
+}
+
+impl BucketOccupancy {
+    /// Fraction of the running sequences' positions that are padding: compiled but unused.
+    pub fn padding_waste(&self) -> f64 {
+        let reserved = self.running * self.context_capacity;
+        if reserved == 0 {
+            0.0
+        } else {
+            1.0 - self.positions_used as f64 / reserved as f64
+        }
+    }
+}
+
+/// Requests that ended, by reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FinishCounts {
+    /// Ended by EOS or a stop string.
+    pub stop: u64,
+    /// Ended by their budget or shape.
+    pub length: u64,
+    /// Cancelled by the caller.
+    pub cancelled: u64,
+    /// Ended by a backend failure.
+    pub error: u64,
+}
+
+/// A snapshot of the engine's metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineMetrics {
+    /// Requests waiting for a slot.
+    pub waiting: usize,
+    /// Requests holding a slot.
+    pub running: usize,
+    /// Scheduler steps run.
+    pub steps: u64,
+    /// Prompt tokens prefilled.
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Requests accepted.
+    pub requests_submitted: u64,
+    /// Requests ended, by reason.
+    pub finished: FinishCounts,
+    /// Time to first token.
+    pub time_to_first_token: Histogram,
+    /// Time between consecutive tokens of a request.
+    pub inter_token_latency: Histogram,
+    /// Static-shape buckets (empty for dynamic backends).
+    pub buckets: Vec<BucketOccupancy>,
+    /// Executables the backend compiled (0 for backends that do not compile).
+    pub compilations: u64,
+}
+
+impl Default for EngineMetrics {
+    fn default() -> Self {
+        Self {
+            waiting: 0,
+            running: 0,
+            steps: 0,
+            prompt_tokens: 0,
+            generated_tokens: 0,
+            requests_submitted: 0,
+            finished: FinishCounts::default(),
+            time_to_first_token: Histogram::new(TTFT_BOUNDS),
+            inter_token_latency: Histogram::new(ITL_BOUNDS),
+            buckets: Vec::new(),
+            compilations: 0,
+        }
+    }
+}
