@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mlxcel_engine::{
-    Backend, DecodeStream, EngineError, GenerationRequest, MaxNewTokens, SamplingParams,
-    Scheduler, SchedulerConfig, SequenceStep, SessionPlan, SlotId, TextDecoder,
+    Backend, DecodeStream, EngineError, GenerationRequest, MaxNewTokens, SamplingParams, Scheduler,
+    SchedulerConfig, SequenceStep, SessionPlan, SlotId, TextDecoder,
 };
 
 const VOCAB: usize = 49_152;
@@ -53,22 +53,38 @@ impl DecodeStream for DigitStream {
 }
 
 fn overhead(c: &mut Criterion) {
-    let logits: Vec<f32> = (0..VOCAB).map(|i| ((i * 7919) % 1000) as f32 / 100.0).collect();
+    let logits: Vec<f32> = (0..VOCAB)
+        .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+        .collect();
     let mut group = c.benchmark_group("engine-overhead");
     for (label, sampling) in [
         ("greedy", SamplingParams::greedy()),
-        ("top-k-top-p", SamplingParams { seed: Some(1), ..SamplingParams::default() }),
+        (
+            "top-k-top-p",
+            SamplingParams {
+                seed: Some(1),
+                ..SamplingParams::default()
+            },
+        ),
     ] {
         for batch in [1usize, 8] {
             group.throughput(Throughput::Elements(batch as u64));
             group.bench_function(format!("{label}/batch{batch}"), |b| {
-                let backend = FreeForward { logits: logits.clone(), next_slot: 0 };
-                let config = SchedulerConfig { max_batch: batch, ..SchedulerConfig::default() };
+                let backend = FreeForward {
+                    logits: logits.clone(),
+                    next_slot: 0,
+                };
+                let config = SchedulerConfig {
+                    max_batch: batch,
+                    ..SchedulerConfig::default()
+                };
                 let mut scheduler =
                     Scheduler::new(backend, Arc::new(Digits), config).expect("valid config");
                 for _ in 0..batch {
-                    let mut request =
-                        GenerationRequest::new(vec![1, 2, 3], MaxNewTokens::Limited(usize::MAX / 2));
+                    let mut request = GenerationRequest::new(
+                        vec![1, 2, 3],
+                        MaxNewTokens::Limited(usize::MAX / 2),
+                    );
                     request.sampling = sampling.clone();
                     scheduler.submit(request).expect("admitted");
                 }

@@ -9,6 +9,7 @@ mod llama;
 mod pin;
 mod properties;
 mod quantized;
+mod reference;
 mod rms_rope;
 mod rpath;
 mod threads;

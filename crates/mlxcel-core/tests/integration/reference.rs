@@ -1,0 +1,686 @@
+//! The llama forward against a plain-Rust f32 reference, on tiny random checkpoints written by the
+//! test itself: dense (f32, f16, bf16) and 4/8-bit quantized weights, Qwen2 biases, llama3 RoPE,
+//! tied and untied output; prefill, several decode steps, and batches of different lengths.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use mlxcel_core::{ForwardSeq, LlamaModel};
+use mlxcel_model::{Checkpoint, QuantSpec, dequantize_affine, pack};
+use safetensors::Dtype as StDtype;
+use safetensors::tensor::TensorView;
+
+use crate::pseudo_random;
+
+const HIDDEN: usize = 64;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 16;
+const FFN: usize = 128;
+const LAYERS: usize = 2;
+const VOCAB: usize = 96;
+const EPS: f32 = 1e-5;
+const THETA: f32 = 10_000.0;
+
+#[derive(Clone, Copy, Debug)]
+enum Storage {
+    F32,
+    F16,
+    BF16,
+    Quantized { bits: u32, group_size: usize },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Variant {
+    storage: Storage,
+    qwen2_biases: bool,
+    llama3_rope: bool,
+    tied: bool,
+}
+
+/// Llama 3 scaling parameters used by the `llama3_rope` variants.
+const LLAMA3: (f32, f32, f32, f32) = (8.0, 1.0, 4.0, 64.0);
+
+/// A tiny checkpoint on disk plus the f32 values the reference computes with (exactly the values
+/// the file encodes, after rounding or dequantization).
+struct Tiny {
+    dir: tempfile::TempDir,
+    weights: HashMap<String, Vec<f32>>,
+    variant: Variant,
+}
+
+fn round_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+fn round_bf16(x: f32) -> f32 {
+    half::bf16::from_f32(x).to_f32()
+}
+
+/// Collects a tiny checkpoint's tensors (as file bytes) and the f32 values they encode.
+struct Builder {
+    variant: Variant,
+    seed: u64,
+    tensors: Vec<(String, StDtype, Vec<usize>, Vec<u8>)>,
+    weights: HashMap<String, Vec<f32>>,
+}
+
+impl Builder {
+    fn random(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        self.seed += 1;
+        pseudo_random(n, self.seed)
+            .into_iter()
+            .map(|x| x * scale)
+            .collect()
+    }
+
+    /// A float tensor stored as `storage` (f32 for anything but f16/bf16).
+    fn float(&mut self, name: String, shape: Vec<usize>, values: Vec<f32>, storage: Storage) {
+        let (dtype, rounded, bytes): (StDtype, Vec<f32>, Vec<u8>) = match storage {
+            Storage::F16 => {
+                let r: Vec<f32> = values.iter().map(|&x| round_f16(x)).collect();
+                let b = r
+                    .iter()
+                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                    .collect();
+                (StDtype::F16, r, b)
+            }
+            Storage::BF16 => {
+                let r: Vec<f32> = values.iter().map(|&x| round_bf16(x)).collect();
+                let b = r
+                    .iter()
+                    .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                    .collect();
+                (StDtype::BF16, r, b)
+            }
+            _ => {
+                let b = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+                (StDtype::F32, values, b)
+            }
+        };
+        self.tensors.push((name.clone(), dtype, shape, bytes));
+        self.weights.insert(name, rounded);
+    }
+
+    /// Norm weights are f32 around 1.
+    fn norm(&mut self, name: String) {
+        let values = self.random(HIDDEN, 0.1).iter().map(|x| 1.0 + x).collect();
+        self.float(name, vec![HIDDEN], values, Storage::F32);
+    }
+
+    /// A `[rows, cols]` matrix in the variant's storage; the reference gets the exact values the
+    /// file encodes (rounded, or dequantized with mlxcel-model's reference dequantizer).
+    fn matrix(&mut self, module: &str, rows: usize, cols: usize) {
+        let values = self.random(rows * cols, 1.0);
+        match self.variant.storage {
+            Storage::Quantized { bits, group_size } => {
+                let levels = (1u32 << bits) as f32;
+                let q: Vec<u8> = values
+                    .iter()
+                    .map(|&x| ((x + 1.0) / 2.0 * levels).floor().clamp(0.0, levels - 1.0) as u8)
+                    .collect();
+                let packed: Vec<u8> = q
+                    .chunks_exact(cols)
+                    .flat_map(|row| pack(row, bits))
+                    .flat_map(u32::to_le_bytes)
+                    .collect();
+                let groups = cols / group_size;
+                let scales: Vec<f32> = self
+                    .random(rows * groups, 1.0)
+                    .iter()
+                    .map(|s| 0.02 + s.abs() * 0.05)
+                    .collect();
+                let biases: Vec<f32> = self.random(rows * groups, 0.1);
+                let sb: Vec<u8> = scales.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let bb: Vec<u8> = biases.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let dequantized = dequantize_affine(
+                    QuantSpec { bits, group_size },
+                    rows,
+                    cols,
+                    &packed,
+                    (mlxcel_model::Dtype::F32, &sb),
+                    (mlxcel_model::Dtype::F32, &bb),
+                )
+                .expect("consistent sizes");
+                let packed_shape = vec![rows, cols * bits as usize / 32];
+                self.tensors.push((
+                    format!("{module}.weight"),
+                    StDtype::U32,
+                    packed_shape,
+                    packed,
+                ));
+                self.tensors.push((
+                    format!("{module}.scales"),
+                    StDtype::F32,
+                    vec![rows, groups],
+                    sb,
+                ));
+                self.tensors.push((
+                    format!("{module}.biases"),
+                    StDtype::F32,
+                    vec![rows, groups],
+                    bb,
+                ));
+                self.weights.insert(format!("{module}.weight"), dequantized);
+            }
+            storage => {
+                let scaled = values.iter().map(|x| x * 0.2).collect();
+                self.float(
+                    format!("{module}.weight"),
+                    vec![rows, cols],
+                    scaled,
+                    storage,
+                );
+            }
+        }
+    }
+}
+
+fn write_tiny(variant: Variant, seed: u64) -> Tiny {
+    let mut b = Builder {
+        variant,
+        seed,
+        tensors: Vec::new(),
+        weights: HashMap::new(),
+    };
+    b.matrix("model.embed_tokens", VOCAB, HIDDEN);
+    for layer in 0..LAYERS {
+        let p = format!("model.layers.{layer}");
+        b.norm(format!("{p}.input_layernorm.weight"));
+        b.matrix(&format!("{p}.self_attn.q_proj"), HEADS * HEAD_DIM, HIDDEN);
+        b.matrix(
+            &format!("{p}.self_attn.k_proj"),
+            KV_HEADS * HEAD_DIM,
+            HIDDEN,
+        );
+        b.matrix(
+            &format!("{p}.self_attn.v_proj"),
+            KV_HEADS * HEAD_DIM,
+            HIDDEN,
+        );
+        b.matrix(&format!("{p}.self_attn.o_proj"), HIDDEN, HEADS * HEAD_DIM);
+        if variant.qwen2_biases {
+            for (proj, rows) in [
+                ("q_proj", HEADS * HEAD_DIM),
+                ("k_proj", KV_HEADS * HEAD_DIM),
+                ("v_proj", KV_HEADS * HEAD_DIM),
+            ] {
+                let bias = b.random(rows, 0.1);
+                b.float(
+                    format!("{p}.self_attn.{proj}.bias"),
+                    vec![rows],
+                    bias,
+                    Storage::F32,
+                );
+            }
+        }
+        b.norm(format!("{p}.post_attention_layernorm.weight"));
+        b.matrix(&format!("{p}.mlp.gate_proj"), FFN, HIDDEN);
+        b.matrix(&format!("{p}.mlp.up_proj"), FFN, HIDDEN);
+        b.matrix(&format!("{p}.mlp.down_proj"), HIDDEN, FFN);
+    }
+    b.norm("model.norm.weight".into());
+    if !variant.tied {
+        b.matrix("lm_head", VOCAB, HIDDEN);
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), variant);
+    let views: Vec<(String, TensorView<'_>)> = b
+        .tensors
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            (
+                name.clone(),
+                TensorView::new(*dtype, shape.clone(), bytes).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    Tiny {
+        dir,
+        weights: b.weights,
+        variant,
+    }
+}
+
+fn write_config(dir: &Path, variant: Variant) {
+    let architecture = if variant.qwen2_biases {
+        "Qwen2ForCausalLM"
+    } else {
+        "LlamaForCausalLM"
+    };
+    let model_type = if variant.qwen2_biases {
+        "qwen2"
+    } else {
+        "llama"
+    };
+    let mut config = serde_json::json!({
+        "architectures": [architecture],
+        "model_type": model_type,
+        "hidden_size": HIDDEN,
+        "intermediate_size": FFN,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "num_hidden_layers": LAYERS,
+        "rms_norm_eps": EPS,
+        "rope_theta": THETA,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": variant.tied,
+        "eos_token_id": 0,
+    });
+    if variant.llama3_rope {
+        let (factor, low, high, original) = LLAMA3;
+        config["rope_scaling"] = serde_json::json!({
+            "rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+            "high_freq_factor": high, "original_max_position_embeddings": original as usize,
+        });
+    }
+    if let Storage::Quantized { bits, group_size } = variant.storage {
+        config["quantization"] = serde_json::json!({"bits": bits, "group_size": group_size});
+    }
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config).unwrap(),
+    )
+    .unwrap();
+}
+
+/// The plain-Rust forward: every position of `tokens` (the whole sequence so far), last logits.
+fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
+    let w = |name: &str| -> &[f32] { &tiny.weights[name] };
+    let n = tokens.len();
+    let linear =
+        |x: &[f32], weight: &[f32], bias: Option<&[f32]>, rows: usize, cols: usize| -> Vec<f32> {
+            let mut out = vec![0.0; x.len() / cols * rows];
+            for (t, xin) in x.chunks_exact(cols).enumerate() {
+                for r in 0..rows {
+                    let mut acc = bias.map_or(0.0, |b| b[r]);
+                    for c in 0..cols {
+                        acc += xin[c] * weight[r * cols + c];
+                    }
+                    out[t * rows + r] = acc;
+                }
+            }
+            out
+        };
+    let rms = |x: &[f32], weight: &[f32]| -> Vec<f32> {
+        x.chunks_exact(HIDDEN)
+            .flat_map(|row| {
+                let mean = row.iter().map(|v| v * v).sum::<f32>() / HIDDEN as f32;
+                let inv = 1.0 / (mean + EPS).sqrt();
+                row.iter()
+                    .zip(weight)
+                    .map(move |(v, g)| v * inv * g)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let periods: Vec<f32> = if tiny.variant.llama3_rope {
+        let (factor, low, high, original) = LLAMA3;
+        mlxcel_core::llama3_periods(THETA, HEAD_DIM, factor, low, high, original)
+    } else {
+        (0..HEAD_DIM / 2)
+            .map(|i| THETA.powf((2 * i) as f32 / HEAD_DIM as f32))
+            .collect()
+    };
+    let rope = |x: &mut [f32], heads: usize| {
+        for (pos, row) in x.chunks_exact_mut(heads * HEAD_DIM).enumerate() {
+            for head in row.chunks_exact_mut(HEAD_DIM) {
+                for i in 0..HEAD_DIM / 2 {
+                    let angle = pos as f32 / periods[i];
+                    let (sin, cos) = angle.sin_cos();
+                    let (a, b) = (head[i], head[i + HEAD_DIM / 2]);
+                    head[i] = a * cos - b * sin;
+                    head[i + HEAD_DIM / 2] = a * sin + b * cos;
+                }
+            }
+        }
+    };
+
+    let mut x: Vec<f32> = tokens
+        .iter()
+        .flat_map(|&t| w("model.embed_tokens.weight")[t as usize * HIDDEN..][..HIDDEN].to_vec())
+        .collect();
+    for layer in 0..LAYERS {
+        let p = format!("model.layers.{layer}");
+        let bias = |proj: &str| {
+            tiny.variant
+                .qwen2_biases
+                .then(|| w(&format!("{p}.self_attn.{proj}.bias")))
+        };
+        let h = rms(&x, w(&format!("{p}.input_layernorm.weight")));
+        let mut q = linear(
+            &h,
+            w(&format!("{p}.self_attn.q_proj.weight")),
+            bias("q_proj"),
+            HEADS * HEAD_DIM,
+            HIDDEN,
+        );
+        let mut k = linear(
+            &h,
+            w(&format!("{p}.self_attn.k_proj.weight")),
+            bias("k_proj"),
+            KV_HEADS * HEAD_DIM,
+            HIDDEN,
+        );
+        let v = linear(
+            &h,
+            w(&format!("{p}.self_attn.v_proj.weight")),
+            bias("v_proj"),
+            KV_HEADS * HEAD_DIM,
+            HIDDEN,
+        );
+        rope(&mut q, HEADS);
+        rope(&mut k, KV_HEADS);
+        let mut attended = vec![0.0; n * HEADS * HEAD_DIM];
+        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+        for head in 0..HEADS {
+            let kv = head / (HEADS / KV_HEADS);
+            for i in 0..n {
+                let qi = &q[i * HEADS * HEAD_DIM + head * HEAD_DIM..][..HEAD_DIM];
+                let scores: Vec<f32> = (0..=i)
+                    .map(|j| {
+                        let kj = &k[j * KV_HEADS * HEAD_DIM + kv * HEAD_DIM..][..HEAD_DIM];
+                        qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f32 = exps.iter().sum();
+                for (j, e) in exps.iter().enumerate() {
+                    let vj = &v[j * KV_HEADS * HEAD_DIM + kv * HEAD_DIM..][..HEAD_DIM];
+                    for d in 0..HEAD_DIM {
+                        attended[i * HEADS * HEAD_DIM + head * HEAD_DIM + d] += e / total * vj[d];
+                    }
+                }
+            }
+        }
+        let o = linear(
+            &attended,
+            w(&format!("{p}.self_attn.o_proj.weight")),
+            None,
+            HIDDEN,
+            HEADS * HEAD_DIM,
+        );
+        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+        let h = rms(&x, w(&format!("{p}.post_attention_layernorm.weight")));
+        let gate = linear(
+            &h,
+            w(&format!("{p}.mlp.gate_proj.weight")),
+            None,
+            FFN,
+            HIDDEN,
+        );
+        let up = linear(&h, w(&format!("{p}.mlp.up_proj.weight")), None, FFN, HIDDEN);
+        let act: Vec<f32> = gate
+            .iter()
+            .zip(&up)
+            .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+            .collect();
+        let down = linear(
+            &act,
+            w(&format!("{p}.mlp.down_proj.weight")),
+            None,
+            HIDDEN,
+            FFN,
+        );
+        x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+    }
+    let last = rms(&x[(n - 1) * HIDDEN..], w("model.norm.weight"));
+    let head = if tiny.variant.tied {
+        "model.embed_tokens.weight"
+    } else {
+        "lm_head.weight"
+    };
+    linear(&last, w(head), None, VOCAB, HIDDEN)
+}
+
+/// Relative closeness: |a - e| ≤ tol · max(1, max |e|) over the whole vector.
+#[track_caller]
+fn assert_logits_close(actual: &[f32], expected: &[f32], tol: f32, what: &str) {
+    let scale = expected.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    let worst = actual
+        .iter()
+        .zip(expected)
+        .map(|(a, e)| (a - e).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst <= tol * scale,
+        "{what}: max |Δ| = {worst} > {tol} × {scale}"
+    );
+}
+
+fn check_variant(variant: Variant, seed: u64) {
+    let tiny = write_tiny(variant, seed);
+    let checkpoint = Checkpoint::open(tiny.dir.path()).expect("the tiny checkpoint validates");
+    let model = LlamaModel::load(&checkpoint).expect("the tiny checkpoint loads");
+    let what = format!("{variant:?}");
+
+    // Prefill of 7 tokens, then 4 decode steps, each compared with the reference over the whole
+    // sequence so far.
+    let mut tokens: Vec<u32> = vec![3, 17, 42, 5, 88, 61, 9];
+    let mut cache = model.new_cache(64);
+    let mut logits = model
+        .forward(&mut [ForwardSeq {
+            cache: &mut cache,
+            tokens: &tokens,
+        }])
+        .unwrap()
+        .remove(0);
+    assert_logits_close(
+        &logits,
+        &reference_logits(&tiny, &tokens),
+        1e-4,
+        &format!("{what} prefill"),
+    );
+    for step in 0..4 {
+        let next = (logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::MIN), |b, (i, &l)| if l > b.1 { (i, l) } else { b })
+            .0) as u32;
+        tokens.push(next);
+        logits = model
+            .forward(&mut [ForwardSeq {
+                cache: &mut cache,
+                tokens: &[next],
+            }])
+            .unwrap()
+            .remove(0);
+        assert_logits_close(
+            &logits,
+            &reference_logits(&tiny, &tokens),
+            1e-4,
+            &format!("{what} decode {step}"),
+        );
+    }
+}
+
+#[test]
+fn dense_f32_matches_the_reference() {
+    check_variant(
+        Variant {
+            storage: Storage::F32,
+            qwen2_biases: false,
+            llama3_rope: false,
+            tied: false,
+        },
+        10,
+    );
+}
+
+#[test]
+fn dense_f16_and_bf16_match_the_reference() {
+    check_variant(
+        Variant {
+            storage: Storage::F16,
+            qwen2_biases: false,
+            llama3_rope: false,
+            tied: true,
+        },
+        20,
+    );
+    check_variant(
+        Variant {
+            storage: Storage::BF16,
+            qwen2_biases: false,
+            llama3_rope: false,
+            tied: false,
+        },
+        30,
+    );
+}
+
+#[test]
+fn quantized_4_and_8_bit_match_the_reference() {
+    check_variant(
+        Variant {
+            storage: Storage::Quantized {
+                bits: 4,
+                group_size: 32,
+            },
+            qwen2_biases: false,
+            llama3_rope: false,
+            tied: true,
+        },
+        40,
+    );
+    check_variant(
+        Variant {
+            storage: Storage::Quantized {
+                bits: 8,
+                group_size: 64,
+            },
+            qwen2_biases: false,
+            llama3_rope: false,
+            tied: false,
+        },
+        50,
+    );
+    check_variant(
+        Variant {
+            storage: Storage::Quantized {
+                bits: 4,
+                group_size: 64,
+            },
+            qwen2_biases: false,
+            llama3_rope: false,
+            tied: false,
+        },
+        55,
+    );
+}
+
+#[test]
+fn qwen2_biases_and_llama3_rope_match_the_reference() {
+    check_variant(
+        Variant {
+            storage: Storage::F32,
+            qwen2_biases: true,
+            llama3_rope: false,
+            tied: true,
+        },
+        60,
+    );
+    check_variant(
+        Variant {
+            storage: Storage::Quantized {
+                bits: 8,
+                group_size: 32,
+            },
+            qwen2_biases: false,
+            llama3_rope: true,
+            tied: true,
+        },
+        70,
+    );
+}
+
+/// Four sequences of different lengths, prefilled and decoded together, give each the tokens it
+/// gets alone.
+#[test]
+fn batched_decode_of_four_sequences_matches_each_alone() {
+    let tiny = write_tiny(
+        Variant {
+            storage: Storage::Quantized {
+                bits: 4,
+                group_size: 32,
+            },
+            qwen2_biases: true,
+            llama3_rope: false,
+            tied: true,
+        },
+        80,
+    );
+    let checkpoint = Checkpoint::open(tiny.dir.path()).unwrap();
+    let model = LlamaModel::load(&checkpoint).unwrap();
+    let prompts: [&[u32]; 4] = [
+        &[1],
+        &[5, 9, 2],
+        &[7, 7, 7, 7, 7, 7],
+        &[11, 3, 50, 2, 90, 4, 8, 33, 21, 6],
+    ];
+    let argmax = |l: &[f32]| {
+        (l.iter()
+            .enumerate()
+            .fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+            .0) as u32
+    };
+    let steps = 6;
+
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|prompt| {
+            let mut cache = model.new_cache(64);
+            let mut logits = model
+                .forward(&mut [ForwardSeq {
+                    cache: &mut cache,
+                    tokens: prompt,
+                }])
+                .unwrap()
+                .remove(0);
+            let mut out = Vec::new();
+            for _ in 0..steps {
+                let next = argmax(&logits);
+                out.push(next);
+                logits = model
+                    .forward(&mut [ForwardSeq {
+                        cache: &mut cache,
+                        tokens: &[next],
+                    }])
+                    .unwrap()
+                    .remove(0);
+            }
+            out
+        })
+        .collect();
+
+    let mut caches: Vec<_> = (0..4).map(|_| model.new_cache(64)).collect();
+    let mut seqs: Vec<ForwardSeq<'_>> = caches
+        .iter_mut()
+        .zip(prompts)
+        .map(|(cache, tokens)| ForwardSeq { cache, tokens })
+        .collect();
+    let mut logits = model.forward(&mut seqs).unwrap();
+    drop(seqs);
+    let mut together: Vec<Vec<u32>> = vec![Vec::new(); 4];
+    for _ in 0..steps {
+        let next: Vec<u32> = logits.iter().map(|l| argmax(l)).collect();
+        for (out, &t) in together.iter_mut().zip(&next) {
+            out.push(t);
+        }
+        let mut seqs: Vec<ForwardSeq<'_>> = caches
+            .iter_mut()
+            .zip(&next)
+            .map(|(cache, token)| ForwardSeq {
+                cache,
+                tokens: std::slice::from_ref(token),
+            })
+            .collect();
+        logits = model.forward(&mut seqs).unwrap();
+    }
+    assert_eq!(together, alone);
+}
