@@ -292,15 +292,16 @@ mod bench {
         if skip() {
             return;
         }
-        let output = mlxcel(&["bench", "-p", "8", "-n", "4", "-r", "2"], &[]);
+        let output = mlxcel(&["bench", "-p", "8", "-n", "4", "-r", "2", "--streams", "1,2"], &[]);
         assert!(output.status.success(), "{}", stderr(&output));
         let out = stdout(&output);
         let lines: Vec<&str> = out.lines().collect();
         assert!(lines[0].starts_with("| model "), "{out}");
         assert!(lines[0].ends_with("|                  t/s |"), "{out}");
         assert_eq!(lines[0].len(), lines[1].len(), "{out}");
-        for (line, test) in lines[2..4].iter().zip(["pp8", "tg4"]) {
+        for (line, test) in lines[2..5].iter().zip(["pp8", "tg4", "tg4@2"]) {
             let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            assert_eq!(cells[1], "SmolLM2-135M-Instruct.Q4_1", "{line}");
             assert_eq!(cells[4], "mlx", "{line}");
             assert_eq!(cells[6], test, "{line}");
             let (mean, sd) = cells[7].split_once(" ± ").expect("mean ± sd");

@@ -92,6 +92,52 @@ impl BackendBench {
         })
     }
 
+    /// Time for `streams` sequences to decode `n` tokens each, one batched step per token, from
+    /// one random token of context each (aggregate throughput is `streams * n / time`).
+    pub fn generate_streams(&mut self, streams: usize, n: usize) -> Result<Duration, EngineError> {
+        let streams = streams.max(1);
+        let tokens: Vec<Vec<u32>> = (0..streams).map(|_| self.random_tokens(n + 1)).collect();
+        let plan = self.backend.create_session_for_request(&RequestShape {
+            prompt_len: n + 1,
+            image_tokens: 0,
+            max_new_tokens: MaxNewTokens::Limited(0),
+        })?;
+        let mut slots = Vec::with_capacity(streams);
+        let result = (|| {
+            for _ in 0..streams {
+                slots.push(self.backend.allocate_slot(&plan)?);
+            }
+            let first: Vec<SequenceStep<'_>> = slots
+                .iter()
+                .zip(&tokens)
+                .map(|(&slot, t)| SequenceStep {
+                    slot,
+                    tokens: &t[..1],
+                    start_position: 0,
+                })
+                .collect();
+            self.backend.step(&first)?;
+            let started = Instant::now();
+            for position in 1..=n {
+                let batch: Vec<SequenceStep<'_>> = slots
+                    .iter()
+                    .zip(&tokens)
+                    .map(|(&slot, t)| SequenceStep {
+                        slot,
+                        tokens: &t[position..position + 1],
+                        start_position: position,
+                    })
+                    .collect();
+                self.backend.step(&batch)?;
+            }
+            Ok(started.elapsed())
+        })();
+        for slot in slots {
+            self.backend.release_slot(slot);
+        }
+        result
+    }
+
     fn with_slot(
         &mut self,
         positions: usize,

@@ -99,11 +99,12 @@ impl ModelInfo {
         let config = loaded.config();
         let (weight_bytes, parameters) = weight_totals(loaded);
         Self {
-            name: loaded
-                .dir()
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| loaded.dir().display().to_string()),
+            name: config.name.clone().unwrap_or_else(|| {
+                loaded.dir().file_name().map_or_else(
+                    || loaded.dir().display().to_string(),
+                    |n| n.to_string_lossy().into_owned(),
+                )
+            }),
             dir: loaded.dir().to_owned(),
             backend,
             window: config.window(),

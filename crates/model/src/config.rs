@@ -79,6 +79,8 @@ pub struct ModelConfig {
     /// `eos_token_id` from config.json, if any.
     pub eos_token_ids: Vec<u32>,
     pub bos_token_id: Option<u32>,
+    /// The model's name (`_name_or_path`), when the checkpoint records one.
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -105,6 +107,8 @@ struct RawConfig {
     quantization: Option<Value>,
     eos_token_id: Option<Value>,
     bos_token_id: Option<u32>,
+    #[serde(rename = "_name_or_path")]
+    name_or_path: Option<String>,
 }
 
 impl ModelConfig {
@@ -242,6 +246,7 @@ impl ModelConfig {
             quantization,
             eos_token_ids: token_ids(path, "eos_token_id", raw.eos_token_id.as_ref())?,
             bos_token_id: raw.bos_token_id,
+            name: raw.name_or_path.filter(|n| !n.trim().is_empty()),
         })
     }
 }

@@ -8,7 +8,7 @@ use crate::gguf::convert_gguf;
 
 /// The checkpoint directory for a `-m` argument: `None` is the default model (downloaded and
 /// converted on first use), a directory with `config.json` is used as is, and a GGUF file is
-/// converted into `<cache>/converted/v1/<sha256>` once.
+/// converted into `<cache>/converted/<version>/<sha256>` once.
 pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
     let cache = cache_dir()?;
     match arg {
@@ -34,7 +34,7 @@ pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
 
 /// Part of the cache key of converted checkpoints: bump it whenever the converter's output changes,
 /// so that conversions made by an older mlxcel are not reused.
-pub const CONVERTER_VERSION: &str = "v1";
+pub const CONVERTER_VERSION: &str = "v2";
 
 /// The cached conversion of `gguf` (whose sha256 is `sha256`), converting it if absent.
 pub fn converted(cache: &Path, gguf: &Path, sha256: &str) -> Result<PathBuf> {

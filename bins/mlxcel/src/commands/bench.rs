@@ -29,6 +29,11 @@ pub struct Args {
     )]
     n_gen: Vec<usize>,
 
+    /// Concurrent streams for batched decode, comma-separated: each N > 1 adds a `tg<n>@<N>` row
+    /// with the aggregate tokens/s of N sequences decoding together.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    streams: Vec<usize>,
+
     /// Repetitions of each test (after one warm-up run).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     repetitions: usize,
@@ -61,7 +66,9 @@ struct Row {
     test: String,
     n_prompt: usize,
     n_gen: usize,
-    /// Tokens per second of each repetition.
+    /// Sequences decoding together (1 for ordinary rows).
+    streams: usize,
+    /// Tokens per second of each repetition (aggregate over the streams).
     samples: Vec<f64>,
 }
 
@@ -104,6 +111,17 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         let mut run = || bench.generate(n);
         rows.push(measure(format!("tg{n}"), 0, n, args.repetitions, &mut run)?);
     }
+    for &streams in args.streams.iter().filter(|&&s| s > 1) {
+        for &n in args.n_gen.iter().filter(|&&n| n > 0) {
+            let mut run = || bench.generate_streams(streams, n);
+            let mut row = measure(format!("tg{n}@{streams}"), 0, n, args.repetitions, &mut run)?;
+            row.streams = streams;
+            for sample in &mut row.samples {
+                *sample *= streams as f64;
+            }
+            rows.push(row);
+        }
+    }
     let info = bench.info();
     let bandwidth = rows
         .iter()
@@ -133,6 +151,7 @@ fn measure(
         test,
         n_prompt,
         n_gen,
+        streams: 1,
         samples,
     })
 }
@@ -168,7 +187,7 @@ fn print_markdown(
         );
     }
     if let Some(measured) = bandwidth {
-        for row in rows.iter().filter(|r| r.n_gen > 0) {
+        for row in rows.iter().filter(|r| r.n_gen > 0 && r.streams == 1) {
             let effective = info.weight_bytes as f64 * row.mean() / 1e9;
             println!(
                 "\n{}: {:.1} MB of weights per token × {:.2} tok/s = {:.2} GB/s, {:.0}% of the {:.2} GB/s read bandwidth measured now ({} threads)",
@@ -194,7 +213,7 @@ fn print_json(
         .iter()
         .map(|row| {
             let samples: Vec<String> = row.samples.iter().map(|s| format!("{s:.4}")).collect();
-            let decode = match (row.n_gen > 0, bandwidth) {
+            let decode = match (row.n_gen > 0 && row.streams == 1, bandwidth) {
                 (true, Some(measured)) => {
                     let effective = info.weight_bytes as f64 * row.mean() / 1e9;
                     format!(
@@ -204,7 +223,7 @@ fn print_json(
                 _ => String::new(),
             };
             format!(
-                "  {{\"model\": {:?}, \"model_size\": {}, \"model_n_params\": {}, \"backend\": {:?}, \"n_threads\": {}, \"test\": {:?}, \"n_prompt\": {}, \"n_gen\": {}, \"avg_ts\": {:.4}, \"stddev_ts\": {:.4}, \"samples_ts\": [{}]{decode}}}",
+                "  {{\"model\": {:?}, \"model_size\": {}, \"model_n_params\": {}, \"backend\": {:?}, \"n_threads\": {}, \"test\": {:?}, \"n_prompt\": {}, \"n_gen\": {}, \"n_streams\": {}, \"avg_ts\": {:.4}, \"stddev_ts\": {:.4}, \"samples_ts\": [{}]{decode}}}",
                 info.name,
                 info.weight_bytes,
                 info.parameters,
@@ -213,6 +232,7 @@ fn print_json(
                 row.test,
                 row.n_prompt,
                 row.n_gen,
+                row.streams,
                 row.mean(),
                 row.stddev(),
                 samples.join(", "),

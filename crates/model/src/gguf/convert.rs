@@ -63,7 +63,21 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
     }
     let tie_word_embeddings = gguf.tensor_info("output.weight").is_none();
     let quantization = quantization(&module_bits);
-    let config_json = header.config_json(&vocab, tie_word_embeddings, quantization.as_ref());
+    let mut config_json = header.config_json(&vocab, tie_word_embeddings, quantization.as_ref());
+    // The model's name, for logs, `/v1/models` and benchmark tables (the converted directory itself
+    // is named by a hash): the file's stem, which usually names the model and its quantization
+    // (`SmolLM2-135M-Instruct.Q4_1`), else GGUF's `general.name`.
+    let name = gguf_path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .or_else(|| {
+            gguf.get("general.name")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        });
+    if let Some(name) = name {
+        config_json["_name_or_path"] = Value::String(name);
+    }
 
     std::fs::create_dir_all(out_dir).map_err(|e| ModelError::io(out_dir, e))?;
     let config_path = out_dir.join("config.json");

@@ -117,6 +117,7 @@ fn default_model_loads_with_chat_template_and_stop_tokens() {
         (30, 576, 9, 3)
     );
     assert_eq!(c.window(), 8192);
+    assert_eq!(c.name.as_deref(), Some("SmolLM2-135M-Instruct.Q4_1"));
     assert!(c.tie_word_embeddings);
     assert_eq!(model.eos_token_ids, [2]);
     let prompt = model
