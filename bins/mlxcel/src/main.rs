@@ -27,18 +27,21 @@ enum Command {
     Generate(commands::generate::Args),
     /// Install the default model (or convert a GGUF) into the cache and print its directory.
     Pull(commands::pull::Args),
+    /// Serve the model over HTTP (OpenAI and llama-server routes).
+    Serve(commands::serve::Args),
     /// Print the token ids of a text.
     Tokenize(commands::tokenize::Args),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(mlxcel_server::normalize_llama_args(std::env::args_os()));
     let outcome = match cli.command {
         Command::Bench(args) => commands::bench::run(&args),
         Command::Capacity(args) => commands::capacity::run(&args),
         Command::Convert(args) => commands::convert::run(&args),
         Command::Generate(args) => commands::generate::run(&args),
         Command::Pull(args) => commands::pull::run(&args),
+        Command::Serve(args) => commands::serve::run(&args),
         Command::Tokenize(args) => commands::tokenize::run(&args),
     };
     match outcome {

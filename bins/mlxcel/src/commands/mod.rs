@@ -5,4 +5,5 @@ pub mod capacity;
 pub mod convert;
 pub mod generate;
 pub mod pull;
+pub mod serve;
 pub mod tokenize;

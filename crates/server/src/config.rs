@@ -1,0 +1,97 @@
+//! The server's settings, independent of how they were given (flags, environment, tests).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use mlxcel_engine::MaxNewTokens;
+
+/// Accepted API keys. Never printed: `Debug` shows only how many there are.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ApiKeys(Vec<String>);
+
+impl ApiKeys {
+    /// Keys from a list; empty means no authentication.
+    pub fn new(keys: Vec<String>) -> Self {
+        Self(keys)
+    }
+
+    /// Whether requests must authenticate.
+    pub fn required(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    /// Whether `offered` is one of the keys, compared without an early exit on the first
+    /// differing byte.
+    pub fn accepts(&self, offered: &str) -> bool {
+        self.0.iter().fold(false, |found, key| {
+            found | constant_time_eq(key.as_bytes(), offered.as_bytes())
+        })
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ApiKeys({} redacted)", self.0.len())
+    }
+}
+
+/// Everything the HTTP layer needs to know.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where to listen; port 0 picks a free port.
+    pub addr: SocketAddr,
+    /// The `-m` value as given (accepted as a model name).
+    pub model_arg: Option<String>,
+    /// The model name clients see; default the checkpoint directory's name.
+    pub alias: Option<String>,
+    /// Per-request context cap (prompt + budget), further capped by the window.
+    pub ctx_size: Option<usize>,
+    /// The scheduler's batch (`--parallel`), reported by `/props` and `/slots`.
+    pub parallel: usize,
+    /// Budget of requests that give none.
+    pub default_max_new_tokens: MaxNewTokens,
+    /// Temperature of requests that give none.
+    pub default_temperature: f32,
+    /// Seed of requests that give none; `None` draws one per request.
+    pub default_seed: Option<u64>,
+    /// `--threads` as given, recorded for `/props`.
+    pub threads: Option<usize>,
+    /// Keys every route but `/health` requires.
+    pub api_keys: ApiKeys,
+    /// Whether `/metrics` is served.
+    pub metrics: bool,
+    /// Largest request body accepted.
+    pub body_limit: usize,
+    /// How long a client may take to send its headers.
+    pub header_timeout: Duration,
+    /// How long in-flight requests may run after shutdown begins.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 8080)),
+            model_arg: None,
+            alias: None,
+            ctx_size: None,
+            parallel: 8,
+            default_max_new_tokens: MaxNewTokens::Unlimited,
+            default_temperature: 0.8,
+            default_seed: None,
+            threads: None,
+            api_keys: ApiKeys::default(),
+            metrics: false,
+            body_limit: 8 << 20,
+            header_timeout: Duration::from_secs(600),
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}

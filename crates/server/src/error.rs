@@ -1,0 +1,213 @@
+//! The server's errors: [`ApiError`] for one request, mapped to a response in one place
+//! ([`ApiError::response`]); [`ServerError`] for starting and running the server.
+
+use hyper::header::{HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
+use hyper::{Response, StatusCode};
+use mlxcel_engine::EngineError;
+use serde::Serialize;
+
+use crate::body::{Body, json};
+
+/// Why a request failed, as the client is told. Internal details of 5xx errors go to the log,
+/// never into the body.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is malformed or asks for something the server refuses.
+    #[error("{message}")]
+    BadRequest {
+        message: String,
+        param: Option<String>,
+        code: &'static str,
+    },
+    /// No or wrong API key.
+    #[error("invalid API key")]
+    Unauthorized,
+    /// No such route.
+    #[error("no route for {method} {path}")]
+    NotFound { method: String, path: String },
+    /// The route exists under another method.
+    #[error("{path} does not accept {method}")]
+    MethodNotAllowed { method: String, path: String },
+    /// A model name the server does not serve.
+    #[error("the model `{model}` does not exist; this server serves `{served}`")]
+    ModelNotFound { model: String, served: String },
+    /// The body is over the limit.
+    #[error("the request body exceeds {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    /// The model is still loading.
+    #[error("the model is loading; retry shortly")]
+    Loading,
+    /// The engine's queue is full.
+    #[error("{0}")]
+    QueueFull(String),
+    /// The server is shutting down or the engine has stopped.
+    #[error("the server is shutting down")]
+    Unavailable,
+    /// A route turned off by configuration.
+    #[error("{0}")]
+    NotImplemented(&'static str),
+    /// Anything else; the detail is logged, the client sees a generic message.
+    #[error("internal server error")]
+    Internal(String),
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+/// OpenAI's error object.
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    message: String,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl ApiError {
+    /// A 400 with a message.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::BadRequest {
+            message: message.into(),
+            param: None,
+            code: "invalid_request_error",
+        }
+    }
+
+    /// A 400 about one field.
+    pub fn invalid_param(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::BadRequest {
+            message: message.into(),
+            param: Some(param.into()),
+            code: "invalid_value",
+        }
+    }
+
+    /// A 400 for a feature the server refuses rather than ignores.
+    pub fn unsupported(param: &str, message: impl Into<String>) -> Self {
+        Self::BadRequest {
+            message: message.into(),
+            param: Some(param.to_owned()),
+            code: "unsupported_parameter",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::NotFound { .. } | Self::ModelNotFound { .. } => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Loading | Self::QueueFull(_) | Self::Unavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The `error` object of the OpenAI shape, for bodies and mid-stream error events.
+    pub fn body(&self) -> serde_json::Value {
+        let (kind, code, param) = match self {
+            Self::BadRequest { code, param, .. } => {
+                ("invalid_request_error", Some(*code), param.as_deref())
+            }
+            Self::Unauthorized => ("authentication_error", Some("invalid_api_key"), None),
+            Self::NotFound { .. } => ("not_found_error", Some("not_found"), None),
+            Self::MethodNotAllowed { .. } => {
+                ("invalid_request_error", Some("method_not_allowed"), None)
+            }
+            Self::ModelNotFound { .. } => (
+                "invalid_request_error",
+                Some("model_not_found"),
+                Some("model"),
+            ),
+            Self::PayloadTooLarge { .. } => {
+                ("invalid_request_error", Some("payload_too_large"), None)
+            }
+            Self::Loading => ("unavailable_error", Some("model_loading"), None),
+            Self::QueueFull(_) => ("unavailable_error", Some("queue_full"), None),
+            Self::Unavailable => ("unavailable_error", Some("shutting_down"), None),
+            Self::NotImplemented(_) => ("not_supported_error", Some("not_implemented"), None),
+            Self::Internal(_) => ("server_error", Some("internal_error"), None),
+        };
+        serde_json::to_value(ErrorBody {
+            error: ErrorDetail {
+                message: self.to_string(),
+                kind,
+                param,
+                code,
+            },
+        })
+        .unwrap_or_default()
+    }
+
+    /// The one mapping from an error to a response.
+    pub fn response(&self) -> Response<Body> {
+        let status = self.status();
+        if status.is_server_error() && !matches!(self, Self::Loading | Self::QueueFull(_)) {
+            tracing::error!(error = ?self, "request failed");
+        } else {
+            tracing::debug!(%status, error = %self, "request refused");
+        }
+        let mut response = json(status, &self.body());
+        let headers = response.headers_mut();
+        match self {
+            Self::QueueFull(_) | Self::Loading => {
+                headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::Unauthorized => {
+                headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(err: EngineError) -> Self {
+        match err {
+            EngineError::InvalidSampling { field, .. } => {
+                Self::invalid_param(field, err.to_string())
+            }
+            EngineError::Capacity(_) | EngineError::KvBudget { .. } => Self::BadRequest {
+                message: err.to_string(),
+                param: Some("max_tokens".into()),
+                code: "context_length_exceeded",
+            },
+            EngineError::EmptyPrompt => Self::invalid_param("prompt", err.to_string()),
+            EngineError::NoChatTemplate => Self::invalid_param("messages", err.to_string()),
+            EngineError::Model(_) => Self::bad_request(err.to_string()),
+            EngineError::QueueFull { .. } | EngineError::NoFreeSlot => {
+                Self::QueueFull(err.to_string())
+            }
+            EngineError::Stopped => Self::Unavailable,
+            _ => Self::Internal(err.to_string()),
+        }
+    }
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A flag value that cannot work.
+    #[error("{0}")]
+    Flag(String),
+    /// The backend cannot be used.
+    #[error("{0}")]
+    Backend(String),
+    /// The engine failed to load.
+    #[error("cannot load the model: {0}")]
+    Engine(#[from] EngineError),
+    /// Binding or serving failed.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,338 @@
+//! What both wire formats share: turning request fields into a [`GenerationRequest`], submitting
+//! it off the async threads, and following its events while measuring them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mlxcel_engine::{
+    Engine, EngineError, Event, FinishReason, GenerationRequest, GenerationStream, MaxNewTokens,
+    SamplingParams, TokenLogprob, Usage,
+};
+
+use crate::error::ApiError;
+use crate::state::{ActiveRequest, AppState};
+
+/// How long a cancelled request may take to report its end before the server stops waiting.
+const CANCEL_DRAIN: Duration = Duration::from_secs(30);
+
+/// The prompt of a request, before tokenization.
+#[derive(Debug, Clone)]
+pub enum PromptInput {
+    /// Plain text, tokenized with the tokenizer's special tokens (BOS).
+    Text(String),
+    /// Text already rendered by the chat template (which wrote its own special tokens).
+    Templated(String),
+    /// Token ids as given.
+    Tokens(Vec<u32>),
+}
+
+/// Sampling and stopping fields common to every route; `None` takes the server default.
+#[derive(Debug, Clone, Default)]
+pub struct Params {
+    pub max_new_tokens: Option<MaxNewTokens>,
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<usize>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Negative draws a fresh seed.
+    pub seed: Option<i64>,
+    pub stop: Vec<String>,
+    /// Top alternatives per token; `Some(0)` is the chosen token's logprob alone.
+    pub logprobs: Option<usize>,
+}
+
+/// Reads a signed token budget (`-1` unlimited) of field `param`.
+pub fn budget(param: &str, value: Option<i64>) -> Result<Option<MaxNewTokens>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(n) => MaxNewTokens::from_signed(n).map(Some).ok_or_else(|| {
+            ApiError::invalid_param(
+                param,
+                format!("{param}={n}: expected -1 (unlimited) or a count"),
+            )
+        }),
+    }
+}
+
+fn sampling(state: &AppState, params: &Params) -> SamplingParams {
+    let config = state.config();
+    let defaults = SamplingParams {
+        temperature: config.default_temperature,
+        seed: config.default_seed,
+        ..SamplingParams::default()
+    };
+    SamplingParams {
+        temperature: params.temperature.unwrap_or(defaults.temperature),
+        top_k: params.top_k.unwrap_or(defaults.top_k),
+        top_p: params.top_p.unwrap_or(defaults.top_p),
+        min_p: params.min_p.unwrap_or(defaults.min_p),
+        repeat_penalty: params.repeat_penalty.unwrap_or(defaults.repeat_penalty),
+        repeat_last_n: params.repeat_last_n.unwrap_or(defaults.repeat_last_n),
+        presence_penalty: params.presence_penalty.unwrap_or(defaults.presence_penalty),
+        frequency_penalty: params
+            .frequency_penalty
+            .unwrap_or(defaults.frequency_penalty),
+        seed: match params.seed {
+            Some(seed) => u64::try_from(seed).ok(),
+            None => defaults.seed,
+        },
+    }
+}
+
+fn tokenize(engine: &Engine, prompt: PromptInput) -> Result<Vec<u32>, ApiError> {
+    let tokens = match prompt {
+        PromptInput::Text(text) => engine.tokenize(&text)?,
+        PromptInput::Templated(text) => engine
+            .tokenizer()
+            .encode(&text, false, true)
+            .map_err(EngineError::from)?,
+        PromptInput::Tokens(tokens) => {
+            let vocab = engine.info().vocab_size;
+            if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    format!("token id {bad} is outside the vocabulary (size {vocab})"),
+                ));
+            }
+            tokens
+        }
+    };
+    if tokens.is_empty() {
+        return Err(EngineError::EmptyPrompt.into());
+    }
+    Ok(tokens)
+}
+
+/// Tokenizes, sizes against `--ctx-size`, and submits, on a blocking thread (the engine answers
+/// a submission between steps).
+pub async fn submit(
+    state: &Arc<AppState>,
+    prompt: PromptInput,
+    params: Params,
+) -> Result<Tracked, ApiError> {
+    let engine = state.engine()?.clone();
+    let sampling = sampling(state, &params);
+    let requested = params
+        .max_new_tokens
+        .unwrap_or(state.config().default_max_new_tokens);
+    let limit = state.context_limit(engine.info());
+    let cap_by_ctx = limit < engine.info().window;
+    let (prompt, stream) = tokio::task::spawn_blocking(move || {
+        let prompt = tokenize(&engine, prompt)?;
+        // `--ctx-size` below the window: refuse what it cannot hold, clamp an unlimited budget to
+        // it. At the window the engine decides, so a static-shape backend still sees the budget.
+        let max_new_tokens = if cap_by_ctx {
+            MaxNewTokens::Limited(
+                mlxcel_capacity::admit(prompt.len(), requested, limit)
+                    .map_err(EngineError::from)?,
+            )
+        } else {
+            requested
+        };
+        let request = GenerationRequest {
+            prompt: prompt.clone(),
+            max_new_tokens,
+            sampling,
+            stop: params.stop,
+            stop_token_ids: Vec::new(),
+            logprobs: params.logprobs,
+        };
+        let stream = engine.submit(request)?;
+        Ok::<_, ApiError>((prompt, stream))
+    })
+    .await
+    .map_err(|err| ApiError::Internal(format!("submission task failed: {err}")))?
+    .inspect_err(|err| {
+        if matches!(err, ApiError::QueueFull(_)) {
+            state.metrics().observe_queue_full();
+        }
+    })?;
+    let key = state.register(ActiveRequest {
+        request_id: stream.id(),
+        prompt_tokens: prompt.len(),
+        generated: 0,
+        started: Instant::now(),
+    });
+    Ok(Tracked {
+        stream,
+        state: state.clone(),
+        key,
+        prompt_tokens: prompt.len(),
+        submitted: Instant::now(),
+        first_token: None,
+        last_token: None,
+        generated: 0,
+    })
+}
+
+/// A submitted request whose events are measured as they pass; dropping it cancels the request.
+#[derive(Debug)]
+pub struct Tracked {
+    stream: GenerationStream,
+    state: Arc<AppState>,
+    key: u64,
+    prompt_tokens: usize,
+    submitted: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    generated: usize,
+}
+
+impl Tracked {
+    /// The engine's request id.
+    pub fn id(&self) -> u64 {
+        self.stream.id()
+    }
+
+    /// Prompt tokens.
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    /// Milliseconds from submission to the first token, and from there to the last.
+    pub fn timings(&self) -> (f64, f64) {
+        let first = self.first_token.unwrap_or(self.submitted);
+        let last = self.last_token.unwrap_or(first);
+        (
+            (first - self.submitted).as_secs_f64() * 1e3,
+            (last - first).as_secs_f64() * 1e3,
+        )
+    }
+
+    /// The next event; `None` after the end.
+    pub async fn next(&mut self) -> Option<Event> {
+        let event = self.stream.next_event().await?;
+        let now = Instant::now();
+        match &event {
+            Event::Token { .. } => {
+                self.first_token.get_or_insert(now);
+                self.last_token = Some(now);
+                self.generated += 1;
+                self.state.note_generated(self.key, self.generated);
+            }
+            Event::Finished { reason, usage, .. } => {
+                let first = self.first_token.unwrap_or(now);
+                self.state.metrics().observe_finished(
+                    *reason,
+                    usage.prompt_tokens,
+                    first - self.submitted,
+                    usage.completion_tokens,
+                    now - first,
+                );
+            }
+        }
+        Some(event)
+    }
+
+    /// Cancels the request and waits (bounded) for the engine to confirm, so that the metrics
+    /// and `/slots` reflect it.
+    pub async fn cancel(mut self) {
+        self.stream.cancel();
+        let _ = tokio::time::timeout(CANCEL_DRAIN, async { while self.next().await.is_some() {} })
+            .await;
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.state.unregister(self.key);
+    }
+}
+
+/// One generated token with what the wire formats report about it.
+#[derive(Debug, Clone)]
+pub struct TokenRecord {
+    pub token: u32,
+    pub text: String,
+    pub logprob: Option<TokenLogprob>,
+    pub top_logprobs: Vec<TokenLogprob>,
+}
+
+/// Everything a finished request produced.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub text: String,
+    pub tokens: Vec<TokenRecord>,
+    pub reason: FinishReason,
+    pub usage: Usage,
+}
+
+/// Follows a request to its end and gathers its output.
+pub async fn collect(tracked: &mut Tracked) -> Result<Outcome, ApiError> {
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    while let Some(event) = tracked.next().await {
+        match event {
+            Event::Token {
+                token,
+                text: piece,
+                logprob,
+                top_logprobs,
+            } => {
+                text.push_str(&piece);
+                tokens.push(TokenRecord {
+                    token,
+                    text: piece,
+                    logprob,
+                    top_logprobs,
+                });
+            }
+            Event::Finished {
+                reason,
+                text: tail,
+                usage,
+                error,
+            } => {
+                text.push_str(&tail);
+                if reason == FinishReason::Error {
+                    return Err(ApiError::Internal(error.unwrap_or_default()));
+                }
+                return Ok(Outcome {
+                    text,
+                    tokens,
+                    reason,
+                    usage,
+                });
+            }
+        }
+    }
+    Err(ApiError::Unavailable)
+}
+
+/// The text of one token, for logprobs.
+pub fn token_piece(engine: &Engine, token: u32) -> String {
+    engine
+        .tokenizer()
+        .decode(&[token], false)
+        .unwrap_or_default()
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// What happened next on a streamed request.
+#[derive(Debug)]
+pub enum Next {
+    /// An event to forward.
+    Event(Event),
+    /// The request has ended.
+    End,
+    /// The client went away: the caller cancels.
+    ClientGone,
+}
+
+/// Waits for the next event or for the client to go, whichever comes first.
+pub async fn next_or_gone(tracked: &mut Tracked, sender: &crate::body::StreamSender) -> Next {
+    tokio::select! {
+        _ = sender.closed() => Next::ClientGone,
+        event = tracked.next() => event.map_or(Next::End, Next::Event),
+    }
+}

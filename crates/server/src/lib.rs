@@ -1,0 +1,47 @@
+//! The mlxcel HTTP server: OpenAI's and llama-server's wire formats over the engine, so that
+//! existing clients work unchanged. It holds wire formats only; scheduling stays in the engine.
+//!
+//! - [`ServerArgs`] is the one flag parser (llama-server's spellings and `LLAMA_ARG_*` twins)
+//!   shared by `mlxcel serve` and `mlxcel-server`; it yields a [`ServerConfig`] and the engine's
+//!   options. [`normalize_llama_args`] rewrites `-np` which clap cannot declare.
+//! - [`Server`] binds a listener (port 0 in tests) and serves HTTP/1.1 until a shutdown future
+//!   resolves; [`AppState`] is what handlers share: settings, the engine once loaded (`/health`
+//!   is 503 before), metrics, and requests in flight.
+//! - Every failure of a request is an [`ApiError`], turned into a response (OpenAI's error shape)
+//!   in one place. [`run`] is the whole program both binaries call.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use mlxcel_engine::{Engine, EngineOptions};
+//! use mlxcel_server::{Server, ServerConfig};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = ServerConfig { addr: "127.0.0.1:0".parse()?, ..ServerConfig::default() };
+//! let server = Server::bind(config).await?;
+//! println!("listening on {}", server.local_addr());
+//! server.state().set_engine(Arc::new(Engine::load(None, EngineOptions::default())?));
+//! server.run(mlxcel_server::shutdown_signal()).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod args;
+mod body;
+mod config;
+mod error;
+mod generate;
+mod llama;
+mod metrics;
+mod openai;
+mod routes;
+mod run;
+mod serve;
+mod state;
+
+pub use args::{ServerArgs, normalize_llama_args};
+pub use config::{ApiKeys, ServerConfig};
+pub use error::{ApiError, ServerError};
+pub use metrics::Metrics;
+pub use run::{init_logging, run};
+pub use serve::{Server, shutdown_signal};
+pub use state::{ActiveRequest, AppState};

@@ -1,0 +1,376 @@
+//! llama-server's routes: `/completion`, `/tokenize`, `/detokenize`, `/apply-template`,
+//! `/health`, `/props`, `/slots`, `/metrics`.
+
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::{Response, StatusCode};
+use mlxcel_engine::{Engine, Event, FinishReason};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::body::{Body, StreamSender, event_stream, full, json, read_json};
+use crate::error::ApiError;
+use crate::generate::{
+    Next, Params, PromptInput, Tracked, budget, collect, next_or_gone, submit, token_piece,
+};
+use crate::openai::{MessageField, StopField, chat_messages};
+use crate::state::AppState;
+
+/// A llama-server prompt: text, or token ids (llama-server also mixes them; ids only here).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum LlamaPrompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionRequest {
+    prompt: LlamaPrompt,
+    n_predict: Option<i64>,
+    #[serde(default)]
+    stream: bool,
+    stop: Option<StopField>,
+    temperature: Option<f32>,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    repeat_last_n: Option<usize>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    seed: Option<i64>,
+    n_probs: Option<usize>,
+    /// Accepted for compatibility; every prompt is computed afresh (no prefix cache yet).
+    #[serde(default)]
+    #[allow(dead_code)]
+    cache_prompt: Option<bool>,
+}
+
+/// `POST /completion`.
+pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
+    let request: CompletionRequest = read_json(body, state.config().body_limit).await?;
+    let engine = state.engine()?.clone();
+    let params = Params {
+        max_new_tokens: budget("n_predict", request.n_predict)?,
+        temperature: request.temperature,
+        top_k: request.top_k,
+        top_p: request.top_p,
+        min_p: request.min_p,
+        repeat_penalty: request.repeat_penalty,
+        repeat_last_n: request.repeat_last_n,
+        presence_penalty: request.presence_penalty,
+        frequency_penalty: request.frequency_penalty,
+        seed: request.seed,
+        stop: request.stop.map(StopField::into_vec).unwrap_or_default(),
+        logprobs: request.n_probs.filter(|&n| n > 0),
+    };
+    let stop_words = params.stop.clone();
+    let (prompt, prompt_text) = match request.prompt {
+        LlamaPrompt::Text(text) => (PromptInput::Text(text.clone()), text),
+        LlamaPrompt::Tokens(tokens) => (PromptInput::Tokens(tokens), String::new()),
+    };
+    let mut tracked = submit(state, prompt, params).await?;
+    let model = state.model_name(engine.info());
+    if request.stream {
+        let (response, sender) = event_stream();
+        let end = Final {
+            model,
+            prompt: prompt_text,
+            stop_words,
+            engine,
+        };
+        tokio::spawn(async move { stream_completion(tracked, sender, end).await });
+        return Ok(response);
+    }
+    let outcome = collect(&mut tracked).await?;
+    let stopped_eos = outcome.reason == FinishReason::Stop
+        && outcome
+            .tokens
+            .last()
+            .is_some_and(|t| engine.info().eos_token_ids.contains(&t.token));
+    let end = Final {
+        model,
+        prompt: prompt_text,
+        stop_words,
+        engine: engine.clone(),
+    };
+    let mut body = end.body(
+        &tracked,
+        outcome.reason,
+        stopped_eos,
+        outcome.usage.completion_tokens,
+    );
+    body["content"] = json!(outcome.text);
+    if let Some(n) = request.n_probs.filter(|&n| n > 0) {
+        body["completion_probabilities"] = outcome
+            .tokens
+            .iter()
+            .map(|t| {
+                probs(
+                    &engine,
+                    t.token,
+                    t.logprob.map(|l| l.logprob),
+                    &t.top_logprobs,
+                    n,
+                )
+            })
+            .collect();
+    }
+    Ok(json(StatusCode::OK, &body))
+}
+
+fn probs(
+    engine: &Engine,
+    token: u32,
+    logprob: Option<f32>,
+    top: &[mlxcel_engine::TokenLogprob],
+    _n: usize,
+) -> Value {
+    json!({
+        "id": token,
+        "token": token_piece(engine, token),
+        "logprob": logprob,
+        "top_logprobs": top.iter().map(|a| json!({
+            "id": a.token, "token": token_piece(engine, a.token), "logprob": a.logprob,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// What the last object of a `/completion` reports.
+struct Final {
+    model: String,
+    prompt: String,
+    stop_words: Vec<String>,
+    engine: Arc<Engine>,
+}
+
+impl Final {
+    fn body(
+        &self,
+        tracked: &Tracked,
+        reason: FinishReason,
+        stopped_eos: bool,
+        predicted: usize,
+    ) -> Value {
+        let (prompt_ms, predicted_ms) = tracked.timings();
+        let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+        let stopped_word = reason == FinishReason::Stop && !stopped_eos;
+        let prompt_n = tracked.prompt_tokens();
+        json!({
+            "content": "",
+            "id_slot": 0,
+            "stop": true,
+            "model": self.model,
+            "tokens_predicted": predicted,
+            "tokens_evaluated": prompt_n,
+            "prompt": self.prompt,
+            "truncated": false,
+            "stopped_eos": stopped_eos,
+            "stopped_word": stopped_word,
+            "stopped_limit": reason == FinishReason::Length,
+            "stopping_word": if stopped_word { self.stop_words.first().cloned().unwrap_or_default() } else { String::new() },
+            "tokens_cached": 0,
+            "timings": {
+                "prompt_n": prompt_n,
+                "prompt_ms": prompt_ms,
+                "prompt_per_second": per_second(prompt_n, prompt_ms),
+                "predicted_n": predicted,
+                "predicted_ms": predicted_ms,
+                "predicted_per_second": per_second(predicted, predicted_ms),
+            },
+        })
+    }
+}
+
+async fn stream_completion(mut tracked: Tracked, sender: StreamSender, end: Final) {
+    let mut last_token = None;
+    loop {
+        let event = match next_or_gone(&mut tracked, &sender).await {
+            Next::Event(event) => event,
+            Next::End => return,
+            Next::ClientGone => return tracked.cancel().await,
+        };
+        let sent = match event {
+            Event::Token { token, text, .. } => {
+                last_token = Some(token);
+                if text.is_empty() {
+                    continue;
+                }
+                sender
+                    .event(&json!({ "content": text, "stop": false, "id_slot": 0, "index": 0 }))
+                    .await
+            }
+            Event::Finished {
+                reason,
+                text,
+                usage,
+                error,
+            } => {
+                if reason == FinishReason::Error {
+                    tracing::error!(id = tracked.id(), error = ?error, "generation failed mid-stream");
+                    let _ = sender
+                        .event(&ApiError::Internal(error.unwrap_or_default()).body())
+                        .await;
+                    return;
+                }
+                let stopped_eos = reason == FinishReason::Stop
+                    && last_token.is_some_and(|t| end.engine.info().eos_token_ids.contains(&t));
+                let mut body = end.body(&tracked, reason, stopped_eos, usage.completion_tokens);
+                body["content"] = json!(text);
+                let _ = sender.event(&body).await;
+                return;
+            }
+        };
+        if !sent {
+            return tracked.cancel().await;
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenizeRequest {
+    content: String,
+    #[serde(default)]
+    add_special: bool,
+    #[serde(default)]
+    with_pieces: bool,
+}
+
+/// `POST /tokenize`.
+pub async fn tokenize(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
+    let request: TokenizeRequest = read_json(body, state.config().body_limit).await?;
+    let engine = state.engine()?.clone();
+    let tokens = engine
+        .tokenizer()
+        .encode(&request.content, request.add_special, true)
+        .map_err(mlxcel_engine::EngineError::from)?;
+    let tokens: Vec<Value> = if request.with_pieces {
+        tokens
+            .iter()
+            .map(|&id| json!({ "id": id, "piece": token_piece(&engine, id) }))
+            .collect()
+    } else {
+        tokens.iter().map(|&id| json!(id)).collect()
+    };
+    Ok(json(StatusCode::OK, &json!({ "tokens": tokens })))
+}
+
+#[derive(Debug, Deserialize)]
+struct DetokenizeRequest {
+    tokens: Vec<u32>,
+}
+
+/// `POST /detokenize`.
+pub async fn detokenize(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
+    let request: DetokenizeRequest = read_json(body, state.config().body_limit).await?;
+    let engine = state.engine()?.clone();
+    let vocab = engine.info().vocab_size;
+    if let Some(bad) = request.tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid_param(
+            "tokens",
+            format!("token id {bad} is outside the vocabulary (size {vocab})"),
+        ));
+    }
+    let content = engine
+        .tokenizer()
+        .decode(&request.tokens, false)
+        .map_err(mlxcel_engine::EngineError::from)?;
+    Ok(json(StatusCode::OK, &json!({ "content": content })))
+}
+
+#[derive(Debug, Deserialize)]
+struct ApplyTemplateRequest {
+    messages: Vec<MessageField>,
+}
+
+/// `POST /apply-template`.
+pub async fn apply_template(
+    state: &Arc<AppState>,
+    body: Incoming,
+) -> Result<Response<Body>, ApiError> {
+    let request: ApplyTemplateRequest = read_json(body, state.config().body_limit).await?;
+    let engine = state.engine()?.clone();
+    let prompt = engine.apply_chat_template(&chat_messages(request.messages)?)?;
+    Ok(json(StatusCode::OK, &json!({ "prompt": prompt })))
+}
+
+/// `GET /health`: 503 while the model loads, 200 when ready.
+pub fn health(state: &AppState) -> Response<Body> {
+    if state.is_ready() {
+        json(StatusCode::OK, &json!({ "status": "ok" }))
+    } else {
+        ApiError::Loading.response()
+    }
+}
+
+/// `GET /props`.
+pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
+    let engine = state.engine()?;
+    let info = engine.info();
+    let config = state.config();
+    let buckets = state.capacity_buckets(engine);
+    let n_ctx = state.context_limit(info);
+    Ok(json(
+        StatusCode::OK,
+        &json!({
+            "default_generation_settings": {
+                "n_ctx": n_ctx,
+                "model": state.model_name(info),
+                "params": {
+                    "n_predict": match config.default_max_new_tokens {
+                        mlxcel_engine::MaxNewTokens::Unlimited => -1,
+                        mlxcel_engine::MaxNewTokens::Limited(n) => n as i64,
+                    },
+                    "temperature": config.default_temperature,
+                    "seed": config.default_seed.map_or(-1, |s| s as i64),
+                },
+            },
+            "total_slots": config.parallel,
+            "model_path": info.dir,
+            "model_alias": state.model_name(info),
+            "n_ctx": n_ctx,
+            "n_ctx_train": info.window,
+            "chat_template": engine.chat_template().map(|_| "(from tokenizer_config.json)"),
+            "build_info": concat!("mlxcel-", env!("CARGO_PKG_VERSION")),
+            "backend": info.backend.as_str(),
+            "threads": config.threads,
+            "capacity_buckets": if buckets.is_empty() { Value::Null } else { json!(buckets) },
+        }),
+    ))
+}
+
+/// `GET /slots`: the requests in flight, then idle slots up to `--parallel`.
+pub fn slots(state: &AppState) -> Result<Response<Body>, ApiError> {
+    let engine = state.engine()?;
+    let n_ctx = state.context_limit(engine.info());
+    let active = state.active_requests();
+    let total = state.config().parallel.max(active.len());
+    let slots: Vec<Value> = (0..total)
+        .map(|i| match active.get(i) {
+            Some(request) => json!({
+                "id": i,
+                "id_task": request.request_id,
+                "n_ctx": n_ctx,
+                "is_processing": true,
+                "n_prompt_tokens": request.prompt_tokens,
+                "next_token": { "n_decoded": request.generated },
+                "t_elapsed_ms": request.started.elapsed().as_secs_f64() * 1e3,
+            }),
+            None => json!({ "id": i, "id_task": -1, "n_ctx": n_ctx, "is_processing": false }),
+        })
+        .collect();
+    Ok(json(StatusCode::OK, &slots))
+}
+
+/// `GET /metrics` (with `--metrics`).
+pub fn metrics(state: &AppState) -> Result<Response<Body>, ApiError> {
+    if !state.config().metrics {
+        return Err(ApiError::NotImplemented(
+            "the metrics endpoint is off; start the server with --metrics",
+        ));
+    }
+    let text = state.render_metrics();
+    Ok(full(StatusCode::OK, "text/plain; version=0.0.4", text))
+}

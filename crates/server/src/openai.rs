@@ -1,0 +1,696 @@
+//! OpenAI's routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models`.
+
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::{Response, StatusCode};
+use mlxcel_engine::{ChatMessage, Engine, Event, FinishReason, TokenLogprob, Usage};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::body::{Body, StreamSender, event_stream, read_json};
+use crate::error::ApiError;
+use crate::generate::{
+    Next, Params, PromptInput, TokenRecord, Tracked, budget, collect, next_or_gone, submit,
+    token_piece, unix_now,
+};
+use crate::state::AppState;
+
+/// Most alternatives per token a request may ask for.
+const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// `stop`: one string or several.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+/// A prompt: text, token ids, or a batch of either (only batches of one are served).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptField {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+impl PromptField {
+    pub fn into_input(self) -> Result<PromptInput, ApiError> {
+        let one = |len: usize| {
+            if len == 1 {
+                Ok(())
+            } else {
+                Err(ApiError::unsupported(
+                    "prompt",
+                    format!("a batch of {len} prompts was sent; send one prompt per request"),
+                ))
+            }
+        };
+        Ok(match self {
+            Self::Text(text) => PromptInput::Text(text),
+            Self::Tokens(tokens) => PromptInput::Tokens(tokens),
+            Self::Texts(mut texts) => {
+                one(texts.len())?;
+                PromptInput::Text(texts.remove(0))
+            }
+            Self::TokenLists(mut lists) => {
+                one(lists.len())?;
+                PromptInput::Tokens(lists.remove(0))
+            }
+        })
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// The fields both OpenAI generation routes share.
+#[derive(Debug)]
+struct Common {
+    model: Option<String>,
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<i64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    n: Option<u32>,
+    stop: Option<StopField>,
+    seed: Option<i64>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    logit_bias: Option<serde_json::Map<String, Value>>,
+    top_k: Option<usize>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+}
+
+/// Declares a request struct with the [`Common`] fields inline (not `#[serde(flatten)]`, which
+/// would lose the field name from type errors) and a method that gathers them.
+macro_rules! openai_request {
+    ($name:ident { $($(#[$attr:meta])* $field:ident: $ty:ty,)* }) => {
+        #[derive(Debug, Deserialize)]
+        struct $name {
+            $($(#[$attr])* $field: $ty,)*
+            model: Option<String>,
+            #[serde(default)]
+            stream: bool,
+            stream_options: Option<StreamOptions>,
+            max_tokens: Option<i64>,
+            temperature: Option<f32>,
+            top_p: Option<f32>,
+            n: Option<u32>,
+            stop: Option<StopField>,
+            seed: Option<i64>,
+            presence_penalty: Option<f32>,
+            frequency_penalty: Option<f32>,
+            logit_bias: Option<serde_json::Map<String, Value>>,
+            // llama-server's extensions, accepted on the OpenAI routes as it does.
+            top_k: Option<usize>,
+            min_p: Option<f32>,
+            repeat_penalty: Option<f32>,
+        }
+
+        impl $name {
+            fn common(&mut self) -> Common {
+                Common {
+                    model: self.model.take(),
+                    stream: self.stream,
+                    stream_options: self.stream_options.take(),
+                    max_tokens: self.max_tokens,
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    n: self.n,
+                    stop: self.stop.take(),
+                    seed: self.seed,
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    logit_bias: self.logit_bias.take(),
+                    top_k: self.top_k,
+                    min_p: self.min_p,
+                    repeat_penalty: self.repeat_penalty,
+                }
+            }
+        }
+    };
+}
+
+impl Common {
+    fn params(self, max_tokens: Option<i64>, logprobs: Option<usize>) -> Result<Params, ApiError> {
+        if let Some(n) = self.n.filter(|&n| n != 1) {
+            return Err(ApiError::unsupported(
+                "n",
+                format!("n={n} is not supported: this server returns one choice per request (n=1)"),
+            ));
+        }
+        if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+            return Err(ApiError::unsupported(
+                "logit_bias",
+                "logit_bias is not supported",
+            ));
+        }
+        let param = if max_tokens.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        let max_tokens = max_tokens.or(self.max_tokens);
+        if max_tokens == Some(0) {
+            return Err(ApiError::invalid_param(
+                param,
+                format!("{param}=0: expected at least 1"),
+            ));
+        }
+        Ok(Params {
+            max_new_tokens: budget(param, max_tokens)?,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
+            logprobs,
+            ..Params::default()
+        })
+    }
+}
+
+openai_request!(CompletionRequest {
+    prompt: PromptField,
+    logprobs: Option<u32>,
+    echo: Option<bool>,
+    best_of: Option<u32>,
+    suffix: Option<String>,
+});
+
+openai_request!(ChatRequest {
+    messages: Vec<MessageField>,
+    max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<u32>,
+    response_format: Option<ResponseFormat>,
+    tools: Option<Vec<Value>>,
+});
+
+#[derive(Debug, Deserialize)]
+struct ResponseFormat {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct MessageField {
+    role: String,
+    content: Option<ContentField>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ContentField {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+/// Chat messages as the template takes them; only text content is served.
+pub(crate) fn chat_messages(messages: Vec<MessageField>) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages is empty; send at least one",
+        ));
+    }
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let content = match m.content {
+                None => String::new(),
+                Some(ContentField::Text(text)) => text,
+                Some(ContentField::Parts(parts)) => {
+                    let mut text = String::new();
+                    for part in parts {
+                        match (part.kind.as_str(), part.text) {
+                            ("text", Some(t)) => text.push_str(&t),
+                            (kind, _) => {
+                                return Err(ApiError::unsupported(
+                                    &format!("messages[{i}].content"),
+                                    format!("content parts of type `{kind}` are not supported; send text"),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            Ok(ChatMessage::new(m.role, content))
+        })
+        .collect()
+}
+
+fn usage_json(usage: Usage) -> Value {
+    json!({
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    })
+}
+
+fn finish_reason(reason: FinishReason) -> &'static str {
+    reason.as_str()
+}
+
+/// What differs between the two routes' bodies.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+impl Kind {
+    fn object(self, chunk: bool) -> &'static str {
+        match (self, chunk) {
+            (Self::Completion, _) => "text_completion",
+            (Self::Chat, false) => "chat.completion",
+            (Self::Chat, true) => "chat.completion.chunk",
+        }
+    }
+}
+
+fn alternative(engine: &Engine, lp: &TokenLogprob) -> Value {
+    let token = token_piece(engine, lp.token);
+    json!({ "token": token, "logprob": lp.logprob, "bytes": token.as_bytes() })
+}
+
+/// Chat logprobs for a run of tokens: `{"content": [...]}`.
+fn chat_logprobs(engine: &Engine, tokens: &[TokenRecord]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let token = token_piece(engine, t.token);
+            json!({
+                "token": token,
+                "logprob": t.logprob.map(|l| l.logprob),
+                "bytes": token.as_bytes(),
+                "top_logprobs": t.top_logprobs.iter().map(|a| alternative(engine, a)).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// Legacy completion logprobs: parallel arrays.
+fn completion_logprobs(engine: &Engine, tokens: &[TokenRecord], offset: usize) -> Value {
+    let mut text_offset = Vec::new();
+    let mut at = offset;
+    for t in tokens {
+        text_offset.push(at);
+        at += t.text.len();
+    }
+    json!({
+        "tokens": tokens.iter().map(|t| token_piece(engine, t.token)).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| t.logprob.map(|l| l.logprob)).collect::<Vec<_>>(),
+        "top_logprobs": tokens.iter().map(|t| {
+            t.top_logprobs.iter().map(|a| (token_piece(engine, a.token), json!(a.logprob))).collect::<serde_json::Map<_, _>>()
+        }).collect::<Vec<_>>(),
+        "text_offset": text_offset,
+    })
+}
+
+fn logprobs_json(kind: Kind, engine: &Engine, tokens: &[TokenRecord], offset: usize) -> Value {
+    match kind {
+        Kind::Chat => chat_logprobs(engine, tokens),
+        Kind::Completion => completion_logprobs(engine, tokens, offset),
+    }
+}
+
+/// The per-request constants of every body.
+struct Envelope {
+    id: String,
+    created: u64,
+    model: String,
+    kind: Kind,
+    logprobs: bool,
+    include_usage: bool,
+}
+
+impl Envelope {
+    fn body(&self, chunk: bool, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.kind.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": concat!("mlxcel-", env!("CARGO_PKG_VERSION")),
+            "choices": choices,
+        })
+    }
+
+    /// A streamed choice carrying `text` (and the logprobs of `tokens`), or the final one.
+    fn chunk(
+        &self,
+        engine: &Engine,
+        text: &str,
+        tokens: &[TokenRecord],
+        offset: usize,
+        finish: Option<FinishReason>,
+    ) -> Value {
+        let logprobs = if self.logprobs && !tokens.is_empty() {
+            logprobs_json(self.kind, engine, tokens, offset)
+        } else {
+            Value::Null
+        };
+        let finish = finish.map(finish_reason);
+        let choice = match self.kind {
+            Kind::Chat => {
+                let delta = if finish.is_some() && text.is_empty() {
+                    json!({})
+                } else {
+                    json!({ "content": text })
+                };
+                json!({ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish })
+            }
+            Kind::Completion => {
+                json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish })
+            }
+        };
+        let mut body = self.body(true, json!([choice]));
+        if self.include_usage {
+            body["usage"] = Value::Null;
+        }
+        body
+    }
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    state: &Arc<AppState>,
+    body: Incoming,
+) -> Result<Response<Body>, ApiError> {
+    let mut request: CompletionRequest = read_json(body, state.config().body_limit).await?;
+    let common = request.common();
+    let engine = state.engine()?.clone();
+    state.check_model(engine.info(), common.model.as_deref())?;
+    if request.echo == Some(true) {
+        return Err(ApiError::unsupported("echo", "echo=true is not supported"));
+    }
+    if let Some(best_of) = request.best_of.filter(|&b| b != 1) {
+        return Err(ApiError::unsupported(
+            "best_of",
+            format!("best_of={best_of} is not supported (1 only)"),
+        ));
+    }
+    if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::unsupported(
+            "suffix",
+            "suffix (insertion) is not supported",
+        ));
+    }
+    let logprobs = match request.logprobs {
+        Some(n) if n > MAX_TOP_LOGPROBS => {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                format!("logprobs={n}: at most {MAX_TOP_LOGPROBS}"),
+            ));
+        }
+        other => other.map(|n| n as usize),
+    };
+    let prompt = request.prompt.into_input()?;
+    let envelope = envelope(
+        state,
+        &engine,
+        Kind::Completion,
+        "cmpl",
+        logprobs.is_some(),
+        &common,
+    );
+    let stream = common.stream;
+    let params = common.params(None, logprobs)?;
+    run(state, engine, envelope, prompt, params, stream).await
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    state: &Arc<AppState>,
+    body: Incoming,
+) -> Result<Response<Body>, ApiError> {
+    let mut request: ChatRequest = read_json(body, state.config().body_limit).await?;
+    let common = request.common();
+    let engine = state.engine()?.clone();
+    state.check_model(engine.info(), common.model.as_deref())?;
+    if let Some(format) = &request.response_format
+        && format.kind != "text"
+    {
+        return Err(ApiError::unsupported(
+            "response_format",
+            format!(
+                "response_format type `{}` is not supported: constrained (JSON / schema) decoding is not implemented; use `text`",
+                format.kind
+            ),
+        ));
+    }
+    if request.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::unsupported(
+            "tools",
+            "tools (function calling) are not supported",
+        ));
+    }
+    let logprobs = match (request.logprobs, request.top_logprobs) {
+        (_, Some(n)) if n > MAX_TOP_LOGPROBS => {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                format!("top_logprobs={n}: at most {MAX_TOP_LOGPROBS}"),
+            ));
+        }
+        (false, Some(n)) if n > 0 => {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                "top_logprobs requires logprobs=true",
+            ));
+        }
+        (true, n) => Some(n.unwrap_or(0) as usize),
+        (false, _) => None,
+    };
+    let messages = chat_messages(request.messages)?;
+    let templated = engine.apply_chat_template(&messages)?;
+    let envelope = envelope(
+        state,
+        &engine,
+        Kind::Chat,
+        "chatcmpl",
+        logprobs.is_some(),
+        &common,
+    );
+    let stream = common.stream;
+    let params = common.params(request.max_completion_tokens, logprobs)?;
+    run(
+        state,
+        engine,
+        envelope,
+        PromptInput::Templated(templated),
+        params,
+        stream,
+    )
+    .await
+}
+
+fn envelope(
+    state: &AppState,
+    engine: &Engine,
+    kind: Kind,
+    prefix: &str,
+    logprobs: bool,
+    common: &Common,
+) -> Envelope {
+    Envelope {
+        id: format!("{prefix}-{:x}", rand_id()),
+        created: unix_now(),
+        model: state.model_name(engine.info()),
+        kind,
+        logprobs,
+        include_usage: common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage),
+    }
+}
+
+/// A process-unique id with some entropy from the clock.
+fn rand_id() -> u128 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    (nanos << 16) ^ u128::from(COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+async fn run(
+    state: &Arc<AppState>,
+    engine: Arc<Engine>,
+    envelope: Envelope,
+    prompt: PromptInput,
+    params: Params,
+    stream: bool,
+) -> Result<Response<Body>, ApiError> {
+    let mut tracked = submit(state, prompt, params).await?;
+    if stream {
+        let (response, sender) = event_stream();
+        tokio::spawn(async move { stream_events(tracked, sender, envelope, engine).await });
+        return Ok(response);
+    }
+    let outcome = collect(&mut tracked).await?;
+    let logprobs = if envelope.logprobs {
+        logprobs_json(envelope.kind, &engine, &outcome.tokens, 0)
+    } else {
+        Value::Null
+    };
+    let reason = finish_reason(outcome.reason);
+    let choice = match envelope.kind {
+        Kind::Chat => json!({
+            "index": 0,
+            "message": { "role": "assistant", "content": outcome.text },
+            "logprobs": logprobs,
+            "finish_reason": reason,
+        }),
+        Kind::Completion => json!({
+            "index": 0,
+            "text": outcome.text,
+            "logprobs": logprobs,
+            "finish_reason": reason,
+        }),
+    };
+    let mut body = envelope.body(false, json!([choice]));
+    body["usage"] = usage_json(outcome.usage);
+    Ok(crate::body::json(StatusCode::OK, &body))
+}
+
+async fn stream_events(
+    mut tracked: Tracked,
+    sender: StreamSender,
+    envelope: Envelope,
+    engine: Arc<Engine>,
+) {
+    if envelope.kind == Kind::Chat {
+        let mut first = envelope.chunk(&engine, "", &[], 0, None);
+        first["choices"][0]["delta"] = json!({ "role": "assistant", "content": "" });
+        if !sender.event(&first).await {
+            return tracked.cancel().await;
+        }
+    }
+    let mut offset = 0;
+    loop {
+        let event = match next_or_gone(&mut tracked, &sender).await {
+            Next::Event(event) => event,
+            Next::End => return,
+            Next::ClientGone => return tracked.cancel().await,
+        };
+        let sent = match event {
+            Event::Token {
+                token,
+                text,
+                logprob,
+                top_logprobs,
+            } => {
+                if text.is_empty() && !envelope.logprobs {
+                    continue;
+                }
+                let record = TokenRecord {
+                    token,
+                    text,
+                    logprob,
+                    top_logprobs,
+                };
+                let chunk = envelope.chunk(
+                    &engine,
+                    &record.text,
+                    std::slice::from_ref(&record),
+                    offset,
+                    None,
+                );
+                offset += record.text.len();
+                sender.event(&chunk).await
+            }
+            Event::Finished {
+                reason,
+                text,
+                usage,
+                error,
+            } => {
+                if reason == FinishReason::Error {
+                    tracing::error!(id = tracked.id(), error = ?error, "generation failed mid-stream");
+                    let err = ApiError::Internal(error.unwrap_or_default());
+                    let _ = sender.event(&err.body()).await;
+                    let _ = sender.raw("data: [DONE]\n\n".into()).await;
+                    return;
+                }
+                let _ = sender
+                    .event(&envelope.chunk(&engine, &text, &[], offset, Some(reason)))
+                    .await;
+                if envelope.include_usage {
+                    let mut last = envelope.body(true, json!([]));
+                    last["usage"] = usage_json(usage);
+                    let _ = sender.event(&last).await;
+                }
+                let _ = sender.raw("data: [DONE]\n\n".into()).await;
+                return;
+            }
+        };
+        if !sent {
+            return tracked.cancel().await;
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ModelList {
+    object: &'static str,
+    data: Vec<Value>,
+}
+
+/// `GET /v1/models`.
+pub fn models(state: &AppState) -> Result<Response<Body>, ApiError> {
+    let engine = state.engine()?;
+    let info = engine.info();
+    let list = ModelList {
+        object: "list",
+        data: vec![json!({
+            "id": state.model_name(info),
+            "object": "model",
+            "created": unix_now(),
+            "owned_by": "mlxcel",
+            "meta": {
+                "n_ctx_train": info.window,
+                "n_vocab": info.vocab_size,
+                "n_params": info.parameters,
+                "size": info.weight_bytes,
+                "backend": info.backend.as_str(),
+            },
+        })],
+    };
+    Ok(crate::body::json(StatusCode::OK, &list))
+}

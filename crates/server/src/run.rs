@@ -1,0 +1,100 @@
+//! The whole server program, shared by `mlxcel serve` and `mlxcel-server`.
+
+use std::sync::Arc;
+
+use mlxcel_engine::Engine;
+
+use crate::args::ServerArgs;
+use crate::error::ServerError;
+use crate::serve::{Server, shutdown_signal};
+
+/// Logs to stderr: `info` by default, `debug` when `verbose`.
+pub fn init_logging(verbose: bool) {
+    let level = if verbose {
+        tracing::Level::DEBUG
+    } else {
+        tracing::Level::INFO
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Binds, loads the model in the background (`/health` is 503 meanwhile), and serves until
+/// SIGINT or SIGTERM.
+pub fn run(args: &ServerArgs) -> Result<(), ServerError> {
+    let config = args.server_config()?;
+    let options = args
+        .engine_options()
+        .map_err(|err| match args.backend.as_str() {
+            "xla" => ServerError::Backend(format!(
+                "the xla backend is not built yet (it is planned; use --backend mlx): {err}"
+            )),
+            _ => err,
+        })?;
+    if let Some(threads) = config.threads {
+        tracing::info!(
+            threads,
+            "--threads recorded; the MLX backend has no thread setting yet"
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| ServerError::Io {
+            context: "cannot start the async runtime".into(),
+            source,
+        })?;
+    runtime.block_on(async {
+        let server = Server::bind(config).await?;
+        let state = server.state().clone();
+        tracing::info!(
+            addr = %server.local_addr(),
+            auth = state.config().api_keys.required(),
+            metrics = state.config().metrics,
+            "listening on http://{}; loading the model",
+            server.local_addr()
+        );
+        let model = args.model.clone();
+        let (failed_tx, failed_rx) = tokio::sync::oneshot::channel();
+        let loader_state = state.clone();
+        tokio::task::spawn_blocking(move || match Engine::load(model.as_deref(), options) {
+            Ok(engine) => {
+                let info = engine.info();
+                let buckets = loader_state.capacity_buckets(&engine);
+                let capacities = if buckets.is_empty() {
+                    "dynamic".to_owned()
+                } else {
+                    format!("{buckets:?}")
+                };
+                tracing::info!(
+                    model = %loader_state.model_name(info),
+                    path = %info.dir.display(),
+                    backend = info.backend.as_str(),
+                    window = info.window,
+                    n_ctx = loader_state.context_limit(info),
+                    parallel = loader_state.config().parallel,
+                    capacities = %capacities,
+                    "model loaded; ready"
+                );
+                loader_state.set_engine(Arc::new(engine));
+            }
+            Err(err) => {
+                let _ = failed_tx.send(err);
+            }
+        });
+        let mut load_error = None;
+        let shutdown = async {
+            tokio::select! {
+                () = shutdown_signal() => {}
+                Ok(err) = failed_rx => load_error = Some(err),
+            }
+        };
+        server.run(shutdown).await?;
+        match load_error {
+            Some(err) => Err(ServerError::Engine(err)),
+            None => Ok(()),
+        }
+    })
+}

@@ -1,0 +1,153 @@
+//! The transport: a TCP listener, HTTP/1.1 connections with keep-alive, and graceful shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+use crate::config::ServerConfig;
+use crate::error::ServerError;
+use crate::routes::handle;
+use crate::state::AppState;
+
+/// A bound server, not yet accepting. Built apart from `main` so tests can run it on port 0.
+#[derive(Debug)]
+pub struct Server {
+    listener: TcpListener,
+    state: Arc<AppState>,
+}
+
+impl Server {
+    /// Binds `config.addr` (port 0 picks a free port). The model is set later with
+    /// [`AppState::set_engine`]; until then `/health` answers 503.
+    pub async fn bind(config: ServerConfig) -> Result<Self, ServerError> {
+        let listener = TcpListener::bind(config.addr)
+            .await
+            .map_err(|source| ServerError::Io {
+                context: format!("cannot listen on {}", config.addr),
+                source,
+            })?;
+        Ok(Self {
+            listener,
+            state: Arc::new(AppState::new(config)),
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        // A bound listener always has a local address.
+        self.listener
+            .local_addr()
+            .expect("a bound TCP listener has a local address")
+    }
+
+    /// The state handlers share (to set the engine, read metrics).
+    pub fn state(&self) -> &Arc<AppState> {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves; then stops accepting, lets in-flight requests finish for
+    /// up to `config.shutdown_timeout`, and cancels what remains (dropping a connection drops its
+    /// response bodies, and each generation task cancels its engine request when its body goes).
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+        let Self { listener, state } = self;
+        let graceful = GracefulShutdown::new();
+        let mut connections = JoinSet::new();
+        let mut builder = http1::Builder::new();
+        builder
+            .keep_alive(true)
+            .timer(TokioTimer::new())
+            .header_read_timeout(state.config().header_timeout);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(accepted) => accepted,
+                        Err(err) => {
+                            // Per-connection failures (e.g. too many open files) must not end
+                            // the server; back off briefly.
+                            tracing::warn!(error = %err, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let state = state.clone();
+                    let service = service_fn(move |request| {
+                        let state = state.clone();
+                        async move { Ok::<_, std::convert::Infallible>(handle(state, request).await) }
+                    });
+                    let connection = builder.serve_connection(TokioIo::new(stream), service);
+                    let watched = graceful.watch(connection);
+                    connections.spawn(async move {
+                        if let Err(err) = watched.await {
+                            tracing::debug!(%peer, error = %err, "connection ended with an error");
+                        }
+                    });
+                }
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                () = &mut shutdown => break,
+            }
+        }
+        drop(listener);
+        let deadline = state.config().shutdown_timeout;
+        tracing::info!(
+            in_flight = state.active_requests().len(),
+            deadline_s = deadline.as_secs_f64(),
+            "shutting down: no new connections; waiting for in-flight requests"
+        );
+        tokio::select! {
+            () = graceful.shutdown() => tracing::info!("all connections finished"),
+            () = tokio::time::sleep(deadline) => {
+                tracing::warn!(
+                    in_flight = state.active_requests().len(),
+                    "shutdown deadline reached; cancelling the remaining requests"
+                );
+            }
+        }
+        connections.shutdown().await;
+        // Generation tasks notice their closed bodies and cancel; give them a moment to do so.
+        for _ in 0..100 {
+            if state.active_requests().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %err, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+    }
+}

@@ -1,0 +1,123 @@
+//! llama-server's spellings and environment twins reach the same settings.
+
+use clap::Parser;
+use mlxcel_engine::MaxNewTokens;
+use mlxcel_server::{ServerArgs, normalize_llama_args};
+
+#[derive(Debug, Parser)]
+struct Cli {
+    #[command(flatten)]
+    server: ServerArgs,
+}
+
+fn parse(args: &[&str]) -> Result<ServerArgs, clap::Error> {
+    let argv = std::iter::once("mlxcel-server").chain(args.iter().copied());
+    Cli::try_parse_from(normalize_llama_args(argv)).map(|c| c.server)
+}
+
+#[test]
+fn defaults_match_llama_server() {
+    let args = parse(&[]).unwrap();
+    let config = args.server_config().unwrap();
+    assert_eq!(config.addr.to_string(), "127.0.0.1:8080");
+    assert_eq!(config.default_max_new_tokens, MaxNewTokens::Unlimited);
+    assert_eq!(config.ctx_size, None);
+    assert!(!config.api_keys.required());
+    assert!(!config.metrics);
+    assert_eq!(args.backend, "mlx");
+}
+
+#[test]
+fn llama_server_spellings() {
+    let args = parse(&[
+        "-m",
+        "model.gguf",
+        "-c",
+        "2048",
+        "-np",
+        "4",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "9000",
+        "-n",
+        "128",
+        "--api-key",
+        "k1,k2",
+        "--metrics",
+        "--alias",
+        "smol",
+        "--temp",
+        "0",
+        "--seed",
+        "42",
+        "-t",
+        "2",
+        "--timeout",
+        "30",
+    ])
+    .unwrap();
+    let config = args.server_config().unwrap();
+    assert_eq!(args.model.as_deref(), Some("model.gguf"));
+    assert_eq!(config.ctx_size, Some(2048));
+    assert_eq!(config.parallel, 4);
+    assert_eq!(args.engine_options().unwrap().scheduler.max_batch, 4);
+    assert_eq!(config.addr.to_string(), "0.0.0.0:9000");
+    assert_eq!(config.default_max_new_tokens, MaxNewTokens::Limited(128));
+    assert!(config.api_keys.accepts("k1") && config.api_keys.accepts("k2"));
+    assert!(!config.api_keys.accepts("k3"));
+    assert!(config.metrics);
+    assert_eq!(config.alias.as_deref(), Some("smol"));
+    assert_eq!(
+        (config.default_temperature, config.default_seed),
+        (0.0, Some(42))
+    );
+    assert_eq!(config.threads, Some(2));
+    assert_eq!(config.header_timeout.as_secs(), 30);
+    assert_eq!(parse(&["-np=3"]).unwrap().parallel, 3);
+    assert_eq!(parse(&["--parallel", "5"]).unwrap().parallel, 5);
+}
+
+#[test]
+fn the_api_key_never_shows_in_debug_output() {
+    let args = parse(&["--api-key", "sekrit-value"]).unwrap();
+    let config = args.server_config().unwrap();
+    assert!(!format!("{config:?}").contains("sekrit-value"));
+}
+
+#[test]
+fn api_key_file_adds_keys() {
+    let dir = std::env::temp_dir().join(format!("mlxcel-server-keys-{}", std::process::id()));
+    std::fs::write(&dir, "first\n\n  second  \n").unwrap();
+    let config = parse(&["--api-key-file", dir.to_str().unwrap()])
+        .unwrap()
+        .server_config()
+        .unwrap();
+    std::fs::remove_file(&dir).unwrap();
+    assert!(config.api_keys.accepts("first") && config.api_keys.accepts("second"));
+    let missing = parse(&["--api-key-file", "/nonexistent/keys"])
+        .unwrap()
+        .server_config()
+        .unwrap_err();
+    assert!(
+        missing.to_string().contains("/nonexistent/keys"),
+        "{missing}"
+    );
+}
+
+#[test]
+fn backends_are_named_and_xla_is_refused_clearly() {
+    assert!(parse(&["--backend", "xla"]).is_ok());
+    let err = parse(&["--backend", "tpu"]).unwrap_err().to_string();
+    assert!(err.contains("mlx") && err.contains("xla"), "{err}");
+    let xla = parse(&["--backend", "xla"]).unwrap();
+    let err = xla.engine_options().unwrap_err().to_string();
+    assert!(err.contains("xla") && err.contains("mlx"), "{err}");
+}
+
+#[test]
+fn nonsense_values_are_refused() {
+    assert!(parse(&["-n", "-2"]).unwrap().server_config().is_err());
+    assert!(parse(&["-np", "0"]).unwrap().engine_options().is_err());
+    assert!(parse(&["--port", "http"]).is_err());
+}

@@ -1,0 +1,269 @@
+//! Each error class is a clear response in OpenAI's shape, and the server keeps serving.
+
+use std::sync::Arc;
+
+use hyper::StatusCode;
+use mlxcel_engine::{Engine, EngineOptions, SchedulerConfig};
+use mlxcel_server::ServerConfig;
+use serde_json::json;
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_and_methods_that_do_not_exist() {
+    // No model needed: the router answers before any handler.
+    let server = TestServer::start(ServerConfig::default(), None).await;
+    let error = server.get("/v2/nothing").await.error(StatusCode::NOT_FOUND);
+    assert_eq!(error["type"], "not_found_error");
+    let error = server
+        .get("/v1/completions")
+        .await
+        .error(StatusCode::METHOD_NOT_ALLOWED);
+    assert!(
+        error["message"].as_str().unwrap().contains("GET"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_bodies_wrong_types_and_refused_features() {
+    if skip_model_tests() {
+        return;
+    }
+    let server = TestServer::with_model(ServerConfig {
+        body_limit: 4096,
+        ..ServerConfig::default()
+    })
+    .await;
+    let cases: &[(&str, &str, StatusCode, &str, Option<&str>)] = &[
+        (
+            "/v1/completions",
+            "{\"prompt\": ",
+            StatusCode::BAD_REQUEST,
+            "malformed JSON",
+            None,
+        ),
+        (
+            "/v1/completions",
+            "",
+            StatusCode::BAD_REQUEST,
+            "empty",
+            None,
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "temperature": "hot"}"#,
+            StatusCode::BAD_REQUEST,
+            "temperature",
+            Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "max_tokens": 0}"#,
+            StatusCode::BAD_REQUEST,
+            "max_tokens=0",
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "n": 2}"#,
+            StatusCode::BAD_REQUEST,
+            "n=2",
+            Some("n"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": ["a", "b"]}"#,
+            StatusCode::BAD_REQUEST,
+            "batch of 2",
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "top_p": 1.5}"#,
+            StatusCode::BAD_REQUEST,
+            "top_p",
+            Some("top_p"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "model": "gpt-4"}"#,
+            StatusCode::NOT_FOUND,
+            "gpt-4",
+            Some("model"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": ""}"#,
+            StatusCode::BAD_REQUEST,
+            "empty",
+            Some("prompt"),
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "x"}], "n": 3}"#,
+            StatusCode::BAD_REQUEST,
+            "n=3",
+            Some("n"),
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}"#,
+            StatusCode::BAD_REQUEST,
+            "json_schema",
+            Some("response_format"),
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": []}"#,
+            StatusCode::BAD_REQUEST,
+            "messages",
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": "hi"}"#,
+            StatusCode::BAD_REQUEST,
+            "messages",
+            Some("messages"),
+        ),
+        (
+            "/completion",
+            r#"{"prompt": "x", "n_predict": -5}"#,
+            StatusCode::BAD_REQUEST,
+            "n_predict=-5",
+            Some("n_predict"),
+        ),
+        (
+            "/detokenize",
+            r#"{"tokens": [99999999]}"#,
+            StatusCode::BAD_REQUEST,
+            "vocabulary",
+            Some("tokens"),
+        ),
+    ];
+    for (path, body, status, needle, param) in cases {
+        let reply = server.post(path, body).await;
+        let error = reply.error(*status);
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains(needle), "{path} {body}: {message}");
+        if let Some(param) = param {
+            assert_eq!(error["param"], *param, "{path} {body}: {error}");
+        }
+    }
+    let big = format!("{{\"prompt\": \"{}\"}}", "x".repeat(5000));
+    let error = server
+        .post("/v1/completions", &big)
+        .await
+        .error(StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        error["message"].as_str().unwrap().contains("4096"),
+        "{error}"
+    );
+    // Still serving.
+    let reply = server
+        .post_json("/tokenize", json!({"content": "ok"}))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_too_long_for_the_context_name_the_numbers() {
+    if skip_model_tests() {
+        return;
+    }
+    let server = TestServer::with_model(ServerConfig {
+        ctx_size: Some(64),
+        ..ServerConfig::default()
+    })
+    .await;
+    let tokens: Vec<u32> = vec![504; 60];
+    let error = server
+        .post_json(
+            "/v1/completions",
+            json!({"prompt": tokens, "max_tokens": 10}),
+        )
+        .await
+        .error(StatusCode::BAD_REQUEST);
+    assert_eq!(
+        error["message"],
+        "effective_prompt_len=60 + max_new_tokens=10 > context_capacity=64"
+    );
+    assert_eq!(error["code"], "context_length_exceeded");
+    // An unlimited budget is clamped to what the context leaves.
+    let body = server
+        .post_json(
+            "/completion",
+            json!({"prompt": vec![504; 60], "n_predict": -1, "temperature": 0}),
+        )
+        .await
+        .json();
+    assert!(body["tokens_predicted"].as_u64().unwrap() <= 4, "{body}");
+
+    let window = TestServer::with_model(ServerConfig::default()).await;
+    let error = window
+        .post_json(
+            "/v1/completions",
+            json!({"prompt": vec![504; 8190], "max_tokens": 10}),
+        )
+        .await
+        .error(StatusCode::BAD_REQUEST);
+    assert!(
+        error["message"].as_str().unwrap().contains("8190"),
+        "{error}"
+    );
+    assert!(
+        error["message"].as_str().unwrap().contains("8192"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_is_503_with_retry_after() {
+    if skip_model_tests() {
+        return;
+    }
+    let options = EngineOptions {
+        scheduler: SchedulerConfig {
+            max_batch: 1,
+            token_budget: 512,
+            max_waiting: 1,
+            ..SchedulerConfig::default()
+        },
+        ..EngineOptions::default()
+    };
+    let engine = tokio::task::spawn_blocking(move || Engine::load(None, options).unwrap())
+        .await
+        .unwrap();
+    let server = TestServer::start(ServerConfig::default(), Some(Arc::new(engine))).await;
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 40, "stream": true});
+    // A runs (its first chunk has arrived), B waits in the one queue place, C is refused.
+    let mut running = server.open("/v1/completions", long.clone()).await;
+    assert_eq!(running.status(), StatusCode::OK);
+    assert!(next_chunk(&mut running).await.is_some());
+    let waiting = server.open("/v1/completions", long).await;
+    assert_eq!(waiting.status(), StatusCode::OK);
+    let reply = server
+        .post_json("/v1/completions", json!({"prompt": "Hi", "max_tokens": 2}))
+        .await;
+    let error = reply.error(StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(error["code"], "queue_full");
+    assert!(
+        error["message"].as_str().unwrap().contains("queue is full"),
+        "{error}"
+    );
+    assert_eq!(reply.headers["retry-after"], "1");
+    drop((running, waiting));
+    // Still serving once the queue drains.
+    assert!(
+        eventually(std::time::Duration::from_secs(30), || server
+            .state
+            .active_requests()
+            .is_empty())
+        .await
+    );
+    let reply = server
+        .post_json("/v1/completions", json!({"prompt": "Hi", "max_tokens": 2}))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+}

@@ -1,0 +1,117 @@
+//! Loading, client disconnects, and graceful shutdown.
+
+use std::time::{Duration, Instant};
+
+use hyper::StatusCode;
+use mlxcel_engine::FinishReason;
+use mlxcel_server::ServerConfig;
+use serde_json::json;
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_503_while_loading_and_200_when_ready() {
+    let server = TestServer::start(ServerConfig::default(), None).await;
+    let reply = server.get("/health").await;
+    let error = reply.error(StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(error["code"], "model_loading");
+    assert_eq!(reply.headers["retry-after"], "1");
+    let reply = server
+        .post_json("/v1/completions", json!({"prompt": "x"}))
+        .await;
+    reply.error(StatusCode::SERVICE_UNAVAILABLE);
+    if skip_model_tests() {
+        return;
+    }
+    server
+        .state
+        .set_engine(tokio::task::spawn_blocking(engine).await.unwrap());
+    assert_eq!(server.get("/health").await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_disconnect_mid_stream_cancels_the_request_in_the_engine() {
+    if skip_model_tests() {
+        return;
+    }
+    let server = TestServer::with_model(ServerConfig::default()).await;
+    for path in ["/v1/completions", "/completion"] {
+        let before = server.state.metrics().finished(FinishReason::Cancelled);
+        let mut response = server
+            .open(path, json!({"prompt": "Once upon a time", "max_tokens": 2000, "n_predict": 2000, "stream": true}))
+            .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(next_chunk(&mut response).await.is_some());
+        assert_eq!(server.state.active_requests().len(), 1);
+        drop(response);
+        let cancelled = eventually(Duration::from_secs(30), || {
+            server.state.metrics().finished(FinishReason::Cancelled) == before + 1
+                && server.state.active_requests().is_empty()
+        })
+        .await;
+        assert!(cancelled, "{path}: the engine reported no cancellation");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
+    if skip_model_tests() {
+        return;
+    }
+    let mut server = TestServer::with_model(ServerConfig::default()).await;
+    let mut response = server
+        .open("/v1/completions", json!({"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0, "stream": true}))
+        .await;
+    let mut body = next_chunk(&mut response).await.unwrap();
+    server.shutdown();
+    while let Some(chunk) = next_chunk(&mut response).await {
+        body.push_str(&chunk);
+    }
+    let events = sse_events(&body);
+    assert_eq!(events.last().unwrap(), "[DONE]", "{body}");
+    assert!(body.contains("\"finish_reason\":\"length\""), "{body}");
+    tokio::time::timeout(Duration::from_secs(10), &mut server.task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(server.addr).await.is_err(),
+        "still accepting"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_what_outlives_the_deadline() {
+    if skip_model_tests() {
+        return;
+    }
+    let config = ServerConfig {
+        shutdown_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let mut server = TestServer::with_model(config).await;
+    let mut response = server
+        .open(
+            "/v1/completions",
+            json!({"prompt": "Once upon a time", "max_tokens": 4000, "stream": true}),
+        )
+        .await;
+    assert!(next_chunk(&mut response).await.is_some());
+    let before = server.state.metrics().finished(FinishReason::Cancelled);
+    let start = Instant::now();
+    server.shutdown();
+    tokio::time::timeout(Duration::from_secs(20), &mut server.task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        server.state.metrics().finished(FinishReason::Cancelled),
+        before + 1
+    );
+    assert!(server.state.active_requests().is_empty());
+}

@@ -1,0 +1,328 @@
+//! Every route, streaming and not, on the default model.
+
+use hyper::StatusCode;
+use mlxcel_server::ServerConfig;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+const PARIS: &str = " Paris.\n\nThe answer is:";
+
+fn greedy_completion(extra: Value) -> Value {
+    let mut body =
+        json!({ "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0 });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_completions_plain_and_streamed() {
+    if skip_model_tests() {
+        return;
+    }
+    let server = TestServer::with_model(ServerConfig::default()).await;
+    let reply = server
+        .post_json("/v1/completions", greedy_completion(json!({})))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let body = reply.json();
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(body["choices"][0]["text"], PARIS);
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13})
+    );
+    assert_eq!(body["model"], "SmolLM2-135M-Instruct.Q4_1");
+
+    let reply = server
+        .post_json(
+            "/v1/completions",
+            greedy_completion(json!({"stream": true, "stream_options": {"include_usage": true}})),
+        )
+        .await;
+    assert_eq!(reply.headers["content-type"], "text/event-stream");
+    let events = reply.events();
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, PARIS);
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 8);
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    assert!(
+        chunks[..chunks.len() - 1]
+            .iter()
+            .all(|c| c["usage"].is_null())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_seed_penalties_and_logprobs() {
+    if skip_model_tests() {
+        return;
+    }
+    let server = TestServer::with_model(ServerConfig::default()).await;
+    let reply = server
+        .post_json(
+            "/v1/completions",
+            greedy_completion(json!({"stop": ["answer"], "max_tokens": 20})),
+        )
+        .await;
+    let body = reply.json();
+    assert_eq!(body["choices"][0]["text"], " Paris.\n\nThe ");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+
+    let sampled = json!({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0,
+        "top_p": 0.9, "seed": 7, "presence_penalty": 0.5, "frequency_penalty": 0.5});
+    let a = server
+        .post_json("/v1/completions", sampled.clone())
+        .await
+        .json();
+    let b = server.post_json("/v1/completions", sampled).await.json();
+    assert_eq!(
+        a["choices"][0]["text"], b["choices"][0]["text"],
+        "same seed, same text"
+    );
+
+    let reply = server
+        .post_json(
+            "/v1/completions",
+            greedy_completion(json!({"logprobs": 2, "max_tokens": 3})),
+        )
+        .await;
+    let logprobs = &reply.json()["choices"][0]["logprobs"];
+    assert_eq!(
+        logprobs["tokens"].as_array().unwrap().len(),
+        3,
+        "{logprobs}"
+    );
+    assert_eq!(logprobs["tokens"][0], " Paris");
+    assert!(logprobs["token_logprobs"][0].as_f64().unwrap() <= 0.0);
+    assert_eq!(logprobs["top_logprobs"][0].as_object().unwrap().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_completions_plain_and_streamed_with_logprobs() {
+    if skip_model_tests() {
+        return;
+    }
+    let server = TestServer::with_model(ServerConfig::default()).await;
+    let request = json!({
+        "model": "SmolLM2-135M-Instruct.Q4_1",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        "max_completion_tokens": 5, "temperature": 0, "logprobs": true, "top_logprobs": 2,
+    });
+    let reply = server
+        .post_json("/v1/chat/completions", request.clone())
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let body = reply.json();
+    assert_eq!(body["object"], "chat.completion");
+    let message = &body["choices"][0]["message"];
+    assert_eq!(message["role"], "assistant");
+    let text = message["content"].as_str().unwrap().to_owned();
+    assert!(!text.is_empty());
+    let content = body["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    assert_eq!(content.len(), 5);
+    assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 2);
+    assert_eq!(body["usage"]["completion_tokens"], 5);
+
+    let mut streamed = request;
+    streamed["stream"] = json!(true);
+    let events = server
+        .post_json("/v1/chat/completions", streamed)
+        .await
+        .events();
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
+    let joined: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(joined, text, "streamed text equals the whole response");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_completion_plain_and_streamed() {
+    if skip_model_tests() {
+        return;
+    }
+    let server = TestServer::with_model(ServerConfig::default()).await;
+    let request = json!({"prompt": "The capital of France is", "n_predict": 8, "temperature": 0,
+        "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0, "seed": 1, "cache_prompt": true});
+    let body = server
+        .post_json("/completion", request.clone())
+        .await
+        .json();
+    assert_eq!(body["content"], PARIS);
+    assert_eq!(body["stop"], true);
+    assert_eq!(body["stopped_limit"], true);
+    assert_eq!(body["tokens_predicted"], 8);
+    assert_eq!(body["tokens_evaluated"], 5);
+    assert!(body["timings"]["predicted_ms"].is_number());
+
+    let mut streamed = request;
+    streamed["stream"] = json!(true);
+    let events = server.post_json("/completion", streamed).await.events();
+    let chunks: Vec<Value> = events
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["content"].as_str())
+        .collect();
+    assert_eq!(text, PARIS);
+    assert_eq!(chunks.last().unwrap()["stop"], true);
+    assert!(
+        chunks[..chunks.len() - 1]
+            .iter()
+            .all(|c| c["stop"] == false)
+    );
+
+    let body = server
+        .post_json("/completion", json!({"prompt": "The capital of France is", "n_predict": 20, "temperature": 0, "stop": ["answer"]}))
+        .await
+        .json();
+    assert_eq!(
+        (body["stopped_word"].clone(), body["stopping_word"].clone()),
+        (json!(true), json!("answer"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_detokenize_and_apply_template() {
+    if skip_model_tests() {
+        return;
+    }
+    let server = TestServer::with_model(ServerConfig::default()).await;
+    let body = server
+        .post_json("/tokenize", json!({"content": "The capital of France is"}))
+        .await
+        .json();
+    assert_eq!(body["tokens"], json!([504, 3575, 282, 4649, 314]));
+    let body = server
+        .post_json(
+            "/tokenize",
+            json!({"content": "The capital", "with_pieces": true}),
+        )
+        .await
+        .json();
+    assert_eq!(body["tokens"][0], json!({"id": 504, "piece": "The"}));
+    let body = server
+        .post_json(
+            "/detokenize",
+            json!({"tokens": [504, 3575, 282, 4649, 314]}),
+        )
+        .await
+        .json();
+    assert_eq!(body["content"], "The capital of France is");
+    let body = server
+        .post_json(
+            "/apply-template",
+            json!({"messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await
+        .json();
+    let prompt = body["prompt"].as_str().unwrap();
+    assert!(
+        prompt.contains("<|im_start|>user\nHi<|im_end|>")
+            && prompt.ends_with("<|im_start|>assistant\n"),
+        "{prompt}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_props_slots_health_and_metrics() {
+    if skip_model_tests() {
+        return;
+    }
+    let config = ServerConfig {
+        metrics: true,
+        parallel: 3,
+        ctx_size: Some(2048),
+        alias: Some("smol".into()),
+        ..ServerConfig::default()
+    };
+    let server = TestServer::with_model(config).await;
+    let models = server.get("/v1/models").await.json();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "smol");
+    let health = server.get("/health").await;
+    assert_eq!(
+        (health.status, health.json()),
+        (StatusCode::OK, json!({"status": "ok"}))
+    );
+    let props = server.get("/props").await.json();
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 2048);
+    assert_eq!(props["n_ctx_train"], 8192);
+    assert_eq!(props["total_slots"], 3);
+    assert_eq!(props["backend"], "mlx");
+    assert!(
+        props["capacity_buckets"].is_null(),
+        "MLX has no static buckets"
+    );
+    let slots = server.get("/slots").await.json();
+    assert_eq!(slots.as_array().unwrap().len(), 3);
+    assert_eq!(slots[0]["is_processing"], false);
+
+    let completion = server
+        .post_json(
+            "/v1/completions",
+            json!({"model": "smol", "prompt": "Hello", "max_tokens": 3, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(completion.status, StatusCode::OK, "{}", completion.body);
+    let metrics = server.get("/metrics").await;
+    assert_eq!(metrics.status, StatusCode::OK);
+    assert!(
+        metrics.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    for family in [
+        "llamacpp:prompt_tokens_total 1",
+        "llamacpp:tokens_predicted_total 3",
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        "mlxcel_queue_depth",
+        "mlxcel_time_to_first_token_seconds_bucket{le=\"+Inf\"}",
+        "mlxcel_inter_token_latency_seconds_sum",
+        "mlxcel_bucket_occupancy{bucket=\"dynamic\"}",
+        "mlxcel_compilations_total 0",
+        "mlxcel_http_requests_finished_total{reason=\"length\"} 1",
+    ] {
+        assert!(
+            metrics.body.contains(family),
+            "{family} missing from:\n{}",
+            metrics.body
+        );
+    }
+}
