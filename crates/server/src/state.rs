@@ -2,13 +2,11 @@
 //! and the requests in flight (for `/slots`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use mlxcel_engine::{Engine, ModelInfo};
-use mlxcel_model::DefaultModel;
 
 use crate::config::ServerConfig;
 use crate::error::ApiError;
@@ -75,23 +73,12 @@ impl AppState {
     }
 
     /// The name clients see for the model.
-    /// The `--alias`, else the `-m` file or directory name (without `.gguf`), else the default
-    /// model's GGUF name; checkpoint directories of converted GGUFs are named by hash.
+    /// The `--alias`, else the model's own name (a converted GGUF's stem, or the directory's).
     pub fn model_name(&self, info: &ModelInfo) -> String {
-        if let Some(alias) = &self.config.alias {
-            return alias.clone();
-        }
-        let path = match &self.config.model_arg {
-            Some(arg) => PathBuf::from(arg),
-            None => PathBuf::from(DefaultModel::pinned().gguf_member),
-        };
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| info.name.clone());
-        name.strip_suffix(".gguf")
-            .map(str::to_owned)
-            .unwrap_or(name)
+        self.config
+            .alias
+            .clone()
+            .unwrap_or_else(|| info.name.clone())
     }
 
     /// Refuses a model name this server does not serve; `None` (not given) is accepted.
