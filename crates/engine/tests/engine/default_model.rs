@@ -145,3 +145,32 @@ fn metrics_count_tokens_latencies_and_finishes() {
     assert!(after.buckets.is_empty(), "MLX has no static buckets");
     assert_eq!(after.compilations, 0);
 }
+
+#[test]
+fn eight_concurrent_greedy_requests_match_running_alone() {
+    if skip() {
+        return;
+    }
+    let prompts = [
+        "The capital of France is",
+        "Hi",
+        "Write a haiku about the sea.",
+        "1, 2, 3, 4,",
+        "Rust is a systems programming language that",
+        "Translate to French: good morning",
+        "def fibonacci(n):",
+        "A list of fruits: apple, banana,",
+    ];
+    let request = |i: usize| greedy(prompts[i], 4 + i);
+    let alone: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|i| engine().generate(request(i)).unwrap().tokens)
+        .collect();
+    let streams: Vec<_> = (0..prompts.len())
+        .map(|i| engine().submit(request(i)).unwrap())
+        .collect();
+    let together: Vec<Vec<u32>> = streams
+        .into_iter()
+        .map(|s| s.collect_completion().unwrap().tokens)
+        .collect();
+    assert_eq!(together, alone);
+}
