@@ -50,4 +50,6 @@ pub use env::{
 };
 pub use error::{CapacityError, EnvError};
 pub use ladder::{DEFAULT_XLA_GENERATION_BUDGET, LADDER, MAX_CONTEXT_CAPACITY, SMALLEST_BUCKET};
-pub use resolve::{MaxNewTokens, Request, Resolution, admit, resolve_context_capacity};
+pub use resolve::{
+    MaxNewTokens, Request, Resolution, admit, admit_in_window, resolve_context_capacity,
+};

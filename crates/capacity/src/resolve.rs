@@ -110,6 +110,27 @@ pub fn admit(
     })
 }
 
+/// [`admit`] for a dynamic shape bounded only by the checkpoint window: a refusal names the window
+/// (`... > checkpoint window=8192; ...`) rather than a capacity the user never chose.
+pub fn admit_in_window(
+    effective_prompt_len: usize,
+    max_new_tokens: MaxNewTokens,
+    window: usize,
+) -> Result<usize, CapacityError> {
+    admit(effective_prompt_len, max_new_tokens, window).map_err(|err| match err {
+        CapacityError::ExceedsCapacity {
+            effective_prompt_len,
+            max_new_tokens,
+            ..
+        } => CapacityError::ExceedsWindow {
+            effective_prompt_len,
+            max_new_tokens,
+            window,
+        },
+        other => other,
+    })
+}
+
 /// Sizes one command-line request.
 ///
 /// A `pinned` capacity (from `MLXCEL_XLA_CONTEXT_CAPACITY`) is used as it is, subject only to the

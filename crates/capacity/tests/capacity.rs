@@ -6,8 +6,9 @@
 
 use mlxcel_capacity::{
     CONTEXT_BUCKETS_ENV, CONTEXT_CAPACITY_ENV, CapacityError, CapacityOverrides,
-    DEFAULT_XLA_GENERATION_BUDGET, LADDER, MaxNewTokens, Request, admit, derive_server_buckets,
-    parse_context_buckets, parse_context_capacity, resolve_context_capacity, route, server_buckets,
+    DEFAULT_XLA_GENERATION_BUDGET, LADDER, MaxNewTokens, Request, admit, admit_in_window,
+    derive_server_buckets, parse_context_buckets, parse_context_capacity, resolve_context_capacity,
+    route, server_buckets,
 };
 
 const SEED_WINDOW: usize = 131_072;
@@ -149,6 +150,25 @@ mod acceptance {
         );
         assert!(admit(256, n(-1), 256).is_err());
         assert_eq!(admit(256, n(0), 256), Ok(0));
+    }
+
+    #[test]
+    fn admission_in_a_window_names_the_window() {
+        assert_eq!(admit_in_window(6, n(-1), 8192), Ok(8186));
+        assert_eq!(admit_in_window(6, n(100), 8192), Ok(100));
+        assert_eq!(
+            admit_in_window(9031, n(10), 8192).unwrap_err().to_string(),
+            "effective_prompt_len=9031 + max_new_tokens=10 > checkpoint window=8192; \
+             shorten the prompt or lower the token budget (-n)"
+        );
+        assert_eq!(
+            admit_in_window(8192, n(-1), 8192),
+            Err(CapacityError::ExceedsWindow {
+                effective_prompt_len: 8192,
+                max_new_tokens: 1,
+                window: 8192
+            })
+        );
     }
 }
 

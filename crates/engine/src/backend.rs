@@ -6,7 +6,7 @@
 //! sequence's last new position. Everything above the logits happens in the engine, so backends
 //! behave identically to users and a mock backend can test the scheduler.
 
-use mlxcel_capacity::{MaxNewTokens, admit};
+use mlxcel_capacity::{MaxNewTokens, admit_in_window};
 
 use crate::error::EngineError;
 
@@ -95,7 +95,7 @@ pub trait Backend {
     /// backends override this, sizing through `mlxcel-capacity`.
     fn create_session_for_request(&self, shape: &RequestShape) -> Result<SessionPlan, EngineError> {
         let window = self.window();
-        let admitted = admit(shape.effective_prompt_len(), shape.max_new_tokens, window)?;
+        let admitted = admit_in_window(shape.effective_prompt_len(), shape.max_new_tokens, window)?;
         Ok(SessionPlan {
             context_capacity: None,
             max_positions: window,

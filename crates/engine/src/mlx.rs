@@ -70,8 +70,11 @@ impl Backend for MlxBackend {
     /// case could never fit the budget is refused now rather than queued forever.
     fn create_session_for_request(&self, shape: &RequestShape) -> Result<SessionPlan, EngineError> {
         let window = self.window();
-        let admitted =
-            mlxcel_capacity::admit(shape.effective_prompt_len(), shape.max_new_tokens, window)?;
+        let admitted = mlxcel_capacity::admit_in_window(
+            shape.effective_prompt_len(),
+            shape.max_new_tokens,
+            window,
+        )?;
         let positions = shape.effective_prompt_len() + admitted;
         let bytes = positions * self.bytes_per_position();
         if bytes > self.kv_budget_bytes {

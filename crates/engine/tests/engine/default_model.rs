@@ -117,7 +117,8 @@ fn refusals_are_errors_and_the_engine_keeps_serving() {
     let err = engine().submit(too_long).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "effective_prompt_len=8000 + max_new_tokens=500 > context_capacity=8192"
+        "effective_prompt_len=8000 + max_new_tokens=500 > checkpoint window=8192; \
+         shorten the prompt or lower the token budget (-n)"
     );
     assert!("xla".parse::<BackendKind>().is_err());
     let err = "nope".parse::<BackendKind>().unwrap_err().to_string();

@@ -386,7 +386,8 @@ mod seam {
             .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "effective_prompt_len=6 + max_new_tokens=95 > context_capacity=100"
+            "effective_prompt_len=6 + max_new_tokens=95 > checkpoint window=100; \
+             shorten the prompt or lower the token budget (-n)"
         );
     }
 }
