@@ -292,7 +292,10 @@ mod bench {
         if skip() {
             return;
         }
-        let output = mlxcel(&["bench", "-p", "8", "-n", "4", "-r", "2", "--streams", "1,2"], &[]);
+        let output = mlxcel(
+            &["bench", "-p", "8", "-n", "4", "-r", "2", "--streams", "1,2"],
+            &[],
+        );
         assert!(output.status.success(), "{}", stderr(&output));
         let out = stdout(&output);
         let lines: Vec<&str> = out.lines().collect();
