@@ -166,6 +166,7 @@ pub async fn submit(
         first_token: None,
         last_token: None,
         generated: 0,
+        finished: false,
     })
 }
 
@@ -180,6 +181,7 @@ pub struct Tracked {
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     generated: usize,
+    finished: bool,
 }
 
 impl Tracked {
@@ -215,6 +217,7 @@ impl Tracked {
                 self.state.note_generated(self.key, self.generated);
             }
             Event::Finished { reason, usage, .. } => {
+                self.finished = true;
                 let first = self.first_token.unwrap_or(now);
                 self.state.metrics().observe_finished(
                     *reason,
@@ -238,7 +241,20 @@ impl Tracked {
 }
 
 impl Drop for Tracked {
+    /// Dropped before its end (a non-streamed request whose connection went away, or a task
+    /// aborted at the shutdown deadline): the stream's own drop cancels it in the engine.
     fn drop(&mut self) {
+        if !self.finished {
+            let now = Instant::now();
+            let first = self.first_token.unwrap_or(now);
+            self.state.metrics().observe_finished(
+                FinishReason::Cancelled,
+                self.prompt_tokens,
+                first - self.submitted,
+                self.generated,
+                now - first,
+            );
+        }
         self.state.unregister(self.key);
     }
 }

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use crate::body::{Body, StreamSender, event_stream, full, json, read_json};
 use crate::error::ApiError;
 use crate::generate::{
-    Next, Params, PromptInput, Tracked, budget, collect, next_or_gone, submit, token_piece,
+    Next, Params, PromptInput, TokenRecord, Tracked, budget, collect, next_or_gone, submit,
+    token_piece,
 };
 use crate::openai::{MessageField, StopField, chat_messages};
 use crate::state::AppState;
@@ -103,36 +104,20 @@ pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Respons
         outcome.usage.completion_tokens,
     );
     body["content"] = json!(outcome.text);
-    if let Some(n) = request.n_probs.filter(|&n| n > 0) {
-        body["completion_probabilities"] = outcome
-            .tokens
-            .iter()
-            .map(|t| {
-                probs(
-                    &engine,
-                    t.token,
-                    t.logprob.map(|l| l.logprob),
-                    &t.top_logprobs,
-                    n,
-                )
-            })
-            .collect();
+    if request.n_probs.is_some_and(|n| n > 0) {
+        body["completion_probabilities"] =
+            outcome.tokens.iter().map(|t| probs(&engine, t)).collect();
     }
     Ok(json(StatusCode::OK, &body))
 }
 
-fn probs(
-    engine: &Engine,
-    token: u32,
-    logprob: Option<f32>,
-    top: &[mlxcel_engine::TokenLogprob],
-    _n: usize,
-) -> Value {
+/// One token of llama-server's `completion_probabilities`.
+fn probs(engine: &Engine, t: &TokenRecord) -> Value {
     json!({
-        "id": token,
-        "token": token_piece(engine, token),
-        "logprob": logprob,
-        "top_logprobs": top.iter().map(|a| json!({
+        "id": t.token,
+        "token": token_piece(engine, t.token),
+        "logprob": t.logprob.map(|l| l.logprob),
+        "top_logprobs": t.top_logprobs.iter().map(|a| json!({
             "id": a.token, "token": token_piece(engine, a.token), "logprob": a.logprob,
         })).collect::<Vec<_>>(),
     })

@@ -187,6 +187,18 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
+            "# HELP mlxcel_requests_finished_total Requests the engine ended, by finish reason.\n\
+             # TYPE mlxcel_requests_finished_total counter"
+        );
+        let f = e.finished;
+        for (reason, count) in REASONS.iter().zip([f.stop, f.length, f.cancelled, f.error]) {
+            let _ = writeln!(
+                out,
+                "mlxcel_requests_finished_total{{reason=\"{reason}\"}} {count}"
+            );
+        }
+        let _ = writeln!(
+            out,
             "# HELP mlxcel_bucket_occupancy Sequences running per context-capacity bucket (\"dynamic\" without static shapes).\n\
              # TYPE mlxcel_bucket_occupancy gauge"
         );

@@ -214,6 +214,18 @@ async fn llama_completion_plain_and_streamed() {
         (body["stopped_word"].clone(), body["stopping_word"].clone()),
         (json!(true), json!("answer"))
     );
+
+    let body = server
+        .post_json(
+            "/completion",
+            json!({"prompt": "The capital of France is", "n_predict": 2, "temperature": 0, "n_probs": 3}),
+        )
+        .await
+        .json();
+    let probs = body["completion_probabilities"].as_array().unwrap();
+    assert_eq!(probs.len(), 2, "{body}");
+    assert_eq!(probs[0]["token"], " Paris");
+    assert_eq!(probs[0]["top_logprobs"].as_array().unwrap().len(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
