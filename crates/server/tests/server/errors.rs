@@ -16,6 +16,14 @@ async fn routes_and_methods_that_do_not_exist() {
     let error = server.get("/v2/nothing").await.error(StatusCode::NOT_FOUND);
     assert_eq!(error["type"], "not_found_error");
     let error = server
+        .get("/metrics")
+        .await
+        .error(StatusCode::NOT_IMPLEMENTED);
+    assert!(
+        error["message"].as_str().unwrap().contains("--metrics"),
+        "{error}"
+    );
+    let error = server
         .get("/v1/completions")
         .await
         .error(StatusCode::METHOD_NOT_ALLOWED);
@@ -126,6 +134,55 @@ async fn malformed_bodies_wrong_types_and_refused_features() {
             StatusCode::BAD_REQUEST,
             "messages",
             Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#,
+            StatusCode::BAD_REQUEST,
+            "json_object",
+            Some("response_format"),
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}"#,
+            StatusCode::BAD_REQUEST,
+            "tools",
+            Some("tools"),
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}"#,
+            StatusCode::BAD_REQUEST,
+            "image_url",
+            Some("messages[0].content"),
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}"#,
+            StatusCode::BAD_REQUEST,
+            "logprobs=true",
+            Some("top_logprobs"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "logit_bias": {"50": 5}}"#,
+            StatusCode::BAD_REQUEST,
+            "logit_bias",
+            Some("logit_bias"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "echo": true}"#,
+            StatusCode::BAD_REQUEST,
+            "echo",
+            Some("echo"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "best_of": 3}"#,
+            StatusCode::BAD_REQUEST,
+            "best_of=3",
+            Some("best_of"),
         ),
         (
             "/completion",
