@@ -161,3 +161,31 @@ async fn shutdown_cancels_what_outlives_the_deadline() {
     .await;
     assert!(cancelled, "the request outlived the shutdown deadline");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_keep_alive_connection_serves_several_requests() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper::Request;
+    use hyper_util::rt::TokioIo;
+
+    let server = TestServer::start(ServerConfig::default(), None).await;
+    let stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    for (path, status) in [
+        ("/health", StatusCode::SERVICE_UNAVAILABLE),
+        ("/nowhere", StatusCode::NOT_FOUND),
+        ("/health", StatusCode::SERVICE_UNAVAILABLE),
+    ] {
+        let request = Request::get(path)
+            .header("host", "x")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), status, "{path}");
+        response.into_body().collect().await.unwrap();
+    }
+}
