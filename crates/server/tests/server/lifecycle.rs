@@ -184,6 +184,8 @@ async fn one_keep_alive_connection_serves_several_requests() {
             .header("host", "x")
             .body(Full::new(Bytes::new()))
             .unwrap();
+        // `ready` fails if the server closed the connection after the previous response.
+        sender.ready().await.unwrap();
         let response = sender.send_request(request).await.unwrap();
         assert_eq!(response.status(), status, "{path}");
         response.into_body().collect().await.unwrap();
