@@ -50,13 +50,29 @@ fn main() {
     }
 
     cxx_build::bridge("src/sys.rs")
-        .files(["cpp/array.cc", "cpp/ops.cc", "cpp/fast.cc"])
+        .files([
+            "cpp/array.cc",
+            "cpp/ops.cc",
+            "cpp/fast.cc",
+            "cpp/kernels/primitive.cc",
+            "cpp/kernels/qmatmul.cc",
+            "cpp/kernels/qmatmul_scalar.cc",
+            "cpp/kernels/qmatmul_avx2.cc",
+            "cpp/kernels/qmatmul_avx512.cc",
+            "cpp/kernels/pool.cc",
+        ])
+        // No -march: the SIMD kernels carry function-level target attributes and are chosen at
+        // run time (cpp/kernels/dispatch.h), so one build runs on any x86-64.
+        .opt_level(3)
         .include(&include)
         .std("c++20")
         // The wheel is built with the default (cxx11) libstdc++ ABI; say so explicitly in
         // case the environment's CXXFLAGS asks for the old one.
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .flag_if_supported("-Wno-unused-parameter")
+        // GCC 12's own AVX-512 intrinsic headers trip these warnings (their `__Y = __Y` idiom).
+        .flag_if_supported("-Wno-maybe-uninitialized")
+        .flag_if_supported("-Wno-uninitialized")
         .compile("mlxcel-core-shim");
 
     // Deleting the cache (or the MLX_DIR install) re-runs this script, which re-provisions,

@@ -120,4 +120,13 @@ std::unique_ptr<MlxArray> dequantize(const MlxArray& w, const MlxArray& scales,
                                      const MlxArray& biases, int32_t group_size, int32_t bits);
 std::unique_ptr<ArrayList> quantize(const MlxArray& w, int32_t group_size, int32_t bits);
 
+// mlxcel's own CPU kernels (kernels/primitive.cc). `isa`: 0 scalar, 1 AVX2, 2 AVX-512 (capped
+// at what the CPU supports); `threads`: the most threads one call uses.
+std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxArray& w,
+                                                  const MlxArray& scales, const MlxArray& biases,
+                                                  int32_t group_size, int32_t bits, uint8_t isa,
+                                                  int32_t threads);
+uint8_t kernels_best_isa();
+int32_t kernels_available_cores();
+
 }  // namespace mlxcel

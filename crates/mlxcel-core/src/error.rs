@@ -65,6 +65,16 @@ pub enum Error {
         /// The cache's limit.
         max_positions: usize,
     },
+    /// An environment variable has a value this crate cannot use.
+    #[error("{variable}={value:?} is invalid: expected {expected}")]
+    InvalidEnv {
+        /// The variable, e.g. `MLXCEL_KERNELS`.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+        /// What it may be.
+        expected: &'static str,
+    },
 }
 
 /// `Result` with [`Error`].

@@ -7,7 +7,8 @@
 //! - [`Array`] is a lazily evaluated, refcounted MLX array with the general ops (shape, layout,
 //!   arithmetic, gather, slicing) and read-back. [`eval`] evaluates several arrays at once.
 //! - [`fast`] holds the fused transformer ops (RMS norm, RoPE, attention).
-//! - [`QuantizedWeight`] is an affine-quantized matrix and its matmul.
+//! - [`QuantizedWeight`] is an affine-quantized matrix and its matmul, either MLX's or mlxcel's
+//!   own multi-threaded CPU kernel ([`kernels`], chosen by [`Kernels`]).
 //! - [`LlamaModel`] is the llama-family forward pass over a validated `mlxcel_model::Checkpoint`;
 //!   each sequence keeps its keys and values in its own [`KvCache`], and one
 //!   [`LlamaModel::forward`] runs any mix of prefill chunks and decode tokens.
@@ -33,6 +34,7 @@ mod device;
 mod dtype;
 mod error;
 pub mod fast;
+pub mod kernels;
 mod kv_cache;
 mod llama;
 pub mod pin;
@@ -45,6 +47,7 @@ pub use device::{
 };
 pub use dtype::Dtype;
 pub use error::{Error, Result};
+pub use kernels::{Isa, KernelBackend, Kernels};
 pub use kv_cache::{KV_CHUNK, KvCache};
 pub use llama::{ForwardSeq, LlamaModel, llama3_periods};
 pub use quantized::QuantizedWeight;

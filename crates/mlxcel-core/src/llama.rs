@@ -15,6 +15,7 @@ use crate::array::{Array, eval};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::fast::{AttentionMask, Rope, RopeFrequencies, rms_norm, scaled_dot_product_attention};
+use crate::kernels::Kernels;
 use crate::kv_cache::KvCache;
 use crate::quantized::QuantizedWeight;
 
@@ -33,10 +34,10 @@ enum Linear {
 }
 
 impl Linear {
-    fn forward(&self, x: &Array) -> Result<Array> {
+    fn forward(&self, x: &Array, kernels: &Kernels) -> Result<Array> {
         let (y, bias) = match self {
             Self::Dense { weight_t, bias } => (x.matmul(weight_t)?, bias),
-            Self::Quantized { weight, bias } => (weight.matmul(x, true)?, bias),
+            Self::Quantized { weight, bias } => (weight.linear(x, kernels)?, bias),
         };
         match bias {
             Some(b) => y.add(b),
@@ -69,10 +70,10 @@ impl Embedding {
     }
 
     /// `x · tableᵀ`: logits over the vocabulary.
-    fn project(&self, x: &Array) -> Result<Array> {
+    fn project(&self, x: &Array, kernels: &Kernels) -> Result<Array> {
         match self {
             Self::Dense(table) => x.matmul(&table.transpose(&[1, 0])?),
-            Self::Quantized(q) => q.matmul(x, true),
+            Self::Quantized(q) => q.linear(x, kernels),
         }
     }
 }
@@ -109,12 +110,19 @@ pub struct LlamaModel {
     lm_head: Option<Linear>,
     rope: Rope,
     attention_scale: f32,
+    kernels: Kernels,
 }
 
 impl LlamaModel {
     /// Builds the model from a validated checkpoint, copying each tensor once into MLX memory.
     /// Dense weights are widened to f32; quantized weights stay packed, with f32 scales and biases.
+    /// The kernels come from the environment ([`Kernels::from_env`]).
     pub fn load(checkpoint: &Checkpoint) -> Result<Self> {
+        Self::load_with(checkpoint, Kernels::from_env()?)
+    }
+
+    /// [`LlamaModel::load`] with an explicit choice of kernels.
+    pub fn load_with(checkpoint: &Checkpoint, kernels: Kernels) -> Result<Self> {
         let config = checkpoint.config().clone();
         let loader = Loader { checkpoint };
         let embed = match loader.quantized("model.embed_tokens")? {
@@ -155,6 +163,7 @@ impl LlamaModel {
             lm_head,
             rope,
             attention_scale,
+            kernels,
         };
         model.materialize()?;
         Ok(model)
@@ -186,6 +195,11 @@ impl LlamaModel {
             Embedding::Quantized(q) => arrays.extend([&q.weight, &q.scales, &q.biases]),
         }
         eval(&arrays)
+    }
+
+    /// The kernels this model runs on.
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
     }
 
     /// The model's description.
@@ -235,12 +249,13 @@ impl LlamaModel {
             c.head_dim as i32,
         );
 
+        let kn = &self.kernels;
         let mut x = self.embed.lookup(&Array::from_u32(&ids, &[total])?)?;
         for (index, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
-            let q = layer.q.forward(&h)?;
-            let k = layer.k.forward(&h)?;
-            let v = layer.v.forward(&h)?;
+            let q = layer.q.forward(&h, kn)?;
+            let k = layer.k.forward(&h, kn)?;
+            let v = layer.v.forward(&h, kn)?;
             let mut outputs = Vec::with_capacity(seqs.len());
             let mut row = 0i32;
             for seq in seqs.iter_mut() {
@@ -273,14 +288,14 @@ impl LlamaModel {
                 [one] => one.clone(),
                 many => Array::concatenate(&many.iter().collect::<Vec<_>>(), 0)?,
             };
-            x = x.add(&layer.o.forward(&attended)?)?;
+            x = x.add(&layer.o.forward(&attended, kn)?)?;
             let h = rms_norm(&x, &layer.post_norm, c.rms_norm_eps)?;
             let gated = layer
                 .gate
-                .forward(&h)?
+                .forward(&h, kn)?
                 .silu()?
-                .multiply(&layer.up.forward(&h)?)?;
-            x = x.add(&layer.down.forward(&gated)?)?;
+                .multiply(&layer.up.forward(&h, kn)?)?;
+            x = x.add(&layer.down.forward(&gated, kn)?)?;
         }
 
         let mut last_rows = Vec::with_capacity(seqs.len());
@@ -293,8 +308,8 @@ impl LlamaModel {
         let last = x.take(&Array::from_u32(&last_rows, &[batch])?, 0)?;
         let last = rms_norm(&last, &self.norm, c.rms_norm_eps)?;
         let logits = match &self.lm_head {
-            Some(head) => head.forward(&last)?,
-            None => self.embed.project(&last)?,
+            Some(head) => head.forward(&last, kn)?,
+            None => self.embed.project(&last, kn)?,
         }
         .astype(Dtype::F32)?;
 

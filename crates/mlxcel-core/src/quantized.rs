@@ -5,7 +5,9 @@
 //! GGUF Q4_0/Q4_1/Q8_0 blocks are this format with `group_size = 32`.
 
 use crate::array::{Array, call};
+use crate::dtype::Dtype;
 use crate::error::{Error, Result};
+use crate::kernels::{Isa, KernelBackend, Kernels};
 use crate::sys::{self, Handle, ffi};
 
 /// A quantized weight matrix and its layout.
@@ -63,7 +65,45 @@ impl QuantizedWeight {
         })
     }
 
-    /// `x · Wᵀ` when `transpose` (the linear-layer case, `W: [out, in]`), else `x · W`.
+    /// `x · Wᵀ` (the linear-layer case, `W: [out, in]`) with `kernels`: mlxcel's own kernel
+    /// when chosen and it covers the layout (4 or 8 bits, groups of 32, 64 or 128, f32 `x`,
+    /// scales and biases), MLX's otherwise.
+    pub fn linear(&self, x: &Array, kernels: &Kernels) -> Result<Array> {
+        if kernels.backend == KernelBackend::Native && self.native_covers(x) {
+            self.matmul_native(x, kernels.isa, kernels.threads)
+        } else {
+            self.matmul(x, true)
+        }
+    }
+
+    /// Whether mlxcel's kernel covers `x · Wᵀ` for this weight.
+    pub fn native_covers(&self, x: &Array) -> bool {
+        matches!(self.bits, 4 | 8)
+            && matches!(self.group_size, 32 | 64 | 128)
+            && x.dtype() == Dtype::F32
+            && self.scales.dtype() == Dtype::F32
+            && self.biases.dtype() == Dtype::F32
+    }
+
+    /// `x · Wᵀ` with mlxcel's CPU kernel on the best path at or below `isa`, using at most
+    /// `threads` threads. Errors name the unsupported layout.
+    pub fn matmul_native(&self, x: &Array, isa: Isa, threads: usize) -> Result<Array> {
+        call("native_quantized_matmul", || {
+            ffi::native_quantized_matmul(
+                x.raw(),
+                self.weight.raw(),
+                self.scales.raw(),
+                self.biases.raw(),
+                self.group_size,
+                self.bits,
+                isa as u8,
+                threads.min(i32::MAX as usize) as i32,
+            )
+        })
+    }
+
+    /// `x · Wᵀ` when `transpose` (the linear-layer case, `W: [out, in]`), else `x · W`, with
+    /// MLX's stock kernel.
     pub fn matmul(&self, x: &Array, transpose: bool) -> Result<Array> {
         call("quantized_matmul", || {
             ffi::quantized_matmul(

@@ -129,6 +129,20 @@ pub(crate) mod ffi {
             bits: i32,
         ) -> Result<UniquePtr<MlxArray>>;
         fn quantize(w: &MlxArray, group_size: i32, bits: i32) -> Result<UniquePtr<ArrayList>>;
+
+        #[allow(clippy::too_many_arguments)]
+        fn native_quantized_matmul(
+            x: &MlxArray,
+            w: &MlxArray,
+            scales: &MlxArray,
+            biases: &MlxArray,
+            group_size: i32,
+            bits: i32,
+            isa: u8,
+            threads: i32,
+        ) -> Result<UniquePtr<MlxArray>>;
+        fn kernels_best_isa() -> u8;
+        fn kernels_available_cores() -> i32;
     }
 }
 

@@ -5,6 +5,7 @@ mod array_ops;
 mod attention;
 mod device;
 mod errors;
+mod kernels;
 mod llama;
 mod pin;
 mod properties;

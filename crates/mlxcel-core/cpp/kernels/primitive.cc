@@ -1,0 +1,177 @@
+// MLX primitives for mlxcel's CPU kernels, and their bridge shims.
+//
+// MLX's CPU backend is asynchronous: eval_cpu runs when the graph is scheduled, before the inputs'
+// producers have run. It may read shapes, strides and pointers (allocated by then), but the data
+// only inside the task it hands to the stream's command encoder, which runs after the producers.
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlxcel-core/cpp/bridge.h"
+#include "mlxcel-core/cpp/kernels/dispatch.h"
+#include "mlxcel-core/cpp/kernels/pool.h"
+
+namespace mx = mlx::core;
+
+namespace mlxcel {
+
+std::unique_ptr<MlxArray> wrap(mx::array a);
+
+namespace {
+
+using kernels::Isa;
+
+// Where each row of an [M, K] view of `a` starts, in elements from a.data<float>(), for inputs
+// that are not row-contiguous (a slice, a transpose, a broadcast).
+std::vector<int64_t> row_offsets(const mx::array& a, int64_t rows) {
+  std::vector<int64_t> offsets(rows);
+  const auto& shape = a.shape();
+  const auto& strides = a.strides();
+  const int lead = static_cast<int>(shape.size()) - 1;
+  std::vector<int64_t> index(lead, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t off = 0;
+    for (int d = 0; d < lead; ++d) off += index[d] * strides[d];
+    offsets[r] = off;
+    for (int d = lead - 1; d >= 0; --d) {
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
+  }
+  return offsets;
+}
+
+class QuantizedMatmulCpu : public mx::UnaryPrimitive {
+ public:
+  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, Isa isa, int threads)
+      : mx::UnaryPrimitive(stream),
+        group_size_(group_size),
+        bits_(bits),
+        isa_(isa),
+        threads_(threads) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& x = inputs[0];
+    const auto& w = inputs[1];
+    const auto& scales = inputs[2];
+    const auto& biases = inputs[3];
+    for (const auto* a : {&w, &scales, &biases}) {
+      if (!a->flags().row_contiguous)
+        throw std::runtime_error("mlxcel quantized matmul: weights must be row-contiguous");
+    }
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+
+    kernels::QProblem p{};
+    p.K = x.shape(-1);
+    p.N = w.shape(0);
+    p.M = static_cast<int>(x.size() / p.K);
+    p.group_size = group_size_;
+    p.bits = bits_;
+    p.w = w.data<uint32_t>();
+    p.scales = scales.data<float>();
+    p.biases = biases.data<float>();
+    p.y = out.data<float>();
+
+    const float* xdata = x.data<float>();
+    std::vector<int64_t> offsets;
+    int64_t col_stride = 1;
+    if (!x.flags().row_contiguous) {
+      offsets = row_offsets(x, p.M);
+      col_stride = x.strides().back();
+    }
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(x);
+    encoder.set_input_array(w);
+    encoder.set_input_array(scales);
+    encoder.set_input_array(biases);
+    encoder.set_output_array(out);
+    encoder.dispatch([p, xdata, offsets = std::move(offsets), col_stride, isa = isa_,
+                      threads = threads_]() mutable {
+      std::vector<float> gathered;
+      if (offsets.empty()) {
+        p.x = xdata;
+      } else {
+        gathered.resize(static_cast<size_t>(p.M) * p.K);
+        for (int m = 0; m < p.M; ++m)
+          for (int k = 0; k < p.K; ++k)
+            gathered[static_cast<size_t>(m) * p.K + k] = xdata[offsets[m] + k * col_stride];
+        p.x = gathered.data();
+      }
+      kernels::qmatmul(p, isa, threads);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mlxcel quantized matmul has no GPU implementation");
+  }
+
+  const char* name() const override { return "MlxcelQuantizedMatmul"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const QuantizedMatmulCpu&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && isa_ == o.isa_ &&
+           threads_ == o.threads_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+  Isa isa_;
+  int threads_;
+};
+
+[[noreturn]] void refuse(const std::string& why) {
+  throw std::invalid_argument("mlxcel quantized matmul: " + why);
+}
+
+}  // namespace
+
+std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxArray& w,
+                                                  const MlxArray& scales, const MlxArray& biases,
+                                                  int32_t group_size, int32_t bits, uint8_t isa,
+                                                  int32_t threads) {
+  if (bits != 4 && bits != 8) refuse("bits must be 4 or 8, got " + std::to_string(bits));
+  if (group_size != 32 && group_size != 64 && group_size != 128)
+    refuse("group_size must be 32, 64 or 128, got " + std::to_string(group_size));
+  if (isa > static_cast<uint8_t>(Isa::Avx512)) refuse("unknown ISA code " + std::to_string(isa));
+  const auto& xa = x.inner;
+  const auto& wa = w.inner;
+  if (xa.dtype() != mx::float32) refuse("x must be float32");
+  if (wa.dtype() != mx::uint32 || wa.ndim() != 2) refuse("weight must be a 2-D uint32 array");
+  if (xa.ndim() < 1) refuse("x must have at least one dimension");
+  const int k = xa.shape(-1);
+  const int n = wa.shape(0);
+  if (k % group_size != 0 || static_cast<int64_t>(wa.shape(1)) * 32 / bits != k)
+    refuse("x's last dimension " + std::to_string(k) + " does not match the weight's " +
+           std::to_string(static_cast<int64_t>(wa.shape(1)) * 32 / bits));
+  for (const auto* a : {&scales.inner, &biases.inner}) {
+    if (a->dtype() != mx::float32 || a->ndim() != 2 || a->shape(0) != n ||
+        a->shape(1) != k / group_size)
+      refuse("scales and biases must be float32 [" + std::to_string(n) + ", " +
+             std::to_string(k / group_size) + "]");
+  }
+  auto shape = xa.shape();
+  shape.back() = n;
+  auto prim = std::make_shared<QuantizedMatmulCpu>(mlxcel_stream(), group_size, bits,
+                                                   static_cast<Isa>(isa), threads < 1 ? 1 : threads);
+  return wrap(mx::array(std::move(shape), mx::float32, std::move(prim),
+                        {xa, wa, scales.inner, biases.inner}));
+}
+
+uint8_t kernels_best_isa() { return static_cast<uint8_t>(kernels::best_isa()); }
+
+int32_t kernels_available_cores() { return kernels::available_cores(); }
+
+}  // namespace mlxcel

@@ -1,0 +1,49 @@
+// AVX2 + FMA quantized matmul; see qmatmul_avx512.cc for why there are no -m flags and no STL.
+#include <immintrin.h>
+
+#include "mlxcel-core/cpp/kernels/qmatmul.h"
+
+#define MLXCEL_TARGET __attribute__((target("avx2,fma,f16c")))
+
+namespace mlxcel::kernels {
+namespace {
+struct V {
+  using reg = __m256;
+  static constexpr int W = 8, MR = 2, NR = 4;
+  MLXCEL_TARGET static reg zero() { return _mm256_setzero_ps(); }
+  MLXCEL_TARGET static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  MLXCEL_TARGET static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
+  MLXCEL_TARGET static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  MLXCEL_TARGET static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  MLXCEL_TARGET static reg set1(float v) { return _mm256_set1_ps(v); }
+  MLXCEL_TARGET static float reduce(reg v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  MLXCEL_TARGET static reg bytes8(__m128i v) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+  }
+  MLXCEL_TARGET static void q4_chunk(const uint8_t* p, reg out[4]) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(v, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+    out[0] = bytes8(lo);
+    out[1] = bytes8(_mm_srli_si128(lo, 8));
+    out[2] = bytes8(hi);
+    out[3] = bytes8(_mm_srli_si128(hi, 8));
+  }
+  MLXCEL_TARGET static void q8_chunk(const uint8_t* p, reg out[4]) {
+    for (int i = 0; i < 4; ++i)
+      out[i] = bytes8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * i)));
+  }
+};
+}  // namespace
+
+#define GEMV_NAME avx2_gemv
+#define GEMM_NAME avx2_gemm
+#include "mlxcel-core/cpp/kernels/qmatmul_simd.inc"
+
+}  // namespace mlxcel::kernels

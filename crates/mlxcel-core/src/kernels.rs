@@ -1,0 +1,115 @@
+//! mlxcel's own CPU kernels, and the choice between them and MLX's stock ones.
+//!
+//! MLX's stock CPU quantized matmul is single-threaded and runs near 2 GFLOP/s, an order of
+//! magnitude below what decode and prefill need (issue 9). mlxcel-core registers its own kernels
+//! with MLX as custom primitives (`cpp/kernels/`): a GEMV path for up to four rows of `x` and a
+//! GEMM path above, multi-threaded, with runtime instruction-set dispatch (AVX-512, AVX2+FMA,
+//! scalar; the scalar path is the test reference). They compute in f32 like MLX; only the order of
+//! the additions differs. See `docs/kernels.md`.
+
+use crate::error::{Error, Result};
+use crate::sys::{self, ffi};
+
+/// Whose kernels run the hot ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelBackend {
+    /// MLX's stock CPU kernels (for comparison, and for layouts mlxcel's kernels do not cover).
+    Mlx,
+    /// mlxcel's kernels where they apply, MLX's elsewhere.
+    Native,
+}
+
+/// An instruction-set path of mlxcel's kernels, ordered from least to most capable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Portable scalar code: the reference the SIMD paths are tested against.
+    Scalar = 0,
+    /// AVX2 with FMA and F16C.
+    Avx2 = 1,
+    /// AVX-512 F/BW/DQ/VL.
+    Avx512 = 2,
+}
+
+impl Isa {
+    /// The best path this CPU supports.
+    pub fn best() -> Isa {
+        match sys::with_lock(ffi::kernels_best_isa) {
+            2 => Isa::Avx512,
+            1 => Isa::Avx2,
+            _ => Isa::Scalar,
+        }
+    }
+
+    fn parse(value: &str) -> Option<Isa> {
+        match value {
+            "scalar" => Some(Isa::Scalar),
+            "avx2" => Some(Isa::Avx2),
+            "avx512" => Some(Isa::Avx512),
+            _ => None,
+        }
+    }
+}
+
+/// Which kernels run, on which path, with how many threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kernels {
+    /// Whose kernels run.
+    pub backend: KernelBackend,
+    /// The most capable path mlxcel's kernels may use (capped by the CPU).
+    pub isa: Isa,
+    /// The most threads one kernel call uses (MLX's scheduler thread included).
+    pub threads: usize,
+}
+
+impl Kernels {
+    /// mlxcel's kernels on the best path, one thread per available core.
+    pub fn native() -> Kernels {
+        Kernels {
+            backend: KernelBackend::Native,
+            isa: Isa::best(),
+            threads: available_cores(),
+        }
+    }
+
+    /// From `MLXCEL_KERNELS` (`native` or `mlx`), `MLXCEL_KERNEL_ISA` (`avx512`, `avx2` or
+    /// `scalar`) and `MLXCEL_THREADS` (a positive integer); unset means [`Kernels::native`].
+    pub fn from_env() -> Result<Kernels> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`Kernels::from_env`] over any variable lookup (for tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Kernels> {
+        let mut kernels = Kernels::native();
+        let invalid =
+            |variable: &'static str, value: &str, expected: &'static str| Error::InvalidEnv {
+                variable,
+                value: value.to_owned(),
+                expected,
+            };
+        if let Some(value) = lookup("MLXCEL_KERNELS") {
+            kernels.backend = match value.as_str() {
+                "native" => KernelBackend::Native,
+                "mlx" => KernelBackend::Mlx,
+                _ => return Err(invalid("MLXCEL_KERNELS", &value, "native or mlx")),
+            };
+        }
+        if let Some(value) = lookup("MLXCEL_KERNEL_ISA") {
+            let isa = Isa::parse(&value)
+                .ok_or_else(|| invalid("MLXCEL_KERNEL_ISA", &value, "avx512, avx2 or scalar"))?;
+            kernels.isa = isa.min(kernels.isa);
+        }
+        if let Some(value) = lookup("MLXCEL_THREADS") {
+            kernels.threads = value
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| (1..=1024).contains(&n))
+                .ok_or_else(|| invalid("MLXCEL_THREADS", &value, "an integer in 1..=1024"))?;
+        }
+        Ok(kernels)
+    }
+}
+
+/// The cores this process may run on (its CPU affinity), at least 1.
+pub fn available_cores() -> usize {
+    sys::with_lock(ffi::kernels_available_cores).max(1) as usize
+}

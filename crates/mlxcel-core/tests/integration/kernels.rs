@@ -1,0 +1,285 @@
+//! mlxcel's own quantized-matmul kernels (`cpp/kernels/`) against references: the scalar path
+//! against an f64 host computation over the raw packed layout, and every SIMD path and thread count
+//! against the scalar path, on random shapes, bit widths and group sizes.
+//!
+//! Tolerances (documented in docs/kernels.md): the scalar path accumulates Σ (s·q + b)·x in order
+//! in f32, so it is held to 2e-6 of Σ|(s·q + b)·x| against f64; the SIMD paths add in a different
+//! order (per-lane partial sums, and s·Σq·x + b·Σx in the GEMV) and are held to 1e-5 of the same
+//! magnitude against the scalar path.
+
+use mlxcel_core::{Array, Isa, KernelBackend, Kernels, QuantizedWeight};
+
+use crate::pseudo_random;
+
+/// Raw random u32 words, so every nibble and byte value occurs.
+fn random_words(n: usize, seed: u64) -> Vec<u32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 16) as u32
+        })
+        .collect()
+}
+
+struct Case {
+    m: usize,
+    n: usize,
+    k: usize,
+    group: usize,
+    bits: usize,
+    packed: Vec<u32>,
+    scales: Vec<f32>,
+    biases: Vec<f32>,
+    x: Vec<f32>,
+}
+
+impl Case {
+    fn new(m: usize, n: usize, k: usize, group: usize, bits: usize, seed: u64) -> Case {
+        let groups = n * k / group;
+        Case {
+            m,
+            n,
+            k,
+            group,
+            bits,
+            packed: random_words(n * k * bits / 32, seed),
+            scales: pseudo_random(groups, seed + 1)
+                .iter()
+                .map(|s| s * 0.05)
+                .collect(),
+            biases: pseudo_random(groups, seed + 2)
+                .iter()
+                .map(|b| b * 0.5)
+                .collect(),
+            x: pseudo_random(m * k, seed + 3),
+        }
+    }
+
+    fn weight(&self) -> QuantizedWeight {
+        let (n, k, g) = (self.n as i32, self.k as i32, (self.k / self.group) as i32);
+        QuantizedWeight {
+            weight: Array::from_u32(&self.packed, &[n, k * self.bits as i32 / 32]).unwrap(),
+            scales: Array::from_f32(&self.scales, &[n, g]).unwrap(),
+            biases: Array::from_f32(&self.biases, &[n, g]).unwrap(),
+            group_size: self.group as i32,
+            bits: self.bits as i32,
+        }
+    }
+
+    fn x(&self) -> Array {
+        Array::from_f32(&self.x, &[self.m as i32, self.k as i32]).unwrap()
+    }
+
+    /// Weight `[n][k]` dequantized on the host from the raw layout.
+    fn dequantized(&self, n: usize, k: usize) -> f64 {
+        let per_word = 32 / self.bits;
+        let word = self.packed[(n * self.k + k) / per_word];
+        let q = (word >> (self.bits * (k % per_word))) & ((1u32 << self.bits) - 1);
+        let g = n * (self.k / self.group) + k / self.group;
+        self.scales[g] as f64 * q as f64 + self.biases[g] as f64
+    }
+
+    /// (value, magnitude Σ|w·x|) per output, in f64.
+    fn reference(&self) -> Vec<(f64, f64)> {
+        let mut out = Vec::with_capacity(self.m * self.n);
+        for m in 0..self.m {
+            for n in 0..self.n {
+                let (mut value, mut magnitude) = (0.0, 0.0);
+                for k in 0..self.k {
+                    let term = self.dequantized(n, k) * self.x[m * self.k + k] as f64;
+                    value += term;
+                    magnitude += term.abs();
+                }
+                out.push((value, magnitude));
+            }
+        }
+        out
+    }
+}
+
+#[track_caller]
+fn assert_within(actual: &[f32], expected: &[f32], magnitudes: &[f64], rel: f64, what: &str) {
+    assert_eq!(actual.len(), expected.len());
+    for (i, ((a, e), mag)) in actual.iter().zip(expected).zip(magnitudes).enumerate() {
+        let err = (*a as f64 - *e as f64).abs();
+        assert!(
+            err <= rel * mag + 1e-6,
+            "{what}: output {i}: got {a}, expected {e}, error {err:e} > {rel:e}·{mag:e}"
+        );
+    }
+}
+
+/// The shapes exercised: decode (M = 1), small batches on the GEMV path (M ≤ 4), and the GEMM
+/// path with partial tiles and blocks in both dimensions.
+const SHAPES: &[(usize, usize)] = &[(1, 1), (1, 37), (2, 16), (3, 5), (4, 70), (5, 33), (70, 19)];
+
+#[test]
+fn scalar_path_matches_an_f64_reference_over_the_packed_layout() {
+    let mut seed = 11;
+    for bits in [4, 8] {
+        for group in [32, 64, 128] {
+            for &(m, n) in SHAPES {
+                for groups in [1, 3] {
+                    seed += 1;
+                    let case = Case::new(m, n, group * groups, group, bits, seed);
+                    let reference = case.reference();
+                    let expected: Vec<f32> = reference.iter().map(|r| r.0 as f32).collect();
+                    let magnitudes: Vec<f64> = reference.iter().map(|r| r.1).collect();
+                    let got = case
+                        .weight()
+                        .matmul_native(&case.x(), Isa::Scalar, 1)
+                        .unwrap()
+                        .to_vec_f32()
+                        .unwrap();
+                    let what = format!("scalar m={m} n={n} k={} g={group} b={bits}", case.k);
+                    assert_within(&got, &expected, &magnitudes, 2e-6, &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_path_and_thread_count_matches_the_scalar_path() {
+    let mut seed = 1000;
+    let paths: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&isa| isa <= Isa::best())
+        .collect();
+    for bits in [4, 8] {
+        for group in [32, 64, 128] {
+            for &(m, n) in SHAPES.iter().chain(&[(1, 300), (130, 40)]) {
+                seed += 1;
+                // Large enough that the kernels split the work across threads.
+                let k = group * if m * n >= 300 { 4 } else { 2 };
+                let case = Case::new(m, n, k, group, bits, seed);
+                let magnitudes: Vec<f64> = case.reference().iter().map(|r| r.1).collect();
+                let weight = case.weight();
+                let x = case.x();
+                let scalar = weight
+                    .matmul_native(&x, Isa::Scalar, 1)
+                    .unwrap()
+                    .to_vec_f32()
+                    .unwrap();
+                for &isa in &paths {
+                    for threads in [1, 2, 3] {
+                        let got = weight
+                            .matmul_native(&x, isa, threads)
+                            .unwrap()
+                            .to_vec_f32()
+                            .unwrap();
+                        let what =
+                            format!("{isa:?}×{threads} m={m} n={n} k={k} g={group} b={bits}");
+                        assert_within(&got, &scalar, &magnitudes, 1e-5, &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn native_kernel_agrees_with_mlx_quantized_matmul() {
+    for (bits, group) in [(4, 32), (8, 32), (4, 64), (8, 128)] {
+        let w = Array::from_f32(&pseudo_random(48 * 256, 5), &[48, 256]).unwrap();
+        let q = QuantizedWeight::quantize(&w, group, bits).unwrap();
+        for m in [1, 3, 9] {
+            let x = Array::from_f32(&pseudo_random(m * 256, 6), &[m as i32, 256]).unwrap();
+            let ours = q
+                .linear(&x, &Kernels::native())
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            let mlx = q.matmul(&x, true).unwrap().to_vec_f32().unwrap();
+            crate::assert_close(&ours, &mlx, 1e-4);
+        }
+    }
+}
+
+#[test]
+fn strided_and_batched_inputs_are_read_through_their_strides() {
+    let case = Case::new(6, 24, 64, 32, 4, 77);
+    let weight = case.weight();
+    let x = case.x();
+    let contiguous = weight
+        .matmul_native(&x, Isa::best(), 2)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    // The same rows as a [2, 3, K] batch, and as every other row of a [12, K] array.
+    let batched = weight
+        .matmul_native(&x.reshape(&[2, 3, 64]).unwrap(), Isa::best(), 2)
+        .unwrap();
+    assert_eq!(batched.shape(), [2, 3, 24]);
+    crate::assert_close(&batched.to_vec_f32().unwrap(), &contiguous, 1e-6);
+    let doubled = Array::concatenate(&[&x, &x], 1)
+        .unwrap()
+        .reshape(&[12, 64])
+        .unwrap();
+    let every_other = doubled.slice_strided(&[0, 0], &[12, 64], &[2, 1]).unwrap();
+    let got = weight.matmul_native(&every_other, Isa::best(), 2).unwrap();
+    crate::assert_close(&got.to_vec_f32().unwrap(), &contiguous, 1e-6);
+    // A transposed view: the column stride is not 1.
+    let transposed = x.transpose(&[1, 0]).unwrap().transpose(&[1, 0]).unwrap();
+    let got = weight.matmul_native(&transposed, Isa::best(), 1).unwrap();
+    crate::assert_close(&got.to_vec_f32().unwrap(), &contiguous, 1e-6);
+}
+
+#[test]
+fn unsupported_layouts_are_refused_with_a_reason() {
+    let case = Case::new(1, 8, 64, 32, 4, 3);
+    let weight = case.weight();
+    let wrong_k = Array::from_f32(&[0.0; 32], &[1, 32]).unwrap();
+    let err = weight
+        .matmul_native(&wrong_k, Isa::Scalar, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not match"), "{err}");
+    let three_bit = QuantizedWeight {
+        bits: 3,
+        ..case.weight()
+    };
+    let err = three_bit
+        .matmul_native(&case.x(), Isa::Scalar, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bits must be 4 or 8"), "{err}");
+    // `linear` falls back to MLX for what the native kernel does not cover.
+    assert!(!three_bit.native_covers(&case.x()));
+}
+
+#[test]
+fn kernel_choice_is_read_from_the_environment() {
+    let env = |pairs: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    let default = Kernels::from_lookup(env(&[])).unwrap();
+    assert_eq!(default, Kernels::native());
+    let mlx = Kernels::from_lookup(env(&[("MLXCEL_KERNELS", "mlx")])).unwrap();
+    assert_eq!(mlx.backend, KernelBackend::Mlx);
+    let scalar = Kernels::from_lookup(env(&[
+        ("MLXCEL_KERNEL_ISA", "scalar"),
+        ("MLXCEL_THREADS", "3"),
+    ]))
+    .unwrap();
+    assert_eq!((scalar.isa, scalar.threads), (Isa::Scalar, 3));
+    for (name, value) in [
+        ("MLXCEL_KERNELS", "fast"),
+        ("MLXCEL_KERNEL_ISA", "neon"),
+        ("MLXCEL_THREADS", "0"),
+        ("MLXCEL_THREADS", "many"),
+    ] {
+        let pairs: &'static [(&'static str, &'static str)] =
+            Box::leak(vec![(name, value)].into_boxed_slice());
+        let err = Kernels::from_lookup(env(pairs)).unwrap_err().to_string();
+        assert!(err.contains(name) && err.contains(value), "{err}");
+    }
+}
