@@ -51,8 +51,13 @@ async fn a_client_disconnect_mid_stream_cancels_the_request_in_the_engine() {
         })
         .await;
         assert!(cancelled, "{path}: the engine reported no cancellation");
-        // The engine's own count (shared with other tests, so only its growth is certain).
-        assert!(engine().metrics().finished.cancelled > engine_before);
+        // The engine's own count (shared with other tests, so only its growth is certain),
+        // published after the step that ended the request.
+        let counted = eventually(Duration::from_secs(10), || {
+            engine().metrics().finished.cancelled > engine_before
+        })
+        .await;
+        assert!(counted, "{path}: the engine did not count the cancellation");
     }
 }
 
