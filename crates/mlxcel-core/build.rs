@@ -60,10 +60,15 @@ fn main() {
             "cpp/kernels/qmatmul_avx2.cc",
             "cpp/kernels/qmatmul_avx512.cc",
             "cpp/kernels/pool.cc",
+            "cpp/kernels/attention_scalar.cc",
+            "cpp/kernels/attention_avx2.cc",
+            "cpp/kernels/attention_avx512.cc",
         ])
         // No -march: the SIMD kernels carry function-level target attributes and are chosen at
         // run time (cpp/kernels/dispatch.h), so one build runs on any x86-64.
         .opt_level(3)
+        // Only `#pragma omp simd` (reductions the vectorizer may reassociate); no OpenMP runtime.
+        .flag_if_supported("-fopenmp-simd")
         .include(&include)
         .std("c++20")
         // The wheel is built with the default (cxx11) libstdc++ ABI; say so explicitly in

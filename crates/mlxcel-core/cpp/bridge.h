@@ -126,6 +126,9 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
                                                   const MlxArray& scales, const MlxArray& biases,
                                                   int32_t group_size, int32_t bits, uint8_t isa,
                                                   int32_t threads);
+std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
+                                           const MlxArray& v, float scale, bool causal,
+                                           uint8_t isa, int32_t threads);
 uint8_t kernels_best_isa();
 int32_t kernels_available_cores();
 

@@ -97,3 +97,30 @@ pub fn scaled_dot_product_attention(
         }),
     }
 }
+
+/// Attention of one sequence with mlxcel's CPU kernel: `q: [1, heads, n, D]` against
+/// `k, v: [1, kv_heads, L, D]` (grouped-query when `kv_heads < heads`), the queries being the last
+/// `n` of the `L` positions; `causal` masks keys after each query. `k` and `v` may be strided
+/// slices (a KV cache) and are read in place. f32 throughout; the exponential is a polynomial with
+/// ~1e-7 relative error.
+pub fn attention_native(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    causal: bool,
+    isa: crate::Isa,
+    threads: usize,
+) -> Result<Array> {
+    call("native_attention", || {
+        ffi::native_attention(
+            q.raw(),
+            k.raw(),
+            v.raw(),
+            scale,
+            causal,
+            isa as u8,
+            threads.min(i32::MAX as usize) as i32,
+        )
+    })
+}

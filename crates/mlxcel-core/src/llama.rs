@@ -14,8 +14,10 @@ use mlxcel_model::{Checkpoint, ModelConfig, RopeScaling, TensorView};
 use crate::array::{Array, eval};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::fast::{AttentionMask, Rope, RopeFrequencies, rms_norm, scaled_dot_product_attention};
-use crate::kernels::Kernels;
+use crate::fast::{
+    AttentionMask, Rope, RopeFrequencies, attention_native, rms_norm, scaled_dot_product_attention,
+};
+use crate::kernels::{KernelBackend, Kernels};
 use crate::kv_cache::KvCache;
 use crate::quantized::QuantizedWeight;
 
@@ -275,8 +277,19 @@ impl LlamaModel {
                 } else {
                     AttentionMask::None
                 };
-                let attended =
-                    scaled_dot_product_attention(&qi, &keys, &values, self.attention_scale, mask)?;
+                let attended = if kn.backend == KernelBackend::Native {
+                    attention_native(
+                        &qi,
+                        &keys,
+                        &values,
+                        self.attention_scale,
+                        n > 1,
+                        kn.isa,
+                        kn.threads,
+                    )?
+                } else {
+                    scaled_dot_product_attention(&qi, &keys, &values, self.attention_scale, mask)?
+                };
                 outputs.push(
                     attended
                         .transpose(&[0, 2, 1, 3])?

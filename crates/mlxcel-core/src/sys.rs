@@ -141,6 +141,15 @@ pub(crate) mod ffi {
             isa: u8,
             threads: i32,
         ) -> Result<UniquePtr<MlxArray>>;
+        fn native_attention(
+            q: &MlxArray,
+            k: &MlxArray,
+            v: &MlxArray,
+            scale: f32,
+            causal: bool,
+            isa: u8,
+            threads: i32,
+        ) -> Result<UniquePtr<MlxArray>>;
         fn kernels_best_isa() -> u8;
         fn kernels_available_cores() -> i32;
     }

@@ -3,6 +3,7 @@
 // MLX's CPU backend is asynchronous: eval_cpu runs when the graph is scheduled, before the inputs'
 // producers have run. It may read shapes, strides and pointers (allocated by then), but the data
 // only inside the task it hands to the stream's command encoder, which runs after the producers.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -14,6 +15,7 @@
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "mlxcel-core/cpp/bridge.h"
+#include "mlxcel-core/cpp/kernels/attention.h"
 #include "mlxcel-core/cpp/kernels/dispatch.h"
 #include "mlxcel-core/cpp/kernels/pool.h"
 
@@ -132,6 +134,84 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
   int threads_;
 };
 
+// Attention for one sequence: inputs q [1, heads, n, D], k and v [1, kv_heads, L, D] (usually
+// slices of the KV cache: strided, read in place).
+class AttentionCpu : public mx::UnaryPrimitive {
+ public:
+  AttentionCpu(mx::Stream stream, float scale, bool causal, Isa isa, int threads)
+      : mx::UnaryPrimitive(stream), scale_(scale), causal_(causal), isa_(isa), threads_(threads) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& q = inputs[0];
+    const auto& k = inputs[1];
+    const auto& v = inputs[2];
+    for (const auto* a : {&q, &k, &v}) {
+      if (a->strides().back() != 1 && a->shape(-1) != 1)
+        throw std::runtime_error("mlxcel attention: the head dimension must be contiguous");
+    }
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    kernels::AttentionProblem p{};
+    p.q = q.data<float>();
+    p.k = k.data<float>();
+    p.v = v.data<float>();
+    p.out = out.data<float>();
+    p.heads = q.shape(1);
+    p.kv_heads = k.shape(1);
+    p.n = q.shape(2);
+    p.L = k.shape(2);
+    p.D = q.shape(3);
+    p.q_head = q.strides()[1];
+    p.q_row = q.strides()[2];
+    p.k_head = k.strides()[1];
+    p.k_row = k.strides()[2];
+    p.v_head = v.strides()[1];
+    p.v_row = v.strides()[2];
+    p.scale = scale_;
+    p.causal = causal_;
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(q);
+    encoder.set_input_array(k);
+    encoder.set_input_array(v);
+    encoder.set_output_array(out);
+    encoder.dispatch([p, isa = std::min(isa_, kernels::best_isa()), threads = threads_]() {
+      const auto rows = isa == Isa::Avx512 ? kernels::attention_rows_avx512
+                        : isa == Isa::Avx2 ? kernels::attention_rows_avx2
+                                           : kernels::attention_rows_scalar;
+      const int block = 8;
+      const int blocks = (p.n + block - 1) / block;
+      const int64_t work = static_cast<int64_t>(p.heads) * p.n * p.L * p.D;
+      kernels::parallel_for(work < (1 << 16) ? 1 : threads, p.heads * blocks, [&](int t) {
+        static thread_local std::vector<float> scores;
+        if (scores.size() < static_cast<size_t>(p.L)) scores.resize(p.L);
+        const int h = t / blocks, b = t % blocks;
+        rows(p, h, b * block, std::min(p.n, (b + 1) * block), scores.data());
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mlxcel attention has no GPU implementation");
+  }
+
+  const char* name() const override { return "MlxcelAttention"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const AttentionCpu&>(other);
+    return scale_ == o.scale_ && causal_ == o.causal_ && isa_ == o.isa_ &&
+           threads_ == o.threads_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  float scale_;
+  bool causal_;
+  Isa isa_;
+  int threads_;
+};
+
 [[noreturn]] void refuse(const std::string& why) {
   throw std::invalid_argument("mlxcel quantized matmul: " + why);
 }
@@ -168,6 +248,28 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
                                                    static_cast<Isa>(isa), threads < 1 ? 1 : threads);
   return wrap(mx::array(std::move(shape), mx::float32, std::move(prim),
                         {xa, wa, scales.inner, biases.inner}));
+}
+
+std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
+                                           const MlxArray& v, float scale, bool causal,
+                                           uint8_t isa, int32_t threads) {
+  const auto& qa = q.inner;
+  const auto& ka = k.inner;
+  const auto& va = v.inner;
+  for (const auto* a : {&qa, &ka, &va}) {
+    if (a->dtype() != mx::float32 || a->ndim() != 4 || a->shape(0) != 1)
+      throw std::invalid_argument("mlxcel attention: q, k, v must be float32 [1, heads, len, D]");
+  }
+  if (ka.shape() != va.shape() || ka.shape(3) != qa.shape(3) || qa.shape(1) % ka.shape(1) != 0 ||
+      qa.shape(2) > ka.shape(2))
+    throw std::invalid_argument(
+        "mlxcel attention: k and v must match, share q's head size, divide its heads, and hold "
+        "at least its positions");
+  if (isa > static_cast<uint8_t>(Isa::Avx512))
+    throw std::invalid_argument("mlxcel attention: unknown ISA code " + std::to_string(isa));
+  auto prim = std::make_shared<AttentionCpu>(mlxcel_stream(), scale, causal, static_cast<Isa>(isa),
+                                             threads < 1 ? 1 : threads);
+  return wrap(mx::array(qa.shape(), mx::float32, std::move(prim), {qa, ka, va}));
 }
 
 uint8_t kernels_best_isa() { return static_cast<uint8_t>(kernels::best_isa()); }

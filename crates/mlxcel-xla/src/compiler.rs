@@ -1,0 +1,308 @@
+//! The `iree-compile` driver and the on-disk cache of compiled modules.
+//!
+//! A module is cached under a key that hashes everything that determines its bytes: the program
+//! text, the compiler flags, the compiler's version and the target CPU. Writes are atomic (a
+//! temporary file in the cache directory, then a rename), so a reader never sees half a module
+//! and two processes compiling the same module at once both succeed: the last rename wins and
+//! both files are identical.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::pin::IREE_VERSION;
+
+/// Overrides the `iree-compile` executable (default: the one `scripts/provision-iree` installs).
+pub const IREE_COMPILE_ENV: &str = "MLXCEL_IREE_COMPILE";
+
+/// The flags every module is compiled with, besides the target CPU.
+const BASE_FLAGS: &[&str] = &[
+    "--iree-input-type=stablehlo",
+    "--iree-hal-target-device=local",
+    "--iree-hal-local-target-device-backends=llvm-cpu",
+];
+
+/// Where provisioning puts the compiler under a cache root (mirrors `scripts/provision-iree`).
+pub fn provisioned_compiler(cache_root: &Path) -> PathBuf {
+    cache_root
+        .join("venvs")
+        .join(format!(
+            "iree-{IREE_VERSION}-cmake-{}",
+            crate::pin::CMAKE_VERSION
+        ))
+        .join("bin")
+        .join("iree-compile")
+}
+
+/// Compiles StableHLO programs with one `iree-compile`, caching the results.
+#[derive(Debug, Clone)]
+pub struct Compiler {
+    executable: PathBuf,
+    cache_dir: PathBuf,
+    target_cpu: String,
+    /// The compiler's `--version` text, part of every cache key.
+    version: String,
+}
+
+/// A compiled module on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompiledModule {
+    pub path: PathBuf,
+    /// Whether this call ran the compiler (false: the cache had it).
+    pub compiled: bool,
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn io(context: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_owned();
+    move |source| Error::Io {
+        context,
+        path,
+        source,
+    }
+}
+
+/// A file name unique to this process and call, for atomic writes by rename.
+fn temp_name(stem: &str) -> String {
+    format!(
+        ".{stem}.{}.{}.tmp",
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Writes `bytes` to `path` atomically (same-directory temporary file, then rename).
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let stem = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(temp_name(&stem));
+    std::fs::write(&tmp, bytes).map_err(io("writing", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io("renaming into place", path)(e)
+    })
+}
+
+impl Compiler {
+    /// The compiler at `executable`, caching modules under `cache_dir`, targeting `target_cpu`
+    /// (`host` for this machine's CPU). Runs `iree-compile --version` once.
+    pub fn new(executable: PathBuf, cache_dir: PathBuf, target_cpu: &str) -> Result<Self> {
+        if !executable.is_file() {
+            return Err(Error::CompilerMissing { path: executable });
+        }
+        let out = Command::new(&executable)
+            .arg("--version")
+            .output()
+            .map_err(io("running", &executable))?;
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if !out.status.success() || version.is_empty() {
+            return Err(Error::CompileFailed {
+                status: out.status.to_string(),
+                program: executable,
+                message: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(Self {
+            executable,
+            cache_dir,
+            target_cpu: target_cpu.to_owned(),
+            version,
+        })
+    }
+
+    /// The provisioned compiler (or `MLXCEL_IREE_COMPILE`'s), caching under
+    /// `<cache_root>/xla/modules`, targeting the host CPU.
+    pub fn from_env(cache_root: &Path) -> Result<Self> {
+        let executable = std::env::var_os(IREE_COMPILE_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| provisioned_compiler(cache_root));
+        Self::new(executable, cache_root.join("xla").join("modules"), "host")
+    }
+
+    /// The compiler's version text.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    fn flags(&self) -> Vec<String> {
+        let mut flags: Vec<String> = BASE_FLAGS.iter().map(|f| f.to_string()).collect();
+        flags.push(format!("--iree-llvmcpu-target-cpu={}", self.target_cpu));
+        flags
+    }
+
+    /// The cache key of `program`: a hash over the text, flags, compiler version and target.
+    pub fn cache_key(&self, program: &str) -> String {
+        let mut h = Sha256::new();
+        for part in [
+            "mlxcel-xla module v1",
+            program,
+            &self.flags().join(" "),
+            &self.version,
+            &self.target_cpu,
+        ] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        h.finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    }
+
+    /// The compiled module for `program`, from the cache or compiled now.
+    pub fn compile(&self, program: &str) -> Result<CompiledModule> {
+        let key = self.cache_key(program);
+        let path = self.cache_dir.join(format!("{key}.vmfb"));
+        if path.is_file() {
+            return Ok(CompiledModule {
+                path,
+                compiled: false,
+            });
+        }
+        std::fs::create_dir_all(&self.cache_dir).map_err(io("creating", &self.cache_dir))?;
+        // The program text is kept beside the module: a failure names it, and a success leaves
+        // the source of every cached module inspectable.
+        let source = self.cache_dir.join(format!("{key}.mlir"));
+        write_atomic(&source, program.as_bytes())?;
+        let tmp = self.cache_dir.join(temp_name(&format!("{key}.vmfb")));
+        let out = Command::new(&self.executable)
+            .args(self.flags())
+            .arg(&source)
+            .arg("-o")
+            .arg(&tmp)
+            .output()
+            .map_err(io("running", &self.executable))?;
+        if !out.status.success() {
+            let _ = std::fs::remove_file(&tmp);
+            let mut message = String::from_utf8_lossy(&out.stderr).into_owned();
+            message.push_str(&String::from_utf8_lossy(&out.stdout));
+            return Err(Error::CompileFailed {
+                status: out
+                    .status
+                    .code()
+                    .map_or_else(|| out.status.to_string(), |c| c.to_string()),
+                program: source,
+                message: message.trim_end().to_owned(),
+            });
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            io("renaming into place", &path)(e)
+        })?;
+        Ok(CompiledModule {
+            path,
+            compiled: true,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake `iree-compile`: prints a version, copies its input to `-o`, and fails on programs
+    /// containing `BAD`.
+    fn fake_compiler(dir: &Path) -> PathBuf {
+        let path = dir.join("fake-iree-compile");
+        let script = r#"#!/bin/sh
+if [ "$1" = "--version" ]; then echo "IREE fake 0"; exit 0; fi
+out=""; src=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) out="$2"; shift 2 ;;
+    --*) shift ;;
+    *) src="$1"; shift ;;
+  esac
+done
+if grep -q BAD "$src"; then echo "$src:1:1: error: 'stablehlo.bad' op is unknown" >&2; exit 1; fi
+sleep 0.2
+cp "$src" "$out"
+"#;
+        std::fs::write(&path, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[test]
+    fn compiles_once_then_hits_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Compiler::new(fake_compiler(dir.path()), dir.path().join("cache"), "host").unwrap();
+        let first = c.compile("module {}").unwrap();
+        assert!(first.compiled);
+        let second = c.compile("module {}").unwrap();
+        assert!(!second.compiled);
+        assert_eq!(first.path, second.path);
+        assert_eq!(std::fs::read_to_string(&first.path).unwrap(), "module {}");
+    }
+
+    #[test]
+    fn the_key_covers_program_target_and_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = fake_compiler(dir.path());
+        let a = Compiler::new(exe.clone(), dir.path().into(), "host").unwrap();
+        let b = Compiler::new(exe, dir.path().into(), "skylake").unwrap();
+        assert_ne!(a.cache_key("x"), a.cache_key("y"));
+        assert_ne!(a.cache_key("x"), b.cache_key("x"));
+        let mut c = a.clone();
+        c.version.push('1');
+        assert_ne!(a.cache_key("x"), c.cache_key("x"));
+    }
+
+    #[test]
+    fn concurrent_compiles_of_one_module_both_succeed() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Compiler::new(fake_compiler(dir.path()), dir.path().join("cache"), "host").unwrap();
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let c = c.clone();
+                std::thread::spawn(move || c.compile("module { same }"))
+            })
+            .collect();
+        let paths: Vec<_> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap().path)
+            .collect();
+        assert!(paths.windows(2).all(|w| w[0] == w[1]));
+        assert_eq!(
+            std::fs::read_to_string(&paths[0]).unwrap(),
+            "module { same }"
+        );
+        // No temporary files are left behind.
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("cache"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn a_compile_failure_shows_the_message_and_the_saved_program() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Compiler::new(fake_compiler(dir.path()), dir.path().join("cache"), "host").unwrap();
+        let err = c.compile("module { BAD }").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("'stablehlo.bad' op is unknown"), "{text}");
+        let Error::CompileFailed { program, .. } = &err else {
+            panic!("expected CompileFailed, got {err:?}");
+        };
+        assert!(text.contains(&program.display().to_string()));
+        assert_eq!(std::fs::read_to_string(program).unwrap(), "module { BAD }");
+    }
+
+    #[test]
+    fn a_missing_compiler_says_how_to_provision_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Compiler::new(dir.path().join("nope"), dir.path().into(), "host").unwrap_err();
+        assert!(err.to_string().contains("scripts/provision-iree"));
+    }
+}

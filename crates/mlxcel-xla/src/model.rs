@@ -1,0 +1,309 @@
+//! The llama-family model on IREE: weights uploaded once, one compiled module and one set of KV
+//! caches per context capacity.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use mlxcel_model::Checkpoint;
+
+use crate::compiler::Compiler;
+use crate::error::{Error, Result};
+use crate::program::{LlamaDims, ProgramShape, WeightFormat, cache_type, emit_llama, weight_specs};
+use crate::runtime::{BufferId, Runtime};
+use crate::weights::{llama_dims, weight_bytes};
+
+/// How the model is compiled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XlaOptions {
+    pub format: WeightFormat,
+    /// Cache rows per capacity (decode batch).
+    pub max_batch: usize,
+    /// Tokens per prefill call.
+    pub chunk: usize,
+}
+
+impl Default for XlaOptions {
+    fn default() -> Self {
+        Self {
+            format: WeightFormat::F32,
+            max_batch: 4,
+            chunk: 32,
+        }
+    }
+}
+
+/// One compiled capacity: its module and its KV caches (keys then values, one per layer).
+#[derive(Debug)]
+struct Capacity {
+    shape: ProgramShape,
+    module: String,
+    caches: Vec<BufferId>,
+}
+
+/// One decode entry: a cache row, the position its token goes to, the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeEntry {
+    pub row: usize,
+    pub position: usize,
+    pub token: u32,
+}
+
+/// The model on the IREE runtime.
+#[derive(Debug)]
+pub struct XlaModel {
+    runtime: Runtime,
+    compiler: Compiler,
+    dims: LlamaDims,
+    options: XlaOptions,
+    weights: Vec<BufferId>,
+    capacities: BTreeMap<usize, Capacity>,
+    compilations: u64,
+}
+
+fn out_of_range(what: &'static str, value: usize, range: String) -> Error {
+    Error::OutOfRange {
+        what,
+        value: value as i64,
+        range,
+    }
+}
+
+impl XlaModel {
+    /// Starts the runtime and uploads every weight once.
+    pub fn load(checkpoint: &Checkpoint, compiler: Compiler, options: XlaOptions) -> Result<Self> {
+        let dims = llama_dims(checkpoint.config());
+        let runtime = Runtime::start()?;
+        let started = Instant::now();
+        let mut weights = Vec::new();
+        for spec in weight_specs(&dims) {
+            let (bytes, shape, element) = weight_bytes(checkpoint, &spec, options.format)?;
+            weights.push(runtime.upload(bytes, shape, element)?);
+        }
+        tracing::debug!(
+            "mlxcel-xla: {} weights uploaded ({}) in {:?}",
+            weights.len(),
+            options.format.name(),
+            started.elapsed()
+        );
+        Ok(Self {
+            runtime,
+            compiler,
+            dims,
+            options,
+            weights,
+            capacities: BTreeMap::new(),
+            compilations: 0,
+        })
+    }
+
+    pub fn dims(&self) -> &LlamaDims {
+        &self.dims
+    }
+
+    pub fn options(&self) -> XlaOptions {
+        self.options
+    }
+
+    /// Modules compiled (not found in the cache) by this model so far.
+    pub fn compilations(&self) -> u64 {
+        self.compilations
+    }
+
+    /// The program text for `capacity` (for inspection and tests).
+    pub fn program(&self, capacity: usize) -> Result<String> {
+        Ok(emit_llama(
+            &self.dims,
+            &self.shape(capacity),
+            self.options.format,
+        )?)
+    }
+
+    fn shape(&self, capacity: usize) -> ProgramShape {
+        ProgramShape {
+            context_capacity: capacity,
+            batch: self.options.max_batch,
+            chunk: self.options.chunk,
+        }
+    }
+
+    /// Compiles (or finds in the cache) and loads `capacity`'s module and allocates its caches.
+    pub fn ensure_capacity(&mut self, capacity: usize) -> Result<()> {
+        if self.capacities.contains_key(&capacity) {
+            return Ok(());
+        }
+        if capacity == 0 || capacity > i32::MAX as usize - self.options.chunk {
+            return Err(out_of_range(
+                "context capacity",
+                capacity,
+                format!("1..={}", i32::MAX as usize - self.options.chunk),
+            ));
+        }
+        let shape = self.shape(capacity);
+        let program = emit_llama(&self.dims, &shape, self.options.format)?;
+        let started = Instant::now();
+        let compiled = self.compiler.compile(&program)?;
+        if compiled.compiled {
+            self.compilations += 1;
+            tracing::info!(
+                "mlxcel-xla: compiled capacity {capacity} in {:?} ({})",
+                started.elapsed(),
+                compiled.path.display()
+            );
+        }
+        self.runtime.load_module(&compiled.path)?;
+        let ty = cache_type(&self.dims, &shape);
+        let dims: Vec<usize> = ty.dims.iter().map(|&d| d as usize).collect();
+        let bytes = ty.elements() as usize * 4;
+        let mut caches = Vec::with_capacity(2 * self.dims.layers);
+        for _ in 0..2 * self.dims.layers {
+            caches.push(
+                self.runtime
+                    .upload(vec![0u8; bytes], dims.clone(), ty.element)?,
+            );
+        }
+        self.capacities.insert(
+            capacity,
+            Capacity {
+                shape,
+                module: shape.module_name(self.options.format),
+                caches,
+            },
+        );
+        Ok(())
+    }
+
+    fn check_token(&self, token: u32) -> Result<i32> {
+        if (token as usize) < self.dims.vocab {
+            Ok(token as i32)
+        } else {
+            Err(out_of_range(
+                "token",
+                token as usize,
+                format!("0..{}", self.dims.vocab),
+            ))
+        }
+    }
+
+    /// Runs one function of `capacity`'s module; the caches are donated and replaced by the
+    /// results. Returns the logits (`rows × vocab`).
+    fn call(
+        &mut self,
+        capacity: usize,
+        function: &str,
+        step_args: Vec<BufferId>,
+        rows: usize,
+    ) -> Result<Vec<f32>> {
+        let cap = self
+            .capacities
+            .get_mut(&capacity)
+            .ok_or_else(|| Error::Runtime(format!("capacity {capacity} is not loaded")))?;
+        let mut args = self.weights.clone();
+        args.extend(&cap.caches);
+        args.extend(&step_args);
+        let mut donated = cap.caches.clone();
+        donated.extend(&step_args);
+        let results = self
+            .runtime
+            .call(&format!("{}.{function}", cap.module), args, donated)?;
+        if results.len() != 1 + cap.caches.len() {
+            return Err(Error::Runtime(format!(
+                "{function} returned {} results, expected {}",
+                results.len(),
+                1 + cap.caches.len()
+            )));
+        }
+        cap.caches = results[1..].to_vec();
+        let logits = self.runtime.read_f32(results[0], rows * self.dims.vocab);
+        self.runtime.release(vec![results[0]]);
+        logits
+    }
+
+    /// Prefills `tokens` into cache `row` of `capacity` from position `start`, chunk by chunk;
+    /// returns the logits of the last token.
+    pub fn prefill(
+        &mut self,
+        capacity: usize,
+        row: usize,
+        start: usize,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>> {
+        self.ensure_capacity(capacity)?;
+        let chunk = self.options.chunk;
+        if row >= self.options.max_batch {
+            return Err(out_of_range(
+                "cache row",
+                row,
+                format!("0..{}", self.options.max_batch),
+            ));
+        }
+        if tokens.is_empty() || start + tokens.len() > capacity {
+            return Err(out_of_range(
+                "prefill end position",
+                start + tokens.len(),
+                format!("{}..={capacity}", start + 1),
+            ));
+        }
+        let mut logits = Vec::new();
+        for (i, piece) in tokens.chunks(chunk).enumerate() {
+            let mut ids = piece
+                .iter()
+                .map(|&t| self.check_token(t))
+                .collect::<Result<Vec<i32>>>()?;
+            ids.resize(chunk, 0);
+            let position = start + i * chunk;
+            let args = vec![
+                self.runtime.upload_i32(&ids, vec![chunk])?,
+                self.runtime.upload_i32(&[row as i32], vec![])?,
+                self.runtime.upload_i32(&[position as i32], vec![])?,
+                self.runtime.upload_i32(&[piece.len() as i32 - 1], vec![])?,
+            ];
+            logits = self.call(capacity, "prefill", args, 1)?;
+        }
+        Ok(logits)
+    }
+
+    /// One decode step over `entries` (distinct rows of `capacity`); rows without an entry run on
+    /// scratch positions. Returns each entry's logits, in order.
+    pub fn decode(&mut self, capacity: usize, entries: &[DecodeEntry]) -> Result<Vec<Vec<f32>>> {
+        self.ensure_capacity(capacity)?;
+        let batch = self.options.max_batch;
+        // Rows nobody decodes write at the first scratch position, `capacity`.
+        let mut tokens = vec![0i32; batch];
+        let mut positions = vec![capacity as i32; batch];
+        let mut seen = vec![false; batch];
+        for e in entries {
+            if e.row >= batch || seen[e.row] {
+                return Err(out_of_range(
+                    "cache row (or repeated row)",
+                    e.row,
+                    format!("0..{batch}"),
+                ));
+            }
+            if e.position >= capacity {
+                return Err(out_of_range(
+                    "decode position",
+                    e.position,
+                    format!("0..{capacity}"),
+                ));
+            }
+            seen[e.row] = true;
+            tokens[e.row] = self.check_token(e.token)?;
+            positions[e.row] = e.position as i32;
+        }
+        let args = vec![
+            self.runtime.upload_i32(&tokens, vec![batch])?,
+            self.runtime.upload_i32(&positions, vec![batch])?,
+        ];
+        let flat = self.call(capacity, "decode", args, batch)?;
+        let vocab = self.dims.vocab;
+        Ok(entries
+            .iter()
+            .map(|e| flat[e.row * vocab..(e.row + 1) * vocab].to_vec())
+            .collect())
+    }
+
+    /// The compiled shape of `capacity`, if loaded.
+    pub fn loaded_shape(&self, capacity: usize) -> Option<ProgramShape> {
+        self.capacities.get(&capacity).map(|c| c.shape)
+    }
+}

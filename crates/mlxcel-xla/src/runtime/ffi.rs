@@ -1,0 +1,390 @@
+//! Every `unsafe` block and FFI call of the crate: the IREE runtime's C API through eerie-sys.
+//!
+//! The objects here are not `Send`: they live on the runtime thread ([`super::Runtime`]), which
+//! owns them for their whole life. Each wrapper releases its IREE reference on drop.
+
+use std::ffi::c_void;
+use std::os::raw::c_char;
+use std::ptr;
+
+use eerie_sys::runtime as sys;
+
+use crate::hlo::ElementType;
+
+// The high-level runtime API (iree/runtime/api.h) is compiled into eerie-sys's archive but not in
+// its bindings; these declarations mirror iree/runtime/{instance,session}.h of IREE 3.13.
+#[repr(C)]
+struct InstanceOptions {
+    driver_registry: *mut sys::iree_hal_driver_registry_t,
+}
+
+#[repr(C)]
+struct SessionOptions {
+    context_flags: u32,
+    builtin_modules: u64,
+}
+
+#[repr(C)]
+struct RuntimeInstance {
+    _opaque: [u8; 0],
+}
+
+#[repr(C)]
+struct RuntimeSession {
+    _opaque: [u8; 0],
+}
+
+unsafe extern "C" {
+    fn iree_allocator_libc_ctl(
+        self_: *mut c_void,
+        command: sys::iree_allocator_command_t,
+        params: *const c_void,
+        inout_ptr: *mut *mut c_void,
+    ) -> sys::iree_status_t;
+    fn iree_runtime_instance_options_initialize(out: *mut InstanceOptions);
+    fn iree_runtime_instance_options_use_all_available_drivers(options: *mut InstanceOptions);
+    fn iree_runtime_instance_create(
+        options: *const InstanceOptions,
+        host_allocator: sys::iree_allocator_t,
+        out: *mut *mut RuntimeInstance,
+    ) -> sys::iree_status_t;
+    fn iree_runtime_instance_release(instance: *mut RuntimeInstance);
+    fn iree_runtime_instance_try_create_default_device(
+        instance: *mut RuntimeInstance,
+        driver_name: sys::iree_string_view_t,
+        out_device: *mut *mut sys::iree_hal_device_t,
+    ) -> sys::iree_status_t;
+    fn iree_runtime_session_options_initialize(out: *mut SessionOptions);
+    fn iree_runtime_session_create_with_device(
+        instance: *mut RuntimeInstance,
+        options: *const SessionOptions,
+        device: *mut sys::iree_hal_device_t,
+        host_allocator: sys::iree_allocator_t,
+        out: *mut *mut RuntimeSession,
+    ) -> sys::iree_status_t;
+    fn iree_runtime_session_release(session: *mut RuntimeSession);
+    fn iree_runtime_session_device_allocator(
+        session: *const RuntimeSession,
+    ) -> *mut sys::iree_hal_allocator_t;
+    fn iree_runtime_session_append_bytecode_module_from_memory(
+        session: *mut RuntimeSession,
+        flatbuffer: sys::iree_const_byte_span_t,
+        flatbuffer_allocator: sys::iree_allocator_t,
+    ) -> sys::iree_status_t;
+    fn iree_runtime_session_call_by_name(
+        session: *mut RuntimeSession,
+        full_name: sys::iree_string_view_t,
+        input_list: *mut sys::iree_vm_list_t,
+        output_list: *mut sys::iree_vm_list_t,
+    ) -> sys::iree_status_t;
+}
+
+fn system_allocator() -> sys::iree_allocator_t {
+    sys::iree_allocator_t {
+        self_: ptr::null_mut(),
+        ctl: Some(iree_allocator_libc_ctl),
+    }
+}
+
+/// An allocator that never frees: for memory Rust owns and outlives the IREE object using it.
+fn null_allocator() -> sys::iree_allocator_t {
+    sys::iree_allocator_t {
+        self_: ptr::null_mut(),
+        ctl: None,
+    }
+}
+
+fn string_view(s: &str) -> sys::iree_string_view_t {
+    sys::iree_string_view_t {
+        data: s.as_ptr() as *const c_char,
+        size: s.len(),
+    }
+}
+
+/// Turns a status into a message, consuming it.
+fn check(status: sys::iree_status_t, what: &str) -> Result<(), String> {
+    if status.is_null() {
+        return Ok(());
+    }
+    let allocator = system_allocator();
+    let mut buffer: *mut c_char = ptr::null_mut();
+    let mut length = 0usize;
+    // SAFETY: `status` is a non-OK status returned by IREE and owned by us; to_string allocates
+    // `buffer` with `allocator`, which we free below; iree_status_free consumes the status.
+    let message = unsafe {
+        let ok = sys::iree_status_to_string(status, &allocator, &mut buffer, &mut length);
+        let text = if ok && !buffer.is_null() {
+            let bytes = std::slice::from_raw_parts(buffer as *const u8, length);
+            let text = String::from_utf8_lossy(bytes).into_owned();
+            sys::iree_allocator_free(allocator, buffer as *mut c_void);
+            text
+        } else {
+            "unknown IREE error".to_owned()
+        };
+        sys::iree_status_free(status);
+        text
+    };
+    Err(format!("{what}: {message}"))
+}
+
+/// An IREE instance, a `local-task` CPU device and a session holding the loaded modules.
+pub(super) struct Session {
+    instance: *mut RuntimeInstance,
+    device: *mut sys::iree_hal_device_t,
+    session: *mut RuntimeSession,
+    /// Module bytes must outlive the session that maps them.
+    modules: Vec<Vec<u8>>,
+}
+
+impl Session {
+    pub(super) fn new(driver: &str) -> Result<Self, String> {
+        let mut s = Session {
+            instance: ptr::null_mut(),
+            device: ptr::null_mut(),
+            session: ptr::null_mut(),
+            modules: Vec::new(),
+        };
+        // SAFETY: options structs are plain C structs initialised by IREE; out-pointers are
+        // valid locals; on error the partially built Session drops what was created.
+        unsafe {
+            let mut options = InstanceOptions {
+                driver_registry: ptr::null_mut(),
+            };
+            iree_runtime_instance_options_initialize(&mut options);
+            iree_runtime_instance_options_use_all_available_drivers(&mut options);
+            check(
+                iree_runtime_instance_create(&options, system_allocator(), &mut s.instance),
+                "creating the IREE instance",
+            )?;
+            check(
+                iree_runtime_instance_try_create_default_device(
+                    s.instance,
+                    string_view(driver),
+                    &mut s.device,
+                ),
+                "creating the IREE device",
+            )?;
+            let mut session_options = SessionOptions {
+                context_flags: 0,
+                builtin_modules: 0,
+            };
+            iree_runtime_session_options_initialize(&mut session_options);
+            check(
+                iree_runtime_session_create_with_device(
+                    s.instance,
+                    &session_options,
+                    s.device,
+                    system_allocator(),
+                    &mut s.session,
+                ),
+                "creating the IREE session",
+            )?;
+        }
+        Ok(s)
+    }
+
+    /// Appends a compiled module (`.vmfb` bytes) to the session.
+    pub(super) fn load_module(&mut self, bytes: Vec<u8>) -> Result<(), String> {
+        let span = sys::iree_const_byte_span_t {
+            data: bytes.as_ptr(),
+            data_length: bytes.len(),
+        };
+        // SAFETY: the bytes are kept in `self.modules` for the session's life (a Vec's heap
+        // buffer does not move when the Vec is moved); the null allocator means IREE never frees
+        // them.
+        unsafe {
+            check(
+                iree_runtime_session_append_bytecode_module_from_memory(
+                    self.session,
+                    span,
+                    null_allocator(),
+                ),
+                "loading the module",
+            )?;
+        }
+        self.modules.push(bytes);
+        Ok(())
+    }
+
+    /// A device buffer holding a copy of `data`, of `dims` and `element`.
+    pub(super) fn upload(
+        &self,
+        data: &[u8],
+        dims: &[usize],
+        element: ElementType,
+    ) -> Result<BufferView, String> {
+        let element_type = match element {
+            ElementType::F32 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_FLOAT_32,
+            ElementType::F16 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_FLOAT_16,
+            ElementType::I32 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_INT_32,
+            other => return Err(format!("cannot upload {other:?} tensors")),
+        };
+        let shape: Vec<sys::iree_hal_dim_t> = dims.iter().map(|&d| d as _).collect();
+        let params = sys::iree_hal_buffer_params_t {
+            usage: sys::iree_hal_buffer_usage_bits_t_IREE_HAL_BUFFER_USAGE_DEFAULT as _,
+            access: sys::iree_hal_memory_access_bits_t_IREE_HAL_MEMORY_ACCESS_ALL as _,
+            type_: sys::iree_hal_memory_type_bits_t_IREE_HAL_MEMORY_TYPE_DEVICE_LOCAL as _,
+            queue_affinity: 0,
+            min_alignment: 0,
+        };
+        let span = sys::iree_const_byte_span_t {
+            data: data.as_ptr(),
+            data_length: data.len(),
+        };
+        let mut view = ptr::null_mut();
+        // SAFETY: device and allocator belong to the live session; `shape` and `data` outlive the
+        // call, which copies the bytes.
+        unsafe {
+            check(
+                sys::iree_hal_buffer_view_allocate_buffer_copy(
+                    self.device,
+                    iree_runtime_session_device_allocator(self.session),
+                    shape.len(),
+                    shape.as_ptr(),
+                    element_type as _,
+                    sys::iree_hal_encoding_types_t_IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR as _,
+                    params,
+                    span,
+                    &mut view,
+                ),
+                "allocating a buffer",
+            )?;
+        }
+        Ok(BufferView(view))
+    }
+
+    /// Calls `function` (`module.name`) with `inputs`; returns its results.
+    pub(super) fn call(
+        &self,
+        function: &str,
+        inputs: &[&BufferView],
+    ) -> Result<Vec<BufferView>, String> {
+        let input_list = VmList::new(inputs.len())?;
+        let output_list = VmList::new(16)?;
+        // SAFETY: the lists are live; push_ref_retain takes its own reference to each buffer
+        // view; results are retained before the output list is released.
+        unsafe {
+            for input in inputs {
+                let mut r = sys::iree_hal_buffer_view_retain_ref(input.0);
+                let status = sys::iree_vm_list_push_ref_move(input_list.0, &mut r);
+                check(status, "passing an argument")?;
+            }
+            check(
+                iree_runtime_session_call_by_name(
+                    self.session,
+                    string_view(function),
+                    input_list.0,
+                    output_list.0,
+                ),
+                &format!("calling {function}"),
+            )?;
+            let count = sys::iree_vm_list_size(output_list.0);
+            let mut results = Vec::with_capacity(count);
+            for i in 0..count {
+                let view = sys::iree_vm_list_get_buffer_view_retain(output_list.0, i);
+                if view.is_null() {
+                    return Err(format!("{function}: result {i} is not a buffer view"));
+                }
+                results.push(BufferView(view));
+            }
+            Ok(results)
+        }
+    }
+
+    /// Copies a buffer view's contents to the host.
+    pub(super) fn read(&self, view: &BufferView, out: &mut [u8]) -> Result<(), String> {
+        // SAFETY: the view is live; its byte length is checked against `out` before the copy.
+        unsafe {
+            let length = sys::iree_hal_buffer_view_byte_length(view.0);
+            if length as usize != out.len() {
+                return Err(format!(
+                    "reading {} bytes from a {length}-byte buffer",
+                    out.len()
+                ));
+            }
+            let buffer = sys::iree_hal_buffer_view_buffer(view.0);
+            check(
+                sys::iree_hal_device_transfer_d2h(
+                    self.device,
+                    buffer,
+                    0,
+                    out.as_mut_ptr() as *mut c_void,
+                    length,
+                    sys::iree_hal_transfer_buffer_flag_bits_t_IREE_HAL_TRANSFER_BUFFER_FLAG_DEFAULT
+                        as _,
+                    sys::iree_timeout_t {
+                        type_: sys::iree_timeout_type_e_IREE_TIMEOUT_ABSOLUTE,
+                        nanos: i64::MAX as _,
+                    },
+                ),
+                "reading a buffer",
+            )
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // SAFETY: each pointer is null or a reference we own; released once, session first.
+        unsafe {
+            if !self.session.is_null() {
+                iree_runtime_session_release(self.session);
+            }
+            if !self.device.is_null() {
+                sys::iree_hal_device_release(self.device);
+            }
+            if !self.instance.is_null() {
+                iree_runtime_instance_release(self.instance);
+            }
+        }
+    }
+}
+
+/// One reference to an IREE buffer view.
+pub(super) struct BufferView(*mut sys::iree_hal_buffer_view_t);
+
+impl BufferView {
+    /// Whether two views share one buffer (IREE may hand an argument buffer back as a result).
+    pub(super) fn same_buffer(&self, other: &BufferView) -> bool {
+        // SAFETY: both views are live.
+        unsafe {
+            sys::iree_hal_buffer_view_buffer(self.0) == sys::iree_hal_buffer_view_buffer(other.0)
+        }
+    }
+}
+
+impl Drop for BufferView {
+    fn drop(&mut self) {
+        // SAFETY: we own one reference.
+        unsafe { sys::iree_hal_buffer_view_release(self.0) }
+    }
+}
+
+/// A variant VM list.
+struct VmList(*mut sys::iree_vm_list_t);
+
+impl VmList {
+    fn new(capacity: usize) -> Result<Self, String> {
+        let mut list = ptr::null_mut();
+        // SAFETY: a zeroed type def is the "any" (variant) element type; out-pointer is valid.
+        unsafe {
+            check(
+                sys::iree_vm_list_create(
+                    std::mem::zeroed(),
+                    capacity,
+                    system_allocator(),
+                    &mut list,
+                ),
+                "creating a list",
+            )?;
+        }
+        Ok(VmList(list))
+    }
+}
+
+impl Drop for VmList {
+    fn drop(&mut self) {
+        // SAFETY: we own the list.
+        unsafe { sys::iree_vm_list_release(self.0) }
+    }
+}

@@ -1,0 +1,211 @@
+//! Checkpoint tensors as the program's weight arguments.
+//!
+//! Quantized linears are dequantized on the host (`scale · q + bias`, exactly the MLX backend's
+//! arithmetic) and widened to the program's weight format; dense tensors are widened; `[out, in]`
+//! weights are transposed to `[in, out]`. See docs/xla.md for why weights are widened rather than
+//! passed packed.
+
+use half::{bf16, f16};
+use mlxcel_model::{Checkpoint, Dtype, ModelConfig, RopeScaling};
+
+use crate::error::{Error, Result};
+use crate::hlo::ElementType;
+use crate::program::{Layout, LlamaDims, WeightFormat, WeightSpec, weight_type};
+
+/// The program's dimensions for a checkpoint's config.
+pub fn llama_dims(c: &ModelConfig) -> LlamaDims {
+    LlamaDims {
+        layers: c.num_hidden_layers,
+        hidden: c.hidden_size,
+        heads: c.num_attention_heads,
+        kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+        intermediate: c.intermediate_size,
+        vocab: c.vocab_size,
+        rms_norm_eps: c.rms_norm_eps,
+        inv_freq: rope_periods(c).iter().map(|p| 1.0 / p).collect(),
+        qkv_bias: c.attention_qkv_bias,
+        out_bias: c.attention_out_bias,
+        tied_embeddings: c.tie_word_embeddings,
+    }
+}
+
+/// Rotary periods (`base^(2i/d)`, with Llama 3.1's scaling when configured): the same numbers
+/// as the MLX backend's `rope_for`.
+fn rope_periods(c: &ModelConfig) -> Vec<f32> {
+    let dims = c.head_dim;
+    let base = c.rope_theta;
+    let plain = (0..dims / 2).map(move |i| base.powf((2 * i) as f32 / dims as f32));
+    match c.rope_scaling {
+        None => plain.collect(),
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) => {
+            let original = original_max_position_embeddings as f32;
+            let low_wavelen = original / low_freq_factor;
+            let high_wavelen = original / high_freq_factor;
+            plain
+                .map(|period| {
+                    let wavelen = 2.0 * std::f32::consts::PI * period;
+                    if wavelen > low_wavelen {
+                        period * factor
+                    } else if wavelen < high_wavelen {
+                        period
+                    } else {
+                        let smooth = (original / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        period / ((1.0 - smooth) / factor + smooth)
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+fn tensor_error(name: &str, reason: impl Into<String>) -> Error {
+    Error::Tensor {
+        name: name.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn floats(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
+    Ok(match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        other => return Err(tensor_error(name, format!("unsupported dtype {other:?}"))),
+    })
+}
+
+/// The checkpoint tensor `spec` names, as f32 in the checkpoint's `[rows, cols]` layout.
+fn checkpoint_f32(checkpoint: &Checkpoint, name: &str) -> Result<(Vec<f32>, Vec<usize>)> {
+    let view = checkpoint
+        .tensor(name)
+        .ok_or_else(|| tensor_error(name, "missing from the checkpoint"))?;
+    let module = name.strip_suffix(".weight");
+    let spec = module.and_then(|m| checkpoint.quantization_of(m));
+    match (module, spec) {
+        (Some(module), Some(spec)) if checkpoint.tensor(&format!("{module}.scales")).is_some() => {
+            let scales_name = format!("{module}.scales");
+            let biases_name = format!("{module}.biases");
+            let scales = checkpoint
+                .tensor(&scales_name)
+                .ok_or_else(|| tensor_error(&scales_name, "missing"))?;
+            let biases = checkpoint
+                .tensor(&biases_name)
+                .ok_or_else(|| tensor_error(&biases_name, "missing"))?;
+            let rows = view.shape[0];
+            let cols = scales.shape.get(1).copied().unwrap_or(0) * spec.group_size;
+            let values = dequantize(
+                spec,
+                rows,
+                cols,
+                view.data,
+                &floats(&scales_name, scales.dtype, scales.data)?,
+                &floats(&biases_name, biases.dtype, biases.data)?,
+            )
+            .ok_or_else(|| tensor_error(name, "quantized sizes do not fit its shape"))?;
+            Ok((values, vec![rows, cols]))
+        }
+        _ => Ok((floats(name, view.dtype, view.data)?, view.shape.to_vec())),
+    }
+}
+
+/// MLX affine dequantization, `scale · q + bias` in f32: the arithmetic of
+/// `mlxcel_model::dequantize_affine`, here so that it runs optimised with this crate (see the
+/// workspace's `profile.dev.package` entry) when loading a model in a debug build.
+fn dequantize(
+    spec: mlxcel_model::QuantSpec,
+    rows: usize,
+    cols: usize,
+    packed: &[u8],
+    scales: &[f32],
+    biases: &[f32],
+) -> Option<Vec<f32>> {
+    let bits = spec.bits as usize;
+    let group = spec.group_size;
+    if bits == 0 || !32usize.is_multiple_of(bits) || group == 0 || !cols.is_multiple_of(group) {
+        return None;
+    }
+    let per_word = 32 / bits;
+    let width = cols / per_word;
+    let groups = cols / group;
+    if packed.len() != rows * width * 4
+        || scales.len() != rows * groups
+        || biases.len() != rows * groups
+    {
+        return None;
+    }
+    let mask = (1u32 << bits) - 1;
+    let mut out = vec![0f32; rows * cols];
+    for r in 0..rows {
+        let row = &packed[r * width * 4..(r + 1) * width * 4];
+        let out_row = &mut out[r * cols..(r + 1) * cols];
+        for (w, word) in row.chunks_exact(4).enumerate() {
+            let word = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+            for k in 0..per_word {
+                let c = w * per_word + k;
+                let g = r * groups + c / group;
+                let q = (word >> (bits * k)) & mask;
+                out_row[c] = scales[g] * q as f32 + biases[g];
+            }
+        }
+    }
+    Some(out)
+}
+
+/// One weight argument's bytes, dims and element type under `format`.
+pub fn weight_bytes(
+    checkpoint: &Checkpoint,
+    spec: &WeightSpec,
+    format: WeightFormat,
+) -> Result<(Vec<u8>, Vec<usize>, ElementType)> {
+    let (values, shape) = checkpoint_f32(checkpoint, &spec.name)?;
+    let (values, shape) = match spec.layout {
+        Layout::AsIs => (values, shape),
+        Layout::Transposed => {
+            let [rows, cols] = shape[..] else {
+                return Err(tensor_error(
+                    &spec.name,
+                    format!("expected 2-D, got {shape:?}"),
+                ));
+            };
+            let mut t = vec![0f32; values.len()];
+            for r in 0..rows {
+                for c in 0..cols {
+                    t[c * rows + r] = values[r * cols + c];
+                }
+            }
+            (t, vec![cols, rows])
+        }
+    };
+    let want: Vec<usize> = spec.dims.iter().map(|&d| d as usize).collect();
+    if shape != want {
+        return Err(tensor_error(
+            &spec.name,
+            format!("shape {shape:?}, the program expects {want:?}"),
+        ));
+    }
+    let element = weight_type(spec, format).element;
+    let bytes = match element {
+        ElementType::F16 => values
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect(),
+        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    };
+    Ok((bytes, shape, element))
+}

@@ -1,0 +1,41 @@
+//! mlxcel-xla against the real `iree-compile` (provisioned by `scripts/provision-iree`) and, with
+//! the `runtime` feature, the IREE runtime on the default model.
+
+mod compile;
+#[cfg(feature = "runtime")]
+mod default_model;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use mlxcel_xla::Compiler;
+
+/// The provisioned compiler (provisioning it on first use), caching into `cache`.
+pub fn compiler(cache: PathBuf) -> Compiler {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(root.join("scripts/provision-iree"))
+        .arg("--no-apt")
+        .output()
+        .expect("run scripts/provision-iree");
+    assert!(
+        out.status.success(),
+        "scripts/provision-iree failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    Compiler::new(bin.join("iree-compile"), cache, "host").expect("iree-compile runs")
+}
+
+pub fn skip_model_tests() -> bool {
+    std::env::var_os("MLXCEL_SKIP_MODEL_TESTS").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
