@@ -118,3 +118,42 @@ pub trait Backend {
         0
     }
 }
+
+/// A boxed backend is a backend, so the engine can choose one at run time.
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn window(&self) -> usize {
+        (**self).window()
+    }
+
+    fn vocab_size(&self) -> usize {
+        (**self).vocab_size()
+    }
+
+    fn shape_policy(&self) -> ShapePolicy {
+        (**self).shape_policy()
+    }
+
+    fn create_session_for_request(&self, shape: &RequestShape) -> Result<SessionPlan, EngineError> {
+        (**self).create_session_for_request(shape)
+    }
+
+    fn allocate_slot(&mut self, plan: &SessionPlan) -> Result<SlotId, EngineError> {
+        (**self).allocate_slot(plan)
+    }
+
+    fn step(&mut self, batch: &[SequenceStep<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        (**self).step(batch)
+    }
+
+    fn release_slot(&mut self, slot: SlotId) {
+        (**self).release_slot(slot)
+    }
+
+    fn compilations(&self) -> u64 {
+        (**self).compilations()
+    }
+}

@@ -14,6 +14,7 @@ use crate::engine::{BackendKind, EngineOptions, ModelInfo};
 use crate::error::EngineError;
 use crate::mlx::MlxBackend;
 use crate::rng::Rng;
+use crate::xla::XlaBackend;
 
 /// A backend loaded for benchmarking.
 pub struct BackendBench {
@@ -40,6 +41,7 @@ impl BackendBench {
                 &loaded.checkpoint,
                 options.kv_budget_bytes,
             )?),
+            BackendKind::Xla => Box::new(XlaBackend::load(&loaded.checkpoint)?),
         };
         Ok(Self {
             backend,

@@ -16,6 +16,7 @@ use crate::mlx::MlxBackend;
 use crate::request::{Event, FinishReason, GenerationRequest, RequestId, Usage};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 use crate::text::TokenizerDecoder;
+use crate::xla::XlaBackend;
 
 /// Which backend runs the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -23,16 +24,19 @@ pub enum BackendKind {
     /// MLX: dynamic shapes, eager graphs.
     #[default]
     Mlx,
+    /// OpenXLA through IREE: static shapes, one compiled module per context capacity.
+    Xla,
 }
 
 impl BackendKind {
     /// Every backend name `from_str` accepts.
-    pub const NAMES: &'static [&'static str] = &["mlx"];
+    pub const NAMES: &'static [&'static str] = &["mlx", "xla"];
 
     /// The backend's name.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Mlx => "mlx",
+            Self::Xla => "xla",
         }
     }
 }
@@ -43,6 +47,7 @@ impl std::str::FromStr for BackendKind {
     fn from_str(name: &str) -> Result<Self, EngineError> {
         match name.trim().to_ascii_lowercase().as_str() {
             "mlx" => Ok(Self::Mlx),
+            "xla" => Ok(Self::Xla),
             _ => Err(EngineError::UnknownBackend {
                 name: name.to_owned(),
                 choices: Self::NAMES.join(", "),
@@ -171,10 +176,13 @@ impl Engine {
             .name("mlxcel-engine".into())
             .spawn(move || {
                 // The backend is built on the thread that runs it.
-                let backend = match options.backend {
+                let backend: Result<Box<dyn Backend>, EngineError> = match options.backend {
                     BackendKind::Mlx => {
                         MlxBackend::load(&loaded.checkpoint, options.kv_budget_bytes)
+                            .map(|b| Box::new(b) as Box<dyn Backend>)
                     }
+                    BackendKind::Xla => XlaBackend::load(&loaded.checkpoint)
+                        .map(|b| Box::new(b) as Box<dyn Backend>),
                 };
                 let scheduler = backend.and_then(|b| Scheduler::new(b, decoder, options.scheduler));
                 match scheduler {

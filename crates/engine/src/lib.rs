@@ -53,6 +53,7 @@ mod sampling;
 mod scheduler;
 mod stop;
 mod text;
+mod xla;
 
 pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
 pub use bench::{BackendBench, measure_read_bandwidth};
