@@ -166,7 +166,19 @@ impl Session<'_> {
     /// Streams one completion to stdout; statistics go to stderr. Returns the generated text.
     fn generate(&self, prompt: Vec<u32>) -> Result<String> {
         let prompt_len = prompt.len();
-        if self.max_new_tokens == MaxNewTokens::Unlimited {
+        if self.engine.info().backend == BackendKind::Xla {
+            // The XLA backend sizes its static shape with the capacity resolver (the engine admits
+            // exactly this plan): print the choice, or refuse with the resolver's numbers.
+            let overrides = mlxcel_capacity::CapacityOverrides::from_env()?;
+            let resolution = mlxcel_capacity::resolve_context_capacity(
+                &mlxcel_capacity::Request::text(prompt_len, self.max_new_tokens),
+                self.engine.info().window,
+                overrides.pinned_capacity,
+            )?;
+            if let Some(line) = resolution.sizing_line() {
+                eprintln!("{line}");
+            }
+        } else if self.max_new_tokens == MaxNewTokens::Unlimited {
             let room = self.engine.info().window.saturating_sub(prompt_len);
             eprintln!(
                 "-n -1 resolved to {room} tokens (window {} - prompt {prompt_len})",
