@@ -121,11 +121,13 @@ std::unique_ptr<MlxArray> dequantize(const MlxArray& w, const MlxArray& scales,
 std::unique_ptr<ArrayList> quantize(const MlxArray& w, int32_t group_size, int32_t bits);
 
 // mlxcel's own CPU kernels (kernels/primitive.cc). `isa`: 0 scalar, 1 AVX2, 2 AVX-512 (capped
-// at what the CPU supports); `threads`: the most threads one call uses.
+// at what the CPU supports); `threads`: the most threads one call uses; `epilogue`: 0 none,
+// 1 add `residual` (ignored otherwise), 2 SwiGLU over the two halves of each output row.
 std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxArray& w,
                                                   const MlxArray& scales, const MlxArray& biases,
                                                   int32_t group_size, int32_t bits, uint8_t isa,
-                                                  int32_t threads);
+                                                  int32_t threads, uint8_t epilogue,
+                                                  const MlxArray& residual);
 std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
                                            const MlxArray& v, float scale, bool causal,
                                            uint8_t isa, int32_t threads);

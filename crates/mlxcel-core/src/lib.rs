@@ -50,4 +50,4 @@ pub use error::{Error, Result};
 pub use kernels::{Isa, KernelBackend, Kernels};
 pub use kv_cache::{KV_CHUNK, KvCache};
 pub use llama::{ForwardSeq, LlamaModel, llama3_periods};
-pub use quantized::QuantizedWeight;
+pub use quantized::{Epilogue, QuantizedWeight};

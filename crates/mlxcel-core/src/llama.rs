@@ -19,7 +19,7 @@ use crate::fast::{
 };
 use crate::kernels::{KernelBackend, Kernels};
 use crate::kv_cache::KvCache;
-use crate::quantized::QuantizedWeight;
+use crate::quantized::{Epilogue, QuantizedWeight};
 
 /// A linear layer, dense or affine-quantized, with an optional bias.
 #[derive(Debug)]
@@ -44,6 +44,57 @@ impl Linear {
         match bias {
             Some(b) => y.add(b),
             None => Ok(y),
+        }
+    }
+}
+
+impl Linear {
+    /// `forward(x) + residual`; one op on mlxcel's kernels.
+    fn forward_add(&self, x: &Array, residual: &Array, kernels: &Kernels) -> Result<Array> {
+        match self {
+            Self::Quantized { weight, bias: None } => {
+                weight.linear_then(x, kernels, Epilogue::Residual(residual))
+            }
+            _ => self.forward(x, kernels)?.add(residual),
+        }
+    }
+}
+
+/// The MLP's gate and up projections: stacked into one quantized matrix when they share a
+/// layout (one matmul with a SwiGLU epilogue instead of four ops), separate otherwise.
+#[derive(Debug)]
+enum GateUp {
+    Stacked(QuantizedWeight),
+    Separate { gate: Linear, up: Linear },
+}
+
+impl GateUp {
+    fn new(gate: Linear, up: Linear) -> Result<Self> {
+        match (&gate, &up) {
+            (
+                Linear::Quantized {
+                    weight: g,
+                    bias: None,
+                },
+                Linear::Quantized {
+                    weight: u,
+                    bias: None,
+                },
+            ) if g.group_size == u.group_size && g.bits == u.bits => {
+                Ok(Self::Stacked(QuantizedWeight::concat_rows(&[g, u])?))
+            }
+            _ => Ok(Self::Separate { gate, up }),
+        }
+    }
+
+    /// `silu(x · gateᵀ) · (x · upᵀ)`.
+    fn forward(&self, x: &Array, kernels: &Kernels) -> Result<Array> {
+        match self {
+            Self::Stacked(w) => w.linear_then(x, kernels, Epilogue::Swiglu),
+            Self::Separate { gate, up } => gate
+                .forward(x, kernels)?
+                .silu()?
+                .multiply(&up.forward(x, kernels)?),
         }
     }
 }
@@ -88,8 +139,7 @@ struct Layer {
     v: Linear,
     o: Linear,
     post_norm: Array,
-    gate: Linear,
-    up: Linear,
+    gate_up: GateUp,
     down: Linear,
 }
 
@@ -143,8 +193,10 @@ impl LlamaModel {
                     o: loader
                         .linear(&format!("{p}.self_attn.o_proj"), config.attention_out_bias)?,
                     post_norm: loader.float(&format!("{p}.post_attention_layernorm.weight"))?,
-                    gate: loader.linear(&format!("{p}.mlp.gate_proj"), false)?,
-                    up: loader.linear(&format!("{p}.mlp.up_proj"), false)?,
+                    gate_up: GateUp::new(
+                        loader.linear(&format!("{p}.mlp.gate_proj"), false)?,
+                        loader.linear(&format!("{p}.mlp.up_proj"), false)?,
+                    )?,
                     down: loader.linear(&format!("{p}.mlp.down_proj"), false)?,
                 })
             })
@@ -177,16 +229,15 @@ impl LlamaModel {
         let mut arrays: Vec<&Array> = vec![&self.norm];
         for layer in &self.layers {
             arrays.extend([&layer.input_norm, &layer.post_norm]);
-            for linear in [
-                &layer.q,
-                &layer.k,
-                &layer.v,
-                &layer.o,
-                &layer.gate,
-                &layer.up,
-                &layer.down,
-            ] {
+            for linear in [&layer.q, &layer.k, &layer.v, &layer.o, &layer.down] {
                 linear_arrays(linear, &mut arrays);
+            }
+            match &layer.gate_up {
+                GateUp::Stacked(w) => arrays.extend([&w.weight, &w.scales, &w.biases]),
+                GateUp::Separate { gate, up } => {
+                    linear_arrays(gate, &mut arrays);
+                    linear_arrays(up, &mut arrays);
+                }
             }
         }
         if let Some(head) = &self.lm_head {
@@ -301,14 +352,10 @@ impl LlamaModel {
                 [one] => one.clone(),
                 many => Array::concatenate(&many.iter().collect::<Vec<_>>(), 0)?,
             };
-            x = x.add(&layer.o.forward(&attended, kn)?)?;
+            x = layer.o.forward_add(&attended, &x, kn)?;
             let h = rms_norm(&x, &layer.post_norm, c.rms_norm_eps)?;
-            let gated = layer
-                .gate
-                .forward(&h, kn)?
-                .silu()?
-                .multiply(&layer.up.forward(&h, kn)?)?;
-            x = x.add(&layer.down.forward(&gated, kn)?)?;
+            let gated = layer.gate_up.forward(&h, kn)?;
+            x = layer.down.forward_add(&gated, &x, kn)?;
         }
 
         let mut last_rows = Vec::with_capacity(seqs.len());

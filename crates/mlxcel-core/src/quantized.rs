@@ -10,6 +10,18 @@ use crate::error::{Error, Result};
 use crate::kernels::{Isa, KernelBackend, Kernels};
 use crate::sys::{self, Handle, ffi};
 
+/// What a quantized matmul does to its result `y = x · Wᵀ` before returning it.
+#[derive(Debug, Clone, Copy)]
+pub enum Epilogue<'a> {
+    /// Nothing.
+    None,
+    /// `y + r` (a skip connection; `r` has `y`'s shape).
+    Residual(&'a Array),
+    /// `silu(g) · u` where `g` and `u` are the first and second halves of each row of `y`
+    /// (gate and up projections stacked with [`QuantizedWeight::concat_rows`]).
+    Swiglu,
+}
+
 /// A quantized weight matrix and its layout.
 #[derive(Debug, Clone)]
 pub struct QuantizedWeight {
@@ -88,6 +100,22 @@ impl QuantizedWeight {
     /// `x · Wᵀ` with mlxcel's CPU kernel on the best path at or below `isa`, using at most
     /// `threads` threads. Errors name the unsupported layout.
     pub fn matmul_native(&self, x: &Array, isa: Isa, threads: usize) -> Result<Array> {
+        self.matmul_native_then(x, isa, threads, Epilogue::None)
+    }
+
+    /// [`QuantizedWeight::matmul_native`] followed by `epilogue`, in the same MLX op.
+    pub fn matmul_native_then(
+        &self,
+        x: &Array,
+        isa: Isa,
+        threads: usize,
+        epilogue: Epilogue<'_>,
+    ) -> Result<Array> {
+        let (code, residual) = match epilogue {
+            Epilogue::None => (0, x),
+            Epilogue::Residual(r) => (1, r),
+            Epilogue::Swiglu => (2, x),
+        };
         call("native_quantized_matmul", || {
             ffi::native_quantized_matmul(
                 x.raw(),
@@ -98,7 +126,67 @@ impl QuantizedWeight {
                 self.bits,
                 isa as u8,
                 threads.min(i32::MAX as usize) as i32,
+                code,
+                residual.raw(),
             )
+        })
+    }
+
+    /// [`QuantizedWeight::linear`] followed by `epilogue`: one MLX op on mlxcel's kernel, the
+    /// equivalent MLX ops otherwise.
+    pub fn linear_then(
+        &self,
+        x: &Array,
+        kernels: &Kernels,
+        epilogue: Epilogue<'_>,
+    ) -> Result<Array> {
+        if kernels.backend == KernelBackend::Native && self.native_covers(x) {
+            return self.matmul_native_then(x, kernels.isa, kernels.threads, epilogue);
+        }
+        let y = self.matmul(x, true)?;
+        match epilogue {
+            Epilogue::None => Ok(y),
+            Epilogue::Residual(r) => y.add(r),
+            Epilogue::Swiglu => {
+                let shape = y.shape();
+                let last = shape.len() - 1;
+                let half = shape[last] / 2;
+                let (mut start, mut stop) = (vec![0; shape.len()], shape.clone());
+                stop[last] = half;
+                let gate = y.slice(&start, &stop)?;
+                start[last] = half;
+                stop[last] = shape[last];
+                let up = y.slice(&start, &stop)?;
+                gate.silu()?.multiply(&up)
+            }
+        }
+    }
+
+    /// The rows of several weights stacked into one (`[Σ out, in]`), so that one matmul computes
+    /// all their outputs side by side. All must share `in`, `group_size` and `bits`.
+    pub fn concat_rows(parts: &[&QuantizedWeight]) -> Result<QuantizedWeight> {
+        let first = parts.first().ok_or_else(|| Error::Mlx {
+            op: "concat_rows",
+            message: "no weights given".into(),
+        })?;
+        if parts
+            .iter()
+            .any(|p| p.group_size != first.group_size || p.bits != first.bits)
+        {
+            return Err(Error::Mlx {
+                op: "concat_rows",
+                message: "weights differ in group size or bits".into(),
+            });
+        }
+        let stack = |field: fn(&QuantizedWeight) -> &Array| -> Result<Array> {
+            Array::concatenate(&parts.iter().map(|p| field(p)).collect::<Vec<_>>(), 0)
+        };
+        Ok(QuantizedWeight {
+            weight: stack(|p| &p.weight)?,
+            scales: stack(|p| &p.scales)?,
+            biases: stack(|p| &p.biases)?,
+            group_size: first.group_size,
+            bits: first.bits,
         })
     }
 

@@ -140,6 +140,8 @@ pub(crate) mod ffi {
             bits: i32,
             isa: u8,
             threads: i32,
+            epilogue: u8,
+            residual: &MlxArray,
         ) -> Result<UniquePtr<MlxArray>>;
         fn native_attention(
             q: &MlxArray,

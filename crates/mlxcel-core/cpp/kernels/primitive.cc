@@ -4,6 +4,7 @@
 // producers have run. It may read shapes, strides and pointers (allocated by then), but the data
 // only inside the task it hands to the stream's command encoder, which runs after the producers.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -49,14 +50,22 @@ std::vector<int64_t> row_offsets(const mx::array& a, int64_t rows) {
   return offsets;
 }
 
+// What the quantized matmul does to its result before writing it: nothing, add a residual
+// (`y + r`, the transformer's skip connection), or SwiGLU over the two halves of each row
+// (`silu(y[:, :F]) · y[:, F:]` for fused gate and up projections). Each saves MLX graph nodes,
+// whose fixed cost (~20 µs each here) dominates a decode step.
+enum class Epilogue : uint8_t { None = 0, Residual = 1, Swiglu = 2 };
+
 class QuantizedMatmulCpu : public mx::UnaryPrimitive {
  public:
-  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, Isa isa, int threads)
+  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, Isa isa, int threads,
+                     Epilogue epilogue)
       : mx::UnaryPrimitive(stream),
         group_size_(group_size),
         bits_(bits),
         isa_(isa),
-        threads_(threads) {}
+        threads_(threads),
+        epilogue_(epilogue) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
@@ -68,6 +77,19 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
         throw std::runtime_error("mlxcel quantized matmul: weights must be row-contiguous");
     }
     out.set_data(mx::allocator::malloc(out.nbytes()));
+    // The residual is read like x: in place when row-contiguous, else gathered in the task.
+    const float* rdata = nullptr;
+    std::vector<int64_t> r_offsets;
+    int64_t r_stride = 1;
+    if (epilogue_ == Epilogue::Residual) {
+      const auto& r = inputs[4];
+      rdata = r.data<float>();
+      if (!r.flags().row_contiguous) {
+        r_offsets = row_offsets(r, r.size() / r.shape(-1));
+        r_stride = r.strides().back();
+      }
+      encoder_input(r);
+    }
 
     kernels::QProblem p{};
     p.K = x.shape(-1);
@@ -78,7 +100,8 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
     p.w = w.data<uint32_t>();
     p.scales = scales.data<float>();
     p.biases = biases.data<float>();
-    p.y = out.data<float>();
+    float* ydata = out.data<float>();
+    p.y = ydata;
 
     const float* xdata = x.data<float>();
     std::vector<int64_t> offsets;
@@ -94,7 +117,8 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
     encoder.set_input_array(biases);
     encoder.set_output_array(out);
     encoder.dispatch([p, xdata, offsets = std::move(offsets), col_stride, isa = isa_,
-                      threads = threads_]() mutable {
+                      threads = threads_, epilogue = epilogue_, rdata, ydata,
+                      r_offsets = std::move(r_offsets), r_stride]() mutable {
       std::vector<float> gathered;
       if (offsets.empty()) {
         p.x = xdata;
@@ -105,7 +129,35 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
             gathered[static_cast<size_t>(m) * p.K + k] = xdata[offsets[m] + k * col_stride];
         p.x = gathered.data();
       }
+      std::vector<float> full;
+      if (epilogue == Epilogue::Swiglu) {
+        full.resize(static_cast<size_t>(p.M) * p.N);
+        p.y = full.data();
+      }
       kernels::qmatmul(p, isa, threads);
+      if (epilogue == Epilogue::Swiglu) {
+        // out = silu(gate) · up, gate and up being the two halves of each row (MLX's silu:
+        // g · sigmoid(g), sigmoid = 1 / (1 + e^-g)).
+        const int f = p.N / 2;
+        for (int m = 0; m < p.M; ++m) {
+          const float* row = full.data() + static_cast<size_t>(m) * p.N;
+          float* o = ydata + static_cast<size_t>(m) * f;
+          for (int j = 0; j < f; ++j) {
+            const float g = row[j];
+            o[j] = g * (1.0f / (1.0f + std::exp(-g))) * row[f + j];
+          }
+        }
+      } else if (epilogue == Epilogue::Residual) {
+        for (int m = 0; m < p.M; ++m) {
+          float* o = ydata + static_cast<size_t>(m) * p.N;
+          if (r_offsets.empty()) {
+            const float* r = rdata + static_cast<size_t>(m) * p.N;
+            for (int j = 0; j < p.N; ++j) o[j] += r[j];
+          } else {
+            for (int j = 0; j < p.N; ++j) o[j] += rdata[r_offsets[m] + j * r_stride];
+          }
+        }
+      }
     });
   }
 
@@ -118,20 +170,23 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const QuantizedMatmulCpu&>(other);
     return group_size_ == o.group_size_ && bits_ == o.bits_ && isa_ == o.isa_ &&
-           threads_ == o.threads_;
+           threads_ == o.threads_ && epilogue_ == o.epilogue_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     auto shape = inputs[0].shape();
-    shape.back() = inputs[1].shape(0);
+    shape.back() = inputs[1].shape(0) / (epilogue_ == Epilogue::Swiglu ? 2 : 1);
     return {shape};
   }
 
  private:
+  void encoder_input(const mx::array& a) { mx::cpu::get_command_encoder(stream()).set_input_array(a); }
+
   int group_size_;
   int bits_;
   Isa isa_;
   int threads_;
+  Epilogue epilogue_;
 };
 
 // Attention for one sequence: inputs q [1, heads, n, D], k and v [1, kv_heads, L, D] (usually
@@ -221,7 +276,10 @@ class AttentionCpu : public mx::UnaryPrimitive {
 std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxArray& w,
                                                   const MlxArray& scales, const MlxArray& biases,
                                                   int32_t group_size, int32_t bits, uint8_t isa,
-                                                  int32_t threads) {
+                                                  int32_t threads, uint8_t epilogue,
+                                                  const MlxArray& residual) {
+  if (epilogue > static_cast<uint8_t>(Epilogue::Swiglu))
+    refuse("unknown epilogue code " + std::to_string(epilogue));
   if (bits != 4 && bits != 8) refuse("bits must be 4 or 8, got " + std::to_string(bits));
   if (group_size != 32 && group_size != 64 && group_size != 128)
     refuse("group_size must be 32, 64 or 128, got " + std::to_string(group_size));
@@ -242,12 +300,21 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
       refuse("scales and biases must be float32 [" + std::to_string(n) + ", " +
              std::to_string(k / group_size) + "]");
   }
+  const auto ep = static_cast<Epilogue>(epilogue);
   auto shape = xa.shape();
   shape.back() = n;
-  auto prim = std::make_shared<QuantizedMatmulCpu>(mlxcel_stream(), group_size, bits,
-                                                   static_cast<Isa>(isa), threads < 1 ? 1 : threads);
-  return wrap(mx::array(std::move(shape), mx::float32, std::move(prim),
-                        {xa, wa, scales.inner, biases.inner}));
+  std::vector<mx::array> inputs{xa, wa, scales.inner, biases.inner};
+  if (ep == Epilogue::Swiglu) {
+    if (n % 2 != 0) refuse("SwiGLU needs an even number of output rows, got " + std::to_string(n));
+    shape.back() = n / 2;
+  } else if (ep == Epilogue::Residual) {
+    if (residual.inner.dtype() != mx::float32 || residual.inner.shape() != shape)
+      refuse("the residual must be float32 of the output's shape");
+    inputs.push_back(residual.inner);
+  }
+  auto prim = std::make_shared<QuantizedMatmulCpu>(
+      mlxcel_stream(), group_size, bits, static_cast<Isa>(isa), threads < 1 ? 1 : threads, ep);
+  return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), std::move(inputs)));
 }
 
 std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,

@@ -283,3 +283,45 @@ fn kernel_choice_is_read_from_the_environment() {
         assert!(err.contains(name) && err.contains(value), "{err}");
     }
 }
+
+#[test]
+fn epilogues_match_the_equivalent_mlx_ops() {
+    use mlxcel_core::Epilogue;
+    let case = Case::new(5, 48, 64, 32, 4, 91);
+    let weight = case.weight();
+    let x = case.x();
+    let mlx = Kernels {
+        backend: KernelBackend::Mlx,
+        ..Kernels::native()
+    };
+    let residual = Array::from_f32(&pseudo_random(5 * 48, 92), &[5, 48]).unwrap();
+    for m in [1, 5] {
+        let xm = x.slice(&[0, 0], &[m, 64]).unwrap();
+        let rm = residual.slice(&[0, 0], &[m, 48]).unwrap();
+        for epilogue in [Epilogue::Residual(&rm), Epilogue::Swiglu] {
+            let ours = weight
+                .linear_then(&xm, &Kernels::native(), epilogue)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            let reference = weight
+                .linear_then(&xm, &mlx, epilogue)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            assert_eq!(ours.len(), reference.len(), "{epilogue:?}");
+            crate::assert_close(&ours, &reference, 1e-4);
+        }
+    }
+    // Stacked gate and up rows give each projection's outputs side by side.
+    let other = Case::new(5, 48, 64, 32, 4, 93).weight();
+    let stacked = QuantizedWeight::concat_rows(&[&weight, &other]).unwrap();
+    let both = stacked.matmul_native(&x, Isa::best(), 2).unwrap();
+    assert_eq!(both.shape(), [5, 96]);
+    let first = weight.matmul_native(&x, Isa::best(), 2).unwrap();
+    crate::assert_close(
+        &both.slice(&[0, 0], &[5, 48]).unwrap().to_vec_f32().unwrap(),
+        &first.to_vec_f32().unwrap(),
+        1e-6,
+    );
+}
