@@ -124,3 +124,46 @@ pub fn attention_native(
         )
     })
 }
+
+/// Where [`split_heads`] finds its heads, and whether it rotates them.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadSlice<'a> {
+    /// First row (token) of the sequence in the stacked projection.
+    pub row: i32,
+    /// Rows of the sequence.
+    pub rows: i32,
+    /// First column of the first head.
+    pub column: i32,
+    /// Heads to take.
+    pub heads: i32,
+    /// Features per head.
+    pub head_dim: i32,
+    /// RoPE's inverse frequencies, `[head_dim / 2]` f32 (read only when `rope` is set).
+    pub inv_freq: &'a Array,
+    /// RoPE (halves layout): the absolute position of the first row, and the position scale.
+    pub rope: Option<(i32, f32)>,
+}
+
+/// One sequence's heads out of a stacked `[tokens, columns]` projection as
+/// `[1, heads, rows, head_dim]`, rotated when asked: mlxcel's CPU kernel for what is otherwise
+/// a slice, a reshape, a transpose and [`Rope::apply`] (non-traditional).
+pub fn split_heads(qkv: &Array, slice: HeadSlice<'_>) -> Result<Array> {
+    let (rope, offset, scale) = match slice.rope {
+        Some((offset, scale)) => (true, offset, scale),
+        None => (false, 0, 1.0),
+    };
+    call("split_heads", || {
+        ffi::split_heads(
+            qkv.raw(),
+            slice.inv_freq.raw(),
+            slice.row,
+            slice.rows,
+            slice.column,
+            slice.heads,
+            slice.head_dim,
+            rope,
+            offset,
+            scale,
+        )
+    })
+}

@@ -15,7 +15,8 @@ use crate::array::{Array, eval};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::fast::{
-    AttentionMask, Rope, RopeFrequencies, attention_native, rms_norm, scaled_dot_product_attention,
+    AttentionMask, HeadSlice, Rope, RopeFrequencies, attention_native, rms_norm,
+    scaled_dot_product_attention, split_heads,
 };
 use crate::kernels::{KernelBackend, Kernels};
 use crate::kv_cache::KvCache;
@@ -137,6 +138,11 @@ struct Layer {
     q: Linear,
     k: Linear,
     v: Linear,
+    /// q, k and v stacked into one matrix, when mlxcel's kernels run and they share a layout:
+    /// one matmul, then [`split_heads`] per sequence (rotating q and k), instead of three
+    /// matmuls and eleven shape and RoPE ops. Costs a second copy of these weights (~12 MB on
+    /// the default model); the separate ones serve `MLXCEL_KERNELS=mlx`.
+    qkv: Option<QuantizedWeight>,
     o: Linear,
     post_norm: Array,
     gate_up: GateUp,
@@ -161,6 +167,8 @@ pub struct LlamaModel {
     norm: Array,
     lm_head: Option<Linear>,
     rope: Rope,
+    /// RoPE's inverse frequencies for [`split_heads`] (`[head_dim / 2]`).
+    inv_freq: Array,
     attention_scale: f32,
     kernels: Kernels,
 }
@@ -185,11 +193,34 @@ impl LlamaModel {
             .map(|i| {
                 let p = format!("model.layers.{i}");
                 let qkv_bias = config.attention_qkv_bias;
+                let q = loader.linear(&format!("{p}.self_attn.q_proj"), qkv_bias)?;
+                let k = loader.linear(&format!("{p}.self_attn.k_proj"), qkv_bias)?;
+                let v = loader.linear(&format!("{p}.self_attn.v_proj"), qkv_bias)?;
+                let qkv = match (&q, &k, &v) {
+                    (
+                        Linear::Quantized {
+                            weight: wq,
+                            bias: None,
+                        },
+                        Linear::Quantized {
+                            weight: wk,
+                            bias: None,
+                        },
+                        Linear::Quantized {
+                            weight: wv,
+                            bias: None,
+                        },
+                    ) if kernels.backend == KernelBackend::Native => {
+                        QuantizedWeight::concat_rows(&[wq, wk, wv]).ok()
+                    }
+                    _ => None,
+                };
                 Ok(Layer {
                     input_norm: loader.float(&format!("{p}.input_layernorm.weight"))?,
-                    q: loader.linear(&format!("{p}.self_attn.q_proj"), qkv_bias)?,
-                    k: loader.linear(&format!("{p}.self_attn.k_proj"), qkv_bias)?,
-                    v: loader.linear(&format!("{p}.self_attn.v_proj"), qkv_bias)?,
+                    q,
+                    k,
+                    v,
+                    qkv,
                     o: loader
                         .linear(&format!("{p}.self_attn.o_proj"), config.attention_out_bias)?,
                     post_norm: loader.float(&format!("{p}.post_attention_layernorm.weight"))?,
@@ -208,6 +239,7 @@ impl LlamaModel {
             Some(loader.linear("lm_head", false)?)
         };
         let rope = rope_for(&config)?;
+        let inv_freq = inverse_frequencies(&rope)?;
         let attention_scale = 1.0 / (config.head_dim as f32).sqrt();
         let model = Self {
             config,
@@ -216,6 +248,7 @@ impl LlamaModel {
             norm,
             lm_head,
             rope,
+            inv_freq,
             attention_scale,
             kernels,
         };
@@ -231,6 +264,9 @@ impl LlamaModel {
             arrays.extend([&layer.input_norm, &layer.post_norm]);
             for linear in [&layer.q, &layer.k, &layer.v, &layer.o, &layer.down] {
                 linear_arrays(linear, &mut arrays);
+            }
+            if let Some(w) = &layer.qkv {
+                arrays.extend([&w.weight, &w.scales, &w.biases]);
             }
             match &layer.gate_up {
                 GateUp::Stacked(w) => arrays.extend([&w.weight, &w.scales, &w.biases]),
@@ -306,22 +342,54 @@ impl LlamaModel {
         let mut x = self.embed.lookup(&Array::from_u32(&ids, &[total])?)?;
         for (index, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
-            let q = layer.q.forward(&h, kn)?;
-            let k = layer.k.forward(&h, kn)?;
-            let v = layer.v.forward(&h, kn)?;
+            let projections = match &layer.qkv {
+                Some(stacked) => Projections::Stacked(stacked.linear(&h, kn)?),
+                None => Projections::Separate(
+                    layer.q.forward(&h, kn)?,
+                    layer.k.forward(&h, kn)?,
+                    layer.v.forward(&h, kn)?,
+                ),
+            };
             let mut outputs = Vec::with_capacity(seqs.len());
             let mut row = 0i32;
             for seq in seqs.iter_mut() {
                 let n = seq.tokens.len() as i32;
                 let position = seq.cache.len() as i32;
-                let heads_first = |m: &Array, count: i32| -> Result<Array> {
-                    m.slice(&[row, 0], &[row + n, count * head_dim])?
-                        .reshape(&[1, n, count, head_dim])?
-                        .transpose(&[0, 2, 1, 3])
+                let (qi, ki, vi) = match &projections {
+                    Projections::Stacked(qkv) => {
+                        let slice = |column: i32, count: i32, rope: bool| {
+                            split_heads(
+                                qkv,
+                                HeadSlice {
+                                    row,
+                                    rows: n,
+                                    column,
+                                    heads: count,
+                                    head_dim,
+                                    inv_freq: &self.inv_freq,
+                                    rope: rope.then_some((position, self.rope.scale)),
+                                },
+                            )
+                        };
+                        (
+                            slice(0, heads, true)?,
+                            slice(heads * head_dim, kv_heads, true)?,
+                            slice((heads + kv_heads) * head_dim, kv_heads, false)?,
+                        )
+                    }
+                    Projections::Separate(q, k, v) => {
+                        let heads_first = |m: &Array, count: i32| -> Result<Array> {
+                            m.slice(&[row, 0], &[row + n, count * head_dim])?
+                                .reshape(&[1, n, count, head_dim])?
+                                .transpose(&[0, 2, 1, 3])
+                        };
+                        (
+                            self.rope.apply(&heads_first(q, heads)?, position)?,
+                            self.rope.apply(&heads_first(k, kv_heads)?, position)?,
+                            heads_first(v, kv_heads)?,
+                        )
+                    }
                 };
-                let qi = self.rope.apply(&heads_first(&q, heads)?, position)?;
-                let ki = self.rope.apply(&heads_first(&k, kv_heads)?, position)?;
-                let vi = heads_first(&v, kv_heads)?;
                 let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
                 let mask = if n > 1 {
                     AttentionMask::Causal
@@ -400,6 +468,25 @@ fn linear_arrays<'a>(linear: &'a Linear, arrays: &mut Vec<&'a Array>) {
             arrays.extend(bias);
         }
     }
+}
+
+/// A layer's q, k and v projections of the step's tokens: stacked side by side, or three.
+enum Projections {
+    Stacked(Array),
+    Separate(Array, Array, Array),
+}
+
+/// `1 / period` per rotated pair: `base^(-2i/dims)` (computed in f64, rounded once) or the
+/// reciprocal of llama3's custom periods.
+fn inverse_frequencies(rope: &Rope) -> Result<Array> {
+    let half = rope.dims / 2;
+    let values: Vec<f32> = match &rope.frequencies {
+        RopeFrequencies::Base(base) => (0..half)
+            .map(|i| (*base as f64).powf(-2.0 * i as f64 / rope.dims as f64) as f32)
+            .collect(),
+        RopeFrequencies::Custom(periods) => periods.to_vec_f32()?.iter().map(|p| 1.0 / p).collect(),
+    };
+    Array::from_f32(&values, &[half])
 }
 
 /// RoPE in the Hugging Face (non-interleaved) layout, with llama3 frequency scaling if configured.

@@ -152,6 +152,19 @@ pub(crate) mod ffi {
             isa: u8,
             threads: i32,
         ) -> Result<UniquePtr<MlxArray>>;
+        #[allow(clippy::too_many_arguments)]
+        fn split_heads(
+            qkv: &MlxArray,
+            inv_freq: &MlxArray,
+            row0: i32,
+            n: i32,
+            col0: i32,
+            heads: i32,
+            dim: i32,
+            rope: bool,
+            offset: i32,
+            scale: f32,
+        ) -> Result<UniquePtr<MlxArray>>;
         fn kernels_best_isa() -> u8;
         fn kernels_available_cores() -> i32;
     }

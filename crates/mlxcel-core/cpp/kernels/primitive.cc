@@ -267,6 +267,86 @@ class AttentionCpu : public mx::UnaryPrimitive {
   int threads_;
 };
 
+// One sequence's heads out of the stacked q/k/v projection: rows [row0, row0 + n) and columns
+// [col0, col0 + heads·D) of qkv [T, C] as [1, heads, n, D], rotated (RoPE, Hugging Face halves
+// layout, position offset + i scaled by `scale`, inverse frequencies from the second input) when
+// `rope`. Replaces a slice, reshape, transpose and rope: four graph nodes per projection.
+class SplitHeadsCpu : public mx::UnaryPrimitive {
+ public:
+  SplitHeadsCpu(mx::Stream stream, int row0, int n, int col0, int heads, int dim, bool rope,
+                int offset, float scale)
+      : mx::UnaryPrimitive(stream),
+        row0_(row0), n_(n), col0_(col0), heads_(heads), dim_(dim), rope_(rope),
+        offset_(offset), scale_(scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& qkv = inputs[0];
+    const auto& inv_freq = inputs[1];
+    if (!qkv.flags().row_contiguous || !inv_freq.flags().row_contiguous)
+      throw std::runtime_error("mlxcel split_heads: inputs must be row-contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    const float* src = qkv.data<float>();
+    const float* freqs = inv_freq.data<float>();
+    float* dst = out.data<float>();
+    const int64_t cols = qkv.shape(1);
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(qkv);
+    encoder.set_input_array(inv_freq);
+    encoder.set_output_array(out);
+    encoder.dispatch([src, freqs, dst, cols, row0 = row0_, n = n_, col0 = col0_, heads = heads_,
+                      dim = dim_, rope = rope_, offset = offset_, scale = scale_]() {
+      const int half = dim / 2;
+      std::vector<float> cos_t(half), sin_t(half);
+      for (int i = 0; i < n; ++i) {
+        const float* row = src + (row0 + i) * cols + col0;
+        if (rope) {
+          const float position = static_cast<float>(offset + i) * scale;
+          for (int j = 0; j < half; ++j) {
+            const float theta = position * freqs[j];
+            cos_t[j] = std::cos(theta);
+            sin_t[j] = std::sin(theta);
+          }
+        }
+        for (int h = 0; h < heads; ++h) {
+          const float* x = row + h * dim;
+          float* y = dst + (static_cast<int64_t>(h) * n + i) * dim;
+          if (!rope) {
+            std::memcpy(y, x, sizeof(float) * dim);
+            continue;
+          }
+          for (int j = 0; j < half; ++j) {
+            const float a = x[j], b = x[j + half];
+            y[j] = a * cos_t[j] - b * sin_t[j];
+            y[j + half] = b * cos_t[j] + a * sin_t[j];
+          }
+        }
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mlxcel split_heads has no GPU implementation");
+  }
+
+  const char* name() const override { return "MlxcelSplitHeads"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const SplitHeadsCpu&>(other);
+    return row0_ == o.row0_ && n_ == o.n_ && col0_ == o.col0_ && heads_ == o.heads_ &&
+           dim_ == o.dim_ && rope_ == o.rope_ && offset_ == o.offset_ && scale_ == o.scale_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override {
+    return {{1, heads_, n_, dim_}};
+  }
+
+ private:
+  int row0_, n_, col0_, heads_, dim_;
+  bool rope_;
+  int offset_;
+  float scale_;
+};
+
 [[noreturn]] void refuse(const std::string& why) {
   throw std::invalid_argument("mlxcel quantized matmul: " + why);
 }
@@ -337,6 +417,23 @@ std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
   auto prim = std::make_shared<AttentionCpu>(mlxcel_stream(), scale, causal, static_cast<Isa>(isa),
                                              threads < 1 ? 1 : threads);
   return wrap(mx::array(qa.shape(), mx::float32, std::move(prim), {qa, ka, va}));
+}
+
+std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_freq, int32_t row0,
+                                      int32_t n, int32_t col0, int32_t heads, int32_t dim,
+                                      bool rope, int32_t offset, float scale) {
+  const auto& a = qkv.inner;
+  if (a.dtype() != mx::float32 || a.ndim() != 2)
+    throw std::invalid_argument("mlxcel split_heads: qkv must be float32 [tokens, columns]");
+  if (row0 < 0 || n < 1 || row0 + n > a.shape(0) || col0 < 0 || heads < 1 || dim < 2 ||
+      dim % 2 != 0 || static_cast<int64_t>(col0) + static_cast<int64_t>(heads) * dim > a.shape(1))
+    throw std::invalid_argument("mlxcel split_heads: rows or columns out of range");
+  if (inv_freq.inner.dtype() != mx::float32 || inv_freq.inner.size() != static_cast<size_t>(dim / 2))
+    throw std::invalid_argument("mlxcel split_heads: inv_freq must be float32 [dim / 2]");
+  auto prim = std::make_shared<SplitHeadsCpu>(mlxcel_stream(), row0, n, col0, heads, dim, rope,
+                                              offset, scale);
+  return wrap(mx::array(mx::Shape{1, heads, n, dim}, mx::float32, std::move(prim),
+                        {a, inv_freq.inner}));
 }
 
 uint8_t kernels_best_isa() { return static_cast<uint8_t>(kernels::best_isa()); }

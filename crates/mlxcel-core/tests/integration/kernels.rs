@@ -325,3 +325,61 @@ fn epilogues_match_the_equivalent_mlx_ops() {
         1e-6,
     );
 }
+
+/// `split_heads` against the MLX ops it replaces (slice, reshape, transpose, RoPE), for q-like and
+/// v-like column ranges, with and without rotation. Tolerance 1e-5: the inverse frequencies are
+/// rounded once from f64 and cos/sin come from libm rather than MLX's own.
+#[test]
+fn split_heads_matches_slice_reshape_transpose_and_rope() {
+    use mlxcel_core::fast::{HeadSlice, Rope, RopeFrequencies, split_heads};
+    let (tokens, d) = (7, 16);
+    let columns = (4 + 2 + 2) * d;
+    let qkv = Array::from_f32(
+        &pseudo_random(tokens * columns as usize, 5),
+        &[tokens as i32, columns],
+    )
+    .unwrap();
+    let rope = Rope {
+        dims: d,
+        traditional: false,
+        scale: 1.0,
+        frequencies: RopeFrequencies::Base(10000.0),
+    };
+    let inv_freq: Vec<f32> = (0..d / 2)
+        .map(|i| 10000f64.powf(-2.0 * i as f64 / d as f64) as f32)
+        .collect();
+    let inv_freq = Array::from_f32(&inv_freq, &[d / 2]).unwrap();
+    for (row, rows, offset) in [(2, 4, 5), (6, 1, 300)] {
+        for (column, heads, rotate) in [(0, 4, true), (4 * d, 2, true), (6 * d, 2, false)] {
+            let ours = split_heads(
+                &qkv,
+                HeadSlice {
+                    row,
+                    rows,
+                    column,
+                    heads,
+                    head_dim: d,
+                    inv_freq: &inv_freq,
+                    rope: rotate.then_some((offset, 1.0)),
+                },
+            )
+            .unwrap();
+            let mut expected = qkv
+                .slice(&[row, column], &[row + rows, column + heads * d])
+                .unwrap()
+                .reshape(&[1, rows, heads, d])
+                .unwrap()
+                .transpose(&[0, 2, 1, 3])
+                .unwrap();
+            if rotate {
+                expected = rope.apply(&expected, offset).unwrap();
+            }
+            assert_eq!(ours.shape(), [1, heads, rows, d]);
+            crate::assert_close(
+                &ours.to_vec_f32().unwrap(),
+                &expected.to_vec_f32().unwrap(),
+                1e-5,
+            );
+        }
+    }
+}
