@@ -130,7 +130,8 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
                                                   const MlxArray& residual);
 std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
                                            const MlxArray& v, float scale, bool causal,
-                                           uint8_t isa, int32_t threads);
+                                           int32_t keys, bool tokens_major, uint8_t isa,
+                                           int32_t threads);
 std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_freq, int32_t row0,
                                       int32_t n, int32_t col0, int32_t heads, int32_t dim,
                                       bool rope, int32_t offset, float scale);

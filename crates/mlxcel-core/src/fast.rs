@@ -119,6 +119,37 @@ pub fn attention_native(
             v.raw(),
             scale,
             causal,
+            -1,
+            false,
+            isa as u8,
+            threads.min(i32::MAX as usize) as i32,
+        )
+    })
+}
+
+/// [`attention_native`] over the first `keys` positions of `k` and `v` (whole KV caches, read
+/// in place without a slice op), returning `[n, heads · D]` (tokens first, heads side by side:
+/// the layout the output projection takes, without a transpose and a reshape).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_native_tokens_major(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    keys: usize,
+    scale: f32,
+    causal: bool,
+    isa: crate::Isa,
+    threads: usize,
+) -> Result<Array> {
+    call("native_attention", || {
+        ffi::native_attention(
+            q.raw(),
+            k.raw(),
+            v.raw(),
+            scale,
+            causal,
+            keys.min(i32::MAX as usize) as i32,
+            true,
             isa as u8,
             threads.min(i32::MAX as usize) as i32,
         )

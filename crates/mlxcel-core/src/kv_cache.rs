@@ -119,6 +119,25 @@ impl KvCache {
         ))
     }
 
+    /// Like [`KvCache::append`], but returns the whole allocated arrays and the number of
+    /// positions in use, for kernels that read a prefix in place (no slice op).
+    pub(crate) fn append_whole(
+        &mut self,
+        layer: usize,
+        k: &Array,
+        v: &Array,
+        n: usize,
+    ) -> Result<(Array, Array, usize)> {
+        let start = self.len as i32;
+        let stop = (self.len + n) as i32;
+        let (ck, cv) = &mut self.layers[layer];
+        let lo = [0, 0, start, 0];
+        let hi = [1, self.kv_heads, stop, self.head_dim];
+        *ck = ck.slice_update(k, &lo, &hi)?;
+        *cv = cv.slice_update(v, &lo, &hi)?;
+        Ok((ck.clone(), cv.clone(), self.len + n))
+    }
+
     /// Records that `n` positions were appended to every layer.
     pub(crate) fn advance(&mut self, n: usize) {
         self.len += n;

@@ -15,7 +15,7 @@ use crate::array::{Array, eval};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::fast::{
-    AttentionMask, HeadSlice, Rope, RopeFrequencies, attention_native, rms_norm,
+    AttentionMask, HeadSlice, Rope, RopeFrequencies, attention_native_tokens_major, rms_norm,
     scaled_dot_product_attention, split_heads,
 };
 use crate::kernels::{KernelBackend, Kernels};
@@ -390,30 +390,31 @@ impl LlamaModel {
                         )
                     }
                 };
-                let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
-                let mask = if n > 1 {
-                    AttentionMask::Causal
-                } else {
-                    AttentionMask::None
-                };
                 let attended = if kn.backend == KernelBackend::Native {
-                    attention_native(
+                    let (keys, values, len) =
+                        seq.cache.append_whole(index, &ki, &vi, n as usize)?;
+                    attention_native_tokens_major(
                         &qi,
                         &keys,
                         &values,
+                        len,
                         self.attention_scale,
                         n > 1,
                         kn.isa,
                         kn.threads,
                     )?
                 } else {
+                    let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
+                    let mask = if n > 1 {
+                        AttentionMask::Causal
+                    } else {
+                        AttentionMask::None
+                    };
                     scaled_dot_product_attention(&qi, &keys, &values, self.attention_scale, mask)?
-                };
-                outputs.push(
-                    attended
                         .transpose(&[0, 2, 1, 3])?
-                        .reshape(&[n, heads * head_dim])?,
-                );
+                        .reshape(&[n, heads * head_dim])?
+                };
+                outputs.push(attended);
                 row += n;
             }
             let attended = match outputs.as_slice() {

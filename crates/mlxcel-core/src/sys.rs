@@ -143,12 +143,15 @@ pub(crate) mod ffi {
             epilogue: u8,
             residual: &MlxArray,
         ) -> Result<UniquePtr<MlxArray>>;
+        #[allow(clippy::too_many_arguments)]
         fn native_attention(
             q: &MlxArray,
             k: &MlxArray,
             v: &MlxArray,
             scale: f32,
             causal: bool,
+            keys: i32,
+            tokens_major: bool,
             isa: u8,
             threads: i32,
         ) -> Result<UniquePtr<MlxArray>>;

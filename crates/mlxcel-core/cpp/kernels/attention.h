@@ -14,9 +14,9 @@ struct AttentionProblem {
   const float* q;
   const float* k;
   const float* v;
-  float* out;  // [heads, n, D], contiguous
+  float* out;  // row i of head h at out + h·out_head + i·out_row
   int heads, kv_heads, n, L, D;
-  int64_t q_head, q_row, k_head, k_row, v_head, v_row;
+  int64_t q_head, q_row, k_head, k_row, v_head, v_row, out_head, out_row;
   float scale;
   bool causal;
 };

@@ -193,8 +193,15 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
 // slices of the KV cache: strided, read in place).
 class AttentionCpu : public mx::UnaryPrimitive {
  public:
-  AttentionCpu(mx::Stream stream, float scale, bool causal, Isa isa, int threads)
-      : mx::UnaryPrimitive(stream), scale_(scale), causal_(causal), isa_(isa), threads_(threads) {}
+  AttentionCpu(mx::Stream stream, float scale, bool causal, int keys, bool tokens_major, Isa isa,
+               int threads)
+      : mx::UnaryPrimitive(stream),
+        scale_(scale),
+        causal_(causal),
+        keys_(keys),
+        tokens_major_(tokens_major),
+        isa_(isa),
+        threads_(threads) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& q = inputs[0];
@@ -213,8 +220,10 @@ class AttentionCpu : public mx::UnaryPrimitive {
     p.heads = q.shape(1);
     p.kv_heads = k.shape(1);
     p.n = q.shape(2);
-    p.L = k.shape(2);
+    p.L = keys_;
     p.D = q.shape(3);
+    p.out_head = tokens_major_ ? p.D : static_cast<int64_t>(p.n) * p.D;
+    p.out_row = tokens_major_ ? static_cast<int64_t>(p.heads) * p.D : p.D;
     p.q_head = q.strides()[1];
     p.q_row = q.strides()[2];
     p.k_head = k.strides()[1];
@@ -252,17 +261,21 @@ class AttentionCpu : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const AttentionCpu&>(other);
-    return scale_ == o.scale_ && causal_ == o.causal_ && isa_ == o.isa_ &&
-           threads_ == o.threads_;
+    return scale_ == o.scale_ && causal_ == o.causal_ && keys_ == o.keys_ &&
+           tokens_major_ == o.tokens_major_ && isa_ == o.isa_ && threads_ == o.threads_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
+    const auto& q = inputs[0];
+    if (tokens_major_) return {{q.shape(2), q.shape(1) * q.shape(3)}};
+    return {q.shape()};
   }
 
  private:
   float scale_;
   bool causal_;
+  int keys_;
+  bool tokens_major_;
   Isa isa_;
   int threads_;
 };
@@ -399,7 +412,8 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
 
 std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
                                            const MlxArray& v, float scale, bool causal,
-                                           uint8_t isa, int32_t threads) {
+                                           int32_t keys, bool tokens_major, uint8_t isa,
+                                           int32_t threads) {
   const auto& qa = q.inner;
   const auto& ka = k.inner;
   const auto& va = v.inner;
@@ -407,16 +421,18 @@ std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
     if (a->dtype() != mx::float32 || a->ndim() != 4 || a->shape(0) != 1)
       throw std::invalid_argument("mlxcel attention: q, k, v must be float32 [1, heads, len, D]");
   }
+  if (keys < 0) keys = ka.shape(2);
   if (ka.shape() != va.shape() || ka.shape(3) != qa.shape(3) || qa.shape(1) % ka.shape(1) != 0 ||
-      qa.shape(2) > ka.shape(2))
+      keys > ka.shape(2) || qa.shape(2) > keys)
     throw std::invalid_argument(
         "mlxcel attention: k and v must match, share q's head size, divide its heads, and hold "
         "at least its positions");
   if (isa > static_cast<uint8_t>(Isa::Avx512))
     throw std::invalid_argument("mlxcel attention: unknown ISA code " + std::to_string(isa));
-  auto prim = std::make_shared<AttentionCpu>(mlxcel_stream(), scale, causal, static_cast<Isa>(isa),
-                                             threads < 1 ? 1 : threads);
-  return wrap(mx::array(qa.shape(), mx::float32, std::move(prim), {qa, ka, va}));
+  auto prim = std::make_shared<AttentionCpu>(mlxcel_stream(), scale, causal, keys, tokens_major,
+                                             static_cast<Isa>(isa), threads < 1 ? 1 : threads);
+  auto shape = tokens_major ? mx::Shape{qa.shape(2), qa.shape(1) * qa.shape(3)} : qa.shape();
+  return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), {qa, ka, va}));
 }
 
 std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_freq, int32_t row0,

@@ -224,3 +224,41 @@ fn native_attention_matches_naive_attention_on_every_path() {
         }
     }
 }
+
+/// The tokens-major variant reads a prefix of whole cache arrays and lays heads side by side:
+/// it equals the heads-major kernel on sliced keys, transposed and reshaped.
+#[test]
+fn native_attention_tokens_major_reads_a_cache_prefix() {
+    use mlxcel_core::Isa;
+    use mlxcel_core::fast::{attention_native, attention_native_tokens_major};
+    let (h, kh, n, l, d, allocated) = (6, 2, 3, 10, 16, 16);
+    let q = Array::from_f32(
+        &pseudo_random(h * n * d, 1),
+        &[1, h as i32, n as i32, d as i32],
+    )
+    .unwrap();
+    let shape = [1, kh as i32, allocated, d as i32];
+    let k = Array::from_f32(&pseudo_random(kh * allocated as usize * d, 2), &shape).unwrap();
+    let v = Array::from_f32(&pseudo_random(kh * allocated as usize * d, 3), &shape).unwrap();
+    let prefix = |a: &Array| {
+        a.slice(&[0, 0, 0, 0], &[1, kh as i32, l as i32, d as i32])
+            .unwrap()
+    };
+    for causal in [false, true] {
+        let expected = attention_native(&q, &prefix(&k), &prefix(&v), 0.25, causal, Isa::Scalar, 1)
+            .unwrap()
+            .transpose(&[0, 2, 1, 3])
+            .unwrap()
+            .reshape(&[n as i32, (h * d) as i32])
+            .unwrap();
+        for isa in [Isa::Scalar, Isa::best()] {
+            let got = attention_native_tokens_major(&q, &k, &v, l, 0.25, causal, isa, 2).unwrap();
+            assert_eq!(got.shape(), [n as i32, (h * d) as i32]);
+            assert_close(
+                &got.to_vec_f32().unwrap(),
+                &expected.to_vec_f32().unwrap(),
+                1e-5,
+            );
+        }
+    }
+}
