@@ -122,12 +122,14 @@ std::unique_ptr<ArrayList> quantize(const MlxArray& w, int32_t group_size, int32
 
 // mlxcel's own CPU kernels (kernels/primitive.cc). `isa`: 0 scalar, 1 AVX2, 2 AVX-512 (capped
 // at what the CPU supports); `threads`: the most threads one call uses; `epilogue`: 0 none,
-// 1 add `residual` (ignored otherwise), 2 SwiGLU over the two halves of each output row.
+// 1 add `residual` (ignored otherwise), 2 SwiGLU over the two halves of each output row;
+// `norm`: RMS-normalize x with `norm_weight` and `eps` first (ignored otherwise).
 std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxArray& w,
                                                   const MlxArray& scales, const MlxArray& biases,
                                                   int32_t group_size, int32_t bits, uint8_t isa,
                                                   int32_t threads, uint8_t epilogue,
-                                                  const MlxArray& residual);
+                                                  const MlxArray& residual, bool norm,
+                                                  const MlxArray& norm_weight, float eps);
 std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
                                            const MlxArray& v, float scale, bool causal,
                                            int32_t keys, bool tokens_major, uint8_t isa,

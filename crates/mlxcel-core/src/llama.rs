@@ -88,14 +88,22 @@ impl GateUp {
         }
     }
 
-    /// `silu(x · gateᵀ) · (x · upᵀ)`.
-    fn forward(&self, x: &Array, kernels: &Kernels) -> Result<Array> {
+    /// `silu(h · gateᵀ) · (h · upᵀ)` where `h = rms_norm(x, norm, eps)`.
+    fn forward_normed(
+        &self,
+        x: &Array,
+        norm: &Array,
+        eps: f32,
+        kernels: &Kernels,
+    ) -> Result<Array> {
         match self {
-            Self::Stacked(w) => w.linear_then(x, kernels, Epilogue::Swiglu),
-            Self::Separate { gate, up } => gate
-                .forward(x, kernels)?
-                .silu()?
-                .multiply(&up.forward(x, kernels)?),
+            Self::Stacked(w) => w.linear_normed_then(x, norm, eps, kernels, Epilogue::Swiglu),
+            Self::Separate { gate, up } => {
+                let h = rms_norm(x, norm, eps)?;
+                gate.forward(&h, kernels)?
+                    .silu()?
+                    .multiply(&up.forward(&h, kernels)?)
+            }
         }
     }
 }
@@ -341,14 +349,22 @@ impl LlamaModel {
         let kn = &self.kernels;
         let mut x = self.embed.lookup(&Array::from_u32(&ids, &[total])?)?;
         for (index, layer) in self.layers.iter().enumerate() {
-            let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
             let projections = match &layer.qkv {
-                Some(stacked) => Projections::Stacked(stacked.linear(&h, kn)?),
-                None => Projections::Separate(
-                    layer.q.forward(&h, kn)?,
-                    layer.k.forward(&h, kn)?,
-                    layer.v.forward(&h, kn)?,
-                ),
+                Some(stacked) => Projections::Stacked(stacked.linear_normed_then(
+                    &x,
+                    &layer.input_norm,
+                    c.rms_norm_eps,
+                    kn,
+                    Epilogue::None,
+                )?),
+                None => {
+                    let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
+                    Projections::Separate(
+                        layer.q.forward(&h, kn)?,
+                        layer.k.forward(&h, kn)?,
+                        layer.v.forward(&h, kn)?,
+                    )
+                }
             };
             let mut outputs = Vec::with_capacity(seqs.len());
             let mut row = 0i32;
@@ -422,8 +438,9 @@ impl LlamaModel {
                 many => Array::concatenate(&many.iter().collect::<Vec<_>>(), 0)?,
             };
             x = layer.o.forward_add(&attended, &x, kn)?;
-            let h = rms_norm(&x, &layer.post_norm, c.rms_norm_eps)?;
-            let gated = layer.gate_up.forward(&h, kn)?;
+            let gated = layer
+                .gate_up
+                .forward_normed(&x, &layer.post_norm, c.rms_norm_eps, kn)?;
             x = layer.down.forward_add(&gated, &x, kn)?;
         }
 

@@ -111,6 +111,23 @@ impl QuantizedWeight {
         threads: usize,
         epilogue: Epilogue<'_>,
     ) -> Result<Array> {
+        self.matmul_native_full(x, None, isa, threads, epilogue)
+    }
+
+    /// [`QuantizedWeight::matmul_native_then`] of `rms_norm(x, weight, eps)` when `norm` is
+    /// given (the norm computed inside the same op).
+    pub fn matmul_native_full(
+        &self,
+        x: &Array,
+        norm: Option<(&Array, f32)>,
+        isa: Isa,
+        threads: usize,
+        epilogue: Epilogue<'_>,
+    ) -> Result<Array> {
+        let (has_norm, norm_weight, eps) = match norm {
+            Some((w, eps)) => (true, w, eps),
+            None => (false, x, 0.0),
+        };
         let (code, residual) = match epilogue {
             Epilogue::None => (0, x),
             Epilogue::Residual(r) => (1, r),
@@ -128,8 +145,37 @@ impl QuantizedWeight {
                 threads.min(i32::MAX as usize) as i32,
                 code,
                 residual.raw(),
+                has_norm,
+                norm_weight.raw(),
+                eps,
             )
         })
+    }
+
+    /// `rms_norm(x, norm_weight, eps) · Wᵀ` followed by `epilogue`: one op on mlxcel's kernels,
+    /// the equivalent MLX ops otherwise.
+    pub fn linear_normed_then(
+        &self,
+        x: &Array,
+        norm_weight: &Array,
+        eps: f32,
+        kernels: &Kernels,
+        epilogue: Epilogue<'_>,
+    ) -> Result<Array> {
+        if kernels.backend == KernelBackend::Native
+            && self.native_covers(x)
+            && norm_weight.dtype() == Dtype::F32
+        {
+            return self.matmul_native_full(
+                x,
+                Some((norm_weight, eps)),
+                kernels.isa,
+                kernels.threads,
+                epilogue,
+            );
+        }
+        let h = crate::fast::rms_norm(x, norm_weight, eps)?;
+        self.linear_then(&h, kernels, epilogue)
     }
 
     /// [`QuantizedWeight::linear`] followed by `epilogue`: one MLX op on mlxcel's kernel, the

@@ -142,6 +142,9 @@ pub(crate) mod ffi {
             threads: i32,
             epilogue: u8,
             residual: &MlxArray,
+            norm: bool,
+            norm_weight: &MlxArray,
+            eps: f32,
         ) -> Result<UniquePtr<MlxArray>>;
         #[allow(clippy::too_many_arguments)]
         fn native_attention(

@@ -59,13 +59,15 @@ enum class Epilogue : uint8_t { None = 0, Residual = 1, Swiglu = 2 };
 class QuantizedMatmulCpu : public mx::UnaryPrimitive {
  public:
   QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, Isa isa, int threads,
-                     Epilogue epilogue)
+                     Epilogue epilogue, bool norm, float eps)
       : mx::UnaryPrimitive(stream),
         group_size_(group_size),
         bits_(bits),
         isa_(isa),
         threads_(threads),
-        epilogue_(epilogue) {}
+        epilogue_(epilogue),
+        norm_(norm),
+        eps_(eps) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
@@ -89,6 +91,16 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
         r_stride = r.strides().back();
       }
       encoder_input(r);
+    }
+
+    // The RMSNorm weight, when x is to be normalized first, is the last input.
+    const float* norm_w = nullptr;
+    if (norm_) {
+      const auto& nw = inputs.back();
+      if (!nw.flags().row_contiguous)
+        throw std::runtime_error("mlxcel quantized matmul: the norm weight must be contiguous");
+      norm_w = nw.data<float>();
+      encoder_input(nw);
     }
 
     kernels::QProblem p{};
@@ -118,7 +130,8 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
     encoder.set_output_array(out);
     encoder.dispatch([p, xdata, offsets = std::move(offsets), col_stride, isa = isa_,
                       threads = threads_, epilogue = epilogue_, rdata, ydata,
-                      r_offsets = std::move(r_offsets), r_stride]() mutable {
+                      r_offsets = std::move(r_offsets), r_stride, norm_w,
+                      eps = eps_]() mutable {
       std::vector<float> gathered;
       if (offsets.empty()) {
         p.x = xdata;
@@ -128,6 +141,20 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
           for (int k = 0; k < p.K; ++k)
             gathered[static_cast<size_t>(m) * p.K + k] = xdata[offsets[m] + k * col_stride];
         p.x = gathered.data();
+      }
+      std::vector<float> normed;
+      if (norm_w != nullptr) {
+        // RMSNorm as MLX computes it: x · rsqrt(mean(x²) + eps) · w, in f32.
+        normed.resize(static_cast<size_t>(p.M) * p.K);
+        for (int m = 0; m < p.M; ++m) {
+          const float* xr = p.x + static_cast<size_t>(m) * p.K;
+          float* out = normed.data() + static_cast<size_t>(m) * p.K;
+          float squares = 0.0f;
+          for (int k = 0; k < p.K; ++k) squares += xr[k] * xr[k];
+          const float scale = 1.0f / std::sqrt(squares / static_cast<float>(p.K) + eps);
+          for (int k = 0; k < p.K; ++k) out[k] = xr[k] * scale * norm_w[k];
+        }
+        p.x = normed.data();
       }
       std::vector<float> full;
       if (epilogue == Epilogue::Swiglu) {
@@ -170,7 +197,8 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const QuantizedMatmulCpu&>(other);
     return group_size_ == o.group_size_ && bits_ == o.bits_ && isa_ == o.isa_ &&
-           threads_ == o.threads_ && epilogue_ == o.epilogue_;
+           threads_ == o.threads_ && epilogue_ == o.epilogue_ && norm_ == o.norm_ &&
+           eps_ == o.eps_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -187,6 +215,8 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
   Isa isa_;
   int threads_;
   Epilogue epilogue_;
+  bool norm_;
+  float eps_;
 };
 
 // Attention for one sequence: inputs q [1, heads, n, D], k and v [1, kv_heads, L, D] (usually
@@ -370,7 +400,8 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
                                                   const MlxArray& scales, const MlxArray& biases,
                                                   int32_t group_size, int32_t bits, uint8_t isa,
                                                   int32_t threads, uint8_t epilogue,
-                                                  const MlxArray& residual) {
+                                                  const MlxArray& residual, bool norm,
+                                                  const MlxArray& norm_weight, float eps) {
   if (epilogue > static_cast<uint8_t>(Epilogue::Swiglu))
     refuse("unknown epilogue code " + std::to_string(epilogue));
   if (bits != 4 && bits != 8) refuse("bits must be 4 or 8, got " + std::to_string(bits));
@@ -405,8 +436,15 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
       refuse("the residual must be float32 of the output's shape");
     inputs.push_back(residual.inner);
   }
-  auto prim = std::make_shared<QuantizedMatmulCpu>(
-      mlxcel_stream(), group_size, bits, static_cast<Isa>(isa), threads < 1 ? 1 : threads, ep);
+  if (norm) {
+    const auto& nw = norm_weight.inner;
+    if (nw.dtype() != mx::float32 || nw.ndim() != 1 || nw.shape(0) != k)
+      refuse("the RMSNorm weight must be float32 [" + std::to_string(k) + "]");
+    inputs.push_back(nw);
+  }
+  auto prim = std::make_shared<QuantizedMatmulCpu>(mlxcel_stream(), group_size, bits,
+                                                   static_cast<Isa>(isa),
+                                                   threads < 1 ? 1 : threads, ep, norm, eps);
   return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), std::move(inputs)));
 }
 

@@ -311,6 +311,19 @@ fn epilogues_match_the_equivalent_mlx_ops() {
                 .unwrap();
             assert_eq!(ours.len(), reference.len(), "{epilogue:?}");
             crate::assert_close(&ours, &reference, 1e-4);
+            // The same with RMSNorm computed inside the op.
+            let norm = Array::from_f32(&pseudo_random(64, 94), &[64]).unwrap();
+            let ours = weight
+                .linear_normed_then(&xm, &norm, 1e-5, &Kernels::native(), epilogue)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            let reference = weight
+                .linear_normed_then(&xm, &norm, 1e-5, &mlx, epilogue)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            crate::assert_close(&ours, &reference, 1e-4);
         }
     }
     // Stacked gate and up rows give each projection's outputs side by side.
