@@ -25,14 +25,7 @@ pub fn init_logging(verbose: bool) {
 /// SIGINT or SIGTERM.
 pub fn run(args: &ServerArgs) -> Result<(), ServerError> {
     let config = args.server_config()?;
-    let options = args
-        .engine_options()
-        .map_err(|err| match args.backend.as_str() {
-            "xla" => ServerError::Backend(format!(
-                "the xla backend is not built yet (it is planned; use --backend mlx): {err}"
-            )),
-            _ => err,
-        })?;
+    let options = args.engine_options()?;
     if let Some(threads) = config.threads {
         tracing::info!(
             threads,

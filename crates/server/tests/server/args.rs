@@ -106,13 +106,15 @@ fn api_key_file_adds_keys() {
 }
 
 #[test]
-fn backends_are_named_and_xla_is_refused_clearly() {
+fn backends_are_named_and_xla_is_accepted() {
     assert!(parse(&["--backend", "xla"]).is_ok());
     let err = parse(&["--backend", "tpu"]).unwrap_err().to_string();
     assert!(err.contains("mlx") && err.contains("xla"), "{err}");
     let xla = parse(&["--backend", "xla"]).unwrap();
-    let err = xla.engine_options().unwrap_err().to_string();
-    assert!(err.contains("xla") && err.contains("mlx"), "{err}");
+    assert_eq!(
+        xla.engine_options().unwrap().backend,
+        mlxcel_engine::BackendKind::Xla
+    );
 }
 
 #[test]
