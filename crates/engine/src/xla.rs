@@ -294,10 +294,10 @@ mod tests {
         best as u32
     }
 
-    /// Logits of the two backends agree to this absolute tolerance (logits are O(10); measured
-    /// 1.1e-4 on this test; both
-    /// compute in f32 over the same dequantized weights, in different orders).
-    const TOLERANCE: f32 = 2e-3;
+    /// Logits of the two backends agree to this absolute tolerance (logits are O(10)). The
+    /// default weight format is f16 (faster; docs/xla.md): measured 1.7e-2 here, against 1.1e-4
+    /// with f32 weights, which differ from MLX only in summation order.
+    const TOLERANCE: f32 = 5e-2;
 
     /// The XLA backend against the MLX backend on the default model, through the backend seam:
     /// two sequences of different lengths, prefilled then decoded together, greedy.

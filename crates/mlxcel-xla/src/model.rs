@@ -12,7 +12,9 @@ use crate::program::{LlamaDims, ProgramShape, WeightFormat, cache_type, emit_lla
 use crate::runtime::{BufferId, Runtime};
 use crate::weights::{llama_dims, weight_bytes};
 
-/// How the model is compiled.
+/// How the model is compiled. The default weight format is f16: measured faster than f32 on the
+/// default model (22.3 against 18.1 decode steps/s of two sequences at capacity 256), with
+/// logits within 3e-2 of the MLX backend's (f32: 1.1e-4). See docs/xla.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XlaOptions {
     pub format: WeightFormat,
@@ -25,7 +27,7 @@ pub struct XlaOptions {
 impl Default for XlaOptions {
     fn default() -> Self {
         Self {
-            format: WeightFormat::F32,
+            format: WeightFormat::F16,
             max_batch: 4,
             chunk: 32,
         }
