@@ -4,6 +4,8 @@
 mod compile;
 #[cfg(feature = "runtime")]
 mod default_model;
+#[cfg(feature = "runtime")]
+mod invariants;
 
 use std::path::PathBuf;
 use std::process::Command;
