@@ -40,6 +40,7 @@ impl BackendBench {
             BackendKind::Mlx => Box::new(MlxBackend::load(
                 &loaded.checkpoint,
                 options.kv_budget_bytes,
+                options.threads,
             )?),
             BackendKind::Xla => Box::new(XlaBackend::load(&loaded.checkpoint)?),
         };

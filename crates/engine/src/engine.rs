@@ -65,6 +65,8 @@ pub struct EngineOptions {
     pub scheduler: SchedulerConfig,
     /// Most bytes of KV memory live sequences may reserve, each at its worst case.
     pub kv_budget_bytes: usize,
+    /// Threads of the MLX backend's CPU kernels; `None` takes `MLXCEL_THREADS`, else every core.
+    pub threads: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -73,6 +75,7 @@ impl Default for EngineOptions {
             backend: BackendKind::default(),
             scheduler: SchedulerConfig::default(),
             kv_budget_bytes: 4 << 30,
+            threads: None,
         }
     }
 }
@@ -177,10 +180,12 @@ impl Engine {
             .spawn(move || {
                 // The backend is built on the thread that runs it.
                 let backend: Result<Box<dyn Backend>, EngineError> = match options.backend {
-                    BackendKind::Mlx => {
-                        MlxBackend::load(&loaded.checkpoint, options.kv_budget_bytes)
-                            .map(|b| Box::new(b) as Box<dyn Backend>)
-                    }
+                    BackendKind::Mlx => MlxBackend::load(
+                        &loaded.checkpoint,
+                        options.kv_budget_bytes,
+                        options.threads,
+                    )
+                    .map(|b| Box::new(b) as Box<dyn Backend>),
                     BackendKind::Xla => XlaBackend::load(&loaded.checkpoint)
                         .map(|b| Box::new(b) as Box<dyn Backend>),
                 };

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use mlxcel_core::{ForwardSeq, KvCache, LlamaModel};
+use mlxcel_core::{ForwardSeq, Kernels, KvCache, LlamaModel};
 use mlxcel_model::Checkpoint;
 
 use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, SlotId};
@@ -26,13 +26,19 @@ fn backend_error(err: mlxcel_core::Error) -> EngineError {
 }
 
 impl MlxBackend {
+    /// Loads the model; `threads` overrides `MLXCEL_THREADS` for the CPU kernels.
     pub(crate) fn load(
         checkpoint: &Checkpoint,
         kv_budget_bytes: usize,
+        threads: Option<usize>,
     ) -> Result<Self, EngineError> {
         mlxcel_core::set_default_device_cpu().map_err(backend_error)?;
+        let mut kernels = Kernels::from_env().map_err(backend_error)?;
+        if let Some(threads) = threads {
+            kernels.threads = threads.max(1);
+        }
         Ok(Self {
-            model: LlamaModel::load(checkpoint).map_err(backend_error)?,
+            model: LlamaModel::load_with(checkpoint, kernels).map_err(backend_error)?,
             slots: HashMap::new(),
             next_slot: 0,
             kv_budget_bytes,

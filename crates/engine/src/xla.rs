@@ -307,7 +307,7 @@ mod tests {
             return;
         }
         let loaded = LoadedModel::open(&resolve_model(None).unwrap()).unwrap();
-        let mut mlx = MlxBackend::load(&loaded.checkpoint, 1 << 30).unwrap();
+        let mut mlx = MlxBackend::load(&loaded.checkpoint, 1 << 30, None).unwrap();
         let mut xla = XlaBackend::load(&loaded.checkpoint).unwrap();
         let prompts = [
             loaded.tokenizer.encode("The capital of France is", false, false).unwrap(),

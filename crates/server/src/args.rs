@@ -85,7 +85,7 @@ pub struct ServerArgs {
     )]
     pub seed: i64,
 
-    /// CPU threads (accepted and recorded; the MLX backend has no thread setting yet).
+    /// Threads of the MLX backend's CPU kernels (`-1`: `MLXCEL_THREADS`, else every core).
     #[arg(
         short = 't',
         long,
@@ -147,6 +147,7 @@ impl ServerArgs {
             return Err(ServerError::Flag("--parallel must be at least 1".into()));
         }
         options.scheduler.max_batch = self.parallel;
+        options.threads = (self.threads > 0).then_some(self.threads as usize);
         options.scheduler.token_budget = options.scheduler.token_budget.max(self.parallel);
         Ok(options)
     }

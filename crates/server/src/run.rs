@@ -26,12 +26,6 @@ pub fn init_logging(verbose: bool) {
 pub fn run(args: &ServerArgs) -> Result<(), ServerError> {
     let config = args.server_config()?;
     let options = args.engine_options()?;
-    if let Some(threads) = config.threads {
-        tracing::info!(
-            threads,
-            "--threads recorded; the MLX backend has no thread setting yet"
-        );
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

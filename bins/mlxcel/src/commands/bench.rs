@@ -46,7 +46,8 @@ pub struct Args {
     #[arg(long, env = "MLXCEL_BACKEND", default_value = "mlx")]
     backend: String,
 
-    /// Threads (reported, and used for the memory-bandwidth measurement; defaults to all cores).
+    /// Threads of the CPU kernels (and of the memory-bandwidth probe); defaults to
+    /// `MLXCEL_THREADS`, else all cores.
     #[arg(short = 't', long)]
     threads: Option<usize>,
 
@@ -93,11 +94,13 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         bail!("-r must be at least 1");
     }
     let backend: BackendKind = args.backend.parse()?;
-    let threads = args.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
+    let threads = match args.threads {
+        Some(threads) => threads.max(1),
+        None => mlxcel_core::Kernels::from_env()?.threads,
+    };
     let options = EngineOptions {
         backend,
+        threads: Some(threads),
         ..EngineOptions::default()
     };
     let mut bench = BackendBench::load(args.model.as_deref(), &options)?;

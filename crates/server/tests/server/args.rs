@@ -118,6 +118,14 @@ fn backends_are_named_and_xla_is_accepted() {
 }
 
 #[test]
+fn threads_reach_the_engine() {
+    let options = parse(&["-t", "3"]).unwrap().engine_options().unwrap();
+    assert_eq!(options.threads, Some(3));
+    let default = parse(&[]).unwrap().engine_options().unwrap();
+    assert_eq!(default.threads, None);
+}
+
+#[test]
 fn nonsense_values_are_refused() {
     assert!(parse(&["-n", "-2"]).unwrap().server_config().is_err());
     assert!(parse(&["-np", "0"]).unwrap().engine_options().is_err());
