@@ -42,7 +42,7 @@ impl BackendBench {
                 options.kv_budget_bytes,
                 options.threads,
             )?),
-            BackendKind::Xla => Box::new(XlaBackend::load(&loaded.checkpoint)?),
+            BackendKind::Xla => Box::new(XlaBackend::load(&loaded.checkpoint, options.shapes)?),
         };
         Ok(Self {
             backend,

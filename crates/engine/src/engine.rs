@@ -67,6 +67,21 @@ pub struct EngineOptions {
     pub kv_budget_bytes: usize,
     /// Threads of the MLX backend's CPU kernels; `None` takes `MLXCEL_THREADS`, else every core.
     pub threads: Option<usize>,
+    /// How a static-shape backend picks its shapes.
+    pub shapes: ShapeMode,
+}
+
+/// How a static-shape backend (OpenXLA) sizes requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShapeMode {
+    /// Each request gets the smallest ladder rung that holds it (the command line's resolver);
+    /// a rung's executable compiles the first time a request needs it.
+    #[default]
+    PerRequest,
+    /// A server's fixed bucket set (`[256, min(4096, window)]`, the pin, or
+    /// `MLXCEL_XLA_CONTEXT_BUCKETS`), compiled at load so that nothing compiles while serving;
+    /// each request routes to the smallest bucket that holds its prompt and whole budget.
+    ServerBuckets,
 }
 
 impl Default for EngineOptions {
@@ -76,6 +91,7 @@ impl Default for EngineOptions {
             scheduler: SchedulerConfig::default(),
             kv_budget_bytes: 4 << 30,
             threads: None,
+            shapes: ShapeMode::default(),
         }
     }
 }
@@ -186,7 +202,7 @@ impl Engine {
                         options.threads,
                     )
                     .map(|b| Box::new(b) as Box<dyn Backend>),
-                    BackendKind::Xla => XlaBackend::load(&loaded.checkpoint)
+                    BackendKind::Xla => XlaBackend::load(&loaded.checkpoint, options.shapes)
                         .map(|b| Box::new(b) as Box<dyn Backend>),
                 };
                 let scheduler = backend.and_then(|b| Scheduler::new(b, decoder, options.scheduler));

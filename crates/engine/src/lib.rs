@@ -58,7 +58,9 @@ mod xla;
 pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
 pub use bench::{BackendBench, measure_read_bandwidth};
 pub use decode::{DecodeStream, TextDecoder};
-pub use engine::{BackendKind, Completion, Engine, EngineOptions, GenerationStream, ModelInfo};
+pub use engine::{
+    BackendKind, Completion, Engine, EngineOptions, GenerationStream, ModelInfo, ShapeMode,
+};
 pub use error::EngineError;
 pub use metrics::{
     BucketOccupancy, EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, TTFT_BOUNDS,

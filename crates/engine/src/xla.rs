@@ -3,18 +3,22 @@
 //! Each context capacity is one compiled module with `max_batch` cache rows; a slot is a row of
 //! its capacity. A request is sized by the command-line resolver (the smallest ladder rung that
 //! holds its prompt and budget, or the pinned `MLXCEL_XLA_CONTEXT_CAPACITY`), so the engine's
-//! admission and the CLI's sizing line agree. A step runs the prefill chunks one sequence at a
+//! admission and the CLI's sizing line agree; a server instead compiles a fixed bucket set at load
+//! and routes each request to the smallest bucket that holds its prompt and whole budget. A step runs the prefill chunks one sequence at a
 //! time and every capacity's decode tokens together.
 
 use std::collections::{BTreeMap, HashMap};
 
-use mlxcel_capacity::{CapacityOverrides, LADDER, Request, resolve_context_capacity};
+use mlxcel_capacity::{
+    CapacityOverrides, LADDER, Request, resolve_context_capacity, route, server_buckets,
+};
 use mlxcel_model::Checkpoint;
 use mlxcel_xla::{Compiler, DecodeEntry, XlaModel, XlaOptions};
 
 use crate::backend::{
     Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId,
 };
+use crate::engine::ShapeMode;
 use crate::error::EngineError;
 
 fn backend_error(err: impl std::fmt::Display) -> EngineError {
@@ -59,6 +63,8 @@ pub(crate) struct XlaBackend {
     window: usize,
     vocab_size: usize,
     pinned_capacity: Option<usize>,
+    /// The server's fixed bucket set; `None` sizes each request over the ladder.
+    buckets: Option<Vec<usize>>,
     slots: HashMap<SlotId, XlaSlot>,
     next_slot: SlotId,
 }
@@ -66,27 +72,46 @@ pub(crate) struct XlaBackend {
 impl XlaBackend {
     /// Loads the checkpoint's weights into the IREE runtime; modules compile on first use (or
     /// come from the on-disk cache).
-    pub(crate) fn load(checkpoint: &Checkpoint) -> Result<Self, EngineError> {
+    pub(crate) fn load(checkpoint: &Checkpoint, shapes: ShapeMode) -> Result<Self, EngineError> {
         let overrides = CapacityOverrides::from_env().map_err(backend_error)?;
         let cache_root = mlxcel_model::cache_dir()?;
         let compiler = Compiler::from_env(&cache_root).map_err(backend_error)?;
         let config = checkpoint.config();
-        Ok(Self {
+        let window = config.window();
+        let buckets = match shapes {
+            ShapeMode::PerRequest => None,
+            ShapeMode::ServerBuckets => Some(server_buckets(window, None, &overrides)),
+        };
+        let mut backend = Self {
             model: XlaModel::load(checkpoint, compiler, XlaOptions::default())
                 .map_err(backend_error)?,
-            window: config.window(),
+            window,
             vocab_size: config.vocab_size,
             pinned_capacity: overrides.pinned_capacity,
+            buckets,
             slots: HashMap::new(),
             next_slot: 0,
-        })
+        };
+        // A server compiles (or loads from the cache) every bucket now, so that no request ever
+        // waits for a compile.
+        if let Some(buckets) = backend.buckets.clone() {
+            for capacity in buckets {
+                backend
+                    .model
+                    .ensure_capacity(capacity)
+                    .map_err(backend_error)?;
+            }
+        }
+        Ok(backend)
     }
 
-    /// Every capacity the resolver can choose: the pin, or each rung bounded by the window.
+    /// Every capacity a request can get: the server's buckets, else the pin, else each rung
+    /// bounded by the window.
     fn capacities(&self) -> Vec<usize> {
-        let mut capacities: Vec<usize> = match self.pinned_capacity {
-            Some(pin) => vec![pin],
-            None => LADDER.iter().map(|&r| r.min(self.window)).collect(),
+        let mut capacities: Vec<usize> = match (&self.buckets, self.pinned_capacity) {
+            (Some(buckets), _) => buckets.clone(),
+            (None, Some(pin)) => vec![pin],
+            (None, None) => LADDER.iter().map(|&r| r.min(self.window)).collect(),
         };
         capacities.sort_unstable();
         capacities.dedup();
@@ -131,7 +156,22 @@ impl Backend for XlaBackend {
     /// Sizes the static shape through the capacity resolver: an explicit budget is honoured or
     /// refused, an unlimited one is clamped to the room the chosen capacity leaves.
     fn create_session_for_request(&self, shape: &RequestShape) -> Result<SessionPlan, EngineError> {
-        plan_for(shape, self.window, self.pinned_capacity)
+        match &self.buckets {
+            None => plan_for(shape, self.window, self.pinned_capacity),
+            Some(buckets) => {
+                let routed = route(
+                    buckets,
+                    self.window,
+                    shape.effective_prompt_len(),
+                    shape.max_new_tokens,
+                )?;
+                Ok(SessionPlan {
+                    context_capacity: Some(routed.bucket),
+                    max_positions: routed.bucket,
+                    admitted_max_new_tokens: routed.admitted_max_new_tokens,
+                })
+            }
+        }
     }
 
     fn allocate_slot(&mut self, plan: &SessionPlan) -> Result<SlotId, EngineError> {
@@ -299,6 +339,56 @@ mod tests {
     /// with f32 weights, which differ from MLX only in summation order.
     const TOLERANCE: f32 = 5e-2;
 
+    /// A server's backend compiles its bucket set at load, routes each request to the smallest
+    /// bucket that holds its prompt and whole budget, and compiles nothing afterwards.
+    #[test]
+    fn server_buckets_compile_at_load_and_route() {
+        if skip() {
+            return;
+        }
+        let loaded = LoadedModel::open(&resolve_model(None).unwrap()).unwrap();
+        let mut xla = XlaBackend::load(&loaded.checkpoint, ShapeMode::ServerBuckets).unwrap();
+        let ShapePolicy::Static { buckets } = xla.shape_policy() else {
+            panic!("xla has static shapes");
+        };
+        let capacities: Vec<usize> = buckets.iter().map(|b| b.context_capacity).collect();
+        assert_eq!(capacities, [256, 4096], "window 8192");
+        let compiled = xla.compilations();
+        let plan = |prompt_len, n| {
+            let shape = RequestShape {
+                prompt_len,
+                image_tokens: 0,
+                max_new_tokens: n,
+            };
+            xla.create_session_for_request(&shape)
+                .map(|p| (p.context_capacity, p.admitted_max_new_tokens))
+        };
+        use mlxcel_capacity::MaxNewTokens::{Limited, Unlimited};
+        assert_eq!(plan(6, Limited(64)).unwrap(), (Some(256), 64));
+        assert_eq!(plan(415, Limited(8)).unwrap(), (Some(4096), 8));
+        assert_eq!(plan(6, Unlimited).unwrap(), (Some(4096), 4090));
+        let err = plan(5000, Limited(1)).unwrap_err().to_string();
+        assert!(err.contains("> largest context capacity=4096"), "{err}");
+        // A step in a bucket runs without compiling.
+        let p = xla
+            .create_session_for_request(&RequestShape {
+                prompt_len: 5,
+                image_tokens: 0,
+                max_new_tokens: Limited(2),
+            })
+            .unwrap();
+        let slot = xla.allocate_slot(&p).unwrap();
+        let tokens = [504, 3575, 282, 4649, 314];
+        xla.step(&[SequenceStep {
+            slot,
+            tokens: &tokens,
+            start_position: 0,
+        }])
+        .unwrap();
+        xla.release_slot(slot);
+        assert_eq!(xla.compilations(), compiled, "nothing compiles after load");
+    }
+
     /// The XLA backend against the MLX backend on the default model, through the backend seam:
     /// two sequences of different lengths, prefilled then decoded together, greedy.
     #[test]
@@ -308,7 +398,7 @@ mod tests {
         }
         let loaded = LoadedModel::open(&resolve_model(None).unwrap()).unwrap();
         let mut mlx = MlxBackend::load(&loaded.checkpoint, 1 << 30, None).unwrap();
-        let mut xla = XlaBackend::load(&loaded.checkpoint).unwrap();
+        let mut xla = XlaBackend::load(&loaded.checkpoint, ShapeMode::PerRequest).unwrap();
         let prompts = [
             loaded.tokenizer.encode("The capital of France is", false, false).unwrap(),
             loaded

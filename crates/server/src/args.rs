@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mlxcel_engine::{BackendKind, EngineOptions, MaxNewTokens};
+use mlxcel_engine::{BackendKind, EngineOptions, MaxNewTokens, ShapeMode};
 
 use crate::config::{ApiKeys, ServerConfig};
 use crate::error::ServerError;
@@ -141,6 +141,8 @@ impl ServerArgs {
     pub fn engine_options(&self) -> Result<EngineOptions, ServerError> {
         let mut options = EngineOptions {
             backend: self.backend_kind()?,
+            // A server compiles its static shapes once, at load (OpenXLA; no effect on MLX).
+            shapes: ShapeMode::ServerBuckets,
             ..EngineOptions::default()
         };
         if self.parallel == 0 {
