@@ -2,9 +2,9 @@
 
 CARGO ?= cargo
 
-.PHONY: verify fmt-check clippy deny check-versions check-env-docs test
+.PHONY: verify fmt-check clippy deny check-versions check-env-docs test e2e
 
-verify: fmt-check clippy deny check-versions check-env-docs test
+verify: fmt-check clippy deny check-versions check-env-docs test e2e
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -26,3 +26,12 @@ check-env-docs:
 
 test:
 	$(CARGO) test --workspace --locked
+
+# The official `openai` Python client (PyPI, cached venv) against `mlxcel serve` on loopback.
+# Skipped with MLXCEL_SKIP_MODEL_TESTS, like the other tests on the default model.
+e2e:
+	@if [ -n "$$MLXCEL_SKIP_MODEL_TESTS" ] && [ "$$MLXCEL_SKIP_MODEL_TESTS" != 0 ]; then \
+		echo "e2e: skipped (MLXCEL_SKIP_MODEL_TESTS)"; \
+	else \
+		scripts/openai-client-check; \
+	fi
