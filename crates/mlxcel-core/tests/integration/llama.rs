@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use mlxcel_core::{ForwardSeq, LlamaModel};
 use mlxcel_model::{LoadedModel, resolve_model};
 
-use crate::assert_close;
+use crate::{argmax, assert_close, greedy};
 
 fn skip() -> bool {
     std::env::var_os("MLXCEL_SKIP_MODEL_TESTS").is_some_and(|v| !v.is_empty() && v != "0")
@@ -21,41 +21,6 @@ fn default_model() -> &'static (LoadedModel, LlamaModel) {
         let model = LlamaModel::load(&loaded.checkpoint).expect("the default model loads");
         (loaded, model)
     })
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// Greedy decoding of `prompt` for `n` tokens, one sequence.
-fn greedy(model: &LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut cache = model.new_cache(1024);
-    let mut logits = model
-        .forward(&mut [ForwardSeq {
-            cache: &mut cache,
-            tokens: prompt,
-        }])
-        .unwrap()
-        .remove(0);
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let next = argmax(&logits);
-        out.push(next);
-        logits = model
-            .forward(&mut [ForwardSeq {
-                cache: &mut cache,
-                tokens: &[next],
-            }])
-            .unwrap()
-            .remove(0);
-    }
-    out
 }
 
 /// DESIGN.md's greedy reference in f32 arithmetic over the quantized weights.

@@ -52,3 +52,40 @@ pub fn matmul_ref(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32
     }
     out
 }
+
+/// The index of the largest logit (the first on ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Greedy decoding of `prompt` for `n` tokens, one sequence alone.
+pub fn greedy(model: &mlxcel_core::LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
+    use mlxcel_core::ForwardSeq;
+    let mut cache = model.new_cache(prompt.len() + n);
+    let mut logits = model
+        .forward(&mut [ForwardSeq {
+            cache: &mut cache,
+            tokens: prompt,
+        }])
+        .unwrap()
+        .remove(0);
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let next = argmax(&logits);
+        out.push(next);
+        logits = model
+            .forward(&mut [ForwardSeq {
+                cache: &mut cache,
+                tokens: &[next],
+            }])
+            .unwrap()
+            .remove(0);
+    }
+    out
+}

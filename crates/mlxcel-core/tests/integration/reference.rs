@@ -10,7 +10,7 @@ use mlxcel_model::{Checkpoint, QuantSpec, dequantize_affine, pack};
 use safetensors::Dtype as StDtype;
 use safetensors::tensor::TensorView;
 
-use crate::pseudo_random;
+use crate::{argmax, greedy, pseudo_random};
 
 const HIDDEN: usize = 64;
 const HEADS: usize = 4;
@@ -477,11 +477,7 @@ fn check_variant(variant: Variant, seed: u64) {
         &format!("{what} prefill"),
     );
     for step in 0..4 {
-        let next = (logits
-            .iter()
-            .enumerate()
-            .fold((0, f32::MIN), |b, (i, &l)| if l > b.1 { (i, l) } else { b })
-            .0) as u32;
+        let next = argmax(&logits);
         tokens.push(next);
         logits = model
             .forward(&mut [ForwardSeq {
@@ -623,39 +619,11 @@ fn batched_decode_of_four_sequences_matches_each_alone() {
         &[7, 7, 7, 7, 7, 7],
         &[11, 3, 50, 2, 90, 4, 8, 33, 21, 6],
     ];
-    let argmax = |l: &[f32]| {
-        (l.iter()
-            .enumerate()
-            .fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
-            .0) as u32
-    };
     let steps = 6;
 
     let alone: Vec<Vec<u32>> = prompts
         .iter()
-        .map(|prompt| {
-            let mut cache = model.new_cache(64);
-            let mut logits = model
-                .forward(&mut [ForwardSeq {
-                    cache: &mut cache,
-                    tokens: prompt,
-                }])
-                .unwrap()
-                .remove(0);
-            let mut out = Vec::new();
-            for _ in 0..steps {
-                let next = argmax(&logits);
-                out.push(next);
-                logits = model
-                    .forward(&mut [ForwardSeq {
-                        cache: &mut cache,
-                        tokens: &[next],
-                    }])
-                    .unwrap()
-                    .remove(0);
-            }
-            out
-        })
+        .map(|prompt| greedy(&model, prompt, steps))
         .collect();
 
     let mut caches: Vec<_> = (0..4).map(|_| model.new_cache(64)).collect();
