@@ -22,7 +22,7 @@ impl Backend for FreeForward {
         "free"
     }
     fn window(&self) -> usize {
-        1 << 20
+        1 << 40
     }
     fn vocab_size(&self) -> usize {
         VOCAB
@@ -83,7 +83,7 @@ fn overhead(c: &mut Criterion) {
                 for _ in 0..batch {
                     let mut request = GenerationRequest::new(
                         vec![1, 2, 3],
-                        MaxNewTokens::Limited(usize::MAX / 2),
+                        MaxNewTokens::Limited(1 << 39),
                     );
                     request.sampling = sampling.clone();
                     scheduler.submit(request).expect("admitted");
