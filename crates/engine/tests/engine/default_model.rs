@@ -175,3 +175,85 @@ fn eight_concurrent_greedy_requests_match_running_alone() {
         .collect();
     assert_eq!(together, alone);
 }
+
+/// The same on the OpenXLA backend: eight greedy requests of different lengths (more than a
+/// capacity's four cache rows, so some wait for a row) give each the tokens it gets alone, and a
+/// second round compiles nothing new.
+#[test]
+fn xla_eight_concurrent_greedy_requests_match_running_alone() {
+    if skip() {
+        return;
+    }
+    let xla = Engine::load(
+        None,
+        EngineOptions {
+            backend: BackendKind::Xla,
+            ..EngineOptions::default()
+        },
+    )
+    .expect("the xla backend loads the default model");
+    let prompts = [
+        "The capital of France is",
+        "Hi",
+        "Write a haiku about the sea.",
+        "1, 2, 3, 4,",
+        "Rust is a systems programming language that",
+        "Translate to French: good morning",
+        "def fibonacci(n):",
+        "A list of fruits: apple, banana,",
+    ];
+    let request = |i: usize| {
+        let ids = xla.tokenize(prompts[i]).unwrap();
+        GenerationRequest {
+            sampling: SamplingParams::greedy(),
+            ..GenerationRequest::new(ids, MaxNewTokens::Limited(3 + i))
+        }
+    };
+    let alone: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|i| xla.generate(request(i)).unwrap().tokens)
+        .collect();
+    let compiled = xla.metrics().compilations;
+    let streams: Vec<_> = (0..prompts.len())
+        .map(|i| xla.submit(request(i)).unwrap())
+        .collect();
+    let together: Vec<Vec<u32>> = streams
+        .into_iter()
+        .map(|s| s.collect_completion().unwrap().tokens)
+        .collect();
+    assert_eq!(together, alone);
+    assert_eq!(
+        xla.metrics().compilations,
+        compiled,
+        "no compile after warm-up"
+    );
+}
+
+/// Greedy tokens of the OpenXLA backend equal the MLX backend's for 32 steps.
+#[test]
+fn xla_greedy_tokens_equal_mlx_for_32_steps() {
+    if skip() {
+        return;
+    }
+    let xla = Engine::load(
+        None,
+        EngineOptions {
+            backend: BackendKind::Xla,
+            ..EngineOptions::default()
+        },
+    )
+    .expect("the xla backend loads the default model");
+    for prompt in ["The capital of France is", "Write a haiku about rain"] {
+        let on_mlx = engine().generate(greedy(prompt, 32)).unwrap();
+        let on_xla = xla
+            .generate(GenerationRequest {
+                sampling: SamplingParams::greedy(),
+                ..GenerationRequest::new(xla.tokenize(prompt).unwrap(), MaxNewTokens::Limited(32))
+            })
+            .unwrap();
+        assert_eq!(
+            on_xla.tokens, on_mlx.tokens,
+            "{prompt:?}: {:?} vs {:?}",
+            on_xla.text, on_mlx.text
+        );
+    }
+}
