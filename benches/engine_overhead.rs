@@ -81,10 +81,8 @@ fn overhead(c: &mut Criterion) {
                 let mut scheduler =
                     Scheduler::new(backend, Arc::new(Digits), config).expect("valid config");
                 for _ in 0..batch {
-                    let mut request = GenerationRequest::new(
-                        vec![1, 2, 3],
-                        MaxNewTokens::Limited(1 << 39),
-                    );
+                    let mut request =
+                        GenerationRequest::new(vec![1, 2, 3], MaxNewTokens::Limited(1 << 39));
                     request.sampling = sampling.clone();
                     scheduler.submit(request).expect("admitted");
                 }
