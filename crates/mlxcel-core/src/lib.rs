@@ -49,5 +49,5 @@ pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use kernels::{Isa, KernelBackend, Kernels};
 pub use kv_cache::{KV_CHUNK, KvCache};
-pub use llama::{ForwardSeq, LlamaModel, llama3_periods};
+pub use llama::{ForwardSeq, LlamaModel};
 pub use quantized::{Epilogue, QuantizedWeight};

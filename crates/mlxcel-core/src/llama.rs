@@ -9,7 +9,7 @@
 //!
 //! Activations stay in f32: MLX's CPU kernels are 15–70× slower in f16.
 
-use mlxcel_model::{Checkpoint, ModelConfig, RopeScaling, TensorView};
+use mlxcel_model::{Checkpoint, ModelConfig, TensorView};
 
 use crate::array::{Array, eval};
 use crate::dtype::Dtype;
@@ -510,22 +510,11 @@ fn inverse_frequencies(rope: &Rope) -> Result<Array> {
 /// RoPE in the Hugging Face (non-interleaved) layout, with llama3 frequency scaling if configured.
 fn rope_for(config: &ModelConfig) -> Result<Rope> {
     let dims = config.head_dim;
+    // The plain schedule is MLX's `base` form; scaled schedules pass the model's periods.
     let frequencies = match config.rope_scaling {
         None => RopeFrequencies::Base(config.rope_theta),
-        Some(RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        }) => {
-            let periods = llama3_periods(
-                config.rope_theta,
-                dims,
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings as f32,
-            );
+        Some(_) => {
+            let periods = config.rope_periods();
             RopeFrequencies::Custom(Array::from_f32(&periods, &[periods.len() as i32])?)
         }
     };
@@ -535,35 +524,6 @@ fn rope_for(config: &ModelConfig) -> Result<Rope> {
         scale: 1.0,
         frequencies,
     })
-}
-
-/// Llama 3.1's rotary periods: long wavelengths are stretched by `factor`, short ones kept, and
-/// the band between interpolated smoothly.
-pub fn llama3_periods(
-    base: f32,
-    dims: usize,
-    factor: f32,
-    low_freq_factor: f32,
-    high_freq_factor: f32,
-    original_context: f32,
-) -> Vec<f32> {
-    let low_freq_wavelen = original_context / low_freq_factor;
-    let high_freq_wavelen = original_context / high_freq_factor;
-    (0..dims / 2)
-        .map(|i| {
-            let period = base.powf((2 * i) as f32 / dims as f32);
-            let wavelen = 2.0 * std::f32::consts::PI * period;
-            if wavelen > low_freq_wavelen {
-                period * factor
-            } else if wavelen < high_freq_wavelen {
-                period
-            } else {
-                let smooth = (original_context / wavelen - low_freq_factor)
-                    / (high_freq_factor - low_freq_factor);
-                period / ((1.0 - smooth) / factor + smooth)
-            }
-        })
-        .collect()
 }
 
 /// Reads tensors out of a checkpoint into MLX arrays.

@@ -6,7 +6,7 @@
 //! passed packed.
 
 use half::{bf16, f16};
-use mlxcel_model::{Checkpoint, Dtype, ModelConfig, RopeScaling};
+use mlxcel_model::{Checkpoint, Dtype, ModelConfig};
 
 use crate::error::{Error, Result};
 use crate::hlo::ElementType;
@@ -23,45 +23,10 @@ pub fn llama_dims(c: &ModelConfig) -> LlamaDims {
         intermediate: c.intermediate_size,
         vocab: c.vocab_size,
         rms_norm_eps: c.rms_norm_eps,
-        inv_freq: rope_periods(c).iter().map(|p| 1.0 / p).collect(),
+        inv_freq: c.rope_periods().iter().map(|p| 1.0 / p).collect(),
         qkv_bias: c.attention_qkv_bias,
         out_bias: c.attention_out_bias,
         tied_embeddings: c.tie_word_embeddings,
-    }
-}
-
-/// Rotary periods (`base^(2i/d)`, with Llama 3.1's scaling when configured): the same numbers
-/// as the MLX backend's `rope_for`.
-fn rope_periods(c: &ModelConfig) -> Vec<f32> {
-    let dims = c.head_dim;
-    let base = c.rope_theta;
-    let plain = (0..dims / 2).map(move |i| base.powf((2 * i) as f32 / dims as f32));
-    match c.rope_scaling {
-        None => plain.collect(),
-        Some(RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        }) => {
-            let original = original_max_position_embeddings as f32;
-            let low_wavelen = original / low_freq_factor;
-            let high_wavelen = original / high_freq_factor;
-            plain
-                .map(|period| {
-                    let wavelen = 2.0 * std::f32::consts::PI * period;
-                    if wavelen > low_wavelen {
-                        period * factor
-                    } else if wavelen < high_wavelen {
-                        period
-                    } else {
-                        let smooth = (original / wavelen - low_freq_factor)
-                            / (high_freq_factor - low_freq_factor);
-                        period / ((1.0 - smooth) / factor + smooth)
-                    }
-                })
-                .collect()
-        }
     }
 }
 

@@ -138,6 +138,42 @@ impl ModelConfig {
         self.num_attention_heads * self.head_dim
     }
 
+    /// Rotary-embedding periods, one per rotated pair (`head_dim / 2`): `rope_theta^(2i/head_dim)`,
+    /// with Llama 3.1's scaling when configured (long wavelengths stretched by `factor`, short ones
+    /// kept, the band between interpolated smoothly). Every backend derives its RoPE from these.
+    pub fn rope_periods(&self) -> Vec<f32> {
+        let dims = self.head_dim;
+        let base = self.rope_theta;
+        let plain = (0..dims / 2).map(move |i| base.powf((2 * i) as f32 / dims as f32));
+        match self.rope_scaling {
+            None => plain.collect(),
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
+                let original = original_max_position_embeddings as f32;
+                let low_wavelen = original / low_freq_factor;
+                let high_wavelen = original / high_freq_factor;
+                plain
+                    .map(|period| {
+                        let wavelen = 2.0 * std::f32::consts::PI * period;
+                        if wavelen > low_wavelen {
+                            period * factor
+                        } else if wavelen < high_wavelen {
+                            period
+                        } else {
+                            let smooth = (original / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
+                            period / ((1.0 - smooth) / factor + smooth)
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
     /// Rows of each of the k and v projections (`num_key_value_heads * head_dim`).
     pub fn kv_dim(&self) -> usize {
         self.num_key_value_heads * self.head_dim

@@ -17,6 +17,33 @@ fn engine() -> &'static Engine {
     })
 }
 
+/// The default model on the OpenXLA backend, loaded once for the tests that compare backends.
+fn xla_engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        Engine::load(
+            None,
+            EngineOptions {
+                backend: BackendKind::Xla,
+                ..EngineOptions::default()
+            },
+        )
+        .expect("the xla backend loads the default model")
+    })
+}
+
+/// Eight prompts of different lengths for the concurrency tests.
+const EIGHT_PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "Hi",
+    "Write a haiku about the sea.",
+    "1, 2, 3, 4,",
+    "Rust is a systems programming language that",
+    "Translate to French: good morning",
+    "def fibonacci(n):",
+    "A list of fruits: apple, banana,",
+];
+
 fn greedy(prompt: &str, n: usize) -> GenerationRequest {
     let ids = engine().tokenize(prompt).unwrap();
     GenerationRequest {
@@ -152,16 +179,7 @@ fn eight_concurrent_greedy_requests_match_running_alone() {
     if skip() {
         return;
     }
-    let prompts = [
-        "The capital of France is",
-        "Hi",
-        "Write a haiku about the sea.",
-        "1, 2, 3, 4,",
-        "Rust is a systems programming language that",
-        "Translate to French: good morning",
-        "def fibonacci(n):",
-        "A list of fruits: apple, banana,",
-    ];
+    let prompts = EIGHT_PROMPTS;
     let request = |i: usize| greedy(prompts[i], 4 + i);
     let alone: Vec<Vec<u32>> = (0..prompts.len())
         .map(|i| engine().generate(request(i)).unwrap().tokens)
@@ -184,24 +202,8 @@ fn xla_eight_concurrent_greedy_requests_match_running_alone() {
     if skip() {
         return;
     }
-    let xla = Engine::load(
-        None,
-        EngineOptions {
-            backend: BackendKind::Xla,
-            ..EngineOptions::default()
-        },
-    )
-    .expect("the xla backend loads the default model");
-    let prompts = [
-        "The capital of France is",
-        "Hi",
-        "Write a haiku about the sea.",
-        "1, 2, 3, 4,",
-        "Rust is a systems programming language that",
-        "Translate to French: good morning",
-        "def fibonacci(n):",
-        "A list of fruits: apple, banana,",
-    ];
+    let xla = xla_engine();
+    let prompts = EIGHT_PROMPTS;
     let request = |i: usize| {
         let ids = xla.tokenize(prompts[i]).unwrap();
         GenerationRequest {
@@ -234,14 +236,7 @@ fn xla_greedy_tokens_equal_mlx_for_32_steps() {
     if skip() {
         return;
     }
-    let xla = Engine::load(
-        None,
-        EngineOptions {
-            backend: BackendKind::Xla,
-            ..EngineOptions::default()
-        },
-    )
-    .expect("the xla backend loads the default model");
+    let xla = xla_engine();
     for prompt in ["The capital of France is", "Write a haiku about rain"] {
         let on_mlx = engine().generate(greedy(prompt, 32)).unwrap();
         let on_xla = xla

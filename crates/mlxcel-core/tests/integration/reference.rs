@@ -320,7 +320,21 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
     };
     let periods: Vec<f32> = if tiny.variant.llama3_rope {
         let (factor, low, high, original) = LLAMA3;
-        mlxcel_core::llama3_periods(THETA, HEAD_DIM, factor, low, high, original)
+        // Llama 3.1's schedule, written out independently of the implementation.
+        (0..HEAD_DIM / 2)
+            .map(|i| {
+                let period = THETA.powf((2 * i) as f32 / HEAD_DIM as f32);
+                let wavelen = 2.0 * std::f32::consts::PI * period;
+                if wavelen > original / low {
+                    period * factor
+                } else if wavelen < original / high {
+                    period
+                } else {
+                    let smooth = (original / wavelen - low) / (high - low);
+                    period / ((1.0 - smooth) / factor + smooth)
+                }
+            })
+            .collect()
     } else {
         (0..HEAD_DIM / 2)
             .map(|i| THETA.powf((2 * i) as f32 / HEAD_DIM as f32))
