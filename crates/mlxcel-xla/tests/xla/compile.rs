@@ -2,26 +2,9 @@
 
 use mlxcel_xla::Error;
 use mlxcel_xla::hlo::{ElementType, FunctionBuilder, Module, TensorType};
-use mlxcel_xla::program::{LlamaDims, ProgramShape, WeightFormat, emit_llama};
+use mlxcel_xla::program::{ProgramShape, WeightFormat, emit_llama};
 
-use crate::compiler;
-
-fn tiny_dims() -> LlamaDims {
-    LlamaDims {
-        layers: 2,
-        hidden: 16,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 8,
-        intermediate: 32,
-        vocab: 64,
-        rms_norm_eps: 1e-5,
-        inv_freq: vec![1.0, 0.1, 0.01, 0.001],
-        qkv_bias: true,
-        out_bias: false,
-        tied_embeddings: false,
-    }
-}
+use crate::{compiler, tiny_dims};
 
 #[test]
 fn the_tiny_llama_program_compiles_and_is_cached() {

@@ -3,34 +3,17 @@
 
 use mlxcel_xla::hlo::ElementType;
 use mlxcel_xla::program::{
-    LlamaDims, ProgramShape, WeightFormat, cache_type, emit_llama, weight_specs, weight_type,
+    ProgramShape, WeightFormat, cache_type, emit_llama, weight_specs, weight_type,
 };
 use mlxcel_xla::runtime::{BufferId, Runtime};
 
-use crate::compiler;
+use crate::{compiler, tiny_dims};
 
 const SHAPE: ProgramShape = ProgramShape {
     context_capacity: 16,
     batch: 2,
     chunk: 4,
 };
-
-fn dims() -> LlamaDims {
-    LlamaDims {
-        layers: 2,
-        hidden: 16,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 8,
-        intermediate: 32,
-        vocab: 64,
-        rms_norm_eps: 1e-5,
-        inv_freq: vec![1.0, 0.1, 0.01, 0.001],
-        qkv_bias: true,
-        out_bias: false,
-        tied_embeddings: false,
-    }
-}
 
 /// Deterministic values in `[-0.5, 0.5)` (an LCG), norms near 1.
 fn random(n: usize, seed: u64, around_one: bool) -> Vec<f32> {
@@ -57,7 +40,7 @@ struct Tiny {
 
 impl Tiny {
     fn new() -> Self {
-        let d = dims();
+        let d = tiny_dims();
         let dir = tempfile::tempdir().unwrap();
         let program = emit_llama(&d, &SHAPE, WeightFormat::F32).unwrap();
         let compiled = compiler(dir.path().to_owned()).compile(&program).unwrap();
@@ -85,9 +68,9 @@ impl Tiny {
     }
 
     fn reset(&mut self) {
-        let ty = cache_type(&dims(), &SHAPE);
+        let ty = cache_type(&tiny_dims(), &SHAPE);
         let shape: Vec<usize> = ty.dims.iter().map(|&x| x as usize).collect();
-        self.caches = (0..2 * dims().layers)
+        self.caches = (0..2 * tiny_dims().layers)
             .map(|_| {
                 self.runtime
                     .upload(
@@ -114,7 +97,7 @@ impl Tiny {
             .unwrap();
         self.caches = results[1..].to_vec();
         self.runtime
-            .read_f32(results[0], rows * dims().vocab)
+            .read_f32(results[0], rows * tiny_dims().vocab)
             .unwrap()
     }
 
@@ -155,7 +138,7 @@ fn assert_close(a: &[f32], b: &[f32], what: &str) {
 fn cache_chunking_scratch_and_batching_leave_logits_unchanged() {
     let mut t = Tiny::new();
     let tokens = [3, 14, 15, 9, 26, 5, 35];
-    let vocab = dims().vocab;
+    let vocab = tiny_dims().vocab;
 
     // Reference: the whole sequence one token at a time through decode, row 0, row 1 idle.
     let mut one_by_one = Vec::new();

@@ -41,3 +41,21 @@ pub fn argmax(v: &[f32]) -> usize {
     }
     best
 }
+
+/// A two-layer llama small enough to compile in seconds, shared by the emitter and runtime tests.
+pub fn tiny_dims() -> mlxcel_xla::program::LlamaDims {
+    mlxcel_xla::program::LlamaDims {
+        layers: 2,
+        hidden: 16,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 8,
+        intermediate: 32,
+        vocab: 64,
+        rms_norm_eps: 1e-5,
+        inv_freq: vec![1.0, 0.1, 0.01, 0.001],
+        qkv_bias: true,
+        out_bias: false,
+        tied_embeddings: false,
+    }
+}
