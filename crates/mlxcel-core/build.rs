@@ -60,6 +60,8 @@ fn main() {
             "cpp/kernels/qmatmul_avx2.cc",
             "cpp/kernels/qmatmul_avx512.cc",
             "cpp/kernels/pool.cc",
+            "cpp/kernels/rowops.cc",
+            "cpp/kernels/layer.cc",
             "cpp/kernels/attention_scalar.cc",
             "cpp/kernels/attention_avx2.cc",
             "cpp/kernels/attention_avx512.cc",

@@ -137,6 +137,18 @@ std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
 std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_freq, int32_t row0,
                                       int32_t n, int32_t col0, int32_t heads, int32_t dim,
                                       bool rope, int32_t offset, float scale);
+// A whole llama decoder layer over every sequence of a step (kernels/layer.cc). `tensors`: x
+// [tokens, hidden], input norm, qkv (w, scales, biases), o (3), post norm, gate/up (3), down (3),
+// inv_freq; `caches`: key then value cache per sequence, written in place at the sequence's
+// positions (each must be a buffer of its own); `dims`: hidden, heads, kv_heads, head_dim,
+// intermediate; `quant`: (group, bits) of qkv, o, gate/up, down; `seqs`: (n, position) per
+// sequence, in x's row order.
+std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const ArrayList& caches,
+                                               rust::Slice<const int32_t> dims,
+                                               rust::Slice<const int32_t> quant,
+                                               rust::Slice<const int32_t> seqs, float eps,
+                                               float scale, float rope_scale, uint8_t isa,
+                                               int32_t threads);
 uint8_t kernels_best_isa();
 int32_t kernels_available_cores();
 

@@ -59,6 +59,9 @@ pub struct Kernels {
     pub isa: Isa,
     /// The most threads one kernel call uses (MLX's scheduler thread included).
     pub threads: usize,
+    /// Whether a llama decoder layer runs as one MLX node over all of a step's sequences
+    /// (native kernels, quantized layers without biases) rather than the per-op graph.
+    pub fused_layers: bool,
 }
 
 impl Kernels {
@@ -68,11 +71,13 @@ impl Kernels {
             backend: KernelBackend::Native,
             isa: Isa::best(),
             threads: available_cores(),
+            fused_layers: true,
         }
     }
 
     /// From `MLXCEL_KERNELS` (`native` or `mlx`), `MLXCEL_KERNEL_ISA` (`avx512`, `avx2` or
-    /// `scalar`) and `MLXCEL_THREADS` (a positive integer); unset means [`Kernels::native`].
+    /// `scalar`), `MLXCEL_THREADS` (a positive integer) and `MLXCEL_FUSED_LAYERS` (`on` or
+    /// `off`); unset means [`Kernels::native`].
     pub fn from_env() -> Result<Kernels> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -104,6 +109,13 @@ impl Kernels {
                 .ok()
                 .filter(|&n| (1..=1024).contains(&n))
                 .ok_or_else(|| invalid("MLXCEL_THREADS", &value, "an integer in 1..=1024"))?;
+        }
+        if let Some(value) = lookup("MLXCEL_FUSED_LAYERS") {
+            kernels.fused_layers = match value.as_str() {
+                "on" => true,
+                "off" => false,
+                _ => return Err(invalid("MLXCEL_FUSED_LAYERS", &value, "on or off")),
+            };
         }
         Ok(kernels)
     }

@@ -81,12 +81,15 @@ impl KvCache {
             .saturating_mul(KV_CHUNK)
             .min(self.max_positions);
         let grow = (target - self.allocated) as i32;
-        let zeros = Array::zeros(&[1, self.kv_heads, grow, self.head_dim], Dtype::F32)?;
+        let zeros = || Array::zeros(&[1, self.kv_heads, grow, self.head_dim], Dtype::F32);
         if self.layers.is_empty() {
+            // One array per layer and per side: the fused decoder layer writes into them in
+            // place, so no two may share a buffer.
             self.layers = (0..self.layer_count)
-                .map(|_| (zeros.clone(), zeros.clone()))
-                .collect();
+                .map(|_| Ok((zeros()?, zeros()?)))
+                .collect::<Result<_>>()?;
         } else {
+            let zeros = zeros()?;
             for (k, v) in &mut self.layers {
                 *k = Array::concatenate(&[k, &zeros], 2)?;
                 *v = Array::concatenate(&[v, &zeros], 2)?;
@@ -136,6 +139,13 @@ impl KvCache {
         *ck = ck.slice_update(k, &lo, &hi)?;
         *cv = cv.slice_update(v, &lo, &hi)?;
         Ok((ck.clone(), cv.clone(), self.len + n))
+    }
+
+    /// `layer`'s whole key and value arrays (`[1, kv_heads, allocated, head_dim]`), for the
+    /// fused decoder layer, which writes the step's positions into them in place.
+    pub(crate) fn layer(&self, layer: usize) -> (&Array, &Array) {
+        let (k, v) = &self.layers[layer];
+        (k, v)
     }
 
     /// Records that `n` positions were appended to every layer.

@@ -36,6 +36,7 @@ mod error;
 pub mod fast;
 pub mod kernels;
 mod kv_cache;
+mod layer;
 mod llama;
 pub mod pin;
 mod quantized;

@@ -20,6 +20,7 @@ use crate::fast::{
 };
 use crate::kernels::{KernelBackend, Kernels};
 use crate::kv_cache::KvCache;
+use crate::layer::{LayerSeq, LayerShape, LayerTensors, decoder_layer};
 use crate::quantized::{Epilogue, QuantizedWeight};
 
 /// A linear layer, dense or affine-quantized, with an optional bias.
@@ -155,6 +156,44 @@ struct Layer {
     post_norm: Array,
     gate_up: GateUp,
     down: Linear,
+}
+
+impl Layer {
+    /// The layer's tensors for the fused decoder-layer node, when its layout allows it:
+    /// stacked q/k/v and gate/up, and o and down, all quantized in a layout mlxcel's kernels
+    /// cover, with no biases.
+    fn fused_tensors<'a>(&'a self, inv_freq: &'a Array) -> Option<LayerTensors<'a>> {
+        let qkv = self.qkv.as_ref()?;
+        let GateUp::Stacked(gate_up) = &self.gate_up else {
+            return None;
+        };
+        let Linear::Quantized {
+            weight: o,
+            bias: None,
+        } = &self.o
+        else {
+            return None;
+        };
+        let Linear::Quantized {
+            weight: down,
+            bias: None,
+        } = &self.down
+        else {
+            return None;
+        };
+        [qkv, gate_up, o, down]
+            .iter()
+            .all(|w| w.native_layout())
+            .then_some(LayerTensors {
+                input_norm: &self.input_norm,
+                qkv,
+                o,
+                post_norm: &self.post_norm,
+                gate_up,
+                down,
+                inv_freq,
+            })
+    }
 }
 
 /// One sequence's part of a step.
@@ -348,100 +387,36 @@ impl LlamaModel {
 
         let kn = &self.kernels;
         let mut x = self.embed.lookup(&Array::from_u32(&ids, &[total])?)?;
-        for (index, layer) in self.layers.iter().enumerate() {
-            let projections = match &layer.qkv {
-                Some(stacked) => Projections::Stacked(stacked.linear_normed_then(
-                    &x,
-                    &layer.input_norm,
-                    c.rms_norm_eps,
-                    kn,
-                    Epilogue::None,
-                )?),
-                None => {
-                    let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
-                    Projections::Separate(
-                        layer.q.forward(&h, kn)?,
-                        layer.k.forward(&h, kn)?,
-                        layer.v.forward(&h, kn)?,
-                    )
-                }
+        if let Some(fused) = self.fused_layers() {
+            let shape = LayerShape {
+                hidden: c.hidden_size as i32,
+                heads,
+                kv_heads,
+                head_dim,
+                intermediate: c.intermediate_size as i32,
+                eps: c.rms_norm_eps,
+                scale: self.attention_scale,
+                rope_scale: self.rope.scale,
             };
-            let mut outputs = Vec::with_capacity(seqs.len());
-            let mut row = 0i32;
-            for seq in seqs.iter_mut() {
-                let n = seq.tokens.len() as i32;
-                let position = seq.cache.len() as i32;
-                let (qi, ki, vi) = match &projections {
-                    Projections::Stacked(qkv) => {
-                        let slice = |column: i32, count: i32, rope: bool| {
-                            split_heads(
-                                qkv,
-                                HeadSlice {
-                                    row,
-                                    rows: n,
-                                    column,
-                                    heads: count,
-                                    head_dim,
-                                    inv_freq: &self.inv_freq,
-                                    rope: rope.then_some((position, self.rope.scale)),
-                                },
-                            )
-                        };
-                        (
-                            slice(0, heads, true)?,
-                            slice(heads * head_dim, kv_heads, true)?,
-                            slice((heads + kv_heads) * head_dim, kv_heads, false)?,
-                        )
-                    }
-                    Projections::Separate(q, k, v) => {
-                        let heads_first = |m: &Array, count: i32| -> Result<Array> {
-                            m.slice(&[row, 0], &[row + n, count * head_dim])?
-                                .reshape(&[1, n, count, head_dim])?
-                                .transpose(&[0, 2, 1, 3])
-                        };
-                        (
-                            self.rope.apply(&heads_first(q, heads)?, position)?,
-                            self.rope.apply(&heads_first(k, kv_heads)?, position)?,
-                            heads_first(v, kv_heads)?,
-                        )
-                    }
-                };
-                let attended = if kn.backend == KernelBackend::Native {
-                    let (keys, values, len) =
-                        seq.cache.append_whole(index, &ki, &vi, n as usize)?;
-                    attention_native_tokens_major(
-                        &qi,
-                        &keys,
-                        &values,
-                        len,
-                        self.attention_scale,
-                        n > 1,
-                        kn.isa,
-                        kn.threads,
-                    )?
-                } else {
-                    let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
-                    let mask = if n > 1 {
-                        AttentionMask::Causal
-                    } else {
-                        AttentionMask::None
-                    };
-                    scaled_dot_product_attention(&qi, &keys, &values, self.attention_scale, mask)?
-                        .transpose(&[0, 2, 1, 3])?
-                        .reshape(&[n, heads * head_dim])?
-                };
-                outputs.push(attended);
-                row += n;
+            for (index, tensors) in fused.iter().enumerate() {
+                let layer_seqs = seqs
+                    .iter()
+                    .map(|seq| {
+                        let (keys, values) = seq.cache.layer(index);
+                        LayerSeq {
+                            n: seq.tokens.len(),
+                            position: seq.cache.len(),
+                            keys,
+                            values,
+                        }
+                    })
+                    .collect::<Vec<_>>();
+                x = decoder_layer(&x, tensors, &shape, &layer_seqs, kn)?;
             }
-            let attended = match outputs.as_slice() {
-                [one] => one.clone(),
-                many => Array::concatenate(&many.iter().collect::<Vec<_>>(), 0)?,
-            };
-            x = layer.o.forward_add(&attended, &x, kn)?;
-            let gated = layer
-                .gate_up
-                .forward_normed(&x, &layer.post_norm, c.rms_norm_eps, kn)?;
-            x = layer.down.forward_add(&gated, &x, kn)?;
+        } else {
+            for (index, layer) in self.layers.iter().enumerate() {
+                x = self.layer_per_op(index, layer, x, seqs)?;
+            }
         }
 
         let mut last_rows = Vec::with_capacity(seqs.len());
@@ -472,6 +447,129 @@ impl LlamaModel {
             .chunks_exact(self.config.vocab_size)
             .map(<[f32]>::to_vec)
             .collect())
+    }
+
+    /// Per-layer tensors for the fused decoder-layer node, when the kernels and every layer's
+    /// layout allow it.
+    fn fused_layers(&self) -> Option<Vec<LayerTensors<'_>>> {
+        if self.kernels.backend != KernelBackend::Native || !self.kernels.fused_layers {
+            return None;
+        }
+        self.layers
+            .iter()
+            .map(|layer| layer.fused_tensors(&self.inv_freq))
+            .collect()
+    }
+
+    /// One decoder layer as a graph of per-op nodes (MLX's kernels, or mlxcel's where a
+    /// layer's layout does not allow the fused node).
+    fn layer_per_op(
+        &self,
+        index: usize,
+        layer: &Layer,
+        mut x: Array,
+        seqs: &mut [ForwardSeq<'_>],
+    ) -> Result<Array> {
+        let c = &self.config;
+        let kn = &self.kernels;
+        let (heads, kv_heads, head_dim) = (
+            c.num_attention_heads as i32,
+            c.num_key_value_heads as i32,
+            c.head_dim as i32,
+        );
+        let projections = match &layer.qkv {
+            Some(stacked) => Projections::Stacked(stacked.linear_normed_then(
+                &x,
+                &layer.input_norm,
+                c.rms_norm_eps,
+                kn,
+                Epilogue::None,
+            )?),
+            None => {
+                let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
+                Projections::Separate(
+                    layer.q.forward(&h, kn)?,
+                    layer.k.forward(&h, kn)?,
+                    layer.v.forward(&h, kn)?,
+                )
+            }
+        };
+        let mut outputs = Vec::with_capacity(seqs.len());
+        let mut row = 0i32;
+        for seq in seqs.iter_mut() {
+            let n = seq.tokens.len() as i32;
+            let position = seq.cache.len() as i32;
+            let (qi, ki, vi) = match &projections {
+                Projections::Stacked(qkv) => {
+                    let slice = |column: i32, count: i32, rope: bool| {
+                        split_heads(
+                            qkv,
+                            HeadSlice {
+                                row,
+                                rows: n,
+                                column,
+                                heads: count,
+                                head_dim,
+                                inv_freq: &self.inv_freq,
+                                rope: rope.then_some((position, self.rope.scale)),
+                            },
+                        )
+                    };
+                    (
+                        slice(0, heads, true)?,
+                        slice(heads * head_dim, kv_heads, true)?,
+                        slice((heads + kv_heads) * head_dim, kv_heads, false)?,
+                    )
+                }
+                Projections::Separate(q, k, v) => {
+                    let heads_first = |m: &Array, count: i32| -> Result<Array> {
+                        m.slice(&[row, 0], &[row + n, count * head_dim])?
+                            .reshape(&[1, n, count, head_dim])?
+                            .transpose(&[0, 2, 1, 3])
+                    };
+                    (
+                        self.rope.apply(&heads_first(q, heads)?, position)?,
+                        self.rope.apply(&heads_first(k, kv_heads)?, position)?,
+                        heads_first(v, kv_heads)?,
+                    )
+                }
+            };
+            let attended = if kn.backend == KernelBackend::Native {
+                let (keys, values, len) = seq.cache.append_whole(index, &ki, &vi, n as usize)?;
+                attention_native_tokens_major(
+                    &qi,
+                    &keys,
+                    &values,
+                    len,
+                    self.attention_scale,
+                    n > 1,
+                    kn.isa,
+                    kn.threads,
+                )?
+            } else {
+                let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
+                let mask = if n > 1 {
+                    AttentionMask::Causal
+                } else {
+                    AttentionMask::None
+                };
+                scaled_dot_product_attention(&qi, &keys, &values, self.attention_scale, mask)?
+                    .transpose(&[0, 2, 1, 3])?
+                    .reshape(&[n, heads * head_dim])?
+            };
+            outputs.push(attended);
+            row += n;
+        }
+        let attended = match outputs.as_slice() {
+            [one] => one.clone(),
+            many => Array::concatenate(&many.iter().collect::<Vec<_>>(), 0)?,
+        };
+        x = layer.o.forward_add(&attended, &x, kn)?;
+        let gated = layer
+            .gate_up
+            .forward_normed(&x, &layer.post_norm, c.rms_norm_eps, kn)?;
+        x = layer.down.forward_add(&gated, &x, kn)?;
+        Ok(x)
     }
 }
 

@@ -90,9 +90,13 @@ impl QuantizedWeight {
 
     /// Whether mlxcel's kernel covers `x · Wᵀ` for this weight.
     pub fn native_covers(&self, x: &Array) -> bool {
+        self.native_layout() && x.dtype() == Dtype::F32
+    }
+
+    /// Whether mlxcel's kernels cover this weight's layout (for f32 activations).
+    pub fn native_layout(&self) -> bool {
         matches!(self.bits, 4 | 8)
             && matches!(self.group_size, 32 | 64 | 128)
-            && x.dtype() == Dtype::F32
             && self.scales.dtype() == Dtype::F32
             && self.biases.dtype() == Dtype::F32
     }

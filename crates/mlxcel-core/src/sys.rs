@@ -171,6 +171,19 @@ pub(crate) mod ffi {
             offset: i32,
             scale: f32,
         ) -> Result<UniquePtr<MlxArray>>;
+        #[allow(clippy::too_many_arguments)]
+        fn native_decoder_layer(
+            tensors: &ArrayList,
+            caches: &ArrayList,
+            dims: &[i32],
+            quant: &[i32],
+            seqs: &[i32],
+            eps: f32,
+            scale: f32,
+            rope_scale: f32,
+            isa: u8,
+            threads: i32,
+        ) -> Result<UniquePtr<MlxArray>>;
         fn kernels_best_isa() -> u8;
         fn kernels_available_cores() -> i32;
     }

@@ -19,6 +19,7 @@
 #include "mlxcel-core/cpp/kernels/attention.h"
 #include "mlxcel-core/cpp/kernels/dispatch.h"
 #include "mlxcel-core/cpp/kernels/pool.h"
+#include "mlxcel-core/cpp/kernels/rowops.h"
 
 namespace mx = mlx::core;
 
@@ -144,16 +145,8 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
       }
       std::vector<float> normed;
       if (norm_w != nullptr) {
-        // RMSNorm as MLX computes it: x · rsqrt(mean(x²) + eps) · w, in f32.
         normed.resize(static_cast<size_t>(p.M) * p.K);
-        for (int m = 0; m < p.M; ++m) {
-          const float* xr = p.x + static_cast<size_t>(m) * p.K;
-          float* out = normed.data() + static_cast<size_t>(m) * p.K;
-          float squares = 0.0f;
-          for (int k = 0; k < p.K; ++k) squares += xr[k] * xr[k];
-          const float scale = 1.0f / std::sqrt(squares / static_cast<float>(p.K) + eps);
-          for (int k = 0; k < p.K; ++k) out[k] = xr[k] * scale * norm_w[k];
-        }
+        kernels::rms_norm_rows(p.x, p.M, p.K, norm_w, eps, normed.data());
         p.x = normed.data();
       }
       std::vector<float> full;
@@ -163,17 +156,7 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
       }
       kernels::qmatmul(p, isa, threads);
       if (epilogue == Epilogue::Swiglu) {
-        // out = silu(gate) · up, gate and up being the two halves of each row (MLX's silu:
-        // g · sigmoid(g), sigmoid = 1 / (1 + e^-g)).
-        const int f = p.N / 2;
-        for (int m = 0; m < p.M; ++m) {
-          const float* row = full.data() + static_cast<size_t>(m) * p.N;
-          float* o = ydata + static_cast<size_t>(m) * f;
-          for (int j = 0; j < f; ++j) {
-            const float g = row[j];
-            o[j] = g * (1.0f / (1.0f + std::exp(-g))) * row[f + j];
-          }
-        }
+        kernels::swiglu_rows(full.data(), p.M, p.N, ydata);
       } else if (epilogue == Epilogue::Residual) {
         for (int m = 0; m < p.M; ++m) {
           float* o = ydata + static_cast<size_t>(m) * p.N;
@@ -343,24 +326,16 @@ class SplitHeadsCpu : public mx::UnaryPrimitive {
       for (int i = 0; i < n; ++i) {
         const float* row = src + (row0 + i) * cols + col0;
         if (rope) {
-          const float position = static_cast<float>(offset + i) * scale;
-          for (int j = 0; j < half; ++j) {
-            const float theta = position * freqs[j];
-            cos_t[j] = std::cos(theta);
-            sin_t[j] = std::sin(theta);
-          }
+          kernels::rope_tables(static_cast<float>(offset + i) * scale, freqs, half, cos_t.data(),
+                               sin_t.data());
         }
         for (int h = 0; h < heads; ++h) {
           const float* x = row + h * dim;
           float* y = dst + (static_cast<int64_t>(h) * n + i) * dim;
-          if (!rope) {
+          if (rope) {
+            kernels::rope_head(x, y, cos_t.data(), sin_t.data(), half);
+          } else {
             std::memcpy(y, x, sizeof(float) * dim);
-            continue;
-          }
-          for (int j = 0; j < half; ++j) {
-            const float a = x[j], b = x[j + half];
-            y[j] = a * cos_t[j] - b * sin_t[j];
-            y[j + half] = b * cos_t[j] + a * sin_t[j];
           }
         }
       }

@@ -271,7 +271,11 @@ fn kernel_choice_is_read_from_the_environment() {
     ]))
     .unwrap();
     assert_eq!((scalar.isa, scalar.threads), (Isa::Scalar, 3));
+    assert!(default.fused_layers);
+    let per_op = Kernels::from_lookup(env(&[("MLXCEL_FUSED_LAYERS", "off")])).unwrap();
+    assert!(!per_op.fused_layers);
     for (name, value) in [
+        ("MLXCEL_FUSED_LAYERS", "yes"),
         ("MLXCEL_KERNELS", "fast"),
         ("MLXCEL_KERNEL_ISA", "neon"),
         ("MLXCEL_THREADS", "0"),

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use mlxcel_core::{ForwardSeq, LlamaModel};
+use mlxcel_core::{ForwardSeq, KV_CHUNK, Kernels, LlamaModel};
 use mlxcel_model::{Checkpoint, QuantSpec, dequantize_affine, pack};
 use safetensors::Dtype as StDtype;
 use safetensors::tensor::TensorView;
@@ -267,7 +267,7 @@ fn write_config(dir: &Path, variant: Variant) {
         "rms_norm_eps": EPS,
         "rope_theta": THETA,
         "vocab_size": VOCAB,
-        "max_position_embeddings": 256,
+        "max_position_embeddings": 1024,
         "tie_word_embeddings": variant.tied,
         "eos_token_id": 0,
     });
@@ -665,4 +665,104 @@ fn batched_decode_of_four_sequences_matches_each_alone() {
         logits = model.forward(&mut seqs).unwrap();
     }
     assert_eq!(together, alone);
+}
+
+/// The fused decoder-layer node (one MLX node per layer for all sequences, KV written in place)
+/// against the per-op graph on the same kernels, over steps that mix a long prefill with decode
+/// tokens of other sequences and that grow the caches past a [`KV_CHUNK`] boundary.
+#[test]
+fn fused_layers_match_the_per_op_graph_across_cache_growth() {
+    let tiny = write_tiny(
+        Variant {
+            storage: Storage::Quantized {
+                bits: 4,
+                group_size: 32,
+            },
+            qwen2_biases: false,
+            llama3_rope: false,
+            tied: true,
+        },
+        90,
+    );
+    let checkpoint = Checkpoint::open(tiny.dir.path()).unwrap();
+    let fused = LlamaModel::load_with(&checkpoint, Kernels::native()).unwrap();
+    let per_op = LlamaModel::load_with(
+        &checkpoint,
+        Kernels {
+            fused_layers: false,
+            ..Kernels::native()
+        },
+    )
+    .unwrap();
+    let long: Vec<u32> = (0..KV_CHUNK as u32 - 3).map(|i| (i * 7 + 1) % 96).collect();
+    let prompts: [&[u32]; 3] = [&[4, 8, 15], &long, &[16, 23, 42, 4, 8]];
+    let run = |model: &LlamaModel| -> Vec<Vec<f32>> {
+        let mut caches: Vec<_> = (0..3).map(|_| model.new_cache(KV_CHUNK + 40)).collect();
+        let mut all = Vec::new();
+        // Step 1: the short prompts alone. Step 2: decode of those two plus the long prefill.
+        let mut logits = {
+            let (a, rest) = caches.split_at_mut(1);
+            model
+                .forward(&mut [
+                    ForwardSeq {
+                        cache: &mut a[0],
+                        tokens: prompts[0],
+                    },
+                    ForwardSeq {
+                        cache: &mut rest[1],
+                        tokens: prompts[2],
+                    },
+                ])
+                .unwrap()
+        };
+        all.extend(logits.clone());
+        let next: Vec<u32> = logits.iter().map(|l| argmax(l)).collect();
+        logits = {
+            let [a, b, c] = caches.as_mut_slice() else {
+                unreachable!("three caches")
+            };
+            model
+                .forward(&mut [
+                    ForwardSeq {
+                        cache: a,
+                        tokens: &next[..1],
+                    },
+                    ForwardSeq {
+                        cache: b,
+                        tokens: prompts[1],
+                    },
+                    ForwardSeq {
+                        cache: c,
+                        tokens: &next[1..],
+                    },
+                ])
+                .unwrap()
+        };
+        all.extend(logits.clone());
+        // Decode all three until the long one has crossed the chunk boundary.
+        for _ in 0..8 {
+            let next: Vec<u32> = logits.iter().map(|l| argmax(l)).collect();
+            let mut seqs: Vec<ForwardSeq<'_>> = caches
+                .iter_mut()
+                .zip(&next)
+                .map(|(cache, token)| ForwardSeq {
+                    cache,
+                    tokens: std::slice::from_ref(token),
+                })
+                .collect();
+            logits = model.forward(&mut seqs).unwrap();
+            all.extend(logits.clone());
+        }
+        assert!(
+            caches[1].len() > KV_CHUNK,
+            "the long cache grew past one chunk"
+        );
+        all
+    };
+    let ours = run(&fused);
+    let reference = run(&per_op);
+    assert_eq!(ours.len(), reference.len());
+    for (step, (a, b)) in ours.iter().zip(&reference).enumerate() {
+        assert_logits_close(a, b, 1e-5, &format!("fused vs per-op, logits row {step}"));
+    }
 }

@@ -1,0 +1,378 @@
+// One whole llama decoder layer as a single MLX primitive, over every sequence of a step.
+//
+// Each MLX graph node costs a fixed ~15–20 µs on this machine, and the per-op graph of a layer
+// grows with the batch (RoPE, cache writes and attention are per sequence): ~10 nodes per layer
+// for one sequence, ~50 for eight. This primitive runs the layer in one dispatched task:
+//
+//   h = rms_norm(x); qkv = h·Wqkvᵀ; RoPE(q, k) per sequence at its positions; k, v written into
+//   that sequence's cache in place; attention over the cache; x1 = x + att·Woᵀ;
+//   out = x1 + swiglu(rms_norm(x1)·Wguᵀ)·Wdownᵀ
+//
+// with the same kernels (and so the same numbers) as the per-op graph.
+//
+// The KV caches are inputs that this primitive writes: MLX arrays are immutable in principle,
+// so the caller must own each cache buffer exclusively (a materialized, row-contiguous array
+// that no other array shares and nothing else reads during the step). `LlamaModel` does.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+#include "mlxcel-core/cpp/bridge.h"
+#include "mlxcel-core/cpp/kernels/attention.h"
+#include "mlxcel-core/cpp/kernels/dispatch.h"
+#include "mlxcel-core/cpp/kernels/pool.h"
+#include "mlxcel-core/cpp/kernels/qmatmul.h"
+#include "mlxcel-core/cpp/kernels/rowops.h"
+
+namespace mx = mlx::core;
+
+namespace mlxcel {
+
+std::unique_ptr<MlxArray> wrap(mx::array a);
+
+namespace {
+
+using kernels::Isa;
+
+// Input positions of the layer's tensors; the caches follow, key then value per sequence.
+enum Input : int {
+  kX = 0,
+  kInputNorm,
+  kQkvW, kQkvS, kQkvB,
+  kOW, kOS, kOB,
+  kPostNorm,
+  kGuW, kGuS, kGuB,
+  kDownW, kDownS, kDownB,
+  kInvFreq,
+  kFirstCache,
+};
+
+// A quantized matrix's layout.
+struct Quant {
+  int group_size, bits;
+};
+
+struct Dims {
+  int hidden, heads, kv_heads, head_dim, intermediate;
+  float eps, scale, rope_scale;
+  Quant qkv, o, gate_up, down;
+};
+
+// One sequence of the step: its rows of x, the cache position of the first, its caches.
+struct Seq {
+  int n, position;
+  float* k;
+  float* v;
+  int64_t head_stride;  // allocated positions · head_dim
+};
+
+struct Weights {
+  const uint32_t* w;
+  const float* scales;
+  const float* biases;
+};
+
+float* grow(std::vector<float>& buffer, size_t floats) {
+  if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+void matmul(const float* x, const Weights& w, Quant q, int M, int N, int K, float* y, Isa isa,
+            int threads) {
+  kernels::QProblem p{};
+  p.x = x;
+  p.w = w.w;
+  p.scales = w.scales;
+  p.biases = w.biases;
+  p.y = y;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.group_size = q.group_size;
+  p.bits = q.bits;
+  kernels::qmatmul(p, isa, threads);
+}
+
+void add_into(float* y, const float* r, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) y[i] += r[i];
+}
+
+class DecoderLayerCpu : public mx::UnaryPrimitive {
+ public:
+  DecoderLayerCpu(mx::Stream stream, Dims dims, std::vector<int32_t> seqs, Isa isa, int threads)
+      : mx::UnaryPrimitive(stream),
+        dims_(dims),
+        seqs_(std::move(seqs)),
+        isa_(isa),
+        threads_(threads) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    for (int i = 0; i < kFirstCache; ++i) {
+      if (!inputs[i].flags().row_contiguous)
+        throw std::runtime_error("mlxcel decoder layer: input " + std::to_string(i) +
+                                 " must be row-contiguous");
+    }
+    const int count = static_cast<int>(seqs_.size() / 2);
+    std::vector<Seq> seqs(count);
+    for (int s = 0; s < count; ++s) {
+      const auto& k = inputs[kFirstCache + 2 * s];
+      const auto& v = inputs[kFirstCache + 2 * s + 1];
+      for (const auto* c : {&k, &v}) {
+        // Written in place: it must be a buffer of its own, not a broadcast or a view.
+        if (!c->flags().row_contiguous || c->data_size() != c->size() || c->offset() != 0)
+          throw std::runtime_error(
+              "mlxcel decoder layer: a KV cache must be a materialized contiguous array");
+      }
+      seqs[s] = Seq{seqs_[2 * s], seqs_[2 * s + 1], const_cast<float*>(k.data<float>()),
+                    const_cast<float*>(v.data<float>()),
+                    static_cast<int64_t>(k.shape(2)) * dims_.head_dim};
+    }
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+
+    auto weights = [&](int w) {
+      return Weights{inputs[w].data<uint32_t>(), inputs[w + 1].data<float>(),
+                     inputs[w + 2].data<float>()};
+    };
+    encoder.dispatch([d = dims_, seqs = std::move(seqs), x = inputs[kX].data<float>(),
+                      in_norm = inputs[kInputNorm].data<float>(),
+                      post_norm = inputs[kPostNorm].data<float>(),
+                      inv_freq = inputs[kInvFreq].data<float>(), wqkv = weights(kQkvW),
+                      wo = weights(kOW), wgu = weights(kGuW), wdown = weights(kDownW),
+                      y = out.data<float>(), T = static_cast<int>(inputs[kX].shape(0)),
+                      isa = std::min(isa_, kernels::best_isa()), threads = threads_]() {
+      run(d, seqs, x, in_norm, post_norm, inv_freq, wqkv, wo, wgu, wdown, y, T, isa, threads);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mlxcel decoder layer has no GPU implementation");
+  }
+
+  const char* name() const override { return "MlxcelDecoderLayer"; }
+
+  bool is_equivalent(const mx::Primitive&) const override {
+    // It writes its caches: never merge two of them.
+    return false;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[kX].shape()};
+  }
+
+ private:
+  static void run(const Dims& d, const std::vector<Seq>& seqs, const float* x,
+                  const float* in_norm, const float* post_norm, const float* inv_freq,
+                  const Weights& wqkv, const Weights& wo, const Weights& wgu,
+                  const Weights& wdown, float* y, int T, Isa isa, int threads) {
+    const int D = d.head_dim, H = d.heads, KV = d.kv_heads, hidden = d.hidden;
+    const int C = (H + 2 * KV) * D;
+    const int F = d.intermediate;
+    static thread_local std::vector<float> b_h, b_qkv, b_att, b_x1, b_gu, b_g;
+    float* h = grow(b_h, static_cast<size_t>(T) * std::max(hidden, F));
+    float* qkv = grow(b_qkv, static_cast<size_t>(T) * C);
+    float* att = grow(b_att, static_cast<size_t>(T) * H * D);
+    float* x1 = grow(b_x1, static_cast<size_t>(T) * hidden);
+    float* gu = grow(b_gu, static_cast<size_t>(T) * 2 * F);
+    float* g = h;  // h is free again once gate/up have read it
+
+    kernels::rms_norm_rows(x, T, hidden, in_norm, d.eps, h);
+    matmul(h, wqkv, d.qkv, T, C, hidden, qkv, isa, threads);
+
+    // RoPE on q (in place) and k; k and v into the caches at their positions.
+    const int half = D / 2;
+    std::vector<float> cos_t(half), sin_t(half);
+    int row = 0;
+    for (const auto& s : seqs) {
+      for (int i = 0; i < s.n; ++i) {
+        float* r = qkv + static_cast<int64_t>(row + i) * C;
+        const int pos = s.position + i;
+        kernels::rope_tables(static_cast<float>(pos) * d.rope_scale, inv_freq, half,
+                             cos_t.data(), sin_t.data());
+        for (int hd = 0; hd < H; ++hd)
+          kernels::rope_head(r + hd * D, r + hd * D, cos_t.data(), sin_t.data(), half);
+        for (int kvh = 0; kvh < KV; ++kvh) {
+          float* kdst = s.k + kvh * s.head_stride + static_cast<int64_t>(pos) * D;
+          float* vdst = s.v + kvh * s.head_stride + static_cast<int64_t>(pos) * D;
+          kernels::rope_head(r + (H + kvh) * D, kdst, cos_t.data(), sin_t.data(), half);
+          std::memcpy(vdst, r + (H + KV + kvh) * D, sizeof(float) * D);
+        }
+      }
+      row += s.n;
+    }
+
+    // Attention: tasks are (sequence, head, block of 8 query rows).
+    struct Task {
+      int seq, head, r0, r1, row;
+    };
+    constexpr int kBlock = 8;
+    std::vector<Task> tasks;
+    int64_t work = 0;
+    int max_len = 1;
+    row = 0;
+    for (int si = 0; si < static_cast<int>(seqs.size()); ++si) {
+      const auto& s = seqs[si];
+      const int len = s.position + s.n;
+      max_len = std::max(max_len, len);
+      work += static_cast<int64_t>(H) * s.n * len * D;
+      for (int hd = 0; hd < H; ++hd)
+        for (int r0 = 0; r0 < s.n; r0 += kBlock)
+          tasks.push_back({si, hd, r0, std::min(s.n, r0 + kBlock), row});
+      row += s.n;
+    }
+    const auto rows = isa == Isa::Avx512 ? kernels::attention_rows_avx512
+                      : isa == Isa::Avx2 ? kernels::attention_rows_avx2
+                                         : kernels::attention_rows_scalar;
+    kernels::parallel_for(work < (1 << 16) ? 1 : threads, static_cast<int>(tasks.size()),
+                          [&](int t) {
+                            static thread_local std::vector<float> scores;
+                            float* sc = grow(scores, max_len);
+                            const auto& task = tasks[t];
+                            const auto& s = seqs[task.seq];
+                            kernels::AttentionProblem p{};
+                            p.q = qkv + static_cast<int64_t>(task.row) * C;
+                            p.k = s.k;
+                            p.v = s.v;
+                            p.out = att + static_cast<int64_t>(task.row) * H * D;
+                            p.heads = H;
+                            p.kv_heads = KV;
+                            p.n = s.n;
+                            p.L = s.position + s.n;
+                            p.D = D;
+                            p.q_head = D;
+                            p.q_row = C;
+                            p.k_head = s.head_stride;
+                            p.k_row = D;
+                            p.v_head = s.head_stride;
+                            p.v_row = D;
+                            p.out_head = D;
+                            p.out_row = static_cast<int64_t>(H) * D;
+                            p.scale = d.scale;
+                            p.causal = s.n > 1;
+                            rows(p, task.head, task.r0, task.r1, sc);
+                          });
+
+    matmul(att, wo, d.o, T, hidden, H * D, x1, isa, threads);
+    add_into(x1, x, static_cast<int64_t>(T) * hidden);
+    kernels::rms_norm_rows(x1, T, hidden, post_norm, d.eps, h);
+    matmul(h, wgu, d.gate_up, T, 2 * F, hidden, gu, isa, threads);
+    kernels::swiglu_rows(gu, T, 2 * F, g);
+    matmul(g, wdown, d.down, T, hidden, F, y, isa, threads);
+    add_into(y, x1, static_cast<int64_t>(T) * hidden);
+  }
+
+  Dims dims_;
+  std::vector<int32_t> seqs_;  // (n, position) per sequence
+  Isa isa_;
+  int threads_;
+};
+
+[[noreturn]] void refuse(const std::string& why) {
+  throw std::invalid_argument("mlxcel decoder layer: " + why);
+}
+
+void check_float(const mx::array& a, const mx::Shape& shape, const char* what) {
+  if (a.dtype() != mx::float32 || a.shape() != shape) {
+    std::string dims;
+    for (auto s : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(s);
+    refuse(std::string(what) + " must be float32 [" + dims + "]");
+  }
+}
+
+Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k, int32_t group,
+                      int32_t bits, const char* what) {
+  if (bits != 4 && bits != 8) refuse(std::string(what) + ": bits must be 4 or 8");
+  if (group != 32 && group != 64 && group != 128)
+    refuse(std::string(what) + ": group size must be 32, 64 or 128");
+  if (k % group != 0) refuse(std::string(what) + ": input width is not a multiple of the group");
+  const auto& w = in[first];
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 || w.shape(0) != n ||
+      static_cast<int64_t>(w.shape(1)) * 32 / bits != k)
+    refuse(std::string(what) + ": weight must be uint32 [" + std::to_string(n) + ", " +
+           std::to_string(k * bits / 32) + "]");
+  check_float(in[first + 1], {n, k / group}, what);
+  check_float(in[first + 2], {n, k / group}, what);
+  return Quant{group, bits};
+}
+
+}  // namespace
+
+std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const ArrayList& caches,
+                                               rust::Slice<const int32_t> dims,
+                                               rust::Slice<const int32_t> quant,
+                                               rust::Slice<const int32_t> seqs, float eps,
+                                               float scale, float rope_scale, uint8_t isa,
+                                               int32_t threads) {
+  if (dims.size() != 5) refuse("dims must be hidden, heads, kv_heads, head_dim, intermediate");
+  if (quant.size() != 8) refuse("quant must be (group, bits) for qkv, o, gate/up, down");
+  if (isa > static_cast<uint8_t>(Isa::Avx512)) refuse("unknown ISA code " + std::to_string(isa));
+  std::vector<mx::array> inputs(tensors.items.begin(), tensors.items.end());
+  if (inputs.size() != kFirstCache)
+    refuse("expected " + std::to_string(kFirstCache) + " tensors, got " +
+           std::to_string(inputs.size()));
+  Dims d{};
+  d.hidden = dims[0];
+  d.heads = dims[1];
+  d.kv_heads = dims[2];
+  d.head_dim = dims[3];
+  d.intermediate = dims[4];
+  d.eps = eps;
+  d.scale = scale;
+  d.rope_scale = rope_scale;
+  const int D = d.head_dim, H = d.heads, KV = d.kv_heads;
+  if (d.hidden < 1 || H < 1 || KV < 1 || H % KV != 0 || D < 2 || D % 2 != 0 ||
+      d.intermediate < 1)
+    refuse("bad dimensions");
+  const mx::array x = inputs[kX];  // a handle, not a reference: `inputs` grows below
+  if (x.dtype() != mx::float32 || x.ndim() != 2 || x.shape(1) != d.hidden)
+    refuse("x must be float32 [tokens, " + std::to_string(d.hidden) + "]");
+  check_float(inputs[kInputNorm], {d.hidden}, "the input norm");
+  check_float(inputs[kPostNorm], {d.hidden}, "the post-attention norm");
+  check_float(inputs[kInvFreq], {D / 2}, "inv_freq");
+  d.qkv = check_quantized(inputs, kQkvW, (H + 2 * KV) * D, d.hidden, quant[0], quant[1], "qkv");
+  d.o = check_quantized(inputs, kOW, d.hidden, H * D, quant[2], quant[3], "o");
+  d.gate_up =
+      check_quantized(inputs, kGuW, 2 * d.intermediate, d.hidden, quant[4], quant[5], "gate/up");
+  d.down = check_quantized(inputs, kDownW, d.hidden, d.intermediate, quant[6], quant[7], "down");
+
+  if (seqs.size() % 2 != 0 || seqs.empty()) refuse("seqs must be (n, position) pairs");
+  const size_t count = seqs.size() / 2;
+  if (caches.items.size() != 2 * count) refuse("expected a key and a value cache per sequence");
+  int64_t total = 0;
+  for (size_t s = 0; s < count; ++s) {
+    const int n = seqs[2 * s], position = seqs[2 * s + 1];
+    if (n < 1 || position < 0) refuse("each sequence needs n >= 1 and position >= 0");
+    total += n;
+    for (int c = 0; c < 2; ++c) {
+      const auto& cache = caches.items[2 * s + c];
+      if (cache.dtype() != mx::float32 || cache.ndim() != 4 || cache.shape(0) != 1 ||
+          cache.shape(1) != KV || cache.shape(3) != D)
+        refuse("caches must be float32 [1, " + std::to_string(KV) + ", positions, " +
+               std::to_string(D) + "]");
+      if (static_cast<int64_t>(position) + n > cache.shape(2))
+        refuse("sequence " + std::to_string(s) + " writes positions up to " +
+               std::to_string(position + n) + " but its cache holds " +
+               std::to_string(cache.shape(2)));
+      inputs.push_back(cache);
+    }
+  }
+  if (total != x.shape(0))
+    refuse("the sequences hold " + std::to_string(total) + " tokens but x has " +
+           std::to_string(x.shape(0)) + " rows");
+  auto prim = std::make_shared<DecoderLayerCpu>(
+      mlxcel_stream(), d, std::vector<int32_t>(seqs.begin(), seqs.end()), static_cast<Isa>(isa),
+      threads < 1 ? 1 : threads);
+  auto shape = x.shape();
+  return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), std::move(inputs)));
+}
+
+}  // namespace mlxcel

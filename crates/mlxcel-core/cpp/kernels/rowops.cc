@@ -1,0 +1,46 @@
+#include "mlxcel-core/cpp/kernels/rowops.h"
+
+#include <cmath>
+
+namespace mlxcel::kernels {
+
+void rms_norm_rows(const float* x, int M, int K, const float* w, float eps, float* out) {
+  for (int m = 0; m < M; ++m) {
+    const float* xr = x + static_cast<int64_t>(m) * K;
+    float* o = out + static_cast<int64_t>(m) * K;
+    float squares = 0.0f;
+    for (int k = 0; k < K; ++k) squares += xr[k] * xr[k];
+    const float scale = 1.0f / std::sqrt(squares / static_cast<float>(K) + eps);
+    for (int k = 0; k < K; ++k) o[k] = xr[k] * scale * w[k];
+  }
+}
+
+void swiglu_rows(const float* y, int M, int N, float* out) {
+  const int f = N / 2;
+  for (int m = 0; m < M; ++m) {
+    const float* row = y + static_cast<int64_t>(m) * N;
+    float* o = out + static_cast<int64_t>(m) * f;
+    for (int j = 0; j < f; ++j) {
+      const float g = row[j];
+      o[j] = g * (1.0f / (1.0f + std::exp(-g))) * row[f + j];
+    }
+  }
+}
+
+void rope_tables(float position, const float* inv_freq, int half, float* cos_t, float* sin_t) {
+  for (int j = 0; j < half; ++j) {
+    const float theta = position * inv_freq[j];
+    cos_t[j] = std::cos(theta);
+    sin_t[j] = std::sin(theta);
+  }
+}
+
+void rope_head(const float* x, float* y, const float* cos_t, const float* sin_t, int half) {
+  for (int j = 0; j < half; ++j) {
+    const float a = x[j], b = x[j + half];
+    y[j] = a * cos_t[j] - b * sin_t[j];
+    y[j + half] = b * cos_t[j] + a * sin_t[j];
+  }
+}
+
+}  // namespace mlxcel::kernels

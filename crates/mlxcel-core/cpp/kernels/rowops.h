@@ -1,0 +1,22 @@
+// Row-wise f32 helpers shared by the matmul epilogues and the fused decoder layer, so that both
+// paths compute exactly the same numbers.
+#pragma once
+
+#include <cstdint>
+
+namespace mlxcel::kernels {
+
+// RMSNorm as MLX computes it: out = x · rsqrt(mean(x²) + eps) · w, per row of x [M, K].
+void rms_norm_rows(const float* x, int M, int K, const float* w, float eps, float* out);
+
+// out[M, N/2] = silu(g) · u, g and u being the two halves of each row of y [M, N]
+// (MLX's silu: g · sigmoid(g), sigmoid = 1 / (1 + e^-g)).
+void swiglu_rows(const float* y, int M, int N, float* out);
+
+// RoPE tables for one position (Hugging Face halves layout): θ_j = position · inv_freq[j].
+void rope_tables(float position, const float* inv_freq, int half, float* cos_t, float* sin_t);
+
+// Rotates one head of `2·half` features from x into y (x == y allowed).
+void rope_head(const float* x, float* y, const float* cos_t, const float* sin_t, int half);
+
+}  // namespace mlxcel::kernels
