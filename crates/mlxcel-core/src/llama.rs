@@ -128,7 +128,8 @@ impl Embedding {
                 group_size: q.group_size,
                 bits: q.bits,
             }
-            .dequantize(),
+            .dequantize()?
+            .astype(Dtype::F32),
         }
     }
 
@@ -231,7 +232,12 @@ impl LlamaModel {
     /// [`LlamaModel::load`] with an explicit choice of kernels.
     pub fn load_with(checkpoint: &Checkpoint, kernels: Kernels) -> Result<Self> {
         let config = checkpoint.config().clone();
-        let loader = Loader { checkpoint };
+        let loader = Loader {
+            checkpoint,
+            // mlxcel's kernels read f16 scales and biases as stored (fewer bytes per weight to
+            // stream); MLX's quantized_matmul wants them in the activations' dtype.
+            keep_f16_scales: kernels.backend == KernelBackend::Native,
+        };
         let embed = match loader.quantized("model.embed_tokens")? {
             Some(q) => Embedding::Quantized(q),
             None => Embedding::Dense(loader.float("model.embed_tokens.weight")?),
@@ -627,6 +633,7 @@ fn rope_for(config: &ModelConfig) -> Result<Rope> {
 /// Reads tensors out of a checkpoint into MLX arrays.
 struct Loader<'a> {
     checkpoint: &'a Checkpoint,
+    keep_f16_scales: bool,
 }
 
 impl Loader<'_> {
@@ -666,6 +673,16 @@ impl Loader<'_> {
         }
     }
 
+    /// Quantization scales or biases: f16 as stored when the kernels take it, else f32.
+    fn scales(&self, name: &str) -> Result<Array> {
+        let array = self.raw(name)?;
+        match array.dtype() {
+            Dtype::F16 if self.keep_f16_scales => Ok(array),
+            Dtype::F32 => Ok(array),
+            _ => array.astype(Dtype::F32),
+        }
+    }
+
     /// The module's quantized weight, if the checkpoint stores it quantized.
     fn quantized(&self, module: &str) -> Result<Option<QuantizedWeight>> {
         let Some(spec) = self.checkpoint.quantization_of(module) else {
@@ -680,8 +697,8 @@ impl Loader<'_> {
         }
         Ok(Some(QuantizedWeight {
             weight: self.raw(&format!("{module}.weight"))?,
-            scales: self.float(&format!("{module}.scales"))?,
-            biases: self.float(&format!("{module}.biases"))?,
+            scales: self.scales(&format!("{module}.scales"))?,
+            biases: self.scales(&format!("{module}.biases"))?,
             group_size: spec.group_size as i32,
             bits: spec.bits as i32,
         }))

@@ -93,12 +93,14 @@ impl QuantizedWeight {
         self.native_layout() && x.dtype() == Dtype::F32
     }
 
-    /// Whether mlxcel's kernels cover this weight's layout (for f32 activations).
+    /// Whether mlxcel's kernels cover this weight's layout (for f32 activations): 4 or 8 bits,
+    /// groups of 32, 64 or 128, scales and biases both f32 or both f16.
     pub fn native_layout(&self) -> bool {
+        let scales = self.scales.dtype();
         matches!(self.bits, 4 | 8)
             && matches!(self.group_size, 32 | 64 | 128)
-            && self.scales.dtype() == Dtype::F32
-            && self.biases.dtype() == Dtype::F32
+            && matches!(scales, Dtype::F32 | Dtype::F16)
+            && self.biases.dtype() == scales
     }
 
     /// `x · Wᵀ` with mlxcel's CPU kernel on the best path at or below `isa`, using at most

@@ -74,8 +74,9 @@ struct Seq {
 
 struct Weights {
   const uint32_t* w;
-  const float* scales;
-  const float* biases;
+  const void* scales;  // f32, or IEEE half when `half`
+  const void* biases;
+  bool half;
 };
 
 float* grow(std::vector<float>& buffer, size_t floats) {
@@ -90,6 +91,7 @@ void matmul(const float* x, const Weights& w, Quant q, int M, int N, int K, floa
   p.w = w.w;
   p.scales = w.scales;
   p.biases = w.biases;
+  p.half = w.half;
   p.y = y;
   p.M = M;
   p.N = N;
@@ -140,8 +142,8 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     encoder.set_output_array(out);
 
     auto weights = [&](int w) {
-      return Weights{inputs[w].data<uint32_t>(), inputs[w + 1].data<float>(),
-                     inputs[w + 2].data<float>()};
+      return Weights{inputs[w].data<uint32_t>(), inputs[w + 1].data<uint8_t>(),
+                     inputs[w + 2].data<uint8_t>(), inputs[w + 1].dtype() == mx::float16};
     };
     encoder.dispatch([d = dims_, seqs = std::move(seqs), x = inputs[kX].data<float>(),
                       in_norm = inputs[kInputNorm].data<float>(),
@@ -299,8 +301,13 @@ Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k,
       static_cast<int64_t>(w.shape(1)) * 32 / bits != k)
     refuse(std::string(what) + ": weight must be uint32 [" + std::to_string(n) + ", " +
            std::to_string(k * bits / 32) + "]");
-  check_float(in[first + 1], {n, k / group}, what);
-  check_float(in[first + 2], {n, k / group}, what);
+  const mx::Shape groups{n, k / group};
+  const auto& scales = in[first + 1];
+  const auto& biases = in[first + 2];
+  if ((scales.dtype() != mx::float32 && scales.dtype() != mx::float16) ||
+      biases.dtype() != scales.dtype() || scales.shape() != groups || biases.shape() != groups)
+    refuse(std::string(what) + ": scales and biases must both be float32 or both float16 [" +
+           std::to_string(n) + ", " + std::to_string(k / group) + "]");
   return Quant{group, bits};
 }
 

@@ -111,8 +111,9 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
     p.group_size = group_size_;
     p.bits = bits_;
     p.w = w.data<uint32_t>();
-    p.scales = scales.data<float>();
-    p.biases = biases.data<float>();
+    p.half = scales.dtype() == mx::float16;
+    p.scales = scales.data<uint8_t>();
+    p.biases = biases.data<uint8_t>();
     float* ydata = out.data<float>();
     p.y = ydata;
 
@@ -394,10 +395,11 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
     refuse("x's last dimension " + std::to_string(k) + " does not match the weight's " +
            std::to_string(static_cast<int64_t>(wa.shape(1)) * 32 / bits));
   for (const auto* a : {&scales.inner, &biases.inner}) {
-    if (a->dtype() != mx::float32 || a->ndim() != 2 || a->shape(0) != n ||
+    if ((a->dtype() != mx::float32 && a->dtype() != mx::float16) ||
+        a->dtype() != scales.inner.dtype() || a->ndim() != 2 || a->shape(0) != n ||
         a->shape(1) != k / group_size)
-      refuse("scales and biases must be float32 [" + std::to_string(n) + ", " +
-             std::to_string(k / group_size) + "]");
+      refuse("scales and biases must both be float32 or both float16 [" + std::to_string(n) +
+             ", " + std::to_string(k / group_size) + "]");
   }
   const auto ep = static_cast<Epilogue>(epilogue);
   auto shape = xa.shape();

@@ -12,11 +12,17 @@ namespace mlxcel::kernels {
 struct QProblem {
   const float* x;
   const uint32_t* w;
-  const float* scales;
-  const float* biases;
+  // [N, K/group_size] each: f32, or IEEE half (as GGUF and most MLX checkpoints store them,
+  // a sixth fewer bytes per 4-bit weight to stream) when `half`.
+  const void* scales;
+  const void* biases;
+  bool half;
   float* y;
   int M, N, K, group_size, bits;
 };
+
+// IEEE half to float, portable (the scalar path; the SIMD paths use F16C).
+float half_to_float(uint16_t h);
 
 // Largest M served by the GEMV path (decode and small batches); larger M takes the GEMM path.
 constexpr int kGemvMaxRows = 4;

@@ -18,6 +18,12 @@ struct V {
   MLXCEL_TARGET static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
   MLXCEL_TARGET static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   MLXCEL_TARGET static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  MLXCEL_TARGET static reg widen(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  MLXCEL_TARGET static reg lane(reg v, int j) {
+    return _mm512_permutexvar_ps(_mm512_set1_epi32(j), v);
+  }
   MLXCEL_TARGET static reg set1(float v) { return _mm512_set1_ps(v); }
   MLXCEL_TARGET static float reduce(reg v) { return _mm512_reduce_add_ps(v); }
   MLXCEL_TARGET static void q4_chunk(const uint8_t* p, reg out[2]) {

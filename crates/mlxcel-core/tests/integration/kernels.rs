@@ -151,7 +151,11 @@ fn every_path_and_thread_count_matches_the_scalar_path() {
         .collect();
     for bits in [4, 8] {
         for group in [32, 64, 128] {
-            for &(m, n) in SHAPES.iter().chain(&[(1, 300), (130, 40)]) {
+            for &(m, n) in
+                SHAPES
+                    .iter()
+                    .chain(&[(1, 300), (130, 40), (6, 21), (7, 9), (8, 40), (9, 17)])
+            {
                 seed += 1;
                 // Large enough that the kernels split the work across threads.
                 let k = group * if m * n >= 300 { 4 } else { 2 };
@@ -397,6 +401,60 @@ fn split_heads_matches_slice_reshape_transpose_and_rope() {
                 &expected.to_vec_f32().unwrap(),
                 1e-5,
             );
+        }
+    }
+}
+
+/// Scales and biases stored as f16 (as GGUF conversions store them; the kernels read them as
+/// stored) give the f64 reference over the same half values on every path, including subnormal,
+/// zero and negative halves.
+#[test]
+fn f16_scales_and_biases_match_the_reference_on_every_path() {
+    use mlxcel_core::Dtype;
+    let paths: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&isa| isa <= Isa::best())
+        .collect();
+    let mut seed = 5000;
+    for bits in [4, 8] {
+        for group in [32, 128] {
+            for &(m, n) in &[(1, 37), (3, 5), (4, 70), (9, 17)] {
+                seed += 1;
+                let mut case = Case::new(m, n, group * 3, group, bits, seed);
+                let half = |v: f32| half::f16::from_f32(v).to_f32();
+                for (i, s) in case.scales.iter_mut().enumerate() {
+                    *s = match i % 7 {
+                        0 => half(3.0e-6), // subnormal in f16
+                        1 => half(-*s),
+                        2 => 0.0,
+                        _ => half(*s),
+                    };
+                }
+                for b in case.biases.iter_mut() {
+                    *b = half(*b);
+                }
+                let reference = case.reference();
+                let expected: Vec<f32> = reference.iter().map(|r| r.0 as f32).collect();
+                let magnitudes: Vec<f64> = reference.iter().map(|r| r.1).collect();
+                let w32 = case.weight();
+                let w16 = QuantizedWeight {
+                    scales: w32.scales.astype(Dtype::F16).unwrap(),
+                    biases: w32.biases.astype(Dtype::F16).unwrap(),
+                    ..w32.clone()
+                };
+                assert!(w16.native_layout());
+                for &isa in &paths {
+                    for threads in [1, 2] {
+                        let got = w16
+                            .matmul_native(&case.x(), isa, threads)
+                            .unwrap()
+                            .to_vec_f32()
+                            .unwrap();
+                        let what = format!("f16 {isa:?}×{threads} m={m} n={n} g={group} b={bits}");
+                        assert_within(&got, &expected, &magnitudes, 1e-5, &what);
+                    }
+                }
+            }
         }
     }
 }

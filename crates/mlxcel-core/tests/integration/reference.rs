@@ -27,7 +27,12 @@ enum Storage {
     F32,
     F16,
     BF16,
-    Quantized { bits: u32, group_size: usize },
+    /// `f16_scales`: scales and biases stored as f16 (as GGUF conversions store them).
+    Quantized {
+        bits: u32,
+        group_size: usize,
+        f16_scales: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -113,7 +118,11 @@ impl Builder {
     fn matrix(&mut self, module: &str, rows: usize, cols: usize) {
         let values = self.random(rows * cols, 1.0);
         match self.variant.storage {
-            Storage::Quantized { bits, group_size } => {
+            Storage::Quantized {
+                bits,
+                group_size,
+                f16_scales,
+            } => {
                 let levels = (1u32 << bits) as f32;
                 let q: Vec<u8> = values
                     .iter()
@@ -131,15 +140,28 @@ impl Builder {
                     .map(|s| 0.02 + s.abs() * 0.05)
                     .collect();
                 let biases: Vec<f32> = self.random(rows * groups, 0.1);
-                let sb: Vec<u8> = scales.iter().flat_map(|x| x.to_le_bytes()).collect();
-                let bb: Vec<u8> = biases.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let (dtype, st_dtype) = if f16_scales {
+                    (mlxcel_model::Dtype::F16, StDtype::F16)
+                } else {
+                    (mlxcel_model::Dtype::F32, StDtype::F32)
+                };
+                let bytes = |v: &[f32]| -> Vec<u8> {
+                    if f16_scales {
+                        v.iter()
+                            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                            .collect()
+                    } else {
+                        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+                    }
+                };
+                let (sb, bb) = (bytes(&scales), bytes(&biases));
                 let dequantized = dequantize_affine(
                     QuantSpec { bits, group_size },
                     rows,
                     cols,
                     &packed,
-                    (mlxcel_model::Dtype::F32, &sb),
-                    (mlxcel_model::Dtype::F32, &bb),
+                    (dtype, &sb),
+                    (dtype, &bb),
                 )
                 .expect("consistent sizes");
                 let packed_shape = vec![rows, cols * bits as usize / 32];
@@ -149,18 +171,10 @@ impl Builder {
                     packed_shape,
                     packed,
                 ));
-                self.tensors.push((
-                    format!("{module}.scales"),
-                    StDtype::F32,
-                    vec![rows, groups],
-                    sb,
-                ));
-                self.tensors.push((
-                    format!("{module}.biases"),
-                    StDtype::F32,
-                    vec![rows, groups],
-                    bb,
-                ));
+                self.tensors
+                    .push((format!("{module}.scales"), st_dtype, vec![rows, groups], sb));
+                self.tensors
+                    .push((format!("{module}.biases"), st_dtype, vec![rows, groups], bb));
                 self.weights.insert(format!("{module}.weight"), dequantized);
             }
             storage => {
@@ -278,7 +292,10 @@ fn write_config(dir: &Path, variant: Variant) {
             "high_freq_factor": high, "original_max_position_embeddings": original as usize,
         });
     }
-    if let Storage::Quantized { bits, group_size } = variant.storage {
+    if let Storage::Quantized {
+        bits, group_size, ..
+    } = variant.storage
+    {
         config["quantization"] = serde_json::json!({"bits": bits, "group_size": group_size});
     }
     std::fs::write(
@@ -551,6 +568,7 @@ fn quantized_4_and_8_bit_match_the_reference() {
             storage: Storage::Quantized {
                 bits: 4,
                 group_size: 32,
+                f16_scales: true,
             },
             qwen2_biases: false,
             llama3_rope: false,
@@ -563,6 +581,7 @@ fn quantized_4_and_8_bit_match_the_reference() {
             storage: Storage::Quantized {
                 bits: 8,
                 group_size: 64,
+                f16_scales: false,
             },
             qwen2_biases: false,
             llama3_rope: false,
@@ -575,6 +594,7 @@ fn quantized_4_and_8_bit_match_the_reference() {
             storage: Storage::Quantized {
                 bits: 4,
                 group_size: 64,
+                f16_scales: false,
             },
             qwen2_biases: false,
             llama3_rope: false,
@@ -600,6 +620,7 @@ fn qwen2_biases_and_llama3_rope_match_the_reference() {
             storage: Storage::Quantized {
                 bits: 8,
                 group_size: 32,
+                f16_scales: false,
             },
             qwen2_biases: false,
             llama3_rope: true,
@@ -618,6 +639,7 @@ fn batched_decode_of_four_sequences_matches_each_alone() {
             storage: Storage::Quantized {
                 bits: 4,
                 group_size: 32,
+                f16_scales: false,
             },
             qwen2_biases: true,
             llama3_rope: false,
@@ -677,6 +699,7 @@ fn fused_layers_match_the_per_op_graph_across_cache_growth() {
             storage: Storage::Quantized {
                 bits: 4,
                 group_size: 32,
+                f16_scales: true,
             },
             qwen2_biases: false,
             llama3_rope: false,
