@@ -121,9 +121,10 @@ pub enum ModelError {
     #[error("{what}: {reason}")]
     Provision { what: String, reason: String },
     #[error(
-        "{path}: not a model: expected a checkpoint directory (with config.json) or a .gguf file"
+        "{path}: not a model ({found}): expected a checkpoint directory (with config.json) or a \
+         GGUF file"
     )]
-    NotAModel { path: PathBuf },
+    NotAModel { path: PathBuf, found: String },
 }
 
 impl ModelError {

@@ -21,11 +21,25 @@ pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
             let path = Path::new(arg);
             if path.join("config.json").is_file() {
                 Ok(path.to_owned())
-            } else if path.is_file() && is_gguf(path)? {
-                converted(&cache, path, &sha256_file(path)?)
+            } else if path.is_file() {
+                match gguf_magic(path)? {
+                    Ok(()) => converted(&cache, path, &sha256_file(path)?),
+                    Err(found) => Err(ModelError::NotAModel {
+                        path: path.to_owned(),
+                        found,
+                    }),
+                }
             } else {
+                let found = if path.is_dir() {
+                    "a directory without config.json"
+                } else if path.exists() {
+                    "neither a file nor a directory"
+                } else {
+                    "no such file or directory"
+                };
                 Err(ModelError::NotAModel {
                     path: path.to_owned(),
+                    found: found.to_owned(),
                 })
             }
         }
@@ -64,9 +78,22 @@ pub fn converted(cache: &Path, gguf: &Path, sha256: &str) -> Result<PathBuf> {
     }
 }
 
-fn is_gguf(path: &Path) -> Result<bool> {
+/// `Ok(Ok(()))` when the file starts with the GGUF magic, else `Ok(Err(what it starts with))`.
+fn gguf_magic(path: &Path) -> Result<std::result::Result<(), String>> {
     use std::io::Read;
-    let mut magic = [0u8; 4];
-    let mut file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
-    Ok(file.read_exact(&mut magic).is_ok() && &magic == b"GGUF")
+    let mut head = Vec::with_capacity(4);
+    std::fs::File::open(path)
+        .and_then(|file| file.take(4).read_to_end(&mut head))
+        .map_err(|e| ModelError::io(path, e))?;
+    if head == b"GGUF" {
+        return Ok(Ok(()));
+    }
+    let bytes: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(Err(match head.len() {
+        0 => "an empty file".to_owned(),
+        _ => format!(
+            "a file starting with bytes {} where a GGUF file starts with 47 47 55 46 (\"GGUF\")",
+            bytes.join(" ")
+        ),
+    }))
 }

@@ -140,3 +140,26 @@ fn default_model_conversion_is_exact() {
     let compared = assert_lossless(&gguf, &model.checkpoint);
     assert_eq!(compared, 272);
 }
+
+/// `-m` with something that is not a model says what it found and what it expects.
+#[test]
+fn a_path_that_is_not_a_model_is_described() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.gguf");
+    std::fs::write(&garbage, [0x3f, 0x8a, 0x00, 0x12, 0x55]).unwrap();
+    let empty = dir.path().join("empty.gguf");
+    std::fs::write(&empty, []).unwrap();
+    let cases = [
+        (garbage, "a file starting with bytes 3f 8a 00 12"),
+        (empty, "an empty file"),
+        (dir.path().join("missing.gguf"), "no such file or directory"),
+        (dir.path().to_owned(), "a directory without config.json"),
+    ];
+    for (path, found) in cases {
+        let err = resolve_model(Some(path.to_str().unwrap()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(found), "{err}");
+        assert!(err.contains("expected a checkpoint directory"), "{err}");
+    }
+}
