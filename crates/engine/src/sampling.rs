@@ -180,18 +180,16 @@ impl Sampler {
         let p = &self.params;
         let candidates = &mut self.candidates;
         candidates.clear();
-        candidates.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| !l.is_nan())
-                .map(|(i, &l)| (i as u32, l)),
-        );
-        let by_logit_desc =
-            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if p.top_k > 0 && p.top_k < candidates.len() {
-            candidates.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
-            candidates.truncate(p.top_k);
+        if p.top_k > 0 && p.top_k < logits.len() {
+            top_k_into(candidates, logits, p.top_k);
+        } else {
+            candidates.extend(
+                logits
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| !l.is_nan())
+                    .map(|(i, &l)| (i as u32, l)),
+            );
         }
         candidates.sort_unstable_by(by_logit_desc);
         if candidates.is_empty() {
@@ -246,6 +244,59 @@ impl Sampler {
     }
 }
 
+/// Most likely first; equal logits by lower token id.
+fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// A candidate in the top-k heap, ordered so that the heap's top is the worst one kept.
+struct Kept((u32, f32));
+
+impl PartialEq for Kept {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Kept {}
+
+impl PartialOrd for Kept {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Kept {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        by_logit_desc(&self.0, &other.0)
+    }
+}
+
+/// The `k` most likely tokens of `logits` (NaN never kept), in no particular order: one pass with
+/// a bounded heap, where almost every token is rejected by one comparison with the worst kept.
+/// The same set as sorting the whole vocabulary and keeping the first `k`.
+fn top_k_into(out: &mut Vec<(u32, f32)>, logits: &[f32], k: usize) {
+    let mut heap = std::collections::BinaryHeap::with_capacity(k + 1);
+    let mut worst = f32::NEG_INFINITY;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() {
+            continue;
+        }
+        if heap.len() == k {
+            // Ids only grow, so a tie with the worst kept loses to it.
+            if l.total_cmp(&worst).is_le() {
+                continue;
+            }
+            heap.pop();
+        }
+        heap.push(Kept((i as u32, l)));
+        if heap.len() == k {
+            worst = heap.peek().map_or(f32::NEG_INFINITY, |w| w.0.1);
+        }
+    }
+    out.extend(heap.into_iter().map(|kept| kept.0));
+}
+
 /// The index of the largest logit, the lowest index on ties; NaN never wins.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;
@@ -257,4 +308,52 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The reference: every non-NaN token sorted, the first `k` kept.
+    fn naive_top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+        let mut all: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_nan())
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        all.sort_unstable_by(by_logit_desc);
+        all.truncate(k);
+        all
+    }
+
+    proptest! {
+        /// Small value ranges force many ties; NaN, infinities and signed zeros included.
+        #[test]
+        fn heap_top_k_is_the_sorted_prefix(
+            values in proptest::collection::vec(
+                prop_oneof![
+                    (-4i32..4).prop_map(|v| v as f32),
+                    Just(f32::NAN),
+                    Just(f32::INFINITY),
+                    Just(f32::NEG_INFINITY),
+                    Just(-0.0f32),
+                ],
+                1..200,
+            ),
+            k in 1usize..50,
+        ) {
+            let k = k.min(values.len());
+            let mut ours = Vec::new();
+            top_k_into(&mut ours, &values, k);
+            ours.sort_unstable_by(by_logit_desc);
+            let expected = naive_top_k(&values, k);
+            prop_assert_eq!(ours.len(), expected.len());
+            for (a, b) in ours.iter().zip(&expected) {
+                prop_assert_eq!(a.0, b.0);
+                prop_assert_eq!(a.1.to_bits(), b.1.to_bits());
+            }
+        }
+    }
 }
