@@ -31,7 +31,7 @@ fn throughput(c: &mut Criterion) {
         group.bench_function(format!("prefill{PROMPT}"), |b| {
             b.iter_custom(|iters| {
                 (0..iters)
-                    .map(|_| bench.prompt(PROMPT, PROMPT).expect("prefill runs"))
+                    .map(|_| bench.prompt(PROMPT, PROMPT, 0).expect("prefill runs"))
                     .sum()
             })
         });
@@ -39,7 +39,7 @@ fn throughput(c: &mut Criterion) {
         group.bench_function(format!("decode{GENERATE}"), |b| {
             b.iter_custom(|iters| {
                 (0..iters)
-                    .map(|_| bench.generate(GENERATE).expect("decode runs"))
+                    .map(|_| bench.generate(GENERATE, PROMPT, 0).expect("decode runs"))
                     .sum()
             })
         });

@@ -328,6 +328,22 @@ mod bench {
         assert!(out.trim_start().starts_with('['), "{out}");
         assert!(out.contains("\"test\": \"pp4\""), "{out}");
         assert!(!out.contains("tg"), "{out}");
+        // Depth rows: the test named `@ d<D>`, `n_depth` in the JSON, one row per depth.
+        let output = mlxcel(
+            &[
+                "bench", "-p", "4", "-n", "2", "-d", "0,20", "-r", "1", "-u", "8", "-o", "json",
+            ],
+            &[],
+        );
+        assert!(output.status.success(), "{}", stderr(&output));
+        let out = stdout(&output);
+        for (test, depth) in [("pp4", 0), ("tg2", 0), ("pp4 @ d20", 20), ("tg2 @ d20", 20)] {
+            let line = out
+                .lines()
+                .find(|l| l.contains(&format!("\"test\": \"{test}\"")))
+                .unwrap_or_else(|| panic!("no {test} row in {out}"));
+            assert!(line.contains(&format!("\"n_depth\": {depth},")), "{line}");
+        }
         let output = mlxcel(&["bench", "-r", "0"], &[]);
         assert!(!output.status.success());
         assert!(

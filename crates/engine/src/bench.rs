@@ -63,45 +63,65 @@ impl BackendBench {
             .collect()
     }
 
-    /// Time to prefill `n` random tokens into an empty sequence, in chunks of at most `chunk`.
-    pub fn prompt(&mut self, n: usize, chunk: usize) -> Result<Duration, EngineError> {
+    /// Time to prefill `n` random tokens, in chunks of at most `chunk`, into a sequence that
+    /// already holds `depth` tokens (prefilled untimed first, as llama-bench's `-d`).
+    pub fn prompt(
+        &mut self,
+        n: usize,
+        chunk: usize,
+        depth: usize,
+    ) -> Result<Duration, EngineError> {
+        let context = self.random_tokens(depth);
         let tokens = self.random_tokens(n);
-        self.with_slot(n, |backend, slot| {
+        self.with_slot(depth + n, |backend, slot| {
+            fill(backend, slot, &context, 0, chunk)?;
             let started = Instant::now();
-            for (index, piece) in tokens.chunks(chunk.max(1)).enumerate() {
-                backend.step(&[SequenceStep {
-                    slot,
-                    tokens: piece,
-                    start_position: index * chunk.max(1),
-                }])?;
-            }
+            fill(backend, slot, &tokens, depth, chunk)?;
             Ok(started.elapsed())
         })
     }
 
-    /// Time to decode `n` random tokens one at a time from an empty sequence.
-    pub fn generate(&mut self, n: usize) -> Result<Duration, EngineError> {
+    /// Time to decode `n` random tokens one at a time after `depth` tokens of context
+    /// (prefilled untimed, in chunks of at most `chunk`).
+    pub fn generate(
+        &mut self,
+        n: usize,
+        chunk: usize,
+        depth: usize,
+    ) -> Result<Duration, EngineError> {
+        let context = self.random_tokens(depth);
         let tokens = self.random_tokens(n);
-        self.with_slot(n, |backend, slot| {
+        self.with_slot(depth + n, |backend, slot| {
+            fill(backend, slot, &context, 0, chunk)?;
             let started = Instant::now();
-            for (position, token) in tokens.iter().enumerate() {
+            for (index, token) in tokens.iter().enumerate() {
                 backend.step(&[SequenceStep {
                     slot,
                     tokens: std::slice::from_ref(token),
-                    start_position: position,
+                    start_position: depth + index,
                 }])?;
             }
             Ok(started.elapsed())
         })
     }
 
-    /// Time for `streams` sequences to decode `n` tokens each, one batched step per token, from
-    /// one random token of context each (aggregate throughput is `streams * n / time`).
-    pub fn generate_streams(&mut self, streams: usize, n: usize) -> Result<Duration, EngineError> {
+    /// Time for `streams` sequences to decode `n` tokens each, one batched step per token, after
+    /// `depth` tokens of context each (at least one; prefilled untimed, in chunks of at most
+    /// `chunk`). Aggregate throughput is `streams * n / time`.
+    pub fn generate_streams(
+        &mut self,
+        streams: usize,
+        n: usize,
+        chunk: usize,
+        depth: usize,
+    ) -> Result<Duration, EngineError> {
         let streams = streams.max(1);
-        let tokens: Vec<Vec<u32>> = (0..streams).map(|_| self.random_tokens(n + 1)).collect();
+        let depth = depth.max(1);
+        let tokens: Vec<Vec<u32>> = (0..streams)
+            .map(|_| self.random_tokens(depth + n))
+            .collect();
         let plan = self.backend.create_session_for_request(&RequestShape {
-            prompt_len: n + 1,
+            prompt_len: depth + n,
             image_tokens: 0,
             max_new_tokens: MaxNewTokens::Limited(0),
         })?;
@@ -110,18 +130,11 @@ impl BackendBench {
             for _ in 0..streams {
                 slots.push(self.backend.allocate_slot(&plan)?);
             }
-            let first: Vec<SequenceStep<'_>> = slots
-                .iter()
-                .zip(&tokens)
-                .map(|(&slot, t)| SequenceStep {
-                    slot,
-                    tokens: &t[..1],
-                    start_position: 0,
-                })
-                .collect();
-            self.backend.step(&first)?;
+            for (&slot, t) in slots.iter().zip(&tokens) {
+                fill(self.backend.as_mut(), slot, &t[..depth], 0, chunk)?;
+            }
             let started = Instant::now();
-            for position in 1..=n {
+            for position in depth..depth + n {
                 let batch: Vec<SequenceStep<'_>> = slots
                     .iter()
                     .zip(&tokens)
@@ -187,4 +200,23 @@ pub fn measure_read_bandwidth(threads: usize, rounds: usize) -> f64 {
         best = best.max(BYTES as f64 / seconds / 1e9);
     }
     best
+}
+
+/// Prefills `tokens` into `slot` from `start`, in chunks of at most `chunk`.
+fn fill(
+    backend: &mut dyn Backend,
+    slot: usize,
+    tokens: &[u32],
+    start: usize,
+    chunk: usize,
+) -> Result<(), EngineError> {
+    let chunk = chunk.max(1);
+    for (index, piece) in tokens.chunks(chunk).enumerate() {
+        backend.step(&[SequenceStep {
+            slot,
+            tokens: piece,
+            start_position: start + index * chunk,
+        }])?;
+    }
+    Ok(())
 }

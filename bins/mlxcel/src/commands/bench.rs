@@ -29,6 +29,17 @@ pub struct Args {
     )]
     n_gen: Vec<usize>,
 
+    /// Context depths, comma-separated (llama-bench's `-d`): each test runs after this many tokens
+    /// are already in the sequence (prefilled untimed); rows at a depth D > 0 are named
+    /// `<test> @ d<D>`.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    n_depth: Vec<usize>,
+
     /// Concurrent streams for batched decode, comma-separated: each N > 1 adds a `tg<n>@<N>` row
     /// with the aggregate tokens/s of N sequences decoding together.
     #[arg(long, value_delimiter = ',', default_value = "1")]
@@ -69,6 +80,8 @@ struct Row {
     n_gen: usize,
     /// Sequences decoding together (1 for ordinary rows).
     streams: usize,
+    /// Tokens already in each sequence when the test starts.
+    depth: usize,
     /// Tokens per second of each repetition (aggregate over the streams).
     samples: Vec<f64>,
 }
@@ -106,23 +119,36 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     let mut bench = BackendBench::load(args.model.as_deref(), &options)?;
 
     let mut rows = Vec::new();
-    for &n in args.n_prompt.iter().filter(|&&n| n > 0) {
-        let mut run = || bench.prompt(n, args.ubatch);
-        rows.push(measure(format!("pp{n}"), n, 0, args.repetitions, &mut run)?);
-    }
-    for &n in args.n_gen.iter().filter(|&&n| n > 0) {
-        let mut run = || bench.generate(n);
-        rows.push(measure(format!("tg{n}"), 0, n, args.repetitions, &mut run)?);
-    }
-    for &streams in args.streams.iter().filter(|&&s| s > 1) {
-        for &n in args.n_gen.iter().filter(|&&n| n > 0) {
-            let mut run = || bench.generate_streams(streams, n);
-            let mut row = measure(format!("tg{n}@{streams}"), 0, n, args.repetitions, &mut run)?;
-            row.streams = streams;
-            for sample in &mut row.samples {
-                *sample *= streams as f64;
-            }
+    let ubatch = args.ubatch;
+    for &depth in &args.n_depth {
+        let at = |test: String| match depth {
+            0 => test,
+            d => format!("{test} @ d{d}"),
+        };
+        for &n in args.n_prompt.iter().filter(|&&n| n > 0) {
+            let mut run = || bench.prompt(n, ubatch, depth);
+            let mut row = measure(at(format!("pp{n}")), n, 0, args.repetitions, &mut run)?;
+            row.depth = depth;
             rows.push(row);
+        }
+        for &n in args.n_gen.iter().filter(|&&n| n > 0) {
+            let mut run = || bench.generate(n, ubatch, depth);
+            let mut row = measure(at(format!("tg{n}")), 0, n, args.repetitions, &mut run)?;
+            row.depth = depth;
+            rows.push(row);
+        }
+        for &streams in args.streams.iter().filter(|&&s| s > 1) {
+            for &n in args.n_gen.iter().filter(|&&n| n > 0) {
+                let mut run = || bench.generate_streams(streams, n, ubatch, depth);
+                let test = at(format!("tg{n}@{streams}"));
+                let mut row = measure(test, 0, n, args.repetitions, &mut run)?;
+                row.streams = streams;
+                row.depth = depth;
+                for sample in &mut row.samples {
+                    *sample *= streams as f64;
+                }
+                rows.push(row);
+            }
         }
     }
     let info = bench.info();
@@ -155,6 +181,7 @@ fn measure(
         n_prompt,
         n_gen,
         streams: 1,
+        depth: 0,
         samples,
     })
 }
@@ -226,7 +253,7 @@ fn print_json(
                 _ => String::new(),
             };
             format!(
-                "  {{\"model\": {:?}, \"model_size\": {}, \"model_n_params\": {}, \"backend\": {:?}, \"n_threads\": {}, \"test\": {:?}, \"n_prompt\": {}, \"n_gen\": {}, \"n_streams\": {}, \"avg_ts\": {:.4}, \"stddev_ts\": {:.4}, \"samples_ts\": [{}]{decode}}}",
+                "  {{\"model\": {:?}, \"model_size\": {}, \"model_n_params\": {}, \"backend\": {:?}, \"n_threads\": {}, \"test\": {:?}, \"n_prompt\": {}, \"n_gen\": {}, \"n_depth\": {}, \"n_streams\": {}, \"avg_ts\": {:.4}, \"stddev_ts\": {:.4}, \"samples_ts\": [{}]{decode}}}",
                 info.name,
                 info.weight_bytes,
                 info.parameters,
@@ -235,6 +262,7 @@ fn print_json(
                 row.test,
                 row.n_prompt,
                 row.n_gen,
+                row.depth,
                 row.streams,
                 row.mean(),
                 row.stddev(),
