@@ -48,6 +48,13 @@ pub enum Error {
     )]
     RuntimeNotCompiled,
 
+    #[error("{variable}={value:?}: expected {expected}")]
+    Config {
+        variable: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+
     #[error("{what} out of range: {value} not in {range}")]
     OutOfRange {
         what: &'static str,

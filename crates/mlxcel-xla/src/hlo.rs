@@ -17,8 +17,13 @@ pub enum ElementType {
     BF16,
     I32,
     I1,
-    /// Unsigned 32-bit (packed quantized weights); MLIR spells it `ui32`.
+    /// Unsigned 32-bit; MLIR spells it `ui32`.
     U32,
+    /// Unsigned 8-bit (8-bit quantized weights, one per byte); MLIR spells it `ui8`.
+    U8,
+    /// Unsigned 4-bit (4-bit quantized weights, two per byte, the first in the low nibble: the
+    /// byte order of MLX's packed words); MLIR spells it `ui4`.
+    U4,
 }
 
 impl ElementType {
@@ -30,6 +35,8 @@ impl ElementType {
             Self::I32 => "i32",
             Self::I1 => "i1",
             Self::U32 => "ui32",
+            Self::U8 => "ui8",
+            Self::U4 => "ui4",
         }
     }
 
@@ -39,7 +46,28 @@ impl ElementType {
     }
 
     fn is_integer(self) -> bool {
-        matches!(self, Self::I32 | Self::U32)
+        matches!(self, Self::I32 | Self::U32 | Self::U8 | Self::U4)
+    }
+
+    /// Bits per element.
+    pub fn bits(self) -> usize {
+        match self {
+            Self::F32 | Self::I32 | Self::U32 => 32,
+            Self::F16 | Self::BF16 => 16,
+            Self::U8 => 8,
+            Self::U4 => 4,
+            Self::I1 => 1,
+        }
+    }
+
+    /// The unsigned integer type of `bits` bits (4, 8 or 32), if there is one.
+    pub fn unsigned(bits: u32) -> Option<Self> {
+        match bits {
+            4 => Some(Self::U4),
+            8 => Some(Self::U8),
+            32 => Some(Self::U32),
+            _ => None,
+        }
     }
 }
 
@@ -913,6 +941,27 @@ mod tests {
             TensorType::new(&[4], ElementType::U32).to_string(),
             "tensor<4xui32>"
         );
+    }
+
+    #[test]
+    fn narrow_unsigned_types_render_and_convert_to_float() {
+        assert_eq!(ElementType::unsigned(4), Some(ElementType::U4));
+        assert_eq!(ElementType::unsigned(8), Some(ElementType::U8));
+        assert_eq!(ElementType::unsigned(3), None);
+        assert_eq!(ElementType::U4.bits(), 4);
+        let mut b = FunctionBuilder::new("f");
+        let q = b.arg(TensorType::new(&[6, 2, 8], ElementType::U4));
+        let f = b.convert(&q, F32);
+        assert_eq!(f.ty(), &t(&[6, 2, 8]));
+        assert_eq!(
+            last_line(&b),
+            "%0 = stablehlo.convert %arg0 : (tensor<6x2x8xui4>) -> tensor<6x2x8xf32>"
+        );
+        // Integer-only ops accept the narrow types; float-only ones refuse them.
+        let r = b.arg(TensorType::new(&[4], ElementType::U8));
+        b.binary(Binary::And, &r, &r).unwrap();
+        shape_err(b.unary(Unary::Exp, &r), "exponential");
+        shape_err(b.reduce(Reduce::Sum, &q, &[2]), "reduce");
     }
 
     #[test]

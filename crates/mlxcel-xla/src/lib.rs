@@ -40,5 +40,5 @@ pub mod weights;
 pub use compiler::{CompiledModule, Compiler, IREE_COMPILE_ENV};
 pub use error::{EmitError, Error, Result};
 #[cfg(feature = "runtime")]
-pub use model::{DecodeEntry, XlaModel, XlaOptions};
+pub use model::{DecodeEntry, MAX_BATCH_ENV, WEIGHTS_ENV, XlaModel, XlaOptions};
 pub use program::{LlamaDims, ProgramShape, WeightFormat};

@@ -8,13 +8,18 @@ use mlxcel_model::Checkpoint;
 
 use crate::compiler::Compiler;
 use crate::error::{Error, Result};
-use crate::program::{LlamaDims, ProgramShape, WeightFormat, cache_type, emit_llama, weight_specs};
+use crate::program::{
+    LlamaDims, ProgramShape, WeightFormat, cache_type, decode_batches, decode_function, emit_llama,
+    weight_specs,
+};
 use crate::runtime::{BufferId, Runtime};
-use crate::weights::{llama_dims, weight_bytes};
+use crate::weights::{checkpoint_dims, weight_buffers};
 
-/// How the model is compiled. The default weight format is f16: measured faster than f32 on the
-/// default model (22.3 against 18.1 decode steps/s of two sequences at capacity 256), with
-/// logits within 3e-2 of the MLX backend's (f32: 1.1e-4). See docs/xla.md.
+/// How the model is compiled. The default weight format is f16: on the default model it measured
+/// faster than f32 and than packed weights (40 against 31.5 and 8.9 tok/s decoding one sequence at
+/// capacity 256; packed dequantizes in the graph, which IREE's CPU code generation does not fuse
+/// into a fast matmul), with logits within 3.3e-2 of the MLX backend's (packed: 1.3e-4). Eight
+/// cache rows by default, so that eight streams decode together. See docs/xla.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XlaOptions {
     pub format: WeightFormat,
@@ -24,11 +29,49 @@ pub struct XlaOptions {
     pub chunk: usize,
 }
 
+/// Selects the weight format (`f32`, `f16` or `packed`); unset, the default's.
+pub const WEIGHTS_ENV: &str = "MLXCEL_XLA_WEIGHTS";
+
+/// Cache rows per capacity, the decode batch (an integer ≥ 1); unset, the default's.
+pub const MAX_BATCH_ENV: &str = "MLXCEL_XLA_MAX_BATCH";
+
+impl XlaOptions {
+    /// The default options with `MLXCEL_XLA_WEIGHTS` and `MLXCEL_XLA_MAX_BATCH` applied; an
+    /// invalid value is an error naming the variable and the value.
+    pub fn from_env() -> Result<Self> {
+        let read = |name: &'static str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        Self::from_values(read(WEIGHTS_ENV).as_deref(), read(MAX_BATCH_ENV).as_deref())
+    }
+
+    fn from_values(weights: Option<&str>, max_batch: Option<&str>) -> Result<Self> {
+        let mut options = Self::default();
+        if let Some(name) = weights {
+            options.format = WeightFormat::from_name(name).ok_or_else(|| Error::Config {
+                variable: WEIGHTS_ENV,
+                value: name.to_owned(),
+                expected: "f32, f16 or packed",
+            })?;
+        }
+        if let Some(text) = max_batch {
+            options.max_batch = text
+                .parse::<usize>()
+                .ok()
+                .filter(|&b| (1..=i32::MAX as usize).contains(&b))
+                .ok_or_else(|| Error::Config {
+                    variable: MAX_BATCH_ENV,
+                    value: text.to_owned(),
+                    expected: "an integer ≥ 1",
+                })?;
+        }
+        Ok(options)
+    }
+}
+
 impl Default for XlaOptions {
     fn default() -> Self {
         Self {
             format: WeightFormat::F16,
-            max_batch: 4,
+            max_batch: 8,
             chunk: 32,
         }
     }
@@ -73,13 +116,14 @@ fn out_of_range(what: &'static str, value: usize, range: String) -> Error {
 impl XlaModel {
     /// Starts the runtime and uploads every weight once.
     pub fn load(checkpoint: &Checkpoint, compiler: Compiler, options: XlaOptions) -> Result<Self> {
-        let dims = llama_dims(checkpoint.config());
+        let dims = checkpoint_dims(checkpoint);
         let runtime = Runtime::start()?;
         let started = Instant::now();
         let mut weights = Vec::new();
         for spec in weight_specs(&dims) {
-            let (bytes, shape, element) = weight_bytes(checkpoint, &spec, options.format)?;
-            weights.push(runtime.upload(bytes, shape, element)?);
+            for (bytes, shape, element) in weight_buffers(checkpoint, &spec, options.format)? {
+                weights.push(runtime.upload(bytes, shape, element)?);
+            }
         }
         tracing::debug!(
             "mlxcel-xla: {} weights uploaded ({}) in {:?}",
@@ -143,7 +187,9 @@ impl XlaModel {
         let shape = self.shape(capacity);
         let program = emit_llama(&self.dims, &shape, self.options.format)?;
         let started = Instant::now();
-        let compiled = self.compiler.compile(&program)?;
+        let compiled = self
+            .compiler
+            .compile_with(&program, self.options.format.compile_flags())?;
         if compiled.compiled {
             self.compilations += 1;
             tracing::info!(
@@ -264,11 +310,17 @@ impl XlaModel {
         Ok(logits)
     }
 
-    /// One decode step over `entries` (distinct rows of `capacity`); rows without an entry run on
-    /// scratch positions. Returns each entry's logits, in order.
+    /// One decode step over `entries` (distinct rows of `capacity`), by the smallest decode
+    /// function that covers the highest row; rows it covers without an entry run on scratch
+    /// positions. Returns each entry's logits, in order.
     pub fn decode(&mut self, capacity: usize, entries: &[DecodeEntry]) -> Result<Vec<Vec<f32>>> {
         self.ensure_capacity(capacity)?;
-        let batch = self.options.max_batch;
+        let max_batch = self.options.max_batch;
+        let highest = entries.iter().map(|e| e.row + 1).max().unwrap_or(1);
+        let batch = decode_batches(max_batch)
+            .into_iter()
+            .find(|&rows| rows >= highest)
+            .unwrap_or(max_batch);
         // Rows nobody decodes write at the first scratch position, `capacity`.
         let mut tokens = vec![0i32; batch];
         let mut positions = vec![capacity as i32; batch];
@@ -296,7 +348,8 @@ impl XlaModel {
             self.runtime.upload_i32(&tokens, vec![batch])?,
             self.runtime.upload_i32(&positions, vec![batch])?,
         ];
-        let flat = self.call(capacity, "decode", args, batch)?;
+        let function = decode_function(batch, max_batch);
+        let flat = self.call(capacity, &function, args, batch)?;
         let vocab = self.dims.vocab;
         Ok(entries
             .iter()
@@ -307,5 +360,34 @@ impl XlaModel {
     /// The compiled shape of `capacity`, if loaded.
     pub fn loaded_shape(&self, capacity: usize) -> Option<ProgramShape> {
         self.capacities.get(&capacity).map(|c| c.shape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_from_the_environment_values() {
+        let defaults = XlaOptions::from_values(None, None).unwrap();
+        assert_eq!(defaults, XlaOptions::default());
+        assert_eq!(defaults.max_batch, 8);
+        let packed = XlaOptions::from_values(Some("packed"), Some("2")).unwrap();
+        assert_eq!(packed.format, WeightFormat::Packed);
+        assert_eq!(packed.max_batch, 2);
+        let f32 = XlaOptions::from_values(Some("f32"), None).unwrap();
+        assert_eq!(f32.format, WeightFormat::F32);
+        let err = XlaOptions::from_values(Some("int4"), None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "MLXCEL_XLA_WEIGHTS=\"int4\": expected f32, f16 or packed"
+        );
+        for bad in ["0", "-1", "eight"] {
+            let err = XlaOptions::from_values(None, Some(bad)).unwrap_err();
+            assert!(
+                err.to_string().starts_with("MLXCEL_XLA_MAX_BATCH="),
+                "{err}"
+            );
+        }
     }
 }

@@ -18,6 +18,8 @@
 //! tokens and the decode rows that no sequence occupies write there, so no write ever lands on a
 //! position a live sequence reads.
 
+use std::collections::BTreeMap;
+
 use crate::error::EmitError;
 use crate::hlo::{
     Compare, DotDims, ElementType, FunctionBuilder, Module, Reduce, TensorType, Unary, Value,
@@ -39,6 +41,20 @@ pub struct LlamaDims {
     pub qkv_bias: bool,
     pub out_bias: bool,
     pub tied_embeddings: bool,
+    /// The checkpoint's quantized weights (by tensor name) that [`WeightFormat::Packed`] passes
+    /// packed; every other weight is dense.
+    pub packed: BTreeMap<String, Packing>,
+}
+
+/// How one quantized weight is packed: MLX affine quantization, `scale · q + bias` per group of
+/// `group` consecutive input elements, `q` unsigned of `bits` bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Packing {
+    /// 4 or 8.
+    pub bits: u32,
+    pub group: usize,
+    /// The element type of the scales and biases arguments (f16 or f32).
+    pub scales: ElementType,
 }
 
 /// The static shape of one compiled module.
@@ -73,15 +89,21 @@ impl ProgramShape {
 /// How weights are stored in the argument buffers; the graph widens them to f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WeightFormat {
+    /// Every weight dequantized on the host, stored as f32.
     F32,
+    /// Every weight dequantized on the host, stored as f16.
     F16,
+    /// Quantized weights stay packed (4- or 8-bit integers plus their scales and biases) and are
+    /// dequantized in the graph, inside the matmul that reads them; dense weights are f16.
+    Packed,
 }
 
 impl WeightFormat {
+    /// The element type of dense (not packed) weights.
     pub fn element(self) -> ElementType {
         match self {
             Self::F32 => ElementType::F32,
-            Self::F16 => ElementType::F16,
+            Self::F16 | Self::Packed => ElementType::F16,
         }
     }
 
@@ -89,6 +111,25 @@ impl WeightFormat {
         match self {
             Self::F32 => "f32",
             Self::F16 => "f16",
+            Self::Packed => "packed",
+        }
+    }
+
+    /// The format named `name` (`f32`, `f16` or `packed`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::F32, Self::F16, Self::Packed]
+            .into_iter()
+            .find(|f| f.name() == name)
+    }
+
+    /// `iree-compile` flags this format's modules need besides the common ones. Packed weights
+    /// need IREE to fuse the dequantization (a producer of the matmul) into the matmul's
+    /// dispatch, which it blocks on CPU by default; without it every call would first write the
+    /// whole dequantized weight out in f32.
+    pub fn compile_flags(self) -> &'static [&'static str] {
+        match self {
+            Self::F32 | Self::F16 => &[],
+            Self::Packed => &[],
         }
     }
 }
@@ -111,6 +152,8 @@ pub struct WeightSpec {
     pub layout: Layout,
     /// Norm weights and biases stay f32 whatever the weight format: they are tiny.
     pub always_f32: bool,
+    /// How the checkpoint packs it, if quantized (from [`LlamaDims::packed`]).
+    pub packed: Option<Packing>,
 }
 
 /// The weight arguments, in argument order.
@@ -126,13 +169,16 @@ pub fn weight_specs(d: &LlamaDims) -> Vec<WeightSpec> {
         dims: vec![d.vocab as i64, h],
         layout: Layout::AsIs,
         always_f32: false,
+        packed: d.packed.get("model.embed_tokens.weight").copied(),
     }];
     let mut push = |name: String, dims: Vec<i64>, layout: Layout, always_f32: bool| {
+        let packed = d.packed.get(&name).copied();
         specs.push(WeightSpec {
             name,
             dims,
             layout,
             always_f32,
+            packed,
         })
     };
     for l in 0..d.layers {
@@ -220,6 +266,31 @@ pub fn weight_type(spec: &WeightSpec, format: WeightFormat) -> TensorType {
     TensorType::new(&spec.dims, element)
 }
 
+/// The argument types of a weight under `format`: one dense tensor, or, for a packed weight
+/// under [`WeightFormat::Packed`], the integers `[rows, cols / group, group]` (the checkpoint's
+/// `[out, in]` layout, never transposed), then the scales and the biases `[rows, cols / group]`.
+pub fn weight_types(spec: &WeightSpec, format: WeightFormat) -> Vec<TensorType> {
+    match (format, spec.packed) {
+        (WeightFormat::Packed, Some(p)) => {
+            let [a, b] = spec.dims[..] else {
+                return vec![weight_type(spec, format)];
+            };
+            let (rows, cols) = match spec.layout {
+                Layout::AsIs => (a, b),
+                Layout::Transposed => (b, a),
+            };
+            let group = p.group as i64;
+            let element = ElementType::unsigned(p.bits).unwrap_or(ElementType::U32);
+            vec![
+                TensorType::new(&[rows, cols / group, group], element),
+                TensorType::new(&[rows, cols / group], p.scales),
+                TensorType::new(&[rows, cols / group], p.scales),
+            ]
+        }
+        _ => vec![weight_type(spec, format)],
+    }
+}
+
 /// The type of one layer's key (or value) cache.
 pub fn cache_type(d: &LlamaDims, shape: &ProgramShape) -> TensorType {
     TensorType::new(
@@ -251,29 +322,108 @@ pub fn emit_llama(
             ),
         });
     }
+    if format == WeightFormat::Packed {
+        for spec in weight_specs(d) {
+            let Some(p) = spec.packed else { continue };
+            let in_dim = match spec.layout {
+                Layout::AsIs => spec.dims.get(1),
+                Layout::Transposed => spec.dims.first(),
+            };
+            let fits = spec.dims.len() == 2
+                && matches!(p.bits, 4 | 8)
+                && p.group > 0
+                && in_dim.is_some_and(|&i| i % p.group as i64 == 0)
+                && matches!(p.scales, ElementType::F16 | ElementType::F32);
+            if !fits {
+                return Err(EmitError::Shape {
+                    op: "llama",
+                    detail: format!(
+                        "{}: cannot pass {} packed ({}-bit, groups of {}, {:?} scales)",
+                        spec.name,
+                        TensorType::new(&spec.dims, ElementType::F32),
+                        p.bits,
+                        p.group,
+                        p.scales
+                    ),
+                });
+            }
+        }
+    }
     let mut module = Module::new(&shape.module_name(format));
     module.push(emit_step(d, shape, format, Step::Prefill)?);
-    module.push(emit_step(d, shape, format, Step::Decode)?);
+    for rows in decode_batches(shape.batch) {
+        module.push(emit_step(d, shape, format, Step::Decode(rows))?);
+    }
     Ok(module.to_text())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Prefill,
-    Decode,
+    /// Decode of the first `n` cache rows.
+    Decode(usize),
+}
+
+/// The decode functions of a module of `batch` cache rows, by the rows they decode: every power
+/// of two from 2 below `batch`, then `batch`. A step decodes with the smallest one that covers its
+/// highest row, so that a lone sequence does not pay for every row's attention. There is no
+/// one-row function (unless `batch` is 1): IREE compiles one-row matmuls as vector-matrix
+/// products that measured several times slower than two rows (docs/xla.md).
+pub fn decode_batches(batch: usize) -> Vec<usize> {
+    let mut sizes: Vec<usize> = std::iter::successors(Some(2usize), |n| n.checked_mul(2))
+        .take_while(|&n| n < batch)
+        .collect();
+    sizes.push(batch.max(1));
+    sizes
+}
+
+/// The name of the decode function over the first `rows` of `batch` cache rows: `decode` for all
+/// of them, else `decode_<rows>`.
+pub fn decode_function(rows: usize, batch: usize) -> String {
+    if rows == batch {
+        "decode".to_owned()
+    } else {
+        format!("decode_{rows}")
+    }
+}
+
+/// One weight as function arguments.
+#[derive(Debug, Clone)]
+enum Weight {
+    /// A dense tensor (`[in, out]` for a linear).
+    Dense(Value),
+    /// Packed integers `[out, in / group, group]` with their scales and biases
+    /// `[out, in / group]`.
+    Packed {
+        q: Value,
+        scales: Value,
+        biases: Value,
+    },
+}
+
+impl Weight {
+    fn dense(self) -> Result<Value, EmitError> {
+        match self {
+            Self::Dense(v) => Ok(v),
+            Self::Packed { q, .. } => Err(EmitError::Shape {
+                op: "llama",
+                detail: format!("a packed weight {} where a dense one belongs", q.ty()),
+            }),
+        }
+    }
 }
 
 /// The weights of one layer as function arguments.
 struct LayerArgs {
     input_norm: Value,
-    q: (Value, Option<Value>),
-    k: (Value, Option<Value>),
-    v: (Value, Option<Value>),
-    o: (Value, Option<Value>),
+    q: (Weight, Option<Value>),
+    k: (Weight, Option<Value>),
+    v: (Weight, Option<Value>),
+    o: (Weight, Option<Value>),
     post_norm: Value,
-    gate: Value,
-    up: Value,
-    down: Value,
+    gate: Weight,
+    up: Weight,
+    down: Weight,
 }
 
 struct Emitter<'a> {
@@ -290,9 +440,76 @@ impl Emitter<'_> {
         }
     }
 
-    fn linear(&mut self, x: &Value, w: &(Value, Option<Value>)) -> Result<Value, EmitError> {
-        let weight = self.widen(&w.0);
-        let y = self.b.matmul(x, &weight)?;
+    /// `scale · q + bias` in f32 for packed `q` (`[rows, groups, group]`) with `scales` and
+    /// `biases` (`[rows, groups]`): `[rows, groups, group]`.
+    fn dequantize(
+        &mut self,
+        q: &Value,
+        scales: &Value,
+        biases: &Value,
+    ) -> Result<Value, EmitError> {
+        let dims = q.dims().to_vec();
+        let values = self.b.convert(q, ElementType::F32);
+        let scales = self.widen(scales);
+        let biases = self.widen(biases);
+        let scales = self.b.broadcast_in_dim(&scales, &dims, &[0, 1])?;
+        let biases = self.b.broadcast_in_dim(&biases, &dims, &[0, 1])?;
+        let scaled = self.b.mul(&values, &scales)?;
+        self.b.add(&scaled, &biases)
+    }
+
+    /// `x · wᵀ` for `x` `[n, in]` and a packed `w` (`[out, in]` as `[out, in / group, group]`):
+    /// `[n, out]`.
+    fn packed_matmul(
+        &mut self,
+        x: &Value,
+        q: &Value,
+        scales: &Value,
+        biases: &Value,
+    ) -> Result<Value, EmitError> {
+        let w = self.dequantize(q, scales, biases)?;
+        let [out, groups, group] = [w.dims()[0], w.dims()[1], w.dims()[2]];
+        let w = self.b.reshape(&w, &[out, groups * group])?;
+        self.b.dot_general(
+            x,
+            &w,
+            &DotDims {
+                lhs_contract: vec![1],
+                rhs_contract: vec![1],
+                ..DotDims::default()
+            },
+        )
+    }
+
+    /// Rows `ids` of an embedding table, as f32 `[n, hidden]`.
+    fn embed(&mut self, table: &Weight, ids: &Value) -> Result<Value, EmitError> {
+        match table {
+            Weight::Dense(t) => {
+                let t = self.widen(t);
+                self.b.take_rows(&t, ids)
+            }
+            Weight::Packed { q, scales, biases } => {
+                let [rows, groups, group] = [q.dims()[0], q.dims()[1], q.dims()[2]];
+                let n = ids.dims()[0];
+                let flat = self.b.reshape(q, &[rows, groups * group])?;
+                let picked = self.b.take_rows(&flat, ids)?;
+                let picked = self.b.reshape(&picked, &[n, groups, group])?;
+                let s = self.b.take_rows(scales, ids)?;
+                let b = self.b.take_rows(biases, ids)?;
+                let x = self.dequantize(&picked, &s, &b)?;
+                self.b.reshape(&x, &[n, groups * group])
+            }
+        }
+    }
+
+    fn linear(&mut self, x: &Value, w: &(Weight, Option<Value>)) -> Result<Value, EmitError> {
+        let y = match &w.0 {
+            Weight::Dense(weight) => {
+                let weight = self.widen(weight);
+                self.b.matmul(x, &weight)?
+            }
+            Weight::Packed { q, scales, biases } => self.packed_matmul(x, q, scales, biases)?,
+        };
         match &w.1 {
             Some(bias) => {
                 let bias = self.b.broadcast_in_dim(bias, y.dims(), &[1])?;
@@ -356,18 +573,26 @@ fn emit_step(
     step: Step,
 ) -> Result<crate::hlo::Function, EmitError> {
     let name = match step {
-        Step::Prefill => "prefill",
-        Step::Decode => "decode",
+        Step::Prefill => "prefill".to_owned(),
+        Step::Decode(rows) => decode_function(rows, shape.batch),
     };
     let mut e = Emitter {
-        b: FunctionBuilder::new(name),
+        b: FunctionBuilder::new(&name),
         d,
     };
     // Weight arguments, in weight_specs order.
     let specs = weight_specs(d);
     let mut args = specs
         .iter()
-        .map(|s| e.b.arg(weight_type(s, format)))
+        .map(|s| {
+            let types = weight_types(s, format);
+            let mut values = types.into_iter().map(|t| e.b.arg(t));
+            match (values.next(), values.next(), values.next()) {
+                (Some(q), Some(scales), Some(biases)) => Weight::Packed { q, scales, biases },
+                (Some(v), _, _) => Weight::Dense(v),
+                _ => unreachable!("weight_types gives one or three types"),
+            }
+        })
         .collect::<Vec<_>>()
         .into_iter();
     let mut next = || {
@@ -377,16 +602,19 @@ fn emit_step(
     let embed = next();
     let mut layers = Vec::with_capacity(d.layers);
     for _ in 0..d.layers {
-        let input_norm = next();
+        let input_norm = next().dense()?;
         let mut qkv = Vec::with_capacity(3);
         for _ in 0..3 {
             let w = next();
-            let bias = d.qkv_bias.then(&mut next);
+            let bias = d.qkv_bias.then(&mut next).map(Weight::dense).transpose()?;
             qkv.push((w, bias));
         }
         let o_w = next();
-        let o = (o_w, d.out_bias.then(&mut next));
-        let post_norm = next();
+        let o = (
+            o_w,
+            d.out_bias.then(&mut next).map(Weight::dense).transpose()?,
+        );
+        let post_norm = next().dense()?;
         let (gate, up, down) = (next(), next(), next());
         let mut qkv = qkv.into_iter();
         let (q, k, v) = (
@@ -406,7 +634,7 @@ fn emit_step(
             down,
         });
     }
-    let final_norm = next();
+    let final_norm = next().dense()?;
     let lm_head = (!d.tied_embeddings).then(&mut next);
 
     let cache_ty = cache_type(d, shape);
@@ -416,7 +644,7 @@ fn emit_step(
     let i32_scalar = TensorType::new(&[], ElementType::I32);
     let (rows, t) = match step {
         Step::Prefill => (1i64, shape.chunk as i64),
-        Step::Decode => (shape.batch as i64, 1i64),
+        Step::Decode(rows) => (rows as i64, 1i64),
     };
     let n = rows * t;
     // Step inputs, and from them: per-token positions `[rows, t]` and scatter indices `[n, 2]`.
@@ -434,7 +662,7 @@ fn emit_step(
             let idx = e.b.concatenate(&[&row_col, &pos_col], 1)?;
             (tokens, positions, idx, Some(row), Some(last))
         }
-        Step::Decode => {
+        Step::Decode(_) => {
             let tokens = e.b.arg(TensorType::new(&[rows], ElementType::I32));
             let starts = e.b.arg(TensorType::new(&[rows], ElementType::I32));
             let positions = e.b.reshape(&starts, &[rows, 1])?;
@@ -467,8 +695,7 @@ fn emit_step(
     let neg_inf = e.b.splat_f32(f32::NEG_INFINITY, &score_dims);
     let scale = e.b.splat_f32(1.0 / (d.head_dim as f32).sqrt(), &score_dims);
 
-    let embed_f = e.widen(&embed);
-    let mut x = e.b.take_rows(&embed_f, &tokens)?;
+    let mut x = e.embed(&embed, &tokens)?;
     let mut new_k = Vec::with_capacity(d.layers);
     let mut new_v = Vec::with_capacity(d.layers);
     for (l, layer) in layers.iter().enumerate() {
@@ -491,6 +718,14 @@ fn emit_step(
                 (
                     e.b.dynamic_slice(&k_cache, &starts, &sizes)?,
                     e.b.dynamic_slice(&v_cache, &starts, &sizes)?,
+                )
+            }
+            // Decode reads the first `rows` cache rows.
+            None if rows < shape.batch as i64 => {
+                let limit = [rows, cache_len, kv_heads, hd];
+                (
+                    e.b.slice(&k_cache, &[0, 0, 0, 0], &limit)?,
+                    e.b.slice(&v_cache, &[0, 0, 0, 0], &limit)?,
                 )
             }
             None => (k_cache.clone(), v_cache.clone()),
@@ -544,17 +779,22 @@ fn emit_step(
         None => x,
     };
     let last = e.rms_norm(&last, &final_norm)?;
-    let logits = match &lm_head {
-        Some(head) => e.linear(&last, &(head.clone(), None))?,
-        None => e.b.dot_general(
-            &last,
-            &embed_f,
-            &DotDims {
-                lhs_contract: vec![1],
-                rhs_contract: vec![1],
-                ..DotDims::default()
-            },
-        )?,
+    let logits = match (&lm_head, &embed) {
+        (Some(head), _) => e.linear(&last, &(head.clone(), None))?,
+        // Tied: the embedding table `[vocab, hidden]` is the output projection's `[out, in]`.
+        (None, Weight::Dense(table)) => {
+            let table = e.widen(table);
+            e.b.dot_general(
+                &last,
+                &table,
+                &DotDims {
+                    lhs_contract: vec![1],
+                    rhs_contract: vec![1],
+                    ..DotDims::default()
+                },
+            )?
+        }
+        (None, Weight::Packed { .. }) => e.linear(&last, &(embed.clone(), None))?,
     };
     let mut results: Vec<&Value> = vec![&logits];
     results.extend(new_k.iter());
@@ -584,6 +824,7 @@ pub(crate) mod tests {
             qkv_bias,
             out_bias: false,
             tied_embeddings: tied,
+            packed: BTreeMap::new(),
         }
     }
 
@@ -631,6 +872,85 @@ pub(crate) mod tests {
         let text = emit_llama(&d, &TINY_SHAPE, WeightFormat::F16).unwrap();
         assert!(text.contains("tensor<64x16xf16>"));
         assert!(text.contains("-> tensor<64x16xf32>"));
+    }
+
+    fn packed_tiny(bits: u32, group: usize) -> LlamaDims {
+        let mut d = tiny_dims(true, false);
+        for spec in weight_specs(&d) {
+            if !spec.always_f32 {
+                let scales = ElementType::F16;
+                d.packed.insert(
+                    spec.name.clone(),
+                    Packing {
+                        bits,
+                        group,
+                        scales,
+                    },
+                );
+            }
+        }
+        d
+    }
+
+    #[test]
+    fn packed_weights_are_integers_scales_and_biases() {
+        let d = packed_tiny(4, 8);
+        let specs = weight_specs(&d);
+        // The q projection `[in 16, out 32]` is passed as the checkpoint's `[32, 16]` in groups.
+        let q = &specs[2];
+        assert_eq!(q.name, "model.layers.0.self_attn.q_proj.weight");
+        assert_eq!(
+            weight_types(q, WeightFormat::Packed),
+            [
+                TensorType::new(&[32, 2, 8], ElementType::U4),
+                TensorType::new(&[32, 2], ElementType::F16),
+                TensorType::new(&[32, 2], ElementType::F16),
+            ]
+        );
+        // Other formats ignore the packing; norms are never packed.
+        assert_eq!(weight_types(q, WeightFormat::F16).len(), 1);
+        assert_eq!(weight_types(&specs[1], WeightFormat::Packed).len(), 1);
+        let text = emit_llama(&d, &TINY_SHAPE, WeightFormat::Packed).unwrap();
+        assert!(text.contains("%arg0: tensor<64x2x8xui4>, %arg1: tensor<64x2xf16>"));
+        assert!(text.contains("(tensor<32x2x8xui4>) -> tensor<32x2x8xf32>"));
+        assert!(!text.contains("ui4>) -> tensor<16x32xf32>"));
+        let eight = emit_llama(&packed_tiny(8, 8), &TINY_SHAPE, WeightFormat::Packed).unwrap();
+        assert!(eight.contains("tensor<64x2x8xui8>"));
+    }
+
+    #[test]
+    fn refuses_packing_it_cannot_pass() {
+        for (bits, group) in [(3, 8), (4, 5), (4, 0)] {
+            assert!(
+                matches!(
+                    emit_llama(&packed_tiny(bits, group), &TINY_SHAPE, WeightFormat::Packed),
+                    Err(EmitError::Shape { op: "llama", .. })
+                ),
+                "{bits} bits, groups of {group}"
+            );
+            // Widened formats dequantize on the host and need no packing.
+            emit_llama(&packed_tiny(bits, group), &TINY_SHAPE, WeightFormat::F16).unwrap();
+        }
+    }
+
+    #[test]
+    fn decode_functions_cover_powers_of_two_then_the_batch() {
+        assert_eq!(decode_batches(1), [1]);
+        assert_eq!(decode_batches(2), [2]);
+        assert_eq!(decode_batches(6), [2, 4, 6]);
+        assert_eq!(decode_batches(8), [2, 4, 8]);
+        assert_eq!(decode_function(8, 8), "decode");
+        assert_eq!(decode_function(2, 8), "decode_2");
+        let shape = ProgramShape {
+            batch: 4,
+            ..TINY_SHAPE
+        };
+        let text = emit_llama(&tiny_dims(true, false), &shape, WeightFormat::F32).unwrap();
+        // Batch 4: `decode_2` reads the first two cache rows, `decode` all four.
+        assert!(text.contains("func.func @decode_2("));
+        assert!(text.contains("-> (tensor<2x64xf32>, tensor<4x20x2x8xf32>"));
+        assert!(text.contains("[0:2:1, 0:20:1, 0:2:1, 0:8:1]"));
+        assert!(!text.contains("func.func @decode_1("));
     }
 
     #[test]

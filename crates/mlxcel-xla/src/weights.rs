@@ -1,16 +1,22 @@
 //! Checkpoint tensors as the program's weight arguments.
 //!
-//! Quantized linears are dequantized on the host (`scale · q + bias`, exactly the MLX backend's
-//! arithmetic) and widened to the program's weight format; dense tensors are widened; `[out, in]`
-//! weights are transposed to `[in, out]`. See docs/xla.md for why weights are widened rather than
-//! passed packed.
+//! Under the f32 and f16 formats, quantized linears are dequantized on the host (`scale · q +
+//! bias`, exactly the MLX backend's arithmetic) and widened to the program's weight format; dense
+//! tensors are widened; `[out, in]` weights are transposed to `[in, out]`. Under the packed format
+//! a quantized weight is passed as stored: its packed words reinterpreted as 4- or 8-bit
+//! integers (MLX packs the first element in the lowest bits of a little-endian word, which is
+//! IREE's sub-byte order), its scales and its biases. See docs/xla.md for the measurements.
+
+use std::collections::BTreeMap;
 
 use half::{bf16, f16};
 use mlxcel_model::{Checkpoint, Dtype, ModelConfig};
 
 use crate::error::{Error, Result};
 use crate::hlo::ElementType;
-use crate::program::{Layout, LlamaDims, WeightFormat, WeightSpec, weight_type};
+use crate::program::{
+    Layout, LlamaDims, Packing, WeightFormat, WeightSpec, weight_specs, weight_type, weight_types,
+};
 
 /// The program's dimensions for a checkpoint's config.
 pub fn llama_dims(c: &ModelConfig) -> LlamaDims {
@@ -27,7 +33,53 @@ pub fn llama_dims(c: &ModelConfig) -> LlamaDims {
         qkv_bias: c.attention_qkv_bias,
         out_bias: c.attention_out_bias,
         tied_embeddings: c.tie_word_embeddings,
+        packed: Default::default(),
     }
+}
+
+/// The program's dimensions for a checkpoint, with the quantized weights the packed format can
+/// pass packed (4- and 8-bit, whole groups); other quantized weights are dequantized on the host
+/// under every format.
+pub fn checkpoint_dims(checkpoint: &Checkpoint) -> LlamaDims {
+    let mut dims = llama_dims(checkpoint.config());
+    let mut packed = BTreeMap::new();
+    for spec in weight_specs(&dims) {
+        let Some(module) = spec.name.strip_suffix(".weight") else {
+            continue;
+        };
+        let (Some(q), Some(scales), Some(biases)) = (
+            checkpoint.quantization_of(module),
+            checkpoint.tensor(&format!("{module}.scales")),
+            checkpoint.tensor(&format!("{module}.biases")),
+        ) else {
+            continue;
+        };
+        let in_dim = match spec.layout {
+            Layout::AsIs => spec.dims[1],
+            Layout::Transposed => spec.dims[0],
+        } as usize;
+        if !matches!(q.bits, 4 | 8)
+            || q.group_size == 0
+            || !in_dim.is_multiple_of(q.group_size)
+            || scales.dtype != biases.dtype
+        {
+            continue;
+        }
+        let scales = match scales.dtype {
+            Dtype::F16 => ElementType::F16,
+            _ => ElementType::F32,
+        };
+        packed.insert(
+            spec.name.clone(),
+            Packing {
+                bits: q.bits,
+                group: q.group_size,
+                scales,
+            },
+        );
+    }
+    dims.packed = packed;
+    dims
 }
 
 fn tensor_error(name: &str, reason: impl Into<String>) -> Error {
@@ -132,7 +184,67 @@ fn dequantize(
     Some(out)
 }
 
-/// One weight argument's bytes, dims and element type under `format`.
+/// One buffer's bytes, dims and element type.
+pub type Buffer = (Vec<u8>, Vec<usize>, ElementType);
+
+/// The argument buffers of one weight under `format`, in argument order (see
+/// [`weight_types`]): one, or the integers, scales and biases of a packed weight.
+pub fn weight_buffers(
+    checkpoint: &Checkpoint,
+    spec: &WeightSpec,
+    format: WeightFormat,
+) -> Result<Vec<Buffer>> {
+    let types = weight_types(spec, format);
+    let [q_ty, s_ty, b_ty] = &types[..] else {
+        return Ok(vec![weight_bytes(checkpoint, spec, format)?]);
+    };
+    let module = spec.name.strip_suffix(".weight").unwrap_or(&spec.name);
+    let dims = |ty: &crate::hlo::TensorType| ty.dims.iter().map(|&d| d as usize).collect();
+    let view = checkpoint
+        .tensor(&spec.name)
+        .ok_or_else(|| tensor_error(&spec.name, "missing from the checkpoint"))?;
+    let q_bytes = q_ty.elements() as usize * q_ty.element.bits() / 8;
+    if view.dtype != Dtype::U32 || view.data.len() != q_bytes {
+        return Err(tensor_error(
+            &spec.name,
+            format!(
+                "{:?} of {} bytes, the program expects {q_ty} ({q_bytes} bytes)",
+                view.dtype,
+                view.data.len()
+            ),
+        ));
+    }
+    let mut buffers = vec![(view.data.to_vec(), dims(q_ty), q_ty.element)];
+    for (suffix, ty) in [("scales", s_ty), ("biases", b_ty)] {
+        let name = format!("{module}.{suffix}");
+        let t = checkpoint
+            .tensor(&name)
+            .ok_or_else(|| tensor_error(&name, "missing"))?;
+        if t.shape.iter().map(|&d| d as i64).collect::<Vec<_>>() != ty.dims {
+            return Err(tensor_error(
+                &name,
+                format!("shape {:?}, the program expects {ty}", t.shape),
+            ));
+        }
+        let bytes = match (t.dtype, ty.element) {
+            (Dtype::F16, ElementType::F16) | (Dtype::F32, ElementType::F32) => t.data.to_vec(),
+            (_, ElementType::F32) => floats(&name, t.dtype, t.data)?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            (dtype, element) => {
+                return Err(tensor_error(
+                    &name,
+                    format!("{dtype:?} cannot be passed as {element:?}"),
+                ));
+            }
+        };
+        buffers.push((bytes, dims(ty), ty.element));
+    }
+    Ok(buffers)
+}
+
+/// One dense weight argument's bytes, dims and element type under `format`.
 pub fn weight_bytes(
     checkpoint: &Checkpoint,
     spec: &WeightSpec,

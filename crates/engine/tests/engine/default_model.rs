@@ -194,9 +194,9 @@ fn eight_concurrent_greedy_requests_match_running_alone() {
     assert_eq!(together, alone);
 }
 
-/// The same on the OpenXLA backend: eight greedy requests of different lengths (more than a
-/// capacity's four cache rows, so some wait for a row) give each the tokens it gets alone, and a
-/// second round compiles nothing new.
+/// The same on the OpenXLA backend: eight greedy requests of different lengths, decoding together
+/// in one capacity's eight cache rows, give each the tokens it gets alone, and a second round
+/// compiles nothing new.
 #[test]
 fn xla_eight_concurrent_greedy_requests_match_running_alone() {
     if skip() {

@@ -217,6 +217,10 @@ impl Session {
             ElementType::F32 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_FLOAT_32,
             ElementType::F16 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_FLOAT_16,
             ElementType::I32 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_INT_32,
+            ElementType::U32 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_UINT_32,
+            ElementType::U8 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_UINT_8,
+            // Two elements a byte, the first in the low nibble.
+            ElementType::U4 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_UINT_4,
             other => return Err(format!("cannot upload {other:?} tensors")),
         };
         let shape: Vec<sys::iree_hal_dim_t> = dims.iter().map(|&d| d as _).collect();

@@ -41,6 +41,15 @@ fn greedy_decoding_on_the_default_model() {
     greedy(WeightFormat::F16);
 }
 
+/// The same with the quantized weights kept packed and dequantized inside the matmuls.
+#[test]
+fn greedy_decoding_with_packed_weights() {
+    if skip_model_tests() {
+        return;
+    }
+    greedy(WeightFormat::Packed);
+}
+
 /// The same with f32 weights: a measurement against the f16 default (docs/xla.md), so not part
 /// of the default test run.
 #[test]

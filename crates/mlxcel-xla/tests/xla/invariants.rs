@@ -1,9 +1,11 @@
 //! The llama program on the IREE runtime with tiny random weights: the KV cache, chunked prefill,
 //! scratch rows and batching must not change any sequence's logits.
 
+use half::f16;
 use mlxcel_xla::hlo::ElementType;
 use mlxcel_xla::program::{
-    ProgramShape, WeightFormat, cache_type, emit_llama, weight_specs, weight_type,
+    Layout, LlamaDims, Packing, ProgramShape, WeightFormat, cache_type, emit_llama, weight_specs,
+    weight_type, weight_types,
 };
 use mlxcel_xla::runtime::{BufferId, Runtime};
 
@@ -31,9 +33,106 @@ fn random(n: usize, seed: u64, around_one: bool) -> Vec<f32> {
         .collect()
 }
 
+/// One argument buffer: bytes, dims, element type.
+type Buffer = (Vec<u8>, Vec<usize>, ElementType);
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Random f32 weights for every argument of `d` (as `WeightFormat::F32` lays them out).
+fn random_weights(d: &LlamaDims) -> Vec<Buffer> {
+    weight_specs(d)
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let ty = weight_type(spec, WeightFormat::F32);
+            let values = random(ty.elements() as usize, i as u64, spec.name.contains("norm"));
+            let shape = ty.dims.iter().map(|&x| x as usize).collect();
+            (f32_bytes(&values), shape, ElementType::F32)
+        })
+        .collect()
+}
+
+/// Random MLX-quantized weights for the packed weights of `d`: the packed arguments, and the
+/// same weights dequantized on the host (`scale · q + bias` in f32) as f32 arguments.
+fn random_packed_weights(d: &LlamaDims) -> (Vec<Buffer>, Vec<Buffer>) {
+    let (mut packed, mut dense) = (Vec::new(), Vec::new());
+    for (i, spec) in weight_specs(d).iter().enumerate() {
+        let ty = weight_type(spec, WeightFormat::F32);
+        let Some(p) = spec.packed else {
+            let values = random(ty.elements() as usize, i as u64, spec.name.contains("norm"));
+            let shape: Vec<usize> = ty.dims.iter().map(|&x| x as usize).collect();
+            packed.push((f32_bytes(&values), shape.clone(), ElementType::F32));
+            dense.push((f32_bytes(&values), shape, ElementType::F32));
+            continue;
+        };
+        let (rows, cols) = match spec.layout {
+            Layout::AsIs => (ty.dims[0] as usize, ty.dims[1] as usize),
+            Layout::Transposed => (ty.dims[1] as usize, ty.dims[0] as usize),
+        };
+        let groups = cols / p.group;
+        let levels = 1u32 << p.bits;
+        let q: Vec<u32> = random(rows * cols, 100 + i as u64, false)
+            .iter()
+            .map(|x| ((x + 0.5) * levels as f32) as u32 % levels)
+            .collect();
+        let f16s = |seed| -> Vec<f16> {
+            random(rows * groups, seed, false)
+                .iter()
+                .map(|&x| f16::from_f32(x * 0.1))
+                .collect()
+        };
+        let (scales, biases) = (f16s(200 + i as u64), f16s(300 + i as u64));
+        // MLX packing: little-endian u32 words, the first element in the lowest bits.
+        let per_word = 32 / p.bits as usize;
+        let words: Vec<u32> = q
+            .chunks(per_word)
+            .map(|c| {
+                c.iter()
+                    .enumerate()
+                    .fold(0u32, |w, (k, &v)| w | (v << (k * p.bits as usize)))
+            })
+            .collect();
+        let types = weight_types(spec, WeightFormat::Packed);
+        let dims = |k: usize| {
+            types[k]
+                .dims
+                .iter()
+                .map(|&x| x as usize)
+                .collect::<Vec<_>>()
+        };
+        packed.push((
+            words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+            dims(0),
+            types[0].element,
+        ));
+        for values in [&scales, &biases] {
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            packed.push((bytes, dims(1), ElementType::F16));
+        }
+        let mut w = vec![0f32; rows * cols];
+        for r in 0..rows {
+            for c in 0..cols {
+                let g = r * groups + c / p.group;
+                let v = scales[g].to_f32() * q[r * cols + c] as f32 + biases[g].to_f32();
+                match spec.layout {
+                    Layout::AsIs => w[r * cols + c] = v,
+                    Layout::Transposed => w[c * rows + r] = v,
+                }
+            }
+        }
+        let shape = ty.dims.iter().map(|&x| x as usize).collect();
+        dense.push((f32_bytes(&w), shape, ElementType::F32));
+    }
+    (packed, dense)
+}
+
 struct Tiny {
     runtime: Runtime,
     module: String,
+    dims: LlamaDims,
+    shape: ProgramShape,
     weights: Vec<BufferId>,
     caches: Vec<BufferId>,
 }
@@ -41,25 +140,36 @@ struct Tiny {
 impl Tiny {
     fn new() -> Self {
         let d = tiny_dims();
+        let weights = random_weights(&d);
+        Self::with(d, WeightFormat::F32, weights)
+    }
+
+    fn with(d: LlamaDims, format: WeightFormat, weights: Vec<Buffer>) -> Self {
+        Self::with_shape(d, SHAPE, format, weights)
+    }
+
+    fn with_shape(
+        d: LlamaDims,
+        shape: ProgramShape,
+        format: WeightFormat,
+        weights: Vec<Buffer>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let program = emit_llama(&d, &SHAPE, WeightFormat::F32).unwrap();
-        let compiled = compiler(dir.path().to_owned()).compile(&program).unwrap();
+        let program = emit_llama(&d, &shape, format).unwrap();
+        let compiled = compiler(dir.path().to_owned())
+            .compile_with(&program, format.compile_flags())
+            .unwrap();
         let runtime = Runtime::start().unwrap();
         runtime.load_module(&compiled.path).unwrap();
-        let weights = weight_specs(&d)
-            .iter()
-            .enumerate()
-            .map(|(i, spec)| {
-                let ty = weight_type(spec, WeightFormat::F32);
-                let values = random(ty.elements() as usize, i as u64, spec.name.contains("norm"));
-                let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                let shape = ty.dims.iter().map(|&x| x as usize).collect();
-                runtime.upload(bytes, shape, ElementType::F32).unwrap()
-            })
+        let weights = weights
+            .into_iter()
+            .map(|(bytes, shape, element)| runtime.upload(bytes, shape, element).unwrap())
             .collect();
         let mut tiny = Self {
             runtime,
-            module: SHAPE.module_name(WeightFormat::F32),
+            module: shape.module_name(format),
+            dims: d,
+            shape,
             weights,
             caches: Vec::new(),
         };
@@ -68,9 +178,9 @@ impl Tiny {
     }
 
     fn reset(&mut self) {
-        let ty = cache_type(&tiny_dims(), &SHAPE);
+        let ty = cache_type(&self.dims, &self.shape);
         let shape: Vec<usize> = ty.dims.iter().map(|&x| x as usize).collect();
-        self.caches = (0..2 * tiny_dims().layers)
+        self.caches = (0..2 * self.dims.layers)
             .map(|_| {
                 self.runtime
                     .upload(
@@ -97,7 +207,7 @@ impl Tiny {
             .unwrap();
         self.caches = results[1..].to_vec();
         self.runtime
-            .read_f32(results[0], rows * tiny_dims().vocab)
+            .read_f32(results[0], rows * self.dims.vocab)
             .unwrap()
     }
 
@@ -122,6 +232,16 @@ impl Tiny {
             self.runtime.upload_i32(&positions, vec![2]).unwrap(),
         ];
         self.call("decode", step, 2)
+    }
+
+    /// Decode of the first `tokens.len()` rows by `function`.
+    fn decode_rows(&mut self, function: &str, tokens: &[i32], positions: &[i32]) -> Vec<f32> {
+        let n = tokens.len();
+        let step = vec![
+            self.runtime.upload_i32(tokens, vec![n]).unwrap(),
+            self.runtime.upload_i32(positions, vec![n]).unwrap(),
+        ];
+        self.call(function, step, n)
     }
 }
 
@@ -170,4 +290,65 @@ fn cache_chunking_scratch_and_batching_leave_logits_unchanged() {
         &both[vocab..],
         "row 1's decode step alone in row 0",
     );
+}
+
+/// With four cache rows, the two-row decode function gives rows 0 and 1 the logits of the
+/// four-row one (rows 2 and 3 idle on scratch positions).
+#[test]
+fn the_two_row_decode_function_matches_the_whole_batch() {
+    let shape = ProgramShape { batch: 4, ..SHAPE };
+    let d = tiny_dims();
+    let weights = random_weights(&d);
+    let mut t = Tiny::with_shape(d, shape, WeightFormat::F32, weights);
+    let tokens = [3, 14, 15, 9, 26];
+    let scratch = SHAPE.context_capacity as i32;
+    t.prefill(0, 0, &tokens[..4]);
+    t.prefill(1, 0, &tokens[1..4]);
+    let all = t.decode_rows("decode", &[tokens[4], 8, 0, 0], &[4, 3, scratch, scratch]);
+    t.reset();
+    t.prefill(0, 0, &tokens[..4]);
+    t.prefill(1, 0, &tokens[1..4]);
+    let two = t.decode_rows("decode_2", &[tokens[4], 8], &[4, 3]);
+    let vocab = tiny_dims().vocab;
+    assert_close(&two, &all[..2 * vocab], "decode_2 vs decode");
+}
+
+/// Packed weights (4-bit linears, an 8-bit embedding, f16 scales and biases) dequantized in the
+/// graph give the logits of the same weights dequantized on the host and passed as f32.
+#[test]
+fn packed_weights_match_host_dequantized_weights() {
+    let mut d = tiny_dims();
+    for spec in weight_specs(&d) {
+        if spec.always_f32 {
+            continue;
+        }
+        let bits = if spec.name.contains("embed") { 8 } else { 4 };
+        let packing = Packing {
+            bits,
+            group: 8,
+            scales: ElementType::F16,
+        };
+        d.packed.insert(spec.name.clone(), packing);
+    }
+    let (packed, dense) = random_packed_weights(&d);
+    let mut reference = Tiny::with(d.clone(), WeightFormat::F32, dense);
+    let mut t = Tiny::with(d.clone(), WeightFormat::Packed, packed);
+    let tokens = [3, 14, 15, 9, 26, 5, 35];
+    let a = reference.prefill(0, 0, &tokens[..4]);
+    let b = t.prefill(0, 0, &tokens[..4]);
+    assert_close(&b, &a, "packed vs dense prefill");
+    let a = reference.decode([tokens[4], 11], [4, 0]);
+    let b = t.decode([tokens[4], 11], [4, 0]);
+    assert_close(&b, &a, "packed vs dense decode");
+    let mut tied = d.clone();
+    tied.tied_embeddings = true;
+    tied.packed.remove("lm_head.weight");
+    let (packed, dense) = random_packed_weights(&tied);
+    let mut reference = Tiny::with(tied.clone(), WeightFormat::F32, dense);
+    let mut t = Tiny::with(tied, WeightFormat::Packed, packed);
+    reference.prefill(1, 0, &tokens[..4]);
+    let a = reference.prefill(1, 4, &tokens[4..]);
+    t.prefill(1, 0, &tokens[..4]);
+    let b = t.prefill(1, 4, &tokens[4..]);
+    assert_close(&b, &a, "tied packed embedding vs dense");
 }

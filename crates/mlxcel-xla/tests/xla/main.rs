@@ -57,5 +57,6 @@ pub fn tiny_dims() -> mlxcel_xla::program::LlamaDims {
         qkv_bias: true,
         out_bias: false,
         tied_embeddings: false,
+        packed: Default::default(),
     }
 }
