@@ -132,25 +132,19 @@ impl Compiler {
         &self.version
     }
 
-    fn flags(&self, extra: &[&str]) -> Vec<String> {
+    fn flags(&self) -> Vec<String> {
         let mut flags: Vec<String> = BASE_FLAGS.iter().map(|f| f.to_string()).collect();
         flags.push(format!("--iree-llvmcpu-target-cpu={}", self.target_cpu));
-        flags.extend(extra.iter().map(|f| f.to_string()));
         flags
     }
 
     /// The cache key of `program`: a hash over the text, flags, compiler version and target.
     pub fn cache_key(&self, program: &str) -> String {
-        self.cache_key_with(program, &[])
-    }
-
-    /// The cache key of `program` compiled with `extra` flags.
-    pub fn cache_key_with(&self, program: &str, extra: &[&str]) -> String {
         let mut h = Sha256::new();
         for part in [
             "mlxcel-xla module v1",
             program,
-            &self.flags(extra).join(" "),
+            &self.flags().join(" "),
             &self.version,
             &self.target_cpu,
         ] {
@@ -165,12 +159,7 @@ impl Compiler {
 
     /// The compiled module for `program`, from the cache or compiled now.
     pub fn compile(&self, program: &str) -> Result<CompiledModule> {
-        self.compile_with(program, &[])
-    }
-
-    /// The compiled module for `program` with `extra` flags after the common ones.
-    pub fn compile_with(&self, program: &str, extra: &[&str]) -> Result<CompiledModule> {
-        let key = self.cache_key_with(program, extra);
+        let key = self.cache_key(program);
         let path = self.cache_dir.join(format!("{key}.vmfb"));
         if path.is_file() {
             return Ok(CompiledModule {
@@ -185,7 +174,7 @@ impl Compiler {
         write_atomic(&source, program.as_bytes())?;
         let tmp = self.cache_dir.join(temp_name(&format!("{key}.vmfb")));
         let out = Command::new(&self.executable)
-            .args(self.flags(extra))
+            .args(self.flags())
             .arg(&source)
             .arg("-o")
             .arg(&tmp)

@@ -187,9 +187,7 @@ impl XlaModel {
         let shape = self.shape(capacity);
         let program = emit_llama(&self.dims, &shape, self.options.format)?;
         let started = Instant::now();
-        let compiled = self
-            .compiler
-            .compile_with(&program, self.options.format.compile_flags())?;
+        let compiled = self.compiler.compile(&program)?;
         if compiled.compiled {
             self.compilations += 1;
             tracing::info!(

@@ -121,17 +121,6 @@ impl WeightFormat {
             .into_iter()
             .find(|f| f.name() == name)
     }
-
-    /// `iree-compile` flags this format's modules need besides the common ones. Packed weights
-    /// need IREE to fuse the dequantization (a producer of the matmul) into the matmul's
-    /// dispatch, which it blocks on CPU by default; without it every call would first write the
-    /// whole dequantized weight out in f32.
-    pub fn compile_flags(self) -> &'static [&'static str] {
-        match self {
-            Self::F32 | Self::F16 => &[],
-            Self::Packed => &[],
-        }
-    }
 }
 
 /// How a weight argument is laid out relative to the checkpoint tensor.

@@ -156,9 +156,7 @@ impl Tiny {
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let program = emit_llama(&d, &shape, format).unwrap();
-        let compiled = compiler(dir.path().to_owned())
-            .compile_with(&program, format.compile_flags())
-            .unwrap();
+        let compiled = compiler(dir.path().to_owned()).compile(&program).unwrap();
         let runtime = Runtime::start().unwrap();
         runtime.load_module(&compiled.path).unwrap();
         let weights = weights
