@@ -62,6 +62,7 @@ fn main() {
             "cpp/kernels/pool.cc",
             "cpp/kernels/rowops.cc",
             "cpp/kernels/layer.cc",
+            "cpp/kernels/attention.cc",
             "cpp/kernels/attention_scalar.cc",
             "cpp/kernels/attention_avx2.cc",
             "cpp/kernels/attention_avx512.cc",

@@ -123,8 +123,10 @@ impl Embedding {
             Self::Dense(table) => table.take(ids, 0),
             Self::Quantized(q) => QuantizedWeight {
                 weight: q.weight.take(ids, 0)?,
-                scales: q.scales.take(ids, 0)?,
-                biases: q.biases.take(ids, 0)?,
+                // MLX dequantizes in the scales' dtype: widen the picked rows first, so that
+                // f16-stored scales still give f32 embeddings.
+                scales: q.scales.take(ids, 0)?.astype(Dtype::F32)?,
+                biases: q.biases.take(ids, 0)?.astype(Dtype::F32)?,
                 group_size: q.group_size,
                 bits: q.bits,
             }

@@ -21,9 +21,30 @@ struct AttentionProblem {
   bool causal;
 };
 
-// Query rows [r0, r1) of head h; `scores` holds at least L floats.
-void attention_rows_scalar(const AttentionProblem& p, int h, int r0, int r1, float* scores);
-void attention_rows_avx2(const AttentionProblem& p, int h, int r0, int r1, float* scores);
-void attention_rows_avx512(const AttentionProblem& p, int h, int r0, int r1, float* scores);
+// Floats per (head, query row) in a partial-attention buffer: the row's max score, its sum of
+// exponentials, then D floats of Σ e^(score - max)·v.
+inline int attention_part_stride(int D) { return D + 2; }
+
+// Partial attention of the G = heads / kv_heads query heads that share kv head `kvh`, query rows
+// [r0, r1), over keys [j0, j1) (and the causal bound): each key and value row is read once for
+// the whole group. Writes G·(r1 - r0) entries of attention_part_stride(D) floats to `part`, head
+// major; a row with no key in range gets max -inf, sum 0. `scores` holds G·(j1 - j0) floats.
+// attention_merge() turns the partials of a row's key ranges into its output.
+void attention_part_scalar(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
+                           float* part, float* scores);
+void attention_part_avx2(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
+                         float* part, float* scores);
+void attention_part_avx512(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
+                           float* part, float* scores);
+
+// out[0, D) = Σ_s e^(max_s - M)·o_s / Σ_s e^(max_s - M)·sum_s over `count` partials of one
+// (head, row), `stride` floats apart (M the largest max_s).
+void attention_merge(const float* parts, int count, int64_t stride, int D, float* out);
+
+enum class Isa : uint8_t;
+
+// Every problem's attention (each writing its own `out`), on up to `threads` threads with the
+// best path at or below `isa` (attention.cc).
+void attention(const AttentionProblem* problems, int count, Isa isa, int threads);
 
 }  // namespace mlxcel::kernels

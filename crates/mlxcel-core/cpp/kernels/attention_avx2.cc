@@ -6,6 +6,6 @@
 #define MLXCEL_TARGET __attribute__((target("avx2,fma,f16c")))
 
 namespace mlxcel::kernels {
-#define ATTENTION_NAME attention_rows_avx2
+#define ATTENTION_PART_NAME attention_part_avx2
 #include "mlxcel-core/cpp/kernels/attention.inc"
 }  // namespace mlxcel::kernels

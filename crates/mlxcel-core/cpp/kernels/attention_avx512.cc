@@ -5,7 +5,188 @@
 
 #define MLXCEL_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
 
+#include <immintrin.h>
+
 namespace mlxcel::kernels {
-#define ATTENTION_NAME attention_rows_avx512
+#define ATTENTION_PART_NAME attention_part_avx512_loops
 #include "mlxcel-core/cpp/kernels/attention.inc"
+
+namespace {
+
+// Sixteen vectors to the vector of their sums (lane i = Σ lanes of a[i]): a transpose-and-add
+// tree, ~2 operations per vector instead of a full horizontal reduction each.
+MLXCEL_TARGET inline __m512 sum16(__m512* a) {
+  // Level 1: pairs (i, i+8) → 8 vectors, lanes of the two 256-bit halves interleaved.
+  __m512 b[8];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 lo = _mm512_shuffle_f32x4(a[i], a[i + 8], 0x44);  // a.lo256, c.lo256
+    const __m512 hi = _mm512_shuffle_f32x4(a[i], a[i + 8], 0xEE);  // a.hi256, c.hi256
+    b[i] = _mm512_add_ps(lo, hi);
+  }
+  // Level 2: pairs (i, i+4): 128-bit lanes.
+  __m512 c[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512 lo = _mm512_shuffle_f32x4(b[i], b[i + 4], 0x88);
+    const __m512 hi = _mm512_shuffle_f32x4(b[i], b[i + 4], 0xDD);
+    c[i] = _mm512_add_ps(lo, hi);
+  }
+  // Level 3: pairs (i, i+2): 64-bit halves of each 128-bit lane.
+  __m512 e[2];
+  for (int i = 0; i < 2; ++i) {
+    const __m512 lo = _mm512_castpd_ps(
+        _mm512_unpacklo_pd(_mm512_castps_pd(c[i]), _mm512_castps_pd(c[i + 2])));
+    const __m512 hi = _mm512_castpd_ps(
+        _mm512_unpackhi_pd(_mm512_castps_pd(c[i]), _mm512_castps_pd(c[i + 2])));
+    e[i] = _mm512_add_ps(lo, hi);
+  }
+  // Level 4: adjacent floats.
+  const __m512 lo = _mm512_shuffle_ps(e[0], e[1], 0x88);
+  const __m512 hi = _mm512_shuffle_ps(e[0], e[1], 0xDD);
+  return _mm512_add_ps(lo, hi);
+}
+
+// The lane order sum16 produces, found once by feeding it one-hot vectors.
+struct Sum16Order {
+  int lane_of[16];  // lane_of[i]: where the sum of a[i] lands
+};
+
+MLXCEL_TARGET Sum16Order sum16_order() {
+  Sum16Order order{};
+  for (int i = 0; i < 16; ++i) {
+    __m512 a[16];
+    for (int j = 0; j < 16; ++j) a[j] = _mm512_set1_ps(j == i ? 1.0f : 0.0f);
+    alignas(64) float out[16];
+    _mm512_store_ps(out, sum16(a));
+    for (int l = 0; l < 16; ++l)
+      if (out[l] != 0.0f) order.lane_of[i] = l;
+  }
+  return order;
+}
+
+// e^x for x <= 0, 16 lanes (the polynomial of attention.inc's exp_nonpositive).
+MLXCEL_TARGET inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f),
+                                   _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i bits =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+// The grouped partial attention with D = 16·DC, G ≤ 4: scores sixteen keys at a time (one
+// transpose-and-add per block instead of a reduction per key) and the weighted sum of values
+// in registers, each value row loaded once for the group.
+template <int DC>
+MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
+                             float* part, float* scores) {
+  static const Sum16Order order = sum16_order();
+  constexpr int D = 16 * DC;
+  const int G = p.heads / p.kv_heads;
+  const int W = j1 - j0;
+  const int64_t stride = D + 2;
+  const float* k = p.k + kvh * p.k_head;
+  const float* v = p.v + kvh * p.v_head;
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  for (int i = r0; i < r1; ++i) {
+    const int len = p.causal ? p.L - p.n + i + 1 : p.L;
+    const int hi = len < j1 ? len : j1;
+    float* entry[4];
+    for (int g = 0; g < G; ++g) {
+      entry[g] = part + (static_cast<int64_t>(g) * (r1 - r0) + (i - r0)) * stride;
+      entry[g][0] = -__builtin_huge_valf();
+      entry[g][1] = 0.0f;
+      for (int t = 0; t < D; ++t) entry[g][2 + t] = 0.0f;
+    }
+    if (hi <= j0) continue;
+    const int keys = hi - j0;
+    // Scores, sixteen keys per block (a partial last block reads rows it then ignores only
+    // when they exist: it is done key by key instead).
+    for (int g = 0; g < G; ++g) {
+      const float* q = p.q + (kvh * G + g) * p.q_head + i * p.q_row;
+      __m512 qv[DC];
+      for (int c = 0; c < DC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+      float* sc = scores + g * W;
+      int j = 0;
+      for (; j + 16 <= keys; j += 16) {
+        __m512 acc[16];
+        for (int jj = 0; jj < 16; ++jj) {
+          const float* kj = k + static_cast<int64_t>(j0 + j + jj) * p.k_row;
+          acc[jj] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+          for (int c = 1; c < DC; ++c)
+            acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc[jj]);
+        }
+        alignas(64) float lanes[16];
+        _mm512_store_ps(lanes, _mm512_mul_ps(sum16(acc), scale));
+        for (int jj = 0; jj < 16; ++jj) sc[j + jj] = lanes[order.lane_of[jj]];
+      }
+      for (; j < keys; ++j) {
+        const float* kj = k + static_cast<int64_t>(j0 + j) * p.k_row;
+        __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+        for (int c = 1; c < DC; ++c)
+          acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc);
+        sc[j] = _mm512_reduce_add_ps(acc) * p.scale;
+      }
+      // Max, exponentials and their sum.
+      __m512 mv = _mm512_set1_ps(-3.0e38f);
+      int t = 0;
+      for (; t + 16 <= keys; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sc + t));
+      float max = _mm512_reduce_max_ps(mv);
+      for (; t < keys; ++t) max = sc[t] > max ? sc[t] : max;
+      const __m512 mx = _mm512_set1_ps(max);
+      __m512 sv = _mm512_setzero_ps();
+      t = 0;
+      for (; t + 16 <= keys; t += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + t), mx));
+        _mm512_storeu_ps(sc + t, e);
+        sv = _mm512_add_ps(sv, e);
+      }
+      float sum = _mm512_reduce_add_ps(sv);
+      if (t < keys) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (keys - t)) - 1u);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + t), mx));
+        _mm512_mask_storeu_ps(sc + t, m, e);
+        sum += _mm512_reduce_add_ps(_mm512_maskz_mov_ps(m, e));
+      }
+      entry[g][0] = max;
+      entry[g][1] = sum;
+    }
+    // Σ w·v for every head of the group, accumulated in registers.
+    __m512 o[4][DC];
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < DC; ++c) o[g][c] = _mm512_setzero_ps();
+    for (int j = 0; j < keys; ++j) {
+      const float* vj = v + static_cast<int64_t>(j0 + j) * p.v_row;
+      __m512 vv[DC];
+      for (int c = 0; c < DC; ++c) vv[c] = _mm512_loadu_ps(vj + 16 * c);
+      for (int g = 0; g < G; ++g) {
+        const __m512 w = _mm512_set1_ps(scores[g * W + j]);
+        for (int c = 0; c < DC; ++c) o[g][c] = _mm512_fmadd_ps(w, vv[c], o[g][c]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < DC; ++c) _mm512_storeu_ps(entry[g] + 2 + 16 * c, o[g][c]);
+  }
+}
+
+}  // namespace
+
+MLXCEL_TARGET void attention_part_avx512(const AttentionProblem& p, int kvh, int r0, int r1,
+                                         int j0, int j1, float* part, float* scores) {
+  const int G = p.heads / p.kv_heads;
+  if (G <= 4) {
+    if (p.D == 64) return part_fast<4>(p, kvh, r0, r1, j0, j1, part, scores);
+    if (p.D == 128) return part_fast<8>(p, kvh, r0, r1, j0, j1, part, scores);
+  }
+  attention_part_avx512_loops(p, kvh, r0, r1, j0, j1, part, scores);
+}
 }  // namespace mlxcel::kernels

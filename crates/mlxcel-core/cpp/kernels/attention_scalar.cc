@@ -6,6 +6,6 @@
 #define MLXCEL_TARGET 
 
 namespace mlxcel::kernels {
-#define ATTENTION_NAME attention_rows_scalar
+#define ATTENTION_PART_NAME attention_part_scalar
 #include "mlxcel-core/cpp/kernels/attention.inc"
 }  // namespace mlxcel::kernels

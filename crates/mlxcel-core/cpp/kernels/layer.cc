@@ -212,56 +212,35 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
       row += s.n;
     }
 
-    // Attention: tasks are (sequence, head, block of 8 query rows).
-    struct Task {
-      int seq, head, r0, r1, row;
-    };
-    constexpr int kBlock = 8;
-    std::vector<Task> tasks;
-    int64_t work = 0;
-    int max_len = 1;
+    // Attention of every sequence over its cache, heads side by side in `att`.
+    std::vector<kernels::AttentionProblem> problems;
+    problems.reserve(seqs.size());
     row = 0;
-    for (int si = 0; si < static_cast<int>(seqs.size()); ++si) {
-      const auto& s = seqs[si];
-      const int len = s.position + s.n;
-      max_len = std::max(max_len, len);
-      work += static_cast<int64_t>(H) * s.n * len * D;
-      for (int hd = 0; hd < H; ++hd)
-        for (int r0 = 0; r0 < s.n; r0 += kBlock)
-          tasks.push_back({si, hd, r0, std::min(s.n, r0 + kBlock), row});
+    for (const auto& s : seqs) {
+      kernels::AttentionProblem p{};
+      p.q = qkv + static_cast<int64_t>(row) * C;
+      p.k = s.k;
+      p.v = s.v;
+      p.out = att + static_cast<int64_t>(row) * H * D;
+      p.heads = H;
+      p.kv_heads = KV;
+      p.n = s.n;
+      p.L = s.position + s.n;
+      p.D = D;
+      p.q_head = D;
+      p.q_row = C;
+      p.k_head = s.head_stride;
+      p.k_row = D;
+      p.v_head = s.head_stride;
+      p.v_row = D;
+      p.out_head = D;
+      p.out_row = static_cast<int64_t>(H) * D;
+      p.scale = d.scale;
+      p.causal = s.n > 1;
+      problems.push_back(p);
       row += s.n;
     }
-    const auto rows = isa == Isa::Avx512 ? kernels::attention_rows_avx512
-                      : isa == Isa::Avx2 ? kernels::attention_rows_avx2
-                                         : kernels::attention_rows_scalar;
-    kernels::parallel_for(work < (1 << 16) ? 1 : threads, static_cast<int>(tasks.size()),
-                          [&](int t) {
-                            static thread_local std::vector<float> scores;
-                            float* sc = grow(scores, max_len);
-                            const auto& task = tasks[t];
-                            const auto& s = seqs[task.seq];
-                            kernels::AttentionProblem p{};
-                            p.q = qkv + static_cast<int64_t>(task.row) * C;
-                            p.k = s.k;
-                            p.v = s.v;
-                            p.out = att + static_cast<int64_t>(task.row) * H * D;
-                            p.heads = H;
-                            p.kv_heads = KV;
-                            p.n = s.n;
-                            p.L = s.position + s.n;
-                            p.D = D;
-                            p.q_head = D;
-                            p.q_row = C;
-                            p.k_head = s.head_stride;
-                            p.k_row = D;
-                            p.v_head = s.head_stride;
-                            p.v_row = D;
-                            p.out_head = D;
-                            p.out_row = static_cast<int64_t>(H) * D;
-                            p.scale = d.scale;
-                            p.causal = s.n > 1;
-                            rows(p, task.head, task.r0, task.r1, sc);
-                          });
+    kernels::attention(problems.data(), static_cast<int>(problems.size()), isa, threads);
 
     matmul(att, wo, d.o, T, hidden, H * D, x1, isa, threads);
     add_into(x1, x, static_cast<int64_t>(T) * hidden);

@@ -251,20 +251,7 @@ class AttentionCpu : public mx::UnaryPrimitive {
     encoder.set_input_array(k);
     encoder.set_input_array(v);
     encoder.set_output_array(out);
-    encoder.dispatch([p, isa = std::min(isa_, kernels::best_isa()), threads = threads_]() {
-      const auto rows = isa == Isa::Avx512 ? kernels::attention_rows_avx512
-                        : isa == Isa::Avx2 ? kernels::attention_rows_avx2
-                                           : kernels::attention_rows_scalar;
-      const int block = 8;
-      const int blocks = (p.n + block - 1) / block;
-      const int64_t work = static_cast<int64_t>(p.heads) * p.n * p.L * p.D;
-      kernels::parallel_for(work < (1 << 16) ? 1 : threads, p.heads * blocks, [&](int t) {
-        static thread_local std::vector<float> scores;
-        if (scores.size() < static_cast<size_t>(p.L)) scores.resize(p.L);
-        const int h = t / blocks, b = t % blocks;
-        rows(p, h, b * block, std::min(p.n, (b + 1) * block), scores.data());
-      });
-    });
+    encoder.dispatch([p, isa = isa_, threads = threads_]() { kernels::attention(&p, 1, isa, threads); });
   }
 
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {

@@ -1,6 +1,9 @@
 #include "mlxcel-core/cpp/kernels/rowops.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "mlxcel-core/cpp/kernels/attention.h"
 
 namespace mlxcel::kernels {
 
@@ -41,6 +44,22 @@ void rope_head(const float* x, float* y, const float* cos_t, const float* sin_t,
     y[j] = a * cos_t[j] - b * sin_t[j];
     y[j + half] = b * cos_t[j] + a * sin_t[j];
   }
+}
+
+void attention_merge(const float* parts, int count, int64_t stride, int D, float* out) {
+  float max = parts[0];
+  for (int s = 1; s < count; ++s) max = std::max(max, parts[s * stride]);
+  float sum = 0.0f;
+  for (int t = 0; t < D; ++t) out[t] = 0.0f;
+  for (int s = 0; s < count; ++s) {
+    const float* e = parts + s * stride;
+    if (e[1] == 0.0f) continue;  // no key of this row in the range
+    const float w = std::exp(e[0] - max);
+    sum += w * e[1];
+    for (int t = 0; t < D; ++t) out[t] += w * e[2 + t];
+  }
+  const float inv = 1.0f / sum;
+  for (int t = 0; t < D; ++t) out[t] *= inv;
 }
 
 }  // namespace mlxcel::kernels

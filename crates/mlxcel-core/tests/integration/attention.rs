@@ -156,7 +156,8 @@ fn boolean_mask_array_keeps_true_positions() {
 }
 
 /// mlxcel's attention kernel against the naive reference, on every path and 1–2 threads, with
-/// grouped-query heads, causal and unmasked, and keys read in place from a strided cache slice.
+/// grouped-query heads, causal and unmasked, keys read in place from a strided cache slice, and
+/// long key ranges split into partial results and merged.
 /// Tolerance 1e-5 (absolute + relative): f32 throughout, a polynomial exponential (~1e-7).
 #[test]
 fn native_attention_matches_naive_attention_on_every_path() {
@@ -172,6 +173,12 @@ fn native_attention_matches_naive_attention_on_every_path() {
         (4, 2, 5, 5, 16),
         (6, 2, 13, 40, 32),
         (2, 1, 70, 70, 64),
+        // Key blocks of 16 with a tail, key ranges split across tasks, D = 128, and a group
+        // of six heads per kv head (beyond the AVX-512 fast path's four).
+        (9, 3, 1, 300, 64),
+        (9, 3, 3, 131, 64),
+        (8, 2, 2, 97, 128),
+        (12, 2, 1, 150, 64),
     ] {
         let s = Shapes {
             heads,

@@ -15,7 +15,7 @@ use crate::{argmax, greedy, pseudo_random};
 const HIDDEN: usize = 64;
 const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
-const HEAD_DIM: usize = 16;
+const HEAD_DIM: usize = 64;
 const FFN: usize = 128;
 const LAYERS: usize = 2;
 const VOCAB: usize = 96;
@@ -139,7 +139,14 @@ impl Builder {
                     .iter()
                     .map(|s| 0.02 + s.abs() * 0.05)
                     .collect();
-                let biases: Vec<f32> = self.random(rows * groups, 0.1);
+                // Centred (bias ≈ -scale·(levels - 1)/2, as real quantizers produce), so that
+                // the weights have no common offset that would swamp the rest of the model.
+                let offsets = self.random(rows * groups, 0.1);
+                let biases: Vec<f32> = scales
+                    .iter()
+                    .zip(&offsets)
+                    .map(|(s, o)| -s * (levels - 1.0) / 2.0 + o * s)
+                    .collect();
                 let (dtype, st_dtype) = if f16_scales {
                     (mlxcel_model::Dtype::F16, StDtype::F16)
                 } else {

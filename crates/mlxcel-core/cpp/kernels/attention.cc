@@ -1,0 +1,93 @@
+// Attention over KV caches: the split into tasks and the merge of their partial results.
+#include <algorithm>
+#include <vector>
+
+#include "mlxcel-core/cpp/kernels/attention.h"
+#include "mlxcel-core/cpp/kernels/dispatch.h"
+#include "mlxcel-core/cpp/kernels/pool.h"
+
+namespace mlxcel::kernels {
+namespace {
+
+float* grow(std::vector<float>& buffer, size_t floats) {
+  if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+}  // namespace
+
+void attention(const AttentionProblem* problems, int count, Isa isa, int threads) {
+  // Tasks are (problem, kv head, block of query rows, key range). A task reads each key and
+  // value row once for all the query heads sharing its kv head (grouped-query attention); long
+  // contexts are split into key ranges so that decoding one sequence still keeps every thread
+  // busy. The ranges' partial results are merged per (head, row).
+  constexpr int kBlock = 8, kMinKeys = 64;
+  struct Task {
+    int problem, kvh, r0, r1, j0, j1;
+    int64_t part;
+  };
+  struct Merge {
+    int problem, kvh, r0, r1, splits;
+    int64_t part, stride;
+  };
+  isa = std::min(isa, best_isa());
+  int row_blocks = 0;
+  for (int i = 0; i < count; ++i)
+    row_blocks += problems[i].kv_heads * ((problems[i].n + kBlock - 1) / kBlock);
+  const int wanted = 4 * threads;
+  std::vector<Task> tasks;
+  std::vector<Merge> merges;
+  int64_t part_floats = 0, work = 0;
+  int max_scores = 1;
+  for (int pi = 0; pi < count; ++pi) {
+    const auto& p = problems[pi];
+    const int G = p.heads / p.kv_heads;
+    const int64_t ps = attention_part_stride(p.D);
+    work += static_cast<int64_t>(p.heads) * p.n * p.L * p.D;
+    const int by_threads = (wanted + row_blocks - 1) / std::max(1, row_blocks);
+    const int by_keys = std::max(1, p.L / kMinKeys);
+    const int splits = std::max(1, std::min(by_threads, by_keys));
+    const int keys = (p.L + splits - 1) / splits;
+    max_scores = std::max(max_scores, G * keys);
+    for (int kvh = 0; kvh < p.kv_heads; ++kvh) {
+      for (int r0 = 0; r0 < p.n; r0 += kBlock) {
+        const int r1 = std::min(p.n, r0 + kBlock);
+        const int64_t entry = static_cast<int64_t>(G) * (r1 - r0) * ps;
+        merges.push_back({pi, kvh, r0, r1, splits, part_floats, entry});
+        for (int sp = 0; sp < splits; ++sp) {
+          tasks.push_back({pi, kvh, r0, r1, sp * keys, std::min(p.L, (sp + 1) * keys),
+                           part_floats});
+          part_floats += entry;
+        }
+      }
+    }
+  }
+  static thread_local std::vector<float> part_buffer;
+  float* part = grow(part_buffer, static_cast<size_t>(part_floats));
+  const auto attend = isa == Isa::Avx512 ? attention_part_avx512
+                      : isa == Isa::Avx2 ? attention_part_avx2
+                                         : attention_part_scalar;
+  if (work < (1 << 16)) threads = 1;
+  parallel_for(threads, static_cast<int>(tasks.size()), [&](int t) {
+    static thread_local std::vector<float> scores;
+    const auto& task = tasks[t];
+    attend(problems[task.problem], task.kvh, task.r0, task.r1, task.j0, task.j1,
+           part + task.part, grow(scores, static_cast<size_t>(max_scores)));
+  });
+  parallel_for(threads, static_cast<int>(merges.size()), [&](int t) {
+    const auto& m = merges[t];
+    const auto& p = problems[m.problem];
+    const int G = p.heads / p.kv_heads;
+    const int64_t ps = attention_part_stride(p.D);
+    const int rows = m.r1 - m.r0;
+    for (int g = 0; g < G; ++g) {
+      const int h = m.kvh * G + g;
+      for (int i = 0; i < rows; ++i) {
+        attention_merge(part + m.part + (static_cast<int64_t>(g) * rows + i) * ps, m.splits,
+                        m.stride, p.D, p.out + h * p.out_head + (m.r0 + i) * p.out_row);
+      }
+    }
+  });
+}
+
+}  // namespace mlxcel::kernels
