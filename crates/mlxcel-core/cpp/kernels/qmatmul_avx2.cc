@@ -18,9 +18,6 @@ struct V {
   MLXCEL_TARGET static reg widen(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  MLXCEL_TARGET static reg lane(reg v, int j) {
-    return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(j));
-  }
   MLXCEL_TARGET static reg set1(float v) { return _mm256_set1_ps(v); }
   MLXCEL_TARGET static float reduce(reg v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -21,9 +21,6 @@ struct V {
   MLXCEL_TARGET static reg widen(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  MLXCEL_TARGET static reg lane(reg v, int j) {
-    return _mm512_permutexvar_ps(_mm512_set1_epi32(j), v);
-  }
   MLXCEL_TARGET static reg set1(float v) { return _mm512_set1_ps(v); }
   MLXCEL_TARGET static float reduce(reg v) { return _mm512_reduce_add_ps(v); }
   MLXCEL_TARGET static void q4_chunk(const uint8_t* p, reg out[2]) {
