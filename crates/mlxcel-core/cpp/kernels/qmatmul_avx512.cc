@@ -24,10 +24,12 @@ struct V {
   MLXCEL_TARGET static reg set1(float v) { return _mm512_set1_ps(v); }
   MLXCEL_TARGET static float reduce(reg v) { return _mm512_reduce_add_ps(v); }
   MLXCEL_TARGET static void q4_chunk(const uint8_t* p, reg out[2]) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
-    out[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+    // One zero-extension of the 16 bytes (the shuffle unit is the scarce one), then the low and
+    // high nibbles of each 32-bit lane: the even then the odd positions.
+    const __m512i v =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    out[0] = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0x0F)));
+    out[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
   }
   MLXCEL_TARGET static void q8_chunk(const uint8_t* p, reg out[2]) {
     out[0] = _mm512_cvtepi32_ps(
