@@ -26,7 +26,6 @@
 #include "mlxcel-core/cpp/bridge.h"
 #include "mlxcel-core/cpp/kernels/attention.h"
 #include "mlxcel-core/cpp/kernels/dispatch.h"
-#include "mlxcel-core/cpp/kernels/pool.h"
 #include "mlxcel-core/cpp/kernels/qmatmul.h"
 #include "mlxcel-core/cpp/kernels/rowops.h"
 
@@ -179,7 +178,7 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     const int D = d.head_dim, H = d.heads, KV = d.kv_heads, hidden = d.hidden;
     const int C = (H + 2 * KV) * D;
     const int F = d.intermediate;
-    static thread_local std::vector<float> b_h, b_qkv, b_att, b_x1, b_gu, b_g;
+    static thread_local std::vector<float> b_h, b_qkv, b_att, b_x1, b_gu;
     float* h = grow(b_h, static_cast<size_t>(T) * std::max(hidden, F));
     float* qkv = grow(b_qkv, static_cast<size_t>(T) * C);
     float* att = grow(b_att, static_cast<size_t>(T) * H * D);
