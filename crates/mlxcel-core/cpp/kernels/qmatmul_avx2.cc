@@ -29,14 +29,16 @@ struct V {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
   }
   MLXCEL_TARGET static void q4_chunk(const uint8_t* p, reg out[4]) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(v, mask);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-    out[0] = bytes8(lo);
-    out[1] = bytes8(_mm_srli_si128(lo, 8));
-    out[2] = bytes8(hi);
-    out[3] = bytes8(_mm_srli_si128(hi, 8));
+    // Two zero-extensions of 8 bytes each, then the nibbles split inside the 32-bit lanes (as
+    // on AVX-512: the shuffle unit is the scarce one): even positions, then odd ones.
+    const __m256i mask = _mm256_set1_epi32(0x0F);
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i b =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+    out[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, mask));
+    out[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b, mask));
+    out[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
+    out[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
   }
   MLXCEL_TARGET static void q8_chunk(const uint8_t* p, reg out[4]) {
     for (int i = 0; i < 4; ++i)
