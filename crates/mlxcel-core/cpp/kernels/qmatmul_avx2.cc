@@ -32,7 +32,8 @@ struct V {
     // Two zero-extensions of 8 bytes each, then the nibbles split inside the 32-bit lanes (as
     // on AVX-512: the shuffle unit is the scarce one): even positions, then odd ones.
     const __m256i mask = _mm256_set1_epi32(0x0F);
-    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i a =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     const __m256i b =
         _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
     out[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, mask));
