@@ -251,7 +251,8 @@ class AttentionCpu : public mx::UnaryPrimitive {
     encoder.set_input_array(k);
     encoder.set_input_array(v);
     encoder.set_output_array(out);
-    encoder.dispatch([p, isa = isa_, threads = threads_]() { kernels::attention(&p, 1, isa, threads); });
+    encoder.dispatch(
+        [p, isa = isa_, threads = threads_]() { kernels::attention(&p, 1, isa, threads); });
   }
 
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
