@@ -55,9 +55,10 @@ void qmatmul(const QProblem& p, Isa isa, int threads) {
   prepare_x(p, xprep, sums);
 
   if (p.M <= kGemvMaxRows) {
-    // Contiguous row ranges keep each thread's weight reads sequential; several ranges per thread
-    // even out the load when another process takes a core for a while.
-    const int rows = std::max(8, (p.N + 8 * threads - 1) / (8 * threads));
+    // Contiguous row ranges keep each thread's weight reads sequential; four ranges per thread
+    // even out the load when another process takes a core for a while (eight made decode 8–12%
+    // slower, two no faster: docs/kernels.md).
+    const int rows = std::max(8, (p.N + 4 * threads - 1) / (4 * threads));
     const auto gemv = isa == Isa::Avx512 ? avx512_gemv : avx2_gemv;
     parallel_for(threads, (p.N + rows - 1) / rows, [&](int t) {
       gemv(p, xprep, sums, t * rows, std::min(p.N, (t + 1) * rows));
