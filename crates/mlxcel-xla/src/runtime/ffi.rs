@@ -48,7 +48,6 @@ unsafe extern "C" {
         host_allocator: sys::iree_allocator_t,
         out: *mut *mut RuntimeInstance,
     ) -> sys::iree_status_t;
-    fn iree_runtime_instance_release(instance: *mut RuntimeInstance);
     fn iree_runtime_instance_try_create_default_device(
         instance: *mut RuntimeInstance,
         driver_name: sys::iree_string_view_t,
@@ -127,9 +126,71 @@ fn check(status: sys::iree_status_t, what: &str) -> Result<(), String> {
     Err(format!("{what}: {message}"))
 }
 
-/// An IREE instance, a `local-task` CPU device and a session holding the loaded modules.
-pub(super) struct Session {
+/// The process's IREE instance and `local-task` CPU device, created on first use and never
+/// destroyed.
+///
+/// Destroying a task device tears down its memory pools, and IREE asserts that no buffer drawn
+/// from them is still alive. Its worker threads drop their last references to a submission's
+/// buffers a moment after signalling completion, so a device destroyed right after its last call
+/// aborts the process now and then (CI hit it with three runtimes in one test binary). One device
+/// for the whole process avoids the race, and runtimes share one set of worker threads instead of
+/// each starting its own.
+struct SharedDevice {
     instance: *mut RuntimeInstance,
+    device: *mut sys::iree_hal_device_t,
+}
+
+// SAFETY: the instance and the HAL device are internally synchronised (IREE documents HAL devices
+// and instances as thread-safe; only sessions, contexts and lists are single-threaded), and both
+// live for the rest of the process once created.
+unsafe impl Send for SharedDevice {}
+// SAFETY: as above; the pointers themselves are never written after creation.
+unsafe impl Sync for SharedDevice {}
+
+static SHARED_DEVICE: std::sync::OnceLock<Result<SharedDevice, String>> =
+    std::sync::OnceLock::new();
+
+fn shared_device() -> Result<&'static SharedDevice, String> {
+    SHARED_DEVICE
+        .get_or_init(|| {
+            let mut shared = SharedDevice {
+                instance: ptr::null_mut(),
+                device: ptr::null_mut(),
+            };
+            // SAFETY: the options struct is a plain C struct initialised by IREE; out-pointers
+            // are valid locals. On failure whatever was created is kept (and leaked) with the
+            // error, which is reported to every caller.
+            unsafe {
+                let mut options = InstanceOptions {
+                    driver_registry: ptr::null_mut(),
+                };
+                iree_runtime_instance_options_initialize(&mut options);
+                iree_runtime_instance_options_use_all_available_drivers(&mut options);
+                check(
+                    iree_runtime_instance_create(
+                        &options,
+                        system_allocator(),
+                        &mut shared.instance,
+                    ),
+                    "creating the IREE instance",
+                )?;
+                check(
+                    iree_runtime_instance_try_create_default_device(
+                        shared.instance,
+                        string_view("local-task"),
+                        &mut shared.device,
+                    ),
+                    "creating the IREE local-task device",
+                )?;
+            }
+            Ok(shared)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// A session on the process's `local-task` CPU device, holding the loaded modules.
+pub(super) struct Session {
     device: *mut sys::iree_hal_device_t,
     session: *mut RuntimeSession,
     /// Module bytes must outlive the session that maps them.
@@ -137,33 +198,16 @@ pub(super) struct Session {
 }
 
 impl Session {
-    pub(super) fn new(driver: &str) -> Result<Self, String> {
+    pub(super) fn new() -> Result<Self, String> {
+        let shared = shared_device()?;
         let mut s = Session {
-            instance: ptr::null_mut(),
-            device: ptr::null_mut(),
+            device: shared.device,
             session: ptr::null_mut(),
             modules: Vec::new(),
         };
-        // SAFETY: options structs are plain C structs initialised by IREE; out-pointers are
-        // valid locals; on error the partially built Session drops what was created.
+        // SAFETY: the options struct is a plain C struct initialised by IREE; the instance and
+        // device live for the process; the session retains the device it is given.
         unsafe {
-            let mut options = InstanceOptions {
-                driver_registry: ptr::null_mut(),
-            };
-            iree_runtime_instance_options_initialize(&mut options);
-            iree_runtime_instance_options_use_all_available_drivers(&mut options);
-            check(
-                iree_runtime_instance_create(&options, system_allocator(), &mut s.instance),
-                "creating the IREE instance",
-            )?;
-            check(
-                iree_runtime_instance_try_create_default_device(
-                    s.instance,
-                    string_view(driver),
-                    &mut s.device,
-                ),
-                "creating the IREE device",
-            )?;
             let mut session_options = SessionOptions {
                 context_flags: 0,
                 builtin_modules: 0,
@@ -171,9 +215,9 @@ impl Session {
             iree_runtime_session_options_initialize(&mut session_options);
             check(
                 iree_runtime_session_create_with_device(
-                    s.instance,
+                    shared.instance,
                     &session_options,
-                    s.device,
+                    shared.device,
                     system_allocator(),
                     &mut s.session,
                 ),
@@ -329,16 +373,11 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        // SAFETY: each pointer is null or a reference we own; released once, session first.
+        // SAFETY: the pointer is null or a reference we own, released once. The device is the
+        // process's (see `SharedDevice`) and is not released.
         unsafe {
             if !self.session.is_null() {
                 iree_runtime_session_release(self.session);
-            }
-            if !self.device.is_null() {
-                sys::iree_hal_device_release(self.device);
-            }
-            if !self.instance.is_null() {
-                iree_runtime_instance_release(self.instance);
             }
         }
     }

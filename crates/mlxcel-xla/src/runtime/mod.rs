@@ -1,7 +1,9 @@
 //! The IREE runtime on a dedicated thread.
 //!
-//! IREE's objects are not `Send`, so one thread owns them all ([`ffi::Session`] and every buffer),
-//! and [`Runtime`] is a `Send` handle that sends it jobs over a channel. Buffers are named by
+//! IREE's sessions and buffers are not `Send`, so one thread owns them all ([`ffi::Session`] and
+//! every buffer), and [`Runtime`] is a `Send` handle that sends it jobs over a channel. The CPU
+//! device under the sessions is the process's, created once and shared by every runtime (see
+//! `ffi::SharedDevice` for why it is never destroyed). Buffers are named by
 //! [`BufferId`]; weights are uploaded once and passed by id to every call of every module, so all
 //! executables share one copy.
 
@@ -50,14 +52,15 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Starts the thread with a `local-task` (multi-threaded CPU) device.
+    /// Starts the thread with a session on the process's `local-task` (multi-threaded CPU)
+    /// device.
     pub fn start() -> Result<Self> {
         let (jobs, receiver) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<std::result::Result<(), String>>();
         let thread = std::thread::Builder::new()
             .name("mlxcel-iree".into())
             .spawn(move || {
-                let session = match ffi::Session::new("local-task") {
+                let session = match ffi::Session::new() {
                     Ok(s) => s,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));

@@ -157,8 +157,19 @@ impl Tiny {
         let dir = tempfile::tempdir().unwrap();
         let program = emit_llama(&d, &shape, format).unwrap();
         let compiled = compiler(dir.path().to_owned()).compile(&program).unwrap();
+        Self::from_module(&compiled.path, d, shape, format, weights)
+    }
+
+    /// A fresh runtime with the compiled module at `module` loaded and `weights` uploaded.
+    fn from_module(
+        module: &std::path::Path,
+        d: LlamaDims,
+        shape: ProgramShape,
+        format: WeightFormat,
+        weights: Vec<Buffer>,
+    ) -> Self {
         let runtime = Runtime::start().unwrap();
-        runtime.load_module(&compiled.path).unwrap();
+        runtime.load_module(module).unwrap();
         let weights = weights
             .into_iter()
             .map(|(bytes, shape, element)| runtime.upload(bytes, shape, element).unwrap())
@@ -349,4 +360,33 @@ fn packed_weights_match_host_dequantized_weights() {
     t.prefill(1, 0, &tokens[..4]);
     let b = t.prefill(1, 4, &tokens[4..]);
     assert_close(&b, &a, "tied packed embedding vs dense");
+}
+
+/// Runtimes started, used and dropped on several threads at once share the process's device:
+/// each computes the same logits, and dropping one disturbs none of the others.
+#[test]
+fn runtimes_come_and_go_on_several_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = tiny_dims();
+    let program = emit_llama(&d, &SHAPE, WeightFormat::F32).unwrap();
+    let compiled = compiler(dir.path().to_owned()).compile(&program).unwrap();
+    let expected = Tiny::new().prefill(0, 0, &[3, 1, 4]);
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                for _ in 0..8 {
+                    let weights = random_weights(&d);
+                    let mut tiny = Tiny::from_module(
+                        &compiled.path,
+                        d.clone(),
+                        SHAPE,
+                        WeightFormat::F32,
+                        weights,
+                    );
+                    assert_eq!(tiny.prefill(0, 0, &[3, 1, 4]), expected);
+                    assert_eq!(tiny.prefill(1, 0, &[3, 1, 4]), expected);
+                }
+            });
+        }
+    });
 }
