@@ -54,7 +54,7 @@ void qmatmul(const QProblem& p, Isa isa, int threads) {
   float* sums = scratch(sums_buffer, static_cast<size_t>(p.M) * (p.K / p.group_size));
   prepare_x(p, xprep, sums);
 
-  if (p.M <= kGemvMaxRows) {
+  if (p.M <= (isa == Isa::Avx512 ? kGemvMaxRowsAvx512 : kGemvMaxRows)) {
     // Contiguous row ranges keep each thread's weight reads sequential; four ranges per thread
     // even out the load when another process takes a core for a while (eight made decode 8–12%
     // slower, two no faster: docs/kernels.md).

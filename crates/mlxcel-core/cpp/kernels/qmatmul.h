@@ -24,8 +24,11 @@ struct QProblem {
 // IEEE half to float, portable (the scalar path; the SIMD paths use F16C).
 float half_to_float(uint16_t h);
 
-// Largest M served by the GEMV path (decode and small batches); larger M takes the GEMM path.
+// Largest M the GEMV path serves with AVX2 (decode and small batches: it unpacks each weight once
+// for all rows of x, in registers); AVX-512's 32 registers serve up to kGemvMaxRowsAvx512. Larger
+// M takes the GEMM path.
 constexpr int kGemvMaxRows = 4;
+constexpr int kGemvMaxRowsAvx512 = 8;
 // Output rows dequantized together by one GEMM task.
 constexpr int kPanelRows = 16;
 // Rows of x one GEMM task multiplies (bounds the x block kept in L2).
@@ -40,7 +43,7 @@ void scalar_rows(const QProblem& p, int m0, int m1, int n0, int n1);
 // for 8 bits x is unchanged. `sums` holds Σx per group per row ([M, K/group_size]).
 void prepare_x(const QProblem& p, float* xprep, float* sums);
 
-// GEMV over output rows [n0, n1) for every row of x (M <= kGemvMaxRows):
+// GEMV over output rows [n0, n1) for every row of x (M <= kGemvMaxRows, or kGemvMaxRowsAvx512):
 // y = Σ_g scale_g·(q_g · x_g) + Σ_g bias_g·(Σ x_g).
 void avx2_gemv(const QProblem& p, const float* xprep, const float* sums, int n0, int n1);
 void avx512_gemv(const QProblem& p, const float* xprep, const float* sums, int n0, int n1);

@@ -10,11 +10,14 @@ namespace {
 struct V {
   using reg = __m256;
   static constexpr int W = 8, MR = 2, NR = 4;
+  // Most rows of x one GEMV pass serves (its accumulators fit the register file).
+  static constexpr int GEMV_ROWS = kGemvMaxRows;
   MLXCEL_TARGET static reg zero() { return _mm256_setzero_ps(); }
   MLXCEL_TARGET static reg load(const float* p) { return _mm256_loadu_ps(p); }
   MLXCEL_TARGET static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
   MLXCEL_TARGET static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   MLXCEL_TARGET static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  MLXCEL_TARGET static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
   MLXCEL_TARGET static reg widen(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }

@@ -13,11 +13,14 @@ namespace {
 struct V {
   using reg = __m512;
   static constexpr int W = 16, MR = 4, NR = 4;
+  // Most rows of x one GEMV pass serves (its accumulators fit the register file).
+  static constexpr int GEMV_ROWS = kGemvMaxRowsAvx512;
   MLXCEL_TARGET static reg zero() { return _mm512_setzero_ps(); }
   MLXCEL_TARGET static reg load(const float* p) { return _mm512_loadu_ps(p); }
   MLXCEL_TARGET static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
   MLXCEL_TARGET static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   MLXCEL_TARGET static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  MLXCEL_TARGET static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
   MLXCEL_TARGET static reg widen(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }

@@ -151,11 +151,16 @@ fn every_path_and_thread_count_matches_the_scalar_path() {
         .collect();
     for bits in [4, 8] {
         for group in [32, 64, 128] {
-            for &(m, n) in
-                SHAPES
-                    .iter()
-                    .chain(&[(1, 300), (130, 40), (6, 21), (7, 9), (8, 40), (9, 17)])
-            {
+            for &(m, n) in SHAPES.iter().chain(&[
+                (1, 300),
+                (130, 40),
+                (6, 21),
+                (7, 9),
+                (8, 40),
+                (8, 41),
+                (4, 23),
+                (9, 17),
+            ]) {
                 seed += 1;
                 // Large enough that the kernels split the work across threads.
                 let k = group * if m * n >= 300 { 4 } else { 2 };
