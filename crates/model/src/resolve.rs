@@ -23,7 +23,7 @@ pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
                 Ok(path.to_owned())
             } else if path.is_file() {
                 match gguf_magic(path)? {
-                    Ok(()) => converted(&cache, path, &sha256_file(path)?),
+                    Ok(()) => converted(&cache, path, &gguf_sha256(&cache, path)?),
                     Err(found) => Err(ModelError::NotAModel {
                         path: path.to_owned(),
                         found,
@@ -78,6 +78,48 @@ pub fn converted(cache: &Path, gguf: &Path, sha256: &str) -> Result<PathBuf> {
     }
 }
 
+/// The sha256 of a `-m` GGUF file, remembered in `<cache>/converted/<version>/by-path/` under a
+/// hash of its canonical path together with its size and modification time: a multi-gigabyte
+/// file is hashed once, not on every run, and hashed again as soon as either changes.
+pub fn gguf_sha256(cache: &Path, path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let meta = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?;
+    let modified = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let canonical = std::fs::canonicalize(path).map_err(|e| ModelError::io(path, e))?;
+    let key: String = Sha256::digest(canonical.as_os_str().as_encoded_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let memo_dir = cache
+        .join("converted")
+        .join(CONVERTER_VERSION)
+        .join("by-path");
+    let memo = memo_dir.join(&key);
+    let stamp = format!("{} {modified}", meta.len());
+    if let Ok(text) = std::fs::read_to_string(&memo)
+        && let Some((recorded, sha)) = text.trim().rsplit_once(' ')
+        && recorded == stamp
+        && sha.len() == 64
+        && sha.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return Ok(sha.to_owned());
+    }
+    let sha = sha256_file(path)?;
+    // A failure to remember only costs a hash next time.
+    let partial = memo_dir.join(format!("{key}.partial-{}", unique_suffix()));
+    let written = std::fs::create_dir_all(&memo_dir)
+        .and_then(|()| std::fs::write(&partial, format!("{stamp} {sha}\n")))
+        .and_then(|()| std::fs::rename(&partial, &memo));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    Ok(sha)
+}
+
 /// `Ok(Ok(()))` when the file starts with the GGUF magic, else `Ok(Err(what it starts with))`.
 fn gguf_magic(path: &Path) -> Result<std::result::Result<(), String>> {
     use std::io::Read;
@@ -96,4 +138,46 @@ fn gguf_magic(path: &Path) -> Result<std::result::Result<(), String>> {
             bytes.join(" ")
         ),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hash is remembered by path, size and modification time, and recomputed when the file
+    /// changes.
+    #[test]
+    fn gguf_hash_is_remembered_until_the_file_changes() {
+        let cache = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("model.gguf");
+        std::fs::write(&file, b"GGUF first contents").unwrap();
+        let first = gguf_sha256(cache.path(), &file).unwrap();
+        assert_eq!(first, sha256_file(&file).unwrap());
+
+        // The memo is what a second call reads: doctor it and the doctored hash comes back.
+        let memo_dir = cache
+            .path()
+            .join("converted")
+            .join(CONVERTER_VERSION)
+            .join("by-path");
+        let memos: Vec<_> = std::fs::read_dir(&memo_dir).unwrap().collect();
+        assert_eq!(memos.len(), 1, "one memo, no partial files left");
+        let memo = memos[0].as_ref().unwrap().path();
+        let text = std::fs::read_to_string(&memo).unwrap();
+        let (stamp, _) = text.trim().rsplit_once(' ').unwrap();
+        let doctored = "ab".repeat(32);
+        std::fs::write(&memo, format!("{stamp} {doctored}\n")).unwrap();
+        assert_eq!(gguf_sha256(cache.path(), &file).unwrap(), doctored);
+
+        // A garbled memo is ignored.
+        std::fs::write(&memo, "garbage").unwrap();
+        assert_eq!(gguf_sha256(cache.path(), &file).unwrap(), first);
+
+        // New contents (another size): hashed again.
+        std::fs::write(&file, b"GGUF second, longer contents").unwrap();
+        let second = gguf_sha256(cache.path(), &file).unwrap();
+        assert_ne!(second, first);
+        assert_eq!(second, sha256_file(&file).unwrap());
+    }
 }
