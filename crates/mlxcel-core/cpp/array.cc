@@ -103,23 +103,24 @@ void array_eval(const MlxArray& a) { mx::eval({a.inner}); }
 
 void array_list_eval(const ArrayList& list) { mx::eval(list.items); }
 
-// Evaluates `a` converted to `dtype`, row-contiguous, and copies it out.
+// Evaluates `a` converted to `dtype`, row-contiguous, and copies it into `out` (allocated by the
+// caller from the shape: one copy, where pushing into a rust::Vec costs four FFI calls a value).
 template <typename T>
-rust::Vec<T> read_back(const MlxArray& a, mx::Dtype dtype) {
+void read_into(const MlxArray& a, mx::Dtype dtype, rust::Slice<T> out) {
   mx::array c = mx::contiguous(mx::astype(a.inner, dtype, mlxcel_stream()), false, mlxcel_stream());
   mx::eval({c});
-  const T* data = c.data<T>();
-  rust::Vec<T> out;
-  out.reserve(c.size());
-  for (size_t i = 0; i < c.size(); ++i) out.push_back(data[i]);
-  return out;
+  if (c.size() != out.size()) {
+    throw std::invalid_argument("reading " + std::to_string(c.size()) + " elements into room for " +
+                                std::to_string(out.size()));
+  }
+  if (c.size() > 0) std::memcpy(out.data(), c.data<T>(), c.size() * sizeof(T));
 }
 
-rust::Vec<float> array_to_f32(const MlxArray& a) { return read_back<float>(a, mx::float32); }
-rust::Vec<uint32_t> array_to_u32(const MlxArray& a) {
-  return read_back<uint32_t>(a, mx::uint32);
+void array_read_f32(const MlxArray& a, rust::Slice<float> out) { read_into(a, mx::float32, out); }
+void array_read_u32(const MlxArray& a, rust::Slice<uint32_t> out) {
+  read_into(a, mx::uint32, out);
 }
-rust::Vec<int32_t> array_to_i32(const MlxArray& a) { return read_back<int32_t>(a, mx::int32); }
+void array_read_i32(const MlxArray& a, rust::Slice<int32_t> out) { read_into(a, mx::int32, out); }
 
 std::unique_ptr<ArrayList> array_list_new() { return std::make_unique<ArrayList>(); }
 void array_list_push(ArrayList& list, const MlxArray& a) { list.items.push_back(a.inner); }

@@ -61,9 +61,9 @@ rust::Vec<int32_t> array_shape(const MlxArray& a);
 uint8_t array_dtype(const MlxArray& a);
 void array_eval(const MlxArray& a);
 void array_list_eval(const ArrayList& list);
-rust::Vec<float> array_to_f32(const MlxArray& a);
-rust::Vec<uint32_t> array_to_u32(const MlxArray& a);
-rust::Vec<int32_t> array_to_i32(const MlxArray& a);
+void array_read_f32(const MlxArray& a, rust::Slice<float> out);
+void array_read_u32(const MlxArray& a, rust::Slice<uint32_t> out);
+void array_read_i32(const MlxArray& a, rust::Slice<int32_t> out);
 
 std::unique_ptr<ArrayList> array_list_new();
 void array_list_push(ArrayList& list, const MlxArray& a);

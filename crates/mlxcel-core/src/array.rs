@@ -169,19 +169,33 @@ impl Array {
         sys::with_lock(|| ffi::array_eval(self.raw())).map_err(Error::mlx("eval"))
     }
 
+    /// The number of elements (the product of the shape).
+    fn element_count(&self) -> usize {
+        self.shape().iter().map(|&d| d.max(0) as usize).product()
+    }
+
     /// Evaluates and copies the elements out as f32 (converting from any dtype), row-major.
     pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
-        sys::with_lock(|| ffi::array_to_f32(self.raw())).map_err(Error::mlx("to_vec_f32"))
+        let mut out = vec![0.0; self.element_count()];
+        sys::with_lock(|| ffi::array_read_f32(self.raw(), &mut out))
+            .map_err(Error::mlx("to_vec_f32"))?;
+        Ok(out)
     }
 
     /// Evaluates and copies the elements out as u32 (e.g. `argmax` results), row-major.
     pub fn to_vec_u32(&self) -> Result<Vec<u32>> {
-        sys::with_lock(|| ffi::array_to_u32(self.raw())).map_err(Error::mlx("to_vec_u32"))
+        let mut out = vec![0; self.element_count()];
+        sys::with_lock(|| ffi::array_read_u32(self.raw(), &mut out))
+            .map_err(Error::mlx("to_vec_u32"))?;
+        Ok(out)
     }
 
     /// Evaluates and copies the elements out as i32, row-major.
     pub fn to_vec_i32(&self) -> Result<Vec<i32>> {
-        sys::with_lock(|| ffi::array_to_i32(self.raw())).map_err(Error::mlx("to_vec_i32"))
+        let mut out = vec![0; self.element_count()];
+        sys::with_lock(|| ffi::array_read_i32(self.raw(), &mut out))
+            .map_err(Error::mlx("to_vec_i32"))?;
+        Ok(out)
     }
 
     /// The same elements with a new shape (one dimension may be `-1`).

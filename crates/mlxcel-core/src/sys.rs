@@ -36,9 +36,9 @@ pub(crate) mod ffi {
         fn array_dtype(a: &MlxArray) -> u8;
         fn array_eval(a: &MlxArray) -> Result<()>;
         fn array_list_eval(list: &ArrayList) -> Result<()>;
-        fn array_to_f32(a: &MlxArray) -> Result<Vec<f32>>;
-        fn array_to_u32(a: &MlxArray) -> Result<Vec<u32>>;
-        fn array_to_i32(a: &MlxArray) -> Result<Vec<i32>>;
+        fn array_read_f32(a: &MlxArray, out: &mut [f32]) -> Result<()>;
+        fn array_read_u32(a: &MlxArray, out: &mut [u32]) -> Result<()>;
+        fn array_read_i32(a: &MlxArray, out: &mut [i32]) -> Result<()>;
 
         fn array_list_new() -> UniquePtr<ArrayList>;
         fn array_list_push(list: Pin<&mut ArrayList>, a: &MlxArray);
