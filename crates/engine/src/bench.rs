@@ -71,13 +71,8 @@ impl BackendBench {
         chunk: usize,
         depth: usize,
     ) -> Result<Duration, EngineError> {
-        let context = self.random_tokens(depth);
-        let tokens = self.random_tokens(n);
-        self.with_slot(depth + n, |backend, slot| {
-            fill(backend, slot, &context, 0, chunk)?;
-            let started = Instant::now();
-            fill(backend, slot, &tokens, depth, chunk)?;
-            Ok(started.elapsed())
+        self.after_context(n, chunk, depth, |backend, slot, tokens| {
+            fill(backend, slot, tokens, depth, chunk)
         })
     }
 
@@ -89,11 +84,7 @@ impl BackendBench {
         chunk: usize,
         depth: usize,
     ) -> Result<Duration, EngineError> {
-        let context = self.random_tokens(depth);
-        let tokens = self.random_tokens(n);
-        self.with_slot(depth + n, |backend, slot| {
-            fill(backend, slot, &context, 0, chunk)?;
-            let started = Instant::now();
+        self.after_context(n, chunk, depth, |backend, slot, tokens| {
             for (index, token) in tokens.iter().enumerate() {
                 backend.step(&[SequenceStep {
                     slot,
@@ -101,6 +92,25 @@ impl BackendBench {
                     start_position: depth + index,
                 }])?;
             }
+            Ok(())
+        })
+    }
+
+    /// Times `timed` over `n` random tokens in a fresh slot that first holds `depth` random
+    /// tokens of context (prefilled untimed, in chunks of at most `chunk`).
+    fn after_context(
+        &mut self,
+        n: usize,
+        chunk: usize,
+        depth: usize,
+        timed: impl FnOnce(&mut dyn Backend, usize, &[u32]) -> Result<(), EngineError>,
+    ) -> Result<Duration, EngineError> {
+        let context = self.random_tokens(depth);
+        let tokens = self.random_tokens(n);
+        self.with_slot(depth + n, |backend, slot| {
+            fill(backend, slot, &context, 0, chunk)?;
+            let started = Instant::now();
+            timed(backend, slot, &tokens)?;
             Ok(started.elapsed())
         })
     }
