@@ -59,6 +59,8 @@ fn main() {
             "cpp/kernels/qmatmul_scalar.cc",
             "cpp/kernels/qmatmul_avx2.cc",
             "cpp/kernels/qmatmul_avx512.cc",
+            "cpp/kernels/qmatmul_int8.cc",
+            "cpp/kernels/qmatmul_int8_avx512.cc",
             "cpp/kernels/pool.cc",
             "cpp/kernels/rowops.cc",
             "cpp/kernels/layer.cc",

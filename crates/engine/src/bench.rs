@@ -41,6 +41,7 @@ impl BackendBench {
                 &loaded.checkpoint,
                 options.kv_budget_bytes,
                 options.threads,
+                options.activations,
             )?),
             BackendKind::Xla => Box::new(XlaBackend::load(&loaded.checkpoint, options.shapes)?),
         };

@@ -59,7 +59,8 @@ pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, Shap
 pub use bench::{BackendBench, measure_read_bandwidth};
 pub use decode::{DecodeStream, TextDecoder};
 pub use engine::{
-    BackendKind, Completion, Engine, EngineOptions, GenerationStream, ModelInfo, ShapeMode,
+    Activations, BackendKind, Completion, Engine, EngineOptions, GenerationStream, ModelInfo,
+    ShapeMode,
 };
 pub use error::EngineError;
 pub use metrics::{

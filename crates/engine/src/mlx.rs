@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 
 use mlxcel_core::{ForwardSeq, Kernels, KvCache, LlamaModel};
+
+use crate::engine::Activations;
 use mlxcel_model::Checkpoint;
 
 use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, SlotId};
@@ -26,16 +28,25 @@ fn backend_error(err: mlxcel_core::Error) -> EngineError {
 }
 
 impl MlxBackend {
-    /// Loads the model; `threads` overrides `MLXCEL_THREADS` for the CPU kernels.
+    /// Loads the model; `threads` and `activations` override `MLXCEL_THREADS` and
+    /// `MLXCEL_ACTIVATIONS` for the CPU kernels.
     pub(crate) fn load(
         checkpoint: &Checkpoint,
         kv_budget_bytes: usize,
         threads: Option<usize>,
+        activations: Option<Activations>,
     ) -> Result<Self, EngineError> {
         mlxcel_core::set_default_device_cpu().map_err(backend_error)?;
         let mut kernels = Kernels::from_env().map_err(backend_error)?;
         if let Some(threads) = threads {
             kernels.threads = threads.max(1);
+        }
+        if let Some(activations) = activations {
+            kernels.activations = match activations {
+                Activations::F32 => mlxcel_core::Activations::F32,
+                Activations::Int8 => mlxcel_core::Activations::Int8,
+            };
+            kernels.check().map_err(backend_error)?;
         }
         Ok(Self {
             model: LlamaModel::load_with(checkpoint, kernels).map_err(backend_error)?,

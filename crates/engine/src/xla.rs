@@ -431,7 +431,7 @@ mod tests {
     /// logits agree within [`tolerance`] and pick the same token.
     fn agree_with_mlx(format: WeightFormat) {
         let loaded = LoadedModel::open(&resolve_model(None).unwrap()).unwrap();
-        let mut mlx = MlxBackend::load(&loaded.checkpoint, 1 << 30, None).unwrap();
+        let mut mlx = MlxBackend::load(&loaded.checkpoint, 1 << 30, None, None).unwrap();
         let options = XlaOptions {
             format,
             ..XlaOptions::default()

@@ -126,8 +126,8 @@ std::unique_ptr<ArrayList> quantize(const MlxArray& w, int32_t group_size, int32
 // `norm`: RMS-normalize x with `norm_weight` and `eps` first (ignored otherwise).
 std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxArray& w,
                                                   const MlxArray& scales, const MlxArray& biases,
-                                                  int32_t group_size, int32_t bits, uint8_t isa,
-                                                  int32_t threads, uint8_t epilogue,
+                                                  int32_t group_size, int32_t bits, bool int8,
+                                                  uint8_t isa, int32_t threads, uint8_t epilogue,
                                                   const MlxArray& residual, bool norm,
                                                   const MlxArray& norm_weight, float eps);
 std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
@@ -141,7 +141,7 @@ std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_f
 // [tokens, hidden], input norm, qkv (w, scales, biases), o (3), post norm, gate/up (3), down (3),
 // inv_freq; `caches`: key then value cache per sequence, written in place at the sequence's
 // positions (each must be a buffer of its own); `dims`: hidden, heads, kv_heads, head_dim,
-// intermediate; `quant`: (group, bits) of qkv, o, gate/up, down; `seqs`: (n, position) per
+// intermediate; `quant`: (group, bits, int8) of qkv, o, gate/up, down; `seqs`: (n, position) per
 // sequence, in x's row order.
 std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const ArrayList& caches,
                                                rust::Slice<const int32_t> dims,
@@ -149,6 +149,12 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
                                                rust::Slice<const int32_t> seqs, float eps,
                                                float scale, float rope_scale, uint8_t isa,
                                                int32_t threads);
+// A quantized weight rewritten for the int8-activation kernels (kernels/qmatmul.h): the same
+// shapes and dtypes, interleaved 16 output rows at a time.
+std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& scales,
+                                           const MlxArray& biases, int32_t group_size,
+                                           int32_t bits);
+bool kernels_has_vnni();
 uint8_t kernels_best_isa();
 int32_t kernels_available_cores();
 

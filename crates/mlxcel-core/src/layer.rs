@@ -90,7 +90,7 @@ pub(crate) fn decoder_layer(
     ];
     let quant = [t.qkv, t.o, t.gate_up, t.down]
         .iter()
-        .flat_map(|w| [w.group_size, w.bits])
+        .flat_map(|w| [w.group_size, w.bits, i32::from(w.int8)])
         .collect::<Vec<_>>();
     let to_i32 = |v: usize| {
         i32::try_from(v).map_err(|_| Error::Mlx {

@@ -18,7 +18,7 @@ use crate::fast::{
     AttentionMask, HeadSlice, Rope, RopeFrequencies, attention_native_tokens_major, rms_norm,
     scaled_dot_product_attention, split_heads,
 };
-use crate::kernels::{KernelBackend, Kernels};
+use crate::kernels::{Activations, KernelBackend, Kernels};
 use crate::kv_cache::KvCache;
 use crate::layer::{LayerSeq, LayerShape, LayerTensors, decoder_layer};
 use crate::quantized::{Epilogue, QuantizedWeight};
@@ -60,6 +60,23 @@ impl Linear {
             _ => self.forward(x, kernels)?.add(residual),
         }
     }
+}
+
+impl Linear {
+    /// Rewrites a quantized weight for the int8 kernels when they take its layout.
+    fn interleave_int8(&mut self) -> Result<()> {
+        if let Self::Quantized { weight, .. } = self {
+            interleave_in_place(weight)?;
+        }
+        Ok(())
+    }
+}
+
+fn interleave_in_place(weight: &mut QuantizedWeight) -> Result<()> {
+    if weight.int8_capable() {
+        *weight = weight.interleave_int8()?;
+    }
+    Ok(())
 }
 
 /// The MLP's gate and up projections: stacked into one quantized matrix when they share a
@@ -129,6 +146,7 @@ impl Embedding {
                 biases: q.biases.take(ids, 0)?.astype(Dtype::F32)?,
                 group_size: q.group_size,
                 bits: q.bits,
+                int8: false,
             }
             .dequantize()?
             .astype(Dtype::F32),
@@ -162,6 +180,29 @@ struct Layer {
 }
 
 impl Layer {
+    /// Every quantized weight rewritten for the int8 kernels where they take its layout.
+    fn interleave_int8(&mut self) -> Result<()> {
+        for linear in [
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.o,
+            &mut self.down,
+        ] {
+            linear.interleave_int8()?;
+        }
+        if let Some(qkv) = &mut self.qkv {
+            interleave_in_place(qkv)?;
+        }
+        match &mut self.gate_up {
+            GateUp::Stacked(w) => interleave_in_place(w),
+            GateUp::Separate { gate, up } => {
+                gate.interleave_int8()?;
+                up.interleave_int8()
+            }
+        }
+    }
+
     /// The layer's tensors for the fused decoder-layer node, when its layout allows it:
     /// stacked q/k/v and gate/up, and o and down, all quantized in a layout mlxcel's kernels
     /// cover, with no biases.
@@ -216,6 +257,9 @@ pub struct LlamaModel {
     layers: Vec<Layer>,
     norm: Array,
     lm_head: Option<Linear>,
+    /// The tied embedding's copy for the output projection when the activations are int8 (the
+    /// interleaved layout cannot serve the embedding's row lookups).
+    tied_int8: Option<QuantizedWeight>,
     rope: Rope,
     /// RoPE's inverse frequencies for [`split_heads`] (`[head_dim / 2]`).
     inv_freq: Array,
@@ -288,11 +332,26 @@ impl LlamaModel {
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = loader.float("model.norm.weight")?;
-        let lm_head = if config.tie_word_embeddings {
+        let mut layers = layers;
+        let mut lm_head = if config.tie_word_embeddings {
             None
         } else {
             Some(loader.linear("lm_head", false)?)
         };
+        let mut tied_int8 = None;
+        if kernels.activations == Activations::Int8 {
+            for layer in &mut layers {
+                layer.interleave_int8()?;
+            }
+            if let Some(head) = &mut lm_head {
+                head.interleave_int8()?;
+            }
+            if let (None, Embedding::Quantized(table)) = (&lm_head, &embed)
+                && table.int8_capable()
+            {
+                tied_int8 = Some(table.interleave_int8()?);
+            }
+        }
         let rope = rope_for(&config)?;
         let inv_freq = inverse_frequencies(&rope)?;
         let attention_scale = 1.0 / (config.head_dim as f32).sqrt();
@@ -302,6 +361,7 @@ impl LlamaModel {
             layers,
             norm,
             lm_head,
+            tied_int8,
             rope,
             inv_freq,
             attention_scale,
@@ -333,6 +393,9 @@ impl LlamaModel {
         }
         if let Some(head) = &self.lm_head {
             linear_arrays(head, &mut arrays);
+        }
+        if let Some(w) = &self.tied_int8 {
+            arrays.extend([&w.weight, &w.scales, &w.biases]);
         }
         match &self.embed {
             Embedding::Dense(table) => arrays.push(table),
@@ -436,9 +499,10 @@ impl LlamaModel {
         let batch = seqs.len() as i32;
         let last = x.take(&Array::from_u32(&last_rows, &[batch])?, 0)?;
         let last = rms_norm(&last, &self.norm, c.rms_norm_eps)?;
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(&last, kn)?,
-            None => self.embed.project(&last, kn)?,
+        let logits = match (&self.lm_head, &self.tied_int8) {
+            (Some(head), _) => head.forward(&last, kn)?,
+            (None, Some(projection)) => projection.linear(&last, kn)?,
+            (None, None) => self.embed.project(&last, kn)?,
         }
         .astype(Dtype::F32)?;
 
@@ -703,6 +767,7 @@ impl Loader<'_> {
             biases: self.scales(&format!("{module}.biases"))?,
             group_size: spec.group_size as i32,
             bits: spec.bits as i32,
+            int8: false,
         }))
     }
 

@@ -35,6 +35,9 @@ pub struct QuantizedWeight {
     pub group_size: i32,
     /// Bits per weight: 4 or 8 (MLX also accepts 2, 3, 5, 6).
     pub bits: i32,
+    /// The arrays are in the interleaved layout of mlxcel's int8-activation kernels
+    /// ([`QuantizedWeight::interleave_int8`]), which only those kernels read.
+    pub int8: bool,
 }
 
 impl QuantizedWeight {
@@ -61,11 +64,81 @@ impl QuantizedWeight {
             biases: Array::from_handle(biases),
             group_size,
             bits,
+            int8: false,
         })
+    }
+
+    /// Output rows that one int8 tile serves: an int8 weight's row count is a multiple of it.
+    pub const INT8_TILE_ROWS: i32 = 16;
+
+    /// Whether [`QuantizedWeight::interleave_int8`] accepts this weight: MLX layout, a layout
+    /// mlxcel's kernels cover, and a multiple of 16 output rows.
+    pub fn int8_capable(&self) -> bool {
+        !self.int8
+            && self.native_layout()
+            && self
+                .weight
+                .shape()
+                .first()
+                .is_some_and(|&rows| rows % Self::INT8_TILE_ROWS == 0)
+    }
+
+    /// This weight rewritten for mlxcel's int8-activation kernels (`MLXCEL_ACTIVATIONS=int8`):
+    /// the same shapes, dtypes and bytes, interleaved 16 output rows at a time so that one
+    /// AVX-512 VNNI instruction multiplies 16 rows by four values of x. x is then quantized
+    /// to int8 per row and block of 32 inside each matmul (docs/kernels.md). Only mlxcel's
+    /// native matmul reads the result; MLX's ops refuse it.
+    pub fn interleave_int8(&self) -> Result<QuantizedWeight> {
+        if self.int8 {
+            return Err(Error::Mlx {
+                op: "interleave_int8",
+                message: "the weight is already interleaved".into(),
+            });
+        }
+        let parts = sys::with_lock(|| -> Result<Vec<Handle>, cxx::Exception> {
+            let list = ffi::interleave_int8(
+                self.weight.raw(),
+                self.scales.raw(),
+                self.biases.raw(),
+                self.group_size,
+                self.bits,
+            )?;
+            (0..ffi::array_list_len(&list))
+                .map(|i| ffi::array_list_get(&list, i).map(Handle::new))
+                .collect()
+        })
+        .map_err(Error::mlx("interleave_int8"))?;
+        let [weight, scales, biases]: [Handle; 3] =
+            parts.try_into().map_err(|parts: Vec<Handle>| Error::Mlx {
+                op: "interleave_int8",
+                message: format!("expected 3 outputs, got {}", parts.len()),
+            })?;
+        Ok(QuantizedWeight {
+            weight: Array::from_handle(weight),
+            scales: Array::from_handle(scales),
+            biases: Array::from_handle(biases),
+            group_size: self.group_size,
+            bits: self.bits,
+            int8: true,
+        })
+    }
+
+    /// MLX's own ops read the MLX layout only.
+    fn mlx_layout(&self, op: &'static str) -> Result<()> {
+        if self.int8 {
+            return Err(Error::Mlx {
+                op,
+                message: "this weight is interleaved for mlxcel's int8 kernels \
+                          (MLXCEL_ACTIVATIONS=int8); only the native matmul reads it"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 
     /// The full-precision matrix `scale · q + bias`.
     pub fn dequantize(&self) -> Result<Array> {
+        self.mlx_layout("dequantize")?;
         call("dequantize", || {
             ffi::dequantize(
                 self.weight.raw(),
@@ -81,7 +154,7 @@ impl QuantizedWeight {
     /// when chosen and it covers the layout (4 or 8 bits, groups of 32, 64 or 128, f32 `x`,
     /// scales and biases), MLX's otherwise.
     pub fn linear(&self, x: &Array, kernels: &Kernels) -> Result<Array> {
-        if kernels.backend == KernelBackend::Native && self.native_covers(x) {
+        if self.int8 || (kernels.backend == KernelBackend::Native && self.native_covers(x)) {
             self.matmul_native(x, kernels.isa, kernels.threads)
         } else {
             self.matmul(x, true)
@@ -147,6 +220,7 @@ impl QuantizedWeight {
                 self.biases.raw(),
                 self.group_size,
                 self.bits,
+                self.int8,
                 isa as u8,
                 threads.min(i32::MAX as usize) as i32,
                 code,
@@ -168,9 +242,10 @@ impl QuantizedWeight {
         kernels: &Kernels,
         epilogue: Epilogue<'_>,
     ) -> Result<Array> {
-        if kernels.backend == KernelBackend::Native
-            && self.native_covers(x)
-            && norm_weight.dtype() == Dtype::F32
+        if self.int8
+            || (kernels.backend == KernelBackend::Native
+                && self.native_covers(x)
+                && norm_weight.dtype() == Dtype::F32)
         {
             return self.matmul_native_full(
                 x,
@@ -192,7 +267,7 @@ impl QuantizedWeight {
         kernels: &Kernels,
         epilogue: Epilogue<'_>,
     ) -> Result<Array> {
-        if kernels.backend == KernelBackend::Native && self.native_covers(x) {
+        if self.int8 || (kernels.backend == KernelBackend::Native && self.native_covers(x)) {
             return self.matmul_native_then(x, kernels.isa, kernels.threads, epilogue);
         }
         let y = self.matmul(x, true)?;
@@ -221,6 +296,9 @@ impl QuantizedWeight {
             op: "concat_rows",
             message: "no weights given".into(),
         })?;
+        for p in parts {
+            p.mlx_layout("concat_rows")?;
+        }
         if parts
             .iter()
             .any(|p| p.group_size != first.group_size || p.bits != first.bits)
@@ -239,12 +317,14 @@ impl QuantizedWeight {
             biases: stack(|p| &p.biases)?,
             group_size: first.group_size,
             bits: first.bits,
+            int8: false,
         })
     }
 
     /// `x · Wᵀ` when `transpose` (the linear-layer case, `W: [out, in]`), else `x · W`, with
     /// MLX's stock kernel.
     pub fn matmul(&self, x: &Array, transpose: bool) -> Result<Array> {
+        self.mlx_layout("quantized_matmul")?;
         call("quantized_matmul", || {
             ffi::quantized_matmul(
                 x.raw(),

@@ -138,6 +138,7 @@ pub(crate) mod ffi {
             biases: &MlxArray,
             group_size: i32,
             bits: i32,
+            int8: bool,
             isa: u8,
             threads: i32,
             epilogue: u8,
@@ -184,6 +185,14 @@ pub(crate) mod ffi {
             isa: u8,
             threads: i32,
         ) -> Result<UniquePtr<MlxArray>>;
+        fn interleave_int8(
+            w: &MlxArray,
+            scales: &MlxArray,
+            biases: &MlxArray,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<ArrayList>>;
+        fn kernels_has_vnni() -> bool;
         fn kernels_best_isa() -> u8;
         fn kernels_available_cores() -> i32;
     }

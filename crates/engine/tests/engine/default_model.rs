@@ -32,6 +32,27 @@ fn xla_engine() -> &'static Engine {
     })
 }
 
+/// The default model with int8 activations, where the CPU runs them (AVX-512 VNNI).
+fn int8_engine() -> Option<&'static Engine> {
+    static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let options = EngineOptions {
+                activations: Some(Activations::Int8),
+                ..EngineOptions::default()
+            };
+            match Engine::load(None, options) {
+                Ok(engine) => Some(engine),
+                Err(err) if err.to_string().contains("VNNI") => {
+                    eprintln!("skipping the int8 engine checks: {err}");
+                    None
+                }
+                Err(err) => panic!("the int8 engine loads: {err}"),
+            }
+        })
+        .as_ref()
+}
+
 /// Eight prompts of different lengths for the concurrency tests.
 const EIGHT_PROMPTS: [&str; 8] = [
     "The capital of France is",
@@ -192,6 +213,49 @@ fn eight_concurrent_greedy_requests_match_running_alone() {
         .map(|s| s.collect_completion().unwrap().tokens)
         .collect();
     assert_eq!(together, alone);
+}
+
+/// With int8 activations (the fast batched path) the same holds: eight greedy requests of
+/// different lengths decoding together each get their tokens alone, and a seeded sampled
+/// request gets the same tokens beside others as alone.
+#[test]
+fn int8_eight_concurrent_greedy_and_seeded_requests_match_running_alone() {
+    if skip() {
+        return;
+    }
+    let Some(engine) = int8_engine() else { return };
+    let prompts = EIGHT_PROMPTS;
+    let request = |i: usize| greedy(prompts[i], 4 + 2 * i);
+    let alone: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|i| engine.generate(request(i)).unwrap().tokens)
+        .collect();
+    let streams: Vec<_> = (0..prompts.len())
+        .map(|i| engine.submit(request(i)).unwrap())
+        .collect();
+    let together: Vec<Vec<u32>> = streams
+        .into_iter()
+        .map(|s| s.collect_completion().unwrap().tokens)
+        .collect();
+    assert_eq!(together, alone);
+
+    let sampled = |seed| {
+        let mut request = greedy("Once upon a time", 12);
+        request.sampling = SamplingParams {
+            seed: Some(seed),
+            ..SamplingParams::default()
+        };
+        request
+    };
+    let alone = engine.generate(sampled(5)).unwrap();
+    let streams: Vec<_> = [sampled(1), sampled(5), greedy("Hello", 6)]
+        .into_iter()
+        .map(|r| engine.submit(r).unwrap())
+        .collect();
+    let together: Vec<Completion> = streams
+        .into_iter()
+        .map(|s| s.collect_completion().unwrap())
+        .collect();
+    assert_eq!(together[1].tokens, alone.tokens);
 }
 
 /// The same on the OpenXLA backend: eight greedy requests of different lengths, decoding together

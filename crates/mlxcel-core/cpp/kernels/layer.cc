@@ -55,6 +55,7 @@ enum Input : int {
 // A quantized matrix's layout.
 struct Quant {
   int group_size, bits;
+  bool int8;  // interleaved weights, int8 activations
 };
 
 struct Dims {
@@ -97,6 +98,7 @@ void matmul(const float* x, const Weights& w, Quant q, int M, int N, int K, floa
   p.K = K;
   p.group_size = q.group_size;
   p.bits = q.bits;
+  p.int8 = q.int8;
   kernels::qmatmul(p, isa, threads);
 }
 
@@ -269,7 +271,7 @@ void check_float(const mx::array& a, const mx::Shape& shape, const char* what) {
 }
 
 Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k, int32_t group,
-                      int32_t bits, const char* what) {
+                      int32_t bits, int32_t int8, const char* what) {
   if (bits != 4 && bits != 8) refuse(std::string(what) + ": bits must be 4 or 8");
   if (group != 32 && group != 64 && group != 128)
     refuse(std::string(what) + ": group size must be 32, 64 or 128");
@@ -286,7 +288,10 @@ Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k,
       biases.dtype() != scales.dtype() || scales.shape() != groups || biases.shape() != groups)
     refuse(std::string(what) + ": scales and biases must both be float32 or both float16 [" +
            std::to_string(n) + ", " + std::to_string(k / group) + "]");
-  return Quant{group, bits};
+  if (int8 != 0 && n % kernels::kInt8TileRows != 0)
+    refuse(std::string(what) + ": int8 weights need a multiple of " +
+           std::to_string(kernels::kInt8TileRows) + " output rows");
+  return Quant{group, bits, int8 != 0};
 }
 
 }  // namespace
@@ -298,7 +303,7 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
                                                float scale, float rope_scale, uint8_t isa,
                                                int32_t threads) {
   if (dims.size() != 5) refuse("dims must be hidden, heads, kv_heads, head_dim, intermediate");
-  if (quant.size() != 8) refuse("quant must be (group, bits) for qkv, o, gate/up, down");
+  if (quant.size() != 12) refuse("quant must be (group, bits, int8) for qkv, o, gate/up, down");
   if (isa > static_cast<uint8_t>(Isa::Avx512)) refuse("unknown ISA code " + std::to_string(isa));
   std::vector<mx::array> inputs(tensors.items.begin(), tensors.items.end());
   if (inputs.size() != kFirstCache)
@@ -323,11 +328,14 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
   check_float(inputs[kInputNorm], {d.hidden}, "the input norm");
   check_float(inputs[kPostNorm], {d.hidden}, "the post-attention norm");
   check_float(inputs[kInvFreq], {D / 2}, "inv_freq");
-  d.qkv = check_quantized(inputs, kQkvW, (H + 2 * KV) * D, d.hidden, quant[0], quant[1], "qkv");
-  d.o = check_quantized(inputs, kOW, d.hidden, H * D, quant[2], quant[3], "o");
+  d.qkv = check_quantized(inputs, kQkvW, (H + 2 * KV) * D, d.hidden, quant[0], quant[1], quant[2],
+                          "qkv");
+  d.o = check_quantized(inputs, kOW, d.hidden, H * D, quant[3], quant[4], quant[5], "o");
   d.gate_up =
-      check_quantized(inputs, kGuW, 2 * d.intermediate, d.hidden, quant[4], quant[5], "gate/up");
-  d.down = check_quantized(inputs, kDownW, d.hidden, d.intermediate, quant[6], quant[7], "down");
+      check_quantized(inputs, kGuW, 2 * d.intermediate, d.hidden, quant[6], quant[7],
+                                quant[8], "gate/up");
+  d.down = check_quantized(inputs, kDownW, d.hidden, d.intermediate, quant[9], quant[10], quant[11],
+                           "down");
 
   if (seqs.size() % 2 != 0 || seqs.empty()) refuse("seqs must be (n, position) pairs");
   const size_t count = seqs.size() / 2;

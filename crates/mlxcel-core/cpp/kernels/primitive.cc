@@ -14,6 +14,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
+#include "mlx/transforms.h"
 #include "mlx/primitives.h"
 #include "mlxcel-core/cpp/bridge.h"
 #include "mlxcel-core/cpp/kernels/attention.h"
@@ -59,11 +60,12 @@ enum class Epilogue : uint8_t { None = 0, Residual = 1, Swiglu = 2 };
 
 class QuantizedMatmulCpu : public mx::UnaryPrimitive {
  public:
-  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, Isa isa, int threads,
-                     Epilogue epilogue, bool norm, float eps)
+  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, bool int8, Isa isa,
+                     int threads, Epilogue epilogue, bool norm, float eps)
       : mx::UnaryPrimitive(stream),
         group_size_(group_size),
         bits_(bits),
+        int8_(int8),
         isa_(isa),
         threads_(threads),
         epilogue_(epilogue),
@@ -110,6 +112,7 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
     p.M = static_cast<int>(x.size() / p.K);
     p.group_size = group_size_;
     p.bits = bits_;
+    p.int8 = int8_;
     p.w = w.data<uint32_t>();
     p.half = scales.dtype() == mx::float16;
     p.scales = scales.data<uint8_t>();
@@ -180,9 +183,9 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const QuantizedMatmulCpu&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_ && isa_ == o.isa_ &&
-           threads_ == o.threads_ && epilogue_ == o.epilogue_ && norm_ == o.norm_ &&
-           eps_ == o.eps_;
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && int8_ == o.int8_ &&
+           isa_ == o.isa_ && threads_ == o.threads_ && epilogue_ == o.epilogue_ &&
+           norm_ == o.norm_ && eps_ == o.eps_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -196,6 +199,7 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
 
   int group_size_;
   int bits_;
+  bool int8_;
   Isa isa_;
   int threads_;
   Epilogue epilogue_;
@@ -362,8 +366,8 @@ class SplitHeadsCpu : public mx::UnaryPrimitive {
 
 std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxArray& w,
                                                   const MlxArray& scales, const MlxArray& biases,
-                                                  int32_t group_size, int32_t bits, uint8_t isa,
-                                                  int32_t threads, uint8_t epilogue,
+                                                  int32_t group_size, int32_t bits, bool int8,
+                                                  uint8_t isa, int32_t threads, uint8_t epilogue,
                                                   const MlxArray& residual, bool norm,
                                                   const MlxArray& norm_weight, float eps) {
   if (epilogue > static_cast<uint8_t>(Epilogue::Swiglu))
@@ -389,6 +393,9 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
       refuse("scales and biases must both be float32 or both float16 [" + std::to_string(n) +
              ", " + std::to_string(k / group_size) + "]");
   }
+  if (int8 && n % kernels::kInt8TileRows != 0)
+    refuse("int8 weights need a multiple of " + std::to_string(kernels::kInt8TileRows) +
+           " output rows, got " + std::to_string(n));
   const auto ep = static_cast<Epilogue>(epilogue);
   auto shape = xa.shape();
   shape.back() = n;
@@ -407,7 +414,7 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
       refuse("the RMSNorm weight must be float32 [" + std::to_string(k) + "]");
     inputs.push_back(nw);
   }
-  auto prim = std::make_shared<QuantizedMatmulCpu>(mlxcel_stream(), group_size, bits,
+  auto prim = std::make_shared<QuantizedMatmulCpu>(mlxcel_stream(), group_size, bits, int8,
                                                    static_cast<Isa>(isa),
                                                    threads < 1 ? 1 : threads, ep, norm, eps);
   return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), std::move(inputs)));
@@ -454,6 +461,44 @@ std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_f
   return wrap(mx::array(mx::Shape{1, heads, n, dim}, mx::float32, std::move(prim),
                         {a, inv_freq.inner}));
 }
+
+std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& scales,
+                                           const MlxArray& biases, int32_t group_size,
+                                           int32_t bits) {
+  if (bits != 4 && bits != 8) refuse("int8 weights need 4 or 8 bits, got " + std::to_string(bits));
+  if (group_size != 32 && group_size != 64 && group_size != 128)
+    refuse("group_size must be 32, 64 or 128, got " + std::to_string(group_size));
+  const auto& wa = w.inner;
+  if (wa.dtype() != mx::uint32 || wa.ndim() != 2) refuse("weight must be a 2-D uint32 array");
+  const int n = wa.shape(0);
+  const int k = static_cast<int>(static_cast<int64_t>(wa.shape(1)) * 32 / bits);
+  if (n % kernels::kInt8TileRows != 0)
+    refuse("int8 weights need a multiple of " + std::to_string(kernels::kInt8TileRows) +
+           " output rows, got " + std::to_string(n));
+  if (k % group_size != 0) refuse("the input width is not a multiple of the group size");
+  for (const auto* a : {&scales.inner, &biases.inner}) {
+    if ((a->dtype() != mx::float32 && a->dtype() != mx::float16) ||
+        a->dtype() != scales.inner.dtype() || a->ndim() != 2 || a->shape(0) != n ||
+        a->shape(1) != k / group_size)
+      refuse("scales and biases must both be float32 or both float16 [" + std::to_string(n) +
+             ", " + std::to_string(k / group_size) + "]");
+  }
+  // Materialized, row-contiguous copies of the inputs, read on this thread.
+  std::vector<mx::array> in{mx::contiguous(wa, false, mlxcel_stream()),
+                            mx::contiguous(scales.inner, false, mlxcel_stream()),
+                            mx::contiguous(biases.inner, false, mlxcel_stream())};
+  mx::eval(in);
+  auto out = std::make_unique<ArrayList>();
+  for (const auto& a : in)
+    out->items.emplace_back(mx::allocator::malloc(a.nbytes()), a.shape(), a.dtype());
+  kernels::interleave_int8(in[0].data<uint32_t>(), in[1].data<uint8_t>(), in[2].data<uint8_t>(),
+                           in[1].dtype() == mx::float16, n, k, group_size, bits,
+                           out->items[0].data<uint8_t>(), out->items[1].data<uint8_t>(),
+                           out->items[2].data<uint8_t>());
+  return out;
+}
+
+bool kernels_has_vnni() { return kernels::has_vnni(); }
 
 uint8_t kernels_best_isa() { return static_cast<uint8_t>(kernels::best_isa()); }
 

@@ -19,7 +19,43 @@ float* scratch(std::vector<float>& buffer, size_t floats) {
   return buffer.data();
 }
 
+// The int8 path (qmatmul.h): x quantized once per call, then tasks over (block of x rows, range
+// of 16-row weight tiles).
+void qmatmul_int8(const QProblem& p, Isa isa, int threads) {
+  static thread_local std::vector<int8_t> xq_buffer;
+  static thread_local std::vector<float> dx_buffer, sx_buffer;
+  const int rows = int8_rows(p.M);
+  if (xq_buffer.size() < static_cast<size_t>(rows) * p.K)
+    xq_buffer.resize(static_cast<size_t>(rows) * p.K);
+  const size_t blocks = static_cast<size_t>(rows) * (p.K / kInt8Block);
+  float* dx = scratch(dx_buffer, blocks);
+  float* sx = scratch(sx_buffer, blocks);
+  const int8_t* xq = xq_buffer.data();
+  const bool vnni = isa == Isa::Avx512 && has_vnni();
+  (vnni ? quantize_x_int8_avx512 : quantize_x_int8)(p.x, p.M, p.K, xq_buffer.data(), dx, sx);
+  const auto kernel = vnni ? int8_avx512 : int8_scalar;
+  const int tiles = p.N / kInt8TileRows;
+  const int blocks_m = (p.M + kBlockRows - 1) / kBlockRows;
+  // Several tile ranges per thread even out the load, as in the f32 GEMV (docs/kernels.md).
+  const int per_task =
+      std::max(1, (tiles * blocks_m + 4 * threads - 1) / (4 * threads) / std::max(1, blocks_m));
+  const int ranges = (tiles + per_task - 1) / per_task;
+  parallel_for(threads, ranges * blocks_m, [&](int task) {
+    const int block = task / ranges, range = task % ranges;
+    kernel(p, xq, dx, sx, block * kBlockRows, std::min(p.M, (block + 1) * kBlockRows),
+           range * per_task, std::min(tiles, (range + 1) * per_task));
+  });
+}
+
 }  // namespace
+
+bool has_vnni() {
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") != 0;
+  }();
+  return vnni;
+}
 
 Isa best_isa() {
   static const Isa best = [] {
@@ -40,6 +76,10 @@ void qmatmul(const QProblem& p, Isa isa, int threads) {
   isa = std::min(isa, best_isa());
   const int64_t macs = static_cast<int64_t>(p.M) * p.N * p.K;
   if (macs < kParallelMacs) threads = 1;
+  if (p.int8) {
+    qmatmul_int8(p, isa, threads);
+    return;
+  }
 
   if (isa == Isa::Scalar) {
     const int rows = 16;

@@ -19,6 +19,9 @@ struct QProblem {
   bool half;
   float* y;
   int M, N, K, group_size, bits;
+  // The weights are in the interleaved layout of `interleave_int8` (N a multiple of
+  // kInt8TileRows) and x is quantized to int8 per block of 32 inside the call (qmatmul_int8.cc).
+  bool int8;
 };
 
 // IEEE half to float, portable (the scalar path; the SIMD paths use F16C).
@@ -54,5 +57,61 @@ void avx2_gemm(const QProblem& p, const float* xprep, float* panel, int m0, int 
                int n1);
 void avx512_gemm(const QProblem& p, const float* xprep, float* panel, int m0, int m1, int n0,
                  int n1);
+
+// ---- int8 activations (opt-in; qmatmul_int8.cc) ----
+//
+// Weights interleaved 16 output rows at a time so that one 32-bit lane holds four consecutive
+// weights of one row: `vpdpbusd` then multiplies 16 rows by 4 values of x per instruction (64
+// multiply-adds, where an f32 FMA does 16), into integer sums that need no horizontal reduction.
+// x is quantized per row and block of 32 values: xq = round(x · 127 / max|x|).
+//
+// Per output (m, n), in this order (every path computes exactly this, so results are bitwise
+// the same on every path, for every M and thread count, and a row's result never depends on
+// the other rows of x):
+//   acc = 0; for each block j of 32 along K, in the weight group g that holds it:
+//     I = Σ q[n, k]·xq[m, k] over the block (exact, int32)
+//     acc = fma(float(I), scale[n, g] · dx[m, j], acc)
+//     acc = fma(bias[n, g], Σx[m, j], acc)
+constexpr int kInt8TileRows = 16;
+constexpr int kInt8Block = 32;
+
+// Rewrites W (MLX layout, N a multiple of kInt8TileRows) into the interleaved layout, in buffers
+// of the same sizes: `w_out` gets tile t's bytes at t · 2·K·bits; within a tile, for 4 bits,
+// 64 bytes per 8 values of K where byte 4j + b holds row j's values k + b (low nibble) and
+// k + 4 + b (high nibble); for 8 bits, 64 bytes per 4 values where byte 4j + b holds value k + b.
+// Scales and biases become [N/16, K/group_size, 16] (element size `half` ? 2 : 4 bytes).
+void interleave_int8(const uint32_t* w, const void* scales, const void* biases, bool half, int N,
+                     int K, int group_size, int bits, uint8_t* w_out, void* scales_out,
+                     void* biases_out);
+
+// x quantized for the int8 path. Rows are kept in blocks of kInt8RowBlock, each block's values
+// four at a time row after row, so that a kernel serving up to eight rows finds every row's next
+// four values at fixed offsets from one pointer: code (m, k) lives at int8_x_index(m, k, K), and
+// the block's step dx = max|x| / 127 and exact sum Σx at int8_block_index(m, k / 32, K). Rows
+// past M up to the next multiple of kInt8RowBlock are zero.
+constexpr int kInt8RowBlock = 8;
+inline int64_t int8_x_index(int m, int k, int K) {
+  return ((static_cast<int64_t>(m / kInt8RowBlock) * (K / 4) + k / 4) * kInt8RowBlock +
+          m % kInt8RowBlock) * 4 + k % 4;
+}
+inline int64_t int8_block_index(int m, int j, int K) {
+  return (static_cast<int64_t>(m / kInt8RowBlock) * (K / kInt8Block) + j) * kInt8RowBlock +
+         m % kInt8RowBlock;
+}
+// Sizes: xq holds int8_rows(M) · K codes, dx and sx int8_rows(M) · K / 32 floats.
+inline int int8_rows(int M) { return (M + kInt8RowBlock - 1) / kInt8RowBlock * kInt8RowBlock; }
+// Σx of a block is the pairwise tree s16[i] = x[i] + x[i + 16], s8[i] = s16[i] + s16[i + 8],
+// then 4, 2, 1 likewise (one SIMD reduction; both forms give the same bits).
+void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float* sx);
+void quantize_x_int8_avx512(const float* x, int M, int K, int8_t* xq, float* dx, float* sx);
+
+// Output tiles [t0, t1) of kInt8TileRows rows for x rows [m0, m1).
+void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const float* sx, int m0,
+                 int m1, int t0, int t1);
+void int8_avx512(const QProblem& p, const int8_t* xq, const float* dx, const float* sx, int m0,
+                 int m1, int t0, int t1);
+
+// Whether the CPU has AVX-512 VNNI (the int8 path's fast form).
+bool has_vnni();
 
 }  // namespace mlxcel::kernels

@@ -7,7 +7,8 @@
 //! order (per-lane partial sums, and s·Σq·x + b·Σx in the GEMV) and are held to 1e-5 of the same
 //! magnitude against the scalar path.
 
-use mlxcel_core::{Array, Isa, KernelBackend, Kernels, QuantizedWeight};
+use mlxcel_core::kernels::has_vnni;
+use mlxcel_core::{Activations, Array, Dtype, Isa, KernelBackend, Kernels, QuantizedWeight};
 
 use crate::pseudo_random;
 
@@ -66,6 +67,7 @@ impl Case {
             biases: Array::from_f32(&self.biases, &[n, g]).unwrap(),
             group_size: self.group as i32,
             bits: self.bits as i32,
+            int8: false,
         }
     }
 
@@ -283,7 +285,33 @@ fn kernel_choice_is_read_from_the_environment() {
     assert!(default.fused_layers);
     let per_op = Kernels::from_lookup(env(&[("MLXCEL_FUSED_LAYERS", "off")])).unwrap();
     assert!(!per_op.fused_layers);
+    assert_eq!(default.activations, Activations::F32);
+    let scalar_int8 = Kernels::from_lookup(env(&[
+        ("MLXCEL_ACTIVATIONS", "int8"),
+        ("MLXCEL_KERNEL_ISA", "scalar"),
+    ]))
+    .unwrap();
+    assert_eq!(scalar_int8.activations, Activations::Int8);
+    let int8 = Kernels::from_lookup(env(&[("MLXCEL_ACTIVATIONS", "int8")]));
+    if has_vnni() {
+        assert_eq!(int8.unwrap().activations, Activations::Int8);
+    } else {
+        let err = int8.unwrap_err().to_string();
+        assert!(err.contains("VNNI"), "{err}");
+    }
+    // int8 activations exist on mlxcel's kernels only: the conflict is named.
+    let err = Kernels::from_lookup(env(&[
+        ("MLXCEL_ACTIVATIONS", "int8"),
+        ("MLXCEL_KERNELS", "mlx"),
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("MLXCEL_ACTIVATIONS") && err.contains("MLXCEL_KERNELS=mlx"),
+        "{err}"
+    );
     for (name, value) in [
+        ("MLXCEL_ACTIVATIONS", "int4"),
         ("MLXCEL_FUSED_LAYERS", "yes"),
         ("MLXCEL_KERNELS", "fast"),
         ("MLXCEL_KERNEL_ISA", "neon"),
@@ -415,7 +443,6 @@ fn split_heads_matches_slice_reshape_transpose_and_rope() {
 /// zero and negative halves.
 #[test]
 fn f16_scales_and_biases_match_the_reference_on_every_path() {
-    use mlxcel_core::Dtype;
     let paths: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
         .into_iter()
         .filter(|&isa| isa <= Isa::best())
@@ -461,5 +488,170 @@ fn f16_scales_and_biases_match_the_reference_on_every_path() {
                 }
             }
         }
+    }
+}
+
+// ---- int8 activations (MLXCEL_ACTIVATIONS=int8) ----
+
+/// The int8 paths to check: the scalar reference, and AVX-512 VNNI where the CPU has it.
+fn int8_paths() -> Vec<Isa> {
+    if has_vnni() {
+        vec![Isa::Scalar, Isa::Avx512]
+    } else {
+        vec![Isa::Scalar]
+    }
+}
+
+/// Row `m` of x alone, as a [1, K] array.
+fn row_of(case: &Case, m: usize) -> Array {
+    Array::from_f32(&case.x[m * case.k..(m + 1) * case.k], &[1, case.k as i32]).unwrap()
+}
+
+/// Every int8 path, thread count and batch gives the same bits: the computation per output is
+/// fixed (docs/kernels.md), integer sums are exact, and a row of x is quantized on its own, so
+/// row m of a batch equals row m computed alone. This is what keeps a sequence's tokens
+/// independent of its batch-mates with int8 activations.
+#[test]
+fn int8_paths_threads_and_batches_give_the_same_bits() {
+    let mut seed = 7000;
+    for bits in [4, 8] {
+        for group in [32, 64, 128] {
+            for half in [false, true] {
+                for (m, n) in [(1, 16), (3, 32), (8, 48), (9, 16), (17, 64), (70, 32)] {
+                    seed += 1;
+                    let k = group * if m * n >= 300 { 3 } else { 2 };
+                    let case = Case::new(m, n, k, group, bits, seed);
+                    let mut weight = case.weight();
+                    if half {
+                        weight.scales = weight.scales.astype(Dtype::F16).unwrap();
+                        weight.biases = weight.biases.astype(Dtype::F16).unwrap();
+                    }
+                    let int8 = weight.interleave_int8().unwrap();
+                    let x = case.x();
+                    let reference = int8
+                        .matmul_native(&x, Isa::Scalar, 1)
+                        .unwrap()
+                        .to_vec_f32()
+                        .unwrap();
+                    let what = format!("m={m} n={n} k={k} g={group} b={bits} half={half}");
+                    for &isa in &int8_paths() {
+                        for threads in [1, 2, 3] {
+                            let got = int8
+                                .matmul_native(&x, isa, threads)
+                                .unwrap()
+                                .to_vec_f32()
+                                .unwrap();
+                            assert!(
+                                got.iter()
+                                    .zip(&reference)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{isa:?}×{threads} {what}: not the scalar path's bits"
+                            );
+                        }
+                        for row in [0, m / 2, m - 1] {
+                            let alone = int8
+                                .matmul_native(&row_of(&case, row), isa, 2)
+                                .unwrap()
+                                .to_vec_f32()
+                                .unwrap();
+                            assert!(
+                                alone
+                                    .iter()
+                                    .zip(&reference[row * n..(row + 1) * n])
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{isa:?} {what}: row {row} alone differs from row {row} batched"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The int8 result is the f64 product up to the quantization of x: each block of 32 values is
+/// rounded to steps of max|x|/127, so |y − y_f64| ≤ Σ_blocks (step/2)·Σ|w| (plus f32 summation
+/// error). With x already on the grid (every block holds ±127 and integers) the product is
+/// exact to summation error, which pins the interleaved layout value by value.
+#[test]
+fn int8_matmul_is_within_the_quantization_bound_and_exact_on_the_grid() {
+    let mut seed = 9000;
+    for bits in [4, 8] {
+        for group in [32, 64, 128] {
+            for (m, n) in [(1, 32), (5, 16), (12, 48)] {
+                seed += 1;
+                let k = group * 2;
+                let mut case = Case::new(m, n, k, group, bits, seed);
+                for grid in [false, true] {
+                    if grid {
+                        for (i, v) in case.x.iter_mut().enumerate() {
+                            *v = if i % 32 == 5 {
+                                -127.0
+                            } else {
+                                (*v * 127.0).round()
+                            };
+                        }
+                    }
+                    let got = case
+                        .weight()
+                        .interleave_int8()
+                        .unwrap()
+                        .matmul_native(&case.x(), Isa::best(), 2)
+                        .unwrap()
+                        .to_vec_f32()
+                        .unwrap();
+                    let reference = case.reference();
+                    for mi in 0..m {
+                        for ni in 0..n {
+                            let (value, magnitude) = reference[mi * n + ni];
+                            let mut bound = 2e-6 * magnitude + 1e-5;
+                            if !grid {
+                                for block in 0..k / 32 {
+                                    let xs = &case.x[mi * k + block * 32..mi * k + block * 32 + 32];
+                                    let step =
+                                        xs.iter().fold(0.0f64, |a, &v| a.max(v.abs() as f64))
+                                            / 127.0;
+                                    let w: f64 = (block * 32..block * 32 + 32)
+                                        .map(|kk| case.dequantized(ni, kk).abs())
+                                        .sum();
+                                    bound += 0.501 * step * w;
+                                }
+                            }
+                            let err = (got[mi * n + ni] as f64 - value).abs();
+                            assert!(
+                                err <= bound,
+                                "grid={grid} m={mi} n={ni} k={k} g={group} b={bits}: \
+                                 {} vs {value}, error {err:e} > {bound:e}",
+                                got[mi * n + ni]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_layout_is_refused_where_it_does_not_apply() {
+    // Output rows must come in tiles of 16.
+    let case = Case::new(2, 20, 64, 32, 4, 42);
+    let err = case.weight().interleave_int8().unwrap_err().to_string();
+    assert!(err.contains("multiple of 16"), "{err}");
+    assert!(!case.weight().int8_capable());
+    // An interleaved weight is not MLX's layout: MLX's ops refuse it, and it is not re-interleaved.
+    let int8 = Case::new(2, 32, 64, 32, 4, 43)
+        .weight()
+        .interleave_int8()
+        .unwrap();
+    assert!(int8.int8 && !int8.int8_capable());
+    for err in [
+        int8.dequantize().unwrap_err().to_string(),
+        int8.matmul(&Case::new(2, 32, 64, 32, 4, 43).x(), true)
+            .unwrap_err()
+            .to_string(),
+        int8.interleave_int8().unwrap_err().to_string(),
+    ] {
+        assert!(err.contains("int8") || err.contains("interleaved"), "{err}");
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use mlxcel_core::{ForwardSeq, LlamaModel};
+use mlxcel_core::{Activations, ForwardSeq, Kernels, LlamaModel};
 use mlxcel_model::{LoadedModel, resolve_model};
 
 use crate::{argmax, assert_close, greedy};
@@ -155,4 +155,136 @@ fn a_full_cache_and_bad_tokens_are_errors_not_crashes() {
         }])
         .unwrap();
     assert_eq!(cache.len(), 2);
+}
+
+/// The default model with int8 activations (`MLXCEL_ACTIVATIONS=int8`), when this CPU can run
+/// them (AVX-512 VNNI); `None` elsewhere.
+fn int8_model() -> Option<&'static LlamaModel> {
+    static MODEL: OnceLock<Option<LlamaModel>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            if !mlxcel_core::kernels::has_vnni() {
+                eprintln!("skipping the int8 checks: this CPU has no AVX-512 VNNI");
+                return None;
+            }
+            let kernels = Kernels {
+                activations: Activations::Int8,
+                ..Kernels::native()
+            };
+            let (loaded, _) = default_model();
+            Some(LlamaModel::load_with(&loaded.checkpoint, kernels).expect("int8 loads"))
+        })
+        .as_ref()
+}
+
+/// Teacher-forced over a fixed passage, one token per step: (Σ −log p(next), top-1 agreement
+/// against `other`'s argmax) with `other`'s logits per step.
+fn teacher_forced(model: &LlamaModel, tokens: &[u32]) -> (Vec<f64>, Vec<u32>) {
+    let mut cache = model.new_cache(tokens.len());
+    let (mut nll, mut top) = (Vec::new(), Vec::new());
+    for i in 0..tokens.len() - 1 {
+        let logits = model
+            .forward(&mut [ForwardSeq {
+                cache: &mut cache,
+                tokens: &tokens[i..=i],
+            }])
+            .unwrap()
+            .remove(0);
+        let max = logits.iter().fold(f32::MIN, |m, &l| m.max(l)) as f64;
+        let log_sum = logits
+            .iter()
+            .map(|&l| (l as f64 - max).exp())
+            .sum::<f64>()
+            .ln()
+            + max;
+        nll.push(log_sum - logits[tokens[i + 1] as usize] as f64);
+        top.push(argmax(&logits));
+    }
+    (nll, top)
+}
+
+/// Int8 activations change the numbers a little, not the model: over a passage of English the
+/// perplexity stays within 6% of the f32 path's and the most likely next token agrees at ≥ 90%
+/// of positions (measured +3.5% and 96%: docs/kernels.md; llama.cpp quantizes activations the
+/// same way, per block of 32 to max|x|/127, for this checkpoint's Q4_1 weights).
+#[test]
+fn int8_activations_keep_perplexity_and_top_tokens_of_the_f32_path() {
+    if skip() {
+        return;
+    }
+    let Some(int8) = int8_model() else { return };
+    let (loaded, f32_model) = default_model();
+    let text = "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, \
+                France. It is named after the engineer Gustave Eiffel, whose company designed \
+                and built the tower from 1887 to 1889. Locally nicknamed the Iron Lady, it was \
+                constructed as the centrepiece of the 1889 World's Fair, and to crown the \
+                centennial anniversary of the French Revolution. Although initially criticised \
+                by some of France's leading artists and intellectuals for its design, it has \
+                since become a global cultural icon of France and one of the most recognisable \
+                structures in the world.";
+    let tokens = loaded.tokenizer.encode(text, false, false).unwrap();
+    assert!(tokens.len() > 100, "{}", tokens.len());
+    let (nll_f32, top_f32) = teacher_forced(f32_model, &tokens);
+    let (nll_int8, top_int8) = teacher_forced(int8, &tokens);
+    let ppl = |nll: &[f64]| (nll.iter().sum::<f64>() / nll.len() as f64).exp();
+    let agree = top_f32
+        .iter()
+        .zip(&top_int8)
+        .filter(|(a, b)| a == b)
+        .count() as f64
+        / top_f32.len() as f64;
+    let (p32, p8) = (ppl(&nll_f32), ppl(&nll_int8));
+    eprintln!(
+        "{} tokens: perplexity f32 {p32:.4}, int8 {p8:.4} ({:+.2}%); top-1 agreement {:.1}%",
+        tokens.len(),
+        100.0 * (p8 / p32 - 1.0),
+        100.0 * agree
+    );
+    assert!((p8 / p32 - 1.0).abs() < 0.06, "perplexity {p32} -> {p8}");
+    assert!(agree >= 0.9, "top-1 agreement {agree}");
+}
+
+/// With int8 activations a sequence still gets the same numbers batched or alone: each row of x
+/// is quantized on its own and the kernels compute a row the same way for any batch, so chunked
+/// prefill and batched decode give the logits of one-sequence steps (to attention's summation
+/// order, as on the f32 path) and the same greedy tokens.
+#[test]
+fn int8_batched_steps_give_the_greedy_tokens_of_single_sequences() {
+    if skip() {
+        return;
+    }
+    let Some(model) = int8_model() else { return };
+    let (loaded, _) = default_model();
+    let prompts: Vec<Vec<u32>> = [
+        "The capital of France is",
+        "Hi",
+        "Write a haiku about the sea.",
+        "Rust is a systems programming language that",
+    ]
+    .iter()
+    .map(|t| loaded.tokenizer.encode(t, false, false).unwrap())
+    .collect();
+    let steps = 12;
+    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(model, p, steps)).collect();
+
+    let mut caches: Vec<_> = prompts
+        .iter()
+        .map(|p| model.new_cache(p.len() + steps))
+        .collect();
+    let mut next: Vec<Vec<u32>> = prompts.clone();
+    let mut together = vec![Vec::new(); prompts.len()];
+    for _ in 0..steps {
+        let mut seqs: Vec<ForwardSeq<'_>> = caches
+            .iter_mut()
+            .zip(&next)
+            .map(|(cache, tokens)| ForwardSeq { cache, tokens })
+            .collect();
+        let logits = model.forward(&mut seqs).unwrap();
+        for (i, l) in logits.iter().enumerate() {
+            let token = argmax(l);
+            together[i].push(token);
+            next[i] = vec![token];
+        }
+    }
+    assert_eq!(together, alone);
 }
