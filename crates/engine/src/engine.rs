@@ -86,6 +86,26 @@ pub enum Activations {
     Int8,
 }
 
+impl Activations {
+    /// The names `from_str` accepts.
+    pub const NAMES: [&'static str; 2] = ["f32", "int8"];
+}
+
+impl std::str::FromStr for Activations {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "f32" => Ok(Self::F32),
+            "int8" => Ok(Self::Int8),
+            _ => Err(format!(
+                "unknown activations {name:?}: expected {}",
+                Self::NAMES.join(" or ")
+            )),
+        }
+    }
+}
+
 /// How a static-shape backend (OpenXLA) sizes requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ShapeMode {

@@ -95,6 +95,12 @@ pub struct ServerArgs {
     )]
     pub threads: i64,
 
+    /// What the MLX backend's quantized matmuls multiply the weights with: `f32` (the
+    /// reference numbers) or `int8` (AVX-512 VNNI; ~3× faster batched decode, perplexity +3.5%
+    /// on the default model). Defaults to `MLXCEL_ACTIVATIONS`, else `f32`.
+    #[arg(long)]
+    pub activations: Option<String>,
+
     /// Seconds a client may take to send a request's headers.
     #[arg(long, env = "LLAMA_ARG_TIMEOUT", default_value_t = 600)]
     pub timeout: u64,
@@ -150,6 +156,12 @@ impl ServerArgs {
         }
         options.scheduler.max_batch = self.parallel;
         options.threads = (self.threads > 0).then_some(self.threads as usize);
+        options.activations = self
+            .activations
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|err: String| ServerError::Flag(format!("--activations: {err}")))?;
         options.scheduler.token_budget = options.scheduler.token_budget.max(self.parallel);
         Ok(options)
     }

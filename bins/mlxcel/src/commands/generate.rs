@@ -75,6 +75,12 @@ pub struct Args {
     /// Backend to run the model on.
     #[arg(long, env = "MLXCEL_BACKEND", default_value = "mlx")]
     backend: String,
+
+    /// What the MLX backend's quantized matmuls multiply the weights with: `f32` (the
+    /// reference numbers) or `int8` (AVX-512 VNNI; ~3× faster batched decode, perplexity +3.5%
+    /// on the default model). Defaults to `MLXCEL_ACTIVATIONS`, else `f32`.
+    #[arg(long)]
+    activations: Option<String>,
 }
 
 pub fn run(args: &Args) -> Result<ExitCode> {
@@ -103,6 +109,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         args.model.as_deref(),
         EngineOptions {
             backend,
+            activations: super::parse_activations(args.activations.as_deref())?,
             ..EngineOptions::default()
         },
     )?;

@@ -1,7 +1,7 @@
 //! llama-server's spellings and environment twins reach the same settings.
 
 use clap::Parser;
-use mlxcel_engine::MaxNewTokens;
+use mlxcel_engine::{Activations, MaxNewTokens};
 use mlxcel_server::{ServerArgs, normalize_llama_args};
 
 #[derive(Debug, Parser)]
@@ -123,6 +123,18 @@ fn threads_reach_the_engine() {
     assert_eq!(options.threads, Some(3));
     let default = parse(&[]).unwrap().engine_options().unwrap();
     assert_eq!(default.threads, None);
+    assert_eq!(default.activations, None);
+    let int8 = parse(&["--activations", "int8"]).unwrap().engine_options();
+    assert_eq!(int8.unwrap().activations, Some(Activations::Int8));
+    let err = parse(&["--activations", "int4"])
+        .unwrap()
+        .engine_options()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--activations") && err.contains("int4"),
+        "{err}"
+    );
 }
 
 #[test]
