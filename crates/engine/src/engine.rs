@@ -455,11 +455,13 @@ fn run_worker<B: Backend>(
         }
         let events = scheduler.step();
         let now = Instant::now();
-        for (id, event) in events {
-            let Some((sender, timing)) = streams.get_mut(&id) else {
+        // Count first and publish, then deliver: a caller that sees its request finish also
+        // sees it in the metrics.
+        for (id, event) in &events {
+            let Some((_, timing)) = streams.get_mut(id) else {
                 continue;
             };
-            match &event {
+            match event {
                 Event::Token { .. } => {
                     match timing.last_token {
                         None => local.time_to_first_token.observe(now - timing.submitted),
@@ -477,6 +479,12 @@ fn run_worker<B: Backend>(
                     *counter += 1;
                 }
             }
+        }
+        publish(&metrics, &mut local, &scheduler);
+        for (id, event) in events {
+            let Some((sender, _)) = streams.get(&id) else {
+                continue;
+            };
             let finished = matches!(event, Event::Finished { .. });
             let delivered = sender.send(event).is_ok();
             if finished {
@@ -486,7 +494,6 @@ fn run_worker<B: Backend>(
                 scheduler.cancel(id);
             }
         }
-        publish(&metrics, &mut local, &scheduler);
     }
 }
 
