@@ -21,7 +21,12 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
   // value row once for all the query heads sharing its kv head (grouped-query attention); long
   // contexts are split into key ranges so that decoding one sequence still keeps every thread
   // busy. The ranges' partial results are merged per (head, row).
-  constexpr int kBlock = 8, kMinKeys = 64;
+  //
+  // The ranges are a fixed grid of absolute key positions, kRangeKeys each, whatever the batch,
+  // the chunking of a prompt or the thread count: a row's partials, and so its output, depend
+  // only on its own keys. With the int8 path's row-invariant matmuls this makes a sequence's
+  // logits bitwise the same alone or batched (docs/kernels.md).
+  constexpr int kBlock = 8, kRangeKeys = 256;
   struct Task {
     int problem, kvh, r0, r1, j0, j1;
     int64_t part;
@@ -31,10 +36,6 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
     int64_t part, stride;
   };
   isa = std::min(isa, best_isa());
-  int row_blocks = 0;
-  for (int i = 0; i < count; ++i)
-    row_blocks += problems[i].kv_heads * ((problems[i].n + kBlock - 1) / kBlock);
-  const int wanted = 4 * threads;
   std::vector<Task> tasks;
   std::vector<Merge> merges;
   int64_t part_floats = 0, work = 0;
@@ -44,10 +45,8 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
     const int G = p.heads / p.kv_heads;
     const int64_t ps = attention_part_stride(p.D);
     work += static_cast<int64_t>(p.heads) * p.n * p.L * p.D;
-    const int by_threads = (wanted + row_blocks - 1) / std::max(1, row_blocks);
-    const int by_keys = std::max(1, p.L / kMinKeys);
-    const int splits = std::max(1, std::min(by_threads, by_keys));
-    const int keys = (p.L + splits - 1) / splits;
+    const int keys = kRangeKeys;
+    const int splits = std::max(1, (p.L + keys - 1) / keys);
     max_scores = std::max(max_scores, G * keys);
     for (int kvh = 0; kvh < p.kv_heads; ++kvh) {
       for (int r0 = 0; r0 < p.n; r0 += kBlock) {
