@@ -179,6 +179,10 @@ fn native_attention_matches_naive_attention_on_every_path() {
         (9, 3, 3, 131, 64),
         (8, 2, 2, 97, 128),
         (12, 2, 1, 150, 64),
+        // Several 256-key ranges; causal rows whose keys end before the last range starts
+        // (empty partials in the merge).
+        (9, 3, 2, 700, 64),
+        (4, 2, 300, 300, 64),
     ] {
         let s = Shapes {
             heads,
