@@ -2,10 +2,12 @@
 //!
 //! MLX's stock CPU quantized matmul is single-threaded and runs near 2 GFLOP/s, an order of
 //! magnitude below what decode and prefill need (issue 9). mlxcel-core registers its own kernels
-//! with MLX as custom primitives (`cpp/kernels/`): a GEMV path for up to four rows of `x` and a
-//! GEMM path above, multi-threaded, with runtime instruction-set dispatch (AVX-512, AVX2+FMA,
-//! scalar; the scalar path is the test reference). They compute in f32 like MLX; only the order of
-//! the additions differs. See `docs/kernels.md`.
+//! with MLX as custom primitives (`cpp/kernels/`): a GEMV path for small batches (up to eight
+//! rows of `x` with AVX-512, four with AVX2) and a GEMM path above, multi-threaded, with runtime
+//! instruction-set dispatch (AVX-512, AVX2+FMA, scalar; the scalar path is the test reference).
+//! By default they compute in f32 like MLX; only the order of the additions differs. With
+//! [`Activations::Int8`] the activations are quantized to int8 inside each matmul and multiplied
+//! with AVX-512 VNNI instead. See `docs/kernels.md`.
 
 use crate::error::{Error, Result};
 use crate::sys::{self, ffi};
