@@ -315,6 +315,47 @@ mod bench {
     }
 
     #[test]
+    fn int8_activations_are_labelled_and_bad_values_named() {
+        if skip() {
+            return;
+        }
+        let output = mlxcel(
+            &[
+                "bench",
+                "-p",
+                "4",
+                "-n",
+                "2",
+                "-r",
+                "1",
+                "--activations",
+                "int8",
+            ],
+            &[],
+        );
+        if stderr(&output).contains("VNNI") {
+            eprintln!("skipping: this CPU has no AVX-512 VNNI");
+        } else {
+            assert!(output.status.success(), "{}", stderr(&output));
+            let out = stdout(&output);
+            for line in out.lines().skip(2).take(2) {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                assert_eq!(cells[4], "mlx int8", "{line}");
+            }
+        }
+        let output = mlxcel(
+            &["bench", "-p", "4", "-n", "0", "--activations", "int4"],
+            &[],
+        );
+        assert!(!output.status.success());
+        let err = stderr(&output);
+        assert!(
+            err.contains("--activations") && err.contains("int4"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn json_output_and_bad_flags() {
         if skip() {
             return;

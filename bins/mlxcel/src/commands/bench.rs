@@ -3,7 +3,9 @@
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
-use mlxcel_engine::{BackendBench, BackendKind, EngineOptions, measure_read_bandwidth};
+use mlxcel_engine::{
+    Activations, BackendBench, BackendKind, EngineOptions, measure_read_bandwidth,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -117,11 +119,24 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         Some(threads) => threads.max(1),
         None => mlxcel_core::Kernels::from_env()?.threads,
     };
+    let activations = match super::parse_activations(args.activations.as_deref())? {
+        Some(a) => a,
+        None if backend != BackendKind::Mlx => Activations::F32,
+        None => match mlxcel_core::Kernels::from_env()?.activations {
+            mlxcel_core::Activations::F32 => Activations::F32,
+            mlxcel_core::Activations::Int8 => Activations::Int8,
+        },
+    };
     let options = EngineOptions {
         backend,
         threads: Some(threads),
-        activations: super::parse_activations(args.activations.as_deref())?,
+        activations: Some(activations),
         ..EngineOptions::default()
+    };
+    // The MLX rows say which activations ran ("mlx int8"); f32 is the unmarked default.
+    let label = match (backend, activations) {
+        (BackendKind::Mlx, Activations::Int8) => "mlx int8".to_owned(),
+        _ => backend.as_str().to_owned(),
     };
     let mut bench = BackendBench::load(args.model.as_deref(), &options)?;
 
@@ -165,8 +180,8 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         .then(|| measure_read_bandwidth(threads, 3));
 
     match args.output {
-        Format::Md => print_markdown(info, threads, &rows, bandwidth),
-        Format::Json => print_json(info, threads, &rows, bandwidth),
+        Format::Md => print_markdown(info, &label, threads, &rows, bandwidth),
+        Format::Json => print_json(info, &label, threads, &rows, bandwidth),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -199,6 +214,7 @@ fn size_mib(info: &mlxcel_engine::ModelInfo) -> f64 {
 
 fn print_markdown(
     info: &mlxcel_engine::ModelInfo,
+    backend: &str,
     threads: usize,
     rows: &[Row],
     bandwidth: Option<f64>,
@@ -217,7 +233,7 @@ fn print_markdown(
             truncate(&info.name, 30),
             size_mib(info),
             info.parameters as f64 / 1e6,
-            info.backend.as_str(),
+            backend,
             threads,
             row.test,
             format!("{:.2} ± {:.2}", row.mean(), row.stddev()),
@@ -242,6 +258,7 @@ fn print_markdown(
 
 fn print_json(
     info: &mlxcel_engine::ModelInfo,
+    backend: &str,
     threads: usize,
     rows: &[Row],
     bandwidth: Option<f64>,
@@ -264,7 +281,7 @@ fn print_json(
                 info.name,
                 info.weight_bytes,
                 info.parameters,
-                info.backend.as_str(),
+                backend,
                 threads,
                 row.test,
                 row.n_prompt,
