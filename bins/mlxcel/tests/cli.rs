@@ -333,15 +333,11 @@ mod bench {
             ],
             &[],
         );
-        if stderr(&output).contains("VNNI") {
-            eprintln!("skipping: this CPU has no AVX-512 VNNI");
-        } else {
-            assert!(output.status.success(), "{}", stderr(&output));
-            let out = stdout(&output);
-            for line in out.lines().skip(2).take(2) {
-                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-                assert_eq!(cells[4], "mlx int8", "{line}");
-            }
+        assert!(output.status.success(), "{}", stderr(&output));
+        let out = stdout(&output);
+        for line in out.lines().skip(2).take(2) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            assert_eq!(cells[4], "mlx int8", "{line}");
         }
         let output = mlxcel(
             &["bench", "-p", "4", "-n", "0", "--activations", "int4"],

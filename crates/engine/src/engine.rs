@@ -80,7 +80,7 @@ pub enum Activations {
     /// f32 activations and accumulation: the reference numbers.
     #[default]
     F32,
-    /// Activations quantized to int8 per row and block of 32 inside each matmul (AVX-512 VNNI):
+    /// Activations quantized to int8 per row and block of 32 inside each matmul (AVX-512 VNNI, or AVX2):
     /// ~3× faster batched decode, slightly different logits. A sequence's tokens still do not
     /// depend on its batch-mates (docs/kernels.md).
     Int8,

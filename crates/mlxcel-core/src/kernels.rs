@@ -7,7 +7,7 @@
 //! instruction-set dispatch (AVX-512, AVX2+FMA, scalar; the scalar path is the test reference).
 //! By default they compute in f32 like MLX; only the order of the additions differs. With
 //! [`Activations::Int8`] the activations are quantized to int8 inside each matmul and multiplied
-//! with AVX-512 VNNI instead. See `docs/kernels.md`.
+//! with AVX-512 VNNI or AVX2 integer instructions instead. See `docs/kernels.md`.
 
 use crate::error::{Error, Result};
 use crate::sys::{self, ffi};
@@ -58,10 +58,10 @@ pub enum Activations {
     /// f32 activations, f32 accumulation: the reference numbers (the default).
     F32,
     /// Activations quantized to int8 per row and block of 32 inside each matmul, multiplied
-    /// with AVX-512 VNNI over weights interleaved at load (`MLXCEL_ACTIVATIONS=int8`): about
-    /// 3.5× less matmul time for eight sequences, ~2× for one, at the cost of small changes to
-    /// the logits (docs/kernels.md). A row's result never depends on the other rows, so batched
-    /// and alone still give the same tokens.
+    /// with AVX-512 VNNI (or AVX2's `vpmaddubsw`) over weights interleaved at load
+    /// (`MLXCEL_ACTIVATIONS=int8`): about 3.5× less matmul time for eight sequences, ~2× for
+    /// one, at the cost of small changes to the logits (docs/kernels.md). A row's result never
+    /// depends on the other rows: a sequence gets the same bits batched or alone.
     Int8,
 }
 
@@ -146,35 +146,20 @@ impl Kernels {
         Ok(kernels)
     }
 
-    /// Refuses combinations that cannot run: int8 activations need mlxcel's kernels, and AVX-512
-    /// VNNI unless the scalar reference path is asked for (`MLXCEL_KERNEL_ISA=scalar`).
+    /// Refuses combinations that cannot run: int8 activations exist on mlxcel's kernels only.
     pub fn check(&self) -> Result<()> {
-        if self.activations != Activations::Int8 {
-            return Ok(());
-        }
-        let conflict = |value: &str, expected: &'static str| Error::InvalidEnv {
-            variable: "MLXCEL_ACTIVATIONS",
-            value: value.to_owned(),
-            expected,
-        };
-        if self.backend != KernelBackend::Native {
-            return Err(conflict(
-                "int8",
-                "f32 with MLXCEL_KERNELS=mlx (int8 activations run on mlxcel's kernels only)",
-            ));
-        }
-        if self.isa != Isa::Scalar && !has_vnni() {
-            return Err(conflict(
-                "int8",
-                "f32 on this CPU: the int8 kernels need AVX-512 VNNI, which it lacks \
-                 (MLXCEL_KERNEL_ISA=scalar runs the slow reference instead)",
-            ));
+        if self.activations == Activations::Int8 && self.backend != KernelBackend::Native {
+            return Err(Error::InvalidEnv {
+                variable: "MLXCEL_ACTIVATIONS",
+                value: "int8".to_owned(),
+                expected: "f32 with MLXCEL_KERNELS=mlx (int8 activations run on mlxcel's kernels only)",
+            });
         }
         Ok(())
     }
 }
 
-/// Whether this CPU has AVX-512 VNNI (the int8-activation kernels' fast path).
+/// Whether this CPU has AVX-512 VNNI (the int8-activation kernels' fastest path).
 pub fn has_vnni() -> bool {
     sys::with_lock(ffi::kernels_has_vnni)
 }

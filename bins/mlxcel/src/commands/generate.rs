@@ -77,7 +77,7 @@ pub struct Args {
     backend: String,
 
     /// What the MLX backend's quantized matmuls multiply the weights with: `f32` (the
-    /// reference numbers) or `int8` (AVX-512 VNNI; ~3× faster batched decode, perplexity +3.5%
+    /// reference numbers) or `int8` (AVX-512 VNNI or AVX2; ~3× faster batched decode, perplexity +3.5%
     /// on the default model). Defaults to `MLXCEL_ACTIVATIONS`, else `f32`.
     #[arg(long)]
     activations: Option<String>,

@@ -32,25 +32,16 @@ fn xla_engine() -> &'static Engine {
     })
 }
 
-/// The default model with int8 activations, where the CPU runs them (AVX-512 VNNI).
-fn int8_engine() -> Option<&'static Engine> {
-    static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
-    ENGINE
-        .get_or_init(|| {
-            let options = EngineOptions {
-                activations: Some(Activations::Int8),
-                ..EngineOptions::default()
-            };
-            match Engine::load(None, options) {
-                Ok(engine) => Some(engine),
-                Err(err) if err.to_string().contains("VNNI") => {
-                    eprintln!("skipping the int8 engine checks: {err}");
-                    None
-                }
-                Err(err) => panic!("the int8 engine loads: {err}"),
-            }
-        })
-        .as_ref()
+/// The default model with int8 activations.
+fn int8_engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let options = EngineOptions {
+            activations: Some(Activations::Int8),
+            ..EngineOptions::default()
+        };
+        Engine::load(None, options).expect("the int8 engine loads")
+    })
 }
 
 /// Eight prompts of different lengths for the concurrency tests.
@@ -223,7 +214,7 @@ fn int8_eight_concurrent_greedy_and_seeded_requests_match_running_alone() {
     if skip() {
         return;
     }
-    let Some(engine) = int8_engine() else { return };
+    let engine = int8_engine();
     let prompts = EIGHT_PROMPTS;
     let request = |i: usize| greedy(prompts[i], 4 + 2 * i);
     let alone: Vec<Vec<u32>> = (0..prompts.len())

@@ -108,10 +108,12 @@ void quantize_x_int8_avx512(const float* x, int M, int K, int8_t* xq, float* dx,
 // Output tiles [t0, t1) of kInt8TileRows rows for x rows [m0, m1).
 void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const float* sx, int m0,
                  int m1, int t0, int t1);
+void int8_avx2(const QProblem& p, const int8_t* xq, const float* dx, const float* sx, int m0,
+               int m1, int t0, int t1);
 void int8_avx512(const QProblem& p, const int8_t* xq, const float* dx, const float* sx, int m0,
                  int m1, int t0, int t1);
 
-// Whether the CPU has AVX-512 VNNI (the int8 path's fast form).
+// Whether the CPU has AVX-512 VNNI (the int8 path's fastest form; AVX2 has its own).
 bool has_vnni();
 
 }  // namespace mlxcel::kernels

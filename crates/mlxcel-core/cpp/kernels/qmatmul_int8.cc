@@ -82,7 +82,9 @@ void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float*
       const bool finite = std::isfinite(amax) && !std::isnan(sum);
       const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
       for (int i = 0; i < kInt8Block; ++i) {
-        const float r = std::nearbyint(v[i] * inv);
+        // Round to nearest even, as nearbyint does in the default mode, without a libm call:
+        // |v·inv| <= 127 < 2^22, where adding and removing 1.5·2^23 rounds to an integer.
+        const float r = (v[i] * inv + 12582912.0f) - 12582912.0f;
         xq[int8_x_index(m, j * kInt8Block + i, K)] =
             static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
       }

@@ -157,24 +157,17 @@ fn a_full_cache_and_bad_tokens_are_errors_not_crashes() {
     assert_eq!(cache.len(), 2);
 }
 
-/// The default model with int8 activations (`MLXCEL_ACTIVATIONS=int8`), when this CPU can run
-/// them (AVX-512 VNNI); `None` elsewhere.
-fn int8_model() -> Option<&'static LlamaModel> {
-    static MODEL: OnceLock<Option<LlamaModel>> = OnceLock::new();
-    MODEL
-        .get_or_init(|| {
-            if !mlxcel_core::kernels::has_vnni() {
-                eprintln!("skipping the int8 checks: this CPU has no AVX-512 VNNI");
-                return None;
-            }
-            let kernels = Kernels {
-                activations: Activations::Int8,
-                ..Kernels::native()
-            };
-            let (loaded, _) = default_model();
-            Some(LlamaModel::load_with(&loaded.checkpoint, kernels).expect("int8 loads"))
-        })
-        .as_ref()
+/// The default model with int8 activations (`MLXCEL_ACTIVATIONS=int8`).
+fn int8_model() -> &'static LlamaModel {
+    static MODEL: OnceLock<LlamaModel> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let kernels = Kernels {
+            activations: Activations::Int8,
+            ..Kernels::native()
+        };
+        let (loaded, _) = default_model();
+        LlamaModel::load_with(&loaded.checkpoint, kernels).expect("int8 loads")
+    })
 }
 
 /// Teacher-forced over a fixed passage, one token per step: (Σ −log p(next), top-1 agreement
@@ -212,7 +205,7 @@ fn int8_activations_keep_perplexity_and_top_tokens_of_the_f32_path() {
     if skip() {
         return;
     }
-    let Some(int8) = int8_model() else { return };
+    let int8 = int8_model();
     let (loaded, f32_model) = default_model();
     let text = "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, \
                 France. It is named after the engineer Gustave Eiffel, whose company designed \
@@ -318,7 +311,7 @@ fn int8_sequences_get_the_same_bits_batched_or_alone() {
     if skip() {
         return;
     }
-    let Some(model) = int8_model() else { return };
+    let model = int8_model();
     let (loaded, _) = default_model();
     let long = "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris. "
         .repeat(20);

@@ -5,8 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use mlxcel_core::kernels::has_vnni;
-use mlxcel_core::{Activations, ForwardSeq, Isa, KV_CHUNK, Kernels, LlamaModel};
+use mlxcel_core::{Activations, ForwardSeq, KV_CHUNK, Kernels, LlamaModel};
 use mlxcel_model::{Checkpoint, QuantSpec, dequantize_affine, pack};
 use safetensors::Dtype as StDtype;
 use safetensors::tensor::TensorView;
@@ -799,11 +798,10 @@ fn fused_layers_match_the_per_op_graph_across_cache_growth() {
 
     // The same with int8 activations (every matrix of this model takes the interleaved layout):
     // the fused node and the per-op graph pass the int8 layout to the same row-invariant
-    // kernels, so they give the same bits, and both stay near the f32 numbers. Where the CPU lacks VNNI, the scalar reference path runs.
+    // kernels, so they give the same bits, and both stay near the f32 numbers.
     let int8 = |fused_layers| Kernels {
         activations: Activations::Int8,
         fused_layers,
-        isa: if has_vnni() { Isa::best() } else { Isa::Scalar },
         ..Kernels::native()
     };
     let fused_int8 = run(&LlamaModel::load_with(&checkpoint, int8(true)).unwrap());
