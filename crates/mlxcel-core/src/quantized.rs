@@ -10,6 +10,28 @@ use crate::error::{Error, Result};
 use crate::kernels::{Isa, KernelBackend, Kernels};
 use crate::sys::{self, Handle, ffi};
 
+/// The (weight, scales, biases) list an MLX op returns, as arrays; `op` names it in errors.
+fn three_arrays(
+    op: &'static str,
+    f: impl FnOnce() -> Result<cxx::UniquePtr<ffi::ArrayList>, cxx::Exception>,
+) -> Result<[Array; 3]> {
+    let parts = sys::with_lock(|| -> Result<Vec<Handle>, cxx::Exception> {
+        let list = f()?;
+        (0..ffi::array_list_len(&list))
+            .map(|i| ffi::array_list_get(&list, i).map(Handle::new))
+            .collect()
+    })
+    .map_err(Error::mlx(op))?;
+    let parts: [Handle; 3] = parts.try_into().map_err(|parts: Vec<Handle>| Error::Mlx {
+        op,
+        message: format!(
+            "expected 3 outputs (weight, scales, biases), got {}",
+            parts.len()
+        ),
+    })?;
+    Ok(parts.map(Array::from_handle))
+}
+
 /// What a quantized matmul does to its result `y = x · Wᵀ` before returning it.
 #[derive(Debug, Clone, Copy)]
 pub enum Epilogue<'a> {
@@ -43,25 +65,12 @@ pub struct QuantizedWeight {
 impl QuantizedWeight {
     /// Quantizes `w` (`[out, in]`, `in` a multiple of `group_size`) with MLX's affine scheme.
     pub fn quantize(w: &Array, group_size: i32, bits: i32) -> Result<QuantizedWeight> {
-        let parts = sys::with_lock(|| -> Result<Vec<Handle>, cxx::Exception> {
-            let list = ffi::quantize(w.raw(), group_size, bits)?;
-            (0..ffi::array_list_len(&list))
-                .map(|i| ffi::array_list_get(&list, i).map(Handle::new))
-                .collect()
-        })
-        .map_err(Error::mlx("quantize"))?;
-        let [weight, scales, biases]: [Handle; 3] =
-            parts.try_into().map_err(|parts: Vec<Handle>| Error::Mlx {
-                op: "quantize",
-                message: format!(
-                    "expected 3 outputs (weight, scales, biases), got {}",
-                    parts.len()
-                ),
-            })?;
+        let [weight, scales, biases] =
+            three_arrays("quantize", || ffi::quantize(w.raw(), group_size, bits))?;
         Ok(QuantizedWeight {
-            weight: Array::from_handle(weight),
-            scales: Array::from_handle(scales),
-            biases: Array::from_handle(biases),
+            weight,
+            scales,
+            biases,
             group_size,
             bits,
             int8: false,
@@ -95,28 +104,19 @@ impl QuantizedWeight {
                 message: "the weight is already interleaved".into(),
             });
         }
-        let parts = sys::with_lock(|| -> Result<Vec<Handle>, cxx::Exception> {
-            let list = ffi::interleave_int8(
+        let [weight, scales, biases] = three_arrays("interleave_int8", || {
+            ffi::interleave_int8(
                 self.weight.raw(),
                 self.scales.raw(),
                 self.biases.raw(),
                 self.group_size,
                 self.bits,
-            )?;
-            (0..ffi::array_list_len(&list))
-                .map(|i| ffi::array_list_get(&list, i).map(Handle::new))
-                .collect()
-        })
-        .map_err(Error::mlx("interleave_int8"))?;
-        let [weight, scales, biases]: [Handle; 3] =
-            parts.try_into().map_err(|parts: Vec<Handle>| Error::Mlx {
-                op: "interleave_int8",
-                message: format!("expected 3 outputs, got {}", parts.len()),
-            })?;
+            )
+        })?;
         Ok(QuantizedWeight {
-            weight: Array::from_handle(weight),
-            scales: Array::from_handle(scales),
-            biases: Array::from_handle(biases),
+            weight,
+            scales,
+            biases,
             group_size: self.group_size,
             bits: self.bits,
             int8: true,

@@ -99,11 +99,32 @@ fn stop_strings_and_info() {
     assert!(info.parameters > 100_000_000, "{}", info.parameters);
 }
 
-#[test]
-fn concurrent_seeded_requests_match_running_alone() {
-    if skip() {
-        return;
-    }
+/// `requests` submitted at once, their completions in order.
+fn submit_all(engine: &Engine, requests: &[GenerationRequest]) -> Vec<Completion> {
+    let streams: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    streams
+        .into_iter()
+        .map(|s| s.collect_completion().unwrap())
+        .collect()
+}
+
+/// `requests` run one at a time, then all at once: (alone, together), each in order.
+fn alone_and_together(
+    engine: &Engine,
+    requests: &[GenerationRequest],
+) -> (Vec<Completion>, Vec<Completion>) {
+    let alone = requests
+        .iter()
+        .map(|r| engine.generate(r.clone()).unwrap())
+        .collect();
+    (alone, submit_all(engine, requests))
+}
+
+/// A seeded sampled request alone, and beside another seed and a greedy request.
+fn seeded_alone_and_beside_others(engine: &Engine) -> (Completion, Completion) {
     let sampled = |seed| {
         let mut request = greedy("Once upon a time", 12);
         request.sampling = SamplingParams {
@@ -112,17 +133,23 @@ fn concurrent_seeded_requests_match_running_alone() {
         };
         request
     };
-    let alone = engine().generate(sampled(5)).unwrap();
-    let streams: Vec<_> = [sampled(1), sampled(5), greedy("Hello", 6)]
-        .into_iter()
-        .map(|r| engine().submit(r).unwrap())
-        .collect();
-    let together: Vec<Completion> = streams
-        .into_iter()
-        .map(|s| s.collect_completion().unwrap())
-        .collect();
-    assert_eq!(together[1].tokens, alone.tokens);
-    assert_eq!(together[1].text, alone.text);
+    let alone = engine.generate(sampled(5)).unwrap();
+    let mut together = submit_all(engine, &[sampled(1), sampled(5), greedy("Hello", 6)]);
+    (alone, together.swap_remove(1))
+}
+
+fn tokens(completions: &[Completion]) -> Vec<&[u32]> {
+    completions.iter().map(|c| c.tokens.as_slice()).collect()
+}
+
+#[test]
+fn concurrent_seeded_requests_match_running_alone() {
+    if skip() {
+        return;
+    }
+    let (alone, together) = seeded_alone_and_beside_others(engine());
+    assert_eq!(together.tokens, alone.tokens);
+    assert_eq!(together.text, alone.text);
 }
 
 #[test]
@@ -191,19 +218,9 @@ fn eight_concurrent_greedy_requests_match_running_alone() {
     if skip() {
         return;
     }
-    let prompts = EIGHT_PROMPTS;
-    let request = |i: usize| greedy(prompts[i], 4 + i);
-    let alone: Vec<Vec<u32>> = (0..prompts.len())
-        .map(|i| engine().generate(request(i)).unwrap().tokens)
-        .collect();
-    let streams: Vec<_> = (0..prompts.len())
-        .map(|i| engine().submit(request(i)).unwrap())
-        .collect();
-    let together: Vec<Vec<u32>> = streams
-        .into_iter()
-        .map(|s| s.collect_completion().unwrap().tokens)
-        .collect();
-    assert_eq!(together, alone);
+    let requests: Vec<_> = (0..8).map(|i| greedy(EIGHT_PROMPTS[i], 4 + i)).collect();
+    let (alone, together) = alone_and_together(engine(), &requests);
+    assert_eq!(tokens(&together), tokens(&alone));
 }
 
 /// With int8 activations (the fast batched path) the same holds: eight greedy requests of
@@ -215,38 +232,13 @@ fn int8_eight_concurrent_greedy_and_seeded_requests_match_running_alone() {
         return;
     }
     let engine = int8_engine();
-    let prompts = EIGHT_PROMPTS;
-    let request = |i: usize| greedy(prompts[i], 4 + 2 * i);
-    let alone: Vec<Vec<u32>> = (0..prompts.len())
-        .map(|i| engine.generate(request(i)).unwrap().tokens)
+    let requests: Vec<_> = (0..8)
+        .map(|i| greedy(EIGHT_PROMPTS[i], 4 + 2 * i))
         .collect();
-    let streams: Vec<_> = (0..prompts.len())
-        .map(|i| engine.submit(request(i)).unwrap())
-        .collect();
-    let together: Vec<Vec<u32>> = streams
-        .into_iter()
-        .map(|s| s.collect_completion().unwrap().tokens)
-        .collect();
-    assert_eq!(together, alone);
-
-    let sampled = |seed| {
-        let mut request = greedy("Once upon a time", 12);
-        request.sampling = SamplingParams {
-            seed: Some(seed),
-            ..SamplingParams::default()
-        };
-        request
-    };
-    let alone = engine.generate(sampled(5)).unwrap();
-    let streams: Vec<_> = [sampled(1), sampled(5), greedy("Hello", 6)]
-        .into_iter()
-        .map(|r| engine.submit(r).unwrap())
-        .collect();
-    let together: Vec<Completion> = streams
-        .into_iter()
-        .map(|s| s.collect_completion().unwrap())
-        .collect();
-    assert_eq!(together[1].tokens, alone.tokens);
+    let (alone, together) = alone_and_together(engine, &requests);
+    assert_eq!(tokens(&together), tokens(&alone));
+    let (alone, together) = seeded_alone_and_beside_others(engine);
+    assert_eq!(together.tokens, alone.tokens);
 }
 
 /// The same on the OpenXLA backend: eight greedy requests of different lengths, decoding together

@@ -362,6 +362,17 @@ class SplitHeadsCpu : public mx::UnaryPrimitive {
   throw std::invalid_argument("mlxcel quantized matmul: " + why);
 }
 
+// Scales and biases of an [n, groups] quantized matrix: both f32 or both f16, that shape.
+void check_scales(const mx::array& scales, const mx::array& biases, int n, int groups) {
+  for (const auto* a : {&scales, &biases}) {
+    if ((a->dtype() != mx::float32 && a->dtype() != mx::float16) ||
+        a->dtype() != scales.dtype() || a->ndim() != 2 || a->shape(0) != n ||
+        a->shape(1) != groups)
+      refuse("scales and biases must both be float32 or both float16 [" + std::to_string(n) +
+             ", " + std::to_string(groups) + "]");
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxArray& w,
@@ -386,13 +397,7 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
   if (k % group_size != 0 || static_cast<int64_t>(wa.shape(1)) * 32 / bits != k)
     refuse("x's last dimension " + std::to_string(k) + " does not match the weight's " +
            std::to_string(static_cast<int64_t>(wa.shape(1)) * 32 / bits));
-  for (const auto* a : {&scales.inner, &biases.inner}) {
-    if ((a->dtype() != mx::float32 && a->dtype() != mx::float16) ||
-        a->dtype() != scales.inner.dtype() || a->ndim() != 2 || a->shape(0) != n ||
-        a->shape(1) != k / group_size)
-      refuse("scales and biases must both be float32 or both float16 [" + std::to_string(n) +
-             ", " + std::to_string(k / group_size) + "]");
-  }
+  check_scales(scales.inner, biases.inner, n, k / group_size);
   if (int8 && n % kernels::kInt8TileRows != 0)
     refuse("int8 weights need a multiple of " + std::to_string(kernels::kInt8TileRows) +
            " output rows, got " + std::to_string(n));
@@ -476,13 +481,7 @@ std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& sc
     refuse("int8 weights need a multiple of " + std::to_string(kernels::kInt8TileRows) +
            " output rows, got " + std::to_string(n));
   if (k % group_size != 0) refuse("the input width is not a multiple of the group size");
-  for (const auto* a : {&scales.inner, &biases.inner}) {
-    if ((a->dtype() != mx::float32 && a->dtype() != mx::float16) ||
-        a->dtype() != scales.inner.dtype() || a->ndim() != 2 || a->shape(0) != n ||
-        a->shape(1) != k / group_size)
-      refuse("scales and biases must both be float32 or both float16 [" + std::to_string(n) +
-             ", " + std::to_string(k / group_size) + "]");
-  }
+  check_scales(scales.inner, biases.inner, n, k / group_size);
   // Materialized, row-contiguous copies of the inputs, read on this thread.
   std::vector<mx::array> in{mx::contiguous(wa, false, mlxcel_stream()),
                             mx::contiguous(scales.inner, false, mlxcel_stream()),
