@@ -3,11 +3,10 @@
 use std::collections::HashMap;
 
 use mlxcel_core::{ForwardSeq, Kernels, KvCache, LlamaModel};
-
-use crate::engine::Activations;
 use mlxcel_model::Checkpoint;
 
 use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, SlotId};
+use crate::engine::Activations;
 use crate::error::EngineError;
 
 /// The llama-family model on MLX, with one KV cache per slot.

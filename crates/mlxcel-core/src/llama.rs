@@ -60,9 +60,7 @@ impl Linear {
             _ => self.forward(x, kernels)?.add(residual),
         }
     }
-}
 
-impl Linear {
     /// Rewrites a quantized weight for the int8 kernels when they take its layout.
     fn interleave_int8(&mut self) -> Result<()> {
         if let Self::Quantized { weight, .. } = self {
@@ -180,19 +178,20 @@ struct Layer {
 }
 
 impl Layer {
-    /// Every quantized weight rewritten for the int8 kernels where they take its layout.
+    /// Every quantized weight the native kernels read, rewritten for the int8 kernels where
+    /// they take its layout (separate q, k and v only when they are not stacked: the stacked
+    /// copy is what the native path reads).
     fn interleave_int8(&mut self) -> Result<()> {
-        for linear in [
-            &mut self.q,
-            &mut self.k,
-            &mut self.v,
-            &mut self.o,
-            &mut self.down,
-        ] {
+        for linear in [&mut self.o, &mut self.down] {
             linear.interleave_int8()?;
         }
-        if let Some(qkv) = &mut self.qkv {
-            interleave_in_place(qkv)?;
+        match &mut self.qkv {
+            Some(qkv) => interleave_in_place(qkv)?,
+            None => {
+                for linear in [&mut self.q, &mut self.k, &mut self.v] {
+                    linear.interleave_int8()?;
+                }
+            }
         }
         match &mut self.gate_up {
             GateUp::Stacked(w) => interleave_in_place(w),
@@ -288,7 +287,7 @@ impl LlamaModel {
             Some(q) => Embedding::Quantized(q),
             None => Embedding::Dense(loader.float("model.embed_tokens.weight")?),
         };
-        let layers = (0..config.num_hidden_layers)
+        let mut layers = (0..config.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
                 let qkv_bias = config.attention_qkv_bias;
@@ -332,7 +331,6 @@ impl LlamaModel {
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = loader.float("model.norm.weight")?;
-        let mut layers = layers;
         let mut lm_head = if config.tie_word_embeddings {
             None
         } else {
