@@ -2,9 +2,9 @@
 
 CARGO ?= cargo
 
-.PHONY: verify fmt-check clippy deny check-versions check-env-docs test e2e
+.PHONY: verify fmt-check clippy deny check-versions check-env-docs test test-mlx-only check-package e2e
 
-verify: fmt-check clippy deny check-versions check-env-docs test e2e
+verify: fmt-check clippy deny check-versions check-env-docs test test-mlx-only check-package e2e
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -26,6 +26,17 @@ check-env-docs:
 
 test:
 	$(CARGO) test --workspace --locked
+
+# The engine as an embedder who wants only MLX builds it: no CMake, libclang or IREE
+# (docs/embedding.md); the OpenXLA backend answers with an error naming its feature.
+test-mlx-only:
+	$(CARGO) clippy -p mlxcel-engine --all-targets --locked --no-default-features --features mlx -- -D warnings
+	$(CARGO) test -p mlxcel-engine --locked --no-default-features --features mlx
+
+# mlxcel-engine and the crates under it build and generate text from their packaged form, in a
+# project outside the repository (scripts/check-package, docs/embedding.md).
+check-package:
+	scripts/check-package
 
 # The official `openai` Python client (PyPI, cached venv) against `mlxcel serve` on loopback.
 # Skipped with MLXCEL_SKIP_MODEL_TESTS, like the other tests on the default model.

@@ -16,7 +16,8 @@ use std::process::Command;
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let script = manifest_dir.join("../../scripts/provision-mlx");
+    // The script ships inside this crate, so a packaged copy of it builds too.
+    let script = manifest_dir.join("provision-mlx");
     for path in ["mlx.pin", "cpp", "src/sys.rs", "src/pin.rs"] {
         println!("cargo::rerun-if-changed={path}");
     }
@@ -113,7 +114,7 @@ fn mlx_dir_prefix(dir: &Path) -> PathBuf {
     }
 }
 
-/// Runs scripts/provision-mlx (a no-op when the cache is complete) and returns the install
+/// Runs provision-mlx (a no-op when the cache is complete) and returns the install
 /// root it prints on its last line of stdout.
 fn provision(script: &Path, pin: &pin::MlxPin) -> PathBuf {
     let output = Command::new("bash")

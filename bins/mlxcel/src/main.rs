@@ -33,8 +33,16 @@ enum Command {
     Tokenize(commands::tokenize::Args),
 }
 
+/// What the subcommands other than `serve` log when `RUST_LOG` is unset.
+const CLI_LOG_FILTER: &str = "warn,mlxcel_xla=info";
+
 fn main() -> ExitCode {
     let cli = Cli::parse_from(mlxcel_server::normalize_llama_args(std::env::args_os()));
+    if !matches!(cli.command, Command::Serve(_)) {
+        // Warnings, plus the first-run progress the OpenXLA backend reports (each capacity it
+        // compiles, with its time); `serve` sets up its own logging from its --verbose flag.
+        mlxcel_server::init_logging_with(CLI_LOG_FILTER);
+    }
     let outcome = match cli.command {
         Command::Bench(args) => commands::bench::run(&args),
         Command::Capacity(args) => commands::capacity::run(&args),

@@ -10,11 +10,11 @@ use mlxcel_capacity::MaxNewTokens;
 use mlxcel_model::{LoadedModel, resolve_model};
 
 use crate::backend::{Backend, RequestShape, SequenceStep};
-use crate::engine::{BackendKind, EngineOptions, ModelInfo};
+use crate::backends;
+use crate::engine::ModelInfo;
 use crate::error::EngineError;
-use crate::mlx::MlxBackend;
+use crate::options::EngineOptions;
 use crate::rng::Rng;
-use crate::xla::XlaBackend;
 
 /// A backend loaded for benchmarking.
 pub struct BackendBench {
@@ -36,15 +36,7 @@ impl BackendBench {
     pub fn load(model: Option<&str>, options: &EngineOptions) -> Result<Self, EngineError> {
         let loaded = LoadedModel::open(&resolve_model(model)?)?;
         let info = ModelInfo::from_loaded(&loaded, options.backend);
-        let backend: Box<dyn Backend> = match options.backend {
-            BackendKind::Mlx => Box::new(MlxBackend::load(
-                &loaded.checkpoint,
-                options.kv_budget_bytes,
-                options.threads,
-                options.activations,
-            )?),
-            BackendKind::Xla => Box::new(XlaBackend::load(&loaded.checkpoint, options.shapes)?),
-        };
+        let backend = backends::load(&loaded.checkpoint, options)?;
         Ok(Self {
             backend,
             info,

@@ -44,6 +44,15 @@ pub enum EngineError {
         bytes: usize,
         budget: usize,
     },
+    /// A backend this build of the engine does not contain.
+    #[error(
+        "the {backend} backend is not compiled into this build: rebuild with the cargo feature \
+         `{feature}` of mlxcel-engine (on by default)"
+    )]
+    BackendNotCompiled {
+        backend: &'static str,
+        feature: &'static str,
+    },
     /// A backend name that does not exist.
     #[error("unknown backend {name:?}; choose one of: {choices}")]
     UnknownBackend { name: String, choices: String },

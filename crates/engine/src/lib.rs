@@ -41,33 +41,31 @@
 //! ```
 
 mod backend;
+mod backends;
 mod bench;
 mod decode;
 mod engine;
 mod error;
 mod metrics;
-mod mlx;
+mod options;
 mod request;
 mod rng;
 mod sampling;
 mod scheduler;
 mod stop;
 mod text;
-mod xla;
 
 pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
 pub use bench::{BackendBench, measure_read_bandwidth};
 pub use decode::{DecodeStream, TextDecoder};
-pub use engine::{
-    Activations, BackendKind, Completion, Engine, EngineOptions, GenerationStream, ModelInfo,
-    ShapeMode,
-};
+pub use engine::{Completion, Engine, GenerationStream, ModelInfo};
 pub use error::EngineError;
 pub use metrics::{
     BucketOccupancy, EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, TTFT_BOUNDS,
 };
 pub use mlxcel_capacity::MaxNewTokens;
 pub use mlxcel_model::ChatMessage;
+pub use options::{Activations, BackendKind, EngineOptions, ShapeMode};
 pub use request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };

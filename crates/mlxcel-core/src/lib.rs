@@ -1,6 +1,6 @@
 //! mlxcel-core: the MLX backend's foundation — a safe Rust [`Array`] over MLX's C++ API.
 //!
-//! MLX (pinned in `mlx.pin`, provisioned from the `mlx-cpu` wheel by `scripts/provision-mlx`,
+//! MLX (pinned in `mlx.pin`, provisioned from the `mlx-cpu` wheel by this crate's `provision-mlx` script,
 //! or taken from `MLX_DIR`) is reached through a `cxx` bridge to concrete shims in `cpp/`. No
 //! MLX type crosses this crate's public API: callers see [`Array`], [`Dtype`] and [`Error`].
 //!

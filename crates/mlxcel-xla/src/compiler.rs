@@ -157,6 +157,14 @@ impl Compiler {
             .collect::<String>()
     }
 
+    /// Whether `program`'s module is already in the cache (so [`Self::compile`] will not run the
+    /// compiler).
+    pub fn is_cached(&self, program: &str) -> bool {
+        self.cache_dir
+            .join(format!("{}.vmfb", self.cache_key(program)))
+            .is_file()
+    }
+
     /// The compiled module for `program`, from the cache or compiled now.
     pub fn compile(&self, program: &str) -> Result<CompiledModule> {
         let key = self.cache_key(program);

@@ -174,6 +174,20 @@ impl XlaModel {
 
     /// Compiles (or finds in the cache) and loads `capacity`'s module and allocates its caches.
     pub fn ensure_capacity(&mut self, capacity: usize) -> Result<()> {
+        self.ensure_capacities(&[capacity])
+    }
+
+    /// [`Self::ensure_capacity`] for each of `capacities` in turn. A compile is the slow part of a
+    /// first run (seconds per capacity), so each one is logged (`tracing`, info) before it starts,
+    /// as `compiling capacity 256 (1/3) …`, and when it ends, with its time.
+    pub fn ensure_capacities(&mut self, capacities: &[usize]) -> Result<()> {
+        for (index, &capacity) in capacities.iter().enumerate() {
+            self.ensure_one(capacity, index + 1, capacities.len())?;
+        }
+        Ok(())
+    }
+
+    fn ensure_one(&mut self, capacity: usize, index: usize, total: usize) -> Result<()> {
         if self.capacities.contains_key(&capacity) {
             return Ok(());
         }
@@ -187,12 +201,15 @@ impl XlaModel {
         let shape = self.shape(capacity);
         let program = emit_llama(&self.dims, &shape, self.options.format)?;
         let started = Instant::now();
+        if !self.compiler.is_cached(&program) {
+            tracing::info!("compiling capacity {capacity} ({index}/{total}) …");
+        }
         let compiled = self.compiler.compile(&program)?;
         if compiled.compiled {
             self.compilations += 1;
             tracing::info!(
-                "mlxcel-xla: compiled capacity {capacity} in {:?} ({})",
-                started.elapsed(),
+                "compiled capacity {capacity} ({index}/{total}) in {:.1} s ({})",
+                started.elapsed().as_secs_f64(),
                 compiled.path.display()
             );
         }

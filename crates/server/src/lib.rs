@@ -42,6 +42,6 @@ pub use args::{ServerArgs, normalize_llama_args};
 pub use config::{ApiKeys, ServerConfig};
 pub use error::{ApiError, ServerError};
 pub use metrics::Metrics;
-pub use run::{init_logging, run};
+pub use run::{init_logging, init_logging_with, run};
 pub use serve::{Server, shutdown_signal};
 pub use state::{ActiveRequest, AppState};

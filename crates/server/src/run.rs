@@ -8,15 +8,20 @@ use crate::args::ServerArgs;
 use crate::error::ServerError;
 use crate::serve::{Server, shutdown_signal};
 
-/// Logs to stderr: `info` by default, `debug` when `verbose`.
+/// Logs to stderr: `info` by default, `debug` when `verbose`; `RUST_LOG` (tracing's filter syntax,
+/// e.g. `RUST_LOG=mlxcel_engine=debug`) replaces either.
 pub fn init_logging(verbose: bool) {
-    let level = if verbose {
-        tracing::Level::DEBUG
-    } else {
-        tracing::Level::INFO
-    };
+    init_logging_with(if verbose { "debug" } else { "info" });
+}
+
+/// Logs to stderr under `RUST_LOG` when it is set, else under `default` (a filter such as
+/// `warn,mlxcel_xla=info`). The command-line tools call this once, first thing, so that
+/// `RUST_LOG` works in every subcommand. A second call does nothing.
+pub fn init_logging_with(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
-        .with_max_level(level)
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -24,8 +24,9 @@ pub struct Args {
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
 
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    /// Sampling temperature. 0 (the default, as mlx-lm's generate) decodes greedily, so a prompt
+    /// gives the same text every run; a positive value samples (llama.cpp's default is 0.8).
+    #[arg(long = "temp", default_value_t = 0.0)]
     temperature: f32,
 
     /// Keep the K most likely tokens (0 disables).

@@ -18,6 +18,7 @@ fn engine() -> &'static Engine {
 }
 
 /// The default model on the OpenXLA backend, loaded once for the tests that compare backends.
+#[cfg(feature = "xla")]
 fn xla_engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
@@ -244,6 +245,7 @@ fn int8_eight_concurrent_greedy_and_seeded_requests_match_running_alone() {
 /// The same on the OpenXLA backend: eight greedy requests of different lengths, decoding together
 /// in one capacity's eight cache rows, give each the tokens it gets alone, and a second round
 /// compiles nothing new.
+#[cfg(feature = "xla")]
 #[test]
 fn xla_eight_concurrent_greedy_requests_match_running_alone() {
     if skip() {
@@ -278,6 +280,7 @@ fn xla_eight_concurrent_greedy_requests_match_running_alone() {
 }
 
 /// Greedy tokens of the OpenXLA backend equal the MLX backend's for 32 steps.
+#[cfg(feature = "xla")]
 #[test]
 fn xla_greedy_tokens_equal_mlx_for_32_steps() {
     if skip() {
@@ -298,4 +301,30 @@ fn xla_greedy_tokens_equal_mlx_for_32_steps() {
             on_xla.text, on_mlx.text
         );
     }
+}
+
+/// A build without the `xla` feature still parses `xla` and answers it with an error that names
+/// the feature to enable, not an unknown-backend error.
+#[cfg(not(feature = "xla"))]
+#[test]
+fn a_compiled_out_backend_names_its_feature() {
+    if skip() {
+        return;
+    }
+    let options = EngineOptions {
+        backend: "xla".parse().unwrap(),
+        ..EngineOptions::default()
+    };
+    let err = Engine::load(None, options).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::BackendNotCompiled {
+                backend: "xla",
+                feature: "xla"
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("cargo feature `xla`"), "{err}");
 }

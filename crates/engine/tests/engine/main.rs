@@ -2,11 +2,12 @@
 //!
 //! Modules: `sampling` (the sampler chain and seeding), `stop` (stop strings across token
 //! boundaries), `seam` (the backend trait's defaults), `scheduler` (continuous batching over a
-//! mock backend), `default_model` (the public `Engine` on the real default model), `metrics`
-//! (histograms).
+//! mock backend), `default_model` (the public `Engine` on the real default model; needs the `mlx`
+//! feature, and its OpenXLA tests the `xla` feature), `metrics` (histograms).
 
 use mlxcel_engine::*;
 
+#[cfg(feature = "mlx")]
 mod default_model;
 mod metrics;
 mod scheduler;

@@ -23,7 +23,7 @@ fn default_model() -> &'static (LoadedModel, LlamaModel) {
     })
 }
 
-/// DESIGN.md's greedy reference in f32 arithmetic over the quantized weights.
+/// The greedy reference in f32 arithmetic over the quantized weights (docs/model.md).
 #[test]
 fn greedy_reference_text_on_the_default_model() {
     if skip() {

@@ -1,4 +1,4 @@
-//! The MLX pin is read identically by build.rs, scripts/provision-mlx, the linked library
+//! The MLX pin is read identically by build.rs, provision-mlx (in this crate), the linked library
 //! and docs/mlx.md.
 
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ fn repo_root() -> PathBuf {
 
 fn provision_script(arg: &str) -> String {
     let out = Command::new("bash")
-        .arg(repo_root().join("scripts/provision-mlx"))
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("provision-mlx"))
         .arg(arg)
         .output()
         .expect("bash runs");

@@ -31,7 +31,7 @@ fn load(format: WeightFormat) -> (LoadedModel, XlaModel) {
     (loaded, xla)
 }
 
-/// DESIGN.md's greedy reference (f32 arithmetic over the quantized weights) starts ` Paris.\n\n`;
+/// The greedy reference (f32 arithmetic over the quantized weights; docs/model.md) starts ` Paris.\n\n`;
 /// the default f16 weights give the same text. A second sequence decodes in the same batch.
 #[test]
 fn greedy_decoding_on_the_default_model() {

@@ -16,7 +16,6 @@ use mlxcel_xla::Compiler;
 pub fn compiler(cache: PathBuf) -> Compiler {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = Command::new(root.join("scripts/provision-iree"))
-        .arg("--no-apt")
         .output()
         .expect("run scripts/provision-iree");
     assert!(

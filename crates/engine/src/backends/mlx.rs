@@ -6,8 +6,8 @@ use mlxcel_core::{ForwardSeq, Kernels, KvCache, LlamaModel};
 use mlxcel_model::Checkpoint;
 
 use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, SlotId};
-use crate::engine::Activations;
 use crate::error::EngineError;
+use crate::options::Activations;
 
 /// The llama-family model on MLX, with one KV cache per slot.
 #[derive(Debug)]

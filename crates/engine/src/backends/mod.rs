@@ -1,0 +1,66 @@
+//! The backends the engine can run, one module each, each behind the cargo feature of its name.
+//!
+//! [`load`] is the only place that names a concrete backend: the engine and the benchmark harness
+//! ask it for a `Box<dyn Backend>` and never see what is inside. A backend compiled out answers
+//! with [`EngineError::BackendNotCompiled`], which names the feature to enable, so a program that
+//! embeds the engine compiles the same whichever backends it builds.
+
+#[cfg(feature = "mlx")]
+mod mlx;
+#[cfg(feature = "xla")]
+mod xla;
+
+use mlxcel_model::Checkpoint;
+
+use crate::backend::Backend;
+use crate::error::EngineError;
+use crate::options::{BackendKind, EngineOptions};
+
+/// Builds the backend `options.backend` names over `checkpoint`.
+pub(crate) fn load(
+    checkpoint: &Checkpoint,
+    options: &EngineOptions,
+) -> Result<Box<dyn Backend>, EngineError> {
+    match options.backend {
+        BackendKind::Mlx => load_mlx(checkpoint, options),
+        BackendKind::Xla => load_xla(checkpoint, options),
+    }
+}
+
+#[cfg(feature = "mlx")]
+fn load_mlx(
+    checkpoint: &Checkpoint,
+    options: &EngineOptions,
+) -> Result<Box<dyn Backend>, EngineError> {
+    let backend = mlx::MlxBackend::load(
+        checkpoint,
+        options.kv_budget_bytes,
+        options.threads,
+        options.activations,
+    )?;
+    Ok(Box::new(backend))
+}
+
+#[cfg(not(feature = "mlx"))]
+fn load_mlx(_: &Checkpoint, _: &EngineOptions) -> Result<Box<dyn Backend>, EngineError> {
+    Err(EngineError::BackendNotCompiled {
+        backend: BackendKind::Mlx.as_str(),
+        feature: "mlx",
+    })
+}
+
+#[cfg(feature = "xla")]
+fn load_xla(
+    checkpoint: &Checkpoint,
+    options: &EngineOptions,
+) -> Result<Box<dyn Backend>, EngineError> {
+    Ok(Box::new(xla::XlaBackend::load(checkpoint, options.shapes)?))
+}
+
+#[cfg(not(feature = "xla"))]
+fn load_xla(_: &Checkpoint, _: &EngineOptions) -> Result<Box<dyn Backend>, EngineError> {
+    Err(EngineError::BackendNotCompiled {
+        backend: BackendKind::Xla.as_str(),
+        feature: "xla",
+    })
+}

@@ -1,0 +1,119 @@
+//! How to load and run a model: the options an embedder sets, shared by the engine and the
+//! backends (which import them from here, never from the engine).
+
+use crate::error::EngineError;
+use crate::scheduler::SchedulerConfig;
+
+/// Which backend runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    /// MLX: dynamic shapes, eager graphs.
+    #[default]
+    Mlx,
+    /// OpenXLA through IREE: static shapes, one compiled module per context capacity.
+    Xla,
+}
+
+impl BackendKind {
+    /// Every backend name `from_str` accepts.
+    pub const NAMES: &'static [&'static str] = &["mlx", "xla"];
+
+    /// The backend's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mlx => "mlx",
+            Self::Xla => "xla",
+        }
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = EngineError;
+
+    fn from_str(name: &str) -> Result<Self, EngineError> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "mlx" => Ok(Self::Mlx),
+            "xla" => Ok(Self::Xla),
+            _ => Err(EngineError::UnknownBackend {
+                name: name.to_owned(),
+                choices: Self::NAMES.join(", "),
+            }),
+        }
+    }
+}
+
+/// How to load and run a model.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// The backend.
+    pub backend: BackendKind,
+    /// Scheduler limits.
+    pub scheduler: SchedulerConfig,
+    /// Most bytes of KV memory live sequences may reserve, each at its worst case.
+    pub kv_budget_bytes: usize,
+    /// Threads of the MLX backend's CPU kernels; `None` takes `MLXCEL_THREADS`, else every core.
+    pub threads: Option<usize>,
+    /// What the MLX backend's quantized matmuls multiply the weights with; `None` takes
+    /// `MLXCEL_ACTIVATIONS`, else f32.
+    pub activations: Option<Activations>,
+    /// How a static-shape backend picks its shapes.
+    pub shapes: ShapeMode,
+}
+
+/// What the MLX backend's quantized matmuls multiply the weights with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activations {
+    /// f32 activations and accumulation: the reference numbers.
+    #[default]
+    F32,
+    /// Activations quantized to int8 per row and block of 32 inside each matmul (AVX-512 VNNI, or AVX2):
+    /// ~3× faster batched decode, slightly different logits. A sequence's tokens still do not
+    /// depend on its batch-mates (docs/kernels.md).
+    Int8,
+}
+
+impl Activations {
+    /// The names `from_str` accepts.
+    pub const NAMES: [&'static str; 2] = ["f32", "int8"];
+}
+
+impl std::str::FromStr for Activations {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "f32" => Ok(Self::F32),
+            "int8" => Ok(Self::Int8),
+            _ => Err(format!(
+                "unknown activations {name:?}: expected {}",
+                Self::NAMES.join(" or ")
+            )),
+        }
+    }
+}
+
+/// How a static-shape backend (OpenXLA) sizes requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShapeMode {
+    /// Each request gets the smallest ladder rung that holds it (the command line's resolver);
+    /// a rung's executable compiles the first time a request needs it.
+    #[default]
+    PerRequest,
+    /// A server's fixed bucket set (`[256, min(4096, window)]`, the pin, or
+    /// `MLXCEL_XLA_CONTEXT_BUCKETS`), compiled at load so that nothing compiles while serving;
+    /// each request routes to the smallest bucket that holds its prompt and whole budget.
+    ServerBuckets,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            backend: BackendKind::default(),
+            scheduler: SchedulerConfig::default(),
+            kv_budget_bytes: 4 << 30,
+            threads: None,
+            activations: None,
+            shapes: ShapeMode::default(),
+        }
+    }
+}
