@@ -2,9 +2,9 @@
 
 CARGO ?= cargo
 
-.PHONY: verify fmt-check clippy deny check-versions check-env-docs test test-mlx-only check-package e2e
+.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers test test-mlx-only check-package e2e
 
-verify: fmt-check clippy deny check-versions check-env-docs test test-mlx-only check-package e2e
+verify: fmt-check clippy deny check-versions check-env-docs check-layers test test-mlx-only check-package e2e
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -23,6 +23,10 @@ check-versions:
 
 check-env-docs:
 	$(CARGO) xtask check-env-docs
+
+# Workspace crates depend only on lower layers (xtask/src/layers.rs, docs/architecture.md).
+check-layers:
+	$(CARGO) xtask check-layers
 
 test:
 	$(CARGO) test --workspace --locked

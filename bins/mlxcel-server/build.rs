@@ -1,12 +1,13 @@
-// build.rs of a crate that depends on mlxcel-core (e.g. mlxcel-engine, bins/mlxcel).
+// build.rs of a crate whose binaries, tests or benches run the engine (bins/mlxcel, the server,
+// the benches, and any program that embeds mlxcel-engine; docs/embedding.md).
 //
-// mlxcel-core links libmlx.so from outside the target directory. Its `links = "mlx"`
-// metadata reaches this build script as DEP_MLX_LIBDIR; embedding that directory as an
-// rpath lets this crate's binaries, tests, examples and benches run without
-// LD_LIBRARY_PATH. (cargo::rustc-link-arg from mlxcel-core itself does not reach them.)
+// libmlx.so lives outside the target directory, and cargo does not pass a dependency's link
+// arguments on. mlxcel-engine hands its directory to the build scripts of its direct dependents
+// as DEP_MLXCEL_ENGINE_MLX_LIBDIR; an rpath to it lets this crate's binaries run without
+// LD_LIBRARY_PATH.
 fn main() {
-    println!("cargo::rerun-if-env-changed=DEP_MLX_LIBDIR");
-    if let Ok(libdir) = std::env::var("DEP_MLX_LIBDIR") {
-        println!("cargo::rustc-link-arg=-Wl,-rpath,{libdir}");
+    println!("cargo::rerun-if-env-changed=DEP_MLXCEL_ENGINE_MLX_LIBDIR");
+    if let Ok(dir) = std::env::var("DEP_MLXCEL_ENGINE_MLX_LIBDIR") {
+        println!("cargo::rustc-link-arg=-Wl,-rpath,{dir}");
     }
 }

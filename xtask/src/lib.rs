@@ -6,12 +6,16 @@
 //! - [`check_env_docs`]: every `MLXCEL_*` variable the code reads is documented in
 //!   `docs/environment.md`, and every documented one is read somewhere.
 //!
-//! Both take the workspace root as a value so that tests can run them on a mutated copy.
+//! - [`check_layers`]: workspace crates depend only on crates of lower layers ([`LAYERS`]).
+//!
+//! Each takes the workspace root as a value so that tests can run it on a mutated copy.
 
 mod env_docs;
+mod layers;
 mod versions;
 
 pub use env_docs::{check_env_docs, documented_variables, variables_in_code};
+pub use layers::{LAYERS, check_layers};
 pub use versions::check_versions;
 
 use std::path::PathBuf;

@@ -13,8 +13,11 @@ fn main() -> ExitCode {
     let outcome = match check.as_str() {
         "check-versions" => xtask::check_versions(&root),
         "check-env-docs" => xtask::check_env_docs(&root),
+        "check-layers" => xtask::check_layers(&root),
         _ => {
-            eprintln!("usage: cargo xtask <check-versions|check-env-docs> [WORKSPACE_ROOT]");
+            eprintln!(
+                "usage: cargo xtask <check-versions|check-env-docs|check-layers> [WORKSPACE_ROOT]"
+            );
             return ExitCode::from(2);
         }
     };

@@ -1,6 +1,7 @@
 //! Each gate passes on the real tree and fails on a mutated copy of it, naming what is wrong.
 //!
-//! Modules: `versions` (the crate-version gate), `env_docs` (the environment-variable docs gate).
+//! Modules: `versions` (the crate-version gate), `env_docs` (the environment-variable docs gate),
+//! `layers` (the dependency-direction gate).
 
 use std::fs;
 use std::path::Path;
@@ -156,6 +157,61 @@ mod env_docs {
             err.contains(
                 "MLXCEL_FORGOTTEN is documented in docs/environment.md but nothing reads it"
             ),
+            "{err}"
+        );
+    }
+}
+
+mod layers {
+    use super::*;
+
+    #[test]
+    fn real_tree_passes() {
+        let summary = xtask::check_layers(&xtask::workspace_root()).unwrap();
+        assert!(
+            summary.contains("all pointing to lower layers"),
+            "{summary}"
+        );
+    }
+
+    #[test]
+    fn a_dependency_pointing_up_fails_and_names_both_crates() {
+        let tree = copy_of_tree();
+        edit(tree.path(), "crates/model/Cargo.toml", |t| {
+            t.replace(
+                "[dependencies]\n",
+                "[dependencies]\nmlxcel-engine.workspace = true\n",
+            )
+        });
+        let err = xtask::check_layers(tree.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("mlxcel-model (layer 0) depends on mlxcel-engine (layer 2)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_backend_depending_on_its_sibling_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), "crates/mlxcel-xla/Cargo.toml", |t| {
+            t.replace(
+                "[dev-dependencies]\n",
+                "[dev-dependencies]\nmlxcel-core.workspace = true\n",
+            )
+        });
+        let err = xtask::check_layers(tree.path()).unwrap_err().to_string();
+        assert!(err.contains("depends on mlxcel-core (layer 1)"), "{err}");
+    }
+
+    #[test]
+    fn a_crate_without_a_layer_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), "benches/Cargo.toml", |t| {
+            t.replace("name = \"mlxcel-benches\"", "name = \"mlxcel-benchmarks\"")
+        });
+        let err = xtask::check_layers(tree.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("mlxcel-benchmarks (benches) has no layer"),
             "{err}"
         );
     }

@@ -55,8 +55,24 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", describe(&err));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, `: ` apart, leaving out a cause whose text its parent already ends
+/// with (an engine error shows its backend's error and also keeps it as its source).
+fn describe(err: &anyhow::Error) -> String {
+    let mut text = err.to_string();
+    let mut parent = text.clone();
+    for cause in err.chain().skip(1) {
+        let cause = cause.to_string();
+        if !parent.ends_with(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+        parent = cause;
+    }
+    text
 }

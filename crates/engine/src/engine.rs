@@ -131,9 +131,11 @@ impl Engine {
                     }
                 }
             })
-            .map_err(|e| EngineError::Backend {
-                backend: backend_name,
-                message: format!("cannot start the engine thread: {e}"),
+            .map_err(|e| {
+                EngineError::backend(
+                    backend_name,
+                    std::io::Error::new(e.kind(), format!("cannot start the engine thread: {e}")),
+                )
             })?;
         ready_rx.recv().map_err(|_| EngineError::Stopped)??;
         Ok(Self {
@@ -181,6 +183,17 @@ impl Engine {
             .clone()
     }
 
+    /// Refuses the first token id the model does not have. The one vocabulary check: `submit`
+    /// runs it on every prompt, and callers that take ids from users (the server's token-id
+    /// prompts and `/detokenize`) run it before anything else.
+    pub fn check_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        let vocab_size = self.info.vocab_size;
+        match tokens.iter().find(|&&t| t as usize >= vocab_size) {
+            Some(&token) => Err(EngineError::TokenOutOfVocabulary { token, vocab_size }),
+            None => Ok(()),
+        }
+    }
+
     /// Tokenizes `text` as a prompt (the tokenizer's special handling on, as llama.cpp does).
     pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, EngineError> {
         Ok(self.tokenizer.encode(text, true, true)?)
@@ -216,6 +229,7 @@ impl Engine {
     /// Queues a request and returns its stream of events. Refusals (too long, bad settings, a full
     /// queue) are returned here. The checkpoint's EOS ids are added to the request's stop tokens.
     pub fn submit(&self, mut request: GenerationRequest) -> Result<GenerationStream, EngineError> {
+        self.check_tokens(&request.prompt)?;
         for &eos in &self.info.eos_token_ids {
             if !request.stop_token_ids.contains(&eos) {
                 request.stop_token_ids.push(eos);
@@ -444,10 +458,7 @@ impl GenerationStream {
                 } => {
                     completion.text.push_str(&text);
                     if let (FinishReason::Error, Some(message)) = (reason, error) {
-                        return Err(EngineError::Backend {
-                            backend: "engine",
-                            message,
-                        });
+                        return Err(EngineError::backend("engine", message));
                     }
                     completion.finish_reason = Some(reason);
                     completion.usage = usage;

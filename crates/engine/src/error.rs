@@ -2,6 +2,9 @@
 
 use mlxcel_capacity::CapacityError;
 
+/// A backend's own error, kept whole at the seam (a message alone converts too).
+pub type BackendSource = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Everything the engine can refuse or fail at.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -15,11 +18,13 @@ pub enum EngineError {
     /// The request does not fit the shape or window it would run in.
     #[error(transparent)]
     Capacity(#[from] CapacityError),
-    /// The backend failed (the message is the backend's own).
-    #[error("{backend} backend: {message}")]
+    /// The backend failed; `source` is the backend's own error, typed (`mlxcel_core::Error`,
+    /// `mlxcel_xla::Error`, ...) for callers that downcast it, and its text is part of this one's.
+    #[error("{backend} backend: {source}")]
     Backend {
         backend: &'static str,
-        message: String,
+        #[source]
+        source: BackendSource,
     },
     /// The waiting queue is full; try again later.
     #[error("the request queue is full ({capacity} waiting); retry shortly")]
@@ -68,7 +73,20 @@ pub enum EngineError {
     /// The engine thread has stopped.
     #[error("the engine has stopped")]
     Stopped,
+    /// A token id the model does not have (a prompt given as ids, or ids to detokenize).
+    #[error("token id {token} is outside the vocabulary (size {vocab_size})")]
+    TokenOutOfVocabulary { token: u32, vocab_size: usize },
     /// An empty prompt: there is no position to predict from.
     #[error("the prompt is empty: give at least one token of input")]
     EmptyPrompt,
+}
+
+impl EngineError {
+    /// A failure of the backend named `backend`, keeping its error as the source.
+    pub fn backend(backend: &'static str, source: impl Into<BackendSource>) -> Self {
+        Self::Backend {
+            backend,
+            source: source.into(),
+        }
+    }
 }

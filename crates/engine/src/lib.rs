@@ -59,7 +59,7 @@ pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, Shap
 pub use bench::{BackendBench, measure_read_bandwidth};
 pub use decode::{DecodeStream, TextDecoder};
 pub use engine::{Completion, Engine, GenerationStream, ModelInfo};
-pub use error::EngineError;
+pub use error::{BackendSource, EngineError};
 pub use metrics::{
     BucketOccupancy, EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, TTFT_BOUNDS,
 };

@@ -1,6 +1,8 @@
 //! How to load and run a model: the options an embedder sets, shared by the engine and the
 //! backends (which import them from here, never from the engine).
 
+pub use mlxcel_model::Activations;
+
 use crate::error::EngineError;
 use crate::scheduler::SchedulerConfig;
 
@@ -58,38 +60,6 @@ pub struct EngineOptions {
     pub activations: Option<Activations>,
     /// How a static-shape backend picks its shapes.
     pub shapes: ShapeMode,
-}
-
-/// What the MLX backend's quantized matmuls multiply the weights with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Activations {
-    /// f32 activations and accumulation: the reference numbers.
-    #[default]
-    F32,
-    /// Activations quantized to int8 per row and block of 32 inside each matmul (AVX-512 VNNI, or AVX2):
-    /// ~3× faster batched decode, slightly different logits. A sequence's tokens still do not
-    /// depend on its batch-mates (docs/kernels.md).
-    Int8,
-}
-
-impl Activations {
-    /// The names `from_str` accepts.
-    pub const NAMES: [&'static str; 2] = ["f32", "int8"];
-}
-
-impl std::str::FromStr for Activations {
-    type Err = String;
-
-    fn from_str(name: &str) -> Result<Self, String> {
-        match name.trim().to_ascii_lowercase().as_str() {
-            "f32" => Ok(Self::F32),
-            "int8" => Ok(Self::Int8),
-            _ => Err(format!(
-                "unknown activations {name:?}: expected {}",
-                Self::NAMES.join(" or ")
-            )),
-        }
-    }
 }
 
 /// How a static-shape backend (OpenXLA) sizes requests.

@@ -65,10 +65,10 @@ pub enum Error {
         /// The cache's limit.
         max_positions: usize,
     },
-    /// An environment variable has a value this crate cannot use.
+    /// An environment variable (or the option that overrides it) has a value this crate cannot use.
     #[error("{variable}={value:?} is invalid: expected {expected}")]
     InvalidEnv {
-        /// The variable, e.g. `MLXCEL_KERNELS`.
+        /// The variable, e.g. `MLXCEL_KERNELS`, or the option that set the value (`--activations`).
         variable: &'static str,
         /// Its value.
         value: String,

@@ -52,18 +52,8 @@ impl Isa {
     }
 }
 
-/// What the quantized matmuls multiply the weights with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activations {
-    /// f32 activations, f32 accumulation: the reference numbers (the default).
-    F32,
-    /// Activations quantized to int8 per row and block of 32 inside each matmul, multiplied
-    /// with AVX-512 VNNI (or AVX2's `vpmaddubsw`) over weights interleaved at load
-    /// (`MLXCEL_ACTIVATIONS=int8`): about 3.5× less matmul time for eight sequences, ~2× for
-    /// one, at the cost of small changes to the logits (docs/kernels.md). A row's result never
-    /// depends on the other rows: a sequence gets the same bits batched or alone.
-    Int8,
-}
+/// What the quantized matmuls multiply the weights with (one type, shared with the engine).
+pub use mlxcel_model::Activations;
 
 /// Which kernels run, on which path, with how many threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,15 +132,17 @@ impl Kernels {
                 _ => return Err(invalid("MLXCEL_ACTIVATIONS", &value, "f32 or int8")),
             };
         }
-        kernels.check()?;
+        kernels.check("MLXCEL_ACTIVATIONS")?;
         Ok(kernels)
     }
 
     /// Refuses combinations that cannot run: int8 activations exist on mlxcel's kernels only.
-    pub fn check(&self) -> Result<()> {
+    /// The error names `activations_setting`, whatever set the activations: the variable
+    /// (`MLXCEL_ACTIVATIONS`) or the caller's own option or flag (`--activations`).
+    pub fn check(&self, activations_setting: &'static str) -> Result<()> {
         if self.activations == Activations::Int8 && self.backend != KernelBackend::Native {
             return Err(Error::InvalidEnv {
-                variable: "MLXCEL_ACTIVATIONS",
+                variable: activations_setting,
                 value: "int8".to_owned(),
                 expected: "f32 with MLXCEL_KERNELS=mlx (int8 activations run on mlxcel's kernels only)",
             });

@@ -25,6 +25,7 @@
 //! # Ok::<(), mlxcel_model::ModelError>(())
 //! ```
 
+mod activations;
 mod chat;
 mod checkpoint;
 mod config;
@@ -39,6 +40,7 @@ mod safetensors_files;
 mod safetensors_writer;
 mod tokenizer;
 
+pub use activations::Activations;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use checkpoint::{Checkpoint, Module, ModuleKind, expected_modules};
 pub use config::{Architecture, ModelConfig, RopeScaling};

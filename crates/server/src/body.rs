@@ -1,19 +1,20 @@
-//! Response bodies (whole, or a channel of chunks for SSE) and bounded request reading.
+//! Response bodies: whole, or a channel of chunks for SSE. A leaf: it knows nothing of errors
+//! (`error.rs` builds its responses with it) or of requests (`read.rs`).
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
 use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
 use hyper::{Response, StatusCode};
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-use crate::error::ApiError;
+/// The body of a 500: what `ApiError::Internal` serializes to (a test in `error.rs` keeps them
+/// equal), for the one failure this module reports itself, a response that cannot be serialized.
+pub const INTERNAL_ERROR_BODY: &str = r#"{"error":{"message":"internal server error","type":"server_error","param":null,"code":"internal_error"}}"#;
 
 /// Chunks buffered between a generation task and a slow client.
 const STREAM_BUFFER: usize = 64;
@@ -75,7 +76,16 @@ pub fn full(
 pub fn json(status: StatusCode, value: &impl Serialize) -> Response<Body> {
     match serde_json::to_vec(value) {
         Ok(bytes) => full(status, "application/json", bytes),
-        Err(err) => ApiError::Internal(format!("cannot serialize a response: {err}")).response(),
+        // Only a bug can get here (the response types serialize); the details go to the log and
+        // the client gets the same body as any other internal error.
+        Err(err) => {
+            tracing::error!("cannot serialize a response: {err}");
+            full(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "application/json",
+                INTERNAL_ERROR_BODY,
+            )
+        }
     }
 }
 
@@ -111,41 +121,4 @@ pub fn event_stream() -> (Response<Body>, StreamSender) {
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     (response, StreamSender(tx))
-}
-
-/// Reads a JSON request body of at most `limit` bytes into `T`; errors name the field.
-pub async fn read_json<T: DeserializeOwned>(body: Incoming, limit: usize) -> Result<T, ApiError> {
-    let bytes = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
-            return Err(ApiError::PayloadTooLarge { limit });
-        }
-        Err(err) => {
-            return Err(ApiError::bad_request(format!(
-                "cannot read the body: {err}"
-            )));
-        }
-    };
-    parse_json(&bytes)
-}
-
-/// Parses JSON into `T`, naming the path of a field of the wrong type.
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request(
-            "the request body is empty; send a JSON object",
-        ));
-    }
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(&mut de).map_err(|err| {
-        let path = err.path().to_string();
-        let inner = err.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            ApiError::bad_request(format!("malformed JSON: {inner}"))
-        } else if path == "." {
-            ApiError::bad_request(format!("invalid request: {inner}"))
-        } else {
-            ApiError::invalid_param(path.clone(), format!("invalid field `{path}`: {inner}"))
-        }
-    })
 }

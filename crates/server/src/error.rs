@@ -1,7 +1,7 @@
 //! The server's errors: [`ApiError`] for one request, mapped to a response in one place
 //! ([`ApiError::response`]); [`ServerError`] for starting and running the server.
 
-use hyper::header::{HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
+use hyper::header::{ALLOW, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use hyper::{Response, StatusCode};
 use mlxcel_engine::EngineError;
 use serde::Serialize;
@@ -25,9 +25,14 @@ pub enum ApiError {
     /// No such route.
     #[error("no route for {method} {path}")]
     NotFound { method: String, path: String },
-    /// The route exists under another method.
-    #[error("{path} does not accept {method}")]
-    MethodNotAllowed { method: String, path: String },
+    /// The route exists under another method; `allow` lists the ones it takes (the `Allow`
+    /// header of the response).
+    #[error("{path} does not accept {method}; it accepts {allow}")]
+    MethodNotAllowed {
+        method: String,
+        path: String,
+        allow: String,
+    },
     /// A model name the server does not serve.
     #[error("the model `{model}` does not exist; this server serves `{served}`")]
     ModelNotFound { model: String, served: String },
@@ -163,6 +168,11 @@ impl ApiError {
             Self::Unauthorized => {
                 headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
+            Self::MethodNotAllowed { allow, .. } => {
+                if let Ok(value) = HeaderValue::from_str(allow) {
+                    headers.insert(ALLOW, value);
+                }
+            }
             _ => {}
         }
         response
@@ -180,7 +190,9 @@ impl From<EngineError> for ApiError {
                 param: Some("max_tokens".into()),
                 code: "context_length_exceeded",
             },
-            EngineError::EmptyPrompt => Self::invalid_param("prompt", err.to_string()),
+            EngineError::EmptyPrompt | EngineError::TokenOutOfVocabulary { .. } => {
+                Self::invalid_param("prompt", err.to_string())
+            }
             EngineError::NoChatTemplate => Self::invalid_param("messages", err.to_string()),
             EngineError::Model(_) => Self::bad_request(err.to_string()),
             EngineError::QueueFull { .. } | EngineError::NoFreeSlot => {
@@ -210,4 +222,18 @@ pub enum ServerError {
         context: String,
         source: std::io::Error,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// body.rs answers an unserializable response with this body without knowing `ApiError`.
+    #[test]
+    fn the_leaf_body_module_writes_the_internal_error_body() {
+        let body = ApiError::Internal("detail".into()).body();
+        let leaf: serde_json::Value =
+            serde_json::from_str(crate::body::INTERNAL_ERROR_BODY).unwrap();
+        assert_eq!(leaf, body);
+    }
 }

@@ -91,13 +91,7 @@ fn tokenize(engine: &Engine, prompt: PromptInput) -> Result<Vec<u32>, ApiError> 
             .encode(&text, false, true)
             .map_err(EngineError::from)?,
         PromptInput::Tokens(tokens) => {
-            let vocab = engine.info().vocab_size;
-            if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-                return Err(ApiError::invalid_param(
-                    "prompt",
-                    format!("token id {bad} is outside the vocabulary (size {vocab})"),
-                ));
-            }
+            engine.check_tokens(&tokens)?;
             tokens
         }
     };

@@ -8,12 +8,13 @@ use mlxcel_engine::{ChatMessage, Engine, Event, FinishReason, TokenLogprob, Usag
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::body::{Body, StreamSender, event_stream, read_json};
+use crate::body::{Body, StreamSender, event_stream};
 use crate::error::ApiError;
 use crate::generate::{
     Next, Params, PromptInput, TokenRecord, Tracked, budget, collect, next_or_gone, submit,
     token_piece, unix_now,
 };
+use crate::read::read_json;
 use crate::state::AppState;
 
 /// Most alternatives per token a request may ask for.

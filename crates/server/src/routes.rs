@@ -1,21 +1,155 @@
-//! The router: authentication, then one match from method and path to a handler.
+//! The router: authentication, then one table from method and path to a handler.
+//!
+//! [`ROUTES`] is the only list of routes: dispatch, the `405` answer with its `Allow` header and
+//! `OPTIONS` all read it. Paths are patterns whose `{name}` segments match any one segment and
+//! reach the handler as [`PathParams`].
 
 use std::sync::Arc;
 
 use hyper::body::Incoming;
-use hyper::header::AUTHORIZATION;
-use hyper::{Method, Request, Response};
+use hyper::header::{ALLOW, AUTHORIZATION, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
 
-use crate::body::Body;
+use crate::body::{Body, full};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{llama, openai};
+use crate::{llama_server, openai};
+
+/// What a route runs. One variant per handler; [`Endpoint::call`] is the one dispatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Completions,
+    ChatCompletions,
+    Models,
+    Completion,
+    Tokenize,
+    Detokenize,
+    ApplyTemplate,
+    Health,
+    Props,
+    Slots,
+    Metrics,
+}
+
+/// One method on one path pattern.
+#[derive(Debug)]
+struct Route {
+    method: Method,
+    path: &'static str,
+    endpoint: Endpoint,
+    /// Answered without an API key (load balancers probe it).
+    public: bool,
+}
+
+const fn route(method: Method, path: &'static str, endpoint: Endpoint) -> Route {
+    Route {
+        method,
+        path,
+        endpoint,
+        public: false,
+    }
+}
+
+const fn public(method: Method, path: &'static str, endpoint: Endpoint) -> Route {
+    Route {
+        method,
+        path,
+        endpoint,
+        public: true,
+    }
+}
+
+/// Every route the server answers (OpenAI's under `/v1` and without it, then llama-server's).
+static ROUTES: &[Route] = &[
+    route(Method::POST, "/v1/completions", Endpoint::Completions),
+    route(Method::POST, "/completions", Endpoint::Completions),
+    route(
+        Method::POST,
+        "/v1/chat/completions",
+        Endpoint::ChatCompletions,
+    ),
+    route(Method::POST, "/chat/completions", Endpoint::ChatCompletions),
+    route(Method::GET, "/v1/models", Endpoint::Models),
+    route(Method::GET, "/models", Endpoint::Models),
+    route(Method::POST, "/completion", Endpoint::Completion),
+    route(Method::POST, "/tokenize", Endpoint::Tokenize),
+    route(Method::POST, "/detokenize", Endpoint::Detokenize),
+    route(Method::POST, "/apply-template", Endpoint::ApplyTemplate),
+    public(Method::GET, "/health", Endpoint::Health),
+    public(Method::GET, "/v1/health", Endpoint::Health),
+    route(Method::GET, "/props", Endpoint::Props),
+    route(Method::GET, "/slots", Endpoint::Slots),
+    route(Method::GET, "/metrics", Endpoint::Metrics),
+];
+
+/// The values of a route's `{name}` segments, in order.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PathParams(Vec<(&'static str, String)>);
+
+impl PathParams {
+    /// The value of the segment `{name}`, if the route has one.
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "no route has a `{name}` segment yet; llama-server's /slots/{id} is the first"
+        )
+    )]
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Matches `path` against `pattern`: literal segments equal, `{name}` segments non-empty.
+fn match_path(pattern: &'static str, path: &str) -> Option<PathParams> {
+    let mut params = Vec::new();
+    let mut want = pattern.split('/');
+    let mut have = path.split('/');
+    loop {
+        match (want.next(), have.next()) {
+            (None, None) => return Some(PathParams(params)),
+            (Some(w), Some(h)) => match w.strip_prefix('{').and_then(|w| w.strip_suffix('}')) {
+                Some(name) if !h.is_empty() => params.push((name, h.to_owned())),
+                Some(_) => return None,
+                None if w == h => {}
+                None => return None,
+            },
+            _ => return None,
+        }
+    }
+}
+
+impl Endpoint {
+    async fn call(
+        self,
+        state: &Arc<AppState>,
+        body: Incoming,
+        _params: PathParams,
+    ) -> Result<Response<Body>, ApiError> {
+        match self {
+            Self::Completions => openai::completions(state, body).await,
+            Self::ChatCompletions => openai::chat_completions(state, body).await,
+            Self::Models => openai::models(state),
+            Self::Completion => llama_server::completion(state, body).await,
+            Self::Tokenize => llama_server::tokenize(state, body).await,
+            Self::Detokenize => llama_server::detokenize(state, body).await,
+            Self::ApplyTemplate => llama_server::apply_template(state, body).await,
+            Self::Health => Ok(llama_server::health(state)),
+            Self::Props => llama_server::props(state),
+            Self::Slots => llama_server::slots(state),
+            Self::Metrics => llama_server::metrics(state),
+        }
+    }
+}
 
 /// Answers one request. Every failure becomes a response here, so the connection keeps serving.
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<Body> {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let response = match route(&state, request).await {
+    let response = match dispatch(&state, request).await {
         Ok(response) => response,
         Err(err) => err.response(),
     };
@@ -40,54 +174,102 @@ fn authorized(state: &AppState, request: &Request<Incoming>) -> bool {
         .is_some_and(|key| keys.accepts(key.trim()))
 }
 
-async fn route(
+/// The methods `path` takes, as an `Allow` header value (`OPTIONS` included), or `None` when no
+/// route has that path.
+fn allowed_methods(path: &str) -> Option<String> {
+    let mut methods: Vec<&str> = Vec::new();
+    for r in ROUTES.iter().filter(|r| match_path(r.path, path).is_some()) {
+        if !methods.contains(&r.method.as_str()) {
+            methods.push(r.method.as_str());
+        }
+    }
+    if methods.is_empty() {
+        return None;
+    }
+    methods.push("OPTIONS");
+    Some(methods.join(", "))
+}
+
+async fn dispatch(
     state: &Arc<AppState>,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let path = request.uri().path().to_owned();
     let method = request.method().clone();
-    if !matches!(path.as_str(), "/health" | "/v1/health") && !authorized(state, &request) {
+    let found = ROUTES.iter().find_map(|r| {
+        (r.method == method)
+            .then(|| match_path(r.path, &path))
+            .flatten()
+            .map(|params| (r, params))
+    });
+    // A public path is public under every method (a wrong method there is a 405, not a 401).
+    let public = ROUTES
+        .iter()
+        .any(|r| r.public && match_path(r.path, &path).is_some());
+    if !public && !authorized(state, &request) {
         return Err(ApiError::Unauthorized);
     }
-    let body = request.into_body();
-    let wrong_method = || ApiError::MethodNotAllowed {
-        method: method.to_string(),
-        path: path.clone(),
-    };
-    let post = method == Method::POST;
-    let get = method == Method::GET;
-    match path.as_str() {
-        "/v1/completions" | "/completions" if post => openai::completions(state, body).await,
-        "/v1/chat/completions" | "/chat/completions" if post => {
-            openai::chat_completions(state, body).await
+    if let Some((route, params)) = found {
+        return route
+            .endpoint
+            .call(state, request.into_body(), params)
+            .await;
+    }
+    match allowed_methods(&path) {
+        // CORS preflights and clients that ask: the methods the path takes, no body.
+        Some(allow) if method == Method::OPTIONS => {
+            let mut response = full(StatusCode::NO_CONTENT, "text/plain", Vec::new());
+            if let Ok(value) = HeaderValue::from_str(&allow) {
+                response.headers_mut().insert(ALLOW, value);
+            }
+            Ok(response)
         }
-        "/v1/models" | "/models" if get => openai::models(state),
-        "/completion" if post => llama::completion(state, body).await,
-        "/tokenize" if post => llama::tokenize(state, body).await,
-        "/detokenize" if post => llama::detokenize(state, body).await,
-        "/apply-template" if post => llama::apply_template(state, body).await,
-        "/health" | "/v1/health" if get => Ok(llama::health(state)),
-        "/props" if get => llama::props(state),
-        "/slots" if get => llama::slots(state),
-        "/metrics" if get => llama::metrics(state),
-        "/v1/completions"
-        | "/completions"
-        | "/v1/chat/completions"
-        | "/chat/completions"
-        | "/completion"
-        | "/tokenize"
-        | "/detokenize"
-        | "/apply-template"
-        | "/v1/models"
-        | "/models"
-        | "/health"
-        | "/v1/health"
-        | "/props"
-        | "/slots"
-        | "/metrics" => Err(wrong_method()),
-        _ => Err(ApiError::NotFound {
+        Some(allow) => Err(ApiError::MethodNotAllowed {
+            method: method.to_string(),
+            path,
+            allow,
+        }),
+        None => Err(ApiError::NotFound {
             method: method.to_string(),
             path,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_literal_and_named_segments() {
+        assert_eq!(
+            match_path("/v1/models", "/v1/models"),
+            Some(PathParams::default())
+        );
+        assert_eq!(match_path("/v1/models", "/v1/models/x"), None);
+        assert_eq!(match_path("/v1/models", "/v1"), None);
+        let params = match_path("/slots/{id}", "/slots/3").unwrap();
+        assert_eq!(params.get("id"), Some("3"));
+        assert_eq!(params.get("other"), None);
+        assert_eq!(match_path("/slots/{id}", "/slots/"), None);
+        assert_eq!(match_path("/slots/{id}", "/slots"), None);
+    }
+
+    #[test]
+    fn every_path_has_an_allow_list_and_no_route_is_listed_twice() {
+        for (i, r) in ROUTES.iter().enumerate() {
+            let allow = allowed_methods(r.path).unwrap();
+            assert!(allow.contains(r.method.as_str()), "{}: {allow}", r.path);
+            assert!(
+                !ROUTES[..i]
+                    .iter()
+                    .any(|s| s.path == r.path && s.method == r.method),
+                "{} {} is listed twice",
+                r.method,
+                r.path
+            );
+        }
+        assert_eq!(allowed_methods("/v1/models").unwrap(), "GET, OPTIONS");
+        assert_eq!(allowed_methods("/nothing"), None);
     }
 }

@@ -122,10 +122,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     let activations = match super::parse_activations(args.activations.as_deref())? {
         Some(a) => a,
         None if backend != BackendKind::Mlx => Activations::F32,
-        None => match mlxcel_core::Kernels::from_env()?.activations {
-            mlxcel_core::Activations::F32 => Activations::F32,
-            mlxcel_core::Activations::Int8 => Activations::Int8,
-        },
+        None => mlxcel_core::Kernels::from_env()?.activations,
     };
     let options = EngineOptions {
         backend,

@@ -237,15 +237,18 @@ impl Session<'_> {
             "prompt: {prompt_len} tokens in {prompt_secs:.2}s = {:.1} tok/s",
             rate(prompt_len, prompt_secs)
         );
+        // Greedy decoding draws nothing, so a seed would mean nothing: say which it was.
+        let decoding = match self.sampling.seed {
+            _ if self.sampling.temperature <= 0.0 => "greedy".to_owned(),
+            Some(seed) => format!("seed {seed}"),
+            None => "seed random".to_owned(),
+        };
         eprintln!(
-            "Generated {} tokens in {:.2}s = {:.1} tok/s (finish: {}; seed {})",
+            "Generated {} tokens in {:.2}s = {:.1} tok/s (finish: {}; {decoding})",
             usage.completion_tokens,
             prompt_secs + decode_secs,
             rate(decoded, decode_secs),
             reason.as_str(),
-            self.sampling
-                .seed
-                .map_or_else(|| "random".to_owned(), |s| s.to_string()),
         );
         Ok(text)
     }

@@ -20,10 +20,7 @@ pub(crate) struct MlxBackend {
 }
 
 fn backend_error(err: mlxcel_core::Error) -> EngineError {
-    EngineError::Backend {
-        backend: "mlx",
-        message: err.to_string(),
-    }
+    EngineError::backend("mlx", err)
 }
 
 impl MlxBackend {
@@ -41,11 +38,10 @@ impl MlxBackend {
             kernels.threads = threads.max(1);
         }
         if let Some(activations) = activations {
-            kernels.activations = match activations {
-                Activations::F32 => mlxcel_core::Activations::F32,
-                Activations::Int8 => mlxcel_core::Activations::Int8,
-            };
-            kernels.check().map_err(backend_error)?;
+            kernels.activations = activations;
+            // The option, not the variable, set them: the error names the flag the command lines
+            // and the server spell it with.
+            kernels.check("--activations").map_err(backend_error)?;
         }
         Ok(Self {
             model: LlamaModel::load_with(checkpoint, kernels).map_err(backend_error)?,
@@ -148,10 +144,7 @@ impl Backend for MlxBackend {
             }
         }
         let result = match failure {
-            Some(message) => Err(EngineError::Backend {
-                backend: "mlx",
-                message,
-            }),
+            Some(message) => Err(EngineError::backend("mlx", message)),
             None => {
                 let mut seqs: Vec<ForwardSeq<'_>> = caches
                     .iter_mut()

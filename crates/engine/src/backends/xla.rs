@@ -18,14 +18,11 @@ use mlxcel_xla::{Compiler, DecodeEntry, XlaModel, XlaOptions};
 use crate::backend::{
     Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId,
 };
-use crate::error::EngineError;
+use crate::error::{BackendSource, EngineError};
 use crate::options::ShapeMode;
 
-fn backend_error(err: impl std::fmt::Display) -> EngineError {
-    EngineError::Backend {
-        backend: "xla",
-        message: err.to_string(),
-    }
+fn backend_error(err: impl Into<BackendSource>) -> EngineError {
+    EngineError::backend("xla", err)
 }
 
 /// The plan of one request on a checkpoint of `window` positions: the command-line resolver's
@@ -127,10 +124,7 @@ impl XlaBackend {
     }
 
     fn fail(message: String) -> EngineError {
-        EngineError::Backend {
-            backend: "xla",
-            message,
-        }
+        EngineError::backend("xla", message)
     }
 }
 

@@ -187,6 +187,13 @@ fn refusals_are_errors_and_the_engine_keeps_serving() {
         "effective_prompt_len=8000 + max_new_tokens=500 > checkpoint window=8192; \
          shorten the prompt or lower the token budget (-n)"
     );
+    let vocab_size = engine().info().vocab_size;
+    let outside = GenerationRequest::new(vec![1, vocab_size as u32], MaxNewTokens::Limited(1));
+    let err = engine().submit(outside).unwrap_err();
+    assert!(
+        matches!(err, EngineError::TokenOutOfVocabulary { token, .. } if token as usize == vocab_size),
+        "{err:?}"
+    );
     assert_eq!("xla".parse::<BackendKind>().unwrap(), BackendKind::Xla);
     let err = "nope".parse::<BackendKind>().unwrap_err().to_string();
     assert!(err.contains("choose one of: mlx"), "{err}");

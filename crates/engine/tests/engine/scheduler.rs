@@ -114,10 +114,7 @@ impl Backend for Mock {
         self.steps
             .push(batch.iter().map(|s| (s.slot, s.tokens.len())).collect());
         if std::mem::take(&mut self.fail_next_step) {
-            return Err(EngineError::Backend {
-                backend: "mock",
-                message: "device lost".to_owned(),
-            });
+            return Err(EngineError::backend("mock", "device lost"));
         }
         let mut out = Vec::new();
         for entry in batch {

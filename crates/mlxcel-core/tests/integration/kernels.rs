@@ -304,6 +304,18 @@ fn kernel_choice_is_read_from_the_environment() {
         err.contains("MLXCEL_ACTIVATIONS") && err.contains("MLXCEL_KERNELS=mlx"),
         "{err}"
     );
+    // When an option set the activations (the engine's, from --activations), the conflict names
+    // the option, not the variable the user never set.
+    let flagged = Kernels {
+        backend: KernelBackend::Mlx,
+        activations: Activations::Int8,
+        ..Kernels::native()
+    };
+    let err = flagged.check("--activations").unwrap_err().to_string();
+    assert!(
+        err.starts_with("--activations=\"int8\"") && !err.contains("MLXCEL_ACTIVATIONS"),
+        "{err}"
+    );
     for (name, value) in [
         ("MLXCEL_ACTIVATIONS", "int4"),
         ("MLXCEL_FUSED_LAYERS", "yes"),

@@ -12,7 +12,7 @@ use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::gguf::reader::{GgufFile, GgufValue};
 use crate::gguf::tensors::plan;
-use crate::gguf::tokenizer_json::GgufVocab;
+use crate::gguf::vocab::GgufVocab;
 use crate::quant::{QuantSpec, Quantization};
 use crate::safetensors_writer::{PlannedTensor, write_streaming};
 

@@ -8,6 +8,7 @@ mod spm;
 mod tensors;
 mod tokenizer_json;
 mod types;
+mod vocab;
 mod writer;
 
 pub use convert::{ConvertSummary, convert_gguf, hf_name};

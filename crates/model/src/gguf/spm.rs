@@ -10,11 +10,7 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use crate::gguf::tokenizer_json::GgufVocab;
-
-/// llama.cpp token type of the `<0xXX>` byte pieces, which never take part in merges.
-const TOKEN_TYPE_BYTE: i64 = 6;
-const TOKEN_TYPE_NORMAL: i64 = 1;
+use crate::gguf::vocab::{GgufVocab, TokenType};
 
 pub(crate) fn tokenizer_json(vocab: &GgufVocab) -> Value {
     let (pieces, added) = vocab.vocab_and_added_tokens();
@@ -51,7 +47,7 @@ pub(crate) fn tokenizer_json(vocab: &GgufVocab) -> Value {
 
 /// Merges `[left, right]`, highest-scoring result first; ties keep vocabulary order.
 fn merges(vocab: &GgufVocab) -> Vec<[String; 2]> {
-    let mergeable = |id: usize| vocab.token_types[id] == TOKEN_TYPE_NORMAL;
+    let mergeable = |id: usize| vocab.token_types[id] == TokenType::Normal;
     let ids: HashMap<&str, usize> = vocab
         .tokens
         .iter()
@@ -62,7 +58,7 @@ fn merges(vocab: &GgufVocab) -> Vec<[String; 2]> {
         .collect();
     let mut ranked: Vec<(f32, usize, usize, usize)> = Vec::new();
     for (id, piece) in vocab.tokens.iter().enumerate() {
-        if !mergeable(id) || vocab.token_types[id] == TOKEN_TYPE_BYTE {
+        if !mergeable(id) || vocab.token_types[id] == TokenType::Byte {
             continue;
         }
         let mut local = Vec::new();

@@ -23,14 +23,19 @@ async fn routes_and_methods_that_do_not_exist() {
         error["message"].as_str().unwrap().contains("--metrics"),
         "{error}"
     );
-    let error = server
-        .get("/v1/completions")
-        .await
-        .error(StatusCode::METHOD_NOT_ALLOWED);
+    let reply = server.get("/v1/completions").await;
+    let error = reply.error(StatusCode::METHOD_NOT_ALLOWED);
     assert!(
         error["message"].as_str().unwrap().contains("GET"),
         "{error}"
     );
+    // The 405 says what the path takes, and OPTIONS asks the same without an error.
+    assert_eq!(reply.headers["allow"], "POST, OPTIONS");
+    let options = send(server.addr, "OPTIONS", "/v1/models", &[], None).await;
+    assert_eq!(options.status, StatusCode::NO_CONTENT);
+    assert_eq!(options.headers["allow"], "GET, OPTIONS");
+    let unknown = send(server.addr, "OPTIONS", "/v2/nothing", &[], None).await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,13 +9,14 @@ use mlxcel_engine::{Engine, Event, FinishReason};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::body::{Body, StreamSender, event_stream, full, json, read_json};
+use crate::body::{Body, StreamSender, event_stream, full, json};
 use crate::error::ApiError;
 use crate::generate::{
     Next, Params, PromptInput, TokenRecord, Tracked, budget, collect, next_or_gone, submit,
     token_piece,
 };
 use crate::openai::{MessageField, StopField, chat_messages};
+use crate::read::read_json;
 use crate::state::AppState;
 
 /// A llama-server prompt: text, or token ids (llama-server also mixes them; ids only here).
@@ -251,13 +252,9 @@ struct DetokenizeRequest {
 pub async fn detokenize(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
     let request: DetokenizeRequest = read_json(body, state.config().body_limit).await?;
     let engine = state.engine()?.clone();
-    let vocab = engine.info().vocab_size;
-    if let Some(bad) = request.tokens.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::invalid_param(
-            "tokens",
-            format!("token id {bad} is outside the vocabulary (size {vocab})"),
-        ));
-    }
+    engine
+        .check_tokens(&request.tokens)
+        .map_err(|err| ApiError::invalid_param("tokens", err.to_string()))?;
     let content = engine
         .tokenizer()
         .decode(&request.tokens, false)

@@ -1,0 +1,44 @@
+//! Request bodies in: read within the size limit, parsed as JSON, with errors that name the field.
+
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+
+/// Reads a JSON request body of at most `limit` bytes into `T`; errors name the field.
+pub async fn read_json<T: DeserializeOwned>(body: Incoming, limit: usize) -> Result<T, ApiError> {
+    let bytes = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        Err(err) => {
+            return Err(ApiError::bad_request(format!(
+                "cannot read the body: {err}"
+            )));
+        }
+    };
+    parse_json(&bytes)
+}
+
+/// Parses JSON into `T`, naming the path of a field of the wrong type.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "the request body is empty; send a JSON object",
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut de).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::bad_request(format!("malformed JSON: {inner}"))
+        } else if path == "." {
+            ApiError::bad_request(format!("invalid request: {inner}"))
+        } else {
+            ApiError::invalid_param(path.clone(), format!("invalid field `{path}`: {inner}"))
+        }
+    })
+}
