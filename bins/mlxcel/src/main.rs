@@ -41,7 +41,7 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Serve(_)) {
         // Warnings, plus the first-run progress the OpenXLA backend reports (each capacity it
         // compiles, with its time); `serve` sets up its own logging from its --verbose flag.
-        mlxcel_server::init_logging_with(CLI_LOG_FILTER);
+        mlxcel_server::init_logging_with(CLI_LOG_FILTER, false);
     }
     let outcome = match cli.command {
         Command::Bench(args) => commands::bench::run(&args),

@@ -2,8 +2,10 @@
 //! static-shape modules (one per context capacity), run by the IREE runtime.
 //!
 //! - [`hlo`] emits StableHLO text with shapes checked at every op.
+//! - [`abi`] fixes every function's arguments (weights in a [`WeightFormat`], KV caches, step
+//!   indices): the emitter declares them and the host uploads them from the same lists.
 //! - [`program`] emits the llama-family `prefill` and `decode` functions at one
-//!   [`ProgramShape`](program::ProgramShape).
+//!   [`ProgramShape`](abi::ProgramShape).
 //! - [`compiler`] runs `iree-compile` (provisioned by `scripts/provision-iree`, pinned in
 //!   `iree.pin`) and caches modules on disk by content hash.
 //! - [`runtime`] (feature `runtime`) owns the IREE runtime on a dedicated thread;
@@ -26,6 +28,7 @@
 //! assert!(g.matmul(&a, &b).is_err());
 //! ```
 
+pub mod abi;
 pub mod compiler;
 mod error;
 pub mod hlo;
@@ -37,8 +40,8 @@ pub mod program;
 pub mod runtime;
 pub mod weights;
 
+pub use abi::{LlamaDims, ProgramShape, WeightFormat};
 pub use compiler::{CompiledModule, Compiler, IREE_COMPILE_ENV};
 pub use error::{EmitError, Error, Result};
 #[cfg(feature = "runtime")]
 pub use model::{DecodeEntry, MAX_BATCH_ENV, WEIGHTS_ENV, XlaModel, XlaOptions};
-pub use program::{LlamaDims, ProgramShape, WeightFormat};

@@ -6,12 +6,10 @@ use std::time::Instant;
 
 use mlxcel_model::Checkpoint;
 
+use crate::abi::{LlamaDims, ProgramShape, WeightFormat, cache_type, weight_specs};
 use crate::compiler::Compiler;
 use crate::error::{Error, Result};
-use crate::program::{
-    LlamaDims, ProgramShape, WeightFormat, cache_type, decode_batches, decode_function, emit_llama,
-    weight_specs,
-};
+use crate::program::{decode_batches, decode_function, emit_llama};
 use crate::runtime::{BufferId, Runtime};
 use crate::weights::{checkpoint_dims, weight_buffers};
 

@@ -7,7 +7,7 @@
 //! - `decode`: one token for every one of the `batch` cache rows, each at its own position;
 //!   returns `batch` logits rows and the updated caches.
 //!
-//! Weights come first in the argument list ([`weight_specs`] fixes the order), then the caches
+//! Weights come first in the argument list (the ABI of `abi.rs`: `weight_specs` fixes the order), then the caches
 //! (keys then values, one `[batch, capacity + chunk, kv_heads, head_dim]` tensor per layer), then
 //! the step's indices. The caches are returned in the same order and replace the arguments (IREE
 //! may write the argument buffers in place: they are donated). Positions and masks are computed
@@ -18,280 +18,13 @@
 //! tokens and the decode rows that no sequence occupies write there, so no write ever lands on a
 //! position a live sequence reads.
 
-use std::collections::BTreeMap;
-
+use crate::abi::{
+    Layout, LlamaDims, ProgramShape, WeightFormat, cache_type, weight_specs, weight_types,
+};
 use crate::error::EmitError;
 use crate::hlo::{
     Compare, DotDims, ElementType, FunctionBuilder, Module, Reduce, TensorType, Unary, Value,
 };
-
-/// The model's dimensions and the constants the graph bakes in.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LlamaDims {
-    pub layers: usize,
-    pub hidden: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub intermediate: usize,
-    pub vocab: usize,
-    pub rms_norm_eps: f32,
-    /// Rotary inverse frequencies, `head_dim / 2` of them (1 / period).
-    pub inv_freq: Vec<f32>,
-    pub qkv_bias: bool,
-    pub out_bias: bool,
-    pub tied_embeddings: bool,
-    /// The checkpoint's quantized weights (by tensor name) that [`WeightFormat::Packed`] passes
-    /// packed; every other weight is dense.
-    pub packed: BTreeMap<String, Packing>,
-}
-
-/// How one quantized weight is packed: MLX affine quantization, `scale · q + bias` per group of
-/// `group` consecutive input elements, `q` unsigned of `bits` bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Packing {
-    /// 4 or 8.
-    pub bits: u32,
-    pub group: usize,
-    /// The element type of the scales and biases arguments (f16 or f32).
-    pub scales: ElementType,
-}
-
-/// The static shape of one compiled module.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ProgramShape {
-    /// Positions each sequence may occupy.
-    pub context_capacity: usize,
-    /// Cache rows, and decode's batch size.
-    pub batch: usize,
-    /// Tokens per prefill call.
-    pub chunk: usize,
-}
-
-impl ProgramShape {
-    /// The IREE module name of this shape under `format`: `<name>.prefill`, `<name>.decode`.
-    pub fn module_name(&self, format: WeightFormat) -> String {
-        format!(
-            "mlxcel_c{}_b{}_t{}_{}",
-            self.context_capacity,
-            self.batch,
-            self.chunk,
-            format.name()
-        )
-    }
-
-    /// Positions per cache row, scratch included.
-    pub fn cache_len(&self) -> usize {
-        self.context_capacity + self.chunk
-    }
-}
-
-/// How weights are stored in the argument buffers; the graph widens them to f32.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WeightFormat {
-    /// Every weight dequantized on the host, stored as f32.
-    F32,
-    /// Every weight dequantized on the host, stored as f16.
-    F16,
-    /// Quantized weights stay packed (4- or 8-bit integers plus their scales and biases) and are
-    /// dequantized in the graph, inside the matmul that reads them; dense weights are f16.
-    Packed,
-}
-
-impl WeightFormat {
-    /// The element type of dense (not packed) weights.
-    pub fn element(self) -> ElementType {
-        match self {
-            Self::F32 => ElementType::F32,
-            Self::F16 | Self::Packed => ElementType::F16,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::F16 => "f16",
-            Self::Packed => "packed",
-        }
-    }
-
-    /// The format named `name` (`f32`, `f16` or `packed`).
-    pub fn from_name(name: &str) -> Option<Self> {
-        [Self::F32, Self::F16, Self::Packed]
-            .into_iter()
-            .find(|f| f.name() == name)
-    }
-}
-
-/// How a weight argument is laid out relative to the checkpoint tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
-    /// As stored.
-    AsIs,
-    /// Transposed: the checkpoint's `[out, in]` becomes `[in, out]`.
-    Transposed,
-}
-
-/// One weight argument: the checkpoint tensor it comes from and its argument shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WeightSpec {
-    /// The checkpoint tensor name (for quantized modules, the module's `.weight`).
-    pub name: String,
-    pub dims: Vec<i64>,
-    pub layout: Layout,
-    /// Norm weights and biases stay f32 whatever the weight format: they are tiny.
-    pub always_f32: bool,
-    /// How the checkpoint packs it, if quantized (from [`LlamaDims::packed`]).
-    pub packed: Option<Packing>,
-}
-
-/// The weight arguments, in argument order.
-pub fn weight_specs(d: &LlamaDims) -> Vec<WeightSpec> {
-    let (h, q, kv, i) = (
-        d.hidden as i64,
-        (d.heads * d.head_dim) as i64,
-        (d.kv_heads * d.head_dim) as i64,
-        d.intermediate as i64,
-    );
-    let mut specs = vec![WeightSpec {
-        name: "model.embed_tokens.weight".into(),
-        dims: vec![d.vocab as i64, h],
-        layout: Layout::AsIs,
-        always_f32: false,
-        packed: d.packed.get("model.embed_tokens.weight").copied(),
-    }];
-    let mut push = |name: String, dims: Vec<i64>, layout: Layout, always_f32: bool| {
-        let packed = d.packed.get(&name).copied();
-        specs.push(WeightSpec {
-            name,
-            dims,
-            layout,
-            always_f32,
-            packed,
-        })
-    };
-    for l in 0..d.layers {
-        let p = format!("model.layers.{l}");
-        push(
-            format!("{p}.input_layernorm.weight"),
-            vec![h],
-            Layout::AsIs,
-            true,
-        );
-        for (m, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
-            push(
-                format!("{p}.self_attn.{m}.weight"),
-                vec![h, out],
-                Layout::Transposed,
-                false,
-            );
-            if d.qkv_bias {
-                push(
-                    format!("{p}.self_attn.{m}.bias"),
-                    vec![out],
-                    Layout::AsIs,
-                    true,
-                );
-            }
-        }
-        push(
-            format!("{p}.self_attn.o_proj.weight"),
-            vec![q, h],
-            Layout::Transposed,
-            false,
-        );
-        if d.out_bias {
-            push(
-                format!("{p}.self_attn.o_proj.bias"),
-                vec![h],
-                Layout::AsIs,
-                true,
-            );
-        }
-        push(
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![h],
-            Layout::AsIs,
-            true,
-        );
-        push(
-            format!("{p}.mlp.gate_proj.weight"),
-            vec![h, i],
-            Layout::Transposed,
-            false,
-        );
-        push(
-            format!("{p}.mlp.up_proj.weight"),
-            vec![h, i],
-            Layout::Transposed,
-            false,
-        );
-        push(
-            format!("{p}.mlp.down_proj.weight"),
-            vec![i, h],
-            Layout::Transposed,
-            false,
-        );
-    }
-    push("model.norm.weight".into(), vec![h], Layout::AsIs, true);
-    if !d.tied_embeddings {
-        push(
-            "lm_head.weight".into(),
-            vec![h, d.vocab as i64],
-            Layout::Transposed,
-            false,
-        );
-    }
-    specs
-}
-
-/// The argument type of a weight under `format`.
-pub fn weight_type(spec: &WeightSpec, format: WeightFormat) -> TensorType {
-    let element = if spec.always_f32 {
-        ElementType::F32
-    } else {
-        format.element()
-    };
-    TensorType::new(&spec.dims, element)
-}
-
-/// The argument types of a weight under `format`: one dense tensor, or, for a packed weight
-/// under [`WeightFormat::Packed`], the integers `[rows, cols / group, group]` (the checkpoint's
-/// `[out, in]` layout, never transposed), then the scales and the biases `[rows, cols / group]`.
-pub fn weight_types(spec: &WeightSpec, format: WeightFormat) -> Vec<TensorType> {
-    match (format, spec.packed) {
-        (WeightFormat::Packed, Some(p)) => {
-            let [a, b] = spec.dims[..] else {
-                return vec![weight_type(spec, format)];
-            };
-            let (rows, cols) = match spec.layout {
-                Layout::AsIs => (a, b),
-                Layout::Transposed => (b, a),
-            };
-            let group = p.group as i64;
-            let element = ElementType::unsigned(p.bits).unwrap_or(ElementType::U32);
-            vec![
-                TensorType::new(&[rows, cols / group, group], element),
-                TensorType::new(&[rows, cols / group], p.scales),
-                TensorType::new(&[rows, cols / group], p.scales),
-            ]
-        }
-        _ => vec![weight_type(spec, format)],
-    }
-}
-
-/// The type of one layer's key (or value) cache.
-pub fn cache_type(d: &LlamaDims, shape: &ProgramShape) -> TensorType {
-    TensorType::new(
-        &[
-            shape.batch as i64,
-            shape.cache_len() as i64,
-            d.kv_heads as i64,
-            d.head_dim as i64,
-        ],
-        ElementType::F32,
-    )
-}
 
 /// Emits the module for one capacity.
 pub fn emit_llama(
@@ -555,6 +288,330 @@ impl Emitter<'_> {
     }
 }
 
+/// A function's weight arguments, in `weight_specs` order.
+struct ModelArgs {
+    embed: Weight,
+    layers: Vec<LayerArgs>,
+    final_norm: Value,
+    /// The output projection, unless the embedding is tied to it.
+    lm_head: Option<Weight>,
+}
+
+/// A step's own inputs and what the graph derives from them once for every layer.
+struct StepInputs {
+    /// Sequences (cache rows) in the step, and new tokens per sequence.
+    rows: i64,
+    t: i64,
+    tokens: Value,
+    /// The position of every new token, `[rows, t]`.
+    positions: Value,
+    /// Where each new token's key and value go in the caches: `[rows · t, 2]` (row, position).
+    write_idx: Value,
+    /// Prefill only: the cache row of the sequence, and the chunk token whose logits to return.
+    row: Option<Value>,
+    last: Option<Value>,
+}
+
+/// What every layer's attention shares: the rotary tables and the causal mask.
+struct AttentionTables {
+    /// Rotary tables for the step's tokens: `[rows · t, head_dim]`.
+    cos: Value,
+    sin: Value,
+    /// Key position ≤ query position, over `[rows, kv_heads, t, group, cache_len]`.
+    allowed: Value,
+    neg_inf: Value,
+    /// `1 / sqrt(head_dim)`, over the same shape.
+    scale: Value,
+}
+
+impl Emitter<'_> {
+    /// Declares the weight arguments (one for a dense weight, three for a packed one).
+    fn weight_args(&mut self, format: WeightFormat) -> Result<ModelArgs, EmitError> {
+        let d = self.d;
+        let mut args = Vec::new();
+        for spec in weight_specs(d) {
+            let mut values = weight_types(&spec, format)
+                .into_iter()
+                .map(|t| self.b.arg(t));
+            args.push(match (values.next(), values.next(), values.next()) {
+                (Some(q), Some(scales), Some(biases)) => Weight::Packed { q, scales, biases },
+                (Some(v), _, _) => Weight::Dense(v),
+                _ => unreachable!("weight_types gives one or three types"),
+            });
+        }
+        let mut args = args.into_iter();
+        let mut next = || {
+            args.next()
+                .expect("weight_specs lists every argument taken")
+        };
+        let mut projection = |bias: bool| -> Result<(Weight, Option<Value>), EmitError> {
+            let w = next();
+            Ok((w, bias.then(&mut next).map(Weight::dense).transpose()?))
+        };
+        let embed = projection(false)?.0;
+        let mut layers = Vec::with_capacity(d.layers);
+        for _ in 0..d.layers {
+            let input_norm = projection(false)?.0.dense()?;
+            let q = projection(d.qkv_bias)?;
+            let k = projection(d.qkv_bias)?;
+            let v = projection(d.qkv_bias)?;
+            let o = projection(d.out_bias)?;
+            let post_norm = projection(false)?.0.dense()?;
+            let (gate, up, down) = (
+                projection(false)?.0,
+                projection(false)?.0,
+                projection(false)?.0,
+            );
+            layers.push(LayerArgs {
+                input_norm,
+                q,
+                k,
+                v,
+                o,
+                post_norm,
+                gate,
+                up,
+                down,
+            });
+        }
+        let final_norm = projection(false)?.0.dense()?;
+        let lm_head = (!d.tied_embeddings)
+            .then(|| projection(false))
+            .transpose()?
+            .map(|(w, _)| w);
+        Ok(ModelArgs {
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+        })
+    }
+
+    /// Declares the step's index arguments and derives positions and cache write indices.
+    fn step_inputs(&mut self, step: Step, shape: &ProgramShape) -> Result<StepInputs, EmitError> {
+        let i32_scalar = TensorType::new(&[], ElementType::I32);
+        Ok(match step {
+            Step::Prefill => {
+                let t = shape.chunk as i64;
+                let tokens = self.b.arg(TensorType::new(&[t], ElementType::I32));
+                let row = self.b.arg(i32_scalar.clone());
+                let start = self.b.arg(i32_scalar.clone());
+                let last = self.b.arg(i32_scalar);
+                let offsets = self.b.iota(&[1, t], 1, ElementType::I32)?;
+                let start_b = self.b.broadcast_in_dim(&start, &[1, t], &[])?;
+                let positions = self.b.add(&offsets, &start_b)?;
+                let pos_col = self.b.reshape(&positions, &[t, 1])?;
+                let row_col = self.b.broadcast_in_dim(&row, &[t, 1], &[])?;
+                let write_idx = self.b.concatenate(&[&row_col, &pos_col], 1)?;
+                StepInputs {
+                    rows: 1,
+                    t,
+                    tokens,
+                    positions,
+                    write_idx,
+                    row: Some(row),
+                    last: Some(last),
+                }
+            }
+            Step::Decode(rows) => {
+                let rows = rows as i64;
+                let tokens = self.b.arg(TensorType::new(&[rows], ElementType::I32));
+                let starts = self.b.arg(TensorType::new(&[rows], ElementType::I32));
+                let positions = self.b.reshape(&starts, &[rows, 1])?;
+                let row_col = self.b.iota(&[rows, 1], 0, ElementType::I32)?;
+                let write_idx = self.b.concatenate(&[&row_col, &positions], 1)?;
+                StepInputs {
+                    rows,
+                    t: 1,
+                    tokens,
+                    positions,
+                    write_idx,
+                    row: None,
+                    last: None,
+                }
+            }
+        })
+    }
+
+    /// The rotary tables and the causal mask, computed once from the step's positions.
+    fn attention_tables(
+        &mut self,
+        inputs: &StepInputs,
+        shape: &ProgramShape,
+    ) -> Result<AttentionTables, EmitError> {
+        let d = self.d;
+        let (rows, t) = (inputs.rows, inputs.t);
+        let n = rows * t;
+        let half = d.head_dim as i64 / 2;
+        let pos_flat = self.b.reshape(&inputs.positions, &[n])?;
+        let pos_f = self.b.convert(&pos_flat, ElementType::F32);
+        let pos_f = self.b.broadcast_in_dim(&pos_f, &[n, half], &[0])?;
+        let inv_freq = self.b.vector_f32(&d.inv_freq);
+        let inv_freq = self.b.broadcast_in_dim(&inv_freq, &[n, half], &[1])?;
+        let angles = self.b.mul(&pos_f, &inv_freq)?;
+        let angles = self.b.concatenate(&[&angles, &angles], 1)?;
+        let cos = self.b.unary(Unary::Cosine, &angles)?;
+        let sin = self.b.unary(Unary::Sine, &angles)?;
+
+        let kv_heads = d.kv_heads as i64;
+        let group = d.heads as i64 / kv_heads;
+        let score_dims = [rows, kv_heads, t, group, shape.cache_len() as i64];
+        let key_pos = self.b.iota(&score_dims, 4, ElementType::I32)?;
+        let query_pos = self
+            .b
+            .broadcast_in_dim(&inputs.positions, &score_dims, &[0, 2])?;
+        let allowed = self.b.compare(Compare::Le, &key_pos, &query_pos)?;
+        let neg_inf = self.b.splat_f32(f32::NEG_INFINITY, &score_dims);
+        let scale = self
+            .b
+            .splat_f32(1.0 / (d.head_dim as f32).sqrt(), &score_dims);
+        Ok(AttentionTables {
+            cos,
+            sin,
+            allowed,
+            neg_inf,
+            scale,
+        })
+    }
+
+    /// The key and value cache rows a step attends over: the sequence's row (prefill), the first
+    /// `rows` (decode of fewer rows than the module has), or all of them.
+    fn attended_rows(
+        &mut self,
+        (keys, values): (&Value, &Value),
+        inputs: &StepInputs,
+        shape: &ProgramShape,
+    ) -> Result<(Value, Value), EmitError> {
+        let (kv_heads, hd) = (self.d.kv_heads as i64, self.d.head_dim as i64);
+        let cache_len = shape.cache_len() as i64;
+        match &inputs.row {
+            Some(row) => {
+                let zero = self.b.splat_int(0, &[], ElementType::I32);
+                let starts = [row, &zero, &zero, &zero];
+                let sizes = [1, cache_len, kv_heads, hd];
+                Ok((
+                    self.b.dynamic_slice(keys, &starts, &sizes)?,
+                    self.b.dynamic_slice(values, &starts, &sizes)?,
+                ))
+            }
+            None if inputs.rows < shape.batch as i64 => {
+                let limit = [inputs.rows, cache_len, kv_heads, hd];
+                Ok((
+                    self.b.slice(keys, &[0, 0, 0, 0], &limit)?,
+                    self.b.slice(values, &[0, 0, 0, 0], &limit)?,
+                ))
+            }
+            None => Ok((keys.clone(), values.clone())),
+        }
+    }
+
+    /// One layer's attention block: projections, RoPE, the cache writes, attention and the
+    /// output projection. Returns the block's output and the layer's updated caches.
+    fn attention(
+        &mut self,
+        h: &Value,
+        layer: &LayerArgs,
+        caches: (&Value, &Value),
+        inputs: &StepInputs,
+        tables: &AttentionTables,
+        shape: &ProgramShape,
+    ) -> Result<(Value, Value, Value), EmitError> {
+        let d = self.d;
+        let (heads, kv_heads, hd) = (d.heads as i64, d.kv_heads as i64, d.head_dim as i64);
+        let (rows, t) = (inputs.rows, inputs.t);
+        let n = rows * t;
+        let q = self.linear(h, &layer.q)?;
+        let k = self.linear(h, &layer.k)?;
+        let v = self.linear(h, &layer.v)?;
+        let q = self.b.reshape(&q, &[n, heads, hd])?;
+        let k = self.b.reshape(&k, &[n, kv_heads, hd])?;
+        let v = self.b.reshape(&v, &[n, kv_heads, hd])?;
+        let q = self.rope(&q, &tables.cos, &tables.sin)?;
+        let k = self.rope(&k, &tables.cos, &tables.sin)?;
+        let k_cache = self.b.scatter_rows2(caches.0, &inputs.write_idx, &k)?;
+        let v_cache = self.b.scatter_rows2(caches.1, &inputs.write_idx, &v)?;
+        let (keys, values) = self.attended_rows((&k_cache, &v_cache), inputs, shape)?;
+
+        let q = self
+            .b
+            .reshape(&q, &[rows, t, kv_heads, heads / kv_heads, hd])?;
+        let scores = self.b.dot_general(
+            &q,
+            &keys,
+            &DotDims {
+                lhs_batch: vec![0, 2],
+                rhs_batch: vec![0, 2],
+                lhs_contract: vec![4],
+                rhs_contract: vec![3],
+            },
+        )?;
+        let scores = self.b.mul(&scores, &tables.scale)?;
+        let scores = self.b.select(&tables.allowed, &scores, &tables.neg_inf)?;
+        let probs = self.softmax_last(&scores)?;
+        let attended = self.b.dot_general(
+            &probs,
+            &values,
+            &DotDims {
+                lhs_batch: vec![0, 1],
+                rhs_batch: vec![0, 2],
+                lhs_contract: vec![4],
+                rhs_contract: vec![1],
+            },
+        )?;
+        let attended = self.b.transpose(&attended, &[0, 2, 1, 3, 4])?;
+        let attended = self.b.reshape(&attended, &[n, heads * hd])?;
+        let out = self.linear(&attended, &layer.o)?;
+        Ok((out, k_cache, v_cache))
+    }
+
+    /// One layer's gated MLP: `down(silu(gate(h)) · up(h))`.
+    fn mlp(&mut self, h: &Value, layer: &LayerArgs) -> Result<Value, EmitError> {
+        let gate = self.linear(h, &(layer.gate.clone(), None))?;
+        let up = self.linear(h, &(layer.up.clone(), None))?;
+        let sig = self.b.unary(Unary::Logistic, &gate)?;
+        let act = self.b.mul(&gate, &sig)?;
+        let act = self.b.mul(&act, &up)?;
+        self.linear(&act, &(layer.down.clone(), None))
+    }
+
+    /// The logits of the step's last positions: the chunk token `last` (prefill) or every row.
+    fn logits(
+        &mut self,
+        x: Value,
+        weights: &ModelArgs,
+        inputs: &StepInputs,
+    ) -> Result<Value, EmitError> {
+        let last = match &inputs.last {
+            Some(last) => {
+                let zero = self.b.splat_int(0, &[], ElementType::I32);
+                self.b
+                    .dynamic_slice(&x, &[last, &zero], &[1, self.d.hidden as i64])?
+            }
+            None => x,
+        };
+        let last = self.rms_norm(&last, &weights.final_norm)?;
+        match (&weights.lm_head, &weights.embed) {
+            (Some(head), _) => self.linear(&last, &(head.clone(), None)),
+            // Tied: the embedding table `[vocab, hidden]` is the output projection's `[out, in]`.
+            (None, Weight::Dense(table)) => {
+                let table = self.widen(table);
+                self.b.dot_general(
+                    &last,
+                    &table,
+                    &DotDims {
+                        lhs_contract: vec![1],
+                        rhs_contract: vec![1],
+                        ..DotDims::default()
+                    },
+                )
+            }
+            (None, Weight::Packed { .. }) => self.linear(&last, &(weights.embed.clone(), None)),
+        }
+    }
+}
+
+/// One function of the module: its arguments (weights, caches, step inputs), then the layers,
+/// then the logits and the updated caches as results.
 fn emit_step(
     d: &LlamaDims,
     shape: &ProgramShape,
@@ -569,222 +626,30 @@ fn emit_step(
         b: FunctionBuilder::new(&name),
         d,
     };
-    // Weight arguments, in weight_specs order.
-    let specs = weight_specs(d);
-    let mut args = specs
-        .iter()
-        .map(|s| {
-            let types = weight_types(s, format);
-            let mut values = types.into_iter().map(|t| e.b.arg(t));
-            match (values.next(), values.next(), values.next()) {
-                (Some(q), Some(scales), Some(biases)) => Weight::Packed { q, scales, biases },
-                (Some(v), _, _) => Weight::Dense(v),
-                _ => unreachable!("weight_types gives one or three types"),
-            }
-        })
-        .collect::<Vec<_>>()
-        .into_iter();
-    let mut next = || {
-        args.next()
-            .expect("weight_specs lists every argument taken")
-    };
-    let embed = next();
-    let mut layers = Vec::with_capacity(d.layers);
-    for _ in 0..d.layers {
-        let input_norm = next().dense()?;
-        let mut qkv = Vec::with_capacity(3);
-        for _ in 0..3 {
-            let w = next();
-            let bias = d.qkv_bias.then(&mut next).map(Weight::dense).transpose()?;
-            qkv.push((w, bias));
-        }
-        let o_w = next();
-        let o = (
-            o_w,
-            d.out_bias.then(&mut next).map(Weight::dense).transpose()?,
-        );
-        let post_norm = next().dense()?;
-        let (gate, up, down) = (next(), next(), next());
-        let mut qkv = qkv.into_iter();
-        let (q, k, v) = (
-            qkv.next().expect("three projections"),
-            qkv.next().expect("three projections"),
-            qkv.next().expect("three projections"),
-        );
-        layers.push(LayerArgs {
-            input_norm,
-            q,
-            k,
-            v,
-            o,
-            post_norm,
-            gate,
-            up,
-            down,
-        });
-    }
-    let final_norm = next().dense()?;
-    let lm_head = (!d.tied_embeddings).then(&mut next);
-
+    let weights = e.weight_args(format)?;
     let cache_ty = cache_type(d, shape);
     let k_caches: Vec<Value> = (0..d.layers).map(|_| e.b.arg(cache_ty.clone())).collect();
     let v_caches: Vec<Value> = (0..d.layers).map(|_| e.b.arg(cache_ty.clone())).collect();
+    let inputs = e.step_inputs(step, shape)?;
+    let tables = e.attention_tables(&inputs, shape)?;
 
-    let i32_scalar = TensorType::new(&[], ElementType::I32);
-    let (rows, t) = match step {
-        Step::Prefill => (1i64, shape.chunk as i64),
-        Step::Decode(rows) => (rows as i64, 1i64),
-    };
-    let n = rows * t;
-    // Step inputs, and from them: per-token positions `[rows, t]` and scatter indices `[n, 2]`.
-    let (tokens, positions, write_idx, row_arg, last_arg) = match step {
-        Step::Prefill => {
-            let tokens = e.b.arg(TensorType::new(&[t], ElementType::I32));
-            let row = e.b.arg(i32_scalar.clone());
-            let start = e.b.arg(i32_scalar.clone());
-            let last = e.b.arg(i32_scalar.clone());
-            let offsets = e.b.iota(&[1, t], 1, ElementType::I32)?;
-            let start_b = e.b.broadcast_in_dim(&start, &[1, t], &[])?;
-            let positions = e.b.add(&offsets, &start_b)?;
-            let pos_col = e.b.reshape(&positions, &[n, 1])?;
-            let row_col = e.b.broadcast_in_dim(&row, &[n, 1], &[])?;
-            let idx = e.b.concatenate(&[&row_col, &pos_col], 1)?;
-            (tokens, positions, idx, Some(row), Some(last))
-        }
-        Step::Decode(_) => {
-            let tokens = e.b.arg(TensorType::new(&[rows], ElementType::I32));
-            let starts = e.b.arg(TensorType::new(&[rows], ElementType::I32));
-            let positions = e.b.reshape(&starts, &[rows, 1])?;
-            let row_col = e.b.iota(&[n, 1], 0, ElementType::I32)?;
-            let idx = e.b.concatenate(&[&row_col, &positions], 1)?;
-            (tokens, positions, idx, None, None)
-        }
-    };
-
-    let (heads, kv_heads, hd) = (d.heads as i64, d.kv_heads as i64, d.head_dim as i64);
-    let group = heads / kv_heads;
-    let cache_len = shape.cache_len() as i64;
-
-    // Rotary tables for the step's tokens: `[n, head_dim]`.
-    let pos_flat = e.b.reshape(&positions, &[n])?;
-    let pos_f = e.b.convert(&pos_flat, ElementType::F32);
-    let pos_f = e.b.broadcast_in_dim(&pos_f, &[n, hd / 2], &[0])?;
-    let inv_freq = e.b.vector_f32(&d.inv_freq);
-    let inv_freq = e.b.broadcast_in_dim(&inv_freq, &[n, hd / 2], &[1])?;
-    let angles = e.b.mul(&pos_f, &inv_freq)?;
-    let angles = e.b.concatenate(&[&angles, &angles], 1)?;
-    let cos = e.b.unary(Unary::Cosine, &angles)?;
-    let sin = e.b.unary(Unary::Sine, &angles)?;
-
-    // The causal mask `[rows, kv_heads, t, group, cache_len]`: key position ≤ query position.
-    let score_dims = [rows, kv_heads, t, group, cache_len];
-    let key_pos = e.b.iota(&score_dims, 4, ElementType::I32)?;
-    let query_pos = e.b.broadcast_in_dim(&positions, &score_dims, &[0, 2])?;
-    let allowed = e.b.compare(Compare::Le, &key_pos, &query_pos)?;
-    let neg_inf = e.b.splat_f32(f32::NEG_INFINITY, &score_dims);
-    let scale = e.b.splat_f32(1.0 / (d.head_dim as f32).sqrt(), &score_dims);
-
-    let mut x = e.embed(&embed, &tokens)?;
+    let mut x = e.embed(&weights.embed, &inputs.tokens)?;
     let mut new_k = Vec::with_capacity(d.layers);
     let mut new_v = Vec::with_capacity(d.layers);
-    for (l, layer) in layers.iter().enumerate() {
+    for (l, layer) in weights.layers.iter().enumerate() {
         let h = e.rms_norm(&x, &layer.input_norm)?;
-        let q = e.linear(&h, &layer.q)?;
-        let k = e.linear(&h, &layer.k)?;
-        let v = e.linear(&h, &layer.v)?;
-        let q = e.b.reshape(&q, &[n, heads, hd])?;
-        let k = e.b.reshape(&k, &[n, kv_heads, hd])?;
-        let v = e.b.reshape(&v, &[n, kv_heads, hd])?;
-        let q = e.rope(&q, &cos, &sin)?;
-        let k = e.rope(&k, &cos, &sin)?;
-        let k_cache = e.b.scatter_rows2(&k_caches[l], &write_idx, &k)?;
-        let v_cache = e.b.scatter_rows2(&v_caches[l], &write_idx, &v)?;
-        let (keys, values) = match &row_arg {
-            Some(row) => {
-                let zero = e.b.splat_int(0, &[], ElementType::I32);
-                let sizes = [1, cache_len, kv_heads, hd];
-                let starts = [row, &zero, &zero, &zero];
-                (
-                    e.b.dynamic_slice(&k_cache, &starts, &sizes)?,
-                    e.b.dynamic_slice(&v_cache, &starts, &sizes)?,
-                )
-            }
-            // Decode reads the first `rows` cache rows.
-            None if rows < shape.batch as i64 => {
-                let limit = [rows, cache_len, kv_heads, hd];
-                (
-                    e.b.slice(&k_cache, &[0, 0, 0, 0], &limit)?,
-                    e.b.slice(&v_cache, &[0, 0, 0, 0], &limit)?,
-                )
-            }
-            None => (k_cache.clone(), v_cache.clone()),
-        };
+        let caches = (&k_caches[l], &v_caches[l]);
+        let (attended, k_cache, v_cache) =
+            e.attention(&h, layer, caches, &inputs, &tables, shape)?;
         new_k.push(k_cache);
         new_v.push(v_cache);
-
-        let q = e.b.reshape(&q, &[rows, t, kv_heads, group, hd])?;
-        let scores = e.b.dot_general(
-            &q,
-            &keys,
-            &DotDims {
-                lhs_batch: vec![0, 2],
-                rhs_batch: vec![0, 2],
-                lhs_contract: vec![4],
-                rhs_contract: vec![3],
-            },
-        )?;
-        let scores = e.b.mul(&scores, &scale)?;
-        let scores = e.b.select(&allowed, &scores, &neg_inf)?;
-        let probs = e.softmax_last(&scores)?;
-        let attended = e.b.dot_general(
-            &probs,
-            &values,
-            &DotDims {
-                lhs_batch: vec![0, 1],
-                rhs_batch: vec![0, 2],
-                lhs_contract: vec![4],
-                rhs_contract: vec![1],
-            },
-        )?;
-        let attended = e.b.transpose(&attended, &[0, 2, 1, 3, 4])?;
-        let attended = e.b.reshape(&attended, &[n, heads * hd])?;
-        let o = e.linear(&attended, &layer.o)?;
-        x = e.b.add(&x, &o)?;
+        x = e.b.add(&x, &attended)?;
         let h = e.rms_norm(&x, &layer.post_norm)?;
-        let gate = e.linear(&h, &(layer.gate.clone(), None))?;
-        let up = e.linear(&h, &(layer.up.clone(), None))?;
-        let sig = e.b.unary(Unary::Logistic, &gate)?;
-        let act = e.b.mul(&gate, &sig)?;
-        let act = e.b.mul(&act, &up)?;
-        let down = e.linear(&act, &(layer.down.clone(), None))?;
+        let down = e.mlp(&h, layer)?;
         x = e.b.add(&x, &down)?;
     }
 
-    let last = match &last_arg {
-        Some(last) => {
-            let zero = e.b.splat_int(0, &[], ElementType::I32);
-            e.b.dynamic_slice(&x, &[last, &zero], &[1, d.hidden as i64])?
-        }
-        None => x,
-    };
-    let last = e.rms_norm(&last, &final_norm)?;
-    let logits = match (&lm_head, &embed) {
-        (Some(head), _) => e.linear(&last, &(head.clone(), None))?,
-        // Tied: the embedding table `[vocab, hidden]` is the output projection's `[out, in]`.
-        (None, Weight::Dense(table)) => {
-            let table = e.widen(table);
-            e.b.dot_general(
-                &last,
-                &table,
-                &DotDims {
-                    lhs_contract: vec![1],
-                    rhs_contract: vec![1],
-                    ..DotDims::default()
-                },
-            )?
-        }
-        (None, Weight::Packed { .. }) => e.linear(&last, &(embed.clone(), None))?,
-    };
+    let logits = e.logits(x, &weights, &inputs)?;
     let mut results: Vec<&Value> = vec![&logits];
     results.extend(new_k.iter());
     results.extend(new_v.iter());
@@ -793,7 +658,10 @@ fn emit_step(
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::abi::Packing;
 
     /// A two-layer model small enough to compile in seconds.
     pub(crate) fn tiny_dims(tied: bool, qkv_bias: bool) -> LlamaDims {

@@ -12,11 +12,11 @@ use std::collections::BTreeMap;
 use half::{bf16, f16};
 use mlxcel_model::{Checkpoint, Dtype, ModelConfig};
 
-use crate::error::{Error, Result};
-use crate::hlo::ElementType;
-use crate::program::{
+use crate::abi::{
     Layout, LlamaDims, Packing, WeightFormat, WeightSpec, weight_specs, weight_type, weight_types,
 };
+use crate::error::{Error, Result};
+use crate::hlo::ElementType;
 
 /// The program's dimensions for a checkpoint's config.
 pub fn llama_dims(c: &ModelConfig) -> LlamaDims {

@@ -11,19 +11,24 @@ use crate::serve::{Server, shutdown_signal};
 /// Logs to stderr: `info` by default, `debug` when `verbose`; `RUST_LOG` (tracing's filter syntax,
 /// e.g. `RUST_LOG=mlxcel_engine=debug`) replaces either.
 pub fn init_logging(verbose: bool) {
-    init_logging_with(if verbose { "debug" } else { "info" });
+    init_logging_with(if verbose { "debug" } else { "info" }, true);
 }
 
 /// Logs to stderr under `RUST_LOG` when it is set, else under `default` (a filter such as
-/// `warn,mlxcel_xla=info`). The command-line tools call this once, first thing, so that
-/// `RUST_LOG` works in every subcommand. A second call does nothing.
-pub fn init_logging_with(default: &str) {
+/// `warn,mlxcel_xla=info`); `timestamps` off gives short lines for a terminal session (level and
+/// message only). The command-line tools call this once, first thing, so that `RUST_LOG` works in
+/// every subcommand. A second call does nothing.
+pub fn init_logging_with(default: &str, timestamps: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = if timestamps {
+        builder.try_init()
+    } else {
+        builder.without_time().with_target(false).try_init()
+    };
 }
 
 /// Binds, loads the model in the background (`/health` is 503 meanwhile), and serves until

@@ -1,8 +1,9 @@
 //! Emitted programs compile with the pinned `iree-compile`; its failures are reported in full.
 
 use mlxcel_xla::Error;
+use mlxcel_xla::abi::{ProgramShape, WeightFormat};
 use mlxcel_xla::hlo::{ElementType, FunctionBuilder, Module, TensorType};
-use mlxcel_xla::program::{ProgramShape, WeightFormat, emit_llama};
+use mlxcel_xla::program::emit_llama;
 
 use crate::{compiler, tiny_dims};
 

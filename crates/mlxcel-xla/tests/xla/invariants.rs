@@ -2,11 +2,12 @@
 //! scratch rows and batching must not change any sequence's logits.
 
 use half::f16;
-use mlxcel_xla::hlo::ElementType;
-use mlxcel_xla::program::{
-    Layout, LlamaDims, Packing, ProgramShape, WeightFormat, cache_type, emit_llama, weight_specs,
-    weight_type, weight_types,
+use mlxcel_xla::abi::{
+    Layout, LlamaDims, Packing, ProgramShape, WeightFormat, cache_type, weight_specs, weight_type,
+    weight_types,
 };
+use mlxcel_xla::hlo::ElementType;
+use mlxcel_xla::program::emit_llama;
 use mlxcel_xla::runtime::{BufferId, Runtime};
 
 use crate::{compiler, tiny_dims};

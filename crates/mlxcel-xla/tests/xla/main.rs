@@ -42,8 +42,8 @@ pub fn argmax(v: &[f32]) -> usize {
 }
 
 /// A two-layer llama small enough to compile in seconds, shared by the emitter and runtime tests.
-pub fn tiny_dims() -> mlxcel_xla::program::LlamaDims {
-    mlxcel_xla::program::LlamaDims {
+pub fn tiny_dims() -> mlxcel_xla::abi::LlamaDims {
+    mlxcel_xla::abi::LlamaDims {
         layers: 2,
         hidden: 16,
         heads: 4,

@@ -1,0 +1,279 @@
+//! The program's argument ABI: what the host passes to every function of a compiled module, in
+//! order, and in which element types. The emitter (`program.rs`) declares its arguments from
+//! these, and the host (`weights.rs`, `model.rs`) uploads buffers from the same lists, so the two
+//! cannot disagree.
+//!
+//! Weights come first ([`weight_specs`] fixes the order), in a [`WeightFormat`]; then the KV caches
+//! ([`cache_type`], keys then values, one per layer); then the step's indices.
+
+use std::collections::BTreeMap;
+
+use crate::hlo::{ElementType, TensorType};
+
+/// The model's dimensions and the constants the graph bakes in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaDims {
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub vocab: usize,
+    pub rms_norm_eps: f32,
+    /// Rotary inverse frequencies, `head_dim / 2` of them (1 / period).
+    pub inv_freq: Vec<f32>,
+    pub qkv_bias: bool,
+    pub out_bias: bool,
+    pub tied_embeddings: bool,
+    /// The checkpoint's quantized weights (by tensor name) that [`WeightFormat::Packed`] passes
+    /// packed; every other weight is dense.
+    pub packed: BTreeMap<String, Packing>,
+}
+
+/// How one quantized weight is packed: MLX affine quantization, `scale · q + bias` per group of
+/// `group` consecutive input elements, `q` unsigned of `bits` bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Packing {
+    /// 4 or 8.
+    pub bits: u32,
+    pub group: usize,
+    /// The element type of the scales and biases arguments (f16 or f32).
+    pub scales: ElementType,
+}
+
+/// The static shape of one compiled module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProgramShape {
+    /// Positions each sequence may occupy.
+    pub context_capacity: usize,
+    /// Cache rows, and decode's batch size.
+    pub batch: usize,
+    /// Tokens per prefill call.
+    pub chunk: usize,
+}
+
+impl ProgramShape {
+    /// The IREE module name of this shape under `format`: `<name>.prefill`, `<name>.decode`.
+    pub fn module_name(&self, format: WeightFormat) -> String {
+        format!(
+            "mlxcel_c{}_b{}_t{}_{}",
+            self.context_capacity,
+            self.batch,
+            self.chunk,
+            format.name()
+        )
+    }
+
+    /// Positions per cache row, scratch included.
+    pub fn cache_len(&self) -> usize {
+        self.context_capacity + self.chunk
+    }
+}
+
+/// How weights are stored in the argument buffers; the graph widens them to f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    /// Every weight dequantized on the host, stored as f32.
+    F32,
+    /// Every weight dequantized on the host, stored as f16.
+    F16,
+    /// Quantized weights stay packed (4- or 8-bit integers plus their scales and biases) and are
+    /// dequantized in the graph, inside the matmul that reads them; dense weights are f16.
+    Packed,
+}
+
+impl WeightFormat {
+    /// The element type of dense (not packed) weights.
+    pub fn element(self) -> ElementType {
+        match self {
+            Self::F32 => ElementType::F32,
+            Self::F16 | Self::Packed => ElementType::F16,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Packed => "packed",
+        }
+    }
+
+    /// The format named `name` (`f32`, `f16` or `packed`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::F32, Self::F16, Self::Packed]
+            .into_iter()
+            .find(|f| f.name() == name)
+    }
+}
+
+/// How a weight argument is laid out relative to the checkpoint tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// As stored.
+    AsIs,
+    /// Transposed: the checkpoint's `[out, in]` becomes `[in, out]`.
+    Transposed,
+}
+
+/// One weight argument: the checkpoint tensor it comes from and its argument shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightSpec {
+    /// The checkpoint tensor name (for quantized modules, the module's `.weight`).
+    pub name: String,
+    pub dims: Vec<i64>,
+    pub layout: Layout,
+    /// Norm weights and biases stay f32 whatever the weight format: they are tiny.
+    pub always_f32: bool,
+    /// How the checkpoint packs it, if quantized (from [`LlamaDims::packed`]).
+    pub packed: Option<Packing>,
+}
+
+/// The weight arguments, in argument order.
+pub fn weight_specs(d: &LlamaDims) -> Vec<WeightSpec> {
+    let (h, q, kv, i) = (
+        d.hidden as i64,
+        (d.heads * d.head_dim) as i64,
+        (d.kv_heads * d.head_dim) as i64,
+        d.intermediate as i64,
+    );
+    let mut specs = vec![WeightSpec {
+        name: "model.embed_tokens.weight".into(),
+        dims: vec![d.vocab as i64, h],
+        layout: Layout::AsIs,
+        always_f32: false,
+        packed: d.packed.get("model.embed_tokens.weight").copied(),
+    }];
+    let mut push = |name: String, dims: Vec<i64>, layout: Layout, always_f32: bool| {
+        let packed = d.packed.get(&name).copied();
+        specs.push(WeightSpec {
+            name,
+            dims,
+            layout,
+            always_f32,
+            packed,
+        })
+    };
+    for l in 0..d.layers {
+        let p = format!("model.layers.{l}");
+        push(
+            format!("{p}.input_layernorm.weight"),
+            vec![h],
+            Layout::AsIs,
+            true,
+        );
+        for (m, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+            push(
+                format!("{p}.self_attn.{m}.weight"),
+                vec![h, out],
+                Layout::Transposed,
+                false,
+            );
+            if d.qkv_bias {
+                push(
+                    format!("{p}.self_attn.{m}.bias"),
+                    vec![out],
+                    Layout::AsIs,
+                    true,
+                );
+            }
+        }
+        push(
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![q, h],
+            Layout::Transposed,
+            false,
+        );
+        if d.out_bias {
+            push(
+                format!("{p}.self_attn.o_proj.bias"),
+                vec![h],
+                Layout::AsIs,
+                true,
+            );
+        }
+        push(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![h],
+            Layout::AsIs,
+            true,
+        );
+        push(
+            format!("{p}.mlp.gate_proj.weight"),
+            vec![h, i],
+            Layout::Transposed,
+            false,
+        );
+        push(
+            format!("{p}.mlp.up_proj.weight"),
+            vec![h, i],
+            Layout::Transposed,
+            false,
+        );
+        push(
+            format!("{p}.mlp.down_proj.weight"),
+            vec![i, h],
+            Layout::Transposed,
+            false,
+        );
+    }
+    push("model.norm.weight".into(), vec![h], Layout::AsIs, true);
+    if !d.tied_embeddings {
+        push(
+            "lm_head.weight".into(),
+            vec![h, d.vocab as i64],
+            Layout::Transposed,
+            false,
+        );
+    }
+    specs
+}
+
+/// The argument type of a weight under `format`.
+pub fn weight_type(spec: &WeightSpec, format: WeightFormat) -> TensorType {
+    let element = if spec.always_f32 {
+        ElementType::F32
+    } else {
+        format.element()
+    };
+    TensorType::new(&spec.dims, element)
+}
+
+/// The argument types of a weight under `format`: one dense tensor, or, for a packed weight
+/// under [`WeightFormat::Packed`], the integers `[rows, cols / group, group]` (the checkpoint's
+/// `[out, in]` layout, never transposed), then the scales and the biases `[rows, cols / group]`.
+pub fn weight_types(spec: &WeightSpec, format: WeightFormat) -> Vec<TensorType> {
+    match (format, spec.packed) {
+        (WeightFormat::Packed, Some(p)) => {
+            let [a, b] = spec.dims[..] else {
+                return vec![weight_type(spec, format)];
+            };
+            let (rows, cols) = match spec.layout {
+                Layout::AsIs => (a, b),
+                Layout::Transposed => (b, a),
+            };
+            let group = p.group as i64;
+            let element = ElementType::unsigned(p.bits).unwrap_or(ElementType::U32);
+            vec![
+                TensorType::new(&[rows, cols / group, group], element),
+                TensorType::new(&[rows, cols / group], p.scales),
+                TensorType::new(&[rows, cols / group], p.scales),
+            ]
+        }
+        _ => vec![weight_type(spec, format)],
+    }
+}
+
+/// The type of one layer's key (or value) cache.
+pub fn cache_type(d: &LlamaDims, shape: &ProgramShape) -> TensorType {
+    TensorType::new(
+        &[
+            shape.batch as i64,
+            shape.cache_len() as i64,
+            d.kv_heads as i64,
+            d.head_dim as i64,
+        ],
+        ElementType::F32,
+    )
+}
