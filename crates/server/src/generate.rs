@@ -9,6 +9,7 @@ use mlxcel_engine::{
     SamplingParams, TokenLogprob, Usage,
 };
 
+use crate::body::StreamSender;
 use crate::error::ApiError;
 use crate::state::{ActiveRequest, AppState};
 
@@ -328,21 +329,87 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// What happened next on a streamed request.
-#[derive(Debug)]
-pub enum Next {
-    /// An event to forward.
-    Event(Event),
-    /// The request has ended.
-    End,
-    /// The client went away: the caller cancels.
-    ClientGone,
+/// How one wire format writes a streamed request. [`stream`] owns everything else: waiting for
+/// the next event or the client's departure, cancelling when the client goes, and reporting a
+/// failure mid-stream in the error shape every route shares.
+pub trait StreamFormat: Send + 'static {
+    /// One server-sent event's data.
+    type Chunk: serde::Serialize + Send;
+    /// Whether the stream ends with OpenAI's `data: [DONE]` line (after a failure too).
+    const DONE_LINE: bool;
+
+    /// What goes before the first token, if anything.
+    fn opening(&mut self) -> Option<Self::Chunk> {
+        None
+    }
+
+    /// The chunk for one generated token, or `None` to send nothing for it.
+    fn token(&mut self, token: TokenRecord) -> Option<Self::Chunk>;
+
+    /// The chunks that end a stream that finished without error; `text` is the held-back tail.
+    fn finish(
+        &mut self,
+        tracked: &Tracked,
+        reason: FinishReason,
+        text: String,
+        usage: Usage,
+    ) -> Vec<Self::Chunk>;
 }
 
-/// Waits for the next event or for the client to go, whichever comes first.
-pub async fn next_or_gone(tracked: &mut Tracked, sender: &crate::body::StreamSender) -> Next {
-    tokio::select! {
-        _ = sender.closed() => Next::ClientGone,
-        event = tracked.next() => event.map_or(Next::End, Next::Event),
+/// Streams `tracked` to `sender` in `format` until the request ends or the client goes.
+pub async fn stream<F: StreamFormat>(mut tracked: Tracked, sender: StreamSender, mut format: F) {
+    if let Some(chunk) = format.opening()
+        && !sender.event(&chunk).await
+    {
+        return tracked.cancel().await;
+    }
+    loop {
+        let event = tokio::select! {
+            _ = sender.closed() => return tracked.cancel().await,
+            event = tracked.next() => match event {
+                Some(event) => event,
+                None => return,
+            },
+        };
+        match event {
+            Event::Token {
+                token,
+                text,
+                logprob,
+                top_logprobs,
+            } => {
+                let record = TokenRecord {
+                    token,
+                    text,
+                    logprob,
+                    top_logprobs,
+                };
+                if let Some(chunk) = format.token(record)
+                    && !sender.event(&chunk).await
+                {
+                    return tracked.cancel().await;
+                }
+            }
+            Event::Finished {
+                reason,
+                text,
+                usage,
+                error,
+            } => {
+                if reason == FinishReason::Error {
+                    tracing::error!(id = tracked.id(), error = ?error, "generation failed mid-stream");
+                    let err = ApiError::Internal(error.unwrap_or_default());
+                    let _ = sender.event(&err.body()).await;
+                } else {
+                    for chunk in format.finish(&tracked, reason, text, usage) {
+                        let _ = sender.event(&chunk).await;
+                    }
+                }
+                if F::DONE_LINE {
+                    let _ = sender.raw("data: [DONE]\n\n".into()).await;
+                }
+                return;
+            }
+        }
     }
 }

@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use hyper::body::Incoming;
 use hyper::{Response, StatusCode};
-use mlxcel_engine::{Engine, Event, FinishReason};
+use mlxcel_engine::{Engine, FinishReason, Usage};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::body::{Body, StreamSender, event_stream, full, json};
+use crate::body::{Body, event_stream, full, json};
 use crate::error::ApiError;
 use crate::generate::{
-    Next, Params, PromptInput, TokenRecord, Tracked, budget, collect, next_or_gone, submit,
+    Params, PromptInput, StreamFormat, TokenRecord, Tracked, budget, collect, stream, submit,
     token_piece,
 };
 use crate::openai::{MessageField, StopField, chat_messages};
@@ -83,7 +83,11 @@ pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Respons
             stop_words,
             engine,
         };
-        tokio::spawn(async move { stream_completion(tracked, sender, end).await });
+        let format = CompletionStream {
+            end,
+            last_token: None,
+        };
+        tokio::spawn(stream(tracked, sender, format));
         return Ok(response);
     }
     let outcome = collect(&mut tracked).await?;
@@ -170,48 +174,38 @@ impl Final {
     }
 }
 
-async fn stream_completion(mut tracked: Tracked, sender: StreamSender, end: Final) {
-    let mut last_token = None;
-    loop {
-        let event = match next_or_gone(&mut tracked, &sender).await {
-            Next::Event(event) => event,
-            Next::End => return,
-            Next::ClientGone => return tracked.cancel().await,
-        };
-        let sent = match event {
-            Event::Token { token, text, .. } => {
-                last_token = Some(token);
-                if text.is_empty() {
-                    continue;
-                }
-                sender
-                    .event(&json!({ "content": text, "stop": false, "id_slot": 0, "index": 0 }))
-                    .await
-            }
-            Event::Finished {
-                reason,
-                text,
-                usage,
-                error,
-            } => {
-                if reason == FinishReason::Error {
-                    tracing::error!(id = tracked.id(), error = ?error, "generation failed mid-stream");
-                    let _ = sender
-                        .event(&ApiError::Internal(error.unwrap_or_default()).body())
-                        .await;
-                    return;
-                }
-                let stopped_eos = reason == FinishReason::Stop
-                    && last_token.is_some_and(|t| end.engine.info().eos_token_ids.contains(&t));
-                let mut body = end.body(&tracked, reason, stopped_eos, usage.completion_tokens);
-                body["content"] = json!(text);
-                let _ = sender.event(&body).await;
-                return;
-            }
-        };
-        if !sent {
-            return tracked.cancel().await;
-        }
+/// llama-server's `/completion` stream: `{"content", "stop": false}` per token with text, then the
+/// final object (`stop: true`, the stop flags and timings); no `[DONE]` line.
+struct CompletionStream {
+    end: Final,
+    last_token: Option<u32>,
+}
+
+impl StreamFormat for CompletionStream {
+    type Chunk = Value;
+    const DONE_LINE: bool = false;
+
+    fn token(&mut self, record: TokenRecord) -> Option<Value> {
+        self.last_token = Some(record.token);
+        (!record.text.is_empty())
+            .then(|| json!({ "content": record.text, "stop": false, "id_slot": 0, "index": 0 }))
+    }
+
+    fn finish(
+        &mut self,
+        tracked: &Tracked,
+        reason: FinishReason,
+        text: String,
+        usage: Usage,
+    ) -> Vec<Value> {
+        let eos = &self.end.engine.info().eos_token_ids;
+        let stopped_eos =
+            reason == FinishReason::Stop && self.last_token.is_some_and(|t| eos.contains(&t));
+        let mut body = self
+            .end
+            .body(tracked, reason, stopped_eos, usage.completion_tokens);
+        body["content"] = json!(text);
+        vec![body]
     }
 }
 

@@ -4,15 +4,15 @@ use std::sync::Arc;
 
 use hyper::body::Incoming;
 use hyper::{Response, StatusCode};
-use mlxcel_engine::{ChatMessage, Engine, Event, FinishReason, TokenLogprob, Usage};
+use mlxcel_engine::{ChatMessage, Engine, FinishReason, TokenLogprob, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::body::{Body, StreamSender, event_stream};
+use crate::body::{Body, event_stream};
 use crate::error::ApiError;
 use crate::generate::{
-    Next, Params, PromptInput, TokenRecord, Tracked, budget, collect, next_or_gone, submit,
-    token_piece, unix_now,
+    Params, PromptInput, StreamFormat, TokenRecord, Tracked, budget, collect, submit, token_piece,
+    unix_now,
 };
 use crate::read::read_json;
 use crate::state::AppState;
@@ -561,7 +561,12 @@ async fn run(
     let mut tracked = submit(state, prompt, params).await?;
     if stream {
         let (response, sender) = event_stream();
-        tokio::spawn(async move { stream_events(tracked, sender, envelope, engine).await });
+        let format = OpenAiStream {
+            envelope,
+            engine,
+            offset: 0,
+        };
+        tokio::spawn(crate::generate::stream(tracked, sender, format));
         return Ok(response);
     }
     let outcome = collect(&mut tracked).await?;
@@ -590,80 +595,60 @@ async fn run(
     Ok(crate::body::json(StatusCode::OK, &body))
 }
 
-async fn stream_events(
-    mut tracked: Tracked,
-    sender: StreamSender,
+/// OpenAI's stream: a role delta first (chat), a chunk per token, the final chunk with the finish
+/// reason, the usage chunk when asked for, then `[DONE]`.
+struct OpenAiStream {
     envelope: Envelope,
     engine: Arc<Engine>,
-) {
-    if envelope.kind == Kind::Chat {
-        let mut first = envelope.chunk(&engine, "", &[], 0, None);
-        first["choices"][0]["delta"] = json!({ "role": "assistant", "content": "" });
-        if !sender.event(&first).await {
-            return tracked.cancel().await;
-        }
+    /// Bytes of text sent so far (legacy completion logprobs' `text_offset`).
+    offset: usize,
+}
+
+impl StreamFormat for OpenAiStream {
+    type Chunk = Value;
+    const DONE_LINE: bool = true;
+
+    fn opening(&mut self) -> Option<Value> {
+        (self.envelope.kind == Kind::Chat).then(|| {
+            let mut first = self.envelope.chunk(&self.engine, "", &[], 0, None);
+            first["choices"][0]["delta"] = json!({ "role": "assistant", "content": "" });
+            first
+        })
     }
-    let mut offset = 0;
-    loop {
-        let event = match next_or_gone(&mut tracked, &sender).await {
-            Next::Event(event) => event,
-            Next::End => return,
-            Next::ClientGone => return tracked.cancel().await,
-        };
-        let sent = match event {
-            Event::Token {
-                token,
-                text,
-                logprob,
-                top_logprobs,
-            } => {
-                if text.is_empty() && !envelope.logprobs {
-                    continue;
-                }
-                let record = TokenRecord {
-                    token,
-                    text,
-                    logprob,
-                    top_logprobs,
-                };
-                let chunk = envelope.chunk(
-                    &engine,
-                    &record.text,
-                    std::slice::from_ref(&record),
-                    offset,
-                    None,
-                );
-                offset += record.text.len();
-                sender.event(&chunk).await
-            }
-            Event::Finished {
-                reason,
-                text,
-                usage,
-                error,
-            } => {
-                if reason == FinishReason::Error {
-                    tracing::error!(id = tracked.id(), error = ?error, "generation failed mid-stream");
-                    let err = ApiError::Internal(error.unwrap_or_default());
-                    let _ = sender.event(&err.body()).await;
-                    let _ = sender.raw("data: [DONE]\n\n".into()).await;
-                    return;
-                }
-                let _ = sender
-                    .event(&envelope.chunk(&engine, &text, &[], offset, Some(reason)))
-                    .await;
-                if envelope.include_usage {
-                    let mut last = envelope.body(true, json!([]));
-                    last["usage"] = usage_json(usage);
-                    let _ = sender.event(&last).await;
-                }
-                let _ = sender.raw("data: [DONE]\n\n".into()).await;
-                return;
-            }
-        };
-        if !sent {
-            return tracked.cancel().await;
+
+    fn token(&mut self, record: TokenRecord) -> Option<Value> {
+        if record.text.is_empty() && !self.envelope.logprobs {
+            return None;
         }
+        let chunk = self.envelope.chunk(
+            &self.engine,
+            &record.text,
+            std::slice::from_ref(&record),
+            self.offset,
+            None,
+        );
+        self.offset += record.text.len();
+        Some(chunk)
+    }
+
+    fn finish(
+        &mut self,
+        _: &Tracked,
+        reason: FinishReason,
+        text: String,
+        usage: Usage,
+    ) -> Vec<Value> {
+        let mut chunks =
+            vec![
+                self.envelope
+                    .chunk(&self.engine, &text, &[], self.offset, Some(reason)),
+            ];
+        if self.envelope.include_usage {
+            let mut last = self.envelope.body(true, json!([]));
+            last["usage"] = usage_json(usage);
+            chunks.push(last);
+        }
+        chunks
     }
 }
 
