@@ -33,6 +33,7 @@ mod generate;
 mod llama_server;
 mod metrics;
 mod openai;
+mod openai_response;
 mod read;
 mod routes;
 mod run;

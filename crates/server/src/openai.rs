@@ -4,16 +4,16 @@ use std::sync::Arc;
 
 use hyper::body::Incoming;
 use hyper::{Response, StatusCode};
-use mlxcel_engine::{ChatMessage, Engine, FinishReason, TokenLogprob, Usage};
+use mlxcel_engine::{ChatMessage, Engine, FinishReason, Usage};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::body::{Body, event_stream};
 use crate::error::ApiError;
 use crate::generate::{
-    Params, PromptInput, StreamFormat, TokenRecord, Tracked, budget, collect, submit, token_piece,
-    unix_now,
+    Params, PromptInput, StreamFormat, TokenRecord, Tracked, budget, collect, submit, unix_now,
 };
+use crate::openai_response::{CompletionBody, Envelope, Kind};
 use crate::read::read_json;
 use crate::state::AppState;
 
@@ -273,140 +273,6 @@ pub(crate) fn chat_messages(messages: Vec<MessageField>) -> Result<Vec<ChatMessa
         .collect()
 }
 
-fn usage_json(usage: Usage) -> Value {
-    json!({
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-    })
-}
-
-fn finish_reason(reason: FinishReason) -> &'static str {
-    reason.as_str()
-}
-
-/// What differs between the two routes' bodies.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Kind {
-    Completion,
-    Chat,
-}
-
-impl Kind {
-    fn object(self, chunk: bool) -> &'static str {
-        match (self, chunk) {
-            (Self::Completion, _) => "text_completion",
-            (Self::Chat, false) => "chat.completion",
-            (Self::Chat, true) => "chat.completion.chunk",
-        }
-    }
-}
-
-fn alternative(engine: &Engine, lp: &TokenLogprob) -> Value {
-    let token = token_piece(engine, lp.token);
-    json!({ "token": token, "logprob": lp.logprob, "bytes": token.as_bytes() })
-}
-
-/// Chat logprobs for a run of tokens: `{"content": [...]}`.
-fn chat_logprobs(engine: &Engine, tokens: &[TokenRecord]) -> Value {
-    let content: Vec<Value> = tokens
-        .iter()
-        .map(|t| {
-            let token = token_piece(engine, t.token);
-            json!({
-                "token": token,
-                "logprob": t.logprob.map(|l| l.logprob),
-                "bytes": token.as_bytes(),
-                "top_logprobs": t.top_logprobs.iter().map(|a| alternative(engine, a)).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    json!({ "content": content })
-}
-
-/// Legacy completion logprobs: parallel arrays.
-fn completion_logprobs(engine: &Engine, tokens: &[TokenRecord], offset: usize) -> Value {
-    let mut text_offset = Vec::new();
-    let mut at = offset;
-    for t in tokens {
-        text_offset.push(at);
-        at += t.text.len();
-    }
-    json!({
-        "tokens": tokens.iter().map(|t| token_piece(engine, t.token)).collect::<Vec<_>>(),
-        "token_logprobs": tokens.iter().map(|t| t.logprob.map(|l| l.logprob)).collect::<Vec<_>>(),
-        "top_logprobs": tokens.iter().map(|t| {
-            t.top_logprobs.iter().map(|a| (token_piece(engine, a.token), json!(a.logprob))).collect::<serde_json::Map<_, _>>()
-        }).collect::<Vec<_>>(),
-        "text_offset": text_offset,
-    })
-}
-
-fn logprobs_json(kind: Kind, engine: &Engine, tokens: &[TokenRecord], offset: usize) -> Value {
-    match kind {
-        Kind::Chat => chat_logprobs(engine, tokens),
-        Kind::Completion => completion_logprobs(engine, tokens, offset),
-    }
-}
-
-/// The per-request constants of every body.
-struct Envelope {
-    id: String,
-    created: u64,
-    model: String,
-    kind: Kind,
-    logprobs: bool,
-    include_usage: bool,
-}
-
-impl Envelope {
-    fn body(&self, chunk: bool, choices: Value) -> Value {
-        json!({
-            "id": self.id,
-            "object": self.kind.object(chunk),
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": concat!("mlxcel-", env!("CARGO_PKG_VERSION")),
-            "choices": choices,
-        })
-    }
-
-    /// A streamed choice carrying `text` (and the logprobs of `tokens`), or the final one.
-    fn chunk(
-        &self,
-        engine: &Engine,
-        text: &str,
-        tokens: &[TokenRecord],
-        offset: usize,
-        finish: Option<FinishReason>,
-    ) -> Value {
-        let logprobs = if self.logprobs && !tokens.is_empty() {
-            logprobs_json(self.kind, engine, tokens, offset)
-        } else {
-            Value::Null
-        };
-        let finish = finish.map(finish_reason);
-        let choice = match self.kind {
-            Kind::Chat => {
-                let delta = if finish.is_some() && text.is_empty() {
-                    json!({})
-                } else {
-                    json!({ "content": text })
-                };
-                json!({ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish })
-            }
-            Kind::Completion => {
-                json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish })
-            }
-        };
-        let mut body = self.body(true, json!([choice]));
-        if self.include_usage {
-            body["usage"] = Value::Null;
-        }
-        body
-    }
-}
-
 /// `POST /v1/completions`.
 pub async fn completions(
     state: &Arc<AppState>,
@@ -570,28 +436,13 @@ async fn run(
         return Ok(response);
     }
     let outcome = collect(&mut tracked).await?;
-    let logprobs = if envelope.logprobs {
-        logprobs_json(envelope.kind, &engine, &outcome.tokens, 0)
-    } else {
-        Value::Null
-    };
-    let reason = finish_reason(outcome.reason);
-    let choice = match envelope.kind {
-        Kind::Chat => json!({
-            "index": 0,
-            "message": { "role": "assistant", "content": outcome.text },
-            "logprobs": logprobs,
-            "finish_reason": reason,
-        }),
-        Kind::Completion => json!({
-            "index": 0,
-            "text": outcome.text,
-            "logprobs": logprobs,
-            "finish_reason": reason,
-        }),
-    };
-    let mut body = envelope.body(false, json!([choice]));
-    body["usage"] = usage_json(outcome.usage);
+    let body = envelope.whole(
+        &engine,
+        outcome.text,
+        &outcome.tokens,
+        outcome.reason,
+        outcome.usage,
+    );
     Ok(crate::body::json(StatusCode::OK, &body))
 }
 
@@ -605,18 +456,14 @@ struct OpenAiStream {
 }
 
 impl StreamFormat for OpenAiStream {
-    type Chunk = Value;
+    type Chunk = CompletionBody;
     const DONE_LINE: bool = true;
 
-    fn opening(&mut self) -> Option<Value> {
-        (self.envelope.kind == Kind::Chat).then(|| {
-            let mut first = self.envelope.chunk(&self.engine, "", &[], 0, None);
-            first["choices"][0]["delta"] = json!({ "role": "assistant", "content": "" });
-            first
-        })
+    fn opening(&mut self) -> Option<CompletionBody> {
+        (self.envelope.kind == Kind::Chat).then(|| self.envelope.role_chunk())
     }
 
-    fn token(&mut self, record: TokenRecord) -> Option<Value> {
+    fn token(&mut self, record: TokenRecord) -> Option<CompletionBody> {
         if record.text.is_empty() && !self.envelope.logprobs {
             return None;
         }
@@ -637,16 +484,13 @@ impl StreamFormat for OpenAiStream {
         reason: FinishReason,
         text: String,
         usage: Usage,
-    ) -> Vec<Value> {
-        let mut chunks =
-            vec![
-                self.envelope
-                    .chunk(&self.engine, &text, &[], self.offset, Some(reason)),
-            ];
+    ) -> Vec<CompletionBody> {
+        let last = self
+            .envelope
+            .chunk(&self.engine, &text, &[], self.offset, Some(reason));
+        let mut chunks = vec![last];
         if self.envelope.include_usage {
-            let mut last = self.envelope.body(true, json!([]));
-            last["usage"] = usage_json(usage);
-            chunks.push(last);
+            chunks.push(self.envelope.usage_chunk(usage));
         }
         chunks
     }
@@ -655,7 +499,26 @@ impl StreamFormat for OpenAiStream {
 #[derive(Serialize)]
 struct ModelList {
     object: &'static str,
-    data: Vec<Value>,
+    data: Vec<ModelCard>,
+}
+
+#[derive(Serialize)]
+struct ModelCard {
+    id: String,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+    /// llama-server's extension: what the model is.
+    meta: ModelMeta,
+}
+
+#[derive(Serialize)]
+struct ModelMeta {
+    n_ctx_train: usize,
+    n_vocab: usize,
+    n_params: u64,
+    size: u64,
+    backend: &'static str,
 }
 
 /// `GET /v1/models`.
@@ -664,19 +527,19 @@ pub fn models(state: &AppState) -> Result<Response<Body>, ApiError> {
     let info = engine.info();
     let list = ModelList {
         object: "list",
-        data: vec![json!({
-            "id": state.model_name(info),
-            "object": "model",
-            "created": unix_now(),
-            "owned_by": "mlxcel",
-            "meta": {
-                "n_ctx_train": info.window,
-                "n_vocab": info.vocab_size,
-                "n_params": info.parameters,
-                "size": info.weight_bytes,
-                "backend": info.backend.as_str(),
+        data: vec![ModelCard {
+            id: state.model_name(info),
+            object: "model",
+            created: unix_now(),
+            owned_by: "mlxcel",
+            meta: ModelMeta {
+                n_ctx_train: info.window,
+                n_vocab: info.vocab_size,
+                n_params: info.parameters,
+                size: info.weight_bytes,
+                backend: info.backend.as_str(),
             },
-        })],
+        }],
     };
     Ok(crate::body::json(StatusCode::OK, &list))
 }

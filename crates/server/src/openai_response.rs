@@ -1,0 +1,326 @@
+//! OpenAI's response bodies as serde types: whole completions, stream chunks, logprobs and usage,
+//! for `/v1/completions` and `/v1/chat/completions`. [`Envelope`] holds what every body of one
+//! request shares and builds each of them.
+
+use std::collections::BTreeMap;
+
+use mlxcel_engine::{Engine, FinishReason, TokenLogprob, Usage};
+use serde::Serialize;
+
+use crate::generate::{TokenRecord, token_piece};
+
+/// `system_fingerprint` of every body: the server build.
+const FINGERPRINT: &str = concat!("mlxcel-", env!("CARGO_PKG_VERSION"));
+
+/// Which of the two routes a request came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Completion,
+    Chat,
+}
+
+impl Kind {
+    fn object(self, chunk: bool) -> &'static str {
+        match (self, chunk) {
+            (Self::Completion, _) => "text_completion",
+            (Self::Chat, false) => "chat.completion",
+            (Self::Chat, true) => "chat.completion.chunk",
+        }
+    }
+}
+
+/// A completion, a chat completion, or one chunk of either's stream.
+#[derive(Debug, Serialize)]
+pub struct CompletionBody {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    system_fingerprint: &'static str,
+    choices: Vec<Choice>,
+    /// Whole bodies always carry usage; stream chunks carry `null` when the client asked for
+    /// usage (`stream_options.include_usage`) and nothing otherwise, and the last chunk the usage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Option<UsageBody>>,
+}
+
+/// One choice: whole (`message` or `text`) or a stream delta.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Choice {
+    Chat {
+        index: u32,
+        message: Message,
+        logprobs: Option<Logprobs>,
+        finish_reason: &'static str,
+    },
+    ChatDelta {
+        index: u32,
+        delta: Delta,
+        logprobs: Option<Logprobs>,
+        finish_reason: Option<&'static str>,
+    },
+    Text {
+        index: u32,
+        text: String,
+        logprobs: Option<Logprobs>,
+        finish_reason: Option<&'static str>,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct Message {
+    role: &'static str,
+    content: String,
+}
+
+/// A chat stream's delta: the role (first chunk only) and the content (absent in a final chunk
+/// with no text left, which is `{}`).
+#[derive(Debug, Serialize)]
+struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct UsageBody {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    total_tokens: usize,
+}
+
+impl From<Usage> for UsageBody {
+    fn from(usage: Usage) -> Self {
+        Self {
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            total_tokens: usage.prompt_tokens + usage.completion_tokens,
+        }
+    }
+}
+
+/// Logprobs in the chat shape (`content`, one entry per token) or the legacy completion shape
+/// (parallel arrays).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Logprobs {
+    Chat {
+        content: Vec<ChatTokenLogprob>,
+    },
+    Completion {
+        tokens: Vec<String>,
+        token_logprobs: Vec<Option<f32>>,
+        top_logprobs: Vec<BTreeMap<String, f32>>,
+        text_offset: Vec<usize>,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct ChatTokenLogprob {
+    token: String,
+    logprob: Option<f32>,
+    bytes: Vec<u8>,
+    top_logprobs: Vec<Alternative>,
+}
+
+#[derive(Debug, Serialize)]
+struct Alternative {
+    token: String,
+    logprob: f32,
+    bytes: Vec<u8>,
+}
+
+impl Alternative {
+    fn new(engine: &Engine, lp: &TokenLogprob) -> Self {
+        let token = token_piece(engine, lp.token);
+        Self {
+            bytes: token.as_bytes().to_vec(),
+            token,
+            logprob: lp.logprob,
+        }
+    }
+}
+
+impl Logprobs {
+    /// The logprobs of `tokens` in `kind`'s shape; `offset` is where their text starts in the
+    /// whole output (the legacy shape's `text_offset`).
+    fn new(kind: Kind, engine: &Engine, tokens: &[TokenRecord], offset: usize) -> Self {
+        match kind {
+            Kind::Chat => Self::Chat {
+                content: tokens
+                    .iter()
+                    .map(|t| {
+                        let token = token_piece(engine, t.token);
+                        ChatTokenLogprob {
+                            bytes: token.as_bytes().to_vec(),
+                            token,
+                            logprob: t.logprob.map(|l| l.logprob),
+                            top_logprobs: t
+                                .top_logprobs
+                                .iter()
+                                .map(|a| Alternative::new(engine, a))
+                                .collect(),
+                        }
+                    })
+                    .collect(),
+            },
+            Kind::Completion => {
+                let mut text_offset = Vec::with_capacity(tokens.len());
+                let mut at = offset;
+                for t in tokens {
+                    text_offset.push(at);
+                    at += t.text.len();
+                }
+                Self::Completion {
+                    tokens: tokens
+                        .iter()
+                        .map(|t| token_piece(engine, t.token))
+                        .collect(),
+                    token_logprobs: tokens
+                        .iter()
+                        .map(|t| t.logprob.map(|l| l.logprob))
+                        .collect(),
+                    top_logprobs: tokens
+                        .iter()
+                        .map(|t| {
+                            t.top_logprobs
+                                .iter()
+                                .map(|a| (token_piece(engine, a.token), a.logprob))
+                                .collect()
+                        })
+                        .collect(),
+                    text_offset,
+                }
+            }
+        }
+    }
+}
+
+/// The per-request constants of every body, and the builders of those bodies.
+#[derive(Debug)]
+pub struct Envelope {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub kind: Kind,
+    /// Whether the request asked for logprobs.
+    pub logprobs: bool,
+    /// Whether a stream ends with a usage chunk (`stream_options.include_usage`).
+    pub include_usage: bool,
+}
+
+impl Envelope {
+    fn body(
+        &self,
+        chunk: bool,
+        choices: Vec<Choice>,
+        usage: Option<Option<UsageBody>>,
+    ) -> CompletionBody {
+        CompletionBody {
+            id: self.id.clone(),
+            object: self.kind.object(chunk),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: FINGERPRINT,
+            choices,
+            usage,
+        }
+    }
+
+    fn logprobs_of(
+        &self,
+        engine: &Engine,
+        tokens: &[TokenRecord],
+        offset: usize,
+    ) -> Option<Logprobs> {
+        (self.logprobs && !tokens.is_empty())
+            .then(|| Logprobs::new(self.kind, engine, tokens, offset))
+    }
+
+    /// The whole response of a request that was not streamed.
+    pub fn whole(
+        &self,
+        engine: &Engine,
+        text: String,
+        tokens: &[TokenRecord],
+        reason: FinishReason,
+        usage: Usage,
+    ) -> CompletionBody {
+        // A request that asked for logprobs gets the field even with no tokens.
+        let logprobs = self
+            .logprobs
+            .then(|| Logprobs::new(self.kind, engine, tokens, 0));
+        let finish_reason = reason.as_str();
+        let choice = match self.kind {
+            Kind::Chat => Choice::Chat {
+                index: 0,
+                message: Message {
+                    role: "assistant",
+                    content: text,
+                },
+                logprobs,
+                finish_reason,
+            },
+            Kind::Completion => Choice::Text {
+                index: 0,
+                text,
+                logprobs,
+                finish_reason: Some(finish_reason),
+            },
+        };
+        self.body(false, vec![choice], Some(Some(usage.into())))
+    }
+
+    /// A stream chunk carrying `text` (and the logprobs of `tokens`, whose text starts at byte
+    /// `offset` of the output), or the final one with `finish`.
+    pub fn chunk(
+        &self,
+        engine: &Engine,
+        text: &str,
+        tokens: &[TokenRecord],
+        offset: usize,
+        finish: Option<FinishReason>,
+    ) -> CompletionBody {
+        let logprobs = self.logprobs_of(engine, tokens, offset);
+        let finish_reason = finish.map(FinishReason::as_str);
+        let choice = match self.kind {
+            Kind::Chat => Choice::ChatDelta {
+                index: 0,
+                delta: Delta {
+                    role: None,
+                    content: (finish.is_none() || !text.is_empty()).then(|| text.to_owned()),
+                },
+                logprobs,
+                finish_reason,
+            },
+            Kind::Completion => Choice::Text {
+                index: 0,
+                text: text.to_owned(),
+                logprobs,
+                finish_reason,
+            },
+        };
+        self.body(true, vec![choice], self.include_usage.then_some(None))
+    }
+
+    /// A chat stream's first chunk: the assistant role with empty content.
+    pub fn role_chunk(&self) -> CompletionBody {
+        let choice = Choice::ChatDelta {
+            index: 0,
+            delta: Delta {
+                role: Some("assistant"),
+                content: Some(String::new()),
+            },
+            logprobs: None,
+            finish_reason: None,
+        };
+        self.body(true, vec![choice], self.include_usage.then_some(None))
+    }
+
+    /// The chunk after the final one when the client asked for usage: no choices, the usage.
+    pub fn usage_chunk(&self, usage: Usage) -> CompletionBody {
+        self.body(true, Vec::new(), Some(Some(usage.into())))
+    }
+}
