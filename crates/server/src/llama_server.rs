@@ -6,7 +6,7 @@ use std::sync::Arc;
 use hyper::body::Incoming;
 use hyper::{Response, StatusCode};
 use mlxcel_engine::{Engine, FinishReason, Usage};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::body::{Body, event_stream, full, json};
@@ -107,25 +107,102 @@ pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Respons
         outcome.reason,
         stopped_eos,
         outcome.usage.completion_tokens,
+        outcome.text,
     );
-    body["content"] = json!(outcome.text);
     if request.n_probs.is_some_and(|n| n > 0) {
-        body["completion_probabilities"] =
-            outcome.tokens.iter().map(|t| probs(&engine, t)).collect();
+        body.completion_probabilities = Some(
+            outcome
+                .tokens
+                .iter()
+                .map(|t| TokenProbs::new(&engine, t))
+                .collect(),
+        );
     }
     Ok(json(StatusCode::OK, &body))
 }
 
 /// One token of llama-server's `completion_probabilities`.
-fn probs(engine: &Engine, t: &TokenRecord) -> Value {
-    json!({
-        "id": t.token,
-        "token": token_piece(engine, t.token),
-        "logprob": t.logprob.map(|l| l.logprob),
-        "top_logprobs": t.top_logprobs.iter().map(|a| json!({
-            "id": a.token, "token": token_piece(engine, a.token), "logprob": a.logprob,
-        })).collect::<Vec<_>>(),
-    })
+#[derive(Debug, Serialize)]
+struct TokenProbs {
+    id: u32,
+    token: String,
+    logprob: Option<f32>,
+    top_logprobs: Vec<TopProb>,
+}
+
+#[derive(Debug, Serialize)]
+struct TopProb {
+    id: u32,
+    token: String,
+    logprob: f32,
+}
+
+impl TokenProbs {
+    fn new(engine: &Engine, t: &TokenRecord) -> Self {
+        Self {
+            id: t.token,
+            token: token_piece(engine, t.token),
+            logprob: t.logprob.map(|l| l.logprob),
+            top_logprobs: t
+                .top_logprobs
+                .iter()
+                .map(|a| TopProb {
+                    id: a.token,
+                    token: token_piece(engine, a.token),
+                    logprob: a.logprob,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A streamed piece of a `/completion`.
+#[derive(Debug, Serialize)]
+struct PartialCompletion {
+    content: String,
+    stop: bool,
+    id_slot: u32,
+    index: u32,
+}
+
+/// The last (or only) object of a `/completion`.
+#[derive(Debug, Serialize)]
+struct CompletionResult {
+    content: String,
+    id_slot: u32,
+    stop: bool,
+    model: String,
+    tokens_predicted: usize,
+    tokens_evaluated: usize,
+    prompt: String,
+    truncated: bool,
+    stopped_eos: bool,
+    stopped_word: bool,
+    stopped_limit: bool,
+    stopping_word: String,
+    tokens_cached: usize,
+    timings: Timings,
+    /// With `n_probs` > 0, on a request that was not streamed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completion_probabilities: Option<Vec<TokenProbs>>,
+}
+
+#[derive(Debug, Serialize)]
+struct Timings {
+    prompt_n: usize,
+    prompt_ms: f64,
+    prompt_per_second: f64,
+    predicted_n: usize,
+    predicted_ms: f64,
+    predicted_per_second: f64,
+}
+
+/// A `/completion` stream's chunk: a piece, then the result.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum CompletionChunk {
+    Partial(PartialCompletion),
+    Result(Box<CompletionResult>),
 }
 
 /// What the last object of a `/completion` reports.
@@ -143,34 +220,40 @@ impl Final {
         reason: FinishReason,
         stopped_eos: bool,
         predicted: usize,
-    ) -> Value {
+        content: String,
+    ) -> CompletionResult {
         let (prompt_ms, predicted_ms) = tracked.timings();
         let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
         let stopped_word = reason == FinishReason::Stop && !stopped_eos;
         let prompt_n = tracked.prompt_tokens();
-        json!({
-            "content": "",
-            "id_slot": 0,
-            "stop": true,
-            "model": self.model,
-            "tokens_predicted": predicted,
-            "tokens_evaluated": prompt_n,
-            "prompt": self.prompt,
-            "truncated": false,
-            "stopped_eos": stopped_eos,
-            "stopped_word": stopped_word,
-            "stopped_limit": reason == FinishReason::Length,
-            "stopping_word": if stopped_word { self.stop_words.first().cloned().unwrap_or_default() } else { String::new() },
-            "tokens_cached": 0,
-            "timings": {
-                "prompt_n": prompt_n,
-                "prompt_ms": prompt_ms,
-                "prompt_per_second": per_second(prompt_n, prompt_ms),
-                "predicted_n": predicted,
-                "predicted_ms": predicted_ms,
-                "predicted_per_second": per_second(predicted, predicted_ms),
+        CompletionResult {
+            content,
+            id_slot: 0,
+            stop: true,
+            model: self.model.clone(),
+            tokens_predicted: predicted,
+            tokens_evaluated: prompt_n,
+            prompt: self.prompt.clone(),
+            truncated: false,
+            stopped_eos,
+            stopped_word,
+            stopped_limit: reason == FinishReason::Length,
+            stopping_word: if stopped_word {
+                self.stop_words.first().cloned().unwrap_or_default()
+            } else {
+                String::new()
             },
-        })
+            tokens_cached: 0,
+            timings: Timings {
+                prompt_n,
+                prompt_ms,
+                prompt_per_second: per_second(prompt_n, prompt_ms),
+                predicted_n: predicted,
+                predicted_ms,
+                predicted_per_second: per_second(predicted, predicted_ms),
+            },
+            completion_probabilities: None,
+        }
     }
 }
 
@@ -182,13 +265,20 @@ struct CompletionStream {
 }
 
 impl StreamFormat for CompletionStream {
-    type Chunk = Value;
+    type Chunk = CompletionChunk;
     const DONE_LINE: bool = false;
 
-    fn token(&mut self, record: TokenRecord) -> Option<Value> {
+    fn token(&mut self, record: TokenRecord) -> Option<CompletionChunk> {
         self.last_token = Some(record.token);
-        (!record.text.is_empty())
-            .then(|| json!({ "content": record.text, "stop": false, "id_slot": 0, "index": 0 }))
+        if record.text.is_empty() {
+            return None;
+        }
+        Some(CompletionChunk::Partial(PartialCompletion {
+            content: record.text,
+            stop: false,
+            id_slot: 0,
+            index: 0,
+        }))
     }
 
     fn finish(
@@ -197,15 +287,14 @@ impl StreamFormat for CompletionStream {
         reason: FinishReason,
         text: String,
         usage: Usage,
-    ) -> Vec<Value> {
+    ) -> Vec<CompletionChunk> {
         let eos = &self.end.engine.info().eos_token_ids;
         let stopped_eos =
             reason == FinishReason::Stop && self.last_token.is_some_and(|t| eos.contains(&t));
-        let mut body = self
+        let result = self
             .end
-            .body(tracked, reason, stopped_eos, usage.completion_tokens);
-        body["content"] = json!(text);
-        vec![body]
+            .body(tracked, reason, stopped_eos, usage.completion_tokens, text);
+        vec![CompletionChunk::Result(Box::new(result))]
     }
 }
 
@@ -226,15 +315,54 @@ pub async fn tokenize(state: &Arc<AppState>, body: Incoming) -> Result<Response<
         .tokenizer()
         .encode(&request.content, request.add_special, true)
         .map_err(mlxcel_engine::EngineError::from)?;
-    let tokens: Vec<Value> = if request.with_pieces {
-        tokens
-            .iter()
-            .map(|&id| json!({ "id": id, "piece": token_piece(&engine, id) }))
-            .collect()
+    let tokens = if request.with_pieces {
+        TokenList::WithPieces(
+            tokens
+                .iter()
+                .map(|&id| TokenPiece {
+                    id,
+                    piece: token_piece(&engine, id),
+                })
+                .collect(),
+        )
     } else {
-        tokens.iter().map(|&id| json!(id)).collect()
+        TokenList::Ids(tokens)
     };
-    Ok(json(StatusCode::OK, &json!({ "tokens": tokens })))
+    Ok(json(StatusCode::OK, &TokenizeResponse { tokens }))
+}
+
+#[derive(Debug, Serialize)]
+struct TokenizeResponse {
+    tokens: TokenList,
+}
+
+/// Ids alone, or (`with_pieces`) each id with its text.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum TokenList {
+    Ids(Vec<u32>),
+    WithPieces(Vec<TokenPiece>),
+}
+
+#[derive(Debug, Serialize)]
+struct TokenPiece {
+    id: u32,
+    piece: String,
+}
+
+#[derive(Debug, Serialize)]
+struct ContentResponse {
+    content: String,
+}
+
+#[derive(Debug, Serialize)]
+struct PromptResponse {
+    prompt: String,
+}
+
+#[derive(Debug, Serialize)]
+struct HealthResponse {
+    status: &'static str,
 }
 
 #[derive(Debug, Deserialize)]
@@ -253,7 +381,7 @@ pub async fn detokenize(state: &Arc<AppState>, body: Incoming) -> Result<Respons
         .tokenizer()
         .decode(&request.tokens, false)
         .map_err(mlxcel_engine::EngineError::from)?;
-    Ok(json(StatusCode::OK, &json!({ "content": content })))
+    Ok(json(StatusCode::OK, &ContentResponse { content }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -269,13 +397,13 @@ pub async fn apply_template(
     let request: ApplyTemplateRequest = read_json(body, state.config().body_limit).await?;
     let engine = state.engine()?.clone();
     let prompt = engine.apply_chat_template(&chat_messages(request.messages)?)?;
-    Ok(json(StatusCode::OK, &json!({ "prompt": prompt })))
+    Ok(json(StatusCode::OK, &PromptResponse { prompt }))
 }
 
 /// `GET /health`: 503 while the model loads, 200 when ready.
 pub fn health(state: &AppState) -> Response<Body> {
     if state.is_ready() {
-        json(StatusCode::OK, &json!({ "status": "ok" }))
+        json(StatusCode::OK, &HealthResponse { status: "ok" })
     } else {
         ApiError::Loading.response()
     }
