@@ -360,15 +360,7 @@ fn run_worker<B: Backend>(
                     }
                     timing.last_token = Some(now);
                 }
-                Event::Finished { reason, .. } => {
-                    let counter = match reason {
-                        FinishReason::Stop => &mut local.finished.stop,
-                        FinishReason::Length => &mut local.finished.length,
-                        FinishReason::Cancelled => &mut local.finished.cancelled,
-                        FinishReason::Error => &mut local.finished.error,
-                    };
-                    *counter += 1;
-                }
+                Event::Finished { reason, .. } => local.finished.record(*reason),
             }
         }
         publish(&metrics, &mut local, &scheduler);

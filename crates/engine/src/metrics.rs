@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::request::FinishReason;
+
 /// A cumulative histogram with fixed upper bounds (Prometheus' shape).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Histogram {
@@ -97,6 +99,33 @@ pub struct FinishCounts {
     pub cancelled: u64,
     /// Ended by a backend failure.
     pub error: u64,
+}
+
+impl FinishCounts {
+    /// Counts one request that ended for `reason`.
+    pub fn record(&mut self, reason: FinishReason) {
+        *match reason {
+            FinishReason::Stop => &mut self.stop,
+            FinishReason::Length => &mut self.length,
+            FinishReason::Cancelled => &mut self.cancelled,
+            FinishReason::Error => &mut self.error,
+        } += 1;
+    }
+
+    /// The requests that ended for `reason`.
+    pub fn get(&self, reason: FinishReason) -> u64 {
+        match reason {
+            FinishReason::Stop => self.stop,
+            FinishReason::Length => self.length,
+            FinishReason::Cancelled => self.cancelled,
+            FinishReason::Error => self.error,
+        }
+    }
+
+    /// Every reason (its `finish_reason` spelling) with its count, in the status order.
+    pub fn by_reason(&self) -> [(&'static str, u64); 4] {
+        FinishReason::ALL.map(|reason| (reason.as_str(), self.get(reason)))
+    }
 }
 
 /// A snapshot of the engine's metrics.

@@ -87,6 +87,9 @@ pub enum FinishReason {
 }
 
 impl FinishReason {
+    /// Every reason, in status order.
+    pub const ALL: [FinishReason; 4] = [Self::Stop, Self::Length, Self::Cancelled, Self::Error];
+
     /// The OpenAI spelling.
     pub fn as_str(self) -> &'static str {
         match self {

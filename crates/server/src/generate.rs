@@ -211,16 +211,9 @@ impl Tracked {
                 self.generated += 1;
                 self.state.note_generated(self.key, self.generated);
             }
-            Event::Finished { reason, usage, .. } => {
+            Event::Finished { reason, .. } => {
                 self.finished = true;
-                let first = self.first_token.unwrap_or(now);
-                self.state.metrics().observe_finished(
-                    *reason,
-                    usage.prompt_tokens,
-                    first - self.submitted,
-                    usage.completion_tokens,
-                    now - first,
-                );
+                self.state.metrics().observe_finished(*reason);
             }
         }
         Some(event)
@@ -240,15 +233,9 @@ impl Drop for Tracked {
     /// aborted at the shutdown deadline): the stream's own drop cancels it in the engine.
     fn drop(&mut self) {
         if !self.finished {
-            let now = Instant::now();
-            let first = self.first_token.unwrap_or(now);
-            self.state.metrics().observe_finished(
-                FinishReason::Cancelled,
-                self.prompt_tokens,
-                first - self.submitted,
-                self.generated,
-                now - first,
-            );
+            self.state
+                .metrics()
+                .observe_finished(FinishReason::Cancelled);
         }
         self.state.unregister(self.key);
     }

@@ -1,21 +1,17 @@
 //! Prometheus text for `/metrics`: llama-server's `llamacpp:` families where they apply, then
-//! `mlxcel_` families. Latency histograms, bucket occupancy and compilations come from the
-//! engine (it sees every step); the server adds what only it sees: per-request prompt and
-//! generation time, and requests refused at its door.
+//! `mlxcel_` families. Tokens, times, latency histograms, bucket occupancy and compilations come
+//! from the engine (it sees every step and every request); the server counts only what it alone
+//! sees: requests refused at its door, and how its own requests ended (a client that went away
+//! counts as cancelled here even when the engine had already finished it).
 
 use std::fmt::Write as _;
 use std::sync::Mutex;
-use std::time::Duration;
 
-use mlxcel_engine::{EngineMetrics, FinishReason, Histogram};
+use mlxcel_engine::{EngineMetrics, FinishCounts, FinishReason, Histogram};
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Counters {
-    prompt_tokens: u64,
-    prompt_seconds: f64,
-    predicted_tokens: u64,
-    predicted_seconds: f64,
-    finished: [u64; 4],
+    finished: FinishCounts,
     rejected_queue_full: u64,
 }
 
@@ -25,38 +21,14 @@ pub struct Metrics {
     inner: Mutex<Counters>,
 }
 
-fn reason_index(reason: FinishReason) -> usize {
-    match reason {
-        FinishReason::Stop => 0,
-        FinishReason::Length => 1,
-        FinishReason::Cancelled => 2,
-        FinishReason::Error => 3,
-    }
-}
-
-const REASONS: [&str; 4] = ["stop", "length", "cancelled", "error"];
-
 impl Metrics {
     fn with<R>(&self, f: impl FnOnce(&mut Counters) -> R) -> R {
         f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// A finished request's totals; `prompt_time` runs from submission to the first token.
-    pub fn observe_finished(
-        &self,
-        reason: FinishReason,
-        prompt_tokens: usize,
-        prompt_time: Duration,
-        predicted_tokens: usize,
-        predicted_time: Duration,
-    ) {
-        self.with(|c| {
-            c.finished[reason_index(reason)] += 1;
-            c.prompt_tokens += prompt_tokens as u64;
-            c.prompt_seconds += prompt_time.as_secs_f64();
-            c.predicted_tokens += predicted_tokens as u64;
-            c.predicted_seconds += predicted_time.as_secs_f64();
-        });
+    /// One of this server's requests ended for `reason`.
+    pub fn observe_finished(&self, reason: FinishReason) {
+        self.with(|c| c.finished.record(reason));
     }
 
     /// A request refused because the queue was full.
@@ -66,7 +38,7 @@ impl Metrics {
 
     /// How many of this server's requests ended for `reason`.
     pub fn finished(&self, reason: FinishReason) -> u64 {
-        self.with(|c| c.finished[reason_index(reason)])
+        self.with(|c| c.finished.get(reason))
     }
 
     /// The exposition text. `engine` is `None` while the model loads.
@@ -75,6 +47,10 @@ impl Metrics {
         let default = EngineMetrics::default();
         let e = engine.unwrap_or(&default);
         let mut out = String::new();
+        // llama-server's per-request prompt time (submission to first token) and generation time
+        // (first token to last) are the sums of the engine's two latency histograms.
+        let prompt_seconds = e.time_to_first_token.sum;
+        let predicted_seconds = e.inter_token_latency.sum;
         let rate = |tokens: u64, seconds: f64| {
             if seconds > 0.0 {
                 tokens as f64 / seconds
@@ -87,25 +63,25 @@ impl Metrics {
                 "llamacpp:prompt_tokens_total",
                 "counter",
                 "Number of prompt tokens processed.",
-                c.prompt_tokens.to_string(),
+                e.prompt_tokens.to_string(),
             ),
             (
                 "llamacpp:prompt_seconds_total",
                 "counter",
                 "Prompt process time.",
-                c.prompt_seconds.to_string(),
+                prompt_seconds.to_string(),
             ),
             (
                 "llamacpp:tokens_predicted_total",
                 "counter",
                 "Number of generation tokens processed.",
-                c.predicted_tokens.to_string(),
+                e.generated_tokens.to_string(),
             ),
             (
                 "llamacpp:tokens_predicted_seconds_total",
                 "counter",
                 "Predict process time.",
-                c.predicted_seconds.to_string(),
+                predicted_seconds.to_string(),
             ),
             (
                 "llamacpp:n_decode_total",
@@ -117,13 +93,13 @@ impl Metrics {
                 "llamacpp:prompt_tokens_seconds",
                 "gauge",
                 "Average prompt throughput in tokens/s.",
-                rate(c.prompt_tokens, c.prompt_seconds).to_string(),
+                rate(e.prompt_tokens, prompt_seconds).to_string(),
             ),
             (
                 "llamacpp:predicted_tokens_seconds",
                 "gauge",
                 "Average generation throughput in tokens/s.",
-                rate(c.predicted_tokens, c.predicted_seconds).to_string(),
+                rate(e.generated_tokens, predicted_seconds).to_string(),
             ),
             (
                 "llamacpp:requests_processing",
@@ -179,7 +155,7 @@ impl Metrics {
             "# HELP mlxcel_http_requests_finished_total This server's requests, by finish reason.\n\
              # TYPE mlxcel_http_requests_finished_total counter"
         );
-        for (reason, count) in REASONS.iter().zip(c.finished) {
+        for (reason, count) in c.finished.by_reason() {
             let _ = writeln!(
                 out,
                 "mlxcel_http_requests_finished_total{{reason=\"{reason}\"}} {count}"
@@ -190,8 +166,7 @@ impl Metrics {
             "# HELP mlxcel_requests_finished_total Requests the engine ended, by finish reason.\n\
              # TYPE mlxcel_requests_finished_total counter"
         );
-        let f = e.finished;
-        for (reason, count) in REASONS.iter().zip([f.stop, f.length, f.cancelled, f.error]) {
+        for (reason, count) in e.finished.by_reason() {
             let _ = writeln!(
                 out,
                 "mlxcel_requests_finished_total{{reason=\"{reason}\"}} {count}"

@@ -33,3 +33,19 @@ fn padding_waste_is_the_unused_share_of_running_shapes() {
     };
     assert_eq!(idle.padding_waste(), 0.0);
 }
+
+/// One mapping from a finish reason to its counter and spelling, used by the engine and the server.
+#[test]
+fn finish_counts_record_each_reason_under_its_spelling() {
+    let mut counts = FinishCounts::default();
+    for (n, reason) in FinishReason::ALL.into_iter().enumerate() {
+        for _ in 0..=n {
+            counts.record(reason);
+        }
+    }
+    assert_eq!(
+        counts.by_reason(),
+        [("stop", 1), ("length", 2), ("cancelled", 3), ("error", 4)]
+    );
+    assert_eq!(counts.get(FinishReason::Cancelled), counts.cancelled);
+}
