@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use mlxcel_model::{ChatMessage, ChatTemplate, LoadedModel, Tokenizer, resolve_model};
 use tokio::sync::mpsc as events;
+use tokio::sync::oneshot;
 
 use crate::backend::Backend;
 use crate::backends;
@@ -66,10 +67,26 @@ enum Command {
     Submit {
         request: GenerationRequest,
         events: events::UnboundedSender<Event>,
-        reply: mpsc::Sender<Result<RequestId, EngineError>>,
+        reply: Reply,
     },
     Cancel(RequestId),
     Shutdown,
+}
+
+/// Where the worker answers a submission: a thread that waits, or a future that is awaited.
+enum Reply {
+    Blocking(mpsc::Sender<Result<RequestId, EngineError>>),
+    Async(oneshot::Sender<Result<RequestId, EngineError>>),
+}
+
+impl Reply {
+    /// Answers the caller; `false` when it has gone (an async caller whose future was dropped).
+    fn send(self, result: Result<RequestId, EngineError>) -> bool {
+        match self {
+            Self::Blocking(tx) => tx.send(result).is_ok(),
+            Self::Async(tx) => tx.send(result).is_ok(),
+        }
+    }
 }
 
 /// A loaded model behind a continuous-batching scheduler on its own thread.
@@ -228,7 +245,34 @@ impl Engine {
 
     /// Queues a request and returns its stream of events. Refusals (too long, bad settings, a full
     /// queue) are returned here. The checkpoint's EOS ids are added to the request's stop tokens.
-    pub fn submit(&self, mut request: GenerationRequest) -> Result<GenerationStream, EngineError> {
+    /// The calling thread waits for the engine thread to size and queue the request (until its
+    /// current step ends); async code uses [`Engine::submit_async`] instead.
+    pub fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, EngineError> {
+        let (reply, answer) = mpsc::channel();
+        let events = self.send_submission(request, Reply::Blocking(reply))?;
+        let id = answer.recv().map_err(|_| EngineError::Stopped)??;
+        Ok(self.stream(id, events))
+    }
+
+    /// [`Engine::submit`] for async callers: the same checks and refusals, awaited without
+    /// blocking a thread (a server's submission no longer hops through a blocking pool).
+    pub async fn submit_async(
+        &self,
+        request: GenerationRequest,
+    ) -> Result<GenerationStream, EngineError> {
+        let (reply, answer) = oneshot::channel();
+        let events = self.send_submission(request, Reply::Async(reply))?;
+        let id = answer.await.map_err(|_| EngineError::Stopped)??;
+        Ok(self.stream(id, events))
+    }
+
+    /// Checks what needs no backend, completes the stop tokens, and hands the request to the
+    /// engine thread; returns the receiver of its events.
+    fn send_submission(
+        &self,
+        mut request: GenerationRequest,
+        reply: Reply,
+    ) -> Result<events::UnboundedReceiver<Event>, EngineError> {
         self.check_tokens(&request.prompt)?;
         for &eos in &self.info.eos_token_ids {
             if !request.stop_token_ids.contains(&eos) {
@@ -236,21 +280,23 @@ impl Engine {
             }
         }
         let (events_tx, events_rx) = events::unbounded_channel();
-        let (reply_tx, reply_rx) = mpsc::channel();
         self.commands
             .send(Command::Submit {
                 request,
                 events: events_tx,
-                reply: reply_tx,
+                reply,
             })
             .map_err(|_| EngineError::Stopped)?;
-        let id = reply_rx.recv().map_err(|_| EngineError::Stopped)??;
-        Ok(GenerationStream {
+        Ok(events_rx)
+    }
+
+    fn stream(&self, id: RequestId, events: events::UnboundedReceiver<Event>) -> GenerationStream {
+        GenerationStream {
             id,
-            events: events_rx,
+            events,
             commands: self.commands.clone(),
             finished: false,
-        })
+        }
     }
 
     /// Generates to the end and returns the whole completion.
@@ -323,7 +369,8 @@ fn run_worker<B: Backend>(
                     reply,
                 } => {
                     let result = scheduler.submit(request);
-                    if let Ok(id) = result {
+                    let accepted = result.as_ref().ok().copied();
+                    if let Some(id) = accepted {
                         let timing = Timing {
                             submitted: Instant::now(),
                             last_token: None,
@@ -331,7 +378,13 @@ fn run_worker<B: Backend>(
                         streams.insert(id, (events, timing));
                         local.requests_submitted += 1;
                     }
-                    let _ = reply.send(result);
+                    // A caller that went away before hearing back never gets a stream to cancel
+                    // with: cancel for it, so that no slot runs for nobody.
+                    if !reply.send(result)
+                        && let Some(id) = accepted
+                    {
+                        scheduler.cancel(id);
+                    }
                 }
                 Command::Cancel(id) => {
                     scheduler.cancel(id);

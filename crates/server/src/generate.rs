@@ -102,8 +102,8 @@ fn tokenize(engine: &Engine, prompt: PromptInput) -> Result<Vec<u32>, ApiError> 
     Ok(tokens)
 }
 
-/// Tokenizes, sizes against `--ctx-size`, and submits, on a blocking thread (the engine answers
-/// a submission between steps).
+/// Tokenizes and sizes against `--ctx-size` on a blocking thread, then submits with
+/// [`Engine::submit_async`] (the engine answers between steps; no thread waits for it).
 pub async fn submit(
     state: &Arc<AppState>,
     prompt: PromptInput,
@@ -116,7 +116,11 @@ pub async fn submit(
         .unwrap_or(state.config().default_max_new_tokens);
     let limit = state.context_limit(engine.info());
     let cap_by_ctx = limit < engine.info().window;
-    let (prompt, stream) = tokio::task::spawn_blocking(move || {
+    // Tokenizing (and templating) is CPU work, done off the async threads; the submission itself
+    // is awaited without holding a thread.
+    let tokenizing = engine.clone();
+    let request = tokio::task::spawn_blocking(move || {
+        let engine = tokenizing;
         let prompt = tokenize(&engine, prompt)?;
         // `--ctx-size` below the window: refuse what it cannot hold, clamp an unlimited budget to
         // it. At the window the engine decides, so a static-shape backend still sees the budget.
@@ -128,27 +132,30 @@ pub async fn submit(
         } else {
             requested
         };
-        let request = GenerationRequest {
-            prompt: prompt.clone(),
+        Ok::<_, ApiError>(GenerationRequest {
+            prompt,
             max_new_tokens,
             sampling,
             stop: params.stop,
             stop_token_ids: Vec::new(),
             logprobs: params.logprobs,
-        };
-        let stream = engine.submit(request)?;
-        Ok::<_, ApiError>((prompt, stream))
+        })
     })
     .await
-    .map_err(|err| ApiError::Internal(format!("submission task failed: {err}")))?
-    .inspect_err(|err| {
-        if matches!(err, ApiError::QueueFull(_)) {
-            state.metrics().observe_queue_full();
-        }
-    })?;
+    .map_err(|err| ApiError::Internal(format!("tokenizing task failed: {err}")))??;
+    let prompt_len = request.prompt.len();
+    let stream = engine
+        .submit_async(request)
+        .await
+        .map_err(ApiError::from)
+        .inspect_err(|err| {
+            if matches!(err, ApiError::QueueFull(_)) {
+                state.metrics().observe_queue_full();
+            }
+        })?;
     let key = state.register(ActiveRequest {
         request_id: stream.id(),
-        prompt_tokens: prompt.len(),
+        prompt_tokens: prompt_len,
         generated: 0,
         started: Instant::now(),
     });
@@ -156,7 +163,7 @@ pub async fn submit(
         stream,
         state: state.clone(),
         key,
-        prompt_tokens: prompt.len(),
+        prompt_tokens: prompt_len,
         submitted: Instant::now(),
         first_token: None,
         last_token: None,

@@ -335,3 +335,36 @@ fn a_compiled_out_backend_names_its_feature() {
     );
     assert!(err.to_string().contains("cargo feature `xla`"), "{err}");
 }
+
+/// The async submission gives what the blocking one gives, and refuses the same requests.
+#[test]
+fn async_submission_matches_the_blocking_one() {
+    if skip() {
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    let blocking = engine()
+        .generate(greedy("The capital of France is", 8))
+        .unwrap();
+    let awaited = runtime.block_on(async {
+        let mut stream = engine()
+            .submit_async(greedy("The capital of France is", 8))
+            .await
+            .unwrap();
+        let mut tokens = Vec::new();
+        while let Some(event) = stream.next_event().await {
+            if let Event::Token { token, .. } = event {
+                tokens.push(token);
+            }
+        }
+        tokens
+    });
+    assert_eq!(awaited, blocking.tokens);
+    let too_long = GenerationRequest::new(vec![1; 8000], MaxNewTokens::Limited(500));
+    let err = runtime
+        .block_on(engine().submit_async(too_long))
+        .unwrap_err();
+    assert!(matches!(err, EngineError::Capacity(_)), "{err:?}");
+}
