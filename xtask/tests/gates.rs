@@ -216,3 +216,24 @@ mod layers {
         );
     }
 }
+
+/// Every program's build script is the engine's embedder snippet, so the one rpath mechanism
+/// cannot drift into several (docs/mlx.md).
+#[test]
+fn program_build_scripts_are_the_embedder_snippet() {
+    let root = xtask::workspace_root();
+    let snippet =
+        fs::read_to_string(root.join("crates/engine/snippets/embedder-build.rs")).unwrap();
+    for crate_dir in [
+        "crates/server",
+        "bins/mlxcel",
+        "bins/mlxcel-server",
+        "benches",
+    ] {
+        let script = fs::read_to_string(root.join(crate_dir).join("build.rs")).unwrap();
+        assert_eq!(
+            script, snippet,
+            "{crate_dir}/build.rs differs from the snippet"
+        );
+    }
+}

@@ -7,7 +7,6 @@ use hyper::body::Incoming;
 use hyper::{Response, StatusCode};
 use mlxcel_engine::{Engine, FinishReason, Usage};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use crate::body::{Body, event_stream, full, json};
 use crate::error::ApiError;
@@ -409,6 +408,38 @@ pub fn health(state: &AppState) -> Response<Body> {
     }
 }
 
+#[derive(Debug, Serialize)]
+struct Props {
+    default_generation_settings: GenerationSettings,
+    total_slots: usize,
+    model_path: std::path::PathBuf,
+    model_alias: String,
+    n_ctx: usize,
+    n_ctx_train: usize,
+    chat_template: Option<&'static str>,
+    build_info: &'static str,
+    backend: &'static str,
+    threads: Option<usize>,
+    /// The static-shape buckets; `null` on a dynamic backend.
+    capacity_buckets: Option<Vec<usize>>,
+}
+
+#[derive(Debug, Serialize)]
+struct GenerationSettings {
+    n_ctx: usize,
+    model: String,
+    params: DefaultParams,
+}
+
+#[derive(Debug, Serialize)]
+struct DefaultParams {
+    /// -1: unlimited.
+    n_predict: i64,
+    temperature: f32,
+    /// -1: a fresh seed per request.
+    seed: i64,
+}
+
 /// `GET /props`.
 pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
     let engine = state.engine()?;
@@ -416,33 +447,60 @@ pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
     let config = state.config();
     let buckets = state.capacity_buckets(engine);
     let n_ctx = state.context_limit(info);
-    Ok(json(
-        StatusCode::OK,
-        &json!({
-            "default_generation_settings": {
-                "n_ctx": n_ctx,
-                "model": state.model_name(info),
-                "params": {
-                    "n_predict": match config.default_max_new_tokens {
-                        mlxcel_engine::MaxNewTokens::Unlimited => -1,
-                        mlxcel_engine::MaxNewTokens::Limited(n) => n as i64,
-                    },
-                    "temperature": config.default_temperature,
-                    "seed": config.default_seed.map_or(-1, |s| s as i64),
+    let props = Props {
+        default_generation_settings: GenerationSettings {
+            n_ctx,
+            model: state.model_name(info),
+            params: DefaultParams {
+                n_predict: match config.default_max_new_tokens {
+                    mlxcel_engine::MaxNewTokens::Unlimited => -1,
+                    mlxcel_engine::MaxNewTokens::Limited(n) => n as i64,
                 },
+                temperature: config.default_temperature,
+                seed: config.default_seed.map_or(-1, |s| s as i64),
             },
-            "total_slots": config.parallel,
-            "model_path": info.dir,
-            "model_alias": state.model_name(info),
-            "n_ctx": n_ctx,
-            "n_ctx_train": info.window,
-            "chat_template": engine.chat_template().map(|_| "(from tokenizer_config.json)"),
-            "build_info": concat!("mlxcel-", env!("CARGO_PKG_VERSION")),
-            "backend": info.backend.as_str(),
-            "threads": config.threads,
-            "capacity_buckets": if buckets.is_empty() { Value::Null } else { json!(buckets) },
-        }),
-    ))
+        },
+        total_slots: config.parallel,
+        model_path: info.dir.clone(),
+        model_alias: state.model_name(info),
+        n_ctx,
+        n_ctx_train: info.window,
+        chat_template: engine
+            .chat_template()
+            .map(|_| "(from tokenizer_config.json)"),
+        build_info: concat!("mlxcel-", env!("CARGO_PKG_VERSION")),
+        backend: info.backend.as_str(),
+        threads: config.threads,
+        capacity_buckets: (!buckets.is_empty()).then_some(buckets),
+    };
+    Ok(json(StatusCode::OK, &props))
+}
+
+/// One entry of `/slots`: a request in flight, or an idle slot.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Slot {
+    Busy {
+        id: usize,
+        id_task: u64,
+        n_ctx: usize,
+        is_processing: bool,
+        n_prompt_tokens: usize,
+        next_token: NextToken,
+        t_elapsed_ms: f64,
+    },
+    Idle {
+        id: usize,
+        /// -1: no task.
+        id_task: i64,
+        n_ctx: usize,
+        is_processing: bool,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct NextToken {
+    n_decoded: usize,
 }
 
 /// `GET /slots`: the requests in flight, then idle slots up to `--parallel`.
@@ -451,18 +509,25 @@ pub fn slots(state: &AppState) -> Result<Response<Body>, ApiError> {
     let n_ctx = state.context_limit(engine.info());
     let active = state.active_requests();
     let total = state.config().parallel.max(active.len());
-    let slots: Vec<Value> = (0..total)
-        .map(|i| match active.get(i) {
-            Some(request) => json!({
-                "id": i,
-                "id_task": request.request_id,
-                "n_ctx": n_ctx,
-                "is_processing": true,
-                "n_prompt_tokens": request.prompt_tokens,
-                "next_token": { "n_decoded": request.generated },
-                "t_elapsed_ms": request.started.elapsed().as_secs_f64() * 1e3,
-            }),
-            None => json!({ "id": i, "id_task": -1, "n_ctx": n_ctx, "is_processing": false }),
+    let slots: Vec<Slot> = (0..total)
+        .map(|id| match active.get(id) {
+            Some(request) => Slot::Busy {
+                id,
+                id_task: request.request_id,
+                n_ctx,
+                is_processing: true,
+                n_prompt_tokens: request.prompt_tokens,
+                next_token: NextToken {
+                    n_decoded: request.generated,
+                },
+                t_elapsed_ms: request.started.elapsed().as_secs_f64() * 1e3,
+            },
+            None => Slot::Idle {
+                id,
+                id_task: -1,
+                n_ctx,
+                is_processing: false,
+            },
         })
         .collect();
     Ok(json(StatusCode::OK, &slots))
