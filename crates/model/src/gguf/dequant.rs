@@ -62,10 +62,11 @@ pub fn to_affine(ty: GgmlType, block: &[u8]) -> AffineBlock {
     }
 }
 
-/// Dequantizes `data` (a whole tensor of a supported type) to f32 the way llama.cpp does.
-/// Returns `None` for types mlxcel does not import.
+/// Dequantizes `data` (a whole tensor of a readable type) to f32 the way llama.cpp does
+/// (`dequantize_row_*` in ggml-quants.c): the same products in the same order, so the values are
+/// bit for bit llama.cpp's. Returns `None` for types mlxcel does not read.
 pub fn dequantize_reference(ty: GgmlType, data: &[u8]) -> Option<Vec<f32>> {
-    let (block_len, block_bytes) = ty.block()?;
+    let (block_len, block_bytes) = ty.layout()?;
     let mut out = Vec::with_capacity(data.len() / block_bytes * block_len);
     for block in data.chunks_exact(block_bytes) {
         match ty {
@@ -92,12 +93,141 @@ pub fn dequantize_reference(ty: GgmlType, data: &[u8]) -> Option<Vec<f32>> {
                 }
                 out.extend_from_slice(&y);
             }
+            GgmlType::Q5_0 => {
+                let d = half_at(block, 0);
+                let q = five_bit_quants(&block[2..6], &block[6..22]);
+                out.extend(q.iter().map(|&q| (q as i32 - 16) as f32 * d));
+            }
+            GgmlType::Q5_1 => {
+                let (d, m) = (half_at(block, 0), half_at(block, 2));
+                let q = five_bit_quants(&block[4..8], &block[8..24]);
+                out.extend(q.iter().map(|&q| q as f32 * d + m));
+            }
             GgmlType::Q8_0 => {
                 let d = half_at(block, 0);
                 out.extend(block[2..34].iter().map(|&q| (q as i8) as f32 * d));
             }
+            GgmlType::Q2_K => out.extend_from_slice(&dequantize_q2_k(block)),
+            GgmlType::Q3_K => out.extend_from_slice(&dequantize_q3_k(block)),
+            GgmlType::Q4_K | GgmlType::Q5_K => out.extend_from_slice(&dequantize_q45_k(ty, block)),
+            GgmlType::Q6_K => out.extend_from_slice(&dequantize_q6_k(block)),
             _ => return None,
         }
     }
     Some(out)
+}
+
+/// The 5-bit values of a Q5_0/Q5_1 block: element `j` takes its low four bits from nibble `j`
+/// of `qs` (low nibbles for 0..16, high for 16..32) and its fifth bit from bit `j` of `qh`.
+fn five_bit_quants(qh: &[u8], qs: &[u8]) -> [u8; 32] {
+    let high = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut q = [0u8; 32];
+    for j in 0..16 {
+        q[j] = (qs[j] & 0x0F) | ((((high >> j) & 1) as u8) << 4);
+        q[j + 16] = (qs[j] >> 4) | ((((high >> (j + 16)) & 1) as u8) << 4);
+    }
+    q
+}
+
+/// The 2-bit field of element `e` of a 256-element super-block whose values are packed four to
+/// a byte, 32 bytes per 128 elements (Q2_K and Q3_K's low bits): byte `32 · (e / 128) + e % 32`,
+/// shifted by `2 · (e % 128 / 32)`.
+fn two_bit_field(qs: &[u8], e: usize) -> u8 {
+    (qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3
+}
+
+/// Q2_K (84 bytes): 16 groups of 16, each with a 4-bit scale and a 4-bit min (`scales[16]`),
+/// the 2-bit values (`qs[64]`), then the super-block's `d` and `dmin` (f16):
+/// `(d · scale) · q − (dmin · min)`.
+fn dequantize_q2_k(block: &[u8]) -> [f32; 256] {
+    let (scales, qs) = (&block[0..16], &block[16..80]);
+    let (d, dmin) = (half_at(block, 80), half_at(block, 82));
+    let mut y = [0f32; 256];
+    for (e, y) in y.iter_mut().enumerate() {
+        let sc = scales[e / 16];
+        let dl = d * (sc & 0x0F) as f32;
+        let ml = dmin * (sc >> 4) as f32;
+        *y = dl * two_bit_field(qs, e) as f32 - ml;
+    }
+    y
+}
+
+/// Q3_K (110 bytes): a high-bit mask (`hmask[32]`, element `e` at bit `e / 32` of byte `e % 32`),
+/// the low 2 bits (`qs[64]`), 16 six-bit scales packed in 12 bytes, then `d` (f16). The value is
+/// `(d · (scale − 32)) · (q − 4 · (1 − high bit))`.
+fn dequantize_q3_k(block: &[u8]) -> [f32; 256] {
+    let (hmask, qs, packed) = (&block[0..32], &block[32..96], &block[96..108]);
+    let d = half_at(block, 108);
+    let mut y = [0f32; 256];
+    for (e, y) in y.iter_mut().enumerate() {
+        let g = e / 16;
+        // Low four bits: nibble `g / 8` of byte `g % 8`; high two: bits `2 · (g / 4)` of byte
+        // `8 + g % 4`.
+        let low = (packed[g % 8] >> (4 * (g / 8))) & 0x0F;
+        let high = (packed[8 + g % 4] >> (2 * (g / 4))) & 0x03;
+        let scale = (low | (high << 4)) as i32 - 32;
+        let dl = d * scale as f32;
+        let missing_high = 1 - ((hmask[e % 32] >> (e / 32)) & 1) as i32;
+        let q = two_bit_field(qs, e) as i32 - 4 * missing_high;
+        *y = dl * q as f32;
+    }
+    y
+}
+
+/// The 6-bit scale and min of sub-block `j` (of 8) of a Q4_K/Q5_K super-block, packed in 12 bytes
+/// (ggml's `get_scale_min_k4`).
+fn scale_min_k4(j: usize, packed: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (packed[j] & 63, packed[j + 4] & 63)
+    } else {
+        (
+            (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 6) << 4),
+            (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Q4_K (144 bytes: `d`, `dmin`, 12 bytes of scales and mins, `qs[128]`) and Q5_K (176: the same
+/// with `qh[32]` before `qs`): 8 sub-blocks of 32, `(d · scale) · q − (dmin · min)`. Sub-block `s`
+/// takes nibble `s % 2` of bytes `32 · (s / 2) ..`; Q5_K's fifth bit of element `e` is bit
+/// `e / 32` of `qh[e % 32]`.
+fn dequantize_q45_k(ty: GgmlType, block: &[u8]) -> [f32; 256] {
+    let (d, dmin) = (half_at(block, 0), half_at(block, 2));
+    let packed = &block[4..16];
+    let (qh, qs) = if ty == GgmlType::Q5_K {
+        (Some(&block[16..48]), &block[48..176])
+    } else {
+        (None, &block[16..144])
+    };
+    let mut y = [0f32; 256];
+    for (e, y) in y.iter_mut().enumerate() {
+        let s = e / 32;
+        let (sc, m) = scale_min_k4(s, packed);
+        let d1 = d * sc as f32;
+        let m1 = dmin * m as f32;
+        let mut q = (qs[32 * (s / 2) + e % 32] >> (4 * (s % 2))) & 0x0F;
+        if let Some(qh) = qh {
+            q |= ((qh[e % 32] >> s) & 1) << 4;
+        }
+        *y = d1 * q as f32 - m1;
+    }
+    y
+}
+
+/// Q6_K (210 bytes): the low four bits (`ql[128]`), the high two (`qh[64]`), 16 signed 8-bit
+/// scales of 16-element groups, then `d` (f16): `(d · scale) · (q − 32)`. In each half of 128,
+/// element `h` takes nibble `h / 64` of `ql[64 · half + h % 64]` and bits `2 · (h / 32)` of
+/// `qh[32 · half + h % 32]`.
+fn dequantize_q6_k(block: &[u8]) -> [f32; 256] {
+    let (ql, qh, scales) = (&block[0..128], &block[128..192], &block[192..208]);
+    let d = half_at(block, 208);
+    let mut y = [0f32; 256];
+    for (e, y) in y.iter_mut().enumerate() {
+        let (half, h) = (e / 128, e % 128);
+        let low = (ql[64 * half + h % 64] >> (4 * (h / 64))) & 0x0F;
+        let high = (qh[32 * half + h % 32] >> (2 * (h / 32))) & 0x03;
+        let q = (low | (high << 4)) as i32 - 32;
+        *y = d * (scales[e / 16] as i8) as f32 * q as f32;
+    }
+    y
 }

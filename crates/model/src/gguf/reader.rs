@@ -191,7 +191,7 @@ impl GgufFile {
             data_start,
         };
         for info in &this.tensors {
-            if info.ggml_type.is_supported() {
+            if info.ggml_type.is_readable() {
                 this.byte_range(info)?;
             }
         }
@@ -212,7 +212,7 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// The raw bytes of a tensor; refuses types mlxcel cannot import, naming type and tensor.
+    /// The raw bytes of a tensor; refuses types mlxcel cannot read, naming type and tensor.
     pub fn tensor_data(&self, info: &GgufTensorInfo) -> Result<&[u8]> {
         let (start, end) = self.byte_range(info)?;
         Ok(&self.mmap[start..end])
@@ -220,7 +220,7 @@ impl GgufFile {
 
     /// Where a tensor's bytes are in the map, checked against the file's length.
     fn byte_range(&self, info: &GgufTensorInfo) -> Result<(usize, usize)> {
-        if !info.ggml_type.is_supported() {
+        if !info.ggml_type.is_readable() {
             return Err(ModelError::UnsupportedGgmlType {
                 path: self.path.clone(),
                 tensor: info.name.clone(),

@@ -1,4 +1,4 @@
-//! GGML tensor types and the block layouts of the ones we import.
+//! GGML tensor types and the block layouts of the ones we read.
 
 use std::fmt;
 
@@ -11,19 +11,43 @@ impl GgmlType {
     pub const F16: Self = Self(1);
     pub const Q4_0: Self = Self(2);
     pub const Q4_1: Self = Self(3);
+    pub const Q5_0: Self = Self(6);
+    pub const Q5_1: Self = Self(7);
     pub const Q8_0: Self = Self(8);
+    pub const Q2_K: Self = Self(10);
+    pub const Q3_K: Self = Self(11);
     pub const Q4_K: Self = Self(12);
+    pub const Q5_K: Self = Self(13);
     pub const Q6_K: Self = Self(14);
     pub const BF16: Self = Self(30);
 
     /// Elements per block and bytes per block, for the types mlxcel can import.
     pub fn block(self) -> Option<(usize, usize)> {
         match self {
+            Self::F32 | Self::F16 | Self::BF16 | Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => {
+                self.layout()
+            }
+            _ => None,
+        }
+    }
+
+    /// Elements per block and bytes per block, for every type mlxcel can read and dequantize
+    /// exactly (`dequant::dequantize_reference`): the imported ones, plus Q5_0/Q5_1 and the
+    /// K-quants (256-element super-blocks), which conversion does not take yet.
+    pub fn layout(self) -> Option<(usize, usize)> {
+        match self {
             Self::F32 => Some((1, 4)),
             Self::F16 | Self::BF16 => Some((1, 2)),
             Self::Q4_0 => Some((32, 18)),
             Self::Q4_1 => Some((32, 20)),
+            Self::Q5_0 => Some((32, 22)),
+            Self::Q5_1 => Some((32, 24)),
             Self::Q8_0 => Some((32, 34)),
+            Self::Q2_K => Some((256, 84)),
+            Self::Q3_K => Some((256, 110)),
+            Self::Q4_K => Some((256, 144)),
+            Self::Q5_K => Some((256, 176)),
+            Self::Q6_K => Some((256, 210)),
             _ => None,
         }
     }
@@ -33,14 +57,19 @@ impl GgmlType {
         self.block().is_some()
     }
 
+    /// Whether mlxcel can read (and dequantize) tensors of this type.
+    pub fn is_readable(self) -> bool {
+        self.layout().is_some()
+    }
+
     /// Whether this is one of the 32-element block quantizations that map to MLX affine groups.
     pub fn is_block_quantized(self) -> bool {
         matches!(self, Self::Q4_0 | Self::Q4_1 | Self::Q8_0)
     }
 
-    /// Bytes of a tensor of `elements` elements, for supported types.
+    /// Bytes of a tensor of `elements` elements, for readable types.
     pub fn bytes_for(self, elements: u64) -> Option<u64> {
-        let (block, bytes) = self.block()?;
+        let (block, bytes) = self.layout()?;
         if !elements.is_multiple_of(block as u64) {
             return None;
         }
