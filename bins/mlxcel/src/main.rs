@@ -21,7 +21,7 @@ enum Command {
     Bench(commands::bench::Args),
     /// Show which static context capacity a request gets on the OpenXLA backend.
     Capacity(commands::capacity::Args),
-    /// Convert a GGUF file (F32/F16/BF16/Q4_0/Q4_1/Q8_0) into an MLX checkpoint directory.
+    /// Convert a GGUF file (F32/F16/BF16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q2_K..Q6_K) into an MLX checkpoint.
     Convert(commands::convert::Args),
     /// Generate text from a prompt, or chat interactively without one.
     Generate(commands::generate::Args),

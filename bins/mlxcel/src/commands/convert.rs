@@ -8,7 +8,7 @@ use mlxcel_model::convert_gguf;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The GGUF file (F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors).
+    /// The GGUF file (F32/F16/BF16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and Q2_K..Q6_K tensors).
     input: PathBuf,
 
     /// The checkpoint directory to write (config.json, model.safetensors, tokenizer files).

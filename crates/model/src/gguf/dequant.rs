@@ -14,12 +14,48 @@ pub struct AffineBlock {
     pub bias: f32,
 }
 
-/// Bits of the MLX affine form of a block-quantized type.
+/// Bits of the MLX affine form of a block-quantized type, for the types that map onto affine
+/// groups of 32 without loss. Q5_0, Q5_1 and Q5_K take 8 bits (their 5-bit values unchanged);
+/// Q6_K, Q3_K and Q2_K have 16-element groups and no affine form.
 pub fn affine_bits(ty: GgmlType) -> Option<u32> {
     match ty {
-        GgmlType::Q4_0 | GgmlType::Q4_1 => Some(4),
-        GgmlType::Q8_0 => Some(8),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => Some(4),
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q8_0 => Some(8),
         _ => None,
+    }
+}
+
+/// The affine groups of 32 of one block of a type with an affine form ([`affine_bits`]), in order:
+/// one for the 32-element types, eight for a Q4_K/Q5_K super-block.
+///
+/// Every value is `scale · q + bias` with the same f32 arithmetic llama.cpp uses, so it equals
+/// llama.cpp's dequantization bit for bit: Q5_0's `(q − 16) · d` is `q · d − 16 d`, both products
+/// exact; Q5_1's `q · d + m` as it is; Q4_K/Q5_K's `d1 · q − m1` with `d1 = d · scale` and
+/// `m1 = dmin · min` (exact in f32, an 11-bit mantissa times a 6-bit integer) as scale `d1` and
+/// bias `−m1` (`x − y` and `x + (−y)` round alike, and `d1 · q` is exact, so a fused multiply-add
+/// gives the same bits).
+pub fn affine_groups(ty: GgmlType, block: &[u8]) -> Vec<AffineBlock> {
+    match ty {
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let d = half_at(block, 0);
+            let (bias, q) = if ty == GgmlType::Q5_0 {
+                (-16.0 * d, five_bit_quants(&block[2..6], &block[6..22]))
+            } else {
+                (
+                    half_at(block, 2),
+                    five_bit_quants(&block[4..8], &block[8..24]),
+                )
+            };
+            vec![AffineBlock { q, scale: d, bias }]
+        }
+        GgmlType::Q4_K | GgmlType::Q5_K => q45_k_sub_blocks(ty, block)
+            .map(|(d1, m1, q)| AffineBlock {
+                q,
+                scale: d1,
+                bias: -m1,
+            })
+            .collect(),
+        _ => vec![to_affine(ty, block)],
     }
 }
 
@@ -187,11 +223,11 @@ fn scale_min_k4(j: usize, packed: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Q4_K (144 bytes: `d`, `dmin`, 12 bytes of scales and mins, `qs[128]`) and Q5_K (176: the same
-/// with `qh[32]` before `qs`): 8 sub-blocks of 32, `(d · scale) · q − (dmin · min)`. Sub-block `s`
-/// takes nibble `s % 2` of bytes `32 · (s / 2) ..`; Q5_K's fifth bit of element `e` is bit
-/// `e / 32` of `qh[e % 32]`.
-fn dequantize_q45_k(ty: GgmlType, block: &[u8]) -> [f32; 256] {
+/// The 8 sub-blocks of 32 of a Q4_K (144 bytes: `d`, `dmin`, 12 bytes of scales and mins,
+/// `qs[128]`) or Q5_K (176: the same with `qh[32]` before `qs`) super-block, as llama.cpp's
+/// `d1 = d · scale`, `m1 = dmin · min` and the 4- or 5-bit values. Sub-block `s` takes nibble
+/// `s % 2` of bytes `32 · (s / 2) ..`; Q5_K's fifth bit of its element `l` is bit `s` of `qh[l]`.
+fn q45_k_sub_blocks(ty: GgmlType, block: &[u8]) -> impl Iterator<Item = (f32, f32, [u8; 32])> {
     let (d, dmin) = (half_at(block, 0), half_at(block, 2));
     let packed = &block[4..16];
     let (qh, qs) = if ty == GgmlType::Q5_K {
@@ -199,17 +235,26 @@ fn dequantize_q45_k(ty: GgmlType, block: &[u8]) -> [f32; 256] {
     } else {
         (None, &block[16..144])
     };
-    let mut y = [0f32; 256];
-    for (e, y) in y.iter_mut().enumerate() {
-        let s = e / 32;
+    (0..8).map(move |s| {
         let (sc, m) = scale_min_k4(s, packed);
-        let d1 = d * sc as f32;
-        let m1 = dmin * m as f32;
-        let mut q = (qs[32 * (s / 2) + e % 32] >> (4 * (s % 2))) & 0x0F;
-        if let Some(qh) = qh {
-            q |= ((qh[e % 32] >> s) & 1) << 4;
+        let mut q = [0u8; 32];
+        for (l, q) in q.iter_mut().enumerate() {
+            *q = (qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0x0F;
+            if let Some(qh) = qh {
+                *q |= ((qh[l] >> s) & 1) << 4;
+            }
         }
-        *y = d1 * q as f32 - m1;
+        (d * sc as f32, dmin * m as f32, q)
+    })
+}
+
+/// Q4_K and Q5_K: `d1 · q − m1` per sub-block of 32.
+fn dequantize_q45_k(ty: GgmlType, block: &[u8]) -> [f32; 256] {
+    let mut y = [0f32; 256];
+    for ((d1, m1, q), y) in q45_k_sub_blocks(ty, block).zip(y.chunks_exact_mut(32)) {
+        for (y, &q) in y.iter_mut().zip(&q) {
+            *y = d1 * q as f32 - m1;
+        }
     }
     y
 }

@@ -191,7 +191,7 @@ impl GgufFile {
             data_start,
         };
         for info in &this.tensors {
-            if info.ggml_type.is_readable() {
+            if info.ggml_type.is_supported() {
                 this.byte_range(info)?;
             }
         }
@@ -220,7 +220,7 @@ impl GgufFile {
 
     /// Where a tensor's bytes are in the map, checked against the file's length.
     fn byte_range(&self, info: &GgufTensorInfo) -> Result<(usize, usize)> {
-        if !info.ggml_type.is_readable() {
+        if !info.ggml_type.is_supported() {
             return Err(ModelError::UnsupportedGgmlType {
                 path: self.path.clone(),
                 tensor: info.name.clone(),

@@ -6,7 +6,7 @@ use std::io::Write;
 use half::f16;
 
 use crate::error::{ModelError, Result};
-use crate::gguf::dequant::{affine_bits, to_affine};
+use crate::gguf::dequant::{affine_bits, affine_groups, dequantize_reference};
 use crate::gguf::permute::unpermute_rows;
 use crate::gguf::reader::{GgufFile, GgufTensorInfo};
 use crate::gguf::types::GgmlType;
@@ -18,6 +18,9 @@ use crate::safetensors_writer::PlannedTensor;
 enum Part {
     /// F32/F16/BF16 copied as is (rows reordered for q/k).
     Dense,
+    /// A type with no affine form (Q6_K, Q3_K, Q2_K: 16-element groups) dequantized to f32 with
+    /// llama.cpp's arithmetic, so the values are exact, at 4 bytes a weight.
+    Widened,
     /// Packed quantized values (U32).
     Weight {
         bits: u32,
@@ -77,17 +80,27 @@ pub(crate) fn plan<'a>(
         GgmlType::F16 => dense(safetensors::Dtype::F16),
         GgmlType::BF16 => dense(safetensors::Dtype::BF16),
         ty => {
-            let bits = affine_bits(ty).ok_or_else(|| ModelError::UnsupportedGgmlType {
-                path: gguf.path().to_owned(),
-                tensor: info.name.clone(),
-                ggml_type: ty.to_string(),
-            })?;
+            let Some((block_len, _)) = ty.layout() else {
+                return Err(ModelError::UnsupportedGgmlType {
+                    path: gguf.path().to_owned(),
+                    tensor: info.name.clone(),
+                    ggml_type: ty.to_string(),
+                });
+            };
+            let Some(bits) = affine_bits(ty) else {
+                return Ok(vec![output(
+                    format!("{module}.{suffix}"),
+                    safetensors::Dtype::F32,
+                    shape.clone(),
+                    Part::Widened,
+                )]);
+            };
             let [rows, cols] = shape[..] else {
                 return Err(refuse(format!("quantized but not 2-D (shape {shape:?})")));
             };
-            if !cols.is_multiple_of(32) {
+            if !cols.is_multiple_of(block_len) {
                 return Err(refuse(format!(
-                    "rows of {cols} elements are not whole blocks of 32"
+                    "rows of {cols} elements are not whole blocks of {block_len}"
                 )));
             }
             let float = if fits_f16(ty, gguf.tensor_data(info)?) {
@@ -124,13 +137,17 @@ fn rows(shape: &[usize]) -> usize {
     }
 }
 
-/// Scales are f16 in GGUF and biases are f16 (Q4_1) or `-8 d`/`-128 d`, exact in f16 unless they
-/// overflow it; only then does a tensor keep f32 scales and biases.
+/// Whether every scale and bias of a tensor is exact in f16: true for the 32-element types (their
+/// scales are f16 in GGUF and their biases f16 or `-8 d`/`-16 d`/`-128 d`, unless that overflows),
+/// usually false for Q4_K/Q5_K (`d · scale` needs up to 17 bits). Otherwise the tensor keeps f32
+/// scales and biases.
 fn fits_f16(ty: GgmlType, data: &[u8]) -> bool {
-    let (_, block_bytes) = ty.block().expect("block type");
+    let (_, block_bytes) = ty.layout().expect("a block type");
+    let exact = |v: f32| f16::from_f32(v).to_f32() == v;
     data.chunks_exact(block_bytes).all(|block| {
-        let bias = to_affine(ty, block).bias;
-        f16::from_f32(bias).to_f32() == bias
+        affine_groups(ty, block)
+            .iter()
+            .all(|g| exact(g.scale) && exact(g.bias))
     })
 }
 
@@ -144,27 +161,40 @@ impl Output<'_> {
         };
         let io = |e| ModelError::io(gguf.path(), e);
         let ty = self.source.ggml_type;
-        if self.part == Part::Dense {
-            return out.write_all(&data).map_err(io);
-        }
-        let (_, block_bytes) = ty.block().expect("block type");
-        let as_f16 = self.planned.dtype == safetensors::Dtype::F16;
+        let (_, block_bytes) = ty.layout().expect("a readable type");
         let mut buf = Vec::with_capacity(1 << 16);
-        for block in data.chunks_exact(block_bytes) {
-            let affine = to_affine(ty, block);
-            let value = match self.part {
-                Part::Weight { bits } => {
-                    buf.extend(pack(&affine.q, bits).iter().flat_map(|w| w.to_le_bytes()));
-                    None
+        match self.part {
+            Part::Dense => return out.write_all(&data).map_err(io),
+            Part::Widened => {
+                // A row's blocks at a time, so memory holds no more than a row of f32.
+                let row_bytes = data.len() / rows(&self.source.shape()).max(1);
+                for row in data.chunks(row_bytes.max(block_bytes)) {
+                    let values = dequantize_reference(ty, row).expect("a readable type");
+                    buf.clear();
+                    buf.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+                    out.write_all(&buf).map_err(io)?;
                 }
-                Part::Scales => Some(affine.scale),
-                Part::Biases => Some(affine.bias),
-                Part::Dense => unreachable!("handled above"),
-            };
-            match value {
-                Some(v) if as_f16 => buf.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
-                Some(v) => buf.extend_from_slice(&v.to_le_bytes()),
-                None => {}
+                return Ok(());
+            }
+            Part::Weight { .. } | Part::Scales | Part::Biases => {}
+        }
+        let as_f16 = self.planned.dtype == safetensors::Dtype::F16;
+        for block in data.chunks_exact(block_bytes) {
+            for group in affine_groups(ty, block) {
+                let value = match self.part {
+                    Part::Weight { bits } => {
+                        buf.extend(pack(&group.q, bits).iter().flat_map(|w| w.to_le_bytes()));
+                        None
+                    }
+                    Part::Scales => Some(group.scale),
+                    Part::Biases => Some(group.bias),
+                    Part::Dense | Part::Widened => unreachable!("handled above"),
+                };
+                match value {
+                    Some(v) if as_f16 => buf.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
+                    Some(v) => buf.extend_from_slice(&v.to_le_bytes()),
+                    None => {}
+                }
             }
             if buf.len() >= 1 << 16 {
                 out.write_all(&buf).map_err(io)?;

@@ -21,19 +21,8 @@ impl GgmlType {
     pub const Q6_K: Self = Self(14);
     pub const BF16: Self = Self(30);
 
-    /// Elements per block and bytes per block, for the types mlxcel can import.
-    pub fn block(self) -> Option<(usize, usize)> {
-        match self {
-            Self::F32 | Self::F16 | Self::BF16 | Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => {
-                self.layout()
-            }
-            _ => None,
-        }
-    }
-
-    /// Elements per block and bytes per block, for every type mlxcel can read and dequantize
-    /// exactly (`dequant::dequantize_reference`): the imported ones, plus Q5_0/Q5_1 and the
-    /// K-quants (256-element super-blocks), which conversion does not take yet.
+    /// Elements per block and bytes per block, for every type mlxcel reads, dequantizes exactly
+    /// (`dequant::dequantize_reference`) and imports (K-quants have 256-element super-blocks).
     pub fn layout(self) -> Option<(usize, usize)> {
         match self {
             Self::F32 => Some((1, 4)),
@@ -52,19 +41,9 @@ impl GgmlType {
         }
     }
 
-    /// Whether mlxcel can import tensors of this type.
+    /// Whether mlxcel can read, dequantize and import tensors of this type.
     pub fn is_supported(self) -> bool {
-        self.block().is_some()
-    }
-
-    /// Whether mlxcel can read (and dequantize) tensors of this type.
-    pub fn is_readable(self) -> bool {
         self.layout().is_some()
-    }
-
-    /// Whether this is one of the 32-element block quantizations that map to MLX affine groups.
-    pub fn is_block_quantized(self) -> bool {
-        matches!(self, Self::Q4_0 | Self::Q4_1 | Self::Q8_0)
     }
 
     /// Bytes of a tensor of `elements` elements, for readable types.

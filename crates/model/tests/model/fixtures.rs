@@ -88,7 +88,25 @@ pub fn random_block(ty: GgmlType, rng: &mut Rng) -> Vec<u8> {
             out.extend(rng.bytes(16));
         }
         GgmlType::Q8_0 => out.extend(rng.bytes(32)),
-        _ => unreachable!(),
+        ty => {
+            // Random bytes, with small finite f16s where the type keeps its scales (random bytes
+            // there could be NaN or huge).
+            let f16_fields: &[usize] = match ty {
+                GgmlType::Q5_0 | GgmlType::Q6_K | GgmlType::Q3_K => &[],
+                GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[2],
+                GgmlType::Q2_K => &[80, 82],
+                other => unreachable!("no random blocks of {other}"),
+            };
+            let (_, nbytes) = ty.layout().expect("a block type");
+            out.extend(rng.bytes(nbytes - 2));
+            for &at in f16_fields {
+                out[at..at + 2].copy_from_slice(&half(rng.uniform(0.001, 0.05)));
+            }
+            // Q6_K and Q3_K keep `d` last: move the leading f16 there.
+            if matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K) {
+                out.rotate_left(2);
+            }
+        }
     }
     out
 }
@@ -105,9 +123,12 @@ pub fn random_tensor(ty: GgmlType, elements: usize, rng: &mut Rng) -> Vec<u8> {
         GgmlType::BF16 => (0..elements)
             .flat_map(|_| bf16::from_f32(rng.uniform(-1.0, 1.0)).to_le_bytes())
             .collect(),
-        _ => (0..elements / 32)
-            .flat_map(|_| random_block(ty, rng))
-            .collect(),
+        _ => {
+            let (block_len, _) = ty.layout().expect("a block type");
+            (0..elements / block_len)
+                .flat_map(|_| random_block(ty, rng))
+                .collect()
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! permutation, and lossless conversion of a tiny llama.
 
 use half::{bf16, f16};
-use mlxcel_model::gguf::dequant::{dequantize_reference, to_affine};
+use mlxcel_model::gguf::dequant::{affine_groups, dequantize_reference};
 use mlxcel_model::gguf::permute::{gguf_row_of_hf_row, permute_rows, unpermute_rows};
 use mlxcel_model::gguf::{GgmlType, GgufFile, GgufValue, GgufWriter};
 use mlxcel_model::{Checkpoint, LoadedModel, ModelError, convert_gguf};
@@ -110,47 +110,93 @@ fn every_tensor_type_reads_known_values() {
 #[test]
 fn affine_blocks_reproduce_llama_cpp_exactly() {
     let mut rng = Rng::new(7);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+    ] {
         for _ in 0..500 {
             let block = crate::fixtures::random_block(ty, &mut rng);
             let expected = dequantize_reference(ty, &block).unwrap();
-            let a = to_affine(ty, &block);
+            let groups = affine_groups(ty, &block);
             for (i, e) in expected.iter().enumerate() {
-                let v = a.scale * a.q[i] as f32 + a.bias;
+                let g = &groups[i / 32];
+                let v = g.scale * g.q[i % 32] as f32 + g.bias;
                 assert_eq!(v.to_bits(), e.to_bits(), "{ty} element {i}");
+                // The kernels may fuse the multiply-add: the product is exact, so it agrees.
+                assert_eq!(
+                    g.scale.mul_add(g.q[i % 32] as f32, g.bias).to_bits(),
+                    e.to_bits()
+                );
             }
         }
     }
 }
 
-/// K-quants are read and dequantized (scripts/check-dequant holds them to the `gguf` package bit
-/// for bit) but not converted yet: conversion refuses them naming type and tensor, and a type
-/// mlxcel cannot read at all is refused when its data is asked for.
+/// A type mlxcel cannot read (IQ2_XXS) is refused when its data is asked for and by conversion,
+/// naming type and tensor.
 #[test]
-fn k_quants_read_but_conversion_refuses_them_naming_type_and_tensor() {
+fn unreadable_types_are_refused_naming_type_and_tensor() {
     let mut w = TinyLlama::default().metadata();
-    w.tensor(
-        "blk.0.attn_q.weight",
-        &[256, 4],
-        GgmlType::Q4_K,
-        vec![0; 4 * 144],
-    );
-    w.tensor("blk.0.attn_k.weight", &[256, 1], GgmlType(16), vec![0; 66]);
+    w.tensor("blk.0.attn_q.weight", &[256, 1], GgmlType(16), vec![0; 66]);
     let (dir, path) = write(&w);
     let file = GgufFile::open(&path).unwrap();
-    let info = file.tensor_info("blk.0.attn_q.weight").unwrap();
-    assert_eq!(file.tensor_data(info).unwrap().len(), 4 * 144);
-    let iq = file.tensor_info("blk.0.attn_k.weight").unwrap();
+    let iq = file.tensor_info("blk.0.attn_q.weight").unwrap();
     let err = file.tensor_data(iq).unwrap_err();
     assert!(matches!(err, ModelError::UnsupportedGgmlType { .. }));
     let message = convert_gguf(&path, &dir.path().join("out"))
         .unwrap_err()
         .to_string();
     assert!(
-        message.contains("Q4_K") && message.contains("blk.0.attn_q.weight"),
+        message.contains("IQ2_XXS") && message.contains("blk.0.attn_q.weight"),
         "{message}"
     );
     assert_eq!(GgmlType(16).to_string(), "IQ2_XXS (type id 16)");
+}
+
+/// Every K-quant and Q5 type converts without loss: Q4_K as 4-bit affine groups of 32, Q5_0, Q5_1
+/// and Q5_K as 8-bit ones (f32 scales where f16 cannot hold them), Q6_K, Q3_K and Q2_K widened to
+/// f32; dequantized, every tensor equals llama.cpp's values bit for bit.
+#[test]
+fn k_quants_and_q5_convert_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("k.gguf");
+    TinyLlama {
+        hidden: 256,
+        ffn: 512,
+        tied: false,
+        linear_type: |part| match part {
+            "attn_q" => GgmlType::Q4_K,
+            "attn_k" => GgmlType::Q5_K,
+            "attn_v" => GgmlType::Q6_K,
+            "attn_output" => GgmlType::Q5_0,
+            "ffn_gate" => GgmlType::Q5_1,
+            "ffn_up" => GgmlType::Q3_K,
+            "ffn_down" => GgmlType::Q2_K,
+            _ => GgmlType::Q6_K,
+        },
+        embed_type: GgmlType::Q4_K,
+        ..TinyLlama::default()
+    }
+    .write(&gguf, 5);
+    let out = dir.path().join("k");
+    convert_gguf(&gguf, &out).unwrap();
+    let model = LoadedModel::open(&out).unwrap();
+    let ckpt: &Checkpoint = &model.checkpoint;
+    assert_eq!(assert_lossless(&gguf, ckpt), 2 + 9 * 2 + 1);
+    let spec = |m: &str| ckpt.quantization_of(m).map(|s| (s.bits, s.group_size));
+    assert_eq!(spec("model.embed_tokens"), Some((4, 32)));
+    assert_eq!(spec("model.layers.0.self_attn.q_proj"), Some((4, 32)));
+    assert_eq!(spec("model.layers.0.self_attn.k_proj"), Some((8, 32)));
+    assert_eq!(spec("model.layers.0.self_attn.o_proj"), Some((8, 32)));
+    assert_eq!(spec("model.layers.0.mlp.gate_proj"), Some((8, 32)));
+    assert_eq!(spec("model.layers.0.self_attn.v_proj"), None);
+    assert_eq!(spec("model.layers.0.mlp.down_proj"), None);
+    assert_eq!(spec("lm_head"), None);
 }
 
 /// Q4_K's packed 6-bit scales and mins, worked by hand: sub-blocks 0-3 take theirs from the low
