@@ -66,7 +66,10 @@ pub fn converted(cache: &Path, gguf: &Path, sha256: &str) -> Result<PathBuf> {
         gguf.display(),
         dir.display()
     );
-    convert_gguf(gguf, &partial)?;
+    let summary = convert_gguf(gguf, &partial)?;
+    if let Some(note) = summary.widened_note() {
+        eprintln!("mlxcel: {note}");
+    }
     match std::fs::rename(&partial, &dir) {
         Ok(()) => Ok(dir),
         // Another process finished the same conversion first; theirs is as good as ours.

@@ -35,5 +35,8 @@ pub fn run(args: &Args) -> Result<ExitCode> {
                 q.default.bits, q.default.group_size
             )),
     );
+    if let Some(note) = summary.widened_note() {
+        eprintln!("note: {note}");
+    }
     Ok(ExitCode::SUCCESS)
 }

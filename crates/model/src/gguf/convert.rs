@@ -25,6 +25,24 @@ pub struct ConvertSummary {
     pub out_dir: PathBuf,
     pub config: ModelConfig,
     pub tensors: usize,
+    /// Tensors whose GGUF type has no affine form (Q6_K, Q3_K, Q2_K), written as f32, and their
+    /// bytes: exact, but larger and slower than their GGUF form.
+    pub widened: usize,
+    pub widened_bytes: u64,
+}
+
+impl ConvertSummary {
+    /// A line for the user when tensors were widened, else `None`.
+    pub fn widened_note(&self) -> Option<String> {
+        (self.widened > 0).then(|| {
+            format!(
+                "{} tensors ({:.1} MB) are Q6_K/Q3_K/Q2_K, which mlxcel has no kernels for yet: \
+                 widened to f32 (exact, but larger and slower than in the GGUF)",
+                self.widened,
+                self.widened_bytes as f64 / 1e6
+            )
+        })
+    }
 }
 
 /// Converts `gguf_path` into an MLX checkpoint in `out_dir` (created if needed; files overwritten).
@@ -92,6 +110,16 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
         |i, out| outputs[i].write(&gguf, out),
     )?;
     let count = planned.len();
+    let widened: Vec<&PlannedTensor> = outputs
+        .iter()
+        .filter(|o| o.is_widened())
+        .map(|o| &o.planned)
+        .collect();
+    let widened_bytes = widened
+        .iter()
+        .map(|t| 4 * t.shape.iter().product::<usize>() as u64)
+        .sum();
+
     let tokenizer_path = out_dir.join("tokenizer.json");
     write_json(&tokenizer_path, &vocab.tokenizer_json(&gguf)?)?;
     // Load what we wrote, so a vocabulary the tokenizers crate rejects fails here, not at first use.
@@ -108,6 +136,8 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
         out_dir: out_dir.to_owned(),
         config,
         tensors: count,
+        widened: widened.len(),
+        widened_bytes,
     })
 }
 

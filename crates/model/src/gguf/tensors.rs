@@ -204,6 +204,11 @@ impl Output<'_> {
         out.write_all(&buf).map_err(io)
     }
 
+    /// Whether this output is a tensor widened to f32 because its type has no affine form.
+    pub(crate) fn is_widened(&self) -> bool {
+        self.part == Part::Widened
+    }
+
     /// Whether this is the packed weight of a quantized module, and its bits.
     pub(crate) fn quantized_bits(&self) -> Option<u32> {
         match self.part {

@@ -184,7 +184,10 @@ fn k_quants_and_q5_convert_losslessly() {
     }
     .write(&gguf, 5);
     let out = dir.path().join("k");
-    convert_gguf(&gguf, &out).unwrap();
+    let summary = convert_gguf(&gguf, &out).unwrap();
+    // attn_v, ffn_up and ffn_down of both layers, and the output.
+    assert_eq!(summary.widened, 7);
+    assert!(summary.widened_note().unwrap().contains("widened to f32"));
     let model = LoadedModel::open(&out).unwrap();
     let ckpt: &Checkpoint = &model.checkpoint;
     assert_eq!(assert_lossless(&gguf, ckpt), 2 + 9 * 2 + 1);
