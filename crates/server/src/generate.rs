@@ -118,28 +118,29 @@ pub async fn submit(
     let cap_by_ctx = limit < engine.info().window;
     // Tokenizing (and templating) is CPU work, done off the async threads; the submission itself
     // is awaited without holding a thread.
-    let tokenizing = engine.clone();
-    let request = tokio::task::spawn_blocking(move || {
-        let engine = tokenizing;
-        let prompt = tokenize(&engine, prompt)?;
-        // `--ctx-size` below the window: refuse what it cannot hold, clamp an unlimited budget to
-        // it. At the window the engine decides, so a static-shape backend still sees the budget.
-        let max_new_tokens = if cap_by_ctx {
-            MaxNewTokens::Limited(
-                mlxcel_capacity::admit(prompt.len(), requested, limit)
-                    .map_err(EngineError::from)?,
-            )
-        } else {
-            requested
-        };
-        Ok::<_, ApiError>(GenerationRequest {
-            prompt,
-            max_new_tokens,
-            sampling,
-            stop: params.stop,
-            stop_token_ids: Vec::new(),
-            logprobs: params.logprobs,
-        })
+    let request = tokio::task::spawn_blocking({
+        let engine = engine.clone();
+        move || {
+            let prompt = tokenize(&engine, prompt)?;
+            // `--ctx-size` below the window: refuse what it cannot hold, clamp an unlimited budget to
+            // it. At the window the engine decides, so a static-shape backend still sees the budget.
+            let max_new_tokens = if cap_by_ctx {
+                MaxNewTokens::Limited(
+                    mlxcel_capacity::admit(prompt.len(), requested, limit)
+                        .map_err(EngineError::from)?,
+                )
+            } else {
+                requested
+            };
+            Ok::<_, ApiError>(GenerationRequest {
+                prompt,
+                max_new_tokens,
+                sampling,
+                stop: params.stop,
+                stop_token_ids: Vec::new(),
+                logprobs: params.logprobs,
+            })
+        }
     })
     .await
     .map_err(|err| ApiError::Internal(format!("tokenizing task failed: {err}")))??;

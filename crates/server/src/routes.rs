@@ -41,22 +41,21 @@ struct Route {
     public: bool,
 }
 
-const fn route(method: Method, path: &'static str, endpoint: Endpoint) -> Route {
+const fn entry(method: Method, path: &'static str, endpoint: Endpoint, public: bool) -> Route {
     Route {
         method,
         path,
         endpoint,
-        public: false,
+        public,
     }
 }
 
+const fn route(method: Method, path: &'static str, endpoint: Endpoint) -> Route {
+    entry(method, path, endpoint, false)
+}
+
 const fn public(method: Method, path: &'static str, endpoint: Endpoint) -> Route {
-    Route {
-        method,
-        path,
-        endpoint,
-        public: true,
-    }
+    entry(method, path, endpoint, true)
 }
 
 /// Every route the server answers (OpenAI's under `/v1` and without it, then llama-server's).
