@@ -2,9 +2,9 @@
 
 CARGO ?= cargo
 
-.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-dequant test test-mlx-only check-package e2e
+.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-dequant check-families test test-mlx-only check-package e2e
 
-verify: fmt-check clippy deny check-versions check-env-docs check-layers check-dequant test test-mlx-only check-package e2e
+verify: fmt-check clippy deny check-versions check-env-docs check-layers check-dequant check-families test test-mlx-only check-package e2e
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -31,6 +31,11 @@ check-layers:
 # GGUF dequantization bit for bit against the `gguf` package (cached, pinned venv; docs/model.md).
 check-dequant:
 	scripts/check-dequant
+
+# Every model family's forward pass on both backends against mlx-lm (pinned, cached venv) on
+# tiny random checkpoints (docs/model.md).
+check-families:
+	scripts/check-families
 
 test:
 	$(CARGO) test --workspace --locked

@@ -117,6 +117,12 @@ pub trait Backend {
     fn compilations(&self) -> u64 {
         0
     }
+
+    /// How this backend runs the model, for benchmark output (e.g. `fused layers`); empty when
+    /// there is nothing to say.
+    fn execution(&self) -> String {
+        String::new()
+    }
 }
 
 /// A boxed backend is a backend, so the engine can choose one at run time.
@@ -155,5 +161,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn compilations(&self) -> u64 {
         (**self).compilations()
+    }
+
+    fn execution(&self) -> String {
+        (**self).execution()
     }
 }

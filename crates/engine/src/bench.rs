@@ -45,6 +45,11 @@ impl BackendBench {
     }
 
     /// The model's description.
+    /// How the backend runs the model ([`Backend::execution`]).
+    pub fn execution(&self) -> String {
+        self.backend.execution()
+    }
+
     pub fn info(&self) -> &ModelInfo {
         &self.info
     }

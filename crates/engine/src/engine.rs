@@ -38,6 +38,9 @@ pub struct ModelInfo {
     pub weight_bytes: u64,
     /// Parameter count (quantized weights counted unpacked).
     pub parameters: u64,
+    /// The family and the features detected in its config, e.g.
+    /// `qwen3: 28 layers, q/k norm, tied embeddings` ([`mlxcel_model::ModelConfig::describe`]).
+    pub features: String,
 }
 
 impl ModelInfo {
@@ -53,6 +56,7 @@ impl ModelInfo {
                 )
             }),
             dir: loaded.dir().to_owned(),
+            features: config.describe(),
             backend,
             window: config.window(),
             vocab_size: config.vocab_size,

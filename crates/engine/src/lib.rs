@@ -56,6 +56,7 @@ mod stop;
 mod text;
 
 pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
+pub use backends::load_backend;
 pub use bench::{BackendBench, measure_read_bandwidth};
 pub use decode::{DecodeStream, TextDecoder};
 pub use engine::{Completion, Engine, GenerationStream, ModelInfo};

@@ -98,6 +98,8 @@ std::unique_ptr<MlxArray> multiply(const MlxArray& a, const MlxArray& b);
 std::unique_ptr<MlxArray> divide(const MlxArray& a, const MlxArray& b);
 std::unique_ptr<MlxArray> matmul(const MlxArray& a, const MlxArray& b);
 std::unique_ptr<MlxArray> silu(const MlxArray& a);
+std::unique_ptr<MlxArray> tanh(const MlxArray& a);
+std::unique_ptr<MlxArray> gelu_tanh(const MlxArray& a);
 std::unique_ptr<MlxArray> softmax(const MlxArray& a, int32_t axis, bool precise);
 std::unique_ptr<MlxArray> argmax(const MlxArray& a, int32_t axis, bool keepdims);
 
@@ -132,23 +134,26 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
                                                   const MlxArray& norm_weight, float eps);
 std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
                                            const MlxArray& v, float scale, bool causal,
-                                           int32_t keys, bool tokens_major, uint8_t isa,
-                                           int32_t threads);
+                                           int32_t window, float softcap, int32_t keys,
+                                           bool tokens_major, uint8_t isa, int32_t threads);
 std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_freq, int32_t row0,
                                       int32_t n, int32_t col0, int32_t heads, int32_t dim,
                                       bool rope, int32_t offset, float scale);
 // A whole llama decoder layer over every sequence of a step (kernels/layer.cc). `tensors`: x
 // [tokens, hidden], input norm, qkv (w, scales, biases), o (3), post norm, gate/up (3), down (3),
-// inv_freq; `caches`: key then value cache per sequence, written in place at the sequence's
-// positions (each must be a buffer of its own); `dims`: hidden, heads, kv_heads, head_dim,
-// intermediate; `quant`: (group, bits, int8) of qkv, o, gate/up, down; `seqs`: (n, position) per
+// inv_freq, then the q and k norms when `qk_norm`; `caches`: key then value cache per sequence,
+// written in place at the sequence's positions (each must be a buffer of its own); `dims`:
+// hidden, heads, kv_heads, head_dim, intermediate, qk_norm (0/1), rope (0/1), sliding window
+// (0: none), sandwich norms (0/1: the post-attention and post-MLP norms follow the q/k norms),
+// GeGLU (0/1), rotary width (RoPE's leading features per head); `rope_mscale`: the factor on the
+// rotated features (1: none); `softcap`: the attention scores' soft-cap (0: none); `quant`: (group, bits, int8) of qkv, o, gate/up, down; `seqs`: (n, position) per
 // sequence, in x's row order.
 std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const ArrayList& caches,
                                                rust::Slice<const int32_t> dims,
                                                rust::Slice<const int32_t> quant,
                                                rust::Slice<const int32_t> seqs, float eps,
-                                               float scale, float rope_scale, uint8_t isa,
-                                               int32_t threads);
+                                               float scale, float rope_scale, float rope_mscale,
+                                               float softcap, uint8_t isa, int32_t threads);
 // A quantized weight rewritten for the int8-activation kernels (kernels/qmatmul.h): the same
 // shapes and dtypes, interleaved 16 output rows at a time.
 std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& scales,

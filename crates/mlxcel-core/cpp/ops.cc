@@ -1,4 +1,6 @@
 // Shape, layout and arithmetic ops: thin wrappers over mlx/ops.h.
+#include <cmath>
+
 #include "mlxcel-core/cpp/bridge.h"
 
 #include "mlx/ops.h"
@@ -74,6 +76,24 @@ std::unique_ptr<MlxArray> matmul(const MlxArray& a, const MlxArray& b) {
 
 std::unique_ptr<MlxArray> silu(const MlxArray& a) {
   return wrap(mx::multiply(a.inner, mx::sigmoid(a.inner, mlxcel_stream()), mlxcel_stream()));
+}
+
+std::unique_ptr<MlxArray> tanh(const MlxArray& a) {
+  return wrap(mx::tanh(a.inner, mlxcel_stream()));
+}
+
+// mlx-lm's gelu_approx: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+std::unique_ptr<MlxArray> gelu_tanh(const MlxArray& a) {
+  const auto s = mlxcel_stream();
+  const auto& x = a.inner;
+  const auto dt = x.dtype();
+  const auto cube = mx::multiply(mx::multiply(x, x, s), x, s);
+  const auto inner = mx::add(x, mx::multiply(mx::array(0.044715f, dt), cube, s), s);
+  const auto t = mx::tanh(mx::multiply(mx::array(std::sqrt(2.0f / 3.14159265358979323846f), dt),
+                                       inner, s),
+                          s);
+  return wrap(mx::multiply(mx::multiply(mx::array(0.5f, dt), x, s),
+                           mx::add(mx::array(1.0f, dt), t, s), s));
 }
 
 std::unique_ptr<MlxArray> softmax(const MlxArray& a, int32_t axis, bool precise) {

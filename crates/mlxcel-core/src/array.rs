@@ -272,6 +272,17 @@ impl Array {
         call("silu", || ffi::silu(self.raw()))
     }
 
+    /// `tanh(x)`, element-wise.
+    pub fn tanh(&self) -> Result<Array> {
+        call("tanh", || ffi::tanh(self.raw()))
+    }
+
+    /// GELU's tanh approximation, `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, element-wise
+    /// (mlx-lm's `gelu_approx`).
+    pub fn gelu_tanh(&self) -> Result<Array> {
+        call("gelu_tanh", || ffi::gelu_tanh(self.raw()))
+    }
+
     /// Softmax along `axis`. `precise` accumulates in f32 for lower-precision inputs.
     pub fn softmax(&self, axis: i32, precise: bool) -> Result<Array> {
         call("softmax", || ffi::softmax(self.raw(), axis, precise))

@@ -119,6 +119,8 @@ pub fn attention_native(
             v.raw(),
             scale,
             causal,
+            0,
+            0.0,
             -1,
             false,
             isa as u8,
@@ -129,7 +131,9 @@ pub fn attention_native(
 
 /// [`attention_native`] over the first `keys` positions of `k` and `v` (whole KV caches, read
 /// in place without a slice op), returning `[n, heads · D]` (tokens first, heads side by side:
-/// the layout the output projection takes, without a transpose and a reshape).
+/// the layout the output projection takes, without a transpose and a reshape). With a sliding
+/// `window`, query `i` sees only its own position and the `window - 1` before it; with a
+/// `softcap`, each scaled score `s` becomes `softcap · tanh(s / softcap)`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_native_tokens_major(
     q: &Array,
@@ -138,6 +142,8 @@ pub fn attention_native_tokens_major(
     keys: usize,
     scale: f32,
     causal: bool,
+    window: Option<usize>,
+    softcap: Option<f32>,
     isa: crate::Isa,
     threads: usize,
 ) -> Result<Array> {
@@ -148,6 +154,8 @@ pub fn attention_native_tokens_major(
             v.raw(),
             scale,
             causal,
+            window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+            softcap.unwrap_or(0.0),
             keys.min(i32::MAX as usize) as i32,
             true,
             isa as u8,

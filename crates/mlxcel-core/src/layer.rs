@@ -1,6 +1,7 @@
 //! One llama decoder layer as a single MLX node on mlxcel's CPU kernels
-//! (`cpp/kernels/layer.cc`): RMSNorm, the stacked q/k/v matmul, RoPE, the KV-cache write,
-//! attention, the output projection with its residual, and the SwiGLU MLP with its residual,
+//! (`cpp/kernels/layer.cc`): RMSNorm, the stacked q/k/v matmul, the q/k norms (Qwen3), RoPE
+//! (skipped on NoPE layers), the KV-cache write, attention (within the window on layers that
+//! slide), the output projection with its residual, and the SwiGLU MLP with its residual,
 //! for every sequence of a step at once.
 //!
 //! The per-op graph costs ~10 MLX nodes per layer for one sequence and grows by ~6 per extra
@@ -25,6 +26,18 @@ pub(crate) struct LayerTensors<'a> {
     pub down: &'a QuantizedWeight,
     /// RoPE's inverse frequencies, `[head_dim / 2]`.
     pub inv_freq: &'a Array,
+    /// The per-head RMSNorm weights of q and k (`[head_dim]` each), when the model has them.
+    pub qk_norm: Option<(&'a Array, &'a Array)>,
+    /// Whether the layer rotates q and k (false: a NoPE layer).
+    pub rope: bool,
+    /// The layer's sliding window, if it slides.
+    pub window: Option<usize>,
+    /// Gemma: the norms of the attention's and the MLP's outputs (before the residual adds).
+    pub sandwich: Option<(&'a Array, &'a Array)>,
+    /// GeGLU (GELU-tanh) instead of SwiGLU.
+    pub gelu: bool,
+    /// Soft-capping of the attention scores.
+    pub softcap: Option<f32>,
 }
 
 /// The model's dimensions and constants as the layer needs them.
@@ -40,6 +53,10 @@ pub(crate) struct LayerShape {
     pub scale: f32,
     /// RoPE's position scale.
     pub rope_scale: f32,
+    /// Leading features of each head that RoPE rotates.
+    pub rotary: i32,
+    /// The factor on the rotated features (LongRoPE's attention factor).
+    pub rope_mscale: f32,
 }
 
 /// One sequence's part of the step: `n` rows of `x` whose first position is `position`, and
@@ -63,7 +80,7 @@ pub(crate) fn decoder_layer(
     seqs: &[LayerSeq<'_>],
     kernels: &Kernels,
 ) -> Result<Array> {
-    let tensors = [
+    let mut tensors = vec![
         x,
         t.input_norm,
         &t.qkv.weight,
@@ -81,13 +98,12 @@ pub(crate) fn decoder_layer(
         &t.down.biases,
         t.inv_freq,
     ];
-    let dims = [
-        shape.hidden,
-        shape.heads,
-        shape.kv_heads,
-        shape.head_dim,
-        shape.intermediate,
-    ];
+    if let Some((q_norm, k_norm)) = t.qk_norm {
+        tensors.extend([q_norm, k_norm]);
+    }
+    if let Some((post_attention, post_feedforward)) = t.sandwich {
+        tensors.extend([post_attention, post_feedforward]);
+    }
     let quant = [t.qkv, t.o, t.gate_up, t.down]
         .iter()
         .flat_map(|w| [w.group_size, w.bits, i32::from(w.int8)])
@@ -98,6 +114,19 @@ pub(crate) fn decoder_layer(
             message: format!("{v} does not fit in i32"),
         })
     };
+    let dims = [
+        shape.hidden,
+        shape.heads,
+        shape.kv_heads,
+        shape.head_dim,
+        shape.intermediate,
+        i32::from(t.qk_norm.is_some()),
+        i32::from(t.rope),
+        to_i32(t.window.unwrap_or(0))?,
+        i32::from(t.sandwich.is_some()),
+        i32::from(t.gelu),
+        shape.rotary,
+    ];
     let mut spans = Vec::with_capacity(2 * seqs.len());
     for s in seqs {
         spans.push(to_i32(s.n)?);
@@ -123,6 +152,8 @@ pub(crate) fn decoder_layer(
             shape.eps,
             shape.scale,
             shape.rope_scale,
+            shape.rope_mscale,
+            t.softcap.unwrap_or(0.0),
             kernels.isa as u8,
             threads,
         )

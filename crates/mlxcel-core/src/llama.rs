@@ -1,5 +1,8 @@
-//! The llama-family forward pass on MLX (Llama 2/3, SmolLM, Mistral without sliding window,
-//! Qwen2 with q/k/v biases).
+//! The llama-family forward pass on MLX: Llama 2/3, SmolLM/SmolLM2, Mistral and Qwen2 (with
+//! q/k/v biases; sliding windows where configured), Qwen3 (per-head q/k norms) and SmolLM3
+//! (layers without RoPE), Gemma 2/3 (scaled embeddings, `1 + w` norms before and after attention
+//! and MLP, GeGLU, soft-capping, local RoPE bases). Each layer reads its features from the
+//! config, never the family name.
 //!
 //! A step takes any mix of sequences, each with its own cache and its own new tokens (a prefill
 //! chunk or one decode token). The linear layers run once over all the step's tokens flattened
@@ -9,7 +12,7 @@
 //!
 //! Activations stay in f32: MLX's CPU kernels are 15–70× slower in f16.
 
-use mlxcel_model::{Checkpoint, ModelConfig, TensorView};
+use mlxcel_model::{Checkpoint, HiddenActivation, LayerAttention, ModelConfig, TensorView};
 
 use crate::array::{Array, eval};
 use crate::dtype::Dtype;
@@ -104,21 +107,30 @@ impl GateUp {
         }
     }
 
-    /// `silu(h · gateᵀ) · (h · upᵀ)` where `h = rms_norm(x, norm, eps)`.
+    /// `act(h · gateᵀ) · (h · upᵀ)` where `h = rms_norm(x, norm, eps)` and `act` is SiLU or
+    /// GELU-tanh.
     fn forward_normed(
         &self,
         x: &Array,
         norm: &Array,
         eps: f32,
+        activation: HiddenActivation,
         kernels: &Kernels,
     ) -> Result<Array> {
+        let epilogue = match activation {
+            HiddenActivation::Silu => Epilogue::Swiglu,
+            HiddenActivation::GeluTanh => Epilogue::Geglu,
+        };
         match self {
-            Self::Stacked(w) => w.linear_normed_then(x, norm, eps, kernels, Epilogue::Swiglu),
+            Self::Stacked(w) => w.linear_normed_then(x, norm, eps, kernels, epilogue),
             Self::Separate { gate, up } => {
                 let h = rms_norm(x, norm, eps)?;
-                gate.forward(&h, kernels)?
-                    .silu()?
-                    .multiply(&up.forward(&h, kernels)?)
+                let g = gate.forward(&h, kernels)?;
+                let activated = match activation {
+                    HiddenActivation::Silu => g.silu()?,
+                    HiddenActivation::GeluTanh => g.gelu_tanh()?,
+                };
+                activated.multiply(&up.forward(&h, kernels)?)
             }
         }
     }
@@ -172,9 +184,20 @@ struct Layer {
     /// the default model); the separate ones serve `MLXCEL_KERNELS=mlx`.
     qkv: Option<QuantizedWeight>,
     o: Linear,
+    /// The MLP's input norm (`post_attention_layernorm` in llamas, `pre_feedforward_layernorm`
+    /// in Gemma).
     post_norm: Array,
+    /// Gemma: the norms of the attention's output and of the MLP's output before their residual
+    /// adds (`post_attention_layernorm`, `post_feedforward_layernorm`).
+    sandwich: Option<(Array, Array)>,
     gate_up: GateUp,
     down: Linear,
+    /// The per-head RMSNorm weights of q and k (Qwen3), `[head_dim]` each.
+    qk_norm: Option<(Array, Array)>,
+    /// RoPE or not, and the sliding window.
+    attention: LayerAttention,
+    /// Whether the layer rotates with the model's local RoPE (Gemma 3's sliding layers).
+    local_rope: bool,
 }
 
 impl Layer {
@@ -205,7 +228,11 @@ impl Layer {
     /// The layer's tensors for the fused decoder-layer node, when its layout allows it:
     /// stacked q/k/v and gate/up, and o and down, all quantized in a layout mlxcel's kernels
     /// cover, with no biases.
-    fn fused_tensors<'a>(&'a self, inv_freq: &'a Array) -> Option<LayerTensors<'a>> {
+    fn fused_tensors<'a>(
+        &'a self,
+        inv_freq: &'a Array,
+        features: LayerFeatures,
+    ) -> Option<LayerTensors<'a>> {
         let qkv = self.qkv.as_ref()?;
         let GateUp::Stacked(gate_up) = &self.gate_up else {
             return None;
@@ -235,8 +262,22 @@ impl Layer {
                 gate_up,
                 down,
                 inv_freq,
+                qk_norm: self.qk_norm.as_ref().map(|(q, k)| (q, k)),
+                rope: self.attention.rope,
+                window: self.attention.window,
+                sandwich: self.sandwich.as_ref().map(|(a, m)| (a, m)),
+                gelu: features.activation == HiddenActivation::GeluTanh,
+                softcap: features.softcap,
             })
     }
+}
+
+/// What every layer of a model shares beyond the shape: the MLP's activation and the attention
+/// scores' soft-cap.
+#[derive(Debug, Clone, Copy)]
+struct LayerFeatures {
+    activation: HiddenActivation,
+    softcap: Option<f32>,
 }
 
 /// One sequence's part of a step.
@@ -262,7 +303,15 @@ pub struct LlamaModel {
     rope: Rope,
     /// RoPE's inverse frequencies for [`split_heads`] (`[head_dim / 2]`).
     inv_freq: Array,
+    /// The sliding layers' own RoPE and inverse frequencies (Gemma 3's local base).
+    local_rope: Option<(Rope, Array)>,
+    /// LongRoPE's attention factor on the rotated features (`[head_dim]`: the factor, then ones
+    /// past the rotary width), for the per-op graph.
+    rope_input_scale: Option<Array>,
     attention_scale: f32,
+    /// The factor on the embeddings (Gemma), a scalar array.
+    embedding_scale: Option<Array>,
+    features: LayerFeatures,
     kernels: Kernels,
 }
 
@@ -279,6 +328,7 @@ impl LlamaModel {
         let config = checkpoint.config().clone();
         let loader = Loader {
             checkpoint,
+            norm_offset: config.norm_weight_offset,
             // mlxcel's kernels read f16 scales and biases as stored (fewer bytes per weight to
             // stream); MLX's quantized_matmul wants them in the activations' dtype.
             keep_f16_scales: kernels.backend == KernelBackend::Native,
@@ -313,24 +363,49 @@ impl LlamaModel {
                     }
                     _ => None,
                 };
+                let (post_norm, sandwich) = if config.sandwich_norms {
+                    (
+                        loader.norm(&format!("{p}.pre_feedforward_layernorm.weight"))?,
+                        Some((
+                            loader.norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                            loader.norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
+                        )),
+                    )
+                } else {
+                    (
+                        loader.norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                        None,
+                    )
+                };
                 Ok(Layer {
-                    input_norm: loader.float(&format!("{p}.input_layernorm.weight"))?,
+                    input_norm: loader.norm(&format!("{p}.input_layernorm.weight"))?,
                     q,
                     k,
                     v,
                     qkv,
                     o: loader
                         .linear(&format!("{p}.self_attn.o_proj"), config.attention_out_bias)?,
-                    post_norm: loader.float(&format!("{p}.post_attention_layernorm.weight"))?,
+                    post_norm,
+                    sandwich,
                     gate_up: GateUp::new(
                         loader.linear(&format!("{p}.mlp.gate_proj"), false)?,
                         loader.linear(&format!("{p}.mlp.up_proj"), false)?,
                     )?,
                     down: loader.linear(&format!("{p}.mlp.down_proj"), false)?,
+                    qk_norm: if config.qk_norm {
+                        Some((
+                            loader.norm(&format!("{p}.self_attn.q_norm.weight"))?,
+                            loader.norm(&format!("{p}.self_attn.k_norm.weight"))?,
+                        ))
+                    } else {
+                        None
+                    },
+                    attention: config.layers[i],
+                    local_rope: config.has_local_rope() && config.layers[i].window.is_some(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let norm = loader.float("model.norm.weight")?;
+        let norm = loader.norm("model.norm.weight")?;
         let mut lm_head = if config.tie_word_embeddings {
             None
         } else {
@@ -352,7 +427,39 @@ impl LlamaModel {
         }
         let rope = rope_for(&config)?;
         let inv_freq = inverse_frequencies(&rope)?;
-        let attention_scale = 1.0 / (config.head_dim as f32).sqrt();
+        let local_rope = match config.rope_local_theta {
+            Some(base) if config.has_local_rope() => {
+                let local = Rope {
+                    dims: config.rotary_dim as i32,
+                    traditional: false,
+                    scale: 1.0,
+                    frequencies: RopeFrequencies::Base(base),
+                };
+                let inv = inverse_frequencies(&local)?;
+                Some((local, inv))
+            }
+            _ => None,
+        };
+        let attention_scale = config.attention_scale;
+        let rope_input_scale = if config.rope_attention_factor != 1.0 {
+            let m: Vec<f32> = (0..config.head_dim)
+                .map(|i| {
+                    if i < config.rotary_dim {
+                        config.rope_attention_factor
+                    } else {
+                        1.0
+                    }
+                })
+                .collect();
+            Some(Array::from_f32(&m, &[config.head_dim as i32])?)
+        } else {
+            None
+        };
+        let embedding_scale = config.embedding_scale.map(Array::scalar_f32);
+        let features = LayerFeatures {
+            activation: config.hidden_activation,
+            softcap: config.attn_logit_softcapping,
+        };
         let model = Self {
             config,
             embed,
@@ -362,7 +469,11 @@ impl LlamaModel {
             tied_int8,
             rope,
             inv_freq,
+            local_rope,
+            rope_input_scale,
             attention_scale,
+            embedding_scale,
+            features,
             kernels,
         };
         model.materialize()?;
@@ -375,6 +486,12 @@ impl LlamaModel {
         let mut arrays: Vec<&Array> = vec![&self.norm];
         for layer in &self.layers {
             arrays.extend([&layer.input_norm, &layer.post_norm]);
+            if let Some((a, m)) = &layer.sandwich {
+                arrays.extend([a, m]);
+            }
+            if let Some((q, k)) = &layer.qk_norm {
+                arrays.extend([q, k]);
+            }
             for linear in [&layer.q, &layer.k, &layer.v, &layer.o, &layer.down] {
                 linear_arrays(linear, &mut arrays);
             }
@@ -395,11 +512,28 @@ impl LlamaModel {
         if let Some(w) = &self.tied_int8 {
             arrays.extend([&w.weight, &w.scales, &w.biases]);
         }
+        if let Some((_, inv)) = &self.local_rope {
+            arrays.push(inv);
+        }
         match &self.embed {
             Embedding::Dense(table) => arrays.push(table),
             Embedding::Quantized(q) => arrays.extend([&q.weight, &q.scales, &q.biases]),
         }
         eval(&arrays)
+    }
+
+    /// How a step runs: `fused layers` (one MLX node per decoder layer on mlxcel's kernels), or
+    /// the per-op graph and why (for `mlxcel bench`'s output).
+    pub fn execution(&self) -> &'static str {
+        if self.fused_layers().is_some() {
+            "fused layers"
+        } else if self.kernels.backend != KernelBackend::Native {
+            "per-op graph (MLX kernels)"
+        } else if !self.kernels.fused_layers {
+            "per-op graph (MLXCEL_FUSED_LAYERS=off)"
+        } else {
+            "per-op graph (dense weights or biases: the fused layer takes quantized weights without biases)"
+        }
     }
 
     /// The kernels this model runs on.
@@ -456,6 +590,9 @@ impl LlamaModel {
 
         let kn = &self.kernels;
         let mut x = self.embed.lookup(&Array::from_u32(&ids, &[total])?)?;
+        if let Some(scale) = &self.embedding_scale {
+            x = x.multiply(scale)?;
+        }
         if let Some(fused) = self.fused_layers() {
             let shape = LayerShape {
                 hidden: c.hidden_size as i32,
@@ -466,6 +603,8 @@ impl LlamaModel {
                 eps: c.rms_norm_eps,
                 scale: self.attention_scale,
                 rope_scale: self.rope.scale,
+                rotary: c.rotary_dim as i32,
+                rope_mscale: c.rope_attention_factor,
             };
             for (index, tensors) in fused.iter().enumerate() {
                 let layer_seqs = seqs
@@ -503,6 +642,13 @@ impl LlamaModel {
             (None, None) => self.embed.project(&last, kn)?,
         }
         .astype(Dtype::F32)?;
+        let logits = match self.config.final_logit_softcapping {
+            Some(cap) => {
+                let cap = Array::scalar_f32(cap);
+                logits.divide(&cap)?.tanh()?.multiply(&cap)?
+            }
+            None => logits,
+        };
 
         let mut to_eval: Vec<&Array> = vec![&logits];
         for seq in seqs.iter() {
@@ -527,8 +673,16 @@ impl LlamaModel {
         }
         self.layers
             .iter()
-            .map(|layer| layer.fused_tensors(&self.inv_freq))
+            .map(|layer| layer.fused_tensors(self.rope_of(layer).1, self.features))
             .collect()
+    }
+
+    /// The RoPE and inverse frequencies `layer` rotates with.
+    fn rope_of(&self, layer: &Layer) -> (&Rope, &Array) {
+        match (&self.local_rope, layer.local_rope) {
+            (Some((rope, inv)), true) => (rope, inv),
+            _ => (&self.rope, &self.inv_freq),
+        }
     }
 
     /// One decoder layer as a graph of per-op nodes (MLX's kernels, or mlxcel's where a
@@ -566,10 +720,57 @@ impl LlamaModel {
         };
         let mut outputs = Vec::with_capacity(seqs.len());
         let mut row = 0i32;
+        // The q/k norms come before RoPE: with them, or without RoPE, the heads are split first
+        // and then normed and rotated by MLX ops.
+        let plain = layer.qk_norm.is_none()
+            && layer.attention.rope
+            && c.rotary_dim == c.head_dim
+            && self.rope_input_scale.is_none();
+        let (rope, inv_freq) = self.rope_of(layer);
+        let finish = |x: Array, norm: Option<&Array>, position: i32| -> Result<Array> {
+            let x = match norm {
+                Some(w) => rms_norm(&x, w, c.rms_norm_eps)?,
+                None => x,
+            };
+            if layer.attention.rope {
+                let x = match &self.rope_input_scale {
+                    Some(m) => x.multiply(m)?,
+                    None => x,
+                };
+                rope.apply(&x, position)
+            } else {
+                Ok(x)
+            }
+        };
+        let (q_norm, k_norm) = match &layer.qk_norm {
+            Some((q, k)) => (Some(q), Some(k)),
+            None => (None, None),
+        };
         for seq in seqs.iter_mut() {
             let n = seq.tokens.len() as i32;
             let position = seq.cache.len() as i32;
             let (qi, ki, vi) = match &projections {
+                Projections::Stacked(qkv) if !plain => {
+                    let slice = |column: i32, count: i32| {
+                        split_heads(
+                            qkv,
+                            HeadSlice {
+                                row,
+                                rows: n,
+                                column,
+                                heads: count,
+                                head_dim,
+                                inv_freq,
+                                rope: None,
+                            },
+                        )
+                    };
+                    (
+                        finish(slice(0, heads)?, q_norm, position)?,
+                        finish(slice(heads * head_dim, kv_heads)?, k_norm, position)?,
+                        slice((heads + kv_heads) * head_dim, kv_heads)?,
+                    )
+                }
                 Projections::Stacked(qkv) => {
                     let slice = |column: i32, count: i32, rope: bool| {
                         split_heads(
@@ -580,7 +781,7 @@ impl LlamaModel {
                                 column,
                                 heads: count,
                                 head_dim,
-                                inv_freq: &self.inv_freq,
+                                inv_freq,
                                 rope: rope.then_some((position, self.rope.scale)),
                             },
                         )
@@ -598,13 +799,16 @@ impl LlamaModel {
                             .transpose(&[0, 2, 1, 3])
                     };
                     (
-                        self.rope.apply(&heads_first(q, heads)?, position)?,
-                        self.rope.apply(&heads_first(k, kv_heads)?, position)?,
+                        finish(heads_first(q, heads)?, q_norm, position)?,
+                        finish(heads_first(k, kv_heads)?, k_norm, position)?,
                         heads_first(v, kv_heads)?,
                     )
                 }
             };
-            let attended = if kn.backend == KernelBackend::Native {
+            // Soft-capped scores exist on mlxcel's attention kernel only, which then serves
+            // `MLXCEL_KERNELS=mlx` too.
+            let attended = if kn.backend == KernelBackend::Native || self.features.softcap.is_some()
+            {
                 let (keys, values, len) = seq.cache.append_whole(index, &ki, &vi, n as usize)?;
                 attention_native_tokens_major(
                     &qi,
@@ -613,15 +817,22 @@ impl LlamaModel {
                     len,
                     self.attention_scale,
                     n > 1,
+                    layer.attention.window,
+                    self.features.softcap,
                     kn.isa,
                     kn.threads,
                 )?
             } else {
                 let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
-                let mask = if n > 1 {
-                    AttentionMask::Causal
-                } else {
-                    AttentionMask::None
+                let window_mask = layer
+                    .attention
+                    .window
+                    .map(|w| window_mask(position as usize, n as usize, w))
+                    .transpose()?;
+                let mask = match &window_mask {
+                    Some(m) => AttentionMask::Array(m),
+                    None if n > 1 => AttentionMask::Causal,
+                    None => AttentionMask::None,
                 };
                 scaled_dot_product_attention(&qi, &keys, &values, self.attention_scale, mask)?
                     .transpose(&[0, 2, 1, 3])?
@@ -634,11 +845,33 @@ impl LlamaModel {
             [one] => one.clone(),
             many => Array::concatenate(&many.iter().collect::<Vec<_>>(), 0)?,
         };
-        x = layer.o.forward_add(&attended, &x, kn)?;
-        let gated = layer
-            .gate_up
-            .forward_normed(&x, &layer.post_norm, c.rms_norm_eps, kn)?;
-        x = layer.down.forward_add(&gated, &x, kn)?;
+        let activation = self.features.activation;
+        match &layer.sandwich {
+            None => {
+                x = layer.o.forward_add(&attended, &x, kn)?;
+                let gated = layer.gate_up.forward_normed(
+                    &x,
+                    &layer.post_norm,
+                    c.rms_norm_eps,
+                    activation,
+                    kn,
+                )?;
+                x = layer.down.forward_add(&gated, &x, kn)?;
+            }
+            Some((post_attention, post_feedforward)) => {
+                let out = layer.o.forward(&attended, kn)?;
+                x = x.add(&rms_norm(&out, post_attention, c.rms_norm_eps)?)?;
+                let gated = layer.gate_up.forward_normed(
+                    &x,
+                    &layer.post_norm,
+                    c.rms_norm_eps,
+                    activation,
+                    kn,
+                )?;
+                let out = layer.down.forward(&gated, kn)?;
+                x = x.add(&rms_norm(&out, post_feedforward, c.rms_norm_eps)?)?;
+            }
+        }
         Ok(x)
     }
 }
@@ -654,6 +887,19 @@ fn linear_arrays<'a>(linear: &'a Linear, arrays: &mut Vec<&'a Array>) {
             arrays.extend(bias);
         }
     }
+}
+
+/// The additive mask (`0` keeps, `-inf` drops) of `n` queries at positions `position..` over the
+/// `position + n` keys of their cache, causal and within a sliding `window`.
+fn window_mask(position: usize, n: usize, window: usize) -> Result<Array> {
+    let keys = position + n;
+    let mut mask = vec![f32::NEG_INFINITY; n * keys];
+    for i in 0..n {
+        let query = position + i;
+        let first = (query + 1).saturating_sub(window);
+        mask[i * keys + first..=i * keys + query].fill(0.0);
+    }
+    Array::from_f32(&mask, &[n as i32, keys as i32])
 }
 
 /// A layer's q, k and v projections of the step's tokens: stacked side by side, or three.
@@ -677,10 +923,14 @@ fn inverse_frequencies(rope: &Rope) -> Result<Array> {
 
 /// RoPE in the Hugging Face (non-interleaved) layout, with llama3 frequency scaling if configured.
 fn rope_for(config: &ModelConfig) -> Result<Rope> {
-    let dims = config.head_dim;
+    let dims = config.rotary_dim;
     // The plain schedule is MLX's `base` form; scaled schedules pass the model's periods.
     let frequencies = match config.rope_scaling {
-        None => RopeFrequencies::Base(config.rope_theta),
+        None if config.rope_factors.is_none() => RopeFrequencies::Base(config.rope_theta),
+        None => {
+            let periods = config.rope_periods();
+            RopeFrequencies::Custom(Array::from_f32(&periods, &[periods.len() as i32])?)
+        }
         Some(_) => {
             let periods = config.rope_periods();
             RopeFrequencies::Custom(Array::from_f32(&periods, &[periods.len() as i32])?)
@@ -697,6 +947,8 @@ fn rope_for(config: &ModelConfig) -> Result<Rope> {
 /// Reads tensors out of a checkpoint into MLX arrays.
 struct Loader<'a> {
     checkpoint: &'a Checkpoint,
+    /// Norm weights are stored as offsets from one (Gemma): [`Loader::norm`] adds it.
+    norm_offset: bool,
     keep_f16_scales: bool,
 }
 
@@ -734,6 +986,17 @@ impl Loader<'_> {
             Ok(array)
         } else {
             array.astype(Dtype::F32)
+        }
+    }
+
+    /// An RMSNorm weight as the norm multiplies by it: `1 + w` for offset norms (in f32, as
+    /// mlx-lm and Hugging Face compute it), else `w`.
+    fn norm(&self, name: &str) -> Result<Array> {
+        let w = self.float(name)?;
+        if self.norm_offset {
+            w.add(&Array::scalar_f32(1.0))
+        } else {
+            Ok(w)
         }
     }
 

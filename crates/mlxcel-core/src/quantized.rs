@@ -42,6 +42,8 @@ pub enum Epilogue<'a> {
     /// `silu(g) · u` where `g` and `u` are the first and second halves of each row of `y`
     /// (gate and up projections stacked with [`QuantizedWeight::concat_rows`]).
     Swiglu,
+    /// `gelu_tanh(g) · u` likewise (Gemma's GeGLU).
+    Geglu,
 }
 
 /// A quantized weight matrix and its layout.
@@ -211,6 +213,7 @@ impl QuantizedWeight {
             Epilogue::None => (0, x),
             Epilogue::Residual(r) => (1, r),
             Epilogue::Swiglu => (2, x),
+            Epilogue::Geglu => (3, x),
         };
         call("native_quantized_matmul", || {
             ffi::native_quantized_matmul(
@@ -274,7 +277,7 @@ impl QuantizedWeight {
         match epilogue {
             Epilogue::None => Ok(y),
             Epilogue::Residual(r) => y.add(r),
-            Epilogue::Swiglu => {
+            Epilogue::Swiglu | Epilogue::Geglu => {
                 let shape = y.shape();
                 let last = shape.len() - 1;
                 let half = shape[last] / 2;
@@ -284,7 +287,11 @@ impl QuantizedWeight {
                 start[last] = half;
                 stop[last] = shape[last];
                 let up = y.slice(&start, &stop)?;
-                gate.silu()?.multiply(&up)
+                let activated = match epilogue {
+                    Epilogue::Geglu => gate.gelu_tanh()?,
+                    _ => gate.silu()?,
+                };
+                activated.multiply(&up)
             }
         }
     }

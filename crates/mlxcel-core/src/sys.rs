@@ -76,6 +76,8 @@ pub(crate) mod ffi {
         fn divide(a: &MlxArray, b: &MlxArray) -> Result<UniquePtr<MlxArray>>;
         fn matmul(a: &MlxArray, b: &MlxArray) -> Result<UniquePtr<MlxArray>>;
         fn silu(a: &MlxArray) -> Result<UniquePtr<MlxArray>>;
+        fn tanh(a: &MlxArray) -> Result<UniquePtr<MlxArray>>;
+        fn gelu_tanh(a: &MlxArray) -> Result<UniquePtr<MlxArray>>;
         fn softmax(a: &MlxArray, axis: i32, precise: bool) -> Result<UniquePtr<MlxArray>>;
         fn argmax(a: &MlxArray, axis: i32, keepdims: bool) -> Result<UniquePtr<MlxArray>>;
 
@@ -154,6 +156,8 @@ pub(crate) mod ffi {
             v: &MlxArray,
             scale: f32,
             causal: bool,
+            window: i32,
+            softcap: f32,
             keys: i32,
             tokens_major: bool,
             isa: u8,
@@ -182,6 +186,8 @@ pub(crate) mod ffi {
             eps: f32,
             scale: f32,
             rope_scale: f32,
+            rope_mscale: f32,
+            softcap: f32,
             isa: u8,
             threads: i32,
         ) -> Result<UniquePtr<MlxArray>>;

@@ -21,11 +21,35 @@ pub struct LlamaDims {
     pub intermediate: usize,
     pub vocab: usize,
     pub rms_norm_eps: f32,
-    /// Rotary inverse frequencies, `head_dim / 2` of them (1 / period).
+    /// Rotary inverse frequencies, `rotary_dim / 2` of them (1 / period).
     pub inv_freq: Vec<f32>,
+    /// Leading features of each head that RoPE rotates (`head_dim` unless partial).
+    pub rotary_dim: usize,
+    /// The factor on the rotated features of q and k (LongRoPE's attention factor; 1: none).
+    pub rope_mscale: f32,
     pub qkv_bias: bool,
     pub out_bias: bool,
     pub tied_embeddings: bool,
+    /// Whether each head of q and k has its own RMSNorm before RoPE (weights `[head_dim]`).
+    pub qk_norm: bool,
+    /// Per layer: RoPE or not, and its sliding window (`layers` entries).
+    pub layer_attention: Vec<mlxcel_model::LayerAttention>,
+    /// The sliding layers' own inverse frequencies, when they differ (Gemma 3).
+    pub local_inv_freq: Option<Vec<f32>>,
+    /// Norm weights are offsets from one (Gemma): the graph multiplies by `1 + w`.
+    pub norm_offset: bool,
+    /// Gemma's pre- and post-norms: the attention's and the MLP's outputs are normed before
+    /// their residual adds, and the MLP's input norm is `pre_feedforward_layernorm`.
+    pub sandwich_norms: bool,
+    /// GeGLU (GELU-tanh) instead of SwiGLU.
+    pub gelu: bool,
+    /// A factor on the embeddings.
+    pub embedding_scale: Option<f32>,
+    /// The attention scores' scale.
+    pub attention_scale: f32,
+    /// `cap · tanh(x / cap)` on the attention scores and on the logits.
+    pub attn_softcap: Option<f32>,
+    pub final_softcap: Option<f32>,
     /// The checkpoint's quantized weights (by tensor name) that [`WeightFormat::Packed`] passes
     /// packed; every other weight is dense.
     pub packed: BTreeMap<String, Packing>,
@@ -193,12 +217,27 @@ pub fn weight_specs(d: &LlamaDims) -> Vec<WeightSpec> {
                 true,
             );
         }
+        if d.qk_norm {
+            for norm in ["q_norm", "k_norm"] {
+                push(
+                    format!("{p}.self_attn.{norm}.weight"),
+                    vec![d.head_dim as i64],
+                    Layout::AsIs,
+                    true,
+                );
+            }
+        }
         push(
             format!("{p}.post_attention_layernorm.weight"),
             vec![h],
             Layout::AsIs,
             true,
         );
+        if d.sandwich_norms {
+            for norm in ["pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+                push(format!("{p}.{norm}.weight"), vec![h], Layout::AsIs, true);
+            }
+        }
         push(
             format!("{p}.mlp.gate_proj.weight"),
             vec![h, i],

@@ -18,12 +18,15 @@
 //! tokens and the decode rows that no sequence occupies write there, so no write ever lands on a
 //! position a live sequence reads.
 
+use std::collections::BTreeMap;
+
 use crate::abi::{
     Layout, LlamaDims, ProgramShape, WeightFormat, cache_type, weight_specs, weight_types,
 };
 use crate::error::EmitError;
 use crate::hlo::{
-    Compare, DotDims, ElementType, FunctionBuilder, Module, Reduce, TensorType, Unary, Value,
+    Binary, Compare, DotDims, ElementType, FunctionBuilder, Module, Reduce, TensorType, Unary,
+    Value,
 };
 
 /// Emits the module for one capacity.
@@ -32,14 +35,18 @@ pub fn emit_llama(
     shape: &ProgramShape,
     format: WeightFormat,
 ) -> Result<String, EmitError> {
-    if !d.heads.is_multiple_of(d.kv_heads.max(1)) || d.inv_freq.len() * 2 != d.head_dim {
+    if !d.heads.is_multiple_of(d.kv_heads.max(1))
+        || d.inv_freq.len() * 2 != d.rotary_dim
+        || d.rotary_dim > d.head_dim
+    {
         return Err(EmitError::Shape {
             op: "llama",
             detail: format!(
-                "{} heads over {} kv heads, {} rotary frequencies for head_dim {}",
+                "{} heads over {} kv heads, {} rotary frequencies for {} rotated of head_dim {}",
                 d.heads,
                 d.kv_heads,
                 d.inv_freq.len(),
+                d.rotary_dim,
                 d.head_dim
             ),
         });
@@ -142,7 +149,12 @@ struct LayerArgs {
     k: (Weight, Option<Value>),
     v: (Weight, Option<Value>),
     o: (Weight, Option<Value>),
+    /// The per-head q and k norms, when the model has them.
+    qk_norm: Option<(Value, Value)>,
     post_norm: Value,
+    /// Gemma: `pre_feedforward_layernorm` and `post_feedforward_layernorm` (then `post_norm`
+    /// is the attention output's norm).
+    feedforward_norms: Option<(Value, Value)>,
     gate: Weight,
     up: Weight,
     down: Weight,
@@ -251,15 +263,66 @@ impl Emitter<'_> {
         let r = self.b.add(&mean, &eps)?;
         let r = self.b.unary(Unary::Rsqrt, &r)?;
         let r = self.b.broadcast_in_dim(&r, &[n, h], &[0])?;
-        let w = self.b.broadcast_in_dim(w, &[n, h], &[1])?;
+        let w = if self.d.norm_offset {
+            let one = self.b.splat_f32(1.0, &[h]);
+            self.b.add(w, &one)?
+        } else {
+            w.clone()
+        };
+        let w = self.b.broadcast_in_dim(&w, &[n, h], &[1])?;
         let y = self.b.mul(x, &r)?;
         self.b.mul(&y, &w)
     }
 
-    /// Hugging Face (non-interleaved) RoPE of `x` (`[n, heads, head_dim]`) given `cos`/`sin`
-    /// (`[n, head_dim]`).
-    fn rope(&mut self, x: &Value, cos: &Value, sin: &Value) -> Result<Value, EmitError> {
+    /// `cap · tanh(x / cap)`.
+    fn softcap(&mut self, x: &Value, cap: f32) -> Result<Value, EmitError> {
         let dims = x.dims().to_vec();
+        let inv = self.b.splat_f32(1.0 / cap, &dims);
+        let c = self.b.splat_f32(cap, &dims);
+        let scaled = self.b.mul(x, &inv)?;
+        let t = self.b.unary(Unary::Tanh, &scaled)?;
+        self.b.mul(&t, &c)
+    }
+
+    /// GELU's tanh form, `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    fn gelu_tanh(&mut self, x: &Value) -> Result<Value, EmitError> {
+        let dims = x.dims().to_vec();
+        let x2 = self.b.mul(x, x)?;
+        let x3 = self.b.mul(&x2, x)?;
+        let k = self.b.splat_f32(0.044715, &dims);
+        let inner = self.b.mul(&k, &x3)?;
+        let inner = self.b.add(x, &inner)?;
+        let c = self.b.splat_f32((2.0 / std::f32::consts::PI).sqrt(), &dims);
+        let inner = self.b.mul(&c, &inner)?;
+        let t = self.b.unary(Unary::Tanh, &inner)?;
+        let one = self.b.splat_f32(1.0, &dims);
+        let t = self.b.add(&one, &t)?;
+        let half = self.b.splat_f32(0.5, &dims);
+        let hx = self.b.mul(&half, x)?;
+        self.b.mul(&hx, &t)
+    }
+
+    /// RMSNorm of each head of `x` (`[n, heads, head_dim]`) with the weight `w` (`[head_dim]`).
+    fn head_norm(&mut self, x: &Value, w: &Value) -> Result<Value, EmitError> {
+        let dims = x.dims().to_vec();
+        let rows = self.b.reshape(x, &[dims[0] * dims[1], dims[2]])?;
+        let normed = self.rms_norm(&rows, w)?;
+        self.b.reshape(&normed, &dims)
+    }
+
+    /// Hugging Face (non-interleaved) RoPE of `x` (`[n, heads, head_dim]`) given `cos`/`sin`
+    /// (`[n, rotary_dim]`): the first `rotary_dim` features rotate, the rest pass.
+    fn rope(&mut self, x: &Value, cos: &Value, sin: &Value) -> Result<Value, EmitError> {
+        let all = x.dims().to_vec();
+        let rotary = cos.dims()[1];
+        if rotary < all[2] {
+            let (n, heads, hd) = (all[0], all[1], all[2]);
+            let rotated = self.b.slice(x, &[0, 0, 0], &[n, heads, rotary])?;
+            let passed = self.b.slice(x, &[0, 0, rotary], &[n, heads, hd])?;
+            let rotated = self.rope(&rotated, cos, sin)?;
+            return self.b.concatenate(&[&rotated, &passed], 2);
+        }
+        let dims = all;
         let (n, heads, hd) = (dims[0], dims[1], dims[2]);
         let half = hd / 2;
         let x1 = self.b.slice(x, &[0, 0, 0], &[n, heads, half])?;
@@ -312,13 +375,17 @@ struct StepInputs {
     last: Option<Value>,
 }
 
-/// What every layer's attention shares: the rotary tables and the causal mask.
+/// What every layer's attention shares: the rotary tables and the masks.
 struct AttentionTables {
     /// Rotary tables for the step's tokens: `[rows · t, head_dim]`.
     cos: Value,
     sin: Value,
+    /// The sliding layers' own tables (Gemma 3's local base).
+    local: Option<(Value, Value)>,
     /// Key position ≤ query position, over `[rows, kv_heads, t, group, cache_len]`.
     allowed: Value,
+    /// Per sliding window of the model: also key position > query position − window.
+    windowed: BTreeMap<usize, Value>,
     neg_inf: Value,
     /// `1 / sqrt(head_dim)`, over the same shape.
     scale: Value,
@@ -356,7 +423,17 @@ impl Emitter<'_> {
             let k = projection(d.qkv_bias)?;
             let v = projection(d.qkv_bias)?;
             let o = projection(d.out_bias)?;
+            let qk_norm = if d.qk_norm {
+                Some((projection(false)?.0.dense()?, projection(false)?.0.dense()?))
+            } else {
+                None
+            };
             let post_norm = projection(false)?.0.dense()?;
+            let feedforward_norms = if d.sandwich_norms {
+                Some((projection(false)?.0.dense()?, projection(false)?.0.dense()?))
+            } else {
+                None
+            };
             let (gate, up, down) = (
                 projection(false)?.0,
                 projection(false)?.0,
@@ -368,7 +445,9 @@ impl Emitter<'_> {
                 k,
                 v,
                 o,
+                qk_norm,
                 post_norm,
+                feedforward_norms,
                 gate,
                 up,
                 down,
@@ -442,16 +521,26 @@ impl Emitter<'_> {
         let d = self.d;
         let (rows, t) = (inputs.rows, inputs.t);
         let n = rows * t;
-        let half = d.head_dim as i64 / 2;
+        let half = d.rotary_dim as i64 / 2;
         let pos_flat = self.b.reshape(&inputs.positions, &[n])?;
         let pos_f = self.b.convert(&pos_flat, ElementType::F32);
         let pos_f = self.b.broadcast_in_dim(&pos_f, &[n, half], &[0])?;
-        let inv_freq = self.b.vector_f32(&d.inv_freq);
-        let inv_freq = self.b.broadcast_in_dim(&inv_freq, &[n, half], &[1])?;
-        let angles = self.b.mul(&pos_f, &inv_freq)?;
-        let angles = self.b.concatenate(&[&angles, &angles], 1)?;
-        let cos = self.b.unary(Unary::Cosine, &angles)?;
-        let sin = self.b.unary(Unary::Sine, &angles)?;
+        let mut tables = |inv_freq: &[f32]| -> Result<(Value, Value), EmitError> {
+            let inv_freq = self.b.vector_f32(inv_freq);
+            let inv_freq = self.b.broadcast_in_dim(&inv_freq, &[n, half], &[1])?;
+            let angles = self.b.mul(&pos_f, &inv_freq)?;
+            let angles = self.b.concatenate(&[&angles, &angles], 1)?;
+            let cos = self.b.unary(Unary::Cosine, &angles)?;
+            let sin = self.b.unary(Unary::Sine, &angles)?;
+            if d.rope_mscale == 1.0 {
+                return Ok((cos, sin));
+            }
+            // LongRoPE's factor on the rotated features, folded into the tables.
+            let m = self.b.splat_f32(d.rope_mscale, &[n, 2 * half]);
+            Ok((self.b.mul(&cos, &m)?, self.b.mul(&sin, &m)?))
+        };
+        let (cos, sin) = tables(&d.inv_freq)?;
+        let local = d.local_inv_freq.as_deref().map(&mut tables).transpose()?;
 
         let kv_heads = d.kv_heads as i64;
         let group = d.heads as i64 / kv_heads;
@@ -461,14 +550,26 @@ impl Emitter<'_> {
             .b
             .broadcast_in_dim(&inputs.positions, &score_dims, &[0, 2])?;
         let allowed = self.b.compare(Compare::Le, &key_pos, &query_pos)?;
+        let windows: std::collections::BTreeSet<usize> =
+            d.layer_attention.iter().filter_map(|l| l.window).collect();
+        let mut windowed = BTreeMap::new();
+        for window in windows {
+            // key > query − window, i.e. key + window > query (no negative positions).
+            let w = self
+                .b
+                .splat_int(window as i64, &score_dims, ElementType::I32);
+            let reach = self.b.add(&key_pos, &w)?;
+            let recent = self.b.compare(Compare::Gt, &reach, &query_pos)?;
+            windowed.insert(window, self.b.binary(Binary::And, &allowed, &recent)?);
+        }
         let neg_inf = self.b.splat_f32(f32::NEG_INFINITY, &score_dims);
-        let scale = self
-            .b
-            .splat_f32(1.0 / (d.head_dim as f32).sqrt(), &score_dims);
+        let scale = self.b.splat_f32(d.attention_scale, &score_dims);
         Ok(AttentionTables {
             cos,
             sin,
+            local,
             allowed,
+            windowed,
             neg_inf,
             scale,
         })
@@ -507,10 +608,12 @@ impl Emitter<'_> {
 
     /// One layer's attention block: projections, RoPE, the cache writes, attention and the
     /// output projection. Returns the block's output and the layer's updated caches.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &mut self,
         h: &Value,
         layer: &LayerArgs,
+        features: mlxcel_model::LayerAttention,
         caches: (&Value, &Value),
         inputs: &StepInputs,
         tables: &AttentionTables,
@@ -526,8 +629,19 @@ impl Emitter<'_> {
         let q = self.b.reshape(&q, &[n, heads, hd])?;
         let k = self.b.reshape(&k, &[n, kv_heads, hd])?;
         let v = self.b.reshape(&v, &[n, kv_heads, hd])?;
-        let q = self.rope(&q, &tables.cos, &tables.sin)?;
-        let k = self.rope(&k, &tables.cos, &tables.sin)?;
+        let (q, k) = match &layer.qk_norm {
+            Some((q_norm, k_norm)) => (self.head_norm(&q, q_norm)?, self.head_norm(&k, k_norm)?),
+            None => (q, k),
+        };
+        let (cos, sin) = match (&tables.local, features.window) {
+            (Some((cos, sin)), Some(_)) => (cos, sin),
+            _ => (&tables.cos, &tables.sin),
+        };
+        let (q, k) = if features.rope {
+            (self.rope(&q, cos, sin)?, self.rope(&k, cos, sin)?)
+        } else {
+            (q, k)
+        };
         let k_cache = self.b.scatter_rows2(caches.0, &inputs.write_idx, &k)?;
         let v_cache = self.b.scatter_rows2(caches.1, &inputs.write_idx, &v)?;
         let (keys, values) = self.attended_rows((&k_cache, &v_cache), inputs, shape)?;
@@ -546,7 +660,15 @@ impl Emitter<'_> {
             },
         )?;
         let scores = self.b.mul(&scores, &tables.scale)?;
-        let scores = self.b.select(&tables.allowed, &scores, &tables.neg_inf)?;
+        let scores = match self.d.attn_softcap {
+            Some(cap) => self.softcap(&scores, cap)?,
+            None => scores,
+        };
+        let allowed = match features.window {
+            Some(w) => &tables.windowed[&w],
+            None => &tables.allowed,
+        };
+        let scores = self.b.select(allowed, &scores, &tables.neg_inf)?;
         let probs = self.softmax_last(&scores)?;
         let attended = self.b.dot_general(
             &probs,
@@ -568,8 +690,12 @@ impl Emitter<'_> {
     fn mlp(&mut self, h: &Value, layer: &LayerArgs) -> Result<Value, EmitError> {
         let gate = self.linear(h, &(layer.gate.clone(), None))?;
         let up = self.linear(h, &(layer.up.clone(), None))?;
-        let sig = self.b.unary(Unary::Logistic, &gate)?;
-        let act = self.b.mul(&gate, &sig)?;
+        let act = if self.d.gelu {
+            self.gelu_tanh(&gate)?
+        } else {
+            let sig = self.b.unary(Unary::Logistic, &gate)?;
+            self.b.mul(&gate, &sig)?
+        };
         let act = self.b.mul(&act, &up)?;
         self.linear(&act, &(layer.down.clone(), None))
     }
@@ -590,7 +716,7 @@ impl Emitter<'_> {
             None => x,
         };
         let last = self.rms_norm(&last, &weights.final_norm)?;
-        match (&weights.lm_head, &weights.embed) {
+        let logits = match (&weights.lm_head, &weights.embed) {
             (Some(head), _) => self.linear(&last, &(head.clone(), None)),
             // Tied: the embedding table `[vocab, hidden]` is the output projection's `[out, in]`.
             (None, Weight::Dense(table)) => {
@@ -606,6 +732,10 @@ impl Emitter<'_> {
                 )
             }
             (None, Weight::Packed { .. }) => self.linear(&last, &(weights.embed.clone(), None)),
+        }?;
+        match self.d.final_softcap {
+            Some(cap) => self.softcap(&logits, cap),
+            None => Ok(logits),
         }
     }
 }
@@ -634,19 +764,37 @@ fn emit_step(
     let tables = e.attention_tables(&inputs, shape)?;
 
     let mut x = e.embed(&weights.embed, &inputs.tokens)?;
+    if let Some(scale) = d.embedding_scale {
+        let dims = x.dims().to_vec();
+        let scale = e.b.splat_f32(scale, &dims);
+        x = e.b.mul(&x, &scale)?;
+    }
     let mut new_k = Vec::with_capacity(d.layers);
     let mut new_v = Vec::with_capacity(d.layers);
     for (l, layer) in weights.layers.iter().enumerate() {
         let h = e.rms_norm(&x, &layer.input_norm)?;
         let caches = (&k_caches[l], &v_caches[l]);
+        let features = d.layer_attention[l];
         let (attended, k_cache, v_cache) =
-            e.attention(&h, layer, caches, &inputs, &tables, shape)?;
+            e.attention(&h, layer, features, caches, &inputs, &tables, shape)?;
         new_k.push(k_cache);
         new_v.push(v_cache);
-        x = e.b.add(&x, &attended)?;
-        let h = e.rms_norm(&x, &layer.post_norm)?;
-        let down = e.mlp(&h, layer)?;
-        x = e.b.add(&x, &down)?;
+        match &layer.feedforward_norms {
+            None => {
+                x = e.b.add(&x, &attended)?;
+                let h = e.rms_norm(&x, &layer.post_norm)?;
+                let down = e.mlp(&h, layer)?;
+                x = e.b.add(&x, &down)?;
+            }
+            Some((pre, post)) => {
+                let attended = e.rms_norm(&attended, &layer.post_norm)?;
+                x = e.b.add(&x, &attended)?;
+                let h = e.rms_norm(&x, pre)?;
+                let down = e.mlp(&h, layer)?;
+                let down = e.rms_norm(&down, post)?;
+                x = e.b.add(&x, &down)?;
+            }
+        }
     }
 
     let logits = e.logits(x, &weights, &inputs)?;
@@ -681,6 +829,24 @@ pub(crate) mod tests {
             qkv_bias,
             out_bias: false,
             tied_embeddings: tied,
+            qk_norm: false,
+            layer_attention: vec![
+                mlxcel_model::LayerAttention {
+                    rope: true,
+                    window: None
+                };
+                2
+            ],
+            local_inv_freq: None,
+            rotary_dim: head_dim,
+            rope_mscale: 1.0,
+            norm_offset: false,
+            sandwich_norms: false,
+            gelu: false,
+            embedding_scale: None,
+            attention_scale: 1.0 / (head_dim as f32).sqrt(),
+            attn_softcap: None,
+            final_softcap: None,
             packed: BTreeMap::new(),
         }
     }

@@ -33,6 +33,28 @@ pub fn llama_dims(c: &ModelConfig) -> LlamaDims {
         qkv_bias: c.attention_qkv_bias,
         out_bias: c.attention_out_bias,
         tied_embeddings: c.tie_word_embeddings,
+        rotary_dim: c.rotary_dim,
+        rope_mscale: c.rope_attention_factor,
+        qk_norm: c.qk_norm,
+        layer_attention: c.layers.clone(),
+        local_inv_freq: c.has_local_rope().then(|| {
+            let sliding = c
+                .layers
+                .iter()
+                .position(|l| l.window.is_some())
+                .unwrap_or(0);
+            c.layer_rope_periods(sliding)
+                .iter()
+                .map(|p| 1.0 / p)
+                .collect()
+        }),
+        norm_offset: c.norm_weight_offset,
+        sandwich_norms: c.sandwich_norms,
+        gelu: c.hidden_activation == mlxcel_model::HiddenActivation::GeluTanh,
+        embedding_scale: c.embedding_scale,
+        attention_scale: c.attention_scale,
+        attn_softcap: c.attn_logit_softcapping,
+        final_softcap: c.final_logit_softcapping,
         packed: Default::default(),
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::config::ModelConfig;
+use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::quant::QuantSpec;
 use crate::safetensors_files::{Dtype, SafetensorsFiles, TensorView};
@@ -74,6 +74,18 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
                 config.q_dim(),
                 config.attention_out_bias,
             ),
+        ]);
+        if config.qk_norm {
+            modules.extend([
+                norm(format!("{p}.self_attn.q_norm"), config.head_dim),
+                norm(format!("{p}.self_attn.k_norm"), config.head_dim),
+            ]);
+        }
+        if config.sandwich_norms {
+            modules.push(norm(format!("{p}.pre_feedforward_layernorm"), hidden));
+            modules.push(norm(format!("{p}.post_feedforward_layernorm"), hidden));
+        }
+        modules.extend([
             norm(format!("{p}.post_attention_layernorm"), hidden),
             linear(format!("{p}.mlp.gate_proj"), ffn, hidden, false),
             linear(format!("{p}.mlp.up_proj"), ffn, hidden, false),
@@ -106,7 +118,30 @@ impl Checkpoint {
     }
 
     /// Validates `files` against `config`.
-    pub fn new(dir: &Path, config: ModelConfig, files: SafetensorsFiles) -> Result<Self> {
+    pub fn new(dir: &Path, mut config: ModelConfig, mut files: SafetensorsFiles) -> Result<Self> {
+        if config.architecture == Architecture::Phi3 {
+            split_fused(&config, &mut files)?;
+            // A per-module quantization override of a fused module applies to its parts.
+            if let Some(q) = &mut config.quantization {
+                let fused: Vec<(String, _)> = q
+                    .overrides
+                    .iter()
+                    .filter(|(m, _)| m.ends_with("qkv_proj") || m.ends_with("gate_up_proj"))
+                    .map(|(m, s)| (m.clone(), *s))
+                    .collect();
+                for (module, spec) in fused {
+                    let parts: &[&str] = if module.ends_with("qkv_proj") {
+                        &["q_proj", "k_proj", "v_proj"]
+                    } else {
+                        &["gate_proj", "up_proj"]
+                    };
+                    let stem = module.rsplit_once('.').map_or("", |(s, _)| s);
+                    for part in parts {
+                        q.overrides.insert(format!("{stem}.{part}"), spec);
+                    }
+                }
+            }
+        }
         let mut quant = BTreeMap::new();
         for module in expected_modules(&config) {
             let spec = validate_module(&config, &files, &module)?;
@@ -144,6 +179,31 @@ impl Checkpoint {
     pub fn quantization_of(&self, module: &str) -> Option<QuantSpec> {
         self.quant.get(module).copied().flatten()
     }
+}
+
+/// Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj`: each becomes views of
+/// its rows under the usual names (`q_proj`, …), so that everything downstream sees a llama.
+fn split_fused(config: &ModelConfig, files: &mut SafetensorsFiles) -> Result<()> {
+    let (q, kv, ffn) = (config.q_dim(), config.kv_dim(), config.intermediate_size);
+    for layer in 0..config.num_hidden_layers {
+        let p = format!("model.layers.{layer}");
+        for suffix in ["weight", "scales", "biases", "bias"] {
+            let part = |module: &str, rows| (format!("{p}.{module}.{suffix}"), rows);
+            files.split_rows(
+                &format!("{p}.self_attn.qkv_proj.{suffix}"),
+                &[
+                    part("self_attn.q_proj", q),
+                    part("self_attn.k_proj", kv),
+                    part("self_attn.v_proj", kv),
+                ],
+            )?;
+            files.split_rows(
+                &format!("{p}.mlp.gate_up_proj.{suffix}"),
+                &[part("mlp.gate_proj", ffn), part("mlp.up_proj", ffn)],
+            )?;
+        }
+    }
+    Ok(())
 }
 
 fn validate_module(

@@ -1,4 +1,5 @@
-//! `config.json` of the llama family, validated into a [`ModelConfig`].
+//! `config.json` of the llama family and its relatives (Mistral, Qwen2, Qwen3, SmolLM3, Gemma 2,
+//! Gemma 3, Phi-3/Phi-4-mini), validated into a [`ModelConfig`].
 //!
 //! The raw JSON is read leniently (Hugging Face and MLX write the same keys with small variations)
 //! and then checked once here, so that backends can trust every number they are handed.
@@ -11,24 +12,49 @@ use serde_json::Value;
 use crate::error::{ModelError, Result};
 use crate::quant::Quantization;
 
-/// The architectures we can run, all decoder-only llamas with small variations.
+/// The architectures we can run: decoder-only llamas with small variations, each spelled out
+/// in [`ModelConfig`]'s fields (biases, q/k norms, per-layer RoPE and sliding windows) so that
+/// backends read features, not family names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
-    /// `LlamaForCausalLM`: Llama 2/3, SmolLM/SmolLM2; also `MistralForCausalLM` without a sliding window.
+    /// `LlamaForCausalLM`: Llama 2/3, SmolLM/SmolLM2.
     Llama,
-    /// `Qwen2ForCausalLM`: a llama with biases on the q/k/v projections.
+    /// `MistralForCausalLM`: a llama whose layers may all slide (`sliding_window`).
+    Mistral,
+    /// `Qwen2ForCausalLM`: a llama with biases on the q/k/v projections; the layers from
+    /// `max_window_layers` on slide when `use_sliding_window` is set.
     Qwen2,
+    /// `Qwen3ForCausalLM`: no biases, RMSNorm on each head of q and k before RoPE.
+    Qwen3,
+    /// `SmolLM3ForCausalLM`: a llama whose every `no_rope_layer_interval`-th layer has no RoPE.
+    SmolLm3,
+    /// `Gemma2ForCausalLM`: scaled embeddings, `1 + w` norms around attention and MLP, a
+    /// GELU-tanh MLP, logit soft-capping (attention and final), every other layer sliding.
+    Gemma2,
+    /// `Gemma3ForCausalLM` (`gemma3_text`): Gemma 2 without soft-capping by default, with q/k
+    /// norms, five sliding layers per global one, and a separate RoPE base for the sliding ones.
+    Gemma3,
+    /// `Phi3ForCausalLM` (Phi-3, Phi-3.5, Phi-4-mini): q/k/v and gate/up fused in the checkpoint
+    /// (`qkv_proj`, `gate_up_proj`), partial rotary, LongRoPE scaling.
+    Phi3,
 }
 
 impl Architecture {
-    pub const SUPPORTED: &'static str =
-        "LlamaForCausalLM, MistralForCausalLM (no sliding window), Qwen2ForCausalLM";
+    pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
+         Qwen3ForCausalLM, SmolLM3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
+         Phi3ForCausalLM";
 
     /// The `architectures[0]` string Hugging Face writes for this architecture.
     pub fn hf_name(self) -> &'static str {
         match self {
             Self::Llama => "LlamaForCausalLM",
+            Self::Mistral => "MistralForCausalLM",
             Self::Qwen2 => "Qwen2ForCausalLM",
+            Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::SmolLm3 => "SmolLM3ForCausalLM",
+            Self::Gemma2 => "Gemma2ForCausalLM",
+            Self::Gemma3 => "Gemma3ForCausalLM",
+            Self::Phi3 => "Phi3ForCausalLM",
         }
     }
 
@@ -36,14 +62,42 @@ impl Architecture {
     pub fn model_type(self) -> &'static str {
         match self {
             Self::Llama => "llama",
+            Self::Mistral => "mistral",
             Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::SmolLm3 => "smollm3",
+            Self::Gemma2 => "gemma2",
+            Self::Gemma3 => "gemma3_text",
+            Self::Phi3 => "phi3",
         }
     }
+}
+
+/// What one decoder layer's attention does that its neighbours may not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerAttention {
+    /// Whether q and k are rotated; `false` for SmolLM3's NoPE layers.
+    pub rope: bool,
+    /// A sliding-window layer's window: the query at position `p` sees the keys at positions
+    /// `p - window + 1 ..= p` (itself and the `window - 1` before it), as Hugging Face, mlx-lm and
+    /// llama.cpp mask them. `None`: every earlier position.
+    pub window: Option<usize>,
+}
+
+/// The MLP's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HiddenActivation {
+    /// `silu(gate) · up` (SwiGLU; `silu`).
+    Silu,
+    /// `gelu_tanh(gate) · up` (GeGLU with GELU's tanh approximation; `gelu_pytorch_tanh`).
+    GeluTanh,
 }
 
 /// Rotary-embedding frequency scaling (`rope_scaling`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RopeScaling {
+    /// Positions divided by `factor` (every period multiplied by it).
+    Linear { factor: f32 },
     /// Llama 3.1's piecewise scaling.
     Llama3 {
         factor: f32,
@@ -74,6 +128,40 @@ pub struct ModelConfig {
     pub attention_qkv_bias: bool,
     /// Whether the output projection carries a bias (`attention_bias` for llama).
     pub attention_out_bias: bool,
+    /// Whether each head of q and k goes through its own RMSNorm (`q_norm`, `k_norm`, weights
+    /// `[head_dim]`) before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// Per layer, in order: RoPE or not, and its sliding window if any.
+    pub layers: Vec<LayerAttention>,
+    /// RMSNorm weights are stored as offsets from one (Gemma): each norm multiplies by `1 + w`.
+    pub norm_weight_offset: bool,
+    /// Gemma's four norms per layer: the attention's output and the MLP's output each go
+    /// through their own norm (`post_attention_layernorm`, `post_feedforward_layernorm`) before
+    /// the residual add, and the MLP's input norm is `pre_feedforward_layernorm`.
+    pub sandwich_norms: bool,
+    /// The MLP's gate activation (`hidden_activation` / `hidden_act`).
+    pub hidden_activation: HiddenActivation,
+    /// A factor on the token embeddings (Gemma: √hidden_size, rounded to bf16 as Hugging Face
+    /// and mlx-lm compute it).
+    pub embedding_scale: Option<f32>,
+    /// The attention's score scale: `1/√query_pre_attn_scalar` (Gemma), else `1/√head_dim`.
+    pub attention_scale: f32,
+    /// Attention scores become `cap · tanh(score / cap)` (Gemma 2's `attn_logit_softcapping`).
+    pub attn_logit_softcapping: Option<f32>,
+    /// Logits become `cap · tanh(logit / cap)` (`final_logit_softcapping`).
+    pub final_logit_softcapping: Option<f32>,
+    /// The RoPE base of sliding-window layers when it differs from `rope_theta` (Gemma 3's
+    /// `rope_local_base_freq`; those layers take no `rope_scaling`).
+    pub rope_local_theta: Option<f32>,
+    /// Features of each head that RoPE rotates (the first ones, in halves layout):
+    /// `head_dim · partial_rotary_factor`, `head_dim` unless partial.
+    pub rotary_dim: usize,
+    /// LongRoPE (`rope_scaling` of type `longrope`/`su`, Phi-3): each rotated pair's period is
+    /// multiplied by its factor. mlxcel uses `long_factor`, as mlx-lm does and as llama.cpp does
+    /// for a context past `original_max_position_embeddings` (its default, the whole window).
+    pub rope_factors: Option<Vec<f32>>,
+    /// The factor on the rotated features of q and k (LongRoPE's attention factor), 1 if none.
+    pub rope_attention_factor: f32,
     /// MLX quantization (`quantization`), `None` for a dense checkpoint.
     pub quantization: Option<Quantization>,
     /// `eos_token_id` from config.json, if any.
@@ -104,6 +192,23 @@ struct RawConfig {
     mlp_bias: Option<bool>,
     sliding_window: Option<Value>,
     use_sliding_window: Option<bool>,
+    max_window_layers: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    no_rope_layers: Option<Vec<u8>>,
+    no_rope_layer_interval: Option<usize>,
+    num_experts: Option<usize>,
+    sliding_window_pattern: Option<usize>,
+    query_pre_attn_scalar: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    rope_local_base_freq: Option<f32>,
+    hidden_activation: Option<String>,
+    hidden_act: Option<String>,
+    partial_rotary_factor: Option<f64>,
+    original_max_position_embeddings: Option<usize>,
+    num_local_experts: Option<usize>,
+    #[serde(default)]
+    vision_config: Option<Value>,
     quantization: Option<Value>,
     eos_token_id: Option<Value>,
     bos_token_id: Option<u32>,
@@ -142,11 +247,15 @@ impl ModelConfig {
     /// with Llama 3.1's scaling when configured (long wavelengths stretched by `factor`, short ones
     /// kept, the band between interpolated smoothly). Every backend derives its RoPE from these.
     pub fn rope_periods(&self) -> Vec<f32> {
-        let dims = self.head_dim;
+        let dims = self.rotary_dim;
         let base = self.rope_theta;
         let plain = (0..dims / 2).map(move |i| base.powf((2 * i) as f32 / dims as f32));
+        if let Some(factors) = &self.rope_factors {
+            return plain.zip(factors).map(|(p, f)| p * f).collect();
+        }
         match self.rope_scaling {
             None => plain.collect(),
+            Some(RopeScaling::Linear { factor }) => plain.map(|p| p * factor).collect(),
             Some(RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -172,6 +281,105 @@ impl ModelConfig {
                     .collect()
             }
         }
+    }
+
+    /// The sliding window of the layers that slide (the same for all of them), if any does.
+    pub fn sliding_window(&self) -> Option<usize> {
+        self.layers.iter().find_map(|l| l.window)
+    }
+
+    /// One line for logs: the family and the features detected, e.g.
+    /// `qwen3: 28 layers, q/k norm, tied embeddings`.
+    pub fn describe(&self) -> String {
+        let mut parts = vec![format!("{} layers", self.num_hidden_layers)];
+        if self.attention_qkv_bias {
+            parts.push("q/k/v biases".into());
+        }
+        if self.attention_out_bias {
+            parts.push("output bias".into());
+        }
+        if self.qk_norm {
+            parts.push("q/k norm".into());
+        }
+        if self.num_key_value_heads < self.num_attention_heads {
+            parts.push(format!(
+                "grouped-query attention ({} kv heads)",
+                self.num_key_value_heads
+            ));
+        }
+        let nope = self.layers.iter().filter(|l| !l.rope).count();
+        if nope > 0 {
+            parts.push(format!("{nope} layers without RoPE"));
+        }
+        if let Some(window) = self.sliding_window() {
+            let sliding = self.layers.iter().filter(|l| l.window.is_some()).count();
+            parts.push(format!(
+                "sliding window {window} on {sliding} of {} layers",
+                self.num_hidden_layers
+            ));
+        }
+        if let Some(RopeScaling::Llama3 { factor, .. }) = self.rope_scaling {
+            parts.push(format!("llama3 rope scaling x{factor}"));
+        }
+        if self.sandwich_norms {
+            parts.push("pre/post norms".into());
+        }
+        if self.hidden_activation == HiddenActivation::GeluTanh {
+            parts.push("GELU-tanh MLP".into());
+        }
+        if let Some(cap) = self.attn_logit_softcapping {
+            parts.push(format!("attention soft-cap {cap}"));
+        }
+        if let Some(cap) = self.final_logit_softcapping {
+            parts.push(format!("final soft-cap {cap}"));
+        }
+        if let Some(theta) = self.rope_local_theta {
+            parts.push(format!("local RoPE base {theta}"));
+        }
+        if let Some(RopeScaling::Linear { factor }) = self.rope_scaling {
+            parts.push(format!("linear rope scaling x{factor}"));
+        }
+        if self.rotary_dim < self.head_dim {
+            parts.push(format!(
+                "partial rotary ({} of {})",
+                self.rotary_dim, self.head_dim
+            ));
+        }
+        if self.rope_factors.is_some() {
+            parts.push(format!(
+                "LongRoPE (attention factor {:.4})",
+                self.rope_attention_factor
+            ));
+        }
+        if self.architecture == Architecture::Phi3 {
+            parts.push("fused qkv and gate/up".into());
+        }
+        if self.tie_word_embeddings {
+            parts.push("tied embeddings".into());
+        }
+        if let Some(q) = &self.quantization {
+            parts.push(format!("{}-bit", q.default.bits));
+        }
+        format!("{}: {}", self.architecture.model_type(), parts.join(", "))
+    }
+
+    /// Layer `layer`'s RoPE periods: [`ModelConfig::rope_periods`], or for a sliding layer of a
+    /// model with its own local base (Gemma 3), the plain schedule of that base.
+    pub fn layer_rope_periods(&self, layer: usize) -> Vec<f32> {
+        match (self.rope_local_theta, self.layers[layer].window) {
+            (Some(base), Some(_)) => {
+                let dims = self.rotary_dim;
+                (0..dims / 2)
+                    .map(|i| base.powf((2 * i) as f32 / dims as f32))
+                    .collect()
+            }
+            _ => self.rope_periods(),
+        }
+    }
+
+    /// Whether some layers use another RoPE schedule than others.
+    pub fn has_local_rope(&self) -> bool {
+        self.rope_local_theta.is_some() && self.sliding_window().is_some()
     }
 
     /// Rows of each of the k and v projections (`num_key_value_heads * head_dim`).
@@ -237,11 +445,39 @@ impl ModelConfig {
         }
         let (attention_qkv_bias, attention_out_bias) = match architecture {
             Architecture::Qwen2 => (true, false),
-            Architecture::Llama => {
+            Architecture::Llama
+            | Architecture::Mistral
+            | Architecture::Qwen3
+            | Architecture::SmolLm3
+            | Architecture::Gemma2
+            | Architecture::Gemma3
+            | Architecture::Phi3 => {
                 let bias = raw.attention_bias.unwrap_or(false);
                 (bias, bias)
             }
         };
+        for (field, value) in [
+            ("num_experts", raw.num_experts),
+            ("num_local_experts", raw.num_local_experts),
+        ] {
+            if value.is_some_and(|n| n > 0) {
+                return Err(ModelError::invalid(
+                    path,
+                    field,
+                    "mixture-of-experts models are not supported",
+                ));
+            }
+        }
+        if raw.vision_config.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(ModelError::invalid(
+                path,
+                "vision_config",
+                "multimodal checkpoints are not supported (use the text model's own checkpoint)",
+            ));
+        }
+        let num_hidden_layers = need(raw.num_hidden_layers, "num_hidden_layers")?;
+        let layers = layer_attention(path, &raw, architecture, num_hidden_layers)?;
+        let gemma = matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3);
         let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
         if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
             return Err(ModelError::invalid(
@@ -250,7 +486,13 @@ impl ModelConfig {
                 format!("{rms_norm_eps} is not a positive number"),
             ));
         }
-        let rope_theta = raw.rope_theta.unwrap_or(10_000.0);
+        let rope_theta = raw
+            .rope_theta
+            .unwrap_or(if architecture == Architecture::Gemma3 {
+                1_000_000.0
+            } else {
+                10_000.0
+            });
         if !(rope_theta > 0.0 && rope_theta.is_finite()) {
             return Err(ModelError::invalid(
                 path,
@@ -263,22 +505,123 @@ impl ModelConfig {
             .as_ref()
             .map(|q| Quantization::from_json(path, q))
             .transpose()?;
+        let positive = |field: &str, value: Option<f64>| -> Result<Option<f32>> {
+            match value {
+                Some(v) if !(v > 0.0 && v.is_finite()) => Err(ModelError::invalid(
+                    path,
+                    field,
+                    format!("{v} is not a positive number"),
+                )),
+                other => Ok(other.map(|v| v as f32)),
+            }
+        };
+        let activation = raw
+            .hidden_activation
+            .as_deref()
+            .or(raw.hidden_act.as_deref());
+        let hidden_activation = match activation {
+            None if gemma => HiddenActivation::GeluTanh,
+            None | Some("silu" | "swish") => HiddenActivation::Silu,
+            Some("gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" | "gelu_fast") => {
+                HiddenActivation::GeluTanh
+            }
+            Some(other) => {
+                return Err(ModelError::invalid(
+                    path,
+                    if raw.hidden_activation.is_some() {
+                        "hidden_activation"
+                    } else {
+                        "hidden_act"
+                    },
+                    format!("`{other}` is not supported (supported: silu, gelu_pytorch_tanh)"),
+                ));
+            }
+        };
+        let query_pre_attn_scalar = positive(
+            "query_pre_attn_scalar",
+            raw.query_pre_attn_scalar.or(gemma.then_some(256.0)),
+        )?;
+        let (attn_cap, final_cap) = match architecture {
+            // Gemma 2's defaults; Gemma 3 caps nothing unless asked.
+            Architecture::Gemma2 => (
+                raw.attn_logit_softcapping.or(Some(50.0)),
+                raw.final_logit_softcapping.or(Some(30.0)),
+            ),
+            _ => (raw.attn_logit_softcapping, raw.final_logit_softcapping),
+        };
+        let rope_local_theta = match architecture {
+            Architecture::Gemma3 => Some(raw.rope_local_base_freq.unwrap_or(10_000.0)),
+            _ => None,
+        };
+        if rope_local_theta.is_some_and(|t| !(t > 0.0 && t.is_finite())) {
+            return Err(ModelError::invalid(
+                path,
+                "rope_local_base_freq",
+                "is not a positive number",
+            ));
+        }
+        let rotary_dim = match raw.partial_rotary_factor {
+            None => head_dim,
+            Some(f) if f > 0.0 && f <= 1.0 => ((head_dim as f64 * f) as usize) & !1,
+            Some(f) => {
+                return Err(ModelError::invalid(
+                    path,
+                    "partial_rotary_factor",
+                    format!("{f} is not in (0, 1]"),
+                ));
+            }
+        };
+        if rotary_dim < 2 {
+            return Err(ModelError::invalid(
+                path,
+                "partial_rotary_factor",
+                format!("rotates {rotary_dim} of {head_dim} features; at least one pair must"),
+            ));
+        }
+        let max_position_embeddings = need(raw.max_position_embeddings, "max_position_embeddings")?;
+        let (rope_factors, rope_attention_factor) = long_rope(
+            path,
+            raw.rope_scaling.as_ref(),
+            rotary_dim,
+            max_position_embeddings,
+            raw.original_max_position_embeddings,
+        )?;
         Ok(Self {
             architecture,
             hidden_size,
-            num_hidden_layers: need(raw.num_hidden_layers, "num_hidden_layers")?,
+            num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
             intermediate_size: need(raw.intermediate_size, "intermediate_size")?,
             rms_norm_eps,
             rope_theta,
-            rope_scaling: rope_scaling(path, raw.rope_scaling.as_ref())?,
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
-            max_position_embeddings: need(raw.max_position_embeddings, "max_position_embeddings")?,
+            rope_scaling: if rope_factors.is_some() {
+                None
+            } else {
+                rope_scaling(path, raw.rope_scaling.as_ref())?
+            },
+            // Gemma ties its embeddings unless told otherwise.
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(gemma),
+            max_position_embeddings,
             vocab_size: need(raw.vocab_size, "vocab_size")?,
             attention_qkv_bias,
             attention_out_bias,
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+            layers,
+            norm_weight_offset: gemma,
+            sandwich_norms: gemma,
+            hidden_activation,
+            // Hugging Face multiplies by √hidden in the weights' dtype (bf16 for every released
+            // Gemma) and mlx-lm rounds it to bf16 explicitly.
+            embedding_scale: gemma.then(|| round_bf16((hidden_size as f32).sqrt())),
+            attention_scale: 1.0 / query_pre_attn_scalar.unwrap_or(head_dim as f32).sqrt(),
+            attn_logit_softcapping: positive("attn_logit_softcapping", attn_cap)?,
+            final_logit_softcapping: positive("final_logit_softcapping", final_cap)?,
+            rope_local_theta,
+            rotary_dim,
+            rope_factors,
+            rope_attention_factor,
             quantization,
             eos_token_ids: token_ids(path, "eos_token_id", raw.eos_token_id.as_ref())?,
             bos_token_id: raw.bos_token_id,
@@ -304,22 +647,194 @@ fn architecture(path: &Path, raw: &RawConfig) -> Result<Architecture> {
     };
     match name.as_str() {
         "LlamaForCausalLM" | "llama" => Ok(Architecture::Llama),
-        "MistralForCausalLM" | "mistral" => {
-            let window = raw.sliding_window.as_ref().filter(|v| !v.is_null());
-            if window.is_some() && raw.use_sliding_window != Some(false) {
-                return Err(unsupported(format!("{name} with sliding_window")));
-            }
-            Ok(Architecture::Llama)
-        }
-        "Qwen2ForCausalLM" | "qwen2" => {
-            // Qwen2 only slides when `use_sliding_window` is set.
-            if raw.use_sliding_window == Some(true) {
-                return Err(unsupported(format!("{name} with use_sliding_window")));
-            }
-            Ok(Architecture::Qwen2)
-        }
+        "MistralForCausalLM" | "mistral" => Ok(Architecture::Mistral),
+        "Qwen2ForCausalLM" | "qwen2" => Ok(Architecture::Qwen2),
+        "Qwen3ForCausalLM" | "qwen3" => Ok(Architecture::Qwen3),
+        "SmolLM3ForCausalLM" | "smollm3" => Ok(Architecture::SmolLm3),
+        "Gemma2ForCausalLM" | "gemma2" => Ok(Architecture::Gemma2),
+        "Gemma3ForCausalLM" | "gemma3_text" => Ok(Architecture::Gemma3),
+        "Phi3ForCausalLM" | "phi3" => Ok(Architecture::Phi3),
         _ => Err(unsupported(name)),
     }
+}
+
+/// Each layer's RoPE and window, from `layer_types` when the config lists them (Hugging Face's
+/// current form), else from the family's own keys: Mistral's `sliding_window` (every layer),
+/// Qwen2/Qwen3's `use_sliding_window` with `max_window_layers` (the layers from there on), and
+/// SmolLM3's `no_rope_layers` or `no_rope_layer_interval`.
+fn layer_attention(
+    path: &Path,
+    raw: &RawConfig,
+    architecture: Architecture,
+    layers: usize,
+) -> Result<Vec<LayerAttention>> {
+    let window = match raw.sliding_window.as_ref().filter(|v| !v.is_null()) {
+        // Gemma's default window.
+        None if matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3) => Some(4096),
+        None => None,
+        Some(v) => Some(v.as_u64().filter(|&w| w >= 1).ok_or_else(|| {
+            ModelError::invalid(path, "sliding_window", "expected a positive integer")
+        })? as usize),
+    };
+    let slides = |i: usize| -> Result<bool> {
+        if let Some(types) = &raw.layer_types {
+            if types.len() != layers {
+                return Err(ModelError::invalid(
+                    path,
+                    "layer_types",
+                    format!(
+                        "lists {} layers, num_hidden_layers is {layers}",
+                        types.len()
+                    ),
+                ));
+            }
+            return match types[i].as_str() {
+                "full_attention" => Ok(false),
+                "sliding_attention" => Ok(true),
+                other => Err(ModelError::invalid(
+                    path,
+                    "layer_types",
+                    format!("`{other}` (supported: full_attention, sliding_attention)"),
+                )),
+            };
+        }
+        Ok(match architecture {
+            Architecture::Mistral => window.is_some() && raw.use_sliding_window != Some(false),
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLm3 => {
+                raw.use_sliding_window == Some(true) && i >= raw.max_window_layers.unwrap_or(0)
+            }
+            // Gemma 2 alternates (the first layer slides); Gemma 3 slides on all but every
+            // `sliding_window_pattern`-th layer (default 6).
+            Architecture::Gemma2 => window.is_some() && !(i + 1).is_multiple_of(2),
+            Architecture::Gemma3 => {
+                let pattern = raw.sliding_window_pattern.unwrap_or(6).max(1);
+                window.is_some() && !(i + 1).is_multiple_of(pattern)
+            }
+            // Phi-3's `sliding_window` (2047 in Phi-3-mini-4k, 262144 in Phi-3.5) is ignored,
+            // as mlx-lm does and as llama.cpp does (it disables Phi's window with a warning);
+            // Hugging Face applies it, which differs only past 2047 positions of the 4k model.
+            Architecture::Llama | Architecture::Phi3 => false,
+        })
+    };
+    let rope = |i: usize| -> Result<bool> {
+        if architecture != Architecture::SmolLm3 {
+            return Ok(true);
+        }
+        if let Some(list) = &raw.no_rope_layers {
+            if list.len() != layers {
+                return Err(ModelError::invalid(
+                    path,
+                    "no_rope_layers",
+                    format!("lists {} layers, num_hidden_layers is {layers}", list.len()),
+                ));
+            }
+            // 1 = the layer uses RoPE (the name notwithstanding).
+            return Ok(list[i] != 0);
+        }
+        let interval = raw.no_rope_layer_interval.unwrap_or(4);
+        if interval == 0 {
+            return Err(ModelError::invalid(
+                path,
+                "no_rope_layer_interval",
+                "must be at least 1",
+            ));
+        }
+        Ok(!(i + 1).is_multiple_of(interval))
+    };
+    (0..layers)
+        .map(|i| {
+            let slides = slides(i)?;
+            if slides && window.is_none() {
+                return Err(ModelError::invalid(
+                    path,
+                    "sliding_window",
+                    format!("layer {i} slides but no window is given"),
+                ));
+            }
+            Ok(LayerAttention {
+                rope: rope(i)?,
+                window: if slides { window } else { None },
+            })
+        })
+        .collect()
+}
+
+/// LongRoPE (`rope_scaling.type` `longrope` or `su`): the `long_factor` list (one per rotated pair)
+/// and the attention factor (`attention_factor`, else √(1 + ln s / ln L₀) with
+/// s = max_position_embeddings / L₀ and L₀ = `original_max_position_embeddings`, as Hugging Face
+/// and mlx-lm compute it). `(None, 1)` for any other scaling.
+fn long_rope(
+    path: &Path,
+    value: Option<&Value>,
+    rotary_dim: usize,
+    max_positions: usize,
+    original: Option<usize>,
+) -> Result<(Option<Vec<f32>>, f32)> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok((None, 1.0));
+    };
+    let kind = value
+        .get("rope_type")
+        .or_else(|| value.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if !matches!(kind, "longrope" | "su") {
+        return Ok((None, 1.0));
+    }
+    let factors = value
+        .get("long_factor")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ModelError::MissingField {
+            path: path.to_owned(),
+            field: "rope_scaling.long_factor".into(),
+        })?;
+    let factors: Vec<f32> = factors
+        .iter()
+        .map(|f| {
+            f.as_f64()
+                .filter(|f| *f > 0.0 && f.is_finite())
+                .map(|f| f as f32)
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(|| {
+            ModelError::invalid(
+                path,
+                "rope_scaling.long_factor",
+                "expected positive numbers",
+            )
+        })?;
+    if factors.len() != rotary_dim / 2 {
+        return Err(ModelError::invalid(
+            path,
+            "rope_scaling.long_factor",
+            format!(
+                "has {} factors; the {rotary_dim} rotated features make {} pairs",
+                factors.len(),
+                rotary_dim / 2
+            ),
+        ));
+    }
+    let original = value
+        .get("original_max_position_embeddings")
+        .and_then(Value::as_u64)
+        .map(|v| v as usize)
+        .or(original)
+        .ok_or_else(|| ModelError::MissingField {
+            path: path.to_owned(),
+            field: "original_max_position_embeddings".into(),
+        })?;
+    let attention = match value.get("attention_factor").and_then(Value::as_f64) {
+        Some(f) => f as f32,
+        None => {
+            let scale = max_positions as f64 / original.max(1) as f64;
+            if scale <= 1.0 {
+                1.0
+            } else {
+                (1.0 + scale.ln() / (original as f64).ln()).sqrt() as f32
+            }
+        }
+    };
+    Ok((Some(factors), attention))
 }
 
 fn rope_scaling(path: &Path, value: Option<&Value>) -> Result<Option<RopeScaling>> {
@@ -342,6 +857,17 @@ fn rope_scaling(path: &Path, value: Option<&Value>) -> Result<Option<RopeScaling
     };
     match kind {
         "default" => Ok(None),
+        "linear" => {
+            let factor = number("factor")? as f32;
+            if !(factor > 0.0 && factor.is_finite()) {
+                return Err(ModelError::invalid(
+                    path,
+                    "rope_scaling.factor",
+                    format!("{factor} is not a positive number"),
+                ));
+            }
+            Ok(Some(RopeScaling::Linear { factor }))
+        }
         "llama3" => Ok(Some(RopeScaling::Llama3 {
             factor: number("factor")? as f32,
             low_freq_factor: number("low_freq_factor")? as f32,
@@ -351,7 +877,7 @@ fn rope_scaling(path: &Path, value: Option<&Value>) -> Result<Option<RopeScaling
         other => Err(ModelError::invalid(
             path,
             "rope_scaling",
-            format!("type `{other}` is not supported (supported: llama3)"),
+            format!("type `{other}` is not supported (supported: linear, llama3)"),
         )),
     }
 }
@@ -369,4 +895,11 @@ pub(crate) fn token_ids(path: &Path, field: &str, value: Option<&Value>) -> Resu
         Some(Value::Array(items)) => items.iter().map(one).collect(),
         Some(v) => Ok(vec![one(v)?]),
     }
+}
+
+/// `x` rounded to the nearest bfloat16 (ties to even), as f32.
+fn round_bf16(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000;
+    f32::from_bits(rounded)
 }

@@ -43,7 +43,7 @@ mod tokenizer;
 pub use activations::Activations;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use checkpoint::{Checkpoint, Module, ModuleKind, expected_modules};
-pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use config::{Architecture, HiddenActivation, LayerAttention, ModelConfig, RopeScaling};
 pub use default_model::{
     CACHE_DIR_ENV, DEFAULT_MODEL_PIN, DefaultModel, PYTHON_ENV, cache_dir, sha256_file,
 };

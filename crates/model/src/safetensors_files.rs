@@ -179,6 +179,54 @@ impl SafetensorsFiles {
         })
     }
 
+    /// Replaces the tensor `fused` by consecutive row ranges of it named `parts` (name, rows),
+    /// without copying: each part views its rows of the memory map. Used for checkpoints that
+    /// store several projections stacked (Phi-3's `qkv_proj`, `gate_up_proj`). Does nothing when
+    /// `fused` is absent; an error when the rows do not add up.
+    pub fn split_rows(&mut self, fused: &str, parts: &[(String, usize)]) -> Result<()> {
+        let Some(&index) = self.names.get(fused) else {
+            return Ok(());
+        };
+        let shard = &mut self.shards[index];
+        let entry = &shard.entries[fused];
+        let rows = entry.shape.first().copied().unwrap_or(0);
+        let total: usize = parts.iter().map(|(_, r)| r).sum();
+        if total != rows || rows == 0 {
+            return Err(ModelError::Safetensors {
+                path: shard.path.clone(),
+                reason: format!(
+                    "tensor `{fused}` has {rows} rows; its parts ({}) need {total}",
+                    parts
+                        .iter()
+                        .map(|(n, r)| format!("{n}: {r}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+        let row_bytes = (entry.end - entry.start) / rows;
+        let (dtype, start, tail) = (entry.dtype, entry.start, entry.shape[1..].to_vec());
+        let mut offset = start;
+        for (name, part_rows) in parts {
+            let mut shape = vec![*part_rows];
+            shape.extend_from_slice(&tail);
+            let end = offset + part_rows * row_bytes;
+            shard.entries.insert(
+                name.clone(),
+                Entry {
+                    dtype,
+                    shape,
+                    start: offset,
+                    end,
+                },
+            );
+            self.names.insert(name.clone(), index);
+            offset = end;
+        }
+        self.names.remove(fused);
+        Ok(())
+    }
+
     /// The tensor called `name`, if present.
     pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
         let (name, &shard) = self.names.get_key_value(name)?;

@@ -67,6 +67,7 @@ pub fn run(args: &ServerArgs) -> Result<(), ServerError> {
                 };
                 tracing::info!(
                     model = %loader_state.model_name(info),
+                    features = %info.features,
                     path = %info.dir.display(),
                     backend = info.backend.as_str(),
                     window = info.window,

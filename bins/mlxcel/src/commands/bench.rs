@@ -176,8 +176,14 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         .any(|r| r.n_gen > 0)
         .then(|| measure_read_bandwidth(threads, 3));
 
+    let execution = bench.execution();
     match args.output {
-        Format::Md => print_markdown(info, &label, threads, &rows, bandwidth),
+        Format::Md => {
+            print_markdown(info, &label, threads, &rows, bandwidth);
+            if !execution.is_empty() {
+                println!("\nexecution: {execution}");
+            }
+        }
         Format::Json => print_json(info, &label, threads, &rows, bandwidth),
     }
     Ok(ExitCode::SUCCESS)
@@ -236,6 +242,7 @@ fn print_markdown(
             format!("{:.2} ± {:.2}", row.mean(), row.stddev()),
         );
     }
+    println!("\nmodel: {}", info.features);
     if let Some(measured) = bandwidth {
         for row in rows.iter().filter(|r| r.n_gen > 0 && r.streams == 1) {
             let effective = info.weight_bytes as f64 * row.mean() / 1e9;

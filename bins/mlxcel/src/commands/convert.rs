@@ -20,11 +20,10 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         .with_context(|| format!("converting {}", args.input.display()))?;
     let config = &summary.config;
     println!(
-        "wrote {} ({} tensors; {:?}, {} layers, hidden {}, window {}, quantization {})",
+        "wrote {} ({} tensors; {}, hidden {}, window {}, quantization {})",
         summary.out_dir.display(),
         summary.tensors,
-        config.architecture,
-        config.num_hidden_layers,
+        config.describe(),
         config.hidden_size,
         config.window(),
         config

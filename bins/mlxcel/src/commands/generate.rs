@@ -116,8 +116,9 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     )?;
     let info = engine.info();
     eprintln!(
-        "loaded {} ({} backend, window {}, {:.1} MB of weights) in {:.2}s",
+        "loaded {} ({}; {} backend, window {}, {:.1} MB of weights) in {:.2}s",
         info.name,
+        info.features,
         info.backend.as_str(),
         info.window,
         info.weight_bytes as f64 / 1e6,

@@ -78,6 +78,16 @@ impl Backend for MlxBackend {
         self.model.config().vocab_size
     }
 
+    fn execution(&self) -> String {
+        let kernels = self.model.kernels();
+        format!(
+            "{}, {:?} kernels, {:?} activations",
+            self.model.execution(),
+            kernels.isa,
+            kernels.activations
+        )
+    }
+
     /// Dynamic shapes bounded by the window, and by the KV memory budget: a request whose worst
     /// case could never fit the budget is refused now rather than queued forever.
     fn create_session_for_request(&self, shape: &RequestShape) -> Result<SessionPlan, EngineError> {

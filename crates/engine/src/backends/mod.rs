@@ -16,6 +16,16 @@ use crate::backend::Backend;
 use crate::error::EngineError;
 use crate::options::{BackendKind, EngineOptions};
 
+/// Builds the backend `options.backend` names over `checkpoint`, as the engine does: for tools
+/// and tests that drive a backend's [`Backend::step`] directly (logits, below the scheduler and
+/// the sampler). Programs that generate text want [`crate::Engine`].
+pub fn load_backend(
+    checkpoint: &Checkpoint,
+    options: &EngineOptions,
+) -> Result<Box<dyn Backend>, EngineError> {
+    load(checkpoint, options)
+}
+
 /// Builds the backend `options.backend` names over `checkpoint`.
 pub(crate) fn load(
     checkpoint: &Checkpoint,

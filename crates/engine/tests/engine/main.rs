@@ -3,12 +3,15 @@
 //! Modules: `sampling` (the sampler chain and seeding), `stop` (stop strings across token
 //! boundaries), `seam` (the backend trait's defaults), `scheduler` (continuous batching over a
 //! mock backend), `default_model` (the public `Engine` on the real default model; needs the `mlx`
-//! feature, and its OpenXLA tests the `xla` feature), `metrics` (histograms).
+//! feature, and its OpenXLA tests the `xla` feature), `metrics` (histograms), `families` (tiny
+//! random checkpoints of each model family through both backends, compared with each other).
 
 use mlxcel_engine::*;
 
 #[cfg(feature = "mlx")]
 mod default_model;
+#[cfg(all(feature = "mlx", feature = "xla"))]
+mod families;
 mod metrics;
 mod scheduler;
 

@@ -8,8 +8,10 @@ namespace mlxcel::kernels {
 
 // softmax(q·kᵀ·scale [+ causal mask]) · v for q [heads, n, D] against k, v [kv_heads, L, D]
 // (grouped-query: head h reads kv head h / (heads / kv_heads)). The queries are the last n of the
-// L positions, so with `causal` query i sees keys 0 ..= L - n + i. Strides are in elements; the
-// last dimension is contiguous.
+// L positions, so with `causal` query i sees keys 0 ..= L - n + i; with a sliding `window` (> 0)
+// only the keys L - n + i - window + 1 ..= L - n + i of those (itself and the window - 1 before
+// it). With a `softcap` (> 0) each scaled score s becomes softcap·tanh(s / softcap) (Gemma 2).
+// Strides are in elements; the last dimension is contiguous.
 struct AttentionProblem {
   const float* q;
   const float* k;
@@ -19,7 +21,20 @@ struct AttentionProblem {
   int64_t q_head, q_row, k_head, k_row, v_head, v_row, out_head, out_row;
   float scale;
   bool causal;
+  int window;  // 0: no sliding window
+  float softcap;  // 0: none
 };
+
+// A scaled score after the problem's soft-capping.
+inline float attention_cap(const AttentionProblem& p, float score) {
+  return p.softcap > 0.0f ? p.softcap * __builtin_tanhf(score / p.softcap) : score;
+}
+
+// The first key query row i of `p` may see (0 without a window).
+inline int attention_first_key(const AttentionProblem& p, int i) {
+  const int first = p.L - p.n + i - p.window + 1;
+  return p.window > 0 && first > 0 ? first : 0;
+}
 
 // Floats per (head, query row) in a partial-attention buffer: the row's max score, its sum of
 // exponentials, then D floats of Σ e^(score - max)·v.

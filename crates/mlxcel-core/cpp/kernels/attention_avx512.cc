@@ -100,6 +100,8 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
   for (int i = r0; i < r1; ++i) {
     const int len = p.causal ? p.L - p.n + i + 1 : p.L;
     const int hi = len < j1 ? len : j1;
+    const int first = attention_first_key(p, i);
+    const int lo = first > j0 ? first : j0;
     float* entry[4];
     for (int g = 0; g < G; ++g) {
       entry[g] = part + (static_cast<int64_t>(g) * (r1 - r0) + (i - r0)) * stride;
@@ -107,8 +109,8 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
       entry[g][1] = 0.0f;
       for (int t = 0; t < D; ++t) entry[g][2 + t] = 0.0f;
     }
-    if (hi <= j0) continue;
-    const int keys = hi - j0;
+    if (hi <= lo) continue;
+    const int keys = hi - lo;
     // Scores, sixteen keys per block (a partial last block reads rows it then ignores only
     // when they exist: it is done key by key instead).
     for (int g = 0; g < G; ++g) {
@@ -120,7 +122,7 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
       for (; j + 16 <= keys; j += 16) {
         __m512 acc[16];
         for (int jj = 0; jj < 16; ++jj) {
-          const float* kj = k + static_cast<int64_t>(j0 + j + jj) * p.k_row;
+          const float* kj = k + static_cast<int64_t>(lo + j + jj) * p.k_row;
           acc[jj] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
           for (int c = 1; c < DC; ++c)
             acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc[jj]);
@@ -130,12 +132,14 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
         for (int jj = 0; jj < 16; ++jj) sc[j + jj] = lanes[order.lane_of[jj]];
       }
       for (; j < keys; ++j) {
-        const float* kj = k + static_cast<int64_t>(j0 + j) * p.k_row;
+        const float* kj = k + static_cast<int64_t>(lo + j) * p.k_row;
         __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
         for (int c = 1; c < DC; ++c)
           acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc);
         sc[j] = _mm512_reduce_add_ps(acc) * p.scale;
       }
+      if (p.softcap > 0.0f)
+        for (int t = 0; t < keys; ++t) sc[t] = attention_cap(p, sc[t]);
       // Max, exponentials and their sum.
       __m512 mv = _mm512_set1_ps(-3.0e38f);
       int t = 0;
@@ -165,7 +169,7 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
     for (int g = 0; g < G; ++g)
       for (int c = 0; c < DC; ++c) o[g][c] = _mm512_setzero_ps();
     for (int j = 0; j < keys; ++j) {
-      const float* vj = v + static_cast<int64_t>(j0 + j) * p.v_row;
+      const float* vj = v + static_cast<int64_t>(lo + j) * p.v_row;
       __m512 vv[DC];
       for (int c = 0; c < DC; ++c) vv[c] = _mm512_loadu_ps(vj + 16 * c);
       for (int g = 0; g < G; ++g) {

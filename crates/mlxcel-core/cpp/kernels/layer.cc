@@ -4,9 +4,11 @@
 // grows with the batch (RoPE, cache writes and attention are per sequence): ~10 nodes per layer
 // for one sequence, ~50 for eight. This primitive runs the layer in one dispatched task:
 //
-//   h = rms_norm(x); qkv = h·Wqkvᵀ; RoPE(q, k) per sequence at its positions; k, v written into
-//   that sequence's cache in place; attention over the cache; x1 = x + att·Woᵀ;
-//   out = x1 + swiglu(rms_norm(x1)·Wguᵀ)·Wdownᵀ
+//   h = rms_norm(x); qkv = h·Wqkvᵀ; [per-head RMSNorm of q and k;] RoPE(q, k) per sequence at
+//   its positions [unless the layer has none]; k, v written into that sequence's cache in place;
+//   attention over the cache [within the layer's sliding window, soft-capped]; x1 = x + att·Woᵀ
+//   [Gemma: x + rms_norm(att·Woᵀ)]; out = x1 + swiglu(rms_norm(x1)·Wguᵀ)·Wdownᵀ [Gemma: GeGLU,
+//   and the MLP's output normed before the add]
 //
 // with the same kernels (and so the same numbers) as the per-op graph.
 //
@@ -49,7 +51,8 @@ enum Input : int {
   kGuW, kGuS, kGuB,
   kDownW, kDownS, kDownB,
   kInvFreq,
-  kFirstCache,
+  // Then, with a q/k norm, its two weights ([head_dim] each); with sandwich norms, the
+  // post-attention and post-MLP norms ([hidden] each); then the caches.
 };
 
 // A quantized matrix's layout.
@@ -60,6 +63,13 @@ struct Quant {
 
 struct Dims {
   int hidden, heads, kv_heads, head_dim, intermediate;
+  bool qk_norm, rope, sandwich, gelu;
+  int rotary;  // leading features of each head RoPE rotates (head_dim unless partial)
+  float rope_mscale;  // factor on the rotated features (LongRoPE's attention factor)
+  int window;  // 0: none
+  float softcap;  // 0: none
+  int q_norm, post_norms;  // input indices of the optional weights
+  int first_cache;  // input index of the first cache
   float eps, scale, rope_scale;
   Quant qkv, o, gate_up, down;
 };
@@ -116,7 +126,7 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
         threads_(threads) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    for (int i = 0; i < kFirstCache; ++i) {
+    for (int i = 0; i < dims_.first_cache; ++i) {
       if (!inputs[i].flags().row_contiguous)
         throw std::runtime_error("mlxcel decoder layer: input " + std::to_string(i) +
                                  " must be row-contiguous");
@@ -124,8 +134,8 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     const int count = static_cast<int>(seqs_.size() / 2);
     std::vector<Seq> seqs(count);
     for (int s = 0; s < count; ++s) {
-      const auto& k = inputs[kFirstCache + 2 * s];
-      const auto& v = inputs[kFirstCache + 2 * s + 1];
+      const auto& k = inputs[dims_.first_cache + 2 * s];
+      const auto& v = inputs[dims_.first_cache + 2 * s + 1];
       for (const auto* c : {&k, &v}) {
         // Written in place: it must be a buffer of its own, not a broadcast or a view.
         if (!c->flags().row_contiguous || c->data_size() != c->size() || c->offset() != 0)
@@ -149,11 +159,19 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     encoder.dispatch([d = dims_, seqs = std::move(seqs), x = inputs[kX].data<float>(),
                       in_norm = inputs[kInputNorm].data<float>(),
                       post_norm = inputs[kPostNorm].data<float>(),
-                      inv_freq = inputs[kInvFreq].data<float>(), wqkv = weights(kQkvW),
+                      inv_freq = inputs[kInvFreq].data<float>(),
+                      q_norm = dims_.qk_norm ? inputs[dims_.q_norm].data<float>() : nullptr,
+                      k_norm = dims_.qk_norm ? inputs[dims_.q_norm + 1].data<float>() : nullptr,
+                      post_attn =
+                          dims_.sandwich ? inputs[dims_.post_norms].data<float>() : nullptr,
+                      post_ff =
+                          dims_.sandwich ? inputs[dims_.post_norms + 1].data<float>() : nullptr,
+                      wqkv = weights(kQkvW),
                       wo = weights(kOW), wgu = weights(kGuW), wdown = weights(kDownW),
                       y = out.data<float>(), T = static_cast<int>(inputs[kX].shape(0)),
                       isa = std::min(isa_, kernels::best_isa()), threads = threads_]() {
-      run(d, seqs, x, in_norm, post_norm, inv_freq, wqkv, wo, wgu, wdown, y, T, isa, threads);
+      run(d, seqs, x, in_norm, post_norm, inv_freq, q_norm, k_norm, post_attn, post_ff, wqkv, wo,
+          wgu, wdown, y, T, isa, threads);
     });
   }
 
@@ -175,7 +193,8 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
  private:
   static void run(const Dims& d, const std::vector<Seq>& seqs, const float* x,
                   const float* in_norm, const float* post_norm, const float* inv_freq,
-                  const Weights& wqkv, const Weights& wo, const Weights& wgu,
+                  const float* q_norm, const float* k_norm, const float* post_attn,
+                  const float* post_ff, const Weights& wqkv, const Weights& wo, const Weights& wgu,
                   const Weights& wdown, float* y, int T, Isa isa, int threads) {
     const int D = d.head_dim, H = d.heads, KV = d.kv_heads, hidden = d.hidden;
     const int C = (H + 2 * KV) * D;
@@ -191,22 +210,45 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     kernels::rms_norm_rows(x, T, hidden, in_norm, d.eps, h);
     matmul(h, wqkv, d.qkv, T, C, hidden, qkv, isa, threads);
 
-    // RoPE on q (in place) and k; k and v into the caches at their positions.
-    const int half = D / 2;
+    // The q/k norms (in place), RoPE on q (in place) and k; k and v into the caches at their
+    // positions.
+    if (d.qk_norm) {
+      for (int t = 0; t < T; ++t) {
+        float* r = qkv + static_cast<int64_t>(t) * C;
+        kernels::rms_norm_rows(r, H, D, q_norm, d.eps, r);
+        kernels::rms_norm_rows(r + H * D, KV, D, k_norm, d.eps, r + H * D);
+      }
+    }
+    const int half = d.rotary / 2;
     std::vector<float> cos_t(half), sin_t(half);
     int row = 0;
     for (const auto& s : seqs) {
       for (int i = 0; i < s.n; ++i) {
         float* r = qkv + static_cast<int64_t>(row + i) * C;
         const int pos = s.position + i;
-        kernels::rope_tables(static_cast<float>(pos) * d.rope_scale, inv_freq, half,
-                             cos_t.data(), sin_t.data());
-        for (int hd = 0; hd < H; ++hd)
-          kernels::rope_head(r + hd * D, r + hd * D, cos_t.data(), sin_t.data(), half);
+        if (d.rope) {
+          kernels::rope_tables(static_cast<float>(pos) * d.rope_scale, inv_freq, half,
+                               cos_t.data(), sin_t.data());
+          if (d.rope_mscale != 1.0f) {
+            for (int j = 0; j < half; ++j) {
+              cos_t[j] *= d.rope_mscale;
+              sin_t[j] *= d.rope_mscale;
+            }
+          }
+          for (int hd = 0; hd < H; ++hd)
+            kernels::rope_head(r + hd * D, r + hd * D, cos_t.data(), sin_t.data(), half);
+        }
         for (int kvh = 0; kvh < KV; ++kvh) {
           float* kdst = s.k + kvh * s.head_stride + static_cast<int64_t>(pos) * D;
           float* vdst = s.v + kvh * s.head_stride + static_cast<int64_t>(pos) * D;
-          kernels::rope_head(r + (H + kvh) * D, kdst, cos_t.data(), sin_t.data(), half);
+          if (d.rope) {
+            kernels::rope_head(r + (H + kvh) * D, kdst, cos_t.data(), sin_t.data(), half);
+            if (d.rotary < D)
+              std::memcpy(kdst + d.rotary, r + (H + kvh) * D + d.rotary,
+                          sizeof(float) * (D - d.rotary));
+          } else {
+            std::memcpy(kdst, r + (H + kvh) * D, sizeof(float) * D);
+          }
           std::memcpy(vdst, r + (H + KV + kvh) * D, sizeof(float) * D);
         }
       }
@@ -238,17 +280,21 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
       p.out_row = static_cast<int64_t>(H) * D;
       p.scale = d.scale;
       p.causal = s.n > 1;
+      p.window = d.window;
+      p.softcap = d.softcap;
       problems.push_back(p);
       row += s.n;
     }
     kernels::attention(problems.data(), static_cast<int>(problems.size()), isa, threads);
 
     matmul(att, wo, d.o, T, hidden, H * D, x1, isa, threads);
+    if (post_attn != nullptr) kernels::rms_norm_rows(x1, T, hidden, post_attn, d.eps, x1);
     add_into(x1, x, static_cast<int64_t>(T) * hidden);
     kernels::rms_norm_rows(x1, T, hidden, post_norm, d.eps, h);
     matmul(h, wgu, d.gate_up, T, 2 * F, hidden, gu, isa, threads);
-    kernels::swiglu_rows(gu, T, 2 * F, g);
+    (d.gelu ? kernels::geglu_rows : kernels::swiglu_rows)(gu, T, 2 * F, g);
     matmul(g, wdown, d.down, T, hidden, F, y, isa, threads);
+    if (post_ff != nullptr) kernels::rms_norm_rows(y, T, hidden, post_ff, d.eps, y);
     add_into(y, x1, static_cast<int64_t>(T) * hidden);
   }
 
@@ -300,21 +346,39 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
                                                rust::Slice<const int32_t> dims,
                                                rust::Slice<const int32_t> quant,
                                                rust::Slice<const int32_t> seqs, float eps,
-                                               float scale, float rope_scale, uint8_t isa,
-                                               int32_t threads) {
-  if (dims.size() != 5) refuse("dims must be hidden, heads, kv_heads, head_dim, intermediate");
+                                               float scale, float rope_scale, float rope_mscale,
+                                               float softcap, uint8_t isa, int32_t threads) {
+  if (dims.size() != 11)
+    refuse(
+        "dims must be hidden, heads, kv_heads, head_dim, intermediate, qk_norm, rope, window, "
+        "sandwich, gelu, rotary");
   if (quant.size() != 12) refuse("quant must be (group, bits, int8) for qkv, o, gate/up, down");
   if (isa > static_cast<uint8_t>(Isa::Avx512)) refuse("unknown ISA code " + std::to_string(isa));
   std::vector<mx::array> inputs(tensors.items.begin(), tensors.items.end());
-  if (inputs.size() != kFirstCache)
-    refuse("expected " + std::to_string(kFirstCache) + " tensors, got " +
-           std::to_string(inputs.size()));
   Dims d{};
   d.hidden = dims[0];
   d.heads = dims[1];
   d.kv_heads = dims[2];
   d.head_dim = dims[3];
   d.intermediate = dims[4];
+  d.qk_norm = dims[5] != 0;
+  d.rope = dims[6] != 0;
+  d.window = dims[7];
+  d.sandwich = dims[8] != 0;
+  d.gelu = dims[9] != 0;
+  d.rotary = dims[10];
+  d.rope_mscale = rope_mscale;
+  if (d.rotary < 2 || d.rotary % 2 != 0 || d.rotary > dims[3])
+    refuse("the rotary width must be even, at least 2 and at most head_dim");
+  d.softcap = softcap;
+  if (d.window < 0) refuse("the window must be >= 0");
+  if (!(softcap >= 0.0f)) refuse("the soft-cap must be >= 0");
+  d.q_norm = kInvFreq + 1;
+  d.post_norms = d.q_norm + (d.qk_norm ? 2 : 0);
+  d.first_cache = d.post_norms + (d.sandwich ? 2 : 0);
+  if (static_cast<int>(inputs.size()) != d.first_cache)
+    refuse("expected " + std::to_string(d.first_cache) + " tensors, got " +
+           std::to_string(inputs.size()));
   d.eps = eps;
   d.scale = scale;
   d.rope_scale = rope_scale;
@@ -327,7 +391,15 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
     refuse("x must be float32 [tokens, " + std::to_string(d.hidden) + "]");
   check_float(inputs[kInputNorm], {d.hidden}, "the input norm");
   check_float(inputs[kPostNorm], {d.hidden}, "the post-attention norm");
-  check_float(inputs[kInvFreq], {D / 2}, "inv_freq");
+  check_float(inputs[kInvFreq], {d.rotary / 2}, "inv_freq");
+  if (d.qk_norm) {
+    check_float(inputs[d.q_norm], {D}, "the q norm");
+    check_float(inputs[d.q_norm + 1], {D}, "the k norm");
+  }
+  if (d.sandwich) {
+    check_float(inputs[d.post_norms], {d.hidden}, "the post-attention norm");
+    check_float(inputs[d.post_norms + 1], {d.hidden}, "the post-MLP norm");
+  }
   d.qkv = check_quantized(inputs, kQkvW, (H + 2 * KV) * D, d.hidden, quant[0], quant[1], quant[2],
                           "qkv");
   d.o = check_quantized(inputs, kOW, d.hidden, H * D, quant[3], quant[4], quant[5], "o");

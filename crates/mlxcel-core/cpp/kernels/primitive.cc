@@ -54,9 +54,12 @@ std::vector<int64_t> row_offsets(const mx::array& a, int64_t rows) {
 
 // What the quantized matmul does to its result before writing it: nothing, add a residual
 // (`y + r`, the transformer's skip connection), or SwiGLU over the two halves of each row
-// (`silu(y[:, :F]) · y[:, F:]` for fused gate and up projections). Each saves MLX graph nodes,
-// whose fixed cost (~20 µs each here) dominates a decode step.
-enum class Epilogue : uint8_t { None = 0, Residual = 1, Swiglu = 2 };
+// (`silu(y[:, :F]) · y[:, F:]` for fused gate and up projections), or GeGLU likewise with GELU's
+// tanh form (Gemma). Each saves MLX graph nodes, whose fixed cost (~20 µs each here) dominates a
+// decode step.
+enum class Epilogue : uint8_t { None = 0, Residual = 1, Swiglu = 2, Geglu = 3 };
+
+bool gated(Epilogue e) { return e == Epilogue::Swiglu || e == Epilogue::Geglu; }
 
 class QuantizedMatmulCpu : public mx::UnaryPrimitive {
  public:
@@ -154,13 +157,15 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
         p.x = normed.data();
       }
       std::vector<float> full;
-      if (epilogue == Epilogue::Swiglu) {
+      if (gated(epilogue)) {
         full.resize(static_cast<size_t>(p.M) * p.N);
         p.y = full.data();
       }
       kernels::qmatmul(p, isa, threads);
       if (epilogue == Epilogue::Swiglu) {
         kernels::swiglu_rows(full.data(), p.M, p.N, ydata);
+      } else if (epilogue == Epilogue::Geglu) {
+        kernels::geglu_rows(full.data(), p.M, p.N, ydata);
       } else if (epilogue == Epilogue::Residual) {
         for (int m = 0; m < p.M; ++m) {
           float* o = ydata + static_cast<size_t>(m) * p.N;
@@ -190,7 +195,7 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     auto shape = inputs[0].shape();
-    shape.back() = inputs[1].shape(0) / (epilogue_ == Epilogue::Swiglu ? 2 : 1);
+    shape.back() = inputs[1].shape(0) / (gated(epilogue_) ? 2 : 1);
     return {shape};
   }
 
@@ -211,11 +216,13 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
 // slices of the KV cache: strided, read in place).
 class AttentionCpu : public mx::UnaryPrimitive {
  public:
-  AttentionCpu(mx::Stream stream, float scale, bool causal, int keys, bool tokens_major, Isa isa,
-               int threads)
+  AttentionCpu(mx::Stream stream, float scale, bool causal, int window, float softcap, int keys,
+               bool tokens_major, Isa isa, int threads)
       : mx::UnaryPrimitive(stream),
         scale_(scale),
+        softcap_(softcap),
         causal_(causal),
+        window_(window),
         keys_(keys),
         tokens_major_(tokens_major),
         isa_(isa),
@@ -250,6 +257,8 @@ class AttentionCpu : public mx::UnaryPrimitive {
     p.v_row = v.strides()[2];
     p.scale = scale_;
     p.causal = causal_;
+    p.window = window_;
+    p.softcap = softcap_;
     auto& encoder = mx::cpu::get_command_encoder(stream());
     encoder.set_input_array(q);
     encoder.set_input_array(k);
@@ -267,7 +276,9 @@ class AttentionCpu : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const AttentionCpu&>(other);
-    return scale_ == o.scale_ && causal_ == o.causal_ && keys_ == o.keys_ &&
+    return scale_ == o.scale_ && softcap_ == o.softcap_ && causal_ == o.causal_ &&
+           window_ == o.window_ &&
+           keys_ == o.keys_ &&
            tokens_major_ == o.tokens_major_ && isa_ == o.isa_ && threads_ == o.threads_;
   }
 
@@ -279,7 +290,9 @@ class AttentionCpu : public mx::UnaryPrimitive {
 
  private:
   float scale_;
+  float softcap_;
   bool causal_;
+  int window_;
   int keys_;
   bool tokens_major_;
   Isa isa_;
@@ -381,7 +394,7 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
                                                   uint8_t isa, int32_t threads, uint8_t epilogue,
                                                   const MlxArray& residual, bool norm,
                                                   const MlxArray& norm_weight, float eps) {
-  if (epilogue > static_cast<uint8_t>(Epilogue::Swiglu))
+  if (epilogue > static_cast<uint8_t>(Epilogue::Geglu))
     refuse("unknown epilogue code " + std::to_string(epilogue));
   if (bits != 4 && bits != 8) refuse("bits must be 4 or 8, got " + std::to_string(bits));
   if (group_size != 32 && group_size != 64 && group_size != 128)
@@ -405,8 +418,8 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
   auto shape = xa.shape();
   shape.back() = n;
   std::vector<mx::array> inputs{xa, wa, scales.inner, biases.inner};
-  if (ep == Epilogue::Swiglu) {
-    if (n % 2 != 0) refuse("SwiGLU needs an even number of output rows, got " + std::to_string(n));
+  if (gated(ep)) {
+    if (n % 2 != 0) refuse("a gated epilogue needs an even number of output rows, got " + std::to_string(n));
     shape.back() = n / 2;
   } else if (ep == Epilogue::Residual) {
     if (residual.inner.dtype() != mx::float32 || residual.inner.shape() != shape)
@@ -427,8 +440,8 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
 
 std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
                                            const MlxArray& v, float scale, bool causal,
-                                           int32_t keys, bool tokens_major, uint8_t isa,
-                                           int32_t threads) {
+                                           int32_t window, float softcap, int32_t keys,
+                                           bool tokens_major, uint8_t isa, int32_t threads) {
   const auto& qa = q.inner;
   const auto& ka = k.inner;
   const auto& va = v.inner;
@@ -444,8 +457,11 @@ std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
         "at least its positions");
   if (isa > static_cast<uint8_t>(Isa::Avx512))
     throw std::invalid_argument("mlxcel attention: unknown ISA code " + std::to_string(isa));
-  auto prim = std::make_shared<AttentionCpu>(mlxcel_stream(), scale, causal, keys, tokens_major,
-                                             static_cast<Isa>(isa), threads < 1 ? 1 : threads);
+  if (window < 0) throw std::invalid_argument("mlxcel attention: the window must be >= 0");
+  if (!(softcap >= 0.0f)) throw std::invalid_argument("mlxcel attention: softcap must be >= 0");
+  auto prim = std::make_shared<AttentionCpu>(mlxcel_stream(), scale, causal, window, softcap, keys,
+                                             tokens_major, static_cast<Isa>(isa),
+                                             threads < 1 ? 1 : threads);
   auto shape = tokens_major ? mx::Shape{qa.shape(2), qa.shape(1) * qa.shape(3)} : qa.shape();
   return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), {qa, ka, va}));
 }
@@ -459,7 +475,8 @@ std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_f
   if (row0 < 0 || n < 1 || row0 + n > a.shape(0) || col0 < 0 || heads < 1 || dim < 2 ||
       dim % 2 != 0 || static_cast<int64_t>(col0) + static_cast<int64_t>(heads) * dim > a.shape(1))
     throw std::invalid_argument("mlxcel split_heads: rows or columns out of range");
-  if (inv_freq.inner.dtype() != mx::float32 || inv_freq.inner.size() != static_cast<size_t>(dim / 2))
+  if (rope && (inv_freq.inner.dtype() != mx::float32 ||
+               inv_freq.inner.size() != static_cast<size_t>(dim / 2)))
     throw std::invalid_argument("mlxcel split_heads: inv_freq must be float32 [dim / 2]");
   auto prim = std::make_shared<SplitHeadsCpu>(mlxcel_stream(), row0, n, col0, heads, dim, rope,
                                               offset, scale);

@@ -30,6 +30,19 @@ void swiglu_rows(const float* y, int M, int N, float* out) {
   }
 }
 
+void geglu_rows(const float* y, int M, int N, float* out) {
+  const int f = N / 2;
+  const float c = std::sqrt(2.0f / 3.14159265358979323846f);
+  for (int m = 0; m < M; ++m) {
+    const float* row = y + static_cast<int64_t>(m) * N;
+    float* o = out + static_cast<int64_t>(m) * f;
+    for (int j = 0; j < f; ++j) {
+      const float g = row[j];
+      o[j] = 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * (g * g * g)))) * row[f + j];
+    }
+  }
+}
+
 void rope_tables(float position, const float* inv_freq, int half, float* cos_t, float* sin_t) {
   for (int j = 0; j < half; ++j) {
     const float theta = position * inv_freq[j];

@@ -13,6 +13,10 @@ void rms_norm_rows(const float* x, int M, int K, const float* w, float eps, floa
 // (MLX's silu: g · sigmoid(g), sigmoid = 1 / (1 + e^-g)).
 void swiglu_rows(const float* y, int M, int N, float* out);
 
+// out[M, N/2] = gelu_tanh(g) · u over the two halves of each row of y [M, N] (MLX's and
+// mlx-lm's gelu_approx: 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))).
+void geglu_rows(const float* y, int M, int N, float* out);
+
 // RoPE tables for one position (Hugging Face halves layout): θ_j = position · inv_freq[j].
 void rope_tables(float position, const float* inv_freq, int half, float* cos_t, float* sin_t);
 

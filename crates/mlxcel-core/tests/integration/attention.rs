@@ -22,6 +22,19 @@ fn attention_ref(
     scale: f32,
     mask: impl Fn(usize, usize) -> f32,
 ) -> Vec<f32> {
+    attention_ref_capped(s, q, k, v, scale, None, mask)
+}
+
+/// [`attention_ref`] with Gemma 2's soft-capping of the scaled scores.
+fn attention_ref_capped(
+    s: &Shapes,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    scale: f32,
+    cap: Option<f32>,
+    mask: impl Fn(usize, usize) -> f32,
+) -> Vec<f32> {
     let d = s.head_dim;
     let group = s.heads / s.kv_heads;
     let mut out = vec![0.0; s.heads * s.queries * d];
@@ -32,7 +45,9 @@ fn attention_ref(
             let scores: Vec<f32> = (0..s.keys)
                 .map(|j| {
                     let krow = &k[(kvh * s.keys + j) * d..][..d];
-                    qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>() * scale + mask(i, j)
+                    let score = qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    let score = cap.map_or(score, |c| c * (score / c).tanh());
+                    score + mask(i, j)
                 })
                 .collect();
             let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
@@ -263,13 +278,80 @@ fn native_attention_tokens_major_reads_a_cache_prefix() {
             .reshape(&[n as i32, (h * d) as i32])
             .unwrap();
         for isa in [Isa::Scalar, Isa::best()] {
-            let got = attention_native_tokens_major(&q, &k, &v, l, 0.25, causal, isa, 2).unwrap();
+            let got =
+                attention_native_tokens_major(&q, &k, &v, l, 0.25, causal, None, None, isa, 2)
+                    .unwrap();
             assert_eq!(got.shape(), [n as i32, (h * d) as i32]);
             assert_close(
                 &got.to_vec_f32().unwrap(),
                 &expected.to_vec_f32().unwrap(),
                 1e-5,
             );
+        }
+    }
+}
+
+/// A sliding window (and Gemma 2's soft-capping, where given) on mlxcel's kernel: query i (at
+/// position L − n + i) sees only the `window` positions ending at its own, on every path (D = 64 takes AVX-512's blocked kernel, D = 16 the
+/// loops) and across the 256-key ranges the kernel splits long caches into.
+#[test]
+fn native_attention_with_a_sliding_window_matches_the_masked_reference() {
+    use mlxcel_core::Isa;
+    use mlxcel_core::fast::attention_native_tokens_major;
+    let cases = [
+        (64, 5, 300, 100, None),
+        (16, 3, 40, 7, Some(0.5)),
+        (64, 1, 520, 300, Some(0.3)),
+        (16, 1, 9, 20, None),
+        (128, 4, 50, 64, Some(0.4)),
+    ];
+    for (d, n, l, window, cap) in cases {
+        let s = Shapes {
+            heads: 4,
+            kv_heads: 2,
+            queries: n,
+            keys: l,
+            head_dim: d,
+        };
+        let q = pseudo_random(s.heads * n * d, 5);
+        let k = pseudo_random(s.kv_heads * l * d, 6);
+        let v = pseudo_random(s.kv_heads * l * d, 7);
+        let scale = 1.0 / (d as f32).sqrt();
+        let expected = attention_ref_capped(&s, &q, &k, &v, scale, cap, |i, j| {
+            let query = l - n + i;
+            if j <= query && j + window > query {
+                0.0
+            } else {
+                f32::NEG_INFINITY
+            }
+        });
+        // Reference rows are head-major; the kernel's output is tokens-major.
+        let mut expected_tokens_major = vec![0.0; expected.len()];
+        for h in 0..s.heads {
+            for i in 0..n {
+                expected_tokens_major[(i * s.heads + h) * d..][..d]
+                    .copy_from_slice(&expected[(h * n + i) * d..][..d]);
+            }
+        }
+        let dims = |h: usize, len: usize| [1, h as i32, len as i32, d as i32];
+        let qa = Array::from_f32(&q, &dims(s.heads, n)).unwrap();
+        let ka = Array::from_f32(&k, &dims(s.kv_heads, l)).unwrap();
+        let va = Array::from_f32(&v, &dims(s.kv_heads, l)).unwrap();
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::best()] {
+            let got = attention_native_tokens_major(
+                &qa,
+                &ka,
+                &va,
+                l,
+                scale,
+                n > 1,
+                Some(window),
+                cap,
+                isa,
+                2,
+            )
+            .unwrap();
+            assert_close(&got.to_vec_f32().unwrap(), &expected_tokens_major, 1e-5);
         }
     }
 }

@@ -1,11 +1,13 @@
 //! The llama forward against a plain-Rust f32 reference, on tiny random checkpoints written by the
 //! test itself: dense (f32, f16, bf16) and 4/8-bit quantized weights, Qwen2 biases, llama3 RoPE,
-//! tied and untied output; prefill, several decode steps, and batches of different lengths.
+//! Qwen3's q/k norms, SmolLM3's layers without RoPE, Mistral's sliding window, Gemma 2 and 3
+//! (scaled embeddings, `1 + w` norms before and after attention and MLP, GeGLU, soft-capping,
+//! alternating windows, a local RoPE base), tied and untied output; prefill, several decode steps, and batches of different lengths.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use mlxcel_core::{Activations, ForwardSeq, KV_CHUNK, Kernels, LlamaModel};
+use mlxcel_core::{Activations, ForwardSeq, KV_CHUNK, KernelBackend, Kernels, LlamaModel};
 use mlxcel_model::{Checkpoint, QuantSpec, dequantize_affine, pack};
 use safetensors::Dtype as StDtype;
 use safetensors::tensor::TensorView;
@@ -41,7 +43,52 @@ struct Variant {
     qwen2_biases: bool,
     llama3_rope: bool,
     tied: bool,
+    /// Qwen3: a per-head RMSNorm on q and k before RoPE.
+    qk_norm: bool,
+    /// SmolLM3 with `no_rope_layer_interval` 2: the second layer has no RoPE.
+    nope: bool,
+    /// Mistral: every layer attends to this many positions (itself included).
+    window: Option<usize>,
+    /// Gemma 2 or 3 (2 or 3): the first layer slides over [`GEMMA_WINDOW`], the second is global.
+    gemma: Option<u8>,
+    /// Phi-3: fused `qkv_proj`/`gate_up_proj` in the file, half the head rotated, LongRoPE.
+    phi3: bool,
 }
+
+/// Phi-3 variants: the rotated features, the positions, and the LongRoPE factors (one per pair).
+const PHI3_ROTARY: usize = HEAD_DIM / 2;
+const PHI3_ORIGINAL: usize = 64;
+fn phi3_factors() -> Vec<f32> {
+    (0..PHI3_ROTARY / 2)
+        .map(|i| 1.0 + 0.25 * i as f32)
+        .collect()
+}
+/// √(1 + ln(1024 / 64) / ln 64): LongRoPE's default attention factor.
+fn phi3_mscale() -> f32 {
+    (1.0 + (1024f64 / PHI3_ORIGINAL as f64).ln() / (PHI3_ORIGINAL as f64).ln()).sqrt() as f32
+}
+
+/// Gemma variants' constants: the first layer's window, Gemma 2's caps, the attention scalar,
+/// Gemma 3's bases and linear scaling of the global layer.
+const GEMMA_WINDOW: usize = 4;
+const GEMMA_ATTN_CAP: f32 = 1.0;
+const GEMMA_FINAL_CAP: f32 = 3.0;
+const GEMMA_QUERY_SCALAR: f32 = 32.0;
+const GEMMA3_GLOBAL_THETA: f32 = 1_000_000.0;
+const GEMMA3_LINEAR: f32 = 4.0;
+
+/// The family features a variant does not switch on.
+const PLAIN: Variant = Variant {
+    storage: Storage::F32,
+    qwen2_biases: false,
+    llama3_rope: false,
+    tied: false,
+    qk_norm: false,
+    nope: false,
+    window: None,
+    gemma: None,
+    phi3: false,
+};
 
 /// Llama 3 scaling parameters used by the `llama3_rope` variants.
 const LLAMA3: (f32, f32, f32, f32) = (8.0, 1.0, 4.0, 64.0);
@@ -109,8 +156,33 @@ impl Builder {
 
     /// Norm weights are f32 around 1.
     fn norm(&mut self, name: String) {
-        let values = self.random(HIDDEN, 0.1).iter().map(|x| 1.0 + x).collect();
-        self.float(name, vec![HIDDEN], values, Storage::F32);
+        self.norm_of(name, HIDDEN);
+    }
+
+    fn norm_of(&mut self, name: String, dim: usize) {
+        // Gemma stores norms as offsets from one.
+        let center = if self.variant.gemma.is_some() {
+            0.0
+        } else {
+            1.0
+        };
+        let values = self.random(dim, 0.1).iter().map(|x| center + x).collect();
+        self.float(name, vec![dim], values, Storage::F32);
+    }
+
+    /// Several matrices stacked by rows under one name (Phi-3's fused projections); the reference
+    /// gets each part under its own name, next to the fused module (`…qkv_proj` → `…q_proj`).
+    fn fused(&mut self, module: &str, parts: &[(&str, usize)], cols: usize) {
+        let rows: usize = parts.iter().map(|(_, r)| r).sum();
+        self.matrix(module, rows, cols);
+        let all = self.weights[&format!("{module}.weight")].clone();
+        let stem = module.rsplit_once('.').expect("a dotted module").0;
+        let mut row = 0;
+        for (name, part_rows) in parts {
+            let values = all[row * cols..(row + part_rows) * cols].to_vec();
+            self.weights.insert(format!("{stem}.{name}.weight"), values);
+            row += part_rows;
+        }
     }
 
     /// A `[rows, cols]` matrix in the variant's storage; the reference gets the exact values the
@@ -208,17 +280,29 @@ fn write_tiny(variant: Variant, seed: u64) -> Tiny {
     for layer in 0..LAYERS {
         let p = format!("model.layers.{layer}");
         b.norm(format!("{p}.input_layernorm.weight"));
-        b.matrix(&format!("{p}.self_attn.q_proj"), HEADS * HEAD_DIM, HIDDEN);
-        b.matrix(
-            &format!("{p}.self_attn.k_proj"),
-            KV_HEADS * HEAD_DIM,
-            HIDDEN,
-        );
-        b.matrix(
-            &format!("{p}.self_attn.v_proj"),
-            KV_HEADS * HEAD_DIM,
-            HIDDEN,
-        );
+        if variant.phi3 {
+            b.fused(
+                &format!("{p}.self_attn.qkv_proj"),
+                &[
+                    ("q_proj", HEADS * HEAD_DIM),
+                    ("k_proj", KV_HEADS * HEAD_DIM),
+                    ("v_proj", KV_HEADS * HEAD_DIM),
+                ],
+                HIDDEN,
+            );
+        } else {
+            b.matrix(&format!("{p}.self_attn.q_proj"), HEADS * HEAD_DIM, HIDDEN);
+            b.matrix(
+                &format!("{p}.self_attn.k_proj"),
+                KV_HEADS * HEAD_DIM,
+                HIDDEN,
+            );
+            b.matrix(
+                &format!("{p}.self_attn.v_proj"),
+                KV_HEADS * HEAD_DIM,
+                HIDDEN,
+            );
+        }
         b.matrix(&format!("{p}.self_attn.o_proj"), HIDDEN, HEADS * HEAD_DIM);
         if variant.qwen2_biases {
             for (proj, rows) in [
@@ -235,9 +319,25 @@ fn write_tiny(variant: Variant, seed: u64) -> Tiny {
                 );
             }
         }
+        if variant.qk_norm || variant.gemma == Some(3) {
+            b.norm_of(format!("{p}.self_attn.q_norm.weight"), HEAD_DIM);
+            b.norm_of(format!("{p}.self_attn.k_norm.weight"), HEAD_DIM);
+        }
         b.norm(format!("{p}.post_attention_layernorm.weight"));
-        b.matrix(&format!("{p}.mlp.gate_proj"), FFN, HIDDEN);
-        b.matrix(&format!("{p}.mlp.up_proj"), FFN, HIDDEN);
+        if variant.gemma.is_some() {
+            b.norm(format!("{p}.pre_feedforward_layernorm.weight"));
+            b.norm(format!("{p}.post_feedforward_layernorm.weight"));
+        }
+        if variant.phi3 {
+            b.fused(
+                &format!("{p}.mlp.gate_up_proj"),
+                &[("gate_proj", FFN), ("up_proj", FFN)],
+                HIDDEN,
+            );
+        } else {
+            b.matrix(&format!("{p}.mlp.gate_proj"), FFN, HIDDEN);
+            b.matrix(&format!("{p}.mlp.up_proj"), FFN, HIDDEN);
+        }
         b.matrix(&format!("{p}.mlp.down_proj"), HIDDEN, FFN);
     }
     b.norm("model.norm.weight".into());
@@ -266,15 +366,22 @@ fn write_tiny(variant: Variant, seed: u64) -> Tiny {
 }
 
 fn write_config(dir: &Path, variant: Variant) {
-    let architecture = if variant.qwen2_biases {
-        "Qwen2ForCausalLM"
+    let (architecture, model_type) = if variant.phi3 {
+        ("Phi3ForCausalLM", "phi3")
+    } else if variant.gemma == Some(2) {
+        ("Gemma2ForCausalLM", "gemma2")
+    } else if variant.gemma == Some(3) {
+        ("Gemma3ForCausalLM", "gemma3_text")
+    } else if variant.qwen2_biases {
+        ("Qwen2ForCausalLM", "qwen2")
+    } else if variant.qk_norm {
+        ("Qwen3ForCausalLM", "qwen3")
+    } else if variant.nope {
+        ("SmolLM3ForCausalLM", "smollm3")
+    } else if variant.window.is_some() {
+        ("MistralForCausalLM", "mistral")
     } else {
-        "LlamaForCausalLM"
-    };
-    let model_type = if variant.qwen2_biases {
-        "qwen2"
-    } else {
-        "llama"
+        ("LlamaForCausalLM", "llama")
     };
     let mut config = serde_json::json!({
         "architectures": [architecture],
@@ -292,6 +399,33 @@ fn write_config(dir: &Path, variant: Variant) {
         "tie_word_embeddings": variant.tied,
         "eos_token_id": 0,
     });
+    if variant.nope {
+        config["no_rope_layer_interval"] = serde_json::json!(2);
+    }
+    if variant.phi3 {
+        config["partial_rotary_factor"] = serde_json::json!(0.5);
+        config["original_max_position_embeddings"] = serde_json::json!(PHI3_ORIGINAL);
+        config["rope_scaling"] = serde_json::json!({
+            "type": "longrope", "long_factor": phi3_factors(), "short_factor": phi3_factors(),
+        });
+    }
+    if let Some(version) = variant.gemma {
+        config["sliding_window"] = serde_json::json!(GEMMA_WINDOW);
+        config["query_pre_attn_scalar"] = serde_json::json!(GEMMA_QUERY_SCALAR);
+        if version == 2 {
+            config["attn_logit_softcapping"] = serde_json::json!(GEMMA_ATTN_CAP);
+            config["final_logit_softcapping"] = serde_json::json!(GEMMA_FINAL_CAP);
+        } else {
+            config["sliding_window_pattern"] = serde_json::json!(2);
+            config["rope_local_base_freq"] = serde_json::json!(THETA);
+            config["rope_theta"] = serde_json::json!(GEMMA3_GLOBAL_THETA);
+            config["rope_scaling"] =
+                serde_json::json!({"rope_type": "linear", "factor": GEMMA3_LINEAR});
+        }
+    }
+    if let Some(window) = variant.window {
+        config["sliding_window"] = serde_json::json!(window);
+    }
     if variant.llama3_rope {
         let (factor, low, high, original) = LLAMA3;
         config["rope_scaling"] = serde_json::json!({
@@ -330,18 +464,22 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
             }
             out
         };
-    let rms = |x: &[f32], weight: &[f32]| -> Vec<f32> {
-        x.chunks_exact(HIDDEN)
+    let gemma = tiny.variant.gemma;
+    // Gemma's norms multiply by 1 + w.
+    let offset = if gemma.is_some() { 1.0 } else { 0.0 };
+    let rms_of = |x: &[f32], weight: &[f32], dim: usize| -> Vec<f32> {
+        x.chunks_exact(dim)
             .flat_map(|row| {
-                let mean = row.iter().map(|v| v * v).sum::<f32>() / HIDDEN as f32;
+                let mean = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
                 let inv = 1.0 / (mean + EPS).sqrt();
                 row.iter()
                     .zip(weight)
-                    .map(move |(v, g)| v * inv * g)
+                    .map(move |(v, g)| v * inv * (g + offset))
                     .collect::<Vec<_>>()
             })
             .collect()
     };
+    let rms = |x: &[f32], weight: &[f32]| rms_of(x, weight, HIDDEN);
     let periods: Vec<f32> = if tiny.variant.llama3_rope {
         let (factor, low, high, original) = LLAMA3;
         // Llama 3.1's schedule, written out independently of the implementation.
@@ -364,15 +502,34 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
             .map(|i| THETA.powf((2 * i) as f32 / HEAD_DIM as f32))
             .collect()
     };
-    let rope = |x: &mut [f32], heads: usize| {
+    // Gemma 3: the sliding first layer rotates with THETA, the global second with the global
+    // base stretched by the linear factor.
+    let gemma3_global: Vec<f32> = (0..HEAD_DIM / 2)
+        .map(|i| GEMMA3_GLOBAL_THETA.powf((2 * i) as f32 / HEAD_DIM as f32) * GEMMA3_LINEAR)
+        .collect();
+    // Phi-3: the first PHI3_ROTARY features rotate, with LongRoPE's factors on the periods and
+    // its attention factor on the rotated features.
+    let phi3_periods: Vec<f32> = (0..PHI3_ROTARY / 2)
+        .zip(phi3_factors())
+        .map(|(i, f)| THETA.powf((2 * i) as f32 / PHI3_ROTARY as f32) * f)
+        .collect();
+    let rope = |x: &mut [f32], heads: usize, layer: usize| {
+        let (periods, rotary, mscale) = if tiny.variant.phi3 {
+            (&phi3_periods, PHI3_ROTARY, phi3_mscale())
+        } else if gemma == Some(3) && layer == 1 {
+            (&gemma3_global, HEAD_DIM, 1.0)
+        } else {
+            (&periods, HEAD_DIM, 1.0)
+        };
+        let half = rotary / 2;
         for (pos, row) in x.chunks_exact_mut(heads * HEAD_DIM).enumerate() {
             for head in row.chunks_exact_mut(HEAD_DIM) {
-                for i in 0..HEAD_DIM / 2 {
+                for i in 0..half {
                     let angle = pos as f32 / periods[i];
                     let (sin, cos) = angle.sin_cos();
-                    let (a, b) = (head[i], head[i + HEAD_DIM / 2]);
+                    let (a, b) = (head[i] * mscale, head[i + half] * mscale);
                     head[i] = a * cos - b * sin;
-                    head[i + HEAD_DIM / 2] = a * sin + b * cos;
+                    head[i + half] = a * sin + b * cos;
                 }
             }
         }
@@ -382,6 +539,10 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
         .iter()
         .flat_map(|&t| w("model.embed_tokens.weight")[t as usize * HIDDEN..][..HIDDEN].to_vec())
         .collect();
+    if gemma.is_some() {
+        // √64 = 8, exact in bf16.
+        x.iter_mut().for_each(|v| *v *= (HIDDEN as f32).sqrt());
+    }
     for layer in 0..LAYERS {
         let p = format!("model.layers.{layer}");
         let bias = |proj: &str| {
@@ -411,24 +572,47 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
             KV_HEADS * HEAD_DIM,
             HIDDEN,
         );
-        rope(&mut q, HEADS);
-        rope(&mut k, KV_HEADS);
+        if tiny.variant.qk_norm || gemma == Some(3) {
+            for (m, heads, norm) in [(&mut q, HEADS, "q_norm"), (&mut k, KV_HEADS, "k_norm")] {
+                let normed = rms_of(m, w(&format!("{p}.self_attn.{norm}.weight")), HEAD_DIM);
+                assert_eq!(normed.len(), n * heads * HEAD_DIM);
+                *m = normed;
+            }
+        }
+        // SmolLM3 with interval 2: every second layer has no RoPE.
+        if !(tiny.variant.nope && layer % 2 == 1) {
+            rope(&mut q, HEADS, layer);
+            rope(&mut k, KV_HEADS, layer);
+        }
+        // Gemma: the first layer slides, the second is global.
+        let window = match gemma {
+            Some(_) if layer == 0 => Some(GEMMA_WINDOW),
+            Some(_) => None,
+            None => tiny.variant.window,
+        };
         let mut attended = vec![0.0; n * HEADS * HEAD_DIM];
-        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+        let scale = if gemma.is_some() {
+            1.0 / GEMMA_QUERY_SCALAR.sqrt()
+        } else {
+            1.0 / (HEAD_DIM as f32).sqrt()
+        };
+        let cap = (gemma == Some(2)).then_some(GEMMA_ATTN_CAP);
         for head in 0..HEADS {
             let kv = head / (HEADS / KV_HEADS);
             for i in 0..n {
                 let qi = &q[i * HEADS * HEAD_DIM + head * HEAD_DIM..][..HEAD_DIM];
-                let scores: Vec<f32> = (0..=i)
+                let first = window.map_or(0, |w| (i + 1).saturating_sub(w));
+                let scores: Vec<f32> = (first..=i)
                     .map(|j| {
                         let kj = &k[j * KV_HEADS * HEAD_DIM + kv * HEAD_DIM..][..HEAD_DIM];
-                        qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale
+                        let s = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
+                        cap.map_or(s, |c| c * (s / c).tanh())
                     })
                     .collect();
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
                 let total: f32 = exps.iter().sum();
-                for (j, e) in exps.iter().enumerate() {
+                for (j, e) in (first..=i).zip(&exps) {
                     let vj = &v[j * KV_HEADS * HEAD_DIM + kv * HEAD_DIM..][..HEAD_DIM];
                     for d in 0..HEAD_DIM {
                         attended[i * HEADS * HEAD_DIM + head * HEAD_DIM + d] += e / total * vj[d];
@@ -443,8 +627,15 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
             HIDDEN,
             HEADS * HEAD_DIM,
         );
+        let (o, mlp_norm) = match gemma {
+            Some(_) => (
+                rms(&o, w(&format!("{p}.post_attention_layernorm.weight"))),
+                "pre_feedforward_layernorm",
+            ),
+            None => (o, "post_attention_layernorm"),
+        };
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-        let h = rms(&x, w(&format!("{p}.post_attention_layernorm.weight")));
+        let h = rms(&x, w(&format!("{p}.{mlp_norm}.weight")));
         let gate = linear(
             &h,
             w(&format!("{p}.mlp.gate_proj.weight")),
@@ -456,7 +647,15 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
         let act: Vec<f32> = gate
             .iter()
             .zip(&up)
-            .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+            .map(|(&g, u)| {
+                let activated = if gemma.is_some() {
+                    let c = (2.0 / std::f32::consts::PI).sqrt();
+                    0.5 * g * (1.0 + (c * (g + 0.044715 * g * g * g)).tanh())
+                } else {
+                    g / (1.0 + (-g).exp())
+                };
+                activated * u
+            })
             .collect();
         let down = linear(
             &act,
@@ -465,6 +664,10 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
             HIDDEN,
             FFN,
         );
+        let down = match gemma {
+            Some(_) => rms(&down, w(&format!("{p}.post_feedforward_layernorm.weight"))),
+            None => down,
+        };
         x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
     }
     let last = rms(&x[(n - 1) * HIDDEN..], w("model.norm.weight"));
@@ -473,7 +676,14 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
     } else {
         "lm_head.weight"
     };
-    linear(&last, w(head), None, VOCAB, HIDDEN)
+    let logits = linear(&last, w(head), None, VOCAB, HIDDEN);
+    match gemma {
+        Some(2) => logits
+            .iter()
+            .map(|l| GEMMA_FINAL_CAP * (l / GEMMA_FINAL_CAP).tanh())
+            .collect(),
+        _ => logits,
+    }
 }
 
 /// Relative closeness: |a - e| ≤ tol · max(1, max |e|) over the whole vector.
@@ -492,10 +702,19 @@ fn assert_logits_close(actual: &[f32], expected: &[f32], tol: f32, what: &str) {
 }
 
 fn check_variant(variant: Variant, seed: u64) {
+    check_variant_on(variant, seed, None);
+}
+
+/// [`check_variant`] on the given kernels (`None`: the environment's).
+fn check_variant_on(variant: Variant, seed: u64, kernels: Option<Kernels>) {
     let tiny = write_tiny(variant, seed);
     let checkpoint = Checkpoint::open(tiny.dir.path()).expect("the tiny checkpoint validates");
-    let model = LlamaModel::load(&checkpoint).expect("the tiny checkpoint loads");
-    let what = format!("{variant:?}");
+    let model = match kernels {
+        Some(k) => LlamaModel::load_with(&checkpoint, k),
+        None => LlamaModel::load(&checkpoint),
+    }
+    .expect("the tiny checkpoint loads");
+    let what = format!("{variant:?} on {:?}", model.kernels());
 
     // Prefill of 7 tokens, then 4 decode steps, each compared with the reference over the whole
     // sequence so far.
@@ -541,6 +760,7 @@ fn dense_f32_matches_the_reference() {
             qwen2_biases: false,
             llama3_rope: false,
             tied: false,
+            ..PLAIN
         },
         10,
     );
@@ -554,6 +774,7 @@ fn dense_f16_and_bf16_match_the_reference() {
             qwen2_biases: false,
             llama3_rope: false,
             tied: true,
+            ..PLAIN
         },
         20,
     );
@@ -563,6 +784,7 @@ fn dense_f16_and_bf16_match_the_reference() {
             qwen2_biases: false,
             llama3_rope: false,
             tied: false,
+            ..PLAIN
         },
         30,
     );
@@ -580,6 +802,7 @@ fn quantized_4_and_8_bit_match_the_reference() {
             qwen2_biases: false,
             llama3_rope: false,
             tied: true,
+            ..PLAIN
         },
         40,
     );
@@ -593,6 +816,7 @@ fn quantized_4_and_8_bit_match_the_reference() {
             qwen2_biases: false,
             llama3_rope: false,
             tied: false,
+            ..PLAIN
         },
         50,
     );
@@ -606,6 +830,7 @@ fn quantized_4_and_8_bit_match_the_reference() {
             qwen2_biases: false,
             llama3_rope: false,
             tied: false,
+            ..PLAIN
         },
         55,
     );
@@ -619,6 +844,7 @@ fn qwen2_biases_and_llama3_rope_match_the_reference() {
             qwen2_biases: true,
             llama3_rope: false,
             tied: true,
+            ..PLAIN
         },
         60,
     );
@@ -632,8 +858,112 @@ fn qwen2_biases_and_llama3_rope_match_the_reference() {
             qwen2_biases: false,
             llama3_rope: true,
             tied: true,
+            ..PLAIN
         },
         70,
+    );
+}
+
+/// Each family feature on every path that runs it: the fused node (quantized weights, mlxcel's
+/// kernels), the per-op graph on mlxcel's kernels (dense weights, or fused layers off) and on
+/// MLX's (`MLXCEL_KERNELS=mlx`: MLX's attention with an explicit window mask).
+fn check_feature(feature: Variant, seed: u64) {
+    let quantized = Variant {
+        storage: Storage::Quantized {
+            bits: 4,
+            group_size: 32,
+            f16_scales: true,
+        },
+        ..feature
+    };
+    check_variant_on(quantized, seed, Some(Kernels::native()));
+    check_variant_on(
+        quantized,
+        seed,
+        Some(Kernels {
+            fused_layers: false,
+            ..Kernels::native()
+        }),
+    );
+    check_variant_on(feature, seed + 1, Some(Kernels::native()));
+    check_variant_on(
+        feature,
+        seed + 1,
+        Some(Kernels {
+            backend: KernelBackend::Mlx,
+            ..Kernels::native()
+        }),
+    );
+}
+
+#[test]
+fn qwen3_qk_norms_match_the_reference() {
+    check_feature(
+        Variant {
+            qk_norm: true,
+            tied: true,
+            ..PLAIN
+        },
+        100,
+    );
+}
+
+#[test]
+fn smollm3_layers_without_rope_match_the_reference() {
+    check_feature(
+        Variant {
+            nope: true,
+            ..PLAIN
+        },
+        110,
+    );
+}
+
+#[test]
+fn gemma2_matches_the_reference() {
+    check_feature(
+        Variant {
+            gemma: Some(2),
+            tied: true,
+            ..PLAIN
+        },
+        130,
+    );
+}
+
+#[test]
+fn gemma3_matches_the_reference() {
+    check_feature(
+        Variant {
+            gemma: Some(3),
+            tied: true,
+            ..PLAIN
+        },
+        140,
+    );
+}
+
+#[test]
+fn phi3_matches_the_reference() {
+    check_feature(
+        Variant {
+            phi3: true,
+            ..PLAIN
+        },
+        150,
+    );
+}
+
+#[test]
+fn mistral_sliding_window_matches_the_reference() {
+    // A window of 4 under a 7-token prompt and 4 decode steps: every query past the fourth
+    // position loses keys.
+    check_feature(
+        Variant {
+            window: Some(4),
+            ..PLAIN
+        },
+        120,
     );
 }
 
@@ -651,6 +981,7 @@ fn batched_decode_of_four_sequences_matches_each_alone() {
             qwen2_biases: true,
             llama3_rope: false,
             tied: true,
+            ..PLAIN
         },
         80,
     );
@@ -711,6 +1042,7 @@ fn fused_layers_match_the_per_op_graph_across_cache_growth() {
             qwen2_biases: false,
             llama3_rope: false,
             tied: true,
+            ..PLAIN
         },
         90,
     );

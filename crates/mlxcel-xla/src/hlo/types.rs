@@ -169,6 +169,7 @@ pub enum Unary {
     Logistic,
     Cosine,
     Sine,
+    Tanh,
 }
 
 impl Unary {
@@ -176,6 +177,7 @@ impl Unary {
         match self {
             Self::Exp => "exponential",
             Self::Rsqrt => "rsqrt",
+            Self::Tanh => "tanh",
             Self::Negate => "negate",
             Self::Logistic => "logistic",
             Self::Cosine => "cosine",

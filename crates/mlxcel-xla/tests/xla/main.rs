@@ -56,6 +56,24 @@ pub fn tiny_dims() -> mlxcel_xla::abi::LlamaDims {
         qkv_bias: true,
         out_bias: false,
         tied_embeddings: false,
+        qk_norm: false,
+        layer_attention: vec![
+            mlxcel_model::LayerAttention {
+                rope: true,
+                window: None
+            };
+            2
+        ],
+        local_inv_freq: None,
+        rotary_dim: 8,
+        rope_mscale: 1.0,
+        norm_offset: false,
+        sandwich_norms: false,
+        gelu: false,
+        embedding_scale: None,
+        attention_scale: 1.0 / 8f32.sqrt(),
+        attn_softcap: None,
+        final_softcap: None,
         packed: Default::default(),
     }
 }

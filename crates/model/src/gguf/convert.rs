@@ -63,16 +63,26 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
     let mut outputs = Vec::new();
     let mut module_bits: BTreeMap<String, Option<u32>> = BTreeMap::new();
     for info in &gguf.tensors {
-        let (module, suffix) = hf_name(&info.name).ok_or_else(|| ModelError::GgufTensor {
-            path: gguf_path.to_owned(),
-            tensor: info.name.clone(),
-            reason: "has no Hugging Face llama counterpart (not supported for import)".into(),
-        })?;
+        // Phi-3's LongRoPE factors are config (read into the header), not weights.
+        if header.long_factors.is_some() && info.name.starts_with("rope_factors_") {
+            continue;
+        }
+        let (module, suffix) =
+            hf_name_in(header.architecture, &info.name).ok_or_else(|| ModelError::GgufTensor {
+                path: gguf_path.to_owned(),
+                tensor: info.name.clone(),
+                reason: "has no Hugging Face llama counterpart (not supported for import)".into(),
+            })?;
         let rows_per_head = match (header.architecture, module.rsplit('.').next()) {
-            (Architecture::Llama, Some("q_proj" | "k_proj")) => Some(header.head_dim),
+            // llama.cpp's converter permutes q and k for the families it converts as llamas.
+            (Architecture::Llama | Architecture::SmolLm3, Some("q_proj" | "k_proj")) => {
+                Some(header.head_dim)
+            }
             _ => None,
         };
-        let planned = plan(&gguf, info, &module, suffix, rows_per_head)?;
+        // llama.cpp stores Gemma's norm weights with the one added.
+        let norm_offset = header.gemma() && suffix == "weight" && module.ends_with("norm");
+        let planned = plan(&gguf, info, &module, suffix, rows_per_head, norm_offset)?;
         if suffix == "weight" && info.dims.len() == 2 {
             let bits = planned.iter().find_map(|o| o.quantized_bits());
             module_bits.insert(module.clone(), bits);
@@ -154,6 +164,21 @@ fn write_json(path: &Path, value: &Value) -> Result<()> {
 #[derive(Debug)]
 struct Header {
     architecture: Architecture,
+    /// `{arch}.attention.sliding_window`, and per layer whether it slides.
+    sliding_window: Option<u64>,
+    sliding_layers: Vec<bool>,
+    attn_softcap: Option<f64>,
+    final_softcap: Option<f64>,
+    /// `{arch}.rope.freq_base_swa`: the sliding layers' RoPE base (Gemma 3).
+    rope_theta_swa: Option<f32>,
+    /// `{arch}.rope.scaling.factor` of linear scaling.
+    rope_linear: Option<f64>,
+    /// Features RoPE rotates (`rope.dimension_count`), and Phi-3's LongRoPE: the
+    /// `rope_factors_long` tensor, `rope.scaling.attn_factor` and the original context length.
+    rotary_dim: usize,
+    long_factors: Option<Vec<f32>>,
+    rope_attn_factor: Option<f64>,
+    rope_original_context: Option<u64>,
     block_count: u64,
     context_length: usize,
     embedding_length: u64,
@@ -180,11 +205,16 @@ impl Header {
         let architecture = match arch {
             "llama" => Architecture::Llama,
             "qwen2" => Architecture::Qwen2,
+            "qwen3" => Architecture::Qwen3,
+            "smollm3" => Architecture::SmolLm3,
+            "gemma2" => Architecture::Gemma2,
+            "gemma3" => Architecture::Gemma3,
+            "phi3" => Architecture::Phi3,
             other => {
                 return Err(ModelError::UnsupportedArchitecture {
                     path: gguf.path().to_owned(),
                     architecture: other.to_owned(),
-                    supported: "llama, qwen2 (GGUF general.architecture)",
+                    supported: "llama, qwen2, qwen3, smollm3, gemma2, gemma3, phi3 (GGUF general.architecture)",
                 });
             }
         };
@@ -206,29 +236,127 @@ impl Header {
                     .ok_or_else(|| error(&k, format!("{v:?} is not a number")))
             })
         };
+        let mut rope_linear = None;
         if let Some(kind) = gguf
             .get(&key("rope.scaling.type"))
             .and_then(GgufValue::as_str)
             && kind != "none"
         {
+            if kind != "linear" {
+                return Err(error(
+                    &key("rope.scaling.type"),
+                    format!(
+                        "rope scaling `{kind}` is not supported for GGUF import (supported: linear)"
+                    ),
+                ));
+            }
+            let factor = float("rope.scaling.factor", 1.0)?;
+            if factor != 1.0 {
+                rope_linear = Some(factor);
+            }
+        }
+        let block_count = need("block_count")?;
+        // llama.cpp's sliding layers: a per-layer list, else a period (every `period`-th layer
+        // global): 2 for Gemma 2, 6 for Gemma 3.
+        let sliding_window = uint("attention.sliding_window")?.filter(|&w| w > 0);
+        let pattern_key = key("attention.sliding_window_pattern");
+        let sliding_layers: Vec<bool> = match (architecture, sliding_window) {
+            (Architecture::Gemma2 | Architecture::Gemma3, Some(_)) => {
+                match gguf.get(&pattern_key) {
+                    Some(GgufValue::Array(items)) => items
+                        .iter()
+                        .map(|v| {
+                            v.as_bool().ok_or_else(|| {
+                                error(&pattern_key, "expected a list of booleans".into())
+                            })
+                        })
+                        .collect::<Result<_>>()?,
+                    other => {
+                        let default = if architecture == Architecture::Gemma2 {
+                            2
+                        } else {
+                            6
+                        };
+                        let period = match other {
+                            Some(v) => v.as_u64().ok_or_else(|| {
+                                error(&pattern_key, format!("{v:?} is not an integer"))
+                            })?,
+                            None => default,
+                        }
+                        .max(1);
+                        (0..block_count).map(|i| i % period < period - 1).collect()
+                    }
+                }
+            }
+            _ => Vec::new(),
+        };
+        if !sliding_layers.is_empty() && sliding_layers.len() as u64 != block_count {
             return Err(error(
-                &key("rope.scaling.type"),
-                format!("rope scaling `{kind}` is not supported for GGUF import"),
+                &pattern_key,
+                format!(
+                    "lists {} layers, block_count is {block_count}",
+                    sliding_layers.len()
+                ),
             ));
         }
+        let optional_float = |k: &str| -> Result<Option<f64>> {
+            let k = key(k);
+            gguf.get(&k)
+                .map(|v| {
+                    v.as_f64()
+                        .ok_or_else(|| error(&k, format!("{v:?} is not a number")))
+                })
+                .transpose()
+        };
         let head_count = need("attention.head_count")?;
         let embedding_length = need("embedding_length")?;
-        let head_dim = match uint("rope.dimension_count")?.or(uint("attention.key_length")?) {
+        // The head size is the key length; RoPE may rotate fewer features (Phi-3/Phi-4-mini's
+        // partial rotary writes those as `rope.dimension_count`).
+        let rope_dims = uint("rope.dimension_count")?;
+        let head_dim = match uint("attention.key_length")?.or(rope_dims) {
             Some(d) => d,
             None => embedding_length / head_count.max(1),
         } as usize;
+        let rotary_dim = rope_dims.map_or(head_dim, |d| d as usize);
+        if rotary_dim == 0 || rotary_dim > head_dim || !rotary_dim.is_multiple_of(2) {
+            return Err(error(
+                &key("rope.dimension_count"),
+                format!("{rotary_dim} rotated features for a head of {head_dim}"),
+            ));
+        }
         let tokens = gguf
             .get("tokenizer.ggml.tokens")
             .and_then(GgufValue::as_array)
             .map_or(0, <[GgufValue]>::len);
+        let long_factors = match gguf.tensor_info("rope_factors_long.weight") {
+            None => None,
+            Some(info) if info.ggml_type == crate::gguf::GgmlType::F32 => Some(
+                gguf.tensor_data(info)?
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect::<Vec<f32>>(),
+            ),
+            Some(info) => {
+                return Err(ModelError::GgufTensor {
+                    path: gguf.path().to_owned(),
+                    tensor: info.name.clone(),
+                    reason: format!("is {}, expected F32", info.ggml_type),
+                });
+            }
+        };
         Ok(Self {
             architecture,
-            block_count: need("block_count")?,
+            rotary_dim,
+            long_factors,
+            rope_attn_factor: optional_float("rope.scaling.attn_factor")?,
+            rope_original_context: uint("rope.scaling.original_context_length")?,
+            sliding_window,
+            sliding_layers,
+            attn_softcap: optional_float("attn_logit_softcapping")?,
+            final_softcap: optional_float("final_logit_softcapping")?,
+            rope_theta_swa: optional_float("rope.freq_base_swa")?.map(|v| v as f32),
+            rope_linear,
+            block_count,
             context_length: need("context_length")? as usize,
             embedding_length,
             feed_forward_length: need("feed_forward_length")?,
@@ -239,6 +367,13 @@ impl Header {
             rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-5)? as f32,
             vocab_size: uint("vocab_size")?.map_or(tokens, |v| v as usize),
         })
+    }
+
+    fn gemma(&self) -> bool {
+        matches!(
+            self.architecture,
+            Architecture::Gemma2 | Architecture::Gemma3
+        )
     }
 
     fn config_json(
@@ -266,6 +401,68 @@ impl Header {
             "bos_token_id": vocab.bos,
             "eos_token_id": vocab.eos_token_ids(),
         });
+        if self.gemma() {
+            config["hidden_activation"] = json!("gelu_pytorch_tanh");
+            config["hidden_act"] = json!("gelu_pytorch_tanh");
+            // GGUF has no query_pre_attn_scalar: llama.cpp scales by 1/√head_dim, except for the
+            // 27B models (46 layers for Gemma 2, 62 for Gemma 3), which use hidden/heads.
+            let big = match self.architecture {
+                Architecture::Gemma2 => self.block_count == 46,
+                _ => self.block_count == 62,
+            };
+            config["query_pre_attn_scalar"] = if big {
+                json!(self.embedding_length / self.head_count.max(1))
+            } else {
+                json!(self.head_dim)
+            };
+            // Absent keys mean "none" in llama.cpp, not Hugging Face's Gemma 2 defaults.
+            config["attn_logit_softcapping"] = json!(self.attn_softcap);
+            config["final_logit_softcapping"] = json!(self.final_softcap);
+            match self.sliding_window {
+                Some(window) => {
+                    config["sliding_window"] = json!(window);
+                    config["layer_types"] = json!(
+                        self.sliding_layers
+                            .iter()
+                            .map(|&s| if s {
+                                "sliding_attention"
+                            } else {
+                                "full_attention"
+                            })
+                            .collect::<Vec<_>>()
+                    );
+                }
+                None => {
+                    config["sliding_window"] = Value::Null;
+                    config["layer_types"] =
+                        json!(vec!["full_attention"; self.block_count as usize]);
+                }
+            }
+            if let Some(theta) = self.rope_theta_swa {
+                config["rope_local_base_freq"] = json!(shortest(theta));
+            }
+        }
+        if let Some(factor) = self.rope_linear {
+            config["rope_scaling"] = json!({"rope_type": "linear", "factor": factor});
+        }
+        if self.rotary_dim < self.head_dim {
+            config["partial_rotary_factor"] = json!(self.rotary_dim as f64 / self.head_dim as f64);
+        }
+        if let Some(factors) = &self.long_factors {
+            let factors: Vec<f64> = factors.iter().map(|&f| shortest(f)).collect();
+            let mut scaling = json!({"rope_type": "longrope", "long_factor": factors});
+            if let Some(f) = self.rope_attn_factor {
+                scaling["attention_factor"] = json!(f);
+            }
+            config["rope_scaling"] = scaling;
+            if let Some(original) = self.rope_original_context {
+                config["original_max_position_embeddings"] = json!(original);
+            }
+        }
+        if self.architecture == Architecture::SmolLm3 {
+            // llama.cpp runs every fourth SmolLM3 layer without RoPE and stores no key for it.
+            config["no_rope_layer_interval"] = json!(4);
+        }
         if let Some(q) = quantization {
             config["quantization"] = q.to_json();
             config["quantization_config"] = q.to_json();
@@ -280,7 +477,39 @@ fn shortest(v: f32) -> f64 {
     v.to_string().parse().unwrap_or(f64::from(v))
 }
 
-/// Maps a GGUF tensor name to its Hugging Face module and suffix (`weight` or `bias`).
+/// [`hf_name`] for a given architecture: Gemma's `ffn_norm` is its `pre_feedforward_layernorm`
+/// (its `post_attention_layernorm` is llama.cpp's `post_attention_norm`).
+pub fn hf_name_in(architecture: Architecture, gguf_name: &str) -> Option<(String, &str)> {
+    if architecture == Architecture::Phi3 {
+        // Phi-3's fused projections: `attn_qkv`, and `ffn_up` holding gate then up.
+        let (stem, suffix) = gguf_name.rsplit_once('.')?;
+        if let Some(layer) = stem.strip_prefix("blk.") {
+            let (n, part) = layer.split_once('.')?;
+            let n: usize = n.parse().ok()?;
+            let fused = match part {
+                "attn_qkv" => Some("self_attn.qkv_proj"),
+                "ffn_up" => Some("mlp.gate_up_proj"),
+                _ => None,
+            };
+            if let Some(module) = fused {
+                return Some((format!("model.layers.{n}.{module}"), suffix));
+            }
+        }
+    }
+    let (module, suffix) = hf_name(gguf_name)?;
+    let gemma = matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3);
+    if gemma && gguf_name.contains(".ffn_norm.") {
+        let layer = module.strip_suffix(".post_attention_layernorm")?;
+        return Some((format!("{layer}.pre_feedforward_layernorm"), suffix));
+    }
+    if !gemma && gguf_name.contains(".post_attention_norm.") {
+        return None;
+    }
+    Some((module, suffix))
+}
+
+/// Maps a GGUF tensor name to its Hugging Face module and suffix (`weight` or `bias`), as for a
+/// llama (see [`hf_name_in`] for the families that name norms differently).
 pub fn hf_name(gguf_name: &str) -> Option<(String, &str)> {
     let (stem, suffix) = gguf_name.rsplit_once('.')?;
     if !matches!(suffix, "weight" | "bias") {
@@ -301,6 +530,10 @@ pub fn hf_name(gguf_name: &str) -> Option<(String, &str)> {
                 "attn_k" => "self_attn.k_proj",
                 "attn_v" => "self_attn.v_proj",
                 "attn_output" => "self_attn.o_proj",
+                "post_attention_norm" => "post_attention_layernorm",
+                "post_ffw_norm" => "post_feedforward_layernorm",
+                "attn_q_norm" => "self_attn.q_norm",
+                "attn_k_norm" => "self_attn.k_norm",
                 "ffn_gate" => "mlp.gate_proj",
                 "ffn_up" => "mlp.up_proj",
                 "ffn_down" => "mlp.down_proj",

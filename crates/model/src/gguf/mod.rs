@@ -11,7 +11,7 @@ mod types;
 mod vocab;
 mod writer;
 
-pub use convert::{ConvertSummary, convert_gguf, hf_name};
+pub use convert::{ConvertSummary, convert_gguf, hf_name, hf_name_in};
 pub use reader::{GgufFile, GgufTensorInfo, GgufValue};
 pub use types::GgmlType;
 pub use writer::GgufWriter;

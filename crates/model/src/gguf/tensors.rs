@@ -27,6 +27,10 @@ enum Part {
     },
     Scales,
     Biases,
+    /// A Gemma norm weight, which llama.cpp stores as `1 + w`: written as f32 `w` again (the
+    /// Hugging Face form; exact whenever `1 + w ≥ 0.5`, so that adding one back at load gives
+    /// llama.cpp's weight).
+    NormOffset,
 }
 
 /// One output tensor and how to produce its bytes from the GGUF.
@@ -46,6 +50,7 @@ pub(crate) fn plan<'a>(
     module: &str,
     suffix: &str,
     rows_per_head: Option<usize>,
+    norm_offset: bool,
 ) -> Result<Vec<Output<'a>>> {
     let refuse = |reason: String| ModelError::GgufTensor {
         path: gguf.path().to_owned(),
@@ -75,6 +80,19 @@ pub(crate) fn plan<'a>(
             Part::Dense,
         )])
     };
+    if norm_offset
+        && matches!(
+            info.ggml_type,
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16
+        )
+    {
+        return Ok(vec![output(
+            format!("{module}.{suffix}"),
+            safetensors::Dtype::F32,
+            shape.clone(),
+            Part::NormOffset,
+        )]);
+    }
     match info.ggml_type {
         GgmlType::F32 => dense(safetensors::Dtype::F32),
         GgmlType::F16 => dense(safetensors::Dtype::F16),
@@ -176,6 +194,11 @@ impl Output<'_> {
                 }
                 return Ok(());
             }
+            Part::NormOffset => {
+                let values = dequantize_reference(ty, &data).expect("a float type");
+                buf.extend(values.iter().flat_map(|v| (v - 1.0).to_le_bytes()));
+                return out.write_all(&buf).map_err(io);
+            }
             Part::Weight { .. } | Part::Scales | Part::Biases => {}
         }
         let as_f16 = self.planned.dtype == safetensors::Dtype::F16;
@@ -188,7 +211,9 @@ impl Output<'_> {
                     }
                     Part::Scales => Some(group.scale),
                     Part::Biases => Some(group.bias),
-                    Part::Dense | Part::Widened => unreachable!("handled above"),
+                    Part::Dense | Part::Widened | Part::NormOffset => {
+                        unreachable!("handled above")
+                    }
                 };
                 match value {
                     Some(v) if as_f16 => buf.extend_from_slice(&f16::from_f32(v).to_le_bytes()),

@@ -56,17 +56,106 @@ fn llama3_with_rope_scaling_and_eos_list() {
 }
 
 #[test]
-fn mistral_without_sliding_window_is_a_llama() {
+fn mistral_slides_every_layer_when_it_has_a_window() {
     let mut v = smollm2();
     v["architectures"] = json!(["MistralForCausalLM"]);
     v["sliding_window"] = Value::Null;
-    assert_eq!(parse(&v).unwrap().architecture, Architecture::Llama);
+    let c = parse(&v).unwrap();
+    assert_eq!(c.architecture, Architecture::Mistral);
+    assert_eq!(c.sliding_window(), None);
     v["sliding_window"] = json!(4096);
+    let c = parse(&v).unwrap();
+    assert!(c.layers.iter().all(|l| l.rope && l.window == Some(4096)));
+    assert!(
+        c.describe()
+            .contains("sliding window 4096 on 30 of 30 layers")
+    );
+    v["sliding_window"] = json!(0);
     let message = parse(&v).unwrap_err().to_string();
     assert!(
         message.contains("sliding_window") && message.contains("/ckpt/config.json"),
         "{message}"
     );
+}
+
+#[test]
+fn qwen2_slides_from_max_window_layers_when_asked() {
+    let mut v = smollm2();
+    v["architectures"] = json!(["Qwen2ForCausalLM"]);
+    v["num_hidden_layers"] = json!(4);
+    v["sliding_window"] = json!(64);
+    v["max_window_layers"] = json!(2);
+    v["use_sliding_window"] = json!(false);
+    assert_eq!(parse(&v).unwrap().sliding_window(), None);
+    v["use_sliding_window"] = json!(true);
+    let windows: Vec<_> = parse(&v).unwrap().layers.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [None, None, Some(64), Some(64)]);
+    // `layer_types`, when present, decides.
+    v["layer_types"] = json!([
+        "sliding_attention",
+        "full_attention",
+        "full_attention",
+        "sliding_attention"
+    ]);
+    let windows: Vec<_> = parse(&v).unwrap().layers.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [Some(64), None, None, Some(64)]);
+    v["layer_types"] = json!(["full_attention"]);
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(
+        message.contains("layer_types") && message.contains("lists 1 layers"),
+        "{message}"
+    );
+}
+
+#[test]
+fn qwen3_has_qk_norms_and_no_biases() {
+    let mut v = smollm2();
+    v["architectures"] = json!(["Qwen3ForCausalLM"]);
+    v["head_dim"] = json!(128);
+    let c = parse(&v).unwrap();
+    assert_eq!(c.architecture, Architecture::Qwen3);
+    assert!(c.qk_norm && !c.attention_qkv_bias);
+    assert_eq!(c.q_dim(), 9 * 128);
+    assert_eq!(
+        c.describe(),
+        "qwen3: 30 layers, q/k norm, grouped-query attention (3 kv heads), tied embeddings"
+    );
+}
+
+#[test]
+fn smollm3_skips_rope_on_every_fourth_layer() {
+    let mut v = smollm2();
+    v["architectures"] = json!(["SmolLM3ForCausalLM"]);
+    v["num_hidden_layers"] = json!(8);
+    let rope: Vec<bool> = parse(&v).unwrap().layers.iter().map(|l| l.rope).collect();
+    assert_eq!(rope, [true, true, true, false, true, true, true, false]);
+    v["no_rope_layer_interval"] = json!(2);
+    let rope: Vec<bool> = parse(&v).unwrap().layers.iter().map(|l| l.rope).collect();
+    assert_eq!(rope, [true, false, true, false, true, false, true, false]);
+    // An explicit list wins (1 = the layer uses RoPE).
+    v["no_rope_layers"] = json!([1, 1, 0, 1, 1, 1, 1, 0]);
+    let c = parse(&v).unwrap();
+    let rope: Vec<bool> = c.layers.iter().map(|l| l.rope).collect();
+    assert_eq!(rope, [true, true, false, true, true, true, true, false]);
+    assert!(
+        c.describe().contains("2 layers without RoPE"),
+        "{}",
+        c.describe()
+    );
+}
+
+#[test]
+fn mixture_of_experts_and_vision_configs_are_refused_naming_the_field() {
+    for (field, value) in [
+        ("num_experts", json!(8)),
+        ("num_local_experts", json!(8)),
+        ("vision_config", json!({"hidden_size": 1152})),
+    ] {
+        let mut v = smollm2();
+        v[field] = value;
+        let message = parse(&v).unwrap_err().to_string();
+        assert!(message.contains(&format!("field `{field}`")), "{message}");
+    }
 }
 
 #[test]

@@ -6,8 +6,8 @@ use std::path::Path;
 use half::{bf16, f16};
 use mlxcel_model::gguf::dequant::dequantize_reference;
 use mlxcel_model::gguf::permute::permute_rows;
-use mlxcel_model::gguf::{GgmlType, GgufFile, GgufValue, GgufWriter, hf_name};
-use mlxcel_model::{Checkpoint, Dtype, dequantize_affine};
+use mlxcel_model::gguf::{GgmlType, GgufFile, GgufValue, GgufWriter, hf_name_in};
+use mlxcel_model::{Architecture, Checkpoint, Dtype, dequantize_affine};
 
 /// A small deterministic generator (xorshift), so fixtures are reproducible without a crate.
 pub struct Rng(u64);
@@ -132,8 +132,15 @@ pub fn random_tensor(ty: GgmlType, elements: usize, rng: &mut Rng) -> Vec<u8> {
     }
 }
 
-/// Shape and types of a tiny llama GGUF.
+/// Shape and types of a tiny llama GGUF (or of a relative: `arch` is GGUF's
+/// `general.architecture`, e.g. `qwen3` with `qk_norm`, or `smollm3`).
 pub struct TinyLlama {
+    pub arch: &'static str,
+    /// Per-head q/k norm weights (`attn_q_norm`, `attn_k_norm`), as Qwen3 has.
+    pub qk_norm: bool,
+    /// Gemma's post-attention and post-MLP norms (`post_attention_norm`, `post_ffw_norm`);
+    /// norm weights are then drawn in [0.5, 1.5), as llama.cpp's `1 + w`.
+    pub sandwich: bool,
     pub layers: usize,
     pub hidden: usize,
     pub heads: usize,
@@ -149,6 +156,9 @@ pub struct TinyLlama {
 impl Default for TinyLlama {
     fn default() -> Self {
         Self {
+            arch: "llama",
+            qk_norm: false,
+            sandwich: false,
             layers: 2,
             hidden: 64,
             heads: 4,
@@ -181,16 +191,17 @@ impl TinyLlama {
         let u32v = |v: usize| GgufValue::U32(v as u32);
         let strings =
             |v: &[String]| GgufValue::Array(v.iter().cloned().map(GgufValue::String).collect());
-        w.metadata("general.architecture", GgufValue::String("llama".into()))
-            .metadata("llama.block_count", u32v(self.layers))
-            .metadata("llama.context_length", u32v(2048))
-            .metadata("llama.embedding_length", u32v(self.hidden))
-            .metadata("llama.feed_forward_length", u32v(self.ffn))
-            .metadata("llama.attention.head_count", u32v(self.heads))
-            .metadata("llama.attention.head_count_kv", u32v(self.kv_heads))
-            .metadata("llama.rope.freq_base", GgufValue::F32(100_000.0))
+        let key = |k: &str| format!("{}.{k}", self.arch);
+        w.metadata("general.architecture", GgufValue::String(self.arch.into()))
+            .metadata(&key("block_count"), u32v(self.layers))
+            .metadata(&key("context_length"), u32v(2048))
+            .metadata(&key("embedding_length"), u32v(self.hidden))
+            .metadata(&key("feed_forward_length"), u32v(self.ffn))
+            .metadata(&key("attention.head_count"), u32v(self.heads))
+            .metadata(&key("attention.head_count_kv"), u32v(self.kv_heads))
+            .metadata(&key("rope.freq_base"), GgufValue::F32(100_000.0))
             .metadata(
-                "llama.attention.layer_norm_rms_epsilon",
+                &key("attention.layer_norm_rms_epsilon"),
                 GgufValue::F32(1e-5),
             )
             .metadata("tokenizer.ggml.model", GgufValue::String("gpt2".into()))
@@ -215,13 +226,25 @@ impl TinyLlama {
 
     /// Writes the model with random weights to `path`.
     pub fn write(&self, path: &Path, seed: u64) {
+        self.write_with(self.metadata(), path, seed);
+    }
+
+    /// [`TinyLlama::write`] with the caller's metadata (e.g. [`TinyLlama::metadata`] plus keys).
+    pub fn write_with(&self, mut w: GgufWriter, path: &Path, seed: u64) {
         let mut rng = Rng::new(seed);
-        let mut w = self.metadata();
         let vocab_size = vocab().0.len();
         let head_dim = self.hidden / self.heads;
+        let sandwich = self.sandwich;
         let mut add = |w: &mut GgufWriter, name: &str, dims: &[u64], ty: GgmlType| {
             let elements = dims.iter().product::<u64>() as usize;
-            w.tensor(name, dims, ty, random_tensor(ty, elements, &mut rng));
+            let data = if sandwich && name.ends_with("norm.weight") {
+                (0..elements)
+                    .flat_map(|_| rng.uniform(0.5, 1.5).to_le_bytes())
+                    .collect()
+            } else {
+                random_tensor(ty, elements, &mut rng)
+            };
+            w.tensor(name, dims, ty, data);
         };
         let h = self.hidden as u64;
         add(
@@ -262,6 +285,26 @@ impl TinyLlama {
                 &[(self.heads * head_dim) as u64, h],
                 lin("attn_output"),
             );
+            if self.qk_norm {
+                for norm in ["attn_q_norm", "attn_k_norm"] {
+                    add(
+                        &mut w,
+                        &format!("blk.{l}.{norm}.weight"),
+                        &[head_dim as u64],
+                        GgmlType::F32,
+                    );
+                }
+            }
+            if self.sandwich {
+                for norm in ["post_attention_norm", "post_ffw_norm"] {
+                    add(
+                        &mut w,
+                        &format!("blk.{l}.{norm}.weight"),
+                        &[h],
+                        GgmlType::F32,
+                    );
+                }
+            }
             add(
                 &mut w,
                 &format!("blk.{l}.ffn_norm.weight"),
@@ -309,7 +352,7 @@ pub fn assert_lossless(gguf_path: &Path, converted: &Checkpoint) -> usize {
     let config = converted.config();
     let mut compared = 0;
     for info in &gguf.tensors {
-        let (module, suffix) = hf_name(&info.name).expect("known tensor");
+        let (module, suffix) = hf_name_in(config.architecture, &info.name).expect("known tensor");
         let expected = dequantize_reference(info.ggml_type, gguf.tensor_data(info).expect("data"))
             .expect("supported");
         let shape = info.shape();
@@ -318,8 +361,13 @@ pub fn assert_lossless(gguf_path: &Path, converted: &Checkpoint) -> usize {
         } else {
             (shape[0], 1)
         };
-        // What llama.cpp stored is HF order permuted; permute our rows to compare in GGUF order.
-        let permuted = module.ends_with("q_proj") || module.ends_with("k_proj");
+        // What llama.cpp stored is HF order permuted (for the families it converts as llamas);
+        // permute our rows to compare in GGUF order.
+        let permuted = (module.ends_with("q_proj") || module.ends_with("k_proj"))
+            && matches!(
+                config.architecture,
+                Architecture::Llama | Architecture::SmolLm3
+            );
         let actual: Vec<f32> = match converted
             .quantization_of(&module)
             .filter(|_| suffix == "weight")
@@ -348,6 +396,17 @@ pub fn assert_lossless(gguf_path: &Path, converted: &Checkpoint) -> usize {
                 assert_eq!(t.shape, shape.as_slice(), "{}", t.name);
                 floats(t.dtype, t.data)
             }
+        };
+        // Gemma's norms are stored as `1 + w` by llama.cpp and as `w` in the checkpoint: the
+        // loader adds the one back.
+        let gemma = matches!(
+            config.architecture,
+            Architecture::Gemma2 | Architecture::Gemma3
+        );
+        let actual: Vec<f32> = if gemma && module.ends_with("norm") {
+            actual.iter().map(|w| w + 1.0).collect()
+        } else {
+            actual
         };
         let actual = if permuted {
             let bytes: Vec<u8> = actual.iter().flat_map(|v| v.to_le_bytes()).collect();

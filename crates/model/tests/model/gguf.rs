@@ -5,7 +5,7 @@ use half::{bf16, f16};
 use mlxcel_model::gguf::dequant::{affine_groups, dequantize_reference};
 use mlxcel_model::gguf::permute::{gguf_row_of_hf_row, permute_rows, unpermute_rows};
 use mlxcel_model::gguf::{GgmlType, GgufFile, GgufValue, GgufWriter};
-use mlxcel_model::{Checkpoint, LoadedModel, ModelError, convert_gguf};
+use mlxcel_model::{Checkpoint, LoadedModel, ModelError, RopeScaling, convert_gguf};
 
 use crate::fixtures::{Rng, TinyLlama, assert_lossless};
 
@@ -281,6 +281,76 @@ fn tiny_llama_converts_losslessly_and_validates() {
         assert_eq!(model.eos_token_ids, [2]);
         assert_eq!(model.config().window(), 2048);
     }
+}
+
+/// Qwen3 (q/k norms, no permutation) and SmolLM3 (permuted like a llama, every fourth layer
+/// without RoPE, as llama.cpp runs it) convert losslessly into the family's own config.
+#[test]
+fn qwen3_and_smollm3_convert_with_their_features() {
+    let dir = tempfile::tempdir().unwrap();
+    for (arch, qk_norm, layers) in [("qwen3", true, 2), ("smollm3", false, 4)] {
+        let gguf = dir.path().join(format!("{arch}.gguf"));
+        TinyLlama {
+            arch,
+            qk_norm,
+            layers,
+            ..TinyLlama::default()
+        }
+        .write(&gguf, 12);
+        let out = dir.path().join(arch);
+        let summary = convert_gguf(&gguf, &out).unwrap();
+        assert_eq!(summary.config.architecture.model_type(), arch);
+        let model = LoadedModel::open(&out).unwrap();
+        let compared = assert_lossless(&gguf, &model.checkpoint);
+        assert_eq!(compared, 2 + (9 + 2 * usize::from(qk_norm)) * layers);
+        let config = model.config();
+        assert_eq!(config.qk_norm, qk_norm);
+        let rope: Vec<bool> = config.layers.iter().map(|l| l.rope).collect();
+        match arch {
+            "smollm3" => assert_eq!(rope, [true, true, true, false]),
+            _ => assert!(rope.iter().all(|&r| r)),
+        }
+    }
+}
+
+/// Gemma 3 (q/k norms, post-attention and post-MLP norms, llama.cpp's `1 + w` norms, a sliding
+/// window on five of every six layers, the local RoPE base, linear scaling) converts losslessly
+/// into a `gemma3_text` config with the same features.
+#[test]
+fn gemma3_converts_with_its_norms_windows_and_bases() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("gemma3.gguf");
+    let tiny = TinyLlama {
+        arch: "gemma3",
+        qk_norm: true,
+        sandwich: true,
+        layers: 7,
+        ..TinyLlama::default()
+    };
+    let mut w = tiny.metadata();
+    w.metadata("gemma3.attention.sliding_window", GgufValue::U32(512))
+        .metadata("gemma3.rope.freq_base_swa", GgufValue::F32(10_000.0))
+        .metadata(
+            "gemma3.rope.scaling.type",
+            GgufValue::String("linear".into()),
+        )
+        .metadata("gemma3.rope.scaling.factor", GgufValue::F32(8.0));
+    tiny.write_with(w, &gguf, 13);
+    let out = dir.path().join("out");
+    convert_gguf(&gguf, &out).unwrap();
+    let model = LoadedModel::open(&out).unwrap();
+    assert_eq!(assert_lossless(&gguf, &model.checkpoint), 2 + 13 * 7);
+    let c = model.config();
+    assert_eq!(c.architecture.model_type(), "gemma3_text");
+    assert!(c.qk_norm && c.sandwich_norms && c.norm_weight_offset && c.tie_word_embeddings);
+    let windows: Vec<_> = c.layers.iter().map(|l| l.window).collect();
+    let s = Some(512);
+    assert_eq!(windows, [s, s, s, s, s, None, s]);
+    assert_eq!(c.rope_local_theta, Some(10_000.0));
+    assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 8.0 }));
+    // No query_pre_attn_scalar in GGUF: llama.cpp's 1/√head_dim.
+    assert_eq!(c.attention_scale, 1.0 / (c.head_dim as f32).sqrt());
+    assert_eq!(c.attn_logit_softcapping, None);
 }
 
 #[test]

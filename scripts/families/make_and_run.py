@@ -1,0 +1,421 @@
+"""The mlx-lm side of scripts/check-families (run inside its pinned venv).
+
+    make_and_run.py make OUT_DIR [FAMILY...]      build each variant's checkpoint, oracle.json and
+                                                  prompt (ids, comma-separated) under
+                                                  OUT_DIR/<variant>/; print the variants
+    make_and_run.py compare DIR BACKEND TOLERANCE  compare DIR/ours-BACKEND.json with
+                                                  DIR/oracle.json; print one line, exit 1 on failure
+
+A variant is a tiny random model of one family built with mlx-lm's own classes
+(`mlx_lm.models.<module>.Model(ModelArgs(...))`), every feature of the family switched on, saved as
+mlx-lm saves a model (config.json in Hugging Face's keys, `model.safetensors` with mlx-lm's tensor
+names, metadata `format: mlx`), loaded back the way `mlx_lm.utils.load_model` does, and run: a
+24-token prefill through mlx-lm's KV caches (`make_prompt_cache`), then 8 greedy decode steps.
+oracle.json holds the 9 last-position logit vectors (f32) and the 9 greedy tokens.
+
+Only the model modules are imported, never the `mlx_lm` package itself: its `__init__` pulls in
+transformers for the tokenizer, which the oracle does not need (we feed token ids).
+"""
+
+import importlib
+import importlib.util
+import json
+import math
+import os
+import sys
+import types
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+
+def mlx_lm_module(name):
+    """`mlx_lm.<name>` without running `mlx_lm/__init__.py` (which imports transformers)."""
+    if "mlx_lm" not in sys.modules:
+        spec = importlib.util.find_spec("mlx_lm")
+        package = types.ModuleType("mlx_lm")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["mlx_lm"] = package
+    return importlib.import_module(f"mlx_lm.{name}")
+
+
+# mlx-lm runs some Hugging Face model types with another family's module (its MODEL_REMAPPING).
+MODULE_OF_MODEL_TYPE = {"mistral": "llama"}
+
+PROMPT_LEN = 24
+DECODE_STEPS = 8
+VOCAB = 384
+BOS, EOS = 257, 256
+# Keys written as null when a family's checkpoints carry them so (e.g. `sliding_window: null`);
+# other None values are left out of config.json.
+NULLABLE = {"rope_scaling", "sliding_window", "final_logit_softcapping", "attn_logit_softcapping"}
+
+
+def prompt_tokens():
+    """24 deterministic, irregular byte-range ids (a linear congruential sequence)."""
+    x, ids = 20261201, []
+    for _ in range(PROMPT_LEN):
+        x = (x * 1103515245 + 12345) % 2**31
+        ids.append(x % 256)
+    return ids
+
+
+def base_config(**overrides):
+    config = {
+        "hidden_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": BOS,
+        "eos_token_id": EOS,
+        "torch_dtype": "float32",
+    }
+    config.update(overrides)
+    return config
+
+
+def llama_config(**overrides):
+    # Llama 3.1's rope scaling, with an original window short enough (64) that the 32 positions
+    # here rotate differently with and without it: a period of 4.4k is stretched 8x, one of 33
+    # interpolated.
+    return base_config(**{
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        "attention_bias": True,
+        **overrides,
+    })
+
+
+def qwen2_config(**overrides):
+    # As Qwen2.5's checkpoints say: a sliding window that is not used (use_sliding_window false).
+    return base_config(**{
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": 32768,
+        "max_window_layers": 2,
+        **overrides,
+    })
+
+
+def variants():
+    """Every variant: (name, family, config, options). `quantize` is (group_size, bits)."""
+    return [
+        ("llama", "llama", llama_config(), {}),
+        ("llama-q4", "llama", llama_config(attention_bias=False, tie_word_embeddings=True),
+         {"quantize": (32, 4)}),
+        ("qwen2", "qwen2", qwen2_config(), {}),
+        ("qwen2-q4", "qwen2", qwen2_config(tie_word_embeddings=False), {"quantize": (64, 4)}),
+        # head_dim 32 is not hidden / heads (16), as in Qwen3's checkpoints.
+        ("qwen3", "qwen3", base_config(
+            architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=32,
+            rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False,
+            sliding_window=None, max_window_layers=3), {}),
+        ("qwen3-q4", "qwen3", base_config(
+            architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=32,
+            rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False,
+            sliding_window=None, max_window_layers=3), {"quantize": (32, 4)}),
+        # Every layer slides (window 8 < the 24-token prompt), as Hugging Face's Mistral does.
+        ("mistral", "mistral", base_config(
+            architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=8),
+         {"every_layer_slides": True}),
+        # NoPE on every second layer (interval 2; SmolLM3-3B has 4), listed explicitly too.
+        ("smollm3", "smollm3", base_config(
+            architectures=["SmolLM3ForCausalLM"], model_type="smollm3", num_hidden_layers=4,
+            rope_theta=5000000.0, tie_word_embeddings=True, no_rope_layer_interval=2,
+            no_rope_layers=[1, 0, 1, 0], use_sliding_window=False, sliding_window=None,
+            layer_types=["full_attention"] * 4), {}),
+        # Soft-capping low enough to bend these tiny models' scores and logits (Gemma 2 has 50 and
+        # 30); query_pre_attn_scalar differs from head_dim; the window (mlx-lm has none for
+        # Gemma 2) longer than the 32 positions here, so that it cannot matter.
+        ("gemma2", "gemma2", base_config(
+            architectures=["Gemma2ForCausalLM"], model_type="gemma2", num_hidden_layers=4,
+            hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6, tie_word_embeddings=True, query_pre_attn_scalar=24,
+            attn_logit_softcapping=5.0, final_logit_softcapping=2.0, sliding_window=4096,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            cache_implementation="hybrid"), {"norm_neutral": 0.0, "embedding_std": 0.05}),
+        # Local layers 0, 1, 3 (window 8, local RoPE base), global layer 2 (linear RoPE scaling x8
+        # as Gemma 3 4B+), q/k norms, embeddings scaled by sqrt(64) = 8 (exact in bf16, which
+        # mlx-lm rounds the scale to).
+        ("gemma3_text", "gemma3_text", base_config(
+            architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=4,
+            hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6, tie_word_embeddings=True, query_pre_attn_scalar=24,
+            rope_theta=1000000.0, rope_local_base_freq=10000.0,
+            rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window=8,
+            sliding_window_pattern=3,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                         "sliding_attention"],
+            final_logit_softcapping=None, attn_logit_softcapping=None),
+         {"norm_neutral": 0.0, "embedding_std": 0.05}),
+        # Fused qkv_proj and gate_up_proj; partial rotary (12 of 16 dims, as Phi-4-mini's 0.75);
+        # LongRoPE over 131072 / 4096 positions (attention factor sqrt(1 + ln 32 / ln 4096)).
+        # mlx-lm always rotates with long_factor where Hugging Face picks short_factor below
+        # 4096 positions, so the two lists are equal here (and not all ones).
+        ("phi3", "phi3", base_config(
+            architectures=["Phi3ForCausalLM"], model_type="phi3", head_dim=None,
+            max_position_embeddings=131072, original_max_position_embeddings=4096,
+            partial_rotary_factor=0.75, sliding_window=262144,
+            rope_scaling={"type": "longrope",
+                          "short_factor": [1.0, 1.25, 1.6, 2.5, 4.0, 6.5],
+                          "long_factor": [1.0, 1.25, 1.6, 2.5, 4.0, 6.5]}), {}),
+    ]
+
+
+def model_type_module(config):
+    model_type = config["model_type"]
+    return mlx_lm_module("models." + MODULE_OF_MODEL_TYPE.get(model_type, model_type))
+
+
+def randomize(model, seed, norm_neutral, embedding_std):
+    """Fresh weights: linears N(0, 4/in) (twice the usual gain, so that attention depends on the
+    context and greedy decoding wanders instead of repeating one token), embeddings
+    N(0, embedding_std²) (small: a tied output projection otherwise favours the token just fed),
+    norms neutral + N(0, 0.1²), biases N(0, 0.1²)."""
+    mx.random.seed(seed)
+    fresh = []
+    for name, value in tree_flatten(model.parameters()):
+        noise = mx.random.normal(value.shape, dtype=mx.float32)
+        if name.endswith("norm.weight"):
+            value = norm_neutral + 0.1 * noise
+        elif name.endswith(".bias"):
+            value = 0.1 * noise
+        elif "embed_tokens" in name:
+            value = embedding_std * noise
+        else:
+            value = 2 * noise / math.sqrt(value.shape[-1])
+        fresh.append((name, value))
+    model.update(tree_unflatten(fresh))
+
+
+def save(directory, model, config):
+    weights = dict(tree_flatten(model.parameters()))
+    if config["tie_word_embeddings"]:
+        for suffix in ("weight", "scales", "biases"):
+            weights.pop(f"lm_head.{suffix}", None)
+    mx.save_safetensors(os.path.join(directory, "model.safetensors"), weights,
+                        metadata={"format": "mlx"})
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(dict(sorted(config.items())), f, indent=2)
+    with open(os.path.join(directory, "tokenizer.json"), "w") as f:
+        json.dump(tokenizer_json(config["vocab_size"]), f, indent=1)
+
+
+def load(directory):
+    """The model as `mlx_lm.utils.load_model` builds it from the directory: config.json through
+    ModelArgs.from_dict, sanitize, nn.quantize where the file has scales, strict load_weights."""
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    module = model_type_module(config)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    weights = mx.load(os.path.join(directory, "model.safetensors"))
+    if hasattr(model, "sanitize"):
+        weights = model.sanitize(weights)
+    if (quantization := config.get("quantization")) is not None:
+        nn.quantize(
+            model,
+            group_size=quantization["group_size"],
+            bits=quantization["bits"],
+            mode=quantization.get("mode", "affine"),
+            class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights,
+        )
+    model.load_weights(list(weights.items()), strict=True)
+    mx.eval(model.parameters())
+    return model
+
+
+def slide_every_layer(model):
+    """Hugging Face's Mistral slides every layer. mlx-lm runs Mistral with its llama module, which
+    slides only the layers `layer_types` marks `sliding_attention` and needs one full layer (it
+    ignores `sliding_window` otherwise); marking every layer is what its loader would do if
+    `layer_types` could say so. The window arithmetic (RotatingKVCache, windowed mask) is
+    mlx-lm's."""
+    for layer in model.model.layers:
+        layer.use_sliding = True
+    model.model.swa_idx = 0
+
+
+def run(model, prompt):
+    cache_module = mlx_lm_module("models.cache")
+    cache = cache_module.make_prompt_cache(model)
+    logits, tokens = [], []
+    step = model(mx.array([prompt]), cache=cache)
+    for position in range(DECODE_STEPS + 1):
+        last = step[0, -1].astype(mx.float32)
+        token = int(mx.argmax(last).item())
+        logits.append(last.tolist())
+        tokens.append(token)
+        if position < DECODE_STEPS:
+            step = model(mx.array([[token]]), cache=cache)
+    return logits, tokens
+
+
+def check_oracle_is_useful(name, logits, tokens):
+    """Fails loudly (at generation, so deterministic) if the random model's greedy path would be
+    fragile or trivial: a top-2 margin a rounding could flip, or one repeated token."""
+    for step, vector in enumerate(logits):
+        top = sorted(vector, reverse=True)
+        scale = max(abs(v) for v in vector)
+        if top[0] - top[1] < 1e-3 * scale:
+            sys.exit(f"{name}: greedy step {step} is a near tie ({top[0]} vs {top[1]}); "
+                     "change the seed")
+    if len(set(tokens)) < 3:
+        sys.exit(f"{name}: greedy decoding repeats {sorted(set(tokens))}; rescale the weights")
+
+
+def make_variants(out_dir, families):
+    version = mlx_lm_module("_version").__version__
+    known = {name for v in variants() for name in v[:2]}
+    if unknown := set(families) - known:
+        sys.exit(f"unknown families {sorted(unknown)}; known: "
+                 f"{' '.join(dict.fromkeys(v[1] for v in variants()))} (or a variant's name)")
+    prompt = prompt_tokens()
+    # The seed is the variant's place in the whole list, so that naming families never changes
+    # a variant's weights.
+    for seed, (name, family, config, options) in enumerate(variants()):
+        if families and name not in families and family not in families:
+            continue
+        directory = os.path.join(out_dir, name)
+        os.makedirs(directory, exist_ok=True)
+        config = {k: v for k, v in config.items() if v is not None or k in NULLABLE}
+        module = model_type_module(config)
+        model = module.Model(module.ModelArgs.from_dict(config))
+        randomize(model, 1000 + seed, options.get("norm_neutral", 1.0),
+                  options.get("embedding_std", 0.1))
+        if config["tie_word_embeddings"] and "lm_head" in model:
+            model.pop("lm_head")
+        if (quantize := options.get("quantize")) is not None:
+            group_size, bits = quantize
+            nn.quantize(model, group_size=group_size, bits=bits,
+                        class_predicate=lambda _, m: hasattr(m, "to_quantized")
+                        and m.weight.shape[-1] % group_size == 0)
+            spec = {"group_size": group_size, "bits": bits, "mode": "affine"}
+            config["quantization"] = spec
+            config["quantization_config"] = spec
+        save(directory, model, config)
+
+        model = load(directory)
+        if options.get("every_layer_slides"):
+            slide_every_layer(model)
+        logits, tokens = run(model, prompt)
+        check_oracle_is_useful(name, logits, tokens)
+        with open(os.path.join(directory, "prompt"), "w") as f:
+            f.write(",".join(map(str, prompt)) + "\n")
+        with open(os.path.join(directory, "oracle.json"), "w") as f:
+            json.dump({"variant": name, "family": family, "mlx_lm": version,
+                       "mlx": mx.__version__, "prompt": prompt, "tokens": tokens,
+                       "logits": logits}, f)
+        print(name)
+
+
+def bytes_to_unicode():
+    """GPT-2's map from bytes to printable characters (byte-level BPE's alphabet)."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def tokenizer_json(vocab_size):
+    """A byte-level BPE without merges: ids 0..255 are the bytes, 256 `<|endoftext|>` (EOS),
+    257 `<|begin_of_text|>` (BOS), then reserved specials up to `vocab_size`."""
+    vocab = {char: b for b, char in bytes_to_unicode().items()}
+    specials = ["<|endoftext|>", "<|begin_of_text|>"] + [
+        f"<|reserved_{i}|>" for i in range(vocab_size - 258)]
+    added = []
+    for offset, content in enumerate(specials):
+        vocab[content] = 256 + offset
+        added.append({"id": 256 + offset, "content": content, "single_word": False,
+                      "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                          "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": []},
+    }
+
+
+def compare(directory, backend, tolerance):
+    with open(os.path.join(directory, "oracle.json")) as f:
+        oracle = json.load(f)
+    with open(os.path.join(directory, f"ours-{backend}.json")) as f:
+        ours = json.load(f)
+    name = oracle["variant"]
+    problems = []
+    if len(ours["logits"]) != len(oracle["logits"]):
+        problems.append(f"{len(ours['logits'])} logit vectors, mlx-lm has {len(oracle['logits'])}")
+    max_diff, max_logit = 0.0, 0.0
+    for step, (a, b) in enumerate(zip(oracle["logits"], ours["logits"])):
+        if len(a) != len(b):
+            problems.append(f"step {step}: {len(b)} logits, mlx-lm has {len(a)}")
+            continue
+        max_logit = max(max_logit, max(abs(x) for x in a))
+        for x, y in zip(a, b):
+            diff = abs(x - y) if y is not None else math.inf
+            max_diff = max(max_diff, diff if diff == diff else math.inf)
+    relative = max_diff / max_logit if max_logit else math.inf
+    if relative > tolerance:
+        problems.append(f"relative diff {relative:.1e} > {tolerance:g}")
+    same = sum(a == b for a, b in zip(oracle["tokens"], ours["tokens"]))
+    first_diff = next((i for i, (a, b) in enumerate(zip(oracle["tokens"], ours["tokens"]))
+                       if a != b), None)
+    if first_diff is not None or len(ours["tokens"]) != len(oracle["tokens"]):
+        problems.append(f"greedy tokens differ from step {first_diff}: "
+                        f"ours {ours['tokens']}, mlx-lm {oracle['tokens']}")
+    verdict = "PASS" if not problems else "FAIL: " + "; ".join(problems)
+    print(f"check-families: {name:<12} {backend:<3} max|diff| {max_diff:.1e} "
+          f"(max|logit| {max_logit:.2f}, relative {relative:.1e}), tokens {same}/"
+          f"{len(oracle['tokens'])} same  {verdict}")
+    return not problems
+
+
+def main(argv):
+    if len(argv) >= 2 and argv[0] == "make":
+        make_variants(argv[1], argv[2:])
+    elif len(argv) == 4 and argv[0] == "compare":
+        sys.exit(0 if compare(argv[1], argv[2], float(argv[3])) else 1)
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
