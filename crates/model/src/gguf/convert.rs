@@ -313,7 +313,9 @@ impl Header {
         // The head size is the key length; RoPE may rotate fewer features (Phi-3/Phi-4-mini's
         // partial rotary writes those as `rope.dimension_count`).
         let rope_dims = uint("rope.dimension_count")?;
-        let head_dim = match uint("attention.key_length")?.or(rope_dims) {
+        // As llama.cpp reads them: the key length, else hidden / heads; RoPE's width, else the
+        // head's.
+        let head_dim = match uint("attention.key_length")? {
             Some(d) => d,
             None => embedding_length / head_count.max(1),
         } as usize;

@@ -261,24 +261,36 @@ impl TinyLlama {
                 &[h],
                 GgmlType::F32,
             );
-            add(
-                &mut w,
-                &format!("blk.{l}.attn_q.weight"),
-                &[h, (self.heads * head_dim) as u64],
-                lin("attn_q"),
-            );
-            add(
-                &mut w,
-                &format!("blk.{l}.attn_k.weight"),
-                &[h, (self.kv_heads * head_dim) as u64],
-                lin("attn_k"),
-            );
-            add(
-                &mut w,
-                &format!("blk.{l}.attn_v.weight"),
-                &[h, (self.kv_heads * head_dim) as u64],
-                lin("attn_v"),
-            );
+            let phi3 = self.arch == "phi3";
+            if phi3 {
+                let rows = (self.heads + 2 * self.kv_heads) * head_dim;
+                add(
+                    &mut w,
+                    &format!("blk.{l}.attn_qkv.weight"),
+                    &[h, rows as u64],
+                    lin("attn_q"),
+                );
+            }
+            if !phi3 {
+                add(
+                    &mut w,
+                    &format!("blk.{l}.attn_q.weight"),
+                    &[h, (self.heads * head_dim) as u64],
+                    lin("attn_q"),
+                );
+                add(
+                    &mut w,
+                    &format!("blk.{l}.attn_k.weight"),
+                    &[h, (self.kv_heads * head_dim) as u64],
+                    lin("attn_k"),
+                );
+                add(
+                    &mut w,
+                    &format!("blk.{l}.attn_v.weight"),
+                    &[h, (self.kv_heads * head_dim) as u64],
+                    lin("attn_v"),
+                );
+            }
             add(
                 &mut w,
                 &format!("blk.{l}.attn_output.weight"),
@@ -311,16 +323,20 @@ impl TinyLlama {
                 &[h],
                 GgmlType::F32,
             );
-            add(
-                &mut w,
-                &format!("blk.{l}.ffn_gate.weight"),
-                &[h, self.ffn as u64],
-                lin("ffn_gate"),
-            );
+            if !phi3 {
+                add(
+                    &mut w,
+                    &format!("blk.{l}.ffn_gate.weight"),
+                    &[h, self.ffn as u64],
+                    lin("ffn_gate"),
+                );
+            }
+            // Phi-3's `ffn_up` holds gate then up.
+            let up_rows = if phi3 { 2 * self.ffn } else { self.ffn };
             add(
                 &mut w,
                 &format!("blk.{l}.ffn_up.weight"),
-                &[h, self.ffn as u64],
+                &[h, up_rows as u64],
                 lin("ffn_up"),
             );
             add(
@@ -352,6 +368,9 @@ pub fn assert_lossless(gguf_path: &Path, converted: &Checkpoint) -> usize {
     let config = converted.config();
     let mut compared = 0;
     for info in &gguf.tensors {
+        if info.name.starts_with("rope_factors_") {
+            continue; // LongRoPE's factors are config, not weights
+        }
         let (module, suffix) = hf_name_in(config.architecture, &info.name).expect("known tensor");
         let expected = dequantize_reference(info.ggml_type, gguf.tensor_data(info).expect("data"))
             .expect("supported");
@@ -368,34 +387,58 @@ pub fn assert_lossless(gguf_path: &Path, converted: &Checkpoint) -> usize {
                 config.architecture,
                 Architecture::Llama | Architecture::SmolLm3
             );
-        let actual: Vec<f32> = match converted
-            .quantization_of(&module)
-            .filter(|_| suffix == "weight")
-        {
-            Some(spec) => {
-                let t = |part: &str| {
-                    converted
-                        .tensor(&format!("{module}.{part}"))
-                        .expect("tensor present")
-                };
-                let (w, s, b) = (t("weight"), t("scales"), t("biases"));
-                dequantize_affine(
-                    spec,
-                    rows,
-                    cols,
-                    w.data,
-                    (s.dtype, s.data),
-                    (b.dtype, b.data),
-                )
-                .expect("sizes fit")
+        // One module's values; Phi-3's fused modules are their parts, row after row.
+        let values = |module: &str, rows: usize| -> Vec<f32> {
+            match converted
+                .quantization_of(&module)
+                .filter(|_| suffix == "weight")
+            {
+                Some(spec) => {
+                    let t = |part: &str| {
+                        converted
+                            .tensor(&format!("{module}.{part}"))
+                            .expect("tensor present")
+                    };
+                    let (w, s, b) = (t("weight"), t("scales"), t("biases"));
+                    dequantize_affine(
+                        spec,
+                        rows,
+                        cols,
+                        w.data,
+                        (s.dtype, s.data),
+                        (b.dtype, b.data),
+                    )
+                    .expect("sizes fit")
+                }
+                None => {
+                    let t = converted
+                        .tensor(&format!("{module}.{suffix}"))
+                        .expect("tensor present");
+                    let elements: usize = t.shape.iter().product();
+                    assert_eq!(elements, rows * cols, "{}", t.name);
+                    floats(t.dtype, t.data)
+                }
             }
-            None => {
-                let t = converted
-                    .tensor(&format!("{module}.{suffix}"))
-                    .expect("tensor present");
-                assert_eq!(t.shape, shape.as_slice(), "{}", t.name);
-                floats(t.dtype, t.data)
-            }
+        };
+        let parts: Option<Vec<(String, usize)>> =
+            module.rsplit_once('.').and_then(|(stem, last)| {
+                let (q, kv, ffn) = (config.q_dim(), config.kv_dim(), config.intermediate_size);
+                match last {
+                    "qkv_proj" => Some(vec![
+                        (format!("{stem}.q_proj"), q),
+                        (format!("{stem}.k_proj"), kv),
+                        (format!("{stem}.v_proj"), kv),
+                    ]),
+                    "gate_up_proj" => Some(vec![
+                        (format!("{stem}.gate_proj"), ffn),
+                        (format!("{stem}.up_proj"), ffn),
+                    ]),
+                    _ => None,
+                }
+            });
+        let actual: Vec<f32> = match parts {
+            Some(parts) => parts.iter().flat_map(|(m, r)| values(m, *r)).collect(),
+            None => values(&module, rows),
         };
         // Gemma's norms are stored as `1 + w` by llama.cpp and as `w` in the checkpoint: the
         // loader adds the one back.

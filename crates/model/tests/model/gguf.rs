@@ -353,6 +353,53 @@ fn gemma3_converts_with_its_norms_windows_and_bases() {
     assert_eq!(c.attn_logit_softcapping, None);
 }
 
+/// Phi-3: fused `attn_qkv` and `ffn_up` (gate then up) split at load into the usual modules,
+/// partial rotary from `rope.dimension_count`, LongRoPE's factors (a tensor) and attention factor.
+#[test]
+fn phi3_converts_fused_projections_and_long_rope() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("phi3.gguf");
+    let tiny = TinyLlama {
+        arch: "phi3",
+        tied: false,
+        ..TinyLlama::default()
+    };
+    // head_dim 16, 12 of it rotated: 6 pairs.
+    let factors: Vec<f32> = (0..6).map(|i| 1.0 + i as f32 / 4.0).collect();
+    let mut w = tiny.metadata();
+    w.metadata("phi3.rope.dimension_count", GgufValue::U32(12))
+        .metadata("phi3.rope.scaling.attn_factor", GgufValue::F32(1.25))
+        .metadata(
+            "phi3.rope.scaling.original_context_length",
+            GgufValue::U32(512),
+        );
+    let bytes: Vec<u8> = factors.iter().flat_map(|f| f.to_le_bytes()).collect();
+    w.tensor(
+        "rope_factors_long.weight",
+        &[6],
+        GgmlType::F32,
+        bytes.clone(),
+    );
+    w.tensor("rope_factors_short.weight", &[6], GgmlType::F32, bytes);
+    tiny.write_with(w, &gguf, 14);
+    let out = dir.path().join("out");
+    convert_gguf(&gguf, &out).unwrap();
+    let model = LoadedModel::open(&out).unwrap();
+    // Embedding, final norm, output, and per layer 2 norms + qkv + o + gate_up + down.
+    assert_eq!(assert_lossless(&gguf, &model.checkpoint), 3 + 6 * 2);
+    let c = model.config();
+    assert_eq!(c.architecture.model_type(), "phi3");
+    assert_eq!((c.head_dim, c.rotary_dim), (16, 12));
+    assert_eq!(c.rope_factors.as_deref(), Some(factors.as_slice()));
+    assert_eq!(c.rope_attention_factor, 1.25);
+    assert!(
+        model
+            .checkpoint
+            .tensor("model.layers.1.mlp.up_proj.weight")
+            .is_some()
+    );
+}
+
 #[test]
 fn tensors_without_a_llama_counterpart_are_refused_by_name() {
     let mut w = TinyLlama::default().metadata();
