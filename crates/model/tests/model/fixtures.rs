@@ -390,7 +390,7 @@ pub fn assert_lossless(gguf_path: &Path, converted: &Checkpoint) -> usize {
         // One module's values; Phi-3's fused modules are their parts, row after row.
         let values = |module: &str, rows: usize| -> Vec<f32> {
             match converted
-                .quantization_of(&module)
+                .quantization_of(module)
                 .filter(|_| suffix == "weight")
             {
                 Some(spec) => {
