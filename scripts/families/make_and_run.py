@@ -5,6 +5,9 @@
                                                   OUT_DIR/<variant>/; print the variants
     make_and_run.py compare DIR BACKEND TOLERANCE  compare DIR/ours-BACKEND.json with
                                                   DIR/oracle.json; print one line, exit 1 on failure
+    make_and_run.py bench OUT_DIR [FAMILY...]     build one ~50 M-parameter 4-bit model per family,
+                                                  all at the same shape, under OUT_DIR/<family>/
+                                                  (for scripts/bench-families; no oracle)
 
 A variant is a tiny random model of one family built with mlx-lm's own classes
 (`mlx_lm.models.<module>.Model(ModelArgs(...))`), every feature of the family switched on, saved as
@@ -408,9 +411,77 @@ def compare(directory, backend, tolerance):
     return not problems
 
 
+# One variant per family at a benchmark size (~50 M parameters, 4-bit): every family's layers at
+# the same shape, so that tokens per second compare the families' own costs.
+BENCH_SHAPE = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "intermediate_size": 2816,
+    "vocab_size": 8192,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+}
+BENCH_VARIANTS = ["llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma2", "gemma3_text",
+                  "phi3"]
+
+
+def make_bench(out_dir, families):
+    """Writes the bench-size model of each family (random weights, 4-bit groups of 64) into
+    `out_dir/<family>`; no oracle run."""
+    for seed, (name, family, config, options) in enumerate(variants()):
+        if name not in BENCH_VARIANTS or (families and family not in families):
+            continue
+        config = {k: v for k, v in config.items() if v is not None or k in NULLABLE}
+        config.update(BENCH_SHAPE)
+        if family == "phi3":
+            config.pop("head_dim", None)
+            config["rope_scaling"] = {
+                "type": "longrope",
+                "short_factor": [1.0 + i / 24 for i in range(24)],
+                "long_factor": [1.0 + i / 24 for i in range(24)],
+            }
+        if family in ("gemma2", "gemma3_text"):
+            config["query_pre_attn_scalar"] = 64
+            config["sliding_window"] = 512
+            config["layer_types"] = (["sliding_attention", "full_attention"] * 4
+                                     if family == "gemma2" else
+                                     (["sliding_attention"] * 5 + ["full_attention"]
+                                      + ["sliding_attention"] * 2))
+            config.pop("sliding_window_pattern", None)
+            if family == "gemma3_text":
+                config["sliding_window_pattern"] = 6
+        if family == "smollm3":
+            config["no_rope_layer_interval"] = 4
+            config["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(8)]
+            config["layer_types"] = ["full_attention"] * 8
+        if family == "mistral":
+            config["sliding_window"] = 4096
+        directory = os.path.join(out_dir, family)
+        os.makedirs(directory, exist_ok=True)
+        module = model_type_module(config)
+        model = module.Model(module.ModelArgs.from_dict(config))
+        randomize(model, 2000 + seed, options.get("norm_neutral", 1.0), 0.05)
+        if "lm_head" in model:
+            model.pop("lm_head")
+        nn.quantize(model, group_size=64, bits=4,
+                    class_predicate=lambda _, m: hasattr(m, "to_quantized")
+                    and m.weight.shape[-1] % 64 == 0)
+        spec = {"group_size": 64, "bits": 4, "mode": "affine"}
+        config["quantization"] = spec
+        config["quantization_config"] = spec
+        save(directory, model, config)
+        print(family)
+
+
 def main(argv):
     if len(argv) >= 2 and argv[0] == "make":
         make_variants(argv[1], argv[2:])
+    elif len(argv) >= 2 and argv[0] == "bench":
+        make_bench(argv[1], argv[2:])
     elif len(argv) == 4 and argv[0] == "compare":
         sys.exit(0 if compare(argv[1], argv[2], float(argv[3])) else 1)
     else:

@@ -138,8 +138,11 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
           acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc);
         sc[j] = _mm512_reduce_add_ps(acc) * p.scale;
       }
-      if (p.softcap > 0.0f)
-        for (int t = 0; t < keys; ++t) sc[t] = attention_cap(p, sc[t]);
+      if (p.softcap > 0.0f) {
+        const float cap = p.softcap;
+#pragma omp simd
+        for (int t = 0; t < keys; ++t) sc[t] = cap * tanh_fast(sc[t] / cap);
+      }
       // Max, exponentials and their sum.
       __m512 mv = _mm512_set1_ps(-3.0e38f);
       int t = 0;

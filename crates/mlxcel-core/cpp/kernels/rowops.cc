@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "mlxcel-core/cpp/kernels/attention.h"
+#include "mlxcel-core/cpp/kernels/fastmath.h"
 
 namespace mlxcel::kernels {
 
@@ -30,15 +31,19 @@ void swiglu_rows(const float* y, int M, int N, float* out) {
   }
 }
 
+// Cloned per instruction set (resolved once at load): the tanh polynomial vectorizes 16 lanes
+// wide with AVX-512 instead of a libm call per element, which made Gemma's prefill 40% slower.
+__attribute__((target_clones("avx512f", "avx2", "default")))
 void geglu_rows(const float* y, int M, int N, float* out) {
   const int f = N / 2;
   const float c = std::sqrt(2.0f / 3.14159265358979323846f);
   for (int m = 0; m < M; ++m) {
     const float* row = y + static_cast<int64_t>(m) * N;
     float* o = out + static_cast<int64_t>(m) * f;
+#pragma omp simd
     for (int j = 0; j < f; ++j) {
       const float g = row[j];
-      o[j] = 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * (g * g * g)))) * row[f + j];
+      o[j] = 0.5f * g * (1.0f + tanh_fast(c * (g + 0.044715f * (g * g * g)))) * row[f + j];
     }
   }
 }
