@@ -119,6 +119,18 @@ impl Checkpoint {
 
     /// Validates `files` against `config`.
     pub fn new(dir: &Path, mut config: ModelConfig, mut files: SafetensorsFiles) -> Result<Self> {
+        if config.multimodal {
+            let dropped = files.rename(text_model_name)?;
+            if !dropped.is_empty() {
+                eprintln!(
+                    "mlxcel: {}: skipping {} tensors of the vision tower and projector ({}, ...): \
+                     mlxcel runs the text model",
+                    dir.display(),
+                    dropped.len(),
+                    dropped[0]
+                );
+            }
+        }
         if config.architecture == Architecture::Phi3 {
             split_fused(&config, &mut files)?;
             // A per-module quantization override of a fused module applies to its parts.
@@ -179,6 +191,22 @@ impl Checkpoint {
     pub fn quantization_of(&self, module: &str) -> Option<QuantSpec> {
         self.quant.get(module).copied().flatten()
     }
+}
+
+/// A multimodal checkpoint's tensor under its text model's name (`language_model.model.…`,
+/// `model.language_model.…`, `language_model.lm_head.…` become `model.…`, `lm_head.…`), or `None`
+/// for the other towers' tensors.
+fn text_model_name(name: &str) -> Option<String> {
+    for (prefix, to) in [
+        ("language_model.model.", "model."),
+        ("model.language_model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+    ] {
+        if let Some(rest) = name.strip_prefix(prefix) {
+            return Some(format!("{to}{rest}"));
+        }
+    }
+    (name.starts_with("lm_head.")).then(|| name.to_owned())
 }
 
 /// Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj`: each becomes views of

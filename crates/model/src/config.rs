@@ -162,6 +162,10 @@ pub struct ModelConfig {
     pub rope_factors: Option<Vec<f32>>,
     /// The factor on the rotated features of q and k (LongRoPE's attention factor), 1 if none.
     pub rope_attention_factor: f32,
+    /// The checkpoint is multimodal (Gemma 3's `Gemma3ForConditionalGeneration`): this is its
+    /// text model (`text_config`), whose weights are under `language_model.`; the vision tower
+    /// and projector are skipped.
+    pub multimodal: bool,
     /// MLX quantization (`quantization`), `None` for a dense checkpoint.
     pub quantization: Option<Quantization>,
     /// `eos_token_id` from config.json, if any.
@@ -226,11 +230,46 @@ impl ModelConfig {
 
     /// Parses and validates config.json text; `path` is only used in errors.
     pub fn from_json(path: &Path, text: &str) -> Result<Self> {
-        let raw: RawConfig = serde_json::from_str(text).map_err(|source| ModelError::Json {
+        let value: Value = serde_json::from_str(text).map_err(|source| ModelError::Json {
             path: path.to_owned(),
             source,
         })?;
-        Self::from_raw(path, raw)
+        // Gemma 3's multimodal checkpoints (`Gemma3ForConditionalGeneration`): the text model's
+        // config is `text_config`; its weights are loaded, the vision tower's skipped.
+        let multimodal = value
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str)
+            == Some("Gemma3ForConditionalGeneration")
+            || value.get("model_type").and_then(Value::as_str) == Some("gemma3");
+        let value = match (multimodal, value.get("text_config")) {
+            (true, Some(text)) if text.is_object() => {
+                let mut merged = text.clone();
+                merged["architectures"] = Value::from(vec!["Gemma3ForCausalLM"]);
+                merged["model_type"] = Value::from("gemma3_text");
+                for key in [
+                    "eos_token_id",
+                    "bos_token_id",
+                    "_name_or_path",
+                    "quantization",
+                ] {
+                    if merged.get(key).is_none_or(Value::is_null)
+                        && let Some(v) = value.get(key)
+                    {
+                        merged[key] = v.clone();
+                    }
+                }
+                merged
+            }
+            _ => value,
+        };
+        let raw: RawConfig = serde_json::from_value(value).map_err(|e| ModelError::Json {
+            path: path.to_owned(),
+            source: e,
+        })?;
+        let mut config = Self::from_raw(path, raw)?;
+        config.multimodal = multimodal;
+        Ok(config)
     }
 
     /// The context window the checkpoint was trained for (`max_position_embeddings`).
@@ -354,6 +393,9 @@ impl ModelConfig {
         if self.architecture == Architecture::Phi3 {
             parts.push("fused qkv and gate/up".into());
         }
+        if self.multimodal {
+            parts.push("the text model of a multimodal checkpoint".into());
+        }
         if self.tie_word_embeddings {
             parts.push("tied embeddings".into());
         }
@@ -472,7 +514,8 @@ impl ModelConfig {
             return Err(ModelError::invalid(
                 path,
                 "vision_config",
-                "multimodal checkpoints are not supported (use the text model's own checkpoint)",
+                "multimodal checkpoints are supported for Gemma 3 only (its text model); use the \
+                 text model's own checkpoint",
             ));
         }
         let num_hidden_layers = need(raw.num_hidden_layers, "num_hidden_layers")?;
@@ -622,6 +665,7 @@ impl ModelConfig {
             rotary_dim,
             rope_factors,
             rope_attention_factor,
+            multimodal: false,
             quantization,
             eos_token_ids: token_ids(path, "eos_token_id", raw.eos_token_id.as_ref())?,
             bos_token_id: raw.bos_token_id,

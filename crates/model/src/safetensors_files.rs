@@ -227,6 +227,35 @@ impl SafetensorsFiles {
         Ok(())
     }
 
+    /// Renames every tensor by `rename` (its new name), dropping those it maps to `None`;
+    /// returns the names dropped. No bytes move.
+    pub fn rename(&mut self, rename: impl Fn(&str) -> Option<String>) -> Result<Vec<String>> {
+        let mut dropped = Vec::new();
+        let mut names = BTreeMap::new();
+        for (name, index) in std::mem::take(&mut self.names) {
+            let Some(new) = rename(&name) else {
+                dropped.push(name);
+                continue;
+            };
+            if new != name {
+                let shard = &mut self.shards[index];
+                let entry = shard
+                    .entries
+                    .remove(&name)
+                    .expect("listed names have entries");
+                shard.entries.insert(new.clone(), entry);
+            }
+            if names.insert(new.clone(), index).is_some() {
+                return Err(ModelError::Safetensors {
+                    path: self.origin.clone(),
+                    reason: format!("two tensors are both named `{new}` once renamed"),
+                });
+            }
+        }
+        self.names = names;
+        Ok(dropped)
+    }
+
     /// The tensor called `name`, if present.
     pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
         let (name, &shard) = self.names.get_key_value(name)?;

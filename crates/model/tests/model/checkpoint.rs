@@ -224,3 +224,50 @@ fn missing_tensor_of_a_sharded_checkpoint_names_the_index() {
         "{message}"
     );
 }
+
+/// Gemma 3's multimodal checkpoints: the text model (`text_config`, weights under
+/// `language_model.`) loads; the vision tower and projector are skipped (one warning line).
+#[test]
+fn gemma3_multimodal_checkpoint_loads_its_text_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = json!({
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
+        "max_position_embeddings": 512, "vocab_size": 40, "sliding_window": 8,
+        "model_type": "gemma3_text"
+    });
+    let v = json!({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "text_config": text, "vision_config": {"hidden_size": 32}, "eos_token_id": [1, 106]
+    });
+    let config = parsed(&v);
+    assert!(config.multimodal && config.sandwich_norms && config.qk_norm);
+    assert_eq!(config.eos_token_ids, [1, 106]);
+    let mut files = BTreeMap::new();
+    for (name, t) in tensors(&config, false) {
+        files.insert(format!("language_model.{name}"), t);
+    }
+    files.insert("vision_tower.encoder.weight".into(), f32s(&[4, 4]));
+    files.insert("multi_modal_projector.norm.weight".into(), f32s(&[4]));
+    write_dir(dir.path(), &v, &files, 1);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    assert!(
+        ckpt.tensor("model.layers.1.self_attn.q_norm.weight")
+            .is_some()
+    );
+    assert!(ckpt.tensors().all(|t| t.name.starts_with("model.")));
+    assert_eq!(ckpt.tensors().count(), files.len() - 2);
+    // Any other multimodal checkpoint is refused naming the field.
+    let mut other = config_value_with_vision();
+    other["architectures"] = json!(["LlamaForCausalLM"]);
+    let message = ModelConfig::from_json(Path::new("config.json"), &other.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("vision_config"), "{message}");
+}
+
+fn config_value_with_vision() -> Value {
+    let mut v = config(None);
+    v["vision_config"] = json!({"hidden_size": 32});
+    v
+}
