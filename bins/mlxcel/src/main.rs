@@ -25,6 +25,8 @@ enum Command {
     Convert(commands::convert::Args),
     /// Generate text from a prompt, or chat interactively without one.
     Generate(commands::generate::Args),
+    /// Measure a text's perplexity under the model (llama-perplexity's method and output).
+    Perplexity(commands::perplexity::Args),
     /// Install the default model (or convert a GGUF) into the cache and print its directory.
     Pull(commands::pull::Args),
     /// Serve the model over HTTP (OpenAI and llama-server routes).
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         Command::Capacity(args) => commands::capacity::run(&args),
         Command::Convert(args) => commands::convert::run(&args),
         Command::Generate(args) => commands::generate::run(&args),
+        Command::Perplexity(args) => commands::perplexity::run(&args),
         Command::Pull(args) => commands::pull::run(&args),
         Command::Serve(args) => commands::serve::run(&args),
         Command::Tokenize(args) => commands::tokenize::run(&args),

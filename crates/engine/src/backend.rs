@@ -123,6 +123,22 @@ pub trait Backend {
     fn execution(&self) -> String {
         String::new()
     }
+
+    /// Runs one sequence's step like [`Backend::step`] and returns the logits of its new
+    /// positions from `first` (an index into the step's tokens) to the last: what perplexity
+    /// scores. Backends that compute only the last position's logits refuse.
+    fn score(
+        &mut self,
+        step: SequenceStep<'_>,
+        first: usize,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let _ = (step, first);
+        Err(EngineError::backend(
+            self.name(),
+            "this backend returns only the last position's logits: scoring every position \
+             (perplexity) needs the mlx backend",
+        ))
+    }
 }
 
 /// A boxed backend is a backend, so the engine can choose one at run time.
@@ -165,5 +181,13 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn execution(&self) -> String {
         (**self).execution()
+    }
+
+    fn score(
+        &mut self,
+        step: SequenceStep<'_>,
+        first: usize,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        (**self).score(step, first)
     }
 }

@@ -44,12 +44,12 @@ impl BackendBench {
         })
     }
 
-    /// The model's description.
     /// How the backend runs the model ([`Backend::execution`]).
     pub fn execution(&self) -> String {
         self.backend.execution()
     }
 
+    /// The model's description.
     pub fn info(&self) -> &ModelInfo {
         &self.info
     }

@@ -79,6 +79,14 @@ pub enum EngineError {
     /// An empty prompt: there is no position to predict from.
     #[error("the prompt is empty: give at least one token of input")]
     EmptyPrompt,
+
+    /// A perplexity setting the text or the model cannot satisfy (`mlxcel perplexity`).
+    #[error("perplexity: invalid {setting} {value}: {reason}")]
+    InvalidPerplexity {
+        setting: &'static str,
+        value: usize,
+        reason: String,
+    },
 }
 
 impl EngineError {

@@ -48,6 +48,7 @@ mod engine;
 mod error;
 mod metrics;
 mod options;
+mod perplexity;
 mod request;
 mod rng;
 mod sampling;
@@ -67,6 +68,7 @@ pub use metrics::{
 pub use mlxcel_capacity::MaxNewTokens;
 pub use mlxcel_model::ChatMessage;
 pub use options::{Activations, BackendKind, EngineOptions, ShapeMode};
+pub use perplexity::{PerplexityOptions, PerplexityReport, perplexity};
 pub use request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };

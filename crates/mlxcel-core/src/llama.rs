@@ -559,6 +559,30 @@ impl LlamaModel {
     /// Runs one step and returns, per sequence and in order, the logits of its last new position.
     /// Each cache grows by its sequence's new tokens.
     pub fn forward(&self, seqs: &mut [ForwardSeq<'_>]) -> Result<Vec<Vec<f32>>> {
+        self.forward_rows(seqs, None)
+    }
+
+    /// Runs one sequence's step and returns the logits of its new positions from `first` (an
+    /// index into its new tokens) to the last, in order: what perplexity scores. The cache grows
+    /// as with [`LlamaModel::forward`].
+    pub fn forward_scores(&self, seq: ForwardSeq<'_>, first: usize) -> Result<Vec<Vec<f32>>> {
+        let n = seq.tokens.len();
+        if first >= n {
+            return Err(Error::Mlx {
+                op: "forward_scores",
+                message: format!("first row {first} is past the step's {n} tokens"),
+            });
+        }
+        self.forward_rows(&mut [seq], Some(first))
+    }
+
+    /// [`LlamaModel::forward`], or with `from: Some(first)` (one sequence) the logits of every
+    /// row from `first` on.
+    fn forward_rows(
+        &self,
+        seqs: &mut [ForwardSeq<'_>],
+        from: Option<usize>,
+    ) -> Result<Vec<Vec<f32>>> {
         if seqs.is_empty() {
             return Ok(Vec::new());
         }
@@ -628,12 +652,17 @@ impl LlamaModel {
         }
 
         let mut last_rows = Vec::with_capacity(seqs.len());
-        let mut end = 0u32;
-        for seq in seqs.iter() {
-            end += seq.tokens.len() as u32;
-            last_rows.push(end - 1);
+        match from {
+            Some(first) => last_rows.extend(first as u32..total as u32),
+            None => {
+                let mut end = 0u32;
+                for seq in seqs.iter() {
+                    end += seq.tokens.len() as u32;
+                    last_rows.push(end - 1);
+                }
+            }
         }
-        let batch = seqs.len() as i32;
+        let batch = last_rows.len() as i32;
         let last = x.take(&Array::from_u32(&last_rows, &[batch])?, 0)?;
         let last = rms_norm(&last, &self.norm, c.rms_norm_eps)?;
         let logits = match (&self.lm_head, &self.tied_int8) {

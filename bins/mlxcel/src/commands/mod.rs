@@ -4,6 +4,7 @@ pub mod bench;
 pub mod capacity;
 pub mod convert;
 pub mod generate;
+pub mod perplexity;
 pub mod pull;
 pub mod serve;
 pub mod tokenize;

@@ -174,4 +174,37 @@ impl Backend for MlxBackend {
     fn release_slot(&mut self, slot: SlotId) {
         self.slots.remove(&slot);
     }
+
+    fn score(
+        &mut self,
+        step: SequenceStep<'_>,
+        first: usize,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let mut cache = self.slots.remove(&step.slot).ok_or_else(|| {
+            EngineError::backend("mlx", format!("slot {} is not allocated", step.slot))
+        })?;
+        let result = if cache.len() == step.start_position {
+            self.model
+                .forward_scores(
+                    ForwardSeq {
+                        cache: &mut cache,
+                        tokens: step.tokens,
+                    },
+                    first,
+                )
+                .map_err(backend_error)
+        } else {
+            Err(EngineError::backend(
+                "mlx",
+                format!(
+                    "slot {} holds {} positions but the step starts at {}",
+                    step.slot,
+                    cache.len(),
+                    step.start_position
+                ),
+            ))
+        };
+        self.slots.insert(step.slot, cache);
+        result
+    }
 }
