@@ -2,9 +2,9 @@
 
 CARGO ?= cargo
 
-.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-dequant check-families test test-mlx-only check-package e2e
+.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-dequant check-families check-chat-templates test test-mlx-only check-package e2e
 
-verify: fmt-check clippy deny check-versions check-env-docs check-layers check-dequant check-families test test-mlx-only check-package e2e
+verify: fmt-check clippy deny check-versions check-env-docs check-layers check-dequant check-families check-chat-templates test test-mlx-only check-package e2e
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -36,6 +36,11 @@ check-dequant:
 # tiny random checkpoints (docs/model.md).
 check-families:
 	scripts/check-families
+
+# The chat-template corpus against jinja2 with Hugging Face's settings (pinned, cached venv); the
+# mlxcel-model tests hold minijinja to the same expected files (docs/model.md).
+check-chat-templates:
+	scripts/check-chat-templates
 
 test:
 	$(CARGO) test --workspace --locked

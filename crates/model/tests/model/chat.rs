@@ -1,6 +1,11 @@
-//! Chat templates with Hugging Face semantics.
+//! Chat templates with Hugging Face semantics: the jinja2-proven corpus, errors that name the
+//! line, and the checkpoint's template.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use mlxcel_model::{ChatMessage, ChatTemplate, LoadedModel, ModelError, convert_gguf};
+use serde::Deserialize;
 
 use crate::fixtures::{SMOLLM2_TEMPLATE, TinyLlama};
 
@@ -130,4 +135,189 @@ fn qwen2_template() {
         "<|im_start|>system\nYou are Qwen.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
          <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
     );
+}
+
+/// `tests/fixtures/chat_templates/corpus.json`: the cases and which template renders which.
+#[derive(Deserialize)]
+struct Corpus {
+    special_tokens: SpecialTokens,
+    now: String,
+    cases: BTreeMap<String, Case>,
+    renders: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Deserialize)]
+struct SpecialTokens {
+    bos_token: String,
+    eos_token: String,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    now: Option<String>,
+    /// Deserialized straight into a template value, so that maps keep the file's key order.
+    context: minijinja::Value,
+}
+
+fn corpus_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates")
+}
+
+/// Every template of the corpus renders every case it lists exactly as the expected file says:
+/// the output byte for byte, or an error with the line and message jinja2 gave
+/// (`scripts/check-chat-templates` proves the expected files with jinja2 itself).
+#[test]
+fn corpus_renders_as_jinja2_does() {
+    let dir = corpus_dir();
+    let corpus: Corpus =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("corpus.json")).unwrap()).unwrap();
+    let mut renders = 0;
+    let mut failures = Vec::new();
+    for (name, cases) in &corpus.renders {
+        let source = std::fs::read_to_string(dir.join("templates").join(name)).unwrap();
+        let stem = name.trim_end_matches(".jinja");
+        for case_name in cases {
+            let case = &corpus.cases[case_name];
+            let template = ChatTemplate::new(
+                &source,
+                &corpus.special_tokens.bos_token,
+                &corpus.special_tokens.eos_token,
+            )
+            .unwrap()
+            .with_fixed_now(case.now.as_deref().unwrap_or(&corpus.now))
+            .unwrap();
+            let ours = template.render_with(&case.context);
+            renders += 1;
+            let expected = |kind: &str| dir.join(format!("expected/{stem}.{case_name}.{kind}"));
+            match (
+                std::fs::read_to_string(expected("txt")),
+                std::fs::read_to_string(expected("error")),
+                ours,
+            ) {
+                (Ok(want), _, Ok(got)) if want == got => {}
+                (_, Ok(want), Err(got)) if got.to_string().contains(want.trim_end()) => {}
+                (want_txt, want_error, got) => failures.push(format!(
+                    "{stem}.{case_name}:\n  expected {:?}\n  got      {:?}",
+                    want_txt.or(want_error).unwrap_or_default(),
+                    got.map_err(|e| e.to_string()),
+                )),
+            }
+        }
+    }
+    let expected_files = std::fs::read_dir(dir.join("expected")).unwrap().count();
+    assert_eq!(expected_files, renders, "one expected file per render");
+    assert!(
+        failures.is_empty(),
+        "{} of {renders} renders differ from jinja2's:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// What a template outputs, or its error as text.
+fn outcome(source: &str, context: serde_json::Value) -> Result<String, String> {
+    ChatTemplate::new(source, "<s>", "</s>")
+        .and_then(|t| t.render_with(&context))
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn an_unknown_filter_names_its_line() {
+    let source = "{# one #}\n{{ messages | length }}\n{{ messages | no_such_filter }}\n";
+    let err = outcome(source, serde_json::json!({"messages": []})).unwrap_err();
+    assert!(err.contains("line 3:"), "{err}");
+    assert!(err.contains("no_such_filter"), "{err}");
+    assert!(
+        err.contains("(in `{{ messages | no_such_filter }}`)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_syntax_error_names_its_line() {
+    let err = ChatTemplate::new("{% for m in messages %}\n{{ m.role }}\n{% endif %}", "", "")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("does not compile: line 3: syntax error"),
+        "{err}"
+    );
+}
+
+#[test]
+fn endless_recursion_stops_with_an_error_naming_the_line() {
+    let source = "{% macro again(n) %}\n{{ again(n + 1) }}\n{% endmacro %}\n{{ again(0) }}";
+    let err = outcome(source, serde_json::json!({"messages": []})).unwrap_err();
+    assert!(err.contains("line 2:"), "{err}");
+}
+
+#[test]
+fn a_loop_that_would_run_for_hours_runs_out_of_fuel() {
+    let source = "{% for a in range(100000) %}\n{% for b in range(100000) %}{{ '' }}{% endfor %}\n{% endfor %}";
+    let started = std::time::Instant::now();
+    let err = outcome(source, serde_json::json!({"messages": []})).unwrap_err();
+    assert!(
+        err.contains("instructions (does it loop forever?)"),
+        "{err}"
+    );
+    assert!(err.contains("line 2:"), "{err}");
+    assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
+}
+
+#[test]
+fn errors_name_the_file_the_template_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = "{{ bos_token }}\n{{ raise_exception('no ' ~ messages | length) }}";
+    let config = serde_json::json!({"bos_token": "<s>", "chat_template": bad});
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    let err = ChatTemplate::from_dir(dir.path())
+        .unwrap()
+        .unwrap()
+        .render(&[], false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("tokenizer_config.json `chat_template`: line 2: no 0"),
+        "{err}"
+    );
+    std::fs::write(dir.path().join("chat_template.jinja"), "\n\n{% if %}").unwrap();
+    let err = ChatTemplate::from_dir(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("chat_template.jinja: does not compile: line 3:"),
+        "{err}"
+    );
+}
+
+#[test]
+fn render_with_fills_in_what_hugging_face_passes() {
+    let source = "{{ tools is none }} {{ documents is none }} {{ add_generation_prompt }} {{ bos_token }}{{ eos_token }} {{ extra }}";
+    let rendered = outcome(source, serde_json::json!({"messages": [], "extra": 1}));
+    assert_eq!(rendered.unwrap(), "True True False <s></s> 1");
+    let overridden = outcome(
+        source,
+        serde_json::json!({"messages": [], "bos_token": "[B]"}),
+    );
+    assert_eq!(overridden.unwrap(), "True True False [B]</s> ");
+    let err = outcome(source, serde_json::json!({"tools": []})).unwrap_err();
+    assert!(err.contains("`messages`"), "{err}");
+    let t = ChatTemplate::new(SMOLLM2_TEMPLATE, "", "").unwrap();
+    assert_eq!(
+        t.render(&[user("Hi")], true).unwrap(),
+        t.render_with(&serde_json::json!({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": true}))
+            .unwrap()
+    );
+}
+
+#[test]
+fn strftime_now_reads_the_local_clock_unless_pinned() {
+    let t = ChatTemplate::new("{{ strftime_now('%Y') }}", "", "").unwrap();
+    let year: i32 = t.render(&[], false).unwrap().parse().unwrap();
+    assert!(year >= 2025, "{year}");
+    let pinned = t.with_fixed_now("1999-12-31T23:59:59").unwrap();
+    assert_eq!(pinned.render(&[], false).unwrap(), "1999");
+    let err = ChatTemplate::new("", "", "")
+        .unwrap()
+        .with_fixed_now("yesterday")
+        .unwrap_err();
+    assert!(err.to_string().contains("yesterday"), "{err}");
 }
