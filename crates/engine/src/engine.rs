@@ -16,7 +16,7 @@ use crate::error::EngineError;
 use crate::metrics::EngineMetrics;
 use crate::options::{BackendKind, EngineOptions};
 use crate::request::{Event, FinishReason, GenerationRequest, RequestId, Usage};
-use crate::scheduler::{Scheduler, SchedulerStats};
+use crate::scheduler::{ConstraintSource, Scheduler, SchedulerStats};
 use crate::text::TokenizerDecoder;
 
 /// What the engine knows about its model.
@@ -69,7 +69,7 @@ impl ModelInfo {
 
 enum Command {
     Submit {
-        request: GenerationRequest,
+        request: Box<GenerationRequest>,
         events: events::UnboundedSender<Event>,
         reply: Reply,
     },
@@ -133,6 +133,11 @@ impl Engine {
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let decoder = Arc::new(TokenizerDecoder::new(tokenizer.clone()));
+        // Structured output compiles against the tokenizer's vocabulary, padded to the model's;
+        // the first end token closes a complete output.
+        let constraint_tokenizer = tokenizer.clone();
+        let eos = loaded.eos_token_ids.first().copied().unwrap_or(0);
+        let vocab_size = loaded.checkpoint.config().vocab_size;
         let worker_metrics = metrics.clone();
         let backend_name = options.backend.as_str();
         let worker = std::thread::Builder::new()
@@ -140,7 +145,12 @@ impl Engine {
             .spawn(move || {
                 // The backend is built on the thread that runs it.
                 let backend = backends::load(&loaded.checkpoint, &options);
-                let scheduler = backend.and_then(|b| Scheduler::new(b, decoder, options.scheduler));
+                let constraints =
+                    Arc::new(ConstraintSource::new(constraint_tokenizer, eos, vocab_size));
+                let scheduler = backend.and_then(|b| {
+                    Scheduler::new(b, decoder, options.scheduler)
+                        .map(|s| s.with_constraints(constraints))
+                });
                 match scheduler {
                     Ok(scheduler) => {
                         let _ = ready_tx.send(Ok(()));
@@ -286,7 +296,7 @@ impl Engine {
         let (events_tx, events_rx) = events::unbounded_channel();
         self.commands
             .send(Command::Submit {
-                request,
+                request: Box::new(request),
                 events: events_tx,
                 reply,
             })
@@ -372,7 +382,7 @@ fn run_worker<B: Backend>(
                     events,
                     reply,
                 } => {
-                    let result = scheduler.submit(request);
+                    let result = scheduler.submit(*request);
                     let accepted = result.as_ref().ok().copied();
                     if let Some(id) = accepted {
                         let timing = Timing {

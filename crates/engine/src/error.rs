@@ -80,6 +80,10 @@ pub enum EngineError {
     #[error("the prompt is empty: give at least one token of input")]
     EmptyPrompt,
 
+    /// A structured-output constraint llguidance refuses (a bad schema, grammar or regex).
+    #[error("invalid {kind}: {message}")]
+    InvalidConstraint { kind: &'static str, message: String },
+
     /// A perplexity setting the text or the model cannot satisfy (`mlxcel perplexity`).
     #[error("perplexity: invalid {setting} {value}: {reason}")]
     InvalidPerplexity {

@@ -43,9 +43,11 @@
 mod backend;
 mod backends;
 mod bench;
+mod constraint;
 mod decode;
 mod engine;
 mod error;
+mod gbnf;
 mod metrics;
 mod options;
 mod perplexity;
@@ -59,9 +61,11 @@ mod text;
 pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
 pub use backends::load_backend;
 pub use bench::{BackendBench, measure_read_bandwidth};
+pub use constraint::Constraint;
 pub use decode::{DecodeStream, TextDecoder};
 pub use engine::{Completion, Engine, GenerationStream, ModelInfo};
 pub use error::{BackendSource, EngineError};
+pub use gbnf::gbnf_to_lark;
 pub use metrics::{
     BucketOccupancy, EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, TTFT_BOUNDS,
 };

@@ -1,5 +1,6 @@
 //! What a caller submits, and what comes back.
 
+use crate::constraint::Constraint;
 use crate::sampling::SamplingParams;
 use mlxcel_capacity::MaxNewTokens;
 
@@ -22,6 +23,8 @@ pub struct GenerationRequest {
     /// Report each token's log-probability and this many most likely alternatives; `None` for no
     /// log-probabilities at all.
     pub logprobs: Option<usize>,
+    /// What the output must match (structured output); `None` for free text.
+    pub constraint: Option<Constraint>,
 }
 
 impl GenerationRequest {
@@ -34,6 +37,7 @@ impl GenerationRequest {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             logprobs: None,
+            constraint: None,
         }
     }
 }

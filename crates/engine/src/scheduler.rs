@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
+use crate::constraint::{ConstrainedOutput, Constraints};
 use crate::decode::{DecodeStream, TextDecoder};
 use crate::error::EngineError;
 use crate::metrics::BucketOccupancy;
@@ -89,6 +90,8 @@ struct Sequence {
     stops: StopMatcher,
     stop_token_ids: Vec<u32>,
     logprobs: Option<usize>,
+    /// The structured-output constraint in progress, if any.
+    constraint: Option<ConstrainedOutput>,
     cancel_requested: bool,
 }
 
@@ -129,6 +132,45 @@ pub struct Scheduler<B: Backend> {
     running: Vec<Sequence>,
     next_id: RequestId,
     stats: SchedulerStats,
+    /// Compiles structured-output constraints for the model's vocabulary (built on the first
+    /// constrained request); `None` without a tokenizer (then such requests are refused).
+    constraints: Option<Arc<ConstraintSource>>,
+}
+
+/// The vocabulary that constraints compile against, and the compiler once built.
+pub(crate) struct ConstraintSource {
+    tokenizer: Arc<mlxcel_model::Tokenizer>,
+    eos: u32,
+    vocab_size: usize,
+    built: std::sync::OnceLock<Result<Constraints, String>>,
+}
+
+impl ConstraintSource {
+    pub(crate) fn new(
+        tokenizer: Arc<mlxcel_model::Tokenizer>,
+        eos: u32,
+        vocab_size: usize,
+    ) -> Self {
+        Self {
+            tokenizer,
+            eos,
+            vocab_size,
+            built: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn get(&self) -> Result<&Constraints, EngineError> {
+        self.built
+            .get_or_init(|| {
+                Constraints::new(self.tokenizer.clone(), self.eos, self.vocab_size)
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|message| EngineError::InvalidConstraint {
+                kind: "vocabulary",
+                message: message.clone(),
+            })
+    }
 }
 
 impl<B: Backend> std::fmt::Debug for Scheduler<B> {
@@ -157,7 +199,14 @@ impl<B: Backend> Scheduler<B> {
             running: Vec::new(),
             next_id: 1,
             stats: SchedulerStats::default(),
+            constraints: None,
         })
+    }
+
+    /// Lets requests carry structured-output constraints, compiled against this vocabulary.
+    pub(crate) fn with_constraints(mut self, source: Arc<ConstraintSource>) -> Self {
+        self.constraints = Some(source);
+        self
     }
 
     /// The backend, for queries such as its window.
@@ -224,6 +273,19 @@ impl<B: Backend> Scheduler<B> {
             max_new_tokens: request.max_new_tokens,
         })?;
         let sampler = Sampler::new(request.sampling)?;
+        let constraint = match &request.constraint {
+            None => None,
+            Some(c) => {
+                let source = self
+                    .constraints
+                    .as_ref()
+                    .ok_or(EngineError::InvalidConstraint {
+                        kind: "constraint",
+                        message: "structured output needs the model's tokenizer".into(),
+                    })?;
+                Some(source.get()?.matcher(c)?)
+            }
+        };
         let id = self.next_id;
         self.next_id += 1;
         self.waiting.push_back(Sequence {
@@ -239,6 +301,7 @@ impl<B: Backend> Scheduler<B> {
             stops: StopMatcher::new(request.stop),
             stop_token_ids: request.stop_token_ids,
             logprobs: request.logprobs,
+            constraint,
             cancel_requested: false,
         });
         Ok(id)
@@ -423,18 +486,45 @@ impl<B: Backend> Scheduler<B> {
             Some(k) => log_probabilities(&logits, k),
             None => (Vec::new(), Vec::new()),
         };
+        if let Some(constraint) = &mut sequence.constraint
+            && let Err(message) = constraint.mask(&mut logits, &sequence.stop_token_ids)
+        {
+            sequence.status = RequestStatus::FinishedError;
+            let message = format!("structured output: {message}");
+            events.push((
+                sequence.id,
+                finished_event(sequence, String::new(), Some(message)),
+            ));
+            return;
+        }
         let token = sequence.sampler.sample(&mut logits, &sequence.tokens);
         sequence.tokens.push(token);
         self.stats.generated_tokens += 1;
 
         let mut text = String::new();
         let is_stop_token = sequence.stop_token_ids.contains(&token);
+        // A constraint that can take nothing more ends the output, as an EOS would.
+        let mut complete = false;
+        if !is_stop_token && let Some(constraint) = &mut sequence.constraint {
+            match constraint.accept(token) {
+                Ok(done) => complete = done,
+                Err(message) => {
+                    sequence.status = RequestStatus::FinishedError;
+                    let message = format!("structured output: {message}");
+                    events.push((
+                        sequence.id,
+                        finished_event(sequence, String::new(), Some(message)),
+                    ));
+                    return;
+                }
+            }
+        }
         if is_stop_token {
             sequence.status = RequestStatus::FinishedStopped;
         } else {
             let scan = sequence.stops.push(&sequence.decoder.push(token));
             text = scan.text;
-            if scan.stopped {
+            if scan.stopped || complete {
                 sequence.status = RequestStatus::FinishedStopped;
             } else if sequence.generated() >= sequence.plan.admitted_max_new_tokens
                 || sequence.tokens.len() > sequence.plan.max_positions

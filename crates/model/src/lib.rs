@@ -53,4 +53,4 @@ pub use model::{LoadedModel, eos_token_ids};
 pub use quant::{QuantSpec, Quantization, dequantize_affine, pack, unpack};
 pub use resolve::{CONVERTER_VERSION, converted, resolve_model};
 pub use safetensors_files::{Dtype, SafetensorsFiles, TensorView};
-pub use tokenizer::{Detokenizer, Tokenizer, shared_detokenizer};
+pub use tokenizer::{Detokenizer, TokenBytes, Tokenizer, shared_detokenizer};

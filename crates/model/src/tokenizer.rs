@@ -86,6 +86,65 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// Every token's bytes, by id, as the text it stands for (what a grammar engine matches
+    /// output against): byte-level pieces (`Ġthe`) mapped back through GPT-2's byte alphabet,
+    /// SentencePiece pieces with `▁` as a space and `<0xNN>` as the byte NN. Special tokens
+    /// (added tokens marked special, or of the form `<…>`) are flagged and keep their text; ids
+    /// the vocabulary lacks are empty.
+    pub fn token_bytes(&self) -> Vec<TokenBytes> {
+        let size = self.vocab_size();
+        let mut out = vec![TokenBytes::default(); size];
+        let byte_level = byte_level_alphabet();
+        let added = self.inner.get_added_tokens_decoder();
+        for (id, entry) in out.iter_mut().enumerate() {
+            let id = id as u32;
+            if let Some(token) = added.get(&id) {
+                entry.special = token.special
+                    || (token.content.starts_with('<') && token.content.ends_with('>'));
+                entry.bytes = token.content.clone().into_bytes();
+                continue;
+            }
+            let Some(piece) = self.inner.id_to_token(id) else {
+                continue;
+            };
+            entry.bytes = if let Some(hex) = piece
+                .strip_prefix("<0x")
+                .and_then(|h| h.strip_suffix('>'))
+                .filter(|h| h.len() == 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                vec![hex]
+            } else if let Some(bytes) = piece
+                .chars()
+                .map(|c| byte_level.get(&c).copied())
+                .collect::<Option<Vec<u8>>>()
+                .filter(|_| self.is_byte_level())
+            {
+                bytes
+            } else {
+                piece.replace('▁', " ").into_bytes()
+            };
+        }
+        out
+    }
+
+    /// Whether the vocabulary is GPT-2-style byte-level BPE (its pre-tokenizer or decoder is
+    /// `ByteLevel`).
+    fn is_byte_level(&self) -> bool {
+        let json = |v: Option<String>| v.unwrap_or_default();
+        let decoder = json(
+            self.inner
+                .get_decoder()
+                .and_then(|d| serde_json::to_string(d).ok()),
+        );
+        let pre = json(
+            self.inner
+                .get_pre_tokenizer()
+                .and_then(|p| serde_json::to_string(p).ok()),
+        );
+        decoder.contains("ByteLevel") || pre.contains("ByteLevel")
+    }
+
     /// The file this tokenizer was loaded from.
     pub fn path(&self) -> &Path {
         &self.path
@@ -101,6 +160,32 @@ impl Tokenizer {
             skip_special,
         }
     }
+}
+
+/// One token's text as bytes (see [`Tokenizer::token_bytes`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenBytes {
+    pub bytes: Vec<u8>,
+    /// A special token (`<|im_end|>`, `<s>`): never produced by matching plain text.
+    pub special: bool,
+}
+
+/// GPT-2's byte alphabet inverted: the printable character each byte is written as in a
+/// byte-level vocabulary, mapped back to the byte.
+fn byte_level_alphabet() -> std::collections::HashMap<char, u8> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    let mut map = std::collections::HashMap::new();
+    let mut next = 256u32;
+    for b in 0..=255u32 {
+        let c = if printable(b) {
+            b
+        } else {
+            next += 1;
+            next - 1
+        };
+        map.insert(char::from_u32(c).expect("a valid code point"), b as u8);
+    }
+    map
 }
 
 /// A detokenizer that shares ownership of its tokenizer, for streams that outlive any borrow

@@ -44,6 +44,8 @@ pub struct Params {
     pub stop: Vec<String>,
     /// Top alternatives per token; `Some(0)` is the chosen token's logprob alone.
     pub logprobs: Option<usize>,
+    /// Structured output: what the text must match.
+    pub constraint: Option<mlxcel_engine::Constraint>,
 }
 
 /// Reads a signed token budget (`-1` unlimited) of field `param`.
@@ -139,6 +141,7 @@ pub async fn submit(
                 stop: params.stop,
                 stop_token_ids: Vec::new(),
                 logprobs: params.logprobs,
+                constraint: params.constraint,
             })
         }
     })

@@ -39,6 +39,7 @@ mod routes;
 mod run;
 mod serve;
 mod state;
+mod structured;
 
 pub use args::{ServerArgs, normalize_llama_args};
 pub use config::{ApiKeys, ServerConfig};

@@ -1,6 +1,7 @@
 //! llama-server's routes: `/completion`, `/tokenize`, `/detokenize`, `/apply-template`,
 //! `/health`, `/props`, `/slots`, `/metrics`.
 
+use crate::structured::{ConstraintFields, ResponseFormat};
 use std::sync::Arc;
 
 use hyper::body::Incoming;
@@ -43,6 +44,14 @@ struct CompletionRequest {
     frequency_penalty: Option<f32>,
     seed: Option<i64>,
     n_probs: Option<usize>,
+    // Structured output (structured.rs): llama-server's own fields, and the OpenAI and vLLM
+    // spellings it also reads.
+    json_schema: Option<serde_json::Value>,
+    grammar: Option<String>,
+    response_format: Option<ResponseFormat>,
+    guided_json: Option<serde_json::Value>,
+    guided_regex: Option<String>,
+    guided_grammar: Option<String>,
     /// Accepted for compatibility; every prompt is computed afresh (no prefix cache yet).
     #[serde(default)]
     #[allow(dead_code)]
@@ -66,6 +75,15 @@ pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Respons
         seed: request.seed,
         stop: request.stop.map(StopField::into_vec).unwrap_or_default(),
         logprobs: request.n_probs.filter(|&n| n > 0),
+        constraint: ConstraintFields {
+            response_format: request.response_format,
+            json_schema: request.json_schema,
+            grammar: request.grammar,
+            guided_json: request.guided_json,
+            guided_regex: request.guided_regex,
+            guided_grammar: request.guided_grammar,
+        }
+        .constraint()?,
     };
     let stop_words = params.stop.clone();
     let (prompt, prompt_text) = match request.prompt {

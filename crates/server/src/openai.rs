@@ -1,5 +1,6 @@
 //! OpenAI's routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models`.
 
+use crate::structured::{ConstraintFields, ResponseFormat};
 use std::sync::Arc;
 
 use hyper::body::Incoming;
@@ -98,6 +99,7 @@ struct Common {
     top_k: Option<usize>,
     min_p: Option<f32>,
     repeat_penalty: Option<f32>,
+    constraint: ConstraintFields,
 }
 
 /// Declares a request struct with the [`Common`] fields inline (not `#[serde(flatten)]`, which
@@ -124,11 +126,26 @@ macro_rules! openai_request {
             top_k: Option<usize>,
             min_p: Option<f32>,
             repeat_penalty: Option<f32>,
+            // Structured output (structured.rs).
+            response_format: Option<ResponseFormat>,
+            json_schema: Option<Value>,
+            grammar: Option<String>,
+            guided_json: Option<Value>,
+            guided_regex: Option<String>,
+            guided_grammar: Option<String>,
         }
 
         impl $name {
             fn common(&mut self) -> Common {
                 Common {
+                    constraint: ConstraintFields {
+                        response_format: self.response_format.take(),
+                        json_schema: self.json_schema.take(),
+                        grammar: self.grammar.take(),
+                        guided_json: self.guided_json.take(),
+                        guided_regex: self.guided_regex.take(),
+                        guided_grammar: self.guided_grammar.take(),
+                    },
                     model: self.model.take(),
                     stream: self.stream,
                     stream_options: self.stream_options.take(),
@@ -188,6 +205,7 @@ impl Common {
             seed: self.seed,
             stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
             logprobs,
+            constraint: self.constraint.constraint()?,
             ..Params::default()
         })
     }
@@ -207,15 +225,8 @@ openai_request!(ChatRequest {
     #[serde(default)]
     logprobs: bool,
     top_logprobs: Option<u32>,
-    response_format: Option<ResponseFormat>,
     tools: Option<Vec<Value>>,
 });
-
-#[derive(Debug, Deserialize)]
-struct ResponseFormat {
-    #[serde(rename = "type")]
-    kind: String,
-}
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct MessageField {
@@ -329,17 +340,6 @@ pub async fn chat_completions(
     let common = request.common();
     let engine = state.engine()?.clone();
     state.check_model(engine.info(), common.model.as_deref())?;
-    if let Some(format) = &request.response_format
-        && format.kind != "text"
-    {
-        return Err(ApiError::unsupported(
-            "response_format",
-            format!(
-                "response_format type `{}` is not supported: constrained (JSON / schema) decoding is not implemented; use `text`",
-                format.kind
-            ),
-        ));
-    }
     if request.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::unsupported(
             "tools",

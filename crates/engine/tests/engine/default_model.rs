@@ -447,3 +447,99 @@ fn perplexity_matches_token_by_token_scoring() {
         }
     }
 }
+
+/// Structured output: a JSON schema, a regex and a Lark grammar constrain what the default model
+/// writes, greedy and sampled, alone and batched with free requests; a schema llguidance refuses
+/// is refused at submit, naming the problem.
+#[test]
+fn constraints_shape_the_output() {
+    if skip() {
+        return;
+    }
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "population": {"type": "integer", "minimum": 0, "maximum": 99999999},
+            "tags": {"type": "array", "items": {"enum": ["big", "old", "coastal"]}, "maxItems": 2}
+        },
+        "required": ["city", "population", "tags"],
+        "additionalProperties": false
+    });
+    let constrained = |prompt: &str, constraint: Constraint, temperature: f32| {
+        let mut request = greedy(prompt, 80);
+        request.constraint = Some(constraint);
+        if temperature > 0.0 {
+            request.sampling = SamplingParams {
+                temperature,
+                seed: Some(11),
+                ..SamplingParams::default()
+            };
+        }
+        request
+    };
+    let requests = vec![
+        constrained(
+            "Describe Paris as JSON:",
+            Constraint::JsonSchema(schema.clone()),
+            0.0,
+        ),
+        greedy("The capital of France is", 8),
+        constrained(
+            "Describe Rome as JSON:",
+            Constraint::JsonSchema(schema.clone()),
+            0.9,
+        ),
+        constrained(
+            "The year the war ended:",
+            Constraint::Regex(" [12][0-9]{3}\\.".into()),
+            0.0,
+        ),
+        constrained(
+            "Is the sky blue? Answer:",
+            Constraint::Lark("start: \" \" (\"yes\" | \"no\") \".\"".into()),
+            0.0,
+        ),
+    ];
+    let completions = submit_all(engine(), &requests);
+    for completion in [&completions[0], &completions[2]] {
+        assert_eq!(
+            completion.finish_reason,
+            Some(FinishReason::Stop),
+            "{completion:?}"
+        );
+        let value: serde_json::Value = serde_json::from_str(&completion.text).unwrap();
+        let object = value.as_object().unwrap();
+        assert_eq!(object.len(), 3, "{value}");
+        assert!(object["city"].as_str().unwrap().chars().count() <= 12);
+        assert!(object["population"].as_u64().is_some());
+        let tags = object["tags"].as_array().unwrap();
+        assert!(tags.len() <= 2);
+        assert!(
+            tags.iter()
+                .all(|t| ["big", "old", "coastal"].contains(&t.as_str().unwrap()))
+        );
+    }
+    // The free request in the same batch is untouched.
+    assert_eq!(completions[1].text, " Paris.\n\nThe answer is:");
+    let year = &completions[3].text;
+    assert!(
+        year.len() == 6 && year.starts_with(' ') && year.ends_with('.'),
+        "{year:?}"
+    );
+    assert!(
+        [" yes.", " no."].contains(&completions[4].text.as_str()),
+        "{:?}",
+        completions[4]
+    );
+
+    let mut bad = greedy("x", 4);
+    bad.constraint = Some(Constraint::JsonSchema(
+        serde_json::json!({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}),
+    ));
+    let err = engine().submit(bad).unwrap_err().to_string();
+    assert!(
+        err.contains("invalid JSON schema") && err.contains("nowhere"),
+        "{err}"
+    );
+}

@@ -121,9 +121,9 @@ async fn malformed_bodies_wrong_types_and_refused_features() {
         ),
         (
             "/v1/chat/completions",
-            r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}"#,
+            r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}"#,
             StatusCode::BAD_REQUEST,
-            "json_schema",
+            "needs `json_schema.schema`",
             Some("response_format"),
         ),
         (
@@ -142,10 +142,17 @@ async fn malformed_bodies_wrong_types_and_refused_features() {
         ),
         (
             "/v1/chat/completions",
-            r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#,
+            r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}"#,
             StatusCode::BAD_REQUEST,
-            "json_object",
+            "`xml` is unknown",
             Some("response_format"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "json_schema": {"type": "string"}, "guided_regex": "a+"}"#,
+            StatusCode::BAD_REQUEST,
+            "both constrain the output",
+            Some("guided_regex"),
         ),
         (
             "/v1/chat/completions",
