@@ -164,19 +164,28 @@ impl ConstrainedOutput {
             .compute_mask_or_eos()
             .map_err(|e| e.to_string())?;
         let accepting = self.matcher.is_accepting().map_err(|e| e.to_string())?;
-        for (token, logit) in logits.iter_mut().enumerate() {
-            let allowed = if stop_tokens.contains(&(token as u32)) {
-                accepting
-            } else {
-                token < mask.len() && mask.is_allowed(token as TokenId)
-            };
-            if !allowed {
-                *logit = f32::NEG_INFINITY;
+        // Usually few tokens are allowed: copy those into a row of −∞ (the mask's set bits are
+        // visited a machine word at a time) rather than testing every token.
+        let mut masked = vec![f32::NEG_INFINITY; logits.len()];
+        let mut any = false;
+        mask.iter_set_entries(|token| {
+            if token < logits.len() && !stop_tokens.contains(&(token as u32)) {
+                masked[token] = logits[token];
+                any = true;
+            }
+        });
+        if accepting {
+            for &token in stop_tokens {
+                if let Some(&logit) = logits.get(token as usize) {
+                    masked[token as usize] = logit;
+                    any = true;
+                }
             }
         }
-        if logits.iter().all(|l| *l == f32::NEG_INFINITY) {
+        if !any {
             return Err("the constraint allows no token here".into());
         }
+        logits.copy_from_slice(&masked);
         Ok(())
     }
 

@@ -377,9 +377,11 @@ impl<B: Backend> Scheduler<B> {
         self.stats.steps += 1;
 
         match result {
-            Ok(logits) if logits.len() == scheduled.len() => {
-                for (&(index, count), logits) in scheduled.iter().zip(logits) {
-                    self.advance(index, count, logits, &mut events);
+            Ok(mut logits) if logits.len() == scheduled.len() => {
+                let masked = self.mask_constrained(&scheduled, &mut logits);
+                for ((&(index, count), logits), masked) in scheduled.iter().zip(logits).zip(masked)
+                {
+                    self.advance(index, count, logits, masked, &mut events);
                 }
             }
             Ok(logits) => {
@@ -464,13 +466,74 @@ impl<B: Backend> Scheduler<B> {
         in_bucket < limit
     }
 
+    /// Applies the structured-output masks of the step's constrained sequences that sample now,
+    /// on several threads when there are several (the forward pass is over: the cores are
+    /// free). Per scheduled entry: `None` when unconstrained or not sampling yet, else the
+    /// outcome.
+    fn mask_constrained(
+        &mut self,
+        scheduled: &[(usize, usize)],
+        logits: &mut [Vec<f32>],
+    ) -> Vec<Option<Result<(), String>>> {
+        let mut outcomes: Vec<Option<Result<(), String>>> = vec![None; scheduled.len()];
+        let mut rows: Vec<Option<&mut Vec<f32>>> = logits.iter_mut().map(Some).collect();
+        let mut jobs = Vec::new();
+        for (position, sequence) in self.running.iter_mut().enumerate() {
+            let Some(k) = scheduled.iter().position(|&(index, _)| index == position) else {
+                continue;
+            };
+            let samples = sequence.computed + scheduled[k].1 >= sequence.tokens.len();
+            let Sequence {
+                constraint,
+                stop_token_ids,
+                ..
+            } = sequence;
+            if let (true, Some(constraint)) = (samples, constraint.as_mut())
+                && let Some(row) = rows[k].take()
+            {
+                jobs.push((k, constraint, stop_token_ids.as_slice(), row));
+            }
+        }
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if jobs.len() <= 1 || threads <= 1 {
+            for (k, constraint, stops, row) in jobs {
+                outcomes[k] = Some(constraint.mask(row, stops));
+            }
+            return outcomes;
+        }
+        let per_thread = jobs.len().div_ceil(threads);
+        let results: Vec<(usize, Result<(), String>)> = std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            while !jobs.is_empty() {
+                let take = per_thread.min(jobs.len());
+                let chunk: Vec<_> = jobs.drain(..take).collect();
+                handles.push(scope.spawn(move || {
+                    chunk
+                        .into_iter()
+                        .map(|(k, constraint, stops, row)| (k, constraint.mask(row, stops)))
+                        .collect::<Vec<_>>()
+                }));
+            }
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("a mask thread does not panic"))
+                .collect()
+        });
+        for (k, outcome) in results {
+            outcomes[k] = Some(outcome);
+        }
+        outcomes
+    }
+
     /// Records a step's result for one sequence: the chunk is now cached, and if it was the last
-    /// pending input, the next token is sampled.
+    /// pending input, the next token is sampled (from `logits` already masked by its constraint:
+    /// `masked` is that outcome).
     fn advance(
         &mut self,
         index: usize,
         count: usize,
         mut logits: Vec<f32>,
+        masked: Option<Result<(), String>>,
         events: &mut Vec<(RequestId, Event)>,
     ) {
         let sequence = &mut self.running[index];
@@ -486,9 +549,7 @@ impl<B: Backend> Scheduler<B> {
             Some(k) => log_probabilities(&logits, k),
             None => (Vec::new(), Vec::new()),
         };
-        if let Some(constraint) = &mut sequence.constraint
-            && let Err(message) = constraint.mask(&mut logits, &sequence.stop_token_ids)
-        {
+        if let Some(Err(message)) = masked {
             sequence.status = RequestStatus::FinishedError;
             let message = format!("structured output: {message}");
             events.push((

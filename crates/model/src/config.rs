@@ -858,18 +858,18 @@ fn long_rope(
             ),
         ));
     }
-    let original = value
-        .get("original_max_position_embeddings")
-        .and_then(Value::as_u64)
-        .map(|v| v as usize)
-        .or(original)
-        .ok_or_else(|| ModelError::MissingField {
-            path: path.to_owned(),
-            field: "original_max_position_embeddings".into(),
-        })?;
     let attention = match value.get("attention_factor").and_then(Value::as_f64) {
         Some(f) => f as f32,
         None => {
+            let original = value
+                .get("original_max_position_embeddings")
+                .and_then(Value::as_u64)
+                .map(|v| v as usize)
+                .or(original)
+                .ok_or_else(|| ModelError::MissingField {
+                    path: path.to_owned(),
+                    field: "original_max_position_embeddings".into(),
+                })?;
             let scale = max_positions as f64 / original.max(1) as f64;
             if scale <= 1.0 {
                 1.0

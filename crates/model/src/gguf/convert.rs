@@ -63,8 +63,11 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
     let mut outputs = Vec::new();
     let mut module_bits: BTreeMap<String, Option<u32>> = BTreeMap::new();
     for info in &gguf.tensors {
-        // Phi-3's LongRoPE factors are config (read into the header), not weights.
-        if header.long_factors.is_some() && info.name.starts_with("rope_factors_") {
+        // RoPE factors (Phi-3's LongRoPE, Llama 3.1's `rope_freqs`) are config, read into the
+        // header, not weights.
+        if header.long_factors.is_some()
+            && (info.name.starts_with("rope_factors_") || info.name == "rope_freqs.weight")
+        {
             continue;
         }
         let (module, suffix) =
@@ -177,6 +180,8 @@ struct Header {
     /// `rope_factors_long` tensor, `rope.scaling.attn_factor` and the original context length.
     rotary_dim: usize,
     long_factors: Option<Vec<f32>>,
+    /// The file has `blk.0.attn_q.bias` (Hugging Face's `attention_bias`).
+    attention_bias: bool,
     rope_attn_factor: Option<f64>,
     rope_original_context: Option<u64>,
     block_count: u64,
@@ -330,7 +335,12 @@ impl Header {
             .get("tokenizer.ggml.tokens")
             .and_then(GgufValue::as_array)
             .map_or(0, <[GgufValue]>::len);
-        let long_factors = match gguf.tensor_info("rope_factors_long.weight") {
+        // Per-pair factors on the RoPE periods: Phi-3's LongRoPE (`rope_factors_long`), or
+        // Llama 3.1's scaling, which llama.cpp's converter precomputes into `rope_freqs`.
+        let factors_tensor = ["rope_factors_long.weight", "rope_freqs.weight"]
+            .into_iter()
+            .find_map(|name| gguf.tensor_info(name));
+        let long_factors = match factors_tensor {
             None => None,
             Some(info) if info.ggml_type == crate::gguf::GgmlType::F32 => Some(
                 gguf.tensor_data(info)?
@@ -348,9 +358,13 @@ impl Header {
         };
         Ok(Self {
             architecture,
+            attention_bias: gguf.tensor_info("blk.0.attn_q.bias").is_some(),
             rotary_dim,
             long_factors,
-            rope_attn_factor: optional_float("rope.scaling.attn_factor")?,
+            // rope_freqs carries no attention factor: 1.
+            rope_attn_factor: optional_float("rope.scaling.attn_factor")?.or(factors_tensor
+                .filter(|t| t.name == "rope_freqs.weight")
+                .map(|_| 1.0)),
             rope_original_context: uint("rope.scaling.original_context_length")?,
             sliding_window,
             sliding_layers,
@@ -398,6 +412,9 @@ impl Header {
             "max_position_embeddings": self.context_length,
             "vocab_size": self.vocab_size,
             "tie_word_embeddings": tie,
+            // Llama-architecture files with biases on the attention projections (Qwen2's are
+            // implied by its architecture).
+            "attention_bias": self.attention_bias,
             "hidden_act": "silu",
             "torch_dtype": "float16",
             "bos_token_id": vocab.bos,

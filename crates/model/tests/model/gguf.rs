@@ -400,16 +400,69 @@ fn phi3_converts_fused_projections_and_long_rope() {
     );
 }
 
+/// Llama 3.1's rope scaling, which llama.cpp's converter precomputes into a `rope_freqs` tensor
+/// (a factor per rotated pair on its period), becomes per-pair RoPE factors with no attention
+/// factor; attention biases in a llama-architecture file set `attention_bias`.
+#[test]
+fn llama_rope_freqs_and_attention_biases_are_imported() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("llama31.gguf");
+    let tiny = TinyLlama::default();
+    let head_dim = tiny.hidden / tiny.heads;
+    let factors: Vec<f32> = (0..head_dim / 2).map(|i| 1.0 + i as f32).collect();
+    let mut w = tiny.metadata();
+    let bytes: Vec<u8> = factors.iter().flat_map(|f| f.to_le_bytes()).collect();
+    w.tensor(
+        "rope_freqs.weight",
+        &[factors.len() as u64],
+        GgmlType::F32,
+        bytes,
+    );
+    let mut rng = Rng::new(3);
+    for l in 0..tiny.layers {
+        for (part, rows) in [
+            ("attn_q", tiny.hidden),
+            ("attn_k", tiny.kv_heads * head_dim),
+            ("attn_v", tiny.kv_heads * head_dim),
+            ("attn_output", tiny.hidden),
+        ] {
+            let values: Vec<u8> = (0..rows)
+                .flat_map(|_| rng.uniform(-1.0, 1.0).to_le_bytes())
+                .collect();
+            w.tensor(
+                &format!("blk.{l}.{part}.bias"),
+                &[rows as u64],
+                GgmlType::F32,
+                values,
+            );
+        }
+    }
+    tiny.write_with(w, &gguf, 15);
+    let out = dir.path().join("out");
+    convert_gguf(&gguf, &out).unwrap();
+    let model = LoadedModel::open(&out).unwrap();
+    let c = model.config();
+    assert!(c.attention_qkv_bias && c.attention_out_bias);
+    assert_eq!(c.rope_factors.as_deref(), Some(factors.as_slice()));
+    assert_eq!(c.rope_attention_factor, 1.0);
+    assert!(
+        model
+            .checkpoint
+            .tensor("model.layers.1.self_attn.o_proj.bias")
+            .is_some()
+    );
+}
+
 #[test]
 fn tensors_without_a_llama_counterpart_are_refused_by_name() {
     let mut w = TinyLlama::default().metadata();
-    w.tensor("rope_freqs.weight", &[32], GgmlType::F32, vec![0; 128]);
+    w.tensor("mystery_norm.weight", &[32], GgmlType::F32, vec![0; 128]);
     let (dir, path) = write(&w);
     let message = convert_gguf(&path, &dir.path().join("out"))
         .unwrap_err()
         .to_string();
     assert!(
-        message.contains("tensor `rope_freqs.weight`: has no Hugging Face llama counterpart"),
+        message.contains("tensor `mystery_norm.weight`: has no Hugging Face llama counterpart"),
         "{message}"
     );
 }
