@@ -239,6 +239,25 @@ impl Engine {
         Ok(template.render(messages, true)?)
     }
 
+    /// [`Engine::apply_chat_template`] with Hugging Face's full context: `context` serializes to
+    /// a map with `messages` (tool calls and tool results included) and optionally `tools`,
+    /// `add_generation_prompt` and other keyword arguments ([`mlxcel_model::ChatTemplate::render_with`]).
+    pub fn apply_chat_template_with<C: serde::Serialize + ?Sized>(
+        &self,
+        context: &C,
+    ) -> Result<String, EngineError> {
+        let template = self
+            .chat_template
+            .as_ref()
+            .ok_or(EngineError::NoChatTemplate)?;
+        Ok(template.render_with(context)?)
+    }
+
+    /// The chat template's source, if the checkpoint has one.
+    pub fn chat_template_source(&self) -> Option<String> {
+        self.chat_template.as_ref().map(|t| t.source())
+    }
+
     /// The prompt tokens of a conversation: the messages through the chat template with the
     /// generation prompt, tokenized without adding special tokens (the template writes them).
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {

@@ -56,6 +56,14 @@ const TEMPLATE_NAME: &str = "chat_template";
 const FUEL: u64 = 20_000_000;
 
 impl ChatTemplate {
+    /// The template's source text (to tell which tool-call format the model was trained on).
+    pub fn source(&self) -> String {
+        self.env
+            .get_template(TEMPLATE_NAME)
+            .map(|t| t.source().to_owned())
+            .unwrap_or_default()
+    }
+
     /// Compiles `source`; `bos_token`/`eos_token` are the strings the template sees.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self> {
         Self::compile(source, None, bos_token, eos_token)

@@ -92,7 +92,7 @@ impl ConstraintFields {
             given.push(("guided_grammar", Constraint::Lark(lark)));
         }
         if let Some(gbnf) = self.grammar.filter(|g| !g.trim().is_empty()) {
-            let lark = gbnf_to_lark(&gbnf)
+            let lark = mlxcel_engine::gbnf_to_lark(&gbnf)
                 .map_err(|e| ApiError::invalid_param("grammar", format!("grammar: {e}")))?;
             given.push(("grammar", Constraint::Lark(lark)));
         }
@@ -108,9 +108,4 @@ impl ConstraintFields {
             )),
         }
     }
-}
-
-// TEMPORARY until the GBNF converter lands (replaced by mlxcel_engine::gbnf_to_lark).
-fn gbnf_to_lark(_: &str) -> Result<String, String> {
-    Err("GBNF grammars are not supported yet".into())
 }
