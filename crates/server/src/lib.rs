@@ -40,6 +40,7 @@ mod run;
 mod serve;
 mod state;
 mod structured;
+mod tools;
 
 pub use args::{ServerArgs, normalize_llama_args};
 pub use config::{ApiKeys, ServerConfig};

@@ -1,6 +1,7 @@
 //! OpenAI's routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models`.
 
 use crate::structured::{ConstraintFields, ResponseFormat};
+use crate::tools::{self, ToolChoice, ToolFormat, read_tools};
 use std::sync::Arc;
 
 use hyper::body::Incoming;
@@ -226,12 +227,22 @@ openai_request!(ChatRequest {
     logprobs: bool,
     top_logprobs: Option<u32>,
     tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+    functions: Option<Vec<Value>>,
+    function_call: Option<Value>,
 });
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct MessageField {
     role: String,
     content: Option<ContentField>,
+    /// An assistant turn's calls (`id`, `type`, `function: {name, arguments}`).
+    tool_calls: Option<Vec<Value>>,
+    /// A `tool` turn's answer to this call.
+    tool_call_id: Option<String>,
+    /// The function's name on a `tool`/`function` turn.
+    name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -246,6 +257,64 @@ struct ContentPart {
     #[serde(rename = "type")]
     kind: String,
     text: Option<String>,
+}
+
+/// Whether any message carries tool calls or answers a call (then the rich template context).
+fn has_tool_turns(messages: &[MessageField]) -> bool {
+    messages
+        .iter()
+        .any(|m| m.tool_calls.is_some() || m.tool_call_id.is_some() || m.role == "tool")
+}
+
+/// A message's tool fields: `tool_calls`, `tool_call_id`, `name`.
+type ToolFields = (Option<Vec<Value>>, Option<String>, Option<String>);
+
+/// The messages as Hugging Face passes them to a chat template, with tool calls (their
+/// `arguments` parsed into objects, as templates expect) and tool results.
+fn rich_messages(messages: Vec<MessageField>) -> Result<Vec<Value>, ApiError> {
+    let extras: Vec<ToolFields> = messages
+        .iter()
+        .map(|m| (m.tool_calls.clone(), m.tool_call_id.clone(), m.name.clone()))
+        .collect();
+    let plain = chat_messages(messages)?;
+    Ok(plain
+        .into_iter()
+        .zip(extras)
+        .map(|(m, (tool_calls, tool_call_id, name))| {
+            let mut v = serde_json::json!({"role": m.role, "content": m.content});
+            if let Some(calls) = tool_calls {
+                let calls: Vec<Value> = calls
+                    .into_iter()
+                    .map(|mut call| {
+                        let parsed = call
+                            .pointer("/function/arguments")
+                            .and_then(Value::as_str)
+                            .and_then(|a| serde_json::from_str::<Value>(a).ok());
+                        if let Some(arguments) = parsed {
+                            call["function"]["arguments"] = arguments;
+                        }
+                        // Some templates read `name`/`arguments` on the call itself.
+                        if let Some(function) = call.get("function").cloned() {
+                            for key in ["name", "arguments"] {
+                                if let Some(x) = function.get(key) {
+                                    call[key] = x.clone();
+                                }
+                            }
+                        }
+                        call
+                    })
+                    .collect();
+                v["tool_calls"] = Value::Array(calls);
+            }
+            if let Some(id) = tool_call_id {
+                v["tool_call_id"] = Value::String(id);
+            }
+            if let Some(name) = name {
+                v["name"] = Value::String(name);
+            }
+            v
+        })
+        .collect())
 }
 
 /// Chat messages as the template takes them; only text content is served.
@@ -340,12 +409,6 @@ pub async fn chat_completions(
     let common = request.common();
     let engine = state.engine()?.clone();
     state.check_model(engine.info(), common.model.as_deref())?;
-    if request.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::unsupported(
-            "tools",
-            "tools (function calling) are not supported",
-        ));
-    }
     let logprobs = match (request.logprobs, request.top_logprobs) {
         (_, Some(n)) if n > MAX_TOP_LOGPROBS => {
             return Err(ApiError::invalid_param(
@@ -362,8 +425,35 @@ pub async fn chat_completions(
         (true, n) => Some(n.unwrap_or(0) as usize),
         (false, _) => None,
     };
-    let messages = chat_messages(request.messages)?;
-    let templated = engine.apply_chat_template(&messages)?;
+    let raw_tools = request.tools.take().filter(|t| !t.is_empty());
+    let (tools, choice) = read_tools(
+        raw_tools.clone(),
+        request.tool_choice.take(),
+        request.functions.take(),
+        request.function_call.take(),
+    )?;
+    let format = ToolFormat::of_template(&engine.chat_template_source().unwrap_or_default());
+    let parallel = request.parallel_tool_calls.unwrap_or(true);
+    let templated = if tools.is_empty() && !has_tool_turns(&request.messages) {
+        engine.apply_chat_template(&chat_messages(request.messages)?)?
+    } else {
+        // Tools as the request gave them (legacy functions in the tools shape).
+        let tool_list: Vec<Value> = raw_tools.unwrap_or_else(|| {
+            tools
+                .iter()
+                .map(|t| {
+                    serde_json::json!({"type": "function",
+                        "function": {"name": t.name, "parameters": t.parameters}})
+                })
+                .collect()
+        });
+        let context = serde_json::json!({
+            "messages": rich_messages(request.messages)?,
+            "tools": if tool_list.is_empty() { Value::Null } else { Value::Array(tool_list) },
+            "add_generation_prompt": true,
+        });
+        engine.apply_chat_template_with(&context)?
+    };
     let envelope = envelope(
         state,
         &engine,
@@ -373,14 +463,27 @@ pub async fn chat_completions(
         &common,
     );
     let stream = common.stream;
-    let params = common.params(request.max_completion_tokens, logprobs)?;
-    run(
+    let mut params = common.params(request.max_completion_tokens, logprobs)?;
+    if let Some(required) = tools::constraint(&tools, &choice, format, parallel) {
+        if params.constraint.is_some() {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                "a required tool call and response_format (or another output constraint) \
+                 both constrain the output: give one",
+            ));
+        }
+        params.constraint = Some(required);
+    }
+    // Calls in the output are looked for unless the request said `none`.
+    let tool_parsing = (!tools.is_empty() && choice != ToolChoice::None).then_some(format);
+    run_chat(
         state,
         engine,
         envelope,
         PromptInput::Templated(templated),
         params,
         stream,
+        tool_parsing,
     )
     .await
 }
@@ -431,6 +534,7 @@ async fn run(
             envelope,
             engine,
             offset: 0,
+            tools: None,
         };
         tokio::spawn(crate::generate::stream(tracked, sender, format));
         return Ok(response);
@@ -446,6 +550,51 @@ async fn run(
     Ok(crate::body::json(StatusCode::OK, &body))
 }
 
+/// [`run`] for a chat that may call tools (`tools`: the format calls are written in, `None` when
+/// the request has no tools): the text is searched for calls when the request ends, and a reply
+/// that made some returns them as `tool_calls` (streamed: the text is held back until the end,
+/// then sent as tool-call deltas or as content).
+#[allow(clippy::too_many_arguments)]
+async fn run_chat(
+    state: &Arc<AppState>,
+    engine: Arc<Engine>,
+    envelope: Envelope,
+    prompt: PromptInput,
+    params: Params,
+    stream: bool,
+    tools: Option<ToolFormat>,
+) -> Result<Response<Body>, ApiError> {
+    let Some(format) = tools else {
+        return run(state, engine, envelope, prompt, params, stream).await;
+    };
+    let mut tracked = submit(state, prompt, params).await?;
+    if stream {
+        let (response, sender) = event_stream();
+        let stream_format = OpenAiStream {
+            envelope,
+            engine,
+            offset: 0,
+            tools: Some((format, String::new())),
+        };
+        tokio::spawn(crate::generate::stream(tracked, sender, stream_format));
+        return Ok(response);
+    }
+    let outcome = collect(&mut tracked).await?;
+    let body = match tools::parse_calls(&outcome.text, format, &envelope.id) {
+        Some((content, calls)) if outcome.reason == FinishReason::Stop => {
+            envelope.whole_tool_calls(&engine, content, calls, &outcome.tokens, outcome.usage)
+        }
+        _ => envelope.whole(
+            &engine,
+            outcome.text,
+            &outcome.tokens,
+            outcome.reason,
+            outcome.usage,
+        ),
+    };
+    Ok(crate::body::json(StatusCode::OK, &body))
+}
+
 /// OpenAI's stream: a role delta first (chat), a chunk per token, the final chunk with the finish
 /// reason, the usage chunk when asked for, then `[DONE]`.
 struct OpenAiStream {
@@ -453,6 +602,8 @@ struct OpenAiStream {
     engine: Arc<Engine>,
     /// Bytes of text sent so far (legacy completion logprobs' `text_offset`).
     offset: usize,
+    /// With tools: their format and the text held back until the end.
+    tools: Option<(ToolFormat, String)>,
 }
 
 impl StreamFormat for OpenAiStream {
@@ -464,6 +615,10 @@ impl StreamFormat for OpenAiStream {
     }
 
     fn token(&mut self, record: TokenRecord) -> Option<CompletionBody> {
+        if let Some((_, held)) = &mut self.tools {
+            held.push_str(&record.text);
+            return None;
+        }
         if record.text.is_empty() && !self.envelope.logprobs {
             return None;
         }
@@ -485,10 +640,32 @@ impl StreamFormat for OpenAiStream {
         text: String,
         usage: Usage,
     ) -> Vec<CompletionBody> {
+        let mut chunks = Vec::new();
+        let mut text = text;
+        if let Some((format, mut held)) = self.tools.take() {
+            held.push_str(&text);
+            if reason == FinishReason::Stop
+                && let Some((content, calls)) = tools::parse_calls(&held, format, &self.envelope.id)
+            {
+                if !content.is_empty() {
+                    chunks.push(self.envelope.chunk(&self.engine, &content, &[], 0, None));
+                }
+                chunks.extend(self.envelope.tool_call_chunks(&calls));
+                if self.envelope.include_usage {
+                    chunks.push(self.envelope.usage_chunk(usage));
+                }
+                return chunks;
+            }
+            // No call: the held text is the content.
+            if !held.is_empty() {
+                chunks.push(self.envelope.chunk(&self.engine, &held, &[], 0, None));
+            }
+            text = String::new();
+        }
         let last = self
             .envelope
             .chunk(&self.engine, &text, &[], self.offset, Some(reason));
-        let mut chunks = vec![last];
+        chunks.push(last);
         if self.envelope.include_usage {
             chunks.push(self.envelope.usage_chunk(usage));
         }

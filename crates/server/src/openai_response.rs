@@ -8,6 +8,7 @@ use mlxcel_engine::{Engine, FinishReason, TokenLogprob, Usage};
 use serde::Serialize;
 
 use crate::generate::{TokenRecord, token_piece};
+use crate::tools::ToolCall;
 
 /// `system_fingerprint` of every body: the server build.
 const FINGERPRINT: &str = concat!("mlxcel-", env!("CARGO_PKG_VERSION"));
@@ -71,7 +72,29 @@ enum Choice {
 #[derive(Debug, Serialize)]
 struct Message {
     role: &'static str,
-    content: String,
+    /// `null` when the reply is tool calls only.
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// A streamed tool call: the first delta of a call carries its index, id, type and name with
+/// empty arguments; later ones the index and a piece of the arguments.
+#[derive(Debug, Serialize)]
+struct ToolCallDelta {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: FunctionDelta,
+}
+
+#[derive(Debug, Serialize)]
+struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    arguments: String,
 }
 
 /// A chat stream's delta: the role (first chunk only) and the content (absent in a final chunk
@@ -82,6 +105,8 @@ struct Delta {
     role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -258,7 +283,8 @@ impl Envelope {
                 index: 0,
                 message: Message {
                     role: "assistant",
-                    content: text,
+                    content: Some(text),
+                    tool_calls: None,
                 },
                 logprobs,
                 finish_reason,
@@ -291,6 +317,7 @@ impl Envelope {
                 delta: Delta {
                     role: None,
                     content: (finish.is_none() || !text.is_empty()).then(|| text.to_owned()),
+                    tool_calls: None,
                 },
                 logprobs,
                 finish_reason,
@@ -312,11 +339,99 @@ impl Envelope {
             delta: Delta {
                 role: Some("assistant"),
                 content: Some(String::new()),
+                tool_calls: None,
             },
             logprobs: None,
             finish_reason: None,
         };
         self.body(true, vec![choice], self.include_usage.then_some(None))
+    }
+
+    /// The whole chat response of a reply that made tool calls (`finish_reason: tool_calls`;
+    /// `content` is the text around the calls, `null` when there is none).
+    pub fn whole_tool_calls(
+        &self,
+        engine: &Engine,
+        content: String,
+        calls: Vec<ToolCall>,
+        tokens: &[TokenRecord],
+        usage: Usage,
+    ) -> CompletionBody {
+        let logprobs = self
+            .logprobs
+            .then(|| Logprobs::new(self.kind, engine, tokens, 0));
+        let choice = Choice::Chat {
+            index: 0,
+            message: Message {
+                role: "assistant",
+                content: (!content.is_empty()).then_some(content),
+                tool_calls: Some(calls),
+            },
+            logprobs,
+            finish_reason: "tool_calls",
+        };
+        self.body(false, vec![choice], Some(Some(usage.into())))
+    }
+
+    /// The chunks that stream tool calls as OpenAI does: per call, one with its index, id, type
+    /// and name (empty arguments), then its arguments in pieces; then the final chunk with
+    /// `finish_reason: tool_calls`.
+    pub fn tool_call_chunks(&self, calls: &[ToolCall]) -> Vec<CompletionBody> {
+        let delta = |tool_calls| Choice::ChatDelta {
+            index: 0,
+            delta: Delta {
+                role: None,
+                content: None,
+                tool_calls: Some(tool_calls),
+            },
+            logprobs: None,
+            finish_reason: None,
+        };
+        let usage = self.include_usage.then_some(None);
+        let mut chunks = Vec::new();
+        for (index, call) in calls.iter().enumerate() {
+            chunks.push(self.body(
+                true,
+                vec![delta(vec![ToolCallDelta {
+                    index,
+                    id: Some(call.id.clone()),
+                    kind: Some("function"),
+                    function: FunctionDelta {
+                        name: Some(call.function.name.clone()),
+                        arguments: String::new(),
+                    },
+                }])],
+                usage,
+            ));
+            let chars: Vec<char> = call.function.arguments.chars().collect();
+            for piece in chars.chunks(16) {
+                chunks.push(self.body(
+                    true,
+                    vec![delta(vec![ToolCallDelta {
+                        index,
+                        id: None,
+                        kind: None,
+                        function: FunctionDelta {
+                            name: None,
+                            arguments: piece.iter().collect(),
+                        },
+                    }])],
+                    usage,
+                ));
+            }
+        }
+        let last = Choice::ChatDelta {
+            index: 0,
+            delta: Delta {
+                role: None,
+                content: None,
+                tool_calls: None,
+            },
+            logprobs: None,
+            finish_reason: Some("tool_calls"),
+        };
+        chunks.push(self.body(true, vec![last], usage));
+        chunks
     }
 
     /// The chunk after the final one when the client asked for usage: no choices, the usage.
