@@ -124,6 +124,21 @@ pub trait Backend {
         String::new()
     }
 
+    /// Whether [`Backend::score`] and [`Backend::truncate`] work (speculative decoding needs
+    /// both).
+    fn can_score(&self) -> bool {
+        false
+    }
+
+    /// Forgets a slot's positions from `len` on (a speculative step's rejected proposals).
+    fn truncate(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {
+        let _ = (slot, len);
+        Err(EngineError::backend(
+            self.name(),
+            "this backend cannot roll back a sequence's positions",
+        ))
+    }
+
     /// Runs one sequence's step like [`Backend::step`] and returns the logits of its new
     /// positions from `first` (an index into the step's tokens) to the last: what perplexity
     /// scores. Backends that compute only the last position's logits refuse.
@@ -189,5 +204,13 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
         first: usize,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         (**self).score(step, first)
+    }
+
+    fn can_score(&self) -> bool {
+        (**self).can_score()
+    }
+
+    fn truncate(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {
+        (**self).truncate(slot, len)
     }
 }

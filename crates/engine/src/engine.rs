@@ -103,6 +103,8 @@ pub struct Engine {
     tokenizer: Arc<Tokenizer>,
     chat_template: Option<ChatTemplate>,
     metrics: Arc<Mutex<EngineMetrics>>,
+    /// The default for requests that do not choose ([`EngineOptions::speculative`]).
+    speculative: Option<crate::SpeculativeConfig>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -125,6 +127,10 @@ impl Engine {
         options: EngineOptions,
     ) -> Result<Self, EngineError> {
         options.scheduler.validate()?;
+        if let Some(speculative) = &options.speculative {
+            speculative.validate()?;
+        }
+        let speculative = options.speculative;
         let info = ModelInfo::from_loaded(&loaded, options.backend);
         let tokenizer = Arc::new(loaded.tokenizer.clone());
         let chat_template = loaded.chat_template.take();
@@ -176,6 +182,7 @@ impl Engine {
             tokenizer,
             chat_template,
             metrics,
+            speculative,
         })
     }
 
@@ -203,6 +210,8 @@ impl Engine {
             steps: m.steps,
             prompt_tokens: m.prompt_tokens,
             generated_tokens: m.generated_tokens,
+            drafted_tokens: m.drafted_tokens,
+            accepted_tokens: m.accepted_tokens,
         }
     }
 
@@ -307,6 +316,9 @@ impl Engine {
         reply: Reply,
     ) -> Result<events::UnboundedReceiver<Event>, EngineError> {
         self.check_tokens(&request.prompt)?;
+        if request.speculative.is_none() {
+            request.speculative = self.speculative;
+        }
         for &eos in &self.info.eos_token_ids {
             if !request.stop_token_ids.contains(&eos) {
                 request.stop_token_ids.push(eos);
@@ -478,6 +490,8 @@ fn publish<B: Backend>(
     local.steps = stats.steps;
     local.prompt_tokens = stats.prompt_tokens;
     local.generated_tokens = stats.generated_tokens;
+    local.drafted_tokens = stats.drafted_tokens;
+    local.accepted_tokens = stats.accepted_tokens;
     local.buckets = scheduler.bucket_occupancy();
     local.compilations = scheduler.backend().compilations();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = local.clone();

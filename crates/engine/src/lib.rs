@@ -55,6 +55,7 @@ mod request;
 mod rng;
 mod sampling;
 mod scheduler;
+mod speculative;
 mod stop;
 mod text;
 
@@ -78,4 +79,5 @@ pub use request::{
 };
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
+pub use speculative::SpeculativeConfig;
 pub use stop::{StopMatcher, StopScan};

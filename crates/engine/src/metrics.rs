@@ -141,6 +141,9 @@ pub struct EngineMetrics {
     pub prompt_tokens: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
+    /// Speculative decoding: tokens proposed, and of those accepted.
+    pub drafted_tokens: u64,
+    pub accepted_tokens: u64,
     /// Requests accepted.
     pub requests_submitted: u64,
     /// Requests ended, by reason.
@@ -163,6 +166,8 @@ impl Default for EngineMetrics {
             steps: 0,
             prompt_tokens: 0,
             generated_tokens: 0,
+            drafted_tokens: 0,
+            accepted_tokens: 0,
             requests_submitted: 0,
             finished: FinishCounts::default(),
             time_to_first_token: Histogram::new(TTFT_BOUNDS),

@@ -60,6 +60,10 @@ pub struct EngineOptions {
     pub activations: Option<Activations>,
     /// How a static-shape backend picks its shapes.
     pub shapes: ShapeMode,
+    /// Prompt-lookup speculative decoding for every request that does not choose for itself;
+    /// `None`: off. Needs a backend that scores every position (the MLX backend); elsewhere
+    /// requests decode one token a pass.
+    pub speculative: Option<crate::SpeculativeConfig>,
 }
 
 /// How a static-shape backend (OpenXLA) sizes requests.
@@ -84,6 +88,7 @@ impl Default for EngineOptions {
             threads: None,
             activations: None,
             shapes: ShapeMode::default(),
+            speculative: None,
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use crate::constraint::Constraint;
 use crate::sampling::SamplingParams;
+use crate::speculative::SpeculativeConfig;
 use mlxcel_capacity::MaxNewTokens;
 
 /// Identifies a submitted request for its lifetime in the engine.
@@ -25,6 +26,9 @@ pub struct GenerationRequest {
     pub logprobs: Option<usize>,
     /// What the output must match (structured output); `None` for free text.
     pub constraint: Option<Constraint>,
+    /// Prompt-lookup speculative decoding for this request; `None` for the engine's default
+    /// ([`crate::EngineOptions::speculative`]).
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 impl GenerationRequest {
@@ -38,6 +42,7 @@ impl GenerationRequest {
             stop_token_ids: Vec::new(),
             logprobs: None,
             constraint: None,
+            speculative: None,
         }
     }
 }

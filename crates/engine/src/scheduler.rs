@@ -13,6 +13,7 @@ use crate::request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };
 use crate::sampling::Sampler;
+use crate::speculative::SpeculativeConfig;
 use crate::stop::StopMatcher;
 
 /// Scheduler limits.
@@ -92,6 +93,12 @@ struct Sequence {
     logprobs: Option<usize>,
     /// The structured-output constraint in progress, if any.
     constraint: Option<ConstrainedOutput>,
+    /// Prompt-lookup speculation, when the request (or the engine) asks for it.
+    speculative: Option<SpeculativeConfig>,
+    /// How many proposals the next pass may verify: halved towards what was accepted when a
+    /// pass is rejected early, doubled (up to `draft_max`) when all are accepted, so that text the
+    /// prompt does not predict costs few wasted positions.
+    draft_limit: usize,
     cancel_requested: bool,
 }
 
@@ -121,6 +128,9 @@ pub struct SchedulerStats {
     pub prompt_tokens: u64,
     /// Tokens generated so far.
     pub generated_tokens: u64,
+    /// Speculative decoding: tokens proposed, and of those accepted, so far.
+    pub drafted_tokens: u64,
+    pub accepted_tokens: u64,
 }
 
 /// The continuous batcher over one backend.
@@ -273,6 +283,9 @@ impl<B: Backend> Scheduler<B> {
             max_new_tokens: request.max_new_tokens,
         })?;
         let sampler = Sampler::new(request.sampling)?;
+        if let Some(speculative) = &request.speculative {
+            speculative.validate()?;
+        }
         let constraint = match &request.constraint {
             None => None,
             Some(c) => {
@@ -302,6 +315,8 @@ impl<B: Backend> Scheduler<B> {
             stop_token_ids: request.stop_token_ids,
             logprobs: request.logprobs,
             constraint,
+            speculative: request.speculative,
+            draft_limit: request.speculative.map_or(0, |s| s.draft_max),
             cancel_requested: false,
         });
         Ok(id)
@@ -342,9 +357,32 @@ impl<B: Backend> Scheduler<B> {
         // Decode first (one token each), then prefill chunks in admission order.
         let mut budget = self.config.token_budget;
         let mut scheduled: Vec<(usize, usize)> = Vec::new();
+        // Decoding sequences with proposals verify them in a pass of their own (after the batch).
+        let mut speculations: Vec<(usize, Vec<u32>)> = Vec::new();
+        let can_score = self.backend.can_score();
         for (index, sequence) in self.running.iter().enumerate() {
             let pending = sequence.tokens.len() - sequence.computed;
             if sequence.computed >= sequence.prompt_len && pending == 1 && budget > 0 {
+                if let Some(config) = sequence.speculative.filter(|_| can_score)
+                    && sequence.constraint.is_none()
+                {
+                    // Room for the proposals and the token after them: the budget and the shape.
+                    let budget_left = sequence
+                        .plan
+                        .admitted_max_new_tokens
+                        .saturating_sub(sequence.generated() + 1);
+                    let room = sequence
+                        .plan
+                        .max_positions
+                        .saturating_sub(sequence.tokens.len() + 1);
+                    let limit = budget_left.min(room).min(sequence.draft_limit);
+                    let proposals = config.propose(&sequence.tokens, limit);
+                    if !proposals.is_empty() {
+                        budget = budget.saturating_sub(1 + proposals.len());
+                        speculations.push((index, proposals));
+                        continue;
+                    }
+                }
                 scheduled.push((index, 1));
                 budget -= 1;
             }
@@ -358,7 +396,11 @@ impl<B: Backend> Scheduler<B> {
                 budget -= chunk;
             }
         }
+        for (index, proposals) in speculations {
+            self.speculate(index, proposals, &mut events);
+        }
         if scheduled.is_empty() {
+            self.retire(&mut events);
             return events;
         }
 
@@ -559,8 +601,126 @@ impl<B: Backend> Scheduler<B> {
             return;
         }
         let token = sequence.sampler.sample(&mut logits, &sequence.tokens);
+        emit(
+            sequence,
+            &mut self.stats,
+            token,
+            (logprob, top_logprobs),
+            events,
+        );
+    }
+
+    /// One speculative pass for the decoding sequence at `index`: the pending token and the
+    /// `proposals` in one scoring pass, then each position's token sampled in order (accepting a
+    /// proposal by [`Sampler::verify`]'s rule) until one differs from its proposal or the
+    /// sequence ends; the cache keeps only the positions whose inputs were right.
+    fn speculate(
+        &mut self,
+        index: usize,
+        proposals: Vec<u32>,
+        events: &mut Vec<(RequestId, Event)>,
+    ) {
+        let sequence = &mut self.running[index];
+        let slot = sequence.slot.expect("running sequences hold a slot");
+        let start = sequence.computed;
+        let mut input = Vec::with_capacity(1 + proposals.len());
+        input.push(*sequence.tokens.last().expect("a pending token"));
+        input.extend_from_slice(&proposals);
+        let rows = self.backend.score(
+            SequenceStep {
+                slot,
+                tokens: &input,
+                start_position: start,
+            },
+            0,
+        );
+        self.stats.steps += 1;
+        let sequence = &mut self.running[index];
+        let rows = match rows {
+            Ok(rows) if rows.len() == input.len() => rows,
+            Ok(rows) => {
+                let message = format!("scored {} positions of {}", rows.len(), input.len());
+                sequence.status = RequestStatus::FinishedError;
+                events.push((
+                    sequence.id,
+                    finished_event(sequence, String::new(), Some(message)),
+                ));
+                return;
+            }
+            Err(err) => {
+                sequence.status = RequestStatus::FinishedError;
+                events.push((
+                    sequence.id,
+                    finished_event(sequence, String::new(), Some(err.to_string())),
+                ));
+                return;
+            }
+        };
+        // The pending token's position is now cached.
+        sequence.computed += 1;
+        self.stats.drafted_tokens += proposals.len() as u64;
+        let mut accepted_here = 0;
+        for (i, mut logits) in rows.into_iter().enumerate() {
+            let sequence = &mut self.running[index];
+            let logprobs = match sequence.logprobs {
+                Some(k) => log_probabilities(&logits, k),
+                None => (Vec::new(), Vec::new()),
+            };
+            let (token, accepted) = match proposals.get(i) {
+                Some(&proposed) => sequence
+                    .sampler
+                    .verify(&mut logits, &sequence.tokens, proposed),
+                None => (
+                    sequence.sampler.sample(&mut logits, &sequence.tokens),
+                    false,
+                ),
+            };
+            let finished = emit(sequence, &mut self.stats, token, logprobs, events);
+            if finished || !accepted {
+                break;
+            }
+            // The proposal was right: its position (the next input) is valid too.
+            sequence.computed += 1;
+            self.stats.accepted_tokens += 1;
+            accepted_here += 1;
+        }
+        let sequence = &mut self.running[index];
+        if let Some(config) = sequence.speculative {
+            sequence.draft_limit = if accepted_here == proposals.len() {
+                (sequence.draft_limit * 2).min(config.draft_max)
+            } else {
+                (accepted_here + 1)
+                    .max(config.draft_min)
+                    .min(config.draft_max)
+            };
+        }
+        let sequence = &self.running[index];
+        if !sequence.status.is_finished()
+            && let Err(err) = self.backend.truncate(slot, sequence.computed)
+        {
+            let sequence = &mut self.running[index];
+            sequence.status = RequestStatus::FinishedError;
+            events.push((
+                sequence.id,
+                finished_event(sequence, String::new(), Some(err.to_string())),
+            ));
+        }
+    }
+}
+
+/// Records a sampled `token` for `sequence`: its text through the stop matcher, the end
+/// conditions (stop token, stop string, constraint complete, budget, shape), and its event.
+/// Returns whether the sequence finished (with an error too).
+fn emit(
+    sequence: &mut Sequence,
+    stats: &mut SchedulerStats,
+    token: u32,
+    (logprob, top_logprobs): (Vec<f32>, Vec<TokenLogprob>),
+    events: &mut Vec<(RequestId, Event)>,
+) -> bool {
+    {
         sequence.tokens.push(token);
-        self.stats.generated_tokens += 1;
+        stats.generated_tokens += 1;
 
         let mut text = String::new();
         let is_stop_token = sequence.stop_token_ids.contains(&token);
@@ -576,7 +736,7 @@ impl<B: Backend> Scheduler<B> {
                         sequence.id,
                         finished_event(sequence, String::new(), Some(message)),
                     ));
-                    return;
+                    return true;
                 }
             }
         }
@@ -609,8 +769,11 @@ impl<B: Backend> Scheduler<B> {
                 top_logprobs,
             },
         ));
+        sequence.status.is_finished()
     }
+}
 
+impl<B: Backend> Scheduler<B> {
     fn fail(
         &mut self,
         scheduled: &[(usize, usize)],

@@ -148,6 +148,12 @@ impl KvCache {
         (k, v)
     }
 
+    /// Forgets every position from `len` on (speculative decoding's rejected proposals); their
+    /// keys and values are overwritten by the next append.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// Records that `n` positions were appended to every layer.
     pub(crate) fn advance(&mut self, n: usize) {
         self.len += n;

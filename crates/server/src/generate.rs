@@ -142,6 +142,8 @@ pub async fn submit(
                 stop_token_ids: Vec::new(),
                 logprobs: params.logprobs,
                 constraint: params.constraint,
+                // The engine's default (`EngineOptions::speculative`).
+                speculative: None,
             })
         }
     })

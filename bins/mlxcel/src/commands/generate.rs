@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use mlxcel_engine::{
     BackendKind, ChatMessage, Engine, EngineOptions, Event, FinishReason, GenerationRequest,
-    MaxNewTokens, SamplingParams,
+    MaxNewTokens, SamplingParams, SpeculativeConfig,
 };
 
 #[derive(Debug, clap::Args)]
@@ -82,6 +82,20 @@ pub struct Args {
     /// on the default model). Defaults to `MLXCEL_ACTIVATIONS`, else `f32`.
     #[arg(long)]
     activations: Option<String>,
+
+    /// Speculative decoding: `ngram-simple` (prompt lookup: propose what followed the last
+    /// n-gram's earlier occurrence, verify the proposals in one pass), or `none`. The MLX backend
+    /// only; greedy output is unchanged.
+    #[arg(long = "spec-type", value_parser = ["none", "ngram-simple"], default_value = "none")]
+    spec_type: String,
+
+    /// Most tokens proposed per verification pass (with `--spec-type`).
+    #[arg(long = "draft-max", alias = "draft", default_value_t = 16)]
+    draft_max: usize,
+
+    /// Fewest proposals worth a verification pass (with `--spec-type`).
+    #[arg(long = "draft-min", default_value_t = 1)]
+    draft_min: usize,
 }
 
 pub fn run(args: &Args) -> Result<ExitCode> {
@@ -111,6 +125,11 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         EngineOptions {
             backend,
             activations: super::parse_activations(args.activations.as_deref())?,
+            speculative: (args.spec_type == "ngram-simple").then_some(SpeculativeConfig {
+                draft_max: args.draft_max,
+                draft_min: args.draft_min,
+                ..SpeculativeConfig::default()
+            }),
             ..EngineOptions::default()
         },
     )?;
@@ -244,8 +263,17 @@ impl Session<'_> {
             Some(seed) => format!("seed {seed}"),
             None => "seed random".to_owned(),
         };
+        let stats = self.engine.stats();
+        let speculation = if stats.drafted_tokens > 0 {
+            format!(
+                "; speculative: {}/{} proposals accepted",
+                stats.accepted_tokens, stats.drafted_tokens
+            )
+        } else {
+            String::new()
+        };
         eprintln!(
-            "Generated {} tokens in {:.2}s = {:.1} tok/s (finish: {}; {decoding})",
+            "Generated {} tokens in {:.2}s = {:.1} tok/s (finish: {}; {decoding}{speculation})",
             usage.completion_tokens,
             prompt_secs + decode_secs,
             rate(decoded, decode_secs),

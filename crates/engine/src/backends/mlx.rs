@@ -175,6 +175,19 @@ impl Backend for MlxBackend {
         self.slots.remove(&slot);
     }
 
+    fn can_score(&self) -> bool {
+        true
+    }
+
+    fn truncate(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {
+        let cache = self
+            .slots
+            .get_mut(&slot)
+            .ok_or_else(|| EngineError::backend("mlx", format!("slot {slot} is not allocated")))?;
+        cache.truncate(len);
+        Ok(())
+    }
+
     fn score(
         &mut self,
         step: SequenceStep<'_>,

@@ -543,3 +543,70 @@ fn constraints_shape_the_output() {
         "{err}"
     );
 }
+
+/// Prompt-lookup speculative decoding: greedy output is the same token for token as without it
+/// (int8 activations: logits invariant to how a sequence is chunked), alone and batched, and
+/// repeated text gets proposals accepted.
+#[test]
+fn speculative_decoding_keeps_greedy_output() {
+    if skip() {
+        return;
+    }
+    let prompts = [
+        "Copy this list twice: apple, banana, cherry, date, elderberry, fig, grape. \
+         apple, banana, cherry,",
+        "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+        "The capital of France is",
+    ];
+    for activations in [Activations::Int8, Activations::F32] {
+        let plain = Engine::load(
+            None,
+            EngineOptions {
+                activations: Some(activations),
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        let speculative = Engine::load(
+            None,
+            EngineOptions {
+                activations: Some(activations),
+                speculative: Some(SpeculativeConfig::default()),
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        let requests: Vec<GenerationRequest> = prompts
+            .iter()
+            .map(|p| GenerationRequest {
+                sampling: SamplingParams::greedy(),
+                ..GenerationRequest::new(plain.tokenize(p).unwrap(), MaxNewTokens::Limited(48))
+            })
+            .collect();
+        let expected: Vec<Completion> = requests
+            .iter()
+            .map(|r| plain.generate(r.clone()).unwrap())
+            .collect();
+        let alone: Vec<Completion> = requests
+            .iter()
+            .map(|r| speculative.generate(r.clone()).unwrap())
+            .collect();
+        let together = submit_all(&speculative, &requests);
+        for (i, want) in expected.iter().enumerate() {
+            assert_eq!(
+                alone[i].tokens, want.tokens,
+                "{activations:?} prompt {i} alone"
+            );
+            assert_eq!(
+                together[i].tokens, want.tokens,
+                "{activations:?} prompt {i} batched"
+            );
+        }
+        let stats = speculative.stats();
+        assert!(
+            stats.drafted_tokens > 0 && stats.accepted_tokens > 0,
+            "{stats:?}"
+        );
+        assert!(stats.accepted_tokens <= stats.drafted_tokens);
+    }
+}
