@@ -124,6 +124,28 @@ pub trait Backend {
         String::new()
     }
 
+    /// Bytes of KV memory `positions` positions hold (what the prefix cache budgets); 0 when
+    /// the backend does not say.
+    fn kv_bytes(&self, positions: usize) -> usize {
+        let _ = positions;
+        0
+    }
+
+    /// Whether [`Backend::copy_prefix`] works (the prefix cache needs it).
+    fn can_copy_prefix(&self) -> bool {
+        false
+    }
+
+    /// Makes slot `to`'s first `len` positions a copy of slot `from`'s (the same tokens there),
+    /// replacing whatever `to` held.
+    fn copy_prefix(&mut self, from: SlotId, to: SlotId, len: usize) -> Result<(), EngineError> {
+        let _ = (from, to, len);
+        Err(EngineError::backend(
+            self.name(),
+            "this backend cannot copy a cached prefix between slots",
+        ))
+    }
+
     /// Whether [`Backend::score`] and [`Backend::truncate`] work (speculative decoding needs
     /// both).
     fn can_score(&self) -> bool {
@@ -208,6 +230,18 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn can_score(&self) -> bool {
         (**self).can_score()
+    }
+
+    fn can_copy_prefix(&self) -> bool {
+        (**self).can_copy_prefix()
+    }
+
+    fn kv_bytes(&self, positions: usize) -> usize {
+        (**self).kv_bytes(positions)
+    }
+
+    fn copy_prefix(&mut self, from: SlotId, to: SlotId, len: usize) -> Result<(), EngineError> {
+        (**self).copy_prefix(from, to, len)
     }
 
     fn truncate(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {

@@ -154,8 +154,10 @@ impl Engine {
                 let constraints =
                     Arc::new(ConstraintSource::new(constraint_tokenizer, eos, vocab_size));
                 let scheduler = backend.and_then(|b| {
-                    Scheduler::new(b, decoder, options.scheduler)
-                        .map(|s| s.with_constraints(constraints))
+                    Scheduler::new(b, decoder, options.scheduler).map(|s| {
+                        s.with_constraints(constraints)
+                            .with_prefix_cache(options.prefix_cache_bytes)
+                    })
                 });
                 match scheduler {
                     Ok(scheduler) => {
@@ -212,6 +214,7 @@ impl Engine {
             generated_tokens: m.generated_tokens,
             drafted_tokens: m.drafted_tokens,
             accepted_tokens: m.accepted_tokens,
+            reused_tokens: m.reused_tokens,
         }
     }
 
@@ -492,6 +495,7 @@ fn publish<B: Backend>(
     local.generated_tokens = stats.generated_tokens;
     local.drafted_tokens = stats.drafted_tokens;
     local.accepted_tokens = stats.accepted_tokens;
+    local.reused_tokens = stats.reused_tokens;
     local.buckets = scheduler.bucket_occupancy();
     local.compilations = scheduler.backend().compilations();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = local.clone();

@@ -64,6 +64,14 @@ pub struct EngineOptions {
     /// `None`: off. Needs a backend that scores every position (the MLX backend); elsewhere
     /// requests decode one token a pass.
     pub speculative: Option<crate::SpeculativeConfig>,
+    /// The prefix cache's KV memory (bytes; llama-server's `--cache-ram` in MiB): finished
+    /// requests' caches are kept, least recently used out first, and a request whose prompt
+    /// starts with tokens a kept or running sequence computed copies their keys and values
+    /// instead of recomputing them. 0 turns it off; backends that cannot copy a prefix between
+    /// slots (OpenXLA) have none. Kept caches give way to new requests when KV memory runs short.
+    /// Off by default for embedders (with f32 activations a reused prefix's logits match a
+    /// recomputed one's to rounding, not bit for bit).
+    pub prefix_cache_bytes: usize,
 }
 
 /// How a static-shape backend (OpenXLA) sizes requests.
@@ -89,6 +97,7 @@ impl Default for EngineOptions {
             activations: None,
             shapes: ShapeMode::default(),
             speculative: None,
+            prefix_cache_bytes: 0,
         }
     }
 }

@@ -131,6 +131,8 @@ pub struct SchedulerStats {
     /// Speculative decoding: tokens proposed, and of those accepted, so far.
     pub drafted_tokens: u64,
     pub accepted_tokens: u64,
+    /// Prompt tokens not computed because a cached prefix held them (the prefix cache).
+    pub reused_tokens: u64,
 }
 
 /// The continuous batcher over one backend.
@@ -145,7 +147,23 @@ pub struct Scheduler<B: Backend> {
     /// Compiles structured-output constraints for the model's vocabulary (built on the first
     /// constrained request); `None` without a tokenizer (then such requests are refused).
     constraints: Option<Arc<ConstraintSource>>,
+    /// The prefix cache: finished sequences' slots kept with the tokens their positions hold,
+    /// least recently used first out, within `prefix_budget` bytes of KV memory.
+    retained: Vec<Retained>,
+    prefix_budget: usize,
+    clock: u64,
 }
+
+/// A finished sequence's slot kept for its prefix.
+struct Retained {
+    slot: SlotId,
+    tokens: Vec<u32>,
+    bytes: usize,
+    last_used: u64,
+}
+
+/// Prefixes shorter than this are recomputed: copying them would save less than it costs.
+const MIN_REUSED_PREFIX: usize = 8;
 
 /// The vocabulary that constraints compile against, and the compiler once built.
 pub(crate) struct ConstraintSource {
@@ -210,7 +228,63 @@ impl<B: Backend> Scheduler<B> {
             next_id: 1,
             stats: SchedulerStats::default(),
             constraints: None,
+            retained: Vec::new(),
+            prefix_budget: 0,
+            clock: 0,
         })
+    }
+
+    /// Keeps finished sequences' caches, up to `bytes` of KV memory, for requests that start with
+    /// the same tokens (on backends that can copy a prefix between slots; 0: off).
+    pub fn with_prefix_cache(mut self, bytes: usize) -> Self {
+        self.prefix_budget = if self.backend.can_copy_prefix() {
+            bytes
+        } else {
+            0
+        };
+        self
+    }
+
+    /// Releases the least recently used retained slot; `false` when none is left.
+    fn evict_one(&mut self) -> bool {
+        let Some(oldest) = self
+            .retained
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, r)| r.last_used)
+            .map(|(i, _)| i)
+        else {
+            return false;
+        };
+        let entry = self.retained.remove(oldest);
+        self.backend.release_slot(entry.slot);
+        true
+    }
+
+    /// The longest cached prefix of `prompt` (at most `prompt.len() - 1` tokens: one is always
+    /// computed for its logits), among retained slots and running sequences: (slot, length).
+    fn longest_prefix(&self, prompt: &[u32]) -> Option<(SlotId, usize, Option<usize>)> {
+        let common = |tokens: &[u32]| {
+            tokens
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(prompt.len().saturating_sub(1))
+        };
+        let retained = self
+            .retained
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.slot, common(&r.tokens), Some(i)));
+        let running = self.running.iter().filter_map(|s| {
+            let slot = s.slot?;
+            Some((slot, common(&s.tokens[..s.computed]), None))
+        });
+        retained
+            .chain(running)
+            .filter(|&(_, len, _)| len >= MIN_REUSED_PREFIX)
+            .max_by_key(|&(_, len, _)| len)
     }
 
     /// Lets requests carry structured-output constraints, compiled against this vocabulary.
@@ -483,8 +557,22 @@ impl<B: Backend> Scheduler<B> {
                     let mut sequence = self.waiting.pop_front().expect("head exists");
                     sequence.slot = Some(slot);
                     sequence.status = RequestStatus::Running;
+                    if self.prefix_budget > 0
+                        && let Some((source, len, retained)) =
+                            self.longest_prefix(&sequence.tokens[..sequence.prompt_len])
+                        && self.backend.copy_prefix(source, slot, len).is_ok()
+                    {
+                        sequence.computed = len;
+                        self.stats.reused_tokens += len as u64;
+                        self.clock += 1;
+                        if let Some(i) = retained {
+                            self.retained[i].last_used = self.clock;
+                        }
+                    }
                     self.running.push(sequence);
                 }
+                // Memory held by the prefix cache gives way to new requests.
+                Err(_) if self.evict_one() => continue,
                 Err(_) => break,
             }
         }
@@ -800,7 +888,27 @@ impl<B: Backend> Scheduler<B> {
             }
             let mut sequence = self.running.remove(index);
             if let Some(slot) = sequence.slot.take() {
-                self.backend.release_slot(slot);
+                let keep = self.prefix_budget > 0
+                    && sequence.computed >= MIN_REUSED_PREFIX
+                    && matches!(
+                        sequence.status,
+                        RequestStatus::FinishedStopped | RequestStatus::FinishedLength
+                    );
+                if keep {
+                    self.clock += 1;
+                    let bytes = self.backend.kv_bytes(sequence.computed);
+                    self.retained.push(Retained {
+                        slot,
+                        tokens: sequence.tokens[..sequence.computed].to_vec(),
+                        bytes,
+                        last_used: self.clock,
+                    });
+                    while self.retained.iter().map(|r| r.bytes).sum::<usize>() > self.prefix_budget
+                        && self.evict_one()
+                    {}
+                } else {
+                    self.backend.release_slot(slot);
+                }
             }
             let already_reported = sequence.status == RequestStatus::FinishedError;
             if !already_reported {

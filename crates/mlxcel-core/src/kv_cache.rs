@@ -148,6 +148,33 @@ impl KvCache {
         (k, v)
     }
 
+    /// Becomes a copy of `source`'s first `len` positions (a cached prefix another sequence
+    /// computed: the same tokens give the same keys and values), forgetting its own.
+    pub fn copy_prefix_from(&mut self, source: &KvCache, len: usize) -> Result<()> {
+        if len > source.len {
+            return Err(Error::CacheFull {
+                len: source.len,
+                extra: len - source.len,
+                max_positions: source.len,
+            });
+        }
+        self.len = 0;
+        self.reserve(len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let hi = [1, self.kv_heads, len as i32, self.head_dim];
+        for ((k, v), (sk, sv)) in self.layers.iter_mut().zip(&source.layers) {
+            let lo = [0, 0, 0, 0];
+            *k = k.slice_update(&sk.slice(&lo, &hi)?, &lo, &hi)?;
+            *v = v.slice_update(&sv.slice(&lo, &hi)?, &lo, &hi)?;
+        }
+        // Materialized now: the fused layer writes into these buffers in place.
+        crate::array::eval(&self.arrays().collect::<Vec<_>>())?;
+        self.len = len;
+        Ok(())
+    }
+
     /// Forgets every position from `len` on (speculative decoding's rejected proposals); their
     /// keys and values are overwritten by the next append.
     pub fn truncate(&mut self, len: usize) {

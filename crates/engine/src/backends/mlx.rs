@@ -179,6 +179,25 @@ impl Backend for MlxBackend {
         true
     }
 
+    fn can_copy_prefix(&self) -> bool {
+        true
+    }
+
+    fn kv_bytes(&self, positions: usize) -> usize {
+        positions * self.bytes_per_position()
+    }
+
+    fn copy_prefix(&mut self, from: SlotId, to: SlotId, len: usize) -> Result<(), EngineError> {
+        let missing = |slot| EngineError::backend("mlx", format!("slot {slot} is not allocated"));
+        let mut target = self.slots.remove(&to).ok_or_else(|| missing(to))?;
+        let result = match self.slots.get(&from) {
+            Some(source) => target.copy_prefix_from(source, len).map_err(backend_error),
+            None => Err(missing(from)),
+        };
+        self.slots.insert(to, target);
+        result
+    }
+
     fn truncate(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {
         let cache = self
             .slots

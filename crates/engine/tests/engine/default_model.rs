@@ -610,3 +610,59 @@ fn speculative_decoding_keeps_greedy_output() {
         assert!(stats.accepted_tokens <= stats.drafted_tokens);
     }
 }
+
+/// The prefix cache: a request whose prompt starts with what an earlier (finished) or a running
+/// request computed copies those positions instead of recomputing them, and its output is the same
+/// as without the cache (int8: bit for bit; f32: the same greedy tokens here).
+#[test]
+fn prefix_cache_reuses_computed_prompts_exactly() {
+    if skip() {
+        return;
+    }
+    let system = "You are a careful assistant. Answer briefly and precisely, in one sentence. \
+                  Never make up facts; say when you do not know. ";
+    let prompts = [
+        format!("{system}Question: what is the capital of France? Answer:"),
+        format!("{system}Question: what is the capital of Italy? Answer:"),
+        format!("{system}Question: what is the capital of Spain? Answer:"),
+    ];
+    for activations in [Activations::Int8, Activations::F32] {
+        let options = |cache| EngineOptions {
+            activations: Some(activations),
+            prefix_cache_bytes: cache,
+            ..EngineOptions::default()
+        };
+        let plain = Engine::load(None, options(0)).unwrap();
+        let cached = Engine::load(None, options(64 << 20)).unwrap();
+        let requests: Vec<GenerationRequest> = prompts
+            .iter()
+            .map(|p| GenerationRequest {
+                sampling: SamplingParams::greedy(),
+                ..GenerationRequest::new(plain.tokenize(p).unwrap(), MaxNewTokens::Limited(12))
+            })
+            .collect();
+        // One at a time (the later ones reuse the finished first one's prefix), then all at
+        // once (reusing the kept ones, or a running sharer's).
+        let expected: Vec<Completion> = requests
+            .iter()
+            .map(|r| plain.generate(r.clone()).unwrap())
+            .collect();
+        for (i, request) in requests.iter().enumerate() {
+            let got = cached.generate(request.clone()).unwrap();
+            assert_eq!(got.tokens, expected[i].tokens, "{activations:?} prompt {i}");
+        }
+        let together = submit_all(&cached, &requests);
+        for (i, want) in expected.iter().enumerate() {
+            assert_eq!(
+                together[i].tokens, want.tokens,
+                "{activations:?} prompt {i} together"
+            );
+        }
+        let reused = cached.stats().reused_tokens;
+        let system_tokens = plain.tokenize(system).unwrap().len() as u64;
+        assert!(
+            reused >= 4 * system_tokens,
+            "reused {reused} of {system_tokens}-token prefixes"
+        );
+    }
+}
