@@ -2,9 +2,9 @@
 
 CARGO ?= cargo
 
-.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-dequant check-families check-chat-templates test test-mlx-only check-package e2e
+.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates test test-mlx-only check-package e2e
 
-verify: fmt-check clippy deny check-versions check-env-docs check-layers check-dequant check-families check-chat-templates test test-mlx-only check-package e2e
+verify: fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates test test-mlx-only check-package e2e
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -27,6 +27,11 @@ check-env-docs:
 # Workspace crates depend only on lower layers (xtask/src/layers.rs, docs/architecture.md).
 check-layers:
 	$(CARGO) xtask check-layers
+
+# The llama-server compatibility manifest (compat/llama-server/, docs/server.md): curated, every
+# flag mlxcel-server accepts listed, every supported entry exercised by a test.
+check-compat:
+	$(CARGO) xtask check-compat
 
 # GGUF dequantization bit for bit against the `gguf` package (cached, pinned venv; docs/model.md).
 check-dequant:

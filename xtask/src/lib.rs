@@ -7,13 +7,17 @@
 //!   `docs/environment.md`, and every documented one is read somewhere.
 //!
 //! - [`check_layers`]: workspace crates depend only on crates of lower layers ([`LAYERS`]).
+//! - [`check_compat`]: the llama-server compatibility manifest (`compat/llama-server/`) is
+//!   curated, lists every spelling mlxcel-server accepts, and each supported entry has a test.
 //!
 //! Each takes the workspace root as a value so that tests can run it on a mutated copy.
 
+mod compat;
 mod env_docs;
 mod layers;
 mod versions;
 
+pub use compat::check_compat;
 pub use env_docs::{check_env_docs, documented_variables, variables_in_code};
 pub use layers::{LAYERS, check_layers};
 pub use versions::check_versions;

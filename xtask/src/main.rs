@@ -14,9 +14,10 @@ fn main() -> ExitCode {
         "check-versions" => xtask::check_versions(&root),
         "check-env-docs" => xtask::check_env_docs(&root),
         "check-layers" => xtask::check_layers(&root),
+        "check-compat" => xtask::check_compat(&root),
         _ => {
             eprintln!(
-                "usage: cargo xtask <check-versions|check-env-docs|check-layers> [WORKSPACE_ROOT]"
+                "usage: cargo xtask <check-versions|check-env-docs|check-layers|check-compat> [WORKSPACE_ROOT]"
             );
             return ExitCode::from(2);
         }

@@ -1,7 +1,7 @@
 //! Each gate passes on the real tree and fails on a mutated copy of it, naming what is wrong.
 //!
 //! Modules: `versions` (the crate-version gate), `env_docs` (the environment-variable docs gate),
-//! `layers` (the dependency-direction gate).
+//! `layers` (the dependency-direction gate), `compat` (the llama-server compatibility manifest).
 
 use std::fs;
 use std::path::Path;
@@ -213,6 +213,84 @@ mod layers {
         assert!(
             err.contains("mlxcel-benchmarks (benches) has no layer"),
             "{err}"
+        );
+    }
+}
+
+mod compat {
+    use super::*;
+
+    const MANIFEST: &str = "compat/llama-server/0c1e570/manifest.toml";
+    const ACCEPTED: &str = "compat/llama-server/accepted-flags.txt";
+
+    fn fails_with(tree: &TempDir, needle: &str) {
+        let err = xtask::check_compat(tree.path()).unwrap_err().to_string();
+        assert!(err.contains(needle), "{err}");
+    }
+
+    #[test]
+    fn real_tree_passes() {
+        let summary = xtask::check_compat(&xtask::workspace_root()).unwrap();
+        assert!(summary.contains("supported"), "{summary}");
+    }
+
+    #[test]
+    fn a_flag_the_binary_accepts_but_the_manifest_lacks_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), ACCEPTED, |t| t + "--sneaky-flag\n");
+        fails_with(&tree, "mlxcel-server accepts `--sneaky-flag`");
+    }
+
+    #[test]
+    fn a_not_applicable_flag_the_binary_refuses_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), ACCEPTED, |t| t.replace("-ngl\n", ""));
+        fails_with(
+            &tree,
+            "option `-ngl` is not_applicable but mlxcel-server does not accept `-ngl`",
+        );
+    }
+
+    #[test]
+    fn a_supported_entry_no_test_names_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), MANIFEST, |t| {
+            t.replacen(
+                "key = \"POST /infill\"\nstate = \"deferred\"",
+                "key = \"POST /infill\"\nstate = \"supported\"",
+                1,
+            )
+        });
+        fails_with(&tree, "route `POST /infill` is supported but no test");
+        fails_with(&tree, "has no route `/infill`");
+    }
+
+    #[test]
+    fn an_unreviewed_or_unexplained_entry_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), MANIFEST, |t| {
+            t.replacen(
+                "state = \"deferred\"\nnote = ",
+                "state = \"unreviewed\"\nnote = ",
+                1,
+            )
+            .replacen(
+                "state = \"by_design\"\nnote = ",
+                "state = \"aliased\"\nnote = ",
+                1,
+            )
+        });
+        fails_with(&tree, "has state `unreviewed`");
+        fails_with(&tree, "is aliased but names no `to`");
+    }
+
+    #[test]
+    fn a_deferred_flag_the_binary_accepts_fails() {
+        let tree = copy_of_tree();
+        edit(tree.path(), ACCEPTED, |t| t + "--lora\n");
+        fails_with(
+            &tree,
+            "option `--lora` is deferred but mlxcel-server accepts `--lora`",
         );
     }
 }

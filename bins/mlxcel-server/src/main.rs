@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use mlxcel_server::{ServerArgs, init_logging, normalize_llama_args, run};
+use mlxcel_server::{ServerArgs, init_server_logging, normalize_llama_args, run};
 
 /// mlxcel-server: an OpenAI- and llama-server-compatible HTTP server.
 #[derive(Debug, Parser)]
@@ -12,15 +12,11 @@ use mlxcel_server::{ServerArgs, init_logging, normalize_llama_args, run};
 struct Cli {
     #[command(flatten)]
     server: ServerArgs,
-
-    /// Log every request and refusal (debug level).
-    #[arg(short = 'v', long)]
-    verbose: bool,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse_from(normalize_llama_args(std::env::args_os()));
-    init_logging(cli.verbose);
+    init_server_logging(&cli.server);
     match run(&cli.server) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

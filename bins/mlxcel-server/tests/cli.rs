@@ -71,3 +71,116 @@ fn environment_twins_are_read_and_validated() {
     assert!(!output.status.success());
     assert!(stderr(&output).contains("eighty"), "{}", stderr(&output));
 }
+
+/// A llama-server command line (llama.cpp's README flags) starts mlxcel-server: it listens, logs
+/// one warning line per option without effect, and gets as far as loading the model.
+#[test]
+fn a_llama_server_command_line_starts_the_server() {
+    let output = server(
+        &[
+            "-m",
+            "/nonexistent/model.gguf",
+            "-c",
+            "2048",
+            "-ngl",
+            "99",
+            "-fa",
+            "on",
+            "-np",
+            "-1",
+            "--host",
+            "localhost",
+            "--port",
+            "0",
+            "--jinja",
+            "--no-webui",
+            "-cb",
+            "-ctk",
+            "q8_0",
+            "-ctv",
+            "q8_0",
+            "--threads-http",
+            "4",
+            "-b",
+            "512",
+            "-ub",
+            "512",
+        ],
+        &[],
+    );
+    let err = stderr(&output);
+    assert!(err.contains("listening on"), "{err}");
+    assert!(err.contains("/nonexistent/model.gguf"), "{err}");
+    let warnings = err.lines().filter(|l| l.contains("ignoring ")).count();
+    assert_eq!(warnings, 10, "one line per no-op option:\n{err}");
+}
+
+#[test]
+fn help_usage_and_version_exit_zero() {
+    for flag in ["-h", "--help", "--usage", "--version"] {
+        let output = server(&[flag], &[]);
+        assert!(output.status.success(), "{flag}");
+        assert!(!output.stdout.is_empty(), "{flag}");
+    }
+    // `-hf` was read as `-h f` and printed the help; it is llama-server's --hf-repo (deferred).
+    let output = server(&["-hf", "user/model"], &[]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("--hf-repo"), "{}", stderr(&output));
+}
+
+/// Each `LLAMA_ARG_*` twin is read: a value its flag refuses is refused, naming the flag.
+#[test]
+fn environment_twins_reach_their_flags() {
+    for (var, flag) in [
+        ("LLAMA_ARG_THREADS", "--threads"),
+        ("LLAMA_ARG_TEMPERATURE", "--temp"),
+        ("LLAMA_ARG_TOP_K", "--top-k"),
+        ("LLAMA_ARG_TOP_P", "--top-p"),
+        ("LLAMA_ARG_MIN_P", "--min-p"),
+        ("LLAMA_ARG_REPEAT_PENALTY", "--repeat-penalty"),
+        ("LLAMA_ARG_PRESENCE_PENALTY", "--presence-penalty"),
+        ("LLAMA_ARG_FREQUENCY_PENALTY", "--frequency-penalty"),
+        ("LLAMA_ARG_TIMEOUT", "--timeout"),
+        ("LLAMA_ARG_ENDPOINT_METRICS", "--metrics"),
+        ("LLAMA_ARG_ENDPOINT_PROPS", "--props"),
+        ("LLAMA_ARG_ENDPOINT_SLOTS", "--slots"),
+        ("LLAMA_ARG_HOST", "--host"),
+        ("LLAMA_ARG_API_KEY_FILE", "--api-key-file"),
+    ] {
+        let output = server(&[], &[(var, "not a value!")]);
+        assert!(!output.status.success(), "{var}");
+        assert!(stderr(&output).contains(flag), "{var}: {}", stderr(&output));
+    }
+    // llama.cpp's booleans: LLAMA_ARG_ENDPOINT_METRICS=enabled turns metrics on.
+    let output = server(
+        &["-m", "/nonexistent/model.gguf", "--port", "0"],
+        &[
+            ("LLAMA_ARG_ENDPOINT_METRICS", "enabled"),
+            ("LLAMA_ARG_ALIAS", "smol"),
+        ],
+    );
+    assert!(
+        stderr(&output).contains("metrics=true"),
+        "{}",
+        stderr(&output)
+    );
+    let output = server(
+        &["--port", "0"],
+        &[("LLAMA_ARG_MODEL", "/nonexistent/env.gguf")],
+    );
+    assert!(
+        stderr(&output).contains("/nonexistent/env.gguf"),
+        "{}",
+        stderr(&output)
+    );
+    // A no-op option's twin is ignored with a warning too.
+    let output = server(
+        &["-m", "/nonexistent/model.gguf", "--port", "0"],
+        &[("LLAMA_ARG_N_GPU_LAYERS", "99")],
+    );
+    assert!(
+        stderr(&output).contains("ignoring LLAMA_ARG_N_GPU_LAYERS=99"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -1,15 +1,15 @@
 //! The one flag parser shared by `mlxcel serve` and `mlxcel-server`: llama-server's spellings and
 //! their `LLAMA_ARG_*` environment twins, plus `--backend`.
 
-use std::ffi::OsString;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use mlxcel_engine::{BackendKind, EngineOptions, MaxNewTokens, ShapeMode};
 
-use crate::config::{ApiKeys, ServerConfig};
+use crate::config::{ApiKeys, SamplingDefaults, ServerConfig};
 use crate::error::ServerError;
+use crate::llama_flags::{IgnoredOptions, MULTI_LETTER_SHORTS};
 
 /// Server flags, as llama-server spells them.
 #[derive(Debug, Clone, clap::Args)]
@@ -28,13 +28,19 @@ pub struct ServerArgs {
     )]
     pub ctx_size: usize,
 
-    /// Most requests decoding at once (the scheduler's batch); `-np` is accepted too.
-    #[arg(long = "parallel", env = "LLAMA_ARG_N_PARALLEL", default_value_t = 8)]
-    pub parallel: usize,
+    /// Most requests decoding at once (the scheduler's batch); `-np` is accepted too; -1 (auto)
+    /// is the default, 8.
+    #[arg(
+        long = "parallel",
+        env = "LLAMA_ARG_N_PARALLEL",
+        default_value_t = -1,
+        allow_negative_numbers = true
+    )]
+    pub parallel: i64,
 
-    /// Address to listen on.
+    /// Address or host name to listen on.
     #[arg(long, env = "LLAMA_ARG_HOST", default_value = "127.0.0.1")]
-    pub host: IpAddr,
+    pub host: String,
 
     /// Port to listen on (0 picks a free one).
     #[arg(long, env = "LLAMA_ARG_PORT", default_value_t = 8080)]
@@ -44,6 +50,7 @@ pub struct ServerArgs {
     #[arg(
         short = 'n',
         long = "n-predict",
+        visible_alias = "predict",
         env = "LLAMA_ARG_N_PREDICT",
         default_value_t = -1,
         allow_negative_numbers = true
@@ -62,24 +69,81 @@ pub struct ServerArgs {
     #[arg(
         long,
         env = "LLAMA_ARG_ENDPOINT_METRICS",
-        value_parser = clap::builder::BoolishValueParser::new(),
+        value_parser = llama_bool,
         action = clap::ArgAction::SetTrue
     )]
     pub metrics: bool,
+
+    /// Serve POST /props (llama-server changes no property through it either).
+    #[arg(
+        long,
+        env = "LLAMA_ARG_ENDPOINT_PROPS",
+        value_parser = llama_bool,
+        action = clap::ArgAction::SetTrue
+    )]
+    pub props: bool,
+
+    /// Serve /slots (on by default; `--no-slots` turns it off).
+    #[arg(
+        long,
+        env = "LLAMA_ARG_ENDPOINT_SLOTS",
+        value_parser = llama_bool,
+        num_args = 0..=1,
+        default_value = "true",
+        default_missing_value = "true",
+        overrides_with = "no_slots"
+    )]
+    pub slots: bool,
+
+    /// Do not serve /slots.
+    #[arg(long = "no-slots", overrides_with = "slots")]
+    pub no_slots: bool,
 
     /// The model name clients see and may send (default: the checkpoint directory's name).
     #[arg(short = 'a', long, env = "LLAMA_ARG_ALIAS")]
     pub alias: Option<String>,
 
     /// Default sampling temperature; 0 is greedy.
-    #[arg(long = "temp", env = "LLAMA_ARG_TEMP", default_value_t = 0.8)]
+    #[arg(
+        long = "temp",
+        visible_alias = "temperature",
+        env = "LLAMA_ARG_TEMPERATURE",
+        default_value_t = 0.8
+    )]
     pub temperature: f32,
 
-    /// Default seed; -1 draws a fresh one per request.
+    /// Default top-k of requests that give none (0: off).
+    #[arg(long = "top-k", env = "LLAMA_ARG_TOP_K")]
+    pub top_k: Option<usize>,
+
+    /// Default top-p of requests that give none (1: off).
+    #[arg(long = "top-p", env = "LLAMA_ARG_TOP_P")]
+    pub top_p: Option<f32>,
+
+    /// Default min-p of requests that give none (0: off).
+    #[arg(long = "min-p", env = "LLAMA_ARG_MIN_P")]
+    pub min_p: Option<f32>,
+
+    /// Default repetition penalty of requests that give none (1: off).
+    #[arg(long = "repeat-penalty", env = "LLAMA_ARG_REPEAT_PENALTY")]
+    pub repeat_penalty: Option<f32>,
+
+    /// Default window of the repetition penalties, in tokens.
+    #[arg(long = "repeat-last-n")]
+    pub repeat_last_n: Option<usize>,
+
+    /// Default presence penalty of requests that give none (0: off).
+    #[arg(long = "presence-penalty", env = "LLAMA_ARG_PRESENCE_PENALTY")]
+    pub presence_penalty: Option<f32>,
+
+    /// Default frequency penalty of requests that give none (0: off).
+    #[arg(long = "frequency-penalty", env = "LLAMA_ARG_FREQUENCY_PENALTY")]
+    pub frequency_penalty: Option<f32>,
+
+    /// Default seed; -1 draws a fresh one per request (llama-server has no variable for it).
     #[arg(
         short = 's',
         long,
-        env = "LLAMA_ARG_SEED",
         default_value_t = -1,
         allow_negative_numbers = true
     )]
@@ -112,27 +176,68 @@ pub struct ServerArgs {
     /// Backend to run the model on.
     #[arg(long, env = "MLXCEL_BACKEND", default_value = "mlx", value_parser = ["mlx", "xla"])]
     pub backend: String,
+
+    /// Log every request and refusal (debug level).
+    #[arg(short = 'v', long, visible_alias = "log-verbose")]
+    pub verbose: bool,
+
+    /// Log nothing.
+    #[arg(long = "log-disable")]
+    pub log_disable: bool,
+
+    /// llama-server options without effect here (accepted, one warning line each).
+    #[command(flatten)]
+    pub ignored: IgnoredOptions,
 }
 
-/// Rewrites llama-server's two-letter short flags, which clap cannot declare, to their long
-/// forms: `-np 4` → `--parallel 4`. Everything else passes through unchanged.
-pub fn normalize_llama_args<I, T>(args: I) -> Vec<OsString>
-where
-    I: IntoIterator<Item = T>,
-    T: Into<OsString>,
-{
-    args.into_iter()
-        .map(|arg| {
-            let arg: OsString = arg.into();
-            match arg.to_str() {
-                Some("-np") => OsString::from("--parallel"),
-                Some(s) if s.starts_with("-np=") => {
-                    OsString::from(format!("--parallel={}", &s[4..]))
-                }
-                _ => arg,
-            }
-        })
-        .collect()
+/// llama.cpp's booleans: `on`/`enabled`/`true`/`1` and `off`/`disabled`/`false`/`0`.
+fn llama_bool(value: &str) -> Result<bool, String> {
+    match value {
+        "on" | "enabled" | "true" | "1" => Ok(true),
+        "off" | "disabled" | "false" | "0" => Ok(false),
+        other => Err(format!(
+            "`{other}`: expected on, enabled, true, 1, off, disabled, false or 0"
+        )),
+    }
+}
+
+/// The scheduler's batch when `--parallel` is -1 (auto).
+const AUTO_PARALLEL: usize = 8;
+
+/// Every spelling the server's command line accepts: flags (as typed, multi-letter shorts
+/// included), environment twins, and clap's own `--help`/`--version`. The compatibility gate
+/// compares this list with `compat/llama-server/accepted-flags.txt`.
+pub fn accepted_spellings() -> Vec<String> {
+    use clap::Args as _;
+    let command = ServerArgs::augment_args(clap::Command::new("mlxcel-server"));
+    let mut names: Vec<String> = ["-h", "--help", "--usage", "-V", "--version"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    for arg in command.get_arguments() {
+        names.extend(arg.get_short().map(|c| format!("-{c}")));
+        names.extend(arg.get_long().map(|l| format!("--{l}")));
+        names.extend(
+            arg.get_all_aliases()
+                .into_iter()
+                .flatten()
+                .map(|a| format!("--{a}")),
+        );
+        names.extend(arg.get_env().map(|e| e.to_string_lossy().into_owned()));
+    }
+    for option in crate::llama_flags::NO_OP_OPTIONS {
+        names.extend(option.env.map(str::to_owned));
+    }
+    let long_accepted: Vec<String> = names.clone();
+    names.extend(
+        MULTI_LETTER_SHORTS
+            .iter()
+            .filter(|(_, long)| long_accepted.iter().any(|n| n == long))
+            .map(|(short, _)| (*short).to_owned()),
+    );
+    names.sort();
+    names.dedup();
+    names
 }
 
 impl ServerArgs {
@@ -151,10 +256,8 @@ impl ServerArgs {
             shapes: ShapeMode::ServerBuckets,
             ..EngineOptions::default()
         };
-        if self.parallel == 0 {
-            return Err(ServerError::Flag("--parallel must be at least 1".into()));
-        }
-        options.scheduler.max_batch = self.parallel;
+        let parallel = self.parallel()?;
+        options.scheduler.max_batch = parallel;
         options.threads = (self.threads > 0).then_some(self.threads as usize);
         options.activations = self
             .activations
@@ -162,8 +265,28 @@ impl ServerArgs {
             .map(str::parse)
             .transpose()
             .map_err(|err: String| ServerError::Flag(format!("--activations: {err}")))?;
-        options.scheduler.token_budget = options.scheduler.token_budget.max(self.parallel);
+        options.scheduler.token_budget = options.scheduler.token_budget.max(parallel);
         Ok(options)
+    }
+
+    /// `--parallel`, with -1 (auto) as [`AUTO_PARALLEL`].
+    fn parallel(&self) -> Result<usize, ServerError> {
+        match self.parallel {
+            -1 => Ok(AUTO_PARALLEL),
+            n if n >= 1 => Ok(n as usize),
+            n => Err(ServerError::Flag(format!(
+                "--parallel {n}: expected -1 (auto) or at least 1"
+            ))),
+        }
+    }
+
+    /// The address `--host` and `--port` name (a host name is resolved; the first address wins).
+    fn addr(&self) -> Result<SocketAddr, ServerError> {
+        (self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(|err| ServerError::Flag(format!("--host {}: {err}", self.host)))?
+            .next()
+            .ok_or_else(|| ServerError::Flag(format!("--host {}: no address", self.host)))
     }
 
     /// The server's settings under these flags (reads `--api-key-file`).
@@ -195,13 +318,24 @@ impl ServerArgs {
             );
         }
         Ok(ServerConfig {
-            addr: SocketAddr::new(self.host, self.port),
+            addr: self.addr()?,
             model_arg: self.model.clone(),
             alias: self.alias.clone(),
             ctx_size: (self.ctx_size > 0).then_some(self.ctx_size),
-            parallel: self.parallel,
+            parallel: self.parallel()?,
             default_max_new_tokens,
             default_temperature: self.temperature,
+            sampling_defaults: SamplingDefaults {
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                repeat_last_n: self.repeat_last_n,
+                presence_penalty: self.presence_penalty,
+                frequency_penalty: self.frequency_penalty,
+            },
+            slots: self.slots && !self.no_slots,
+            props: self.props,
             default_seed: u64::try_from(self.seed).ok(),
             threads: (self.threads > 0).then_some(self.threads as usize),
             api_keys: ApiKeys::new(keys),

@@ -42,6 +42,18 @@ impl std::fmt::Debug for ApiKeys {
     }
 }
 
+/// Server-wide sampling defaults (`--top-k` ...); `None` keeps the engine's.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SamplingDefaults {
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<usize>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+}
+
 /// Everything the HTTP layer needs to know.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -59,6 +71,12 @@ pub struct ServerConfig {
     pub default_max_new_tokens: MaxNewTokens,
     /// Temperature of requests that give none.
     pub default_temperature: f32,
+    /// Other sampling settings of requests that give none.
+    pub sampling_defaults: SamplingDefaults,
+    /// Whether `/slots` is served (`--no-slots` turns it off).
+    pub slots: bool,
+    /// Whether `POST /props` is served (`--props`).
+    pub props: bool,
     /// Seed of requests that give none; `None` draws one per request.
     pub default_seed: Option<u64>,
     /// `--threads` as given, recorded for `/props`.
@@ -85,6 +103,9 @@ impl Default for ServerConfig {
             parallel: 8,
             default_max_new_tokens: MaxNewTokens::Unlimited,
             default_temperature: 0.8,
+            sampling_defaults: SamplingDefaults::default(),
+            slots: true,
+            props: false,
             default_seed: None,
             threads: None,
             api_keys: ApiKeys::default(),

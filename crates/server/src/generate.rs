@@ -63,10 +63,26 @@ pub fn budget(param: &str, value: Option<i64>) -> Result<Option<MaxNewTokens>, A
 
 fn sampling(state: &AppState, params: &Params) -> SamplingParams {
     let config = state.config();
+    let engine_defaults = SamplingParams::default();
+    let server = &config.sampling_defaults;
     let defaults = SamplingParams {
         temperature: config.default_temperature,
         seed: config.default_seed,
-        ..SamplingParams::default()
+        top_k: server.top_k.unwrap_or(engine_defaults.top_k),
+        top_p: server.top_p.unwrap_or(engine_defaults.top_p),
+        min_p: server.min_p.unwrap_or(engine_defaults.min_p),
+        repeat_penalty: server
+            .repeat_penalty
+            .unwrap_or(engine_defaults.repeat_penalty),
+        repeat_last_n: server
+            .repeat_last_n
+            .unwrap_or(engine_defaults.repeat_last_n),
+        presence_penalty: server
+            .presence_penalty
+            .unwrap_or(engine_defaults.presence_penalty),
+        frequency_penalty: server
+            .frequency_penalty
+            .unwrap_or(engine_defaults.frequency_penalty),
     };
     SamplingParams {
         temperature: params.temperature.unwrap_or(defaults.temperature),

@@ -3,7 +3,9 @@
 //!
 //! - [`ServerArgs`] is the one flag parser (llama-server's spellings and `LLAMA_ARG_*` twins)
 //!   shared by `mlxcel serve` and `mlxcel-server`; it yields a [`ServerConfig`] and the engine's
-//!   options. [`normalize_llama_args`] rewrites `-np` which clap cannot declare.
+//!   options. [`normalize_llama_args`] rewrites llama-server's multi-letter short options
+//!   (`-ngl`, `-np`), which clap cannot declare; options without effect here are accepted with
+//!   one warning line each ([`IgnoredOptions`]).
 //! - [`Server`] binds a listener (port 0 in tests) and serves HTTP/1.1 until a shutdown future
 //!   resolves; [`AppState`] is what handlers share: settings, the engine once loaded (`/health`
 //!   is 503 before), metrics, and requests in flight.
@@ -30,6 +32,8 @@ mod body;
 mod config;
 mod error;
 mod generate;
+mod inert;
+mod llama_flags;
 mod llama_server;
 mod metrics;
 mod openai;
@@ -42,10 +46,11 @@ mod state;
 mod structured;
 mod tools;
 
-pub use args::{ServerArgs, normalize_llama_args};
-pub use config::{ApiKeys, ServerConfig};
+pub use args::{ServerArgs, accepted_spellings};
+pub use config::{ApiKeys, SamplingDefaults, ServerConfig};
 pub use error::{ApiError, ServerError};
+pub use llama_flags::{IgnoredOptions, normalize_llama_args};
 pub use metrics::Metrics;
-pub use run::{init_logging, init_logging_with, run};
+pub use run::{init_logging, init_logging_with, init_server_logging, run};
 pub use serve::{Server, shutdown_signal};
 pub use state::{ActiveRequest, AppState};

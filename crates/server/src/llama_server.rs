@@ -16,7 +16,7 @@ use crate::generate::{
     token_piece,
 };
 use crate::openai::{MessageField, StopField, chat_messages};
-use crate::read::read_json;
+use crate::read::{read_generation_json, read_json};
 use crate::state::AppState;
 
 /// A llama-server prompt: text, or token ids (llama-server also mixes them; ids only here).
@@ -31,6 +31,12 @@ enum LlamaPrompt {
 struct CompletionRequest {
     prompt: LlamaPrompt,
     n_predict: Option<i64>,
+    /// llama-server's aliases of `n_predict`, read when it is absent.
+    max_completion_tokens: Option<i64>,
+    max_tokens: Option<i64>,
+    /// One completion per request (llama-server's `n_cmpl`, alias `n`).
+    n_cmpl: Option<u32>,
+    n: Option<u32>,
     #[serde(default)]
     stream: bool,
     stop: Option<StopField>,
@@ -60,10 +66,26 @@ struct CompletionRequest {
 
 /// `POST /completion`.
 pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
-    let request: CompletionRequest = read_json(body, state.config().body_limit).await?;
+    let request: CompletionRequest = read_generation_json(body, state.config().body_limit).await?;
     let engine = state.engine()?.clone();
+    for (field, value) in [("n_cmpl", request.n_cmpl), ("n", request.n)] {
+        if let Some(n) = value.filter(|&n| n != 1) {
+            return Err(ApiError::unsupported(
+                field,
+                format!("{field}={n} is not supported: one completion per request"),
+            ));
+        }
+    }
+    let (budget_field, budget_value) = [
+        ("n_predict", request.n_predict),
+        ("max_completion_tokens", request.max_completion_tokens),
+        ("max_tokens", request.max_tokens),
+    ]
+    .into_iter()
+    .find(|(_, v)| v.is_some())
+    .unwrap_or(("n_predict", None));
     let params = Params {
-        max_new_tokens: budget("n_predict", request.n_predict)?,
+        max_new_tokens: budget(budget_field, budget_value)?,
         temperature: request.temperature,
         top_k: request.top_k,
         top_p: request.top_p,
@@ -322,11 +344,19 @@ struct TokenizeRequest {
     add_special: bool,
     #[serde(default)]
     with_pieces: bool,
+    /// Special tokens in the text are always parsed; `false` is refused, not ignored.
+    parse_special: Option<bool>,
 }
 
 /// `POST /tokenize`.
 pub async fn tokenize(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
     let request: TokenizeRequest = read_json(body, state.config().body_limit).await?;
+    if request.parse_special == Some(false) {
+        return Err(ApiError::unsupported(
+            "parse_special",
+            "parse_special=false is not supported: special tokens in the text are always parsed",
+        ));
+    }
     let engine = state.engine()?.clone();
     let tokens = engine
         .tokenizer()
@@ -434,8 +464,12 @@ struct Props {
     model_alias: String,
     n_ctx: usize,
     n_ctx_train: usize,
-    chat_template: Option<&'static str>,
+    /// The checkpoint's chat template, as written (empty when it has none).
+    chat_template: String,
     build_info: &'static str,
+    endpoint_slots: bool,
+    endpoint_props: bool,
+    endpoint_metrics: bool,
     backend: &'static str,
     threads: Option<usize>,
     /// The static-shape buckets; `null` on a dynamic backend.
@@ -483,10 +517,11 @@ pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
         model_alias: state.model_name(info),
         n_ctx,
         n_ctx_train: info.window,
-        chat_template: engine
-            .chat_template()
-            .map(|_| "(from tokenizer_config.json)"),
+        chat_template: engine.chat_template_source().unwrap_or_default(),
         build_info: concat!("mlxcel-", env!("CARGO_PKG_VERSION")),
+        endpoint_slots: config.slots,
+        endpoint_props: config.props,
+        endpoint_metrics: config.metrics,
         backend: info.backend.as_str(),
         threads: config.threads,
         capacity_buckets: (!buckets.is_empty()).then_some(buckets),
@@ -521,8 +556,14 @@ struct NextToken {
     n_decoded: usize,
 }
 
-/// `GET /slots`: the requests in flight, then idle slots up to `--parallel`.
+/// `GET /slots`: the requests in flight, then idle slots up to `--parallel`; 501 with
+/// `--no-slots`, as llama-server answers.
 pub fn slots(state: &AppState) -> Result<Response<Body>, ApiError> {
+    if !state.config().slots {
+        return Err(ApiError::NotImplemented(
+            "This server does not support slots endpoint. Start it with `--slots`",
+        ));
+    }
     let engine = state.engine()?;
     let n_ctx = state.context_limit(engine.info());
     let active = state.active_requests();
@@ -549,6 +590,22 @@ pub fn slots(state: &AppState) -> Result<Response<Body>, ApiError> {
         })
         .collect();
     Ok(json(StatusCode::OK, &slots))
+}
+
+#[derive(Debug, Serialize)]
+struct SetPropsResponse {
+    success: bool,
+}
+
+/// `POST /props` (with `--props`): llama-server changes no property through it yet, and
+/// neither does mlxcel; without the flag, 501 as llama-server answers.
+pub fn set_props(state: &AppState) -> Result<Response<Body>, ApiError> {
+    if !state.config().props {
+        return Err(ApiError::NotImplemented(
+            "This server does not support changing global properties. Start it with `--props`",
+        ));
+    }
+    Ok(json(StatusCode::OK, &SetPropsResponse { success: true }))
 }
 
 /// `GET /metrics` (with `--metrics`).

@@ -16,7 +16,7 @@ use crate::generate::{
     Params, PromptInput, StreamFormat, TokenRecord, Tracked, budget, collect, submit, unix_now,
 };
 use crate::openai_response::{CompletionBody, Envelope, Kind};
-use crate::read::read_json;
+use crate::read::read_generation_json;
 use crate::state::AppState;
 
 /// Most alternatives per token a request may ask for.
@@ -358,7 +358,8 @@ pub async fn completions(
     state: &Arc<AppState>,
     body: Incoming,
 ) -> Result<Response<Body>, ApiError> {
-    let mut request: CompletionRequest = read_json(body, state.config().body_limit).await?;
+    let mut request: CompletionRequest =
+        read_generation_json(body, state.config().body_limit).await?;
     let common = request.common();
     let engine = state.engine()?.clone();
     state.check_model(engine.info(), common.model.as_deref())?;
@@ -405,7 +406,7 @@ pub async fn chat_completions(
     state: &Arc<AppState>,
     body: Incoming,
 ) -> Result<Response<Body>, ApiError> {
-    let mut request: ChatRequest = read_json(body, state.config().body_limit).await?;
+    let mut request: ChatRequest = read_generation_json(body, state.config().body_limit).await?;
     let common = request.common();
     let engine = state.engine()?.clone();
     state.check_model(engine.info(), common.model.as_deref())?;

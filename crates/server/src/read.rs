@@ -8,18 +8,30 @@ use crate::error::ApiError;
 
 /// Reads a JSON request body of at most `limit` bytes into `T`; errors name the field.
 pub async fn read_json<T: DeserializeOwned>(body: Incoming, limit: usize) -> Result<T, ApiError> {
-    let bytes = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
-            return Err(ApiError::PayloadTooLarge { limit });
-        }
-        Err(err) => {
-            return Err(ApiError::bad_request(format!(
-                "cannot read the body: {err}"
-            )));
-        }
-    };
+    parse_json(&read_bytes(body, limit).await?)
+}
+
+/// Reads a generation request: as [`read_json`], after refusing llama-server fields this server
+/// does not act on ([`crate::inert`]).
+pub async fn read_generation_json<T: DeserializeOwned>(
+    body: Incoming,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let bytes = read_bytes(body, limit).await?;
+    crate::inert::refuse_inert_fields(&bytes)?;
     parse_json(&bytes)
+}
+
+async fn read_bytes(body: Incoming, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::PayloadTooLarge { limit })
+        }
+        Err(err) => Err(ApiError::bad_request(format!(
+            "cannot read the body: {err}"
+        ))),
+    }
 }
 
 /// Parses JSON into `T`, naming the path of a field of the wrong type.

@@ -27,6 +27,7 @@ enum Endpoint {
     ApplyTemplate,
     Health,
     Props,
+    SetProps,
     Slots,
     Metrics,
 }
@@ -58,10 +59,10 @@ const fn public(method: Method, path: &'static str, endpoint: Endpoint) -> Route
     entry(method, path, endpoint, true)
 }
 
-/// Every route the server answers (OpenAI's under `/v1` and without it, then llama-server's).
+/// Every route the server answers (OpenAI's under `/v1` and without it, then llama-server's;
+/// `/completions` is llama-server's native completion, as in llama-server).
 static ROUTES: &[Route] = &[
     route(Method::POST, "/v1/completions", Endpoint::Completions),
-    route(Method::POST, "/completions", Endpoint::Completions),
     route(
         Method::POST,
         "/v1/chat/completions",
@@ -70,13 +71,16 @@ static ROUTES: &[Route] = &[
     route(Method::POST, "/chat/completions", Endpoint::ChatCompletions),
     route(Method::GET, "/v1/models", Endpoint::Models),
     route(Method::GET, "/models", Endpoint::Models),
+    // llama-server's native completion, under its legacy name and its current one.
     route(Method::POST, "/completion", Endpoint::Completion),
+    route(Method::POST, "/completions", Endpoint::Completion),
     route(Method::POST, "/tokenize", Endpoint::Tokenize),
     route(Method::POST, "/detokenize", Endpoint::Detokenize),
     route(Method::POST, "/apply-template", Endpoint::ApplyTemplate),
     public(Method::GET, "/health", Endpoint::Health),
     public(Method::GET, "/v1/health", Endpoint::Health),
     route(Method::GET, "/props", Endpoint::Props),
+    route(Method::POST, "/props", Endpoint::SetProps),
     route(Method::GET, "/slots", Endpoint::Slots),
     route(Method::GET, "/metrics", Endpoint::Metrics),
 ];
@@ -138,6 +142,7 @@ impl Endpoint {
             Self::ApplyTemplate => llama_server::apply_template(state, body).await,
             Self::Health => Ok(llama_server::health(state)),
             Self::Props => llama_server::props(state),
+            Self::SetProps => llama_server::set_props(state),
             Self::Slots => llama_server::slots(state),
             Self::Metrics => llama_server::metrics(state),
         }

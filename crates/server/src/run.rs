@@ -31,6 +31,19 @@ pub fn init_logging_with(default: &str, timestamps: bool) {
     };
 }
 
+/// Sets up logging under the flags (`-v`, `--log-disable`), then logs one warning line per
+/// llama-server option that has no effect here.
+pub fn init_server_logging(args: &ServerArgs) {
+    if args.log_disable {
+        init_logging_with("off", true);
+    } else {
+        init_logging(args.verbose);
+    }
+    for warning in &args.ignored.warnings {
+        tracing::warn!("{warning}");
+    }
+}
+
 /// Binds, loads the model in the background (`/health` is 503 meanwhile), and serves until
 /// SIGINT or SIGTERM.
 pub fn run(args: &ServerArgs) -> Result<(), ServerError> {

@@ -3,20 +3,22 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use mlxcel_server::{ServerArgs, init_logging};
+use mlxcel_server::{ServerArgs, init_server_logging};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
     server: ServerArgs,
-
-    /// Log every request and refusal (debug level).
-    #[arg(short = 'v', long)]
-    verbose: bool,
 }
 
 pub fn run(args: &Args) -> Result<ExitCode> {
-    init_logging(args.verbose);
-    mlxcel_server::run(&args.server)?;
+    let mut server = args.server.clone();
+    // Like the other subcommands, `serve` takes its model from MLXCEL_MODEL when neither -m nor
+    // LLAMA_ARG_MODEL names one.
+    if server.model.is_none() {
+        server.model = std::env::var("MLXCEL_MODEL").ok().filter(|m| !m.is_empty());
+    }
+    init_server_logging(&server);
+    mlxcel_server::run(&server)?;
     Ok(ExitCode::SUCCESS)
 }

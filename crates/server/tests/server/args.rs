@@ -143,3 +143,133 @@ fn nonsense_values_are_refused() {
     assert!(parse(&["-np", "0"]).unwrap().engine_options().is_err());
     assert!(parse(&["--port", "http"]).is_err());
 }
+
+/// Every supported spelling of the compatibility manifest reaches its setting, alone.
+#[test]
+fn every_llama_server_spelling_reaches_its_setting() {
+    type Check = fn(&ServerArgs) -> bool;
+    let table: &[(&[&str], Check)] = &[
+        (&["-t", "3"], |a| {
+            a.server_config().unwrap().threads == Some(3)
+        }),
+        (&["--threads", "3"], |a| {
+            a.server_config().unwrap().threads == Some(3)
+        }),
+        (&["-c", "512"], |a| {
+            a.server_config().unwrap().ctx_size == Some(512)
+        }),
+        (&["--ctx-size", "512"], |a| {
+            a.server_config().unwrap().ctx_size == Some(512)
+        }),
+        (&["-n", "7"], |a| a.n_predict == 7),
+        (&["--predict", "7"], |a| a.n_predict == 7),
+        (&["--n-predict", "7"], |a| a.n_predict == 7),
+        (&["-np", "2"], |a| a.server_config().unwrap().parallel == 2),
+        (&["--parallel", "2"], |a| {
+            a.server_config().unwrap().parallel == 2
+        }),
+        (&["-s", "9"], |a| {
+            a.server_config().unwrap().default_seed == Some(9)
+        }),
+        (&["--seed", "9"], |a| {
+            a.server_config().unwrap().default_seed == Some(9)
+        }),
+        (&["--temp", "0.5"], |a| a.temperature == 0.5),
+        (&["--temperature", "0.5"], |a| a.temperature == 0.5),
+        (&["--top-k", "5"], |a| {
+            a.server_config().unwrap().sampling_defaults.top_k == Some(5)
+        }),
+        (&["--top-p", "0.5"], |a| {
+            a.server_config().unwrap().sampling_defaults.top_p == Some(0.5)
+        }),
+        (&["--min-p", "0.2"], |a| {
+            a.server_config().unwrap().sampling_defaults.min_p == Some(0.2)
+        }),
+        (&["--repeat-last-n", "8"], |a| {
+            a.server_config().unwrap().sampling_defaults.repeat_last_n == Some(8)
+        }),
+        (&["--repeat-penalty", "1.1"], |a| {
+            a.server_config().unwrap().sampling_defaults.repeat_penalty == Some(1.1)
+        }),
+        (&["--presence-penalty", "0.5"], |a| {
+            a.server_config()
+                .unwrap()
+                .sampling_defaults
+                .presence_penalty
+                == Some(0.5)
+        }),
+        (&["--frequency-penalty", "0.5"], |a| {
+            a.server_config()
+                .unwrap()
+                .sampling_defaults
+                .frequency_penalty
+                == Some(0.5)
+        }),
+        (&["-a", "x"], |a| a.alias.as_deref() == Some("x")),
+        (&["--alias", "x"], |a| a.alias.as_deref() == Some("x")),
+        (&["-m", "m.gguf"], |a| a.model.as_deref() == Some("m.gguf")),
+        (&["--model", "m.gguf"], |a| {
+            a.model.as_deref() == Some("m.gguf")
+        }),
+        (&["--host", "localhost"], |a| {
+            a.server_config().unwrap().addr.ip().is_loopback()
+        }),
+        (&["--port", "0"], |a| {
+            a.server_config().unwrap().addr.port() == 0
+        }),
+        (&["-to", "5"], |a| {
+            a.server_config().unwrap().header_timeout.as_secs() == 5
+        }),
+        (&["--timeout", "5"], |a| {
+            a.server_config().unwrap().header_timeout.as_secs() == 5
+        }),
+        (&["--metrics"], |a| a.server_config().unwrap().metrics),
+        (&["--props"], |a| a.server_config().unwrap().props),
+        (&["--slots"], |a| a.server_config().unwrap().slots),
+        (&["--no-slots"], |a| !a.server_config().unwrap().slots),
+        (&["--no-slots", "--slots"], |a| {
+            a.server_config().unwrap().slots
+        }),
+        (&["-v"], |a| a.verbose),
+        (&["--verbose"], |a| a.verbose),
+        (&["--log-verbose"], |a| a.verbose),
+        (&["--log-disable"], |a| a.log_disable),
+        (&["-np", "-1"], |a| a.server_config().unwrap().parallel == 8),
+    ];
+    for (argv, check) in table {
+        let args = parse(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        assert!(check(&args), "{argv:?} did not reach its setting");
+    }
+}
+
+/// clap read `-ngl 99` as `-n gl` and `-hf` as `-h`; each multi-letter short is its long form.
+#[test]
+fn multi_letter_short_options_are_not_letter_clusters() {
+    let args = parse(&["-ngl", "99", "-fa", "on", "-ctk", "q8_0", "-kvu", "-cb"]).unwrap();
+    assert_eq!(args.n_predict, -1);
+    assert_eq!(
+        args.ignored.warnings.len(),
+        5,
+        "{:?}",
+        args.ignored.warnings
+    );
+    assert!(
+        args.ignored
+            .warnings
+            .iter()
+            .any(|w| w.contains("-ngl") && w.contains("99")),
+        "{:?}",
+        args.ignored.warnings
+    );
+    let err = parse(&["-hf", "user/model"]).unwrap_err();
+    assert_ne!(err.kind(), clap::error::ErrorKind::DisplayHelp);
+    assert!(err.to_string().contains("--hf-repo"), "{err}");
+    assert_eq!(
+        parse(&["--usage"]).unwrap_err().kind(),
+        clap::error::ErrorKind::DisplayHelp
+    );
+    for refused in [&["-np", "0"][..], &["-np", "-2"][..]] {
+        let err = parse(refused).unwrap().server_config().unwrap_err();
+        assert!(err.to_string().contains("--parallel"), "{err}");
+    }
+}

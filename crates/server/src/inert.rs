@@ -1,0 +1,119 @@
+//! The llama-server request fields this server does not act on. llama-server reads them on
+//! every generation route (its OpenAI routes hand their body to its own); here a request may
+//! send one only at a value where llama-server does nothing either, and is refused with a 400
+//! naming the field otherwise, so that no field is silently dropped
+//! (`compat/llama-server/<build>/manifest.toml` gives each its reason).
+
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+/// llama-server request fields this server does not act on, each with the values at which
+/// llama-server does nothing either (JSON). A request that sends one at another value is
+/// refused with a 400 naming it, never silently served without it (the compatibility
+/// manifest lists each with its reason).
+pub const INERT_FIELDS: &[(&str, &[&str])] = &[
+    ("verbose", &["false"]),
+    ("timings_per_token", &["false"]),
+    ("return_tokens", &["false"]),
+    ("return_progress", &["false"]),
+    ("sse_ping_interval", &["-1"]),
+    ("n_indent", &["0"]),
+    ("n_keep", &["0", "-1"]),
+    ("n_discard", &["0"]),
+    ("n_cache_reuse", &["0"]),
+    ("t_max_predict_ms", &["-1", "0"]),
+    ("response_fields", &["[]"]),
+    ("top_n_sigma", &["-1"]),
+    ("xtc_probability", &["0"]),
+    ("xtc_threshold", &["0.1"]),
+    ("typical_p", &["1"]),
+    ("dynatemp_range", &["0"]),
+    ("dynatemp_exponent", &["1"]),
+    ("dry_multiplier", &["0"]),
+    ("dry_base", &["1.75"]),
+    ("dry_allowed_length", &["2"]),
+    ("dry_penalty_last_n", &["-1"]),
+    ("mirostat", &["0"]),
+    ("mirostat_tau", &["5"]),
+    ("mirostat_eta", &["0.1"]),
+    ("adaptive_target", &["-1"]),
+    ("adaptive_decay", &["0.9"]),
+    ("min_keep", &["0"]),
+    ("backend_sampling", &["false"]),
+    ("post_sampling_probs", &["false"]),
+    ("lora", &["[]"]),
+    ("grammar_lazy", &["false"]),
+    ("reasoning_format", &["\"none\"", "\"auto\""]),
+    ("continue_final_message", &["false"]),
+    ("echo", &["false"]),
+    ("preserved_tokens", &["[]"]),
+    ("grammar_triggers", &["[]"]),
+    ("reasoning_control", &["false"]),
+    ("reasoning_budget_tokens", &["-1"]),
+    ("reasoning_budget_start_tag", &["\"\""]),
+    ("reasoning_budget_end_tags", &["[]"]),
+    ("reasoning_budget_message", &["\"\""]),
+    ("logit_bias", &["{}", "[]"]),
+    ("ignore_eos", &["false"]),
+    ("reasoning_budget_end_tag", &["\"\""]),
+    ("grammar_type", &["\"gbnf\""]),
+    ("id_slot", &["-1"]),
+    ("add_generation_prompt", &["true"]),
+    ("chat_template_kwargs", &["{}"]),
+    ("reasoning_effort", &["null"]),
+    ("thinking_budget_tokens", &["-1"]),
+];
+
+/// Whether `value` is one of the `neutral` JSON values (numbers compared as numbers).
+fn is_neutral(value: &Value, neutral: &[&str]) -> bool {
+    neutral.iter().any(|text| {
+        let Ok(expected) = serde_json::from_str::<Value>(text) else {
+            return false;
+        };
+        match (value.as_f64(), expected.as_f64()) {
+            (Some(a), Some(b)) => a == b,
+            _ => *value == expected,
+        }
+    })
+}
+
+/// Refuses the first inert field `body` sends at a value llama-server would act on; `null` is
+/// taken as absent.
+pub fn refuse_inert_fields(body: &[u8]) -> Result<(), ApiError> {
+    let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(body) else {
+        return Ok(()); // the typed parse reports malformed bodies
+    };
+    for (name, neutral) in INERT_FIELDS {
+        if let Some(value) = fields.get(*name).filter(|v| !v.is_null())
+            && !is_neutral(value, neutral)
+        {
+            return Err(ApiError::unsupported(
+                name,
+                format!(
+                    "{name}={value} is not supported by this server (accepted only as {}); \
+                     see docs/server.md",
+                    neutral.join(" or ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn neutral_values_pass_and_others_are_named() {
+        assert!(
+            refuse_inert_fields(br#"{"typical_p": 1.0, "mirostat": 0, "ignore_eos": null}"#)
+                .is_ok()
+        );
+        let err = refuse_inert_fields(br#"{"typical_p": 0.5}"#).unwrap_err();
+        assert!(format!("{err:?}").contains("typical_p"), "{err:?}");
+        assert!(refuse_inert_fields(br#"{"ignore_eos": true}"#).is_err());
+        assert!(refuse_inert_fields(br#"{"logit_bias": {}}"#).is_ok());
+    }
+}
