@@ -165,6 +165,16 @@ pub struct ServerArgs {
     #[arg(long)]
     pub activations: Option<String>,
 
+    /// The prefix cache's memory in MiB (llama-server's `--cache-ram`): finished requests' KV is
+    /// kept for prompts that start the same way; `-1` no limit, `0` off (MLX backend only).
+    #[arg(
+        long = "cache-ram",
+        env = "LLAMA_ARG_CACHE_RAM",
+        default_value_t = 8192,
+        allow_negative_numbers = true
+    )]
+    pub cache_ram: i64,
+
     /// Seconds a client may take to send a request's headers.
     #[arg(long, env = "LLAMA_ARG_TIMEOUT", default_value_t = 600)]
     pub timeout: u64,
@@ -266,6 +276,15 @@ impl ServerArgs {
             .transpose()
             .map_err(|err: String| ServerError::Flag(format!("--activations: {err}")))?;
         options.scheduler.token_budget = options.scheduler.token_budget.max(parallel);
+        options.prefix_cache_bytes = match self.cache_ram {
+            -1 => usize::MAX,
+            mib if mib >= 0 => (mib as usize).saturating_mul(1 << 20),
+            other => {
+                return Err(ServerError::Flag(format!(
+                    "--cache-ram {other}: expected MiB, -1 (no limit) or 0 (off)"
+                )));
+            }
+        };
         Ok(options)
     }
 

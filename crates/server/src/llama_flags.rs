@@ -354,12 +354,6 @@ pub const NO_OP_OPTIONS: &[NoOpOption] = &[
         reason: "no prompt cache yet: every prompt is computed afresh (docs/server.md)",
     },
     NoOpOption {
-        names: &["-cram", "--cache-ram"],
-        env: Some("LLAMA_ARG_CACHE_RAM"),
-        values: 1,
-        reason: "no prompt cache yet: every prompt is computed afresh (docs/server.md)",
-    },
-    NoOpOption {
         names: &["-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"],
         env: Some("LLAMA_ARG_KV_UNIFIED"),
         values: 0,

@@ -161,6 +161,12 @@ fn every_llama_server_spelling_reaches_its_setting() {
         (&["--ctx-size", "512"], |a| {
             a.server_config().unwrap().ctx_size == Some(512)
         }),
+        (&["--cache-ram", "64"], |a| {
+            a.engine_options().unwrap().prefix_cache_bytes == 64 << 20
+        }),
+        (&["-cram", "0"], |a| {
+            a.engine_options().unwrap().prefix_cache_bytes == 0
+        }),
         (&["-n", "7"], |a| a.n_predict == 7),
         (&["--predict", "7"], |a| a.n_predict == 7),
         (&["--n-predict", "7"], |a| a.n_predict == 7),
