@@ -124,6 +124,16 @@ pub trait Backend {
         String::new()
     }
 
+    /// The final hidden states of every position of `tokens` (a fresh sequence, its own
+    /// scratch cache): what embeddings pool. Backends without them refuse.
+    fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let _ = tokens;
+        Err(EngineError::backend(
+            self.name(),
+            "this backend returns logits only: embeddings need the mlx backend",
+        ))
+    }
+
     /// Bytes of KV memory `positions` positions hold (what the prefix cache budgets); 0 when
     /// the backend does not say.
     fn kv_bytes(&self, positions: usize) -> usize {
@@ -238,6 +248,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn kv_bytes(&self, positions: usize) -> usize {
         (**self).kv_bytes(positions)
+    }
+
+    fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        (**self).hidden_states(tokens)
     }
 
     fn copy_prefix(&mut self, from: SlotId, to: SlotId, len: usize) -> Result<(), EngineError> {

@@ -74,6 +74,11 @@ enum Command {
         reply: Reply,
     },
     Cancel(RequestId),
+    /// Embeddings: the hidden states of `tokens`, computed between steps.
+    Hidden {
+        tokens: Vec<u32>,
+        reply: mpsc::Sender<Result<Vec<Vec<f32>>, EngineError>>,
+    },
     Shutdown,
 }
 
@@ -265,6 +270,33 @@ impl Engine {
         Ok(template.render_with(context)?)
     }
 
+    /// The embedding of `tokens`: the model's final hidden states pooled and normalized (one
+    /// vector, or one per token with [`crate::Pooling::None`]), computed on the engine's thread
+    /// between generation steps. A text longer than the window is refused with the numbers.
+    pub fn embed(
+        &self,
+        tokens: Vec<u32>,
+        pooling: crate::Pooling,
+        normalize: crate::Normalize,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        self.check_tokens(&tokens)?;
+        if tokens.len() > self.info.window {
+            return Err(EngineError::InputTooLong {
+                tokens: tokens.len(),
+                window: self.info.window,
+            });
+        }
+        let (reply, answer) = mpsc::channel();
+        self.commands
+            .send(Command::Hidden { tokens, reply })
+            .map_err(|_| EngineError::Stopped)?;
+        let states = answer.recv().map_err(|_| EngineError::Stopped)??;
+        Ok(crate::embedding::pool(states, pooling, normalize))
+    }
+
     /// The chat template's source, if the checkpoint has one.
     pub fn chat_template_source(&self) -> Option<String> {
         self.chat_template.as_ref().map(|t| t.source())
@@ -436,6 +468,9 @@ fn run_worker<B: Backend>(
                 }
                 Command::Cancel(id) => {
                     scheduler.cancel(id);
+                }
+                Command::Hidden { tokens, reply } => {
+                    let _ = reply.send(scheduler.backend_mut().hidden_states(&tokens));
                 }
                 Command::Shutdown => return,
             }

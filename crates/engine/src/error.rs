@@ -84,6 +84,10 @@ pub enum EngineError {
     #[error("invalid {kind}: {message}")]
     InvalidConstraint { kind: &'static str, message: String },
 
+    /// An input (to embed) longer than the model's window.
+    #[error("the input is {tokens} tokens, more than the model's window of {window}: shorten it")]
+    InputTooLong { tokens: usize, window: usize },
+
     /// A perplexity setting the text or the model cannot satisfy (`mlxcel perplexity`).
     #[error("perplexity: invalid {setting} {value}: {reason}")]
     InvalidPerplexity {

@@ -280,6 +280,13 @@ struct LayerFeatures {
     softcap: Option<f32>,
 }
 
+/// What a forward pass returns per selected row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Logits,
+    Hidden,
+}
+
 /// One sequence's part of a step.
 #[derive(Debug)]
 pub struct ForwardSeq<'a> {
@@ -576,12 +583,28 @@ impl LlamaModel {
         self.forward_rows(&mut [seq], Some(first))
     }
 
+    /// The final hidden states (after the last norm, `hidden_size` floats each) of every new
+    /// position of one sequence's step: what embeddings pool. The cache grows as with
+    /// [`LlamaModel::forward`].
+    pub fn forward_hidden(&self, seq: ForwardSeq<'_>) -> Result<Vec<Vec<f32>>> {
+        self.forward_rows_as(&mut [seq], Some(0), Output::Hidden)
+    }
+
     /// [`LlamaModel::forward`], or with `from: Some(first)` (one sequence) the logits of every
     /// row from `first` on.
     fn forward_rows(
         &self,
         seqs: &mut [ForwardSeq<'_>],
         from: Option<usize>,
+    ) -> Result<Vec<Vec<f32>>> {
+        self.forward_rows_as(seqs, from, Output::Logits)
+    }
+
+    fn forward_rows_as(
+        &self,
+        seqs: &mut [ForwardSeq<'_>],
+        from: Option<usize>,
+        output: Output,
     ) -> Result<Vec<Vec<f32>>> {
         if seqs.is_empty() {
             return Ok(Vec::new());
@@ -665,6 +688,22 @@ impl LlamaModel {
         let batch = last_rows.len() as i32;
         let last = x.take(&Array::from_u32(&last_rows, &[batch])?, 0)?;
         let last = rms_norm(&last, &self.norm, c.rms_norm_eps)?;
+        if output == Output::Hidden {
+            let hidden = last.astype(Dtype::F32)?;
+            let mut to_eval: Vec<&Array> = vec![&hidden];
+            for seq in seqs.iter() {
+                to_eval.extend(seq.cache.arrays());
+            }
+            eval(&to_eval)?;
+            for seq in seqs.iter_mut() {
+                seq.cache.advance(seq.tokens.len());
+            }
+            let flat = hidden.to_vec_f32()?;
+            return Ok(flat
+                .chunks_exact(self.config.hidden_size)
+                .map(<[f32]>::to_vec)
+                .collect());
+        }
         let logits = match (&self.lm_head, &self.tied_int8) {
             (Some(head), _) => head.forward(&last, kn)?,
             (None, Some(projection)) => projection.linear(&last, kn)?,

@@ -187,6 +187,19 @@ impl Backend for MlxBackend {
         positions * self.bytes_per_position()
     }
 
+    fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let mut cache = self.model.new_cache(tokens.len());
+        self.model
+            .forward_hidden(ForwardSeq {
+                cache: &mut cache,
+                tokens,
+            })
+            .map_err(backend_error)
+    }
+
     fn copy_prefix(&mut self, from: SlotId, to: SlotId, len: usize) -> Result<(), EngineError> {
         let missing = |slot| EngineError::backend("mlx", format!("slot {slot} is not allocated"));
         let mut target = self.slots.remove(&to).ok_or_else(|| missing(to))?;

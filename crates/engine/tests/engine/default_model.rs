@@ -705,3 +705,49 @@ fn constraints_work_on_the_xla_backend() {
     );
     assert!(value["confidence"].as_u64().unwrap() <= 100);
 }
+
+/// Embeddings from the generative model: mean-pooled final hidden states, unit length, the same
+/// for the same text, nearer for paraphrases than for unrelated text; per-token states with
+/// pooling none; too long a text refused with the numbers.
+#[test]
+fn embeddings_pool_the_final_hidden_states() {
+    if skip() {
+        return;
+    }
+    let engine = engine();
+    let embed = |text: &str| {
+        engine
+            .embed(
+                engine.tokenize(text).unwrap(),
+                Pooling::Mean,
+                Normalize::default(),
+            )
+            .unwrap()
+            .remove(0)
+    };
+    let a = embed("The cat sat on the mat.");
+    assert_eq!(a.len(), 576);
+    let norm: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+    assert_eq!(a, embed("The cat sat on the mat."));
+    let cos = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>();
+    let b = embed("A cat was sitting on the mat.");
+    let c = embed("Quarterly revenue rose by seven percent in Asia.");
+    assert!(
+        cos(&a, &b) > cos(&a, &c),
+        "{} vs {}",
+        cos(&a, &b),
+        cos(&a, &c)
+    );
+    let tokens = engine.tokenize("one two three").unwrap();
+    let per_token = engine
+        .embed(tokens.clone(), Pooling::None, Normalize(-1))
+        .unwrap();
+    assert_eq!(per_token.len(), tokens.len());
+    let too_long = vec![1u32; engine.info().window + 1];
+    let err = engine
+        .embed(too_long, Pooling::Mean, Normalize::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("8193 tokens") && err.contains("8192"), "{err}");
+}
