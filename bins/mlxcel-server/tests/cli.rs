@@ -142,6 +142,8 @@ fn environment_twins_reach_their_flags() {
         ("LLAMA_ARG_FREQUENCY_PENALTY", "--frequency-penalty"),
         ("LLAMA_ARG_TIMEOUT", "--timeout"),
         ("LLAMA_ARG_CACHE_RAM", "--cache-ram"),
+        ("LLAMA_ARG_POOLING", "--pooling"),
+        ("LLAMA_ARG_EMBEDDINGS", "--embedding"),
         ("LLAMA_ARG_ENDPOINT_METRICS", "--metrics"),
         ("LLAMA_ARG_ENDPOINT_PROPS", "--props"),
         ("LLAMA_ARG_ENDPOINT_SLOTS", "--slots"),

@@ -38,6 +38,8 @@ pub struct ModelInfo {
     pub weight_bytes: u64,
     /// Parameter count (quantized weights counted unpacked).
     pub parameters: u64,
+    /// Width of the hidden states (and of the embeddings [`Engine::embed`] returns).
+    pub hidden_size: usize,
     /// The family and the features detected in its config, e.g.
     /// `qwen3: 28 layers, q/k norm, tied embeddings` ([`mlxcel_model::ModelConfig::describe`]).
     pub features: String,
@@ -57,6 +59,7 @@ impl ModelInfo {
             }),
             dir: loaded.dir().to_owned(),
             features: config.describe(),
+            hidden_size: config.hidden_size,
             backend,
             window: config.window(),
             vocab_size: config.vocab_size,

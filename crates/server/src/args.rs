@@ -165,6 +165,25 @@ pub struct ServerArgs {
     #[arg(long)]
     pub activations: Option<String>,
 
+    /// How the embedding routes pool each input's per-token states: `mean`, `cls`, `last`, or
+    /// `none` (one vector per token; `/embedding(s)` only).
+    #[arg(long, env = "LLAMA_ARG_POOLING", default_value = "mean")]
+    pub pooling: String,
+
+    /// How embeddings are normalized: -1 none, 0 max absolute value, 1 taxicab, 2 euclidean,
+    /// p > 2 the p-norm (a request's `embd_normalize` wins).
+    #[arg(
+        long = "embd-normalize",
+        default_value_t = 2,
+        allow_negative_numbers = true
+    )]
+    pub embd_normalize: i32,
+
+    /// Serve the embedding routes (llama-server needs it; here they are always served, so the
+    /// flag is accepted for its command lines).
+    #[arg(long = "embedding", alias = "embeddings", env = "LLAMA_ARG_EMBEDDINGS")]
+    pub embedding: bool,
+
     /// The prefix cache's memory in MiB (llama-server's `--cache-ram`): finished requests' KV is
     /// kept for prompts that start the same way; `-1` no limit, `0` off (MLX backend only).
     #[arg(
@@ -361,6 +380,11 @@ impl ServerArgs {
             metrics: self.metrics,
             header_timeout: Duration::from_secs(self.timeout.max(1)),
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
+            pooling: self
+                .pooling
+                .parse()
+                .map_err(|err: String| ServerError::Flag(format!("--pooling: {err}")))?,
+            embd_normalize: self.embd_normalize,
             ..ServerConfig::default()
         })
     }

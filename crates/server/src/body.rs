@@ -94,11 +94,16 @@ pub fn json(status: StatusCode, value: &impl Serialize) -> Response<Body> {
 pub struct StreamSender(mpsc::Sender<Bytes>);
 
 impl StreamSender {
-    /// Sends one server-sent event carrying `data`; `false` when the client has gone.
-    pub async fn event(&self, data: &impl Serialize) -> bool {
-        match serde_json::to_string(data) {
-            Ok(text) => self.raw(format!("data: {text}\n\n")).await,
-            Err(_) => false,
+    /// Sends one server-sent event carrying `data`, after an `event: name` line when `name` is
+    /// given (Anthropic's and the Responses API's streams name every event); `false` when the
+    /// client has gone.
+    pub async fn named_event(&self, name: Option<&str>, data: &impl Serialize) -> bool {
+        let Ok(text) = serde_json::to_string(data) else {
+            return false;
+        };
+        match name {
+            Some(name) => self.raw(format!("event: {name}\ndata: {text}\n\n")).await,
+            None => self.raw(format!("data: {text}\n\n")).await,
         }
     }
 

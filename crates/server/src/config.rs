@@ -91,6 +91,10 @@ pub struct ServerConfig {
     pub header_timeout: Duration,
     /// How long in-flight requests may run after shutdown begins.
     pub shutdown_timeout: Duration,
+    /// How the embedding routes pool per-token states (`--pooling`).
+    pub pooling: mlxcel_engine::Pooling,
+    /// How they normalize (`--embd-normalize`: -1 none, 0 max-abs, 1 taxicab, 2 euclidean, p).
+    pub embd_normalize: i32,
 }
 
 impl Default for ServerConfig {
@@ -113,6 +117,8 @@ impl Default for ServerConfig {
             body_limit: 8 << 20,
             header_timeout: Duration::from_secs(600),
             shutdown_timeout: Duration::from_secs(30),
+            pooling: mlxcel_engine::Pooling::Mean,
+            embd_normalize: 2,
         }
     }
 }

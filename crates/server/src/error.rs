@@ -56,6 +56,14 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// The shape an error body takes: OpenAI's on every route but Anthropic's, whose clients read
+/// Anthropic's (`{"type": "error", "error": {"type", "message"}}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorShape {
+    OpenAi,
+    Anthropic,
+}
+
 #[derive(Serialize)]
 struct ErrorBody<'a> {
     error: ErrorDetail<'a>,
@@ -69,6 +77,21 @@ struct ErrorDetail<'a> {
     kind: &'a str,
     param: Option<&'a str>,
     code: Option<&'a str>,
+}
+
+/// Anthropic's error object.
+#[derive(Serialize)]
+struct AnthropicErrorBody {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    error: AnthropicErrorDetail,
+}
+
+#[derive(Serialize)]
+struct AnthropicErrorDetail {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    message: String,
 }
 
 impl ApiError {
@@ -151,15 +174,45 @@ impl ApiError {
         .unwrap_or_default()
     }
 
-    /// The one mapping from an error to a response.
+    /// The body of the Anthropic shape, for bodies and mid-stream `error` events; the `type`s are
+    /// Anthropic's for the same statuses.
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        let kind = match self {
+            Self::BadRequest { .. } | Self::MethodNotAllowed { .. } => "invalid_request_error",
+            Self::Unauthorized => "authentication_error",
+            Self::NotFound { .. } | Self::ModelNotFound { .. } => "not_found_error",
+            Self::PayloadTooLarge { .. } => "request_too_large",
+            Self::Loading | Self::QueueFull(_) | Self::Unavailable => "overloaded_error",
+            Self::NotImplemented(_) | Self::Internal(_) => "api_error",
+        };
+        serde_json::to_value(AnthropicErrorBody {
+            kind: "error",
+            error: AnthropicErrorDetail {
+                kind,
+                message: self.to_string(),
+            },
+        })
+        .unwrap_or_default()
+    }
+
+    /// The one mapping from an error to a response, in OpenAI's shape.
     pub fn response(&self) -> Response<Body> {
+        self.response_as(ErrorShape::OpenAi)
+    }
+
+    /// The one mapping from an error to a response, in `shape`.
+    pub fn response_as(&self, shape: ErrorShape) -> Response<Body> {
         let status = self.status();
         if status.is_server_error() && !matches!(self, Self::Loading | Self::QueueFull(_)) {
             tracing::error!(error = ?self, "request failed");
         } else {
             tracing::debug!(%status, error = %self, "request refused");
         }
-        let mut response = json(status, &self.body());
+        let body = match shape {
+            ErrorShape::OpenAi => self.body(),
+            ErrorShape::Anthropic => self.anthropic_body(),
+        };
+        let mut response = json(status, &body);
         let headers = response.headers_mut();
         match self {
             Self::QueueFull(_) | Self::Loading => {

@@ -102,7 +102,8 @@ fn sampling(state: &AppState, params: &Params) -> SamplingParams {
     }
 }
 
-fn tokenize(engine: &Engine, prompt: PromptInput) -> Result<Vec<u32>, ApiError> {
+/// The prompt's tokens, as the engine will see them; an empty prompt is refused.
+pub(crate) fn tokenize(engine: &Engine, prompt: PromptInput) -> Result<Vec<u32>, ApiError> {
     let tokens = match prompt {
         PromptInput::Text(text) => engine.tokenize(&text)?,
         PromptInput::Templated(text) => engine
@@ -355,8 +356,20 @@ pub trait StreamFormat: Send + 'static {
     const DONE_LINE: bool;
 
     /// What goes before the first token, if anything.
-    fn opening(&mut self) -> Option<Self::Chunk> {
+    fn opening(&mut self) -> Vec<Self::Chunk> {
+        Vec::new()
+    }
+
+    /// The SSE `event:` name of a chunk, for formats that name their events; `None` sends a bare
+    /// `data:` line.
+    fn event_name(_chunk: &Self::Chunk) -> Option<&'static str> {
         None
+    }
+
+    /// The event that reports a failure mid-stream, as its name and data: by default OpenAI's
+    /// error object, unnamed.
+    fn error_event(&mut self, err: &ApiError) -> (Option<&'static str>, serde_json::Value) {
+        (None, err.body())
     }
 
     /// The chunk for one generated token, or `None` to send nothing for it.
@@ -374,10 +387,10 @@ pub trait StreamFormat: Send + 'static {
 
 /// Streams `tracked` to `sender` in `format` until the request ends or the client goes.
 pub async fn stream<F: StreamFormat>(mut tracked: Tracked, sender: StreamSender, mut format: F) {
-    if let Some(chunk) = format.opening()
-        && !sender.event(&chunk).await
-    {
-        return tracked.cancel().await;
+    for chunk in format.opening() {
+        if !sender.named_event(F::event_name(&chunk), &chunk).await {
+            return tracked.cancel().await;
+        }
     }
     loop {
         let event = tokio::select! {
@@ -401,7 +414,7 @@ pub async fn stream<F: StreamFormat>(mut tracked: Tracked, sender: StreamSender,
                     top_logprobs,
                 };
                 if let Some(chunk) = format.token(record)
-                    && !sender.event(&chunk).await
+                    && !sender.named_event(F::event_name(&chunk), &chunk).await
                 {
                     return tracked.cancel().await;
                 }
@@ -415,10 +428,11 @@ pub async fn stream<F: StreamFormat>(mut tracked: Tracked, sender: StreamSender,
                 if reason == FinishReason::Error {
                     tracing::error!(id = tracked.id(), error = ?error, "generation failed mid-stream");
                     let err = ApiError::Internal(error.unwrap_or_default());
-                    let _ = sender.event(&err.body()).await;
+                    let (name, data) = format.error_event(&err);
+                    let _ = sender.named_event(name, &data).await;
                 } else {
                     for chunk in format.finish(&tracked, reason, text, usage) {
-                        let _ = sender.event(&chunk).await;
+                        let _ = sender.named_event(F::event_name(&chunk), &chunk).await;
                     }
                 }
                 if F::DONE_LINE {

@@ -27,9 +27,12 @@
 //! # }
 //! ```
 
+mod anthropic;
 mod args;
 mod body;
+mod chat;
 mod config;
+mod embeddings;
 mod error;
 mod generate;
 mod inert;
@@ -39,6 +42,7 @@ mod metrics;
 mod openai;
 mod openai_response;
 mod read;
+mod responses;
 mod routes;
 mod run;
 mod serve;
@@ -48,7 +52,7 @@ mod tools;
 
 pub use args::{ServerArgs, accepted_spellings};
 pub use config::{ApiKeys, SamplingDefaults, ServerConfig};
-pub use error::{ApiError, ServerError};
+pub use error::{ApiError, ErrorShape, ServerError};
 pub use llama_flags::{IgnoredOptions, normalize_llama_args};
 pub use metrics::Metrics;
 pub use run::{init_logging, init_logging_with, init_server_logging, run};

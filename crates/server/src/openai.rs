@@ -1,7 +1,8 @@
 //! OpenAI's routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models`.
 
+use crate::chat::{self, ToolPlan, Turns};
 use crate::structured::{ConstraintFields, ResponseFormat};
-use crate::tools::{self, ToolChoice, ToolFormat, read_tools};
+use crate::tools::{ToolFormat, read_tools};
 use std::sync::Arc;
 
 use hyper::body::Incoming;
@@ -283,28 +284,7 @@ fn rich_messages(messages: Vec<MessageField>) -> Result<Vec<Value>, ApiError> {
         .map(|(m, (tool_calls, tool_call_id, name))| {
             let mut v = serde_json::json!({"role": m.role, "content": m.content});
             if let Some(calls) = tool_calls {
-                let calls: Vec<Value> = calls
-                    .into_iter()
-                    .map(|mut call| {
-                        let parsed = call
-                            .pointer("/function/arguments")
-                            .and_then(Value::as_str)
-                            .and_then(|a| serde_json::from_str::<Value>(a).ok());
-                        if let Some(arguments) = parsed {
-                            call["function"]["arguments"] = arguments;
-                        }
-                        // Some templates read `name`/`arguments` on the call itself.
-                        if let Some(function) = call.get("function").cloned() {
-                            for key in ["name", "arguments"] {
-                                if let Some(x) = function.get(key) {
-                                    call[key] = x.clone();
-                                }
-                            }
-                        }
-                        call
-                    })
-                    .collect();
-                v["tool_calls"] = Value::Array(calls);
+                v["tool_calls"] = calls.into_iter().map(chat::template_call).collect();
             }
             if let Some(id) = tool_call_id {
                 v["tool_call_id"] = Value::String(id);
@@ -433,28 +413,28 @@ pub async fn chat_completions(
         request.functions.take(),
         request.function_call.take(),
     )?;
-    let format = ToolFormat::of_template(&engine.chat_template_source().unwrap_or_default());
     let parallel = request.parallel_tool_calls.unwrap_or(true);
     let templated = if tools.is_empty() && !has_tool_turns(&request.messages) {
-        engine.apply_chat_template(&chat_messages(request.messages)?)?
+        chat::render(
+            &engine,
+            Turns::Plain(chat_messages(request.messages)?),
+            Vec::new(),
+        )?
     } else {
         // Tools as the request gave them (legacy functions in the tools shape).
         let tool_list: Vec<Value> = raw_tools.unwrap_or_else(|| {
             tools
                 .iter()
-                .map(|t| {
-                    serde_json::json!({"type": "function",
-                        "function": {"name": t.name, "parameters": t.parameters}})
-                })
+                .map(|t| chat::function_tool(&t.name, None, Some(&t.parameters)))
                 .collect()
         });
-        let context = serde_json::json!({
-            "messages": rich_messages(request.messages)?,
-            "tools": if tool_list.is_empty() { Value::Null } else { Value::Array(tool_list) },
-            "add_generation_prompt": true,
-        });
-        engine.apply_chat_template_with(&context)?
+        chat::render(
+            &engine,
+            Turns::Rich(rich_messages(request.messages)?),
+            tool_list,
+        )?
     };
+    let plan = ToolPlan::new(&engine, tools, choice, parallel);
     let envelope = envelope(
         state,
         &engine,
@@ -465,18 +445,13 @@ pub async fn chat_completions(
     );
     let stream = common.stream;
     let mut params = common.params(request.max_completion_tokens, logprobs)?;
-    if let Some(required) = tools::constraint(&tools, &choice, format, parallel) {
-        if params.constraint.is_some() {
-            return Err(ApiError::invalid_param(
-                "tool_choice",
-                "a required tool call and response_format (or another output constraint) \
-                 both constrain the output: give one",
-            ));
-        }
-        params.constraint = Some(required);
-    }
+    plan.constrain(
+        &mut params,
+        "tool_choice",
+        "response_format (or another output constraint)",
+    )?;
     // Calls in the output are looked for unless the request said `none`.
-    let tool_parsing = (!tools.is_empty() && choice != ToolChoice::None).then_some(format);
+    let tool_parsing = plan.parsing();
     run_chat(
         state,
         engine,
@@ -511,7 +486,7 @@ fn envelope(
 }
 
 /// A process-unique id with some entropy from the clock.
-fn rand_id() -> u128 {
+pub(crate) fn rand_id() -> u128 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
@@ -581,11 +556,11 @@ async fn run_chat(
         return Ok(response);
     }
     let outcome = collect(&mut tracked).await?;
-    let body = match tools::parse_calls(&outcome.text, format, &envelope.id) {
-        Some((content, calls)) if outcome.reason == FinishReason::Stop => {
+    let body = match chat::calls_in(&outcome.text, outcome.reason, Some(format), &envelope.id) {
+        Some((content, calls)) => {
             envelope.whole_tool_calls(&engine, content, calls, &outcome.tokens, outcome.usage)
         }
-        _ => envelope.whole(
+        None => envelope.whole(
             &engine,
             outcome.text,
             &outcome.tokens,
@@ -611,8 +586,11 @@ impl StreamFormat for OpenAiStream {
     type Chunk = CompletionBody;
     const DONE_LINE: bool = true;
 
-    fn opening(&mut self) -> Option<CompletionBody> {
-        (self.envelope.kind == Kind::Chat).then(|| self.envelope.role_chunk())
+    fn opening(&mut self) -> Vec<CompletionBody> {
+        (self.envelope.kind == Kind::Chat)
+            .then(|| self.envelope.role_chunk())
+            .into_iter()
+            .collect()
     }
 
     fn token(&mut self, record: TokenRecord) -> Option<CompletionBody> {
@@ -645,8 +623,8 @@ impl StreamFormat for OpenAiStream {
         let mut text = text;
         if let Some((format, mut held)) = self.tools.take() {
             held.push_str(&text);
-            if reason == FinishReason::Stop
-                && let Some((content, calls)) = tools::parse_calls(&held, format, &self.envelope.id)
+            if let Some((content, calls)) =
+                chat::calls_in(&held, reason, Some(format), &self.envelope.id)
             {
                 if !content.is_empty() {
                     chunks.push(self.envelope.chunk(&self.engine, &content, &[], 0, None));

@@ -11,15 +11,19 @@ use hyper::header::{ALLOW, AUTHORIZATION, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
 use crate::body::{Body, full};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorShape};
 use crate::state::AppState;
-use crate::{llama_server, openai};
+use crate::{anthropic, embeddings, llama_server, openai, responses};
 
 /// What a route runs. One variant per handler; [`Endpoint::call`] is the one dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Endpoint {
     Completions,
     ChatCompletions,
+    Responses,
+    ResponsesInputTokens,
+    Messages,
+    CountTokens,
     Models,
     Completion,
     Tokenize,
@@ -30,6 +34,8 @@ enum Endpoint {
     SetProps,
     Slots,
     Metrics,
+    EmbeddingsOpenAi,
+    EmbeddingsLlama,
 }
 
 /// One method on one path pattern.
@@ -40,27 +46,41 @@ struct Route {
     endpoint: Endpoint,
     /// Answered without an API key (load balancers probe it).
     public: bool,
+    /// The shape of its error bodies (its 401, 404 and 405 included).
+    errors: ErrorShape,
 }
 
-const fn entry(method: Method, path: &'static str, endpoint: Endpoint, public: bool) -> Route {
+const fn entry(
+    method: Method,
+    path: &'static str,
+    endpoint: Endpoint,
+    public: bool,
+    errors: ErrorShape,
+) -> Route {
     Route {
         method,
         path,
         endpoint,
         public,
+        errors,
     }
 }
 
 const fn route(method: Method, path: &'static str, endpoint: Endpoint) -> Route {
-    entry(method, path, endpoint, false)
+    entry(method, path, endpoint, false, ErrorShape::OpenAi)
 }
 
 const fn public(method: Method, path: &'static str, endpoint: Endpoint) -> Route {
-    entry(method, path, endpoint, true)
+    entry(method, path, endpoint, true, ErrorShape::OpenAi)
 }
 
-/// Every route the server answers (OpenAI's under `/v1` and without it, then llama-server's;
-/// `/completions` is llama-server's native completion, as in llama-server).
+/// A route of Anthropic's API: its errors have Anthropic's shape.
+const fn anthropic(method: Method, path: &'static str, endpoint: Endpoint) -> Route {
+    entry(method, path, endpoint, false, ErrorShape::Anthropic)
+}
+
+/// Every route the server answers (OpenAI's under `/v1` and without it, Anthropic's, then
+/// llama-server's; `/completions` is llama-server's native completion, as in llama-server).
 static ROUTES: &[Route] = &[
     route(Method::POST, "/v1/completions", Endpoint::Completions),
     route(
@@ -69,12 +89,33 @@ static ROUTES: &[Route] = &[
         Endpoint::ChatCompletions,
     ),
     route(Method::POST, "/chat/completions", Endpoint::ChatCompletions),
+    route(Method::POST, "/v1/responses", Endpoint::Responses),
+    route(Method::POST, "/responses", Endpoint::Responses),
+    route(
+        Method::POST,
+        "/v1/responses/input_tokens",
+        Endpoint::ResponsesInputTokens,
+    ),
+    route(
+        Method::POST,
+        "/responses/input_tokens",
+        Endpoint::ResponsesInputTokens,
+    ),
+    anthropic(Method::POST, "/v1/messages", Endpoint::Messages),
+    anthropic(
+        Method::POST,
+        "/v1/messages/count_tokens",
+        Endpoint::CountTokens,
+    ),
     route(Method::GET, "/v1/models", Endpoint::Models),
     route(Method::GET, "/models", Endpoint::Models),
     // llama-server's native completion, under its legacy name and its current one.
     route(Method::POST, "/completion", Endpoint::Completion),
     route(Method::POST, "/completions", Endpoint::Completion),
     route(Method::POST, "/tokenize", Endpoint::Tokenize),
+    route(Method::POST, "/v1/embeddings", Endpoint::EmbeddingsOpenAi),
+    route(Method::POST, "/embedding", Endpoint::EmbeddingsLlama),
+    route(Method::POST, "/embeddings", Endpoint::EmbeddingsLlama),
     route(Method::POST, "/detokenize", Endpoint::Detokenize),
     route(Method::POST, "/apply-template", Endpoint::ApplyTemplate),
     public(Method::GET, "/health", Endpoint::Health),
@@ -135,6 +176,10 @@ impl Endpoint {
         match self {
             Self::Completions => openai::completions(state, body).await,
             Self::ChatCompletions => openai::chat_completions(state, body).await,
+            Self::Responses => responses::create(state, body).await,
+            Self::ResponsesInputTokens => responses::input_tokens(state, body).await,
+            Self::Messages => anthropic::messages(state, body).await,
+            Self::CountTokens => anthropic::count_tokens(state, body).await,
             Self::Models => openai::models(state),
             Self::Completion => llama_server::completion(state, body).await,
             Self::Tokenize => llama_server::tokenize(state, body).await,
@@ -145,6 +190,12 @@ impl Endpoint {
             Self::SetProps => llama_server::set_props(state),
             Self::Slots => llama_server::slots(state),
             Self::Metrics => llama_server::metrics(state),
+            Self::EmbeddingsOpenAi => {
+                embeddings::embeddings(state, body, embeddings::Shape::OpenAi).await
+            }
+            Self::EmbeddingsLlama => {
+                embeddings::embeddings(state, body, embeddings::Shape::Llama).await
+            }
         }
     }
 }
@@ -155,10 +206,18 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     let path = request.uri().path().to_owned();
     let response = match dispatch(&state, request).await {
         Ok(response) => response,
-        Err(err) => err.response(),
+        Err(err) => err.response_as(error_shape(&path)),
     };
     tracing::info!(%method, %path, status = response.status().as_u16(), "request");
     response
+}
+
+/// The error shape of the routes on `path` (OpenAI's where no route has it).
+fn error_shape(path: &str) -> ErrorShape {
+    ROUTES
+        .iter()
+        .find(|r| match_path(r.path, path).is_some())
+        .map_or(ErrorShape::OpenAi, |r| r.errors)
 }
 
 /// Whether the request carries an accepted key (`Authorization: Bearer`, or `X-Api-Key`).

@@ -161,6 +161,14 @@ fn every_llama_server_spelling_reaches_its_setting() {
         (&["--ctx-size", "512"], |a| {
             a.server_config().unwrap().ctx_size == Some(512)
         }),
+        (&["--pooling", "cls"], |a| {
+            a.server_config().unwrap().pooling == mlxcel_engine::Pooling::Cls
+        }),
+        (&["--embd-normalize", "-1"], |a| {
+            a.server_config().unwrap().embd_normalize == -1
+        }),
+        (&["--embedding"], |a| a.embedding),
+        (&["--embeddings"], |a| a.embedding),
         (&["--cache-ram", "64"], |a| {
             a.engine_options().unwrap().prefix_cache_bytes == 64 << 20
         }),

@@ -1,16 +1,20 @@
 //! The HTTP server, driven in-process on port 0, one module per concern.
 //!
 //! Modules: `args` (the shared flag parser), `compat` (the accepted spellings the compatibility
-//! gate reads), `routes` (every route, streaming and not),
+//! gate reads), `routes` (every route, streaming and not), `anthropic` (Anthropic's Messages API),
+//! `responses` (OpenAI's Responses API),
 //! `errors` (each error class, and that the server keeps serving), `auth`, `lifecycle` (loading,
 //! client disconnect, graceful shutdown), `concurrency` (parallel streams equal sequential runs).
 //! Tests on the default model are skipped with `MLXCEL_SKIP_MODEL_TESTS=1`.
 
+mod anthropic;
 mod args;
 mod auth;
 mod compat;
 mod concurrency;
+mod embeddings;
 mod errors;
 mod lifecycle;
+mod responses;
 mod routes;
 mod support;

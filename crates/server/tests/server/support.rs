@@ -134,6 +134,26 @@ impl Reply {
     }
 }
 
+/// The events of an SSE body whose events are named (Anthropic's, the Responses API's): each
+/// `event:` name with its `data:` JSON.
+pub fn named_events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let mut name = String::new();
+            let mut data = Value::Null;
+            for line in e.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_owned();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = serde_json::from_str(d).unwrap_or_else(|err| panic!("{err}: {d}"));
+                }
+            }
+            (name, data)
+        })
+        .collect()
+}
+
 pub fn sse_events(body: &str) -> Vec<String> {
     body.split("\n\n")
         .filter_map(|e| e.trim().strip_prefix("data: "))

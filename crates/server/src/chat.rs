@@ -1,0 +1,181 @@
+//! What every chat-shaped route shares (`/v1/chat/completions`, `/v1/responses`, `/v1/messages`):
+//! the conversation through the chat template, with tools and tool turns in Hugging Face's shape,
+//! and the [`ToolPlan`] that constrains a required call and finds calls in the reply. Each route
+//! only translates its wire format into these terms and its answer back out of them.
+
+use mlxcel_engine::{ChatMessage, Engine, FinishReason};
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::generate::Params;
+use crate::tools::{self, Tool, ToolCall, ToolChoice, ToolFormat};
+
+/// A conversation as the chat template takes it.
+#[derive(Debug)]
+pub(crate) enum Turns {
+    /// Text turns only: rendered as `apply_chat_template(messages)`.
+    Plain(Vec<ChatMessage>),
+    /// Turns in Hugging Face's shape (`role`, `content`, `tool_calls`, `tool_call_id`, `name`),
+    /// rendered with the tools.
+    Rich(Vec<Value>),
+}
+
+/// Renders `turns` with the generation prompt; `tools` are the function tools in OpenAI's shape
+/// (`{"type": "function", "function": {"name", "description", "parameters"}}`), as Hugging Face
+/// passes them to templates.
+pub(crate) fn render(engine: &Engine, turns: Turns, tools: Vec<Value>) -> Result<String, ApiError> {
+    match turns {
+        Turns::Plain(messages) if tools.is_empty() => Ok(engine.apply_chat_template(&messages)?),
+        Turns::Plain(messages) => render(
+            engine,
+            Turns::Rich(
+                messages
+                    .into_iter()
+                    .map(|m| json!({"role": m.role, "content": m.content}))
+                    .collect(),
+            ),
+            tools,
+        ),
+        Turns::Rich(messages) => {
+            let context = json!({
+                "messages": messages,
+                "tools": if tools.is_empty() { Value::Null } else { Value::Array(tools) },
+                "add_generation_prompt": true,
+            });
+            Ok(engine.apply_chat_template_with(&context)?)
+        }
+    }
+}
+
+/// One earlier call of the model in the template's shape: OpenAI's `{id, type, function: {name,
+/// arguments}}` with `arguments` parsed into an object (as templates expect) and `name` and
+/// `arguments` also on the call itself (some templates read them there).
+pub(crate) fn template_call(mut call: Value) -> Value {
+    let parsed = call
+        .pointer("/function/arguments")
+        .and_then(Value::as_str)
+        .and_then(|a| serde_json::from_str::<Value>(a).ok());
+    if let Some(arguments) = parsed {
+        call["function"]["arguments"] = arguments;
+    }
+    if let Some(function) = call.get("function").cloned() {
+        for key in ["name", "arguments"] {
+            if let Some(x) = function.get(key) {
+                call[key] = x.clone();
+            }
+        }
+    }
+    call
+}
+
+/// A function tool in OpenAI's chat shape, which [`tools::read_tools`] reads and templates take.
+pub(crate) fn function_tool(
+    name: &str,
+    description: Option<&str>,
+    parameters: Option<&Value>,
+) -> Value {
+    let mut function = json!({"name": name});
+    if let Some(description) = description {
+        function["description"] = json!(description);
+    }
+    if let Some(parameters) = parameters {
+        function["parameters"] = parameters.clone();
+    }
+    json!({"type": "function", "function": function})
+}
+
+/// What a request's tools do to its generation: the constraint of a required call, and the format
+/// calls are looked for in the reply.
+#[derive(Debug)]
+pub(crate) struct ToolPlan {
+    tools: Vec<Tool>,
+    choice: ToolChoice,
+    format: ToolFormat,
+    parallel: bool,
+}
+
+impl ToolPlan {
+    /// The plan for `tools` and `choice` on `engine`'s model, whose chat template tells the
+    /// format of its calls.
+    pub(crate) fn new(
+        engine: &Engine,
+        tools: Vec<Tool>,
+        choice: ToolChoice,
+        parallel: bool,
+    ) -> Self {
+        let format = ToolFormat::of_template(&engine.chat_template_source().unwrap_or_default());
+        Self {
+            tools,
+            choice,
+            format,
+            parallel,
+        }
+    }
+
+    /// Constrains `params` to a valid call when the choice requires one; `other` names the
+    /// request's own output constraint in the refusal when it has one too.
+    pub(crate) fn constrain(
+        &self,
+        params: &mut Params,
+        choice_param: &str,
+        other: &str,
+    ) -> Result<(), ApiError> {
+        if let Some(required) =
+            tools::constraint(&self.tools, &self.choice, self.format, self.parallel)
+        {
+            if params.constraint.is_some() {
+                return Err(ApiError::invalid_param(
+                    choice_param,
+                    format!("a required tool call and {other} both constrain the output: give one"),
+                ));
+            }
+            params.constraint = Some(required);
+        }
+        Ok(())
+    }
+
+    /// The format calls are looked for in: `None` without tools or with the choice `none`.
+    pub(crate) fn parsing(&self) -> Option<ToolFormat> {
+        (!self.tools.is_empty() && self.choice != ToolChoice::None).then_some(self.format)
+    }
+}
+
+/// The calls in a finished reply, with the text around them: only a reply that stopped (not cut
+/// by the budget) and holds calls in `format` has them.
+pub(crate) fn calls_in(
+    text: &str,
+    reason: FinishReason,
+    format: Option<ToolFormat>,
+    id_prefix: &str,
+) -> Option<(String, Vec<ToolCall>)> {
+    let format = format.filter(|_| reason == FinishReason::Stop)?;
+    tools::parse_calls(text, format, id_prefix)
+}
+
+/// A call's arguments as a JSON value (Anthropic's `input`); arguments that are not JSON stay a
+/// string.
+pub(crate) fn arguments_value(call: &ToolCall) -> Value {
+    serde_json::from_str(&call.function.arguments)
+        .unwrap_or_else(|_| Value::String(call.function.arguments.clone()))
+}
+
+/// Which of `stops` ended a reply that stopped: the generated tokens decode to the reply's text
+/// followed by the stop string the engine cut; `None` when it ended otherwise (end-of-sequence, a
+/// complete grammar).
+pub(crate) fn matched_stop(
+    engine: &Engine,
+    tokens: &[u32],
+    text: &str,
+    stops: &[String],
+) -> Option<String> {
+    if stops.is_empty() {
+        return None;
+    }
+    let raw = engine.tokenizer().decode(tokens, false).ok()?;
+    let rest = raw.strip_prefix(text).unwrap_or(&raw);
+    stops
+        .iter()
+        .filter(|s| !s.is_empty() && rest.contains(s.as_str()))
+        .min_by_key(|s| rest.find(s.as_str()))
+        .cloned()
+}
