@@ -747,11 +747,11 @@ mod tests {
     fn text_only_conversations_stay_plain_and_other_blocks_are_named() {
         let messages = parse(json!([{"role": "user", "content": [
             {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]));
-        let Turns::Plain(turns) = turns(None, messages).unwrap() else {
+        let Turns::Plain(plain) = turns(None, messages).unwrap() else {
             panic!("text only is plain");
         };
         assert_eq!(
-            (turns[0].role.as_str(), turns[0].content.as_str()),
+            (plain[0].role.as_str(), plain[0].content.as_str()),
             ("user", "ab")
         );
         for (messages, named) in [

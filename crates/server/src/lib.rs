@@ -1,5 +1,6 @@
-//! The mlxcel HTTP server: OpenAI's and llama-server's wire formats over the engine, so that
-//! existing clients work unchanged. It holds wire formats only; scheduling stays in the engine.
+//! The mlxcel HTTP server: OpenAI's (chat completions, Responses), Anthropic's (Messages) and
+//! llama-server's wire formats over the engine, so that existing clients work unchanged. It holds
+//! wire formats only; scheduling stays in the engine.
 //!
 //! - [`ServerArgs`] is the one flag parser (llama-server's spellings and `LLAMA_ARG_*` twins)
 //!   shared by `mlxcel serve` and `mlxcel-server`; it yields a [`ServerConfig`] and the engine's
@@ -9,8 +10,9 @@
 //! - [`Server`] binds a listener (port 0 in tests) and serves HTTP/1.1 until a shutdown future
 //!   resolves; [`AppState`] is what handlers share: settings, the engine once loaded (`/health`
 //!   is 503 before), metrics, and requests in flight.
-//! - Every failure of a request is an [`ApiError`], turned into a response (OpenAI's error shape)
-//!   in one place. [`run`] is the whole program both binaries call.
+//! - Every failure of a request is an [`ApiError`], turned into a response in one place, in the
+//!   route's [`ErrorShape`] (OpenAI's, or Anthropic's on its routes). [`run`] is the whole
+//!   program both binaries call.
 //!
 //! ```no_run
 //! use std::sync::Arc;
