@@ -61,11 +61,13 @@ test-mlx-only:
 check-package:
 	scripts/check-package
 
-# The official `openai` Python client (PyPI, cached venv) against `mlxcel serve` on loopback.
+# The official `openai` and `anthropic` Python clients (PyPI, cached venv) against `mlxcel serve`
+# on loopback, then the structured-output schema corpus on the MLX backend (the OpenXLA run,
+# `scripts/check-structured` with both backends, compiles its buckets for minutes: by hand).
 # Skipped with MLXCEL_SKIP_MODEL_TESTS, like the other tests on the default model.
 e2e:
 	@if [ -n "$$MLXCEL_SKIP_MODEL_TESTS" ] && [ "$$MLXCEL_SKIP_MODEL_TESTS" != 0 ]; then \
 		echo "e2e: skipped (MLXCEL_SKIP_MODEL_TESTS)"; \
 	else \
-		scripts/openai-client-check; \
+		scripts/openai-client-check && CHECK_STRUCTURED_BACKENDS=mlx scripts/check-structured; \
 	fi
