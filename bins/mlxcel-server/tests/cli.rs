@@ -142,6 +142,10 @@ fn environment_twins_reach_their_flags() {
         ("LLAMA_ARG_FREQUENCY_PENALTY", "--frequency-penalty"),
         ("LLAMA_ARG_TIMEOUT", "--timeout"),
         ("LLAMA_ARG_CACHE_RAM", "--cache-ram"),
+        ("LLAMA_ARG_SPEC_TYPE", "--spec-type"),
+        ("LLAMA_ARG_SPEC_DRAFT_N_MAX", "--spec-draft-n-max"),
+        ("LLAMA_ARG_SPEC_DRAFT_N_MIN", "--spec-draft-n-min"),
+        ("LLAMA_ARG_SPEC_DRAFT_P_MIN", "--spec-draft-p-min"),
         ("LLAMA_ARG_POOLING", "--pooling"),
         ("LLAMA_ARG_EMBEDDINGS", "--embedding"),
         ("LLAMA_ARG_ENDPOINT_METRICS", "--metrics"),
@@ -186,4 +190,27 @@ fn environment_twins_reach_their_flags() {
         "{}",
         stderr(&output)
     );
+}
+
+/// The draft model of speculative decoding comes from `-md` or `LLAMA_ARG_SPEC_DRAFT_MODEL`; one
+/// that does not exist stops the server with an error naming the path, before it serves.
+#[test]
+fn a_missing_draft_model_is_refused_at_start() {
+    for (args, env) in [
+        (&["-md", "/nonexistent/draft"][..], &[][..]),
+        (
+            &[][..],
+            &[("LLAMA_ARG_SPEC_DRAFT_MODEL", "/nonexistent/draft")][..],
+        ),
+    ] {
+        let mut argv = vec!["--port", "0"];
+        argv.extend_from_slice(args);
+        let output = server(&argv, env);
+        assert!(!output.status.success(), "{args:?} {env:?}");
+        assert!(
+            stderr(&output).contains("/nonexistent/draft"),
+            "{args:?} {env:?}: {}",
+            stderr(&output)
+        );
+    }
 }

@@ -139,6 +139,19 @@ impl Engine {
             speculative.validate()?;
         }
         let speculative = options.speculative;
+        if speculative.is_some_and(|s| s.proposer == crate::Proposer::DraftModel)
+            && options.draft_model.is_none()
+        {
+            return Err(EngineError::InvalidSpeculation(
+                "the draft-model proposer needs a draft model (EngineOptions::draft_model, \
+                 --spec-draft-model)"
+                    .into(),
+            ));
+        }
+        let draft = match &options.draft_model {
+            Some(path) => Some(open_draft(path, &loaded.tokenizer)?),
+            None => None,
+        };
         let info = ModelInfo::from_loaded(&loaded, options.backend);
         let tokenizer = Arc::new(loaded.tokenizer.clone());
         let chat_template = loaded.chat_template.take();
@@ -162,11 +175,17 @@ impl Engine {
                 let constraints =
                     Arc::new(ConstraintSource::new(constraint_tokenizer, eos, vocab_size));
                 let scheduler = backend.and_then(|b| {
-                    Scheduler::new(b, decoder, options.scheduler).map(|s| {
-                        s.with_constraints(constraints)
-                            .with_prefix_cache(options.prefix_cache_bytes)
-                    })
+                    let scheduler = Scheduler::new(b, decoder, options.scheduler)?
+                        .with_constraints(constraints)
+                        .with_prefix_cache(options.prefix_cache_bytes);
+                    match &draft {
+                        Some(draft) => {
+                            scheduler.with_draft(backends::load(&draft.checkpoint, &options)?)
+                        }
+                        None => Ok(scheduler),
+                    }
                 });
+                drop(draft);
                 match scheduler {
                     Ok(scheduler) => {
                         let _ = ready_tx.send(Ok(()));
@@ -222,6 +241,7 @@ impl Engine {
             generated_tokens: m.generated_tokens,
             drafted_tokens: m.drafted_tokens,
             accepted_tokens: m.accepted_tokens,
+            draft_fallbacks: m.draft_fallbacks,
             reused_tokens: m.reused_tokens,
         }
     }
@@ -533,6 +553,7 @@ fn publish<B: Backend>(
     local.generated_tokens = stats.generated_tokens;
     local.drafted_tokens = stats.drafted_tokens;
     local.accepted_tokens = stats.accepted_tokens;
+    local.draft_fallbacks = stats.draft_fallbacks;
     local.reused_tokens = stats.reused_tokens;
     local.buckets = scheduler.bucket_occupancy();
     local.compilations = scheduler.backend().compilations();
@@ -639,4 +660,32 @@ pub struct Completion {
     pub finish_reason: Option<FinishReason>,
     /// Token counts.
     pub usage: Usage,
+}
+
+/// Opens the draft model at `path` and checks that its tokenizer is the model's: the same
+/// vocabulary, token for token (proposals are token ids, so they must mean the same text).
+fn open_draft(path: &str, tokenizer: &Tokenizer) -> Result<LoadedModel, EngineError> {
+    let dir = resolve_model(Some(path))?;
+    let draft = LoadedModel::open(&dir)?;
+    let refuse = |what: String| {
+        EngineError::InvalidSpeculation(format!(
+            "the draft model {} does not share the model's tokenizer ({what}); give a draft \
+             model of the same family and tokenizer",
+            dir.display()
+        ))
+    };
+    let (ours, theirs) = (tokenizer.vocab_size(), draft.tokenizer.vocab_size());
+    if ours != theirs {
+        return Err(refuse(format!("{theirs} tokens against {ours}")));
+    }
+    if let Some(id) =
+        (0..ours as u32).find(|&id| tokenizer.id_to_token(id) != draft.tokenizer.id_to_token(id))
+    {
+        return Err(refuse(format!(
+            "token {id} is {:?} in the draft, {:?} in the model",
+            draft.tokenizer.id_to_token(id).unwrap_or_default(),
+            tokenizer.id_to_token(id).unwrap_or_default()
+        )));
+    }
+    Ok(draft)
 }

@@ -88,6 +88,11 @@ pub enum EngineError {
     #[error("the input is {tokens} tokens, more than the model's window of {window}: shorten it")]
     InputTooLong { tokens: usize, window: usize },
 
+    /// Speculative decoding that cannot run as asked: a bad setting, a request for the draft
+    /// model when none is loaded, or a draft model whose vocabulary is not the model's.
+    #[error("speculative decoding: {0}")]
+    InvalidSpeculation(String),
+
     /// A perplexity setting the text or the model cannot satisfy (`mlxcel perplexity`).
     #[error("perplexity: invalid {setting} {value}: {reason}")]
     InvalidPerplexity {

@@ -81,5 +81,5 @@ pub use request::{
 };
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
-pub use speculative::SpeculativeConfig;
+pub use speculative::{Proposer, SpeculativeConfig};
 pub use stop::{StopMatcher, StopScan};

@@ -144,6 +144,8 @@ pub struct EngineMetrics {
     /// Speculative decoding: tokens proposed, and of those accepted.
     pub drafted_tokens: u64,
     pub accepted_tokens: u64,
+    /// Sequences the draft model could not serve, which decoded without it.
+    pub draft_fallbacks: u64,
     /// Prompt tokens a cached prefix held (not computed).
     pub reused_tokens: u64,
     /// Requests accepted.
@@ -170,6 +172,7 @@ impl Default for EngineMetrics {
             generated_tokens: 0,
             drafted_tokens: 0,
             accepted_tokens: 0,
+            draft_fallbacks: 0,
             reused_tokens: 0,
             requests_submitted: 0,
             finished: FinishCounts::default(),

@@ -64,6 +64,11 @@ pub struct EngineOptions {
     /// `None`: off. Needs a backend that scores every position (the MLX backend); elsewhere
     /// requests decode one token a pass.
     pub speculative: Option<crate::SpeculativeConfig>,
+    /// A draft model for speculative decoding ([`crate::Proposer::DraftModel`]): a checkpoint
+    /// directory or `.gguf` file (as `Engine::load` takes) whose tokenizer is the model's, run on
+    /// the same backend with the same options. Requests use it when their (or the engine's)
+    /// speculative settings choose it; `None`: no draft model.
+    pub draft_model: Option<String>,
     /// The prefix cache's KV memory (bytes; llama-server's `--cache-ram` in MiB): finished
     /// requests' caches are kept, least recently used out first, and a request whose prompt
     /// starts with tokens a kept or running sequence computed copies their keys and values
@@ -97,6 +102,7 @@ impl Default for EngineOptions {
             activations: None,
             shapes: ShapeMode::default(),
             speculative: None,
+            draft_model: None,
             prefix_cache_bytes: 0,
         }
     }

@@ -13,8 +13,9 @@ use crate::request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };
 use crate::sampling::Sampler;
-use crate::speculative::SpeculativeConfig;
+use crate::speculative::{Proposer, SpeculativeConfig};
 use crate::stop::StopMatcher;
+use mlxcel_capacity::MaxNewTokens;
 
 /// Scheduler limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +100,8 @@ struct Sequence {
     /// pass is rejected early, doubled (up to `draft_max`) when all are accepted, so that text the
     /// prompt does not predict costs few wasted positions.
     draft_limit: usize,
+    /// The draft model's view of this sequence (draft-model speculation only).
+    draft: DraftState,
     cancel_requested: bool,
 }
 
@@ -113,6 +116,19 @@ impl Sequence {
             completion_tokens: self.generated(),
         }
     }
+}
+
+/// A sequence's slot in the draft model and what that slot holds: `computed` positions, the
+/// sequence's tokens up to `base` and then `fed` (the proposals fed back to the draft, which the
+/// sequence may or may not have accepted; reconciled lazily before the next proposal).
+#[derive(Debug, Default)]
+struct DraftState {
+    slot: Option<SlotId>,
+    computed: usize,
+    base: usize,
+    fed: Vec<u32>,
+    /// The draft cannot serve this sequence (no room for it, or it failed): plain decoding.
+    off: bool,
 }
 
 /// Counters a caller can read cheaply after each step.
@@ -131,6 +147,9 @@ pub struct SchedulerStats {
     /// Speculative decoding: tokens proposed, and of those accepted, so far.
     pub drafted_tokens: u64,
     pub accepted_tokens: u64,
+    /// Sequences the draft model could not serve (no room in its window or memory, or it
+    /// failed), which decoded without it.
+    pub draft_fallbacks: u64,
     /// Prompt tokens not computed because a cached prefix held them (the prefix cache).
     pub reused_tokens: u64,
 }
@@ -152,6 +171,8 @@ pub struct Scheduler<B: Backend> {
     retained: Vec<Retained>,
     prefix_budget: usize,
     clock: u64,
+    /// The draft model of draft-model speculation ([`Scheduler::with_draft`]).
+    draft: Option<Box<dyn Backend>>,
 }
 
 /// A finished sequence's slot kept for its prefix.
@@ -231,7 +252,23 @@ impl<B: Backend> Scheduler<B> {
             retained: Vec::new(),
             prefix_budget: 0,
             clock: 0,
+            draft: None,
         })
+    }
+
+    /// Lets requests speculate with `draft`, a model over the same vocabulary
+    /// ([`Proposer::DraftModel`]); its vocabulary size must be this backend's.
+    pub fn with_draft(mut self, draft: Box<dyn Backend>) -> Result<Self, EngineError> {
+        if draft.vocab_size() != self.backend.vocab_size() {
+            return Err(EngineError::InvalidSpeculation(format!(
+                "the draft model's vocabulary has {} entries, the model's {}: a draft model must \
+                 share the model's tokenizer",
+                draft.vocab_size(),
+                self.backend.vocab_size()
+            )));
+        }
+        self.draft = Some(draft);
+        Ok(self)
     }
 
     /// Keeps finished sequences' caches, up to `bytes` of KV memory, for requests that start with
@@ -359,6 +396,13 @@ impl<B: Backend> Scheduler<B> {
         let sampler = Sampler::new(request.sampling)?;
         if let Some(speculative) = &request.speculative {
             speculative.validate()?;
+            if speculative.proposer == Proposer::DraftModel && self.draft.is_none() {
+                return Err(EngineError::InvalidSpeculation(
+                    "the request asks for the draft model, but none is loaded (start the engine \
+                     with a draft model: --spec-draft-model)"
+                        .into(),
+                ));
+            }
         }
         let constraint = match &request.constraint {
             None => None,
@@ -391,6 +435,7 @@ impl<B: Backend> Scheduler<B> {
             constraint,
             speculative: request.speculative,
             draft_limit: request.speculative.map_or(0, |s| s.draft_max),
+            draft: DraftState::default(),
             cancel_requested: false,
         });
         Ok(id)
@@ -434,23 +479,33 @@ impl<B: Backend> Scheduler<B> {
         // Decoding sequences with proposals verify them in a pass of their own (after the batch).
         let mut speculations: Vec<(usize, Vec<u32>)> = Vec::new();
         let can_score = self.backend.can_score();
+        // The draft model's proposals first: it runs a pass per proposed token, per sequence.
+        let mut drafted: Vec<Option<Vec<u32>>> = vec![None; self.running.len()];
+        if can_score && self.draft.is_some() {
+            for (index, proposals) in drafted.iter_mut().enumerate() {
+                let sequence = &self.running[index];
+                if sequence.speculative.map(|c| c.proposer) == Some(Proposer::DraftModel)
+                    && sequence.computed >= sequence.prompt_len
+                    && sequence.tokens.len() - sequence.computed == 1
+                    && sequence.constraint.is_none()
+                {
+                    let limit = speculation_limit(sequence);
+                    *proposals = Some(self.draft_propose(index, limit));
+                }
+            }
+        }
         for (index, sequence) in self.running.iter().enumerate() {
             let pending = sequence.tokens.len() - sequence.computed;
             if sequence.computed >= sequence.prompt_len && pending == 1 && budget > 0 {
                 if let Some(config) = sequence.speculative.filter(|_| can_score)
                     && sequence.constraint.is_none()
                 {
-                    // Room for the proposals and the token after them: the budget and the shape.
-                    let budget_left = sequence
-                        .plan
-                        .admitted_max_new_tokens
-                        .saturating_sub(sequence.generated() + 1);
-                    let room = sequence
-                        .plan
-                        .max_positions
-                        .saturating_sub(sequence.tokens.len() + 1);
-                    let limit = budget_left.min(room).min(sequence.draft_limit);
-                    let proposals = config.propose(&sequence.tokens, limit);
+                    let proposals = match config.proposer {
+                        Proposer::Ngram => {
+                            config.propose(&sequence.tokens, speculation_limit(sequence))
+                        }
+                        Proposer::DraftModel => drafted[index].take().unwrap_or_default(),
+                    };
                     if !proposals.is_empty() {
                         budget = budget.saturating_sub(1 + proposals.len());
                         speculations.push((index, proposals));
@@ -698,6 +753,116 @@ impl<B: Backend> Scheduler<B> {
         );
     }
 
+    /// The draft model's proposals for the decoding sequence at `index`, at most `limit`: its
+    /// slot is reconciled with the sequence (positions past the first proposal the sequence did
+    /// not take are dropped), fed the tokens it has not seen, then asked for its most likely
+    /// token, fed it, and asked again, until `limit` tokens or one less likely than `p_min`. Empty
+    /// when fewer than `draft_min` come, or the draft cannot serve the sequence (which then
+    /// decodes without it).
+    fn draft_propose(&mut self, index: usize, limit: usize) -> Vec<u32> {
+        let prefill_chunk = self.config.prefill_chunk;
+        let Some(draft) = self.draft.as_mut() else {
+            return Vec::new();
+        };
+        let sequence = &mut self.running[index];
+        let Some(config) = sequence.speculative else {
+            return Vec::new();
+        };
+        let state = &mut sequence.draft;
+        if state.off || limit == 0 || limit < config.draft_min {
+            return Vec::new();
+        }
+        let result = (|| -> Result<Vec<u32>, EngineError> {
+            let slot = match state.slot {
+                Some(slot) => slot,
+                None => {
+                    let plan = draft.create_session_for_request(&RequestShape {
+                        prompt_len: sequence.prompt_len,
+                        image_tokens: 0,
+                        max_new_tokens: MaxNewTokens::Limited(
+                            sequence.plan.admitted_max_new_tokens,
+                        ),
+                    })?;
+                    let slot = draft.allocate_slot(&plan)?;
+                    state.slot = Some(slot);
+                    slot
+                }
+            };
+            // Keep the positions whose inputs are the sequence's tokens.
+            let tokens = &sequence.tokens;
+            let valid = state.base
+                + state
+                    .fed
+                    .iter()
+                    .zip(tokens.get(state.base..).unwrap_or(&[]))
+                    .take_while(|(a, b)| a == b)
+                    .count();
+            let valid = valid.min(state.computed);
+            if valid < state.computed {
+                draft.truncate(slot, valid)?;
+                state.computed = valid;
+            }
+            state.fed.clear();
+            state.base = tokens.len();
+            // Catch up on what it has not seen (the prompt, the tokens since its last turn).
+            let mut logits = None;
+            while state.computed < tokens.len() {
+                let end = tokens.len().min(state.computed + prefill_chunk);
+                let step = SequenceStep {
+                    slot,
+                    tokens: &tokens[state.computed..end],
+                    start_position: state.computed,
+                };
+                logits = draft.step(&[step])?.pop();
+                state.computed = end;
+            }
+            let Some(mut logits) = logits else {
+                return Ok(Vec::new());
+            };
+            let mut proposals = Vec::new();
+            loop {
+                let (token, p) = top_token(&logits);
+                if p < config.p_min {
+                    break;
+                }
+                proposals.push(token);
+                if proposals.len() >= limit {
+                    break;
+                }
+                let step = SequenceStep {
+                    slot,
+                    tokens: &[token],
+                    start_position: state.computed,
+                };
+                let next = draft.step(&[step])?.pop();
+                state.computed += 1;
+                state.fed.push(token);
+                match next {
+                    Some(next) => logits = next,
+                    None => break,
+                }
+            }
+            Ok(if proposals.len() < config.draft_min.max(1) {
+                Vec::new()
+            } else {
+                proposals
+            })
+        })();
+        match result {
+            Ok(proposals) => proposals,
+            Err(_) => {
+                // The draft's window or KV memory cannot hold the sequence, or it failed: the
+                // sequence goes on without it (counted; its output is the same either way).
+                self.stats.draft_fallbacks += 1;
+                state.off = true;
+                if let Some(slot) = state.slot.take() {
+                    draft.release_slot(slot);
+                }
+                Vec::new()
+            }
+        }
+    }
+
     /// One speculative pass for the decoding sequence at `index`: the pending token and the
     /// `proposals` in one scoring pass, then each position's token sampled in order (accepting a
     /// proposal by [`Sampler::verify`]'s rule) until one differs from its proposal or the
@@ -796,6 +961,34 @@ impl<B: Backend> Scheduler<B> {
     }
 }
 
+/// How many proposals `sequence` may verify in its next pass: room for them and the token after
+/// them within its budget and its shape, and its adaptive draft length.
+fn speculation_limit(sequence: &Sequence) -> usize {
+    let budget_left = sequence
+        .plan
+        .admitted_max_new_tokens
+        .saturating_sub(sequence.generated() + 1);
+    let room = sequence
+        .plan
+        .max_positions
+        .saturating_sub(sequence.tokens.len() + 1);
+    budget_left.min(room).min(sequence.draft_limit)
+}
+
+/// The most likely token of `logits` and its probability (softmax).
+fn top_token(logits: &[f32]) -> (u32, f32) {
+    let (best, max) =
+        logits
+            .iter()
+            .copied()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, v)| {
+                if v > bv { (i, v) } else { (bi, bv) }
+            });
+    let sum: f64 = logits.iter().map(|&v| f64::from(v - max).exp()).sum();
+    (best as u32, (1.0 / sum) as f32)
+}
+
 /// Records a sampled `token` for `sequence`: its text through the stop matcher, the end
 /// conditions (stop token, stop string, constraint complete, budget, shape), and its event.
 /// Returns whether the sequence finished (with an error too).
@@ -887,6 +1080,9 @@ impl<B: Backend> Scheduler<B> {
                 continue;
             }
             let mut sequence = self.running.remove(index);
+            if let (Some(draft), Some(slot)) = (self.draft.as_mut(), sequence.draft.slot.take()) {
+                draft.release_slot(slot);
+            }
             if let Some(slot) = sequence.slot.take() {
                 let keep = self.prefix_budget > 0
                     && sequence.computed >= MIN_REUSED_PREFIX

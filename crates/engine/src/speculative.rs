@@ -1,17 +1,38 @@
-//! Speculative decoding by prompt lookup (llama.cpp's `--spec-type ngram-simple`): the tokens that
-//! followed the latest earlier occurrence of the sequence's last n-gram (in its prompt or its own
-//! output) are proposed, and one forward pass over the pending token and the proposals verifies
-//! them all; every accepted proposal is a token decoded without a pass of its own. Decode on a CPU
-//! reads every weight once per pass, so a pass over a few tokens costs little more than one: what
-//! repeats (code being edited, quoted documents, structured text) decodes several tokens a pass.
+//! Speculative decoding: a cheap proposer guesses the next tokens and one forward pass of the model
+//! over the pending token and the guesses verifies them all; every accepted guess is a token
+//! decoded without a pass of its own. Decode on a CPU reads every weight once per pass, so a pass
+//! over a few tokens costs little more than one.
+//!
+//! Two proposers, spelled as llama.cpp spells them:
+//! - **Prompt lookup** (`--spec-type ngram-simple`): the tokens that followed the latest earlier
+//!   occurrence of the sequence's last n-gram (in its prompt or its own output). No second model;
+//!   what repeats (code being edited, quoted documents, structured text) decodes several tokens a
+//!   pass.
+//! - **A draft model** (`--spec-draft-model`): a smaller model with the same vocabulary proposes
+//!   its greedy continuation, one cheap pass per token, stopping early when its top probability
+//!   falls below `p_min` (`--draft-p-min`). The scheduler keeps the draft's cache in step with the
+//!   sequence (catching up on tokens it has not seen, rolled back past rejected guesses).
 //!
 //! Greedy output is the same token for token with and without speculation (bit for bit with int8
 //! activations, whose logits do not depend on how a sequence is chunked); sampled output keeps its
-//! distribution (the acceptance rule of [`crate::Sampler::verify`]).
+//! distribution (the acceptance rule of [`crate::Sampler::verify`], exact for any proposer whose
+//! guess is a function of the tokens so far, as both are).
 
-/// Prompt-lookup speculation's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where proposals come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Proposer {
+    /// Prompt lookup (`ngram-simple`).
+    #[default]
+    Ngram,
+    /// The engine's draft model ([`crate::EngineOptions::draft_model`]).
+    DraftModel,
+}
+
+/// Speculative decoding's settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpeculativeConfig {
+    /// Prompt lookup or the draft model.
+    pub proposer: Proposer,
     /// Most tokens proposed per pass (`--draft-max`).
     pub draft_max: usize,
     /// Fewer proposals than this are not worth a verification pass (`--draft-min`).
@@ -19,6 +40,9 @@ pub struct SpeculativeConfig {
     /// The longest and shortest n-grams looked up, longest first.
     pub ngram_max: usize,
     pub ngram_min: usize,
+    /// The draft model stops proposing at a token whose probability (its softmax's top) is below
+    /// this (`--draft-p-min`; 0 never stops early).
+    pub p_min: f32,
 }
 
 impl Default for SpeculativeConfig {
@@ -26,10 +50,12 @@ impl Default for SpeculativeConfig {
     /// single matching token predicts little: its proposals were mostly rejected in our runs).
     fn default() -> Self {
         Self {
+            proposer: Proposer::Ngram,
             draft_max: 16,
             draft_min: 1,
             ngram_max: 4,
             ngram_min: 2,
+            p_min: 0.0,
         }
     }
 }
@@ -53,7 +79,72 @@ impl SpeculativeConfig {
         if self.ngram_min == 0 || self.ngram_min > self.ngram_max {
             return bad("ngram_min", self.ngram_min, "between 1 and ngram_max");
         }
+        if !(0.0..=1.0).contains(&self.p_min) {
+            return Err(crate::EngineError::InvalidSpeculation(format!(
+                "p_min {} is not a probability: give a value in [0, 1]",
+                self.p_min
+            )));
+        }
         Ok(())
+    }
+
+    /// The settings llama.cpp's flags ask for (`--spec-type`, whether `--spec-draft-model` is
+    /// given, `--spec-draft-n-max`, `--spec-draft-n-min`, `--spec-draft-p-min`), `None` without
+    /// speculation. Types: `none`, `ngram-simple`, `draft-simple`; as in llama.cpp, a draft model
+    /// without a type selects `draft-simple`. Contradictions are refused naming the flags.
+    pub fn from_flags(
+        spec_type: Option<&str>,
+        draft_model: bool,
+        n_max: usize,
+        n_min: usize,
+        p_min: f32,
+    ) -> Result<Option<Self>, crate::EngineError> {
+        let refuse = |m: &str| Err(crate::EngineError::InvalidSpeculation(m.to_owned()));
+        let proposer = match (spec_type, draft_model) {
+            (None | Some("none"), false) => return Ok(None),
+            (Some("none"), true) => {
+                return refuse(
+                    "--spec-draft-model needs --spec-type draft-simple (or no --spec-type)",
+                );
+            }
+            (Some("ngram-simple"), false) => Proposer::Ngram,
+            (Some("ngram-simple"), true) => {
+                return refuse(
+                    "--spec-draft-model is for --spec-type draft-simple, not ngram-simple",
+                );
+            }
+            (Some("draft-simple"), false) => {
+                return refuse("--spec-type draft-simple needs --spec-draft-model FILE");
+            }
+            (None | Some("draft-simple"), true) => Proposer::DraftModel,
+            (Some(other), _) => {
+                return Err(crate::EngineError::InvalidSpeculation(format!(
+                    "--spec-type {other}: expected none, ngram-simple or draft-simple"
+                )));
+            }
+        };
+        if n_max == 0 {
+            return refuse("--spec-draft-n-max 0: propose at least 1 token");
+        }
+        if n_min > n_max {
+            return Err(crate::EngineError::InvalidSpeculation(format!(
+                "--spec-draft-n-min {n_min} is above --spec-draft-n-max {n_max}"
+            )));
+        }
+        if !(0.0..=1.0).contains(&p_min) {
+            return Err(crate::EngineError::InvalidSpeculation(format!(
+                "--spec-draft-p-min {p_min} is not a probability: give a value in [0, 1]"
+            )));
+        }
+        let config = Self {
+            proposer,
+            draft_max: n_max,
+            draft_min: n_min,
+            p_min,
+            ..Self::default()
+        };
+        config.validate()?;
+        Ok(Some(config))
     }
 
     /// The proposals after `tokens` (prompt and output so far), at most `limit`: what followed
@@ -86,7 +177,7 @@ impl SpeculativeConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::SpeculativeConfig;
+    use super::{Proposer, SpeculativeConfig};
 
     #[test]
     fn proposes_what_followed_the_latest_match_of_the_longest_ngram() {
@@ -95,6 +186,7 @@ mod tests {
             draft_min: 1,
             ngram_max: 3,
             ngram_min: 1,
+            ..SpeculativeConfig::default()
         };
         // "a b c d e ... a b c" → after the 3-gram "a b c": "d e f x".
         let tokens = [1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3];
@@ -120,5 +212,37 @@ mod tests {
             .validate()
             .is_err()
         );
+        let flags = |t, d| SpeculativeConfig::from_flags(t, d, 8, 1, 0.5);
+        assert_eq!(flags(None, false).unwrap(), None);
+        assert_eq!(flags(Some("none"), false).unwrap(), None);
+        assert_eq!(
+            flags(Some("ngram-simple"), false)
+                .unwrap()
+                .unwrap()
+                .proposer,
+            Proposer::Ngram
+        );
+        for (t, d) in [(None, true), (Some("draft-simple"), true)] {
+            let config = flags(t, d).unwrap().unwrap();
+            assert_eq!(
+                (config.proposer, config.draft_max, config.p_min),
+                (Proposer::DraftModel, 8, 0.5)
+            );
+        }
+        for (t, d, named) in [
+            (Some("none"), true, "--spec-draft-model"),
+            (Some("ngram-simple"), true, "--spec-draft-model"),
+            (Some("draft-simple"), false, "--spec-draft-model FILE"),
+            (Some("eagle"), false, "--spec-type eagle"),
+        ] {
+            let err = flags(t, d).unwrap_err().to_string();
+            assert!(err.contains(named), "{err}");
+        }
+        for p_min in [-0.1, 1.5, f32::NAN] {
+            assert!(
+                SpeculativeConfig { p_min, ..config }.validate().is_err(),
+                "{p_min}"
+            );
+        }
     }
 }

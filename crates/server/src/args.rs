@@ -5,7 +5,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mlxcel_engine::{BackendKind, EngineOptions, MaxNewTokens, ShapeMode};
+use mlxcel_engine::{BackendKind, EngineOptions, MaxNewTokens, ShapeMode, SpeculativeConfig};
 
 use crate::config::{ApiKeys, SamplingDefaults, ServerConfig};
 use crate::error::ServerError;
@@ -194,6 +194,46 @@ pub struct ServerArgs {
     )]
     pub cache_ram: i64,
 
+    /// Speculative decoding: `ngram-simple` (prompt lookup), `draft-simple` (a draft model; the
+    /// default with `--spec-draft-model`) or `none`. Greedy output is unchanged; the MLX backend
+    /// only (OpenXLA decodes one token a pass).
+    #[arg(long = "spec-type", env = "LLAMA_ARG_SPEC_TYPE", value_parser = ["none", "ngram-simple", "draft-simple"])]
+    pub spec_type: Option<String>,
+
+    /// The draft model of `--spec-type draft-simple` (`-md`): a checkpoint directory or `.gguf`
+    /// file with the model's tokenizer.
+    #[arg(
+        long = "spec-draft-model",
+        alias = "model-draft",
+        env = "LLAMA_ARG_SPEC_DRAFT_MODEL"
+    )]
+    pub spec_draft_model: Option<String>,
+
+    /// Most tokens proposed per verification pass.
+    #[arg(
+        long = "spec-draft-n-max",
+        env = "LLAMA_ARG_SPEC_DRAFT_N_MAX",
+        default_value_t = 16
+    )]
+    pub spec_draft_n_max: usize,
+
+    /// Fewest proposals worth a verification pass.
+    #[arg(
+        long = "spec-draft-n-min",
+        env = "LLAMA_ARG_SPEC_DRAFT_N_MIN",
+        default_value_t = 1
+    )]
+    pub spec_draft_n_min: usize,
+
+    /// The draft model stops proposing at a token it gives less than this probability.
+    #[arg(
+        long = "spec-draft-p-min",
+        alias = "draft-p-min",
+        env = "LLAMA_ARG_SPEC_DRAFT_P_MIN",
+        default_value_t = 0.0
+    )]
+    pub spec_draft_p_min: f32,
+
     /// Seconds a client may take to send a request's headers.
     #[arg(long, env = "LLAMA_ARG_TIMEOUT", default_value_t = 600)]
     pub timeout: u64,
@@ -295,6 +335,15 @@ impl ServerArgs {
             .transpose()
             .map_err(|err: String| ServerError::Flag(format!("--activations: {err}")))?;
         options.scheduler.token_budget = options.scheduler.token_budget.max(parallel);
+        options.speculative = SpeculativeConfig::from_flags(
+            self.spec_type.as_deref(),
+            self.spec_draft_model.is_some(),
+            self.spec_draft_n_max,
+            self.spec_draft_n_min,
+            self.spec_draft_p_min,
+        )
+        .map_err(|err| ServerError::Flag(err.to_string()))?;
+        options.draft_model = self.spec_draft_model.clone();
         options.prefix_cache_bytes = match self.cache_ram {
             -1 => usize::MAX,
             mib if mib >= 0 => (mib as usize).saturating_mul(1 << 20),

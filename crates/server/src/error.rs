@@ -247,7 +247,9 @@ impl From<EngineError> for ApiError {
                 Self::invalid_param("prompt", err.to_string())
             }
             EngineError::NoChatTemplate => Self::invalid_param("messages", err.to_string()),
-            EngineError::InvalidConstraint { .. } => Self::bad_request(err.to_string()),
+            EngineError::InvalidConstraint { .. } | EngineError::InvalidSpeculation(_) => {
+                Self::bad_request(err.to_string())
+            }
             EngineError::Model(_) => Self::bad_request(err.to_string()),
             EngineError::QueueFull { .. } | EngineError::NoFreeSlot => {
                 Self::QueueFull(err.to_string())

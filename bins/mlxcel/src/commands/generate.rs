@@ -84,18 +84,37 @@ pub struct Args {
     activations: Option<String>,
 
     /// Speculative decoding: `ngram-simple` (prompt lookup: propose what followed the last
-    /// n-gram's earlier occurrence, verify the proposals in one pass), or `none`. The MLX backend
-    /// only; greedy output is unchanged.
-    #[arg(long = "spec-type", value_parser = ["none", "ngram-simple"], default_value = "none")]
-    spec_type: String,
+    /// n-gram's earlier occurrence), `draft-simple` (a draft model's greedy continuation; the
+    /// default when `--spec-draft-model` is given), or `none`. Proposals are verified in one pass
+    /// of the model; greedy output is unchanged. The MLX backend only.
+    #[arg(long = "spec-type", value_parser = ["none", "ngram-simple", "draft-simple"])]
+    spec_type: Option<String>,
 
-    /// Most tokens proposed per verification pass (with `--spec-type`).
-    #[arg(long = "draft-max", alias = "draft", default_value_t = 16)]
+    /// The draft model for `--spec-type draft-simple`: a checkpoint directory or `.gguf` file
+    /// with the model's tokenizer, run on the same backend (`-md` too).
+    #[arg(long = "spec-draft-model", visible_alias = "model-draft")]
+    spec_draft_model: Option<String>,
+
+    /// Most tokens proposed per verification pass.
+    #[arg(long = "spec-draft-n-max", visible_aliases = ["draft-max", "draft"], default_value_t = 16)]
     draft_max: usize,
 
-    /// Fewest proposals worth a verification pass (with `--spec-type`).
-    #[arg(long = "draft-min", default_value_t = 1)]
+    /// Fewest proposals worth a verification pass.
+    #[arg(
+        long = "spec-draft-n-min",
+        visible_alias = "draft-min",
+        default_value_t = 1
+    )]
     draft_min: usize,
+
+    /// The draft model stops proposing at a token it gives less than this probability (0: never
+    /// stops early).
+    #[arg(
+        long = "spec-draft-p-min",
+        visible_alias = "draft-p-min",
+        default_value_t = 0.0
+    )]
+    draft_p_min: f32,
 }
 
 pub fn run(args: &Args) -> Result<ExitCode> {
@@ -125,11 +144,14 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         EngineOptions {
             backend,
             activations: super::parse_activations(args.activations.as_deref())?,
-            speculative: (args.spec_type == "ngram-simple").then_some(SpeculativeConfig {
-                draft_max: args.draft_max,
-                draft_min: args.draft_min,
-                ..SpeculativeConfig::default()
-            }),
+            speculative: SpeculativeConfig::from_flags(
+                args.spec_type.as_deref(),
+                args.spec_draft_model.is_some(),
+                args.draft_max,
+                args.draft_min,
+                args.draft_p_min,
+            )?,
+            draft_model: args.spec_draft_model.clone(),
             ..EngineOptions::default()
         },
     )?;

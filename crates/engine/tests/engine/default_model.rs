@@ -751,3 +751,202 @@ fn embeddings_pool_the_final_hidden_states() {
         .to_string();
     assert!(err.contains("8193 tokens") && err.contains("8192"), "{err}");
 }
+
+/// A tiny random llama checkpoint with the default model's vocabulary and tokenizer files, to
+/// serve as a (poor) draft model: most of its proposals are rejected.
+fn write_random_draft(dir: &std::path::Path, default_dir: &std::path::Path) {
+    use safetensors::Dtype;
+    use safetensors::tensor::TensorView;
+    let target = mlxcel_model::ModelConfig::from_dir(default_dir).unwrap();
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "vocab_size": target.vocab_size,
+        "max_position_embeddings": 2048, "tie_word_embeddings": false,
+        "eos_token_id": 2,
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    for file in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        let from = default_dir.join(file);
+        if from.exists() {
+            std::fs::copy(&from, dir.join(file)).unwrap();
+        }
+    }
+    let parsed = mlxcel_model::ModelConfig::from_dir(dir).unwrap();
+    let mut seed = 0x5eed_u64;
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for module in mlxcel_model::expected_modules(&parsed) {
+        let (shape, scale, center) = match module.kind {
+            mlxcel_model::ModuleKind::Embedding { vocab, hidden } => {
+                (vec![vocab, hidden], 1.0, 0.0)
+            }
+            mlxcel_model::ModuleKind::Linear { out, inp, .. } => {
+                (vec![out, inp], 1.0 / (inp as f32).sqrt(), 0.0)
+            }
+            mlxcel_model::ModuleKind::Norm { dim } => (vec![dim], 0.2, 1.0),
+        };
+        let n: usize = shape.iter().product();
+        let bytes: Vec<u8> = (0..n)
+            .flat_map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let x = center + scale * ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5);
+                x.to_le_bytes()
+            })
+            .collect();
+        tensors.push((format!("{}.weight", module.name), shape, bytes));
+    }
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, shape, data)| {
+            (
+                name.clone(),
+                TensorView::new(Dtype::F32, shape.clone(), data).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}
+
+/// Draft-model speculative decoding: greedy output is the same token for token as without it,
+/// alone and batched, whether the draft is the model itself (int8: every proposal accepted, its
+/// logits being the model's to the bit) or a random model (most proposals rejected, the draft's
+/// cache rolled back each time); a draft with another vocabulary is refused at load, naming the
+/// token that differs; a request for the draft without one is refused.
+#[test]
+fn draft_model_speculation_keeps_greedy_output() {
+    if skip() {
+        return;
+    }
+    let default_dir = mlxcel_model::resolve_model(None).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let random_dir = tmp.path().join("random-draft");
+    std::fs::create_dir(&random_dir).unwrap();
+    write_random_draft(&random_dir, &default_dir);
+    let draft_config = SpeculativeConfig {
+        proposer: Proposer::DraftModel,
+        draft_max: 6,
+        ..SpeculativeConfig::default()
+    };
+    // Prompts whose answers run to the budget: a sequence that ends on an end token leaves the
+    // proposals after it unverified, and the self-draft check below counts every proposal.
+    let prompts = [
+        "Count from one to one hundred in words: one, two, three,",
+        "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n",
+        "List three colors:",
+    ];
+    let load = |draft: Option<&std::path::Path>| {
+        Engine::load(
+            None,
+            EngineOptions {
+                activations: Some(Activations::Int8),
+                speculative: draft.map(|_| draft_config),
+                draft_model: draft.map(|d| d.to_string_lossy().into_owned()),
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let plain = int8_engine();
+    let requests: Vec<GenerationRequest> = prompts
+        .iter()
+        .map(|p| GenerationRequest {
+            sampling: SamplingParams::greedy(),
+            ..GenerationRequest::new(plain.tokenize(p).unwrap(), MaxNewTokens::Limited(40))
+        })
+        .collect();
+    let expected: Vec<Completion> = requests
+        .iter()
+        .map(|r| plain.generate(r.clone()).unwrap())
+        .collect();
+    for (name, draft) in [("itself", default_dir.as_path()), ("random", &random_dir)] {
+        let engine = load(Some(draft));
+        let alone: Vec<Completion> = requests
+            .iter()
+            .map(|r| engine.generate(r.clone()).unwrap())
+            .collect();
+        let together = submit_all(&engine, &requests);
+        for (i, want) in expected.iter().enumerate() {
+            assert_eq!(
+                alone[i].tokens, want.tokens,
+                "draft {name}, prompt {i} alone"
+            );
+            assert_eq!(
+                together[i].tokens, want.tokens,
+                "draft {name}, prompt {i} batched"
+            );
+        }
+        let stats = engine.stats();
+        assert!(stats.drafted_tokens > 0, "draft {name}: {stats:?}");
+        assert_eq!(stats.draft_fallbacks, 0, "draft {name}: {stats:?}");
+        if name == "itself" {
+            assert_eq!(stats.accepted_tokens, stats.drafted_tokens, "{stats:?}");
+        } else {
+            assert!(
+                stats.accepted_tokens * 2 < stats.drafted_tokens,
+                "a random draft is mostly wrong: {stats:?}"
+            );
+        }
+    }
+
+    // A draft whose tokenizer differs in one token is refused, naming it.
+    let other_dir = tmp.path().join("other-tokenizer");
+    std::fs::create_dir(&other_dir).unwrap();
+    for entry in std::fs::read_dir(&random_dir).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), other_dir.join(entry.file_name())).unwrap();
+    }
+    let path = other_dir.join("tokenizer.json");
+    let mut tokenizer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    // Two ordinary tokens trade ids: both stay in the vocabulary (its merges still parse).
+    let vocab = tokenizer["model"]["vocab"].as_object_mut().unwrap();
+    let mut by_id: Vec<(u64, String)> = vocab
+        .iter()
+        .map(|(w, id)| (id.as_u64().unwrap(), w.clone()))
+        .collect();
+    by_id.sort();
+    let (id, first) = by_id[1000].clone();
+    let (other_id, second) = by_id[1001].clone();
+    vocab.insert(first, other_id.into());
+    vocab.insert(second, id.into());
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    let err = Engine::load(
+        None,
+        EngineOptions {
+            speculative: Some(draft_config),
+            draft_model: Some(other_dir.to_string_lossy().into_owned()),
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("tokenizer") && err.contains(&format!("token {id}")),
+        "{err}"
+    );
+
+    // Without a draft model: refused at load, and per request.
+    let err = Engine::load(
+        None,
+        EngineOptions {
+            speculative: Some(draft_config),
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("draft model"), "{err}");
+    let request = GenerationRequest {
+        speculative: Some(draft_config),
+        ..greedy("Hi", 4)
+    };
+    let err = engine().submit(request).unwrap_err().to_string();
+    assert!(err.contains("none is loaded"), "{err}");
+}

@@ -142,6 +142,21 @@ fn nonsense_values_are_refused() {
     assert!(parse(&["-n", "-2"]).unwrap().server_config().is_err());
     assert!(parse(&["-np", "0"]).unwrap().engine_options().is_err());
     assert!(parse(&["--port", "http"]).is_err());
+    // Speculative settings that contradict each other are refused naming the flag.
+    for argv in [
+        &["--spec-type", "draft-simple"][..],
+        &["--spec-type", "ngram-simple", "-md", "/d"],
+        &["--spec-type", "ngram-simple", "--spec-draft-n-max", "0"],
+        &["-md", "/d", "--spec-draft-p-min", "2"],
+    ] {
+        let err = parse(argv)
+            .unwrap()
+            .engine_options()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("speculative decoding"), "{argv:?}: {err}");
+    }
+    assert!(parse(&["--spec-type", "eagle"]).is_err());
 }
 
 /// Every supported spelling of the compatibility manifest reaches its setting, alone.
@@ -249,6 +264,36 @@ fn every_llama_server_spelling_reaches_its_setting() {
         (&["--log-verbose"], |a| a.verbose),
         (&["--log-disable"], |a| a.log_disable),
         (&["-np", "-1"], |a| a.server_config().unwrap().parallel == 8),
+        (&["--spec-type", "ngram-simple"], |a| {
+            a.engine_options().unwrap().speculative.unwrap().proposer
+                == mlxcel_engine::Proposer::Ngram
+        }),
+        (&["-md", "/d"], |a| {
+            let o = a.engine_options().unwrap();
+            o.draft_model.as_deref() == Some("/d")
+                && o.speculative.unwrap().proposer == mlxcel_engine::Proposer::DraftModel
+        }),
+        (&["--spec-draft-model", "/d"], |a| {
+            a.engine_options().unwrap().draft_model.as_deref() == Some("/d")
+        }),
+        (
+            &["--model-draft", "/d", "--spec-type", "draft-simple"],
+            |a| a.engine_options().unwrap().draft_model.as_deref() == Some("/d"),
+        ),
+        (
+            &["--spec-type", "ngram-simple", "--spec-draft-n-max", "5"],
+            |a| a.engine_options().unwrap().speculative.unwrap().draft_max == 5,
+        ),
+        (
+            &["--spec-type", "ngram-simple", "--spec-draft-n-min", "2"],
+            |a| a.engine_options().unwrap().speculative.unwrap().draft_min == 2,
+        ),
+        (&["-md", "/d", "--spec-draft-p-min", "0.5"], |a| {
+            a.engine_options().unwrap().speculative.unwrap().p_min == 0.5
+        }),
+        (&["-md", "/d", "--draft-p-min", "0.5"], |a| {
+            a.engine_options().unwrap().speculative.unwrap().p_min == 0.5
+        }),
     ];
     for (argv, check) in table {
         let args = parse(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
