@@ -2,7 +2,9 @@
 //!
 //! A quantized `[out, in]` matrix is stored as `weight: u32 [out, in·bits/32]` (for 4 bits,
 //! eight values per u32, lowest nibble first), `scales` and `biases: [out, in/group_size]`.
-//! GGUF Q4_0/Q4_1/Q8_0 blocks are this format with `group_size = 32`.
+//! GGUF Q4_0/Q4_1/Q8_0 blocks are this format with `group_size = 32`; GGUF Q6_K/Q3_K/Q2_K are
+//! it with `group_size = 16`, which MLX's own quantized ops do not take: such weights always run
+//! on mlxcel's kernels (f32 activations), and MLX's ops refuse them by name.
 
 use crate::array::{Array, call};
 use crate::dtype::Dtype;
@@ -55,7 +57,7 @@ pub struct QuantizedWeight {
     pub scales: Array,
     /// One bias per group.
     pub biases: Array,
-    /// Weights per group: 32, 64 or 128.
+    /// Weights per group: 32, 64 or 128, or 16 (mlxcel's kernels only).
     pub group_size: i32,
     /// Bits per weight: 4 or 8 (MLX also accepts 2, 3, 5, 6).
     pub bits: i32,
@@ -125,8 +127,22 @@ impl QuantizedWeight {
         })
     }
 
+    /// Whether only mlxcel's kernels can read this weight, whatever the chosen kernels: the int8
+    /// layout, or groups of 16 (MLX's group sizes start at 32).
+    pub fn native_only(&self) -> bool {
+        self.int8 || self.group_size == 16
+    }
+
     /// MLX's own ops read the MLX layout only.
     fn mlx_layout(&self, op: &'static str) -> Result<()> {
+        if self.group_size == 16 {
+            return Err(Error::Mlx {
+                op,
+                message: "this weight has groups of 16 (GGUF Q6_K/Q3_K/Q2_K), which MLX's \
+                          quantized ops do not support; only mlxcel's native matmul reads it"
+                    .into(),
+            });
+        }
         if self.int8 {
             return Err(Error::Mlx {
                 op,
@@ -138,8 +154,11 @@ impl QuantizedWeight {
         Ok(())
     }
 
-    /// The full-precision matrix `scale · q + bias`.
+    /// The full-precision matrix `scale · q + bias`, in the scales' dtype.
     pub fn dequantize(&self) -> Result<Array> {
+        if self.group_size == 16 && !self.int8 {
+            return self.dequantize_group16();
+        }
         self.mlx_layout("dequantize")?;
         call("dequantize", || {
             ffi::dequantize(
@@ -152,11 +171,40 @@ impl QuantizedWeight {
         })
     }
 
+    /// Groups of 16, which MLX's `dequantize` refuses: MLX unpacks the values (as groups of 32
+    /// with scale 1 and bias 0, exact), then `scale · q + bias` per group of 16 with two
+    /// separate ops, each rounded once in f32: llama.cpp's values for GGUF Q6_K/Q3_K/Q2_K.
+    fn dequantize_group16(&self) -> Result<Array> {
+        let shape = self.weight.shape();
+        let (rows, cols) = match shape[..] {
+            [rows, words] => (rows, words * 32 / self.bits),
+            _ => {
+                return Err(Error::Mlx {
+                    op: "dequantize",
+                    message: format!("expected a 2-D packed weight, got shape {shape:?}"),
+                });
+            }
+        };
+        let dtype = self.scales.dtype();
+        let ones =
+            Array::zeros(&[rows, cols / 32], dtype)?.add(&Array::scalar_f32(1.0).astype(dtype)?)?;
+        let zeros = Array::zeros(&[rows, cols / 32], dtype)?;
+        let q = call("dequantize", || {
+            ffi::dequantize(self.weight.raw(), ones.raw(), zeros.raw(), 32, self.bits)
+        })?
+        .reshape(&[rows, cols / 16, 16])?;
+        let scales = self.scales.reshape(&[rows, cols / 16, 1])?;
+        let biases = self.biases.reshape(&[rows, cols / 16, 1])?;
+        q.multiply(&scales)?.add(&biases)?.reshape(&[rows, cols])
+    }
+
     /// `x · Wᵀ` (the linear-layer case, `W: [out, in]`) with `kernels`: mlxcel's own kernel
-    /// when chosen and it covers the layout (4 or 8 bits, groups of 32, 64 or 128, f32 `x`,
-    /// scales and biases), MLX's otherwise.
+    /// when chosen and it covers the layout (4 or 8 bits, groups of 16, 32, 64 or 128, f32 `x`,
+    /// scales and biases), MLX's otherwise. A weight only mlxcel's kernels read
+    /// ([`QuantizedWeight::native_only`]) takes them whatever the choice.
     pub fn linear(&self, x: &Array, kernels: &Kernels) -> Result<Array> {
-        if self.int8 || (kernels.backend == KernelBackend::Native && self.native_covers(x)) {
+        if self.native_only() || (kernels.backend == KernelBackend::Native && self.native_covers(x))
+        {
             self.matmul_native(x, kernels.isa, kernels.threads)
         } else {
             self.matmul(x, true)
@@ -169,11 +217,17 @@ impl QuantizedWeight {
     }
 
     /// Whether mlxcel's kernels cover this weight's layout (for f32 activations): 4 or 8 bits,
-    /// groups of 32, 64 or 128, scales and biases both f32 or both f16.
+    /// groups of 16, 32, 64 or 128 (rows of whole 32-value chunks), scales and biases both f32
+    /// or both f16.
     pub fn native_layout(&self) -> bool {
         let scales = self.scales.dtype();
         matches!(self.bits, 4 | 8)
-            && matches!(self.group_size, 32 | 64 | 128)
+            && matches!(self.group_size, 16 | 32 | 64 | 128)
+            && self
+                .weight
+                .shape()
+                .get(1)
+                .is_some_and(|&words| (words * 32 / self.bits) % 32 == 0)
             && matches!(scales, Dtype::F32 | Dtype::F16)
             && self.biases.dtype() == scales
     }
@@ -245,7 +299,7 @@ impl QuantizedWeight {
         kernels: &Kernels,
         epilogue: Epilogue<'_>,
     ) -> Result<Array> {
-        if self.int8
+        if self.native_only()
             || (kernels.backend == KernelBackend::Native
                 && self.native_covers(x)
                 && norm_weight.dtype() == Dtype::F32)
@@ -270,7 +324,8 @@ impl QuantizedWeight {
         kernels: &Kernels,
         epilogue: Epilogue<'_>,
     ) -> Result<Array> {
-        if self.int8 || (kernels.backend == KernelBackend::Native && self.native_covers(x)) {
+        if self.native_only() || (kernels.backend == KernelBackend::Native && self.native_covers(x))
+        {
             return self.matmul_native_then(x, kernels.isa, kernels.threads, epilogue);
         }
         let y = self.matmul(x, true)?;
@@ -303,8 +358,14 @@ impl QuantizedWeight {
             op: "concat_rows",
             message: "no weights given".into(),
         })?;
-        for p in parts {
-            p.mlx_layout("concat_rows")?;
+        // Stacking rows is layout-agnostic for groups of 16; the int8 layout interleaves rows.
+        if parts.iter().any(|p| p.int8) {
+            return Err(Error::Mlx {
+                op: "concat_rows",
+                message: "this weight is interleaved for mlxcel's int8 kernels \
+                          (MLXCEL_ACTIVATIONS=int8); only the native matmul reads it"
+                    .into(),
+            });
         }
         if parts
             .iter()
@@ -329,7 +390,7 @@ impl QuantizedWeight {
     }
 
     /// `x · Wᵀ` when `transpose` (the linear-layer case, `W: [out, in]`), else `x · W`, with
-    /// MLX's stock kernel.
+    /// MLX's stock kernel (which refuses groups of 16 and the int8 layout, by name).
     pub fn matmul(&self, x: &Array, transpose: bool) -> Result<Array> {
         self.mlx_layout("quantized_matmul")?;
         call("quantized_matmul", || {

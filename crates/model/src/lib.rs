@@ -50,7 +50,7 @@ pub use default_model::{
 pub use error::{ModelError, Result};
 pub use gguf::convert_gguf;
 pub use model::{LoadedModel, eos_token_ids};
-pub use quant::{QuantSpec, Quantization, dequantize_affine, pack, unpack};
+pub use quant::{MLXCEL_AFFINE_MODE, QuantSpec, Quantization, dequantize_affine, pack, unpack};
 pub use resolve::{CONVERTER_VERSION, converted, resolve_model};
 pub use safetensors_files::{Dtype, SafetensorsFiles, TensorView};
 pub use tokenizer::{Detokenizer, TokenBytes, Tokenizer, shared_detokenizer};

@@ -12,6 +12,12 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{ModelError, Result};
 
+/// `quantization.mode` of a checkpoint that has affine groups of 16 elements (GGUF Q6_K, Q3_K
+/// and Q2_K converted without loss): MLX's affine format (`scale · q + bias`, the same tensors)
+/// with `group_size` 16 also allowed. Only mlxcel reads it: MLX's group sizes start at 32, so
+/// mlx-lm cannot load such a checkpoint, and the mode says so to any reader that checks it.
+pub const MLXCEL_AFFINE_MODE: &str = "mlxcel-affine";
+
 /// Bits and group size of one quantized module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuantSpec {
@@ -25,7 +31,7 @@ impl QuantSpec {
         in_features * self.bits as usize / 32
     }
 
-    fn validate(self, path: &Path, field: &str) -> Result<Self> {
+    fn validate(self, path: &Path, field: &str, group16: bool) -> Result<Self> {
         if ![2, 3, 4, 5, 6, 8].contains(&self.bits) {
             return Err(ModelError::invalid(
                 path,
@@ -33,11 +39,24 @@ impl QuantSpec {
                 format!("bits {} is not one of 2, 3, 4, 5, 6, 8", self.bits),
             ));
         }
-        if ![32, 64, 128].contains(&self.group_size) {
+        if self.group_size == 16 && !group16 {
             return Err(ModelError::invalid(
                 path,
                 field,
-                format!("group_size {} is not one of 32, 64, 128", self.group_size),
+                format!(
+                    "group_size 16 needs `quantization.mode: \"{MLXCEL_AFFINE_MODE}\"` \
+                     (MLX's group sizes are 32, 64, 128)"
+                ),
+            ));
+        }
+        if ![16, 32, 64, 128].contains(&self.group_size) {
+            return Err(ModelError::invalid(
+                path,
+                field,
+                format!(
+                    "group_size {} is not one of 16, 32, 64, 128",
+                    self.group_size
+                ),
             ));
         }
         Ok(self)
@@ -49,6 +68,8 @@ impl QuantSpec {
 pub struct Quantization {
     pub default: QuantSpec,
     pub overrides: BTreeMap<String, Option<QuantSpec>>,
+    /// `mode` is [`MLXCEL_AFFINE_MODE`]: group size 16 is allowed (written when any spec has it).
+    pub mlxcel_affine: bool,
 }
 
 impl Quantization {
@@ -65,16 +86,18 @@ impl Quantization {
         let object = value
             .as_object()
             .ok_or_else(|| ModelError::invalid(path, "quantization", "expected an object"))?;
-        let default = spec(path, "quantization", object)?;
-        if let Some(mode) = object.get("mode").and_then(Value::as_str)
-            && mode != "affine"
-        {
-            return Err(ModelError::invalid(
-                path,
-                "quantization.mode",
-                format!("`{mode}` is not supported (supported: affine)"),
-            ));
-        }
+        let mlxcel_affine = match object.get("mode").and_then(Value::as_str) {
+            None | Some("affine") => false,
+            Some(MLXCEL_AFFINE_MODE) => true,
+            Some(mode) => {
+                return Err(ModelError::invalid(
+                    path,
+                    "quantization.mode",
+                    format!("`{mode}` is not supported (supported: affine, {MLXCEL_AFFINE_MODE})"),
+                ));
+            }
+        };
+        let default = spec(path, "quantization", object, mlxcel_affine)?;
         let mut overrides = BTreeMap::new();
         for (key, value) in object {
             if matches!(key.as_str(), "bits" | "group_size" | "mode") {
@@ -83,7 +106,7 @@ impl Quantization {
             let field = format!("quantization.{key}");
             let entry = match value {
                 Value::Bool(false) => None,
-                Value::Object(o) => Some(spec(path, &field, o)?),
+                Value::Object(o) => Some(spec(path, &field, o, mlxcel_affine)?),
                 _ => {
                     return Err(ModelError::invalid(
                         path,
@@ -94,7 +117,11 @@ impl Quantization {
             };
             overrides.insert(key.clone(), entry);
         }
-        Ok(Self { default, overrides })
+        Ok(Self {
+            default,
+            overrides,
+            mlxcel_affine,
+        })
     }
 
     /// The JSON config.json carries for this quantization (MLX's format).
@@ -102,6 +129,9 @@ impl Quantization {
         let mut object = Map::new();
         object.insert("group_size".into(), json!(self.default.group_size));
         object.insert("bits".into(), json!(self.default.bits));
+        if self.mlxcel_affine {
+            object.insert("mode".into(), json!(MLXCEL_AFFINE_MODE));
+        }
         for (module, spec) in &self.overrides {
             let value = match spec {
                 Some(s) => json!({"group_size": s.group_size, "bits": s.bits}),
@@ -113,7 +143,7 @@ impl Quantization {
     }
 }
 
-fn spec(path: &Path, field: &str, object: &Map<String, Value>) -> Result<QuantSpec> {
+fn spec(path: &Path, field: &str, object: &Map<String, Value>, group16: bool) -> Result<QuantSpec> {
     let number = |key: &str| {
         object
             .get(key)
@@ -127,7 +157,7 @@ fn spec(path: &Path, field: &str, object: &Map<String, Value>) -> Result<QuantSp
         bits: number("bits")? as u32,
         group_size: number("group_size")? as usize,
     }
-    .validate(path, field)
+    .validate(path, field, group16)
 }
 
 /// Packs unsigned `bits`-wide values (8 or 4 bits; each `< 2^bits`) into MLX's uint32 words.

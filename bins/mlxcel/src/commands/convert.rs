@@ -34,7 +34,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
                 q.default.bits, q.default.group_size
             )),
     );
-    if let Some(note) = summary.widened_note() {
+    if let Some(note) = summary.group16_note() {
         eprintln!("note: {note}");
     }
     Ok(ExitCode::SUCCESS)

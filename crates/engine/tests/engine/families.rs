@@ -37,8 +37,12 @@ fn random(n: usize, seed: &mut u64, scale: f32, center: f32) -> Vec<f32> {
         .collect()
 }
 
-/// Writes a tiny dense checkpoint for `config` (the family keys on top of the shared sizes).
-fn write_tiny(dir: &Path, family: &Value, seed: u64) -> Checkpoint {
+/// Writes a tiny checkpoint for `config` (the family keys on top of the shared sizes): dense f32,
+/// or with every linear layer and the embedding quantized in affine groups of 16
+/// (`group16`, as `mlxcel convert` writes GGUF Q6_K/Q3_K/Q2_K) when asked: 8-bit for the
+/// embedding and the attention, 4-bit for the MLP, f32 scales on a grid where every weight is
+/// exact in f16 (the OpenXLA backend's default format), so both backends use the same weights.
+fn write_tiny_with(dir: &Path, family: &Value, seed: u64, group16: bool) -> Checkpoint {
     let mut config = json!({
         "hidden_size": HIDDEN, "intermediate_size": FFN, "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "rms_norm_eps": 1e-5,
@@ -51,7 +55,8 @@ fn write_tiny(dir: &Path, family: &Value, seed: u64) -> Checkpoint {
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     let parsed = mlxcel_model::ModelConfig::from_dir(dir).unwrap();
     let mut seed = seed;
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>, Dtype)> = Vec::new();
+    let mut overrides = serde_json::Map::new();
     for module in fused_for_phi3(&parsed) {
         let (shape, scale, center, bias) = match module.kind {
             mlxcel_model::ModuleKind::Embedding { vocab, hidden } => {
@@ -66,19 +71,90 @@ fn write_tiny(dir: &Path, family: &Value, seed: u64) -> Checkpoint {
             mlxcel_model::ModuleKind::Norm { dim } => (vec![dim], 0.4, 1.0, None),
         };
         let n = shape.iter().product();
+        let quantized = group16
+            && matches!(
+                module.kind,
+                mlxcel_model::ModuleKind::Linear { .. }
+                    | mlxcel_model::ModuleKind::Embedding { .. }
+            );
+        if quantized {
+            let bits = if module.name.contains("mlp") { 4 } else { 8 };
+            let (rows, cols) = (shape[0], shape[1]);
+            // value = k·2^-e · q − j·2^-e: an integer below 2048 times a power of two.
+            let (unit, levels) = if bits == 4 {
+                (1.0 / 128.0, 16u32)
+            } else {
+                (1.0 / 2048.0, 256u32)
+            };
+            let mut q = Vec::with_capacity(n);
+            let (mut scales, mut biases) = (Vec::new(), Vec::new());
+            for _ in 0..rows * cols / 16 {
+                let k = 1 + (random(1, &mut seed, 1.0, 0.5)[0] * 3.99) as u32;
+                scales.push(k as f32 * unit);
+                biases.push(-((k * (levels - 1)) as f32 / 2.0).round() * unit);
+                for v in random(16, &mut seed, 1.0, 0.5) {
+                    q.push(((v * levels as f32) as u32).min(levels - 1) as u8);
+                }
+            }
+            let words = mlxcel_model::pack(&q, bits);
+            let word_bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            let name = &module.name;
+            tensors.push((
+                format!("{name}.weight"),
+                vec![rows, cols * bits as usize / 32],
+                word_bytes,
+                Dtype::U32,
+            ));
+            for (part, values) in [("scales", &scales), ("biases", &biases)] {
+                tensors.push((
+                    format!("{name}.{part}"),
+                    vec![rows, cols / 16],
+                    bytes(values),
+                    Dtype::F32,
+                ));
+            }
+            overrides.insert(name.clone(), json!({"bits": bits, "group_size": 16}));
+            continue;
+        }
         let values = random(n, &mut seed, scale, center);
-        tensors.push((format!("{}.weight", module.name), shape, bytes(&values)));
+        tensors.push((
+            format!("{}.weight", module.name),
+            shape,
+            bytes(&values),
+            Dtype::F32,
+        ));
         if let Some(rows) = bias {
             let values = random(rows, &mut seed, 0.2, 0.0);
-            tensors.push((format!("{}.bias", module.name), vec![rows], bytes(&values)));
+            tensors.push((
+                format!("{}.bias", module.name),
+                vec![rows],
+                bytes(&values),
+                Dtype::F32,
+            ));
         }
+    }
+    if group16 {
+        // Norms stay dense; every quantized module names its own spec.
+        for module in fused_for_phi3(&parsed) {
+            if let mlxcel_model::ModuleKind::Norm { .. } = module.kind {
+                overrides.insert(module.name, Value::Bool(false));
+            }
+        }
+        let mut quantization = json!({
+            "bits": 8, "group_size": 16, "mode": mlxcel_model::MLXCEL_AFFINE_MODE,
+        });
+        for (module, spec) in overrides {
+            quantization[module] = spec;
+        }
+        config["quantization"] = quantization;
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     }
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()
-        .map(|(name, shape, data)| {
+        .map(|(name, shape, data, dtype)| {
             (
                 name.clone(),
-                TensorView::new(Dtype::F32, shape.clone(), data).unwrap(),
+                TensorView::new(*dtype, shape.clone(), data).unwrap(),
             )
         })
         .collect();
@@ -163,8 +239,12 @@ fn run(
 }
 
 fn check_family(name: &str, family: Value, seed: u64) {
+    check_family_with(name, family, seed, false);
+}
+
+fn check_family_with(name: &str, family: Value, seed: u64, group16: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let checkpoint = write_tiny(dir.path(), &family, seed);
+    let checkpoint = write_tiny_with(dir.path(), &family, seed, group16);
     let prompt: Vec<u32> = (0..14).map(|i| (i * 11 + 3) % VOCAB as u32).collect();
     let mlx = run(&checkpoint, BackendKind::Mlx, &prompt, 6);
     let xla = run(&checkpoint, BackendKind::Xla, &prompt, 6);
@@ -193,6 +273,19 @@ fn the_llama_baseline_agrees_on_both_backends() {
         "llama",
         json!({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2}),
         0,
+    );
+}
+
+/// A checkpoint with affine groups of 16 (what `mlxcel convert` makes of GGUF Q6_K/Q3_K/Q2_K):
+/// the MLX backend runs it on mlxcel's kernels, the OpenXLA backend dequantizes it at load, and
+/// both give the same logits.
+#[test]
+fn group16_weights_agree_on_both_backends() {
+    check_family_with(
+        "llama group 16",
+        json!({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2}),
+        7,
+        true,
     );
 }
 

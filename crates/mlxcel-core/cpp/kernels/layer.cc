@@ -319,9 +319,10 @@ void check_float(const mx::array& a, const mx::Shape& shape, const char* what) {
 Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k, int32_t group,
                       int32_t bits, int32_t int8, const char* what) {
   if (bits != 4 && bits != 8) refuse(std::string(what) + ": bits must be 4 or 8");
-  if (group != 32 && group != 64 && group != 128)
-    refuse(std::string(what) + ": group size must be 32, 64 or 128");
-  if (k % group != 0) refuse(std::string(what) + ": input width is not a multiple of the group");
+  if (group != 16 && group != 32 && group != 64 && group != 128)
+    refuse(std::string(what) + ": group size must be 16, 32, 64 or 128");
+  if (k % group != 0 || k % 32 != 0)
+    refuse(std::string(what) + ": input width is not a multiple of the group and of 32");
   const auto& w = in[first];
   if (w.dtype() != mx::uint32 || w.ndim() != 2 || w.shape(0) != n ||
       static_cast<int64_t>(w.shape(1)) * 32 / bits != k)

@@ -397,8 +397,8 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
   if (epilogue > static_cast<uint8_t>(Epilogue::Geglu))
     refuse("unknown epilogue code " + std::to_string(epilogue));
   if (bits != 4 && bits != 8) refuse("bits must be 4 or 8, got " + std::to_string(bits));
-  if (group_size != 32 && group_size != 64 && group_size != 128)
-    refuse("group_size must be 32, 64 or 128, got " + std::to_string(group_size));
+  if (group_size != 16 && group_size != 32 && group_size != 64 && group_size != 128)
+    refuse("group_size must be 16, 32, 64 or 128, got " + std::to_string(group_size));
   if (isa > static_cast<uint8_t>(Isa::Avx512)) refuse("unknown ISA code " + std::to_string(isa));
   const auto& xa = x.inner;
   const auto& wa = w.inner;
@@ -407,7 +407,9 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
   if (xa.ndim() < 1) refuse("x must have at least one dimension");
   const int k = xa.shape(-1);
   const int n = wa.shape(0);
-  if (k % group_size != 0 || static_cast<int64_t>(wa.shape(1)) * 32 / bits != k)
+  // Groups of 16 still need whole 32-value chunks (the unpacking and int8 blocks).
+  if (k % group_size != 0 || k % 32 != 0 ||
+      static_cast<int64_t>(wa.shape(1)) * 32 / bits != k)
     refuse("x's last dimension " + std::to_string(k) + " does not match the weight's " +
            std::to_string(static_cast<int64_t>(wa.shape(1)) * 32 / bits));
   check_scales(scales.inner, biases.inner, n, k / group_size);
@@ -488,8 +490,8 @@ std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& sc
                                            const MlxArray& biases, int32_t group_size,
                                            int32_t bits) {
   if (bits != 4 && bits != 8) refuse("int8 weights need 4 or 8 bits, got " + std::to_string(bits));
-  if (group_size != 32 && group_size != 64 && group_size != 128)
-    refuse("group_size must be 32, 64 or 128, got " + std::to_string(group_size));
+  if (group_size != 16 && group_size != 32 && group_size != 64 && group_size != 128)
+    refuse("group_size must be 16, 32, 64 or 128, got " + std::to_string(group_size));
   const auto& wa = w.inner;
   if (wa.dtype() != mx::uint32 || wa.ndim() != 2) refuse("weight must be a 2-D uint32 array");
   const int n = wa.shape(0);
@@ -497,7 +499,8 @@ std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& sc
   if (n % kernels::kInt8TileRows != 0)
     refuse("int8 weights need a multiple of " + std::to_string(kernels::kInt8TileRows) +
            " output rows, got " + std::to_string(n));
-  if (k % group_size != 0) refuse("the input width is not a multiple of the group size");
+  if (k % group_size != 0 || k % 32 != 0)
+    refuse("the input width is not a multiple of the group size and of 32");
   check_scales(scales.inner, biases.inner, n, k / group_size);
   // Materialized, row-contiguous copies of the inputs, read on this thread.
   std::vector<mx::array> in{mx::contiguous(wa, false, mlxcel_stream()),

@@ -23,16 +23,17 @@ float* scratch(std::vector<float>& buffer, size_t floats) {
 // of 16-row weight tiles).
 void qmatmul_int8(const QProblem& p, Isa isa, int threads) {
   static thread_local std::vector<int8_t> xq_buffer;
-  static thread_local std::vector<float> dx_buffer, sx_buffer;
+  static thread_local std::vector<float> dx_buffer, sx_buffer, sh_buffer;
   const int rows = int8_rows(p.M);
   if (xq_buffer.size() < static_cast<size_t>(rows) * p.K)
     xq_buffer.resize(static_cast<size_t>(rows) * p.K);
   const size_t blocks = static_cast<size_t>(rows) * (p.K / kInt8Block);
   float* dx = scratch(dx_buffer, blocks);
   float* sx = scratch(sx_buffer, blocks);
+  float* sh = scratch(sh_buffer, 2 * blocks);
   const int8_t* xq = xq_buffer.data();
   const bool vnni = isa == Isa::Avx512 && has_vnni();
-  (vnni ? quantize_x_int8_avx512 : quantize_x_int8)(p.x, p.M, p.K, xq_buffer.data(), dx, sx);
+  (vnni ? quantize_x_int8_avx512 : quantize_x_int8)(p.x, p.M, p.K, xq_buffer.data(), dx, sx, sh);
   const auto kernel = vnni ? int8_avx512 : isa >= Isa::Avx2 ? int8_avx2 : int8_scalar;
   const int tiles = p.N / kInt8TileRows;
   const int blocks_m = (p.M + kBlockRows - 1) / kBlockRows;
@@ -42,7 +43,7 @@ void qmatmul_int8(const QProblem& p, Isa isa, int threads) {
   const int ranges = (tiles + per_task - 1) / per_task;
   parallel_for(threads, ranges * blocks_m, [&](int task) {
     const int block = task / ranges, range = task % ranges;
-    kernel(p, xq, dx, sx, block * kBlockRows, std::min(p.M, (block + 1) * kBlockRows),
+    kernel(p, xq, dx, sx, sh, block * kBlockRows, std::min(p.M, (block + 1) * kBlockRows),
            range * per_task, std::min(tiles, (range + 1) * per_task));
   });
 }

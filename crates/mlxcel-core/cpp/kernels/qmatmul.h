@@ -1,6 +1,6 @@
 // Affine-quantized matrix multiplication y = x · Wᵀ on the CPU (MLX's layout: W is [N, K] packed
 // into u32 words, lowest bits first; one f32 scale and bias per group of `group_size` weights
-// along K). Plain C++ with no MLX or STL types, so that the ISA-specific translation units below
+// along K: 32, 64 or 128 as in MLX, or 16, which MLX lacks, for GGUF's Q6_K, Q3_K and Q2_K). Plain C++ with no MLX or STL types, so that the ISA-specific translation units below
 // can be compiled for instruction sets the build machine's baseline lacks (see isa.h).
 #pragma once
 
@@ -72,6 +72,12 @@ void avx512_gemm(const QProblem& p, const float* xprep, float* panel, int m0, in
 //     I = Σ q[n, k]·xq[m, k] over the block (exact, int32)
 //     acc = fma(float(I), scale[n, g] · dx[m, j], acc)
 //     acc = fma(bias[n, g], Σx[m, j], acc)
+// With groups of 16 each block spans groups g = 2j and g + 1, and each half h (values 16h ..
+// 16h + 15 of the block) takes its own sum and pair of FMAs, first half first:
+//     I_h = Σ q[n, k]·xq[m, k] over half h
+//     acc = fma(float(I_h), scale[n, 2j + h] · dx[m, j], acc)
+//     acc = fma(bias[n, 2j + h], Σx[m, j, h], acc)
+// where Σx[m, j, h] is the half's exact-order sum (below).
 constexpr int kInt8TileRows = 16;
 constexpr int kInt8Block = 32;
 
@@ -98,20 +104,23 @@ inline int64_t int8_block_index(int m, int j, int K) {
   return (static_cast<int64_t>(m / kInt8RowBlock) * (K / kInt8Block) + j) * kInt8RowBlock +
          m % kInt8RowBlock;
 }
-// Sizes: xq holds int8_rows(M) · K codes, dx and sx int8_rows(M) · K / 32 floats.
+// Sizes: xq holds int8_rows(M) · K codes, dx and sx int8_rows(M) · K / 32 floats, sh twice as
+// many (the halves' sums: Σx[m, j, h] at 2 · int8_block_index(m, j, K) + h).
 inline int int8_rows(int M) { return (M + kInt8RowBlock - 1) / kInt8RowBlock * kInt8RowBlock; }
 // Σx of a block is the pairwise tree s16[i] = x[i] + x[i + 16], s8[i] = s16[i] + s16[i + 8],
-// then 4, 2, 1 likewise (one SIMD reduction; both forms give the same bits).
-void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float* sx);
-void quantize_x_int8_avx512(const float* x, int M, int K, int8_t* xq, float* dx, float* sx);
+// then 4, 2, 1 likewise (one SIMD reduction; both forms give the same bits). Σx of half h is
+// s8[i] = x[16h + i] + x[16h + i + 8], then 4, 2, 1 likewise.
+void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float* sx, float* sh);
+void quantize_x_int8_avx512(const float* x, int M, int K, int8_t* xq, float* dx, float* sx,
+                            float* sh);
 
 // Output tiles [t0, t1) of kInt8TileRows rows for x rows [m0, m1).
-void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const float* sx, int m0,
-                 int m1, int t0, int t1);
-void int8_avx2(const QProblem& p, const int8_t* xq, const float* dx, const float* sx, int m0,
-               int m1, int t0, int t1);
-void int8_avx512(const QProblem& p, const int8_t* xq, const float* dx, const float* sx, int m0,
-                 int m1, int t0, int t1);
+void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
+                 const float* sh, int m0, int m1, int t0, int t1);
+void int8_avx2(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
+               const float* sh, int m0, int m1, int t0, int t1);
+void int8_avx512(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
+                 const float* sh, int m0, int m1, int t0, int t1);
 
 // Whether the CPU has AVX-512 VNNI (the int8 path's fastest form; AVX2 has its own).
 bool has_vnni();

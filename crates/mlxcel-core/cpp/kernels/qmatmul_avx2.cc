@@ -44,6 +44,16 @@ struct V {
     out[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
     out[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
   }
+  // Groups of 16: the per-register scales (or biases) of a chunk holding groups a then b
+  // (q4_chunk's registers are a, b, a, b; q8_chunk's a, a, b, b).
+  MLXCEL_TARGET static void pair4(float a, float b, reg out[4]) {
+    out[0] = out[2] = _mm256_set1_ps(a);
+    out[1] = out[3] = _mm256_set1_ps(b);
+  }
+  MLXCEL_TARGET static void pair8(float a, float b, reg out[4]) {
+    out[0] = out[1] = _mm256_set1_ps(a);
+    out[2] = out[3] = _mm256_set1_ps(b);
+  }
   MLXCEL_TARGET static void q8_chunk(const uint8_t* p, reg out[4]) {
     for (int i = 0; i < 4; ++i)
       out[i] = bytes8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * i)));

@@ -34,6 +34,16 @@ struct V {
     out[0] = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0x0F)));
     out[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
   }
+  // Groups of 16: the per-register scales (or biases) of a chunk holding groups a then b. A
+  // 4-bit register's lane j holds positions 2j and 2j + 1 (group a for j < 8); an 8-bit
+  // register holds 16 consecutive positions.
+  MLXCEL_TARGET static void pair4(float a, float b, reg out[2]) {
+    out[0] = out[1] = _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
+  }
+  MLXCEL_TARGET static void pair8(float a, float b, reg out[2]) {
+    out[0] = _mm512_set1_ps(a);
+    out[1] = _mm512_set1_ps(b);
+  }
   MLXCEL_TARGET static void q8_chunk(const uint8_t* p, reg out[2]) {
     out[0] = _mm512_cvtepi32_ps(
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));

@@ -59,17 +59,24 @@ void interleave_int8(const uint32_t* w, const void* scales, const void* biases, 
   }
 }
 
-void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float* sx) {
+void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float* sx, float* sh) {
   const int blocks = K / kInt8Block;
   for (int m = 0; m < int8_rows(M); ++m) {
     for (int j = 0; j < blocks; ++j) {
       const int64_t b = int8_block_index(m, j, K);
       if (m >= M) {
         for (int i = 0; i < kInt8Block; ++i) xq[int8_x_index(m, j * kInt8Block + i, K)] = 0;
-        dx[b] = sx[b] = 0.0f;
+        dx[b] = sx[b] = sh[2 * b] = sh[2 * b + 1] = 0.0f;
         continue;
       }
       const float* v = x + static_cast<int64_t>(m) * K + j * kInt8Block;
+      for (int h = 0; h < 2; ++h) {
+        float u[8];
+        for (int i = 0; i < 8; ++i) u[i] = v[16 * h + i] + v[16 * h + i + 8];
+        for (int width = 4; width >= 1; width /= 2)
+          for (int i = 0; i < width; ++i) u[i] = u[i] + u[i + width];
+        sh[2 * b + h] = u[0];
+      }
       float amax = 0.0f;
       for (int i = 0; i < kInt8Block; ++i) amax = std::fmax(amax, std::fabs(v[i]));
       float t[16];
@@ -94,8 +101,8 @@ void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float*
   }
 }
 
-void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const float* sx, int m0,
-                 int m1, int t0, int t1) {
+void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
+                 const float* sh, int m0, int m1, int t0, int t1) {
   const int groups = p.K / p.group_size, blocks = p.K / kInt8Block;
   // The interleaved layout read back as (row, k): the inverse of interleave_int8.
   const auto* w = reinterpret_cast<const uint8_t*>(p.w);
@@ -112,19 +119,24 @@ void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const flo
     for (int n = t0 * kInt8TileRows; n < t1 * kInt8TileRows; ++n) {
       const int t = n / kInt8TileRows, j = n % kInt8TileRows;
       float acc = 0.0f;
+      // Groups of 16: two parts per block, each with its own sum, group and Σx (qmatmul.h).
+      const int parts = p.group_size == 16 ? 2 : 1;
+      const int part_len = kInt8Block / parts;
       for (int b = 0; b < blocks; ++b) {
-        int32_t dot = 0;
-        for (int i = 0; i < kInt8Block; ++i) {
-          const int k = b * kInt8Block + i;
-          dot += q(n, k) * xq[int8_x_index(m, k, p.K)];
-        }
-        const int g = b * kInt8Block / p.group_size;
-        const int64_t at = (static_cast<int64_t>(t) * groups + g) * kInt8TileRows + j;
-        const float scale = scale_at(p.scales, p.half, at);
-        const float bias = scale_at(p.biases, p.half, at);
         const int64_t xb = int8_block_index(m, b, p.K);
-        acc = std::fma(static_cast<float>(dot), scale * dx[xb], acc);
-        acc = std::fma(bias, sx[xb], acc);
+        for (int h = 0; h < parts; ++h) {
+          int32_t dot = 0;
+          for (int i = h * part_len; i < (h + 1) * part_len; ++i) {
+            const int k = b * kInt8Block + i;
+            dot += q(n, k) * xq[int8_x_index(m, k, p.K)];
+          }
+          const int g = (b * kInt8Block + h * part_len) / p.group_size;
+          const int64_t at = (static_cast<int64_t>(t) * groups + g) * kInt8TileRows + j;
+          const float scale = scale_at(p.scales, p.half, at);
+          const float bias = scale_at(p.biases, p.half, at);
+          acc = std::fma(static_cast<float>(dot), scale * dx[xb], acc);
+          acc = std::fma(bias, parts == 2 ? sh[2 * xb + h] : sx[xb], acc);
+        }
       }
       p.y[static_cast<int64_t>(m) * p.N + n] = acc;
     }

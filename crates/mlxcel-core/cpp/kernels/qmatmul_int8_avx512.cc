@@ -35,15 +35,17 @@ MLXCEL_TARGET inline __m512 load16(const void* base, int64_t at) {
 
 // Rows [m, m + R) of x (m a multiple of kInt8RowBlock) against one tile of 16 output rows. `w`
 // is the tile's bytes, `sb` indexes its scales and biases ([K/group, 16] from there), `gshift`
-// is log2(group_size / 32).
-template <int R, int BITS, bool HALF>
+// is log2(group_size / 32) (unused for groups of 16, G16).
+template <int R, int BITS, bool HALF, bool G16>
 MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, int64_t sb, int gshift,
-                        const int8_t* xq, const float* dx, const float* sx, int m, int n0) {
+                        const int8_t* xq, const float* dx, const float* sx, const float* sh,
+                        int m, int n0) {
   const int blocks = p.K / kInt8Block;
   // This row block's codes, 32 bytes (four values of each of 8 rows) per four values of K.
   const int8_t* xblock = xq + int8_x_index(m, 0, p.K);
   const float* dxb = dx + int8_block_index(m, 0, p.K);
   const float* sxb = sx + int8_block_index(m, 0, p.K);
+  const float* shb = sh + 2 * int8_block_index(m, 0, p.K);
   constexpr int kRow = kInt8RowBlock * 4;
   // Small R: two integer sums per row (even and odd chunks) shorten the dependency chains;
   // integer addition is exact, so the split does not change the result.
@@ -52,6 +54,53 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, int64_t sb, int gsh
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int j = 0; j < blocks; ++j) {
+    if constexpr (G16) {
+      // Groups of 16: one integer sum per half of the block (values 0-15, 16-31), then each
+      // half's scale and bias FMAs, first half first (qmatmul.h).
+      __m512i half_sum[2][R];
+      for (int h = 0; h < 2; ++h)
+        for (int r = 0; r < R; ++r) half_sum[h][r] = _mm512_setzero_si512();
+      const int8_t* xj = xblock + static_cast<int64_t>(j) * 8 * kRow;
+      if constexpr (BITS == 4) {
+        // Chunk c holds values 8c .. 8c + 7: chunks 0-1 are the first half.
+        const uint8_t* wb = w + static_cast<int64_t>(j) * 4 * 64;
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const __m512i v = _mm512_loadu_si512(wb + c * 64);
+          const __m512i lo = _mm512_and_si512(v, low);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            half_sum[c / 2][r] = dot4(half_sum[c / 2][r], lo, (xj + (2 * c) * kRow + 4 * r));
+            half_sum[c / 2][r] = dot4(half_sum[c / 2][r], hi, (xj + (2 * c + 1) * kRow + 4 * r));
+          }
+        }
+      } else {
+        // Chunk c holds values 4c .. 4c + 3: chunks 0-3 are the first half.
+        const uint8_t* wb = w + static_cast<int64_t>(j) * 8 * 64;
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) {
+          const __m512i v = _mm512_loadu_si512(wb + c * 64);
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r)
+            half_sum[c / 4][r] = dot4(half_sum[c / 4][r], v, (xj + c * kRow + 4 * r));
+        }
+      }
+      const float* dxj = dxb + j * kInt8RowBlock;
+      const float* shj = shb + 2 * j * kInt8RowBlock;
+      for (int h = 0; h < 2; ++h) {
+        const int64_t at = (sb + 2 * j + h) * kInt8TileRows;
+        const __m512 scale = load16<HALF>(p.scales, at);
+        const __m512 bias = load16<HALF>(p.biases, at);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m512 dot = _mm512_cvtepi32_ps(half_sum[h][r]);
+          acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(dxj[r])), acc[r]);
+          acc[r] = _mm512_fmadd_ps(bias, _mm512_set1_ps(shj[2 * r + h]), acc[r]);
+        }
+      }
+      continue;
+    }
     __m512i sum[S][R];
     for (int h = 0; h < S; ++h)
       for (int r = 0; r < R; ++r) sum[h][r] = _mm512_setzero_si512();
@@ -99,34 +148,37 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, int64_t sb, int gsh
     _mm512_storeu_ps(p.y + static_cast<int64_t>(m + r) * p.N + n0, acc[r]);
 }
 
-template <int BITS, bool HALF>
+template <int BITS, bool HALF, bool G16>
 MLXCEL_TARGET void run(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
-                       int m0, int m1, int t0, int t1) {
+                       const float* sh, int m0, int m1, int t0, int t1) {
   const int64_t tile_bytes = static_cast<int64_t>(2) * p.K * BITS;
   const int groups = p.K / p.group_size;
-  const int gshift = __builtin_ctz(static_cast<unsigned>(p.group_size / kInt8Block));
+  const int gshift =
+      G16 ? 0 : __builtin_ctz(static_cast<unsigned>(p.group_size / kInt8Block));
   const auto* wbase = reinterpret_cast<const uint8_t*>(p.w);
   for (int t = t0; t < t1; ++t) {
     const uint8_t* w = wbase + t * tile_bytes;
     const int64_t sb = static_cast<int64_t>(t) * groups;
     const int n0 = t * kInt8TileRows;
     int m = m0;
-    for (; m + 8 <= m1; m += 8) tile<8, BITS, HALF>(p, w, sb, gshift, xq, dx, sx, m, n0);
+    for (; m + 8 <= m1; m += 8)
+      tile<8, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0);
     switch (m1 - m) {
-      case 7: tile<7, BITS, HALF>(p, w, sb, gshift, xq, dx, sx, m, n0); break;
-      case 6: tile<6, BITS, HALF>(p, w, sb, gshift, xq, dx, sx, m, n0); break;
-      case 5: tile<5, BITS, HALF>(p, w, sb, gshift, xq, dx, sx, m, n0); break;
-      case 4: tile<4, BITS, HALF>(p, w, sb, gshift, xq, dx, sx, m, n0); break;
-      case 3: tile<3, BITS, HALF>(p, w, sb, gshift, xq, dx, sx, m, n0); break;
-      case 2: tile<2, BITS, HALF>(p, w, sb, gshift, xq, dx, sx, m, n0); break;
-      case 1: tile<1, BITS, HALF>(p, w, sb, gshift, xq, dx, sx, m, n0); break;
+      case 7: tile<7, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
+      case 6: tile<6, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
+      case 5: tile<5, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
+      case 4: tile<4, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
+      case 3: tile<3, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
+      case 2: tile<2, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
+      case 1: tile<1, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
       default: break;
     }
   }
 }
 
 // quantize_x_int8 (qmatmul_int8.cc) sixteen values at a time; the same bits.
-MLXCEL_TARGET void quantize_rows(const float* x, int M, int K, int8_t* xq, float* dx, float* sx) {
+MLXCEL_TARGET void quantize_rows(const float* x, int M, int K, int8_t* xq, float* dx, float* sx,
+                                 float* sh) {
   const int blocks = K / kInt8Block;
   const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   for (int m = 0; m < int8_rows(M); ++m) {
@@ -136,11 +188,20 @@ MLXCEL_TARGET void quantize_rows(const float* x, int M, int K, int8_t* xq, float
       constexpr int kStride = kInt8RowBlock * 4;  // bytes between a row's groups of four
       if (m >= M) {
         for (int g = 0; g < kInt8Block / 4; ++g) __builtin_memset(out + g * kStride, 0, 4);
-        dx[b] = sx[b] = 0.0f;
+        dx[b] = sx[b] = sh[2 * b] = sh[2 * b + 1] = 0.0f;
         continue;
       }
       const float* v = x + static_cast<int64_t>(m) * K + j * kInt8Block;
       const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
+      // The halves' sums, the same tree from 8 lanes down as the scalar form.
+      for (int h = 0; h < 2; ++h) {
+        const __m512 half = h == 0 ? lo : hi;
+        const __m256 u8 =
+            _mm256_add_ps(_mm512_castps512_ps256(half), _mm512_extractf32x8_ps(half, 1));
+        const __m128 u4 = _mm_add_ps(_mm256_castps256_ps128(u8), _mm256_extractf128_ps(u8, 1));
+        const __m128 u2 = _mm_add_ps(u4, _mm_movehl_ps(u4, u4));
+        sh[2 * b + h] = _mm_cvtss_f32(_mm_add_ss(u2, _mm_shuffle_ps(u2, u2, 1)));
+      }
       const float amax =
           _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, sign), _mm512_and_ps(hi, sign)));
       const __m512 t16 = _mm512_add_ps(lo, hi);
@@ -168,18 +229,28 @@ MLXCEL_TARGET void quantize_rows(const float* x, int M, int K, int8_t* xq, float
 
 }  // namespace
 
-void quantize_x_int8_avx512(const float* x, int M, int K, int8_t* xq, float* dx, float* sx) {
-  quantize_rows(x, M, K, xq, dx, sx);
+void quantize_x_int8_avx512(const float* x, int M, int K, int8_t* xq, float* dx, float* sx,
+                            float* sh) {
+  quantize_rows(x, M, K, xq, dx, sx, sh);
 }
 
-void int8_avx512(const QProblem& p, const int8_t* xq, const float* dx, const float* sx, int m0,
-                 int m1, int t0, int t1) {
+void int8_avx512(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
+                 const float* sh, int m0, int m1, int t0, int t1) {
+  const bool g16 = p.group_size == 16;
   if (p.bits == 4) {
-    p.half ? run<4, true>(p, xq, dx, sx, m0, m1, t0, t1)
-           : run<4, false>(p, xq, dx, sx, m0, m1, t0, t1);
+    if (g16)
+      p.half ? run<4, true, true>(p, xq, dx, sx, sh, m0, m1, t0, t1)
+             : run<4, false, true>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+    else
+      p.half ? run<4, true, false>(p, xq, dx, sx, sh, m0, m1, t0, t1)
+             : run<4, false, false>(p, xq, dx, sx, sh, m0, m1, t0, t1);
   } else {
-    p.half ? run<8, true>(p, xq, dx, sx, m0, m1, t0, t1)
-           : run<8, false>(p, xq, dx, sx, m0, m1, t0, t1);
+    if (g16)
+      p.half ? run<8, true, true>(p, xq, dx, sx, sh, m0, m1, t0, t1)
+             : run<8, false, true>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+    else
+      p.half ? run<8, true, false>(p, xq, dx, sx, sh, m0, m1, t0, t1)
+             : run<8, false, false>(p, xq, dx, sx, sh, m0, m1, t0, t1);
   }
 }
 

@@ -121,9 +121,10 @@ const SHAPES: &[(usize, usize)] = &[(1, 1), (1, 37), (2, 16), (3, 5), (4, 70), (
 fn scalar_path_matches_an_f64_reference_over_the_packed_layout() {
     let mut seed = 11;
     for bits in [4, 8] {
-        for group in [32, 64, 128] {
+        for group in [16, 32, 64, 128] {
             for &(m, n) in SHAPES {
-                for groups in [1, 3] {
+                // Rows are whole 32-value chunks: 2 or 6 groups of 16.
+                for groups in if group == 16 { [2, 6] } else { [1, 3] } {
                     seed += 1;
                     let case = Case::new(m, n, group * groups, group, bits, seed);
                     let reference = case.reference();
@@ -151,7 +152,7 @@ fn every_path_and_thread_count_matches_the_scalar_path() {
         .filter(|&isa| isa <= Isa::best())
         .collect();
     for bits in [4, 8] {
-        for group in [32, 64, 128] {
+        for group in [16, 32, 64, 128] {
             for &(m, n) in SHAPES.iter().chain(&[
                 (1, 300),
                 (130, 40),
@@ -455,10 +456,11 @@ fn f16_scales_and_biases_match_the_reference_on_every_path() {
         .collect();
     let mut seed = 5000;
     for bits in [4, 8] {
-        for group in [32, 128] {
+        for group in [16, 32, 128] {
             for &(m, n) in &[(1, 37), (3, 5), (4, 70), (9, 17)] {
                 seed += 1;
-                let mut case = Case::new(m, n, group * 3, group, bits, seed);
+                let k = if group == 16 { 64 } else { group * 3 };
+                let mut case = Case::new(m, n, k, group, bits, seed);
                 let half = |v: f32| half::f16::from_f32(v).to_f32();
                 for (i, s) in case.scales.iter_mut().enumerate() {
                     *s = match i % 7 {
@@ -521,11 +523,25 @@ fn row_of(case: &Case, m: usize) -> Array {
 fn int8_paths_threads_and_batches_give_the_same_bits() {
     let mut seed = 7000;
     for bits in [4, 8] {
-        for group in [32, 64, 128] {
+        for group in [16, 32, 64, 128] {
             for half in [false, true] {
-                for (m, n) in [(1, 16), (3, 32), (8, 48), (9, 16), (17, 64), (70, 32)] {
+                for (m, n) in [
+                    (1, 16),
+                    (2, 16),
+                    (3, 32),
+                    (4, 16),
+                    (5, 16),
+                    (6, 16),
+                    (7, 16),
+                    (8, 48),
+                    (9, 16),
+                    (17, 64),
+                    (70, 32),
+                ] {
                     seed += 1;
-                    let k = group * if m * n >= 300 { 3 } else { 2 };
+                    // Whole blocks of 32 (groups of 16 come in pairs).
+                    let k: usize = group * if m * n >= 300 { 3 } else { 2 };
+                    let k = k.next_multiple_of(32);
                     let case = Case::new(m, n, k, group, bits, seed);
                     let mut weight = case.weight();
                     if half {
@@ -583,7 +599,7 @@ fn int8_paths_threads_and_batches_give_the_same_bits() {
 fn int8_matmul_is_within_the_quantization_bound_and_exact_on_the_grid() {
     let mut seed = 9000;
     for bits in [4, 8] {
-        for group in [32, 64, 128] {
+        for group in [16, 32, 64, 128] {
             for (m, n) in [(1, 32), (5, 16), (12, 48)] {
                 seed += 1;
                 let k = group * 2;
@@ -660,4 +676,65 @@ fn int8_layout_is_refused_where_it_does_not_apply() {
     ] {
         assert!(err.contains("int8") || err.contains("interleaved"), "{err}");
     }
+}
+
+// ---- groups of 16 (GGUF Q6_K, Q3_K, Q2_K) ----
+
+/// Groups of 16 are outside MLX's quantized ops: `linear` takes mlxcel's kernel even when MLX's
+/// kernels are chosen (`MLXCEL_KERNELS=mlx`), MLX's `quantized_matmul` refuses them by name, a
+/// row that is not whole 32-value chunks is refused, and `dequantize` (the embedding lookup)
+/// computes `fl(fl(scale·q) + bias)` per group of 16, bit for bit the host's f32 arithmetic.
+#[test]
+fn group16_takes_mlxcels_kernels_and_mlx_refuses_it() {
+    for bits in [4, 8] {
+        let case = Case::new(3, 32, 96, 16, bits, 77 + bits as u64);
+        let weight = case.weight();
+        assert!(weight.native_only() && weight.native_layout());
+        let x = case.x();
+        let native = weight
+            .matmul_native(&x, Isa::best(), 1)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let mlx_kernels = Kernels {
+            backend: KernelBackend::Mlx,
+            ..Kernels::native()
+        };
+        let via_linear = weight
+            .linear(&x, &mlx_kernels)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        assert_eq!(via_linear, native);
+        let err = weight.matmul(&x, true).unwrap_err().to_string();
+        assert!(err.contains("groups of 16"), "{err}");
+
+        let dense = weight.dequantize().unwrap().to_vec_f32().unwrap();
+        for n in 0..case.n {
+            for k in 0..case.k {
+                let per_word = 32 / case.bits;
+                let word = case.packed[(n * case.k + k) / per_word];
+                let q = (word >> (case.bits * (k % per_word))) & ((1u32 << case.bits) - 1);
+                let g = n * (case.k / 16) + k / 16;
+                let expected = case.scales[g] * q as f32 + case.biases[g];
+                assert_eq!(
+                    dense[n * case.k + k].to_bits(),
+                    expected.to_bits(),
+                    "b={bits} [{n}, {k}]"
+                );
+            }
+        }
+    }
+    // 48 values: three groups of 16, not whole chunks of 32.
+    let odd = Case::new(1, 16, 48, 16, 8, 5);
+    assert!(!odd.weight().native_layout());
+    let err = odd
+        .weight()
+        .matmul_native(&odd.x(), Isa::Scalar, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("does not match") || err.contains("32"),
+        "{err}"
+    );
 }

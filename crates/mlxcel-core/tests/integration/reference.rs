@@ -438,6 +438,10 @@ fn write_config(dir: &Path, variant: Variant) {
     } = variant.storage
     {
         config["quantization"] = serde_json::json!({"bits": bits, "group_size": group_size});
+        if group_size == 16 {
+            // Groups of 16 (GGUF Q6_K/Q3_K/Q2_K) are mlxcel's extension of MLX's format.
+            config["quantization"]["mode"] = serde_json::json!(mlxcel_model::MLXCEL_AFFINE_MODE);
+        }
     }
     std::fs::write(
         dir.join("config.json"),
@@ -834,6 +838,44 @@ fn quantized_4_and_8_bit_match_the_reference() {
         },
         55,
     );
+}
+
+/// Groups of 16 (GGUF Q6_K/Q3_K/Q2_K converted), 4-bit tied (the embedding lookup and the output
+/// head) and 8-bit untied, on the fused node, the per-op graph on mlxcel's kernels, and with MLX's
+/// kernels chosen (`MLXCEL_KERNELS=mlx`), where group-16 matmuls still take mlxcel's kernels.
+#[test]
+fn group16_matches_the_reference_on_every_path() {
+    let native = Kernels::native();
+    for (bits, tied, f16_scales, seed) in [(4, true, false, 80), (8, false, true, 85)] {
+        let variant = Variant {
+            storage: Storage::Quantized {
+                bits,
+                group_size: 16,
+                f16_scales,
+            },
+            qwen2_biases: false,
+            llama3_rope: false,
+            tied,
+            ..PLAIN
+        };
+        check_variant_on(variant, seed, Some(native));
+        check_variant_on(
+            variant,
+            seed,
+            Some(Kernels {
+                fused_layers: false,
+                ..native
+            }),
+        );
+        check_variant_on(
+            variant,
+            seed,
+            Some(Kernels {
+                backend: KernelBackend::Mlx,
+                ..native
+            }),
+        );
+    }
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! `mlxcel convert`: a GGUF file becomes an ordinary MLX checkpoint directory.
 //!
-//! Q4_0, Q4_1 and Q8_0 blocks become MLX affine groups of 32 without loss; F32/F16/BF16 tensors
-//! are copied; llama.cpp's q/k row permutation is undone; the tokenizer is rebuilt from metadata.
+//! Every block type mlxcel reads becomes affine groups without loss: of 32 elements (Q4_0, Q4_1,
+//! Q8_0, Q5_0, Q5_1, Q4_K, Q5_K), or of 16 (Q6_K, Q3_K, Q2_K; recorded per module, under
+//! `quantization.mode` [`MLXCEL_AFFINE_MODE`], which only mlxcel reads); F32/F16/BF16 tensors are
+//! copied; llama.cpp's q/k row permutation is undone; the tokenizer is rebuilt from metadata.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,11 +15,8 @@ use crate::error::{ModelError, Result};
 use crate::gguf::reader::{GgufFile, GgufValue};
 use crate::gguf::tensors::plan;
 use crate::gguf::vocab::GgufVocab;
-use crate::quant::{QuantSpec, Quantization};
+use crate::quant::{MLXCEL_AFFINE_MODE, QuantSpec, Quantization};
 use crate::safetensors_writer::{PlannedTensor, write_streaming};
-
-/// The group size of every GGUF block type we import.
-const GROUP_SIZE: usize = 32;
 
 /// What a conversion produced.
 #[derive(Debug, Clone)]
@@ -25,21 +24,20 @@ pub struct ConvertSummary {
     pub out_dir: PathBuf,
     pub config: ModelConfig,
     pub tensors: usize,
-    /// Tensors whose GGUF type has no affine form (Q6_K, Q3_K, Q2_K), written as f32, and their
-    /// bytes: exact, but larger and slower than their GGUF form.
-    pub widened: usize,
-    pub widened_bytes: u64,
+    /// Quantized tensors written as affine groups of 16 (GGUF Q6_K, Q3_K, Q2_K).
+    pub group16: usize,
 }
 
 impl ConvertSummary {
-    /// A line for the user when tensors were widened, else `None`.
-    pub fn widened_note(&self) -> Option<String> {
-        (self.widened > 0).then(|| {
+    /// A line for the user when the checkpoint has groups of 16, which mlx-lm cannot read; else
+    /// `None`.
+    pub fn group16_note(&self) -> Option<String> {
+        (self.group16 > 0).then(|| {
             format!(
-                "{} tensors ({:.1} MB) are Q6_K/Q3_K/Q2_K, which mlxcel has no kernels for yet: \
-                 widened to f32 (exact, but larger and slower than in the GGUF)",
-                self.widened,
-                self.widened_bytes as f64 / 1e6
+                "{} tensors are Q6_K/Q3_K/Q2_K, written as affine groups of 16 (exact; \
+                 quantization mode `{MLXCEL_AFFINE_MODE}`): mlxcel reads this checkpoint, \
+                 mlx-lm cannot (MLX's group sizes start at 32)",
+                self.group16
             )
         })
     }
@@ -61,7 +59,7 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
         }
     }
     let mut outputs = Vec::new();
-    let mut module_bits: BTreeMap<String, Option<u32>> = BTreeMap::new();
+    let mut module_specs: BTreeMap<String, Option<QuantSpec>> = BTreeMap::new();
     for info in &gguf.tensors {
         // RoPE factors (Phi-3's LongRoPE, Llama 3.1's `rope_freqs`) are config, read into the
         // header, not weights.
@@ -87,13 +85,16 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
         let norm_offset = header.gemma() && suffix == "weight" && module.ends_with("norm");
         let planned = plan(&gguf, info, &module, suffix, rows_per_head, norm_offset)?;
         if suffix == "weight" && info.dims.len() == 2 {
-            let bits = planned.iter().find_map(|o| o.quantized_bits());
-            module_bits.insert(module.clone(), bits);
+            let spec = planned
+                .iter()
+                .find_map(|o| o.quantized_spec())
+                .map(|(bits, group_size)| QuantSpec { bits, group_size });
+            module_specs.insert(module.clone(), spec);
         }
         outputs.extend(planned);
     }
     let tie_word_embeddings = gguf.tensor_info("output.weight").is_none();
-    let quantization = quantization(&module_bits);
+    let quantization = quantization(&module_specs);
     let mut config_json = header.config_json(&vocab, tie_word_embeddings, quantization.as_ref());
     // The model's name, for logs, `/v1/models` and benchmark tables (the converted directory itself
     // is named by a hash): the file's stem, which usually names the model and its quantization
@@ -123,15 +124,10 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
         |i, out| outputs[i].write(&gguf, out),
     )?;
     let count = planned.len();
-    let widened: Vec<&PlannedTensor> = outputs
+    let group16 = outputs
         .iter()
-        .filter(|o| o.is_widened())
-        .map(|o| &o.planned)
-        .collect();
-    let widened_bytes = widened
-        .iter()
-        .map(|t| 4 * t.shape.iter().product::<usize>() as u64)
-        .sum();
+        .filter(|o| o.quantized_spec().is_some_and(|(_, group)| group == 16))
+        .count();
 
     let tokenizer_path = out_dir.join("tokenizer.json");
     write_json(&tokenizer_path, &vocab.tokenizer_json(&gguf)?)?;
@@ -149,8 +145,7 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
         out_dir: out_dir.to_owned(),
         config,
         tensors: count,
-        widened: widened.len(),
-        widened_bytes,
+        group16,
     })
 }
 
@@ -564,24 +559,24 @@ pub fn hf_name(gguf_name: &str) -> Option<(String, &str)> {
     Some((module, suffix))
 }
 
-/// The most common bit width becomes the default; other widths and dense modules are overrides.
-fn quantization(module_bits: &BTreeMap<String, Option<u32>>) -> Option<Quantization> {
-    let mut counts: BTreeMap<u32, usize> = BTreeMap::new();
-    for bits in module_bits.values().flatten() {
-        *counts.entry(*bits).or_default() += 1;
+/// The most common (bits, group size) becomes the default; other specs and dense modules are
+/// overrides. Groups of 16 set `mode` to [`MLXCEL_AFFINE_MODE`].
+fn quantization(module_specs: &BTreeMap<String, Option<QuantSpec>>) -> Option<Quantization> {
+    let mut counts: BTreeMap<(u32, usize), usize> = BTreeMap::new();
+    for spec in module_specs.values().flatten() {
+        *counts.entry((spec.bits, spec.group_size)).or_default() += 1;
     }
-    let (&default_bits, _) = counts.iter().max_by_key(|&(bits, count)| (*count, *bits))?;
-    let spec = |bits| QuantSpec {
-        bits,
-        group_size: GROUP_SIZE,
-    };
-    let overrides = module_bits
+    // The most common (bits, group) as the default; ties go to more bits, then larger groups.
+    let (&(bits, group_size), _) = counts.iter().max_by_key(|&(key, count)| (*count, *key))?;
+    let default = QuantSpec { bits, group_size };
+    let overrides = module_specs
         .iter()
-        .filter(|&(_, bits)| *bits != Some(default_bits))
-        .map(|(module, bits)| (module.clone(), bits.map(spec)))
+        .filter(|&(_, spec)| *spec != Some(default))
+        .map(|(module, spec)| (module.clone(), *spec))
         .collect();
     Some(Quantization {
-        default: spec(default_bits),
+        default,
         overrides,
+        mlxcel_affine: counts.keys().any(|&(_, group)| group == 16),
     })
 }

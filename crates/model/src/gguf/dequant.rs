@@ -1,32 +1,58 @@
 //! Dequantization of GGUF tensors exactly as llama.cpp does it (`dequantize_row_q4_0` & co. in
-//! ggml-quants.c), and the lossless mapping of its 32-element blocks onto MLX affine groups.
+//! ggml-quants.c), and the lossless mapping of its blocks onto MLX-style affine groups (of 32
+//! elements, or of 16 for Q6_K, Q3_K and Q2_K).
 
 use half::{bf16, f16};
 
 use crate::gguf::types::GgmlType;
 
-/// One 32-element block as MLX affine quantization: `value[i] = scale * q[i] + bias`.
+/// One group of a block as affine quantization: `value[i] = scale * q[i] + bias` for
+/// `i < len` (32, or 16 for Q6_K, Q3_K and Q2_K; `q[len..]` is zero).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AffineBlock {
     /// Unsigned quantized values (`< 16` for 4-bit types, any `u8` for Q8_0).
     pub q: [u8; 32],
+    /// Elements in the group: [`affine_group_size`] of the type.
+    pub len: usize,
     pub scale: f32,
     pub bias: f32,
 }
 
-/// Bits of the MLX affine form of a block-quantized type, for the types that map onto affine
-/// groups of 32 without loss. Q5_0, Q5_1 and Q5_K take 8 bits (their 5-bit values unchanged);
-/// Q6_K, Q3_K and Q2_K have 16-element groups and no affine form.
+impl AffineBlock {
+    /// The group's quantized values.
+    pub fn values(&self) -> &[u8] {
+        &self.q[..self.len]
+    }
+}
+
+/// Bits of the affine form of a block-quantized type, for the types that map onto affine groups
+/// without loss. Q5_0, Q5_1, Q5_K and Q6_K take 8 bits (their 5- or 6-bit values unchanged);
+/// Q3_K and Q2_K take 4 (their 3- and 2-bit values unchanged).
 pub fn affine_bits(ty: GgmlType) -> Option<u32> {
     match ty {
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => Some(4),
-        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q8_0 => Some(8),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q3_K | GgmlType::Q2_K => {
+            Some(4)
+        }
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0 => {
+            Some(8)
+        }
         _ => None,
     }
 }
 
-/// The affine groups of 32 of one block of a type with an affine form ([`affine_bits`]), in order:
-/// one for the 32-element types, eight for a Q4_K/Q5_K super-block.
+/// Elements per affine group of a type with an affine form: 16 for Q6_K, Q3_K and Q2_K (one
+/// scale per 16 elements), 32 for the others. MLX's own group sizes start at 32, so only
+/// mlxcel's kernels read the 16-element form.
+pub fn affine_group_size(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q6_K | GgmlType::Q3_K | GgmlType::Q2_K => 16,
+        _ => 32,
+    }
+}
+
+/// The affine groups of one block of a type with an affine form ([`affine_bits`]), in order:
+/// one for the 32-element types, eight for a Q4_K/Q5_K super-block, sixteen groups of 16 for a
+/// Q6_K/Q3_K/Q2_K super-block.
 ///
 /// Every value is `scale · q + bias` with the same f32 arithmetic llama.cpp uses, so it equals
 /// llama.cpp's dequantization bit for bit: Q5_0's `(q − 16) · d` is `q · d − 16 d`, both products
@@ -34,8 +60,21 @@ pub fn affine_bits(ty: GgmlType) -> Option<u32> {
 /// `m1 = dmin · min` (exact in f32, an 11-bit mantissa times a 6-bit integer) as scale `d1` and
 /// bias `−m1` (`x − y` and `x + (−y)` round alike, and `d1 · q` is exact, so a fused multiply-add
 /// gives the same bits).
+///
+/// The 16-element groups, with `s` llama.cpp's per-group f32 product (exact: an f16 times an
+/// integer of at most 8 bits):
+/// - Q6_K: `s · (q − 32)` with `s = d · scale`, q in 0..63: scale `s`, bias `−32 s`. `s · q` and
+///   `32 s` are exact (at most 24 significant bits), and so is their difference `s · (q − 32)`,
+///   which llama.cpp computes as one exact product.
+/// - Q3_K: `s · v` with `s = d · (scale − 32)`, v in −4..3: q = v + 4, scale `s`, bias `−4 s`;
+///   the same argument.
+/// - Q2_K: `fl(dl · q) − ml` with `dl = d · (scale & 15)`, `ml = dmin · (scale >> 4)`: scale
+///   `dl`, bias `−ml`, as Q4_K (one rounding, after an exact product).
 pub fn affine_groups(ty: GgmlType, block: &[u8]) -> Vec<AffineBlock> {
     match ty {
+        GgmlType::Q6_K => q6_k_groups(block),
+        GgmlType::Q3_K => q3_k_groups(block),
+        GgmlType::Q2_K => q2_k_groups(block),
         GgmlType::Q5_0 | GgmlType::Q5_1 => {
             let d = half_at(block, 0);
             let (bias, q) = if ty == GgmlType::Q5_0 {
@@ -46,11 +85,17 @@ pub fn affine_groups(ty: GgmlType, block: &[u8]) -> Vec<AffineBlock> {
                     five_bit_quants(&block[4..8], &block[8..24]),
                 )
             };
-            vec![AffineBlock { q, scale: d, bias }]
+            vec![AffineBlock {
+                q,
+                len: 32,
+                scale: d,
+                bias,
+            }]
         }
         GgmlType::Q4_K | GgmlType::Q5_K => q45_k_sub_blocks(ty, block)
             .map(|(d1, m1, q)| AffineBlock {
                 q,
+                len: 32,
                 scale: d1,
                 bias: -m1,
             })
@@ -82,7 +127,12 @@ pub fn to_affine(ty: GgmlType, block: &[u8]) -> AffineBlock {
                 q[j] = byte & 0x0F;
                 q[j + 16] = byte >> 4;
             }
-            AffineBlock { q, scale: d, bias }
+            AffineBlock {
+                q,
+                len: 32,
+                scale: d,
+                bias,
+            }
         }
         GgmlType::Q8_0 => {
             for (j, &byte) in block[2..34].iter().enumerate() {
@@ -90,6 +140,7 @@ pub fn to_affine(ty: GgmlType, block: &[u8]) -> AffineBlock {
             }
             AffineBlock {
                 q,
+                len: 32,
                 scale: d,
                 bias: -128.0 * d,
             }
@@ -172,6 +223,55 @@ fn two_bit_field(qs: &[u8], e: usize) -> u8 {
     (qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3
 }
 
+/// A 16-element affine group from its values (`q[e]` for element `e` of the group).
+fn group16(scale: f32, bias: f32, q: impl Fn(usize) -> u8) -> AffineBlock {
+    let mut values = [0u8; 32];
+    for (e, v) in values[..16].iter_mut().enumerate() {
+        *v = q(e);
+    }
+    AffineBlock {
+        q: values,
+        len: 16,
+        scale,
+        bias,
+    }
+}
+
+/// Q6_K's sixteen groups (layout at [`dequantize_q6_k`]): q = the stored 6-bit value.
+fn q6_k_groups(block: &[u8]) -> Vec<AffineBlock> {
+    let d = half_at(block, 208);
+    (0..16)
+        .map(|g| {
+            let s = d * (block[192 + g] as i8) as f32;
+            group16(s, -32.0 * s, |i| q6_k_value(block, 16 * g + i))
+        })
+        .collect()
+}
+
+/// Q3_K's sixteen groups (layout at [`dequantize_q3_k`]): q = v + 4 in 0..7.
+fn q3_k_groups(block: &[u8]) -> Vec<AffineBlock> {
+    let d = half_at(block, 108);
+    (0..16)
+        .map(|g| {
+            let s = d * q3_k_scale(&block[96..108], g) as f32;
+            group16(s, -4.0 * s, |i| (q3_k_value(block, 16 * g + i) + 4) as u8)
+        })
+        .collect()
+}
+
+/// Q2_K's sixteen groups (layout at [`dequantize_q2_k`]): q = the stored 2-bit value.
+fn q2_k_groups(block: &[u8]) -> Vec<AffineBlock> {
+    let (d, dmin) = (half_at(block, 80), half_at(block, 82));
+    (0..16)
+        .map(|g| {
+            let sc = block[g];
+            let dl = d * (sc & 0x0F) as f32;
+            let ml = dmin * (sc >> 4) as f32;
+            group16(dl, -ml, |i| two_bit_field(&block[16..80], 16 * g + i))
+        })
+        .collect()
+}
+
 /// Q2_K (84 bytes): 16 groups of 16, each with a 4-bit scale and a 4-bit min (`scales[16]`),
 /// the 2-bit values (`qs[64]`), then the super-block's `d` and `dmin` (f16):
 /// `(d · scale) · q − (dmin · min)`.
@@ -192,22 +292,29 @@ fn dequantize_q2_k(block: &[u8]) -> [f32; 256] {
 /// the low 2 bits (`qs[64]`), 16 six-bit scales packed in 12 bytes, then `d` (f16). The value is
 /// `(d · (scale − 32)) · (q − 4 · (1 − high bit))`.
 fn dequantize_q3_k(block: &[u8]) -> [f32; 256] {
-    let (hmask, qs, packed) = (&block[0..32], &block[32..96], &block[96..108]);
     let d = half_at(block, 108);
     let mut y = [0f32; 256];
     for (e, y) in y.iter_mut().enumerate() {
-        let g = e / 16;
-        // Low four bits: nibble `g / 8` of byte `g % 8`; high two: bits `2 · (g / 4)` of byte
-        // `8 + g % 4`.
-        let low = (packed[g % 8] >> (4 * (g / 8))) & 0x0F;
-        let high = (packed[8 + g % 4] >> (2 * (g / 4))) & 0x03;
-        let scale = (low | (high << 4)) as i32 - 32;
-        let dl = d * scale as f32;
-        let missing_high = 1 - ((hmask[e % 32] >> (e / 32)) & 1) as i32;
-        let q = two_bit_field(qs, e) as i32 - 4 * missing_high;
-        *y = dl * q as f32;
+        let dl = d * q3_k_scale(&block[96..108], e / 16) as f32;
+        *y = dl * q3_k_value(block, e) as f32;
     }
     y
+}
+
+/// The signed 6-bit scale of group `g` of a Q3_K super-block, minus 32: low four bits from
+/// nibble `g / 8` of byte `g % 8`, high two from bits `2 · (g / 4)` of byte `8 + g % 4`.
+fn q3_k_scale(packed: &[u8], g: usize) -> i32 {
+    let low = (packed[g % 8] >> (4 * (g / 8))) & 0x0F;
+    let high = (packed[8 + g % 4] >> (2 * (g / 4))) & 0x03;
+    (low | (high << 4)) as i32 - 32
+}
+
+/// Element `e`'s value of a Q3_K super-block, in −4..3: the low two bits minus 4 when its bit of
+/// the high mask is clear.
+fn q3_k_value(block: &[u8], e: usize) -> i32 {
+    let (hmask, qs) = (&block[0..32], &block[32..96]);
+    let missing_high = 1 - ((hmask[e % 32] >> (e / 32)) & 1) as i32;
+    two_bit_field(qs, e) as i32 - 4 * missing_high
 }
 
 /// The 6-bit scale and min of sub-block `j` (of 8) of a Q4_K/Q5_K super-block, packed in 12 bytes
@@ -264,15 +371,20 @@ fn dequantize_q45_k(ty: GgmlType, block: &[u8]) -> [f32; 256] {
 /// element `h` takes nibble `h / 64` of `ql[64 · half + h % 64]` and bits `2 · (h / 32)` of
 /// `qh[32 · half + h % 32]`.
 fn dequantize_q6_k(block: &[u8]) -> [f32; 256] {
-    let (ql, qh, scales) = (&block[0..128], &block[128..192], &block[192..208]);
     let d = half_at(block, 208);
     let mut y = [0f32; 256];
     for (e, y) in y.iter_mut().enumerate() {
-        let (half, h) = (e / 128, e % 128);
-        let low = (ql[64 * half + h % 64] >> (4 * (h / 64))) & 0x0F;
-        let high = (qh[32 * half + h % 32] >> (2 * (h / 32))) & 0x03;
-        let q = (low | (high << 4)) as i32 - 32;
-        *y = d * (scales[e / 16] as i8) as f32 * q as f32;
+        let q = q6_k_value(block, e) as i32 - 32;
+        *y = d * (block[192 + e / 16] as i8) as f32 * q as f32;
     }
     y
+}
+
+/// Element `e`'s stored 6-bit value (0..63) of a Q6_K super-block.
+fn q6_k_value(block: &[u8], e: usize) -> u8 {
+    let (ql, qh) = (&block[0..128], &block[128..192]);
+    let (half, h) = (e / 128, e % 128);
+    let low = (ql[64 * half + h % 64] >> (4 * (h / 64))) & 0x0F;
+    let high = (qh[32 * half + h % 32] >> (2 * (h / 32))) & 0x03;
+    low | (high << 4)
 }

@@ -6,7 +6,7 @@ use std::io::Write;
 use half::f16;
 
 use crate::error::{ModelError, Result};
-use crate::gguf::dequant::{affine_bits, affine_groups, dequantize_reference};
+use crate::gguf::dequant::{affine_bits, affine_group_size, affine_groups, dequantize_reference};
 use crate::gguf::permute::unpermute_rows;
 use crate::gguf::reader::{GgufFile, GgufTensorInfo};
 use crate::gguf::types::GgmlType;
@@ -18,12 +18,11 @@ use crate::safetensors_writer::PlannedTensor;
 enum Part {
     /// F32/F16/BF16 copied as is (rows reordered for q/k).
     Dense,
-    /// A type with no affine form (Q6_K, Q3_K, Q2_K: 16-element groups) dequantized to f32 with
-    /// llama.cpp's arithmetic, so the values are exact, at 4 bytes a weight.
-    Widened,
-    /// Packed quantized values (U32).
+    /// Packed quantized values (U32), in affine groups of `group` elements (16 for Q6_K, Q3_K
+    /// and Q2_K, 32 otherwise).
     Weight {
         bits: u32,
+        group: usize,
     },
     Scales,
     Biases,
@@ -106,13 +105,13 @@ pub(crate) fn plan<'a>(
                 });
             };
             let Some(bits) = affine_bits(ty) else {
-                return Ok(vec![output(
-                    format!("{module}.{suffix}"),
-                    safetensors::Dtype::F32,
-                    shape.clone(),
-                    Part::Widened,
-                )]);
+                return Err(ModelError::UnsupportedGgmlType {
+                    path: gguf.path().to_owned(),
+                    tensor: info.name.clone(),
+                    ggml_type: ty.to_string(),
+                });
             };
+            let group = affine_group_size(ty);
             let [rows, cols] = shape[..] else {
                 return Err(refuse(format!("quantized but not 2-D (shape {shape:?})")));
             };
@@ -126,13 +125,13 @@ pub(crate) fn plan<'a>(
             } else {
                 safetensors::Dtype::F32
             };
-            let groups = vec![rows, cols / 32];
+            let groups = vec![rows, cols / group];
             Ok(vec![
                 output(
                     format!("{module}.weight"),
                     safetensors::Dtype::U32,
                     vec![rows, cols * bits as usize / 32],
-                    Part::Weight { bits },
+                    Part::Weight { bits, group },
                 ),
                 output(
                     format!("{module}.scales"),
@@ -157,8 +156,8 @@ fn rows(shape: &[usize]) -> usize {
 
 /// Whether every scale and bias of a tensor is exact in f16: true for the 32-element types (their
 /// scales are f16 in GGUF and their biases f16 or `-8 d`/`-16 d`/`-128 d`, unless that overflows),
-/// usually false for Q4_K/Q5_K (`d · scale` needs up to 17 bits). Otherwise the tensor keeps f32
-/// scales and biases.
+/// usually false for the K-quants (`d · scale` needs up to 17 bits, 18 for Q6_K). Otherwise the
+/// tensor keeps f32 scales and biases.
 fn fits_f16(ty: GgmlType, data: &[u8]) -> bool {
     let (_, block_bytes) = ty.layout().expect("a block type");
     let exact = |v: f32| f16::from_f32(v).to_f32() == v;
@@ -183,17 +182,6 @@ impl Output<'_> {
         let mut buf = Vec::with_capacity(1 << 16);
         match self.part {
             Part::Dense => return out.write_all(&data).map_err(io),
-            Part::Widened => {
-                // A row's blocks at a time, so memory holds no more than a row of f32.
-                let row_bytes = data.len() / rows(&self.source.shape()).max(1);
-                for row in data.chunks(row_bytes.max(block_bytes)) {
-                    let values = dequantize_reference(ty, row).expect("a readable type");
-                    buf.clear();
-                    buf.extend(values.iter().flat_map(|v| v.to_le_bytes()));
-                    out.write_all(&buf).map_err(io)?;
-                }
-                return Ok(());
-            }
             Part::NormOffset => {
                 let values = dequantize_reference(ty, &data).expect("a float type");
                 buf.extend(values.iter().flat_map(|v| (v - 1.0).to_le_bytes()));
@@ -205,13 +193,17 @@ impl Output<'_> {
         for block in data.chunks_exact(block_bytes) {
             for group in affine_groups(ty, block) {
                 let value = match self.part {
-                    Part::Weight { bits } => {
-                        buf.extend(pack(&group.q, bits).iter().flat_map(|w| w.to_le_bytes()));
+                    Part::Weight { bits, .. } => {
+                        buf.extend(
+                            pack(group.values(), bits)
+                                .iter()
+                                .flat_map(|w| w.to_le_bytes()),
+                        );
                         None
                     }
                     Part::Scales => Some(group.scale),
                     Part::Biases => Some(group.bias),
-                    Part::Dense | Part::Widened | Part::NormOffset => {
+                    Part::Dense | Part::NormOffset => {
                         unreachable!("handled above")
                     }
                 };
@@ -229,15 +221,10 @@ impl Output<'_> {
         out.write_all(&buf).map_err(io)
     }
 
-    /// Whether this output is a tensor widened to f32 because its type has no affine form.
-    pub(crate) fn is_widened(&self) -> bool {
-        self.part == Part::Widened
-    }
-
-    /// Whether this is the packed weight of a quantized module, and its bits.
-    pub(crate) fn quantized_bits(&self) -> Option<u32> {
+    /// Whether this is the packed weight of a quantized module, and its bits and group size.
+    pub(crate) fn quantized_spec(&self) -> Option<(u32, usize)> {
         match self.part {
-            Part::Weight { bits } => Some(bits),
+            Part::Weight { bits, group } => Some((bits, group)),
             _ => None,
         }
     }

@@ -204,6 +204,47 @@ fn errors_name_the_file_and_field() {
     }
 }
 
+/// Groups of 16 (GGUF Q6_K/Q3_K/Q2_K converted) only under mode `mlxcel-affine`, which records
+/// them per module as MLX records other group sizes; unknown modes and group 16 without the mode
+/// are refused, naming the field.
+#[test]
+fn group16_needs_the_mlxcel_affine_mode() {
+    let mut v = smollm2();
+    v["quantization"] = json!({
+        "group_size": 32, "bits": 4, "mode": "mlxcel-affine",
+        "lm_head": {"group_size": 16, "bits": 8},
+        "model.layers.0.mlp.down_proj": {"group_size": 16, "bits": 4}
+    });
+    let q = parse(&v).unwrap().quantization.unwrap();
+    assert!(q.mlxcel_affine);
+    assert_eq!(
+        q.for_module("lm_head"),
+        Some(QuantSpec {
+            bits: 8,
+            group_size: 16
+        })
+    );
+    assert_eq!(q.to_json(), v["quantization"]);
+    v["quantization"]["mode"] = json!("affine");
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(
+        message.contains("quantization.lm_head") && message.contains("mlxcel-affine"),
+        "{message}"
+    );
+    v["quantization"]["mode"] = json!("mxfp4");
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(message.contains("`mxfp4` is not supported"), "{message}");
+    v["quantization"] = json!({"group_size": 16, "bits": 4});
+    assert!(
+        parse(&v)
+            .unwrap_err()
+            .to_string()
+            .contains("group_size 16 needs")
+    );
+    v["quantization"] = json!({"group_size": 24, "bits": 4, "mode": "mlxcel-affine"});
+    assert!(parse(&v).unwrap_err().to_string().contains("group_size 24"));
+}
+
 #[test]
 fn mlx_quantization_with_overrides() {
     let mut v = smollm2();

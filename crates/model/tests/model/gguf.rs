@@ -2,7 +2,9 @@
 //! permutation, and lossless conversion of a tiny llama.
 
 use half::{bf16, f16};
-use mlxcel_model::gguf::dequant::{affine_groups, dequantize_reference};
+use mlxcel_model::gguf::dequant::{
+    affine_bits, affine_group_size, affine_groups, dequantize_reference,
+};
 use mlxcel_model::gguf::permute::{gguf_row_of_hf_row, permute_rows, unpermute_rows};
 use mlxcel_model::gguf::{GgmlType, GgufFile, GgufValue, GgufWriter};
 use mlxcel_model::{Checkpoint, LoadedModel, ModelError, RopeScaling, convert_gguf};
@@ -118,22 +120,71 @@ fn affine_blocks_reproduce_llama_cpp_exactly() {
         GgmlType::Q5_1,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q3_K,
+        GgmlType::Q2_K,
     ] {
-        for _ in 0..500 {
-            let block = crate::fixtures::random_block(ty, &mut rng);
+        let (bits, len) = (affine_bits(ty).unwrap(), affine_group_size(ty));
+        for round in 0..1000 {
+            let mut block = crate::fixtures::random_block(ty, &mut rng);
+            if round % 2 == 1 {
+                // Any finite f16 in the super-block's `d` and `dmin` (subnormal, huge, negative,
+                // zero), not only the small positive ones real files have.
+                extreme_halves(ty, &mut block, &mut rng);
+            }
             let expected = dequantize_reference(ty, &block).unwrap();
             let groups = affine_groups(ty, &block);
+            assert_eq!(groups.len() * len, expected.len(), "{ty}");
             for (i, e) in expected.iter().enumerate() {
-                let g = &groups[i / 32];
-                let v = g.scale * g.q[i % 32] as f32 + g.bias;
-                assert_eq!(v.to_bits(), e.to_bits(), "{ty} element {i}");
-                // The kernels may fuse the multiply-add: the product is exact, so it agrees.
-                assert_eq!(
-                    g.scale.mul_add(g.q[i % 32] as f32, g.bias).to_bits(),
-                    e.to_bits()
+                let g = &groups[i / len];
+                assert_eq!(g.len, len);
+                let q = g.values()[i % len];
+                assert!(
+                    u32::from(q) < 1 << bits,
+                    "{ty}: {q} needs more than {bits} bits"
                 );
+                let v = g.scale * q as f32 + g.bias;
+                // The kernels may fuse the multiply-add: the product is exact, so it agrees.
+                let fused = g.scale.mul_add(q as f32, g.bias);
+                for v in [v, fused] {
+                    assert!(
+                        same_value(v, *e),
+                        "{ty} element {i}: {v} ({:#x}) vs {e} ({:#x})",
+                        v.to_bits(),
+                        e.to_bits()
+                    );
+                }
             }
         }
+    }
+}
+
+/// Bit for bit, except the sign of a zero: where llama.cpp multiplies a negative scale by a zero
+/// level (Q4_0, Q6_K, Q3_K: `s · (q − c)` with q = c) it gets −0, and no `scale · q + bias` can
+/// (`x + (−x)` is +0). Only a sum whose every term is −0 could tell them apart.
+fn same_value(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a == 0.0 && b == 0.0)
+}
+
+/// Overwrites the f16 super-block scales of a K-quant block (`d`, and `dmin` where the type has
+/// one) with random finite halves of any exponent and sign.
+fn extreme_halves(ty: GgmlType, block: &mut [u8], rng: &mut Rng) {
+    let fields: &[usize] = match ty {
+        GgmlType::Q6_K => &[208],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        _ => &[],
+    };
+    for &at in fields {
+        let h = loop {
+            let b = rng.bytes(2);
+            let h = f16::from_le_bytes([b[0], b[1]]);
+            if h.is_finite() {
+                break h;
+            }
+        };
+        block[at..at + 2].copy_from_slice(&h.to_le_bytes());
     }
 }
 
@@ -159,8 +210,9 @@ fn unreadable_types_are_refused_naming_type_and_tensor() {
 }
 
 /// Every K-quant and Q5 type converts without loss: Q4_K as 4-bit affine groups of 32, Q5_0, Q5_1
-/// and Q5_K as 8-bit ones (f32 scales where f16 cannot hold them), Q6_K, Q3_K and Q2_K widened to
-/// f32; dequantized, every tensor equals llama.cpp's values bit for bit.
+/// and Q5_K as 8-bit ones (f32 scales where f16 cannot hold them), Q6_K as 8-bit groups of 16,
+/// Q3_K and Q2_K as 4-bit groups of 16, recorded per module under mode `mlxcel-affine`;
+/// dequantized, every tensor equals llama.cpp's values bit for bit.
 #[test]
 fn k_quants_and_q5_convert_losslessly() {
     let dir = tempfile::tempdir().unwrap();
@@ -186,8 +238,11 @@ fn k_quants_and_q5_convert_losslessly() {
     let out = dir.path().join("k");
     let summary = convert_gguf(&gguf, &out).unwrap();
     // attn_v, ffn_up and ffn_down of both layers, and the output.
-    assert_eq!(summary.widened, 7);
-    assert!(summary.widened_note().unwrap().contains("widened to f32"));
+    assert_eq!(summary.group16, 7);
+    assert!(summary.group16_note().unwrap().contains("mlx-lm cannot"));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["quantization"]["mode"], "mlxcel-affine");
     let model = LoadedModel::open(&out).unwrap();
     let ckpt: &Checkpoint = &model.checkpoint;
     assert_eq!(assert_lossless(&gguf, ckpt), 2 + 9 * 2 + 1);
@@ -197,9 +252,12 @@ fn k_quants_and_q5_convert_losslessly() {
     assert_eq!(spec("model.layers.0.self_attn.k_proj"), Some((8, 32)));
     assert_eq!(spec("model.layers.0.self_attn.o_proj"), Some((8, 32)));
     assert_eq!(spec("model.layers.0.mlp.gate_proj"), Some((8, 32)));
-    assert_eq!(spec("model.layers.0.self_attn.v_proj"), None);
-    assert_eq!(spec("model.layers.0.mlp.down_proj"), None);
-    assert_eq!(spec("lm_head"), None);
+    assert_eq!(spec("model.layers.0.self_attn.v_proj"), Some((8, 16)));
+    assert_eq!(spec("model.layers.0.mlp.up_proj"), Some((4, 16)));
+    assert_eq!(spec("model.layers.0.mlp.down_proj"), Some((4, 16)));
+    assert_eq!(spec("lm_head"), Some((8, 16)));
+    let scales = ckpt.tensor("lm_head.scales").unwrap();
+    assert_eq!(scales.shape[1], 256 / 16);
 }
 
 /// Q4_K's packed 6-bit scales and mins, worked by hand: sub-blocks 0-3 take theirs from the low
