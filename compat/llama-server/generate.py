@@ -181,8 +181,8 @@ def unique(keys):
 
 def fields(src):
     """Request fields per scope. `completion` (llama.cpp's task schema) applies to every
-    generation route, since the OpenAI routes hand their body on to it; `chat` and
-    `oai_completion` are what those routes read before."""
+    generation route, since the OpenAI routes hand their body on to it; `chat`,
+    `oai_completion` and `infill` are what those routes read before."""
     server = src / "tools/server"
     schema = strip_comments((server / "server-schema.cpp").read_text())
     cmpl_schema = function_body(schema, "make_llama_cmpl_schema(")
@@ -201,6 +201,9 @@ def fields(src):
     oai_completion += re.findall(r'unsupported_params\s*\{([^}]*)\}', common)[0:1] and STRING.findall(
         re.findall(r'unsupported_params\s*\{([^}]*)\}', common)[0]
     )
+    infill_text = context[context.index("this->post_infill") : context.index("this->post_completions")]
+    infill = keys_read(infill_text, ("data",))
+    infill += [f"input_extra.{k}" for k in keys_read(infill_text, ("chunk",))]
     embedding = keys_read(function_body(context, "server_routes::handle_embeddings_impl("))
     tokenize = keys_read(context[context.index("this->post_tokenize") : context.index("this->post_detokenize")])
     slots_text = context[context.index("this->get_slots") : context.index("this->get_props")]
@@ -212,6 +215,7 @@ def fields(src):
     for scope, keys in [
         ("completion", completion),
         ("oai_completion", oai_completion),
+        ("infill", infill),
         ("chat", chat),
         ("embedding", embedding),
         ("tokenize", tokenize),
@@ -307,7 +311,11 @@ def main():
         # mlxcel's own flags are curated by hand; kept as they are.
         text = out.read_text()
         if "\n[mlxcel_only]" in text:
-            extra = text[text.index("\n[mlxcel_only]") :]
+            # The section with the comment lines right above it.
+            start = text.index("\n[mlxcel_only]")
+            while text[text.rfind("\n", 0, start) + 1 : start].startswith("#"):
+                start = text.rfind("\n", 0, start)
+            extra = text[start:]
     sections = [
         ("option", options(src)),
         ("route", routes(src)),

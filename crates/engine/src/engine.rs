@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use mlxcel_model::{ChatMessage, ChatTemplate, LoadedModel, Tokenizer, resolve_model};
+use mlxcel_model::{ChatMessage, ChatTemplate, FimTokens, LoadedModel, Tokenizer, resolve_model};
 use tokio::sync::mpsc as events;
 use tokio::sync::oneshot;
 
@@ -34,6 +34,9 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     /// Token ids that end generation.
     pub eos_token_ids: Vec<u32>,
+    /// The vocabulary's fill-in-the-middle tokens (llama-server's `/infill` needs prefix,
+    /// suffix and middle).
+    pub fim_tokens: FimTokens,
     /// Bytes of weights as stored in the checkpoint.
     pub weight_bytes: u64,
     /// Parameter count (quantized weights counted unpacked).
@@ -64,6 +67,7 @@ impl ModelInfo {
             window: config.window(),
             vocab_size: config.vocab_size,
             eos_token_ids: loaded.eos_token_ids.clone(),
+            fim_tokens: loaded.fim_tokens,
             weight_bytes,
             parameters,
         }

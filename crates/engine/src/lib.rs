@@ -73,7 +73,7 @@ pub use metrics::{
     BucketOccupancy, EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, TTFT_BOUNDS,
 };
 pub use mlxcel_capacity::MaxNewTokens;
-pub use mlxcel_model::ChatMessage;
+pub use mlxcel_model::{ChatMessage, FimTokens};
 pub use options::{Activations, BackendKind, EngineOptions, ShapeMode};
 pub use perplexity::{PerplexityOptions, PerplexityReport, perplexity};
 pub use request::{

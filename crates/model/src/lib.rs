@@ -7,7 +7,7 @@
 //!   a Hugging Face / MLX directory, or a `.gguf` file converted into the cache ([`convert_gguf`]).
 //! - [`LoadedModel::open`] reads a directory: [`Checkpoint`] (config.json checked against the
 //!   memory-mapped safetensors, single or sharded, dense or MLX-quantized), [`Tokenizer`],
-//!   [`ChatTemplate`] and the stop tokens.
+//!   [`ChatTemplate`], the stop tokens and the fill-in-the-middle tokens ([`FimTokens`]).
 //! - [`Tokenizer::detokenizer`] streams text that is always complete UTF-8.
 //! - [`gguf`] reads GGUF v2/v3 and dequantizes exactly as llama.cpp does.
 //!
@@ -31,6 +31,7 @@ mod checkpoint;
 mod config;
 mod default_model;
 mod error;
+mod fim;
 pub mod gguf;
 mod mmap;
 mod model;
@@ -48,6 +49,7 @@ pub use default_model::{
     CACHE_DIR_ENV, DEFAULT_MODEL_PIN, DefaultModel, PYTHON_ENV, cache_dir, sha256_file,
 };
 pub use error::{ModelError, Result};
+pub use fim::{FIM_CONFIG_KEY, FIM_GGUF_KEYS, FIM_TEXTS, FimRole, FimTokens};
 pub use gguf::convert_gguf;
 pub use model::{LoadedModel, eos_token_ids};
 pub use quant::{MLXCEL_AFFINE_MODE, QuantSpec, Quantization, dequantize_affine, pack, unpack};

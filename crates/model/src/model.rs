@@ -8,6 +8,7 @@ use crate::chat::{ChatTemplate, TokenizerConfig};
 use crate::checkpoint::Checkpoint;
 use crate::config::{ModelConfig, token_ids};
 use crate::error::{ModelError, Result};
+use crate::fim::FimTokens;
 use crate::tokenizer::Tokenizer;
 
 /// A validated checkpoint with its tokenizer, chat template and stop tokens.
@@ -18,6 +19,8 @@ pub struct LoadedModel {
     /// `None` when the checkpoint has no chat template.
     pub chat_template: Option<ChatTemplate>,
     pub eos_token_ids: Vec<u32>,
+    /// The fill-in-the-middle tokens (GGUF metadata, else llama.cpp's texts).
+    pub fim_tokens: FimTokens,
 }
 
 impl LoadedModel {
@@ -27,11 +30,13 @@ impl LoadedModel {
         let tokenizer = Tokenizer::from_dir(dir)?;
         let chat_template = ChatTemplate::from_dir(dir)?;
         let eos_token_ids = eos_token_ids(dir, checkpoint.config(), &tokenizer)?;
+        let fim_tokens = FimTokens::read(dir, &tokenizer)?;
         Ok(Self {
             checkpoint,
             tokenizer,
             chat_template,
             eos_token_ids,
+            fim_tokens,
         })
     }
 

@@ -48,7 +48,7 @@ pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
 
 /// Part of the cache key of converted checkpoints: bump it whenever the converter's output changes,
 /// so that conversions made by an older mlxcel are not reused.
-pub const CONVERTER_VERSION: &str = "v3";
+pub const CONVERTER_VERSION: &str = "v4";
 
 /// The cached conversion of `gguf` (whose sha256 is `sha256`), converting it if absent.
 pub fn converted(cache: &Path, gguf: &Path, sha256: &str) -> Result<PathBuf> {

@@ -61,6 +61,22 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// The tokens `encode(text, add_special = true, _)` puts before the text (a BOS for
+    /// vocabularies that add one; empty for most byte-level BPE ones).
+    pub fn leading_special_tokens(&self) -> Result<Vec<u32>> {
+        let with = self.encode("a", true, false)?;
+        let without = self.encode("a", false, false)?;
+        Ok(with
+            .strip_suffix(without.as_slice())
+            .or_else(|| {
+                // A post-processor that also appends (an EOS): what comes before the text.
+                let at = with.windows(without.len()).position(|w| w == without)?;
+                Some(&with[..at])
+            })
+            .unwrap_or_default()
+            .to_vec())
+    }
+
     /// Text of `ids`; `skip_special` drops special tokens.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         self.inner

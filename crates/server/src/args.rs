@@ -99,6 +99,27 @@ pub struct ServerArgs {
     #[arg(long = "no-slots", overrides_with = "slots")]
     pub no_slots: bool,
 
+    /// Serve the chat page at `GET /` (on by default; `--no-webui` turns it off).
+    #[arg(
+        long = "webui",
+        visible_alias = "ui",
+        env = "LLAMA_ARG_UI",
+        value_parser = llama_bool,
+        num_args = 0..=1,
+        default_value = "true",
+        default_missing_value = "true",
+        overrides_with = "no_webui"
+    )]
+    pub webui: bool,
+
+    /// Do not serve the chat page (`GET /` answers 404).
+    #[arg(long = "no-webui", visible_alias = "no-ui", overrides_with = "webui")]
+    pub no_webui: bool,
+
+    /// `/infill` prompts put the suffix first (suffix, prefix, middle), as some models prefer.
+    #[arg(long = "spm-infill")]
+    pub spm_infill: bool,
+
     /// The model name clients see and may send (default: the checkpoint directory's name).
     #[arg(short = 'a', long, env = "LLAMA_ARG_ALIAS")]
     pub alias: Option<String>,
@@ -434,6 +455,8 @@ impl ServerArgs {
                 .parse()
                 .map_err(|err: String| ServerError::Flag(format!("--pooling: {err}")))?,
             embd_normalize: self.embd_normalize,
+            spm_infill: self.spm_infill,
+            webui: self.webui && !self.no_webui,
             ..ServerConfig::default()
         })
     }

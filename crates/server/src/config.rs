@@ -95,6 +95,10 @@ pub struct ServerConfig {
     pub pooling: mlxcel_engine::Pooling,
     /// How they normalize (`--embd-normalize`: -1 none, 0 max-abs, 1 taxicab, 2 euclidean, p).
     pub embd_normalize: i32,
+    /// `/infill` puts the suffix before the prefix (`--spm-infill`).
+    pub spm_infill: bool,
+    /// Whether `GET /` serves the chat page (`--no-webui` turns it off).
+    pub webui: bool,
 }
 
 impl Default for ServerConfig {
@@ -119,6 +123,8 @@ impl Default for ServerConfig {
             shutdown_timeout: Duration::from_secs(30),
             pooling: mlxcel_engine::Pooling::Mean,
             embd_normalize: 2,
+            spm_infill: false,
+            webui: true,
         }
     }
 }

@@ -48,9 +48,10 @@ pub enum ApiError {
     /// The server is shutting down or the engine has stopped.
     #[error("the server is shutting down")]
     Unavailable,
-    /// A route turned off by configuration.
+    /// A route turned off by configuration, or one the model cannot serve (`/infill` without
+    /// fill-in-the-middle tokens).
     #[error("{0}")]
-    NotImplemented(&'static str),
+    NotImplemented(std::borrow::Cow<'static, str>),
     /// Anything else; the detail is logged, the client sees a generic message.
     #[error("internal server error")]
     Internal(String),

@@ -230,6 +230,12 @@ impl Tracked {
         )
     }
 
+    /// llama-server's `timings` object of this request, `generated` tokens having been
+    /// generated.
+    pub fn timings_object(&self, generated: usize) -> Timings {
+        Timings::new(self.prompt_tokens, generated, self.timings())
+    }
+
     /// The next event; `None` after the end.
     pub async fn next(&mut self) -> Option<Event> {
         let event = self.stream.next_event().await?;
@@ -268,6 +274,44 @@ impl Drop for Tracked {
                 .observe_finished(FinishReason::Cancelled);
         }
         self.state.unregister(self.key);
+    }
+}
+
+/// llama-server's `timings` object: prompt processing from submission to the first token (queueing
+/// included), generation from the first token to the last. As llama-server, the generation rates
+/// count the decode steps after the first token (which comes with the prompt), and `cache_n`
+/// (prompt tokens reused from its cache) is reported 0: the prefix cache's reuse is not counted
+/// per request yet.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Timings {
+    pub cache_n: usize,
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    pub prompt_per_token_ms: f64,
+    pub prompt_per_second: f64,
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    pub predicted_per_token_ms: f64,
+    pub predicted_per_second: f64,
+}
+
+impl Timings {
+    /// From the counts and the two durations (milliseconds) of [`Tracked::timings`].
+    pub fn new(prompt_n: usize, predicted_n: usize, (prompt_ms, predicted_ms): (f64, f64)) -> Self {
+        let steps = predicted_n.saturating_sub(1);
+        let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
+        let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+        Self {
+            cache_n: 0,
+            prompt_n,
+            prompt_ms,
+            prompt_per_token_ms: per(prompt_ms, prompt_n),
+            prompt_per_second: rate(prompt_n, prompt_ms),
+            predicted_n,
+            predicted_ms,
+            predicted_per_token_ms: per(predicted_ms, steps),
+            predicted_per_second: rate(steps, predicted_ms),
+        }
     }
 }
 

@@ -38,6 +38,7 @@ mod embeddings;
 mod error;
 mod generate;
 mod inert;
+mod infill;
 mod llama_flags;
 mod llama_server;
 mod metrics;
@@ -51,6 +52,7 @@ mod serve;
 mod state;
 mod structured;
 mod tools;
+mod webui;
 
 pub use args::{ServerArgs, accepted_spellings};
 pub use config::{ApiKeys, SamplingDefaults, ServerConfig};

@@ -591,13 +591,13 @@ pub const NO_OP_OPTIONS: &[NoOpOption] = &[
         names: &["--ui-config", "--webui-config"],
         env: Some("LLAMA_ARG_UI_CONFIG"),
         values: 1,
-        reason: "mlxcel-server has no built-in web UI",
+        reason: "the built-in chat page (GET /) has no settings to load or MCP proxy",
     },
     NoOpOption {
         names: &["--ui-config-file", "--webui-config-file"],
         env: Some("LLAMA_ARG_UI_CONFIG_FILE"),
         values: 1,
-        reason: "mlxcel-server has no built-in web UI",
+        reason: "the built-in chat page (GET /) has no settings to load or MCP proxy",
     },
     NoOpOption {
         names: &[
@@ -608,13 +608,7 @@ pub const NO_OP_OPTIONS: &[NoOpOption] = &[
         ],
         env: Some("LLAMA_ARG_UI_MCP_PROXY"),
         values: 0,
-        reason: "mlxcel-server has no built-in web UI",
-    },
-    NoOpOption {
-        names: &["--ui", "--webui", "--no-ui", "--no-webui"],
-        env: Some("LLAMA_ARG_UI"),
-        values: 0,
-        reason: "mlxcel-server has no built-in web UI",
+        reason: "the built-in chat page (GET /) has no settings to load or MCP proxy",
     },
     NoOpOption {
         names: &["--threads-http"],

@@ -1,5 +1,5 @@
-//! llama-server's routes: `/completion`, `/tokenize`, `/detokenize`, `/apply-template`,
-//! `/health`, `/props`, `/slots`, `/metrics`.
+//! llama-server's routes: `/completion`, `/infill`, `/tokenize`, `/detokenize`,
+//! `/apply-template`, `/health`, `/props`, `/slots`, `/metrics`.
 
 use crate::structured::{ConstraintFields, ResponseFormat};
 use std::sync::Arc;
@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 use crate::body::{Body, event_stream, full, json};
 use crate::error::ApiError;
 use crate::generate::{
-    Params, PromptInput, StreamFormat, TokenRecord, Tracked, budget, collect, stream, submit,
-    token_piece,
+    Params, PromptInput, StreamFormat, Timings, TokenRecord, Tracked, budget, collect, stream,
+    submit, token_piece,
 };
 use crate::openai::{MessageField, StopField, chat_messages};
 use crate::read::{read_generation_json, read_json};
@@ -27,9 +27,45 @@ enum LlamaPrompt {
     Tokens(Vec<u32>),
 }
 
+/// A text llama-server tokenizes "mixed": a string, or a list of strings and token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum MixedText {
+    Text(String),
+    Pieces(Vec<MixedPiece>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum MixedPiece {
+    Text(String),
+    Token(u32),
+}
+
+/// One file of `/infill`'s `input_extra`.
+#[derive(Debug, Deserialize)]
+struct ExtraChunk {
+    text: String,
+    /// llama-server's default when absent.
+    #[serde(default = "default_filename")]
+    filename: String,
+}
+
+fn default_filename() -> String {
+    "tmp".to_owned()
+}
+
+/// The body of `/completion` and `/infill` (which reads every `/completion` field too).
 #[derive(Debug, Deserialize)]
 struct CompletionRequest {
-    prompt: LlamaPrompt,
+    /// `/completion`: the prompt (required). `/infill`: text typed right before the cursor,
+    /// after `input_prefix` (optional, a string).
+    prompt: Option<LlamaPrompt>,
+    /// `/infill` only: the text before the cursor, and after it.
+    input_prefix: Option<MixedText>,
+    input_suffix: Option<MixedText>,
+    /// `/infill` only: other files of the project, as context before the prefix.
+    input_extra: Option<Vec<ExtraChunk>>,
     n_predict: Option<i64>,
     /// llama-server's aliases of `n_predict`, read when it is absent.
     max_completion_tokens: Option<i64>,
@@ -66,8 +102,182 @@ struct CompletionRequest {
 
 /// `POST /completion`.
 pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
-    let request: CompletionRequest = read_generation_json(body, state.config().body_limit).await?;
+    let mut request: CompletionRequest =
+        read_generation_json(body, state.config().body_limit).await?;
     let engine = state.engine()?.clone();
+    for (field, given) in [
+        ("input_prefix", request.input_prefix.is_some()),
+        ("input_suffix", request.input_suffix.is_some()),
+        ("input_extra", request.input_extra.is_some()),
+    ] {
+        if given {
+            return Err(ApiError::unsupported(
+                field,
+                format!("{field} is a field of /infill, not of /completion"),
+            ));
+        }
+    }
+    let (prompt, prompt_text) = match request.prompt.take() {
+        Some(LlamaPrompt::Text(text)) => (PromptInput::Text(text.clone()), text),
+        Some(LlamaPrompt::Tokens(tokens)) => (PromptInput::Tokens(tokens), String::new()),
+        None => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "prompt is required: text or token ids",
+            ));
+        }
+    };
+    generate_completion(state, engine, request, prompt, prompt_text).await
+}
+
+/// `POST /infill`: the prefix, suffix and extra files arranged around the model's
+/// fill-in-the-middle tokens as llama-server does ([`crate::infill`]), then generated and answered
+/// as `/completion`. A model without those tokens is answered 501, as llama-server answers.
+pub async fn infill(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
+    let engine = state.engine()?.clone();
+    let (pre, suf, mid) = engine.info().fim_tokens.infill().map_err(|missing| {
+        ApiError::NotImplemented(
+            format!(
+                "Infill is not supported by this model: it has no fill-in-the-middle {} token{} \
+                 (GGUF metadata tokenizer.ggml.fim_*_token_id, or a vocabulary token such as \
+                 <fim_prefix>, <|fim_prefix|> or <PRE>)",
+                missing.join(", "),
+                if missing.len() == 1 { "" } else { "s" }
+            )
+            .into(),
+        )
+    })?;
+    let mut request: CompletionRequest =
+        read_generation_json(body, state.config().body_limit).await?;
+    let prefix = request
+        .input_prefix
+        .take()
+        .ok_or_else(|| ApiError::invalid_param("input_prefix", "input_prefix is required"))?;
+    let suffix = request
+        .input_suffix
+        .take()
+        .ok_or_else(|| ApiError::invalid_param("input_suffix", "input_suffix is required"))?;
+    let typed = match request.prompt.take() {
+        None => String::new(),
+        Some(LlamaPrompt::Text(text)) => text,
+        Some(LlamaPrompt::Tokens(_)) => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "prompt must be a string on /infill",
+            ));
+        }
+    };
+    let extra = request.input_extra.take().unwrap_or_default();
+    let fim = engine.info().fim_tokens;
+    let config = state.config();
+    let limits = crate::infill::InfillLimits {
+        n_batch: crate::infill::N_BATCH,
+        n_predict: match config.default_max_new_tokens {
+            mlxcel_engine::MaxNewTokens::Unlimited => -1,
+            mlxcel_engine::MaxNewTokens::Limited(n) => n as i64,
+        },
+        n_ctx: state.context_limit(engine.info()),
+    };
+    let spm = config.spm_infill;
+    // Tokenizing is CPU work: off the async threads, like every prompt.
+    let tokens = tokio::task::spawn_blocking({
+        let engine = engine.clone();
+        move || -> Result<Vec<u32>, ApiError> {
+            let plain = |text: &str| -> Result<Vec<u32>, ApiError> {
+                Ok(engine
+                    .tokenizer()
+                    .encode(text, false, false)
+                    .map_err(mlxcel_engine::EngineError::from)?)
+            };
+            let mixed = |field: &str, text: MixedText| -> Result<Vec<u32>, ApiError> {
+                match text {
+                    MixedText::Text(text) => plain(&text),
+                    MixedText::Pieces(pieces) => {
+                        let mut out = Vec::new();
+                        for piece in pieces {
+                            match piece {
+                                MixedPiece::Text(text) => out.extend(plain(&text)?),
+                                MixedPiece::Token(id) => {
+                                    engine.check_tokens(&[id]).map_err(|err| {
+                                        ApiError::invalid_param(field, err.to_string())
+                                    })?;
+                                    out.push(id);
+                                }
+                            }
+                        }
+                        Ok(out)
+                    }
+                }
+            };
+            let frame = crate::infill::FimFrame {
+                pre,
+                suf,
+                mid,
+                rep: fim.rep,
+                sep: fim.sep,
+                bos: engine
+                    .tokenizer()
+                    .leading_special_tokens()
+                    .map_err(mlxcel_engine::EngineError::from)?,
+                spm,
+            };
+            let chunks = extra
+                .iter()
+                .map(|chunk| {
+                    Ok(crate::infill::ExtraTokens {
+                        filename_line: plain(&format!("{}\n", chunk.filename))?,
+                        text: plain(&chunk.text)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, ApiError>>()?;
+            let extra = crate::infill::extra_context(
+                &frame,
+                &plain("myproject\n")?,
+                &chunks,
+                &plain(crate::infill::SNIPPET_SEPARATOR)?,
+                &plain("filename\n")?,
+            );
+            // The text before the cursor is tokenized with special tokens parsed, as llama-server.
+            let typed = engine
+                .tokenizer()
+                .encode(&typed, false, true)
+                .map_err(mlxcel_engine::EngineError::from)?;
+            Ok(crate::infill::assemble(
+                &frame,
+                limits,
+                &mixed("input_prefix", prefix)?,
+                &mixed("input_suffix", suffix)?,
+                &typed,
+                &extra,
+            ))
+        }
+    })
+    .await
+    .map_err(|err| ApiError::Internal(format!("tokenizing task failed: {err}")))??;
+    // llama-server reports the prompt it ran: the tokens, detokenized with their special tokens.
+    let prompt_text = engine
+        .tokenizer()
+        .decode(&tokens, false)
+        .map_err(mlxcel_engine::EngineError::from)?;
+    generate_completion(
+        state,
+        engine,
+        request,
+        PromptInput::Tokens(tokens),
+        prompt_text,
+    )
+    .await
+}
+
+/// `/completion`'s generation and answer, shared with `/infill`: `prompt_text` is what the
+/// answer's `prompt` reports.
+async fn generate_completion(
+    state: &Arc<AppState>,
+    engine: Arc<Engine>,
+    request: CompletionRequest,
+    prompt: PromptInput,
+    prompt_text: String,
+) -> Result<Response<Body>, ApiError> {
     for (field, value) in [("n_cmpl", request.n_cmpl), ("n", request.n)] {
         if let Some(n) = value.filter(|&n| n != 1) {
             return Err(ApiError::unsupported(
@@ -108,10 +318,6 @@ pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Respons
         .constraint()?,
     };
     let stop_words = params.stop.clone();
-    let (prompt, prompt_text) = match request.prompt {
-        LlamaPrompt::Text(text) => (PromptInput::Text(text.clone()), text),
-        LlamaPrompt::Tokens(tokens) => (PromptInput::Tokens(tokens), String::new()),
-    };
     let mut tracked = submit(state, prompt, params).await?;
     let model = state.model_name(engine.info());
     if request.stream {
@@ -226,16 +432,6 @@ struct CompletionResult {
     completion_probabilities: Option<Vec<TokenProbs>>,
 }
 
-#[derive(Debug, Serialize)]
-struct Timings {
-    prompt_n: usize,
-    prompt_ms: f64,
-    prompt_per_second: f64,
-    predicted_n: usize,
-    predicted_ms: f64,
-    predicted_per_second: f64,
-}
-
 /// A `/completion` stream's chunk: a piece, then the result.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
@@ -261,8 +457,6 @@ impl Final {
         predicted: usize,
         content: String,
     ) -> CompletionResult {
-        let (prompt_ms, predicted_ms) = tracked.timings();
-        let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
         let stopped_word = reason == FinishReason::Stop && !stopped_eos;
         let prompt_n = tracked.prompt_tokens();
         CompletionResult {
@@ -283,14 +477,7 @@ impl Final {
                 String::new()
             },
             tokens_cached: 0,
-            timings: Timings {
-                prompt_n,
-                prompt_ms,
-                prompt_per_second: per_second(prompt_n, prompt_ms),
-                predicted_n: predicted,
-                predicted_ms,
-                predicted_per_second: per_second(predicted, predicted_ms),
-            },
+            timings: tracked.timings_object(predicted),
             completion_probabilities: None,
         }
     }
@@ -561,7 +748,7 @@ struct NextToken {
 pub fn slots(state: &AppState) -> Result<Response<Body>, ApiError> {
     if !state.config().slots {
         return Err(ApiError::NotImplemented(
-            "This server does not support slots endpoint. Start it with `--slots`",
+            "This server does not support slots endpoint. Start it with `--slots`".into(),
         ));
     }
     let engine = state.engine()?;
@@ -602,7 +789,8 @@ struct SetPropsResponse {
 pub fn set_props(state: &AppState) -> Result<Response<Body>, ApiError> {
     if !state.config().props {
         return Err(ApiError::NotImplemented(
-            "This server does not support changing global properties. Start it with `--props`",
+            "This server does not support changing global properties. Start it with `--props`"
+                .into(),
         ));
     }
     Ok(json(StatusCode::OK, &SetPropsResponse { success: true }))
@@ -612,7 +800,7 @@ pub fn set_props(state: &AppState) -> Result<Response<Body>, ApiError> {
 pub fn metrics(state: &AppState) -> Result<Response<Body>, ApiError> {
     if !state.config().metrics {
         return Err(ApiError::NotImplemented(
-            "the metrics endpoint is off; start the server with --metrics",
+            "the metrics endpoint is off; start the server with --metrics".into(),
         ));
     }
     let text = state.render_metrics();

@@ -516,13 +516,16 @@ async fn run(
         return Ok(response);
     }
     let outcome = collect(&mut tracked).await?;
-    let body = envelope.whole(
-        &engine,
-        outcome.text,
-        &outcome.tokens,
-        outcome.reason,
-        outcome.usage,
-    );
+    let timings = tracked.timings_object(outcome.usage.completion_tokens);
+    let body = envelope
+        .whole(
+            &engine,
+            outcome.text,
+            &outcome.tokens,
+            outcome.reason,
+            outcome.usage,
+        )
+        .with_timings(timings);
     Ok(crate::body::json(StatusCode::OK, &body))
 }
 
@@ -556,6 +559,7 @@ async fn run_chat(
         return Ok(response);
     }
     let outcome = collect(&mut tracked).await?;
+    let timings = tracked.timings_object(outcome.usage.completion_tokens);
     let body = match chat::calls_in(&outcome.text, outcome.reason, Some(format), &envelope.id) {
         Some((content, calls)) => {
             envelope.whole_tool_calls(&engine, content, calls, &outcome.tokens, outcome.usage)
@@ -567,7 +571,8 @@ async fn run_chat(
             outcome.reason,
             outcome.usage,
         ),
-    };
+    }
+    .with_timings(timings);
     Ok(crate::body::json(StatusCode::OK, &body))
 }
 
@@ -614,11 +619,24 @@ impl StreamFormat for OpenAiStream {
 
     fn finish(
         &mut self,
-        _: &Tracked,
+        tracked: &Tracked,
         reason: FinishReason,
         text: String,
         usage: Usage,
     ) -> Vec<CompletionBody> {
+        let timings = tracked.timings_object(usage.completion_tokens);
+        let mut chunks = self.closing(reason, text, usage);
+        // As llama-server: the timings ride on the stream's last chunk.
+        if let Some(last) = chunks.pop() {
+            chunks.push(last.with_timings(timings));
+        }
+        chunks
+    }
+}
+
+impl OpenAiStream {
+    /// The chunks that end a stream: the held-back text or calls, the finish reason, the usage.
+    fn closing(&mut self, reason: FinishReason, text: String, usage: Usage) -> Vec<CompletionBody> {
         let mut chunks = Vec::new();
         let mut text = text;
         if let Some((format, mut held)) = self.tools.take() {

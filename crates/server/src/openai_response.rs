@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use mlxcel_engine::{Engine, FinishReason, TokenLogprob, Usage};
 use serde::Serialize;
 
-use crate::generate::{TokenRecord, token_piece};
+use crate::generate::{Timings, TokenRecord, token_piece};
 use crate::tools::ToolCall;
 
 /// `system_fingerprint` of every body: the server build.
@@ -43,6 +43,18 @@ pub struct CompletionBody {
     /// usage (`stream_options.include_usage`) and nothing otherwise, and the last chunk the usage.
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<Option<UsageBody>>,
+    /// llama-server's extension: the request's timings, on a whole body and on a stream's last
+    /// chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timings: Option<Timings>,
+}
+
+impl CompletionBody {
+    /// This body with llama-server's `timings`.
+    pub fn with_timings(mut self, timings: Timings) -> Self {
+        self.timings = Some(timings);
+        self
+    }
 }
 
 /// One choice: whole (`message` or `text`) or a stream delta.
@@ -251,6 +263,7 @@ impl Envelope {
             system_fingerprint: FINGERPRINT,
             choices,
             usage,
+            timings: None,
         }
     }
 

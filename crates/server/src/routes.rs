@@ -13,7 +13,8 @@ use hyper::{Method, Request, Response, StatusCode};
 use crate::body::{Body, full};
 use crate::error::{ApiError, ErrorShape};
 use crate::state::AppState;
-use crate::{anthropic, embeddings, llama_server, openai, responses};
+use crate::webui::Asset;
+use crate::{anthropic, embeddings, llama_server, openai, responses, webui};
 
 /// What a route runs. One variant per handler; [`Endpoint::call`] is the one dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +27,7 @@ enum Endpoint {
     CountTokens,
     Models,
     Completion,
+    Infill,
     Tokenize,
     Detokenize,
     ApplyTemplate,
@@ -36,6 +38,7 @@ enum Endpoint {
     Metrics,
     EmbeddingsOpenAi,
     EmbeddingsLlama,
+    WebUi(Asset),
 }
 
 /// One method on one path pattern.
@@ -112,6 +115,7 @@ static ROUTES: &[Route] = &[
     // llama-server's native completion, under its legacy name and its current one.
     route(Method::POST, "/completion", Endpoint::Completion),
     route(Method::POST, "/completions", Endpoint::Completion),
+    route(Method::POST, "/infill", Endpoint::Infill),
     route(Method::POST, "/tokenize", Endpoint::Tokenize),
     route(Method::POST, "/v1/embeddings", Endpoint::EmbeddingsOpenAi),
     route(Method::POST, "/embedding", Endpoint::EmbeddingsLlama),
@@ -124,6 +128,10 @@ static ROUTES: &[Route] = &[
     route(Method::POST, "/props", Endpoint::SetProps),
     route(Method::GET, "/slots", Endpoint::Slots),
     route(Method::GET, "/metrics", Endpoint::Metrics),
+    // The chat page (webui.rs): public like /health, its API calls carry the key.
+    public(Method::GET, "/", Endpoint::WebUi(Asset::Index)),
+    public(Method::GET, "/webui/app.js", Endpoint::WebUi(Asset::Script)),
+    public(Method::GET, "/webui/app.css", Endpoint::WebUi(Asset::Style)),
 ];
 
 /// The values of a route's `{name}` segments, in order.
@@ -171,6 +179,7 @@ impl Endpoint {
         self,
         state: &Arc<AppState>,
         body: Incoming,
+        path: &str,
         _params: PathParams,
     ) -> Result<Response<Body>, ApiError> {
         match self {
@@ -182,6 +191,7 @@ impl Endpoint {
             Self::CountTokens => anthropic::count_tokens(state, body).await,
             Self::Models => openai::models(state),
             Self::Completion => llama_server::completion(state, body).await,
+            Self::Infill => llama_server::infill(state, body).await,
             Self::Tokenize => llama_server::tokenize(state, body).await,
             Self::Detokenize => llama_server::detokenize(state, body).await,
             Self::ApplyTemplate => llama_server::apply_template(state, body).await,
@@ -196,6 +206,7 @@ impl Endpoint {
             Self::EmbeddingsLlama => {
                 embeddings::embeddings(state, body, embeddings::Shape::Llama).await
             }
+            Self::WebUi(asset) => webui::serve(state, asset, path),
         }
     }
 }
@@ -275,7 +286,7 @@ async fn dispatch(
     if let Some((route, params)) = found {
         return route
             .endpoint
-            .call(state, request.into_body(), params)
+            .call(state, request.into_body(), &path, params)
             .await;
     }
     match allowed_methods(&path) {

@@ -5,6 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::error::{ModelError, Result};
+use crate::fim::FimTokens;
 use crate::gguf::reader::GgufFile;
 use crate::gguf::spm;
 use crate::gguf::vocab::GgufVocab;
@@ -84,6 +85,9 @@ impl GgufVocab {
         });
         if let Some(template) = &self.chat_template {
             config["chat_template"] = json!(template);
+        }
+        if self.fim != FimTokens::default() {
+            config[crate::FIM_CONFIG_KEY] = self.fim.to_json();
         }
         config
     }

@@ -5,6 +5,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::error::{ModelError, Result};
+use crate::fim::{FIM_GGUF_KEYS, FimTokens};
 use crate::gguf::reader::{GgufFile, GgufValue};
 
 /// llama.cpp's token types (`tokenizer.ggml.token_type`, its `llama_token_type`).
@@ -63,6 +64,9 @@ pub struct GgufVocab {
     pub pad: Option<u32>,
     pub add_bos: bool,
     pub chat_template: Option<String>,
+    /// The fill-in-the-middle tokens the metadata declares (`tokenizer.ggml.fim_*_token_id`);
+    /// the converter records them in `tokenizer_config.json` ([`crate::FIM_CONFIG_KEY`]).
+    pub fim: FimTokens,
 }
 
 impl GgufVocab {
@@ -133,6 +137,17 @@ impl GgufVocab {
         for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
             extra_eos.extend(id(key)?);
         }
+        let mut fim = FimTokens::default();
+        for (role, keys) in FIM_GGUF_KEYS {
+            let mut declared = None;
+            for key in keys {
+                if let Some(found) = id(key)? {
+                    declared = Some(found);
+                    break;
+                }
+            }
+            fim = fim.with(role, declared);
+        }
         let is_spm = model == "llama";
         let scores = match gguf
             .get("tokenizer.ggml.scores")
@@ -187,6 +202,7 @@ impl GgufVocab {
                 .map(str::to_owned),
             tokens,
             token_types,
+            fim,
         })
     }
 

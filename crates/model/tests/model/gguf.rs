@@ -524,3 +524,43 @@ fn tensors_without_a_llama_counterpart_are_refused_by_name() {
         "{message}"
     );
 }
+
+/// The FIM token ids of GGUF metadata (the current keys, and the deprecated `prefix_token_id`)
+/// reach the converted checkpoint's `tokenizer_config.json` and the loaded model; without them
+/// the tokens are looked for by their text, and this vocabulary has none.
+#[test]
+fn fim_token_ids_of_the_metadata_reach_the_loaded_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("fim.gguf");
+    let tiny = TinyLlama::default();
+    let mut w = tiny.metadata();
+    w.metadata("tokenizer.ggml.prefix_token_id", GgufValue::U32(1))
+        .metadata("tokenizer.ggml.fim_suf_token_id", GgufValue::U32(2))
+        .metadata("tokenizer.ggml.fim_mid_token_id", GgufValue::U32(0))
+        .metadata("tokenizer.ggml.fim_sep_token_id", GgufValue::U32(5));
+    tiny.write_with(w, &gguf, 3);
+    let out = dir.path().join("fim");
+    convert_gguf(&gguf, &out).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        config[mlxcel_model::FIM_CONFIG_KEY],
+        serde_json::json!({"pre": 1, "suf": 2, "mid": 0, "sep": 5})
+    );
+    let model = LoadedModel::open(&out).unwrap();
+    assert_eq!(model.fim_tokens.infill(), Ok((1, 2, 0)));
+    assert_eq!(model.fim_tokens.sep, Some(5));
+    assert_eq!(model.fim_tokens.rep, None);
+
+    let plain = dir.path().join("plain.gguf");
+    tiny.write(&plain, 3);
+    let out = dir.path().join("plain");
+    convert_gguf(&plain, &out).unwrap();
+    let model = LoadedModel::open(&out).unwrap();
+    assert_eq!(model.fim_tokens, mlxcel_model::FimTokens::default());
+    assert_eq!(
+        model.fim_tokens.infill(),
+        Err(vec!["prefix", "suffix", "middle"])
+    );
+}

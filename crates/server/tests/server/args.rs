@@ -24,6 +24,11 @@ fn defaults_match_llama_server() {
     assert_eq!(config.ctx_size, None);
     assert!(!config.api_keys.required());
     assert!(!config.metrics);
+    assert!(
+        config.webui,
+        "the chat page is on by default, as llama-server's web UI"
+    );
+    assert!(!config.spm_infill);
     assert_eq!(args.backend, "mlx");
 }
 
@@ -294,6 +299,14 @@ fn every_llama_server_spelling_reaches_its_setting() {
         (&["-md", "/d", "--draft-p-min", "0.5"], |a| {
             a.engine_options().unwrap().speculative.unwrap().p_min == 0.5
         }),
+        (&["--webui"], |a| a.server_config().unwrap().webui),
+        (&["--ui"], |a| a.server_config().unwrap().webui),
+        (&["--no-webui"], |a| !a.server_config().unwrap().webui),
+        (&["--no-ui"], |a| !a.server_config().unwrap().webui),
+        (&["--no-webui", "--webui"], |a| {
+            a.server_config().unwrap().webui
+        }),
+        (&["--spm-infill"], |a| a.server_config().unwrap().spm_infill),
     ];
     for (argv, check) in table {
         let args = parse(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));

@@ -35,12 +35,22 @@ async fn a_client_disconnect_mid_stream_cancels_the_request_in_the_engine() {
         return;
     }
     let server = TestServer::with_model(ServerConfig::default()).await;
-    for path in ["/v1/completions", "/completion"] {
+    let text = json!({"prompt": "Once upon a time", "max_tokens": 2000, "n_predict": 2000, "stream": true});
+    // The chat page's request (its stop button aborts the fetch, which closes the connection).
+    let chat = json!({
+        "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 2000,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    for (path, body) in [
+        ("/v1/completions", &text),
+        ("/completion", &text),
+        ("/v1/chat/completions", &chat),
+    ] {
         let before = server.state.metrics().finished(FinishReason::Cancelled);
         let engine_before = engine().metrics().finished.cancelled;
-        let mut response = server
-            .open(path, json!({"prompt": "Once upon a time", "max_tokens": 2000, "n_predict": 2000, "stream": true}))
-            .await;
+        let mut response = server.open(path, body.clone()).await;
         assert_eq!(response.status(), StatusCode::OK);
         assert!(next_chunk(&mut response).await.is_some());
         assert_eq!(server.state.active_requests().len(), 1);

@@ -4,7 +4,8 @@
 //! gate reads), `routes` (every route, streaming and not), `anthropic` (Anthropic's Messages API),
 //! `responses` (OpenAI's Responses API),
 //! `errors` (each error class, and that the server keeps serving), `auth`, `lifecycle` (loading,
-//! client disconnect, graceful shutdown), `concurrency` (parallel streams equal sequential runs).
+//! client disconnect, graceful shutdown), `concurrency` (parallel streams equal sequential runs),
+//! `infill` (llama-server's `/infill`), `webui` (the chat page at `/` and `--no-webui`).
 //! Tests on the default model are skipped with `MLXCEL_SKIP_MODEL_TESTS=1`.
 
 mod anthropic;
@@ -14,7 +15,9 @@ mod compat;
 mod concurrency;
 mod embeddings;
 mod errors;
+mod infill;
 mod lifecycle;
 mod responses;
 mod routes;
 mod support;
+mod webui;
