@@ -79,7 +79,7 @@ pub use perplexity::{PerplexityOptions, PerplexityReport, perplexity};
 pub use request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };
-pub use sampling::{Sampler, SamplingParams, argmax};
+pub use sampling::{Sampler, SamplerStage, SamplingParams, argmax};
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 pub use speculative::{Proposer, SpeculativeConfig};
 pub use stop::{StopMatcher, StopScan};

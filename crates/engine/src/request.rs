@@ -29,6 +29,10 @@ pub struct GenerationRequest {
     /// Prompt-lookup speculative decoding for this request; `None` for the engine's default
     /// ([`crate::EngineOptions::speculative`]).
     pub speculative: Option<SpeculativeConfig>,
+    /// A time limit on generation, as llama-server's `t_max_predict_ms`: once this long has
+    /// passed since the first generated token, the request ends ([`FinishReason::Length`]) at
+    /// the next token whose text holds a newline. `None`: no limit.
+    pub predict_time_limit: Option<std::time::Duration>,
 }
 
 impl GenerationRequest {
@@ -43,6 +47,7 @@ impl GenerationRequest {
             logprobs: None,
             constraint: None,
             speculative: None,
+            predict_time_limit: None,
         }
     }
 }

@@ -103,6 +103,9 @@ struct Sequence {
     /// The draft model's view of this sequence (draft-model speculation only).
     draft: DraftState,
     cancel_requested: bool,
+    /// `GenerationRequest::predict_time_limit`, and when the first token was generated.
+    predict_time_limit: Option<std::time::Duration>,
+    first_token_at: Option<std::time::Instant>,
 }
 
 impl Sequence {
@@ -437,6 +440,8 @@ impl<B: Backend> Scheduler<B> {
             draft_limit: request.speculative.map_or(0, |s| s.draft_max),
             draft: DraftState::default(),
             cancel_requested: false,
+            predict_time_limit: request.predict_time_limit,
+            first_token_at: None,
         });
         Ok(id)
     }
@@ -1002,6 +1007,9 @@ fn emit(
     {
         sequence.tokens.push(token);
         stats.generated_tokens += 1;
+        let first_token_at = *sequence
+            .first_token_at
+            .get_or_insert_with(std::time::Instant::now);
 
         let mut text = String::new();
         let is_stop_token = sequence.stop_token_ids.contains(&token);
@@ -1024,12 +1032,18 @@ fn emit(
         if is_stop_token {
             sequence.status = RequestStatus::FinishedStopped;
         } else {
-            let scan = sequence.stops.push(&sequence.decoder.push(token));
+            let piece = sequence.decoder.push(token);
+            let scan = sequence.stops.push(&piece);
             text = scan.text;
+            // llama-server's t_max_predict_ms: past the limit, the next newline ends the output.
+            let out_of_time = sequence
+                .predict_time_limit
+                .is_some_and(|limit| piece.contains('\n') && first_token_at.elapsed() > limit);
             if scan.stopped || complete {
                 sequence.status = RequestStatus::FinishedStopped;
             } else if sequence.generated() >= sequence.plan.admitted_max_new_tokens
                 || sequence.tokens.len() > sequence.plan.max_positions
+                || out_of_time
             {
                 sequence.status = RequestStatus::FinishedLength;
             }

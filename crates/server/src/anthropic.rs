@@ -321,7 +321,7 @@ fn prepare(engine: &Engine, request: &mut MessagesRequest) -> Result<(String, To
 
 /// `POST /v1/messages`.
 pub async fn messages(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
-    let mut request: MessagesRequest =
+    let (mut request, llama): (MessagesRequest, _) =
         read_generation_json(body, state.config().body_limit).await?;
     let engine = state.engine()?.clone();
     state.check_model(engine.info(), request.model.as_deref())?;
@@ -350,6 +350,8 @@ pub async fn messages(state: &Arc<AppState>, body: Incoming) -> Result<Response<
         stop: stops.clone(),
         ..Params::default()
     };
+    // `n_probs` and `return_tokens` have no place in this shape (nor in llama-server's).
+    llama.apply(&mut params)?;
     plan.constrain(&mut params, "tool_choice", "another output constraint")?;
     let reply = ReplyMeta {
         id: format!("msg_{:x}", rand_id()),

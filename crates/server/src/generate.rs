@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use mlxcel_engine::{
     Engine, EngineError, Event, FinishReason, GenerationRequest, GenerationStream, MaxNewTokens,
-    SamplingParams, TokenLogprob, Usage,
+    SamplerStage, SamplingParams, TokenLogprob, Usage,
 };
 
 use crate::body::StreamSender;
@@ -46,6 +46,14 @@ pub struct Params {
     pub logprobs: Option<usize>,
     /// Structured output: what the text must match.
     pub constraint: Option<mlxcel_engine::Constraint>,
+    /// llama-server's `typical_p`.
+    pub typical_p: Option<f32>,
+    /// llama-server's `samplers`: the chain's order and subset.
+    pub samplers: Option<Vec<SamplerStage>>,
+    /// llama-server's `ignore_eos`: the end-of-sequence tokens' logits become -inf.
+    pub ignore_eos: bool,
+    /// llama-server's `t_max_predict_ms` ([`GenerationRequest::predict_time_limit`]).
+    pub predict_time_limit: Option<Duration>,
 }
 
 /// Reads a signed token budget (`-1` unlimited) of field `param`.
@@ -61,7 +69,7 @@ pub fn budget(param: &str, value: Option<i64>) -> Result<Option<MaxNewTokens>, A
     }
 }
 
-fn sampling(state: &AppState, params: &Params) -> SamplingParams {
+fn sampling(state: &AppState, params: &Params, eos: &[u32]) -> SamplingParams {
     let config = state.config();
     let engine_defaults = SamplingParams::default();
     let server = &config.sampling_defaults;
@@ -83,6 +91,7 @@ fn sampling(state: &AppState, params: &Params) -> SamplingParams {
         frequency_penalty: server
             .frequency_penalty
             .unwrap_or(engine_defaults.frequency_penalty),
+        ..engine_defaults
     };
     SamplingParams {
         temperature: params.temperature.unwrap_or(defaults.temperature),
@@ -98,6 +107,14 @@ fn sampling(state: &AppState, params: &Params) -> SamplingParams {
         seed: match params.seed {
             Some(seed) => u64::try_from(seed).ok(),
             None => defaults.seed,
+        },
+        typical_p: params.typical_p.unwrap_or(defaults.typical_p),
+        samplers: params.samplers.clone().unwrap_or(defaults.samplers),
+        // As llama-server: every end-of-sequence token biased to -inf.
+        logit_bias: if params.ignore_eos {
+            eos.iter().map(|&t| (t, f32::NEG_INFINITY)).collect()
+        } else {
+            Vec::new()
         },
     }
 }
@@ -129,7 +146,7 @@ pub async fn submit(
     params: Params,
 ) -> Result<Tracked, ApiError> {
     let engine = state.engine()?.clone();
-    let sampling = sampling(state, &params);
+    let sampling = sampling(state, &params, &engine.info().eos_token_ids);
     let requested = params
         .max_new_tokens
         .unwrap_or(state.config().default_max_new_tokens);
@@ -161,6 +178,7 @@ pub async fn submit(
                 constraint: params.constraint,
                 // The engine's default (`EngineOptions::speculative`).
                 speculative: None,
+                predict_time_limit: params.predict_time_limit,
             })
         }
     })

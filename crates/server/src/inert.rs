@@ -15,19 +15,16 @@ use crate::error::ApiError;
 pub const INERT_FIELDS: &[(&str, &[&str])] = &[
     ("verbose", &["false"]),
     ("timings_per_token", &["false"]),
-    ("return_tokens", &["false"]),
     ("return_progress", &["false"]),
     ("sse_ping_interval", &["-1"]),
     ("n_indent", &["0"]),
     ("n_keep", &["0", "-1"]),
     ("n_discard", &["0"]),
     ("n_cache_reuse", &["0"]),
-    ("t_max_predict_ms", &["-1", "0"]),
     ("response_fields", &["[]"]),
     ("top_n_sigma", &["-1"]),
     ("xtc_probability", &["0"]),
     ("xtc_threshold", &["0.1"]),
-    ("typical_p", &["1"]),
     ("dynatemp_range", &["0"]),
     ("dynatemp_exponent", &["1"]),
     ("dry_multiplier", &["0"]),
@@ -55,7 +52,6 @@ pub const INERT_FIELDS: &[(&str, &[&str])] = &[
     ("reasoning_budget_end_tags", &["[]"]),
     ("reasoning_budget_message", &["\"\""]),
     ("logit_bias", &["{}", "[]"]),
-    ("ignore_eos", &["false"]),
     ("reasoning_budget_end_tag", &["\"\""]),
     ("grammar_type", &["\"gbnf\""]),
     ("id_slot", &["-1"]),
@@ -107,13 +103,10 @@ mod tests {
 
     #[test]
     fn neutral_values_pass_and_others_are_named() {
-        assert!(
-            refuse_inert_fields(br#"{"typical_p": 1.0, "mirostat": 0, "ignore_eos": null}"#)
-                .is_ok()
-        );
-        let err = refuse_inert_fields(br#"{"typical_p": 0.5}"#).unwrap_err();
-        assert!(format!("{err:?}").contains("typical_p"), "{err:?}");
-        assert!(refuse_inert_fields(br#"{"ignore_eos": true}"#).is_err());
+        assert!(refuse_inert_fields(br#"{"mirostat": 0, "dry_multiplier": null}"#).is_ok());
+        let err = refuse_inert_fields(br#"{"mirostat": 2}"#).unwrap_err();
+        assert!(format!("{err:?}").contains("mirostat"), "{err:?}");
+        assert!(refuse_inert_fields(br#"{"xtc_probability": 0.5}"#).is_err());
         assert!(refuse_inert_fields(br#"{"logit_bias": {}}"#).is_ok());
     }
 }

@@ -39,6 +39,7 @@ mod error;
 mod generate;
 mod inert;
 mod infill;
+mod llama_fields;
 mod llama_flags;
 mod llama_server;
 mod metrics;

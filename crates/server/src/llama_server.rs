@@ -15,6 +15,7 @@ use crate::generate::{
     Params, PromptInput, StreamFormat, Timings, TokenRecord, Tracked, budget, collect, stream,
     submit, token_piece,
 };
+use crate::llama_fields::LlamaFields;
 use crate::openai::{MessageField, StopField, chat_messages};
 use crate::read::{read_generation_json, read_json};
 use crate::state::AppState;
@@ -102,7 +103,7 @@ struct CompletionRequest {
 
 /// `POST /completion`.
 pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
-    let mut request: CompletionRequest =
+    let (mut request, llama): (CompletionRequest, _) =
         read_generation_json(body, state.config().body_limit).await?;
     let engine = state.engine()?.clone();
     for (field, given) in [
@@ -127,7 +128,7 @@ pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Respons
             ));
         }
     };
-    generate_completion(state, engine, request, prompt, prompt_text).await
+    generate_completion(state, engine, (request, llama), prompt, prompt_text).await
 }
 
 /// `POST /infill`: the prefix, suffix and extra files arranged around the model's
@@ -147,7 +148,7 @@ pub async fn infill(state: &Arc<AppState>, body: Incoming) -> Result<Response<Bo
             .into(),
         )
     })?;
-    let mut request: CompletionRequest =
+    let (mut request, llama): (CompletionRequest, _) =
         read_generation_json(body, state.config().body_limit).await?;
     let prefix = request
         .input_prefix
@@ -262,7 +263,7 @@ pub async fn infill(state: &Arc<AppState>, body: Incoming) -> Result<Response<Bo
     generate_completion(
         state,
         engine,
-        request,
+        (request, llama),
         PromptInput::Tokens(tokens),
         prompt_text,
     )
@@ -270,11 +271,11 @@ pub async fn infill(state: &Arc<AppState>, body: Incoming) -> Result<Response<Bo
 }
 
 /// `/completion`'s generation and answer, shared with `/infill`: `prompt_text` is what the
-/// answer's `prompt` reports.
+/// answer's `prompt` reports; `llama` the task fields every generating route reads.
 async fn generate_completion(
     state: &Arc<AppState>,
     engine: Arc<Engine>,
-    request: CompletionRequest,
+    (request, llama): (CompletionRequest, LlamaFields),
     prompt: PromptInput,
     prompt_text: String,
 ) -> Result<Response<Body>, ApiError> {
@@ -294,7 +295,7 @@ async fn generate_completion(
     .into_iter()
     .find(|(_, v)| v.is_some())
     .unwrap_or(("n_predict", None));
-    let params = Params {
+    let mut params = Params {
         max_new_tokens: budget(budget_field, budget_value)?,
         temperature: request.temperature,
         top_k: request.top_k,
@@ -316,7 +317,10 @@ async fn generate_completion(
             guided_grammar: request.guided_grammar,
         }
         .constraint()?,
+        ..Params::default()
     };
+    llama.apply(&mut params)?;
+    let return_tokens = llama.return_tokens();
     let stop_words = params.stop.clone();
     let mut tracked = submit(state, prompt, params).await?;
     let model = state.model_name(engine.info());
@@ -354,6 +358,9 @@ async fn generate_completion(
         outcome.usage.completion_tokens,
         outcome.text,
     );
+    if return_tokens {
+        body.tokens = outcome.tokens.iter().map(|t| t.token).collect();
+    }
     if request.n_probs.is_some_and(|n| n > 0) {
         body.completion_probabilities = Some(
             outcome
@@ -405,6 +412,8 @@ impl TokenProbs {
 #[derive(Debug, Serialize)]
 struct PartialCompletion {
     content: String,
+    /// The token that released this piece, as llama-server sends it.
+    tokens: Vec<u32>,
     stop: bool,
     id_slot: u32,
     index: u32,
@@ -414,6 +423,9 @@ struct PartialCompletion {
 #[derive(Debug, Serialize)]
 struct CompletionResult {
     content: String,
+    /// The generated token ids with `return_tokens` on a request not streamed; empty otherwise
+    /// (a stream sent them in its pieces), as llama-server.
+    tokens: Vec<u32>,
     id_slot: u32,
     stop: bool,
     model: String,
@@ -424,6 +436,8 @@ struct CompletionResult {
     stopped_eos: bool,
     stopped_word: bool,
     stopped_limit: bool,
+    /// `eos`, `word` or `limit`, as llama-server's `stop_type`.
+    stop_type: &'static str,
     stopping_word: String,
     tokens_cached: usize,
     timings: Timings,
@@ -461,6 +475,7 @@ impl Final {
         let prompt_n = tracked.prompt_tokens();
         CompletionResult {
             content,
+            tokens: Vec::new(),
             id_slot: 0,
             stop: true,
             model: self.model.clone(),
@@ -471,6 +486,15 @@ impl Final {
             stopped_eos,
             stopped_word,
             stopped_limit: reason == FinishReason::Length,
+            stop_type: if stopped_eos {
+                "eos"
+            } else if stopped_word {
+                "word"
+            } else if reason == FinishReason::Length {
+                "limit"
+            } else {
+                "none"
+            },
             stopping_word: if stopped_word {
                 self.stop_words.first().cloned().unwrap_or_default()
             } else {
@@ -501,6 +525,7 @@ impl StreamFormat for CompletionStream {
         }
         Some(CompletionChunk::Partial(PartialCompletion {
             content: record.text,
+            tokens: vec![record.token],
             stop: false,
             id_slot: 0,
             index: 0,

@@ -338,7 +338,7 @@ pub async fn completions(
     state: &Arc<AppState>,
     body: Incoming,
 ) -> Result<Response<Body>, ApiError> {
-    let mut request: CompletionRequest =
+    let (mut request, llama): (CompletionRequest, _) =
         read_generation_json(body, state.config().body_limit).await?;
     let common = request.common();
     let engine = state.engine()?.clone();
@@ -367,6 +367,11 @@ pub async fn completions(
         }
         other => other.map(|n| n as usize),
     };
+    // llama-server's `n_probs` wins over `logprobs` (its alias there) when given.
+    let logprobs = match llama.n_probs {
+        Some(n) => (n > 0).then_some(n),
+        None => logprobs,
+    };
     let prompt = request.prompt.into_input()?;
     let envelope = envelope(
         state,
@@ -377,7 +382,8 @@ pub async fn completions(
         &common,
     );
     let stream = common.stream;
-    let params = common.params(None, logprobs)?;
+    let mut params = common.params(None, logprobs)?;
+    llama.apply(&mut params)?;
     run(state, engine, envelope, prompt, params, stream).await
 }
 
@@ -386,7 +392,8 @@ pub async fn chat_completions(
     state: &Arc<AppState>,
     body: Incoming,
 ) -> Result<Response<Body>, ApiError> {
-    let mut request: ChatRequest = read_generation_json(body, state.config().body_limit).await?;
+    let (mut request, llama): (ChatRequest, _) =
+        read_generation_json(body, state.config().body_limit).await?;
     let common = request.common();
     let engine = state.engine()?.clone();
     state.check_model(engine.info(), common.model.as_deref())?;
@@ -404,7 +411,8 @@ pub async fn chat_completions(
             ));
         }
         (true, n) => Some(n.unwrap_or(0) as usize),
-        (false, _) => None,
+        // As llama-server: without `logprobs`, its `n_probs` asks for them.
+        (false, _) => llama.n_probs.filter(|&n| n > 0),
     };
     let raw_tools = request.tools.take().filter(|t| !t.is_empty());
     let (tools, choice) = read_tools(
@@ -445,6 +453,7 @@ pub async fn chat_completions(
     );
     let stream = common.stream;
     let mut params = common.params(request.max_completion_tokens, logprobs)?;
+    llama.apply(&mut params)?;
     plan.constrain(
         &mut params,
         "tool_choice",

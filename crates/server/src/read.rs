@@ -5,6 +5,7 @@ use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
+use crate::llama_fields::LlamaFields;
 
 /// Reads a JSON request body of at most `limit` bytes into `T`; errors name the field.
 pub async fn read_json<T: DeserializeOwned>(body: Incoming, limit: usize) -> Result<T, ApiError> {
@@ -12,14 +13,16 @@ pub async fn read_json<T: DeserializeOwned>(body: Incoming, limit: usize) -> Res
 }
 
 /// Reads a generation request: as [`read_json`], after refusing llama-server fields this server
-/// does not act on ([`crate::inert`]).
+/// does not act on ([`crate::inert`]), with the llama-server fields every generating route reads
+/// ([`LlamaFields`]).
 pub async fn read_generation_json<T: DeserializeOwned>(
     body: Incoming,
     limit: usize,
-) -> Result<T, ApiError> {
+) -> Result<(T, LlamaFields), ApiError> {
     let bytes = read_bytes(body, limit).await?;
     crate::inert::refuse_inert_fields(&bytes)?;
-    parse_json(&bytes)
+    let request = parse_json(&bytes)?;
+    Ok((request, parse_json(&bytes)?))
 }
 
 async fn read_bytes(body: Incoming, limit: usize) -> Result<bytes::Bytes, ApiError> {

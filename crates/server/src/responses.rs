@@ -418,7 +418,7 @@ fn prepare(
 
 /// `POST /v1/responses`.
 pub async fn create(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
-    let mut request: ResponsesRequest =
+    let (mut request, llama): (ResponsesRequest, _) =
         read_generation_json(body, state.config().body_limit).await?;
     let engine = state.engine()?.clone();
     state.check_model(engine.info(), request.model.as_deref())?;
@@ -440,6 +440,8 @@ pub async fn create(state: &Arc<AppState>, body: Incoming) -> Result<Response<Bo
         },
         ..Params::default()
     };
+    // `n_probs` and `return_tokens` have no place in this shape (nor in llama-server's).
+    llama.apply(&mut params)?;
     plan.constrain(&mut params, "tool_choice", "text.format")?;
     let id = format!("resp_{:x}", rand_id());
     let reply = ReplyMeta {

@@ -135,6 +135,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         presence_penalty: args.presence_penalty,
         frequency_penalty: args.frequency_penalty,
         seed: u64::try_from(args.seed).ok(),
+        ..SamplingParams::default()
     };
     sampling.validate()?;
 

@@ -89,8 +89,8 @@ mod http {
             .await;
         assert_eq!(neutral.status, StatusCode::OK, "{}", neutral.body);
         for (path, field, value) in [
-            ("/completion", "typical_p", json!(0.5)),
-            ("/v1/completions", "ignore_eos", json!(true)),
+            ("/completion", "mirostat", json!(2)),
+            ("/v1/completions", "dry_multiplier", json!(0.8)),
             (
                 "/v1/chat/completions",
                 "chat_template_kwargs",

@@ -17,6 +17,7 @@ mod embeddings;
 mod errors;
 mod infill;
 mod lifecycle;
+mod llama_fields;
 mod responses;
 mod routes;
 mod support;

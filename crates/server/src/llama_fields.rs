@@ -1,0 +1,215 @@
+//! llama-server's generation fields that every generating route reads (llama-server hands the
+//! body of its OpenAI, Responses and Anthropic routes to the same task schema as `/completion`):
+//! `ignore_eos`, `t_max_predict_ms`, `samplers`, `typical_p`, and the output fields `n_probs` and
+//! `return_tokens`, which each route answers in its own shape.
+
+use std::time::Duration;
+
+use mlxcel_engine::SamplerStage;
+use serde::Deserialize;
+
+use crate::error::ApiError;
+use crate::generate::Params;
+
+/// The fields, as sent; `null` is absent.
+#[derive(Debug, Default, Deserialize)]
+pub struct LlamaFields {
+    /// Generation continues past end-of-sequence tokens (their logits become -inf).
+    pub ignore_eos: Option<bool>,
+    /// After this many ms since the first token, stop at the next newline (`-1`/`0`: no limit).
+    pub t_max_predict_ms: Option<i64>,
+    /// The sampler chain's order and subset: names, or one character per sampler.
+    pub samplers: Option<SamplersField>,
+    /// Locally typical sampling; `1` disables.
+    pub typical_p: Option<f32>,
+    /// `/completion`: the generated token ids in `tokens`.
+    pub return_tokens: Option<bool>,
+    /// Log-probabilities of this many alternatives per token (on the OpenAI routes, read when
+    /// their own `logprobs` does not ask).
+    pub n_probs: Option<usize>,
+}
+
+/// llama-server's `samplers`: a list of names, or a string of sampler characters.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum SamplersField {
+    Names(Vec<String>),
+    Chars(String),
+}
+
+/// A sampler name or character: a stage of the engine's chain, one that does nothing at the only
+/// settings this server accepts for it, or one it does not have.
+enum Known {
+    Stage(SamplerStage),
+    /// `dry`, `top_n_sigma`, `xtc`: no-ops at `dry_multiplier: 0`, `top_n_sigma: -1`,
+    /// `xtc_probability: 0`, the only values accepted ([`crate::inert`]).
+    Neutral,
+    /// `infill`, `adaptive_p`: not implemented.
+    Missing,
+}
+
+/// llama.cpp's canonical names (`common_sampler_types_from_names`), with their characters.
+const SAMPLERS: &[(&str, char)] = &[
+    ("dry", 'd'),
+    ("top_k", 'k'),
+    ("top_p", 'p'),
+    ("top_n_sigma", 's'),
+    ("typ_p", 'y'),
+    ("min_p", 'm'),
+    ("temperature", 't'),
+    ("xtc", 'x'),
+    ("infill", 'i'),
+    ("penalties", 'e'),
+    ("adaptive_p", 'a'),
+];
+
+fn known(canonical: &str) -> Known {
+    match canonical {
+        "penalties" => Known::Stage(SamplerStage::Penalties),
+        "top_k" => Known::Stage(SamplerStage::TopK),
+        "typ_p" => Known::Stage(SamplerStage::TypicalP),
+        "top_p" => Known::Stage(SamplerStage::TopP),
+        "min_p" => Known::Stage(SamplerStage::MinP),
+        "temperature" => Known::Stage(SamplerStage::Temperature),
+        "dry" | "top_n_sigma" | "xtc" => Known::Neutral,
+        _ => Known::Missing,
+    }
+}
+
+/// The canonical name of `name` as llama.cpp reads it: case-insensitive, each canonical name
+/// also with `-` for `_` and without `_`, and `nucleus`, `temp`, `typ`.
+fn canonical(name: &str) -> Option<&'static str> {
+    let lower = name.to_ascii_lowercase();
+    match lower.as_str() {
+        "nucleus" => return Some("top_p"),
+        "temp" => return Some("temperature"),
+        "typ" => return Some("typ_p"),
+        _ => {}
+    }
+    SAMPLERS.iter().map(|(n, _)| *n).find(|n| {
+        *n == lower
+            || n.replace('_', "-") == lower
+            || (n.contains('_') && n.replace('_', "") == lower)
+    })
+}
+
+impl SamplersField {
+    /// The engine's chain, or a 400 naming every sampler that is unknown or not implemented.
+    pub fn stages(&self) -> Result<Vec<SamplerStage>, ApiError> {
+        let items: Vec<(String, Option<&'static str>)> = match self {
+            Self::Names(names) => names.iter().map(|n| (n.clone(), canonical(n))).collect(),
+            Self::Chars(chars) => chars
+                .chars()
+                .map(|c| {
+                    let name = SAMPLERS.iter().find(|(_, ch)| *ch == c).map(|(n, _)| *n);
+                    (c.to_string(), name)
+                })
+                .collect(),
+        };
+        let mut stages = Vec::new();
+        let mut unknown = Vec::new();
+        let mut missing = Vec::new();
+        for (given, name) in items {
+            match name.map(known) {
+                Some(Known::Stage(stage)) => stages.push(stage),
+                Some(Known::Neutral) => {}
+                Some(Known::Missing) => missing.push(format!("`{given}`")),
+                None => unknown.push(format!("`{given}`")),
+            }
+        }
+        if !unknown.is_empty() {
+            let names: Vec<String> = SAMPLERS.iter().map(|(n, c)| format!("{n} ({c})")).collect();
+            return Err(ApiError::invalid_param(
+                "samplers",
+                format!(
+                    "samplers: unknown sampler {}; known: {}",
+                    unknown.join(", "),
+                    names.join(", ")
+                ),
+            ));
+        }
+        if !missing.is_empty() {
+            return Err(ApiError::unsupported(
+                "samplers",
+                format!(
+                    "samplers: {} not supported by this server (it has penalties, top_k, typ_p, \
+                     top_p, min_p, temperature; dry, top_n_sigma and xtc are accepted at their \
+                     neutral settings)",
+                    missing.join(", ")
+                ),
+            ));
+        }
+        Ok(stages)
+    }
+}
+
+impl LlamaFields {
+    /// Sets the sampling and stopping fields of `params`.
+    pub fn apply(&self, params: &mut Params) -> Result<(), ApiError> {
+        params.ignore_eos = self.ignore_eos.unwrap_or(false);
+        params.typical_p = self.typical_p;
+        if let Some(samplers) = &self.samplers {
+            params.samplers = Some(samplers.stages()?);
+        }
+        params.predict_time_limit = match self.t_max_predict_ms {
+            None | Some(-1..=0) => None,
+            Some(ms) if ms > 0 => Some(Duration::from_millis(ms as u64)),
+            Some(ms) => {
+                return Err(ApiError::invalid_param(
+                    "t_max_predict_ms",
+                    format!("t_max_predict_ms={ms}: expected -1 (no limit) or a count of ms"),
+                ));
+            }
+        };
+        Ok(())
+    }
+
+    /// Whether `/completion` returns the token ids.
+    pub fn return_tokens(&self) -> bool {
+        self.return_tokens.unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampler_names_and_chars_read_as_llama_cpp_reads_them() {
+        use SamplerStage::*;
+        let names = SamplersField::Names(
+            [
+                "Top-K",
+                "nucleus",
+                "typ",
+                "minp",
+                "temp",
+                "penalties",
+                "dry",
+                "xtc",
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+        assert_eq!(
+            names.stages().unwrap(),
+            vec![TopK, TopP, TypicalP, MinP, Temperature, Penalties]
+        );
+        let chars = SamplersField::Chars("edkypmxt".into());
+        assert_eq!(
+            chars.stages().unwrap(),
+            vec![Penalties, TopK, TypicalP, TopP, MinP, Temperature]
+        );
+        let err = SamplersField::Names(vec!["top_k".into(), "bogus".into(), "zz".into()])
+            .stages()
+            .unwrap_err();
+        let text = format!("{err:?}");
+        assert!(text.contains("`bogus`") && text.contains("`zz`"), "{text}");
+        assert!(SamplersField::Chars("kq".into()).stages().is_err());
+        assert!(
+            SamplersField::Names(vec!["infill".into()])
+                .stages()
+                .is_err()
+        );
+    }
+}

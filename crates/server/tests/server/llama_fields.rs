@@ -1,0 +1,287 @@
+//! llama-server's generation fields every generating route reads (`ignore_eos`,
+//! `t_max_predict_ms`, `samplers`, `typical_p`, `return_tokens`, `n_probs`), through the HTTP
+//! server on the default model.
+
+use hyper::StatusCode;
+use mlxcel_server::ServerConfig;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+async fn server() -> Option<TestServer> {
+    if skip_model_tests() {
+        return None;
+    }
+    Some(TestServer::with_model(ServerConfig::default()).await)
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 48,
+        "temperature": 0,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignore_eos_generates_past_the_end_of_sequence() {
+    let Some(server) = server().await else {
+        return;
+    };
+    // Greedy, the reply ends with the end-of-sequence token well within the budget ...
+    let plain = server
+        .post_json("/v1/chat/completions", chat(json!({})))
+        .await
+        .json();
+    assert_eq!(plain["choices"][0]["finish_reason"], "stop", "{plain}");
+    assert!(plain["usage"]["completion_tokens"].as_u64().unwrap() < 48);
+    // ... and with ignore_eos it runs to the budget (the EOS logits are -inf).
+    let ignored = server
+        .post_json("/v1/chat/completions", chat(json!({"ignore_eos": true})))
+        .await
+        .json();
+    assert_eq!(
+        ignored["choices"][0]["finish_reason"], "length",
+        "{ignored}"
+    );
+    assert_eq!(ignored["usage"]["completion_tokens"], 48, "{ignored}");
+    // The same on llama-server's route: no stopped_eos, stopped by the limit.
+    let native = server
+        .post_json(
+            "/completion",
+            json!({"prompt": "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n",
+                   "n_predict": 48, "temperature": 0, "ignore_eos": true}),
+        )
+        .await
+        .json();
+    assert_eq!(native["stopped_eos"], false, "{native}");
+    assert_eq!(native["stop_type"], "limit", "{native}");
+    assert_eq!(native["tokens_predicted"], 48, "{native}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t_max_predict_ms_stops_at_a_newline_past_the_limit() {
+    let Some(server) = server().await else {
+        return;
+    };
+    // Past 1 ms, the first token with a newline ends the output, reported as llama-server
+    // reports its time limit: stopped_limit, stop_type "limit" (OpenAI: finish_reason length).
+    let body = json!({
+        "prompt": "Fruits:\n1. apples\n2. pears\n3.",
+        "n_predict": 200, "temperature": 0, "ignore_eos": true,
+        "t_max_predict_ms": 1, "return_tokens": true,
+    });
+    let native = server.post_json("/completion", body).await.json();
+    assert_eq!(native["stopped_limit"], true, "{native}");
+    assert_eq!(native["stop_type"], "limit", "{native}");
+    let predicted = native["tokens_predicted"].as_u64().unwrap();
+    assert!(predicted < 200, "{native}");
+    assert!(
+        native["content"].as_str().unwrap().contains('\n'),
+        "{native}"
+    );
+    // The last token is the one with the newline.
+    let last = native["tokens"].as_array().unwrap().last().unwrap().clone();
+    let piece = server
+        .post_json("/detokenize", json!({"tokens": [last]}))
+        .await
+        .json();
+    assert!(piece["content"].as_str().unwrap().contains('\n'), "{piece}");
+
+    let openai = server
+        .post_json(
+            "/v1/completions",
+            json!({"prompt": "Fruits:\n1. apples\n2. pears\n3.", "max_tokens": 200,
+                   "temperature": 0, "ignore_eos": true, "t_max_predict_ms": 1}),
+        )
+        .await
+        .json();
+    assert_eq!(openai["choices"][0]["finish_reason"], "length", "{openai}");
+    assert_eq!(
+        openai["usage"]["completion_tokens"].as_u64(),
+        Some(predicted)
+    );
+    let refused = server
+        .post_json(
+            "/completion",
+            json!({"prompt": "x", "t_max_predict_ms": -5}),
+        )
+        .await;
+    assert_eq!(
+        refused.error(StatusCode::BAD_REQUEST)["param"],
+        "t_max_predict_ms"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samplers_order_and_subset_are_honoured_and_unknown_names_refused() {
+    let Some(server) = server().await else {
+        return;
+    };
+    let run = |extra: Value| {
+        let mut body = json!({"prompt": "The capital of France is", "n_predict": 8, "seed": 1});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let server = &server;
+        async move {
+            let reply = server.post_json("/completion", body).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            reply.json()["content"].as_str().unwrap().to_owned()
+        }
+    };
+    let greedy = run(json!({"temperature": 0})).await;
+    // Top-k 1 alone: the argmax, whatever the temperature (which is not in the chain).
+    let top_k_only = run(json!({"temperature": 5.0, "top_k": 1, "samplers": ["top_k"]})).await;
+    assert_eq!(top_k_only, greedy);
+    // The compact spelling: `k` then `t`.
+    let chars = run(json!({"temperature": 5.0, "top_k": 1, "samplers": "kt"})).await;
+    assert_eq!(chars, greedy);
+    // Without top-k in the chain, temperature 5 over the whole vocabulary is not greedy.
+    let hot = run(
+        json!({"temperature": 5.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0,
+                         "samplers": ["temperature"]}),
+    )
+    .await;
+    assert_ne!(hot, greedy);
+    // llama.cpp's other spellings, and its neutral samplers (no-ops at the accepted settings).
+    let spelled =
+        run(json!({"temperature": 5.0, "top_k": 1, "samplers": ["Top-K", "dry", "xtc", "temp"]}))
+            .await;
+    assert_eq!(spelled, greedy);
+
+    // Unknown names are a 400 naming them; samplers this server does not have are refused.
+    let refused = server
+        .post_json(
+            "/v1/chat/completions",
+            chat(json!({"samplers": ["top_k", "bogus", "nope"]})),
+        )
+        .await;
+    let error = refused.error(StatusCode::BAD_REQUEST);
+    assert_eq!(error["param"], "samplers");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("bogus") && message.contains("nope"),
+        "{message}"
+    );
+    let missing = server
+        .post_json(
+            "/completion",
+            json!({"prompt": "x", "samplers": ["infill"]}),
+        )
+        .await;
+    assert!(
+        missing.error(StatusCode::BAD_REQUEST)["message"]
+            .as_str()
+            .unwrap()
+            .contains("infill")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typical_p_and_return_tokens_on_completion() {
+    let Some(server) = server().await else {
+        return;
+    };
+    // A tiny typical_p keeps the single most typical token at every step: the draw no longer
+    // depends on the seed, even at temperature 1 over the whole vocabulary.
+    let typical = |seed: u64| {
+        let server = &server;
+        async move {
+            server
+                .post_json(
+                    "/completion",
+                    json!({"prompt": "Once upon a time", "n_predict": 8, "temperature": 1.0,
+                           "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1e-6,
+                           "seed": seed, "return_tokens": true}),
+                )
+                .await
+                .json()
+        }
+    };
+    let (a, b) = (typical(1).await, typical(2).await);
+    assert_eq!(a["content"], b["content"], "{a}\n{b}");
+    assert_eq!(a["tokens"], b["tokens"]);
+    // return_tokens: the generated ids, which detokenize to the content.
+    let tokens = a["tokens"].as_array().unwrap();
+    assert_eq!(
+        tokens.len() as u64,
+        a["tokens_predicted"].as_u64().unwrap(),
+        "{a}"
+    );
+    let text = server
+        .post_json("/detokenize", json!({"tokens": tokens}))
+        .await
+        .json();
+    assert_eq!(text["content"], a["content"]);
+    let refused = server
+        .post_json("/completion", json!({"prompt": "x", "typical_p": -1}))
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
+    assert!(refused.body.contains("typical_p"), "{}", refused.body);
+
+    // Without return_tokens, `tokens` is empty; streamed, each piece carries its token.
+    let plain = server
+        .post_json(
+            "/completion",
+            json!({"prompt": "Hello", "n_predict": 3, "temperature": 0}),
+        )
+        .await
+        .json();
+    assert_eq!(plain["tokens"], json!([]), "{plain}");
+    let streamed = server
+        .post_json(
+            "/completion",
+            json!({"prompt": "Hello", "n_predict": 3, "temperature": 0, "stream": true}),
+        )
+        .await;
+    let events: Vec<Value> = streamed
+        .events()
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let (last, pieces) = events.split_last().unwrap();
+    assert!(
+        pieces
+            .iter()
+            .all(|p| p["tokens"].as_array().unwrap().len() == 1)
+    );
+    assert_eq!(last["tokens"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_probs_on_the_openai_routes() {
+    let Some(server) = server().await else {
+        return;
+    };
+    // As llama-server: on chat, n_probs asks for logprobs when `logprobs` does not.
+    let body = server
+        .post_json(
+            "/v1/chat/completions",
+            chat(json!({"n_probs": 3, "max_tokens": 2})),
+        )
+        .await
+        .json();
+    let content = &body["choices"][0]["logprobs"]["content"];
+    assert_eq!(content.as_array().unwrap().len(), 2, "{body}");
+    assert_eq!(
+        content[0]["top_logprobs"].as_array().unwrap().len(),
+        3,
+        "{body}"
+    );
+    // On completions, n_probs wins over logprobs (its alias in llama-server).
+    let body = server
+        .post_json(
+            "/v1/completions",
+            json!({"prompt": "Hello", "max_tokens": 2, "temperature": 0, "logprobs": 1,
+                   "n_probs": 2}),
+        )
+        .await
+        .json();
+    let top = &body["choices"][0]["logprobs"]["top_logprobs"];
+    assert_eq!(top[0].as_object().unwrap().len(), 2, "{body}");
+}
