@@ -30,7 +30,8 @@ enum Command {
     /// Install the default model (or convert a GGUF) into the cache and print its directory.
     Pull(commands::pull::Args),
     /// Serve the model over HTTP (OpenAI and llama-server routes).
-    Serve(commands::serve::Args),
+    // Boxed: llama-server's flags (CORS included) make it far larger than the other commands.
+    Serve(Box<commands::serve::Args>),
     /// Print the token ids of a text.
     Tokenize(commands::tokenize::Args),
 }

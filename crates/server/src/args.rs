@@ -255,6 +255,47 @@ pub struct ServerArgs {
     )]
     pub spec_draft_p_min: f32,
 
+    /// Origins allowed by CORS: `*` (any), `localhost` (only localhost origins are reflected), or
+    /// a comma-separated list.
+    #[arg(
+        long = "cors-origins",
+        env = "LLAMA_ARG_CORS_ORIGINS",
+        default_value = "*"
+    )]
+    pub cors_origins: String,
+
+    /// Methods a CORS preflight answer allows.
+    #[arg(
+        long = "cors-methods",
+        env = "LLAMA_ARG_CORS_METHODS",
+        default_value = "GET, POST, DELETE, OPTIONS"
+    )]
+    pub cors_methods: String,
+
+    /// Headers a CORS preflight answer allows.
+    #[arg(
+        long = "cors-headers",
+        env = "LLAMA_ARG_CORS_HEADERS",
+        default_value = "*"
+    )]
+    pub cors_headers: String,
+
+    /// Allow credentials for CORS (on by default; with origins `*` the Origin is echoed back).
+    #[arg(
+        long = "cors-credentials",
+        env = "LLAMA_ARG_CORS_CREDENTIALS",
+        value_parser = llama_bool,
+        num_args = 0..=1,
+        default_value = "true",
+        default_missing_value = "true",
+        overrides_with = "no_cors_credentials"
+    )]
+    pub cors_credentials: bool,
+
+    /// Do not allow credentials for CORS.
+    #[arg(long = "no-cors-credentials", overrides_with = "cors_credentials")]
+    pub no_cors_credentials: bool,
+
     /// Seconds a client may take to send a request's headers.
     #[arg(long, env = "LLAMA_ARG_TIMEOUT", default_value_t = 600)]
     pub timeout: u64,
@@ -457,6 +498,12 @@ impl ServerArgs {
             embd_normalize: self.embd_normalize,
             spm_infill: self.spm_infill,
             webui: self.webui && !self.no_webui,
+            cors: crate::cors::CorsConfig {
+                origins: self.cors_origins.clone(),
+                methods: self.cors_methods.clone(),
+                headers: self.cors_headers.clone(),
+                credentials: self.cors_credentials && !self.no_cors_credentials,
+            },
             ..ServerConfig::default()
         })
     }

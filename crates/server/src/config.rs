@@ -99,6 +99,8 @@ pub struct ServerConfig {
     pub spm_infill: bool,
     /// Whether `GET /` serves the chat page (`--no-webui` turns it off).
     pub webui: bool,
+    /// CORS (`--cors-origins`, `--cors-methods`, `--cors-headers`, `--cors-credentials`).
+    pub cors: crate::cors::CorsConfig,
 }
 
 impl Default for ServerConfig {
@@ -125,6 +127,7 @@ impl Default for ServerConfig {
             embd_normalize: 2,
             spm_infill: false,
             webui: true,
+            cors: crate::cors::CorsConfig::default(),
         }
     }
 }

@@ -34,6 +34,7 @@ mod args;
 mod body;
 mod chat;
 mod config;
+mod cors;
 mod embeddings;
 mod error;
 mod generate;
@@ -57,6 +58,7 @@ mod webui;
 
 pub use args::{ServerArgs, accepted_spellings};
 pub use config::{ApiKeys, SamplingDefaults, ServerConfig};
+pub use cors::CorsConfig;
 pub use error::{ApiError, ErrorShape, ServerError};
 pub use llama_flags::{IgnoredOptions, normalize_llama_args};
 pub use metrics::Metrics;

@@ -215,10 +215,19 @@ impl Endpoint {
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<Body> {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let response = match dispatch(&state, request).await {
-        Ok(response) => response,
-        Err(err) => err.response_as(error_shape(&path)),
+    let origin = crate::cors::origin(request.headers());
+    let mut response = if method == Method::OPTIONS {
+        preflight(&state, &path)
+    } else {
+        match dispatch(&state, request).await {
+            Ok(response) => response,
+            Err(err) => err.response_as(error_shape(&path)),
+        }
     };
+    state
+        .config()
+        .cors
+        .decorate(origin.as_deref(), response.headers_mut());
     tracing::info!(%method, %path, status = response.status().as_u16(), "request");
     response
 }
@@ -264,6 +273,18 @@ fn allowed_methods(path: &str) -> Option<String> {
     Some(methods.join(", "))
 }
 
+/// `OPTIONS` on any path, as llama-server answers it before routing and authentication (a
+/// browser's preflight carries no key), even while the model loads: 204, no body, the CORS
+/// preflight headers, and `Allow` with the methods the path takes when a route has it.
+fn preflight(state: &AppState, path: &str) -> Response<Body> {
+    let mut response = full(StatusCode::NO_CONTENT, "text/plain", Vec::new());
+    if let Some(value) = allowed_methods(path).and_then(|a| HeaderValue::from_str(&a).ok()) {
+        response.headers_mut().insert(ALLOW, value);
+    }
+    state.config().cors.preflight(response.headers_mut());
+    response
+}
+
 async fn dispatch(
     state: &Arc<AppState>,
     request: Request<Incoming>,
@@ -290,14 +311,6 @@ async fn dispatch(
             .await;
     }
     match allowed_methods(&path) {
-        // CORS preflights and clients that ask: the methods the path takes, no body.
-        Some(allow) if method == Method::OPTIONS => {
-            let mut response = full(StatusCode::NO_CONTENT, "text/plain", Vec::new());
-            if let Ok(value) = HeaderValue::from_str(&allow) {
-                response.headers_mut().insert(ALLOW, value);
-            }
-            Ok(response)
-        }
         Some(allow) => Err(ApiError::MethodNotAllowed {
             method: method.to_string(),
             path,

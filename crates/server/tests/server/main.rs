@@ -13,6 +13,7 @@ mod args;
 mod auth;
 mod compat;
 mod concurrency;
+mod cors;
 mod embeddings;
 mod errors;
 mod infill;
