@@ -52,7 +52,7 @@ pub use error::{ModelError, Result};
 pub use fim::{FIM_CONFIG_KEY, FIM_GGUF_KEYS, FIM_TEXTS, FimRole, FimTokens};
 pub use gguf::convert_gguf;
 pub use model::{LoadedModel, eos_token_ids};
-pub use quant::{MLXCEL_AFFINE_MODE, QuantSpec, Quantization, dequantize_affine, pack, unpack};
+pub use quant::{GROUP16_AFFINE_MODE, QuantSpec, Quantization, dequantize_affine, pack, unpack};
 pub use resolve::{CONVERTER_VERSION, converted, resolve_model};
 pub use safetensors_files::{Dtype, SafetensorsFiles, TensorView};
 pub use tokenizer::{Detokenizer, TokenBytes, Tokenizer, shared_detokenizer};

@@ -16,7 +16,7 @@ use crate::error::{ModelError, Result};
 /// and Q2_K converted without loss): MLX's affine format (`scale · q + bias`, the same tensors)
 /// with `group_size` 16 also allowed. Only mlxcel reads it: MLX's group sizes start at 32, so
 /// mlx-lm cannot load such a checkpoint, and the mode says so to any reader that checks it.
-pub const MLXCEL_AFFINE_MODE: &str = "mlxcel-affine";
+pub const GROUP16_AFFINE_MODE: &str = "mlxcel-affine";
 
 /// Bits and group size of one quantized module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +44,7 @@ impl QuantSpec {
                 path,
                 field,
                 format!(
-                    "group_size 16 needs `quantization.mode: \"{MLXCEL_AFFINE_MODE}\"` \
+                    "group_size 16 needs `quantization.mode: \"{GROUP16_AFFINE_MODE}\"` \
                      (MLX's group sizes are 32, 64, 128)"
                 ),
             ));
@@ -68,7 +68,7 @@ impl QuantSpec {
 pub struct Quantization {
     pub default: QuantSpec,
     pub overrides: BTreeMap<String, Option<QuantSpec>>,
-    /// `mode` is [`MLXCEL_AFFINE_MODE`]: group size 16 is allowed (written when any spec has it).
+    /// `mode` is [`GROUP16_AFFINE_MODE`]: group size 16 is allowed (written when any spec has it).
     pub mlxcel_affine: bool,
 }
 
@@ -88,12 +88,12 @@ impl Quantization {
             .ok_or_else(|| ModelError::invalid(path, "quantization", "expected an object"))?;
         let mlxcel_affine = match object.get("mode").and_then(Value::as_str) {
             None | Some("affine") => false,
-            Some(MLXCEL_AFFINE_MODE) => true,
+            Some(GROUP16_AFFINE_MODE) => true,
             Some(mode) => {
                 return Err(ModelError::invalid(
                     path,
                     "quantization.mode",
-                    format!("`{mode}` is not supported (supported: affine, {MLXCEL_AFFINE_MODE})"),
+                    format!("`{mode}` is not supported (supported: affine, {GROUP16_AFFINE_MODE})"),
                 ));
             }
         };
@@ -130,7 +130,7 @@ impl Quantization {
         object.insert("group_size".into(), json!(self.default.group_size));
         object.insert("bits".into(), json!(self.default.bits));
         if self.mlxcel_affine {
-            object.insert("mode".into(), json!(MLXCEL_AFFINE_MODE));
+            object.insert("mode".into(), json!(GROUP16_AFFINE_MODE));
         }
         for (module, spec) in &self.overrides {
             let value = match spec {

@@ -141,7 +141,7 @@ fn write_tiny_with(dir: &Path, family: &Value, seed: u64, group16: bool) -> Chec
             }
         }
         let mut quantization = json!({
-            "bits": 8, "group_size": 16, "mode": mlxcel_model::MLXCEL_AFFINE_MODE,
+            "bits": 8, "group_size": 16, "mode": mlxcel_model::GROUP16_AFFINE_MODE,
         });
         for (module, spec) in overrides {
             quantization[module] = spec;

@@ -440,7 +440,7 @@ fn write_config(dir: &Path, variant: Variant) {
         config["quantization"] = serde_json::json!({"bits": bits, "group_size": group_size});
         if group_size == 16 {
             // Groups of 16 (GGUF Q6_K/Q3_K/Q2_K) are mlxcel's extension of MLX's format.
-            config["quantization"]["mode"] = serde_json::json!(mlxcel_model::MLXCEL_AFFINE_MODE);
+            config["quantization"]["mode"] = serde_json::json!(mlxcel_model::GROUP16_AFFINE_MODE);
         }
     }
     std::fs::write(

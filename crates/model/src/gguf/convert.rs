@@ -2,7 +2,7 @@
 //!
 //! Every block type mlxcel reads becomes affine groups without loss: of 32 elements (Q4_0, Q4_1,
 //! Q8_0, Q5_0, Q5_1, Q4_K, Q5_K), or of 16 (Q6_K, Q3_K, Q2_K; recorded per module, under
-//! `quantization.mode` [`MLXCEL_AFFINE_MODE`], which only mlxcel reads); F32/F16/BF16 tensors are
+//! `quantization.mode` [`GROUP16_AFFINE_MODE`], which only mlxcel reads); F32/F16/BF16 tensors are
 //! copied; llama.cpp's q/k row permutation is undone; the tokenizer is rebuilt from metadata.
 
 use std::collections::BTreeMap;
@@ -15,7 +15,7 @@ use crate::error::{ModelError, Result};
 use crate::gguf::reader::{GgufFile, GgufValue};
 use crate::gguf::tensors::plan;
 use crate::gguf::vocab::GgufVocab;
-use crate::quant::{MLXCEL_AFFINE_MODE, QuantSpec, Quantization};
+use crate::quant::{GROUP16_AFFINE_MODE, QuantSpec, Quantization};
 use crate::safetensors_writer::{PlannedTensor, write_streaming};
 
 /// What a conversion produced.
@@ -35,7 +35,7 @@ impl ConvertSummary {
         (self.group16 > 0).then(|| {
             format!(
                 "{} tensors are Q6_K/Q3_K/Q2_K, written as affine groups of 16 (exact; \
-                 quantization mode `{MLXCEL_AFFINE_MODE}`): mlxcel reads this checkpoint, \
+                 quantization mode `{GROUP16_AFFINE_MODE}`): mlxcel reads this checkpoint, \
                  mlx-lm cannot (MLX's group sizes start at 32)",
                 self.group16
             )
@@ -560,7 +560,7 @@ pub fn hf_name(gguf_name: &str) -> Option<(String, &str)> {
 }
 
 /// The most common (bits, group size) becomes the default; other specs and dense modules are
-/// overrides. Groups of 16 set `mode` to [`MLXCEL_AFFINE_MODE`].
+/// overrides. Groups of 16 set `mode` to [`GROUP16_AFFINE_MODE`].
 fn quantization(module_specs: &BTreeMap<String, Option<QuantSpec>>) -> Option<Quantization> {
     let mut counts: BTreeMap<(u32, usize), usize> = BTreeMap::new();
     for spec in module_specs.values().flatten() {
