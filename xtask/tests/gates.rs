@@ -256,13 +256,13 @@ mod compat {
         let tree = copy_of_tree();
         edit(tree.path(), MANIFEST, |t| {
             t.replacen(
-                "key = \"POST /infill\"\nstate = \"deferred\"",
-                "key = \"POST /infill\"\nstate = \"supported\"",
+                "key = \"POST /rerank\"\nstate = \"deferred\"",
+                "key = \"POST /rerank\"\nstate = \"supported\"",
                 1,
             )
         });
-        fails_with(&tree, "route `POST /infill` is supported but no test");
-        fails_with(&tree, "has no route `/infill`");
+        fails_with(&tree, "route `POST /rerank` is supported but no test");
+        fails_with(&tree, "has no route `/rerank`");
     }
 
     #[test]
