@@ -10,8 +10,10 @@
 //! methods from `minijinja-contrib` plus the few it lacks. `scripts/check-chat-templates` proves a
 //! corpus of templates against jinja2 itself; docs/model.md lists what still differs.
 
+use std::cell::Cell;
 use std::fmt::Write as _;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, State, Value, context};
@@ -45,6 +47,8 @@ pub struct ChatTemplate {
     origin: Option<String>,
     bos_token: String,
     eos_token: String,
+    /// The longest one render may take.
+    time_limit: Duration,
 }
 
 const TEMPLATE_NAME: &str = "chat_template";
@@ -54,6 +58,24 @@ const TEMPLATE_NAME: &str = "chat_template";
 /// it after a few seconds with an error naming the line, instead of holding a request forever. A
 /// real template uses a few hundred instructions per message.
 const FUEL: u64 = 20_000_000;
+
+/// The deepest one render may nest macro calls, recursive loops and includes. minijinja's own
+/// bound is 500; real templates nest a few levels (a macro over a tool's JSON schema recurses once
+/// per level of the schema). Lower keeps a debug build's 2 MiB thread stack safe.
+const MAX_RECURSION: usize = 200;
+
+/// The most bytes one render may print through `{{ … }}` (counted as printed, also inside a
+/// `{% set %}` block, a macro or a filter block whose text is captured before it reaches the
+/// output) and the most bytes its output may hold. A real prompt is a few hundred kilobytes at
+/// most (a request body is at most 8 MiB); a template that prints gigabytes (a loop over a
+/// repeated string) stops here instead of exhausting memory.
+pub const MAX_RENDER_BYTES: usize = 64 << 20;
+
+/// The longest one render may take by default ([`ChatTemplate::with_time_limit`]), checked
+/// whenever it prints. Fuel bounds instructions (20 million run in a second or two in a release
+/// build, in tens of seconds in a loaded debug build); this bounds instructions that are each
+/// expensive (copying large strings), which fuel does not.
+pub const MAX_RENDER_TIME: Duration = Duration::from_secs(60);
 
 impl ChatTemplate {
     /// The template's source text (to tell which tool-call format the model was trained on).
@@ -84,6 +106,7 @@ impl ChatTemplate {
             origin,
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
+            time_limit: MAX_RENDER_TIME,
         };
         if let Err(e) = template
             .env
@@ -92,6 +115,7 @@ impl ChatTemplate {
             return Err(template.error(&e, &source, Stage::Compile));
         }
         template.env.set_fuel(Some(FUEL));
+        template.env.set_recursion_limit(MAX_RECURSION);
         Ok(template)
     }
 
@@ -134,6 +158,12 @@ impl ChatTemplate {
             })?;
         set_clock(&mut self.env, Some(now));
         Ok(self)
+    }
+
+    /// Bounds the time of each render to `limit` instead of [`MAX_RENDER_TIME`].
+    pub fn with_time_limit(mut self, limit: Duration) -> Self {
+        self.time_limit = limit;
+        self
     }
 
     /// Renders `messages`; with `add_generation_prompt`, ends with the assistant's turn header.
@@ -179,9 +209,14 @@ impl ChatTemplate {
                 .map_err(|e| ModelError::ChatTemplate {
                     reason: e.to_string(),
                 })?;
+        let _budget = RenderBudget::start(self.time_limit);
+        let mut out = BoundedOutput(Vec::new());
         template
-            .render(context! { ..given, ..defaults })
-            .map_err(|e| self.error(&e, template.source(), Stage::Render))
+            .render_captured_to(context! { ..given, ..defaults }, &mut out)
+            .map_err(|e| self.error(&e, template.source(), Stage::Render))?;
+        // minijinja writes only `str`s, so this never loses anything.
+        Ok(String::from_utf8(out.0)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
 
     /// `origin: [does not compile: ]line N: what (in `the line`)`, from a minijinja error.
@@ -190,6 +225,8 @@ impl ChatTemplate {
             e.detail().unwrap_or_default().to_owned()
         } else if e.kind() == ErrorKind::OutOfFuel {
             format!("ran past {FUEL} instructions (does it loop forever?)")
+        } else if let Some(limit) = limit_of(e) {
+            limit.to_string()
         } else {
             match e.detail() {
                 Some(detail) => format!("{}: {detail}", e.kind()),
@@ -219,6 +256,124 @@ impl ChatTemplate {
     }
 }
 
+/// A bound of [`MAX_RENDER_BYTES`] or [`MAX_RENDER_TIME`] that a render ran past: the source of
+/// the minijinja error that stops it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RenderLimit {
+    Bytes,
+    Time(Duration),
+}
+
+impl std::fmt::Display for RenderLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RenderLimit::Bytes => write!(
+                f,
+                "printed more than {} MiB (does it loop forever?)",
+                MAX_RENDER_BYTES >> 20
+            ),
+            RenderLimit::Time(limit) => write!(
+                f,
+                "ran past {} s (does it loop forever?)",
+                limit.as_secs_f64()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RenderLimit {}
+
+/// The limit in `e`'s chain of sources, if a render ran past one.
+fn limit_of(e: &Error) -> Option<RenderLimit> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(limit) = s.downcast_ref::<RenderLimit>() {
+            return Some(*limit);
+        }
+        // An `io::Error`'s `source()` skips the error it wraps: look inside.
+        if let Some(limit) = s
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<RenderLimit>())
+        {
+            return Some(*limit);
+        }
+        source = s.source();
+    }
+    None
+}
+
+/// What the render on this thread has printed so far, and when it must end. Renders are
+/// synchronous, so a thread-local is the render's own.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    printed: usize,
+    deadline: Instant,
+    limit: Duration,
+}
+
+thread_local! {
+    static BUDGET: Cell<Option<Budget>> = const { Cell::new(None) };
+}
+
+/// The budget of one render, from [`RenderBudget::start`] until dropped (a render inside another
+/// one, which no template can start, would get its own and restore the outer one's).
+struct RenderBudget(Option<Budget>);
+
+impl RenderBudget {
+    fn start(limit: Duration) -> Self {
+        Self(BUDGET.replace(Some(Budget {
+            printed: 0,
+            deadline: Instant::now() + limit,
+            limit,
+        })))
+    }
+}
+
+impl Drop for RenderBudget {
+    fn drop(&mut self) {
+        BUDGET.set(self.0);
+    }
+}
+
+/// Counts `bytes` printed against the render's budget; an error once past a bound.
+fn charge(bytes: usize) -> std::result::Result<(), RenderLimit> {
+    let Some(mut budget) = BUDGET.get() else {
+        return Ok(());
+    };
+    budget.printed = budget.printed.saturating_add(bytes);
+    BUDGET.set(Some(budget));
+    if budget.printed > MAX_RENDER_BYTES {
+        Err(RenderLimit::Bytes)
+    } else if Instant::now() > budget.deadline {
+        Err(RenderLimit::Time(budget.limit))
+    } else {
+        Ok(())
+    }
+}
+
+/// The render's output, refused past [`MAX_RENDER_BYTES`] or [`MAX_RENDER_TIME`].
+struct BoundedOutput(Vec<u8>);
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len().saturating_add(buf.len()) > MAX_RENDER_BYTES {
+            return Err(std::io::Error::other(RenderLimit::Bytes));
+        }
+        if let Some(budget) = BUDGET.get()
+            && Instant::now() > budget.deadline
+        {
+            return Err(std::io::Error::other(RenderLimit::Time(budget.limit)));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
     Compile,
@@ -235,7 +390,8 @@ fn rewrite_generation_tags(source: &str) -> String {
     while let Some(at) = rest.find("{%") {
         out.push_str(&rest[..at]);
         let tag = &rest[at..];
-        let Some(end) = tag.find("%}") else {
+        // The closing `%}` comes after the opening `{%` (in `{%}` they share the `%`).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             rest = tag;
             break;
         };
@@ -280,6 +436,9 @@ fn hf_environment() -> Environment<'static> {
     env.set_formatter(|out, _state, value| {
         let mut text = String::new();
         python_str(value, &mut text);
+        charge(text.len()).map_err(|limit| {
+            Error::new(ErrorKind::InvalidOperation, limit.to_string()).with_source(limit)
+        })?;
         out.write_str(&text).map_err(Error::from)
     });
     env.set_unknown_method_callback(python_methods);

@@ -42,7 +42,7 @@ mod safetensors_writer;
 mod tokenizer;
 
 pub use activations::Activations;
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, MAX_RENDER_BYTES, MAX_RENDER_TIME};
 pub use checkpoint::{Checkpoint, Module, ModuleKind, expected_modules};
 pub use config::{Architecture, HiddenActivation, LayerAttention, ModelConfig, RopeScaling};
 pub use default_model::{

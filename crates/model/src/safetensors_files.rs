@@ -113,6 +113,23 @@ impl SafetensorsFiles {
                 path: index_path.clone(),
                 source,
             })?;
+            // A shard is a file of the checkpoint directory: a hostile index must not point the
+            // loader at `/etc/passwd` or `../elsewhere` (Hugging Face's indexes name plain files).
+            if let Some((tensor, file)) = index.weight_map.iter().find(|(_, f)| {
+                let mut parts = Path::new(f.as_str()).components();
+                !matches!(
+                    (parts.next(), parts.next()),
+                    (Some(std::path::Component::Normal(_)), None)
+                )
+            }) {
+                return Err(ModelError::Safetensors {
+                    path: index_path.clone(),
+                    reason: format!(
+                        "`weight_map` puts `{tensor}` in `{file}`, which is not a file name in \
+                         the checkpoint directory"
+                    ),
+                });
+            }
             let mut files: Vec<PathBuf> = index.weight_map.values().map(|f| dir.join(f)).collect();
             files.sort();
             files.dedup();

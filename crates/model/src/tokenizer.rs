@@ -28,10 +28,22 @@ impl Tokenizer {
                 std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
             ));
         }
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| ModelError::Tokenizer {
-            path: path.to_owned(),
-            reason: e.to_string(),
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        // The `tokenizers` crate panics (`expect("Helper")`) on a JSON syntax error inside the
+        // `decoder` object instead of returning its error (found by the `tokenizer` fuzz target):
+        // check the syntax first.
+        serde_json::from_str::<serde::de::IgnoredAny>(&text).map_err(|e| {
+            ModelError::Tokenizer {
+                path: path.to_owned(),
+                reason: format!("not valid JSON: {e}"),
+            }
         })?;
+        let inner: tokenizers::Tokenizer =
+            text.parse()
+                .map_err(|e: tokenizers::Error| ModelError::Tokenizer {
+                    path: path.to_owned(),
+                    reason: e.to_string(),
+                })?;
         Ok(Self {
             inner,
             plain: OnceLock::new(),

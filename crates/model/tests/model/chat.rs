@@ -264,6 +264,82 @@ fn a_loop_that_would_run_for_hours_runs_out_of_fuel() {
     assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
 }
 
+/// An untrusted template that would print without bound is refused fast, with the line and the
+/// bound named: a repeated string (minijinja refuses one over 100 MB), a loop printing a large
+/// string, the same inside a macro or a `set` block (captured before it reaches the output), and
+/// template text repeated by a loop.
+#[test]
+fn a_template_that_prints_gigabytes_is_refused_fast() {
+    let started = std::time::Instant::now();
+    let err = outcome("{{ 'x' * 10**9 }}", serde_json::json!({"messages": []})).unwrap_err();
+    assert!(
+        err.contains("line 1:") && err.contains("too large"),
+        "{err}"
+    );
+    let limit = format!(
+        "printed more than {} MiB",
+        mlxcel_model::MAX_RENDER_BYTES >> 20
+    );
+    for source in [
+        "{% for i in range(100000) %}\n{{ 'x' * 10000000 }}{% endfor %}",
+        "{% macro m() %}{% for i in range(100000) %}\n{{ 'x' * 10000000 }}{% endfor %}{% endmacro %}{{ m() }}",
+        "{% set s %}{% for i in range(100000) %}\n{{ 'x' * 10000000 }}{% endfor %}{% endset %}{{ s }}",
+        "{% for i in range(100000) %}{% for j in range(10000) %}\n{{ 'x' * (1000 + j) }}{% endfor %}{% endfor %}",
+    ] {
+        let err = outcome(source, serde_json::json!({"messages": []})).unwrap_err();
+        assert!(err.contains(&limit), "{source}: {err}");
+        assert!(err.contains("line 2:"), "{source}: {err}");
+    }
+    let raw = format!(
+        "{{% for i in range(100000) %}}{}{{% endfor %}}",
+        "y".repeat(1000)
+    );
+    let err = outcome(&raw, serde_json::json!({"messages": []})).unwrap_err();
+    assert!(err.contains(&limit), "{err}");
+    assert!(started.elapsed().as_secs() < 20, "{:?}", started.elapsed());
+}
+
+/// Instructions that are each expensive (copying a 50 MB string that is never printed) are cheap
+/// in fuel; the render's time bound stops them at the next thing printed.
+#[test]
+fn a_template_that_runs_past_its_time_is_refused() {
+    let source =
+        "{% for i in range(100000) %}{% set x = 'x' * (50000000 + i) %}\n{{ '' }}{% endfor %}";
+    let limit = std::time::Duration::from_secs(1);
+    let template = ChatTemplate::new(source, "", "")
+        .unwrap()
+        .with_time_limit(limit);
+    let started = std::time::Instant::now();
+    let err = template.render(&[], false).unwrap_err().to_string();
+    assert!(
+        err.contains("line 2: ran past 1 s (does it loop forever?)"),
+        "{err}"
+    );
+    assert!(started.elapsed() < limit * 10, "{:?}", started.elapsed());
+    assert_eq!(mlxcel_model::MAX_RENDER_TIME.as_secs(), 60);
+}
+
+/// Endless recursion stops at the render's recursion bound, well within a 2 MiB thread stack
+/// (a server's worker thread), for macros and recursive loops alike.
+#[test]
+fn endless_recursion_stays_within_a_small_stack() {
+    std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(|| {
+            for source in [
+                "{% macro again(n) %}{{ again(n + 1) }}{% endmacro %}{{ again(0) }}",
+                "{% macro again(n) %}{% for m in messages %}{{ again(n ~ m) }}{% endfor %}{% endmacro %}{{ again('') }}",
+                "{% set t = [[1]] %}{% for x in t recursive %}{{ loop(t) }}{% endfor %}",
+            ] {
+                let err = outcome(source, serde_json::json!({"messages": [1]})).unwrap_err();
+                assert!(err.contains("recursion limit exceeded"), "{source}: {err}");
+            }
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
 #[test]
 fn errors_name_the_file_the_template_came_from() {
     let dir = tempfile::tempdir().unwrap();
@@ -320,4 +396,20 @@ fn strftime_now_reads_the_local_clock_unless_pinned() {
         .with_fixed_now("yesterday")
         .unwrap_err();
     assert!(err.to_string().contains("yesterday"), "{err}");
+}
+
+/// Found by the `chat_template` fuzz target: in `{%}` the `%` of `{%` was taken for the one of
+/// `%}`, and the `{% generation %}` rewrite sliced the tag backwards (a panic). Now it is a
+/// syntax error like any other, and the tags after it are still rewritten.
+#[test]
+fn a_tag_whose_percent_signs_overlap_is_a_syntax_error() {
+    for source in ["{%}", "a{%}b", "{%} {% generation %}x{% endgeneration %}"] {
+        let err = ChatTemplate::new(source, "", "").unwrap_err().to_string();
+        assert!(err.contains("does not compile"), "{source}: {err}");
+    }
+    let rendered = outcome(
+        "{% generation %}x{% endgeneration %}{{ '{%}' }}",
+        serde_json::json!({"messages": []}),
+    );
+    assert_eq!(rendered.unwrap(), "x{%}");
 }

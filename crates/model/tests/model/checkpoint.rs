@@ -209,6 +209,35 @@ fn index_naming_a_missing_tensor_is_refused() {
     );
 }
 
+/// An index is untrusted: a shard outside the checkpoint directory (an absolute path, `..`, a
+/// subdirectory) is refused before any file is opened (found by the `safetensors_index` fuzz
+/// target's review).
+#[test]
+fn index_naming_a_shard_outside_the_directory_is_refused() {
+    for outside in [
+        "/etc/passwd",
+        "../model-00001-of-00002.safetensors",
+        "sub/x.safetensors",
+        "",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let v = config(None);
+        write_dir(dir.path(), &v, &tensors(&parsed(&v), false), 2);
+        let index_path = dir.path().join("model.safetensors.index.json");
+        let mut index: Value =
+            serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+        index["weight_map"]["model.norm.weight"] = json!(outside);
+        std::fs::write(&index_path, index.to_string()).unwrap();
+        let message = Checkpoint::open(dir.path()).unwrap_err().to_string();
+        assert!(
+            message.contains(&format!(
+                "`weight_map` puts `model.norm.weight` in `{outside}`, which is not a file name"
+            )),
+            "{outside}: {message}"
+        );
+    }
+}
+
 #[test]
 fn missing_tensor_of_a_sharded_checkpoint_names_the_index() {
     let dir = tempfile::tempdir().unwrap();

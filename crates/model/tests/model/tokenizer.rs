@@ -122,3 +122,20 @@ fn shared_detokenizer_streams_like_the_borrowed_one() {
     assert_eq!(out, "the 🌍");
     assert_eq!(shared.ids(), ids.as_slice());
 }
+
+/// Found by the `tokenizer` fuzz target: a JSON syntax error inside `decoder` made the
+/// `tokenizers` crate panic (`expect("Helper")`); it is now refused with the file named.
+#[test]
+fn a_tokenizer_json_with_a_syntax_error_is_refused_not_a_panic() {
+    let (dir, _) = tiny_tokenizer();
+    let path = dir.path().join("ckpt/tokenizer.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let at = text.find("\"decoder\":").expect("a decoder") + "\"decoder\":".len();
+    let broken = format!("{}{{\"type\" \"ByteLevel\"}}{}", &text[..at], &text[at..]);
+    std::fs::write(&path, broken).unwrap();
+    let err = Tokenizer::from_file(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("tokenizer.json: tokenizer: not valid JSON"),
+        "{err}"
+    );
+}
