@@ -9,7 +9,7 @@ const PREFIX: &str = "MLXCEL_";
 const DOC: &str = "docs/environment.md";
 /// Where variables are read: code, build scripts, and the project's shell scripts.
 const SCANNED: &[&str] = &[
-    "crates", "bins", "benches", "examples", "scripts", ".ci", "Makefile",
+    "crates", "bins", "benches", "examples", "fuzz", "scripts", ".ci", "Makefile",
 ];
 const SCANNED_EXTENSIONS: &[&str] = &["rs", "sh", "py", "cpp", "h", "hpp", "toml", "txt"];
 

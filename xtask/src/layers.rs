@@ -20,6 +20,7 @@ pub const LAYERS: &[(&str, u8)] = &[
     ("mlxcel-server-bin", 4),
     ("mlxcel-benches", 4),
     ("xtask", 4),
+    ("mlxcel-fuzz", 4),
 ];
 
 fn layer_of(name: &str) -> Option<u8> {

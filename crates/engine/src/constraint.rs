@@ -32,7 +32,7 @@ pub enum Constraint {
 }
 
 impl Constraint {
-    fn grammar(&self) -> TopLevelGrammar {
+    pub(crate) fn grammar(&self) -> TopLevelGrammar {
         match self {
             Self::JsonSchema(schema) => TopLevelGrammar::from_json_schema(schema.clone()),
             Self::JsonObject => TopLevelGrammar::from_json_schema(serde_json::json!({

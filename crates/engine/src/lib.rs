@@ -48,6 +48,8 @@ mod decode;
 mod embedding;
 mod engine;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod gbnf;
 mod metrics;
 mod options;

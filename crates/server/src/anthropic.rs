@@ -319,6 +319,23 @@ fn prepare(engine: &Engine, request: &mut MessagesRequest) -> Result<(String, To
     Ok((prompt, ToolPlan::new(engine, tools, choice, parallel)))
 }
 
+/// `POST /v1/messages`'s body through the checks [`messages`] makes before it renders the
+/// template (for the fuzz targets; see `crate::fuzzing`).
+pub(crate) fn check_body(bytes: &[u8]) -> Result<(), ApiError> {
+    crate::inert::refuse_inert_fields(bytes)?;
+    let mut request: MessagesRequest = crate::read::parse_json(bytes)?;
+    if request
+        .thinking
+        .as_ref()
+        .is_some_and(|t| t.kind != "disabled")
+    {
+        return Ok(());
+    }
+    read_anthropic_tools(request.tools.take(), request.tool_choice.take())?;
+    turns(request.system.take(), std::mem::take(&mut request.messages))?;
+    Ok(())
+}
+
 /// `POST /v1/messages`.
 pub async fn messages(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
     let (mut request, llama): (MessagesRequest, _) =

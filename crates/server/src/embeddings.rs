@@ -129,6 +129,11 @@ fn inputs(
     Ok(list)
 }
 
+/// An embeddings body parsed as [`embeddings`] parses it (its inputs need the tokenizer).
+pub(crate) fn check_body(bytes: &[u8]) -> Result<(), ApiError> {
+    crate::read::parse_json::<EmbeddingRequest>(bytes).map(drop)
+}
+
 /// `POST /v1/embeddings`, `POST /embedding`, `POST /embeddings`.
 pub async fn embeddings(
     state: &Arc<AppState>,

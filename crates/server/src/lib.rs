@@ -37,6 +37,8 @@ mod config;
 mod cors;
 mod embeddings;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod generate;
 mod inert;
 mod infill;

@@ -101,6 +101,51 @@ struct CompletionRequest {
     cache_prompt: Option<bool>,
 }
 
+/// llama-server's request bodies through the checks their handlers make before they need the
+/// model (for the fuzz targets; see `crate::fuzzing`): `endpoint` is `completion`, `tokenize`,
+/// `detokenize` or `apply-template`.
+pub(crate) fn check_body(endpoint: &str, bytes: &[u8]) -> Result<(), ApiError> {
+    match endpoint {
+        "completion" => read_inert_then_parse::<CompletionRequest>(bytes).and_then(|request| {
+            for n in [request.n_cmpl, request.n].into_iter().flatten() {
+                if n != 1 {
+                    return Ok(());
+                }
+            }
+            let budget_value = [
+                request.n_predict,
+                request.max_completion_tokens,
+                request.max_tokens,
+            ]
+            .into_iter()
+            .flatten()
+            .next();
+            budget("n_predict", budget_value)?;
+            ConstraintFields {
+                response_format: request.response_format,
+                json_schema: request.json_schema,
+                grammar: request.grammar,
+                guided_json: request.guided_json,
+                guided_regex: request.guided_regex,
+                guided_grammar: request.guided_grammar,
+            }
+            .constraint()?;
+            Ok(())
+        }),
+        "tokenize" => crate::read::parse_json::<TokenizeRequest>(bytes).map(drop),
+        "detokenize" => crate::read::parse_json::<DetokenizeRequest>(bytes).map(drop),
+        _ => {
+            let request: ApplyTemplateRequest = crate::read::parse_json(bytes)?;
+            chat_messages(request.messages).map(drop)
+        }
+    }
+}
+
+fn read_inert_then_parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    crate::inert::refuse_inert_fields(bytes)?;
+    crate::read::parse_json(bytes)
+}
+
 /// `POST /completion`.
 pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
     let (mut request, llama): (CompletionRequest, _) =

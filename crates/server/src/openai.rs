@@ -333,6 +333,45 @@ pub(crate) fn chat_messages(messages: Vec<MessageField>) -> Result<Vec<ChatMessa
         .collect()
 }
 
+/// `POST /v1/completions`'s body through the checks [`completions`] makes before it needs the
+/// model (for the fuzz targets; see `crate::fuzzing`).
+pub(crate) fn check_completions_body(bytes: &[u8]) -> Result<(), ApiError> {
+    crate::inert::refuse_inert_fields(bytes)?;
+    let mut request: CompletionRequest = crate::read::parse_json(bytes)?;
+    let common = request.common();
+    if request.echo == Some(true) || request.best_of.is_some_and(|b| b != 1) {
+        return Ok(());
+    }
+    let logprobs = match request.logprobs {
+        Some(n) if n > MAX_TOP_LOGPROBS => return Ok(()),
+        other => other.map(|n| n as usize),
+    };
+    request.prompt.into_input()?;
+    common.params(None, logprobs)?;
+    Ok(())
+}
+
+/// `POST /v1/chat/completions`'s body through the checks [`chat_completions`] makes before it
+/// renders the template (for the fuzz targets; see `crate::fuzzing`).
+pub(crate) fn check_chat_body(bytes: &[u8]) -> Result<(), ApiError> {
+    crate::inert::refuse_inert_fields(bytes)?;
+    let mut request: ChatRequest = crate::read::parse_json(bytes)?;
+    let common = request.common();
+    let (tools, _choice) = read_tools(
+        request.tools.take().filter(|t| !t.is_empty()),
+        request.tool_choice.take(),
+        request.functions.take(),
+        request.function_call.take(),
+    )?;
+    if tools.is_empty() && !has_tool_turns(&request.messages) {
+        chat_messages(request.messages)?;
+    } else {
+        rich_messages(request.messages)?;
+    }
+    common.params(request.max_completion_tokens, None)?;
+    Ok(())
+}
+
 /// `POST /v1/completions`.
 pub async fn completions(
     state: &Arc<AppState>,

@@ -416,6 +416,23 @@ fn prepare(
     Ok((prompt, ToolPlan::new(engine, tools, choice, parallel)))
 }
 
+/// `POST /v1/responses`'s body through the checks [`create`] makes before it renders the
+/// template (for the fuzz targets; see `crate::fuzzing`).
+pub(crate) fn check_body(bytes: &[u8]) -> Result<(), ApiError> {
+    crate::inert::refuse_inert_fields(bytes)?;
+    let mut request: ResponsesRequest = crate::read::parse_json(bytes)?;
+    refuse_unserved(&request)?;
+    let raw_tools = request.tools.clone().unwrap_or_default();
+    read_function_tools(&raw_tools, request.tool_choice.clone())?;
+    let input = std::mem::replace(&mut request.input, Input::Items(Vec::new()));
+    turns(request.instructions.clone(), input)?;
+    budget("max_output_tokens", request.max_output_tokens)?;
+    if let Some(format) = request.text.as_ref().and_then(|t| t.format.as_ref()) {
+        format.constraint()?;
+    }
+    Ok(())
+}
+
 /// `POST /v1/responses`.
 pub async fn create(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
     let (mut request, llama): (ResponsesRequest, _) =

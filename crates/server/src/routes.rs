@@ -211,6 +211,52 @@ impl Endpoint {
     }
 }
 
+impl Endpoint {
+    /// The request body through the parse and the checks the handler makes before it needs the
+    /// model (the fuzz targets' view of a route; the match is exhaustive so that a new endpoint
+    /// gets one). Routes without a body accept any.
+    fn check_body(self, bytes: &[u8]) -> Result<(), ApiError> {
+        match self {
+            Self::Completions => openai::check_completions_body(bytes),
+            Self::ChatCompletions => openai::check_chat_body(bytes),
+            Self::Responses | Self::ResponsesInputTokens => responses::check_body(bytes),
+            Self::Messages | Self::CountTokens => anthropic::check_body(bytes),
+            Self::Completion => llama_server::check_body("completion", bytes),
+            Self::Tokenize => llama_server::check_body("tokenize", bytes),
+            Self::Detokenize => llama_server::check_body("detokenize", bytes),
+            Self::ApplyTemplate => llama_server::check_body("apply-template", bytes),
+            Self::EmbeddingsOpenAi | Self::EmbeddingsLlama => embeddings::check_body(bytes),
+            Self::Models
+            | Self::Health
+            | Self::Props
+            | Self::SetProps
+            | Self::Slots
+            | Self::Metrics => Ok(()),
+        }
+    }
+}
+
+/// The paths of the routes that take a request body (`POST`), in [`ROUTES`]'s order.
+pub fn post_paths() -> Vec<&'static str> {
+    ROUTES
+        .iter()
+        .filter(|r| r.method == Method::POST)
+        .map(|r| r.path)
+        .collect()
+}
+
+/// `bytes` as the body of `POST path`, parsed and checked as its handler does before it needs the
+/// model; `Ok` for a path without such a route.
+pub fn check_request_body(path: &str, bytes: &[u8]) -> Result<(), ApiError> {
+    match ROUTES
+        .iter()
+        .find(|r| r.method == Method::POST && match_path(r.path, path).is_some())
+    {
+        Some(route) => route.endpoint.check_body(bytes),
+        None => Ok(()),
+    }
+}
+
 /// Answers one request. Every failure becomes a response here, so the connection keeps serving.
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<Body> {
     let method = request.method().clone();
