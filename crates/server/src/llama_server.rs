@@ -102,11 +102,33 @@ struct CompletionRequest {
 }
 
 /// llama-server's request bodies through the checks their handlers make before they need the
-/// model (for the fuzz targets; see `crate::fuzzing`): `endpoint` is `completion`, `tokenize`,
-/// `detokenize` or `apply-template`.
+/// model (for the fuzz targets; see `crate::fuzzing`): `endpoint` is `completion`, `infill`,
+/// `tokenize`, `detokenize` or `apply-template`.
 pub(crate) fn check_body(endpoint: &str, bytes: &[u8]) -> Result<(), ApiError> {
     match endpoint {
-        "completion" => read_inert_then_parse::<CompletionRequest>(bytes).and_then(|request| {
+        "completion" | "infill" => {
+            let mut request: CompletionRequest = read_inert_then_parse(bytes)?;
+            let prompt = request.prompt.take();
+            if endpoint == "infill" {
+                if request.input_prefix.is_none() || request.input_suffix.is_none() {
+                    return Err(ApiError::invalid_param(
+                        "input_prefix",
+                        "input_prefix and input_suffix are required",
+                    ));
+                }
+                if let Some(LlamaPrompt::Tokens(_)) = prompt {
+                    return Err(ApiError::invalid_param(
+                        "prompt",
+                        "prompt must be a string on /infill",
+                    ));
+                }
+            } else if prompt.is_none()
+                || request.input_prefix.is_some()
+                || request.input_suffix.is_some()
+                || request.input_extra.is_some()
+            {
+                return Err(ApiError::invalid_param("prompt", "refused by /completion"));
+            }
             for n in [request.n_cmpl, request.n].into_iter().flatten() {
                 if n != 1 {
                     return Ok(());
@@ -131,7 +153,7 @@ pub(crate) fn check_body(endpoint: &str, bytes: &[u8]) -> Result<(), ApiError> {
             }
             .constraint()?;
             Ok(())
-        }),
+        }
         "tokenize" => crate::read::parse_json::<TokenizeRequest>(bytes).map(drop),
         "detokenize" => crate::read::parse_json::<DetokenizeRequest>(bytes).map(drop),
         _ => {

@@ -222,6 +222,7 @@ impl Endpoint {
             Self::Responses | Self::ResponsesInputTokens => responses::check_body(bytes),
             Self::Messages | Self::CountTokens => anthropic::check_body(bytes),
             Self::Completion => llama_server::check_body("completion", bytes),
+            Self::Infill => llama_server::check_body("infill", bytes),
             Self::Tokenize => llama_server::check_body("tokenize", bytes),
             Self::Detokenize => llama_server::check_body("detokenize", bytes),
             Self::ApplyTemplate => llama_server::check_body("apply-template", bytes),
@@ -231,7 +232,8 @@ impl Endpoint {
             | Self::Props
             | Self::SetProps
             | Self::Slots
-            | Self::Metrics => Ok(()),
+            | Self::Metrics
+            | Self::WebUi(_) => Ok(()),
         }
     }
 }
