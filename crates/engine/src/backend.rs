@@ -141,6 +141,12 @@ pub trait Backend {
         0
     }
 
+    /// KV memory reserved now (running sequences and prefix-cache slots) and the budget that
+    /// bounds it, in bytes; `None` where the backend keeps no such budget.
+    fn kv_usage(&self) -> Option<(usize, usize)> {
+        None
+    }
+
     /// Whether [`Backend::copy_prefix`] works (the prefix cache needs it).
     fn can_copy_prefix(&self) -> bool {
         false
@@ -248,6 +254,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn kv_bytes(&self, positions: usize) -> usize {
         (**self).kv_bytes(positions)
+    }
+
+    fn kv_usage(&self) -> Option<(usize, usize)> {
+        (**self).kv_usage()
     }
 
     fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {

@@ -16,7 +16,7 @@ use crate::error::EngineError;
 use crate::metrics::EngineMetrics;
 use crate::options::{BackendKind, EngineOptions};
 use crate::request::{Event, FinishReason, GenerationRequest, RequestId, Usage};
-use crate::scheduler::{ConstraintSource, Scheduler, SchedulerStats};
+use crate::scheduler::{ConstraintSource, Scheduler, SchedulerConfig, SchedulerStats};
 use crate::text::TokenizerDecoder;
 
 /// What the engine knows about its model.
@@ -117,6 +117,8 @@ pub struct Engine {
     metrics: Arc<Mutex<EngineMetrics>>,
     /// The default for requests that do not choose ([`EngineOptions::speculative`]).
     speculative: Option<crate::SpeculativeConfig>,
+    /// The scheduler's limits ([`EngineOptions::scheduler`]).
+    scheduler: SchedulerConfig,
 }
 
 impl std::fmt::Debug for Engine {
@@ -143,6 +145,7 @@ impl Engine {
             speculative.validate()?;
         }
         let speculative = options.speculative;
+        let scheduler_config = options.scheduler;
         if speculative.is_some_and(|s| s.proposer == crate::Proposer::DraftModel)
             && options.draft_model.is_none()
         {
@@ -216,7 +219,18 @@ impl Engine {
             chat_template,
             metrics,
             speculative,
+            scheduler: scheduler_config,
         })
+    }
+
+    /// The speculative decoding a request that does not choose gets (`None`: plain decoding).
+    pub fn default_speculative(&self) -> Option<crate::SpeculativeConfig> {
+        self.speculative
+    }
+
+    /// The scheduler's limits: its batch, and how many requests may wait for a slot.
+    pub fn scheduler_config(&self) -> SchedulerConfig {
+        self.scheduler
     }
 
     /// The model's description.
@@ -247,6 +261,8 @@ impl Engine {
             accepted_tokens: m.accepted_tokens,
             draft_fallbacks: m.draft_fallbacks,
             reused_tokens: m.reused_tokens,
+            busy_slot_steps: m.busy_slot_steps,
+            drafts: m.drafts,
         }
     }
 
@@ -447,6 +463,9 @@ fn weight_totals(loaded: &LoadedModel) -> (u64, u64) {
 /// Per-request timing, for the latency histograms.
 struct Timing {
     submitted: Instant,
+    /// The start of the step that gave the request a slot.
+    admitted: Option<Instant>,
+    first_token: Option<Instant>,
     last_token: Option<Instant>,
 }
 
@@ -480,6 +499,8 @@ fn run_worker<B: Backend>(
                     if let Some(id) = accepted {
                         let timing = Timing {
                             submitted: Instant::now(),
+                            admitted: None,
+                            first_token: None,
                             last_token: None,
                         };
                         streams.insert(id, (events, timing));
@@ -507,8 +528,16 @@ fn run_worker<B: Backend>(
             publish(&metrics, &mut local, &scheduler);
             continue;
         }
+        let step_start = Instant::now();
         let events = scheduler.step();
         let now = Instant::now();
+        // A request in a slot after this step was admitted by it at the latest (one that ends
+        // in the step it was admitted by is seen by its events below).
+        for id in scheduler.running_ids() {
+            if let Some((_, timing)) = streams.get_mut(&id) {
+                admit(&mut local, timing, step_start);
+            }
+        }
         // Count first and publish, then deliver: a caller that sees its request finish also
         // sees it in the metrics.
         for (id, event) in &events {
@@ -517,13 +546,28 @@ fn run_worker<B: Backend>(
             };
             match event {
                 Event::Token { .. } => {
+                    admit(&mut local, timing, step_start);
                     match timing.last_token {
-                        None => local.time_to_first_token.observe(now - timing.submitted),
+                        None => {
+                            local.time_to_first_token.observe(now - timing.submitted);
+                            if let Some(admitted) = timing.admitted {
+                                local.prefill_time.observe(now - admitted);
+                            }
+                        }
                         Some(last) => local.inter_token_latency.observe(now - last),
                     }
+                    timing.first_token.get_or_insert(now);
                     timing.last_token = Some(now);
                 }
-                Event::Finished { reason, .. } => local.finished.record(*reason),
+                Event::Finished { reason, usage, .. } => {
+                    local.finished.record(*reason);
+                    local.e2e_request_latency.observe(now - timing.submitted);
+                    if let Some(first) = timing.first_token {
+                        local.decode_time.observe(now - first);
+                    }
+                    let positions = (usage.prompt_tokens + usage.completion_tokens) as u64;
+                    local.max_request_tokens = local.max_request_tokens.max(positions);
+                }
             }
         }
         publish(&metrics, &mut local, &scheduler);
@@ -543,6 +587,15 @@ fn run_worker<B: Backend>(
     }
 }
 
+/// Notes when a request got its slot (once): the start of the step that admitted it.
+fn admit(local: &mut EngineMetrics, timing: &mut Timing, step_start: Instant) {
+    if timing.admitted.is_none() {
+        let at = step_start.max(timing.submitted);
+        timing.admitted = Some(at);
+        local.queue_time.observe(at - timing.submitted);
+    }
+}
+
 /// Copies the worker's metrics, with the scheduler's current counters, where readers see them.
 fn publish<B: Backend>(
     shared: &Mutex<EngineMetrics>,
@@ -559,8 +612,11 @@ fn publish<B: Backend>(
     local.accepted_tokens = stats.accepted_tokens;
     local.draft_fallbacks = stats.draft_fallbacks;
     local.reused_tokens = stats.reused_tokens;
+    local.drafts = stats.drafts;
+    local.busy_slot_steps = stats.busy_slot_steps;
     local.buckets = scheduler.bucket_occupancy();
     local.compilations = scheduler.backend().compilations();
+    local.kv_usage = scheduler.backend().kv_usage();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = local.clone();
 }
 

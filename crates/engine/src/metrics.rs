@@ -63,6 +63,11 @@ pub const TTFT_BOUNDS: &[f64] = &[
 /// Inter-token latency: between consecutive tokens of one request (one decode step).
 pub const ITL_BOUNDS: &[f64] = &[0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5];
 
+/// Whole requests (end-to-end latency, decode time): up to the minutes a long generation takes.
+pub const E2E_BOUNDS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0,
+];
+
 /// One static-shape bucket's use right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketOccupancy {
@@ -156,6 +161,22 @@ pub struct EngineMetrics {
     pub time_to_first_token: Histogram,
     /// Time between consecutive tokens of a request.
     pub inter_token_latency: Histogram,
+    /// Time from submission to the end of a request (every finish reason).
+    pub e2e_request_latency: Histogram,
+    /// Time from a request's first token to its end (its decode phase).
+    pub decode_time: Histogram,
+    /// Time from submission to the step that admitted the request to a slot.
+    pub queue_time: Histogram,
+    /// Time from admission to the first token (its prefill).
+    pub prefill_time: Histogram,
+    /// KV memory reserved and its budget, in bytes (`None`: the backend keeps no budget).
+    pub kv_usage: Option<(usize, usize)>,
+    /// The sum over steps of the sequences each step ran (divided by `steps`: the mean batch).
+    pub busy_slot_steps: u64,
+    /// The most positions (prompt and generated tokens) a finished request used.
+    pub max_request_tokens: u64,
+    /// Speculative decoding: verification passes that carried proposals.
+    pub drafts: u64,
     /// Static-shape buckets (empty for dynamic backends).
     pub buckets: Vec<BucketOccupancy>,
     /// Executables the backend compiled (0 for backends that do not compile).
@@ -178,6 +199,14 @@ impl Default for EngineMetrics {
             finished: FinishCounts::default(),
             time_to_first_token: Histogram::new(TTFT_BOUNDS),
             inter_token_latency: Histogram::new(ITL_BOUNDS),
+            e2e_request_latency: Histogram::new(E2E_BOUNDS),
+            decode_time: Histogram::new(E2E_BOUNDS),
+            queue_time: Histogram::new(TTFT_BOUNDS),
+            prefill_time: Histogram::new(TTFT_BOUNDS),
+            kv_usage: None,
+            busy_slot_steps: 0,
+            max_request_tokens: 0,
+            drafts: 0,
             buckets: Vec::new(),
             compilations: 0,
         }

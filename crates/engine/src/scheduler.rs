@@ -72,6 +72,13 @@ impl SchedulerConfig {
             self.token_budget,
             self.token_budget >= self.max_batch,
             "at least max_batch, so every running sequence decodes each step",
+        )?;
+        // A request waits for its first step even when a slot is free.
+        check(
+            "max_waiting",
+            self.max_waiting,
+            self.max_waiting >= 1,
+            "at least 1",
         )
     }
 }
@@ -155,6 +162,10 @@ pub struct SchedulerStats {
     pub draft_fallbacks: u64,
     /// Prompt tokens not computed because a cached prefix held them (the prefix cache).
     pub reused_tokens: u64,
+    /// The sum over steps of the sequences each step ran.
+    pub busy_slot_steps: u64,
+    /// Speculative verification passes that carried proposals.
+    pub drafts: u64,
 }
 
 /// The continuous batcher over one backend.
@@ -375,6 +386,11 @@ impl<B: Backend> Scheduler<B> {
             .collect()
     }
 
+    /// The requests holding a slot.
+    pub fn running_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.running.iter().map(|s| s.id)
+    }
+
     /// Whether any request is waiting or running.
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
@@ -551,6 +567,7 @@ impl<B: Backend> Scheduler<B> {
             .collect();
         let result = self.backend.step(&batch);
         self.stats.steps += 1;
+        self.stats.busy_slot_steps += batch.len() as u64;
 
         match result {
             Ok(mut logits) if logits.len() == scheduled.len() => {
@@ -893,6 +910,10 @@ impl<B: Backend> Scheduler<B> {
             0,
         );
         self.stats.steps += 1;
+        self.stats.busy_slot_steps += 1;
+        if !proposals.is_empty() {
+            self.stats.drafts += 1;
+        }
         let sequence = &mut self.running[index];
         let rows = match rows {
             Ok(rows) if rows.len() == input.len() => rows,

@@ -78,6 +78,16 @@ pub const MAX_RENDER_BYTES: usize = 64 << 20;
 pub const MAX_RENDER_TIME: Duration = Duration::from_secs(60);
 
 impl ChatTemplate {
+    /// The text of the beginning-of-sequence token the template renders as `bos_token`.
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+
+    /// The text of the end-of-sequence token the template renders as `eos_token`.
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+
     /// The template's source text (to tell which tool-call format the model was trained on).
     pub fn source(&self) -> String {
         self.env

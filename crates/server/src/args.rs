@@ -205,6 +205,17 @@ pub struct ServerArgs {
     #[arg(long = "embedding", alias = "embeddings", env = "LLAMA_ARG_EMBEDDINGS")]
     pub embedding: bool,
 
+    /// Most requests waiting for a slot (beyond the `--parallel` running); past it a request is
+    /// answered 503 with `Retry-After` (the measured drain time of the queue), and `/health`
+    /// answers 503 until the queue has room.
+    #[arg(
+        long = "max-queue-depth",
+        env = "MLXCEL_MAX_QUEUE_DEPTH",
+        default_value_t = 64,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_queue_depth: u64,
+
     /// The prefix cache's memory in MiB (llama-server's `--cache-ram`): finished requests' KV is
     /// kept for prompts that start the same way; `-1` no limit, `0` off (MLX backend only).
     #[arg(
@@ -397,6 +408,7 @@ impl ServerArgs {
             .transpose()
             .map_err(|err: String| ServerError::Flag(format!("--activations: {err}")))?;
         options.scheduler.token_budget = options.scheduler.token_budget.max(parallel);
+        options.scheduler.max_waiting = usize::try_from(self.max_queue_depth).unwrap_or(usize::MAX);
         options.speculative = SpeculativeConfig::from_flags(
             self.spec_type.as_deref(),
             self.spec_draft_model.is_some(),

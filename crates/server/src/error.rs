@@ -43,8 +43,15 @@ pub enum ApiError {
     #[error("the model is loading; retry shortly")]
     Loading,
     /// The engine's queue is full.
-    #[error("{0}")]
-    QueueFull(String),
+    #[error("{message}")]
+    QueueFull {
+        message: String,
+        /// Seconds a client should wait before trying again (the `Retry-After` header).
+        retry_after: u64,
+    },
+    /// `GET /slots?fail_on_no_slot=1` while every slot is busy.
+    #[error("no slot available")]
+    NoSlotAvailable,
     /// The server is shutting down or the engine has stopped.
     #[error("the server is shutting down")]
     Unavailable,
@@ -57,12 +64,15 @@ pub enum ApiError {
     Internal(String),
 }
 
-/// The shape an error body takes: OpenAI's on every route but Anthropic's, whose clients read
-/// Anthropic's (`{"type": "error", "error": {"type", "message"}}`).
+/// The shape an error body takes: OpenAI's on most routes; Anthropic's on Anthropic's, whose
+/// clients read `{"type": "error", "error": {"type", "message"}}`; llama-server's on its status
+/// routes (`/health`, `/slots`), whose probes read the HTTP status as a number in
+/// `{"error": {"code": 503, "message", "type"}}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorShape {
     OpenAi,
     Anthropic,
+    LlamaServer,
 }
 
 #[derive(Serialize)]
@@ -131,7 +141,7 @@ impl ApiError {
             Self::NotFound { .. } | Self::ModelNotFound { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Loading | Self::QueueFull(_) | Self::Unavailable => {
+            Self::Loading | Self::QueueFull { .. } | Self::Unavailable | Self::NoSlotAvailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
@@ -159,7 +169,8 @@ impl ApiError {
                 ("invalid_request_error", Some("payload_too_large"), None)
             }
             Self::Loading => ("unavailable_error", Some("model_loading"), None),
-            Self::QueueFull(_) => ("unavailable_error", Some("queue_full"), None),
+            Self::QueueFull { .. } => ("unavailable_error", Some("queue_full"), None),
+            Self::NoSlotAvailable => ("unavailable_error", Some("no_slot_available"), None),
             Self::Unavailable => ("unavailable_error", Some("shutting_down"), None),
             Self::NotImplemented(_) => ("not_supported_error", Some("not_implemented"), None),
             Self::Internal(_) => ("server_error", Some("internal_error"), None),
@@ -183,7 +194,9 @@ impl ApiError {
             Self::Unauthorized => "authentication_error",
             Self::NotFound { .. } | Self::ModelNotFound { .. } => "not_found_error",
             Self::PayloadTooLarge { .. } => "request_too_large",
-            Self::Loading | Self::QueueFull(_) | Self::Unavailable => "overloaded_error",
+            Self::Loading | Self::QueueFull { .. } | Self::Unavailable | Self::NoSlotAvailable => {
+                "overloaded_error"
+            }
             Self::NotImplemented(_) | Self::Internal(_) => "api_error",
         };
         serde_json::to_value(AnthropicErrorBody {
@@ -196,6 +209,16 @@ impl ApiError {
         .unwrap_or_default()
     }
 
+    /// llama-server's error body: OpenAI's `type` and message, the HTTP status as `code`.
+    pub fn llama_server_body(&self) -> serde_json::Value {
+        let mut body = self.body();
+        if let Some(error) = body.get_mut("error").and_then(|e| e.as_object_mut()) {
+            error.remove("param");
+            error.insert("code".into(), self.status().as_u16().into());
+        }
+        body
+    }
+
     /// The one mapping from an error to a response, in OpenAI's shape.
     pub fn response(&self) -> Response<Body> {
         self.response_as(ErrorShape::OpenAi)
@@ -204,7 +227,12 @@ impl ApiError {
     /// The one mapping from an error to a response, in `shape`.
     pub fn response_as(&self, shape: ErrorShape) -> Response<Body> {
         let status = self.status();
-        if status.is_server_error() && !matches!(self, Self::Loading | Self::QueueFull(_)) {
+        if status.is_server_error()
+            && !matches!(
+                self,
+                Self::Loading | Self::QueueFull { .. } | Self::NoSlotAvailable
+            )
+        {
             tracing::error!(error = ?self, "request failed");
         } else {
             tracing::debug!(%status, error = %self, "request refused");
@@ -212,12 +240,16 @@ impl ApiError {
         let body = match shape {
             ErrorShape::OpenAi => self.body(),
             ErrorShape::Anthropic => self.anthropic_body(),
+            ErrorShape::LlamaServer => self.llama_server_body(),
         };
         let mut response = json(status, &body);
         let headers = response.headers_mut();
         match self {
-            Self::QueueFull(_) | Self::Loading => {
+            Self::Loading => {
                 headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::QueueFull { retry_after, .. } => {
+                headers.insert(RETRY_AFTER, HeaderValue::from(*retry_after));
             }
             Self::Unauthorized => {
                 headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -252,9 +284,10 @@ impl From<EngineError> for ApiError {
                 Self::bad_request(err.to_string())
             }
             EngineError::Model(_) => Self::bad_request(err.to_string()),
-            EngineError::QueueFull { .. } | EngineError::NoFreeSlot => {
-                Self::QueueFull(err.to_string())
-            }
+            EngineError::QueueFull { .. } | EngineError::NoFreeSlot => Self::QueueFull {
+                message: err.to_string(),
+                retry_after: 1,
+            },
             EngineError::Stopped => Self::Unavailable,
             _ => Self::Internal(err.to_string()),
         }

@@ -11,6 +11,7 @@ use mlxcel_engine::{
 
 use crate::body::StreamSender;
 use crate::error::ApiError;
+use crate::llama_fields::BiasTarget;
 use crate::state::{ActiveRequest, AppState};
 
 /// How long a cancelled request may take to report its end before the server stops waiting.
@@ -54,6 +55,8 @@ pub struct Params {
     pub ignore_eos: bool,
     /// llama-server's `t_max_predict_ms` ([`GenerationRequest::predict_time_limit`]).
     pub predict_time_limit: Option<Duration>,
+    /// `logit_bias`, resolved to token ids at submission ([`resolve_logit_bias`]).
+    pub logit_bias: Vec<(BiasTarget, f32)>,
 }
 
 /// Reads a signed token budget (`-1` unlimited) of field `param`.
@@ -119,6 +122,82 @@ fn sampling(state: &AppState, params: &Params, eos: &[u32]) -> SamplingParams {
     }
 }
 
+/// A request's settings as `/slots` shows them (llama-server's `params` of a slot: its names,
+/// and the neutral values of the samplers this server does not have).
+fn slot_params(request: &GenerationRequest, ignore_eos: bool) -> serde_json::Value {
+    let s = &request.sampling;
+    serde_json::json!({
+        "n_predict": match request.max_new_tokens {
+            MaxNewTokens::Limited(n) => n as i64,
+            MaxNewTokens::Unlimited => -1,
+        },
+        "seed": s.seed.map_or(-1, |seed| seed as i64),
+        "temperature": s.temperature,
+        "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "top_n_sigma": -1.0,
+        "xtc_probability": 0.0,
+        "xtc_threshold": 0.1,
+        "typical_p": s.typical_p,
+        "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repeat_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "dry_multiplier": 0.0,
+        "mirostat": 0,
+        "stop": request.stop,
+        "ignore_eos": ignore_eos,
+        "logit_bias": s.logit_bias.iter().map(|&(t, b)| {
+            serde_json::json!([t, if b == f32::NEG_INFINITY { serde_json::Value::Bool(false) } else { b.into() }])
+        }).collect::<Vec<_>>(),
+        "n_probs": request.logprobs.unwrap_or(0),
+        "samplers": s.samplers.iter().map(|stage| stage.name()).collect::<Vec<_>>(),
+    })
+}
+
+/// The token ids and biases of `logit_bias`: an id must be in the vocabulary, a text biases each
+/// token of its tokenization (without special tokens, as llama-server tokenizes it).
+pub(crate) fn resolve_logit_bias(
+    engine: &Engine,
+    entries: &[(BiasTarget, f32)],
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    let mut out = Vec::new();
+    for (target, bias) in entries {
+        match target {
+            BiasTarget::Id(id) => {
+                let vocab = engine.info().vocab_size;
+                let token = u32::try_from(*id).ok().filter(|&t| (t as usize) < vocab);
+                let Some(token) = token else {
+                    return Err(ApiError::invalid_param(
+                        "logit_bias",
+                        format!("logit_bias: token id {id} is not in the vocabulary (0..{vocab})"),
+                    ));
+                };
+                out.push((token, *bias));
+            }
+            BiasTarget::Text(text) => {
+                let tokens = engine
+                    .tokenizer()
+                    .encode(text, false, false)
+                    .map_err(EngineError::from)?;
+                if tokens.is_empty() {
+                    return Err(ApiError::invalid_param(
+                        "logit_bias",
+                        format!(
+                            "logit_bias: {text:?} has no tokens; name a token id or a non-empty text"
+                        ),
+                    ));
+                }
+                out.extend(tokens.into_iter().map(|t| (t, *bias)));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The prompt's tokens, as the engine will see them; an empty prompt is refused.
 pub(crate) fn tokenize(engine: &Engine, prompt: PromptInput) -> Result<Vec<u32>, ApiError> {
     let tokens = match prompt {
@@ -147,6 +226,7 @@ pub async fn submit(
 ) -> Result<Tracked, ApiError> {
     let engine = state.engine()?.clone();
     let sampling = sampling(state, &params, &engine.info().eos_token_ids);
+    let ignore_eos = params.ignore_eos;
     let requested = params
         .max_new_tokens
         .unwrap_or(state.config().default_max_new_tokens);
@@ -157,6 +237,10 @@ pub async fn submit(
     let request = tokio::task::spawn_blocking({
         let engine = engine.clone();
         move || {
+            let mut sampling = sampling;
+            sampling
+                .logit_bias
+                .extend(resolve_logit_bias(&engine, &params.logit_bias)?);
             let prompt = tokenize(&engine, prompt)?;
             // `--ctx-size` below the window: refuse what it cannot hold, clamp an unlimited budget to
             // it. At the window the engine decides, so a static-shape backend still sees the budget.
@@ -185,19 +269,34 @@ pub async fn submit(
     .await
     .map_err(|err| ApiError::Internal(format!("tokenizing task failed: {err}")))??;
     let prompt_len = request.prompt.len();
+    let slot_params = slot_params(&request, ignore_eos);
+    let budget = match request.max_new_tokens {
+        MaxNewTokens::Limited(n) => Some(n),
+        MaxNewTokens::Unlimited => None,
+    };
+    let prompt = request.prompt.clone();
     let stream = engine
         .submit_async(request)
         .await
-        .map_err(ApiError::from)
-        .inspect_err(|err| {
-            if matches!(err, ApiError::QueueFull(_)) {
+        .map_err(|err| match ApiError::from(err) {
+            ApiError::QueueFull { message, .. } => {
                 state.metrics().observe_queue_full();
+                ApiError::QueueFull {
+                    message,
+                    retry_after: state.metrics().retry_after(engine.metrics().waiting),
+                }
             }
+            other => other,
         })?;
     let key = state.register(ActiveRequest {
         request_id: stream.id(),
+        slot: None,
+        prompt,
         prompt_tokens: prompt_len,
+        budget,
         generated: 0,
+        text: String::new(),
+        params: slot_params,
         started: Instant::now(),
     });
     Ok(Tracked {
@@ -259,11 +358,11 @@ impl Tracked {
         let event = self.stream.next_event().await?;
         let now = Instant::now();
         match &event {
-            Event::Token { .. } => {
+            Event::Token { text, .. } => {
                 self.first_token.get_or_insert(now);
                 self.last_token = Some(now);
                 self.generated += 1;
-                self.state.note_generated(self.key, self.generated);
+                self.state.note_generated(self.key, self.generated, text);
             }
             Event::Finished { reason, .. } => {
                 self.finished = true;

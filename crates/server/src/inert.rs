@@ -51,7 +51,6 @@ pub const INERT_FIELDS: &[(&str, &[&str])] = &[
     ("reasoning_budget_start_tag", &["\"\""]),
     ("reasoning_budget_end_tags", &["[]"]),
     ("reasoning_budget_message", &["\"\""]),
-    ("logit_bias", &["{}", "[]"]),
     ("reasoning_budget_end_tag", &["\"\""]),
     ("grammar_type", &["\"gbnf\""]),
     ("id_slot", &["-1"]),
@@ -107,6 +106,6 @@ mod tests {
         let err = refuse_inert_fields(br#"{"mirostat": 2}"#).unwrap_err();
         assert!(format!("{err:?}").contains("mirostat"), "{err:?}");
         assert!(refuse_inert_fields(br#"{"xtc_probability": 0.5}"#).is_err());
-        assert!(refuse_inert_fields(br#"{"logit_bias": {}}"#).is_ok());
+        assert!(refuse_inert_fields(br#"{"lora": []}"#).is_ok());
     }
 }

@@ -1,12 +1,13 @@
 //! llama-server's generation fields that every generating route reads (llama-server hands the
 //! body of its OpenAI, Responses and Anthropic routes to the same task schema as `/completion`):
-//! `ignore_eos`, `t_max_predict_ms`, `samplers`, `typical_p`, and the output fields `n_probs` and
-//! `return_tokens`, which each route answers in its own shape.
+//! `ignore_eos`, `t_max_predict_ms`, `samplers`, `typical_p`, `logit_bias`, and the output fields
+//! `n_probs` and `return_tokens`, which each route answers in its own shape.
 
 use std::time::Duration;
 
 use mlxcel_engine::SamplerStage;
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::generate::Params;
@@ -27,6 +28,77 @@ pub struct LlamaFields {
     /// Log-probabilities of this many alternatives per token (on the OpenAI routes, read when
     /// their own `logprobs` does not ask).
     pub n_probs: Option<usize>,
+    /// Added to the logits of tokens before sampling ([`read_logit_bias`]).
+    pub logit_bias: Option<Value>,
+}
+
+/// The token a `logit_bias` entry names: an id, or text whose every token gets the bias.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BiasTarget {
+    Id(i64),
+    Text(String),
+}
+
+/// Reads `logit_bias` as llama-server does, on every generating route (OpenAI's object of
+/// token-id strings is one of its forms): an object from a token id (as a string) or a text to
+/// a bias, or a list of `[token id or text, bias]` pairs. A bias is a number, or `false` for
+/// -infinity (the token is never sampled). A text key biases every token of its tokenization.
+/// Where llama-server skips an entry it cannot read (an id outside the vocabulary, a bias that is
+/// neither), this server refuses the request with a 400 naming `logit_bias`.
+pub fn read_logit_bias(value: &Value) -> Result<Vec<(BiasTarget, f32)>, ApiError> {
+    let bad = |message: String| ApiError::invalid_param("logit_bias", message);
+    let bias = |key: &str, value: &Value| -> Result<f32, ApiError> {
+        match value {
+            Value::Bool(false) => Ok(f32::NEG_INFINITY),
+            Value::Number(n) => {
+                let b = n.as_f64().unwrap_or(f64::NAN) as f32;
+                if b.is_finite() {
+                    Ok(b)
+                } else {
+                    Err(bad(format!(
+                        "logit_bias[{key}]: {n} is out of range; send a finite number, or false \
+                         to forbid the token"
+                    )))
+                }
+            }
+            other => Err(bad(format!(
+                "logit_bias[{key}]: expected a number, or false to forbid the token; got {other}"
+            ))),
+        }
+    };
+    let target = |key: &str| match key.trim().parse::<i64>() {
+        Ok(id) if !key.trim().is_empty() => BiasTarget::Id(id),
+        _ => BiasTarget::Text(key.to_owned()),
+    };
+    match value {
+        Value::Null => Ok(Vec::new()),
+        Value::Object(map) => map
+            .iter()
+            .map(|(key, value)| Ok((target(key), bias(key, value)?)))
+            .collect(),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match item.as_array().map(Vec::as_slice) {
+                Some([Value::Number(id), value]) => {
+                    let id = id.as_i64().ok_or_else(|| {
+                        bad(format!("logit_bias[{i}]: token id {id} is not an integer"))
+                    })?;
+                    Ok((BiasTarget::Id(id), bias(&id.to_string(), value)?))
+                }
+                Some([Value::String(text), value]) => {
+                    Ok((BiasTarget::Text(text.clone()), bias(text, value)?))
+                }
+                _ => Err(bad(format!(
+                    "logit_bias[{i}]: expected a pair [token id or text, bias]; got {item}"
+                ))),
+            })
+            .collect(),
+        other => Err(bad(format!(
+            "logit_bias: expected an object {{\"token id or text\": bias}} or a list of \
+             [token, bias] pairs; got {other}"
+        ))),
+    }
 }
 
 /// llama-server's `samplers`: a list of names, or a string of sampler characters.
@@ -148,6 +220,9 @@ impl LlamaFields {
     pub fn apply(&self, params: &mut Params) -> Result<(), ApiError> {
         params.ignore_eos = self.ignore_eos.unwrap_or(false);
         params.typical_p = self.typical_p;
+        if let Some(bias) = &self.logit_bias {
+            params.logit_bias = read_logit_bias(bias)?;
+        }
         if let Some(samplers) = &self.samplers {
             params.samplers = Some(samplers.stages()?);
         }
@@ -173,6 +248,41 @@ impl LlamaFields {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn logit_bias_reads_every_llama_server_form() {
+        let read = |v: Value| read_logit_bias(&v);
+        assert_eq!(
+            read(json!({"15": 2.5, " hi": false})).unwrap(),
+            vec![
+                (BiasTarget::Id(15), 2.5),
+                (BiasTarget::Text(" hi".into()), f32::NEG_INFINITY),
+            ]
+        );
+        assert_eq!(
+            read(json!([[7, -1], ["x", false]])).unwrap(),
+            vec![
+                (BiasTarget::Id(7), -1.0),
+                (BiasTarget::Text("x".into()), f32::NEG_INFINITY),
+            ]
+        );
+        assert_eq!(read(json!({})).unwrap(), vec![]);
+        assert_eq!(read(json!([])).unwrap(), vec![]);
+        assert_eq!(read(Value::Null).unwrap(), vec![]);
+        for bad in [
+            json!({"1": true}),
+            json!({"1": "2"}),
+            json!([[1]]),
+            json!([[1.5, 1]]),
+            json!([1, 2]),
+            json!(3),
+            json!({"1": 1e300}),
+        ] {
+            let err = read(bad.clone()).unwrap_err();
+            assert!(format!("{err:?}").contains("logit_bias"), "{bad}: {err:?}");
+        }
+    }
 
     #[test]
     fn sampler_names_and_chars_read_as_llama_cpp_reads_them() {

@@ -152,6 +152,9 @@ pub(crate) fn check_body(endpoint: &str, bytes: &[u8]) -> Result<(), ApiError> {
                 guided_grammar: request.guided_grammar,
             }
             .constraint()?;
+            // llama-server's fields every generating route reads (`logit_bias`, `samplers` ...).
+            let llama: LlamaFields = crate::read::parse_json(bytes)?;
+            llama.apply(&mut crate::generate::Params::default())?;
             Ok(())
         }
         "tokenize" => crate::read::parse_json::<TokenizeRequest>(bytes).map(drop),
@@ -726,13 +729,28 @@ pub async fn apply_template(
     Ok(json(StatusCode::OK, &PromptResponse { prompt }))
 }
 
-/// `GET /health`: 503 while the model loads, 200 when ready.
-pub fn health(state: &AppState) -> Response<Body> {
-    if state.is_ready() {
-        json(StatusCode::OK, &HealthResponse { status: "ok" })
-    } else {
-        ApiError::Loading.response()
+/// `GET /health`, readiness: 503 while the model loads, and while the engine's queue is full
+/// (`--max-queue-depth`; a load balancer sends the next request elsewhere), else 200. The error
+/// bodies are llama-server's (the status as a number in `code`).
+pub fn health(state: &AppState) -> Result<Response<Body>, ApiError> {
+    let engine = state.engine()?;
+    let waiting = engine.metrics().waiting;
+    let depth = engine.scheduler_config().max_waiting;
+    if waiting >= depth {
+        return Err(ApiError::QueueFull {
+            message: format!(
+                "the queue is full: {waiting} requests wait for a slot (--max-queue-depth {depth})"
+            ),
+            retry_after: state.metrics().retry_after(waiting),
+        });
     }
+    Ok(json(StatusCode::OK, &HealthResponse { status: "ok" }))
+}
+
+/// `GET /live`, liveness: 200 whenever the server answers HTTP, loading or not (a process
+/// supervisor restarts a server that stops answering it, not one that is busy or loading).
+pub fn live() -> Response<Body> {
+    json(StatusCode::OK, &HealthResponse { status: "alive" })
 }
 
 #[derive(Debug, Serialize)]
@@ -745,6 +763,13 @@ struct Props {
     n_ctx_train: usize,
     /// The checkpoint's chat template, as written (empty when it has none).
     chat_template: String,
+    /// The texts of the beginning- and end-of-sequence tokens (empty when there is none).
+    bos_token: String,
+    eos_token: String,
+    /// Text only: no image or audio input.
+    modalities: Modalities,
+    /// The model is never unloaded while idle.
+    is_sleeping: bool,
     build_info: &'static str,
     endpoint_slots: bool,
     endpoint_props: bool,
@@ -753,6 +778,12 @@ struct Props {
     threads: Option<usize>,
     /// The static-shape buckets; `null` on a dynamic backend.
     capacity_buckets: Option<Vec<usize>>,
+}
+
+#[derive(Debug, Serialize)]
+struct Modalities {
+    vision: bool,
+    audio: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -769,6 +800,33 @@ struct DefaultParams {
     temperature: f32,
     /// -1: a fresh seed per request.
     seed: i64,
+}
+
+/// The text of the model's beginning- (`bos`) or end-of-sequence token: the chat template's
+/// (the tokenizer configuration's), else the tokenizer's own (the first token it prepends to a
+/// prompt; the first end-of-sequence id).
+fn special_token_text(engine: &mlxcel_engine::Engine, bos: bool) -> String {
+    if let Some(template) = engine.chat_template() {
+        let text = if bos {
+            template.bos_token()
+        } else {
+            template.eos_token()
+        };
+        if !text.is_empty() {
+            return text.to_owned();
+        }
+    }
+    let tokenizer = engine.tokenizer();
+    let id = if bos {
+        tokenizer
+            .leading_special_tokens()
+            .ok()
+            .and_then(|t| t.first().copied())
+    } else {
+        engine.info().eos_token_ids.first().copied()
+    };
+    id.and_then(|id| tokenizer.id_to_token(id))
+        .unwrap_or_default()
 }
 
 /// `GET /props`.
@@ -797,6 +855,13 @@ pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
         n_ctx,
         n_ctx_train: info.window,
         chat_template: engine.chat_template_source().unwrap_or_default(),
+        bos_token: special_token_text(engine, true),
+        eos_token: special_token_text(engine, false),
+        modalities: Modalities {
+            vision: false,
+            audio: false,
+        },
+        is_sleeping: false,
         build_info: concat!("mlxcel-", env!("CARGO_PKG_VERSION")),
         endpoint_slots: config.slots,
         endpoint_props: config.props,
@@ -808,7 +873,7 @@ pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
     Ok(json(StatusCode::OK, &props))
 }
 
-/// One entry of `/slots`: a request in flight, or an idle slot.
+/// One entry of `/slots`: a request holding the slot, or an idle slot.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 enum Slot {
@@ -816,7 +881,13 @@ enum Slot {
         id: usize,
         id_task: u64,
         n_ctx: usize,
+        speculative: bool,
         is_processing: bool,
+        params: serde_json::Value,
+        /// The prompt, as text.
+        prompt: String,
+        /// The text generated so far.
+        generated: String,
         n_prompt_tokens: usize,
         next_token: NextToken,
         t_elapsed_ms: f64,
@@ -826,36 +897,83 @@ enum Slot {
         /// -1: no task.
         id_task: i64,
         n_ctx: usize,
+        speculative: bool,
         is_processing: bool,
     },
 }
 
 #[derive(Debug, Serialize)]
 struct NextToken {
+    has_next_token: bool,
+    /// Whether the generated text has a newline yet.
+    has_new_line: bool,
+    /// Tokens left in the budget; -1: unlimited.
+    n_remain: i64,
     n_decoded: usize,
 }
 
-/// `GET /slots`: the requests in flight, then idle slots up to `--parallel`; 501 with
-/// `--no-slots`, as llama-server answers.
-pub fn slots(state: &AppState) -> Result<Response<Body>, ApiError> {
+/// Whether a query string (`a=1&b`) sets `name` to a non-empty value, as llama-server reads
+/// its `/slots` flags.
+fn query_flag(query: &str, name: &str) -> bool {
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .any(|(key, value)| key == name && !value.is_empty())
+}
+
+/// `GET /slots`: one entry per `--parallel` slot, by a stable id a request holds from
+/// submission to its end (requests beyond `--parallel` wait in the engine's queue without one,
+/// as llama-server's deferred tasks do); 501 with `--no-slots`, as llama-server answers.
+/// `?fail_on_no_slot=1` answers 503 while no slot is idle.
+pub fn slots(state: &AppState, query: &str) -> Result<Response<Body>, ApiError> {
     if !state.config().slots {
         return Err(ApiError::NotImplemented(
             "This server does not support slots endpoint. Start it with `--slots`".into(),
         ));
     }
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+        if key != "fail_on_no_slot" {
+            return Err(ApiError::invalid_param(
+                key,
+                format!(
+                    "GET /slots?{key}: unknown query parameter (this server reads \
+                     fail_on_no_slot; saving and restoring slots is not supported)"
+                ),
+            ));
+        }
+    }
     let engine = state.engine()?;
     let n_ctx = state.context_limit(engine.info());
+    let speculative = engine.default_speculative().is_some();
     let active = state.active_requests();
-    let total = state.config().parallel.max(active.len());
-    let slots: Vec<Slot> = (0..total)
-        .map(|id| match active.get(id) {
+    let parallel = state.config().parallel;
+    if query_flag(query, "fail_on_no_slot")
+        && active.iter().filter(|r| r.slot.is_some()).count() >= parallel
+    {
+        return Err(ApiError::NoSlotAvailable);
+    }
+    let slots: Vec<Slot> = (0..parallel)
+        .map(|id| match active.iter().find(|r| r.slot == Some(id)) {
             Some(request) => Slot::Busy {
                 id,
                 id_task: request.request_id,
                 n_ctx,
+                speculative,
                 is_processing: true,
+                params: request.params.clone(),
+                prompt: engine
+                    .tokenizer()
+                    .decode(&request.prompt, false)
+                    .unwrap_or_default(),
+                generated: request.text.clone(),
                 n_prompt_tokens: request.prompt_tokens,
                 next_token: NextToken {
+                    has_next_token: true,
+                    has_new_line: request.text.contains('\n'),
+                    n_remain: request
+                        .budget
+                        .map_or(-1, |b| b.saturating_sub(request.generated) as i64),
                     n_decoded: request.generated,
                 },
                 t_elapsed_ms: request.started.elapsed().as_secs_f64() * 1e3,
@@ -864,6 +982,7 @@ pub fn slots(state: &AppState) -> Result<Response<Body>, ApiError> {
                 id,
                 id_task: -1,
                 n_ctx,
+                speculative,
                 is_processing: false,
             },
         })

@@ -97,7 +97,6 @@ struct Common {
     seed: Option<i64>,
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
-    logit_bias: Option<serde_json::Map<String, Value>>,
     top_k: Option<usize>,
     min_p: Option<f32>,
     repeat_penalty: Option<f32>,
@@ -123,7 +122,7 @@ macro_rules! openai_request {
             seed: Option<i64>,
             presence_penalty: Option<f32>,
             frequency_penalty: Option<f32>,
-            logit_bias: Option<serde_json::Map<String, Value>>,
+            // `logit_bias` is read with llama-server's fields (llama_fields.rs), in its forms.
             // llama-server's extensions, accepted on the OpenAI routes as it does.
             top_k: Option<usize>,
             min_p: Option<f32>,
@@ -159,7 +158,6 @@ macro_rules! openai_request {
                     seed: self.seed,
                     presence_penalty: self.presence_penalty,
                     frequency_penalty: self.frequency_penalty,
-                    logit_bias: self.logit_bias.take(),
                     top_k: self.top_k,
                     min_p: self.min_p,
                     repeat_penalty: self.repeat_penalty,
@@ -175,12 +173,6 @@ impl Common {
             return Err(ApiError::unsupported(
                 "n",
                 format!("n={n} is not supported: this server returns one choice per request (n=1)"),
-            ));
-        }
-        if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
-            return Err(ApiError::unsupported(
-                "logit_bias",
-                "logit_bias is not supported",
             ));
         }
         let param = if max_tokens.is_some() {

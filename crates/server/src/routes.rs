@@ -32,6 +32,7 @@ enum Endpoint {
     Detokenize,
     ApplyTemplate,
     Health,
+    Live,
     Props,
     SetProps,
     Slots,
@@ -75,6 +76,11 @@ const fn route(method: Method, path: &'static str, endpoint: Endpoint) -> Route 
 
 const fn public(method: Method, path: &'static str, endpoint: Endpoint) -> Route {
     entry(method, path, endpoint, true, ErrorShape::OpenAi)
+}
+
+/// A status route of llama-server's: its errors have llama-server's shape (a numeric `code`).
+const fn status(method: Method, path: &'static str, endpoint: Endpoint, public: bool) -> Route {
+    entry(method, path, endpoint, public, ErrorShape::LlamaServer)
 }
 
 /// A route of Anthropic's API: its errors have Anthropic's shape.
@@ -122,11 +128,12 @@ static ROUTES: &[Route] = &[
     route(Method::POST, "/embeddings", Endpoint::EmbeddingsLlama),
     route(Method::POST, "/detokenize", Endpoint::Detokenize),
     route(Method::POST, "/apply-template", Endpoint::ApplyTemplate),
-    public(Method::GET, "/health", Endpoint::Health),
-    public(Method::GET, "/v1/health", Endpoint::Health),
+    status(Method::GET, "/health", Endpoint::Health, true),
+    status(Method::GET, "/v1/health", Endpoint::Health, true),
+    public(Method::GET, "/live", Endpoint::Live),
     route(Method::GET, "/props", Endpoint::Props),
     route(Method::POST, "/props", Endpoint::SetProps),
-    route(Method::GET, "/slots", Endpoint::Slots),
+    status(Method::GET, "/slots", Endpoint::Slots, false),
     route(Method::GET, "/metrics", Endpoint::Metrics),
     // The chat page (webui.rs): public like /health, its API calls carry the key.
     public(Method::GET, "/", Endpoint::WebUi(Asset::Index)),
@@ -180,6 +187,7 @@ impl Endpoint {
         state: &Arc<AppState>,
         body: Incoming,
         path: &str,
+        query: &str,
         _params: PathParams,
     ) -> Result<Response<Body>, ApiError> {
         match self {
@@ -195,10 +203,11 @@ impl Endpoint {
             Self::Tokenize => llama_server::tokenize(state, body).await,
             Self::Detokenize => llama_server::detokenize(state, body).await,
             Self::ApplyTemplate => llama_server::apply_template(state, body).await,
-            Self::Health => Ok(llama_server::health(state)),
+            Self::Health => llama_server::health(state),
+            Self::Live => Ok(llama_server::live()),
             Self::Props => llama_server::props(state),
             Self::SetProps => llama_server::set_props(state),
-            Self::Slots => llama_server::slots(state),
+            Self::Slots => llama_server::slots(state, query),
             Self::Metrics => llama_server::metrics(state),
             Self::EmbeddingsOpenAi => {
                 embeddings::embeddings(state, body, embeddings::Shape::OpenAi).await
@@ -229,6 +238,7 @@ impl Endpoint {
             Self::EmbeddingsOpenAi | Self::EmbeddingsLlama => embeddings::check_body(bytes),
             Self::Models
             | Self::Health
+            | Self::Live
             | Self::Props
             | Self::SetProps
             | Self::Slots
@@ -338,6 +348,7 @@ async fn dispatch(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let path = request.uri().path().to_owned();
+    let query = request.uri().query().unwrap_or_default().to_owned();
     let method = request.method().clone();
     let found = ROUTES.iter().find_map(|r| {
         (r.method == method)
@@ -355,7 +366,7 @@ async fn dispatch(
     if let Some((route, params)) = found {
         return route
             .endpoint
-            .call(state, request.into_body(), &path, params)
+            .call(state, request.into_body(), &path, &query, params)
             .await;
     }
     match allowed_methods(&path) {

@@ -17,10 +17,21 @@ use crate::metrics::Metrics;
 pub struct ActiveRequest {
     /// The engine's request id.
     pub request_id: u64,
+    /// The `/slots` id it holds, from submission to its end; `None` while every one of the
+    /// `--parallel` slots is held by an earlier request (it waits in the engine's queue).
+    pub slot: Option<usize>,
+    /// The prompt's tokens.
+    pub prompt: Vec<u32>,
     /// Prompt tokens.
     pub prompt_tokens: usize,
+    /// The token budget (`None`: unlimited).
+    pub budget: Option<usize>,
     /// Tokens generated so far.
     pub generated: usize,
+    /// Text generated so far (stop strings withheld).
+    pub text: String,
+    /// Its settings, as `/slots` shows them.
+    pub params: serde_json::Value,
     /// When it was submitted.
     pub started: Instant,
 }
@@ -121,9 +132,14 @@ impl AppState {
 
     /// The `/metrics` exposition text.
     pub fn render_metrics(&self) -> String {
-        let engine = self.engine.get().map(|e| e.metrics());
+        let engine = self.engine.get();
+        let model = engine.map_or_else(
+            || self.config.alias.clone().unwrap_or_default(),
+            |e| self.model_name(e.info()),
+        );
+        let metrics = engine.map(|e| e.metrics());
         self.metrics
-            .render(engine.as_ref(), self.active_requests().len())
+            .render(metrics.as_ref(), self.active_requests().len(), &model)
     }
 
     /// Requests in flight, oldest first.
@@ -135,19 +151,94 @@ impl AppState {
         self.active.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn register(&self, request: ActiveRequest) -> u64 {
+    /// Starts tracking `request`: it takes the lowest free slot, if one of the `--parallel`
+    /// slots is free (the engine admits in submission order, so the requests holding slots are
+    /// the ones it runs).
+    pub(crate) fn register(&self, mut request: ActiveRequest) -> u64 {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
-        self.lock_active().insert(key, request);
+        let mut active = self.lock_active();
+        request.slot = free_slot(&active, self.config.parallel);
+        active.insert(key, request);
         key
     }
 
-    pub(crate) fn note_generated(&self, key: u64, generated: usize) {
+    pub(crate) fn note_generated(&self, key: u64, generated: usize, text: &str) {
         if let Some(entry) = self.lock_active().get_mut(&key) {
             entry.generated = generated;
+            entry.text.push_str(text);
         }
     }
 
+    /// Stops tracking a request; the slot it held passes to the oldest request waiting for one.
     pub(crate) fn unregister(&self, key: u64) {
-        self.lock_active().remove(&key);
+        let mut active = self.lock_active();
+        let freed = active.remove(&key).and_then(|r| r.slot);
+        if let Some(slot) = freed
+            && let Some(next) = active.values_mut().find(|r| r.slot.is_none())
+        {
+            next.slot = Some(slot);
+        }
+    }
+}
+
+/// The lowest slot id below `parallel` no tracked request holds.
+fn free_slot(active: &BTreeMap<u64, ActiveRequest>, parallel: usize) -> Option<usize> {
+    (0..parallel).find(|&id| !active.values().any(|r| r.slot == Some(id)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(id: u64) -> ActiveRequest {
+        ActiveRequest {
+            request_id: id,
+            slot: None,
+            prompt: vec![1],
+            prompt_tokens: 1,
+            budget: None,
+            generated: 0,
+            text: String::new(),
+            params: serde_json::Value::Null,
+            started: Instant::now(),
+        }
+    }
+
+    fn slots(state: &AppState) -> Vec<(u64, Option<usize>)> {
+        state
+            .active_requests()
+            .iter()
+            .map(|r| (r.request_id, r.slot))
+            .collect()
+    }
+
+    #[test]
+    fn slot_ids_are_stable_and_pass_in_order() {
+        let state = AppState::new(ServerConfig {
+            parallel: 2,
+            ..ServerConfig::default()
+        });
+        let a = state.register(request(10));
+        let b = state.register(request(11));
+        let _c = state.register(request(12));
+        let _d = state.register(request(13));
+        assert_eq!(
+            slots(&state),
+            vec![(10, Some(0)), (11, Some(1)), (12, None), (13, None)]
+        );
+        // B ends: its slot goes to C, the oldest waiting; A keeps slot 0.
+        state.unregister(b);
+        assert_eq!(
+            slots(&state),
+            vec![(10, Some(0)), (12, Some(1)), (13, None)]
+        );
+        state.unregister(a);
+        assert_eq!(slots(&state), vec![(12, Some(1)), (13, Some(0))]);
+        // A new request takes the lowest free id.
+        let all: Vec<_> = slots(&state);
+        assert_eq!(all.len(), 2);
+        let e = state.register(request(14));
+        assert_eq!(slots(&state).last(), Some(&(14, None)));
+        state.unregister(e);
     }
 }

@@ -113,6 +113,10 @@ impl Backend for MlxBackend {
         })
     }
 
+    fn kv_usage(&self) -> Option<(usize, usize)> {
+        Some((self.reserved_bytes(), self.kv_budget_bytes))
+    }
+
     fn allocate_slot(&mut self, plan: &SessionPlan) -> Result<SlotId, EngineError> {
         let wanted = plan.max_positions * self.bytes_per_position();
         if self.reserved_bytes() + wanted > self.kv_budget_bytes {

@@ -217,6 +217,26 @@ fn metrics_count_tokens_latencies_and_finishes() {
     assert!(after.finished.length > before.finished.length);
     assert!(after.time_to_first_token.count > before.time_to_first_token.count);
     assert!(after.inter_token_latency.count >= before.inter_token_latency.count + 2);
+    // The request's phases: queued, prefilled, decoded, ended; each observed once.
+    for (name, b, a) in [
+        ("queue", &before.queue_time, &after.queue_time),
+        ("prefill", &before.prefill_time, &after.prefill_time),
+        ("decode", &before.decode_time, &after.decode_time),
+        (
+            "e2e",
+            &before.e2e_request_latency,
+            &after.e2e_request_latency,
+        ),
+    ] {
+        assert!(a.count > b.count, "{name}: {} -> {}", b.count, a.count);
+    }
+    // An end-to-end latency is at least its prefill and decode (sums over the same requests
+    // when no other test ran meanwhile; otherwise still bounded by the totals).
+    assert!(after.e2e_request_latency.sum + 1e-9 >= after.decode_time.sum);
+    assert!(after.steps > 0 && after.busy_slot_steps >= after.steps);
+    assert!(after.max_request_tokens >= 5 + 3);
+    let (reserved, budget) = after.kv_usage.expect("MLX budgets its KV memory");
+    assert!(reserved <= budget, "{reserved} of {budget}");
     assert!(after.buckets.is_empty(), "MLX has no static buckets");
     assert_eq!(after.compilations, 0);
 }
@@ -834,8 +854,10 @@ fn draft_model_speculation_keeps_greedy_output() {
         draft_max: 6,
         ..SpeculativeConfig::default()
     };
-    // Prompts whose answers run to the budget: a sequence that ends on an end token leaves the
-    // proposals after it unverified, and the self-draft check below counts every proposal.
+    // Prompts whose answers mostly run to the budget: a sequence that ends on an end token leaves
+    // the proposals after it unverified, which the self-draft check below allows for (where the
+    // greedy text ends depends on the machine's kernels: "List three colors:" ends after 17
+    // tokens on an AVX2 machine, runs to the budget on an AVX-512 one).
     let prompts = [
         "Count from one to one hundred in words: one, two, three,",
         "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n",
@@ -886,7 +908,22 @@ fn draft_model_speculation_keeps_greedy_output() {
         assert!(stats.drafted_tokens > 0, "draft {name}: {stats:?}");
         assert_eq!(stats.draft_fallbacks, 0, "draft {name}: {stats:?}");
         if name == "itself" {
-            assert_eq!(stats.accepted_tokens, stats.drafted_tokens, "{stats:?}");
+            // The draft agrees with the target at every position it proposes for, save those
+            // after a request's end token, which are never verified: at most `draft_max` for
+            // each request (alone and batched) that ended before its budget.
+            let ended_early = expected
+                .iter()
+                .filter(|c| c.finish_reason != Some(FinishReason::Length))
+                .count() as u64
+                * 2;
+            let unverified = stats.drafted_tokens - stats.accepted_tokens;
+            assert!(
+                unverified <= ended_early * draft_config.draft_max as u64,
+                "{ended_early} requests ended early: {stats:?}"
+            );
+            if ended_early == 0 {
+                assert_eq!(stats.accepted_tokens, stats.drafted_tokens, "{stats:?}");
+            }
         } else {
             assert!(
                 stats.accepted_tokens * 2 < stats.drafted_tokens,

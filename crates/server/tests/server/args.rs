@@ -147,6 +147,8 @@ fn nonsense_values_are_refused() {
     assert!(parse(&["-n", "-2"]).unwrap().server_config().is_err());
     assert!(parse(&["-np", "0"]).unwrap().engine_options().is_err());
     assert!(parse(&["--port", "http"]).is_err());
+    let err = parse(&["--max-queue-depth", "0"]).unwrap_err().to_string();
+    assert!(err.contains("--max-queue-depth"), "{err}");
     // Speculative settings that contradict each other are refused naming the flag.
     for argv in [
         &["--spec-type", "draft-simple"][..],
@@ -189,6 +191,9 @@ fn every_llama_server_spelling_reaches_its_setting() {
         }),
         (&["--embedding"], |a| a.embedding),
         (&["--embeddings"], |a| a.embedding),
+        (&["--max-queue-depth", "5"], |a| {
+            a.engine_options().unwrap().scheduler.max_waiting == 5
+        }),
         (&["--cache-ram", "64"], |a| {
             a.engine_options().unwrap().prefix_cache_bytes == 64 << 20
         }),

@@ -215,4 +215,126 @@ mod http {
         let props = server.get("/props").await.json();
         assert_eq!(props["endpoint_slots"], false);
     }
+
+    /// `/slots`: stable ids held from submission to the end, each slot's `params`, prompt and
+    /// progress, and `?fail_on_no_slot` (llama-server's 503 while no slot is idle).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slots_keep_their_ids_and_show_params() {
+        if skip_model_tests() {
+            return;
+        }
+        let config = ServerConfig {
+            parallel: 2,
+            ..ServerConfig::default()
+        };
+        let server = TestServer::with_model(config).await;
+        let flag = "fail_on_no_slot";
+        let fail_on_no_slot = format!("/slots?{flag}=1");
+        let idle = server.get(&fail_on_no_slot).await;
+        assert_eq!(idle.status, StatusCode::OK, "{}", idle.body);
+        let long = |prompt: &str| {
+            json!({"prompt": prompt, "n_predict": 200, "stream": true, "temperature": 0.5,
+                   "top_k": 7, "seed": 11, "stop": ["THE END"], "ignore_eos": true})
+        };
+        let mut first = server.open("/completion", long("Count: 1, 2,")).await;
+        next_chunk(&mut first).await;
+        let mut second = server.open("/completion", long("Spell: a, b,")).await;
+        next_chunk(&mut second).await;
+        let slots = server.get("/slots").await.json();
+        let (a, b) = (&slots[0], &slots[1]);
+        assert_eq!((&a["id"], &b["id"]), (&json!(0), &json!(1)), "{slots}");
+        assert_eq!(a["is_processing"], true, "{slots}");
+        assert_eq!(b["is_processing"], true, "{slots}");
+        assert!(
+            a["prompt"].as_str().unwrap().contains("Count: 1, 2,"),
+            "{a}"
+        );
+        assert!(
+            b["prompt"].as_str().unwrap().contains("Spell: a, b,"),
+            "{b}"
+        );
+        let params = &a["params"];
+        assert_eq!(params["top_k"], 7, "{params}");
+        assert_eq!(params["seed"], 11, "{params}");
+        assert_eq!(params["n_predict"], 200, "{params}");
+        assert_eq!(params["stop"], json!(["THE END"]), "{params}");
+        assert_eq!(params["ignore_eos"], true, "{params}");
+        assert!((params["temperature"].as_f64().unwrap() - 0.5).abs() < 1e-6);
+        assert!(params["samplers"].as_array().is_some_and(|s| !s.is_empty()));
+        assert!(params["logit_bias"].as_array().is_some(), "{params}");
+        let next = &a["next_token"];
+        assert_eq!(next["has_next_token"], true, "{a}");
+        assert!(next["has_new_line"].is_boolean(), "{a}");
+        let decoded = next["n_decoded"].as_i64().unwrap();
+        assert!(decoded >= 1, "{a}");
+        assert!(next["n_remain"].as_i64().unwrap() <= 200 - decoded, "{a}");
+        assert!(
+            a["generated"].is_string() && a["speculative"] == false,
+            "{a}"
+        );
+        assert!(a["n_ctx"].as_u64().unwrap() > 0, "{a}");
+        let task_b = b["id_task"].clone();
+
+        // Every slot busy: fail_on_no_slot answers llama-server's 503.
+        let busy = server.get(&fail_on_no_slot).await;
+        let error = busy.llama_error(StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(error["message"], "no slot available", "{error}");
+
+        // The first request ends: its slot is idle, the second keeps id 1.
+        drop(first);
+        assert!(
+            eventually(std::time::Duration::from_secs(30), || server
+                .state
+                .active_requests()
+                .len()
+                == 1)
+            .await
+        );
+        let slots = server.get("/slots").await.json();
+        assert_eq!(slots[0]["is_processing"], false, "{slots}");
+        assert_eq!(slots[0]["id_task"], -1, "{slots}");
+        assert_eq!(slots[1]["id_task"], task_b, "{slots}");
+        assert_eq!(slots[1]["is_processing"], true, "{slots}");
+        let one_idle = server.get(&fail_on_no_slot).await;
+        assert_eq!(one_idle.status, StatusCode::OK, "{}", one_idle.body);
+        next_chunk(&mut second).await;
+        drop(second);
+
+        // A query parameter this server does not read is refused, naming it.
+        let unknown = server.get("/slots?id_slot=0").await;
+        let error = unknown.llama_error(StatusCode::BAD_REQUEST);
+        assert!(
+            error["message"].as_str().unwrap().contains("id_slot"),
+            "{error}"
+        );
+    }
+
+    /// `/props` names the special tokens and the modalities.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn props_name_special_tokens_and_modalities() {
+        if skip_model_tests() {
+            return;
+        }
+        let server = TestServer::with_model(ServerConfig::default()).await;
+        let props = server.get("/props").await.json();
+        assert_eq!(
+            props["modalities"],
+            json!({"vision": false, "audio": false})
+        );
+        assert_eq!(props["is_sleeping"], false);
+        // The end-of-sequence text is one special token of the vocabulary, which the chat
+        // template writes at the end of each turn.
+        let eos = props["eos_token"].as_str().unwrap();
+        assert!(!eos.is_empty(), "{props}");
+        let ids = server
+            .post_json("/tokenize", json!({"content": eos}))
+            .await
+            .json();
+        assert_eq!(ids["tokens"].as_array().unwrap().len(), 1, "{eos}: {ids}");
+        assert!(
+            props["chat_template"].as_str().unwrap().contains(eos),
+            "{props}"
+        );
+        assert!(props["bos_token"].is_string(), "{props}");
+    }
 }

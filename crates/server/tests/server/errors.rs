@@ -180,7 +180,7 @@ async fn malformed_bodies_wrong_types_and_refused_features() {
         ),
         (
             "/v1/completions",
-            r#"{"prompt": "x", "logit_bias": {"50": 5}}"#,
+            r#"{"prompt": "x", "max_tokens": 1, "logit_bias": {"50": "high"}}"#,
             StatusCode::BAD_REQUEST,
             "logit_bias",
             Some("logit_bias"),
@@ -324,7 +324,29 @@ async fn a_full_queue_is_503_with_retry_after() {
         error["message"].as_str().unwrap().contains("queue is full"),
         "{error}"
     );
+    // Nothing has ended yet, so no drain rate is measured: retry in a second.
     assert_eq!(reply.headers["retry-after"], "1");
+    // Readiness: /health answers 503 (llama-server's body, the status as a number) while the
+    // queue is full; liveness (/live) stays 200.
+    let health = server.get("/health").await;
+    let error = health.llama_error(StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(error["code"], 503, "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-queue-depth 1"),
+        "{error}"
+    );
+    assert!(
+        health.headers["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 1
+    );
+    assert_eq!(server.get("/live").await.status, StatusCode::OK);
     drop((running, waiting));
     // Still serving once the queue drains.
     assert!(
@@ -338,4 +360,31 @@ async fn a_full_queue_is_503_with_retry_after() {
         .post_json("/v1/completions", json!({"prompt": "Hi", "max_tokens": 2}))
         .await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(server.get("/health").await.status, StatusCode::OK);
+
+    // Now that requests have ended, Retry-After is the measured drain time of the queue: fill
+    // it again with streams that have a long way to go.
+    let mut running = server.open("/v1/completions", long_request()).await;
+    assert!(next_chunk(&mut running).await.is_some());
+    let waiting = server.open("/v1/completions", long_request()).await;
+    let reply = server
+        .post_json("/v1/completions", json!({"prompt": "Hi", "max_tokens": 2}))
+        .await;
+    reply.error(StatusCode::SERVICE_UNAVAILABLE);
+    let retry: u64 = reply.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=300).contains(&retry), "{retry}");
+    let metrics = server.state.render_metrics();
+    assert!(
+        metrics.contains("mlxcel_requests_rejected_queue_full_total 2"),
+        "{metrics}"
+    );
+    drop((running, waiting));
+}
+
+fn long_request() -> serde_json::Value {
+    json!({"prompt": "Once upon a time", "max_tokens": 40, "stream": true})
 }

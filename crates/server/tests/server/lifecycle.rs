@@ -13,9 +13,17 @@ use crate::support::*;
 async fn health_is_503_while_loading_and_200_when_ready() {
     let server = TestServer::start(ServerConfig::default(), None).await;
     let reply = server.get("/health").await;
-    let error = reply.error(StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(error["code"], "model_loading");
+    let error = reply.llama_error(StatusCode::SERVICE_UNAVAILABLE);
+    // llama-server's body: the status as a number in `code`.
+    assert_eq!(error["code"], 503, "{error}");
+    assert_eq!(error["type"], "unavailable_error", "{error}");
     assert_eq!(reply.headers["retry-after"], "1");
+    // Liveness answers while the model loads.
+    let live = server.get("/live").await;
+    assert_eq!(
+        (live.status, live.json()),
+        (StatusCode::OK, json!({"status": "alive"}))
+    );
     let reply = server
         .post_json("/v1/completions", json!({"prompt": "x"}))
         .await;

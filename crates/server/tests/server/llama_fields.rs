@@ -1,5 +1,5 @@
 //! llama-server's generation fields every generating route reads (`ignore_eos`,
-//! `t_max_predict_ms`, `samplers`, `typical_p`, `return_tokens`, `n_probs`), through the HTTP
+//! `t_max_predict_ms`, `samplers`, `typical_p`, `return_tokens`, `n_probs`, `logit_bias`), through the HTTP
 //! server on the default model.
 
 use hyper::StatusCode;
@@ -284,4 +284,96 @@ async fn n_probs_on_the_openai_routes() {
         .json();
     let top = &body["choices"][0]["logprobs"]["top_logprobs"];
     assert_eq!(top[0].as_object().unwrap().len(), 2, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_in_llama_server_and_openai_forms() {
+    let Some(server) = server().await else {
+        return;
+    };
+    let greedy = |extra: Value| {
+        let server = &server;
+        async move {
+            let mut body = json!({"prompt": "Once upon a time", "n_predict": 4, "temperature": 0,
+                                  "return_tokens": true});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            server.post_json("/completion", body).await.json()
+        }
+    };
+    let plain = greedy(json!({})).await;
+    let first = plain["tokens"][0].as_u64().unwrap();
+    // `false` forbids the greedy first token, in each of llama-server's forms.
+    for bias in [
+        json!([[first, false]]),
+        json!({ first.to_string(): false }),
+        json!([[first, -1000.0]]),
+    ] {
+        let biased = greedy(json!({ "logit_bias": bias })).await;
+        assert_ne!(biased["tokens"][0], plain["tokens"][0], "{bias}: {biased}");
+    }
+    // A large positive bias forces a token at every step; a text names its tokens.
+    let forced = greedy(json!({"logit_bias": [[42, 1000.0]]})).await;
+    assert_eq!(forced["tokens"], json!([42, 42, 42, 42]), "{forced}");
+    let by_text = server
+        .post_json(
+            "/tokenize",
+            json!({"content": " dragon", "add_special": false}),
+        )
+        .await
+        .json();
+    let dragon = by_text["tokens"].clone();
+    assert_eq!(dragon.as_array().unwrap().len(), 1, "{by_text}");
+    let texted = greedy(json!({"logit_bias": [[" dragon", 1000.0]]})).await;
+    assert_eq!(texted["tokens"][0], dragon[0], "{texted}");
+
+    // OpenAI's form on its routes: an object from token-id strings to biases.
+    let chat = server
+        .post_json(
+            "/v1/chat/completions",
+            chat(json!({"max_tokens": 3, "logit_bias": {"42": 100}, "logprobs": true})),
+        )
+        .await
+        .json();
+    let ids: Vec<&str> = chat["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["token"].as_str().unwrap())
+        .collect();
+    let token_42 = server
+        .post_json("/detokenize", json!({"tokens": [42]}))
+        .await
+        .json();
+    assert_eq!(
+        ids,
+        vec![token_42["content"].as_str().unwrap(); 3],
+        "{chat}"
+    );
+
+    // What cannot be read is refused with a 400 naming the field, never skipped.
+    for bad in [
+        json!({"-1": 1.0}),
+        json!([[1_000_000, 1.0]]),
+        json!({"42": "high"}),
+        json!([[42]]),
+        json!("42"),
+        json!({"42": true}),
+    ] {
+        let refused = server
+            .post_json(
+                "/v1/completions",
+                json!({"prompt": "x", "max_tokens": 1, "logit_bias": bad}),
+            )
+            .await;
+        assert_eq!(
+            refused.status,
+            StatusCode::BAD_REQUEST,
+            "{bad}: {}",
+            refused.body
+        );
+        let error: Value = serde_json::from_str(&refused.body).unwrap();
+        assert_eq!(error["error"]["param"], "logit_bias", "{bad}: {error}");
+    }
 }

@@ -339,6 +339,21 @@ async fn models_props_slots_health_and_metrics() {
         "mlxcel_bucket_occupancy{bucket=\"dynamic\"}",
         "mlxcel_compilations_total 0",
         "mlxcel_http_requests_finished_total{reason=\"length\"} 1",
+        "llamacpp:prompt_tokens_cached_total",
+        "llamacpp:spec_decode_num_drafts_total",
+        "llamacpp:spec_decode_num_draft_tokens_total",
+        "llamacpp:spec_decode_num_accepted_tokens_total",
+        // vLLM's families, each series labelled with the served model's name.
+        "vllm:num_requests_running{model_name=\"smol\"}",
+        "vllm:num_requests_waiting{model_name=\"smol\"}",
+        "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\",le=\"+Inf\"}",
+        "vllm:inter_token_latency_seconds_sum{model_name=\"smol\"}",
+        "vllm:e2e_request_latency_seconds_count{model_name=\"smol\"}",
+        "vllm:request_decode_time_seconds_count{model_name=\"smol\"}",
+        "vllm:request_success_total{model_name=\"smol\",finished_reason=\"length\"}",
+        "vllm:request_queue_time_seconds_count{model_name=\"smol\"}",
+        "vllm:request_prefill_time_seconds_count{model_name=\"smol\"}",
+        "vllm:kv_cache_usage_perc{model_name=\"smol\"}",
     ] {
         assert!(
             metrics.body.contains(family),
@@ -346,4 +361,28 @@ async fn models_props_slots_health_and_metrics() {
             metrics.body
         );
     }
+    // Averages over the engine's steps and requests: at least one sequence per step, and the
+    // largest request at least this one's 1 + 3 positions.
+    assert!(value("llamacpp:n_busy_slots_per_decode") >= 1.0);
+    assert!(value("llamacpp:n_tokens_max") >= 4.0);
+    let e2e = metrics
+        .body
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("vllm:e2e_request_latency_seconds_count{model_name=\"smol\"} ")?
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap();
+    assert!(e2e >= 1.0);
+    let kv = metrics
+        .body
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("vllm:kv_cache_usage_perc{model_name=\"smol\"} ")?
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap();
+    assert!((0.0..=1.0).contains(&kv), "{kv}");
 }

@@ -132,6 +132,21 @@ impl Reply {
         }
         error
     }
+
+    /// The `error` object of a llama-server status route's error (`/health`, `/slots`):
+    /// `code` is the HTTP status as a number, and there is no `param`.
+    pub fn llama_error(&self, status: StatusCode) -> Value {
+        assert_eq!(self.status, status, "{}", self.body);
+        let error = self.json()["error"].clone();
+        assert_eq!(error["code"], status.as_u16(), "{}", self.body);
+        assert!(
+            error["message"].is_string() && error["type"].is_string(),
+            "{}",
+            self.body
+        );
+        assert!(error.get("param").is_none(), "{}", self.body);
+        error
+    }
 }
 
 /// The events of an SSE body whose events are named (Anthropic's, the Responses API's): each
