@@ -122,6 +122,8 @@ pub struct Usage {
     pub prompt_tokens: usize,
     /// Generated tokens (including a final EOS token, which produces no text).
     pub completion_tokens: usize,
+    /// Of the prompt tokens, those the prefix cache held (copied, not computed).
+    pub cached_tokens: usize,
 }
 
 /// One alternative at a position, with its log-probability under the model.

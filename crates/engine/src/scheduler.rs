@@ -94,6 +94,8 @@ struct Sequence {
     prompt_len: usize,
     /// Tokens whose keys and values are in the slot.
     computed: usize,
+    /// Prompt tokens the prefix cache held at admission (not computed).
+    cached: usize,
     sampler: Sampler,
     decoder: Box<dyn DecodeStream>,
     stops: StopMatcher,
@@ -124,6 +126,7 @@ impl Sequence {
         Usage {
             prompt_tokens: self.prompt_len,
             completion_tokens: self.generated(),
+            cached_tokens: self.cached,
         }
     }
 }
@@ -447,6 +450,7 @@ impl<B: Backend> Scheduler<B> {
             prompt_len: request.prompt.len(),
             tokens: request.prompt,
             computed: 0,
+            cached: 0,
             sampler,
             stops: StopMatcher::new(request.stop),
             stop_token_ids: request.stop_token_ids,
@@ -640,6 +644,7 @@ impl<B: Backend> Scheduler<B> {
                         && self.backend.copy_prefix(source, slot, len).is_ok()
                     {
                         sequence.computed = len;
+                        sequence.cached = len;
                         self.stats.reused_tokens += len as u64;
                         self.clock += 1;
                         if let Some(i) = retained {

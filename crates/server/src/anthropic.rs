@@ -465,14 +465,18 @@ enum ContentBlock {
 
 #[derive(Debug, Clone, Copy, Serialize)]
 struct UsageBody {
+    /// Prompt tokens computed; with `cache_read_input_tokens`, the whole prompt (Anthropic's
+    /// split: the tokens read from a cache are not input tokens).
     input_tokens: usize,
+    cache_read_input_tokens: usize,
     output_tokens: usize,
 }
 
 impl From<Usage> for UsageBody {
     fn from(usage: Usage) -> Self {
         Self {
-            input_tokens: usage.prompt_tokens,
+            input_tokens: usage.prompt_tokens - usage.cached_tokens,
+            cache_read_input_tokens: usage.cached_tokens,
             output_tokens: usage.completion_tokens,
         }
     }
@@ -616,8 +620,10 @@ impl StreamFormat for MessagesStream {
     const DONE_LINE: bool = false;
 
     fn opening(&mut self) -> Vec<StreamEvent> {
+        // What the prefix cache held is known at the end: `message_delta` carries the split.
         let usage = UsageBody {
             input_tokens: self.input_tokens,
+            cache_read_input_tokens: 0,
             output_tokens: 0,
         };
         let mut events = vec![StreamEvent::MessageStart {

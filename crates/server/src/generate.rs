@@ -308,6 +308,7 @@ pub async fn submit(
         first_token: None,
         last_token: None,
         generated: 0,
+        cached_tokens: 0,
         finished: false,
     })
 }
@@ -323,6 +324,8 @@ pub struct Tracked {
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     generated: usize,
+    /// Prompt tokens the prefix cache held (known at the end).
+    cached_tokens: usize,
     finished: bool,
 }
 
@@ -350,7 +353,12 @@ impl Tracked {
     /// llama-server's `timings` object of this request, `generated` tokens having been
     /// generated.
     pub fn timings_object(&self, generated: usize) -> Timings {
-        Timings::new(self.prompt_tokens, generated, self.timings())
+        Timings::new(
+            self.prompt_tokens,
+            self.cached_tokens,
+            generated,
+            self.timings(),
+        )
     }
 
     /// The next event; `None` after the end.
@@ -364,8 +372,9 @@ impl Tracked {
                 self.generated += 1;
                 self.state.note_generated(self.key, self.generated, text);
             }
-            Event::Finished { reason, .. } => {
+            Event::Finished { reason, usage, .. } => {
                 self.finished = true;
+                self.cached_tokens = usage.cached_tokens;
                 self.state.metrics().observe_finished(*reason);
             }
         }
@@ -396,9 +405,8 @@ impl Drop for Tracked {
 
 /// llama-server's `timings` object: prompt processing from submission to the first token (queueing
 /// included), generation from the first token to the last. As llama-server, the generation rates
-/// count the decode steps after the first token (which comes with the prompt), and `cache_n`
-/// (prompt tokens reused from its cache) is reported 0: the prefix cache's reuse is not counted
-/// per request yet.
+/// count the decode steps after the first token (which comes with the prompt), `cache_n` is the
+/// prompt tokens the prefix cache held and `prompt_n` the ones computed.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Timings {
     pub cache_n: usize,
@@ -413,13 +421,20 @@ pub struct Timings {
 }
 
 impl Timings {
-    /// From the counts and the two durations (milliseconds) of [`Tracked::timings`].
-    pub fn new(prompt_n: usize, predicted_n: usize, (prompt_ms, predicted_ms): (f64, f64)) -> Self {
+    /// From the counts (prompt tokens, of them cached, generated) and the two durations
+    /// (milliseconds) of [`Tracked::timings`].
+    pub fn new(
+        prompt_tokens: usize,
+        cached: usize,
+        predicted_n: usize,
+        (prompt_ms, predicted_ms): (f64, f64),
+    ) -> Self {
+        let prompt_n = prompt_tokens.saturating_sub(cached);
         let steps = predicted_n.saturating_sub(1);
         let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
         let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
         Self {
-            cache_n: 0,
+            cache_n: cached,
             prompt_n,
             prompt_ms,
             prompt_per_token_ms: per(prompt_ms, prompt_n),

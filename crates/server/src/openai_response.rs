@@ -126,6 +126,13 @@ pub struct UsageBody {
     prompt_tokens: usize,
     completion_tokens: usize,
     total_tokens: usize,
+    prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's `usage.prompt_tokens_details`: the prompt tokens the prefix cache held.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PromptTokensDetails {
+    cached_tokens: usize,
 }
 
 impl From<Usage> for UsageBody {
@@ -134,6 +141,9 @@ impl From<Usage> for UsageBody {
             prompt_tokens: usage.prompt_tokens,
             completion_tokens: usage.completion_tokens,
             total_tokens: usage.prompt_tokens + usage.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: usage.cached_tokens,
+            },
         }
     }
 }

@@ -637,7 +637,9 @@ impl From<Usage> for UsageBody {
     fn from(usage: Usage) -> Self {
         Self {
             input_tokens: usage.prompt_tokens,
-            input_tokens_details: InputTokensDetails { cached_tokens: 0 },
+            input_tokens_details: InputTokensDetails {
+                cached_tokens: usage.cached_tokens,
+            },
             output_tokens: usage.completion_tokens,
             output_tokens_details: OutputTokensDetails {
                 reasoning_tokens: 0,

@@ -209,6 +209,7 @@ fn usage(prompt_tokens: usize, completion_tokens: usize) -> Usage {
     Usage {
         prompt_tokens,
         completion_tokens,
+        cached_tokens: 0,
     }
 }
 

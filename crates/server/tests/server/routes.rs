@@ -33,7 +33,8 @@ async fn openai_completions_plain_and_streamed() {
     assert_eq!(body["choices"][0]["finish_reason"], "length");
     assert_eq!(
         body["usage"],
-        json!({"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13})
+        json!({"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13,
+               "prompt_tokens_details": {"cached_tokens": 0}})
     );
     assert_eq!(body["model"], "SmolLM2-135M-Instruct.Q4_1");
 
@@ -385,4 +386,142 @@ async fn models_props_slots_health_and_metrics() {
         })
         .unwrap();
     assert!((0.0..=1.0).contains(&kv), "{kv}");
+}
+
+/// With the prefix cache on (`--cache-ram`), a prompt that starts like an earlier one reports the
+/// tokens the cache held, in each API's own place: OpenAI's `prompt_tokens_details.cached_tokens`,
+/// llama-server's `timings.cache_n` (and `prompt_n` the rest), the Responses API's
+/// `input_tokens_details.cached_tokens`, Anthropic's `cache_read_input_tokens`, and the
+/// `llamacpp:prompt_tokens_cached_total` metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_prompt_tokens_are_reported_per_request() {
+    if skip_model_tests() {
+        return;
+    }
+    let options = mlxcel_engine::EngineOptions {
+        prefix_cache_bytes: 64 << 20,
+        ..mlxcel_engine::EngineOptions::default()
+    };
+    let engine = tokio::task::spawn_blocking(move || mlxcel_engine::Engine::load(None, options))
+        .await
+        .unwrap()
+        .unwrap();
+    let config = ServerConfig {
+        metrics: true,
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start(config, Some(std::sync::Arc::new(engine))).await;
+    let system = "You are a careful assistant. Answer briefly and precisely, in one sentence. \
+                  Never make up facts; say when you do not know. ";
+    let chat = |question: &str| {
+        json!({"messages": [{"role": "system", "content": system},
+                            {"role": "user", "content": question}],
+               "max_tokens": 4, "temperature": 0})
+    };
+    let first = server
+        .post_json(
+            "/v1/chat/completions",
+            chat("What is the capital of France?"),
+        )
+        .await
+        .json();
+    assert_eq!(
+        first["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+        "{first}"
+    );
+    assert_eq!(first["timings"]["cache_n"], 0, "{first}");
+    let second = server
+        .post_json(
+            "/v1/chat/completions",
+            chat("What is the capital of Italy?"),
+        )
+        .await
+        .json();
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let prompt = second["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(cached >= 20 && cached < prompt, "{second}");
+    assert_eq!(second["timings"]["cache_n"], cached, "{second}");
+    assert_eq!(second["timings"]["prompt_n"], prompt - cached, "{second}");
+
+    // llama-server's route: the same split in `timings`.
+    let prompt_text = server
+        .post_json(
+            "/apply-template",
+            json!({"messages": [{"role": "system", "content": system},
+                                {"role": "user", "content": "What is the capital of Spain?"}]}),
+        )
+        .await
+        .json()["prompt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let native = server
+        .post_json(
+            "/completion",
+            json!({"prompt": prompt_text, "n_predict": 4, "temperature": 0}),
+        )
+        .await
+        .json();
+    let cache_n = native["timings"]["cache_n"].as_u64().unwrap();
+    assert!(cache_n >= 20, "{native}");
+    assert_eq!(
+        native["timings"]["prompt_n"].as_u64().unwrap() + cache_n,
+        native["tokens_evaluated"].as_u64().unwrap(),
+        "{native}"
+    );
+
+    // The Responses API and Anthropic's Messages API, each in its own terms.
+    let response = server
+        .post_json(
+            "/v1/responses",
+            json!({"instructions": system, "input": "What is the capital of Portugal?",
+                   "max_output_tokens": 4, "temperature": 0}),
+        )
+        .await
+        .json();
+    assert!(
+        response["usage"]["input_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 20,
+        "{response}"
+    );
+    let message = server
+        .post_json(
+            "/v1/messages",
+            json!({"system": system, "max_tokens": 4, "temperature": 0,
+                   "messages": [{"role": "user", "content": "What is the capital of Greece?"}]}),
+        )
+        .await
+        .json();
+    let read = message["usage"]["cache_read_input_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(read >= 20, "{message}");
+    let counted = server
+        .post_json(
+            "/v1/messages/count_tokens",
+            json!({"system": system,
+                   "messages": [{"role": "user", "content": "What is the capital of Greece?"}]}),
+        )
+        .await
+        .json();
+    assert_eq!(
+        message["usage"]["input_tokens"].as_u64().unwrap() + read,
+        counted["input_tokens"].as_u64().unwrap(),
+        "Anthropic's split: cached tokens are not input tokens ({message})"
+    );
+
+    let metrics = server.get("/metrics").await.body;
+    let total: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("llamacpp:prompt_tokens_cached_total ")?
+                .parse()
+                .ok()
+        })
+        .unwrap();
+    assert!(total >= cached + cache_n + read, "{total}");
 }
