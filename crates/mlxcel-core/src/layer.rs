@@ -19,6 +19,8 @@ pub(crate) struct LayerTensors<'a> {
     pub input_norm: &'a Array,
     /// q, k and v stacked (`[(heads + 2·kv_heads)·head_dim, hidden]`).
     pub qkv: &'a QuantizedWeight,
+    /// The q, k and v biases stacked as the rows of `qkv` (f32), when the model has them.
+    pub qkv_bias: Option<&'a Array>,
     pub o: &'a QuantizedWeight,
     pub post_norm: &'a Array,
     /// gate and up stacked (`[2·intermediate, hidden]`).
@@ -104,6 +106,9 @@ pub(crate) fn decoder_layer(
     if let Some((post_attention, post_feedforward)) = t.sandwich {
         tensors.extend([post_attention, post_feedforward]);
     }
+    if let Some(bias) = t.qkv_bias {
+        tensors.push(bias);
+    }
     let quant = [t.qkv, t.o, t.gate_up, t.down]
         .iter()
         .flat_map(|w| [w.group_size, w.bits, i32::from(w.int8)])
@@ -126,6 +131,7 @@ pub(crate) fn decoder_layer(
         i32::from(t.sandwich.is_some()),
         i32::from(t.gelu),
         shape.rotary,
+        i32::from(t.qkv_bias.is_some()),
     ];
     let mut spans = Vec::with_capacity(2 * seqs.len());
     for s in seqs {

@@ -183,6 +183,9 @@ struct Layer {
     /// matmuls and eleven shape and RoPE ops. Costs a second copy of these weights (~12 MB on
     /// the default model); the separate ones serve `MLXCEL_KERNELS=mlx`.
     qkv: Option<QuantizedWeight>,
+    /// The q, k and v biases stacked as `qkv`'s rows (f32; Qwen2), when `qkv` is stacked from
+    /// weights with biases.
+    qkv_bias: Option<Array>,
     o: Linear,
     /// The MLP's input norm (`post_attention_layernorm` in llamas, `pre_feedforward_layernorm`
     /// in Gemma).
@@ -226,8 +229,8 @@ impl Layer {
     }
 
     /// The layer's tensors for the fused decoder-layer node, when its layout allows it:
-    /// stacked q/k/v and gate/up, and o and down, all quantized in a layout mlxcel's kernels
-    /// cover, with no biases.
+    /// stacked q/k/v (with their biases, if any) and gate/up, and o and down, all quantized in
+    /// a layout mlxcel's kernels cover, o, gate/up and down without biases.
     fn fused_tensors<'a>(
         &'a self,
         inv_freq: &'a Array,
@@ -257,6 +260,7 @@ impl Layer {
             .then_some(LayerTensors {
                 input_norm: &self.input_norm,
                 qkv,
+                qkv_bias: self.qkv_bias.as_ref(),
                 o,
                 post_norm: &self.post_norm,
                 gate_up,
@@ -351,24 +355,38 @@ impl LlamaModel {
                 let q = loader.linear(&format!("{p}.self_attn.q_proj"), qkv_bias)?;
                 let k = loader.linear(&format!("{p}.self_attn.k_proj"), qkv_bias)?;
                 let v = loader.linear(&format!("{p}.self_attn.v_proj"), qkv_bias)?;
-                let qkv = match (&q, &k, &v) {
+                // Stacked when all three are quantized alike, with biases on all three or none.
+                let (qkv, qkv_bias) = match (&q, &k, &v) {
                     (
                         Linear::Quantized {
                             weight: wq,
-                            bias: None,
+                            bias: bq,
                         },
                         Linear::Quantized {
                             weight: wk,
-                            bias: None,
+                            bias: bk,
                         },
                         Linear::Quantized {
                             weight: wv,
-                            bias: None,
+                            bias: bv,
                         },
                     ) if kernels.backend == KernelBackend::Native => {
-                        QuantizedWeight::concat_rows(&[wq, wk, wv]).ok()
+                        let bias = match (bq, bk, bv) {
+                            (None, None, None) => Ok(None),
+                            (Some(bq), Some(bk), Some(bv)) => Array::concatenate(&[bq, bk, bv], 0)
+                                .and_then(|b| b.astype(Dtype::F32))
+                                .map(Some),
+                            _ => Err(Error::Mlx {
+                                op: "qkv",
+                                message: "q, k and v differ in having biases".into(),
+                            }),
+                        };
+                        match (QuantizedWeight::concat_rows(&[wq, wk, wv]), bias) {
+                            (Ok(w), Ok(b)) => (Some(w), b),
+                            _ => (None, None),
+                        }
                     }
-                    _ => None,
+                    _ => (None, None),
                 };
                 let (post_norm, sandwich) = if config.sandwich_norms {
                     (
@@ -390,6 +408,7 @@ impl LlamaModel {
                     k,
                     v,
                     qkv,
+                    qkv_bias,
                     o: loader
                         .linear(&format!("{p}.self_attn.o_proj"), config.attention_out_bias)?,
                     post_norm,
@@ -505,6 +524,7 @@ impl LlamaModel {
             if let Some(w) = &layer.qkv {
                 arrays.extend([&w.weight, &w.scales, &w.biases]);
             }
+            arrays.extend(&layer.qkv_bias);
             match &layer.gate_up {
                 GateUp::Stacked(w) => arrays.extend([&w.weight, &w.scales, &w.biases]),
                 GateUp::Separate { gate, up } => {
@@ -539,7 +559,7 @@ impl LlamaModel {
         } else if !self.kernels.fused_layers {
             "per-op graph (MLXCEL_FUSED_LAYERS=off)"
         } else {
-            "per-op graph (dense weights or biases: the fused layer takes quantized weights without biases)"
+            "per-op graph (dense weights, or biases on o or the MLP: the fused layer takes quantized weights, biased only on q/k/v)"
         }
     }
 
@@ -770,13 +790,19 @@ impl LlamaModel {
             c.head_dim as i32,
         );
         let projections = match &layer.qkv {
-            Some(stacked) => Projections::Stacked(stacked.linear_normed_then(
-                &x,
-                &layer.input_norm,
-                c.rms_norm_eps,
-                kn,
-                Epilogue::None,
-            )?),
+            Some(stacked) => {
+                let y = stacked.linear_normed_then(
+                    &x,
+                    &layer.input_norm,
+                    c.rms_norm_eps,
+                    kn,
+                    Epilogue::None,
+                )?;
+                Projections::Stacked(match &layer.qkv_bias {
+                    Some(bias) => y.add(bias)?,
+                    None => y,
+                })
+            }
             None => {
                 let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
                 Projections::Separate(

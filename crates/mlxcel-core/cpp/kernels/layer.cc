@@ -4,7 +4,7 @@
 // grows with the batch (RoPE, cache writes and attention are per sequence): ~10 nodes per layer
 // for one sequence, ~50 for eight. This primitive runs the layer in one dispatched task:
 //
-//   h = rms_norm(x); qkv = h·Wqkvᵀ; [per-head RMSNorm of q and k;] RoPE(q, k) per sequence at
+//   h = rms_norm(x); qkv = h·Wqkvᵀ [+ the q/k/v biases]; [per-head RMSNorm of q and k;] RoPE(q, k) per sequence at
 //   its positions [unless the layer has none]; k, v written into that sequence's cache in place;
 //   attention over the cache [within the layer's sliding window, soft-capped]; x1 = x + att·Woᵀ
 //   [Gemma: x + rms_norm(att·Woᵀ)]; out = x1 + swiglu(rms_norm(x1)·Wguᵀ)·Wdownᵀ [Gemma: GeGLU,
@@ -52,7 +52,8 @@ enum Input : int {
   kDownW, kDownS, kDownB,
   kInvFreq,
   // Then, with a q/k norm, its two weights ([head_dim] each); with sandwich norms, the
-  // post-attention and post-MLP norms ([hidden] each); then the caches.
+  // post-attention and post-MLP norms ([hidden] each); with q/k/v biases, the three stacked
+  // ([(heads + 2 kv_heads) head_dim]); then the caches.
 };
 
 // A quantized matrix's layout.
@@ -63,12 +64,12 @@ struct Quant {
 
 struct Dims {
   int hidden, heads, kv_heads, head_dim, intermediate;
-  bool qk_norm, rope, sandwich, gelu;
+  bool qk_norm, rope, sandwich, gelu, qkv_bias;
   int rotary;  // leading features of each head RoPE rotates (head_dim unless partial)
   float rope_mscale;  // factor on the rotated features (LongRoPE's attention factor)
   int window;  // 0: none
   float softcap;  // 0: none
-  int q_norm, post_norms;  // input indices of the optional weights
+  int q_norm, post_norms, bias;  // input indices of the optional weights
   int first_cache;  // input index of the first cache
   float eps, scale, rope_scale;
   Quant qkv, o, gate_up, down;
@@ -166,12 +167,13 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
                           dims_.sandwich ? inputs[dims_.post_norms].data<float>() : nullptr,
                       post_ff =
                           dims_.sandwich ? inputs[dims_.post_norms + 1].data<float>() : nullptr,
+                      bqkv = dims_.qkv_bias ? inputs[dims_.bias].data<float>() : nullptr,
                       wqkv = weights(kQkvW),
                       wo = weights(kOW), wgu = weights(kGuW), wdown = weights(kDownW),
                       y = out.data<float>(), T = static_cast<int>(inputs[kX].shape(0)),
                       isa = std::min(isa_, kernels::best_isa()), threads = threads_]() {
-      run(d, seqs, x, in_norm, post_norm, inv_freq, q_norm, k_norm, post_attn, post_ff, wqkv, wo,
-          wgu, wdown, y, T, isa, threads);
+      run(d, seqs, x, in_norm, post_norm, inv_freq, q_norm, k_norm, post_attn, post_ff, bqkv, wqkv,
+          wo, wgu, wdown, y, T, isa, threads);
     });
   }
 
@@ -194,7 +196,8 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
   static void run(const Dims& d, const std::vector<Seq>& seqs, const float* x,
                   const float* in_norm, const float* post_norm, const float* inv_freq,
                   const float* q_norm, const float* k_norm, const float* post_attn,
-                  const float* post_ff, const Weights& wqkv, const Weights& wo, const Weights& wgu,
+                  const float* post_ff, const float* bqkv, const Weights& wqkv, const Weights& wo,
+                  const Weights& wgu,
                   const Weights& wdown, float* y, int T, Isa isa, int threads) {
     const int D = d.head_dim, H = d.heads, KV = d.kv_heads, hidden = d.hidden;
     const int C = (H + 2 * KV) * D;
@@ -209,6 +212,13 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
 
     kernels::rms_norm_rows(x, T, hidden, in_norm, d.eps, h);
     matmul(h, wqkv, d.qkv, T, C, hidden, qkv, isa, threads);
+    // The biases, added as the per-op graph adds them (one rounding per element).
+    if (bqkv != nullptr) {
+      for (int t = 0; t < T; ++t) {
+        float* r = qkv + static_cast<int64_t>(t) * C;
+        for (int c = 0; c < C; ++c) r[c] += bqkv[c];
+      }
+    }
 
     // The q/k norms (in place), RoPE on q (in place) and k; k and v into the caches at their
     // positions.
@@ -349,10 +359,10 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
                                                rust::Slice<const int32_t> seqs, float eps,
                                                float scale, float rope_scale, float rope_mscale,
                                                float softcap, uint8_t isa, int32_t threads) {
-  if (dims.size() != 11)
+  if (dims.size() != 12)
     refuse(
         "dims must be hidden, heads, kv_heads, head_dim, intermediate, qk_norm, rope, window, "
-        "sandwich, gelu, rotary");
+        "sandwich, gelu, rotary, qkv_bias");
   if (quant.size() != 12) refuse("quant must be (group, bits, int8) for qkv, o, gate/up, down");
   if (isa > static_cast<uint8_t>(Isa::Avx512)) refuse("unknown ISA code " + std::to_string(isa));
   std::vector<mx::array> inputs(tensors.items.begin(), tensors.items.end());
@@ -368,6 +378,7 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
   d.sandwich = dims[8] != 0;
   d.gelu = dims[9] != 0;
   d.rotary = dims[10];
+  d.qkv_bias = dims[11] != 0;
   d.rope_mscale = rope_mscale;
   if (d.rotary < 2 || d.rotary % 2 != 0 || d.rotary > dims[3])
     refuse("the rotary width must be even, at least 2 and at most head_dim");
@@ -376,7 +387,8 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
   if (!(softcap >= 0.0f)) refuse("the soft-cap must be >= 0");
   d.q_norm = kInvFreq + 1;
   d.post_norms = d.q_norm + (d.qk_norm ? 2 : 0);
-  d.first_cache = d.post_norms + (d.sandwich ? 2 : 0);
+  d.bias = d.post_norms + (d.sandwich ? 2 : 0);
+  d.first_cache = d.bias + (d.qkv_bias ? 1 : 0);
   if (static_cast<int>(inputs.size()) != d.first_cache)
     refuse("expected " + std::to_string(d.first_cache) + " tensors, got " +
            std::to_string(inputs.size()));
@@ -401,6 +413,7 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
     check_float(inputs[d.post_norms], {d.hidden}, "the post-attention norm");
     check_float(inputs[d.post_norms + 1], {d.hidden}, "the post-MLP norm");
   }
+  if (d.qkv_bias) check_float(inputs[d.bias], {(H + 2 * KV) * D}, "the q/k/v biases");
   d.qkv = check_quantized(inputs, kQkvW, (H + 2 * KV) * D, d.hidden, quant[0], quant[1], quant[2],
                           "qkv");
   d.o = check_quantized(inputs, kOW, d.hidden, H * D, quant[3], quant[4], quant[5], "o");

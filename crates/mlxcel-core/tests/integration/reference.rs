@@ -719,6 +719,14 @@ fn check_variant_on(variant: Variant, seed: u64, kernels: Option<Kernels>) {
     }
     .expect("the tiny checkpoint loads");
     let what = format!("{variant:?} on {:?}", model.kernels());
+    // Quantized weights on mlxcel's kernels with fused layers on take the fused node (q/k/v
+    // biases included); the other paths say why not.
+    if matches!(variant.storage, Storage::Quantized { .. })
+        && model.kernels().backend == KernelBackend::Native
+        && model.kernels().fused_layers
+    {
+        assert_eq!(model.execution(), "fused layers", "{what}");
+    }
 
     // Prefill of 7 tokens, then 4 decode steps, each compared with the reference over the whole
     // sequence so far.
@@ -935,6 +943,18 @@ fn check_feature(feature: Variant, seed: u64) {
             backend: KernelBackend::Mlx,
             ..Kernels::native()
         }),
+    );
+}
+
+#[test]
+fn qwen2_biases_match_the_reference_on_every_path() {
+    check_feature(
+        Variant {
+            qwen2_biases: true,
+            tied: true,
+            ..PLAIN
+        },
+        90,
     );
 }
 
