@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates test test-mlx-only check-package e2e check-webui
+.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates test test-mlx-only check-package e2e check-webui soak
 
 verify: fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates test test-mlx-only check-package e2e check-webui
 
@@ -82,3 +82,11 @@ check-webui:
 	else \
 		scripts/check-webui; \
 	fi
+
+# A bounded soak with faults against `mlxcel serve` on the default model (scripts/soak,
+# docs/reliability.md): 16 clients for SOAK_MINUTES mixing plain, streamed, cancelled and slowly
+# read generations with malformed and oversized requests; checks every answer, /health, memory,
+# file descriptors, the engine's counters and a graceful SIGTERM. Not part of `verify`.
+SOAK_MINUTES ?= 10
+soak:
+	SOAK_MINUTES=$(SOAK_MINUTES) scripts/soak
