@@ -1132,7 +1132,12 @@ impl<B: Backend> Scheduler<B> {
                     );
                 if keep {
                     self.clock += 1;
-                    let bytes = self.backend.kv_bytes(sequence.computed);
+                    // What the kept slot holds in memory: its whole allocation (a slot is
+                    // allocated for its plan's positions, however few were computed), so that
+                    // the budget bounds the memory and not only the useful part of it.
+                    let bytes = self
+                        .backend
+                        .kv_bytes(sequence.plan.max_positions.max(sequence.computed));
                     self.retained.push(Retained {
                         slot,
                         tokens: sequence.tokens[..sequence.computed].to_vec(),

@@ -46,6 +46,8 @@ struct Mock {
     eos_after: Option<usize>,
     fail_next_step: bool,
     max_slots: Option<usize>,
+    /// Serves the prefix cache: copies prefixes between slots, 100 bytes of KV per position.
+    prefix: bool,
 }
 
 impl Mock {
@@ -142,6 +144,17 @@ impl Backend for Mock {
     }
     fn release_slot(&mut self, slot: SlotId) {
         self.slots.remove(&slot);
+    }
+    fn can_copy_prefix(&self) -> bool {
+        self.prefix
+    }
+    fn kv_bytes(&self, positions: usize) -> usize {
+        positions * 100
+    }
+    fn copy_prefix(&mut self, from: SlotId, to: SlotId, len: usize) -> Result<(), EngineError> {
+        let prefix = self.slots[&from].1[..len].to_vec();
+        self.slots.get_mut(&to).expect("a live slot").1 = prefix;
+        Ok(())
     }
 }
 
@@ -617,4 +630,36 @@ fn logprobs_are_log_softmax_of_the_raw_logits() {
             .all(|w| w[0].logprob >= w[1].logprob)
     );
     assert!(logprob.logprob < 0.0 && logprob.logprob > -1.0);
+}
+
+/// The prefix cache's budget bounds the memory its kept slots hold: a slot is counted for its
+/// whole allocation (its plan's positions), not for the positions its request computed, so a
+/// request that stopped early in a large slot is not kept under a budget its allocation exceeds.
+#[test]
+fn kept_slots_count_their_whole_allocation_against_the_prefix_budget() {
+    let run = |budget: usize| {
+        let mock = Mock {
+            prefix: true,
+            eos_after: Some(20),
+            ..Mock::new(64)
+        };
+        let mut s = scheduler(mock, SchedulerConfig::default()).with_prefix_cache(budget);
+        // 16 prompt tokens, stops at its end token after 4 more: 20 positions computed in a slot
+        // of 64 (the window: an unlimited budget).
+        let prompt: Vec<u32> = (0..16).collect();
+        let mut request = greedy(prompt.clone(), MaxNewTokens::Unlimited);
+        request.stop_token_ids = vec![EOS];
+        let first = s.submit(request).unwrap();
+        let outcome = run_to_end(&mut s)[&first].clone();
+        assert_eq!(outcome.finish.unwrap().0, FinishReason::Stop);
+        let kept = s.backend().slots.len();
+        let second = s.submit(greedy(prompt, MaxNewTokens::Limited(2))).unwrap();
+        let cached = run_to_end(&mut s)[&second].finish.unwrap().1.cached_tokens;
+        (kept, cached)
+    };
+    // 64 positions x 100 bytes = 6400: a budget of 2500 (enough for the 20 computed positions,
+    // which is what was counted before) keeps nothing, ...
+    assert_eq!(run(2_500), (0, 0));
+    // ... one of 6400 keeps the slot, and the same prompt reuses all of it but its last token.
+    assert_eq!(run(6_400), (1, 15));
 }
