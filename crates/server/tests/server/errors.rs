@@ -308,7 +308,7 @@ async fn a_full_queue_is_503_with_retry_after() {
         .await
         .unwrap();
     let server = TestServer::start(ServerConfig::default(), Some(Arc::new(engine))).await;
-    let long = json!({"prompt": "Once upon a time", "max_tokens": 40, "stream": true});
+    let long = long_request();
     // A runs (its first chunk has arrived), B waits in the one queue place, C is refused.
     let mut running = server.open("/v1/completions", long.clone()).await;
     assert_eq!(running.status(), StatusCode::OK);
@@ -328,7 +328,15 @@ async fn a_full_queue_is_503_with_retry_after() {
     assert_eq!(reply.headers["retry-after"], "1");
     // Readiness: /health answers 503 (llama-server's body, the status as a number) while the
     // queue is full; liveness (/live) stays 200.
-    let health = server.get("/health").await;
+    // (The engine publishes its queue after each step: poll briefly for the state it reports.)
+    let mut health = server.get("/health").await;
+    for _ in 0..50 {
+        if health.status == StatusCode::SERVICE_UNAVAILABLE {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        health = server.get("/health").await;
+    }
     let error = health.llama_error(StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(error["code"], 503, "{error}");
     assert!(
@@ -385,6 +393,8 @@ async fn a_full_queue_is_503_with_retry_after() {
     drop((running, waiting));
 }
 
+/// A stream with a long way to go (dropped, it is cancelled), so that it still runs while the
+/// test looks at the queue however loaded the machine is.
 fn long_request() -> serde_json::Value {
-    json!({"prompt": "Once upon a time", "max_tokens": 40, "stream": true})
+    json!({"prompt": "Once upon a time", "max_tokens": 400, "stream": true})
 }
