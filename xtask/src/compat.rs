@@ -133,7 +133,8 @@ fn named_by_tests(table: &str, needle: &str, tests: &str) -> bool {
 }
 
 /// The names a test must mention for an entry: every spelling of an option and its variable,
-/// a route's path, a field's or response's last name segment, a metric's family.
+/// a route's path (`:name` segments written `{name}`), a field's or response's last name
+/// segment, a metric's family.
 fn needles(table: &str, entry: &Value, key: &str) -> Vec<String> {
     match table {
         "option" => {
@@ -142,7 +143,18 @@ fn needles(table: &str, entry: &Value, key: &str) -> Vec<String> {
             names.extend(strings(entry.get("env")));
             names
         }
-        "route" => vec![key.split_once(' ').map_or(key, |(_, p)| p).to_owned()],
+        // llama-server's `:name` path segments are the router's `{name}`.
+        "route" => {
+            let path = key.split_once(' ').map_or(key, |(_, p)| p);
+            let segments: Vec<String> = path
+                .split('/')
+                .map(|s| {
+                    s.strip_prefix(':')
+                        .map_or_else(|| s.to_owned(), |n| format!("{{{n}}}"))
+                })
+                .collect();
+            vec![segments.join("/")]
+        }
         "field" | "response" => {
             let name = key.split_once(':').map_or(key, |(_, n)| n);
             let name = name.trim_start_matches('?');

@@ -162,6 +162,26 @@ pub trait Backend {
         ))
     }
 
+    /// A slot's first `len` positions' keys and values on the host, in the backend's own layout
+    /// ([`Backend::import_kv`] reads it back): what a saved slot file holds.
+    fn export_kv(&mut self, slot: SlotId, len: usize) -> Result<Vec<f32>, EngineError> {
+        let _ = (slot, len);
+        Err(EngineError::backend(
+            self.name(),
+            "this backend cannot export a slot's keys and values",
+        ))
+    }
+
+    /// Makes slot `slot` hold `len` positions read from `data` ([`Backend::export_kv`]'s layout
+    /// on the same model), replacing whatever it held.
+    fn import_kv(&mut self, slot: SlotId, len: usize, data: &[f32]) -> Result<(), EngineError> {
+        let _ = (slot, len, data);
+        Err(EngineError::backend(
+            self.name(),
+            "this backend cannot import keys and values into a slot",
+        ))
+    }
+
     /// Whether [`Backend::score`] and [`Backend::truncate`] work (speculative decoding needs
     /// both).
     fn can_score(&self) -> bool {
@@ -266,6 +286,14 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn copy_prefix(&mut self, from: SlotId, to: SlotId, len: usize) -> Result<(), EngineError> {
         (**self).copy_prefix(from, to, len)
+    }
+
+    fn export_kv(&mut self, slot: SlotId, len: usize) -> Result<Vec<f32>, EngineError> {
+        (**self).export_kv(slot, len)
+    }
+
+    fn import_kv(&mut self, slot: SlotId, len: usize, data: &[f32]) -> Result<(), EngineError> {
+        (**self).import_kv(slot, len, data)
     }
 
     fn truncate(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {

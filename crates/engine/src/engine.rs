@@ -16,7 +16,9 @@ use crate::error::EngineError;
 use crate::metrics::EngineMetrics;
 use crate::options::{BackendKind, EngineOptions};
 use crate::request::{Event, FinishReason, GenerationRequest, RequestId, Usage};
-use crate::scheduler::{ConstraintSource, Scheduler, SchedulerConfig, SchedulerStats};
+use crate::scheduler::{
+    CachedPrefix, ConstraintSource, Scheduler, SchedulerConfig, SchedulerStats,
+};
 use crate::text::TokenizerDecoder;
 
 /// What the engine knows about its model.
@@ -85,6 +87,21 @@ enum Command {
     Hidden {
         tokens: Vec<u32>,
         reply: mpsc::Sender<Result<Vec<Vec<f32>>, EngineError>>,
+    },
+    /// The prefix cache's entry for a request ([`Engine::cached_prefix`]).
+    ExportCached {
+        id: RequestId,
+        reply: mpsc::Sender<Result<Option<CachedPrefix>, EngineError>>,
+    },
+    /// A saved entry put back into the prefix cache ([`Engine::restore_prefix`]).
+    RestoreCached {
+        prefix: CachedPrefix,
+        reply: mpsc::Sender<Result<RequestId, EngineError>>,
+    },
+    /// An entry dropped from the prefix cache ([`Engine::erase_prefix`]).
+    EraseCached {
+        id: RequestId,
+        reply: mpsc::Sender<usize>,
     },
     Shutdown,
 }
@@ -340,6 +357,48 @@ impl Engine {
         Ok(crate::embedding::pool(states, pooling, normalize))
     }
 
+    /// What the prefix cache holds for request `id` once it has finished (its prompt and the
+    /// tokens it generated, but the last), with their keys and values; `None` when its slot was
+    /// not kept (the prefix cache off, a cancelled or failed request, fewer than 8 positions) or
+    /// has been evicted since. llama-server's `POST /slots/{id}?action=save` reads it.
+    pub fn cached_prefix(&self, id: RequestId) -> Result<Option<CachedPrefix>, EngineError> {
+        let (reply, answer) = mpsc::channel();
+        self.commands
+            .send(Command::ExportCached { id, reply })
+            .map_err(|_| EngineError::Stopped)?;
+        answer.recv().map_err(|_| EngineError::Stopped)?
+    }
+
+    /// Puts a [`CachedPrefix`] exported by this model and backend back into the prefix cache,
+    /// evicting its least recently used entries to make room, so that a request starting with
+    /// its tokens reuses their keys and values; returns the entry's id (for
+    /// [`Engine::cached_prefix`] and [`Engine::erase_prefix`]). Refused with the numbers when
+    /// the prefix cache is off or smaller than the entry, or a token is outside the vocabulary.
+    pub fn restore_prefix(&self, prefix: CachedPrefix) -> Result<RequestId, EngineError> {
+        self.check_tokens(&prefix.tokens)?;
+        if prefix.tokens.len() > self.info.window {
+            return Err(EngineError::InputTooLong {
+                tokens: prefix.tokens.len(),
+                window: self.info.window,
+            });
+        }
+        let (reply, answer) = mpsc::channel();
+        self.commands
+            .send(Command::RestoreCached { prefix, reply })
+            .map_err(|_| EngineError::Stopped)?;
+        answer.recv().map_err(|_| EngineError::Stopped)?
+    }
+
+    /// Drops entry `id` (a finished request's or a restored one's) from the prefix cache;
+    /// returns the tokens it held (0 when there was none).
+    pub fn erase_prefix(&self, id: RequestId) -> Result<usize, EngineError> {
+        let (reply, answer) = mpsc::channel();
+        self.commands
+            .send(Command::EraseCached { id, reply })
+            .map_err(|_| EngineError::Stopped)?;
+        answer.recv().map_err(|_| EngineError::Stopped)
+    }
+
     /// The chat template's source, if the checkpoint has one.
     pub fn chat_template_source(&self) -> Option<String> {
         self.chat_template.as_ref().map(|t| t.source())
@@ -519,6 +578,17 @@ fn run_worker<B: Backend>(
                 }
                 Command::Hidden { tokens, reply } => {
                     let _ = reply.send(scheduler.backend_mut().hidden_states(&tokens));
+                }
+                Command::ExportCached { id, reply } => {
+                    let _ = reply.send(scheduler.export_cached(id));
+                }
+                Command::RestoreCached { prefix, reply } => {
+                    let _ = reply.send(scheduler.restore_cached(prefix.tokens, &prefix.kv));
+                    publish(&metrics, &mut local, &scheduler);
+                }
+                Command::EraseCached { id, reply } => {
+                    let _ = reply.send(scheduler.erase_cached(id));
+                    publish(&metrics, &mut local, &scheduler);
                 }
                 Command::Shutdown => return,
             }

@@ -93,6 +93,11 @@ pub enum EngineError {
     #[error("speculative decoding: {0}")]
     InvalidSpeculation(String),
 
+    /// The prefix cache cannot take what was asked of it (a restored slot: the cache is off, or
+    /// smaller than the entry).
+    #[error("prefix cache: {0}")]
+    PrefixCache(String),
+
     /// A perplexity setting the text or the model cannot satisfy (`mlxcel perplexity`).
     #[error("perplexity: invalid {setting} {value}: {reason}")]
     InvalidPerplexity {

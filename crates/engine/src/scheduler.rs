@@ -192,8 +192,20 @@ pub struct Scheduler<B: Backend> {
     draft: Option<Box<dyn Backend>>,
 }
 
+/// What the prefix cache holds for one entry: its tokens and, for each position, the keys and
+/// values of every layer in the backend's own layout (what a saved slot file stores; only the
+/// backend and model that exported it can read it back).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedPrefix {
+    pub tokens: Vec<u32>,
+    pub kv: Vec<f32>,
+}
+
 /// A finished sequence's slot kept for its prefix.
 struct Retained {
+    /// Its handle ([`Scheduler::export_cached`]): the finished request's id, or the id
+    /// [`Scheduler::restore_cached`] gave it (drawn from the request ids).
+    id: RequestId,
     slot: SlotId,
     tokens: Vec<u32>,
     bytes: usize,
@@ -313,6 +325,93 @@ impl<B: Backend> Scheduler<B> {
         let entry = self.retained.remove(oldest);
         self.backend.release_slot(entry.slot);
         true
+    }
+
+    /// What the prefix cache holds for `id` (a finished request's id, or a restored entry's):
+    /// its tokens and their keys and values ([`Backend::export_kv`]'s layout); `None` when the
+    /// request's slot was not kept (the cache off, or too short a sequence) or has been evicted.
+    pub fn export_cached(&mut self, id: RequestId) -> Result<Option<CachedPrefix>, EngineError> {
+        let Some(index) = self.retained.iter().position(|r| r.id == id) else {
+            return Ok(None);
+        };
+        self.clock += 1;
+        let entry = &mut self.retained[index];
+        entry.last_used = self.clock;
+        let (slot, tokens) = (entry.slot, entry.tokens.clone());
+        let kv = self.backend.export_kv(slot, tokens.len())?;
+        Ok(Some(CachedPrefix { tokens, kv }))
+    }
+
+    /// Puts `tokens` with their keys and values (what [`Scheduler::export_cached`] returned, on
+    /// this model) into the prefix cache, evicting least recently used entries to make room;
+    /// returns the entry's id. Refused when the prefix cache is off or smaller than the entry.
+    pub fn restore_cached(
+        &mut self,
+        tokens: Vec<u32>,
+        kv: &[f32],
+    ) -> Result<RequestId, EngineError> {
+        let refuse = |reason: String| Err(EngineError::PrefixCache(reason));
+        if self.prefix_budget == 0 {
+            return refuse(
+                "the prefix cache is off, so a restored slot has nowhere to stay (turn it on: \
+                 --cache-ram MiB)"
+                    .into(),
+            );
+        }
+        if tokens.is_empty() {
+            return refuse("nothing to restore: the saved slot holds no tokens".into());
+        }
+        // A slot of exactly its positions: it is only ever read (copied from), never extended.
+        let plan = SessionPlan {
+            context_capacity: None,
+            max_positions: tokens.len(),
+            admitted_max_new_tokens: 0,
+        };
+        let bytes = self.backend.kv_bytes(tokens.len());
+        if bytes > self.prefix_budget {
+            return refuse(format!(
+                "{} tokens need {:.1} MiB of KV memory, more than the prefix cache's {:.1} MiB \
+                 (raise --cache-ram)",
+                tokens.len(),
+                bytes as f64 / (1 << 20) as f64,
+                self.prefix_budget as f64 / (1 << 20) as f64
+            ));
+        }
+        while self.retained.iter().map(|r| r.bytes).sum::<usize>() + bytes > self.prefix_budget
+            && self.evict_one()
+        {}
+        let slot = loop {
+            match self.backend.allocate_slot(&plan) {
+                Ok(slot) => break slot,
+                Err(EngineError::NoFreeSlot) if self.evict_one() => {}
+                Err(e) => return Err(e),
+            }
+        };
+        if let Err(e) = self.backend.import_kv(slot, tokens.len(), kv) {
+            self.backend.release_slot(slot);
+            return Err(e);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.clock += 1;
+        self.retained.push(Retained {
+            id,
+            slot,
+            tokens,
+            bytes,
+            last_used: self.clock,
+        });
+        Ok(id)
+    }
+
+    /// Drops `id`'s entry from the prefix cache; returns the tokens it held (0: none was kept).
+    pub fn erase_cached(&mut self, id: RequestId) -> usize {
+        let Some(index) = self.retained.iter().position(|r| r.id == id) else {
+            return 0;
+        };
+        let entry = self.retained.remove(index);
+        self.backend.release_slot(entry.slot);
+        entry.tokens.len()
     }
 
     /// The longest cached prefix of `prompt` (at most `prompt.len() - 1` tokens: one is always
@@ -1139,6 +1238,7 @@ impl<B: Backend> Scheduler<B> {
                         .backend
                         .kv_bytes(sequence.plan.max_positions.max(sequence.computed));
                     self.retained.push(Retained {
+                        id: sequence.id,
                         slot,
                         tokens: sequence.tokens[..sequence.computed].to_vec(),
                         bytes,

@@ -175,6 +175,71 @@ impl KvCache {
         Ok(())
     }
 
+    /// Floats each position holds over all layers: keys and values of every head.
+    pub fn floats_per_position(&self) -> usize {
+        2 * self.layer_count * self.kv_heads as usize * self.head_dim as usize
+    }
+
+    /// The first `len` positions' keys and values on the host, layer by layer, keys before
+    /// values, each `[kv_heads, len, head_dim]` ([`KvCache::import`] reads this layout).
+    pub fn export(&self, len: usize) -> Result<Vec<f32>> {
+        if len > self.len {
+            return Err(Error::CacheFull {
+                len: self.len,
+                extra: len - self.len,
+                max_positions: self.len,
+            });
+        }
+        let mut out = Vec::with_capacity(len * self.floats_per_position());
+        if len == 0 {
+            return Ok(out);
+        }
+        let hi = [1, self.kv_heads, len as i32, self.head_dim];
+        for (k, v) in &self.layers {
+            for side in [k, v] {
+                out.extend(side.slice(&[0, 0, 0, 0], &hi)?.to_vec_f32()?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Becomes `len` positions read from `data` in [`KvCache::export`]'s layout, forgetting its
+    /// own; `data` must hold exactly `len` positions.
+    pub fn import(&mut self, data: &[f32], len: usize) -> Result<()> {
+        let per_side = len * self.kv_heads as usize * self.head_dim as usize;
+        if data.len() != 2 * self.layer_count * per_side {
+            return Err(Error::DataLength {
+                op: "KvCache::import",
+                len: data.len(),
+                shape: vec![
+                    2 * self.layer_count as i32,
+                    self.kv_heads,
+                    len as i32,
+                    self.head_dim,
+                ],
+                expected: len * self.floats_per_position(),
+            });
+        }
+        self.len = 0;
+        self.reserve(len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let hi = [1, self.kv_heads, len as i32, self.head_dim];
+        let lo = [0, 0, 0, 0];
+        let mut sides = data.chunks_exact(per_side);
+        for (k, v) in &mut self.layers {
+            for side in [k, v] {
+                let part = sides.next().expect("length checked above");
+                *side = side.slice_update(&Array::from_f32(part, &hi)?, &lo, &hi)?;
+            }
+        }
+        // Materialized now: the fused layer writes into these buffers in place.
+        crate::array::eval(&self.arrays().collect::<Vec<_>>())?;
+        self.len = len;
+        Ok(())
+    }
+
     /// Forgets every position from `len` on (speculative decoding's rejected proposals); their
     /// keys and values are overwritten by the next append.
     pub fn truncate(&mut self, len: usize) {

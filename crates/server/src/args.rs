@@ -226,6 +226,11 @@ pub struct ServerArgs {
     )]
     pub cache_ram: i64,
 
+    /// The directory of slot files: turns on `POST /slots/{id}?action=save|restore|erase`
+    /// (created at start if missing).
+    #[arg(long = "slot-save-path")]
+    pub slot_save_path: Option<std::path::PathBuf>,
+
     /// Speculative decoding: `ngram-simple` (prompt lookup), `draft-simple` (a draft model; the
     /// default with `--spec-draft-model`) or `none`. Greedy output is unchanged; the MLX backend
     /// only (OpenXLA decodes one token a pass).
@@ -451,6 +456,29 @@ impl ServerArgs {
     }
 
     /// The server's settings under these flags (reads `--api-key-file`).
+    /// `--slot-save-path`, created if missing.
+    fn slot_save_path(&self) -> Result<Option<std::path::PathBuf>, ServerError> {
+        let Some(dir) = &self.slot_save_path else {
+            return Ok(None);
+        };
+        if dir.as_os_str().is_empty() {
+            return Ok(None);
+        }
+        std::fs::create_dir_all(dir).map_err(|e| {
+            ServerError::Flag(format!(
+                "--slot-save-path {}: cannot create the directory: {e}",
+                dir.display()
+            ))
+        })?;
+        if !dir.is_dir() {
+            return Err(ServerError::Flag(format!(
+                "--slot-save-path {}: not a directory",
+                dir.display()
+            )));
+        }
+        Ok(Some(dir.clone()))
+    }
+
     pub fn server_config(&self) -> Result<ServerConfig, ServerError> {
         let default_max_new_tokens =
             MaxNewTokens::from_signed(self.n_predict).ok_or_else(|| {
@@ -516,6 +544,7 @@ impl ServerArgs {
                 headers: self.cors_headers.clone(),
                 credentials: self.cors_credentials && !self.no_cors_credentials,
             },
+            slot_save_path: self.slot_save_path()?,
             ..ServerConfig::default()
         })
     }

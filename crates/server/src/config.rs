@@ -101,6 +101,9 @@ pub struct ServerConfig {
     pub webui: bool,
     /// CORS (`--cors-origins`, `--cors-methods`, `--cors-headers`, `--cors-credentials`).
     pub cors: crate::cors::CorsConfig,
+    /// Where `POST /slots/{id}?action=save|restore` write and read slot files
+    /// (`--slot-save-path`); `None` turns the slot actions off (501).
+    pub slot_save_path: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -128,6 +131,7 @@ impl Default for ServerConfig {
             spm_infill: false,
             webui: true,
             cors: crate::cors::CorsConfig::default(),
+            slot_save_path: None,
         }
     }
 }

@@ -53,6 +53,7 @@ mod responses;
 mod routes;
 mod run;
 mod serve;
+mod slot_files;
 mod state;
 mod structured;
 mod tools;

@@ -938,7 +938,7 @@ pub fn slots(state: &AppState, query: &str) -> Result<Response<Body>, ApiError> 
                 key,
                 format!(
                     "GET /slots?{key}: unknown query parameter (this server reads \
-                     fail_on_no_slot; saving and restoring slots is not supported)"
+                     fail_on_no_slot; slots are saved and restored with POST /slots/{{id}}?action=)"
                 ),
             ));
         }

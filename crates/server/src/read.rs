@@ -25,7 +25,8 @@ pub async fn read_generation_json<T: DeserializeOwned>(
     Ok((request, parse_json(&bytes)?))
 }
 
-async fn read_bytes(body: Incoming, limit: usize) -> Result<bytes::Bytes, ApiError> {
+/// The body's bytes, within `limit`.
+pub(crate) async fn read_bytes(body: Incoming, limit: usize) -> Result<bytes::Bytes, ApiError> {
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(err) if err.is::<http_body_util::LengthLimitError>() => {

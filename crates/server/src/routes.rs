@@ -14,7 +14,7 @@ use crate::body::{Body, full};
 use crate::error::{ApiError, ErrorShape};
 use crate::state::AppState;
 use crate::webui::Asset;
-use crate::{anthropic, embeddings, llama_server, openai, responses, webui};
+use crate::{anthropic, embeddings, llama_server, openai, responses, slot_files, webui};
 
 /// What a route runs. One variant per handler; [`Endpoint::call`] is the one dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +36,7 @@ enum Endpoint {
     Props,
     SetProps,
     Slots,
+    SlotAction,
     Metrics,
     EmbeddingsOpenAi,
     EmbeddingsLlama,
@@ -134,6 +135,12 @@ static ROUTES: &[Route] = &[
     route(Method::GET, "/props", Endpoint::Props),
     route(Method::POST, "/props", Endpoint::SetProps),
     status(Method::GET, "/slots", Endpoint::Slots, false),
+    status(
+        Method::POST,
+        "/slots/{id_slot}",
+        Endpoint::SlotAction,
+        false,
+    ),
     route(Method::GET, "/metrics", Endpoint::Metrics),
     // The chat page (webui.rs): public like /health, its API calls carry the key.
     public(Method::GET, "/", Endpoint::WebUi(Asset::Index)),
@@ -147,13 +154,6 @@ pub struct PathParams(Vec<(&'static str, String)>);
 
 impl PathParams {
     /// The value of the segment `{name}`, if the route has one.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "no route has a `{name}` segment yet; llama-server's /slots/{id} is the first"
-        )
-    )]
     pub fn get(&self, name: &str) -> Option<&str> {
         self.0
             .iter()
@@ -188,7 +188,7 @@ impl Endpoint {
         body: Incoming,
         path: &str,
         query: &str,
-        _params: PathParams,
+        params: PathParams,
     ) -> Result<Response<Body>, ApiError> {
         match self {
             Self::Completions => openai::completions(state, body).await,
@@ -208,6 +208,9 @@ impl Endpoint {
             Self::Props => llama_server::props(state),
             Self::SetProps => llama_server::set_props(state),
             Self::Slots => llama_server::slots(state, query),
+            Self::SlotAction => {
+                slot_files::slot_action(state, body, params.get("id_slot"), query).await
+            }
             Self::Metrics => llama_server::metrics(state),
             Self::EmbeddingsOpenAi => {
                 embeddings::embeddings(state, body, embeddings::Shape::OpenAi).await
@@ -235,6 +238,7 @@ impl Endpoint {
             Self::Tokenize => llama_server::check_body("tokenize", bytes),
             Self::Detokenize => llama_server::check_body("detokenize", bytes),
             Self::ApplyTemplate => llama_server::check_body("apply-template", bytes),
+            Self::SlotAction => slot_files::check_body(bytes),
             Self::EmbeddingsOpenAi | Self::EmbeddingsLlama => embeddings::check_body(bytes),
             Self::Models
             | Self::Health

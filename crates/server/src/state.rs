@@ -44,6 +44,11 @@ pub struct AppState {
     metrics: Metrics,
     active: Mutex<BTreeMap<u64, ActiveRequest>>,
     next_key: AtomicU64,
+    /// Per `/slots` id, the prefix-cache entry of the last request it ran (or the one restored
+    /// into it): what `POST /slots/{id}?action=save` writes.
+    slot_entries: Mutex<BTreeMap<usize, u64>>,
+    /// The model's fingerprint for slot files, computed on first use.
+    fingerprint: OnceLock<String>,
 }
 
 impl AppState {
@@ -55,6 +60,8 @@ impl AppState {
             metrics: Metrics::default(),
             active: Mutex::new(BTreeMap::new()),
             next_key: AtomicU64::new(0),
+            slot_entries: Mutex::new(BTreeMap::new()),
+            fingerprint: OnceLock::new(),
         }
     }
 
@@ -169,15 +176,59 @@ impl AppState {
         }
     }
 
-    /// Stops tracking a request; the slot it held passes to the oldest request waiting for one.
+    /// Stops tracking a request; the slot it held passes to the oldest request waiting for one,
+    /// and keeps the request's prefix-cache entry as its cache.
     pub(crate) fn unregister(&self, key: u64) {
         let mut active = self.lock_active();
-        let freed = active.remove(&key).and_then(|r| r.slot);
-        if let Some(slot) = freed
-            && let Some(next) = active.values_mut().find(|r| r.slot.is_none())
-        {
-            next.slot = Some(slot);
+        let Some(request) = active.remove(&key) else {
+            return;
+        };
+        if let Some(slot) = request.slot {
+            self.slot_entries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(slot, request.request_id);
+            if let Some(next) = active.values_mut().find(|r| r.slot.is_none()) {
+                next.slot = Some(slot);
+            }
         }
+    }
+
+    /// Whether a request holds `/slots` id `slot` now.
+    pub(crate) fn slot_is_busy(&self, slot: usize) -> bool {
+        self.lock_active().values().any(|r| r.slot == Some(slot))
+    }
+
+    /// The prefix-cache entry of slot `slot`'s last request (or of what was restored into it).
+    pub(crate) fn slot_entry(&self, slot: usize) -> Option<u64> {
+        self.slot_entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&slot)
+            .copied()
+    }
+
+    pub(crate) fn set_slot_entry(&self, slot: usize, entry: Option<u64>) {
+        let mut entries = self.slot_entries.lock().unwrap_or_else(|e| e.into_inner());
+        match entry {
+            Some(id) => entries.insert(slot, id),
+            None => entries.remove(&slot),
+        };
+    }
+
+    /// The model's fingerprint, which slot files carry ([`crate::slot_files::model_fingerprint`]).
+    pub(crate) fn model_fingerprint(&self) -> Result<String, ApiError> {
+        if let Some(known) = self.fingerprint.get() {
+            return Ok(known.clone());
+        }
+        let dir = self.engine()?.info().dir.clone();
+        let computed = crate::slot_files::model_fingerprint(&dir).map_err(|e| {
+            ApiError::Internal(format!(
+                "fingerprinting the model in {}: {e}",
+                dir.display()
+            ))
+        })?;
+        Ok(self.fingerprint.get_or_init(|| computed).clone())
     }
 }
 

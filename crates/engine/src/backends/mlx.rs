@@ -215,6 +215,22 @@ impl Backend for MlxBackend {
         result
     }
 
+    fn export_kv(&mut self, slot: SlotId, len: usize) -> Result<Vec<f32>, EngineError> {
+        let cache = self
+            .slots
+            .get(&slot)
+            .ok_or_else(|| EngineError::backend("mlx", format!("slot {slot} is not allocated")))?;
+        cache.export(len).map_err(backend_error)
+    }
+
+    fn import_kv(&mut self, slot: SlotId, len: usize, data: &[f32]) -> Result<(), EngineError> {
+        let cache = self
+            .slots
+            .get_mut(&slot)
+            .ok_or_else(|| EngineError::backend("mlx", format!("slot {slot} is not allocated")))?;
+        cache.import(data, len).map_err(backend_error)
+    }
+
     fn truncate(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {
         let cache = self
             .slots

@@ -156,6 +156,19 @@ impl Backend for Mock {
         self.slots.get_mut(&to).expect("a live slot").1 = prefix;
         Ok(())
     }
+    /// The mock's "keys and values": each position's token, as a float.
+    fn export_kv(&mut self, slot: SlotId, len: usize) -> Result<Vec<f32>, EngineError> {
+        Ok(self.slots[&slot].1[..len]
+            .iter()
+            .map(|&t| t as f32)
+            .collect())
+    }
+    fn import_kv(&mut self, slot: SlotId, len: usize, data: &[f32]) -> Result<(), EngineError> {
+        assert_eq!(data.len(), len);
+        self.slots.get_mut(&slot).expect("a live slot").1 =
+            data.iter().map(|&f| f as u32).collect();
+        Ok(())
+    }
 }
 
 fn scheduler(mock: Mock, config: SchedulerConfig) -> Scheduler<Mock> {
@@ -662,4 +675,90 @@ fn kept_slots_count_their_whole_allocation_against_the_prefix_budget() {
     assert_eq!(run(2_500), (0, 0));
     // ... one of 6400 keeps the slot, and the same prompt reuses all of it but its last token.
     assert_eq!(run(6_400), (1, 15));
+}
+
+/// A finished request's kept slot exports as its tokens with their keys and values; restored
+/// into another scheduler (a restarted server on the same model) it serves a request that starts
+/// with those tokens, which then runs exactly as it does without any cache; erasing drops it.
+#[test]
+fn an_exported_prefix_restores_into_another_scheduler_and_is_reused() {
+    let cached = || {
+        let mock = Mock {
+            prefix: true,
+            ..Mock::new(64)
+        };
+        scheduler(mock, SchedulerConfig::default()).with_prefix_cache(1 << 20)
+    };
+    let mut s = cached();
+    let prompt: Vec<u32> = (3..19).collect();
+    let first = s
+        .submit(greedy(prompt.clone(), MaxNewTokens::Limited(4)))
+        .unwrap();
+    let original = run_to_end(&mut s)[&first].clone();
+    let CachedPrefix { tokens, kv } = s.export_cached(first).unwrap().expect("the slot was kept");
+    // The prompt and the generated tokens but the last (never fed back).
+    assert_eq!(tokens[..16], prompt[..]);
+    assert_eq!(tokens[16..], original.tokens[..3]);
+    assert_eq!(kv, tokens.iter().map(|&t| t as f32).collect::<Vec<_>>());
+    assert_eq!(s.export_cached(first + 100).unwrap(), None);
+
+    let mut t = cached();
+    let id = t.restore_cached(tokens.clone(), &kv).unwrap();
+    assert_eq!(
+        t.export_cached(id).unwrap(),
+        Some(CachedPrefix {
+            tokens: tokens.clone(),
+            kv: kv.clone()
+        })
+    );
+    let mut follow_up = tokens.clone();
+    follow_up.extend([7, 8, 9]);
+    let second = t
+        .submit(greedy(follow_up.clone(), MaxNewTokens::Limited(5)))
+        .unwrap();
+    let steps_before = t.backend().steps.len();
+    let reused = run_to_end(&mut t)[&second].clone();
+    assert_eq!(
+        reused.finish.as_ref().unwrap().1.cached_tokens,
+        tokens.len()
+    );
+    // Only the 3 new prompt tokens were prefilled.
+    assert_eq!(t.backend().steps[steps_before][0].1, 3);
+    let mut plain = scheduler(Mock::new(64), SchedulerConfig::default());
+    let third = plain
+        .submit(greedy(follow_up, MaxNewTokens::Limited(5)))
+        .unwrap();
+    let fresh = run_to_end(&mut plain)[&third].clone();
+    assert_eq!(reused.tokens, fresh.tokens);
+    assert_eq!(reused.text, fresh.text);
+
+    assert_eq!(t.erase_cached(id), tokens.len());
+    assert_eq!(t.erase_cached(id), 0);
+    assert_eq!(t.export_cached(id).unwrap(), None);
+}
+
+/// Restoring needs a prefix cache with room for the entry; the refusal names the fix.
+#[test]
+fn restoring_is_refused_without_the_prefix_cache_or_beyond_its_budget() {
+    let tokens: Vec<u32> = (0..20).collect();
+    let kv: Vec<f32> = tokens.iter().map(|&t| t as f32).collect();
+    let mock = || Mock {
+        prefix: true,
+        ..Mock::new(64)
+    };
+    let mut off = scheduler(mock(), SchedulerConfig::default());
+    let err = off.restore_cached(tokens.clone(), &kv).unwrap_err();
+    assert!(err.to_string().contains("--cache-ram"), "{err}");
+    // 20 positions x 100 bytes = 2000 > 1500.
+    let mut small = scheduler(mock(), SchedulerConfig::default()).with_prefix_cache(1_500);
+    let err = small.restore_cached(tokens.clone(), &kv).unwrap_err();
+    assert!(err.to_string().contains("20 tokens need"), "{err}");
+    // Room for one: a second restore evicts the first (least recently used).
+    let mut one = scheduler(mock(), SchedulerConfig::default()).with_prefix_cache(2_000);
+    let a = one.restore_cached(tokens.clone(), &kv).unwrap();
+    let b = one.restore_cached(tokens.clone(), &kv).unwrap();
+    assert_ne!(a, b);
+    assert_eq!(one.export_cached(a).unwrap(), None);
+    assert!(one.export_cached(b).unwrap().is_some());
+    assert_eq!(one.backend().slots.len(), 1);
 }

@@ -200,6 +200,16 @@ fn every_llama_server_spelling_reaches_its_setting() {
         (&["-cram", "0"], |a| {
             a.engine_options().unwrap().prefix_cache_bytes == 0
         }),
+        (&["--slot-save-path", "/tmp/mlxcel-args-test/slots"], |a| {
+            a.server_config().unwrap().slot_save_path == Some("/tmp/mlxcel-args-test/slots".into())
+                && std::path::Path::new("/tmp/mlxcel-args-test/slots").is_dir()
+        }),
+        (&["--slot-save-path", "/proc/version/slots"], |a| {
+            a.server_config().is_err_and(|e| {
+                e.to_string()
+                    .contains("--slot-save-path /proc/version/slots")
+            })
+        }),
         (&["-n", "7"], |a| a.n_predict == 7),
         (&["--predict", "7"], |a| a.n_predict == 7),
         (&["--n-predict", "7"], |a| a.n_predict == 7),

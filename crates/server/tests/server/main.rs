@@ -5,7 +5,8 @@
 //! `responses` (OpenAI's Responses API),
 //! `errors` (each error class, and that the server keeps serving), `auth`, `lifecycle` (loading,
 //! client disconnect, graceful shutdown), `concurrency` (parallel streams equal sequential runs),
-//! `infill` (llama-server's `/infill`), `webui` (the chat page at `/` and `--no-webui`).
+//! `infill` (llama-server's `/infill`), `webui` (the chat page at `/` and `--no-webui`), `slots`
+//! (saving, restoring and erasing slots with `--slot-save-path`).
 //! Tests on the default model are skipped with `MLXCEL_SKIP_MODEL_TESTS=1`.
 
 mod anthropic;
@@ -21,5 +22,6 @@ mod lifecycle;
 mod llama_fields;
 mod responses;
 mod routes;
+mod slots;
 mod support;
 mod webui;

@@ -1,0 +1,654 @@
+//! llama-server's slot actions, `POST /slots/{id}?action=save|restore|erase` with
+//! `--slot-save-path DIR`, and the file a saved slot is written to.
+//!
+//! A slot's cache is what the engine's prefix cache holds for the last request that slot ran
+//! (its prompt and the tokens it generated, but the last, with their keys and values). Saving
+//! writes it to `DIR/filename`; restoring reads such a file back into the prefix cache, where the
+//! next request starting with its tokens reuses them (in this server or a restarted one, on the
+//! same model); erasing drops the slot's entry from the cache.
+//!
+//! The file (docs/server.md, "Saving and restoring slots"), little-endian:
+//!
+//! ```text
+//! "MLXCSLOT"            8 bytes: magic
+//! u32                   format version (1)
+//! u32                   H: the header's length
+//! H bytes               the header, JSON: mlxcel version, model name and fingerprint, backend,
+//!                       n_tokens N, floats_per_position F, kv_dtype "f32"
+//! N u32                 the token ids
+//! N·F f32               their keys and values, in the backend's layout
+//! 32 bytes              SHA-256 of every byte before it
+//! ```
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use hyper::body::Incoming;
+use hyper::{Response, StatusCode};
+use mlxcel_engine::{CachedPrefix, Engine, EngineError};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::body::{Body, json};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+const MAGIC: &[u8; 8] = b"MLXCSLOT";
+const VERSION: u32 = 1;
+/// The longest header read back: far over any real one, so a corrupt length is refused before
+/// anything is allocated for it.
+const MAX_HEADER: u32 = 64 * 1024;
+/// Bytes around the header: magic, version, header length, checksum.
+const FRAME: u64 = 8 + 4 + 4 + 32;
+
+/// What the header of a slot file says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlotFileHeader {
+    /// The mlxcel version that wrote it.
+    pub mlxcel: String,
+    /// The model's name, for messages.
+    pub model: String,
+    /// [`model_fingerprint`] of the model whose keys and values these are.
+    pub model_fingerprint: String,
+    /// The backend that computed them (its layout).
+    pub backend: String,
+    pub n_tokens: usize,
+    pub floats_per_position: usize,
+    pub kv_dtype: String,
+}
+
+/// The body of `POST /slots/{id}` (none for `erase`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SlotActionBody {
+    filename: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Timings {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    save_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    restore_ms: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum ActionResponse {
+    Saved {
+        id_slot: usize,
+        filename: String,
+        n_saved: usize,
+        n_written: u64,
+        timings: Timings,
+    },
+    Restored {
+        id_slot: usize,
+        filename: String,
+        n_restored: usize,
+        n_read: u64,
+        timings: Timings,
+    },
+    Erased {
+        id_slot: usize,
+        n_erased: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Save,
+    Restore,
+    Erase,
+}
+
+/// `action` from the query string.
+fn action(query: &str) -> Result<Action, ApiError> {
+    let value = query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| *key == "action")
+        .map(|(_, value)| value);
+    match value {
+        Some("save") => Ok(Action::Save),
+        Some("restore") => Ok(Action::Restore),
+        Some("erase") => Ok(Action::Erase),
+        Some(other) => Err(ApiError::invalid_param(
+            "action",
+            format!("invalid action `{other}`: expected save, restore or erase"),
+        )),
+        None => Err(ApiError::invalid_param(
+            "action",
+            "the query needs ?action=save, restore or erase",
+        )),
+    }
+}
+
+/// The body's checks that need no model (the fuzz target's view): JSON with at most `filename`,
+/// a plain file name.
+pub fn check_body(bytes: &[u8]) -> Result<(), ApiError> {
+    let body = parse_body(bytes)?;
+    if let Some(name) = &body.filename {
+        check_filename(name)?;
+    }
+    Ok(())
+}
+
+fn parse_body(bytes: &[u8]) -> Result<SlotActionBody, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(SlotActionBody::default());
+    }
+    crate::read::parse_json(bytes)
+}
+
+/// A file name inside `--slot-save-path`: no directory part, no parent or hidden name, no control
+/// characters, at most 255 bytes (llama-server's rule is the same in spirit).
+fn check_filename(name: &str) -> Result<(), ApiError> {
+    let bad = |why: &str| {
+        Err(ApiError::invalid_param(
+            "filename",
+            format!(
+                "invalid filename {name:?}: {why}; give a plain file name inside --slot-save-path"
+            ),
+        ))
+    };
+    if name.is_empty() {
+        return bad("it is empty");
+    }
+    if name.len() > 255 {
+        return bad("it is longer than 255 bytes");
+    }
+    if name.contains(['/', '\\']) {
+        return bad("it has a directory part");
+    }
+    if name.starts_with('.') {
+        return bad("it starts with a dot");
+    }
+    if name.chars().any(char::is_control) {
+        return bad("it has control characters");
+    }
+    Ok(())
+}
+
+/// `POST /slots/{id}?action=...`.
+pub async fn slot_action(
+    state: &Arc<AppState>,
+    body: Incoming,
+    id: Option<&str>,
+    query: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(dir) = state.config().slot_save_path.clone() else {
+        return Err(ApiError::NotImplemented(
+            "This server does not support slots action. Start it with `--slot-save-path`".into(),
+        ));
+    };
+    let parallel = state.config().parallel;
+    let id_slot = id
+        .and_then(|id| id.parse::<usize>().ok())
+        .filter(|&id| id < parallel)
+        .ok_or_else(|| {
+            ApiError::invalid_param(
+                "id_slot",
+                format!(
+                    "invalid slot id {:?}: this server has slots 0 to {}",
+                    id.unwrap_or(""),
+                    parallel - 1
+                ),
+            )
+        })?;
+    let action = action(query)?;
+    let body = parse_body(&crate::read::read_bytes(body, state.config().body_limit).await?)?;
+    let filename = match (action, body.filename) {
+        (Action::Erase, _) => String::new(),
+        (_, Some(name)) => {
+            check_filename(&name)?;
+            name
+        }
+        (_, None) => {
+            return Err(ApiError::invalid_param(
+                "filename",
+                "saving and restoring need a body {\"filename\": \"...\"}",
+            ));
+        }
+    };
+    let engine = Arc::clone(state.engine()?);
+    // As llama-server defers a slot action until the slot's task ends: wait while a request
+    // holds the slot (a client that gives up drops this future).
+    while state.slot_is_busy(id_slot) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let started = Instant::now();
+    let elapsed_ms = || started.elapsed().as_secs_f64() * 1e3;
+    let response = match action {
+        Action::Save => {
+            let entry = state.slot_entry(id_slot);
+            let path = dir.join(&filename);
+            let fingerprint = state.model_fingerprint()?;
+            let (n_saved, n_written) = tokio::task::spawn_blocking(move || {
+                let prefix = match entry {
+                    Some(id) => engine.cached_prefix(id)?,
+                    None => None,
+                }
+                .unwrap_or(CachedPrefix {
+                    tokens: Vec::new(),
+                    kv: Vec::new(),
+                });
+                let header = header_for(&engine, &fingerprint, &prefix);
+                let written = write_slot_file(&path, &header, &prefix)
+                    .map_err(|e| ApiError::Internal(format!("writing {}: {e}", path.display())))?;
+                Ok::<_, ApiError>((prefix.tokens.len(), written))
+            })
+            .await
+            .map_err(|e| ApiError::Internal(format!("slot save task failed: {e}")))??;
+            ActionResponse::Saved {
+                id_slot,
+                filename,
+                n_saved,
+                n_written,
+                timings: Timings {
+                    save_ms: Some(elapsed_ms()),
+                    restore_ms: None,
+                },
+            }
+        }
+        Action::Restore => {
+            let path = dir.join(&filename);
+            let fingerprint = state.model_fingerprint()?;
+            let previous = state.slot_entry(id_slot);
+            let (restored, n_restored, n_read) = tokio::task::spawn_blocking(move || {
+                let (header, prefix, read) = read_slot_file(&path, &filename_of(&path))?;
+                check_header(&engine, &fingerprint, &header, &filename_of(&path))?;
+                let n = prefix.tokens.len();
+                let restored = if n == 0 {
+                    None
+                } else {
+                    Some(engine.restore_prefix(prefix).map_err(restore_error)?)
+                };
+                if let Some(old) = previous {
+                    engine.erase_prefix(old)?;
+                }
+                Ok::<_, ApiError>((restored, n, read))
+            })
+            .await
+            .map_err(|e| ApiError::Internal(format!("slot restore task failed: {e}")))??;
+            state.set_slot_entry(id_slot, restored);
+            ActionResponse::Restored {
+                id_slot,
+                filename,
+                n_restored,
+                n_read,
+                timings: Timings {
+                    save_ms: None,
+                    restore_ms: Some(elapsed_ms()),
+                },
+            }
+        }
+        Action::Erase => {
+            let entry = state.slot_entry(id_slot);
+            let n_erased = match entry {
+                Some(id) => tokio::task::spawn_blocking(move || engine.erase_prefix(id))
+                    .await
+                    .map_err(|e| ApiError::Internal(format!("slot erase task failed: {e}")))??,
+                None => 0,
+            };
+            state.set_slot_entry(id_slot, None);
+            ActionResponse::Erased { id_slot, n_erased }
+        }
+    };
+    Ok(json(StatusCode::OK, &response))
+}
+
+fn filename_of(path: &Path) -> String {
+    path.file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+}
+
+/// A refusal of the prefix cache is the client's to fix (a 400 naming it); the rest as usual.
+fn restore_error(err: EngineError) -> ApiError {
+    match err {
+        EngineError::PrefixCache(_) | EngineError::Backend { .. } => {
+            ApiError::invalid_param("filename", err.to_string())
+        }
+        other => other.into(),
+    }
+}
+
+fn header_for(engine: &Engine, fingerprint: &str, prefix: &CachedPrefix) -> SlotFileHeader {
+    let n = prefix.tokens.len();
+    SlotFileHeader {
+        mlxcel: env!("CARGO_PKG_VERSION").to_owned(),
+        model: engine.info().name.clone(),
+        model_fingerprint: fingerprint.to_owned(),
+        backend: engine.info().backend.as_str().to_owned(),
+        n_tokens: n,
+        floats_per_position: prefix.kv.len().checked_div(n).unwrap_or(0),
+        kv_dtype: "f32".to_owned(),
+    }
+}
+
+/// A file of another model, backend or dtype is refused with what it holds and what this
+/// server serves.
+fn check_header(
+    engine: &Engine,
+    fingerprint: &str,
+    header: &SlotFileHeader,
+    filename: &str,
+) -> Result<(), ApiError> {
+    let refuse = |why: String| {
+        Err(ApiError::invalid_param(
+            "filename",
+            format!("cannot restore slot file {filename}: {why}"),
+        ))
+    };
+    let info = engine.info();
+    if header.model_fingerprint != fingerprint {
+        return refuse(format!(
+            "it was saved from model `{}` (fingerprint {}), and this server serves `{}` \
+             (fingerprint {fingerprint}); keys and values are only valid for the model that \
+             computed them",
+            header.model,
+            short(&header.model_fingerprint),
+            info.name
+        ));
+    }
+    if header.backend != info.backend.as_str() {
+        return refuse(format!(
+            "it was saved by the {} backend, and this server runs the {} backend",
+            header.backend,
+            info.backend.as_str()
+        ));
+    }
+    if header.kv_dtype != "f32" {
+        return refuse(format!(
+            "its keys and values are {}, and this server keeps f32",
+            header.kv_dtype
+        ));
+    }
+    Ok(())
+}
+
+fn short(fingerprint: &str) -> &str {
+    fingerprint.get(..16).unwrap_or(fingerprint)
+}
+
+/// Writes a slot file atomically (a partial file renamed into place); returns its size.
+pub fn write_slot_file(
+    path: &Path,
+    header: &SlotFileHeader,
+    prefix: &CachedPrefix,
+) -> std::io::Result<u64> {
+    let header_json = serde_json::to_vec(header).map_err(std::io::Error::other)?;
+    let mut bytes = Vec::with_capacity(
+        FRAME as usize + header_json.len() + 4 * (prefix.tokens.len() + prefix.kv.len()),
+    );
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&VERSION.to_le_bytes());
+    bytes.extend_from_slice(&(header_json.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&header_json);
+    for token in &prefix.tokens {
+        bytes.extend_from_slice(&token.to_le_bytes());
+    }
+    for value in &prefix.kv {
+        bytes.extend_from_slice(&value.to_le_bytes());
+    }
+    let digest = Sha256::digest(&bytes);
+    bytes.extend_from_slice(&digest);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    mlxcel_model::sweep_partials(dir);
+    let partial = dir.join(mlxcel_model::partial_name(&filename_of(path)));
+    let written = std::fs::write(&partial, &bytes).and_then(|()| std::fs::rename(&partial, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written.map(|()| bytes.len() as u64)
+}
+
+/// Reads and checks a slot file: magic, version, a header that parses, a length that matches it,
+/// and the checksum. Nothing is allocated for the contents before the length is known to match
+/// the file's.
+pub fn read_slot_file(
+    path: &Path,
+    filename: &str,
+) -> Result<(SlotFileHeader, CachedPrefix, u64), ApiError> {
+    let corrupt = |why: String| {
+        ApiError::invalid_param(
+            "filename",
+            format!("cannot restore slot file {filename}: {why}"),
+        )
+    };
+    let mut file = std::fs::File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => corrupt(format!(
+            "no such file in --slot-save-path {}",
+            path.parent().unwrap_or(Path::new("")).display()
+        )),
+        _ => corrupt(e.to_string()),
+    })?;
+    let size = file.metadata().map_err(|e| corrupt(e.to_string()))?.len();
+    let mut head = [0u8; 16];
+    if size < FRAME || file.read_exact(&mut head).is_err() {
+        return Err(corrupt(format!(
+            "it is {size} bytes, too short for a slot file"
+        )));
+    }
+    if &head[..8] != MAGIC {
+        return Err(corrupt("it is not a slot file (wrong magic bytes)".into()));
+    }
+    let version = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
+    if version != VERSION {
+        return Err(corrupt(format!(
+            "format version {version}; this mlxcel reads version {VERSION}"
+        )));
+    }
+    let header_len = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes"));
+    if header_len > MAX_HEADER || u64::from(header_len) + FRAME > size {
+        return Err(corrupt(format!(
+            "a header length of {header_len} bytes in a {size}-byte file: the file is corrupt"
+        )));
+    }
+    let mut header_bytes = vec![0u8; header_len as usize];
+    file.read_exact(&mut header_bytes)
+        .map_err(|e| corrupt(e.to_string()))?;
+    let header: SlotFileHeader = serde_json::from_slice(&header_bytes)
+        .map_err(|e| corrupt(format!("its header is not valid: {e}")))?;
+    let expected = (header.n_tokens as u64)
+        .checked_mul(4 * (1 + header.floats_per_position as u64))
+        .and_then(|body| body.checked_add(FRAME + u64::from(header_len)));
+    if expected != Some(size) {
+        return Err(corrupt(format!(
+            "its header describes {} tokens of {} floats each, which is not its size of {size} \
+             bytes: the file is truncated or corrupt",
+            header.n_tokens, header.floats_per_position
+        )));
+    }
+    let mut rest = Vec::with_capacity((size - 16 - u64::from(header_len)) as usize);
+    file.read_to_end(&mut rest)
+        .map_err(|e| corrupt(e.to_string()))?;
+    if rest.len() as u64 != size - 16 - u64::from(header_len) {
+        return Err(corrupt("it changed while being read".into()));
+    }
+    let (contents, checksum) = rest.split_at(rest.len() - 32);
+    let mut digest = Sha256::new();
+    digest.update(head);
+    digest.update(&header_bytes);
+    digest.update(contents);
+    if digest.finalize().as_slice() != checksum {
+        return Err(corrupt(
+            "its checksum does not match its contents: the file is corrupt".into(),
+        ));
+    }
+    let (tokens, kv) = contents.split_at(4 * header.n_tokens);
+    let prefix = CachedPrefix {
+        tokens: tokens
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect(),
+        kv: kv
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect(),
+    };
+    Ok((header, prefix, size))
+}
+
+/// A fingerprint of the model's files: SHA-256 over `config.json` and, for each weight file
+/// (`*.safetensors`, by name), its name, size, first and last 64 KiB. Two checkpoints that
+/// differ in any weight file's header (tensor names, shapes, dtypes) or in the bytes sampled
+/// get different fingerprints; a fine-tune of the same shape differs in its sampled values.
+pub fn model_fingerprint(dir: &Path) -> std::io::Result<String> {
+    const SAMPLE: u64 = 64 * 1024;
+    let mut digest = Sha256::new();
+    digest.update(b"mlxcel model fingerprint v1\n");
+    digest.update(std::fs::read(dir.join("config.json"))?);
+    let mut weights: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    weights.sort();
+    for path in weights {
+        let mut file = std::fs::File::open(&path)?;
+        let size = file.metadata()?.len();
+        digest.update(filename_of(&path).as_bytes());
+        digest.update(size.to_le_bytes());
+        let mut buf = vec![0u8; SAMPLE.min(size) as usize];
+        file.read_exact(&mut buf)?;
+        digest.update(&buf);
+        if size > SAMPLE {
+            use std::io::Seek;
+            let tail = SAMPLE.min(size - SAMPLE);
+            file.seek(std::io::SeekFrom::Start(size - tail))?;
+            let mut buf = vec![0u8; tail as usize];
+            file.read_exact(&mut buf)?;
+            digest.update(&buf);
+        }
+    }
+    Ok(digest
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(n: usize, f: usize) -> SlotFileHeader {
+        SlotFileHeader {
+            mlxcel: "0.1.0".into(),
+            model: "m".into(),
+            model_fingerprint: "ab".repeat(32),
+            backend: "mlx".into(),
+            n_tokens: n,
+            floats_per_position: f,
+            kv_dtype: "f32".into(),
+        }
+    }
+
+    fn message(err: ApiError) -> String {
+        err.to_string()
+    }
+
+    #[test]
+    fn a_slot_file_reads_back_what_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        let prefix = CachedPrefix {
+            tokens: vec![1, 2, 70000],
+            kv: (0..12).map(|i| i as f32 * 0.5 - 1.0).collect(),
+        };
+        let written = write_slot_file(&path, &header(3, 4), &prefix).unwrap();
+        assert_eq!(written, std::fs::metadata(&path).unwrap().len());
+        let (h, p, read) = read_slot_file(&path, "a.bin").unwrap();
+        assert_eq!((h, p, read), (header(3, 4), prefix, written));
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "no partial file is left");
+    }
+
+    #[test]
+    fn corrupt_truncated_and_foreign_files_are_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.bin");
+        let prefix = CachedPrefix {
+            tokens: vec![5, 6],
+            kv: vec![0.25; 8],
+        };
+        write_slot_file(&path, &header(2, 4), &prefix).unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let refused = |bytes: &[u8]| {
+            std::fs::write(&path, bytes).unwrap();
+            message(read_slot_file(&path, "s.bin").unwrap_err())
+        };
+        // A flipped bit in the keys and values.
+        let mut flipped = good.clone();
+        let at = flipped.len() - 40;
+        flipped[at] ^= 1;
+        assert!(
+            refused(&flipped).contains("checksum"),
+            "{}",
+            refused(&flipped)
+        );
+        // Truncated, and extended.
+        assert!(refused(&good[..good.len() - 1]).contains("truncated or corrupt"));
+        let mut longer = good.clone();
+        longer.push(0);
+        assert!(refused(&longer).contains("truncated or corrupt"));
+        // Not a slot file at all, too short, another version, an absurd header length.
+        assert!(refused(&[b'x'; 100]).contains("wrong magic"));
+        assert!(refused(b"MLXC").contains("too short"));
+        let mut version = good.clone();
+        version[8] = 9;
+        assert!(refused(&version).contains("format version 9"));
+        let mut header_len = good.clone();
+        header_len[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(refused(&header_len).contains("header length"));
+        // A header claiming a billion tokens is refused before anything is allocated for them.
+        let mut big = header(1_000_000_000, 4096);
+        big.model = "m".into();
+        write_slot_file(&path, &big, &prefix).unwrap();
+        let err = message(read_slot_file(&path, "s.bin").unwrap_err());
+        assert!(err.contains("1000000000 tokens"), "{err}");
+        // No such file names the directory.
+        let err = message(read_slot_file(&dir.path().join("none"), "none").unwrap_err());
+        assert!(err.contains("no such file in --slot-save-path"), "{err}");
+    }
+
+    #[test]
+    fn file_names_stay_inside_the_save_directory() {
+        for bad in [
+            "",
+            "../x",
+            "a/b",
+            "a\\b",
+            ".hidden",
+            "..",
+            "a\nb",
+            &"x".repeat(256),
+        ] {
+            assert!(check_filename(bad).is_err(), "{bad:?}");
+        }
+        for good in ["slot0.bin", "chat-2026 12 01.kv", "ünïcode"] {
+            check_filename(good).unwrap();
+        }
+        assert!(check_body(br#"{"filename": "../../etc/passwd"}"#).is_err());
+        assert!(check_body(br#"{"filename": 3}"#).is_err());
+        assert!(check_body(br#"{"file": "x"}"#).is_err());
+        check_body(b"").unwrap();
+        check_body(br#"{"filename": "ok.bin"}"#).unwrap();
+    }
+
+    #[test]
+    fn the_fingerprint_follows_the_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), b"{}").unwrap();
+        let weights = dir.path().join("model.safetensors");
+        std::fs::write(&weights, vec![1u8; 200_000]).unwrap();
+        let a = model_fingerprint(dir.path()).unwrap();
+        assert_eq!(a, model_fingerprint(dir.path()).unwrap());
+        let mut changed = vec![1u8; 200_000];
+        changed[199_000] = 2;
+        std::fs::write(&weights, changed).unwrap();
+        assert_ne!(a, model_fingerprint(dir.path()).unwrap());
+    }
+}
