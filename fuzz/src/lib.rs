@@ -35,6 +35,7 @@ pub const TARGETS: &[Target] = &[
     ("gbnf", gbnf),
     ("constraint", constraint),
     ("capacity_env", capacity_env),
+    ("slot_file", slot_file),
 ];
 
 /// The target called `name`.
@@ -227,6 +228,14 @@ pub fn http_body(data: &[u8]) {
     let paths = mlxcel_server::fuzzing::post_paths();
     let path = paths[pick as usize % paths.len()];
     let _ = mlxcel_server::fuzzing::check_request_body(path, body);
+}
+
+/// A slot file, as `POST /slots/{id_slot}?action=restore` reads it: refused or parsed into
+/// exactly the tokens and floats its header claims.
+pub fn slot_file(data: &[u8]) {
+    if let Ok((tokens, floats)) = mlxcel_server::fuzzing::parse_slot_file(data) {
+        assert!(4 * (tokens + floats) < data.len());
+    }
 }
 
 /// Stop strings (lines before the first NUL) matched over text pushed in pieces (split at each

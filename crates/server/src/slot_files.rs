@@ -412,22 +412,40 @@ pub fn read_slot_file(
     path: &Path,
     filename: &str,
 ) -> Result<(SlotFileHeader, CachedPrefix, u64), ApiError> {
-    let corrupt = |why: String| {
-        ApiError::invalid_param(
-            "filename",
-            format!("cannot restore slot file {filename}: {why}"),
-        )
-    };
-    let mut file = std::fs::File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => corrupt(format!(
-            "no such file in --slot-save-path {}",
-            path.parent().unwrap_or(Path::new("")).display()
-        )),
-        _ => corrupt(e.to_string()),
+    let file = std::fs::File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => invalid_file(
+            filename,
+            format!(
+                "no such file in --slot-save-path {}",
+                path.parent().unwrap_or(Path::new("")).display()
+            ),
+        ),
+        _ => invalid_file(filename, e.to_string()),
     })?;
-    let size = file.metadata().map_err(|e| corrupt(e.to_string()))?.len();
+    let size = file
+        .metadata()
+        .map_err(|e| invalid_file(filename, e.to_string()))?
+        .len();
+    let (header, prefix) = parse_slot_file(file, size, filename)?;
+    Ok((header, prefix, size))
+}
+
+fn invalid_file(filename: &str, why: String) -> ApiError {
+    ApiError::invalid_param(
+        "filename",
+        format!("cannot restore slot file {filename}: {why}"),
+    )
+}
+
+/// [`read_slot_file`]'s checks over `size` bytes from `input` (the fuzz target's entry).
+pub fn parse_slot_file(
+    mut input: impl Read,
+    size: u64,
+    filename: &str,
+) -> Result<(SlotFileHeader, CachedPrefix), ApiError> {
+    let corrupt = |why: String| invalid_file(filename, why);
     let mut head = [0u8; 16];
-    if size < FRAME || file.read_exact(&mut head).is_err() {
+    if size < FRAME || input.read_exact(&mut head).is_err() {
         return Err(corrupt(format!(
             "it is {size} bytes, too short for a slot file"
         )));
@@ -448,7 +466,8 @@ pub fn read_slot_file(
         )));
     }
     let mut header_bytes = vec![0u8; header_len as usize];
-    file.read_exact(&mut header_bytes)
+    input
+        .read_exact(&mut header_bytes)
         .map_err(|e| corrupt(e.to_string()))?;
     let header: SlotFileHeader = serde_json::from_slice(&header_bytes)
         .map_err(|e| corrupt(format!("its header is not valid: {e}")))?;
@@ -462,10 +481,13 @@ pub fn read_slot_file(
             header.n_tokens, header.floats_per_position
         )));
     }
-    let mut rest = Vec::with_capacity((size - 16 - u64::from(header_len)) as usize);
-    file.read_to_end(&mut rest)
+    let remaining = size - 16 - u64::from(header_len);
+    let mut rest = Vec::with_capacity(remaining as usize);
+    input
+        .take(remaining + 1)
+        .read_to_end(&mut rest)
         .map_err(|e| corrupt(e.to_string()))?;
-    if rest.len() as u64 != size - 16 - u64::from(header_len) {
+    if rest.len() as u64 != remaining {
         return Err(corrupt("it changed while being read".into()));
     }
     let (contents, checksum) = rest.split_at(rest.len() - 32);
@@ -489,7 +511,7 @@ pub fn read_slot_file(
             .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
             .collect(),
     };
-    Ok((header, prefix, size))
+    Ok((header, prefix))
 }
 
 /// A fingerprint of the model's files: SHA-256 over `config.json` and, for each weight file
@@ -612,6 +634,24 @@ mod tests {
         // No such file names the directory.
         let err = message(read_slot_file(&dir.path().join("none"), "none").unwrap_err());
         assert!(err.contains("no such file in --slot-save-path"), "{err}");
+    }
+
+    /// The fuzz target's seeds (written by hand in Python, not by this code) parse as meant.
+    #[test]
+    fn the_fuzz_seeds_are_a_reader_written_elsewhere_agrees_with() {
+        let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/slot_file");
+        let parse = |name: &str| {
+            let bytes = std::fs::read(seeds.join(name)).unwrap();
+            parse_slot_file(bytes.as_slice(), bytes.len() as u64, name)
+        };
+        let (header, prefix) = parse("three-tokens").unwrap();
+        assert_eq!(prefix.tokens, vec![1, 9906, 28]);
+        assert_eq!((header.n_tokens, prefix.kv.len()), (3, 12));
+        assert_eq!(prefix.kv[1], ((37 % 17) as f32 - 8.0) / 4.0);
+        assert_eq!(parse("empty").unwrap().1.tokens, Vec::<u32>::new());
+        assert_eq!(parse("one-token-wide").unwrap().1.kv.len(), 64);
+        let err = message(parse("bad-checksum").unwrap_err());
+        assert!(err.contains("checksum"), "{err}");
     }
 
     #[test]
