@@ -687,6 +687,7 @@ fn publish<B: Backend>(
     local.buckets = scheduler.bucket_occupancy();
     local.compilations = scheduler.backend().compilations();
     local.kv_usage = scheduler.backend().kv_usage();
+    local.running_requests = scheduler.running_progress().collect();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = local.clone();
 }
 

@@ -72,7 +72,8 @@ pub use engine::{Completion, Engine, GenerationStream, ModelInfo};
 pub use error::{BackendSource, EngineError};
 pub use gbnf::gbnf_to_lark;
 pub use metrics::{
-    BucketOccupancy, EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, TTFT_BOUNDS,
+    BucketOccupancy, EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, RequestProgress,
+    TTFT_BOUNDS,
 };
 pub use mlxcel_capacity::MaxNewTokens;
 pub use mlxcel_model::{ChatMessage, FimTokens};

@@ -181,6 +181,20 @@ pub struct EngineMetrics {
     pub buckets: Vec<BucketOccupancy>,
     /// Executables the backend compiled (0 for backends that do not compile).
     pub compilations: u64,
+    /// Each request holding a slot: how far its prompt has got.
+    pub running_requests: Vec<RequestProgress>,
+}
+
+/// How far a running request's prompt has got, as of the last step (llama-server's `/slots`
+/// `n_prompt_tokens_processed` and `n_prompt_tokens_cache`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestProgress {
+    /// The request.
+    pub id: crate::RequestId,
+    /// Prompt tokens computed by this request's own prefill so far.
+    pub prompt_processed: usize,
+    /// Prompt tokens a cached prefix held (copied, not computed).
+    pub prompt_cached: usize,
 }
 
 impl Default for EngineMetrics {
@@ -209,6 +223,7 @@ impl Default for EngineMetrics {
             drafts: 0,
             buckets: Vec::new(),
             compilations: 0,
+            running_requests: Vec::new(),
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, ShapePoli
 use crate::constraint::{ConstrainedOutput, Constraints};
 use crate::decode::{DecodeStream, TextDecoder};
 use crate::error::EngineError;
-use crate::metrics::BucketOccupancy;
+use crate::metrics::{BucketOccupancy, RequestProgress};
 use crate::request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };
@@ -486,6 +486,15 @@ impl<B: Backend> Scheduler<B> {
                 }
             })
             .collect()
+    }
+
+    /// How far each running request's prompt has got.
+    pub fn running_progress(&self) -> impl Iterator<Item = RequestProgress> + '_ {
+        self.running.iter().map(|s| RequestProgress {
+            id: s.id,
+            prompt_processed: s.computed.min(s.prompt_len).saturating_sub(s.cached),
+            prompt_cached: s.cached,
+        })
     }
 
     /// The requests holding a slot.

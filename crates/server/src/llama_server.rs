@@ -889,6 +889,10 @@ enum Slot {
         /// The text generated so far.
         generated: String,
         n_prompt_tokens: usize,
+        /// Prompt tokens this request's prefill has computed so far.
+        n_prompt_tokens_processed: usize,
+        /// Prompt tokens the prefix cache held.
+        n_prompt_tokens_cache: usize,
         next_token: NextToken,
         t_elapsed_ms: f64,
     },
@@ -947,6 +951,7 @@ pub fn slots(state: &AppState, query: &str) -> Result<Response<Body>, ApiError> 
     let n_ctx = state.context_limit(engine.info());
     let speculative = engine.default_speculative().is_some();
     let active = state.active_requests();
+    let progress = engine.metrics().running_requests;
     let parallel = state.config().parallel;
     if query_flag(query, "fail_on_no_slot")
         && active.iter().filter(|r| r.slot.is_some()).count() >= parallel
@@ -968,6 +973,14 @@ pub fn slots(state: &AppState, query: &str) -> Result<Response<Body>, ApiError> 
                     .unwrap_or_default(),
                 generated: request.text.clone(),
                 n_prompt_tokens: request.prompt_tokens,
+                n_prompt_tokens_processed: progress
+                    .iter()
+                    .find(|p| p.id == request.request_id)
+                    .map_or(0, |p| p.prompt_processed),
+                n_prompt_tokens_cache: progress
+                    .iter()
+                    .find(|p| p.id == request.request_id)
+                    .map_or(0, |p| p.prompt_cached),
                 next_token: NextToken {
                     has_next_token: true,
                     has_new_line: request.text.contains('\n'),

@@ -273,6 +273,9 @@ mod http {
             "{a}"
         );
         assert!(a["n_ctx"].as_u64().unwrap() > 0, "{a}");
+        // Its prompt is computed (it has streamed a token), none of it from a cache.
+        assert_eq!(a["n_prompt_tokens_processed"], a["n_prompt_tokens"], "{a}");
+        assert_eq!(a["n_prompt_tokens_cache"], 0, "{a}");
         let task_b = b["id_task"].clone();
 
         // Every slot busy: fail_on_no_slot answers llama-server's 503.

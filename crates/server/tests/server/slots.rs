@@ -99,6 +99,25 @@ async fn a_saved_slot_restores_into_a_restarted_server_and_is_reused() {
     assert_eq!(restored["n_restored"], saved["n_saved"], "{restored}");
     assert_eq!(restored["n_read"], saved["n_written"], "{restored}");
     assert!(restored["timings"]["restore_ms"].as_f64().unwrap() >= 0.0);
+    // While a request with that prompt runs, /slots shows what the cache held.
+    let mut stream = second
+        .open(
+            "/completion",
+            json!({"prompt": PROMPT, "n_predict": 100, "temperature": 0, "stream": true,
+                   "ignore_eos": true}),
+        )
+        .await;
+    next_chunk(&mut stream).await;
+    let slots = second.get("/slots").await.json();
+    let busy = slots
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["is_processing"] == true)
+        .unwrap_or_else(|| panic!("no busy slot: {slots}"));
+    assert_eq!(busy["n_prompt_tokens_cache"], prompt_n - 1, "{busy}");
+    assert_eq!(busy["n_prompt_tokens_processed"], 1, "{busy}");
+    drop(stream);
     let again = complete(&second).await;
     assert_eq!(
         again["timings"]["cache_n"].as_u64().unwrap(),
