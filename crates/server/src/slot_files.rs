@@ -305,10 +305,15 @@ fn filename_of(path: &Path) -> String {
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
 }
 
-/// A refusal of the prefix cache is the client's to fix (a 400 naming it); the rest as usual.
+/// What the file holds that the engine refuses (more tokens than the window or the prefix cache
+/// takes, ids outside the vocabulary, a layout the backend cannot read) is a 400 naming the file;
+/// the rest as usual.
 fn restore_error(err: EngineError) -> ApiError {
     match err {
-        EngineError::PrefixCache(_) | EngineError::Backend { .. } => {
+        EngineError::PrefixCache(_)
+        | EngineError::Backend { .. }
+        | EngineError::InputTooLong { .. }
+        | EngineError::TokenOutOfVocabulary { .. } => {
             ApiError::invalid_param("filename", err.to_string())
         }
         other => other.into(),
