@@ -33,6 +33,9 @@ pub struct GenerationRequest {
     /// passed since the first generated token, the request ends ([`FinishReason::Length`]) at
     /// the next token whose text holds a newline. `None`: no limit.
     pub predict_time_limit: Option<std::time::Duration>,
+    /// Whether the prompt may start from a prefix the prefix cache holds (llama-server's
+    /// `cache_prompt`); `false` computes every prompt token. Default `true`.
+    pub reuse_cached_prefix: bool,
 }
 
 impl GenerationRequest {
@@ -48,6 +51,7 @@ impl GenerationRequest {
             constraint: None,
             speculative: None,
             predict_time_limit: None,
+            reuse_cached_prefix: true,
         }
     }
 }

@@ -96,6 +96,8 @@ struct Sequence {
     computed: usize,
     /// Prompt tokens the prefix cache held at admission (not computed).
     cached: usize,
+    /// Whether it may start from a cached prefix ([`GenerationRequest::reuse_cached_prefix`]).
+    reuse_cached_prefix: bool,
     sampler: Sampler,
     decoder: Box<dyn DecodeStream>,
     stops: StopMatcher,
@@ -559,6 +561,7 @@ impl<B: Backend> Scheduler<B> {
             tokens: request.prompt,
             computed: 0,
             cached: 0,
+            reuse_cached_prefix: request.reuse_cached_prefix,
             sampler,
             stops: StopMatcher::new(request.stop),
             stop_token_ids: request.stop_token_ids,
@@ -747,6 +750,7 @@ impl<B: Backend> Scheduler<B> {
                     sequence.slot = Some(slot);
                     sequence.status = RequestStatus::Running;
                     if self.prefix_budget > 0
+                        && sequence.reuse_cached_prefix
                         && let Some((source, len, retained)) =
                             self.longest_prefix(&sequence.tokens[..sequence.prompt_len])
                         && self.backend.copy_prefix(source, slot, len).is_ok()

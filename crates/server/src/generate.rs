@@ -57,6 +57,9 @@ pub struct Params {
     pub predict_time_limit: Option<Duration>,
     /// `logit_bias`, resolved to token ids at submission ([`resolve_logit_bias`]).
     pub logit_bias: Vec<(BiasTarget, f32)>,
+    /// llama-server's `cache_prompt` (`None`: true): whether the prompt may reuse a cached
+    /// prefix.
+    pub cache_prompt: Option<bool>,
 }
 
 /// Reads a signed token budget (`-1` unlimited) of field `param`.
@@ -263,6 +266,7 @@ pub async fn submit(
                 // The engine's default (`EngineOptions::speculative`).
                 speculative: None,
                 predict_time_limit: params.predict_time_limit,
+                reuse_cached_prefix: params.cache_prompt.unwrap_or(true),
             })
         }
     })

@@ -1,7 +1,7 @@
 //! llama-server's generation fields that every generating route reads (llama-server hands the
 //! body of its OpenAI, Responses and Anthropic routes to the same task schema as `/completion`):
-//! `ignore_eos`, `t_max_predict_ms`, `samplers`, `typical_p`, `logit_bias`, and the output fields
-//! `n_probs` and `return_tokens`, which each route answers in its own shape.
+//! `ignore_eos`, `t_max_predict_ms`, `samplers`, `typical_p`, `logit_bias`, `cache_prompt`, and
+//! the output fields `n_probs` and `return_tokens`, which each route answers in its own shape.
 
 use std::time::Duration;
 
@@ -30,6 +30,8 @@ pub struct LlamaFields {
     pub n_probs: Option<usize>,
     /// Added to the logits of tokens before sampling ([`read_logit_bias`]).
     pub logit_bias: Option<Value>,
+    /// `false`: the prompt is computed whole, never from the prefix cache.
+    pub cache_prompt: Option<bool>,
 }
 
 /// The token a `logit_bias` entry names: an id, or text whose every token gets the bias.
@@ -220,6 +222,7 @@ impl LlamaFields {
     pub fn apply(&self, params: &mut Params) -> Result<(), ApiError> {
         params.ignore_eos = self.ignore_eos.unwrap_or(false);
         params.typical_p = self.typical_p;
+        params.cache_prompt = self.cache_prompt;
         if let Some(bias) = &self.logit_bias {
             params.logit_bias = read_logit_bias(bias)?;
         }

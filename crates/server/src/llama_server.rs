@@ -95,10 +95,6 @@ struct CompletionRequest {
     guided_json: Option<serde_json::Value>,
     guided_regex: Option<String>,
     guided_grammar: Option<String>,
-    /// Accepted for compatibility; every prompt is computed afresh (no prefix cache yet).
-    #[serde(default)]
-    #[allow(dead_code)]
-    cache_prompt: Option<bool>,
 }
 
 /// llama-server's request bodies through the checks their handlers make before they need the
@@ -570,7 +566,9 @@ impl Final {
             } else {
                 String::new()
             },
-            tokens_cached: 0,
+            // The positions the request's cache holds (llama-server's `n_past`): the prompt and
+            // every generated token but the last, which was never fed back.
+            tokens_cached: prompt_n + predicted.saturating_sub(1),
             timings: tracked.timings_object(predicted),
             completion_probabilities: None,
         }

@@ -471,6 +471,31 @@ async fn cached_prompt_tokens_are_reported_per_request() {
         native["tokens_evaluated"].as_u64().unwrap(),
         "{native}"
     );
+    // `tokens_cached`: the positions the request's cache holds (prompt and answer but its last
+    // token).
+    assert_eq!(
+        native["tokens_cached"].as_u64().unwrap(),
+        native["tokens_evaluated"].as_u64().unwrap() + 3,
+        "{native}"
+    );
+    // `"cache_prompt": false` computes the whole prompt, on every route.
+    let uncached = server
+        .post_json(
+            "/completion",
+            json!({"prompt": prompt_text, "n_predict": 4, "temperature": 0,
+                   "cache_prompt": false}),
+        )
+        .await
+        .json();
+    assert_eq!(uncached["timings"]["cache_n"], 0, "{uncached}");
+    assert_eq!(uncached["content"], native["content"], "{uncached}");
+    let mut body = chat("What is the capital of Italy?");
+    body["cache_prompt"] = json!(false);
+    let uncached = server.post_json("/v1/chat/completions", body).await.json();
+    assert_eq!(
+        uncached["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+        "{uncached}"
+    );
 
     // The Responses API and Anthropic's Messages API, each in its own terms.
     let response = server
