@@ -408,6 +408,13 @@ mod crash_safe_cache {
         std::env::var_os("MLXCEL_SKIP_MODEL_TESTS").is_some_and(|v| !v.is_empty() && v != "0")
     }
 
+    /// A clean conversion to compare with: the user's cache, provisioned as every model test does.
+    fn reference() -> PathBuf {
+        let output = mlxcel(&["pull"], &[]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        PathBuf::from(stdout(&output).lines().last().unwrap().trim())
+    }
+
     /// Whether a run has reached a stage, told from what its cache holds.
     type Stage<'a> = dyn Fn(&Path) -> bool + 'a;
 
@@ -534,10 +541,7 @@ mod crash_safe_cache {
         if skip() {
             return;
         }
-        // The reference: the user's cache, provisioned as every model test does.
-        let output = mlxcel(&["pull"], &[]);
-        assert!(output.status.success(), "{}", stderr(&output));
-        let reference = PathBuf::from(stdout(&output).lines().last().unwrap().trim());
+        let reference = reference();
         let pin = DefaultModel::pinned();
         let cache = cache_with_wheel(&pin);
         let never = Duration::from_secs(600);
@@ -629,9 +633,7 @@ mod crash_safe_cache {
         if skip() {
             return;
         }
-        let output = mlxcel(&["pull"], &[]);
-        assert!(output.status.success(), "{}", stderr(&output));
-        let reference = PathBuf::from(stdout(&output).lines().last().unwrap().trim());
+        let reference = reference();
         let pin = DefaultModel::pinned();
         let cache = cache_with_wheel(&pin);
         let first = pull(cache.path());
