@@ -344,6 +344,17 @@ impl Tracked {
         self.prompt_tokens
     }
 
+    /// The `/slots` id the request holds (or held last), for llama-server's `id_slot`; -1 while
+    /// it waits for one.
+    pub fn slot_id(&self) -> i64 {
+        self.state.id_slot(self.key)
+    }
+
+    /// What [`Tracked::slot_id`] reads, for a format that outlives its borrow of the request.
+    pub fn slot_handle(&self) -> (Arc<AppState>, u64) {
+        (self.state.clone(), self.key)
+    }
+
     /// Milliseconds from submission to the first token, and from there to the last.
     pub fn timings(&self) -> (f64, f64) {
         let first = self.first_token.unwrap_or(self.submitted);

@@ -401,6 +401,7 @@ async fn generate_completion(
         let format = CompletionStream {
             end,
             last_token: None,
+            slot: tracked.slot_handle(),
         };
         tokio::spawn(stream(tracked, sender, format));
         return Ok(response);
@@ -481,7 +482,7 @@ struct PartialCompletion {
     /// The token that released this piece, as llama-server sends it.
     tokens: Vec<u32>,
     stop: bool,
-    id_slot: u32,
+    id_slot: i64,
     index: u32,
 }
 
@@ -492,7 +493,7 @@ struct CompletionResult {
     /// The generated token ids with `return_tokens` on a request not streamed; empty otherwise
     /// (a stream sent them in its pieces), as llama-server.
     tokens: Vec<u32>,
-    id_slot: u32,
+    id_slot: i64,
     stop: bool,
     model: String,
     tokens_predicted: usize,
@@ -542,7 +543,7 @@ impl Final {
         CompletionResult {
             content,
             tokens: Vec::new(),
-            id_slot: 0,
+            id_slot: tracked.slot_id(),
             stop: true,
             model: self.model.clone(),
             tokens_predicted: predicted,
@@ -580,6 +581,8 @@ impl Final {
 struct CompletionStream {
     end: Final,
     last_token: Option<u32>,
+    /// Where its `/slots` id is read ([`Tracked::slot_handle`]).
+    slot: (Arc<AppState>, u64),
 }
 
 impl StreamFormat for CompletionStream {
@@ -595,7 +598,7 @@ impl StreamFormat for CompletionStream {
             content: record.text,
             tokens: vec![record.token],
             stop: false,
-            id_slot: 0,
+            id_slot: self.slot.0.id_slot(self.slot.1),
             index: 0,
         }))
     }

@@ -194,6 +194,15 @@ impl AppState {
         }
     }
 
+    /// llama-server's `id_slot` of tracked request `key`: the `/slots` id it holds, -1 while it
+    /// waits for one.
+    pub(crate) fn id_slot(&self, key: u64) -> i64 {
+        self.lock_active()
+            .get(&key)
+            .and_then(|r| r.slot)
+            .map_or(-1, |slot| slot as i64)
+    }
+
     /// Whether a request holds `/slots` id `slot` now.
     pub(crate) fn slot_is_busy(&self, slot: usize) -> bool {
         self.lock_active().values().any(|r| r.slot == Some(slot))

@@ -65,6 +65,8 @@ async fn a_saved_slot_restores_into_a_restarted_server_and_is_reused() {
     let first = TestServer::start(config(dir.path()), Some(cached_engine().await)).await;
     let original = complete(&first).await;
     let prompt_n = original["timings"]["prompt_n"].as_u64().unwrap();
+    // The answer names the slot to save.
+    assert_eq!(original["id_slot"], 0, "{original}");
     assert_eq!(original["timings"]["cache_n"], 0, "{original}");
     // The request ran in slot 0 (the lowest free one); its cache is the prompt and the tokens
     // generated but the last.
@@ -107,7 +109,7 @@ async fn a_saved_slot_restores_into_a_restarted_server_and_is_reused() {
                    "ignore_eos": true}),
         )
         .await;
-    next_chunk(&mut stream).await;
+    let chunk = next_chunk(&mut stream).await.unwrap();
     let slots = second.get("/slots").await.json();
     let busy = slots
         .as_array()
@@ -117,6 +119,11 @@ async fn a_saved_slot_restores_into_a_restarted_server_and_is_reused() {
         .unwrap_or_else(|| panic!("no busy slot: {slots}"));
     assert_eq!(busy["n_prompt_tokens_cache"], prompt_n - 1, "{busy}");
     assert_eq!(busy["n_prompt_tokens_processed"], 1, "{busy}");
+    // Each streamed piece names the slot too.
+    assert!(
+        chunk.contains(&format!("\"id_slot\":{}", busy["id"])),
+        "{chunk}"
+    );
     drop(stream);
     let again = complete(&second).await;
     assert_eq!(
