@@ -171,6 +171,17 @@ pub struct SchedulerStats {
     pub busy_slot_steps: u64,
     /// Speculative verification passes that carried proposals.
     pub drafts: u64,
+    /// Prefix cache: admitted requests whose prompt was looked up, those that reused a prefix,
+    /// and the prompt tokens looked up (their ratio to `reused_tokens`: the token hit rate).
+    pub prefix_lookups: u64,
+    pub prefix_hits: u64,
+    pub prefix_queried_tokens: u64,
+    /// Prefix cache: entries evicted to make room (least recently used first).
+    pub prefix_evictions: u64,
+    /// Prefix cache, as of now: entries kept, the bytes they hold, and the budget.
+    pub prefix_entries: usize,
+    pub prefix_bytes: usize,
+    pub prefix_budget: usize,
 }
 
 /// The continuous batcher over one backend.
@@ -326,6 +337,7 @@ impl<B: Backend> Scheduler<B> {
         };
         let entry = self.retained.remove(oldest);
         self.backend.release_slot(entry.slot);
+        self.stats.prefix_evictions += 1;
         true
     }
 
@@ -463,6 +475,9 @@ impl<B: Backend> Scheduler<B> {
         SchedulerStats {
             waiting: self.waiting.len(),
             running: self.running.len(),
+            prefix_entries: self.retained.len(),
+            prefix_bytes: self.retained.iter().map(|r| r.bytes).sum(),
+            prefix_budget: self.prefix_budget,
             ..self.stats
         }
     }
@@ -749,8 +764,12 @@ impl<B: Backend> Scheduler<B> {
                     let mut sequence = self.waiting.pop_front().expect("head exists");
                     sequence.slot = Some(slot);
                     sequence.status = RequestStatus::Running;
-                    if self.prefix_budget > 0
-                        && sequence.reuse_cached_prefix
+                    let look_up = self.prefix_budget > 0 && sequence.reuse_cached_prefix;
+                    if look_up {
+                        self.stats.prefix_lookups += 1;
+                        self.stats.prefix_queried_tokens += sequence.prompt_len as u64;
+                    }
+                    if look_up
                         && let Some((source, len, retained)) =
                             self.longest_prefix(&sequence.tokens[..sequence.prompt_len])
                         && self.backend.copy_prefix(source, slot, len).is_ok()
@@ -758,6 +777,7 @@ impl<B: Backend> Scheduler<B> {
                         sequence.computed = len;
                         sequence.cached = len;
                         self.stats.reused_tokens += len as u64;
+                        self.stats.prefix_hits += 1;
                         self.clock += 1;
                         if let Some(i) = retained {
                             self.retained[i].last_used = self.clock;

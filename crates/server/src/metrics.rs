@@ -149,7 +149,7 @@ impl Metrics {
         } else {
             0.0
         };
-        let families: [(&str, &str, &str, String); 20] = [
+        let families: [(&str, &str, &str, String); 26] = [
             (
                 "llamacpp:prompt_tokens_total",
                 "counter",
@@ -270,6 +270,42 @@ impl Metrics {
                 "Static-shape executables compiled (0 on MLX).",
                 e.compilations.to_string(),
             ),
+            (
+                "mlxcel_prefix_cache_lookups_total",
+                "counter",
+                "Requests whose prompt was looked up in the prefix cache.",
+                e.prefix_lookups.to_string(),
+            ),
+            (
+                "mlxcel_prefix_cache_hits_total",
+                "counter",
+                "Requests that reused a cached prefix.",
+                e.prefix_hits.to_string(),
+            ),
+            (
+                "mlxcel_prefix_cache_evictions_total",
+                "counter",
+                "Prefix-cache entries evicted to make room (least recently used first).",
+                e.prefix_evictions.to_string(),
+            ),
+            (
+                "mlxcel_prefix_cache_entries",
+                "gauge",
+                "Entries the prefix cache holds.",
+                e.prefix_entries.to_string(),
+            ),
+            (
+                "mlxcel_prefix_cache_bytes",
+                "gauge",
+                "KV bytes the prefix cache's entries hold (counted at their reservation).",
+                e.prefix_bytes.to_string(),
+            ),
+            (
+                "mlxcel_prefix_cache_budget_bytes",
+                "gauge",
+                "The prefix cache's budget (--cache-ram; 0: off).",
+                e.prefix_budget.to_string(),
+            ),
         ];
         for (name, kind, help, value) in families {
             let _ = writeln!(
@@ -385,7 +421,7 @@ fn label_value(value: &str) -> String {
 /// that dashboards made for vLLM read this server.
 fn vllm(out: &mut String, e: &EngineMetrics, model: &str) {
     let labels = format!("model_name=\"{}\"", label_value(model));
-    let gauges: [(&str, &str, &str, String); 6] = [
+    let gauges: [(&str, &str, &str, String); 7] = [
         (
             "vllm:num_requests_running",
             "gauge",
@@ -409,6 +445,12 @@ fn vllm(out: &mut String, e: &EngineMetrics, model: &str) {
             "counter",
             "Number of generation tokens processed.",
             e.generated_tokens.to_string(),
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens looked up in the prefix cache.",
+            e.prefix_queried_tokens.to_string(),
         ),
         (
             "vllm:prefix_cache_hits_total",

@@ -761,4 +761,14 @@ fn restoring_is_refused_without_the_prefix_cache_or_beyond_its_budget() {
     assert_eq!(one.export_cached(a).unwrap(), None);
     assert!(one.export_cached(b).unwrap().is_some());
     assert_eq!(one.backend().slots.len(), 1);
+    let stats = one.stats();
+    assert_eq!(
+        (
+            stats.prefix_evictions,
+            stats.prefix_entries,
+            stats.prefix_bytes
+        ),
+        (1, 1, 2_000)
+    );
+    assert_eq!(stats.prefix_budget, 2_000);
 }

@@ -549,4 +549,34 @@ async fn cached_prompt_tokens_are_reported_per_request() {
         })
         .unwrap();
     assert!(total >= cached + cache_n + read, "{total}");
+    // The cache's own families: lookups, hits, what it holds, the token hit rate's parts.
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| {
+                // After the name, the labels if any (vLLM's `{model_name="..."}`), then the value.
+                let rest = l.strip_prefix(name)?;
+                let rest = rest
+                    .strip_prefix('{')
+                    .map_or(Some(rest), |r| r.split_once('}').map(|(_, v)| v))?;
+                rest.strip_prefix(' ')?.parse().ok()
+            })
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    let (lookups, hits) = (
+        value("mlxcel_prefix_cache_lookups_total"),
+        value("mlxcel_prefix_cache_hits_total"),
+    );
+    // Two of the requests asked not to use the cache (`cache_prompt: false`), the first found
+    // nothing.
+    assert!(
+        lookups >= 5 && hits >= 4 && hits < lookups,
+        "{lookups} {hits}"
+    );
+    assert!(value("vllm:prefix_cache_queries_total") > value("vllm:prefix_cache_hits_total"));
+    assert!(value("mlxcel_prefix_cache_entries") >= 1);
+    let bytes = value("mlxcel_prefix_cache_bytes");
+    assert!(bytes > 0 && bytes <= value("mlxcel_prefix_cache_budget_bytes"));
+    assert_eq!(value("mlxcel_prefix_cache_budget_bytes"), 64 << 20);
+    assert_eq!(value("mlxcel_prefix_cache_evictions_total"), 0);
 }
