@@ -48,6 +48,9 @@ struct Mock {
     max_slots: Option<usize>,
     /// Serves the prefix cache: copies prefixes between slots, 100 bytes of KV per position.
     prefix: bool,
+    /// The greedy continuation is a hash of every token in the slot (not of the last alone), so
+    /// that a wrong cached position changes the output.
+    hash_contents: bool,
 }
 
 impl Mock {
@@ -131,6 +134,12 @@ impl Backend for Mock {
             let last = *cache.last().expect("non-empty");
             let next = match self.eos_after {
                 Some(n) if cache.len() >= n => EOS,
+                _ if self.hash_contents => {
+                    let h = cache.iter().fold(17u64, |h, &t| {
+                        h.wrapping_mul(1_000_003).wrapping_add(u64::from(t))
+                    });
+                    ((h >> 7) % 26) as u32
+                }
                 _ => (last + 1) % 26,
             };
             // A peaked but non-degenerate distribution that depends on the slot's contents only.
@@ -771,4 +780,68 @@ fn restoring_is_refused_without_the_prefix_cache_or_beyond_its_budget() {
         (1, 1, 2_000)
     );
     assert_eq!(stats.prefix_budget, 2_000);
+}
+
+/// Property: with random prompts sharing random prefixes of a few bases, random budgets (so
+/// entries are evicted at arbitrary moments, or never kept) and requests submitted in random
+/// waves (so newcomers share with running sequences as well as kept ones), every request's tokens
+/// equal the same request's without a cache, on a backend whose output hashes the whole slot; and
+/// the per-request cached counts add up to the scheduler's.
+#[test]
+fn cached_outputs_equal_uncached_ones_under_random_sharing_and_eviction() {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut draw = move |n: usize| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((state >> 33) % n as u64) as usize
+    };
+    let mock = |prefix| Mock {
+        prefix,
+        hash_contents: true,
+        ..Mock::new(96)
+    };
+    let mut hits = 0;
+    for case in 0..60 {
+        let bases: Vec<Vec<u32>> = (0..3)
+            .map(|_| (0..8 + draw(24)).map(|_| draw(26) as u32).collect())
+            .collect();
+        let budget = [0, 1_500, 4_000, 20_000, 1 << 20][draw(5)];
+        let mut cached =
+            scheduler(mock(true), SchedulerConfig::default()).with_prefix_cache(budget);
+        let mut plain = scheduler(mock(false), SchedulerConfig::default());
+        let mut reported = 0;
+        for wave in 0..4 {
+            let requests: Vec<GenerationRequest> = (0..1 + draw(4))
+                .map(|_| {
+                    let base = &bases[draw(3)];
+                    let mut prompt = base[..draw(base.len() + 1)].to_vec();
+                    prompt.extend((0..1 + draw(8)).map(|_| draw(26) as u32));
+                    greedy(prompt, MaxNewTokens::Limited(1 + draw(6)))
+                })
+                .collect();
+            let with: Vec<RequestId> = requests
+                .iter()
+                .map(|r| cached.submit(r.clone()).unwrap())
+                .collect();
+            let without: Vec<RequestId> = requests
+                .iter()
+                .map(|r| plain.submit(r.clone()).unwrap())
+                .collect();
+            let got = run_to_end(&mut cached);
+            let want = run_to_end(&mut plain);
+            for (a, b) in with.iter().zip(&without) {
+                assert_eq!(
+                    got[a].tokens, want[b].tokens,
+                    "case {case} wave {wave} budget {budget}"
+                );
+                let used = got[a].finish.as_ref().unwrap().1.cached_tokens;
+                reported += used as u64;
+                hits += usize::from(used > 0);
+            }
+        }
+        assert_eq!(reported, cached.stats().reused_tokens, "case {case}");
+    }
+    // The draws do exercise the cache.
+    assert!(hits >= 40, "{hits} requests reused a prefix");
 }
