@@ -272,3 +272,54 @@ async fn slot_actions_refuse_bad_input_with_the_reason() {
         "{body}"
     );
 }
+
+/// An action on a slot a request holds waits for the request to end, as llama-server defers it:
+/// a save sent while a stream runs in slot 0 writes that stream's whole cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_on_a_busy_slot_waits_for_its_request() {
+    if skip_model_tests() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config(dir.path()), Some(cached_engine().await)).await;
+    let mut stream = server
+        .open(
+            "/completion",
+            json!({"prompt": PROMPT, "n_predict": 40, "temperature": 0, "stream": true,
+                   "ignore_eos": true}),
+        )
+        .await;
+    next_chunk(&mut stream).await;
+    let addr = server.addr;
+    let save = tokio::spawn(async move {
+        send(
+            addr,
+            "POST",
+            &slot("0", "save"),
+            &[],
+            Some(r#"{"filename": "busy.bin"}"#),
+        )
+        .await
+    });
+    // The stream runs on; the save has not answered.
+    let mut pieces = 1;
+    while let Some(chunk) = next_chunk(&mut stream).await {
+        if chunk.contains("\"stop\":true") {
+            break;
+        }
+        pieces += 1;
+        if pieces == 5 {
+            assert!(
+                !save.is_finished(),
+                "the save answered while the slot was busy"
+            );
+        }
+    }
+    let saved = save.await.unwrap();
+    assert_eq!(saved.status, StatusCode::OK, "{}", saved.body);
+    let saved = saved.json();
+    let prompt_n = complete(&server).await["tokens_evaluated"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(saved["n_saved"].as_u64().unwrap(), prompt_n + 39, "{saved}");
+}
