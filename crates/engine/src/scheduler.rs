@@ -365,6 +365,13 @@ impl<B: Backend> Scheduler<B> {
         kv: &[f32],
     ) -> Result<RequestId, EngineError> {
         let refuse = |reason: String| Err(EngineError::PrefixCache(reason));
+        if !self.backend.can_copy_prefix() {
+            return refuse(format!(
+                "the {} backend keeps no prefix cache (its slots are static buffers), so a \
+                 restored slot has nowhere to stay; slots are restored on the mlx backend",
+                self.backend.name()
+            ));
+        }
         if self.prefix_budget == 0 {
             return refuse(
                 "the prefix cache is off, so a restored slot has nowhere to stay (turn it on: \

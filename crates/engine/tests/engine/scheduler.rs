@@ -758,6 +758,14 @@ fn restoring_is_refused_without_the_prefix_cache_or_beyond_its_budget() {
     let mut off = scheduler(mock(), SchedulerConfig::default());
     let err = off.restore_cached(tokens.clone(), &kv).unwrap_err();
     assert!(err.to_string().contains("--cache-ram"), "{err}");
+    // A backend that cannot copy prefixes (the OpenXLA backend's static slots) says so.
+    let mut fixed = scheduler(Mock::new(64), SchedulerConfig::default()).with_prefix_cache(1 << 20);
+    let err = fixed.restore_cached(tokens.clone(), &kv).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the mock backend keeps no prefix cache"),
+        "{err}"
+    );
     // 20 positions x 100 bytes = 2000 > 1500.
     let mut small = scheduler(mock(), SchedulerConfig::default()).with_prefix_cache(1_500);
     let err = small.restore_cached(tokens.clone(), &kv).unwrap_err();
