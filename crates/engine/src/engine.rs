@@ -356,12 +356,18 @@ impl Engine {
                 window: self.info.window,
             });
         }
+        let states = self.ask(|reply| Command::Hidden { tokens, reply })??;
+        Ok(crate::embedding::pool(states, pooling, normalize))
+    }
+
+    /// Sends the worker a command that carries a reply channel, and waits for the answer
+    /// (between steps).
+    fn ask<T>(&self, command: impl FnOnce(mpsc::Sender<T>) -> Command) -> Result<T, EngineError> {
         let (reply, answer) = mpsc::channel();
         self.commands
-            .send(Command::Hidden { tokens, reply })
+            .send(command(reply))
             .map_err(|_| EngineError::Stopped)?;
-        let states = answer.recv().map_err(|_| EngineError::Stopped)??;
-        Ok(crate::embedding::pool(states, pooling, normalize))
+        answer.recv().map_err(|_| EngineError::Stopped)
     }
 
     /// What the prefix cache holds for request `id` once it has finished (its prompt and the
@@ -369,11 +375,7 @@ impl Engine {
     /// not kept (the prefix cache off, a cancelled or failed request, fewer than 8 positions) or
     /// has been evicted since. llama-server's `POST /slots/{id}?action=save` reads it.
     pub fn cached_prefix(&self, id: RequestId) -> Result<Option<CachedPrefix>, EngineError> {
-        let (reply, answer) = mpsc::channel();
-        self.commands
-            .send(Command::ExportCached { id, reply })
-            .map_err(|_| EngineError::Stopped)?;
-        answer.recv().map_err(|_| EngineError::Stopped)?
+        self.ask(|reply| Command::ExportCached { id, reply })?
     }
 
     /// Puts a [`CachedPrefix`] exported by this model and backend back into the prefix cache,
@@ -389,21 +391,13 @@ impl Engine {
                 window: self.info.window,
             });
         }
-        let (reply, answer) = mpsc::channel();
-        self.commands
-            .send(Command::RestoreCached { prefix, reply })
-            .map_err(|_| EngineError::Stopped)?;
-        answer.recv().map_err(|_| EngineError::Stopped)?
+        self.ask(|reply| Command::RestoreCached { prefix, reply })?
     }
 
     /// Drops entry `id` (a finished request's or a restored one's) from the prefix cache;
     /// returns the tokens it held (0 when there was none).
     pub fn erase_prefix(&self, id: RequestId) -> Result<usize, EngineError> {
-        let (reply, answer) = mpsc::channel();
-        self.commands
-            .send(Command::EraseCached { id, reply })
-            .map_err(|_| EngineError::Stopped)?;
-        answer.recv().map_err(|_| EngineError::Stopped)
+        self.ask(|reply| Command::EraseCached { id, reply })
     }
 
     /// The chat template's source, if the checkpoint has one.
