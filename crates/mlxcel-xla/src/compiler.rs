@@ -233,6 +233,17 @@ cp "$src" "$out"
         std::fs::write(&path, script).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // A child another test thread forked while the script was open for writing holds a copy
+        // of that descriptor until it execs, and running the script meanwhile fails with "Text
+        // file busy" (ETXTBSY). Wait until it runs; no later fork can hold the closed file.
+        for _ in 0..200 {
+            match Command::new(&path).arg("--version").output() {
+                Err(e) if e.raw_os_error() == Some(26) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                _ => break,
+            }
+        }
         path
     }
 
