@@ -280,13 +280,7 @@ impl Engine {
             reused_tokens: m.reused_tokens,
             busy_slot_steps: m.busy_slot_steps,
             drafts: m.drafts,
-            prefix_lookups: m.prefix_lookups,
-            prefix_hits: m.prefix_hits,
-            prefix_queried_tokens: m.prefix_queried_tokens,
-            prefix_evictions: m.prefix_evictions,
-            prefix_entries: m.prefix_entries,
-            prefix_bytes: m.prefix_bytes,
-            prefix_budget: m.prefix_budget,
+            prefix: m.prefix,
         }
     }
 
@@ -689,13 +683,7 @@ fn publish<B: Backend>(
     local.compilations = scheduler.backend().compilations();
     local.kv_usage = scheduler.backend().kv_usage();
     local.running_requests = scheduler.running_progress().collect();
-    local.prefix_lookups = stats.prefix_lookups;
-    local.prefix_hits = stats.prefix_hits;
-    local.prefix_queried_tokens = stats.prefix_queried_tokens;
-    local.prefix_evictions = stats.prefix_evictions;
-    local.prefix_entries = stats.prefix_entries;
-    local.prefix_bytes = stats.prefix_bytes;
-    local.prefix_budget = stats.prefix_budget;
+    local.prefix = stats.prefix;
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = local.clone();
 }
 

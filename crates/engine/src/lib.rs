@@ -83,6 +83,6 @@ pub use request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };
 pub use sampling::{Sampler, SamplerStage, SamplingParams, argmax};
-pub use scheduler::{CachedPrefix, Scheduler, SchedulerConfig, SchedulerStats};
+pub use scheduler::{CachedPrefix, PrefixCacheStats, Scheduler, SchedulerConfig, SchedulerStats};
 pub use speculative::{Proposer, SpeculativeConfig};
 pub use stop::{StopMatcher, StopScan};

@@ -183,15 +183,8 @@ pub struct EngineMetrics {
     pub compilations: u64,
     /// Each request holding a slot: how far its prompt has got.
     pub running_requests: Vec<RequestProgress>,
-    /// Prefix cache: requests looked up, those that reused a prefix, prompt tokens looked up,
-    /// entries evicted; and now, entries kept, their bytes and the budget.
-    pub prefix_lookups: u64,
-    pub prefix_hits: u64,
-    pub prefix_queried_tokens: u64,
-    pub prefix_evictions: u64,
-    pub prefix_entries: usize,
-    pub prefix_bytes: usize,
-    pub prefix_budget: usize,
+    /// The prefix cache's counters and contents.
+    pub prefix: crate::PrefixCacheStats,
 }
 
 /// How far a running request's prompt has got, as of the last step (llama-server's `/slots`
@@ -233,13 +226,7 @@ impl Default for EngineMetrics {
             buckets: Vec::new(),
             compilations: 0,
             running_requests: Vec::new(),
-            prefix_lookups: 0,
-            prefix_hits: 0,
-            prefix_queried_tokens: 0,
-            prefix_evictions: 0,
-            prefix_entries: 0,
-            prefix_bytes: 0,
-            prefix_budget: 0,
+            prefix: crate::PrefixCacheStats::default(),
         }
     }
 }

@@ -146,6 +146,22 @@ struct DraftState {
     off: bool,
 }
 
+/// The prefix cache's counters, and what it holds now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixCacheStats {
+    /// Admitted requests whose prompt was looked up, and those that reused a prefix.
+    pub lookups: u64,
+    pub hits: u64,
+    /// Prompt tokens looked up (their ratio to `reused_tokens`: the token hit rate).
+    pub queried_tokens: u64,
+    /// Entries evicted to make room (least recently used first).
+    pub evictions: u64,
+    /// Entries kept now, the bytes they hold, and the budget.
+    pub entries: usize,
+    pub bytes: usize,
+    pub budget: usize,
+}
+
 /// Counters a caller can read cheaply after each step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SchedulerStats {
@@ -171,17 +187,8 @@ pub struct SchedulerStats {
     pub busy_slot_steps: u64,
     /// Speculative verification passes that carried proposals.
     pub drafts: u64,
-    /// Prefix cache: admitted requests whose prompt was looked up, those that reused a prefix,
-    /// and the prompt tokens looked up (their ratio to `reused_tokens`: the token hit rate).
-    pub prefix_lookups: u64,
-    pub prefix_hits: u64,
-    pub prefix_queried_tokens: u64,
-    /// Prefix cache: entries evicted to make room (least recently used first).
-    pub prefix_evictions: u64,
-    /// Prefix cache, as of now: entries kept, the bytes they hold, and the budget.
-    pub prefix_entries: usize,
-    pub prefix_bytes: usize,
-    pub prefix_budget: usize,
+    /// The prefix cache's counters and contents.
+    pub prefix: PrefixCacheStats,
 }
 
 /// The continuous batcher over one backend.
@@ -337,7 +344,7 @@ impl<B: Backend> Scheduler<B> {
         };
         let entry = self.retained.remove(oldest);
         self.backend.release_slot(entry.slot);
-        self.stats.prefix_evictions += 1;
+        self.stats.prefix.evictions += 1;
         true
     }
 
@@ -482,9 +489,12 @@ impl<B: Backend> Scheduler<B> {
         SchedulerStats {
             waiting: self.waiting.len(),
             running: self.running.len(),
-            prefix_entries: self.retained.len(),
-            prefix_bytes: self.retained.iter().map(|r| r.bytes).sum(),
-            prefix_budget: self.prefix_budget,
+            prefix: PrefixCacheStats {
+                entries: self.retained.len(),
+                bytes: self.retained.iter().map(|r| r.bytes).sum(),
+                budget: self.prefix_budget,
+                ..self.stats.prefix
+            },
             ..self.stats
         }
     }
@@ -773,8 +783,8 @@ impl<B: Backend> Scheduler<B> {
                     sequence.status = RequestStatus::Running;
                     let look_up = self.prefix_budget > 0 && sequence.reuse_cached_prefix;
                     if look_up {
-                        self.stats.prefix_lookups += 1;
-                        self.stats.prefix_queried_tokens += sequence.prompt_len as u64;
+                        self.stats.prefix.lookups += 1;
+                        self.stats.prefix.queried_tokens += sequence.prompt_len as u64;
                     }
                     if look_up
                         && let Some((source, len, retained)) =
@@ -784,7 +794,7 @@ impl<B: Backend> Scheduler<B> {
                         sequence.computed = len;
                         sequence.cached = len;
                         self.stats.reused_tokens += len as u64;
-                        self.stats.prefix_hits += 1;
+                        self.stats.prefix.hits += 1;
                         self.clock += 1;
                         if let Some(i) = retained {
                             self.retained[i].last_used = self.clock;

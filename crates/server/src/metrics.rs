@@ -274,37 +274,37 @@ impl Metrics {
                 "mlxcel_prefix_cache_lookups_total",
                 "counter",
                 "Requests whose prompt was looked up in the prefix cache.",
-                e.prefix_lookups.to_string(),
+                e.prefix.lookups.to_string(),
             ),
             (
                 "mlxcel_prefix_cache_hits_total",
                 "counter",
                 "Requests that reused a cached prefix.",
-                e.prefix_hits.to_string(),
+                e.prefix.hits.to_string(),
             ),
             (
                 "mlxcel_prefix_cache_evictions_total",
                 "counter",
                 "Prefix-cache entries evicted to make room (least recently used first).",
-                e.prefix_evictions.to_string(),
+                e.prefix.evictions.to_string(),
             ),
             (
                 "mlxcel_prefix_cache_entries",
                 "gauge",
                 "Entries the prefix cache holds.",
-                e.prefix_entries.to_string(),
+                e.prefix.entries.to_string(),
             ),
             (
                 "mlxcel_prefix_cache_bytes",
                 "gauge",
                 "KV bytes the prefix cache's entries hold (counted at their reservation).",
-                e.prefix_bytes.to_string(),
+                e.prefix.bytes.to_string(),
             ),
             (
                 "mlxcel_prefix_cache_budget_bytes",
                 "gauge",
                 "The prefix cache's budget (--cache-ram; 0: off).",
-                e.prefix_budget.to_string(),
+                e.prefix.budget.to_string(),
             ),
         ];
         for (name, kind, help, value) in families {
@@ -450,7 +450,7 @@ fn vllm(out: &mut String, e: &EngineMetrics, model: &str) {
             "vllm:prefix_cache_queries_total",
             "counter",
             "Prompt tokens looked up in the prefix cache.",
-            e.prefix_queried_tokens.to_string(),
+            e.prefix.queried_tokens.to_string(),
         ),
         (
             "vllm:prefix_cache_hits_total",

@@ -781,13 +781,13 @@ fn restoring_is_refused_without_the_prefix_cache_or_beyond_its_budget() {
     let stats = one.stats();
     assert_eq!(
         (
-            stats.prefix_evictions,
-            stats.prefix_entries,
-            stats.prefix_bytes
+            stats.prefix.evictions,
+            stats.prefix.entries,
+            stats.prefix.bytes
         ),
         (1, 1, 2_000)
     );
-    assert_eq!(stats.prefix_budget, 2_000);
+    assert_eq!(stats.prefix.budget, 2_000);
 }
 
 /// Property: with random prompts sharing random prefixes of a few bases, random budgets (so
