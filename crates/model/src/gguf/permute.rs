@@ -29,7 +29,9 @@ pub fn permute_rows(data: &[u8], rows: usize, head_dim: usize) -> Vec<u8> {
 
 /// Row `r` of the output is row `source(r)` of the input.
 fn reorder(data: &[u8], rows: usize, source: impl Fn(usize) -> usize) -> Vec<u8> {
-    let row_len = data.len() / rows;
+    let Some(row_len) = data.len().checked_div(rows) else {
+        return Vec::new();
+    };
     let mut out = Vec::with_capacity(data.len());
     for r in 0..rows {
         let from = source(r) * row_len;

@@ -58,6 +58,11 @@ pub(crate) fn plan<'a>(
     };
     let shape = info.shape();
     let rows = rows(&shape);
+    if shape.contains(&0) {
+        return Err(refuse(format!(
+            "has no elements (shape {shape:?}): a model's tensors are never empty"
+        )));
+    }
     if let Some(head_dim) = rows_per_head
         && !(rows.is_multiple_of(head_dim) && head_dim.is_multiple_of(2))
     {

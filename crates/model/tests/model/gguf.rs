@@ -525,6 +525,22 @@ fn tensors_without_a_llama_counterpart_are_refused_by_name() {
     );
 }
 
+/// A q projection with no rows (a hostile file; the fuzzer found it dividing by zero while
+/// un-permuting) is refused, naming the tensor.
+#[test]
+fn empty_tensors_are_refused_by_name() {
+    let mut w = TinyLlama::default().metadata();
+    w.tensor("blk.0.attn_q.weight", &[32, 0], GgmlType::F32, Vec::new());
+    let (dir, path) = write(&w);
+    let message = convert_gguf(&path, &dir.path().join("out"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("tensor `blk.0.attn_q.weight`: has no elements (shape [0, 32])"),
+        "{message}"
+    );
+}
+
 /// The FIM token ids of GGUF metadata (the current keys, and the deprecated `prefix_token_id`)
 /// reach the converted checkpoint's `tokenizer_config.json` and the loaded model; without them
 /// the tokens are looked for by their text, and this vocabulary has none.
