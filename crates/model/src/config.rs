@@ -107,6 +107,10 @@ pub enum RopeScaling {
     },
 }
 
+/// The most decoder layers a config may declare: a bound on what a hostile file makes mlxcel
+/// allocate per layer before any tensor is read.
+pub const MAX_LAYERS: usize = 4096;
+
 /// A validated llama-family model description.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -519,6 +523,16 @@ impl ModelConfig {
             ));
         }
         let num_hidden_layers = need(raw.num_hidden_layers, "num_hidden_layers")?;
+        if num_hidden_layers > MAX_LAYERS {
+            return Err(ModelError::invalid(
+                path,
+                "num_hidden_layers",
+                format!(
+                    "{num_hidden_layers} is more than the {MAX_LAYERS} layers mlxcel accepts (the \
+                     deepest published models have ~130)"
+                ),
+            ));
+        }
         let layers = layer_attention(path, &raw, architecture, num_hidden_layers)?;
         let gemma = matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3);
         let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);

@@ -45,7 +45,9 @@ mod tokenizer;
 pub use activations::Activations;
 pub use chat::{ChatMessage, ChatTemplate, MAX_RENDER_BYTES, MAX_RENDER_TIME};
 pub use checkpoint::{Checkpoint, Module, ModuleKind, expected_modules};
-pub use config::{Architecture, HiddenActivation, LayerAttention, ModelConfig, RopeScaling};
+pub use config::{
+    Architecture, HiddenActivation, LayerAttention, MAX_LAYERS, ModelConfig, RopeScaling,
+};
 pub use default_model::{
     CACHE_DIR_ENV, DEFAULT_MODEL_PIN, DefaultModel, PYTHON_ENV, cache_dir, sha256_file,
 };

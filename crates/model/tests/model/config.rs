@@ -296,3 +296,18 @@ fn pack_is_low_nibble_first() {
         assert_eq!(mlxcel_model::unpack(&[0x7654_3210], 4, i), i as u32);
     }
 }
+
+/// A config claiming more layers than any model has is refused before anything is allocated per
+/// layer (the gguf fuzzer's block count of billions grew the layer list to gigabytes).
+#[test]
+fn absurd_layer_counts_are_refused_before_allocating() {
+    let mut v = smollm2();
+    v["num_hidden_layers"] = json!(1_u64 << 40);
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(
+        message.contains("field `num_hidden_layers`") && message.contains("more than the 4096"),
+        "{message}"
+    );
+    v["num_hidden_layers"] = json!(mlxcel_model::MAX_LAYERS);
+    assert!(parse(&v).is_ok());
+}
