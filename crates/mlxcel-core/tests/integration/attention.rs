@@ -198,6 +198,9 @@ fn native_attention_matches_naive_attention_on_every_path() {
         // (empty partials in the merge).
         (9, 3, 2, 700, 64),
         (4, 2, 300, 300, 64),
+        // The AVX2 fast path's other head sizes (value tiles of 6 and 8 vectors).
+        (6, 2, 3, 45, 96),
+        (4, 1, 2, 21, 256),
     ] {
         let s = Shapes {
             heads,
