@@ -197,6 +197,56 @@ pub trait Backend {
         ))
     }
 
+    /// Runs one step like [`Backend::step`] and returns, per entry and in order, the logits of
+    /// its new positions from `firsts[i]` (an index into its tokens) to the last: a step in
+    /// which speculating sequences verify their proposals beside other sequences' decode and
+    /// prefill. `firsts[i] = tokens.len() - 1` asks for the last position only. Backends that
+    /// score every position in one pass override this; the default runs the last-position
+    /// entries as one [`Backend::step`] and scores each other entry in a pass of its own
+    /// ([`Backend::score`]).
+    fn step_scored(
+        &mut self,
+        batch: &[SequenceStep<'_>],
+        firsts: &[usize],
+    ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        if firsts.len() != batch.len() {
+            return Err(EngineError::backend(
+                self.name(),
+                format!("{} first rows for a batch of {}", firsts.len(), batch.len()),
+            ));
+        }
+        let last_only = |i: usize| firsts[i] + 1 >= batch[i].tokens.len();
+        let plain: Vec<SequenceStep<'_>> = (0..batch.len())
+            .filter(|&i| last_only(i))
+            .map(|i| batch[i])
+            .collect();
+        let mut plain_rows = if plain.is_empty() {
+            Vec::new()
+        } else {
+            self.step(&plain)?
+        };
+        if plain_rows.len() != plain.len() {
+            return Err(EngineError::backend(
+                self.name(),
+                format!(
+                    "returned {} logits vectors for a batch of {}",
+                    plain_rows.len(),
+                    plain.len()
+                ),
+            ));
+        }
+        plain_rows.reverse();
+        let mut out = Vec::with_capacity(batch.len());
+        for (i, &entry) in batch.iter().enumerate() {
+            if last_only(i) {
+                out.push(vec![plain_rows.pop().expect("one row per plain entry")]);
+            } else {
+                out.push(self.score(entry, firsts[i])?);
+            }
+        }
+        Ok(out)
+    }
+
     /// Runs one sequence's step like [`Backend::step`] and returns the logits of its new
     /// positions from `first` (an index into the step's tokens) to the last: what perplexity
     /// scores. Backends that compute only the last position's logits refuse.
@@ -262,6 +312,13 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
         first: usize,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         (**self).score(step, first)
+    }
+    fn step_scored(
+        &mut self,
+        batch: &[SequenceStep<'_>],
+        firsts: &[usize],
+    ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        (**self).step_scored(batch, firsts)
     }
 
     fn can_score(&self) -> bool {

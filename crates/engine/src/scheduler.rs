@@ -644,7 +644,8 @@ impl<B: Backend> Scheduler<B> {
         // Decode first (one token each), then prefill chunks in admission order.
         let mut budget = self.config.token_budget;
         let mut scheduled: Vec<(usize, usize)> = Vec::new();
-        // Decoding sequences with proposals verify them in a pass of their own (after the batch).
+        // Decoding sequences with proposals verify them in the same step, every position of
+        // theirs scored.
         let mut speculations: Vec<(usize, Vec<u32>)> = Vec::new();
         let can_score = self.backend.can_score();
         // The draft model's proposals first: it runs a pass per proposed token, per sequence.
@@ -668,14 +669,17 @@ impl<B: Backend> Scheduler<B> {
                 if let Some(config) = sequence.speculative.filter(|_| can_score)
                     && sequence.constraint.is_none()
                 {
-                    let proposals = match config.proposer {
+                    // Proposals beyond the step's token budget wait for a later pass.
+                    let room = budget - 1;
+                    let mut proposals = match config.proposer {
                         Proposer::Ngram => {
-                            config.propose(&sequence.tokens, speculation_limit(sequence))
+                            config.propose(&sequence.tokens, speculation_limit(sequence).min(room))
                         }
                         Proposer::DraftModel => drafted[index].take().unwrap_or_default(),
                     };
+                    proposals.truncate(room);
                     if !proposals.is_empty() {
-                        budget = budget.saturating_sub(1 + proposals.len());
+                        budget -= 1 + proposals.len();
                         speculations.push((index, proposals));
                         continue;
                     }
@@ -693,15 +697,24 @@ impl<B: Backend> Scheduler<B> {
                 budget -= chunk;
             }
         }
-        for (index, proposals) in speculations {
-            self.speculate(index, proposals, &mut events);
-        }
-        if scheduled.is_empty() {
+        if scheduled.is_empty() && speculations.is_empty() {
             self.retire(&mut events);
             return events;
         }
 
-        let batch: Vec<SequenceStep<'_>> = scheduled
+        // Speculating sequences run their pending token and proposals in the same step as the
+        // others' decode and prefill, every position scored.
+        let spec_inputs: Vec<Vec<u32>> = speculations
+            .iter()
+            .map(|(index, proposals)| {
+                let sequence = &self.running[*index];
+                let mut input = Vec::with_capacity(1 + proposals.len());
+                input.push(*sequence.tokens.last().expect("a pending token"));
+                input.extend_from_slice(proposals);
+                input
+            })
+            .collect();
+        let mut batch: Vec<SequenceStep<'_>> = scheduled
             .iter()
             .map(|&(index, count)| {
                 let s = &self.running[index];
@@ -712,27 +725,65 @@ impl<B: Backend> Scheduler<B> {
                 }
             })
             .collect();
-        let result = self.backend.step(&batch);
+        let mut firsts: Vec<usize> = scheduled.iter().map(|&(_, count)| count - 1).collect();
+        for ((index, _), input) in speculations.iter().zip(&spec_inputs) {
+            let s = &self.running[*index];
+            batch.push(SequenceStep {
+                slot: s.slot.expect("running sequences hold a slot"),
+                tokens: input,
+                start_position: s.computed,
+            });
+            firsts.push(0);
+        }
+        let result = if speculations.is_empty() {
+            self.backend
+                .step(&batch)
+                .map(|rows| rows.into_iter().map(|row| vec![row]).collect())
+        } else {
+            self.backend.step_scored(&batch, &firsts)
+        };
+        let expected: Vec<usize> = batch
+            .iter()
+            .zip(&firsts)
+            .map(|(entry, first)| entry.tokens.len() - first)
+            .collect();
+        drop(batch);
         self.stats.steps += 1;
-        self.stats.busy_slot_steps += batch.len() as u64;
+        self.stats.busy_slot_steps += expected.len() as u64;
+        let mut all = scheduled.clone();
+        all.extend(speculations.iter().map(|(index, p)| (*index, 1 + p.len())));
 
         match result {
-            Ok(mut logits) if logits.len() == scheduled.len() => {
+            Ok(rows)
+                if rows.len() == expected.len()
+                    && rows.iter().zip(&expected).all(|(r, &n)| r.len() == n) =>
+            {
+                let mut rows = rows.into_iter();
+                let mut logits: Vec<Vec<f32>> = rows
+                    .by_ref()
+                    .take(scheduled.len())
+                    .map(|mut r| r.pop().expect("one row"))
+                    .collect();
                 let masked = self.mask_constrained(&scheduled, &mut logits);
                 for ((&(index, count), logits), masked) in scheduled.iter().zip(logits).zip(masked)
                 {
                     self.advance(index, count, logits, masked, &mut events);
                 }
+                for ((index, proposals), rows) in speculations.into_iter().zip(rows) {
+                    self.accept(index, &proposals, rows, &mut events);
+                }
             }
-            Ok(logits) => {
+            Ok(rows) => {
                 let message = format!(
-                    "returned {} logits vectors for a batch of {}",
-                    logits.len(),
-                    scheduled.len()
+                    "returned {} logits vectors for a batch of {} (positions {:?}, expected {:?})",
+                    rows.len(),
+                    expected.len(),
+                    rows.iter().map(Vec::len).collect::<Vec<_>>(),
+                    expected
                 );
-                self.fail(&scheduled, &message, &mut events);
+                self.fail(&all, &message, &mut events);
             }
-            Err(err) => self.fail(&scheduled, &err.to_string(), &mut events),
+            Err(err) => self.fail(&all, &err.to_string(), &mut events),
         }
         self.retire(&mut events);
         events
@@ -1039,58 +1090,22 @@ impl<B: Backend> Scheduler<B> {
         }
     }
 
-    /// One speculative pass for the decoding sequence at `index`: the pending token and the
-    /// `proposals` in one scoring pass, then each position's token sampled in order (accepting a
-    /// proposal by [`Sampler::verify`]'s rule) until one differs from its proposal or the
-    /// sequence ends; the cache keeps only the positions whose inputs were right.
-    fn speculate(
+    /// The outcome of a speculative sequence's verification: `rows` are the logits of its
+    /// pending token's position and of each proposal's. Each position's token is sampled in
+    /// order (a proposal accepted by [`Sampler::verify`]'s rule) until one differs from its
+    /// proposal or the sequence ends; the cache keeps only the positions whose inputs were right.
+    fn accept(
         &mut self,
         index: usize,
-        proposals: Vec<u32>,
+        proposals: &[u32],
+        rows: Vec<Vec<f32>>,
         events: &mut Vec<(RequestId, Event)>,
     ) {
         let sequence = &mut self.running[index];
         let slot = sequence.slot.expect("running sequences hold a slot");
-        let start = sequence.computed;
-        let mut input = Vec::with_capacity(1 + proposals.len());
-        input.push(*sequence.tokens.last().expect("a pending token"));
-        input.extend_from_slice(&proposals);
-        let rows = self.backend.score(
-            SequenceStep {
-                slot,
-                tokens: &input,
-                start_position: start,
-            },
-            0,
-        );
-        self.stats.steps += 1;
-        self.stats.busy_slot_steps += 1;
-        if !proposals.is_empty() {
-            self.stats.drafts += 1;
-        }
-        let sequence = &mut self.running[index];
-        let rows = match rows {
-            Ok(rows) if rows.len() == input.len() => rows,
-            Ok(rows) => {
-                let message = format!("scored {} positions of {}", rows.len(), input.len());
-                sequence.status = RequestStatus::FinishedError;
-                events.push((
-                    sequence.id,
-                    finished_event(sequence, String::new(), Some(message)),
-                ));
-                return;
-            }
-            Err(err) => {
-                sequence.status = RequestStatus::FinishedError;
-                events.push((
-                    sequence.id,
-                    finished_event(sequence, String::new(), Some(err.to_string())),
-                ));
-                return;
-            }
-        };
         // The pending token's position is now cached.
         sequence.computed += 1;
+        self.stats.drafts += 1;
         self.stats.drafted_tokens += proposals.len() as u64;
         let mut accepted_here = 0;
         for (i, mut logits) in rows.into_iter().enumerate() {

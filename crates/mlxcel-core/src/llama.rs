@@ -593,29 +593,59 @@ impl LlamaModel {
     /// index into its new tokens) to the last, in order: what perplexity scores. The cache grows
     /// as with [`LlamaModel::forward`].
     pub fn forward_scores(&self, seq: ForwardSeq<'_>, first: usize) -> Result<Vec<Vec<f32>>> {
-        let n = seq.tokens.len();
-        if first >= n {
+        let mut rows = self.forward_scored(&mut [seq], &[first])?;
+        Ok(rows.pop().unwrap_or_default())
+    }
+
+    /// Runs one step like [`LlamaModel::forward`] and returns, per sequence and in order, the
+    /// logits of its new positions from `firsts[i]` (an index into its new tokens) to the last:
+    /// `firsts[i] = tokens.len() - 1` is `forward`'s last position, smaller values score more
+    /// positions (speculative verification beside other sequences' decode and prefill).
+    pub fn forward_scored(
+        &self,
+        seqs: &mut [ForwardSeq<'_>],
+        firsts: &[usize],
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        if firsts.len() != seqs.len() {
             return Err(Error::Mlx {
-                op: "forward_scores",
-                message: format!("first row {first} is past the step's {n} tokens"),
+                op: "forward_scored",
+                message: format!("{} first rows for {} sequences", firsts.len(), seqs.len()),
             });
         }
-        self.forward_rows(&mut [seq], Some(first))
+        for (seq, &first) in seqs.iter().zip(firsts) {
+            let n = seq.tokens.len();
+            if first >= n {
+                return Err(Error::Mlx {
+                    op: "forward_scored",
+                    message: format!("first row {first} is past the step's {n} tokens"),
+                });
+            }
+        }
+        let counts: Vec<usize> = seqs
+            .iter()
+            .zip(firsts)
+            .map(|(seq, &first)| seq.tokens.len() - first)
+            .collect();
+        let mut rows = self.forward_rows(seqs, Some(firsts))?.into_iter();
+        Ok(counts
+            .into_iter()
+            .map(|count| rows.by_ref().take(count).collect())
+            .collect())
     }
 
     /// The final hidden states (after the last norm, `hidden_size` floats each) of every new
     /// position of one sequence's step: what embeddings pool. The cache grows as with
     /// [`LlamaModel::forward`].
     pub fn forward_hidden(&self, seq: ForwardSeq<'_>) -> Result<Vec<Vec<f32>>> {
-        self.forward_rows_as(&mut [seq], Some(0), Output::Hidden)
+        self.forward_rows_as(&mut [seq], Some(&[0]), Output::Hidden)
     }
 
-    /// [`LlamaModel::forward`], or with `from: Some(first)` (one sequence) the logits of every
-    /// row from `first` on.
+    /// [`LlamaModel::forward`], or with `from: Some(firsts)` the logits of every row of
+    /// sequence `i` from `firsts[i]` on, all sequences' rows in one list.
     fn forward_rows(
         &self,
         seqs: &mut [ForwardSeq<'_>],
-        from: Option<usize>,
+        from: Option<&[usize]>,
     ) -> Result<Vec<Vec<f32>>> {
         self.forward_rows_as(seqs, from, Output::Logits)
     }
@@ -623,7 +653,7 @@ impl LlamaModel {
     fn forward_rows_as(
         &self,
         seqs: &mut [ForwardSeq<'_>],
-        from: Option<usize>,
+        from: Option<&[usize]>,
         output: Output,
     ) -> Result<Vec<Vec<f32>>> {
         if seqs.is_empty() {
@@ -695,15 +725,12 @@ impl LlamaModel {
         }
 
         let mut last_rows = Vec::with_capacity(seqs.len());
-        match from {
-            Some(first) => last_rows.extend(first as u32..total as u32),
-            None => {
-                let mut end = 0u32;
-                for seq in seqs.iter() {
-                    end += seq.tokens.len() as u32;
-                    last_rows.push(end - 1);
-                }
-            }
+        let mut start = 0u32;
+        for (index, seq) in seqs.iter().enumerate() {
+            let end = start + seq.tokens.len() as u32;
+            let first = from.map_or(end - 1, |firsts| start + firsts[index] as u32);
+            last_rows.extend(first..end);
+            start = end;
         }
         let batch = last_rows.len() as i32;
         let last = x.take(&Array::from_u32(&last_rows, &[batch])?, 0)?;

@@ -65,6 +65,60 @@ impl MlxBackend {
     }
 }
 
+impl MlxBackend {
+    /// Runs `forward` over the caches of `batch`'s slots (taken out of the map so that each can
+    /// be borrowed mutably, and put back whatever happens), after checking that each slot exists
+    /// once and holds the positions its entry starts at.
+    fn run_batch<T>(
+        &mut self,
+        batch: &[SequenceStep<'_>],
+        forward: impl FnOnce(&LlamaModel, &mut [ForwardSeq<'_>]) -> mlxcel_core::Result<T>,
+    ) -> Result<T, EngineError> {
+        let mut caches = Vec::with_capacity(batch.len());
+        let mut failure = None;
+        for entry in batch {
+            match self.slots.remove(&entry.slot) {
+                Some(cache) if cache.len() == entry.start_position => {
+                    caches.push((entry.slot, cache))
+                }
+                Some(cache) => {
+                    failure = Some(format!(
+                        "slot {} holds {} positions but the step starts at {}",
+                        entry.slot,
+                        cache.len(),
+                        entry.start_position
+                    ));
+                    caches.push((entry.slot, cache));
+                    break;
+                }
+                None => {
+                    failure = Some(format!(
+                        "slot {} is not allocated (or repeated)",
+                        entry.slot
+                    ));
+                    break;
+                }
+            }
+        }
+        let result = match failure {
+            Some(message) => Err(EngineError::backend("mlx", message)),
+            None => {
+                let mut seqs: Vec<ForwardSeq<'_>> = caches
+                    .iter_mut()
+                    .zip(batch)
+                    .map(|((_, cache), entry)| ForwardSeq {
+                        cache,
+                        tokens: entry.tokens,
+                    })
+                    .collect();
+                forward(&self.model, &mut seqs).map_err(backend_error)
+            }
+        };
+        self.slots.extend(caches);
+        result
+    }
+}
+
 impl Backend for MlxBackend {
     fn name(&self) -> &'static str {
         "mlx"
@@ -130,49 +184,15 @@ impl Backend for MlxBackend {
     }
 
     fn step(&mut self, batch: &[SequenceStep<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
-        // Take the batch's caches out of the map so that each can be borrowed mutably.
-        let mut caches = Vec::with_capacity(batch.len());
-        let mut failure = None;
-        for entry in batch {
-            match self.slots.remove(&entry.slot) {
-                Some(cache) if cache.len() == entry.start_position => {
-                    caches.push((entry.slot, cache))
-                }
-                Some(cache) => {
-                    failure = Some(format!(
-                        "slot {} holds {} positions but the step starts at {}",
-                        entry.slot,
-                        cache.len(),
-                        entry.start_position
-                    ));
-                    caches.push((entry.slot, cache));
-                    break;
-                }
-                None => {
-                    failure = Some(format!(
-                        "slot {} is not allocated (or repeated)",
-                        entry.slot
-                    ));
-                    break;
-                }
-            }
-        }
-        let result = match failure {
-            Some(message) => Err(EngineError::backend("mlx", message)),
-            None => {
-                let mut seqs: Vec<ForwardSeq<'_>> = caches
-                    .iter_mut()
-                    .zip(batch)
-                    .map(|((_, cache), entry)| ForwardSeq {
-                        cache,
-                        tokens: entry.tokens,
-                    })
-                    .collect();
-                self.model.forward(&mut seqs).map_err(backend_error)
-            }
-        };
-        self.slots.extend(caches);
-        result
+        self.run_batch(batch, |model, seqs| model.forward(seqs))
+    }
+
+    fn step_scored(
+        &mut self,
+        batch: &[SequenceStep<'_>],
+        firsts: &[usize],
+    ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        self.run_batch(batch, |model, seqs| model.forward_scored(seqs, firsts))
     }
 
     fn release_slot(&mut self, slot: SlotId) {

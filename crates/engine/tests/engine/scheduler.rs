@@ -51,6 +51,8 @@ struct Mock {
     /// The greedy continuation is a hash of every token in the slot (not of the last alone), so
     /// that a wrong cached position changes the output.
     hash_contents: bool,
+    /// Scores every position and rolls positions back (speculative decoding).
+    scores: bool,
 }
 
 impl Mock {
@@ -131,23 +133,46 @@ impl Backend for Mock {
             );
             cache.extend_from_slice(entry.tokens);
             assert!(cache.len() <= plan.max_positions, "slot overflow");
-            let last = *cache.last().expect("non-empty");
-            let next = match self.eos_after {
-                Some(n) if cache.len() >= n => EOS,
-                _ if self.hash_contents => {
-                    let h = cache.iter().fold(17u64, |h, &t| {
-                        h.wrapping_mul(1_000_003).wrapping_add(u64::from(t))
-                    });
-                    ((h >> 7) % 26) as u32
+            out.push(self.logits(&self.slots[&entry.slot].1));
+        }
+        Ok(out)
+    }
+    fn can_score(&self) -> bool {
+        self.scores
+    }
+    fn truncate(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {
+        let cache = &mut self.slots.get_mut(&slot).expect("a live slot").1;
+        assert!(len <= cache.len(), "truncating forward");
+        cache.truncate(len);
+        Ok(())
+    }
+    fn step_scored(
+        &mut self,
+        batch: &[SequenceStep<'_>],
+        firsts: &[usize],
+    ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        assert!(
+            self.scores,
+            "scored steps only where the backend says it scores"
+        );
+        self.steps
+            .push(batch.iter().map(|s| (s.slot, s.tokens.len())).collect());
+        let mut out = Vec::new();
+        for (entry, &first) in batch.iter().zip(firsts) {
+            let start = self.slots[&entry.slot].1.len();
+            assert_eq!(entry.start_position, start, "positions are contiguous");
+            let mut rows = Vec::new();
+            for (i, &token) in entry.tokens.iter().enumerate() {
+                self.slots
+                    .get_mut(&entry.slot)
+                    .expect("a live slot")
+                    .1
+                    .push(token);
+                if i >= first {
+                    rows.push(self.logits(&self.slots[&entry.slot].1));
                 }
-                _ => (last + 1) % 26,
-            };
-            // A peaked but non-degenerate distribution that depends on the slot's contents only.
-            let mut logits: Vec<f32> = (0..VOCAB as u32)
-                .map(|t| ((t * 7 + cache.len() as u32 * 3) % 11) as f32 * 0.3)
-                .collect();
-            logits[next as usize] += 4.0;
-            out.push(logits);
+            }
+            out.push(rows);
         }
         Ok(out)
     }
@@ -177,6 +202,29 @@ impl Backend for Mock {
         self.slots.get_mut(&slot).expect("a live slot").1 =
             data.iter().map(|&f| f as u32).collect();
         Ok(())
+    }
+}
+
+impl Mock {
+    /// The logits after a slot holding `cache`.
+    fn logits(&self, cache: &[u32]) -> Vec<f32> {
+        let last = *cache.last().expect("non-empty");
+        let next = match self.eos_after {
+            Some(n) if cache.len() >= n => EOS,
+            _ if self.hash_contents => {
+                let h = cache.iter().fold(17u64, |h, &t| {
+                    h.wrapping_mul(1_000_003).wrapping_add(u64::from(t))
+                });
+                ((h >> 7) % 26) as u32
+            }
+            _ => (last + 1) % 26,
+        };
+        // A peaked but non-degenerate distribution that depends on the slot's contents only.
+        let mut logits: Vec<f32> = (0..VOCAB as u32)
+            .map(|t| ((t * 7 + cache.len() as u32 * 3) % 11) as f32 * 0.3)
+            .collect();
+        logits[next as usize] += 4.0;
+        logits
     }
 }
 
@@ -852,4 +900,62 @@ fn cached_outputs_equal_uncached_ones_under_random_sharing_and_eviction() {
     }
     // The draws do exercise the cache.
     assert!(hits >= 40, "{hits} requests reused a prefix");
+}
+
+/// Speculating sequences verify their proposals in the same step as the other sequences' decode
+/// (one batch, every proposal's position scored), and every sequence's tokens are those it gets
+/// without speculation: proposals accepted where the text repeats (the alphabet continues),
+/// rejected and rolled back where it does not (a continuation hashed from the whole slot).
+#[test]
+fn speculation_verifies_in_the_batch_of_the_others_and_keeps_the_tokens() {
+    let alphabet: Vec<u32> = (0..26).chain(0..6).collect();
+    let run = |speculate: bool, hash: bool| {
+        let mut mock = Mock::new(200);
+        mock.scores = true;
+        mock.hash_contents = hash;
+        let mut s = scheduler(mock, SchedulerConfig::default());
+        let mut ids = Vec::new();
+        for (prompt, spec) in [
+            (alphabet.clone(), speculate),
+            (alphabet.clone(), false),
+            (vec![5, 9, 5, 9, 5], speculate),
+        ] {
+            let mut request = greedy(prompt, MaxNewTokens::Limited(40));
+            request.speculative = spec.then(SpeculativeConfig::default);
+            ids.push(s.submit(request).unwrap());
+        }
+        let outcomes = run_to_end(&mut s);
+        let tokens: Vec<Vec<u32>> = ids.iter().map(|id| outcomes[id].tokens.clone()).collect();
+        (tokens, s.stats(), s.backend().steps.clone())
+    };
+    for hash in [false, true] {
+        let (plain, _, plain_steps) = run(false, hash);
+        let (speculative, stats, steps) = run(true, hash);
+        assert_eq!(speculative, plain, "hash {hash}");
+        assert!(stats.drafts > 0, "hash {hash}: {stats:?}");
+        // A step that verified proposals (an entry of several tokens after prefill) also ran
+        // another sequence's one-token decode.
+        let mixed = steps.iter().filter(|batch| {
+            batch.iter().any(|&(_, n)| n == 1) && batch.iter().any(|&(_, n)| (2..=17).contains(&n))
+        });
+        assert!(mixed.count() > 0, "hash {hash}: {steps:?}");
+        if hash {
+            assert!(stats.accepted_tokens < stats.drafted_tokens, "{stats:?}");
+        } else {
+            assert!(stats.accepted_tokens > 40, "{stats:?}");
+            // The first sequence (slot 0) took fewer passes than its 40 tokens.
+            let passes = |steps: &[Vec<(SlotId, usize)>]| {
+                steps
+                    .iter()
+                    .filter(|b| b.iter().any(|&(slot, _)| slot == 0))
+                    .count()
+            };
+            assert!(
+                passes(&steps) < passes(&plain_steps) / 2,
+                "{} vs {}",
+                passes(&steps),
+                passes(&plain_steps)
+            );
+        }
+    }
 }
