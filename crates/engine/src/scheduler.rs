@@ -107,10 +107,9 @@ struct Sequence {
     constraint: Option<ConstrainedOutput>,
     /// Prompt-lookup speculation, when the request (or the engine) asks for it.
     speculative: Option<SpeculativeConfig>,
-    /// How many proposals the next pass may verify: halved towards what was accepted when a
-    /// pass is rejected early, doubled (up to `draft_max`) when all are accepted, so that text the
-    /// prompt does not predict costs few wasted positions.
-    draft_limit: usize,
+    /// The rate at which its proposals have been accepted (per position, an exponential
+    /// average): what [`SpeculativeConfig::draft_length`] sizes the next pass by.
+    acceptance: f32,
     /// The draft model's view of this sequence (draft-model speculation only).
     draft: DraftState,
     cancel_requested: bool,
@@ -600,7 +599,7 @@ impl<B: Backend> Scheduler<B> {
             logprobs: request.logprobs,
             constraint,
             speculative: request.speculative,
-            draft_limit: request.speculative.map_or(0, |s| s.draft_max),
+            acceptance: crate::speculative::PRIOR_ACCEPTANCE,
             draft: DraftState::default(),
             cancel_requested: false,
             predict_time_limit: request.predict_time_limit,
@@ -648,6 +647,7 @@ impl<B: Backend> Scheduler<B> {
         // theirs scored.
         let mut speculations: Vec<(usize, Vec<u32>)> = Vec::new();
         let can_score = self.backend.can_score();
+        let mut drifting: Vec<usize> = Vec::new();
         // The draft model's proposals first: it runs a pass per proposed token, per sequence.
         let mut drafted: Vec<Option<Vec<u32>>> = vec![None; self.running.len()];
         if can_score && self.draft.is_some() {
@@ -671,10 +671,13 @@ impl<B: Backend> Scheduler<B> {
                 {
                     // Proposals beyond the step's token budget wait for a later pass.
                     let room = budget - 1;
+                    let limit = speculation_limit(sequence).min(room);
+                    if limit == 0 {
+                        // Not worth a pass now (or no room): back towards trying again.
+                        drifting.push(index);
+                    }
                     let mut proposals = match config.proposer {
-                        Proposer::Ngram => {
-                            config.propose(&sequence.tokens, speculation_limit(sequence).min(room))
-                        }
+                        Proposer::Ngram => config.propose(&sequence.tokens, limit),
                         Proposer::DraftModel => drafted[index].take().unwrap_or_default(),
                     };
                     proposals.truncate(room);
@@ -687,6 +690,10 @@ impl<B: Backend> Scheduler<B> {
                 scheduled.push((index, 1));
                 budget -= 1;
             }
+        }
+        for index in drifting {
+            let sequence = &mut self.running[index];
+            sequence.acceptance = crate::speculative::drifted_acceptance(sequence.acceptance);
         }
         for (index, sequence) in self.running.iter().enumerate() {
             if sequence.computed < sequence.prompt_len && budget > 0 {
@@ -1133,15 +1140,11 @@ impl<B: Backend> Scheduler<B> {
             accepted_here += 1;
         }
         let sequence = &mut self.running[index];
-        if let Some(config) = sequence.speculative {
-            sequence.draft_limit = if accepted_here == proposals.len() {
-                (sequence.draft_limit * 2).min(config.draft_max)
-            } else {
-                (accepted_here + 1)
-                    .max(config.draft_min)
-                    .min(config.draft_max)
-            };
-        }
+        sequence.acceptance = crate::speculative::updated_acceptance(
+            sequence.acceptance,
+            proposals.len(),
+            accepted_here,
+        );
         let sequence = &self.running[index];
         if !sequence.status.is_finished()
             && let Err(err) = self.backend.truncate(slot, sequence.computed)
@@ -1167,7 +1170,10 @@ fn speculation_limit(sequence: &Sequence) -> usize {
         .plan
         .max_positions
         .saturating_sub(sequence.tokens.len() + 1);
-    budget_left.min(room).min(sequence.draft_limit)
+    let limit = budget_left.min(room);
+    sequence
+        .speculative
+        .map_or(0, |config| config.draft_length(sequence.acceptance, limit))
 }
 
 /// The most likely token of `logits` and its probability (softmax).

@@ -43,7 +43,23 @@ pub struct SpeculativeConfig {
     /// The draft model stops proposing at a token whose probability (its softmax's top) is below
     /// this (`--draft-p-min`; 0 never stops early).
     pub p_min: f32,
+    /// What one more verified position costs, as a fraction of a one-token decode step: the
+    /// price [`SpeculativeConfig::draft_length`] weighs proposals against. 0.3 is what a pass over
+    /// 1 + 15 positions measured against a decode step on the default model with int8
+    /// activations on an AVX2 machine (`mlxcel bench -p 1,16`; the `spec-cost` example measures
+    /// it at a depth); lower where multi-row passes are relatively cheaper (AVX-512 VNNI: ~0.15).
+    pub row_cost: f32,
 }
+
+/// The acceptance rate a sequence starts from, and drifts back to while it does not speculate.
+pub const PRIOR_ACCEPTANCE: f32 = 0.5;
+/// How far one verified proposal moves a sequence's acceptance rate towards its outcome.
+const ACCEPTANCE_STEP: f32 = 0.25;
+/// How far each step without speculation moves it back towards the prior (so that a sequence
+/// whose proposals failed tries again after ~20 steps).
+const ACCEPTANCE_DRIFT: f32 = 0.02;
+/// The smallest expected gain worth a verification pass.
+const MIN_GAIN: f32 = 1.05;
 
 impl Default for SpeculativeConfig {
     /// Up to 16 proposals (llama.cpp's `--draft-max`), from n-grams of 4 down to 2 tokens (a
@@ -56,6 +72,7 @@ impl Default for SpeculativeConfig {
             ngram_max: 4,
             ngram_min: 2,
             p_min: 0.0,
+            row_cost: 0.3,
         }
     }
 }
@@ -85,7 +102,60 @@ impl SpeculativeConfig {
                 self.p_min
             )));
         }
+        if !(self.row_cost.is_finite() && self.row_cost >= 0.0) {
+            return Err(crate::EngineError::InvalidSpeculation(format!(
+                "row_cost {} is not a cost: give a non-negative fraction of a decode step",
+                self.row_cost
+            )));
+        }
         Ok(())
+    }
+
+    /// How many proposals to verify next (at most `limit`) for a sequence whose proposals have
+    /// been accepted at rate `acceptance` (per position, in order): the k maximizing the tokens
+    /// a pass yields per unit of cost, (1 + a + a² + … + aᵏ) / (1 + row_cost·k), or 0 when no k
+    /// gains 5% over a plain step. Proposals are accepted in order until the first miss, so with
+    /// a per-position rate a the expected accepted count of k proposals is a + … + aᵏ.
+    pub fn draft_length(&self, acceptance: f32, limit: usize) -> usize {
+        let a = acceptance.clamp(0.0, 1.0);
+        let (mut best, mut best_gain) = (0, MIN_GAIN);
+        let (mut expected, mut power) = (0.0f32, 1.0f32);
+        for k in 1..=limit.min(self.draft_max) {
+            power *= a;
+            expected += power;
+            let gain = (1.0 + expected) / (1.0 + self.row_cost * k as f32);
+            if gain > best_gain {
+                (best, best_gain) = (k, gain);
+            }
+        }
+        if best < self.draft_min { 0 } else { best }
+    }
+
+    /// The proposals after `tokens` (prompt and output so far), at most `limit`: what followed
+    /// the latest earlier occurrence of its last n-gram, the longest n-gram that has one; empty
+    /// when none does or too few tokens follow it.
+    pub fn propose(&self, tokens: &[u32], limit: usize) -> Vec<u32> {
+        let limit = limit.min(self.draft_max);
+        if limit == 0 || limit < self.draft_min {
+            return Vec::new();
+        }
+        let len = tokens.len();
+        for n in (self.ngram_min..=self.ngram_max).rev() {
+            if len <= n {
+                continue;
+            }
+            let suffix = &tokens[len - n..];
+            // Latest occurrence strictly before the suffix itself.
+            let found = (0..len - n).rev().find(|&i| &tokens[i..i + n] == suffix);
+            if let Some(start) = found {
+                let from = start + n;
+                let proposals: Vec<u32> = tokens[from..len.min(from + limit)].to_vec();
+                if proposals.len() >= self.draft_min.max(1) {
+                    return proposals;
+                }
+            }
+        }
+        Vec::new()
     }
 
     /// The settings llama.cpp's flags ask for (`--spec-type`, whether `--spec-draft-model` is
@@ -146,38 +216,76 @@ impl SpeculativeConfig {
         config.validate()?;
         Ok(Some(config))
     }
+}
 
-    /// The proposals after `tokens` (prompt and output so far), at most `limit`: what followed
-    /// the latest earlier occurrence of its last n-gram, the longest n-gram that has one; empty
-    /// when none does or too few tokens follow it.
-    pub fn propose(&self, tokens: &[u32], limit: usize) -> Vec<u32> {
-        let limit = limit.min(self.draft_max);
-        if limit == 0 || limit < self.draft_min {
-            return Vec::new();
-        }
-        let len = tokens.len();
-        for n in (self.ngram_min..=self.ngram_max).rev() {
-            if len <= n {
-                continue;
-            }
-            let suffix = &tokens[len - n..];
-            // Latest occurrence strictly before the suffix itself.
-            let found = (0..len - n).rev().find(|&i| &tokens[i..i + n] == suffix);
-            if let Some(start) = found {
-                let from = start + n;
-                let proposals: Vec<u32> = tokens[from..len.min(from + limit)].to_vec();
-                if proposals.len() >= self.draft_min.max(1) {
-                    return proposals;
-                }
-            }
-        }
-        Vec::new()
+/// A sequence's acceptance rate after a pass that verified `proposed` proposals and accepted
+/// `accepted` of them (in order: the first `accepted` hit, the next one, if any, missed).
+pub fn updated_acceptance(acceptance: f32, proposed: usize, accepted: usize) -> f32 {
+    let mut a = acceptance;
+    for _ in 0..accepted {
+        a += ACCEPTANCE_STEP * (1.0 - a);
     }
+    if accepted < proposed {
+        a -= ACCEPTANCE_STEP * a;
+    }
+    a
+}
+
+/// A sequence's acceptance rate after a step in which it did not speculate: back towards the
+/// prior, so that speculation that stopped paying is tried again later.
+pub fn drifted_acceptance(acceptance: f32) -> f32 {
+    acceptance + ACCEPTANCE_DRIFT * (PRIOR_ACCEPTANCE - acceptance)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Proposer, SpeculativeConfig};
+    use super::{
+        PRIOR_ACCEPTANCE, Proposer, SpeculativeConfig, drifted_acceptance, updated_acceptance,
+    };
+
+    /// The draft length weighs the expected accepted run against the pass's cost: long drafts
+    /// only for text that keeps being accepted, none when too little is, all of `draft_max` when
+    /// extra positions cost nothing.
+    #[test]
+    fn draft_length_follows_acceptance_and_cost() {
+        let config = SpeculativeConfig::default();
+        assert_eq!(config.draft_length(1.0, 100), 16);
+        assert_eq!(config.draft_length(1.0, 5), 5);
+        let high = config.draft_length(0.95, 16);
+        assert!((5..=9).contains(&high), "{high}");
+        assert_eq!(config.draft_length(PRIOR_ACCEPTANCE, 16), 1);
+        assert_eq!(config.draft_length(0.3, 16), 0);
+        let free = SpeculativeConfig {
+            row_cost: 0.0,
+            ..SpeculativeConfig::default()
+        };
+        assert_eq!(free.draft_length(0.9, 16), 16);
+        let at_least_four = SpeculativeConfig {
+            draft_min: 4,
+            ..SpeculativeConfig::default()
+        };
+        assert_eq!(at_least_four.draft_length(PRIOR_ACCEPTANCE, 16), 0);
+    }
+
+    /// Accepted proposals raise the rate, a miss lowers it, and steps without speculation bring
+    /// it back towards the prior: a sequence that stopped speculating tries again within ~20
+    /// steps.
+    #[test]
+    fn acceptance_rises_falls_and_drifts_back() {
+        let up = updated_acceptance(0.5, 4, 4);
+        assert!(up > 0.7, "{up}");
+        let down = updated_acceptance(0.5, 4, 0);
+        assert!(down < 0.5, "{down}");
+        let mut a = 0.2;
+        let config = SpeculativeConfig::default();
+        assert_eq!(config.draft_length(a, 16), 0);
+        let mut steps = 0;
+        while config.draft_length(a, 16) == 0 {
+            a = drifted_acceptance(a);
+            steps += 1;
+        }
+        assert!((5..=40).contains(&steps), "{steps}");
+    }
 
     #[test]
     fn proposes_what_followed_the_latest_match_of_the_longest_ngram() {
