@@ -128,6 +128,10 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Of the prompt tokens, those the prefix cache held (copied, not computed).
     pub cached_tokens: usize,
+    /// Tokens speculative decoding proposed for this request (0 without speculation).
+    pub drafted_tokens: usize,
+    /// Of them, those verification accepted (each one a token decoded without a pass of its own).
+    pub accepted_tokens: usize,
 }
 
 /// One alternative at a position, with its log-probability under the model.

@@ -110,6 +110,9 @@ struct Sequence {
     /// The rate at which its proposals have been accepted (per position, an exponential
     /// average): what [`SpeculativeConfig::draft_length`] sizes the next pass by.
     acceptance: f32,
+    /// Proposals verified for this sequence, and of them accepted.
+    drafted: usize,
+    accepted: usize,
     /// The draft model's view of this sequence (draft-model speculation only).
     draft: DraftState,
     cancel_requested: bool,
@@ -128,6 +131,8 @@ impl Sequence {
             prompt_tokens: self.prompt_len,
             completion_tokens: self.generated(),
             cached_tokens: self.cached,
+            drafted_tokens: self.drafted,
+            accepted_tokens: self.accepted,
         }
     }
 }
@@ -600,6 +605,8 @@ impl<B: Backend> Scheduler<B> {
             constraint,
             speculative: request.speculative,
             acceptance: crate::speculative::PRIOR_ACCEPTANCE,
+            drafted: 0,
+            accepted: 0,
             draft: DraftState::default(),
             cancel_requested: false,
             predict_time_limit: request.predict_time_limit,
@@ -1140,6 +1147,8 @@ impl<B: Backend> Scheduler<B> {
             accepted_here += 1;
         }
         let sequence = &mut self.running[index];
+        sequence.drafted += proposals.len();
+        sequence.accepted += accepted_here;
         sequence.acceptance = crate::speculative::updated_acceptance(
             sequence.acceptance,
             proposals.len(),

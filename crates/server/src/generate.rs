@@ -313,6 +313,8 @@ pub async fn submit(
         last_token: None,
         generated: 0,
         cached_tokens: 0,
+        drafted_tokens: 0,
+        accepted_tokens: 0,
         finished: false,
     })
 }
@@ -330,6 +332,9 @@ pub struct Tracked {
     generated: usize,
     /// Prompt tokens the prefix cache held (known at the end).
     cached_tokens: usize,
+    /// Speculative decoding's proposals for this request and those accepted (known at the end).
+    drafted_tokens: usize,
+    accepted_tokens: usize,
     finished: bool,
 }
 
@@ -374,6 +379,7 @@ impl Tracked {
             generated,
             self.timings(),
         )
+        .with_drafts(self.drafted_tokens, self.accepted_tokens)
     }
 
     /// The next event; `None` after the end.
@@ -390,6 +396,8 @@ impl Tracked {
             Event::Finished { reason, usage, .. } => {
                 self.finished = true;
                 self.cached_tokens = usage.cached_tokens;
+                self.drafted_tokens = usage.drafted_tokens;
+                self.accepted_tokens = usage.accepted_tokens;
                 self.state.metrics().observe_finished(*reason);
             }
         }
@@ -433,6 +441,12 @@ pub struct Timings {
     pub predicted_ms: f64,
     pub predicted_per_token_ms: f64,
     pub predicted_per_second: f64,
+    /// Speculative decoding's proposals and those accepted, as llama-server reports them: only
+    /// when the request speculated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_n: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_n_accepted: Option<usize>,
 }
 
 impl Timings {
@@ -458,7 +472,18 @@ impl Timings {
             predicted_ms,
             predicted_per_token_ms: per(predicted_ms, steps),
             predicted_per_second: rate(steps, predicted_ms),
+            draft_n: None,
+            draft_n_accepted: None,
         }
+    }
+
+    /// With the request's speculative proposals (`drafted`) and accepted ones, when it had any.
+    pub fn with_drafts(mut self, drafted: usize, accepted: usize) -> Self {
+        if drafted > 0 {
+            self.draft_n = Some(drafted);
+            self.draft_n_accepted = Some(accepted);
+        }
+        self
     }
 }
 

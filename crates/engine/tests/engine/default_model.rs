@@ -80,6 +80,7 @@ fn greedy_generation_matches_the_reference() {
         prompt_tokens,
         completion_tokens,
         cached_tokens,
+        ..
     } = completion.usage;
     assert_eq!((prompt_tokens, completion_tokens), (5, 8));
     assert!(cached_tokens < prompt_tokens, "{:?}", completion.usage);

@@ -293,6 +293,8 @@ fn usage(prompt_tokens: usize, completion_tokens: usize) -> Usage {
         prompt_tokens,
         completion_tokens,
         cached_tokens: 0,
+        drafted_tokens: 0,
+        accepted_tokens: 0,
     }
 }
 

@@ -580,3 +580,65 @@ async fn cached_prompt_tokens_are_reported_per_request() {
     assert_eq!(value("mlxcel_prefix_cache_budget_bytes"), 64 << 20);
     assert_eq!(value("mlxcel_prefix_cache_evictions_total"), 0);
 }
+
+/// With prompt-lookup speculation on, a request that repeats its prompt reports its proposals in
+/// llama-server's `timings.draft_n` and `draft_n_accepted` (on `/completion` and the OpenAI
+/// routes); without speculation the fields are absent, as llama-server leaves them out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculative_proposals_are_reported_in_timings() {
+    if skip_model_tests() {
+        return;
+    }
+    let options = mlxcel_engine::EngineOptions {
+        speculative: Some(mlxcel_engine::SpeculativeConfig::default()),
+        ..mlxcel_engine::EngineOptions::default()
+    };
+    let engine = tokio::task::spawn_blocking(move || mlxcel_engine::Engine::load(None, options))
+        .await
+        .unwrap()
+        .unwrap();
+    let server =
+        TestServer::start(ServerConfig::default(), Some(std::sync::Arc::new(engine))).await;
+    let prompt = "one two three four five six seven eight nine ten\n\
+                  one two three four five six seven eight nine ten\n\
+                  one two three four five six seven eight nine ten\none two";
+    for (route, body) in [
+        (
+            "/completion",
+            json!({"prompt": prompt, "n_predict": 24, "temperature": 0}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 24, "temperature": 0}),
+        ),
+    ] {
+        let answer = server.post_json(route, body).await.json();
+        let timings = &answer["timings"];
+        let drafted = timings["draft_n"].as_u64().unwrap_or(0);
+        let accepted = timings["draft_n_accepted"].as_u64().unwrap_or(u64::MAX);
+        assert!(
+            drafted > 0 && accepted <= drafted && accepted > 0,
+            "{route}: {answer}"
+        );
+    }
+    // Without speculation the fields are absent.
+    let engine = tokio::task::spawn_blocking(|| {
+        mlxcel_engine::Engine::load(None, mlxcel_engine::EngineOptions::default())
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let server =
+        TestServer::start(ServerConfig::default(), Some(std::sync::Arc::new(engine))).await;
+    let plain = server
+        .post_json(
+            "/completion",
+            json!({"prompt": prompt, "n_predict": 8, "temperature": 0}),
+        )
+        .await
+        .json();
+    assert!(
+        plain["timings"].get("draft_n").is_none() && plain["timings"]["predicted_n"] == 8,
+        "{plain}"
+    );
+}
