@@ -663,7 +663,6 @@ impl<B: Backend> Scheduler<B> {
                 if sequence.speculative.map(|c| c.proposer) == Some(Proposer::DraftModel)
                     && sequence.computed >= sequence.prompt_len
                     && sequence.tokens.len() - sequence.computed == 1
-                    && sequence.constraint.is_none()
                 {
                     let limit = speculation_limit(sequence);
                     *proposals = Some(self.draft_propose(index, limit));
@@ -673,9 +672,7 @@ impl<B: Backend> Scheduler<B> {
         for (index, sequence) in self.running.iter().enumerate() {
             let pending = sequence.tokens.len() - sequence.computed;
             if sequence.computed >= sequence.prompt_len && pending == 1 && budget > 0 {
-                if let Some(config) = sequence.speculative.filter(|_| can_score)
-                    && sequence.constraint.is_none()
-                {
+                if let Some(config) = sequence.speculative.filter(|_| can_score) {
                     // Proposals beyond the step's token budget wait for a later pass.
                     let room = budget - 1;
                     let limit = speculation_limit(sequence).min(room);
@@ -1128,6 +1125,24 @@ impl<B: Backend> Scheduler<B> {
                 Some(k) => log_probabilities(&logits, k),
                 None => (Vec::new(), Vec::new()),
             };
+            // Structured output: this position's mask, from the constraint's state after the
+            // tokens accepted so far (a proposal it forbids is rejected like any other).
+            let Sequence {
+                constraint,
+                stop_token_ids,
+                ..
+            } = &mut *sequence;
+            if let Some(constraint) = constraint.as_mut()
+                && let Err(message) = constraint.mask(&mut logits, stop_token_ids)
+            {
+                sequence.status = RequestStatus::FinishedError;
+                let message = format!("structured output: {message}");
+                events.push((
+                    sequence.id,
+                    finished_event(sequence, String::new(), Some(message)),
+                ));
+                return;
+            }
             let (token, accepted) = match proposals.get(i) {
                 Some(&proposed) => sequence
                     .sampler

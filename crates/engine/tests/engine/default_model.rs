@@ -633,6 +633,66 @@ fn speculative_decoding_keeps_greedy_output() {
     }
 }
 
+/// Speculation under structured output: each verified position is masked by the constraint's
+/// state after the tokens accepted before it, so constrained greedy output is the same with and
+/// without speculation (int8: bit for bit), and proposals are verified (and accepted where the
+/// grammar and the model agree with the repeated text).
+#[test]
+fn speculation_keeps_constrained_output() {
+    if skip() {
+        return;
+    }
+    let options = |speculative| EngineOptions {
+        activations: Some(Activations::Int8),
+        speculative,
+        ..EngineOptions::default()
+    };
+    let plain = Engine::load(None, options(None)).unwrap();
+    let speculative = Engine::load(None, options(Some(SpeculativeConfig::default()))).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"enum": ["red", "green", "blue"]},
+                                 "minItems": 6, "maxItems": 6}},
+        "required": ["items"],
+        "additionalProperties": false
+    });
+    let requests: Vec<GenerationRequest> = [
+        (
+            "Repeat: one two three four five six one two three four five six one two",
+            Constraint::Regex("( one two three four five six){3}".into()),
+        ),
+        (
+            "List colours as JSON, like {\"items\": [\"red\", \"green\", \"blue\", \"red\", \
+             \"green\", \"blue\"]}:",
+            Constraint::JsonSchema(schema),
+        ),
+    ]
+    .into_iter()
+    .map(|(prompt, constraint)| GenerationRequest {
+        sampling: SamplingParams::greedy(),
+        constraint: Some(constraint),
+        ..GenerationRequest::new(plain.tokenize(prompt).unwrap(), MaxNewTokens::Limited(48))
+    })
+    .collect();
+    for request in &requests {
+        let want = plain.generate(request.clone()).unwrap();
+        let got = speculative.generate(request.clone()).unwrap();
+        assert_eq!(got.tokens, want.tokens, "{:?}", got.text);
+        assert_eq!(got.text, want.text);
+        assert_eq!(
+            got.finish_reason,
+            Some(FinishReason::Stop),
+            "{:?}",
+            got.text
+        );
+    }
+    let stats = speculative.stats();
+    assert!(
+        stats.drafted_tokens > 0 && stats.accepted_tokens > 0,
+        "{stats:?}"
+    );
+}
+
 /// The prefix cache: a request whose prompt starts with what an earlier (finished) or a running
 /// request computed copies those positions instead of recomputing them, and its output is the same
 /// as without the cache (int8: bit for bit; f32: the same greedy tokens here).
