@@ -162,6 +162,11 @@ impl Engine {
             speculative.validate()?;
         }
         let speculative = options.speculative;
+        if speculative.is_some() && options.backend == crate::BackendKind::Xla {
+            return Err(EngineError::InvalidSpeculation(
+                crate::speculative::NEEDS_SCORING.into(),
+            ));
+        }
         let scheduler_config = options.scheduler;
         if speculative.is_some_and(|s| s.proposer == crate::Proposer::DraftModel)
             && options.draft_model.is_none()

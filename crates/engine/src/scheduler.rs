@@ -564,6 +564,11 @@ impl<B: Backend> Scheduler<B> {
         let sampler = Sampler::new(request.sampling)?;
         if let Some(speculative) = &request.speculative {
             speculative.validate()?;
+            if !self.backend.can_score() {
+                return Err(EngineError::InvalidSpeculation(
+                    crate::speculative::NEEDS_SCORING.into(),
+                ));
+            }
             if speculative.proposer == Proposer::DraftModel && self.draft.is_none() {
                 return Err(EngineError::InvalidSpeculation(
                     "the request asks for the draft model, but none is loaded (start the engine \

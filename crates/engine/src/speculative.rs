@@ -51,6 +51,11 @@ pub struct SpeculativeConfig {
     pub row_cost: f32,
 }
 
+/// Why a backend that returns only the last position's logits (OpenXLA) refuses speculation.
+pub const NEEDS_SCORING: &str = "speculative decoding needs a backend that scores every position \
+of a pass: the OpenXLA backend's compiled programs return only the last position's logits (docs/xla.md \
+says why it compiles no verify program); use --backend mlx, or no --spec-type";
+
 /// The acceptance rate a sequence starts from, and drifts back to while it does not speculate.
 pub const PRIOR_ACCEPTANCE: f32 = 0.5;
 /// How far one verified proposal moves a sequence's acceptance rate towards its outcome.

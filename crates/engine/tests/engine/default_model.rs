@@ -566,6 +566,30 @@ fn constraints_shape_the_output() {
     );
 }
 
+/// The OpenXLA backend cannot verify proposals (its programs return the last position's
+/// logits): an engine asked to speculate there is refused at load, naming why and what to use.
+#[test]
+fn speculation_on_the_xla_backend_is_refused_at_load() {
+    if skip() {
+        return;
+    }
+    let Err(err) = Engine::load(
+        None,
+        EngineOptions {
+            backend: BackendKind::Xla,
+            speculative: Some(SpeculativeConfig::default()),
+            ..EngineOptions::default()
+        },
+    ) else {
+        panic!("an engine speculating on the xla backend was started");
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("scores every position") && err.contains("--backend mlx"),
+        "{err}"
+    );
+}
+
 /// Prompt-lookup speculative decoding: greedy output is the same token for token as without it
 /// (int8 activations: logits invariant to how a sequence is chunked), alone and batched, and
 /// repeated text gets proposals accepted.

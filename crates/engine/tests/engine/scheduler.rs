@@ -961,3 +961,17 @@ fn speculation_verifies_in_the_batch_of_the_others_and_keeps_the_tokens() {
         }
     }
 }
+
+/// A backend that cannot score every position of a pass (OpenXLA's) refuses a request that asks
+/// for speculation, saying why, instead of silently decoding without it.
+#[test]
+fn speculation_is_refused_where_the_backend_cannot_score() {
+    let mut s = scheduler(Mock::new(100), SchedulerConfig::default());
+    let mut request = greedy(vec![0, 1, 2], MaxNewTokens::Limited(4));
+    request.speculative = Some(SpeculativeConfig::default());
+    let err = s.submit(request).unwrap_err().to_string();
+    assert!(
+        err.contains("scores every position") && err.contains("--backend mlx"),
+        "{err}"
+    );
+}
