@@ -978,12 +978,7 @@ impl<B: Backend> Scheduler<B> {
             None => (Vec::new(), Vec::new()),
         };
         if let Some(Err(message)) = masked {
-            sequence.status = RequestStatus::FinishedError;
-            let message = format!("structured output: {message}");
-            events.push((
-                sequence.id,
-                finished_event(sequence, String::new(), Some(message)),
-            ));
+            end_with_error(sequence, format!("structured output: {message}"), events);
             return;
         }
         let token = sequence.sampler.sample(&mut logits, &sequence.tokens);
@@ -1140,12 +1135,7 @@ impl<B: Backend> Scheduler<B> {
             if let Some(constraint) = constraint.as_mut()
                 && let Err(message) = constraint.mask(&mut logits, stop_token_ids)
             {
-                sequence.status = RequestStatus::FinishedError;
-                let message = format!("structured output: {message}");
-                events.push((
-                    sequence.id,
-                    finished_event(sequence, String::new(), Some(message)),
-                ));
+                end_with_error(sequence, format!("structured output: {message}"), events);
                 return;
             }
             let (token, accepted) = match proposals.get(i) {
@@ -1178,14 +1168,18 @@ impl<B: Backend> Scheduler<B> {
         if !sequence.status.is_finished()
             && let Err(err) = self.backend.truncate(slot, sequence.computed)
         {
-            let sequence = &mut self.running[index];
-            sequence.status = RequestStatus::FinishedError;
-            events.push((
-                sequence.id,
-                finished_event(sequence, String::new(), Some(err.to_string())),
-            ));
+            end_with_error(&mut self.running[index], err.to_string(), events);
         }
     }
+}
+
+/// Ends `sequence` with an error event carrying `message`.
+fn end_with_error(sequence: &mut Sequence, message: String, events: &mut Vec<(RequestId, Event)>) {
+    sequence.status = RequestStatus::FinishedError;
+    events.push((
+        sequence.id,
+        finished_event(sequence, String::new(), Some(message)),
+    ));
 }
 
 /// How many proposals `sequence` may verify in its next pass: room for them and the token after
@@ -1244,12 +1238,7 @@ fn emit(
             match constraint.accept(token) {
                 Ok(done) => complete = done,
                 Err(message) => {
-                    sequence.status = RequestStatus::FinishedError;
-                    let message = format!("structured output: {message}");
-                    events.push((
-                        sequence.id,
-                        finished_event(sequence, String::new(), Some(message)),
-                    ));
+                    end_with_error(sequence, format!("structured output: {message}"), events);
                     return true;
                 }
             }
@@ -1301,12 +1290,7 @@ impl<B: Backend> Scheduler<B> {
         events: &mut Vec<(RequestId, Event)>,
     ) {
         for &(index, _) in scheduled {
-            let sequence = &mut self.running[index];
-            sequence.status = RequestStatus::FinishedError;
-            events.push((
-                sequence.id,
-                finished_event(sequence, String::new(), Some(message.to_owned())),
-            ));
+            end_with_error(&mut self.running[index], message.to_owned(), events);
         }
     }
 
