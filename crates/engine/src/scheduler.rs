@@ -214,6 +214,8 @@ pub struct Scheduler<B: Backend> {
     clock: u64,
     /// The draft model of draft-model speculation ([`Scheduler::with_draft`]).
     draft: Option<Box<dyn Backend>>,
+    /// What a verified position costs here, measured from the steps as they run.
+    pass_costs: crate::speculative::PassCosts,
 }
 
 /// What the prefix cache holds for one entry: its tokens and, for each position, the keys and
@@ -306,6 +308,7 @@ impl<B: Backend> Scheduler<B> {
             prefix_budget: 0,
             clock: 0,
             draft: None,
+            pass_costs: crate::speculative::PassCosts::default(),
         })
     }
 
@@ -669,7 +672,7 @@ impl<B: Backend> Scheduler<B> {
                     && sequence.computed >= sequence.prompt_len
                     && sequence.tokens.len() - sequence.computed == 1
                 {
-                    let limit = speculation_limit(sequence);
+                    let limit = speculation_limit(sequence, &self.pass_costs);
                     *proposals = Some(self.draft_propose(index, limit));
                 }
             }
@@ -680,7 +683,7 @@ impl<B: Backend> Scheduler<B> {
                 if let Some(config) = sequence.speculative.filter(|_| can_score) {
                     // Proposals beyond the step's token budget wait for a later pass.
                     let room = budget - 1;
-                    let limit = speculation_limit(sequence).min(room);
+                    let limit = speculation_limit(sequence, &self.pass_costs).min(room);
                     if limit == 0 {
                         // Not worth a pass now (or no room): back towards trying again.
                         drifting.push(index);
@@ -751,6 +754,7 @@ impl<B: Backend> Scheduler<B> {
             });
             firsts.push(0);
         }
+        let started = std::time::Instant::now();
         let result = if speculations.is_empty() {
             self.backend
                 .step(&batch)
@@ -763,6 +767,12 @@ impl<B: Backend> Scheduler<B> {
             .zip(&firsts)
             .map(|(entry, first)| entry.tokens.len() - first)
             .collect();
+        // A one-sequence step without prefill times a decode step (no proposals) or a pass over
+        // 1 + k positions: what the speculation cost model learns from.
+        if batch.len() == 1 && scheduled.iter().all(|&(_, count)| count == 1) && result.is_ok() {
+            self.pass_costs
+                .observe(batch[0].tokens.len() - 1, started.elapsed().as_secs_f64());
+        }
         drop(batch);
         self.stats.steps += 1;
         self.stats.busy_slot_steps += expected.len() as u64;
@@ -1184,7 +1194,7 @@ fn end_with_error(sequence: &mut Sequence, message: String, events: &mut Vec<(Re
 
 /// How many proposals `sequence` may verify in its next pass: room for them and the token after
 /// them within its budget and its shape, and its adaptive draft length.
-fn speculation_limit(sequence: &Sequence) -> usize {
+fn speculation_limit(sequence: &Sequence, costs: &crate::speculative::PassCosts) -> usize {
     let budget_left = sequence
         .plan
         .admitted_max_new_tokens
@@ -1194,9 +1204,9 @@ fn speculation_limit(sequence: &Sequence) -> usize {
         .max_positions
         .saturating_sub(sequence.tokens.len() + 1);
     let limit = budget_left.min(room);
-    sequence
-        .speculative
-        .map_or(0, |config| config.draft_length(sequence.acceptance, limit))
+    sequence.speculative.map_or(0, |config| {
+        config.draft_length(sequence.acceptance, costs.row_cost(config.row_cost), limit)
+    })
 }
 
 /// The most likely token of `logits` and its probability (softmax).

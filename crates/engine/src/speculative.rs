@@ -43,11 +43,12 @@ pub struct SpeculativeConfig {
     /// The draft model stops proposing at a token whose probability (its softmax's top) is below
     /// this (`--draft-p-min`; 0 never stops early).
     pub p_min: f32,
-    /// What one more verified position costs, as a fraction of a one-token decode step: the
-    /// price [`SpeculativeConfig::draft_length`] weighs proposals against. 0.3 is what a pass over
-    /// 1 + 15 positions measured against a decode step on the default model with int8
-    /// activations on an AVX2 machine (`mlxcel bench -p 1,16`; the `spec-cost` example measures
-    /// it at a depth); lower where multi-row passes are relatively cheaper (AVX-512 VNNI: ~0.15).
+    /// What one more verified position costs, as a fraction of a one-token decode step, until the
+    /// scheduler has measured it ([`PassCosts`]): the price [`SpeculativeConfig::draft_length`]
+    /// weighs proposals against. 0.3 is what a pass over 1 + 15 positions measured against a
+    /// decode step at depth 0 on the default model with int8 activations on an AVX2 machine
+    /// (`mlxcel bench -p 1,16`; the `spec-cost` example measures it at a depth, where attention
+    /// makes it ~0.45); lower where multi-row passes are relatively cheaper (AVX-512 VNNI).
     pub row_cost: f32,
 }
 
@@ -117,18 +118,19 @@ impl SpeculativeConfig {
     }
 
     /// How many proposals to verify next (at most `limit`) for a sequence whose proposals have
-    /// been accepted at rate `acceptance` (per position, in order): the k maximizing the tokens
-    /// a pass yields per unit of cost, (1 + a + a² + … + aᵏ) / (1 + row_cost·k), or 0 when no k
-    /// gains 5% over a plain step. Proposals are accepted in order until the first miss, so with
+    /// been accepted at rate `acceptance` (per position, in order), each verified position
+    /// costing `row_cost` decode steps ([`PassCosts::row_cost`], else `self.row_cost`): the k
+    /// maximizing the tokens a pass yields per unit of cost, (1 + a + a² + … + aᵏ) /
+    /// (1 + row_cost·k), or 0 when no k gains 5% over a plain step. Proposals are accepted in order until the first miss, so with
     /// a per-position rate a the expected accepted count of k proposals is a + … + aᵏ.
-    pub fn draft_length(&self, acceptance: f32, limit: usize) -> usize {
+    pub fn draft_length(&self, acceptance: f32, row_cost: f32, limit: usize) -> usize {
         let a = acceptance.clamp(0.0, 1.0);
         let (mut best, mut best_gain) = (0, MIN_GAIN);
         let (mut expected, mut power) = (0.0f32, 1.0f32);
         for k in 1..=limit.min(self.draft_max) {
             power *= a;
             expected += power;
-            let gain = (1.0 + expected) / (1.0 + self.row_cost * k as f32);
+            let gain = (1.0 + expected) / (1.0 + row_cost * k as f32);
             if gain > best_gain {
                 (best, best_gain) = (k, gain);
             }
@@ -223,6 +225,39 @@ impl SpeculativeConfig {
     }
 }
 
+/// What passes cost on this backend and machine, learned from the steps as they run: an
+/// exponential average of a one-token decode step's time, and of what each extra position of a
+/// verification pass adds to it (as a fraction of that step). Until both have been seen, the
+/// configured [`SpeculativeConfig::row_cost`] stands.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PassCosts {
+    decode_secs: Option<f64>,
+    row_cost: Option<f64>,
+}
+
+impl PassCosts {
+    /// Weight of the newest sample in the averages.
+    const ALPHA: f64 = 0.1;
+
+    /// Records a one-sequence step of `1 + extra` positions that took `secs`.
+    pub fn observe(&mut self, extra: usize, secs: f64) {
+        let average = |old: Option<f64>, new: f64| {
+            Some(old.map_or(new, |old| old + Self::ALPHA * (new - old)))
+        };
+        if extra == 0 {
+            self.decode_secs = average(self.decode_secs, secs);
+        } else if let Some(decode) = self.decode_secs.filter(|&d| d > 0.0) {
+            let per_row = ((secs / decode - 1.0) / extra as f64).clamp(0.0, 4.0);
+            self.row_cost = average(self.row_cost, per_row);
+        }
+    }
+
+    /// The measured cost of one more verified position, else `configured`.
+    pub fn row_cost(&self, configured: f32) -> f32 {
+        self.row_cost.map_or(configured, |c| c as f32)
+    }
+}
+
 /// A sequence's acceptance rate after a pass that verified `proposed` proposals and accepted
 /// `accepted` of them (in order: the first `accepted` hit, the next one, if any, missed).
 pub fn updated_acceptance(acceptance: f32, proposed: usize, accepted: usize) -> f32 {
@@ -245,7 +280,8 @@ pub fn drifted_acceptance(acceptance: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::{
-        PRIOR_ACCEPTANCE, Proposer, SpeculativeConfig, drifted_acceptance, updated_acceptance,
+        PRIOR_ACCEPTANCE, PassCosts, Proposer, SpeculativeConfig, drifted_acceptance,
+        updated_acceptance,
     };
 
     /// The draft length weighs the expected accepted run against the pass's cost: long drafts
@@ -254,22 +290,40 @@ mod tests {
     #[test]
     fn draft_length_follows_acceptance_and_cost() {
         let config = SpeculativeConfig::default();
-        assert_eq!(config.draft_length(1.0, 100), 16);
-        assert_eq!(config.draft_length(1.0, 5), 5);
-        let high = config.draft_length(0.95, 16);
+        let c = config.row_cost;
+        assert_eq!(config.draft_length(1.0, c, 100), 16);
+        assert_eq!(config.draft_length(1.0, c, 5), 5);
+        let high = config.draft_length(0.95, c, 16);
         assert!((5..=9).contains(&high), "{high}");
-        assert_eq!(config.draft_length(PRIOR_ACCEPTANCE, 16), 1);
-        assert_eq!(config.draft_length(0.3, 16), 0);
+        assert_eq!(config.draft_length(PRIOR_ACCEPTANCE, c, 16), 1);
+        assert_eq!(config.draft_length(0.3, c, 16), 0);
         let free = SpeculativeConfig {
             row_cost: 0.0,
             ..SpeculativeConfig::default()
         };
-        assert_eq!(free.draft_length(0.9, 16), 16);
+        assert_eq!(free.draft_length(0.9, free.row_cost, 16), 16);
         let at_least_four = SpeculativeConfig {
             draft_min: 4,
             ..SpeculativeConfig::default()
         };
-        assert_eq!(at_least_four.draft_length(PRIOR_ACCEPTANCE, 16), 0);
+        assert_eq!(at_least_four.draft_length(PRIOR_ACCEPTANCE, c, 16), 0);
+    }
+
+    /// The measured row cost replaces the configured one once a decode step and a pass have
+    /// been timed, and follows later samples as an average.
+    #[test]
+    fn pass_costs_learn_the_row_cost() {
+        let mut costs = PassCosts::default();
+        assert_eq!(costs.row_cost(0.3), 0.3);
+        costs.observe(4, 0.030);
+        assert_eq!(costs.row_cost(0.3), 0.3, "no decode step timed yet");
+        costs.observe(0, 0.010);
+        costs.observe(4, 0.026);
+        assert!((costs.row_cost(0.3) - 0.4).abs() < 1e-6);
+        for _ in 0..100 {
+            costs.observe(2, 0.012);
+        }
+        assert!((costs.row_cost(0.3) - 0.1).abs() < 1e-3);
     }
 
     /// Accepted proposals raise the rate, a miss lowers it, and steps without speculation bring
@@ -283,9 +337,9 @@ mod tests {
         assert!(down < 0.5, "{down}");
         let mut a = 0.2;
         let config = SpeculativeConfig::default();
-        assert_eq!(config.draft_length(a, 16), 0);
+        assert_eq!(config.draft_length(a, config.row_cost, 16), 0);
         let mut steps = 0;
-        while config.draft_length(a, 16) == 0 {
+        while config.draft_length(a, config.row_cost, 16) == 0 {
             a = drifted_acceptance(a);
             steps += 1;
         }
