@@ -975,3 +975,82 @@ fn speculation_is_refused_where_the_backend_cannot_score() {
         "{err}"
     );
 }
+
+/// Sampled output keeps its distribution under speculation: 4,000 seeded requests each way
+/// (temperature 1, the mock's peaked distribution, a prompt whose n-grams repeat so that
+/// proposals come often and are accepted about a third of the time), the tokens at each of the
+/// four generated positions compared by a two-sample chi-square test. Bound: the statistic stays
+/// below 70 (p ≈ 1e-4 for the ≤ 31 degrees of freedom of 32 tokens), so this test fails by chance
+/// about once in ten thousand runs of it, and fails for certain on a rule that biases towards
+/// proposals (accepting every proposal it verifies, checked by hand: statistics in the
+/// hundreds).
+#[test]
+fn sampled_output_keeps_its_distribution_under_speculation() {
+    const N: usize = 4000;
+    const TOKENS: usize = 4;
+    let prompt: Vec<u32> = (0..26).chain(0..26).chain(0..3).collect();
+    let run = |speculate: bool| {
+        let mut mock = Mock::new(200);
+        mock.scores = true;
+        let config = SchedulerConfig {
+            max_batch: 64,
+            max_waiting: N,
+            ..SchedulerConfig::default()
+        };
+        let mut s = scheduler(mock, config);
+        let ids: Vec<RequestId> = (0..N as u64)
+            .map(|seed| {
+                let mut request =
+                    GenerationRequest::new(prompt.clone(), MaxNewTokens::Limited(TOKENS));
+                request.sampling = SamplingParams {
+                    temperature: 1.0,
+                    top_k: 0,
+                    top_p: 1.0,
+                    min_p: 0.0,
+                    seed: Some(seed + if speculate { 1 << 32 } else { 0 }),
+                    ..SamplingParams::default()
+                };
+                request.speculative = speculate.then(SpeculativeConfig::default);
+                s.submit(request).unwrap()
+            })
+            .collect();
+        let outcomes = run_to_end(&mut s);
+        let mut counts = vec![[0u32; VOCAB]; TOKENS];
+        for id in ids {
+            let tokens = &outcomes[&id].tokens;
+            assert_eq!(tokens.len(), TOKENS);
+            for (position, &token) in tokens.iter().enumerate() {
+                counts[position][token as usize] += 1;
+            }
+        }
+        (counts, s.stats())
+    };
+    let (plain, _) = run(false);
+    let (speculative, stats) = run(true);
+    assert!(
+        stats.drafted_tokens > 1000 && stats.accepted_tokens > 100,
+        "{stats:?}"
+    );
+    for position in 0..TOKENS {
+        // Two-sample chi-square over the tokens either side drew (equal sample sizes).
+        let statistic: f64 = (0..VOCAB)
+            .map(|t| {
+                let (a, b) = (
+                    f64::from(plain[position][t]),
+                    f64::from(speculative[position][t]),
+                );
+                if a + b > 0.0 {
+                    (a - b).powi(2) / (a + b)
+                } else {
+                    0.0
+                }
+            })
+            .sum();
+        assert!(
+            statistic < 70.0,
+            "position {position}: chi-square {statistic:.1}\nplain {:?}\nspeculative {:?}",
+            plain[position],
+            speculative[position]
+        );
+    }
+}
