@@ -213,6 +213,50 @@ mod generate {
         assert!(err.contains(" tok/s"), "{err}");
     }
 
+    /// Prompt lookup on a prompt that repeats: the text is the one without speculation, and the
+    /// statistics line gives the proposals accepted, their rate and the tokens per pass.
+    #[test]
+    fn speculation_keeps_the_text_and_reports_its_acceptance() {
+        if skip() {
+            return;
+        }
+        let prompt = "one two three four five six seven eight\n\
+                      one two three four five six seven eight\n\
+                      one two three four five six seven eight\none two";
+        let run = |spec: &str| {
+            mlxcel(
+                &[
+                    "generate",
+                    "-p",
+                    prompt,
+                    "--no-chat-template",
+                    "--temp",
+                    "0",
+                    "-n",
+                    "24",
+                    "--activations",
+                    "int8",
+                    "--spec-type",
+                    spec,
+                ],
+                &[],
+            )
+        };
+        let (plain, speculative) = (run("none"), run("ngram-simple"));
+        assert!(speculative.status.success(), "{}", stderr(&speculative));
+        assert_eq!(stdout(&speculative), stdout(&plain));
+        let err = stderr(&speculative);
+        assert!(
+            err.contains("proposals accepted (") && err.contains(" tokens per verification pass"),
+            "{err}"
+        );
+        assert!(
+            !stderr(&plain).contains("speculative:"),
+            "{}",
+            stderr(&plain)
+        );
+    }
+
     #[test]
     fn unlimited_budget_says_how_it_resolved() {
         if skip() {

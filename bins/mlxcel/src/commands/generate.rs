@@ -289,8 +289,12 @@ impl Session<'_> {
         let stats = self.engine.stats();
         let speculation = if stats.drafted_tokens > 0 {
             format!(
-                "; speculative: {}/{} proposals accepted",
-                stats.accepted_tokens, stats.drafted_tokens
+                "; speculative: {}/{} proposals accepted ({:.0}%), {:.2} tokens per verification \
+                 pass",
+                stats.accepted_tokens,
+                stats.drafted_tokens,
+                100.0 * stats.accepted_tokens as f64 / stats.drafted_tokens as f64,
+                (stats.drafts + stats.accepted_tokens) as f64 / stats.drafts.max(1) as f64
             )
         } else {
             String::new()
