@@ -110,6 +110,8 @@ struct Sequence {
     /// The rate at which its proposals have been accepted (per position, an exponential
     /// average): what [`SpeculativeConfig::draft_length`] sizes the next pass by.
     acceptance: f32,
+    /// Decode steps since it last verified proposals.
+    quiet_steps: usize,
     /// Proposals verified for this sequence, and of them accepted.
     drafted: usize,
     accepted: usize,
@@ -613,6 +615,7 @@ impl<B: Backend> Scheduler<B> {
             constraint,
             speculative: request.speculative,
             acceptance: crate::speculative::PRIOR_ACCEPTANCE,
+            quiet_steps: 0,
             drafted: 0,
             accepted: 0,
             draft: DraftState::default(),
@@ -706,6 +709,7 @@ impl<B: Backend> Scheduler<B> {
         for index in drifting {
             let sequence = &mut self.running[index];
             sequence.acceptance = crate::speculative::drifted_acceptance(sequence.acceptance);
+            sequence.quiet_steps += 1;
         }
         for (index, sequence) in self.running.iter().enumerate() {
             if sequence.computed < sequence.prompt_len && budget > 0 {
@@ -770,8 +774,15 @@ impl<B: Backend> Scheduler<B> {
         // A one-sequence step without prefill times a decode step (no proposals) or a pass over
         // 1 + k positions: what the speculation cost model learns from.
         if batch.len() == 1 && scheduled.iter().all(|&(_, count)| count == 1) && result.is_ok() {
-            self.pass_costs
-                .observe(batch[0].tokens.len() - 1, started.elapsed().as_secs_f64());
+            let index = scheduled
+                .first()
+                .map_or_else(|| speculations[0].0, |&(index, _)| index);
+            let prior = self.running[index].speculative.unwrap_or_default().row_cost;
+            self.pass_costs.observe(
+                batch[0].tokens.len() - 1,
+                started.elapsed().as_secs_f64(),
+                prior,
+            );
         }
         drop(batch);
         self.stats.steps += 1;
@@ -1167,6 +1178,7 @@ impl<B: Backend> Scheduler<B> {
             accepted_here += 1;
         }
         let sequence = &mut self.running[index];
+        sequence.quiet_steps = 0;
         sequence.drafted += proposals.len();
         sequence.accepted += accepted_here;
         sequence.acceptance = crate::speculative::updated_acceptance(
@@ -1205,7 +1217,14 @@ fn speculation_limit(sequence: &Sequence, costs: &crate::speculative::PassCosts)
         .saturating_sub(sequence.tokens.len() + 1);
     let limit = budget_left.min(room);
     sequence.speculative.map_or(0, |config| {
-        config.draft_length(sequence.acceptance, costs.row_cost(config.row_cost), limit)
+        let k = config.draft_length(sequence.acceptance, costs.row_cost(config.row_cost), limit);
+        // A sequence that stopped speculating verifies one proposal now and then, so that its
+        // acceptance rate and the measured cost can show that speculation pays again.
+        if k == 0 && sequence.quiet_steps >= crate::speculative::PROBE_EVERY {
+            limit.min(1)
+        } else {
+            k
+        }
     })
 }
 

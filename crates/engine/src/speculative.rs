@@ -64,6 +64,9 @@ const ACCEPTANCE_STEP: f32 = 0.25;
 /// How far each step without speculation moves it back towards the prior (so that a sequence
 /// whose proposals failed tries again after ~20 steps).
 const ACCEPTANCE_DRIFT: f32 = 0.02;
+/// Steps without speculation after which a sequence verifies a single proposal anyway (a probe
+/// that refreshes its acceptance rate and the measured pass cost).
+pub const PROBE_EVERY: usize = 16;
 /// The smallest expected gain worth a verification pass.
 const MIN_GAIN: f32 = 1.05;
 
@@ -239,8 +242,10 @@ impl PassCosts {
     /// Weight of the newest sample in the averages.
     const ALPHA: f64 = 0.1;
 
-    /// Records a one-sequence step of `1 + extra` positions that took `secs`.
-    pub fn observe(&mut self, extra: usize, secs: f64) {
+    /// Records a one-sequence step of `1 + extra` positions that took `secs`; the row-cost
+    /// average starts from `prior` (the configured cost), so one slow pass moves it a tenth of
+    /// the way.
+    pub fn observe(&mut self, extra: usize, secs: f64, prior: f32) {
         let average = |old: Option<f64>, new: f64| {
             Some(old.map_or(new, |old| old + Self::ALPHA * (new - old)))
         };
@@ -248,7 +253,7 @@ impl PassCosts {
             self.decode_secs = average(self.decode_secs, secs);
         } else if let Some(decode) = self.decode_secs.filter(|&d| d > 0.0) {
             let per_row = ((secs / decode - 1.0) / extra as f64).clamp(0.0, 4.0);
-            self.row_cost = average(self.row_cost, per_row);
+            self.row_cost = average(self.row_cost.or(Some(f64::from(prior))), per_row);
         }
     }
 
@@ -309,19 +314,20 @@ mod tests {
         assert_eq!(at_least_four.draft_length(PRIOR_ACCEPTANCE, c, 16), 0);
     }
 
-    /// The measured row cost replaces the configured one once a decode step and a pass have
+    /// The measured row cost moves from the configured one once a decode step and a pass have
     /// been timed, and follows later samples as an average.
     #[test]
     fn pass_costs_learn_the_row_cost() {
         let mut costs = PassCosts::default();
         assert_eq!(costs.row_cost(0.3), 0.3);
-        costs.observe(4, 0.030);
+        costs.observe(4, 0.030, 0.3);
         assert_eq!(costs.row_cost(0.3), 0.3, "no decode step timed yet");
-        costs.observe(0, 0.010);
-        costs.observe(4, 0.026);
-        assert!((costs.row_cost(0.3) - 0.4).abs() < 1e-6);
+        costs.observe(0, 0.010, 0.3);
+        costs.observe(4, 0.026, 0.3);
+        // A tenth of the way from the prior 0.3 towards the sample 0.4.
+        assert!((costs.row_cost(0.3) - 0.31).abs() < 1e-6);
         for _ in 0..100 {
-            costs.observe(2, 0.012);
+            costs.observe(2, 0.012, 0.3);
         }
         assert!((costs.row_cost(0.3) - 0.1).abs() < 1e-3);
     }

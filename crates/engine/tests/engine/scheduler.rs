@@ -1054,3 +1054,34 @@ fn sampled_output_keeps_its_distribution_under_speculation() {
         );
     }
 }
+
+/// Where proposals keep failing (a continuation hashed from the whole slot, so the n-grams that
+/// repeat predict nothing), speculation backs off: most steps decode one token, yet it probes now
+/// and then (one proposal after a run of plain steps), and the tokens are those without it.
+#[test]
+fn failing_speculation_backs_off_and_probes() {
+    let run = |speculate: bool| {
+        let mut mock = Mock::new(400);
+        mock.scores = true;
+        mock.hash_contents = true;
+        let mut s = scheduler(mock, SchedulerConfig::default());
+        let prompt: Vec<u32> = (0..8).cycle().take(40).collect();
+        let mut request = greedy(prompt, MaxNewTokens::Limited(200));
+        request.speculative = speculate.then(SpeculativeConfig::default);
+        let id = s.submit(request).unwrap();
+        let outcome = run_to_end(&mut s)[&id].tokens.clone();
+        let verifying = s
+            .backend()
+            .steps
+            .iter()
+            .skip(1)
+            .filter(|batch| batch[0].1 > 1)
+            .count();
+        (outcome, s.stats(), verifying)
+    };
+    let (plain, _, _) = run(false);
+    let (speculative, stats, verifying) = run(true);
+    assert_eq!(speculative, plain);
+    assert!(stats.accepted_tokens * 2 < stats.drafted_tokens, "{stats:?}");
+    assert!((5..=60).contains(&verifying), "{verifying} verification passes: {stats:?}");
+}
