@@ -221,9 +221,36 @@ impl ChatTemplate {
                 })?;
         let _budget = RenderBudget::start(self.time_limit);
         let mut out = BoundedOutput(Vec::new());
-        template
-            .render_captured_to(context! { ..given, ..defaults }, &mut out)
-            .map_err(|e| self.error(&e, template.source(), Stage::Render))?;
+        // minijinja 2.24 panics on some inputs (a negative-step slice of an empty string or
+        // list, `''[::-1]`, found by the chat_template fuzzer): a template from a checkpoint
+        // must not take the process down, so a panic while rendering is an error that names
+        // the template. (Rendering reads the template and the context only; nothing is left
+        // half-updated by the unwinding.)
+        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            template.render_captured_to(context! { ..given, ..defaults }, &mut out)
+        }));
+        match rendered {
+            Ok(result) => {
+                result.map_err(|e| self.error(&e, template.source(), Stage::Render))?;
+            }
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("no message");
+                let origin = self
+                    .origin
+                    .as_ref()
+                    .map_or_else(String::new, |o| format!("{o}: "));
+                return Err(ModelError::ChatTemplate {
+                    reason: format!(
+                        "{origin}the template renderer (minijinja) failed on this template: \
+                         {message}"
+                    ),
+                });
+            }
+        }
         // minijinja writes only `str`s, so this never loses anything.
         Ok(String::from_utf8(out.0)
             .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))

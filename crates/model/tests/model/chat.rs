@@ -233,6 +233,30 @@ fn an_unknown_filter_names_its_line() {
     );
 }
 
+/// minijinja 2.24 panics when a negative-step slice meets an empty string or list (`''[::-1]`,
+/// `messages[::-1]` with no messages; the chat_template fuzzer found it): the render is an
+/// error that says so, and the same template renders normally where the slice is not empty.
+#[test]
+fn a_renderer_panic_is_an_error_not_a_crash() {
+    for source in [
+        "{{ ''[::-1] }}",
+        "{% for m in messages[::-1] %}{{ m.role }}{% endfor %}",
+    ] {
+        let err = outcome(source, serde_json::json!({"messages": []})).unwrap_err();
+        assert!(
+            err.contains("the template renderer (minijinja) failed on this template"),
+            "{source}: {err}"
+        );
+    }
+    let reversed = outcome(
+        "{% for m in messages[::-1] %}{{ m.role }} {% endfor %}",
+        serde_json::json!({"messages": [{"role": "user", "content": "a"},
+                                        {"role": "assistant", "content": "b"}]}),
+    )
+    .unwrap();
+    assert_eq!(reversed, "assistant user ");
+}
+
 #[test]
 fn a_syntax_error_names_its_line() {
     let err = ChatTemplate::new("{% for m in messages %}\n{{ m.role }}\n{% endif %}", "", "")
