@@ -1082,6 +1082,12 @@ fn failing_speculation_backs_off_and_probes() {
     let (plain, _, _) = run(false);
     let (speculative, stats, verifying) = run(true);
     assert_eq!(speculative, plain);
-    assert!(stats.accepted_tokens * 2 < stats.drafted_tokens, "{stats:?}");
-    assert!((5..=60).contains(&verifying), "{verifying} verification passes: {stats:?}");
+    assert!(
+        stats.accepted_tokens * 2 < stats.drafted_tokens,
+        "{stats:?}"
+    );
+    assert!(
+        (5..=60).contains(&verifying),
+        "{verifying} verification passes: {stats:?}"
+    );
 }
