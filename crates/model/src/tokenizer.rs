@@ -183,6 +183,7 @@ impl Tokenizer {
         Detokenizer {
             tokenizer: TokenizerRef::Borrowed(self),
             ids: Vec::new(),
+            window: Vec::new(),
             prefix_offset: 0,
             read_offset: 0,
             skip_special,
@@ -222,6 +223,7 @@ pub fn shared_detokenizer(tokenizer: Arc<Tokenizer>, skip_special: bool) -> Deto
     Detokenizer {
         tokenizer: TokenizerRef::Shared(tokenizer),
         ids: Vec::new(),
+        window: Vec::new(),
         prefix_offset: 0,
         read_offset: 0,
         skip_special,
@@ -251,21 +253,37 @@ impl std::ops::Deref for TokenizerRef<'_> {
 /// short window of recent tokens twice, with and without the newest ones, and emit the difference
 /// only once it no longer ends in U+FFFD (the approach of Hugging Face text-generation-inference).
 /// Decoding a window rather than single tokens also keeps tokenizer-specific spacing right.
+///
+/// The tokens held back are bounded ([`MAX_PENDING`]): a long run of tokens that add no text
+/// (special tokens, ids past the vocabulary) or that keep ending in U+FFFD (stray UTF-8
+/// continuation bytes) would otherwise make every push decode a growing window, quadratic time
+/// in the length of the run.
 #[derive(Debug)]
 pub struct Detokenizer<'a> {
     tokenizer: TokenizerRef<'a>,
+    /// Every id pushed.
     ids: Vec<u32>,
-    /// Start of the context window decoded for comparison.
+    /// The ids decoded for text: `ids` less runs of ids found to add no text.
+    window: Vec<u32>,
+    /// Start (in `window`) of the context decoded for comparison.
     prefix_offset: usize,
-    /// End of what has already been emitted.
+    /// End (in `window`) of what has already been emitted.
     read_offset: usize,
     skip_special: bool,
 }
+
+/// Tokens held back (not yet emitted) before the detokenizer looks for text it can emit early, or
+/// drops tokens that add none.
+pub const MAX_PENDING: usize = 16;
+
+/// Context tokens kept in front of the window when it is trimmed.
+const WINDOW_KEEP: usize = 64;
 
 impl Detokenizer<'_> {
     /// Adds one token; returns the text it completes, if any.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         self.ids.push(id);
+        self.window.push(id);
         let text = self.pending(false)?;
         Ok(text)
     }
@@ -283,17 +301,36 @@ impl Detokenizer<'_> {
     fn pending(&mut self, force: bool) -> Result<Option<String>> {
         let tok = &*self.tokenizer;
         let prefix = tok.decode(
-            &self.ids[self.prefix_offset..self.read_offset],
+            &self.window[self.prefix_offset..self.read_offset],
             self.skip_special,
         )?;
-        let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
-        if full.len() <= prefix.len() || (!force && full.ends_with('\u{FFFD}')) {
+        let full = tok.decode(&self.window[self.prefix_offset..], self.skip_special)?;
+        let held = self.window.len() - self.read_offset;
+        if full.len() <= prefix.len() {
+            if held > MAX_PENDING {
+                // The held tokens add no text to their context: special tokens skipped, ids the
+                // vocabulary lacks. Later text does not depend on them; stop decoding them.
+                self.window.truncate(self.read_offset);
+            }
             return Ok(None);
         }
+        if !force && full.ends_with('\u{FFFD}') {
+            if held > MAX_PENDING {
+                return self.emit_settled(&prefix, &full);
+            }
+            return Ok(None);
+        }
+        let end = self.window.len();
+        Ok(Some(self.emit(&prefix, &full, end)))
+    }
+
+    /// Emits the text of `full` past `prefix` and moves the window: what was read becomes the
+    /// context, `end` the new read position.
+    fn emit(&mut self, prefix: &str, full: &str, end: usize) -> String {
         // The window's text normally extends the prefix; if a tokenizer rewrote it, emit from the
         // first byte where they differ, on a character boundary.
         let mut split = prefix.len();
-        if !full.starts_with(&prefix) {
+        if !full.starts_with(prefix) {
             split = full
                 .bytes()
                 .zip(prefix.bytes())
@@ -305,7 +342,32 @@ impl Detokenizer<'_> {
         }
         let text = full[split..].to_owned();
         self.prefix_offset = self.read_offset;
-        self.read_offset = self.ids.len();
-        Ok(Some(text))
+        self.read_offset = end;
+        if self.prefix_offset > WINDOW_KEEP * 2 {
+            let cut = self.prefix_offset - WINDOW_KEEP;
+            self.window.drain(..cut);
+            self.prefix_offset -= cut;
+            self.read_offset -= cut;
+        }
+        text
+    }
+
+    /// Many held tokens and the text still ends in U+FFFD: emits the text of all but the last
+    /// few. A character still incomplete has at most three bytes, so it lies in the last three
+    /// tokens when each adds a byte; the text before them is settled once decoding the tokens
+    /// before the cut gives a prefix of the whole window's text (no character straddles the cut).
+    fn emit_settled(&mut self, prefix: &str, full: &str) -> Result<Option<String>> {
+        let tok = &*self.tokenizer;
+        let last = self.window.len().saturating_sub(3);
+        for cut in (self.read_offset + 1..=last).rev() {
+            let settled = tok.decode(&self.window[self.prefix_offset..cut], self.skip_special)?;
+            if settled.len() > prefix.len() && full.starts_with(&settled) {
+                return Ok(Some(self.emit(prefix, &settled, cut)));
+            }
+            if last - cut >= 3 {
+                break;
+            }
+        }
+        Ok(None)
     }
 }

@@ -123,6 +123,62 @@ fn shared_detokenizer_streams_like_the_borrowed_one() {
     assert_eq!(shared.ids(), ids.as_slice());
 }
 
+/// Streams `ids` through a detokenizer (special tokens skipped) and returns the text.
+fn stream(tok: &Tokenizer, ids: &[u32]) -> String {
+    let mut detok = tok.detokenizer(true);
+    let mut out = String::new();
+    for &id in ids {
+        out.extend(detok.push(id).unwrap());
+    }
+    out.extend(detok.flush().unwrap());
+    assert_eq!(detok.ids(), ids);
+    out
+}
+
+/// Long runs of tokens that add no text (special tokens, ids past the vocabulary) or keep ending
+/// in U+FFFD (stray continuation bytes, split characters among them) stream exactly the text of
+/// decoding everything at once, and each push decodes a bounded window (before, a run cost
+/// quadratic time).
+#[test]
+fn long_runs_without_complete_text_stream_exactly_in_bounded_time() {
+    let (_dir, tok) = tiny_tokenizer();
+    let vocab = tok.vocab_size() as u32;
+    let euro = "€".as_bytes();
+    let mut runs: Vec<Vec<u32>> = Vec::new();
+    // Stray continuation bytes, then a character split across three tokens, then text.
+    let mut stray = vec![byte_token_id(b'a')];
+    stray.extend(std::iter::repeat_n(byte_token_id(0x80), 6000));
+    stray.extend(euro.iter().map(|&b| byte_token_id(b)));
+    stray.push(byte_token_id(b'z'));
+    runs.push(stray);
+    // Split characters between runs of stray bytes, at every offset near the early-emit bound.
+    for gap in 14..22 {
+        let mut ids = Vec::new();
+        for _ in 0..40 {
+            ids.extend(std::iter::repeat_n(byte_token_id(0xbf), gap));
+            ids.extend(euro.iter().map(|&b| byte_token_id(b)));
+            ids.push(byte_token_id(0xe2));
+        }
+        runs.push(ids);
+    }
+    // Special tokens and ids past the vocabulary between words.
+    let mut silent = tok.encode("the ", true, true).unwrap();
+    silent.extend((0..6000).map(|i| if i % 3 == 0 { 1 } else { vocab + i }));
+    silent.extend(tok.encode("then 🌍", true, true).unwrap());
+    runs.push(silent);
+    let start = std::time::Instant::now();
+    for ids in &runs {
+        let known: Vec<u32> = ids.iter().copied().filter(|&id| id < vocab).collect();
+        assert_eq!(stream(&tok, ids), tok.decode(&known, true).unwrap());
+    }
+    // ~20,000 pushes: 0.5 s here in a debug build; with unbounded windows, 40 s.
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
 /// Found by the `tokenizer` fuzz target: a JSON syntax error inside `decoder` made the
 /// `tokenizers` crate panic (`expect("Helper")`); it is now refused with the file named.
 #[test]
