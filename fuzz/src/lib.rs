@@ -266,10 +266,12 @@ pub fn detokenize(data: &[u8]) {
         .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]])) % 300)
         .collect();
     let streamed = mlxcel_engine::fuzzing::decode_stream(tokenizer.clone(), &ids);
+    // `vocab_size` copies the vocabulary (the `tokenizers` crate builds it as a map): once.
+    let vocab = tokenizer.vocab_size();
     let known: Vec<u32> = ids
         .iter()
         .copied()
-        .filter(|&id| (id as usize) < tokenizer.vocab_size())
+        .filter(|&id| (id as usize) < vocab)
         .collect();
     if let Ok(whole) = tokenizer.decode(&known, true) {
         assert_eq!(streamed, whole, "ids {ids:?}");

@@ -99,6 +99,17 @@ impl Tokenizer {
             })
     }
 
+    /// Whether `decode` drops this id: one the vocabulary lacks, or a special token when
+    /// `skip_special` (the filter `decode` itself applies before the decoder runs).
+    pub fn is_dropped_by_decode(&self, id: u32, skip_special: bool) -> bool {
+        match self.inner.id_to_token(id) {
+            None => true,
+            Some(token) => {
+                skip_special && self.inner.get_added_vocabulary().is_special_token(&token)
+            }
+        }
+    }
+
     /// The id of a token string, e.g. `<|im_end|>`.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
@@ -109,7 +120,8 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
-    /// Vocabulary size including added tokens.
+    /// Vocabulary size including added tokens (the `tokenizers` crate copies its vocabulary to
+    /// count it: not for hot loops).
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
@@ -254,16 +266,17 @@ impl std::ops::Deref for TokenizerRef<'_> {
 /// only once it no longer ends in U+FFFD (the approach of Hugging Face text-generation-inference).
 /// Decoding a window rather than single tokens also keeps tokenizer-specific spacing right.
 ///
-/// The tokens held back are bounded ([`MAX_PENDING`]): a long run of tokens that add no text
-/// (special tokens, ids past the vocabulary) or that keep ending in U+FFFD (stray UTF-8
-/// continuation bytes) would otherwise make every push decode a growing window, quadratic time
-/// in the length of the run.
+/// Tokens that decoding drops (special tokens skipped, ids past the vocabulary) never enter the
+/// window, and the tokens held back are bounded ([`MAX_PENDING`]): a long run of tokens that add
+/// no text or keep ending in U+FFFD (stray UTF-8 continuation bytes) would otherwise make every
+/// push decode a growing window, quadratic time in the length of the run.
 #[derive(Debug)]
 pub struct Detokenizer<'a> {
     tokenizer: TokenizerRef<'a>,
     /// Every id pushed.
     ids: Vec<u32>,
-    /// The ids decoded for text: `ids` less runs of ids found to add no text.
+    /// The ids decoded for text: `ids` less those `decode` drops (special tokens skipped, ids
+    /// past the vocabulary) and runs of ids found to add no text.
     window: Vec<u32>,
     /// Start (in `window`) of the context decoded for comparison.
     prefix_offset: usize,
@@ -283,6 +296,11 @@ impl Detokenizer<'_> {
     /// Adds one token; returns the text it completes, if any.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         self.ids.push(id);
+        if self.tokenizer.is_dropped_by_decode(id, self.skip_special) {
+            // Decoding drops it before the decoder sees it: the window's text is the same
+            // without it.
+            return Ok(None);
+        }
         self.window.push(id);
         let text = self.pending(false)?;
         Ok(text)
@@ -308,8 +326,8 @@ impl Detokenizer<'_> {
         let held = self.window.len() - self.read_offset;
         if full.len() <= prefix.len() {
             if held > MAX_PENDING {
-                // The held tokens add no text to their context: special tokens skipped, ids the
-                // vocabulary lacks. Later text does not depend on them; stop decoding them.
+                // The held tokens add no text to their context (empty pieces, or a decoder that
+                // drops them). Later text does not depend on them; stop decoding them.
                 self.window.truncate(self.read_offset);
             }
             return Ok(None);
