@@ -15,7 +15,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use minijinja::value::{Kwargs, ValueKind};
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Kwargs, Serde, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, State, Value, context};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
@@ -181,7 +182,7 @@ impl ChatTemplate {
     /// `add_special = false`, as Hugging Face does after `apply_chat_template`.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         self.render_with(&context! {
-            messages => messages,
+            messages => Value::from(Serde(messages)),
             add_generation_prompt => add_generation_prompt,
         })
     }
@@ -198,7 +199,7 @@ impl ChatTemplate {
     /// types that keep the order of the request (structs, `minijinja::Value` deserialized from
     /// JSON), not a `serde_json::Value`, whose maps come out sorted.
     pub fn render_with<C: Serialize + ?Sized>(&self, context: &C) -> Result<String> {
-        let given = Value::from_serialize(context);
+        let given = Value::from(Serde(context));
         let has_messages = given.kind() == ValueKind::Map
             && given.get_attr("messages").is_ok_and(|m| !m.is_undefined());
         if !has_messages {
@@ -210,8 +211,8 @@ impl ChatTemplate {
             tools => (),
             documents => (),
             add_generation_prompt => false,
-            bos_token => self.bos_token,
-            eos_token => self.eos_token,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
         };
         let template =
             self.env
@@ -221,10 +222,11 @@ impl ChatTemplate {
                 })?;
         let _budget = RenderBudget::start(self.time_limit);
         let mut out = BoundedOutput(Vec::new());
-        // minijinja 2.24 panics on some inputs (a negative-step slice of an empty string or
-        // list, `''[::-1]`, found by the chat_template fuzzer): a template from a checkpoint
-        // must not take the process down, so a panic while rendering is an error that names
-        // the template. (Rendering reads the template and the context only; nothing is left
+        // A backstop: minijinja 2.24 panicked on some inputs (a negative-step slice of an empty
+        // string or list, `''[::-1]`, found by the chat_template fuzzer; fixed in minijinja 3).
+        // A template from a checkpoint must not take the process down, so a panic while
+        // rendering (the renderer's or one of our filters') is an error that names the
+        // template. (Rendering reads the template and the context only; nothing is left
         // half-updated by the unwinding.)
         let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             template.render_captured_to(context! { ..given, ..defaults }, &mut out)
@@ -466,8 +468,13 @@ fn truncate(text: &str, max_chars: usize) -> String {
 /// Hugging Face's environment, less the clock (see [`set_clock`]).
 fn hf_environment() -> Environment<'static> {
     let mut env = Environment::new();
-    env.set_trim_blocks(true);
-    env.set_lstrip_blocks(true);
+    env.set_syntax(
+        SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .expect("the default delimiters with trim_blocks and lstrip_blocks"),
+    );
     // jinja2 autoescapes nothing unless asked; minijinja would escape by the template's name.
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_formatter(|out, _state, value| {
@@ -554,16 +561,27 @@ fn python_repr(value: &Value, out: &mut String) {
         },
         ValueKind::String => python_repr_str(value.as_str().unwrap_or_default(), out),
         ValueKind::Seq => {
-            out.push('[');
+            // minijinja 3 keeps tuples apart from lists, as Python prints them: `(1, 2)`, `(1,)`.
+            let (open, close) = if value.is_tuple() {
+                ('(', ')')
+            } else {
+                ('[', ']')
+            };
+            out.push(open);
+            let mut count = 0;
             if let Ok(items) = value.try_iter() {
                 for (i, item) in items.enumerate() {
                     if i > 0 {
                         out.push_str(", ");
                     }
                     python_repr(&item, out);
+                    count = i + 1;
                 }
             }
-            out.push(']');
+            if value.is_tuple() && count == 1 {
+                out.push(',');
+            }
+            out.push(close);
         }
         ValueKind::Map => match value.as_object().and_then(|o| o.try_iter_pairs()) {
             Some(pairs) => {
@@ -832,7 +850,7 @@ fn attribute_path(value: &Value, path: &str) -> Value {
 /// replace contrib's where Python differs: its whitespace (`\x1c`..`\x1f` included) for `split`,
 /// `strip` and friends, and `title`, which capitalizes after digits too (`2Nd`).
 fn python_methods(
-    state: &State<'_, '_>,
+    state: &mut State<'_, '_>,
     value: &Value,
     method: &str,
     args: &[Value],
