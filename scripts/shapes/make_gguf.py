@@ -1,0 +1,152 @@
+"""Writes a GGUF with random weights at a public model's shape (run by scripts/make-shapes inside
+the pinned `gguf` venv of scripts/check-dequant).
+
+    make_gguf.py SHAPE TYPE OUT.gguf     TYPE: Q4_0 or Q8_0 (every weight matrix in it; norms
+                                         and biases F32)
+
+Random weights give meaningless text and exact speed: every tensor has the shape, the type and
+the byte size the real checkpoint's conversion has, so both engines read and multiply the same
+bytes they would for the real model. Blocks hold finite f16 scales (about 0.02 / 127 per step,
+the spread of trained weights) and uniform quants. The vocabulary is SentencePiece-style (the
+`llama` tokenizer model): <unk>, <s>, </s>, the 256 byte tokens, then `▁w<i>` pieces up to the
+shape's vocabulary size, so that both engines load it; text through it is meaningless too.
+
+Not written, since they change no speed: Llama 3's rope frequency scaling (`rope_freqs`),
+chat templates, and anything of the tokenizer beyond the sizes.
+"""
+
+import sys
+
+import numpy as np
+import gguf
+
+# The public config.json values of each model (hidden size, layers, heads, KV heads, MLP width,
+# vocabulary, tied embeddings, q/k/v biases, rope theta, RMS-norm epsilon, trained context).
+SHAPES = {
+    "llama-3.2-1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv_heads=8,
+                         ffn=8192, vocab=128256, tied=True, qkv_bias=False,
+                         rope_theta=500000.0, eps=1e-5, context=131072),
+    "qwen2.5-3b": dict(arch="qwen2", hidden=2048, layers=36, heads=16, kv_heads=2,
+                       ffn=11008, vocab=151936, tied=True, qkv_bias=True,
+                       rope_theta=1000000.0, eps=1e-6, context=32768),
+    "llama-3.1-8b": dict(arch="llama", hidden=4096, layers=32, heads=32, kv_heads=8,
+                         ffn=14336, vocab=128256, tied=False, qkv_bias=False,
+                         rope_theta=500000.0, eps=1e-5, context=131072),
+}
+
+# Block layouts written directly: (ggml type, values per block, bytes per block, file type).
+TYPES = {
+    "Q4_0": (gguf.GGMLQuantizationType.Q4_0, 32, 18, gguf.LlamaFileType.MOSTLY_Q4_0),
+    "Q8_0": (gguf.GGMLQuantizationType.Q8_0, 32, 34, gguf.LlamaFileType.MOSTLY_Q8_0),
+}
+
+RNG = np.random.default_rng(20261202)
+
+
+def blocks(qtype, rows, cols):
+    """`rows` rows of `cols` values as random blocks of `qtype`: a (rows, bytes per row) u8 array."""
+    ggml, per_block, nbytes, _ = TYPES[qtype]
+    nblocks = rows * (cols // per_block)
+    data = np.empty((nblocks, nbytes), dtype=np.uint8)
+    # d: an f16 scale; 0.02 / 127 (Q8_0) or / 8 (Q4_0) per quant step, +-50%.
+    step = 0.02 / (127.0 if qtype == "Q8_0" else 8.0)
+    scales = (step * RNG.uniform(0.5, 1.5, nblocks)).astype(np.float16)
+    data[:, 0:2] = scales.view(np.uint8).reshape(nblocks, 2)
+    data[:, 2:] = RNG.integers(0, 256, (nblocks, nbytes - 2), dtype=np.uint8)
+    if qtype == "Q8_0":
+        # int8 -128 is outside the range llama.cpp's quantizer produces; keep to -127..127.
+        q = data[:, 2:].view(np.int8)
+        q[q == -128] = -127
+    return data.reshape(rows, -1)
+
+
+def main():
+    shape_name, qtype, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    if shape_name not in SHAPES:
+        sys.exit(f"make_gguf.py: unknown shape {shape_name!r} (known: {', '.join(SHAPES)})")
+    if qtype not in TYPES:
+        sys.exit(f"make_gguf.py: type {qtype!r} is not written directly (known: {', '.join(TYPES)})")
+    s = SHAPES[shape_name]
+    ggml_type = TYPES[qtype][0]
+    arch = s["arch"]
+    hidden, head_dim = s["hidden"], s["hidden"] // s["heads"]
+    kv = s["kv_heads"] * head_dim
+
+    w = gguf.GGUFWriter(out, arch)
+    w.add_name(f"random-{shape_name}")
+    w.add_context_length(s["context"])
+    w.add_embedding_length(hidden)
+    w.add_block_count(s["layers"])
+    w.add_feed_forward_length(s["ffn"])
+    w.add_head_count(s["heads"])
+    w.add_head_count_kv(s["kv_heads"])
+    w.add_rope_freq_base(s["rope_theta"])
+    w.add_layer_norm_rms_eps(s["eps"])
+    w.add_rope_dimension_count(head_dim)
+    w.add_vocab_size(s["vocab"])
+    w.add_file_type(TYPES[qtype][3])
+
+    # SentencePiece-style vocabulary: control, byte and normal tokens.
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    types += [gguf.TokenType.BYTE] * 256
+    rest = s["vocab"] - len(tokens)
+    tokens += [f"\u2581w{i}" for i in range(rest)]
+    types += [gguf.TokenType.NORMAL] * rest
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(rest)])
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+    # (name, rows, cols, quantized): GGUF lists dims innermost first, so a [rows, cols] matrix
+    # has ne = (cols, rows); norms and biases are F32 vectors.
+    tensors = [("token_embd.weight", s["vocab"], hidden, True)]
+    for i in range(s["layers"]):
+        p = f"blk.{i}."
+        tensors += [
+            (p + "attn_norm.weight", 1, hidden, False),
+            (p + "attn_q.weight", hidden, hidden, True),
+            (p + "attn_k.weight", kv, hidden, True),
+            (p + "attn_v.weight", kv, hidden, True),
+        ]
+        if s["qkv_bias"]:
+            tensors += [(p + "attn_q.bias", 1, hidden, False),
+                        (p + "attn_k.bias", 1, kv, False),
+                        (p + "attn_v.bias", 1, kv, False)]
+        tensors += [
+            (p + "attn_output.weight", hidden, hidden, True),
+            (p + "ffn_norm.weight", 1, hidden, False),
+            (p + "ffn_gate.weight", s["ffn"], hidden, True),
+            (p + "ffn_up.weight", s["ffn"], hidden, True),
+            (p + "ffn_down.weight", hidden, s["ffn"], True),
+        ]
+    tensors.append(("output_norm.weight", 1, hidden, False))
+    if not s["tied"]:
+        tensors.append(("output.weight", s["vocab"], hidden, True))
+
+    _, per_block, nbytes, _ = TYPES[qtype]
+    for name, rows, cols, quantized in tensors:
+        if quantized:
+            row_bytes = cols // per_block * nbytes
+            w.add_tensor_info(name, [rows, row_bytes], np.dtype(np.uint8), rows * row_bytes,
+                              raw_dtype=ggml_type)
+        else:
+            w.add_tensor_info(name, [cols], np.dtype(np.float32), cols * 4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, rows, cols, quantized in tensors:
+        if quantized:
+            w.write_tensor_data(blocks(qtype, rows, cols))
+        elif name.endswith(".bias"):
+            w.write_tensor_data(RNG.normal(0.0, 0.02, cols).astype(np.float32))
+        else:
+            w.write_tensor_data(RNG.uniform(0.8, 1.2, cols).astype(np.float32))
+    w.close()
+
+
+if __name__ == "__main__":
+    main()
