@@ -1,5 +1,6 @@
 //! One llama decoder layer as a single MLX node on mlxcel's CPU kernels
-//! (`cpp/kernels/layer.cc`): RMSNorm, the stacked q/k/v matmul, the q/k norms (Qwen3), RoPE
+//! (`cpp/kernels/layer.cc`): RMSNorm, the q/k/v matmul (stacked, or three when q, k and v are
+//! quantized differently, as in llama.cpp's K-quant presets), the q/k norms (Qwen3), RoPE
 //! (skipped on NoPE layers), the KV-cache write, attention (within the window on layers that
 //! slide), the output projection with its residual, and the SwiGLU MLP with its residual,
 //! for every sequence of a step at once.
@@ -14,11 +15,42 @@ use crate::kernels::Kernels;
 use crate::quantized::QuantizedWeight;
 use crate::sys::{self, Handle, ffi};
 
+/// The q, k and v projections of a fused layer.
+#[derive(Clone, Copy)]
+pub(crate) enum Qkv<'a> {
+    /// One matrix, `[(heads + 2·kv_heads)·head_dim, hidden]`: one matmul.
+    Stacked(&'a QuantizedWeight),
+    /// Three matrices (`[heads·head_dim, hidden]`, `[kv_heads·head_dim, hidden]` twice) whose
+    /// layouts differ (a Q4_K q and k beside a Q6_K v): three matmuls into the same rows.
+    Split(
+        &'a QuantizedWeight,
+        &'a QuantizedWeight,
+        &'a QuantizedWeight,
+    ),
+}
+
+impl<'a> Qkv<'a> {
+    /// The stacked matrix, or q's.
+    fn first(self) -> &'a QuantizedWeight {
+        match self {
+            Self::Stacked(w) | Self::Split(w, _, _) => w,
+        }
+    }
+
+    /// Every matrix, stacked or q, k, v.
+    pub fn all(self) -> Vec<&'a QuantizedWeight> {
+        match self {
+            Self::Stacked(w) => vec![w],
+            Self::Split(q, k, v) => vec![q, k, v],
+        }
+    }
+}
+
 /// A layer's tensors, all f32 except the packed weights.
 pub(crate) struct LayerTensors<'a> {
     pub input_norm: &'a Array,
-    /// q, k and v stacked (`[(heads + 2·kv_heads)·head_dim, hidden]`).
-    pub qkv: &'a QuantizedWeight,
+    /// q, k and v: stacked, or separate.
+    pub qkv: Qkv<'a>,
     /// The q, k and v biases stacked as the rows of `qkv` (f32), when the model has them.
     pub qkv_bias: Option<&'a Array>,
     pub o: &'a QuantizedWeight,
@@ -82,12 +114,13 @@ pub(crate) fn decoder_layer(
     seqs: &[LayerSeq<'_>],
     kernels: &Kernels,
 ) -> Result<Array> {
+    let first = t.qkv.first();
     let mut tensors = vec![
         x,
         t.input_norm,
-        &t.qkv.weight,
-        &t.qkv.scales,
-        &t.qkv.biases,
+        &first.weight,
+        &first.scales,
+        &first.biases,
         &t.o.weight,
         &t.o.scales,
         &t.o.biases,
@@ -109,7 +142,14 @@ pub(crate) fn decoder_layer(
     if let Some(bias) = t.qkv_bias {
         tensors.push(bias);
     }
-    let quant = [t.qkv, t.o, t.gate_up, t.down]
+    let mut weights = vec![first, t.o, t.gate_up, t.down];
+    if let Qkv::Split(_, k, v) = t.qkv {
+        tensors.extend([
+            &k.weight, &k.scales, &k.biases, &v.weight, &v.scales, &v.biases,
+        ]);
+        weights.extend([k, v]);
+    }
+    let quant = weights
         .iter()
         .flat_map(|w| [w.group_size, w.bits, i32::from(w.int8)])
         .collect::<Vec<_>>();
@@ -132,6 +172,7 @@ pub(crate) fn decoder_layer(
         i32::from(t.gelu),
         shape.rotary,
         i32::from(t.qkv_bias.is_some()),
+        i32::from(matches!(t.qkv, Qkv::Split(..))),
     ];
     let mut spans = Vec::with_capacity(2 * seqs.len());
     for s in seqs {

@@ -23,7 +23,7 @@ use crate::fast::{
 };
 use crate::kernels::{Activations, KernelBackend, Kernels};
 use crate::kv_cache::KvCache;
-use crate::layer::{LayerSeq, LayerShape, LayerTensors, decoder_layer};
+use crate::layer::{LayerSeq, LayerShape, LayerTensors, Qkv, decoder_layer};
 use crate::quantized::{Epilogue, QuantizedWeight};
 
 /// A linear layer, dense or affine-quantized, with an optional bias.
@@ -236,7 +236,21 @@ impl Layer {
         inv_freq: &'a Array,
         features: LayerFeatures,
     ) -> Option<LayerTensors<'a>> {
-        let qkv = self.qkv.as_ref()?;
+        let qkv = match (&self.qkv, &self.q, &self.k, &self.v) {
+            (Some(stacked), ..) => Qkv::Stacked(stacked),
+            // Quantized differently (llama.cpp's K-quant presets keep some v in Q6_K beside a
+            // Q4_K q and k): three matmuls in the node. Their biases, if any, are stacked too.
+            (
+                None,
+                Linear::Quantized {
+                    weight: q,
+                    bias: bq,
+                },
+                Linear::Quantized { weight: k, .. },
+                Linear::Quantized { weight: v, .. },
+            ) if bq.is_none() || self.qkv_bias.is_some() => Qkv::Split(q, k, v),
+            _ => return None,
+        };
         let GateUp::Stacked(gate_up) = &self.gate_up else {
             return None;
         };
@@ -254,8 +268,9 @@ impl Layer {
         else {
             return None;
         };
-        [qkv, gate_up, o, down]
-            .iter()
+        qkv.all()
+            .into_iter()
+            .chain([gate_up, o, down])
             .all(|w| w.native_layout())
             .then_some(LayerTensors {
                 input_norm: &self.input_norm,
@@ -355,7 +370,9 @@ impl LlamaModel {
                 let q = loader.linear(&format!("{p}.self_attn.q_proj"), qkv_bias)?;
                 let k = loader.linear(&format!("{p}.self_attn.k_proj"), qkv_bias)?;
                 let v = loader.linear(&format!("{p}.self_attn.v_proj"), qkv_bias)?;
-                // Stacked when all three are quantized alike, with biases on all three or none.
+                // Stacked when all three are quantized alike, with biases on all three or none;
+                // the biases are stacked whenever the weights are quantized (the fused layer
+                // takes q, k and v separately when their layouts differ).
                 let (qkv, qkv_bias) = match (&q, &k, &v) {
                     (
                         Linear::Quantized {
@@ -383,6 +400,7 @@ impl LlamaModel {
                         };
                         match (QuantizedWeight::concat_rows(&[wq, wk, wv]), bias) {
                             (Ok(w), Ok(b)) => (Some(w), b),
+                            (Err(_), Ok(b)) => (None, b),
                             _ => (None, None),
                         }
                     }
@@ -816,21 +834,40 @@ impl LlamaModel {
             c.num_key_value_heads as i32,
             c.head_dim as i32,
         );
-        let projections = match &layer.qkv {
-            Some(stacked) => {
-                let y = stacked.linear_normed_then(
+        let stacked_bias = |y: Array| match &layer.qkv_bias {
+            Some(bias) => y.add(bias),
+            None => Ok(y),
+        };
+        let projections = match (&layer.qkv, &layer.q, &layer.k, &layer.v) {
+            (Some(stacked), ..) => {
+                Projections::Stacked(stacked_bias(stacked.linear_normed_then(
                     &x,
                     &layer.input_norm,
                     c.rms_norm_eps,
                     kn,
                     Epilogue::None,
-                )?;
-                Projections::Stacked(match &layer.qkv_bias {
-                    Some(bias) => y.add(bias)?,
-                    None => y,
-                })
+                )?)?)
             }
-            None => {
+            // Quantized differently (not stacked): the fused layer's arithmetic, three matmuls
+            // side by side then the stacked path, so that the per-op graph gives its bits.
+            (
+                None,
+                Linear::Quantized {
+                    weight: q,
+                    bias: bq,
+                },
+                Linear::Quantized { weight: k, .. },
+                Linear::Quantized { weight: v, .. },
+            ) if kn.backend == KernelBackend::Native
+                && (bq.is_none() || layer.qkv_bias.is_some()) =>
+            {
+                let part = |w: &QuantizedWeight| {
+                    w.linear_normed_then(&x, &layer.input_norm, c.rms_norm_eps, kn, Epilogue::None)
+                };
+                let y = Array::concatenate(&[&part(q)?, &part(k)?, &part(v)?], 1)?;
+                Projections::Stacked(stacked_bias(y)?)
+            }
+            _ => {
                 let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
                 Projections::Separate(
                     layer.q.forward(&h, kn)?,

@@ -4,7 +4,8 @@
 // grows with the batch (RoPE, cache writes and attention are per sequence): ~10 nodes per layer
 // for one sequence, ~50 for eight. This primitive runs the layer in one dispatched task:
 //
-//   h = rms_norm(x); qkv = h·Wqkvᵀ [+ the q/k/v biases]; [per-head RMSNorm of q and k;] RoPE(q, k) per sequence at
+//   h = rms_norm(x); qkv = h·Wqkvᵀ (or h·Wqᵀ, h·Wkᵀ, h·Wvᵀ side by side when their layouts
+//   differ) [+ the q/k/v biases]; [per-head RMSNorm of q and k;] RoPE(q, k) per sequence at
 //   its positions [unless the layer has none]; k, v written into that sequence's cache in place;
 //   attention over the cache [within the layer's sliding window, soft-capped]; x1 = x + att·Woᵀ
 //   [Gemma: x + rms_norm(att·Woᵀ)]; out = x1 + swiglu(rms_norm(x1)·Wguᵀ)·Wdownᵀ [Gemma: GeGLU,
@@ -53,7 +54,8 @@ enum Input : int {
   kInvFreq,
   // Then, with a q/k norm, its two weights ([head_dim] each); with sandwich norms, the
   // post-attention and post-MLP norms ([hidden] each); with q/k/v biases, the three stacked
-  // ([(heads + 2 kv_heads) head_dim]); then the caches.
+  // ([(heads + 2 kv_heads) head_dim]); with q, k and v split (kQkv* then hold q), k's and v's
+  // weight, scales and biases; then the caches.
 };
 
 // A quantized matrix's layout.
@@ -65,14 +67,16 @@ struct Quant {
 struct Dims {
   int hidden, heads, kv_heads, head_dim, intermediate;
   bool qk_norm, rope, sandwich, gelu, qkv_bias;
+  bool split_qkv;  // q, k and v as three matrices (their layouts differ)
   int rotary;  // leading features of each head RoPE rotates (head_dim unless partial)
   float rope_mscale;  // factor on the rotated features (LongRoPE's attention factor)
   int window;  // 0: none
   float softcap;  // 0: none
-  int q_norm, post_norms, bias;  // input indices of the optional weights
+  int q_norm, post_norms, bias, split;  // input indices of the optional weights
   int first_cache;  // input index of the first cache
   float eps, scale, rope_scale;
-  Quant qkv, o, gate_up, down;
+  Quant qkv, o, gate_up, down;  // qkv: the stacked matrix, or q's when split
+  Quant k, v;                    // when split
 };
 
 // One sequence of the step: its rows of x, the cache position of the first, its caches.
@@ -169,11 +173,13 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
                           dims_.sandwich ? inputs[dims_.post_norms + 1].data<float>() : nullptr,
                       bqkv = dims_.qkv_bias ? inputs[dims_.bias].data<float>() : nullptr,
                       wqkv = weights(kQkvW),
+                      wk = dims_.split_qkv ? weights(dims_.split) : Weights{},
+                      wv = dims_.split_qkv ? weights(dims_.split + 3) : Weights{},
                       wo = weights(kOW), wgu = weights(kGuW), wdown = weights(kDownW),
                       y = out.data<float>(), T = static_cast<int>(inputs[kX].shape(0)),
                       isa = std::min(isa_, kernels::best_isa()), threads = threads_]() {
       run(d, seqs, x, in_norm, post_norm, inv_freq, q_norm, k_norm, post_attn, post_ff, bqkv, wqkv,
-          wo, wgu, wdown, y, T, isa, threads);
+          wk, wv, wo, wgu, wdown, y, T, isa, threads);
     });
   }
 
@@ -196,13 +202,14 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
   static void run(const Dims& d, const std::vector<Seq>& seqs, const float* x,
                   const float* in_norm, const float* post_norm, const float* inv_freq,
                   const float* q_norm, const float* k_norm, const float* post_attn,
-                  const float* post_ff, const float* bqkv, const Weights& wqkv, const Weights& wo,
+                  const float* post_ff, const float* bqkv, const Weights& wqkv,
+                  const Weights& wk, const Weights& wv, const Weights& wo,
                   const Weights& wgu,
                   const Weights& wdown, float* y, int T, Isa isa, int threads) {
     const int D = d.head_dim, H = d.heads, KV = d.kv_heads, hidden = d.hidden;
     const int C = (H + 2 * KV) * D;
     const int F = d.intermediate;
-    static thread_local std::vector<float> b_h, b_qkv, b_att, b_x1, b_gu;
+    static thread_local std::vector<float> b_h, b_qkv, b_att, b_x1, b_gu, b_split;
     float* h = grow(b_h, static_cast<size_t>(T) * std::max(hidden, F));
     float* qkv = grow(b_qkv, static_cast<size_t>(T) * C);
     float* att = grow(b_att, static_cast<size_t>(T) * H * D);
@@ -211,7 +218,25 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     float* g = h;  // h is free again once gate/up have read it
 
     kernels::rms_norm_rows(x, T, hidden, in_norm, d.eps, h);
-    matmul(h, wqkv, d.qkv, T, C, hidden, qkv, isa, threads);
+    if (d.split_qkv) {
+      // Three matmuls, each into its own rows, then interleaved as the stacked one writes them
+      // (the same kernels on the same rows: the same numbers as three separate projections).
+      const int QN = H * D, KN = KV * D;
+      float* q_out = grow(b_split, static_cast<size_t>(T) * (QN + 2 * KN));
+      float* k_out = q_out + static_cast<int64_t>(T) * QN;
+      float* v_out = k_out + static_cast<int64_t>(T) * KN;
+      matmul(h, wqkv, d.qkv, T, QN, hidden, q_out, isa, threads);
+      matmul(h, wk, d.k, T, KN, hidden, k_out, isa, threads);
+      matmul(h, wv, d.v, T, KN, hidden, v_out, isa, threads);
+      for (int t = 0; t < T; ++t) {
+        float* r = qkv + static_cast<int64_t>(t) * C;
+        std::memcpy(r, q_out + static_cast<int64_t>(t) * QN, sizeof(float) * QN);
+        std::memcpy(r + QN, k_out + static_cast<int64_t>(t) * KN, sizeof(float) * KN);
+        std::memcpy(r + QN + KN, v_out + static_cast<int64_t>(t) * KN, sizeof(float) * KN);
+      }
+    } else {
+      matmul(h, wqkv, d.qkv, T, C, hidden, qkv, isa, threads);
+    }
     // The biases, added as the per-op graph adds them (one rounding per element).
     if (bqkv != nullptr) {
       for (int t = 0; t < T; ++t) {
@@ -359,11 +384,14 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
                                                rust::Slice<const int32_t> seqs, float eps,
                                                float scale, float rope_scale, float rope_mscale,
                                                float softcap, uint8_t isa, int32_t threads) {
-  if (dims.size() != 12)
+  if (dims.size() != 13)
     refuse(
         "dims must be hidden, heads, kv_heads, head_dim, intermediate, qk_norm, rope, window, "
-        "sandwich, gelu, rotary, qkv_bias");
-  if (quant.size() != 12) refuse("quant must be (group, bits, int8) for qkv, o, gate/up, down");
+        "sandwich, gelu, rotary, qkv_bias, split_qkv");
+  const bool split_qkv = dims[12] != 0;
+  if (quant.size() != (split_qkv ? 18u : 12u))
+    refuse(split_qkv ? "quant must be (group, bits, int8) for q, o, gate/up, down, k, v"
+                     : "quant must be (group, bits, int8) for qkv, o, gate/up, down");
   if (isa > static_cast<uint8_t>(Isa::Avx512)) refuse("unknown ISA code " + std::to_string(isa));
   std::vector<mx::array> inputs(tensors.items.begin(), tensors.items.end());
   Dims d{};
@@ -379,6 +407,7 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
   d.gelu = dims[9] != 0;
   d.rotary = dims[10];
   d.qkv_bias = dims[11] != 0;
+  d.split_qkv = split_qkv;
   d.rope_mscale = rope_mscale;
   if (d.rotary < 2 || d.rotary % 2 != 0 || d.rotary > dims[3])
     refuse("the rotary width must be even, at least 2 and at most head_dim");
@@ -388,7 +417,8 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
   d.q_norm = kInvFreq + 1;
   d.post_norms = d.q_norm + (d.qk_norm ? 2 : 0);
   d.bias = d.post_norms + (d.sandwich ? 2 : 0);
-  d.first_cache = d.bias + (d.qkv_bias ? 1 : 0);
+  d.split = d.bias + (d.qkv_bias ? 1 : 0);
+  d.first_cache = d.split + (d.split_qkv ? 6 : 0);
   if (static_cast<int>(inputs.size()) != d.first_cache)
     refuse("expected " + std::to_string(d.first_cache) + " tensors, got " +
            std::to_string(inputs.size()));
@@ -414,8 +444,15 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
     check_float(inputs[d.post_norms + 1], {d.hidden}, "the post-MLP norm");
   }
   if (d.qkv_bias) check_float(inputs[d.bias], {(H + 2 * KV) * D}, "the q/k/v biases");
-  d.qkv = check_quantized(inputs, kQkvW, (H + 2 * KV) * D, d.hidden, quant[0], quant[1], quant[2],
-                          "qkv");
+  if (d.split_qkv) {
+    d.qkv = check_quantized(inputs, kQkvW, H * D, d.hidden, quant[0], quant[1], quant[2], "q");
+    d.k = check_quantized(inputs, d.split, KV * D, d.hidden, quant[12], quant[13], quant[14], "k");
+    d.v = check_quantized(inputs, d.split + 3, KV * D, d.hidden, quant[15], quant[16], quant[17],
+                          "v");
+  } else {
+    d.qkv = check_quantized(inputs, kQkvW, (H + 2 * KV) * D, d.hidden, quant[0], quant[1],
+                            quant[2], "qkv");
+  }
   d.o = check_quantized(inputs, kOW, d.hidden, H * D, quant[3], quant[4], quant[5], "o");
   d.gate_up =
       check_quantized(inputs, kGuW, 2 * d.intermediate, d.hidden, quant[6], quant[7],

@@ -53,6 +53,9 @@ struct Variant {
     gemma: Option<u8>,
     /// Phi-3: fused `qkv_proj`/`gate_up_proj` in the file, half the head rotated, LongRoPE.
     phi3: bool,
+    /// v stored otherwise than q and k (llama.cpp's Q4_K_M keeps v in Q6_K beside Q4_K q and k):
+    /// a per-module entry in the config's `quantization`.
+    v_storage: Option<Storage>,
 }
 
 /// Phi-3 variants: the rotated features, the positions, and the LongRoPE factors (one per pair).
@@ -88,6 +91,7 @@ const PLAIN: Variant = Variant {
     window: None,
     gemma: None,
     phi3: false,
+    v_storage: None,
 };
 
 /// Llama 3 scaling parameters used by the `llama3_rope` variants.
@@ -188,8 +192,13 @@ impl Builder {
     /// A `[rows, cols]` matrix in the variant's storage; the reference gets the exact values the
     /// file encodes (rounded, or dequantized with mlxcel-model's reference dequantizer).
     fn matrix(&mut self, module: &str, rows: usize, cols: usize) {
+        self.matrix_stored(module, rows, cols, self.variant.storage);
+    }
+
+    /// [`Builder::matrix`] in a given storage.
+    fn matrix_stored(&mut self, module: &str, rows: usize, cols: usize, storage: Storage) {
         let values = self.random(rows * cols, 1.0);
-        match self.variant.storage {
+        match storage {
             Storage::Quantized {
                 bits,
                 group_size,
@@ -297,10 +306,11 @@ fn write_tiny(variant: Variant, seed: u64) -> Tiny {
                 KV_HEADS * HEAD_DIM,
                 HIDDEN,
             );
-            b.matrix(
+            b.matrix_stored(
                 &format!("{p}.self_attn.v_proj"),
                 KV_HEADS * HEAD_DIM,
                 HIDDEN,
+                variant.v_storage.unwrap_or(variant.storage),
             );
         }
         b.matrix(&format!("{p}.self_attn.o_proj"), HIDDEN, HEADS * HEAD_DIM);
@@ -438,7 +448,18 @@ fn write_config(dir: &Path, variant: Variant) {
     } = variant.storage
     {
         config["quantization"] = serde_json::json!({"bits": bits, "group_size": group_size});
-        if group_size == 16 {
+        let mut group16 = group_size == 16;
+        if let Some(Storage::Quantized {
+            bits, group_size, ..
+        }) = variant.v_storage
+        {
+            for layer in 0..LAYERS {
+                config["quantization"][format!("model.layers.{layer}.self_attn.v_proj")] =
+                    serde_json::json!({"bits": bits, "group_size": group_size});
+            }
+            group16 |= group_size == 16;
+        }
+        if group16 {
             // Groups of 16 (GGUF Q6_K/Q3_K/Q2_K) are mlxcel's extension of MLX's format.
             config["quantization"]["mode"] = serde_json::json!(mlxcel_model::GROUP16_AFFINE_MODE);
         }
@@ -1094,7 +1115,7 @@ fn batched_decode_of_four_sequences_matches_each_alone() {
 /// tokens of other sequences and that grow the caches past a [`KV_CHUNK`] boundary.
 #[test]
 fn fused_layers_match_the_per_op_graph_across_cache_growth() {
-    let tiny = write_tiny(
+    check_fused_against_per_op(
         Variant {
             storage: Storage::Quantized {
                 bits: 4,
@@ -1108,8 +1129,41 @@ fn fused_layers_match_the_per_op_graph_across_cache_growth() {
         },
         90,
     );
+}
+
+/// q and k in 4 bits (groups of 32) beside v in 8 bits (groups of 16), as a Q4_K_M GGUF converts
+/// (Q4_K and Q6_K): the fused node takes the three matrices apart instead of falling back on the
+/// per-op graph, and matches it (and, with the q/k/v biases of Qwen2, the reference).
+#[test]
+fn fused_layers_take_q_k_and_v_quantized_differently() {
+    let variant = Variant {
+        storage: Storage::Quantized {
+            bits: 4,
+            group_size: 32,
+            f16_scales: false,
+        },
+        v_storage: Some(Storage::Quantized {
+            bits: 8,
+            group_size: 16,
+            f16_scales: false,
+        }),
+        tied: true,
+        ..PLAIN
+    };
+    check_fused_against_per_op(variant, 91);
+    let biased = Variant {
+        qwen2_biases: true,
+        ..variant
+    };
+    check_fused_against_per_op(biased, 92);
+    check_variant_on(biased, 93, Some(Kernels::native()));
+}
+
+fn check_fused_against_per_op(variant: Variant, seed: u64) {
+    let tiny = write_tiny(variant, seed);
     let checkpoint = Checkpoint::open(tiny.dir.path()).unwrap();
     let fused = LlamaModel::load_with(&checkpoint, Kernels::native()).unwrap();
+    assert_eq!(fused.execution(), "fused layers", "{variant:?}");
     let per_op = LlamaModel::load_with(
         &checkpoint,
         Kernels {
