@@ -228,18 +228,12 @@ impl Layer {
         }
     }
 
-    /// The layer's tensors for the fused decoder-layer node, when its layout allows it:
-    /// stacked q/k/v (with their biases, if any) and gate/up, and o and down, all quantized in
-    /// a layout mlxcel's kernels cover, o, gate/up and down without biases.
-    fn fused_tensors<'a>(
-        &'a self,
-        inv_freq: &'a Array,
-        features: LayerFeatures,
-    ) -> Option<LayerTensors<'a>> {
-        let qkv = match (&self.qkv, &self.q, &self.k, &self.v) {
-            (Some(stacked), ..) => Qkv::Stacked(stacked),
-            // Quantized differently (llama.cpp's K-quant presets keep some v in Q6_K beside a
-            // Q4_K q and k): three matmuls in the node. Their biases, if any, are stacked too.
+    /// q, k and v as the fused layer takes them: stacked, or three quantized matrices whose
+    /// layouts differ (llama.cpp's K-quant presets keep some v in Q6_K beside a Q4_K q and k),
+    /// their biases (if any) stacked.
+    fn qkv_matrices(&self) -> Option<Qkv<'_>> {
+        match (&self.qkv, &self.q, &self.k, &self.v) {
+            (Some(stacked), ..) => Some(Qkv::Stacked(stacked)),
             (
                 None,
                 Linear::Quantized {
@@ -248,9 +242,20 @@ impl Layer {
                 },
                 Linear::Quantized { weight: k, .. },
                 Linear::Quantized { weight: v, .. },
-            ) if bq.is_none() || self.qkv_bias.is_some() => Qkv::Split(q, k, v),
-            _ => return None,
-        };
+            ) if bq.is_none() || self.qkv_bias.is_some() => Some(Qkv::Split(q, k, v)),
+            _ => None,
+        }
+    }
+
+    /// The layer's tensors for the fused decoder-layer node, when its layout allows it:
+    /// stacked q/k/v (with their biases, if any) and gate/up, and o and down, all quantized in
+    /// a layout mlxcel's kernels cover, o, gate/up and down without biases.
+    fn fused_tensors<'a>(
+        &'a self,
+        inv_freq: &'a Array,
+        features: LayerFeatures,
+    ) -> Option<LayerTensors<'a>> {
+        let qkv = self.qkv_matrices()?;
         let GateUp::Stacked(gate_up) = &self.gate_up else {
             return None;
         };
@@ -838,33 +843,15 @@ impl LlamaModel {
             Some(bias) => y.add(bias),
             None => Ok(y),
         };
-        let projections = match (&layer.qkv, &layer.q, &layer.k, &layer.v) {
-            (Some(stacked), ..) => {
-                Projections::Stacked(stacked_bias(stacked.linear_normed_then(
-                    &x,
-                    &layer.input_norm,
-                    c.rms_norm_eps,
-                    kn,
-                    Epilogue::None,
-                )?)?)
-            }
+        let normed = |w: &QuantizedWeight| {
+            w.linear_normed_then(&x, &layer.input_norm, c.rms_norm_eps, kn, Epilogue::None)
+        };
+        let projections = match layer.qkv_matrices() {
+            Some(Qkv::Stacked(stacked)) => Projections::Stacked(stacked_bias(normed(stacked)?)?),
             // Quantized differently (not stacked): the fused layer's arithmetic, three matmuls
             // side by side then the stacked path, so that the per-op graph gives its bits.
-            (
-                None,
-                Linear::Quantized {
-                    weight: q,
-                    bias: bq,
-                },
-                Linear::Quantized { weight: k, .. },
-                Linear::Quantized { weight: v, .. },
-            ) if kn.backend == KernelBackend::Native
-                && (bq.is_none() || layer.qkv_bias.is_some()) =>
-            {
-                let part = |w: &QuantizedWeight| {
-                    w.linear_normed_then(&x, &layer.input_norm, c.rms_norm_eps, kn, Epilogue::None)
-                };
-                let y = Array::concatenate(&[&part(q)?, &part(k)?, &part(v)?], 1)?;
+            Some(Qkv::Split(q, k, v)) if kn.backend == KernelBackend::Native => {
+                let y = Array::concatenate(&[&normed(q)?, &normed(k)?, &normed(v)?], 1)?;
                 Projections::Stacked(stacked_bias(y)?)
             }
             _ => {
