@@ -175,14 +175,7 @@ impl Embedding {
 #[derive(Debug)]
 struct Layer {
     input_norm: Array,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    /// q, k and v stacked into one matrix, when mlxcel's kernels run and they share a layout:
-    /// one matmul, then [`split_heads`] per sequence (rotating q and k), instead of three
-    /// matmuls and eleven shape and RoPE ops. Costs a second copy of these weights (~12 MB on
-    /// the default model); the separate ones serve `MLXCEL_KERNELS=mlx`.
-    qkv: Option<QuantizedWeight>,
+    qkv: QkvWeights,
     /// The q, k and v biases stacked as `qkv`'s rows (f32; Qwen2), when `qkv` is stacked from
     /// weights with biases.
     qkv_bias: Option<Array>,
@@ -203,6 +196,18 @@ struct Layer {
     local_rope: bool,
 }
 
+/// A layer's q, k and v projections.
+#[derive(Debug)]
+enum QkvWeights {
+    /// Stacked into one matrix, when mlxcel's kernels run and they share a layout: one matmul,
+    /// then [`split_heads`] per sequence (rotating q and k), instead of three matmuls and eleven
+    /// shape and RoPE ops. The separate matrices are not kept.
+    Stacked(QuantizedWeight),
+    /// Apart: MLX's kernels (`MLXCEL_KERNELS=mlx`), dense weights, or quantized in different
+    /// layouts (the fused layer then takes them as three matrices).
+    Separate(Linear, Linear, Linear),
+}
+
 impl Layer {
     /// Every quantized weight the native kernels read, rewritten for the int8 kernels where
     /// they take its layout (separate q, k and v only when they are not stacked: the stacked
@@ -212,9 +217,9 @@ impl Layer {
             linear.interleave_int8()?;
         }
         match &mut self.qkv {
-            Some(qkv) => interleave_in_place(qkv)?,
-            None => {
-                for linear in [&mut self.q, &mut self.k, &mut self.v] {
+            QkvWeights::Stacked(qkv) => interleave_in_place(qkv)?,
+            QkvWeights::Separate(q, k, v) => {
+                for linear in [q, k, v] {
                     linear.interleave_int8()?;
                 }
             }
@@ -232,10 +237,9 @@ impl Layer {
     /// layouts differ (llama.cpp's K-quant presets keep some v in Q6_K beside a Q4_K q and k),
     /// their biases (if any) stacked.
     fn qkv_matrices(&self) -> Option<Qkv<'_>> {
-        match (&self.qkv, &self.q, &self.k, &self.v) {
-            (Some(stacked), ..) => Some(Qkv::Stacked(stacked)),
-            (
-                None,
+        match &self.qkv {
+            QkvWeights::Stacked(stacked) => Some(Qkv::Stacked(stacked)),
+            QkvWeights::Separate(
                 Linear::Quantized {
                     weight: q,
                     bias: bq,
@@ -243,7 +247,7 @@ impl Layer {
                 Linear::Quantized { weight: k, .. },
                 Linear::Quantized { weight: v, .. },
             ) if bq.is_none() || self.qkv_bias.is_some() => Some(Qkv::Split(q, k, v)),
-            _ => None,
+            QkvWeights::Separate(..) => None,
         }
     }
 
@@ -404,12 +408,12 @@ impl LlamaModel {
                             }),
                         };
                         match (QuantizedWeight::concat_rows(&[wq, wk, wv]), bias) {
-                            (Ok(w), Ok(b)) => (Some(w), b),
-                            (Err(_), Ok(b)) => (None, b),
-                            _ => (None, None),
+                            (Ok(w), Ok(b)) => (QkvWeights::Stacked(w), b),
+                            (Err(_), Ok(b)) => (QkvWeights::Separate(q, k, v), b),
+                            _ => (QkvWeights::Separate(q, k, v), None),
                         }
                     }
-                    _ => (None, None),
+                    _ => (QkvWeights::Separate(q, k, v), None),
                 };
                 let (post_norm, sandwich) = if config.sandwich_norms {
                     (
@@ -427,9 +431,6 @@ impl LlamaModel {
                 };
                 Ok(Layer {
                     input_norm: loader.norm(&format!("{p}.input_layernorm.weight"))?,
-                    q,
-                    k,
-                    v,
                     qkv,
                     qkv_bias,
                     o: loader
@@ -541,11 +542,16 @@ impl LlamaModel {
             if let Some((q, k)) = &layer.qk_norm {
                 arrays.extend([q, k]);
             }
-            for linear in [&layer.q, &layer.k, &layer.v, &layer.o, &layer.down] {
+            for linear in [&layer.o, &layer.down] {
                 linear_arrays(linear, &mut arrays);
             }
-            if let Some(w) = &layer.qkv {
-                arrays.extend([&w.weight, &w.scales, &w.biases]);
+            match &layer.qkv {
+                QkvWeights::Stacked(w) => arrays.extend([&w.weight, &w.scales, &w.biases]),
+                QkvWeights::Separate(q, k, v) => {
+                    for linear in [q, k, v] {
+                        linear_arrays(linear, &mut arrays);
+                    }
+                }
             }
             arrays.extend(&layer.qkv_bias);
             match &layer.gate_up {
@@ -846,21 +852,19 @@ impl LlamaModel {
         let normed = |w: &QuantizedWeight| {
             w.linear_normed_then(&x, &layer.input_norm, c.rms_norm_eps, kn, Epilogue::None)
         };
-        let projections = match layer.qkv_matrices() {
-            Some(Qkv::Stacked(stacked)) => Projections::Stacked(stacked_bias(normed(stacked)?)?),
+        let projections = match (&layer.qkv, layer.qkv_matrices()) {
+            (QkvWeights::Stacked(stacked), _) => {
+                Projections::Stacked(stacked_bias(normed(stacked)?)?)
+            }
             // Quantized differently (not stacked): the fused layer's arithmetic, three matmuls
             // side by side then the stacked path, so that the per-op graph gives its bits.
-            Some(Qkv::Split(q, k, v)) if kn.backend == KernelBackend::Native => {
+            (_, Some(Qkv::Split(q, k, v))) if kn.backend == KernelBackend::Native => {
                 let y = Array::concatenate(&[&normed(q)?, &normed(k)?, &normed(v)?], 1)?;
                 Projections::Stacked(stacked_bias(y)?)
             }
-            _ => {
+            (QkvWeights::Separate(q, k, v), _) => {
                 let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
-                Projections::Separate(
-                    layer.q.forward(&h, kn)?,
-                    layer.k.forward(&h, kn)?,
-                    layer.v.forward(&h, kn)?,
-                )
+                Projections::Separate(q.forward(&h, kn)?, k.forward(&h, kn)?, v.forward(&h, kn)?)
             }
         };
         let mut outputs = Vec::with_capacity(seqs.len());
