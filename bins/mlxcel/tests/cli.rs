@@ -493,12 +493,19 @@ mod crash_safe_cache {
             .unwrap()
     }
 
-    /// Every file under `dir`, by path relative to it.
+    /// Every file under `dir`, by path relative to it. A directory that vanishes while it is
+    /// walked (a running `pull` renames or sweeps its partial entries; the stage probes walk the
+    /// cache under it) is skipped: once no process runs, a missing file fails the comparison.
     fn files(dir: &Path) -> Vec<PathBuf> {
         let mut out = Vec::new();
         let mut stack = vec![dir.to_owned()];
         while let Some(d) = stack.pop() {
-            for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let entries = match std::fs::read_dir(&d) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => panic!("{}: {e}", d.display()),
+            };
+            for entry in entries.flatten() {
                 let path = entry.path();
                 if path.is_dir() {
                     stack.push(path);
