@@ -377,13 +377,11 @@ impl Detokenizer<'_> {
     fn emit_settled(&mut self, prefix: &str, full: &str) -> Result<Option<String>> {
         let tok = &*self.tokenizer;
         let last = self.window.len().saturating_sub(3);
-        for cut in (self.read_offset + 1..=last).rev() {
+        // The cut just before the last three tokens, or up to three earlier.
+        for cut in (self.read_offset + 1..=last).rev().take(4) {
             let settled = tok.decode(&self.window[self.prefix_offset..cut], self.skip_special)?;
             if settled.len() > prefix.len() && full.starts_with(&settled) {
                 return Ok(Some(self.emit(prefix, &settled, cut)));
-            }
-            if last - cut >= 3 {
-                break;
             }
         }
         Ok(None)
