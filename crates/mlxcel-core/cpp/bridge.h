@@ -155,10 +155,16 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
                                                float scale, float rope_scale, float rope_mscale,
                                                float softcap, uint8_t isa, int32_t threads);
 // A quantized weight rewritten for the int8-activation kernels (kernels/qmatmul.h): the same
-// shapes and dtypes, interleaved 16 output rows at a time.
+// shapes and dtypes, interleaved 16 output rows at a time; with `compact`, 8-bit codes that fit
+// in 5 or 6 bits take that many, and f32 scales and biases that factor exactly are stored
+// factored (uint8 buffers).
 std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& scales,
                                            const MlxArray& biases, int32_t group_size,
-                                           int32_t bits);
+                                           int32_t bits, bool compact);
+// Rows `ids` (uint32, any shape) of an int8-layout weight, dequantized to f32 [ids..., K].
+std::unique_ptr<MlxArray> int8_rows(const MlxArray& ids, const MlxArray& w,
+                                    const MlxArray& scales, const MlxArray& biases,
+                                    int32_t group_size, int32_t bits);
 bool kernels_has_vnni();
 uint8_t kernels_best_isa();
 int32_t kernels_available_cores();

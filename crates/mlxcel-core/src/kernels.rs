@@ -55,6 +55,30 @@ impl Isa {
 /// What the quantized matmuls multiply the weights with (one type, shared with the engine).
 pub use mlxcel_model::Activations;
 
+/// How weights are stored for the int8-activation kernels (`MLXCEL_INT8_LAYOUT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Int8Layout {
+    /// The checkpoint's codes and scales, interleaved: every path, AVX-512 VNNI included.
+    Wide,
+    /// 8-bit codes that fit in 5 or 6 bits stored in that many, and f32 scales that factor
+    /// exactly stored as a per-256-value f32 times an int8 per group (GGUF K-quants and Q5
+    /// types at close to their file size; the same bits). Read by the AVX2 and scalar kernels
+    /// (AVX-512 CPUs run the AVX2 one for these weights).
+    Compact,
+}
+
+impl Int8Layout {
+    /// Compact where the int8 kernel is the AVX2 one anyway (no AVX-512 VNNI), wide otherwise
+    /// (the VNNI kernel reads the wide layout only).
+    pub fn for_this_cpu() -> Int8Layout {
+        if has_vnni() {
+            Int8Layout::Wide
+        } else {
+            Int8Layout::Compact
+        }
+    }
+}
+
 /// Which kernels run, on which path, with how many threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kernels {
@@ -69,6 +93,8 @@ pub struct Kernels {
     pub fused_layers: bool,
     /// f32 or int8 activations in the quantized matmuls (native kernels only).
     pub activations: Activations,
+    /// How weights are stored for int8 activations (unused with f32 activations).
+    pub int8_layout: Int8Layout,
 }
 
 impl Kernels {
@@ -80,12 +106,14 @@ impl Kernels {
             threads: available_cores(),
             fused_layers: true,
             activations: Activations::F32,
+            int8_layout: Int8Layout::for_this_cpu(),
         }
     }
 
     /// From `MLXCEL_KERNELS` (`native` or `mlx`), `MLXCEL_KERNEL_ISA` (`avx512`, `avx2` or
     /// `scalar`), `MLXCEL_THREADS` (a positive integer), `MLXCEL_FUSED_LAYERS` (`on` or
-    /// `off`) and `MLXCEL_ACTIVATIONS` (`f32` or `int8`); unset means [`Kernels::native`].
+    /// `off`), `MLXCEL_ACTIVATIONS` (`f32` or `int8`) and `MLXCEL_INT8_LAYOUT` (`compact` or
+    /// `wide`); unset means [`Kernels::native`].
     pub fn from_env() -> Result<Kernels> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -130,6 +158,13 @@ impl Kernels {
                 "f32" => Activations::F32,
                 "int8" => Activations::Int8,
                 _ => return Err(invalid("MLXCEL_ACTIVATIONS", &value, "f32 or int8")),
+            };
+        }
+        if let Some(value) = lookup("MLXCEL_INT8_LAYOUT") {
+            kernels.int8_layout = match value.as_str() {
+                "compact" => Int8Layout::Compact,
+                "wide" => Int8Layout::Wide,
+                _ => return Err(invalid("MLXCEL_INT8_LAYOUT", &value, "compact or wide")),
             };
         }
         kernels.check("MLXCEL_ACTIVATIONS")?;

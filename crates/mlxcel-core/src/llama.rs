@@ -21,7 +21,7 @@ use crate::fast::{
     AttentionMask, HeadSlice, Rope, RopeFrequencies, attention_native_tokens_major, rms_norm,
     scaled_dot_product_attention, split_heads,
 };
-use crate::kernels::{Activations, KernelBackend, Kernels};
+use crate::kernels::{Activations, Int8Layout, KernelBackend, Kernels};
 use crate::kv_cache::KvCache;
 use crate::layer::{LayerSeq, LayerShape, LayerTensors, Qkv, decoder_layer};
 use crate::quantized::{Epilogue, QuantizedWeight};
@@ -65,17 +65,17 @@ impl Linear {
     }
 
     /// Rewrites a quantized weight for the int8 kernels when they take its layout.
-    fn interleave_int8(&mut self) -> Result<()> {
+    fn interleave_int8(&mut self, layout: Int8Layout) -> Result<()> {
         if let Self::Quantized { weight, .. } = self {
-            interleave_in_place(weight)?;
+            interleave_in_place(weight, layout)?;
         }
         Ok(())
     }
 }
 
-fn interleave_in_place(weight: &mut QuantizedWeight) -> Result<()> {
+fn interleave_in_place(weight: &mut QuantizedWeight, layout: Int8Layout) -> Result<()> {
     if weight.int8_capable() {
-        *weight = weight.interleave_int8()?;
+        *weight = weight.interleave_int8_as(layout)?;
     }
     Ok(())
 }
@@ -148,6 +148,8 @@ impl Embedding {
     fn lookup(&self, ids: &Array) -> Result<Array> {
         match self {
             Self::Dense(table) => table.take(ids, 0),
+            // A tied table kept in the int8 layout only (its output projection's).
+            Self::Quantized(q) if q.int8 => q.int8_rows(ids),
             Self::Quantized(q) => QuantizedWeight {
                 weight: q.weight.take(ids, 0)?,
                 // MLX dequantizes in the scales' dtype: widen the picked rows first, so that
@@ -212,23 +214,23 @@ impl Layer {
     /// Every quantized weight the native kernels read, rewritten for the int8 kernels where
     /// they take its layout (separate q, k and v only when they are not stacked: the stacked
     /// copy is what the native path reads).
-    fn interleave_int8(&mut self) -> Result<()> {
+    fn interleave_int8(&mut self, layout: Int8Layout) -> Result<()> {
         for linear in [&mut self.o, &mut self.down] {
-            linear.interleave_int8()?;
+            linear.interleave_int8(layout)?;
         }
         match &mut self.qkv {
-            QkvWeights::Stacked(qkv) => interleave_in_place(qkv)?,
+            QkvWeights::Stacked(qkv) => interleave_in_place(qkv, layout)?,
             QkvWeights::Separate(q, k, v) => {
                 for linear in [q, k, v] {
-                    linear.interleave_int8()?;
+                    linear.interleave_int8(layout)?;
                 }
             }
         }
         match &mut self.gate_up {
-            GateUp::Stacked(w) => interleave_in_place(w),
+            GateUp::Stacked(w) => interleave_in_place(w, layout),
             GateUp::Separate { gate, up } => {
-                gate.interleave_int8()?;
-                up.interleave_int8()
+                gate.interleave_int8(layout)?;
+                up.interleave_int8(layout)
             }
         }
     }
@@ -332,9 +334,6 @@ pub struct LlamaModel {
     layers: Vec<Layer>,
     norm: Array,
     lm_head: Option<Linear>,
-    /// The tied embedding's copy for the output projection when the activations are int8 (the
-    /// interleaved layout cannot serve the embedding's row lookups).
-    tied_int8: Option<QuantizedWeight>,
     rope: Rope,
     /// RoPE's inverse frequencies for [`split_heads`] (`[head_dim / 2]`).
     inv_freq: Array,
@@ -461,18 +460,19 @@ impl LlamaModel {
         } else {
             Some(loader.linear("lm_head", false)?)
         };
-        let mut tied_int8 = None;
+        let mut embed = embed;
         if kernels.activations == Activations::Int8 {
             for layer in &mut layers {
-                layer.interleave_int8()?;
+                layer.interleave_int8(kernels.int8_layout)?;
             }
             if let Some(head) = &mut lm_head {
-                head.interleave_int8()?;
+                head.interleave_int8(kernels.int8_layout)?;
             }
-            if let (None, Embedding::Quantized(table)) = (&lm_head, &embed)
+            // A tied table: one copy in the int8 layout serves the projection and the lookups.
+            if let (None, Embedding::Quantized(table)) = (&lm_head, &mut embed)
                 && table.int8_capable()
             {
-                tied_int8 = Some(table.interleave_int8()?);
+                *table = table.interleave_int8_as(kernels.int8_layout)?;
             }
         }
         let rope = rope_for(&config)?;
@@ -516,7 +516,6 @@ impl LlamaModel {
             layers,
             norm,
             lm_head,
-            tied_int8,
             rope,
             inv_freq,
             local_rope,
@@ -564,9 +563,6 @@ impl LlamaModel {
         }
         if let Some(head) = &self.lm_head {
             linear_arrays(head, &mut arrays);
-        }
-        if let Some(w) = &self.tied_int8 {
-            arrays.extend([&w.weight, &w.scales, &w.biases]);
         }
         if let Some((_, inv)) = &self.local_rope {
             arrays.push(inv);
@@ -780,10 +776,9 @@ impl LlamaModel {
                 .map(<[f32]>::to_vec)
                 .collect());
         }
-        let logits = match (&self.lm_head, &self.tied_int8) {
-            (Some(head), _) => head.forward(&last, kn)?,
-            (None, Some(projection)) => projection.linear(&last, kn)?,
-            (None, None) => self.embed.project(&last, kn)?,
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(&last, kn)?,
+            None => self.embed.project(&last, kn)?,
         }
         .astype(Dtype::F32)?;
         let logits = match self.config.final_logit_softcapping {

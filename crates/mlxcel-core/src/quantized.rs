@@ -9,7 +9,7 @@
 use crate::array::{Array, call};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::kernels::{Isa, KernelBackend, Kernels};
+use crate::kernels::{Int8Layout, Isa, KernelBackend, Kernels};
 use crate::sys::{self, Handle, ffi};
 
 /// The (weight, scales, biases) list an MLX op returns, as arrays; `op` names it in errors.
@@ -59,7 +59,8 @@ pub struct QuantizedWeight {
     pub biases: Array,
     /// Weights per group: 32, 64 or 128, or 16 (mlxcel's kernels only).
     pub group_size: i32,
-    /// Bits per weight: 4 or 8 (MLX also accepts 2, 3, 5, 6).
+    /// Bits per weight: 4 or 8 (MLX also accepts 2, 3, 5, 6); 5 or 6 in the compact int8
+    /// layout ([`QuantizedWeight::interleave_int8_as`]).
     pub bits: i32,
     /// The arrays are in the interleaved layout of mlxcel's int8-activation kernels
     /// ([`QuantizedWeight::interleave_int8`]), which only those kernels read.
@@ -102,6 +103,15 @@ impl QuantizedWeight {
     /// to int8 per row and block of 32 inside each matmul (docs/kernels.md). Only mlxcel's
     /// native matmul reads the result; MLX's ops refuse it.
     pub fn interleave_int8(&self) -> Result<QuantizedWeight> {
+        self.interleave_int8_as(Int8Layout::Wide)
+    }
+
+    /// [`QuantizedWeight::interleave_int8`] in `layout`: with [`Int8Layout::Compact`], 8-bit
+    /// codes that all fit in 5 or 6 bits are stored in that many (`bits` becomes 5 or 6), and
+    /// f32 scales and biases that factor exactly into a per-256-value f32 times an int8 per
+    /// group are stored factored (u8 buffers): what a GGUF K-quant or Q5 file holds, at close to
+    /// its size. Every product the kernels compute is the same bits either way.
+    pub fn interleave_int8_as(&self, layout: Int8Layout) -> Result<QuantizedWeight> {
         if self.int8 {
             return Err(Error::Mlx {
                 op: "interleave_int8",
@@ -115,16 +125,53 @@ impl QuantizedWeight {
                 self.biases.raw(),
                 self.group_size,
                 self.bits,
+                layout == Int8Layout::Compact,
             )
         })?;
+        // The code width chosen: the packed row's words over the input width.
+        let words = |w: &Array| w.shape().get(1).copied().unwrap_or(0);
+        let bits = if words(&self.weight) == 0 {
+            self.bits
+        } else {
+            words(&weight) * self.bits / words(&self.weight)
+        };
         Ok(QuantizedWeight {
             weight,
             scales,
             biases,
             group_size: self.group_size,
-            bits: self.bits,
+            bits,
             int8: true,
         })
+    }
+
+    /// Rows `ids` (u32, any shape) of an int8-layout weight, dequantized to f32
+    /// (`[ids..., in]`): `fl(fl(scale · q) + bias)` per value, the values
+    /// [`QuantizedWeight::dequantize`] gives for the weight before interleaving. This lets a
+    /// tied embedding table live in the int8 layout alone (its lookups and the output
+    /// projection read one copy). An id past the rows gives a row of NaN.
+    pub fn int8_rows(&self, ids: &Array) -> Result<Array> {
+        if !self.int8 {
+            return Err(Error::Mlx {
+                op: "int8_rows",
+                message: "the weight is not in the int8 layout".into(),
+            });
+        }
+        call("int8_rows", || {
+            ffi::int8_rows(
+                ids.raw(),
+                self.weight.raw(),
+                self.scales.raw(),
+                self.biases.raw(),
+                self.group_size,
+                self.bits,
+            )
+        })
+    }
+
+    /// Whether the scales and biases are stored factored ([`Int8Layout::Compact`]).
+    pub fn factored(&self) -> bool {
+        self.int8 && self.scales.dtype() == Dtype::U8
     }
 
     /// Whether only mlxcel's kernels can read this weight, whatever the chosen kernels: the int8
@@ -218,10 +265,13 @@ impl QuantizedWeight {
 
     /// Whether mlxcel's kernels cover this weight's layout (for f32 activations): 4 or 8 bits,
     /// groups of 16, 32, 64 or 128 (rows of whole 32-value chunks), scales and biases both f32
-    /// or both f16.
+    /// or both f16; in the int8 layout also 5 or 6 bits and factored scales.
     pub fn native_layout(&self) -> bool {
         let scales = self.scales.dtype();
-        matches!(self.bits, 4 | 8)
+        if self.factored() {
+            return matches!(self.bits, 4 | 5 | 6 | 8) && self.biases.dtype() == Dtype::U8;
+        }
+        (matches!(self.bits, 4 | 8) || (self.int8 && matches!(self.bits, 5 | 6)))
             && matches!(self.group_size, 16 | 32 | 64 | 128)
             && self
                 .weight

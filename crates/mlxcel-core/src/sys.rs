@@ -191,12 +191,21 @@ pub(crate) mod ffi {
             isa: u8,
             threads: i32,
         ) -> Result<UniquePtr<MlxArray>>;
+        fn int8_rows(
+            ids: &MlxArray,
+            w: &MlxArray,
+            scales: &MlxArray,
+            biases: &MlxArray,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<MlxArray>>;
         fn interleave_int8(
             w: &MlxArray,
             scales: &MlxArray,
             biases: &MlxArray,
             group_size: i32,
             bits: i32,
+            compact: bool,
         ) -> Result<UniquePtr<ArrayList>>;
         fn kernels_has_vnni() -> bool;
         fn kernels_best_isa() -> u8;

@@ -89,9 +89,9 @@ struct Seq {
 
 struct Weights {
   const uint32_t* w;
-  const void* scales;  // f32, or IEEE half when `half`
+  const void* scales;  // f32, or IEEE half when `half`, or factored (kernels/qmatmul.h)
   const void* biases;
-  bool half;
+  bool half, factored;
 };
 
 float* grow(std::vector<float>& buffer, size_t floats) {
@@ -107,6 +107,7 @@ void matmul(const float* x, const Weights& w, Quant q, int M, int N, int K, floa
   p.scales = w.scales;
   p.biases = w.biases;
   p.half = w.half;
+  p.factored = w.factored;
   p.y = y;
   p.M = M;
   p.N = N;
@@ -159,7 +160,8 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
 
     auto weights = [&](int w) {
       return Weights{inputs[w].data<uint32_t>(), inputs[w + 1].data<uint8_t>(),
-                     inputs[w + 2].data<uint8_t>(), inputs[w + 1].dtype() == mx::float16};
+                     inputs[w + 2].data<uint8_t>(), inputs[w + 1].dtype() == mx::float16,
+                     inputs[w + 1].dtype() == mx::uint8};
     };
     encoder.dispatch([d = dims_, seqs = std::move(seqs), x = inputs[kX].data<float>(),
                       in_norm = inputs[kInputNorm].data<float>(),
@@ -353,7 +355,8 @@ void check_float(const mx::array& a, const mx::Shape& shape, const char* what) {
 
 Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k, int32_t group,
                       int32_t bits, int32_t int8, const char* what) {
-  if (bits != 4 && bits != 8) refuse(std::string(what) + ": bits must be 4 or 8");
+  if (bits != 4 && bits != 8 && !(int8 != 0 && (bits == 5 || bits == 6)))
+    refuse(std::string(what) + ": bits must be 4 or 8 (5 or 6 in the int8 layout)");
   if (group != 16 && group != 32 && group != 64 && group != 128)
     refuse(std::string(what) + ": group size must be 16, 32, 64 or 128");
   if (k % group != 0 || k % 32 != 0)
@@ -366,10 +369,20 @@ Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k,
   const mx::Shape groups{n, k / group};
   const auto& scales = in[first + 1];
   const auto& biases = in[first + 2];
-  if ((scales.dtype() != mx::float32 && scales.dtype() != mx::float16) ||
-      biases.dtype() != scales.dtype() || scales.shape() != groups || biases.shape() != groups)
+  if (int8 != 0 && (scales.dtype() == mx::uint8 || biases.dtype() == mx::uint8)) {
+    // Factored (kernels/qmatmul.h).
+    const mx::Shape factored{n / kernels::kInt8TileRows,
+                             static_cast<int>(kernels::factored_tile_bytes(k, group))};
+    if (k % kernels::kSuperBlock != 0 || scales.dtype() != mx::uint8 ||
+        biases.dtype() != mx::uint8 || scales.shape() != factored || biases.shape() != factored)
+      refuse(std::string(what) + ": factored scales and biases must both be uint8 [" +
+             std::to_string(factored[0]) + ", " + std::to_string(factored[1]) + "]");
+  } else if ((scales.dtype() != mx::float32 && scales.dtype() != mx::float16) ||
+             biases.dtype() != scales.dtype() || scales.shape() != groups ||
+             biases.shape() != groups) {
     refuse(std::string(what) + ": scales and biases must both be float32 or both float16 [" +
            std::to_string(n) + ", " + std::to_string(k / group) + "]");
+  }
   if (int8 != 0 && n % kernels::kInt8TileRows != 0)
     refuse(std::string(what) + ": int8 weights need a multiple of " +
            std::to_string(kernels::kInt8TileRows) + " output rows");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -118,6 +119,7 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
     p.int8 = int8_;
     p.w = w.data<uint32_t>();
     p.half = scales.dtype() == mx::float16;
+    p.factored = scales.dtype() == mx::uint8;
     p.scales = scales.data<uint8_t>();
     p.biases = biases.data<uint8_t>();
     float* ydata = out.data<float>();
@@ -371,6 +373,73 @@ class SplitHeadsCpu : public mx::UnaryPrimitive {
   float scale_;
 };
 
+// Rows of an int8-layout weight, dequantized (the embedding lookup of a tied table that is
+// kept in that layout only).
+class Int8RowsCpu : public mx::UnaryPrimitive {
+ public:
+  Int8RowsCpu(mx::Stream stream, int group_size, int bits)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& ids = inputs[0];
+    const auto& w = inputs[1];
+    const auto& scales = inputs[2];
+    const auto& biases = inputs[3];
+    for (const auto* a : {&ids, &w, &scales, &biases}) {
+      if (!a->flags().row_contiguous)
+        throw std::runtime_error("mlxcel int8 rows: inputs must be row-contiguous");
+    }
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    kernels::QProblem p{};
+    p.N = w.shape(0);
+    p.K = static_cast<int>(static_cast<int64_t>(w.shape(1)) * 32 / bits_);
+    p.group_size = group_size_;
+    p.bits = bits_;
+    p.int8 = true;
+    p.w = w.data<uint32_t>();
+    p.half = scales.dtype() == mx::float16;
+    p.factored = scales.dtype() == mx::uint8;
+    p.scales = scales.data<uint8_t>();
+    p.biases = biases.data<uint8_t>();
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto* a : {&ids, &w, &scales, &biases}) encoder.set_input_array(*a);
+    encoder.set_output_array(out);
+    encoder.dispatch([p, ids = ids.data<uint32_t>(), count = static_cast<int>(ids.size()),
+                      y = out.data<float>()]() {
+      // An id past the table (the engine refuses such tokens before they get here) gives a
+      // row of NaN rather than another row's values.
+      for (int i = 0; i < count; ++i) {
+        float* row = y + static_cast<int64_t>(i) * p.K;
+        if (ids[i] >= static_cast<uint32_t>(p.N))
+          std::fill(row, row + p.K, std::numeric_limits<float>::quiet_NaN());
+        else
+          kernels::int8_dequantize_rows(p, ids + i, 1, row);
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mlxcel int8 rows has no GPU implementation");
+  }
+
+  const char* name() const override { return "MlxcelInt8Rows"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const Int8RowsCpu&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape.push_back(static_cast<int>(static_cast<int64_t>(inputs[1].shape(1)) * 32 / bits_));
+    return {shape};
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
 [[noreturn]] void refuse(const std::string& why) {
   throw std::invalid_argument("mlxcel quantized matmul: " + why);
 }
@@ -386,6 +455,23 @@ void check_scales(const mx::array& scales, const mx::array& biases, int n, int g
   }
 }
 
+// Scales and biases in the int8 layout: plain (as check_scales) or both factored, u8
+// [n/16, factored_tile_bytes(k, group)] (qmatmul.h).
+void check_int8_scales(const mx::array& scales, const mx::array& biases, int n, int k,
+                       int group) {
+  if (scales.dtype() != mx::uint8 && biases.dtype() != mx::uint8) {
+    check_scales(scales, biases, n, k / group);
+    return;
+  }
+  const mx::Shape shape{n / kernels::kInt8TileRows,
+                        static_cast<int>(kernels::factored_tile_bytes(k, group))};
+  if (k % kernels::kSuperBlock != 0 || kernels::kSuperBlock % group != 0 ||
+      scales.dtype() != mx::uint8 || biases.dtype() != mx::uint8 || scales.shape() != shape ||
+      biases.shape() != shape)
+    refuse("factored scales and biases must both be uint8 [" + std::to_string(shape[0]) + ", " +
+           std::to_string(shape[1]) + "] (an input width that is a multiple of 256)");
+}
+
 }  // namespace
 
 std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxArray& w,
@@ -396,7 +482,8 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
                                                   const MlxArray& norm_weight, float eps) {
   if (epilogue > static_cast<uint8_t>(Epilogue::Geglu))
     refuse("unknown epilogue code " + std::to_string(epilogue));
-  if (bits != 4 && bits != 8) refuse("bits must be 4 or 8, got " + std::to_string(bits));
+  if (bits != 4 && bits != 8 && !(int8 && (bits == 5 || bits == 6)))
+    refuse("bits must be 4 or 8 (5 or 6 in the int8 layout), got " + std::to_string(bits));
   if (group_size != 16 && group_size != 32 && group_size != 64 && group_size != 128)
     refuse("group_size must be 16, 32, 64 or 128, got " + std::to_string(group_size));
   if (isa > static_cast<uint8_t>(Isa::Avx512)) refuse("unknown ISA code " + std::to_string(isa));
@@ -412,10 +499,13 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
       static_cast<int64_t>(wa.shape(1)) * 32 / bits != k)
     refuse("x's last dimension " + std::to_string(k) + " does not match the weight's " +
            std::to_string(static_cast<int64_t>(wa.shape(1)) * 32 / bits));
-  check_scales(scales.inner, biases.inner, n, k / group_size);
   if (int8 && n % kernels::kInt8TileRows != 0)
     refuse("int8 weights need a multiple of " + std::to_string(kernels::kInt8TileRows) +
            " output rows, got " + std::to_string(n));
+  if (int8)
+    check_int8_scales(scales.inner, biases.inner, n, k, group_size);
+  else
+    check_scales(scales.inner, biases.inner, n, k / group_size);
   const auto ep = static_cast<Epilogue>(epilogue);
   auto shape = xa.shape();
   shape.back() = n;
@@ -488,7 +578,7 @@ std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_f
 
 std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& scales,
                                            const MlxArray& biases, int32_t group_size,
-                                           int32_t bits) {
+                                           int32_t bits, bool compact) {
   if (bits != 4 && bits != 8) refuse("int8 weights need 4 or 8 bits, got " + std::to_string(bits));
   if (group_size != 16 && group_size != 32 && group_size != 64 && group_size != 128)
     refuse("group_size must be 16, 32, 64 or 128, got " + std::to_string(group_size));
@@ -507,14 +597,63 @@ std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& sc
                             mx::contiguous(scales.inner, false, mlxcel_stream()),
                             mx::contiguous(biases.inner, false, mlxcel_stream())};
   mx::eval(in);
+  const bool half = in[1].dtype() == mx::float16;
+  // The compact layouts (qmatmul.h), where every value allows them.
+  const int out_bits =
+      compact && bits == 8 ? kernels::compact_code_bits(in[0].data<uint32_t>(), n, k) : bits;
   auto out = std::make_unique<ArrayList>();
-  for (const auto& a : in)
-    out->items.emplace_back(mx::allocator::malloc(a.nbytes()), a.shape(), a.dtype());
+  out->items.emplace_back(mx::allocator::malloc(static_cast<size_t>(n) * k * out_bits / 8),
+                          mx::Shape{n, k * out_bits / 32}, mx::uint32);
+  bool factored = false;
+  if (compact && !half && k % kernels::kSuperBlock == 0) {
+    const mx::Shape shape{n / kernels::kInt8TileRows,
+                          static_cast<int>(kernels::factored_tile_bytes(k, group_size))};
+    const size_t bytes = static_cast<size_t>(shape[0]) * shape[1];
+    mx::array fs(mx::allocator::malloc(bytes), shape, mx::uint8);
+    mx::array fb(mx::allocator::malloc(bytes), shape, mx::uint8);
+    factored = kernels::factor_int8_scales(in[1].data<float>(), n, k, group_size,
+                                           fs.data<uint8_t>()) &&
+               kernels::factor_int8_scales(in[2].data<float>(), n, k, group_size,
+                                           fb.data<uint8_t>());
+    if (factored) {
+      out->items.push_back(std::move(fs));
+      out->items.push_back(std::move(fb));
+    }
+  }
+  if (!factored) {
+    for (int i = 1; i < 3; ++i)
+      out->items.emplace_back(mx::allocator::malloc(in[i].nbytes()), in[i].shape(),
+                              in[i].dtype());
+  }
   kernels::interleave_int8(in[0].data<uint32_t>(), in[1].data<uint8_t>(), in[2].data<uint8_t>(),
-                           in[1].dtype() == mx::float16, n, k, group_size, bits,
-                           out->items[0].data<uint8_t>(), out->items[1].data<uint8_t>(),
-                           out->items[2].data<uint8_t>());
+                           half, n, k, group_size, bits, out_bits,
+                           out->items[0].data<uint8_t>(),
+                           factored ? nullptr : out->items[1].data<uint8_t>(),
+                           factored ? nullptr : out->items[2].data<uint8_t>());
   return out;
+}
+
+std::unique_ptr<MlxArray> int8_rows(const MlxArray& ids, const MlxArray& w,
+                                    const MlxArray& scales, const MlxArray& biases,
+                                    int32_t group_size, int32_t bits) {
+  const auto& wa = w.inner;
+  if (!kernels::int8_bits_supported(bits))
+    refuse("int8 rows: bits must be 4, 5, 6 or 8, got " + std::to_string(bits));
+  if (group_size != 16 && group_size != 32 && group_size != 64 && group_size != 128)
+    refuse("group_size must be 16, 32, 64 or 128, got " + std::to_string(group_size));
+  if (wa.dtype() != mx::uint32 || wa.ndim() != 2) refuse("weight must be a 2-D uint32 array");
+  if (ids.inner.dtype() != mx::uint32) refuse("int8 rows: ids must be uint32");
+  const int n = wa.shape(0);
+  const int k = static_cast<int>(static_cast<int64_t>(wa.shape(1)) * 32 / bits);
+  if (n % kernels::kInt8TileRows != 0 || k % group_size != 0 || k % 32 != 0)
+    refuse("int8 rows: not an int8-layout weight (rows a multiple of 16, whole groups)");
+  check_int8_scales(scales.inner, biases.inner, n, k, group_size);
+  auto shape = ids.inner.shape();
+  shape.push_back(k);
+  return wrap(mx::array(std::move(shape), mx::float32,
+                        std::make_shared<Int8RowsCpu>(mlxcel_stream(), group_size, bits),
+                        {mx::contiguous(ids.inner, false, mlxcel_stream()), wa, scales.inner,
+                         biases.inner}));
 }
 
 bool kernels_has_vnni() { return kernels::has_vnni(); }

@@ -22,6 +22,8 @@ struct QProblem {
   // The weights are in the interleaved layout of `interleave_int8` (N a multiple of
   // kInt8TileRows) and x is quantized to int8 per block of 32 inside the call (qmatmul_int8.cc).
   bool int8;
+  // (int8 only) scales and biases are factored (`factor_int8_scales`): u8 buffers, not floats.
+  bool factored;
 };
 
 // IEEE half to float, portable (the scalar path; the SIMD paths use F16C).
@@ -81,14 +83,48 @@ void avx512_gemm(const QProblem& p, const float* xprep, float* panel, int m0, in
 constexpr int kInt8TileRows = 16;
 constexpr int kInt8Block = 32;
 
-// Rewrites W (MLX layout, N a multiple of kInt8TileRows) into the interleaved layout, in buffers
-// of the same sizes: `w_out` gets tile t's bytes at t · 2·K·bits; within a tile, for 4 bits,
+// Rewrites W (MLX layout, N a multiple of kInt8TileRows) into the interleaved layout: `w_out`
+// gets tile t's bytes at t · 2·K·out_bits (same size as W when out_bits = bits); within a tile, for 4 bits,
 // 64 bytes per 8 values of K where byte 4j + b holds row j's values k + b (low nibble) and
 // k + 4 + b (high nibble); for 8 bits, 64 bytes per 4 values where byte 4j + b holds value k + b.
 // Scales and biases become [N/16, K/group_size, 16] (element size `half` ? 2 : 4 bytes).
+// `out_bits` (5 or 6 for 8-bit W whose codes fit, else `bits`) chooses the compact code layout
+// below; `scales_out`/`biases_out` may be null (the caller wrote them factored).
 void interleave_int8(const uint32_t* w, const void* scales, const void* biases, bool half, int N,
-                     int K, int group_size, int bits, uint8_t* w_out, void* scales_out,
-                     void* biases_out);
+                     int K, int group_size, int bits, int out_bits, uint8_t* w_out,
+                     void* scales_out, void* biases_out);
+
+// ---- compact int8 layouts (issue 16: K-quants read at close to their file size) ----
+//
+// Two lossless rewrites `interleave_int8` applies when asked (`compact`) and when they hold for
+// every value of the matrix; the arithmetic per output stays the one above, bit for bit.
+//
+// 5- and 6-bit codes. 8-bit weights whose codes all fit in 5 or 6 bits (GGUF Q5_0/Q5_1/Q5_K
+// and Q6_K convert to 8-bit codes below 32 or 64) are stored with `bits` 5 or 6: per tile and
+// block of 32 values (64·bits bytes), the codes' low nibbles in the 4-bit layout (256 bytes),
+// then their high bits: for 6 bits two 64-byte chunks, chunk e holding values 16e .. 16e + 15
+// with byte 4j + b carrying row j's values 16e + 4i + b in bits 2i, 2i + 1 (i = 0..3); for 5
+// bits one chunk, byte 4j + b carrying value 4i + b in bit i (i = 0..7). code = low + 16·high.
+//
+// Factored scales. f32 scales (and, separately, biases) whose every superblock of 256 values
+// along K is d · c_g for one f32 d per row and integers c_g in [−128, 127] (a K-quant's scale
+// is its f16 super-block scale times a 6- or 8-bit sub-scale) are stored as u8 buffers of
+// factored_tile_bytes per tile: per superblock, the 16 rows' d (f32), then per group of the
+// superblock the 16 rows' c (int8). The kernels compute scale = d · float(c) in f32, which is
+// the stored scale bit for bit (checked for every group when factoring).
+constexpr int kSuperBlock = 256;
+inline bool int8_bits_supported(int bits) { return bits == 4 || bits == 5 || bits == 6 || bits == 8; }
+inline int64_t factored_superblock_bytes(int group_size) {
+  return 4 * kInt8TileRows + kInt8TileRows * (kSuperBlock / group_size);
+}
+inline int64_t factored_tile_bytes(int K, int group_size) {
+  return static_cast<int64_t>(K / kSuperBlock) * factored_superblock_bytes(group_size);
+}
+// The smallest code width (5, 6 or 8) that holds every 8-bit code of W (MLX layout, [N, K]).
+int compact_code_bits(const uint32_t* w, int N, int K);
+// Factors f32 `values` ([N, K/group_size], MLX layout) into `out` (factored_tile_bytes per
+// tile). False, with `out` partly written, when some superblock has no such factoring.
+bool factor_int8_scales(const float* values, int N, int K, int group_size, uint8_t* out);
 
 // x quantized for the int8 path. Rows are kept in blocks of kInt8RowBlock, each block's values
 // four at a time row after row, so that a kernel serving up to eight rows finds every row's next
@@ -121,6 +157,15 @@ void int8_avx2(const QProblem& p, const int8_t* xq, const float* dx, const float
                const float* sh, int m0, int m1, int t0, int t1);
 void int8_avx512(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
                  const float* sh, int m0, int m1, int t0, int t1);
+
+// The int8 layout read back (the scalar reference's accessors): row n's code at k, and its
+// scale or bias (`a` is p.scales or p.biases) for group g, as f32.
+int32_t int8_code(const QProblem& p, int n, int k);
+float int8_factor(const QProblem& p, const void* a, int n, int g);
+// Rows `ids` (each < p.N) of an int8-layout weight dequantized into out[count, p.K]:
+// fl(fl(scale · q) + bias) per value, as MLX's dequantize of the original computes it (the
+// embedding lookup of a tied table kept only in this layout).
+void int8_dequantize_rows(const QProblem& p, const uint32_t* ids, int count, float* out);
 
 // Whether the CPU has AVX-512 VNNI (the int8 path's fastest form; AVX2 has its own).
 bool has_vnni();

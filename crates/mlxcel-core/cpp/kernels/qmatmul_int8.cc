@@ -22,24 +22,125 @@ float scale_at(const void* a, bool half, int64_t i) {
 
 }  // namespace
 
+int compact_code_bits(const uint32_t* w, int N, int K) {
+  uint32_t any = 0;  // the OR of every code: its highest bit bounds them all
+  const int64_t words = static_cast<int64_t>(N) * K / 4;
+  for (int64_t i = 0; i < words; ++i) any |= w[i];
+  any = (any | (any >> 8) | (any >> 16) | (any >> 24)) & 0xFFu;
+  return any < 32 ? 5 : any < 64 ? 6 : 8;
+}
+
+namespace {
+
+bool same_bits(float a, float b) {
+  uint32_t x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  return x == y;
+}
+
+// One superblock's `count` values as d · c[g] (f32 product) with c in [−128, 127]: the stored
+// values bit for bit, or false.
+bool factor_superblock(const float* v, int count, float* d_out, int8_t* c_out) {
+  int top = 0;
+  for (int g = 0; g < count; ++g) {
+    if (!std::isfinite(v[g])) return false;
+    if (std::fabs(v[g]) > std::fabs(v[top])) top = g;
+  }
+  auto fits = [&](float d) {
+    if (!std::isfinite(d)) return false;
+    for (int g = 0; g < count; ++g) {
+      const float r = std::nearbyint(v[g] / d);
+      if (!(r >= -128.0f && r <= 127.0f)) return false;
+      // The kernels multiply by the integer converted back (a −0 quotient becomes +0).
+      const auto c = static_cast<int8_t>(r);
+      if (!same_bits(d * static_cast<float>(c), v[g])) return false;
+      c_out[g] = c;
+    }
+    *d_out = d;
+    return true;
+  };
+  if (v[top] == 0.0f) return fits(1.0f) || fits(-1.0f);  // all zeros: d's sign gives theirs
+  // The largest value's multiplier: K-quants' sub-scales are 6-bit (largest 63) or 8-bit signed
+  // (largest magnitude 128, or 127); then every other one.
+  static const int kFirst[] = {63, -128, 127, -127, -63};
+  auto try_multiplier = [&](int c) {
+    if (c == 0) return false;
+    const float d = v[top] / static_cast<float>(c);
+    return fits(d) || fits(std::nextafter(d, INFINITY)) || fits(std::nextafter(d, -INFINITY));
+  };
+  for (int c : kFirst)
+    if (try_multiplier(c)) return true;
+  for (int c = 126; c >= -127; --c) {
+    bool tried = false;
+    for (int f : kFirst) tried = tried || f == c;
+    if (!tried && try_multiplier(c)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool factor_int8_scales(const float* values, int N, int K, int group_size, uint8_t* out) {
+  if (K % kSuperBlock != 0 || kSuperBlock % group_size != 0) return false;
+  const int groups = K / group_size, per = kSuperBlock / group_size;
+  const int64_t sb_bytes = factored_superblock_bytes(group_size);
+  float d;
+  int8_t c[kSuperBlock / 16];
+  for (int n = 0; n < N; ++n) {
+    const int t = n / kInt8TileRows, j = n % kInt8TileRows;
+    for (int s = 0; s < K / kSuperBlock; ++s) {
+      if (!factor_superblock(values + static_cast<int64_t>(n) * groups + s * per, per, &d, c))
+        return false;
+      uint8_t* base = out + (static_cast<int64_t>(t) * (K / kSuperBlock) + s) * sb_bytes;
+      std::memcpy(base + 4 * j, &d, 4);
+      for (int g = 0; g < per; ++g)
+        base[4 * kInt8TileRows + g * kInt8TileRows + j] = static_cast<uint8_t>(c[g]);
+    }
+  }
+  return true;
+}
+
 void interleave_int8(const uint32_t* w, const void* scales, const void* biases, bool half, int N,
-                     int K, int group_size, int bits, uint8_t* w_out, void* scales_out,
-                     void* biases_out) {
+                     int K, int group_size, int bits, int out_bits, uint8_t* w_out,
+                     void* scales_out, void* biases_out) {
   const int words = K * bits / 32;
-  const int64_t tile_bytes = static_cast<int64_t>(2) * K * bits;
-  const int per_chunk = bits == 4 ? 8 : 4;  // values of K per 64-byte chunk
-  for (int t = 0; t < N / kInt8TileRows; ++t) {
-    uint8_t* tile = w_out + t * tile_bytes;
-    for (int c = 0; c < K / per_chunk; ++c) {
-      uint8_t* chunk = tile + static_cast<int64_t>(c) * 64;
-      for (int j = 0; j < kInt8TileRows; ++j) {
-        const uint32_t* row = w + static_cast<int64_t>(t * kInt8TileRows + j) * words;
-        const int k = c * per_chunk;
-        for (int b = 0; b < 4; ++b) {
-          chunk[4 * j + b] =
-              bits == 4 ? static_cast<uint8_t>(quant_at(row, k + b, 4) |
-                                               (quant_at(row, k + 4 + b, 4) << 4))
-                        : static_cast<uint8_t>(quant_at(row, k + b, 8));
+  const int64_t tile_bytes = static_cast<int64_t>(2) * K * out_bits;
+  if (out_bits == 5 || out_bits == 6) {
+    // Per block of 32: the low nibbles in the 4-bit layout, then the high bits (qmatmul.h).
+    std::memset(w_out, 0, static_cast<size_t>(tile_bytes) * (N / kInt8TileRows));
+    for (int n = 0; n < N; ++n) {
+      const uint32_t* row = w + static_cast<int64_t>(n) * words;
+      const int t = n / kInt8TileRows, j = n % kInt8TileRows;
+      for (int k = 0; k < K; ++k) {
+        const uint32_t code = quant_at(row, k, 8);
+        uint8_t* block = w_out + t * tile_bytes + static_cast<int64_t>(k / kInt8Block) * 64 * out_bits;
+        const int i = k % kInt8Block, within = i % 8;
+        block[(i / 8) * 64 + 4 * j + within % 4] |=
+            static_cast<uint8_t>((code & 0x0F) << (within < 4 ? 0 : 4));
+        const uint32_t high = code >> 4;
+        if (out_bits == 6)
+          block[256 + (i / 16) * 64 + 4 * j + i % 4] |=
+              static_cast<uint8_t>(high << (2 * ((i % 16) / 4)));
+        else
+          block[256 + 4 * j + i % 4] |= static_cast<uint8_t>(high << (i / 4));
+      }
+    }
+  } else {
+    const int per_chunk = bits == 4 ? 8 : 4;  // values of K per 64-byte chunk
+    for (int t = 0; t < N / kInt8TileRows; ++t) {
+      uint8_t* tile = w_out + t * tile_bytes;
+      for (int c = 0; c < K / per_chunk; ++c) {
+        uint8_t* chunk = tile + static_cast<int64_t>(c) * 64;
+        for (int j = 0; j < kInt8TileRows; ++j) {
+          const uint32_t* row = w + static_cast<int64_t>(t * kInt8TileRows + j) * words;
+          const int k = c * per_chunk;
+          for (int b = 0; b < 4; ++b) {
+            chunk[4 * j + b] =
+                bits == 4 ? static_cast<uint8_t>(quant_at(row, k + b, 4) |
+                                                 (quant_at(row, k + 4 + b, 4) << 4))
+                          : static_cast<uint8_t>(quant_at(row, k + b, 8));
+          }
         }
       }
     }
@@ -47,6 +148,7 @@ void interleave_int8(const uint32_t* w, const void* scales, const void* biases, 
   const int groups = K / group_size;
   const size_t element = half ? 2 : 4;
   for (const auto& [from, to] : {std::pair{scales, scales_out}, std::pair{biases, biases_out}}) {
+    if (to == nullptr) continue;
     const auto* src = static_cast<const uint8_t*>(from);
     auto* dst = static_cast<uint8_t*>(to);
     for (int n = 0; n < N; ++n) {
@@ -101,23 +203,64 @@ void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float*
   }
 }
 
+int32_t int8_code(const QProblem& p, int n, int k) {
+  const auto* w = reinterpret_cast<const uint8_t*>(p.w);
+  const int t = n / kInt8TileRows, j = n % kInt8TileRows;
+  const uint8_t* tile = w + t * (static_cast<int64_t>(2) * p.K * p.bits);
+  if (p.bits == 5 || p.bits == 6) {
+    const uint8_t* block = tile + static_cast<int64_t>(k / kInt8Block) * 64 * p.bits;
+    const int i = k % kInt8Block, within = i % 8;
+    const int low = (block[(i / 8) * 64 + 4 * j + within % 4] >> (within < 4 ? 0 : 4)) & 0x0F;
+    const int high = p.bits == 6
+                         ? (block[256 + (i / 16) * 64 + 4 * j + i % 4] >> (2 * ((i % 16) / 4))) & 3
+                         : (block[256 + 4 * j + i % 4] >> (i / 4)) & 1;
+    return low + 16 * high;
+  }
+  const int per_chunk = p.bits == 4 ? 8 : 4, c = k / per_chunk, within = k % per_chunk;
+  const uint8_t byte = tile[static_cast<int64_t>(c) * 64 + 4 * j + within % 4];
+  if (p.bits == 8) return byte;
+  return within < 4 ? (byte & 0x0F) : (byte >> 4);
+}
+
+float int8_factor(const QProblem& p, const void* a, int n, int g) {
+  const int t = n / kInt8TileRows, j = n % kInt8TileRows;
+  if (p.factored) {
+    const int per_sb = kSuperBlock / p.group_size;
+    const auto* base = static_cast<const uint8_t*>(a) +
+                       (static_cast<int64_t>(t) * (p.K / kSuperBlock) + g / per_sb) *
+                           factored_superblock_bytes(p.group_size);
+    float d;
+    std::memcpy(&d, base + 4 * j, 4);
+    const auto c =
+        static_cast<int8_t>(base[4 * kInt8TileRows + (g % per_sb) * kInt8TileRows + j]);
+    return d * static_cast<float>(c);
+  }
+  return scale_at(a, p.half,
+                  (static_cast<int64_t>(t) * (p.K / p.group_size) + g) * kInt8TileRows + j);
+}
+
+void int8_dequantize_rows(const QProblem& p, const uint32_t* ids, int count, float* out) {
+  for (int i = 0; i < count; ++i) {
+    float* row = out + static_cast<int64_t>(i) * p.K;
+    const int n = static_cast<int>(ids[i]);
+    for (int g = 0; g < p.K / p.group_size; ++g) {
+      const float scale = int8_factor(p, p.scales, n, g);
+      const float bias = int8_factor(p, p.biases, n, g);
+      for (int k = g * p.group_size; k < (g + 1) * p.group_size; ++k) {
+        // Two roundings, as MLX's dequantize (this file is compiled for the baseline ISA,
+        // which has no FMA to contract them into).
+        const float product = scale * static_cast<float>(int8_code(p, n, k));
+        row[k] = product + bias;
+      }
+    }
+  }
+}
+
 void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
                  const float* sh, int m0, int m1, int t0, int t1) {
-  const int groups = p.K / p.group_size, blocks = p.K / kInt8Block;
-  // The interleaved layout read back as (row, k): the inverse of interleave_int8.
-  const auto* w = reinterpret_cast<const uint8_t*>(p.w);
-  const int per_chunk = p.bits == 4 ? 8 : 4;
-  const int64_t tile_bytes = static_cast<int64_t>(2) * p.K * p.bits;
-  auto q = [&](int n, int k) -> int32_t {
-    const int t = n / kInt8TileRows, j = n % kInt8TileRows, c = k / per_chunk;
-    const int within = k % per_chunk;
-    const uint8_t byte = w[t * tile_bytes + static_cast<int64_t>(c) * 64 + 4 * j + within % 4];
-    if (p.bits == 8) return byte;
-    return within < 4 ? (byte & 0x0F) : (byte >> 4);
-  };
+  const int blocks = p.K / kInt8Block;
   for (int m = m0; m < m1; ++m) {
     for (int n = t0 * kInt8TileRows; n < t1 * kInt8TileRows; ++n) {
-      const int t = n / kInt8TileRows, j = n % kInt8TileRows;
       float acc = 0.0f;
       // Groups of 16: two parts per block, each with its own sum, group and Σx (qmatmul.h).
       const int parts = p.group_size == 16 ? 2 : 1;
@@ -128,12 +271,11 @@ void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const flo
           int32_t dot = 0;
           for (int i = h * part_len; i < (h + 1) * part_len; ++i) {
             const int k = b * kInt8Block + i;
-            dot += q(n, k) * xq[int8_x_index(m, k, p.K)];
+            dot += int8_code(p, n, k) * xq[int8_x_index(m, k, p.K)];
           }
           const int g = (b * kInt8Block + h * part_len) / p.group_size;
-          const int64_t at = (static_cast<int64_t>(t) * groups + g) * kInt8TileRows + j;
-          const float scale = scale_at(p.scales, p.half, at);
-          const float bias = scale_at(p.biases, p.half, at);
+          const float scale = int8_factor(p, p.scales, n, g);
+          const float bias = int8_factor(p, p.biases, n, g);
           acc = std::fma(static_cast<float>(dot), scale * dx[xb], acc);
           acc = std::fma(bias, parts == 2 ? sh[2 * xb + h] : sx[xb], acc);
         }

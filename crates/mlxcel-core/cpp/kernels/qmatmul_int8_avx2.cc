@@ -20,21 +20,43 @@ MLXCEL_TARGET inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-template <bool HALF>
-MLXCEL_TARGET inline __m256 load8(const void* base, int64_t at) {
-  if constexpr (HALF) {
-    const auto* halves = static_cast<const uint16_t*>(base) + at;
+// How scales and biases are stored: f32 or f16 [N/16, groups, 16], or factored (qmatmul.h).
+enum Scales { kF32, kF16, kFactored };
+
+template <int SM>
+MLXCEL_TARGET inline __m256 load8(const uint8_t* base, int64_t at) {
+  if constexpr (SM == kF16) {
+    const auto* halves = reinterpret_cast<const uint16_t*>(base) + at;
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves)));
   } else {
-    return _mm256_loadu_ps(static_cast<const float*>(base) + at);
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(base) + at);
   }
 }
 
-// Rows [m, m + R) of x (m a multiple of kInt8RowBlock) against half `h` (rows 8h..8h+7) of one
-// 16-row tile. With groups of 16 (G16) each block is two parts of 16 values, each with its own
-// integer sum and FMAs (qmatmul.h); otherwise one part of 32.
-template <int R, int BITS, bool HALF, bool G16>
-MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t sb, int gshift, int h,
+// Rows 8h .. 8h + 7 of tile t's scale (or bias) for group g: loaded, or d · float(c) when
+// factored (the same f32 product the factoring checked).
+// `tile` is the tile's first scale (f32/f16: its [groups, 16] rows) or first superblock
+// (factored, `sb_bytes` each, 2^pshift groups per superblock).
+template <int SM>
+MLXCEL_TARGET inline __m256 factor8(const uint8_t* tile, int64_t sb_bytes, int pshift, int g,
+                                    int h) {
+  if constexpr (SM == kFactored) {
+    const uint8_t* sb = tile + (g >> pshift) * sb_bytes;
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(sb) + 8 * h);
+    const __m128i c = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+        sb + 4 * kInt8TileRows + (g & ((1 << pshift) - 1)) * kInt8TileRows + 8 * h));
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)));
+  } else {
+    return load8<SM>(tile, static_cast<int64_t>(g) * kInt8TileRows + h * 8);
+  }
+}
+
+// Rows [m, m + R) of x (m a multiple of kInt8RowBlock) against half `h` (rows 8h..8h+7) of tile
+// t. With groups of 16 (G16) each block is two parts of 16 values, each with its own integer
+// sum and FMAs (qmatmul.h); otherwise one part of 32. BITS 5 and 6 are the compact layouts: the
+// low nibbles as for 4 bits, the high bits after them.
+template <int R, int BITS, int SM, bool G16>
+MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t t, int gshift, int h,
                              const int8_t* xq, const float* dx, const float* sx, const float* sh,
                              int m, int n0) {
   const int blocks = p.K / kInt8Block;
@@ -43,46 +65,85 @@ MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t sb, in
   const float* sxb = sx + int8_block_index(m, 0, p.K);
   const float* shb = sh + 2 * int8_block_index(m, 0, p.K);
   constexpr int kRow = kInt8RowBlock * 4;
-  constexpr int kChunks = BITS == 4 ? 4 : 8;  // 64-byte chunks per block of 32 values
-  constexpr int kParts = G16 ? 2 : 1;         // parts of the block with their own group
+  constexpr int kParts = G16 ? 2 : 1;  // parts of the block with their own group
+  constexpr int kBlockBytes = 64 * BITS;
   const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i two = _mm256_set1_epi8(0x03);
+  const __m256i one = _mm256_set1_epi8(0x01);
   const __m256i ones = _mm256_set1_epi16(1);
+  // Where tile t's scales and biases start.
+  const int64_t sb_bytes = SM == kFactored ? factored_superblock_bytes(p.group_size) : 0;
+  const int pshift = SM == kFactored ? __builtin_ctz(static_cast<unsigned>(kSuperBlock / p.group_size)) : 0;
+  const int64_t tile_at = SM == kFactored ? t * (p.K / kSuperBlock) * sb_bytes
+                                          : t * (p.K / p.group_size) * kInt8TileRows *
+                                                (SM == kF16 ? 2 : 4);
+  const uint8_t* stile = static_cast<const uint8_t*>(p.scales) + tile_at;
+  const uint8_t* btile = static_cast<const uint8_t*>(p.biases) + tile_at;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int j = 0; j < blocks; ++j) {
     const int8_t* xj = xblock + static_cast<int64_t>(j) * 8 * kRow;
     const float* dxj = dxb + j * kInt8RowBlock;
+    const uint8_t* wb = w + static_cast<int64_t>(j) * kBlockBytes + h * 32;
     for (int part = 0; part < kParts; ++part) {
-      // 16-bit pair sums: for 4 bits, of every value; for 8 bits, of the low nibbles and of the
-      // high nibbles (value = 16·high + low).
+      // 16-bit pair sums: for 4 bits, of every value; otherwise of the low nibbles and of the
+      // high parts (value = 16·high + low).
       __m256i lo_sum[R], hi_sum[R];
       for (int r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
-      const uint8_t* wb = w + static_cast<int64_t>(j) * kChunks * 64 + h * 32;
-      for (int c = part * kChunks / kParts; c < (part + 1) * kChunks / kParts; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + c * 64));
-        const __m256i lo = _mm256_and_si256(v, low);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        for (int r = 0; r < R; ++r) {
-          if constexpr (BITS == 4) {
-            // lo holds values k..k+3 of chunk c (8 values), hi values k+4..k+7.
-            const int8_t* xr = xj + (2 * c) * kRow + 4 * r;
-            lo_sum[r] = _mm256_add_epi16(lo_sum[r], _mm256_maddubs_epi16(lo, bcast4(xr)));
-            lo_sum[r] =
-                _mm256_add_epi16(lo_sum[r], _mm256_maddubs_epi16(hi, bcast4(xr + kRow)));
-          } else {
+      if constexpr (BITS == 8) {
+        for (int c = part * 8 / kParts; c < (part + 1) * 8 / kParts; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + c * 64));
+          const __m256i lo = _mm256_and_si256(v, low);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+          for (int r = 0; r < R; ++r) {
             const __m256i xr = bcast4(xj + c * kRow + 4 * r);
             lo_sum[r] = _mm256_add_epi16(lo_sum[r], _mm256_maddubs_epi16(lo, xr));
             hi_sum[r] = _mm256_add_epi16(hi_sum[r], _mm256_maddubs_epi16(hi, xr));
           }
         }
+      } else {
+        // The low nibbles: chunk c's low halves are values 8c .. 8c + 3, high halves 8c + 4 ..
+        for (int c = part * 4 / kParts; c < (part + 1) * 4 / kParts; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + c * 64));
+          const __m256i lo = _mm256_and_si256(v, low);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* xr = xj + (2 * c) * kRow + 4 * r;
+            lo_sum[r] = _mm256_add_epi16(lo_sum[r], _mm256_maddubs_epi16(lo, bcast4(xr)));
+            lo_sum[r] =
+                _mm256_add_epi16(lo_sum[r], _mm256_maddubs_epi16(hi, bcast4(xr + kRow)));
+          }
+        }
+        if constexpr (BITS == 6) {
+          // Chunk e: values 16e + 4i .. 16e + 4i + 3 in bits 2i, 2i + 1.
+          for (int e = part * 2 / kParts; e < (part + 1) * 2 / kParts; ++e) {
+            const __m256i v =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256 + e * 64));
+            for (int i = 0; i < 4; ++i) {
+              const __m256i hv = _mm256_and_si256(_mm256_srli_epi16(v, 2 * i), two);
+              for (int r = 0; r < R; ++r)
+                hi_sum[r] = _mm256_add_epi16(
+                    hi_sum[r],
+                    _mm256_maddubs_epi16(hv, bcast4(xj + (4 * e + i) * kRow + 4 * r)));
+            }
+          }
+        } else if constexpr (BITS == 5) {
+          // Values 4i .. 4i + 3 in bit i.
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256));
+          for (int i = part * 8 / kParts; i < (part + 1) * 8 / kParts; ++i) {
+            const __m256i hv = _mm256_and_si256(_mm256_srli_epi16(v, i), one);
+            for (int r = 0; r < R; ++r)
+              hi_sum[r] = _mm256_add_epi16(
+                  hi_sum[r], _mm256_maddubs_epi16(hv, bcast4(xj + i * kRow + 4 * r)));
+          }
+        }
       }
-      const int64_t group = G16 ? sb + 2 * j + part : sb + (j >> gshift);
-      const int64_t at = group * kInt8TileRows + h * 8;
-      const __m256 scale = load8<HALF>(p.scales, at);
-      const __m256 bias = load8<HALF>(p.biases, at);
+      const int g = G16 ? 2 * j + part : (j >> gshift);
+      const __m256 scale = factor8<SM>(stile, sb_bytes, pshift, g, h);
+      const __m256 bias = factor8<SM>(btile, sb_bytes, pshift, g, h);
       for (int r = 0; r < R; ++r) {
         __m256i total = _mm256_madd_epi16(lo_sum[r], ones);
-        if constexpr (BITS == 8)
+        if constexpr (BITS != 4)
           total =
               _mm256_add_epi32(total, _mm256_slli_epi32(_mm256_madd_epi16(hi_sum[r], ones), 4));
         const __m256 dot = _mm256_cvtepi32_ps(total);
@@ -97,37 +158,35 @@ MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t sb, in
     _mm256_storeu_ps(p.y + static_cast<int64_t>(m + r) * p.N + n0 + h * 8, acc[r]);
 }
 
-template <int BITS, bool HALF, bool G16>
+template <int BITS, int SM, bool G16>
 MLXCEL_TARGET void run(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
                        const float* sh, int m0, int m1, int t0, int t1) {
-  // Rows of x per pass: the 16 registers hold R accumulators and R (4 bits) or 2R (8 bits) sums.
+  // Rows of x per pass: the 16 registers hold R accumulators and R (4 bits) or 2R sums.
   constexpr int RM = BITS == 4 ? 4 : 2;
   const int64_t tile_bytes = static_cast<int64_t>(2) * p.K * BITS;
-  const int groups = p.K / p.group_size;
   const int gshift =
       G16 ? 0 : __builtin_ctz(static_cast<unsigned>(p.group_size / kInt8Block));
   const auto* wbase = reinterpret_cast<const uint8_t*>(p.w);
   for (int t = t0; t < t1; ++t) {
     const uint8_t* w = wbase + t * tile_bytes;
-    const int64_t sb = static_cast<int64_t>(t) * groups;
     const int n0 = t * kInt8TileRows;
     for (int h = 0; h < 2; ++h) {
       for (int m = m0; m < m1; m += RM) {
         // m0 is a multiple of kInt8RowBlock and RM divides it: a pass never straddles a block.
         switch (m1 - m < RM ? m1 - m : RM) {
           case 4:
-            half_tile<(RM >= 4 ? 4 : 1), BITS, HALF, G16>(p, w, sb, gshift, h, xq, dx, sx, sh,
-                                                          m, n0);
+            half_tile<(RM >= 4 ? 4 : 1), BITS, SM, G16>(p, w, t, gshift, h, xq, dx, sx, sh, m,
+                                                        n0);
             break;
           case 3:
-            half_tile<(RM >= 3 ? 3 : 1), BITS, HALF, G16>(p, w, sb, gshift, h, xq, dx, sx, sh,
-                                                          m, n0);
+            half_tile<(RM >= 3 ? 3 : 1), BITS, SM, G16>(p, w, t, gshift, h, xq, dx, sx, sh, m,
+                                                        n0);
             break;
           case 2:
-            half_tile<2, BITS, HALF, G16>(p, w, sb, gshift, h, xq, dx, sx, sh, m, n0);
+            half_tile<2, BITS, SM, G16>(p, w, t, gshift, h, xq, dx, sx, sh, m, n0);
             break;
           default:
-            half_tile<1, BITS, HALF, G16>(p, w, sb, gshift, h, xq, dx, sx, sh, m, n0);
+            half_tile<1, BITS, SM, G16>(p, w, t, gshift, h, xq, dx, sx, sh, m, n0);
             break;
         }
       }
@@ -135,25 +194,43 @@ MLXCEL_TARGET void run(const QProblem& p, const int8_t* xq, const float* dx, con
   }
 }
 
+template <int BITS, int SM>
+MLXCEL_TARGET void run_groups(const QProblem& p, const int8_t* xq, const float* dx,
+                              const float* sx, const float* sh, int m0, int m1, int t0, int t1) {
+  if (p.group_size == 16)
+    run<BITS, SM, true>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+  else
+    run<BITS, SM, false>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+}
+
+template <int BITS>
+MLXCEL_TARGET void run_scales(const QProblem& p, const int8_t* xq, const float* dx,
+                              const float* sx, const float* sh, int m0, int m1, int t0, int t1) {
+  if (p.factored)
+    run_groups<BITS, kFactored>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+  else if (p.half)
+    run_groups<BITS, kF16>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+  else
+    run_groups<BITS, kF32>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+}
+
 }  // namespace
 
 void int8_avx2(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
                const float* sh, int m0, int m1, int t0, int t1) {
-  const bool g16 = p.group_size == 16;
-  if (p.bits == 4) {
-    if (g16)
-      p.half ? run<4, true, true>(p, xq, dx, sx, sh, m0, m1, t0, t1)
-             : run<4, false, true>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-    else
-      p.half ? run<4, true, false>(p, xq, dx, sx, sh, m0, m1, t0, t1)
-             : run<4, false, false>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-  } else {
-    if (g16)
-      p.half ? run<8, true, true>(p, xq, dx, sx, sh, m0, m1, t0, t1)
-             : run<8, false, true>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-    else
-      p.half ? run<8, true, false>(p, xq, dx, sx, sh, m0, m1, t0, t1)
-             : run<8, false, false>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+  switch (p.bits) {
+    case 4:
+      run_scales<4>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+      break;
+    case 5:
+      run_scales<5>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+      break;
+    case 6:
+      run_scales<6>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+      break;
+    default:
+      run_scales<8>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+      break;
   }
 }
 

@@ -317,7 +317,26 @@ fn kernel_choice_is_read_from_the_environment() {
         err.starts_with("--activations=\"int8\"") && !err.contains("MLXCEL_ACTIVATIONS"),
         "{err}"
     );
+    // The int8 layout: compact by default where the int8 kernel is AVX2's, either on request.
+    use mlxcel_core::Int8Layout;
+    assert_eq!(
+        Kernels::native().int8_layout,
+        if mlxcel_core::kernels::has_vnni() {
+            Int8Layout::Wide
+        } else {
+            Int8Layout::Compact
+        }
+    );
+    for (value, layout) in [("compact", Int8Layout::Compact), ("wide", Int8Layout::Wide)] {
+        let pairs: &'static [(&'static str, &'static str)] =
+            Box::leak(vec![("MLXCEL_INT8_LAYOUT", value)].into_boxed_slice());
+        assert_eq!(
+            Kernels::from_lookup(env(pairs)).unwrap().int8_layout,
+            layout
+        );
+    }
     for (name, value) in [
+        ("MLXCEL_INT8_LAYOUT", "narrow"),
         ("MLXCEL_ACTIVATIONS", "int4"),
         ("MLXCEL_FUSED_LAYERS", "yes"),
         ("MLXCEL_KERNELS", "fast"),
@@ -675,6 +694,199 @@ fn int8_layout_is_refused_where_it_does_not_apply() {
         int8.interleave_int8().unwrap_err().to_string(),
     ] {
         assert!(err.contains("int8") || err.contains("interleaved"), "{err}");
+    }
+}
+
+/// Scales shaped like a K-quant's: per row and superblock of 256 values, one f32 factor times
+/// an integer per group (6-bit sub-scales for Q4_K/Q5_K and their mins, signed 8-bit for Q6_K,
+/// zeros included), so the compact layout can store them factored.
+fn k_quant_scales(rows: usize, k: usize, group: usize, signed: bool, seed: u64) -> Vec<f32> {
+    let per = 256 / group;
+    let factors = pseudo_random(rows * k / 256, seed);
+    let subs = random_words(rows * k / group, seed + 1);
+    (0..rows * k / group)
+        .map(|i| {
+            let d = factors[i / per] * 0.01;
+            let c = if signed {
+                (subs[i] % 256) as i32 - 128
+            } else {
+                (subs[i] % 64) as i32
+            };
+            d * c as f32
+        })
+        .collect()
+}
+
+/// The compact int8 layout (5- and 6-bit codes, factored scales: what K-quant and Q5 files
+/// convert to) gives the wide layout's bits on every path, thread count and batch, and a row
+/// alone equals it batched; what cannot be stored compactly (8-bit codes above 63, scales that
+/// do not factor) stays wide.
+#[test]
+fn compact_int8_layouts_give_the_wide_layouts_bits() {
+    use mlxcel_core::Int8Layout;
+    let mut seed = 12_000;
+    // (bits, code mask, group, K-quant scales?, signed sub-scales, f16 scales, expected bits)
+    let cases: &[(usize, u32, usize, bool, bool, bool, i32)] = &[
+        (4, 0xFFFF_FFFF, 32, true, false, false, 4),  // Q4_K
+        (8, 0x1F1F_1F1F, 32, true, false, false, 5),  // Q5_K
+        (8, 0x3F3F_3F3F, 16, true, true, false, 6),   // Q6_K
+        (4, 0xFFFF_FFFF, 16, true, true, false, 4),   // Q3_K / Q2_K
+        (8, 0x1F1F_1F1F, 32, false, false, true, 5),  // Q5_0 / Q5_1: f16 scales stay
+        (8, 0x3F3F_3F3F, 64, false, false, false, 6), // scales that do not factor
+        (8, 0x7F7F_7F7F, 128, true, false, false, 8), // 7-bit codes: no smaller width
+    ];
+    for &(bits, mask, group, kquant, signed, half, expect_bits) in cases {
+        for (m, n, k) in [
+            (1, 16, 256),
+            (3, 32, 512),
+            (4, 16, 256),
+            (9, 48, 256),
+            (70, 16, 512),
+        ] {
+            seed += 10;
+            let mut case = Case::new(m, n, k, group, bits, seed);
+            for word in &mut case.packed {
+                *word &= mask;
+            }
+            if kquant {
+                case.scales = k_quant_scales(n, k, group, signed, seed + 3);
+                case.biases = k_quant_scales(n, k, group, signed, seed + 5)
+                    .iter()
+                    .map(|b| -b)
+                    .collect();
+            }
+            let mut weight = case.weight();
+            if half {
+                weight.scales = weight.scales.astype(Dtype::F16).unwrap();
+                weight.biases = weight.biases.astype(Dtype::F16).unwrap();
+            }
+            let wide = weight.interleave_int8().unwrap();
+            let compact = weight.interleave_int8_as(Int8Layout::Compact).unwrap();
+            let what = format!("m={m} n={n} k={k} g={group} bits={bits} mask={mask:x}");
+            assert_eq!(compact.bits, expect_bits, "{what}");
+            assert_eq!(compact.factored(), kquant, "{what}");
+            assert!(compact.native_layout() && !compact.int8_capable(), "{what}");
+            let bytes = |w: &QuantizedWeight| {
+                [&w.weight, &w.scales, &w.biases]
+                    .iter()
+                    .map(|a| a.size() * a.dtype().size_in_bytes())
+                    .sum::<usize>()
+            };
+            if expect_bits != bits as i32 || kquant {
+                assert!(bytes(&compact) < bytes(&wide), "{what}: not smaller");
+            }
+            let x = case.x();
+            let reference = wide
+                .matmul_native(&x, Isa::Scalar, 1)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            for &isa in &int8_paths() {
+                for threads in [1, 2, 3] {
+                    let got = compact
+                        .matmul_native(&x, isa, threads)
+                        .unwrap()
+                        .to_vec_f32()
+                        .unwrap();
+                    assert!(
+                        got.iter()
+                            .zip(&reference)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{isa:?}×{threads} {what}: not the wide layout's bits"
+                    );
+                }
+                let alone = compact
+                    .matmul_native(&row_of(&case, m - 1), isa, 2)
+                    .unwrap()
+                    .to_vec_f32()
+                    .unwrap();
+                assert!(
+                    alone
+                        .iter()
+                        .zip(&reference[(m - 1) * n..m * n])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{isa:?} {what}: the last row alone differs from it batched"
+                );
+            }
+        }
+    }
+}
+
+/// A tied embedding table lives in the int8 layout alone: its rows read back from the wide or
+/// compact layout are the values MLX's `dequantize` gives for the original weight (f16 scales
+/// widened first, as the lookup does), bit for bit
+/// (4/5/6/8-bit codes, f32/f16/factored scales, groups of 16 to 128), and an id past the
+/// table gives NaN rather than another row.
+#[test]
+fn int8_layout_rows_read_back_as_the_dequantized_weight() {
+    use mlxcel_core::Int8Layout;
+    let mut seed = 13_000;
+    for (bits, mask, group, kquant, half) in [
+        (4, u32::MAX, 32, true, false),
+        (4, u32::MAX, 32, false, true),
+        (8, 0x1F1F_1F1F, 32, true, false),
+        (8, 0x3F3F_3F3F, 16, true, false),
+        (4, u32::MAX, 16, true, false),
+        (8, u32::MAX, 64, false, false),
+        (8, 0x1F1F_1F1F, 128, false, true),
+    ] {
+        seed += 10;
+        let (n, k) = (48, 512);
+        let mut case = Case::new(1, n, k, group, bits, seed);
+        for word in &mut case.packed {
+            *word &= mask;
+        }
+        if kquant {
+            case.scales = k_quant_scales(n, k, group, group == 16, seed + 3);
+            case.biases = k_quant_scales(n, k, group, false, seed + 5)
+                .iter()
+                .map(|b| -b)
+                .collect();
+        }
+        let mut weight = case.weight();
+        if half {
+            weight.scales = weight.scales.astype(Dtype::F16).unwrap();
+            weight.biases = weight.biases.astype(Dtype::F16).unwrap();
+        }
+        let ids = [0u32, 17, 47, 3, 17];
+        let ids_array = Array::from_u32(&ids, &[ids.len() as i32]).unwrap();
+        // As the embedding lookup computes it: f16 scales widened first, then f32 arithmetic.
+        let expected = QuantizedWeight {
+            scales: weight.scales.astype(Dtype::F32).unwrap(),
+            biases: weight.biases.astype(Dtype::F32).unwrap(),
+            ..weight.clone()
+        }
+        .dequantize()
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+        for layout in [Int8Layout::Wide, Int8Layout::Compact] {
+            let int8 = weight.interleave_int8_as(layout).unwrap();
+            let rows = int8.int8_rows(&ids_array).unwrap();
+            assert_eq!(rows.shape(), vec![ids.len() as i32, k as i32]);
+            let rows = rows.to_vec_f32().unwrap();
+            for (i, &id) in ids.iter().enumerate() {
+                let want = &expected[id as usize * k..(id as usize + 1) * k];
+                let got = &rows[i * k..(i + 1) * k];
+                assert!(
+                    got.iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{layout:?} bits={bits} g={group} half={half} row {id}: not dequantize's bits"
+                );
+            }
+            let past = int8
+                .int8_rows(&Array::from_u32(&[n as u32], &[1]).unwrap())
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            assert!(
+                past.iter().all(|v| v.is_nan()),
+                "{layout:?}: id past the table"
+            );
+        }
+        let err = weight.int8_rows(&ids_array).unwrap_err().to_string();
+        assert!(err.contains("not in the int8 layout"), "{err}");
     }
 }
 
