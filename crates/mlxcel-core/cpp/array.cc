@@ -2,6 +2,7 @@
 #include "mlxcel-core/cpp/bridge.h"
 
 #include <cstring>
+#include <malloc.h>
 #include <stdexcept>
 #include <string>
 
@@ -137,6 +138,12 @@ void set_default_device_cpu() {
 }
 
 size_t set_memory_limit(size_t bytes) { return mx::set_memory_limit(bytes); }
+size_t mlx_active_memory() { return mx::get_active_memory(); }
+size_t mlx_cache_memory() { return mx::get_cache_memory(); }
+void mlx_release_unused_memory() {
+  mx::clear_cache();
+  malloc_trim(0);
+}
 
 rust::String mlx_version() { return rust::String(mx::version()); }
 

@@ -73,6 +73,11 @@ std::unique_ptr<MlxArray> array_list_get(const ArrayList& list, size_t index);
 // Device, memory and version knobs (array.cc).
 void set_default_device_cpu();
 size_t set_memory_limit(size_t bytes);
+// MLX's allocator: bytes in live buffers, bytes freed but kept for reuse; returning those
+// (and the C heap's free pages) to the system.
+size_t mlx_active_memory();
+size_t mlx_cache_memory();
+void mlx_release_unused_memory();
 rust::String mlx_version();
 
 // Shape and layout ops (ops.cc).

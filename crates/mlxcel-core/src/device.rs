@@ -15,6 +15,20 @@ pub fn set_memory_limit(bytes: usize) -> Result<usize> {
     sys::with_lock(|| ffi::set_memory_limit(bytes)).map_err(Error::mlx("set_memory_limit"))
 }
 
+/// MLX's allocator: (bytes in live buffers, bytes freed but kept for reuse).
+pub fn mlx_memory() -> (usize, usize) {
+    sys::with_lock(|| (ffi::mlx_active_memory(), ffi::mlx_cache_memory()))
+}
+
+/// Returns memory that was freed but kept for reuse to the system: MLX's buffer cache (MLX's
+/// `clear_cache`) and the C heap's free pages (glibc's `malloc_trim`). After loading a model
+/// (the checkpoint read, and rewritten for int8 activations) this is most of the difference
+/// between resident memory and the weights: on a Llama-3.2-1B-shaped Q4_K_M with int8
+/// activations, 1,338 MiB resident before, 870 MiB after, for 820 MiB of weights.
+pub fn release_unused_memory() {
+    sys::with_lock(ffi::mlx_release_unused_memory)
+}
+
 /// The version string of the MLX library this process is linked against.
 pub fn mlx_version() -> String {
     sys::with_lock(ffi::mlx_version)

@@ -44,7 +44,8 @@ mod sys;
 
 pub use array::{Array, eval};
 pub use device::{
-    MlxBuildInfo, mlx_build_info, mlx_version, set_default_device_cpu, set_memory_limit,
+    MlxBuildInfo, mlx_build_info, mlx_memory, mlx_version, release_unused_memory,
+    set_default_device_cpu, set_memory_limit,
 };
 pub use dtype::Dtype;
 pub use error::{Error, Result};

@@ -371,7 +371,7 @@ impl LlamaModel {
             Some(q) => Embedding::Quantized(q),
             None => Embedding::Dense(loader.float("model.embed_tokens.weight")?),
         };
-        let mut layers = (0..config.num_hidden_layers)
+        let layers = (0..config.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
                 let qkv_bias = config.attention_qkv_bias;
@@ -428,7 +428,7 @@ impl LlamaModel {
                         None,
                     )
                 };
-                Ok(Layer {
+                let mut layer = Layer {
                     input_norm: loader.norm(&format!("{p}.input_layernorm.weight"))?,
                     qkv,
                     qkv_bias,
@@ -451,7 +451,13 @@ impl LlamaModel {
                     },
                     attention: config.layers[i],
                     local_rope: config.has_local_rope() && config.layers[i].window.is_some(),
-                })
+                };
+                // Rewritten for int8 as each layer loads, so that the checkpoint's form of one
+                // layer at a time, not of the whole model, sits beside the rewritten weights.
+                if kernels.activations == Activations::Int8 {
+                    layer.interleave_int8(kernels.int8_layout)?;
+                }
+                Ok(layer)
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = loader.norm("model.norm.weight")?;
@@ -462,9 +468,6 @@ impl LlamaModel {
         };
         let mut embed = embed;
         if kernels.activations == Activations::Int8 {
-            for layer in &mut layers {
-                layer.interleave_int8(kernels.int8_layout)?;
-            }
             if let Some(head) = &mut lm_head {
                 head.interleave_int8(kernels.int8_layout)?;
             }
@@ -526,6 +529,8 @@ impl LlamaModel {
             kernels,
         };
         model.materialize()?;
+        // Loading read the checkpoint and, for int8, rewrote it: hand back what that freed.
+        crate::device::release_unused_memory();
         Ok(model)
     }
 

@@ -47,6 +47,9 @@ pub(crate) mod ffi {
 
         fn set_default_device_cpu() -> Result<()>;
         fn set_memory_limit(bytes: usize) -> Result<usize>;
+        fn mlx_active_memory() -> usize;
+        fn mlx_cache_memory() -> usize;
+        fn mlx_release_unused_memory();
         fn mlx_version() -> String;
 
         fn zeros(shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;
