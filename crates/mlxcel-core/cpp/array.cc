@@ -2,7 +2,9 @@
 #include "mlxcel-core/cpp/bridge.h"
 
 #include <cstring>
+#if defined(__GLIBC__)
 #include <malloc.h>
+#endif
 #include <stdexcept>
 #include <string>
 
@@ -142,7 +144,9 @@ size_t mlx_active_memory() { return mx::get_active_memory(); }
 size_t mlx_cache_memory() { return mx::get_cache_memory(); }
 void mlx_release_unused_memory() {
   mx::clear_cache();
-  malloc_trim(0);
+#if defined(__GLIBC__)
+  malloc_trim(0);  // glibc keeps freed blocks below its mmap threshold in the heap
+#endif
 }
 
 rust::String mlx_version() { return rust::String(mx::version()); }
