@@ -534,6 +534,44 @@ fn row_of(case: &Case, m: usize) -> Array {
     Array::from_f32(&case.x[m * case.k..(m + 1) * case.k], &[1, case.k as i32]).unwrap()
 }
 
+/// `weight` (int8 layout) on every int8 path and 1–3 threads gives `reference`'s bits for x,
+/// and each of `rows` of x computed alone gives that row's bits batched.
+fn assert_int8_bits_everywhere(
+    weight: &QuantizedWeight,
+    case: &Case,
+    reference: &[f32],
+    rows: &[usize],
+    what: &str,
+) {
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    let x = case.x();
+    let n = case.n;
+    for &isa in &int8_paths() {
+        for threads in [1, 2, 3] {
+            let got = weight
+                .matmul_native(&x, isa, threads)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            assert!(
+                same(&got, reference),
+                "{isa:?}×{threads} {what}: not the reference bits"
+            );
+        }
+        for &row in rows {
+            let alone = weight
+                .matmul_native(&row_of(case, row), isa, 2)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            assert!(
+                same(&alone, &reference[row * n..(row + 1) * n]),
+                "{isa:?} {what}: row {row} alone differs from row {row} batched"
+            );
+        }
+    }
+}
+
 /// Every int8 path, thread count and batch gives the same bits: the computation per output is
 /// fixed (docs/kernels.md), integer sums are exact, and a row of x is quantized on its own, so
 /// row m of a batch equals row m computed alone. This is what keeps a sequence's tokens
@@ -575,35 +613,13 @@ fn int8_paths_threads_and_batches_give_the_same_bits() {
                         .to_vec_f32()
                         .unwrap();
                     let what = format!("m={m} n={n} k={k} g={group} b={bits} half={half}");
-                    for &isa in &int8_paths() {
-                        for threads in [1, 2, 3] {
-                            let got = int8
-                                .matmul_native(&x, isa, threads)
-                                .unwrap()
-                                .to_vec_f32()
-                                .unwrap();
-                            assert!(
-                                got.iter()
-                                    .zip(&reference)
-                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                                "{isa:?}×{threads} {what}: not the scalar path's bits"
-                            );
-                        }
-                        for row in [0, m / 2, m - 1] {
-                            let alone = int8
-                                .matmul_native(&row_of(&case, row), isa, 2)
-                                .unwrap()
-                                .to_vec_f32()
-                                .unwrap();
-                            assert!(
-                                alone
-                                    .iter()
-                                    .zip(&reference[row * n..(row + 1) * n])
-                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                                "{isa:?} {what}: row {row} alone differs from row {row} batched"
-                            );
-                        }
-                    }
+                    assert_int8_bits_everywhere(
+                        &int8,
+                        &case,
+                        &reference,
+                        &[0, m / 2, m - 1],
+                        &what,
+                    );
                 }
             }
         }
@@ -781,33 +797,7 @@ fn compact_int8_layouts_give_the_wide_layouts_bits() {
                 .unwrap()
                 .to_vec_f32()
                 .unwrap();
-            for &isa in &int8_paths() {
-                for threads in [1, 2, 3] {
-                    let got = compact
-                        .matmul_native(&x, isa, threads)
-                        .unwrap()
-                        .to_vec_f32()
-                        .unwrap();
-                    assert!(
-                        got.iter()
-                            .zip(&reference)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{isa:?}×{threads} {what}: not the wide layout's bits"
-                    );
-                }
-                let alone = compact
-                    .matmul_native(&row_of(&case, m - 1), isa, 2)
-                    .unwrap()
-                    .to_vec_f32()
-                    .unwrap();
-                assert!(
-                    alone
-                        .iter()
-                        .zip(&reference[(m - 1) * n..m * n])
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{isa:?} {what}: the last row alone differs from it batched"
-                );
-            }
+            assert_int8_bits_everywhere(&compact, &case, &reference, &[m - 1], &what);
         }
     }
 }
