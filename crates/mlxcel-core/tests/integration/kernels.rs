@@ -733,6 +733,35 @@ fn k_quant_scales(rows: usize, k: usize, group: usize, signed: bool, seed: u64) 
         .collect()
 }
 
+/// `case`'s weight shaped like a GGUF conversion: codes masked to `mask`; with `kquant`
+/// (whether the scales' and the biases' multipliers are signed), K-quant scales and negated
+/// K-quant biases (from `seed`); f16 scales and biases when `half`.
+fn k_quant_weight(
+    case: &mut Case,
+    mask: u32,
+    kquant: Option<(bool, bool)>,
+    half: bool,
+    seed: u64,
+) -> QuantizedWeight {
+    for word in &mut case.packed {
+        *word &= mask;
+    }
+    if let Some((signed_scales, signed_biases)) = kquant {
+        let (n, k, group) = (case.n, case.k, case.group);
+        case.scales = k_quant_scales(n, k, group, signed_scales, seed + 3);
+        case.biases = k_quant_scales(n, k, group, signed_biases, seed + 5)
+            .iter()
+            .map(|b| -b)
+            .collect();
+    }
+    let mut weight = case.weight();
+    if half {
+        weight.scales = weight.scales.astype(Dtype::F16).unwrap();
+        weight.biases = weight.biases.astype(Dtype::F16).unwrap();
+    }
+    weight
+}
+
 /// The compact int8 layout (5- and 6-bit codes, factored scales: what K-quant and Q5 files
 /// convert to) gives the wide layout's bits on every path, thread count and batch, and a row
 /// alone equals it batched; what cannot be stored compactly (8-bit codes above 63, scales that
@@ -761,21 +790,13 @@ fn compact_int8_layouts_give_the_wide_layouts_bits() {
         ] {
             seed += 10;
             let mut case = Case::new(m, n, k, group, bits, seed);
-            for word in &mut case.packed {
-                *word &= mask;
-            }
-            if kquant {
-                case.scales = k_quant_scales(n, k, group, signed, seed + 3);
-                case.biases = k_quant_scales(n, k, group, signed, seed + 5)
-                    .iter()
-                    .map(|b| -b)
-                    .collect();
-            }
-            let mut weight = case.weight();
-            if half {
-                weight.scales = weight.scales.astype(Dtype::F16).unwrap();
-                weight.biases = weight.biases.astype(Dtype::F16).unwrap();
-            }
+            let weight = k_quant_weight(
+                &mut case,
+                mask,
+                kquant.then_some((signed, signed)),
+                half,
+                seed,
+            );
             let wide = weight.interleave_int8().unwrap();
             let compact = weight.interleave_int8_as(Int8Layout::Compact).unwrap();
             let what = format!("m={m} n={n} k={k} g={group} bits={bits} mask={mask:x}");
@@ -823,21 +844,13 @@ fn int8_layout_rows_read_back_as_the_dequantized_weight() {
         seed += 10;
         let (n, k) = (48, 512);
         let mut case = Case::new(1, n, k, group, bits, seed);
-        for word in &mut case.packed {
-            *word &= mask;
-        }
-        if kquant {
-            case.scales = k_quant_scales(n, k, group, group == 16, seed + 3);
-            case.biases = k_quant_scales(n, k, group, false, seed + 5)
-                .iter()
-                .map(|b| -b)
-                .collect();
-        }
-        let mut weight = case.weight();
-        if half {
-            weight.scales = weight.scales.astype(Dtype::F16).unwrap();
-            weight.biases = weight.biases.astype(Dtype::F16).unwrap();
-        }
+        let weight = k_quant_weight(
+            &mut case,
+            mask,
+            kquant.then_some((group == 16, false)),
+            half,
+            seed,
+        );
         let ids = [0u32, 17, 47, 3, 17];
         let ids_array = Array::from_u32(&ids, &[ids.len() as i32]).unwrap();
         // As the embedding lookup computes it: f16 scales widened first, then f32 arithmetic.
