@@ -147,6 +147,12 @@ pub trait Backend {
         None
     }
 
+    /// Bytes of weights the loaded model holds, in the layout its kernels read (which can differ
+    /// from the checkpoint's: the int8 layouts); `None` where the backend does not say.
+    fn weight_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Whether [`Backend::copy_prefix`] works (the prefix cache needs it).
     fn can_copy_prefix(&self) -> bool {
         false
@@ -335,6 +341,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn kv_usage(&self) -> Option<(usize, usize)> {
         (**self).kv_usage()
+    }
+
+    fn weight_bytes(&self) -> Option<u64> {
+        (**self).weight_bytes()
     }
 
     fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {

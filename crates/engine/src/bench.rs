@@ -54,6 +54,14 @@ impl BackendBench {
         &self.info
     }
 
+    /// Bytes of weights the loaded model holds in the layout its kernels read
+    /// ([`Backend::weight_bytes`]), else the checkpoint's ([`ModelInfo::weight_bytes`]).
+    pub fn weight_bytes(&self) -> u64 {
+        self.backend
+            .weight_bytes()
+            .unwrap_or(self.info.weight_bytes)
+    }
+
     fn random_tokens(&mut self, n: usize) -> Vec<u32> {
         let vocab = self.backend.vocab_size() as u64;
         (0..n)

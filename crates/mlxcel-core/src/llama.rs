@@ -536,7 +536,8 @@ impl LlamaModel {
 
     /// Evaluates every weight now, so that load errors surface here and the first step does not
     /// pay for the conversions.
-    fn materialize(&self) -> Result<()> {
+    /// Every array the model holds: weights, norms, RoPE tables.
+    fn arrays(&self) -> Vec<&Array> {
         let mut arrays: Vec<&Array> = vec![&self.norm];
         for layer in &self.layers {
             arrays.extend([&layer.input_norm, &layer.post_norm]);
@@ -576,7 +577,20 @@ impl LlamaModel {
             Embedding::Dense(table) => arrays.push(table),
             Embedding::Quantized(q) => arrays.extend([&q.weight, &q.scales, &q.biases]),
         }
-        eval(&arrays)
+        arrays
+    }
+
+    fn materialize(&self) -> Result<()> {
+        eval(&self.arrays())
+    }
+
+    /// Bytes of the arrays the model holds (its weights in the layout its kernels read, e.g.
+    /// the compact int8 layout, and its norms and RoPE tables).
+    pub fn weight_bytes(&self) -> u64 {
+        self.arrays()
+            .iter()
+            .map(|a| (a.size() * a.dtype().size_in_bytes()) as u64)
+            .sum()
     }
 
     /// How a step runs: `fused layers` (one MLX node per decoder layer on mlxcel's kernels), or

@@ -171,6 +171,10 @@ impl Backend for MlxBackend {
         Some((self.reserved_bytes(), self.kv_budget_bytes))
     }
 
+    fn weight_bytes(&self) -> Option<u64> {
+        Some(self.model.weight_bytes())
+    }
+
     fn allocate_slot(&mut self, plan: &SessionPlan) -> Result<SlotId, EngineError> {
         let wanted = plan.max_positions * self.bytes_per_position();
         if self.reserved_bytes() + wanted > self.kv_budget_bytes {

@@ -1271,3 +1271,40 @@ fn check_fused_against_per_op(variant: Variant, seed: u64) {
         "int8 activations must not be the f32 path"
     );
 }
+
+/// The bytes a loaded model holds: with int8 activations the interleaved layout has the
+/// checkpoint's sizes, so a tied model holds what the f32 model holds (its table once: the
+/// lookups read the interleaved table, no second copy), and the compact layout no more.
+#[test]
+fn int8_models_hold_their_tied_table_once() {
+    use mlxcel_core::Int8Layout;
+    let variant = Variant {
+        storage: Storage::Quantized {
+            bits: 8,
+            group_size: 32,
+            f16_scales: false,
+        },
+        tied: true,
+        ..PLAIN
+    };
+    let tiny = write_tiny(variant, 97);
+    let checkpoint = Checkpoint::open(tiny.dir.path()).unwrap();
+    let load = |activations, int8_layout| {
+        LlamaModel::load_with(
+            &checkpoint,
+            Kernels {
+                activations,
+                int8_layout,
+                ..Kernels::native()
+            },
+        )
+        .unwrap()
+        .weight_bytes()
+    };
+    let f32 = load(Activations::F32, Int8Layout::Wide);
+    let wide = load(Activations::Int8, Int8Layout::Wide);
+    let compact = load(Activations::Int8, Int8Layout::Compact);
+    assert!(f32 > 0);
+    assert_eq!(wide, f32, "int8 (wide) holds the f32 model's bytes");
+    assert!(compact <= wide, "compact {compact} > wide {wide}");
+}
