@@ -62,6 +62,24 @@ enum class Epilogue : uint8_t { None = 0, Residual = 1, Swiglu = 2, Geglu = 3 };
 
 bool gated(Epilogue e) { return e == Epilogue::Swiglu || e == Epilogue::Geglu; }
 
+// A QProblem's weight half: the packed weight (N rows of K values), its scales and biases
+// (f32, f16, or factored u8) and layout; x, y and M are the caller's.
+kernels::QProblem weight_problem(const mx::array& w, const mx::array& scales,
+                                 const mx::array& biases, int group_size, int bits, bool int8) {
+  kernels::QProblem p{};
+  p.N = w.shape(0);
+  p.K = static_cast<int>(static_cast<int64_t>(w.shape(1)) * 32 / bits);
+  p.group_size = group_size;
+  p.bits = bits;
+  p.int8 = int8;
+  p.w = w.data<uint32_t>();
+  p.half = scales.dtype() == mx::float16;
+  p.factored = scales.dtype() == mx::uint8;
+  p.scales = scales.data<uint8_t>();
+  p.biases = biases.data<uint8_t>();
+  return p;
+}
+
 class QuantizedMatmulCpu : public mx::UnaryPrimitive {
  public:
   QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, bool int8, Isa isa,
@@ -110,18 +128,8 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
       encoder_input(nw);
     }
 
-    kernels::QProblem p{};
-    p.K = x.shape(-1);
-    p.N = w.shape(0);
+    kernels::QProblem p = weight_problem(w, scales, biases, group_size_, bits_, int8_);
     p.M = static_cast<int>(x.size() / p.K);
-    p.group_size = group_size_;
-    p.bits = bits_;
-    p.int8 = int8_;
-    p.w = w.data<uint32_t>();
-    p.half = scales.dtype() == mx::float16;
-    p.factored = scales.dtype() == mx::uint8;
-    p.scales = scales.data<uint8_t>();
-    p.biases = biases.data<uint8_t>();
     float* ydata = out.data<float>();
     p.y = ydata;
 
@@ -390,17 +398,7 @@ class Int8RowsCpu : public mx::UnaryPrimitive {
         throw std::runtime_error("mlxcel int8 rows: inputs must be row-contiguous");
     }
     out.set_data(mx::allocator::malloc(out.nbytes()));
-    kernels::QProblem p{};
-    p.N = w.shape(0);
-    p.K = static_cast<int>(static_cast<int64_t>(w.shape(1)) * 32 / bits_);
-    p.group_size = group_size_;
-    p.bits = bits_;
-    p.int8 = true;
-    p.w = w.data<uint32_t>();
-    p.half = scales.dtype() == mx::float16;
-    p.factored = scales.dtype() == mx::uint8;
-    p.scales = scales.data<uint8_t>();
-    p.biases = biases.data<uint8_t>();
+    const kernels::QProblem p = weight_problem(w, scales, biases, group_size_, bits_, true);
     auto& encoder = mx::cpu::get_command_encoder(stream());
     for (const auto* a : {&ids, &w, &scales, &biases}) encoder.set_input_array(*a);
     encoder.set_output_array(out);
