@@ -143,6 +143,8 @@ fn environment_twins_reach_their_flags() {
         ("LLAMA_ARG_FREQUENCY_PENALTY", "--frequency-penalty"),
         ("LLAMA_ARG_TIMEOUT", "--timeout"),
         ("LLAMA_ARG_CACHE_RAM", "--cache-ram"),
+        ("LLAMA_ARG_CACHE_TYPE_K", "--cache-type-k"),
+        ("LLAMA_ARG_CACHE_TYPE_V", "--cache-type-v"),
         ("LLAMA_ARG_SPEC_TYPE", "--spec-type"),
         ("LLAMA_ARG_SPEC_DRAFT_N_MAX", "--spec-draft-n-max"),
         ("LLAMA_ARG_SPEC_DRAFT_N_MIN", "--spec-draft-n-min"),

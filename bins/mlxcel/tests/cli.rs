@@ -384,6 +384,48 @@ mod bench {
             let cells: Vec<&str> = line.split('|').map(str::trim).collect();
             assert_eq!(cells[4], "mlx int8", "{line}");
         }
+        // f16 KV caches (llama.cpp's spelling, `-ctk`/`-ctv`) are marked in the backend cell and
+        // in JSON's type_k/type_v; llama.cpp's quantized cache types are refused by name.
+        let output = mlxcel(
+            &[
+                "bench", "-p", "4", "-n", "2", "-r", "1", "-ctk", "f16", "-ctv", "f16",
+            ],
+            &[],
+        );
+        assert!(output.status.success(), "{}", stderr(&output));
+        let out = stdout(&output);
+        for line in out.lines().skip(2).take(2) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            assert_eq!(cells[4], "mlx kv f16/f16", "{line}");
+        }
+        let output = mlxcel(
+            &[
+                "bench",
+                "-p",
+                "4",
+                "-n",
+                "0",
+                "-r",
+                "1",
+                "--cache-type-v",
+                "f16",
+                "-o",
+                "json",
+            ],
+            &[],
+        );
+        let out = stdout(&output);
+        assert!(
+            out.contains("\"type_k\": \"f32\", \"type_v\": \"f16\""),
+            "{out}"
+        );
+        let output = mlxcel(&["bench", "-p", "4", "-n", "0", "-ctk", "q8_0"], &[]);
+        assert!(!output.status.success());
+        let err = stderr(&output);
+        assert!(
+            err.contains("--cache-type-k") && err.contains("does not store"),
+            "{err}"
+        );
         let output = mlxcel(
             &["bench", "-p", "4", "-n", "0", "--activations", "int4"],
             &[],

@@ -26,6 +26,13 @@ pub enum EngineError {
         #[source]
         source: BackendSource,
     },
+    /// An option the chosen backend cannot honour.
+    #[error("{what} not supported by the {backend} backend: {reason}")]
+    Unsupported {
+        what: String,
+        backend: &'static str,
+        reason: &'static str,
+    },
     /// The waiting queue is full; try again later.
     #[error("the request queue is full ({capacity} waiting); retry shortly")]
     QueueFull { capacity: usize },

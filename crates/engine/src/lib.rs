@@ -77,7 +77,7 @@ pub use metrics::{
 };
 pub use mlxcel_capacity::MaxNewTokens;
 pub use mlxcel_model::{ChatMessage, FimTokens};
-pub use options::{Activations, BackendKind, EngineOptions, ShapeMode};
+pub use options::{Activations, BackendKind, EngineOptions, KvType, ShapeMode};
 pub use perplexity::{PerplexityOptions, PerplexityReport, perplexity};
 pub use request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,

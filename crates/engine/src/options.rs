@@ -1,7 +1,7 @@
 //! How to load and run a model: the options an embedder sets, shared by the engine and the
 //! backends (which import them from here, never from the engine).
 
-pub use mlxcel_model::Activations;
+pub use mlxcel_model::{Activations, KvType};
 
 use crate::error::EngineError;
 use crate::scheduler::SchedulerConfig;
@@ -77,6 +77,11 @@ pub struct EngineOptions {
     /// Off by default for embedders (with f32 activations a reused prefix's logits match a
     /// recomputed one's to rounding, not bit for bit).
     pub prefix_cache_bytes: usize,
+    /// The element types of the KV cache's keys and values (llama.cpp's `--cache-type-k` and
+    /// `--cache-type-v`): f32 (the default) or f16, which halves KV memory and the bytes
+    /// attention reads per token, at the cost of rounding each key and value to half precision.
+    /// The MLX backend only: the OpenXLA backend refuses anything but f32 at load.
+    pub kv_types: (KvType, KvType),
 }
 
 /// How a static-shape backend (OpenXLA) sizes requests.
@@ -104,6 +109,7 @@ impl Default for EngineOptions {
             speculative: None,
             draft_model: None,
             prefix_cache_bytes: 0,
+            kv_types: (KvType::F32, KvType::F32),
         }
     }
 }

@@ -171,6 +171,8 @@ std::unique_ptr<MlxArray> int8_rows(const MlxArray& ids, const MlxArray& w,
                                     const MlxArray& scales, const MlxArray& biases,
                                     int32_t group_size, int32_t bits);
 bool kernels_has_vnni();
+// The IEEE halves the fused layer writes into f16 caches for `values` (round to nearest even).
+void kernels_float_to_half(rust::Slice<const float> values, rust::Slice<uint16_t> out);
 uint8_t kernels_best_isa();
 int32_t kernels_available_cores();
 

@@ -65,6 +65,21 @@ pub enum Error {
         /// The cache's limit.
         max_positions: usize,
     },
+    /// A prefix copied between caches whose keys or values have different element types.
+    #[error(
+        "cannot copy a KV prefix from a {from_k}/{from_v} cache into a {to_k}/{to_v} one \
+         (keys/values); both must hold the same types"
+    )]
+    KvTypeMismatch {
+        /// The source's key type.
+        from_k: &'static str,
+        /// The source's value type.
+        from_v: &'static str,
+        /// The target's key type.
+        to_k: &'static str,
+        /// The target's value type.
+        to_v: &'static str,
+    },
     /// An environment variable (or the option that overrides it) has a value this crate cannot use.
     #[error("{variable}={value:?} is invalid: expected {expected}")]
     InvalidEnv {

@@ -191,6 +191,14 @@ pub fn has_vnni() -> bool {
     sys::with_lock(ffi::kernels_has_vnni)
 }
 
+/// The IEEE half bits the fused decoder layer writes into an f16 KV cache for each of
+/// `values` (round to nearest, ties to even; what MLX's `astype(float16)` gives).
+pub fn f16_cache_bits(values: &[f32]) -> Vec<u16> {
+    let mut out = vec![0; values.len()];
+    ffi::kernels_float_to_half(values, &mut out);
+    out
+}
+
 /// The cores this process may run on (its CPU affinity), at least 1.
 pub fn available_cores() -> usize {
     sys::with_lock(ffi::kernels_available_cores).max(1) as usize

@@ -1,17 +1,30 @@
 //! Per-sequence key/value memory that grows in chunks.
 
+pub use mlxcel_model::KvType;
+
 use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
+
+/// The MLX dtype a cache of `kind` holds.
+fn dtype_of(kind: KvType) -> Dtype {
+    match kind {
+        KvType::F32 => Dtype::F32,
+        KvType::F16 => Dtype::F16,
+    }
+}
 
 /// Positions added whenever a cache runs out of room: growing one position at a time would copy
 /// the whole cache every step.
 pub const KV_CHUNK: usize = 256;
 
-/// One sequence's keys and values for every layer, `[1, kv_heads, allocated, head_dim]` each.
+/// One sequence's keys and values for every layer, `[1, kv_heads, allocated, head_dim]` each,
+/// keys and values each in their [`KvType`] (computed in f32, rounded when written).
 #[derive(Debug)]
 pub struct KvCache {
     layers: Vec<(Array, Array)>,
+    k_type: KvType,
+    v_type: KvType,
     layer_count: usize,
     len: usize,
     allocated: usize,
@@ -26,10 +39,13 @@ impl KvCache {
         kv_heads: usize,
         head_dim: usize,
         max_positions: usize,
+        (k_type, v_type): (KvType, KvType),
     ) -> Self {
         // Layer arrays are created by the first `reserve`, so an idle slot costs nothing.
         Self {
             layers: Vec::new(),
+            k_type,
+            v_type,
             layer_count: layers,
             len: 0,
             allocated: 0,
@@ -54,13 +70,22 @@ impl KvCache {
         self.max_positions
     }
 
-    /// Bytes of key/value memory currently allocated.
-    pub fn allocated_bytes(&self) -> usize {
-        2 * self.layer_count
-            * self.allocated
+    /// The element types of keys and of values.
+    pub fn types(&self) -> (KvType, KvType) {
+        (self.k_type, self.v_type)
+    }
+
+    /// Bytes one position takes over all layers, keys and values.
+    pub fn bytes_per_position(&self) -> usize {
+        self.layer_count
             * self.kv_heads as usize
             * self.head_dim as usize
-            * Dtype::F32.size_in_bytes()
+            * (self.k_type.size_in_bytes() + self.v_type.size_in_bytes())
+    }
+
+    /// Bytes of key/value memory currently allocated.
+    pub fn allocated_bytes(&self) -> usize {
+        self.allocated * self.bytes_per_position()
     }
 
     /// Makes room for `extra` more positions, growing in [`KV_CHUNK`]s up to `max_positions`.
@@ -81,18 +106,19 @@ impl KvCache {
             .saturating_mul(KV_CHUNK)
             .min(self.max_positions);
         let grow = (target - self.allocated) as i32;
-        let zeros = || Array::zeros(&[1, self.kv_heads, grow, self.head_dim], Dtype::F32);
+        let zeros =
+            |kind: KvType| Array::zeros(&[1, self.kv_heads, grow, self.head_dim], dtype_of(kind));
         if self.layers.is_empty() {
             // One array per layer and per side: the fused decoder layer writes into them in
             // place, so no two may share a buffer.
             self.layers = (0..self.layer_count)
-                .map(|_| Ok((zeros()?, zeros()?)))
+                .map(|_| Ok((zeros(self.k_type)?, zeros(self.v_type)?)))
                 .collect::<Result<_>>()?;
         } else {
-            let zeros = zeros()?;
+            let (k_zeros, v_zeros) = (zeros(self.k_type)?, zeros(self.v_type)?);
             for (k, v) in &mut self.layers {
-                *k = Array::concatenate(&[k, &zeros], 2)?;
-                *v = Array::concatenate(&[v, &zeros], 2)?;
+                *k = Array::concatenate(&[k, &k_zeros], 2)?;
+                *v = Array::concatenate(&[v, &v_zeros], 2)?;
             }
         }
         self.allocated = target;
@@ -110,11 +136,12 @@ impl KvCache {
     ) -> Result<(Array, Array)> {
         let start = self.len as i32;
         let stop = (self.len + n) as i32;
+        let (k, v) = (self.rounded(k, self.k_type)?, self.rounded(v, self.v_type)?);
         let (ck, cv) = &mut self.layers[layer];
         let lo = [0, 0, start, 0];
         let hi = [1, self.kv_heads, stop, self.head_dim];
-        *ck = ck.slice_update(k, &lo, &hi)?;
-        *cv = cv.slice_update(v, &lo, &hi)?;
+        *ck = ck.slice_update(&k, &lo, &hi)?;
+        *cv = cv.slice_update(&v, &lo, &hi)?;
         let upto = [1, self.kv_heads, stop, self.head_dim];
         Ok((
             ck.slice(&[0, 0, 0, 0], &upto)?,
@@ -133,12 +160,21 @@ impl KvCache {
     ) -> Result<(Array, Array, usize)> {
         let start = self.len as i32;
         let stop = (self.len + n) as i32;
+        let (k, v) = (self.rounded(k, self.k_type)?, self.rounded(v, self.v_type)?);
         let (ck, cv) = &mut self.layers[layer];
         let lo = [0, 0, start, 0];
         let hi = [1, self.kv_heads, stop, self.head_dim];
-        *ck = ck.slice_update(k, &lo, &hi)?;
-        *cv = cv.slice_update(v, &lo, &hi)?;
+        *ck = ck.slice_update(&k, &lo, &hi)?;
+        *cv = cv.slice_update(&v, &lo, &hi)?;
         Ok((ck.clone(), cv.clone(), self.len + n))
+    }
+
+    /// `x` (f32) as the cache's `kind` holds it.
+    fn rounded(&self, x: &Array, kind: KvType) -> Result<Array> {
+        match kind {
+            KvType::F32 => Ok(x.clone()),
+            other => x.astype(dtype_of(other)),
+        }
     }
 
     /// `layer`'s whole key and value arrays (`[1, kv_heads, allocated, head_dim]`), for the
@@ -151,6 +187,14 @@ impl KvCache {
     /// Becomes a copy of `source`'s first `len` positions (a cached prefix another sequence
     /// computed: the same tokens give the same keys and values), forgetting its own.
     pub fn copy_prefix_from(&mut self, source: &KvCache, len: usize) -> Result<()> {
+        if source.types() != self.types() {
+            return Err(Error::KvTypeMismatch {
+                from_k: source.k_type.as_str(),
+                from_v: source.v_type.as_str(),
+                to_k: self.k_type.as_str(),
+                to_v: self.v_type.as_str(),
+            });
+        }
         if len > source.len {
             return Err(Error::CacheFull {
                 len: source.len,
@@ -175,13 +219,15 @@ impl KvCache {
         Ok(())
     }
 
-    /// Floats each position holds over all layers: keys and values of every head.
+    /// Elements each position holds over all layers: keys and values of every head (the f32
+    /// values [`KvCache::export`] gives per position).
     pub fn floats_per_position(&self) -> usize {
         2 * self.layer_count * self.kv_heads as usize * self.head_dim as usize
     }
 
-    /// The first `len` positions' keys and values on the host, layer by layer, keys before
-    /// values, each `[kv_heads, len, head_dim]` ([`KvCache::import`] reads this layout).
+    /// The first `len` positions' keys and values on the host as f32 (whatever the cache's
+    /// types), layer by layer, keys before values, each `[kv_heads, len, head_dim]`
+    /// ([`KvCache::import`] reads this layout).
     pub fn export(&self, len: usize) -> Result<Vec<f32>> {
         if len > self.len {
             return Err(Error::CacheFull {
@@ -197,6 +243,7 @@ impl KvCache {
         let hi = [1, self.kv_heads, len as i32, self.head_dim];
         for (k, v) in &self.layers {
             for side in [k, v] {
+                // f16 elements widen to f32 exactly.
                 out.extend(side.slice(&[0, 0, 0, 0], &hi)?.to_vec_f32()?);
             }
         }
@@ -204,7 +251,8 @@ impl KvCache {
     }
 
     /// Becomes `len` positions read from `data` in [`KvCache::export`]'s layout, forgetting its
-    /// own; `data` must hold exactly `len` positions.
+    /// own; `data` must hold exactly `len` positions. Values are rounded to the cache's types as
+    /// a step's writes are.
     pub fn import(&mut self, data: &[f32], len: usize) -> Result<()> {
         let per_side = len * self.kv_heads as usize * self.head_dim as usize;
         if data.len() != 2 * self.layer_count * per_side {
@@ -228,10 +276,13 @@ impl KvCache {
         let hi = [1, self.kv_heads, len as i32, self.head_dim];
         let lo = [0, 0, 0, 0];
         let mut sides = data.chunks_exact(per_side);
+        let (k_type, v_type) = (self.k_type, self.v_type);
         for (k, v) in &mut self.layers {
-            for side in [k, v] {
+            for (side, kind) in [(k, k_type), (v, v_type)] {
                 let part = sides.next().expect("length checked above");
-                *side = side.slice_update(&Array::from_f32(part, &hi)?, &lo, &hi)?;
+                // Rounded as a write rounds: f16 data read back from an f16 cache is unchanged.
+                let part = Array::from_f32(part, &hi)?.astype(dtype_of(kind))?;
+                *side = side.slice_update(&part, &lo, &hi)?;
             }
         }
         // Materialized now: the fused layer writes into these buffers in place.

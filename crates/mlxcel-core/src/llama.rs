@@ -22,7 +22,7 @@ use crate::fast::{
     scaled_dot_product_attention, split_heads,
 };
 use crate::kernels::{Activations, Int8Layout, KernelBackend, Kernels};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvType};
 use crate::layer::{LayerSeq, LayerShape, LayerTensors, Qkv, decoder_layer};
 use crate::quantized::{Epilogue, QuantizedWeight};
 
@@ -347,6 +347,8 @@ pub struct LlamaModel {
     embedding_scale: Option<Array>,
     features: LayerFeatures,
     kernels: Kernels,
+    /// The element types of new caches' keys and values.
+    kv_types: (KvType, KvType),
 }
 
 impl LlamaModel {
@@ -527,6 +529,7 @@ impl LlamaModel {
             embedding_scale,
             features,
             kernels,
+            kv_types: (KvType::F32, KvType::F32),
         };
         model.materialize()?;
         // Loading read the checkpoint and, for int8, rewrote it: hand back what that freed.
@@ -617,14 +620,37 @@ impl LlamaModel {
         &self.config
     }
 
-    /// An empty cache for a sequence of at most `max_positions` positions.
+    /// An empty cache for a sequence of at most `max_positions` positions, its keys and values
+    /// in the model's [`LlamaModel::kv_types`].
     pub fn new_cache(&self, max_positions: usize) -> KvCache {
         KvCache::new(
             self.config.num_hidden_layers,
             self.config.num_key_value_heads,
             self.config.head_dim,
             max_positions.min(self.config.window()),
+            self.kv_types,
         )
+    }
+
+    /// The element types of the keys and values of caches from [`LlamaModel::new_cache`]
+    /// (f32 unless [`LlamaModel::set_kv_types`] chose otherwise).
+    pub fn kv_types(&self) -> (KvType, KvType) {
+        self.kv_types
+    }
+
+    /// Sets the element types of later caches' keys and values (llama.cpp's `--cache-type-k`
+    /// and `--cache-type-v`); caches already made keep theirs.
+    pub fn set_kv_types(&mut self, keys: KvType, values: KvType) {
+        self.kv_types = (keys, values);
+    }
+
+    /// KV bytes one position takes over all layers in caches from [`LlamaModel::new_cache`].
+    pub fn kv_bytes_per_position(&self) -> usize {
+        let c = &self.config;
+        c.num_hidden_layers
+            * c.num_key_value_heads
+            * c.head_dim
+            * (self.kv_types.0.size_in_bytes() + self.kv_types.1.size_in_bytes())
     }
 
     /// Runs one step and returns, per sequence and in order, the logits of its last new position.
@@ -987,6 +1013,15 @@ impl LlamaModel {
                 )?
             } else {
                 let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
+                // MLX's attention takes one dtype: f16 caches are widened (exactly) for it.
+                let widen = |a: Array| -> Result<Array> {
+                    if a.dtype() == Dtype::F32 {
+                        Ok(a)
+                    } else {
+                        a.astype(Dtype::F32)
+                    }
+                };
+                let (keys, values) = (widen(keys)?, widen(values)?);
                 let window_mask = layer
                     .attention
                     .window

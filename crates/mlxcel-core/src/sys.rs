@@ -211,6 +211,7 @@ pub(crate) mod ffi {
             compact: bool,
         ) -> Result<UniquePtr<ArrayList>>;
         fn kernels_has_vnni() -> bool;
+        fn kernels_float_to_half(values: &[f32], out: &mut [u16]);
         fn kernels_best_isa() -> u8;
         fn kernels_available_cores() -> i32;
     }

@@ -44,3 +44,63 @@ impl std::str::FromStr for Activations {
         }
     }
 }
+
+/// The element type of a KV cache (llama.cpp's `--cache-type-k` / `--cache-type-v`, spelled as
+/// llama.cpp spells them). Keys and values are computed in f32 and rounded when written; f16
+/// halves the cache's memory and the bytes attention reads per decoded token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    /// f32: the computed keys and values as they are (the default).
+    #[default]
+    F32,
+    /// IEEE half, rounded to nearest (ties to even) when written, widened exactly when read.
+    F16,
+}
+
+impl KvType {
+    /// The names `from_str` accepts.
+    pub const NAMES: [&'static str; 2] = ["f32", "f16"];
+
+    /// llama.cpp's cache types that mlxcel does not store (refused by name).
+    pub const NOT_SUPPORTED: [&'static str; 7] =
+        ["bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"];
+
+    /// The name `from_str` reads back.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+        }
+    }
+
+    /// Bytes one element takes.
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+
+    /// `f32` or `f16` (case and surrounding spaces ignored); the error lists the choices and says
+    /// when the name is one of llama.cpp's other cache types.
+    fn from_str(name: &str) -> Result<Self, String> {
+        let lower = name.trim().to_ascii_lowercase();
+        match lower.as_str() {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            other if Self::NOT_SUPPORTED.contains(&other) => Err(format!(
+                "KV cache type {name:?} is a llama.cpp cache type mlxcel does not store: \
+                 expected {}",
+                Self::NAMES.join(" or ")
+            )),
+            _ => Err(format!(
+                "unknown KV cache type {name:?}: expected {}",
+                Self::NAMES.join(" or ")
+            )),
+        }
+    }
+}

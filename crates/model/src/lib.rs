@@ -42,7 +42,7 @@ mod safetensors_files;
 mod safetensors_writer;
 mod tokenizer;
 
-pub use activations::Activations;
+pub use activations::{Activations, KvType};
 pub use chat::{ChatMessage, ChatTemplate, MAX_RENDER_BYTES, MAX_RENDER_TIME};
 pub use checkpoint::{Checkpoint, Module, ModuleKind, expected_modules};
 pub use config::{

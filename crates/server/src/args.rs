@@ -5,7 +5,9 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mlxcel_engine::{BackendKind, EngineOptions, MaxNewTokens, ShapeMode, SpeculativeConfig};
+use mlxcel_engine::{
+    BackendKind, EngineOptions, KvType, MaxNewTokens, ShapeMode, SpeculativeConfig,
+};
 
 use crate::config::{ApiKeys, SamplingDefaults, ServerConfig};
 use crate::error::ServerError;
@@ -226,6 +228,26 @@ pub struct ServerArgs {
     )]
     pub cache_ram: i64,
 
+    /// The KV cache's key type (`-ctk`): `f32` (the default here) or `f16` (llama.cpp's default:
+    /// half the KV memory and the bytes attention reads per token, keys rounded to half
+    /// precision). llama.cpp's quantized cache types are refused by name. MLX backend only.
+    #[arg(
+        long = "cache-type-k",
+        env = "LLAMA_ARG_CACHE_TYPE_K",
+        default_value = "f32",
+        value_parser = kv_type
+    )]
+    pub cache_type_k: KvType,
+
+    /// The KV cache's value type (`-ctv`), as `--cache-type-k`.
+    #[arg(
+        long = "cache-type-v",
+        env = "LLAMA_ARG_CACHE_TYPE_V",
+        default_value = "f32",
+        value_parser = kv_type
+    )]
+    pub cache_type_v: KvType,
+
     /// The directory of slot files: turns on `POST /slots/{id}?action=save|restore|erase`
     /// (created at start if missing).
     #[arg(long = "slot-save-path")]
@@ -338,6 +360,11 @@ pub struct ServerArgs {
 }
 
 /// llama.cpp's booleans: `on`/`enabled`/`true`/`1` and `off`/`disabled`/`false`/`0`.
+/// A KV cache type (`f32`, `f16`); the error names llama.cpp's types mlxcel does not store.
+fn kv_type(value: &str) -> Result<KvType, String> {
+    value.parse()
+}
+
 fn llama_bool(value: &str) -> Result<bool, String> {
     match value {
         "on" | "enabled" | "true" | "1" => Ok(true),
@@ -423,6 +450,7 @@ impl ServerArgs {
         )
         .map_err(|err| ServerError::Flag(err.to_string()))?;
         options.draft_model = self.spec_draft_model.clone();
+        options.kv_types = (self.cache_type_k, self.cache_type_v);
         options.prefix_cache_bytes = match self.cache_ram {
             -1 => usize::MAX,
             mib if mib >= 0 => (mib as usize).saturating_mul(1 << 20),

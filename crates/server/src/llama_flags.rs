@@ -426,18 +426,6 @@ pub const NO_OP_OPTIONS: &[NoOpOption] = &[
         reason: "device placement and offload: the MLX backend runs where MLX runs (CPU here), the OpenXLA backend where IREE compiles for; nothing to place",
     },
     NoOpOption {
-        names: &["-ctk", "--cache-type-k"],
-        env: Some("LLAMA_ARG_CACHE_TYPE_K"),
-        values: 1,
-        reason: "the KV cache is the backend's own (MLX arrays or IREE buffers) with the model's dtype",
-    },
-    NoOpOption {
-        names: &["-ctv", "--cache-type-v"],
-        env: Some("LLAMA_ARG_CACHE_TYPE_V"),
-        values: 1,
-        reason: "the KV cache is the backend's own (MLX arrays or IREE buffers) with the model's dtype",
-    },
-    NoOpOption {
         names: &["-dt", "--defrag-thold"],
         env: Some("LLAMA_ARG_DEFRAG_THOLD"),
         values: 1,

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use mlxcel_engine::{
-    Activations, BackendBench, BackendKind, EngineOptions, measure_read_bandwidth,
+    Activations, BackendBench, BackendKind, EngineOptions, KvType, measure_read_bandwidth,
 };
 
 #[derive(Debug, clap::Args)]
@@ -70,6 +70,9 @@ pub struct Args {
     #[arg(long)]
     activations: Option<String>,
 
+    #[command(flatten)]
+    kv: super::KvTypeArgs,
+
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "md")]
     output: Format,
@@ -128,12 +131,18 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         backend,
         threads: Some(threads),
         activations: Some(activations),
+        kv_types: args.kv.kv_types(),
         ..EngineOptions::default()
     };
     // The MLX rows say which activations ran ("mlx int8"); f32 is the unmarked default.
     let label = match (backend, activations) {
         (BackendKind::Mlx, Activations::Int8) => "mlx int8".to_owned(),
         _ => backend.as_str().to_owned(),
+    };
+    // …and which KV cache types, when not the default f32.
+    let label = match args.kv.kv_types() {
+        (KvType::F32, KvType::F32) => label,
+        (k, v) => format!("{label} kv {}/{}", k.as_str(), v.as_str()),
     };
     let mut bench = BackendBench::load(args.model.as_deref(), &options)?;
 
@@ -186,7 +195,15 @@ pub fn run(args: &Args) -> Result<ExitCode> {
                 println!("\nexecution: {execution}");
             }
         }
-        Format::Json => print_json(info, weight_bytes, &label, threads, &rows, bandwidth),
+        Format::Json => print_json(
+            info,
+            weight_bytes,
+            &label,
+            threads,
+            args.kv.kv_types(),
+            &rows,
+            bandwidth,
+        ),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -268,6 +285,7 @@ fn print_json(
     weight_bytes: u64,
     backend: &str,
     threads: usize,
+    kv_types: (KvType, KvType),
     rows: &[Row],
     bandwidth: Option<f64>,
 ) {
@@ -285,12 +303,14 @@ fn print_json(
                 _ => String::new(),
             };
             format!(
-                "  {{\"model\": {:?}, \"model_size\": {}, \"model_n_params\": {}, \"backend\": {:?}, \"n_threads\": {}, \"test\": {:?}, \"n_prompt\": {}, \"n_gen\": {}, \"n_depth\": {}, \"n_streams\": {}, \"avg_ts\": {:.4}, \"stddev_ts\": {:.4}, \"samples_ts\": [{}]{decode}}}",
+                "  {{\"model\": {:?}, \"model_size\": {}, \"model_n_params\": {}, \"backend\": {:?}, \"n_threads\": {}, \"type_k\": {:?}, \"type_v\": {:?}, \"test\": {:?}, \"n_prompt\": {}, \"n_gen\": {}, \"n_depth\": {}, \"n_streams\": {}, \"avg_ts\": {:.4}, \"stddev_ts\": {:.4}, \"samples_ts\": [{}]{decode}}}",
                 info.name,
                 info.weight_bytes,
                 info.parameters,
                 backend,
                 threads,
+                kv_types.0.as_str(),
+                kv_types.1.as_str(),
                 row.test,
                 row.n_prompt,
                 row.n_gen,

@@ -83,6 +83,9 @@ pub struct Args {
     #[arg(long)]
     activations: Option<String>,
 
+    #[command(flatten)]
+    kv: super::KvTypeArgs,
+
     /// Speculative decoding: `ngram-simple` (prompt lookup: propose what followed the last
     /// n-gram's earlier occurrence), `draft-simple` (a draft model's greedy continuation; the
     /// default when `--spec-draft-model` is given), or `none`. Proposals are verified in one pass
@@ -153,6 +156,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
                 args.draft_p_min,
             )?,
             draft_model: args.spec_draft_model.clone(),
+            kv_types: args.kv.kv_types(),
             ..EngineOptions::default()
         },
     )?;

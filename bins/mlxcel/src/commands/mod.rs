@@ -20,3 +20,28 @@ pub fn parse_activations(
         })
         .transpose()
 }
+
+/// `--cache-type-k` / `--cache-type-v` (`-ctk` / `-ctv`, as llama.cpp spells them).
+#[derive(Debug, Clone, clap::Args)]
+pub struct KvTypeArgs {
+    /// The KV cache's key type: `f32` (the default) or `f16` (half the KV memory and the bytes
+    /// attention reads per token; keys rounded to half precision when written). llama.cpp's
+    /// quantized cache types are refused by name. The MLX backend only.
+    #[arg(long = "cache-type-k", default_value = "f32", value_parser = parse_kv_type)]
+    pub cache_type_k: mlxcel_engine::KvType,
+
+    /// The KV cache's value type, as `--cache-type-k`.
+    #[arg(long = "cache-type-v", default_value = "f32", value_parser = parse_kv_type)]
+    pub cache_type_v: mlxcel_engine::KvType,
+}
+
+impl KvTypeArgs {
+    /// The engine option.
+    pub fn kv_types(&self) -> (mlxcel_engine::KvType, mlxcel_engine::KvType) {
+        (self.cache_type_k, self.cache_type_v)
+    }
+}
+
+fn parse_kv_type(value: &str) -> Result<mlxcel_engine::KvType, String> {
+    value.parse()
+}

@@ -41,6 +41,9 @@ pub struct Args {
     /// Defaults to `MLXCEL_ACTIVATIONS`, else `f32`.
     #[arg(long)]
     activations: Option<String>,
+
+    #[command(flatten)]
+    kv: super::KvTypeArgs,
 }
 
 pub fn run(args: &Args) -> Result<ExitCode> {
@@ -51,6 +54,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         backend,
         threads: args.threads,
         activations: super::parse_activations(args.activations.as_deref())?,
+        kv_types: args.kv.kv_types(),
         ..EngineOptions::default()
     };
     let settings = PerplexityOptions {

@@ -7,7 +7,7 @@ use mlxcel_model::Checkpoint;
 
 use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, SlotId};
 use crate::error::EngineError;
-use crate::options::Activations;
+use crate::options::{Activations, KvType};
 
 /// The llama-family model on MLX, with one KV cache per slot.
 #[derive(Debug)]
@@ -25,12 +25,14 @@ fn backend_error(err: mlxcel_core::Error) -> EngineError {
 
 impl MlxBackend {
     /// Loads the model; `threads` and `activations` override `MLXCEL_THREADS` and
-    /// `MLXCEL_ACTIVATIONS` for the CPU kernels.
+    /// `MLXCEL_ACTIVATIONS` for the CPU kernels; slots' caches hold keys and values as the KV
+    /// types say.
     pub(crate) fn load(
         checkpoint: &Checkpoint,
         kv_budget_bytes: usize,
         threads: Option<usize>,
         activations: Option<Activations>,
+        (k_type, v_type): (KvType, KvType),
     ) -> Result<Self, EngineError> {
         mlxcel_core::set_default_device_cpu().map_err(backend_error)?;
         let mut kernels = Kernels::from_env().map_err(backend_error)?;
@@ -43,18 +45,19 @@ impl MlxBackend {
             // and the server spell it with.
             kernels.check("--activations").map_err(backend_error)?;
         }
+        let mut model = LlamaModel::load_with(checkpoint, kernels).map_err(backend_error)?;
+        model.set_kv_types(k_type, v_type);
         Ok(Self {
-            model: LlamaModel::load_with(checkpoint, kernels).map_err(backend_error)?,
+            model,
             slots: HashMap::new(),
             next_slot: 0,
             kv_budget_bytes,
         })
     }
 
-    /// KV bytes one position takes across all layers (keys and values, f32).
+    /// KV bytes one position takes across all layers (keys and values, in their types).
     fn bytes_per_position(&self) -> usize {
-        let c = self.model.config();
-        2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
+        self.model.kv_bytes_per_position()
     }
 
     fn reserved_bytes(&self) -> usize {
@@ -134,8 +137,12 @@ impl Backend for MlxBackend {
 
     fn execution(&self) -> String {
         let kernels = self.model.kernels();
+        let kv = match self.model.kv_types() {
+            (KvType::F32, KvType::F32) => String::new(),
+            (k, v) => format!(", {}/{} KV cache", k.as_str(), v.as_str()),
+        };
         format!(
-            "{}, {:?} kernels, {:?} activations",
+            "{}, {:?} kernels, {:?} activations{kv}",
             self.model.execution(),
             kernels.isa,
             kernels.activations

@@ -47,6 +47,7 @@ fn load_mlx(
         options.kv_budget_bytes,
         options.threads,
         options.activations,
+        options.kv_types,
     )?;
     Ok(Box::new(backend))
 }
@@ -64,6 +65,18 @@ fn load_xla(
     checkpoint: &Checkpoint,
     options: &EngineOptions,
 ) -> Result<Box<dyn Backend>, EngineError> {
+    use crate::options::KvType;
+    if options.kv_types != (KvType::F32, KvType::F32) {
+        return Err(EngineError::Unsupported {
+            what: format!(
+                "KV cache types {}/{} (keys/values; --cache-type-k/--cache-type-v)",
+                options.kv_types.0.as_str(),
+                options.kv_types.1.as_str()
+            ),
+            backend: BackendKind::Xla.as_str(),
+            reason: "its compiled programs hold f32 keys and values; use f32, or the mlx backend",
+        });
+    }
     Ok(Box::new(xla::XlaBackend::load(checkpoint, options.shapes)?))
 }
 

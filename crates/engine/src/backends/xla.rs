@@ -427,7 +427,8 @@ mod tests {
     #[cfg(feature = "mlx")]
     fn agree_with_mlx(format: WeightFormat) {
         let loaded = LoadedModel::open(&resolve_model(None).unwrap()).unwrap();
-        let mut mlx = MlxBackend::load(&loaded.checkpoint, 1 << 30, None, None).unwrap();
+        let mut mlx =
+            MlxBackend::load(&loaded.checkpoint, 1 << 30, None, None, Default::default()).unwrap();
         let options = XlaOptions {
             format,
             ..XlaOptions::default()

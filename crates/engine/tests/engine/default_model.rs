@@ -1093,3 +1093,38 @@ fn draft_model_speculation_keeps_greedy_output() {
     let err = engine().submit(request).unwrap_err().to_string();
     assert!(err.contains("none is loaded"), "{err}");
 }
+
+/// `--cache-type-k/-v f16` on the MLX backend: the greedy reference text is unchanged (keys and
+/// values move by at most 2^-11 of themselves); the OpenXLA backend refuses the option at load,
+/// naming it, instead of running with f32 caches.
+#[test]
+fn f16_kv_caches_keep_the_reference_text_and_are_refused_on_xla() {
+    if skip() {
+        return;
+    }
+    let options = EngineOptions {
+        kv_types: (KvType::F16, KvType::F16),
+        ..EngineOptions::default()
+    };
+    let f16 = Engine::load(None, options.clone()).expect("f16 caches load");
+    let completion = f16.generate(greedy("The capital of France is", 8)).unwrap();
+    assert_eq!(completion.text, " Paris.\n\nThe answer is:");
+    let loaded = Engine::load(
+        None,
+        EngineOptions {
+            backend: BackendKind::Xla,
+            ..options
+        },
+    );
+    let Err(err) = loaded else {
+        panic!("the xla backend accepted f16 caches");
+    };
+    let err = err.to_string();
+    #[cfg(feature = "xla")]
+    assert!(
+        err.contains("--cache-type-k") && err.contains("xla") && err.contains("f16"),
+        "{err}"
+    );
+    #[cfg(not(feature = "xla"))]
+    assert!(err.contains("xla"), "{err}");
+}

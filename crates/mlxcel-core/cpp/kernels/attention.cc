@@ -47,7 +47,7 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
     work += static_cast<int64_t>(p.heads) * p.n * p.L * p.D;
     const int keys = kRangeKeys;
     const int splits = std::max(1, (p.L + keys - 1) / keys);
-    max_scores = std::max(max_scores, G * keys);
+    max_scores = std::max(max_scores, G * keys + p.D);
     for (int kvh = 0; kvh < p.kv_heads; ++kvh) {
       for (int r0 = 0; r0 < p.n; r0 += kBlock) {
         const int r1 = std::min(p.n, r0 + kBlock);
@@ -63,6 +63,11 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
   }
   static thread_local std::vector<float> part_buffer;
   float* part = grow(part_buffer, static_cast<size_t>(part_floats));
+  // The AVX-512 kernel reads f32 caches only; f16 caches take the AVX2 one (F16C widening).
+  bool f16 = false;
+  for (int pi = 0; pi < count; ++pi)
+    f16 = f16 || problems[pi].k_dtype != KvDtype::F32 || problems[pi].v_dtype != KvDtype::F32;
+  if (f16 && isa == Isa::Avx512) isa = Isa::Avx2;
   const auto attend = isa == Isa::Avx512 ? attention_part_avx512
                       : isa == Isa::Avx2 ? attention_part_avx2
                                          : attention_part_scalar;

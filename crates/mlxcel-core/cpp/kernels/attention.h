@@ -13,11 +13,14 @@ namespace mlxcel::kernels {
 // L positions, so with `causal` query i sees keys 0 ..= L - n + i; with a sliding `window` (> 0)
 // only the keys L - n + i - window + 1 ..= L - n + i of those (itself and the window - 1 before
 // it). With a `softcap` (> 0) each scaled score s becomes softcap·tanh(s / softcap) (Gemma 2).
-// Strides are in elements; the last dimension is contiguous.
+// Strides are in elements; the last dimension is contiguous. Keys and values are f32 or f16
+// (IEEE half, widened exactly on load: the result is the f32 problem's on the widened values).
+enum class KvDtype : uint8_t { F32 = 0, F16 = 1 };
+
 struct AttentionProblem {
   const float* q;
-  const float* k;
-  const float* v;
+  const void* k;  // float or uint16_t (f16 bits), as k_dtype says
+  const void* v;  // as v_dtype says
   float* out;  // row i of head h at out + h·out_head + i·out_row
   int heads, kv_heads, n, L, D;
   int64_t q_head, q_row, k_head, k_row, v_head, v_row, out_head, out_row;
@@ -25,7 +28,58 @@ struct AttentionProblem {
   bool causal;
   int window;  // 0: no sliding window
   float softcap;  // 0: none
+  KvDtype k_dtype = KvDtype::F32;
+  KvDtype v_dtype = KvDtype::F32;
 };
+
+// The IEEE half nearest to f (ties to even; overflow to infinity, NaN stays NaN), as MLX's
+// astype(float16) and F16C's conversion round.
+inline uint16_t float_to_half(float f) {
+  uint32_t x;
+  __builtin_memcpy(&x, &f, sizeof(x));
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  x &= 0x7FFFFFFFu;
+  if (x >= 0x7F800000u)  // infinity, NaN (kept quiet, top payload bits kept)
+    return sign | 0x7C00u | (x > 0x7F800000u ? 0x0200u | ((x >> 13) & 0x03FFu) : 0u);
+  if (x >= 0x477FF000u) return sign | 0x7C00u;  // 65520 and up round to infinity
+  if (x >= 0x38800000u) {  // a normal half: rebias the exponent, round the 13 dropped bits
+    x += 0xC8000FFFu + ((x >> 13) & 1u);
+    return sign | static_cast<uint16_t>(x >> 13);
+  }
+  // Below 2^-14: a subnormal half (or zero). Adding 0.5 (ulp 2^-24, the subnormal step) rounds
+  // the magnitude to a multiple of 2^-24 in the float unit, ties to even.
+  float magnitude;
+  __builtin_memcpy(&magnitude, &x, sizeof(magnitude));
+  magnitude += 0.5f;
+  uint32_t bits;
+  __builtin_memcpy(&bits, &magnitude, sizeof(bits));
+  return sign | static_cast<uint16_t>(bits - 0x3F000000u);
+}
+
+// IEEE half bits to float, exactly (subnormals, infinities and NaNs included).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1Fu;
+  const uint32_t mantissa = h & 0x3FFu;
+  uint32_t bits;
+  if (exponent == 0x1Fu) {
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {
+    // Subnormal: m·2^-24, exact in float.
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    __builtin_memcpy(&bits, &magnitude, sizeof(bits));
+    bits |= sign;
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+
 
 // A scaled score after the problem's soft-capping (tanh_fast: absolute error ~1e-7 on tanh).
 inline float attention_cap(const AttentionProblem& p, float score) {
@@ -45,7 +99,8 @@ inline int attention_part_stride(int D) { return D + 2; }
 // Partial attention of the G = heads / kv_heads query heads that share kv head `kvh`, query rows
 // [r0, r1), over keys [j0, j1) (and the causal bound): each key and value row is read once for
 // the whole group. Writes G·(r1 - r0) entries of attention_part_stride(D) floats to `part`, head
-// major; a row with no key in range gets max -inf, sum 0. `scores` holds G·(j1 - j0) floats.
+// major; a row with no key in range gets max -inf, sum 0. `scores` holds G·(j1 - j0) + D floats
+// (the last D: room to widen an f16 row).
 // attention_merge() turns the partials of a row's key ranges into its output.
 void attention_part_scalar(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
                            float* part, float* scores);

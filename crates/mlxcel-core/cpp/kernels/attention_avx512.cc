@@ -94,8 +94,8 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
   const int G = p.heads / p.kv_heads;
   const int W = j1 - j0;
   const int64_t stride = D + 2;
-  const float* k = p.k + kvh * p.k_head;
-  const float* v = p.v + kvh * p.v_head;
+  const float* k = static_cast<const float*>(p.k) + kvh * p.k_head;
+  const float* v = static_cast<const float*>(p.v) + kvh * p.v_head;
   const __m512 scale = _mm512_set1_ps(p.scale);
   for (int i = r0; i < r1; ++i) {
     const int len = p.causal ? p.L - p.n + i + 1 : p.L;
@@ -190,7 +190,9 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
 MLXCEL_TARGET void attention_part_avx512(const AttentionProblem& p, int kvh, int r0, int r1,
                                          int j0, int j1, float* part, float* scores) {
   const int G = p.heads / p.kv_heads;
-  if (G <= 4) {
+  // f16 caches take attention() to the AVX2 kernel; here they would run the plain loops.
+  const bool f32 = p.k_dtype == KvDtype::F32 && p.v_dtype == KvDtype::F32;
+  if (G <= 4 && f32) {
     if (p.D == 64) return part_fast<4>(p, kvh, r0, r1, j0, j1, part, scores);
     if (p.D == 128) return part_fast<8>(p, kvh, r0, r1, j0, j1, part, scores);
   }

@@ -82,10 +82,28 @@ struct Dims {
 // One sequence of the step: its rows of x, the cache position of the first, its caches.
 struct Seq {
   int n, position;
-  float* k;
-  float* v;
+  void* k;  // float, or f16 bits (uint16_t) as k_dtype says
+  void* v;
+  kernels::KvDtype k_dtype, v_dtype;
   int64_t head_stride;  // allocated positions · head_dim
 };
+
+// The cache element type of an MLX array (f32 or f16), or a refusal naming it.
+kernels::KvDtype kv_dtype(const mx::array& a) {
+  if (a.dtype() == mx::float32) return kernels::KvDtype::F32;
+  if (a.dtype() == mx::float16) return kernels::KvDtype::F16;
+  throw std::runtime_error("mlxcel decoder layer: a KV cache must be float32 or float16");
+}
+
+// Writes D floats of a key or value row at element `at` of a cache of the given dtype.
+void store_kv(void* cache, kernels::KvDtype dtype, int64_t at, const float* row, int D) {
+  if (dtype == kernels::KvDtype::F32) {
+    std::memcpy(static_cast<float*>(cache) + at, row, sizeof(float) * D);
+  } else {
+    uint16_t* dst = static_cast<uint16_t*>(cache) + at;
+    for (int t = 0; t < D; ++t) dst[t] = kernels::float_to_half(row[t]);
+  }
+}
 
 struct Weights {
   const uint32_t* w;
@@ -148,8 +166,12 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
           throw std::runtime_error(
               "mlxcel decoder layer: a KV cache must be a materialized contiguous array");
       }
-      seqs[s] = Seq{seqs_[2 * s], seqs_[2 * s + 1], const_cast<float*>(k.data<float>()),
-                    const_cast<float*>(v.data<float>()),
+      seqs[s] = Seq{seqs_[2 * s],
+                    seqs_[2 * s + 1],
+                    const_cast<void*>(static_cast<const void*>(k.data<uint8_t>())),
+                    const_cast<void*>(static_cast<const void*>(v.data<uint8_t>())),
+                    kv_dtype(k),
+                    kv_dtype(v),
                     static_cast<int64_t>(k.shape(2)) * dims_.head_dim};
     }
     out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -276,17 +298,13 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
             kernels::rope_head(r + hd * D, r + hd * D, cos_t.data(), sin_t.data(), half);
         }
         for (int kvh = 0; kvh < KV; ++kvh) {
-          float* kdst = s.k + kvh * s.head_stride + static_cast<int64_t>(pos) * D;
-          float* vdst = s.v + kvh * s.head_stride + static_cast<int64_t>(pos) * D;
-          if (d.rope) {
-            kernels::rope_head(r + (H + kvh) * D, kdst, cos_t.data(), sin_t.data(), half);
-            if (d.rotary < D)
-              std::memcpy(kdst + d.rotary, r + (H + kvh) * D + d.rotary,
-                          sizeof(float) * (D - d.rotary));
-          } else {
-            std::memcpy(kdst, r + (H + kvh) * D, sizeof(float) * D);
-          }
-          std::memcpy(vdst, r + (H + KV + kvh) * D, sizeof(float) * D);
+          // RoPE on k in place (features past `rotary` stay as they are), then both rows into
+          // the caches, rounded to f16 where a cache holds halves.
+          float* kr = r + (H + kvh) * D;
+          if (d.rope) kernels::rope_head(kr, kr, cos_t.data(), sin_t.data(), half);
+          const int64_t at = kvh * s.head_stride + static_cast<int64_t>(pos) * D;
+          store_kv(s.k, s.k_dtype, at, kr, D);
+          store_kv(s.v, s.v_dtype, at, r + (H + KV + kvh) * D, D);
         }
       }
       row += s.n;
@@ -301,6 +319,8 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
       p.q = qkv + static_cast<int64_t>(row) * C;
       p.k = s.k;
       p.v = s.v;
+      p.k_dtype = s.k_dtype;
+      p.v_dtype = s.v_dtype;
       p.out = att + static_cast<int64_t>(row) * H * D;
       p.heads = H;
       p.kv_heads = KV;
@@ -483,9 +503,10 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
     total += n;
     for (int c = 0; c < 2; ++c) {
       const auto& cache = caches.items[2 * s + c];
-      if (cache.dtype() != mx::float32 || cache.ndim() != 4 || cache.shape(0) != 1 ||
+      if ((cache.dtype() != mx::float32 && cache.dtype() != mx::float16) || cache.ndim() != 4 ||
+          cache.shape(0) != 1 ||
           cache.shape(1) != KV || cache.shape(3) != D)
-        refuse("caches must be float32 [1, " + std::to_string(KV) + ", positions, " +
+        refuse("caches must be float32 or float16 [1, " + std::to_string(KV) + ", positions, " +
                std::to_string(D) + "]");
       if (static_cast<int64_t>(position) + n > cache.shape(2))
         refuse("sequence " + std::to_string(s) + " writes positions up to " +

@@ -249,8 +249,10 @@ class AttentionCpu : public mx::UnaryPrimitive {
     out.set_data(mx::allocator::malloc(out.nbytes()));
     kernels::AttentionProblem p{};
     p.q = q.data<float>();
-    p.k = k.data<float>();
-    p.v = v.data<float>();
+    p.k = k.data<uint8_t>();
+    p.v = v.data<uint8_t>();
+    p.k_dtype = k.dtype() == mx::float16 ? kernels::KvDtype::F16 : kernels::KvDtype::F32;
+    p.v_dtype = v.dtype() == mx::float16 ? kernels::KvDtype::F16 : kernels::KvDtype::F32;
     p.out = out.data<float>();
     p.heads = q.shape(1);
     p.kv_heads = k.shape(1);
@@ -536,8 +538,11 @@ std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
   const auto& ka = k.inner;
   const auto& va = v.inner;
   for (const auto* a : {&qa, &ka, &va}) {
-    if (a->dtype() != mx::float32 || a->ndim() != 4 || a->shape(0) != 1)
-      throw std::invalid_argument("mlxcel attention: q, k, v must be float32 [1, heads, len, D]");
+    const bool f32 = a->dtype() == mx::float32, f16 = a->dtype() == mx::float16 && a != &qa;
+    if (!(f32 || f16) || a->ndim() != 4 || a->shape(0) != 1)
+      throw std::invalid_argument(
+          "mlxcel attention: q must be float32, k and v float32 or float16, all [1, heads, len, "
+          "D]");
   }
   if (keys < 0) keys = ka.shape(2);
   if (ka.shape() != va.shape() || ka.shape(3) != qa.shape(3) || qa.shape(1) % ka.shape(1) != 0 ||
@@ -655,6 +660,11 @@ std::unique_ptr<MlxArray> int8_rows(const MlxArray& ids, const MlxArray& w,
 }
 
 bool kernels_has_vnni() { return kernels::has_vnni(); }
+
+void kernels_float_to_half(rust::Slice<const float> values, rust::Slice<uint16_t> out) {
+  // The caller sizes `out` as `values` (the Rust wrapper does).
+  for (size_t i = 0; i < values.size() && i < out.size(); ++i) out[i] = kernels::float_to_half(values[i]);
+}
 
 uint8_t kernels_best_isa() { return static_cast<uint8_t>(kernels::best_isa()); }
 

@@ -194,6 +194,8 @@ fn native_attention_matches_naive_attention_on_every_path() {
         (9, 3, 3, 131, 64),
         (8, 2, 2, 97, 128),
         (12, 2, 1, 150, 64),
+        // Seven heads per kv head (the AVX2 kernel's groups of four and three).
+        (14, 2, 2, 97, 64),
         // Several 256-key ranges; causal rows whose keys end before the last range starts
         // (empty partials in the merge).
         (9, 3, 2, 700, 64),
@@ -356,5 +358,142 @@ fn native_attention_with_a_sliding_window_matches_the_masked_reference() {
             .unwrap();
             assert_close(&got.to_vec_f32().unwrap(), &expected_tokens_major, 1e-5);
         }
+    }
+}
+
+/// f16 caches: the kernel widens each half exactly, so its result is the f32 kernel's on the
+/// widened keys and values, bit for bit, on every path, thread count and head grouping, for
+/// f16 keys, f16 values or both, with causal rows, sliding windows and soft-capping, across the
+/// 256-key ranges (D = 16 takes the plain loops, the others the AVX2 blocked kernel; the
+/// AVX-512 path hands f16 problems to AVX2).
+#[test]
+fn f16_caches_give_the_f32_kernels_bits_on_the_widened_values() {
+    use mlxcel_core::fast::attention_native_tokens_major;
+    use mlxcel_core::{Dtype, Isa};
+    let cases = [
+        // (heads, kv_heads, queries, keys, head_dim, window, softcap)
+        (9, 3, 1, 37, 64, None, None),
+        (8, 8, 2, 300, 64, None, None),
+        (8, 4, 3, 131, 128, Some(50), None),
+        (14, 2, 1, 700, 64, None, Some(0.5)),
+        (10, 2, 4, 45, 96, None, None),
+        (4, 1, 2, 21, 256, None, None),
+        (6, 2, 3, 40, 16, Some(9), Some(0.3)),
+        (32, 8, 1, 520, 64, None, None),
+    ];
+    let paths: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&isa| isa <= Isa::best())
+        .collect();
+    for (i, &(h, kh, n, l, d, window, cap)) in cases.iter().enumerate() {
+        let seed = 900 + i as u64 * 3;
+        let dims = |heads: usize, len: usize| [1, heads as i32, len as i32, d as i32];
+        let q = Array::from_f32(&pseudo_random(h * n * d, seed), &dims(h, n)).unwrap();
+        // Keys of many magnitudes, some subnormal as halves (finite scores throughout).
+        let spread = |data: Vec<f32>| -> Vec<f32> {
+            data.iter()
+                .enumerate()
+                .map(|(j, x)| x * [1.0, 1e-6, 20.0, 3e-5, 0.01][j % 5])
+                .collect()
+        };
+        let k32 =
+            Array::from_f32(&spread(pseudo_random(kh * l * d, seed + 1)), &dims(kh, l)).unwrap();
+        let v32 = Array::from_f32(&pseudo_random(kh * l * d, seed + 2), &dims(kh, l)).unwrap();
+        let (k16, v16) = (
+            k32.astype(Dtype::F16).unwrap(),
+            v32.astype(Dtype::F16).unwrap(),
+        );
+        let widened = |a: &Array| a.astype(Dtype::F32).unwrap();
+        for (k, v) in [(&k16, &v16), (&k16, &v32), (&k32, &v16)] {
+            let (kw, vw) = (widened(k), widened(v));
+            for &isa in &paths {
+                for threads in [1, 2] {
+                    let run = |k: &Array, v: &Array| {
+                        attention_native_tokens_major(
+                            &q,
+                            k,
+                            v,
+                            l,
+                            1.0 / (d as f32).sqrt(),
+                            n > 1,
+                            window,
+                            cap,
+                            isa,
+                            threads,
+                        )
+                        .unwrap()
+                        .to_vec_f32()
+                        .unwrap()
+                    };
+                    let (got, expected) = (run(k, v), run(&kw, &vw));
+                    assert!(expected.iter().all(|x| x.is_finite()), "case {i}");
+                    let same = got
+                        .iter()
+                        .zip(&expected)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "case {i} ({:?}/{:?}) on {isa:?}, {threads} threads",
+                        k.dtype(),
+                        v.dtype()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The rounding the fused layer applies when it writes an f16 cache is MLX's `astype(float16)`
+/// (round to nearest, ties to even), over a sweep of every 65,537th f32 bit pattern (all
+/// exponents, both signs) and the hard cases: ties in normal and subnormal halves, the overflow
+/// threshold, infinities and NaN.
+#[test]
+fn f16_cache_writes_round_as_mlx_does() {
+    use mlxcel_core::{Dtype, f16_cache_bits};
+    let mut values: Vec<f32> = (0..=u32::MAX / 65_537)
+        .map(|i| f32::from_bits(i.wrapping_mul(65_537)))
+        .collect();
+    for base in [1.0f32, 1.5, 1024.0, 6.1035156e-5, 3.0517578e-5, 65504.0] {
+        let bits = base.to_bits();
+        // Exactly halfway between two halves (13 dropped bits = 0x1000), and one ulp around it.
+        for delta in [0x0FFFu32, 0x1000, 0x1001, 0x3000, 0x2000] {
+            values.push(f32::from_bits(bits + delta));
+            values.push(-f32::from_bits(bits + delta));
+        }
+    }
+    values.extend([
+        65519.0,
+        65520.0,
+        65536.0,
+        1e-8,
+        2.9802322e-8,
+        2.9802326e-8,
+        5.9604645e-8,
+        8.940697e-8,
+        f32::MIN_POSITIVE,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        0.0,
+        -0.0,
+    ]);
+    let ours = f16_cache_bits(&values);
+    let bytes: Vec<u8> = ours.iter().flat_map(|h| h.to_le_bytes()).collect();
+    let ours = Array::from_bytes(&bytes, &[values.len() as i32], Dtype::F16)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    let mlx = Array::from_f32(&values, &[values.len() as i32])
+        .unwrap()
+        .astype(Dtype::F16)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    for ((x, a), b) in values.iter().zip(&ours).zip(&mlx) {
+        assert!(
+            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+            "{x:e} ({:#010x}): ours {a:e}, MLX {b:e}",
+            x.to_bits()
+        );
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use mlxcel_core::{Activations, ForwardSeq, Kernels, LlamaModel};
+use mlxcel_core::{Activations, Array, Dtype, ForwardSeq, Kernels, KvType, LlamaModel};
 use mlxcel_model::{LoadedModel, resolve_model};
 
 use crate::{argmax, assert_close, greedy};
@@ -342,6 +342,129 @@ fn int8_sequences_get_the_same_bits_batched_or_alone() {
             assert!(
                 x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
                 "sequence {i}, step {step}: batched logits differ from alone"
+            );
+        }
+    }
+}
+
+/// The default model with int8 activations whose caches hold f16 keys and values
+/// (`--cache-type-k f16 --cache-type-v f16`), on `kernels`.
+fn f16_cache_model(kernels: Kernels) -> LlamaModel {
+    let (loaded, _) = default_model();
+    let mut model = LlamaModel::load_with(&loaded.checkpoint, kernels).expect("loads");
+    model.set_kv_types(KvType::F16, KvType::F16);
+    model
+}
+
+/// f16 caches: each key and value is the f32 one rounded to the nearest half (MLX's
+/// `astype(float16)`, checked on layer 0, whose inputs do not depend on the cache type), a
+/// position costs half the bytes, int8 sequences still get the same bits batched or alone, the
+/// per-op graph (MLX's attention, caches widened for it) agrees with the fused layer, the
+/// logits stay close to an f32 cache's, and a cache's contents survive export and import.
+#[test]
+fn f16_caches_round_each_key_and_value_and_keep_the_batch_invariance() {
+    if skip() {
+        return;
+    }
+    let int8 = Kernels {
+        activations: Activations::Int8,
+        ..Kernels::native()
+    };
+    let f16 = f16_cache_model(int8);
+    let f32_model = int8_model();
+    assert_eq!(
+        f16.kv_bytes_per_position() * 2,
+        f32_model.kv_bytes_per_position()
+    );
+    let (loaded, _) = default_model();
+    let prompt = loaded
+        .tokenizer
+        .encode(
+            "The capital of France is Paris, and the capital of Italy is",
+            false,
+            false,
+        )
+        .unwrap();
+    let run = |model: &LlamaModel| {
+        let mut cache = model.new_cache(prompt.len() + 4);
+        let logits = model
+            .forward(&mut [ForwardSeq {
+                cache: &mut cache,
+                tokens: &prompt,
+            }])
+            .unwrap()
+            .remove(0);
+        (cache, logits)
+    };
+    let (c32, l32) = run(f32_model);
+    let (c16, l16) = run(&f16);
+    assert_eq!(c16.types(), (KvType::F16, KvType::F16));
+    assert_eq!(c16.allocated_bytes() * 2, c32.allocated_bytes());
+    // Layer 0's keys and values: the f32 cache's, rounded.
+    let layer0 = c32.floats_per_position() / loaded.checkpoint.config().num_hidden_layers;
+    let n = prompt.len();
+    let (e32, e16) = (c32.export(n).unwrap(), c16.export(n).unwrap());
+    let rounded = Array::from_f32(&e32[..layer0 * n], &[(layer0 * n) as i32])
+        .unwrap()
+        .astype(Dtype::F16)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    assert!(
+        rounded
+            .iter()
+            .zip(&e16[..layer0 * n])
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "layer 0's f16 keys/values are not the f32 ones rounded"
+    );
+    assert_eq!(argmax(&l16), argmax(&l32));
+    // With f32 activations (no int8 rounding to amplify the difference), the logits stay close
+    // to an f32 cache's: every key and value moves by at most 2^-11 of itself.
+    let f16_f32_activations = f16_cache_model(Kernels::native());
+    let (_, lf) = run(&f16_f32_activations);
+    let (_, lr) = run(&default_model().1);
+    let scale = lr.iter().fold(0f32, |m, x| m.max(x.abs()));
+    assert_close(&lf, &lr, 2e-3 * scale);
+    // The per-op graph on MLX's kernels rounds the same values into its caches.
+    let mlx = f16_cache_model(Kernels {
+        backend: mlxcel_core::KernelBackend::Mlx,
+        fused_layers: false,
+        activations: Activations::F32,
+        ..Kernels::native()
+    });
+    let (_, lm) = run(&mlx);
+    assert_close(&lm, &lf, 2e-3 * scale);
+    // Export and import give back the same cache.
+    let mut copy = f16.new_cache(n + 4);
+    copy.import(&e16, n).unwrap();
+    let again = copy.export(n).unwrap();
+    assert!(
+        again
+            .iter()
+            .zip(&e16)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    );
+    // A prefix is not copied between caches of different types.
+    let mut f32_cache = f32_model.new_cache(n);
+    let err = f32_cache.copy_prefix_from(&c16, n).unwrap_err().to_string();
+    assert!(err.contains("f16") && err.contains("f32"), "{err}");
+    // Batched or alone, chunked or not: the same bits with f16 caches too.
+    let long = "The Eiffel Tower is a wrought-iron lattice tower in Paris. ".repeat(24);
+    let prompts: Vec<Vec<u32>> = ["Hi", long.as_str(), "Rust is a language that"]
+        .iter()
+        .map(|t| loaded.tokenizer.encode(t, false, false).unwrap())
+        .collect();
+    assert!(prompts[1].len() > 260, "{}", prompts[1].len());
+    let alone: Vec<Vec<Vec<f32>>> = prompts
+        .iter()
+        .map(|p| run_together(&f16, std::slice::from_ref(p), &[vec![]], 4).remove(0))
+        .collect();
+    let together = run_together(&f16, &prompts, &[vec![], vec![100, 90], vec![2]], 4);
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        for (step, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "sequence {i}, step {step}: batched logits differ from alone (f16 caches)"
             );
         }
     }

@@ -1,7 +1,7 @@
 //! llama-server's spellings and environment twins reach the same settings.
 
 use clap::Parser;
-use mlxcel_engine::{Activations, MaxNewTokens};
+use mlxcel_engine::{Activations, KvType, MaxNewTokens};
 use mlxcel_server::{ServerArgs, normalize_llama_args};
 
 #[derive(Debug, Parser)]
@@ -142,6 +142,23 @@ fn threads_reach_the_engine() {
     );
 }
 
+/// KV cache types: f32 by default; llama.cpp's quantized types are refused naming the flag
+/// and saying that mlxcel does not store them.
+#[test]
+fn cache_types_default_to_f32_and_refuse_what_is_not_stored() {
+    let default = parse(&[]).unwrap().engine_options().unwrap();
+    assert_eq!(default.kv_types, (KvType::F32, KvType::F32));
+    for (flag, value) in [("--cache-type-k", "q8_0"), ("-ctv", "q4_0"), ("-ctk", "f8")] {
+        let err = parse(&[flag, value]).unwrap_err().to_string();
+        assert!(
+            err.contains("--cache-type-") && err.contains(value),
+            "{err}"
+        );
+    }
+    let err = parse(&["-ctk", "q8_0"]).unwrap_err().to_string();
+    assert!(err.contains("does not store"), "{err}");
+}
+
 #[test]
 fn nonsense_values_are_refused() {
     assert!(parse(&["-n", "-2"]).unwrap().server_config().is_err());
@@ -199,6 +216,18 @@ fn every_llama_server_spelling_reaches_its_setting() {
         }),
         (&["-cram", "0"], |a| {
             a.engine_options().unwrap().prefix_cache_bytes == 0
+        }),
+        (&["--cache-type-k", "f16"], |a| {
+            a.engine_options().unwrap().kv_types == (KvType::F16, KvType::F32)
+        }),
+        (&["-ctk", "F16", "-ctv", "f16"], |a| {
+            a.engine_options().unwrap().kv_types == (KvType::F16, KvType::F16)
+        }),
+        (&["--cache-type-v", "f16"], |a| {
+            a.engine_options().unwrap().kv_types == (KvType::F32, KvType::F16)
+        }),
+        (&["-ctv", "f32"], |a| {
+            a.engine_options().unwrap().kv_types == (KvType::F32, KvType::F32)
         }),
         (&["--slot-save-path", "/tmp/mlxcel-args-test/slots"], |a| {
             a.server_config().unwrap().slot_save_path == Some("/tmp/mlxcel-args-test/slots".into())
@@ -332,11 +361,12 @@ fn every_llama_server_spelling_reaches_its_setting() {
 /// clap read `-ngl 99` as `-n gl` and `-hf` as `-h`; each multi-letter short is its long form.
 #[test]
 fn multi_letter_short_options_are_not_letter_clusters() {
-    let args = parse(&["-ngl", "99", "-fa", "on", "-ctk", "q8_0", "-kvu", "-cb"]).unwrap();
+    let args = parse(&["-ngl", "99", "-fa", "on", "-ctk", "f16", "-kvu", "-cb"]).unwrap();
     assert_eq!(args.n_predict, -1);
+    assert_eq!(args.cache_type_k, KvType::F16);
     assert_eq!(
         args.ignored.warnings.len(),
-        5,
+        4,
         "{:?}",
         args.ignored.warnings
     );

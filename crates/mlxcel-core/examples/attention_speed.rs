@@ -1,0 +1,85 @@
+//! Times mlxcel's attention kernel at decode (one query row) over a Llama-3.2-1B-shaped layer's
+//! KV cache (32 heads, 8 kv heads, head_dim 64) at several depths, with f32 and f16 keys and
+//! values (`--cache-type-k/-v`): ms per layer and GB/s of keys and values read.
+//!
+//! `cargo run --release -p mlxcel-core --example attention_speed [DEPTH...]`
+
+use std::time::Instant;
+
+use mlxcel_core::fast::attention_native_tokens_major;
+use mlxcel_core::{Array, Dtype, Isa, eval};
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
+fn main() -> Result<(), mlxcel_core::Error> {
+    let depths: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let depths = if depths.is_empty() {
+        vec![512, 4096, 8192]
+    } else {
+        depths
+    };
+    let (heads, kv_heads, d) = (32i32, 8i32, 64i32);
+    for &depth in &depths {
+        let l = depth as i32;
+        let q = Array::from_f32(&random((heads * d) as usize, 1), &[1, heads, 1, d])?;
+        let k = Array::from_f32(
+            &random((kv_heads * l * d) as usize, 2),
+            &[1, kv_heads, l, d],
+        )?;
+        let v = Array::from_f32(
+            &random((kv_heads * l * d) as usize, 3),
+            &[1, kv_heads, l, d],
+        )?;
+        for dtype in [Dtype::F32, Dtype::F16] {
+            let (k, v) = (k.astype(dtype)?, v.astype(dtype)?);
+            eval(&[&q, &k, &v])?;
+            for threads in [1usize, 2] {
+                let run = || -> Result<(), mlxcel_core::Error> {
+                    let out = attention_native_tokens_major(
+                        &q,
+                        &k,
+                        &v,
+                        depth,
+                        0.125,
+                        true,
+                        None,
+                        None,
+                        Isa::best(),
+                        threads,
+                    )?;
+                    eval(&[&out])
+                };
+                run()?;
+                // The best of five rounds (this machine's other load only ever slows a round).
+                let reps = (200_000 / depth).max(5);
+                let mut ms = f64::MAX;
+                for _ in 0..5 {
+                    let start = Instant::now();
+                    for _ in 0..reps {
+                        run()?;
+                    }
+                    ms = ms.min(start.elapsed().as_secs_f64() * 1e3 / reps as f64);
+                }
+                let bytes = 2.0 * (kv_heads * l * d) as f64 * dtype.size_in_bytes() as f64;
+                println!(
+                    "depth {depth:>6} {dtype:?} KV, {threads} threads: {ms:.3} ms/layer, {:.1} GB/s",
+                    bytes / ms / 1e6
+                );
+            }
+        }
+    }
+    Ok(())
+}
