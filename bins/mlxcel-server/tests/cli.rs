@@ -96,9 +96,9 @@ fn a_llama_server_command_line_starts_the_server() {
             "--no-webui",
             "-cb",
             "-ctk",
-            "q8_0",
+            "f16",
             "-ctv",
-            "q8_0",
+            "f16",
             "--threads-http",
             "4",
             "-b",
@@ -112,8 +112,18 @@ fn a_llama_server_command_line_starts_the_server() {
     assert!(err.contains("listening on"), "{err}");
     assert!(err.contains("/nonexistent/model.gguf"), "{err}");
     let warnings = err.lines().filter(|l| l.contains("ignoring ")).count();
-    // --no-webui turns the chat page off: an option with effect, no warning.
-    assert_eq!(warnings, 9, "one line per no-op option:\n{err}");
+    // --no-webui turns the chat page off and -ctk/-ctv f16 make the KV cache f16: options with
+    // effect, no warning.
+    assert_eq!(warnings, 7, "one line per no-op option:\n{err}");
+    // llama.cpp's quantized cache types are refused at start, naming the flag, rather than
+    // ignored.
+    let output = server(&["-m", "/nonexistent/model.gguf", "-ctk", "q8_0"], &[]);
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert!(
+        err.contains("--cache-type-k") && err.contains("q8_0") && err.contains("does not store"),
+        "{err}"
+    );
 }
 
 #[test]
