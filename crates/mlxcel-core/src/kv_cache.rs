@@ -14,6 +14,14 @@ fn dtype_of(kind: KvType) -> Dtype {
     }
 }
 
+/// `x` (f32) as a cache of `kind` holds it.
+fn rounded(x: &Array, kind: KvType) -> Result<Array> {
+    match kind {
+        KvType::F32 => Ok(x.clone()),
+        other => x.astype(dtype_of(other)),
+    }
+}
+
 /// Positions added whenever a cache runs out of room: growing one position at a time would copy
 /// the whole cache every step.
 pub const KV_CHUNK: usize = 256;
@@ -136,7 +144,7 @@ impl KvCache {
     ) -> Result<(Array, Array)> {
         let start = self.len as i32;
         let stop = (self.len + n) as i32;
-        let (k, v) = (self.rounded(k, self.k_type)?, self.rounded(v, self.v_type)?);
+        let (k, v) = (rounded(k, self.k_type)?, rounded(v, self.v_type)?);
         let (ck, cv) = &mut self.layers[layer];
         let lo = [0, 0, start, 0];
         let hi = [1, self.kv_heads, stop, self.head_dim];
@@ -160,21 +168,13 @@ impl KvCache {
     ) -> Result<(Array, Array, usize)> {
         let start = self.len as i32;
         let stop = (self.len + n) as i32;
-        let (k, v) = (self.rounded(k, self.k_type)?, self.rounded(v, self.v_type)?);
+        let (k, v) = (rounded(k, self.k_type)?, rounded(v, self.v_type)?);
         let (ck, cv) = &mut self.layers[layer];
         let lo = [0, 0, start, 0];
         let hi = [1, self.kv_heads, stop, self.head_dim];
         *ck = ck.slice_update(&k, &lo, &hi)?;
         *cv = cv.slice_update(&v, &lo, &hi)?;
         Ok((ck.clone(), cv.clone(), self.len + n))
-    }
-
-    /// `x` (f32) as the cache's `kind` holds it.
-    fn rounded(&self, x: &Array, kind: KvType) -> Result<Array> {
-        match kind {
-            KvType::F32 => Ok(x.clone()),
-            other => x.astype(dtype_of(other)),
-        }
     }
 
     /// `layer`'s whole key and value arrays (`[1, kv_heads, allocated, head_dim]`), for the
