@@ -3,10 +3,10 @@
 //! sampling, detokenization), interleaved rounds. Prints a table and the ratio; run with
 //! `cargo bench --bench constrained` (docs/benchmarks.md).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mlxcel_engine::{
-    Constraint, Engine, EngineOptions, GenerationRequest, MaxNewTokens, SamplingParams,
+    BackendKind, Constraint, Engine, EngineOptions, GenerationRequest, MaxNewTokens, SamplingParams,
 };
 
 const ROUNDS: usize = 3;
@@ -32,9 +32,11 @@ fn request(engine: &Engine, constrained: bool) -> GenerationRequest {
     request
 }
 
-/// Tokens per second of `streams` requests decoded together.
-fn run(engine: &Engine, streams: usize, constrained: bool) -> f64 {
+/// Tokens per second of `streams` requests decoded together, and the engine's time computing
+/// masks per step over the run.
+fn run(engine: &Engine, streams: usize, constrained: bool) -> (f64, Duration) {
     let requests: Vec<_> = (0..streams).map(|_| request(engine, constrained)).collect();
+    let before = engine.stats();
     let started = Instant::now();
     let handles: Vec<_> = requests
         .into_iter()
@@ -49,14 +51,41 @@ fn run(engine: &Engine, streams: usize, constrained: bool) -> f64 {
                 .completion_tokens
         })
         .sum();
-    tokens as f64 / started.elapsed().as_secs_f64()
+    let rate = tokens as f64 / started.elapsed().as_secs_f64();
+    let after = engine.stats();
+    let steps = (after.steps - before.steps).max(1) as u32;
+    (
+        rate,
+        (after.constraint_mask_time - before.constraint_mask_time) / steps,
+    )
 }
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let engine = match Engine::load(None, EngineOptions::default()) {
+    // `-- --backend xla` measures the OpenXLA backend (MLX by default); MLX's activations follow
+    // MLXCEL_ACTIVATIONS.
+    let args: Vec<String> = std::env::args().collect();
+    let backend = match args.iter().position(|a| a == "--backend") {
+        Some(i) => match args.get(i + 1).map(|name| name.parse::<BackendKind>()) {
+            Some(Ok(kind)) => kind,
+            Some(Err(err)) => {
+                eprintln!("constrained: --backend: {err}");
+                std::process::exit(2);
+            }
+            None => {
+                eprintln!("constrained: --backend needs a value (mlx or xla)");
+                std::process::exit(2);
+            }
+        },
+        None => BackendKind::Mlx,
+    };
+    let options = EngineOptions {
+        backend,
+        ..EngineOptions::default()
+    };
+    let engine = match Engine::load(None, options) {
         Ok(engine) => engine,
         Err(err) => {
             eprintln!("constrained: cannot load the default model: {err}");
@@ -66,16 +95,22 @@ fn main() {
     // Warm-up, including the vocabulary's token trie (built on the first constrained request).
     run(&engine, 1, true);
     run(&engine, 1, false);
-    println!("| streams | free tok/s | json_schema tok/s | ratio |");
-    println!("|---:|---:|---:|---:|");
+    println!("| streams | free tok/s | json_schema tok/s | ratio | masks per step (ms) |");
+    println!("|---:|---:|---:|---:|---:|");
     for streams in [1, 8] {
-        let (mut free, mut constrained) = (Vec::new(), Vec::new());
+        let (mut free, mut constrained, mut masks) = (Vec::new(), Vec::new(), Duration::ZERO);
         for _ in 0..ROUNDS {
-            free.push(run(&engine, streams, false));
-            constrained.push(run(&engine, streams, true));
+            free.push(run(&engine, streams, false).0);
+            let (rate, mask) = run(&engine, streams, true);
+            constrained.push(rate);
+            masks += mask;
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let (f, c) = (mean(&free), mean(&constrained));
-        println!("| {streams} | {f:.1} | {c:.1} | {:.2} |", c / f);
+        let mask_ms = masks.as_secs_f64() * 1e3 / ROUNDS as f64;
+        println!(
+            "| {streams} | {f:.1} | {c:.1} | {:.2} | {mask_ms:.2} |",
+            c / f
+        );
     }
 }

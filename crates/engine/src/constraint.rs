@@ -7,13 +7,13 @@
 //! is computed per sequence in the engine, so it works on every backend and with batching:
 //! constrained and free sequences share a step.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use mlxcel_model::Tokenizer;
 use serde_json::Value;
-use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
 use crate::error::EngineError;
 
@@ -140,14 +140,22 @@ impl Constraints {
                 message: error,
             });
         }
-        Ok(ConstrainedOutput { matcher })
+        Ok(ConstrainedOutput::new(matcher))
     }
 }
 
-/// One sequence's constraint in progress.
+/// One sequence's constraint in progress. Its next mask is computed ahead, on a worker thread, as
+/// soon as the state it depends on is known (at creation, and after each accepted token), so that
+/// the computation overlaps the forward pass that produces the logits it will mask; `mask` then
+/// waits for it (usually done) and applies it.
 pub(crate) struct ConstrainedOutput {
-    matcher: Matcher,
+    matcher: Arc<Mutex<Matcher>>,
+    /// The mask for the current state, being computed by a worker.
+    next: Option<mpsc::Receiver<MaskOutcome>>,
 }
+
+/// The tokens a state allows, and whether the output so far is complete.
+type MaskOutcome = Result<(SimpleVob, bool), String>;
 
 impl std::fmt::Debug for ConstrainedOutput {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -155,15 +163,80 @@ impl std::fmt::Debug for ConstrainedOutput {
     }
 }
 
+/// `matcher`'s allowed tokens (end of sequence when nothing else can come) and completeness.
+fn compute_mask(matcher: &Mutex<Matcher>) -> MaskOutcome {
+    let mut matcher = matcher.lock().unwrap_or_else(|e| e.into_inner());
+    let mask = matcher.compute_mask_or_eos().map_err(|e| e.to_string())?;
+    let accepting = matcher.is_accepting().map_err(|e| e.to_string())?;
+    Ok((mask, accepting))
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The threads that compute masks ahead: one per core, shared by every sequence (a mask is a
+/// walk of the vocabulary's trie, tens to hundreds of microseconds).
+fn mask_workers() -> &'static Mutex<mpsc::Sender<Job>> {
+    static WORKERS: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    WORKERS.get_or_init(|| {
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let receiver = Arc::new(Mutex::new(receiver));
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for index in 0..threads {
+            let receiver = Arc::clone(&receiver);
+            let spawned = std::thread::Builder::new()
+                .name(format!("mlxcel-mask-{index}"))
+                .spawn(move || {
+                    loop {
+                        let job = receiver.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => break,
+                        }
+                    }
+                });
+            // A thread that cannot start is left out; with none, the channel has no receiver,
+            // sends fail, and each mask is computed where it is needed.
+            drop(spawned);
+        }
+        Mutex::new(sender)
+    })
+}
+
 impl ConstrainedOutput {
+    fn new(matcher: Matcher) -> Self {
+        let mut output = Self {
+            matcher: Arc::new(Mutex::new(matcher)),
+            next: None,
+        };
+        output.prepare();
+        output
+    }
+
+    /// Starts computing the current state's mask on a worker.
+    fn prepare(&mut self) {
+        let (sender, receiver) = mpsc::channel();
+        let matcher = Arc::clone(&self.matcher);
+        let job: Job = Box::new(move || {
+            // The receiver may be gone (the request ended): nothing to deliver.
+            let _ = sender.send(compute_mask(&matcher));
+        });
+        let queued = mask_workers()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(job)
+            .is_ok();
+        self.next = queued.then_some(receiver);
+    }
+
     /// Sets every logit the constraint forbids to −∞; `stop_tokens` (the model's end tokens)
     /// are allowed exactly when the output so far is complete.
     pub(crate) fn mask(&mut self, logits: &mut [f32], stop_tokens: &[u32]) -> Result<(), String> {
-        let mask = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| e.to_string())?;
-        let accepting = self.matcher.is_accepting().map_err(|e| e.to_string())?;
+        // The mask computed ahead, or (no worker could take it) computed here.
+        let outcome = match self.next.take().map(|r| r.recv()) {
+            Some(Ok(outcome)) => outcome,
+            _ => compute_mask(&self.matcher),
+        };
+        let (mask, accepting) = outcome?;
         // Usually few tokens are allowed: copy those into a row of −∞ (the mask's set bits are
         // visited a machine word at a time) rather than testing every token.
         let mut masked = vec![f32::NEG_INFINITY; logits.len()];
@@ -190,11 +263,20 @@ impl ConstrainedOutput {
     }
 
     /// Advances past the sampled `token` (not a stop token); `true` when the constraint can
-    /// take nothing more (the output is complete).
+    /// take nothing more (the output is complete). Otherwise the next mask starts computing.
     pub(crate) fn accept(&mut self, token: u32) -> Result<bool, String> {
-        self.matcher
-            .consume_token(token)
-            .map_err(|e| e.to_string())?;
-        Ok(self.matcher.is_stopped())
+        // A mask still being computed for the old state must end before the state moves on.
+        if let Some(pending) = self.next.take() {
+            let _ = pending.recv();
+        }
+        let stopped = {
+            let mut matcher = self.matcher.lock().unwrap_or_else(|e| e.into_inner());
+            matcher.consume_token(token).map_err(|e| e.to_string())?;
+            matcher.is_stopped()
+        };
+        if !stopped {
+            self.prepare();
+        }
+        Ok(stopped)
     }
 }

@@ -285,6 +285,8 @@ impl Engine {
             reused_tokens: m.reused_tokens,
             busy_slot_steps: m.busy_slot_steps,
             drafts: m.drafts,
+            constraint_masks: m.constraint_masks,
+            constraint_mask_time: m.constraint_mask_time,
             prefix: m.prefix,
         }
     }
@@ -683,6 +685,8 @@ fn publish<B: Backend>(
     local.draft_fallbacks = stats.draft_fallbacks;
     local.reused_tokens = stats.reused_tokens;
     local.drafts = stats.drafts;
+    local.constraint_masks = stats.constraint_masks;
+    local.constraint_mask_time = stats.constraint_mask_time;
     local.busy_slot_steps = stats.busy_slot_steps;
     local.buckets = scheduler.bucket_occupancy();
     local.compilations = scheduler.backend().compilations();

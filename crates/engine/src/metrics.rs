@@ -177,6 +177,10 @@ pub struct EngineMetrics {
     pub max_request_tokens: u64,
     /// Speculative decoding: verification passes that carried proposals.
     pub drafts: u64,
+    /// Structured output: token masks applied, and the time steps spent on them after the
+    /// forward pass (see `SchedulerStats::constraint_mask_time`).
+    pub constraint_masks: u64,
+    pub constraint_mask_time: std::time::Duration,
     /// Static-shape buckets (empty for dynamic backends).
     pub buckets: Vec<BucketOccupancy>,
     /// Executables the backend compiled (0 for backends that do not compile).
@@ -223,6 +227,8 @@ impl Default for EngineMetrics {
             busy_slot_steps: 0,
             max_request_tokens: 0,
             drafts: 0,
+            constraint_masks: 0,
+            constraint_mask_time: std::time::Duration::ZERO,
             buckets: Vec::new(),
             compilations: 0,
             running_requests: Vec::new(),

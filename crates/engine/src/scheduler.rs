@@ -193,6 +193,11 @@ pub struct SchedulerStats {
     pub busy_slot_steps: u64,
     /// Speculative verification passes that carried proposals.
     pub drafts: u64,
+    /// Structured output: token masks applied, and the time steps spent on them after the
+    /// forward pass, before sampling (waiting for what is left of a mask computed ahead, and
+    /// applying it): what constraints add to a step.
+    pub constraint_masks: u64,
+    pub constraint_mask_time: std::time::Duration,
     /// The prefix cache's counters and contents.
     pub prefix: PrefixCacheStats,
 }
@@ -801,7 +806,13 @@ impl<B: Backend> Scheduler<B> {
                     .take(scheduled.len())
                     .map(|mut r| r.pop().expect("one row"))
                     .collect();
+                let masking = std::time::Instant::now();
                 let masked = self.mask_constrained(&scheduled, &mut logits);
+                let computed = masked.iter().filter(|m| m.is_some()).count() as u64;
+                if computed > 0 {
+                    self.stats.constraint_masks += computed;
+                    self.stats.constraint_mask_time += masking.elapsed();
+                }
                 for ((&(index, count), logits), masked) in scheduled.iter().zip(logits).zip(masked)
                 {
                     self.advance(index, count, logits, masked, &mut events);

@@ -149,7 +149,7 @@ impl Metrics {
         } else {
             0.0
         };
-        let families: [(&str, &str, &str, String); 26] = [
+        let families: [(&str, &str, &str, String); 28] = [
             (
                 "llamacpp:prompt_tokens_total",
                 "counter",
@@ -269,6 +269,18 @@ impl Metrics {
                 "counter",
                 "Static-shape executables compiled (0 on MLX).",
                 e.compilations.to_string(),
+            ),
+            (
+                "mlxcel_constraint_masks_total",
+                "counter",
+                "Structured-output token masks computed.",
+                e.constraint_masks.to_string(),
+            ),
+            (
+                "mlxcel_constraint_mask_seconds_total",
+                "counter",
+                "Time engine steps spent waiting for and applying structured-output token masks.",
+                e.constraint_mask_time.as_secs_f64().to_string(),
             ),
             (
                 "mlxcel_prefix_cache_lookups_total",

@@ -168,7 +168,11 @@ async fn text_format_json_schema_constrains_the_output() {
     if skip_model_tests() {
         return;
     }
-    let server = TestServer::with_model(ServerConfig::default()).await;
+    let server = TestServer::with_model(ServerConfig {
+        metrics: true,
+        ..ServerConfig::default()
+    })
+    .await;
     let schema = json!({
         "type": "object",
         "properties": {"city": {"type": "string", "maxLength": 20}, "population": {"type": "integer"}},
@@ -191,6 +195,22 @@ async fn text_format_json_schema_constrains_the_output() {
         "{value}"
     );
     assert_eq!(body["text"]["format"]["type"], "json_schema");
+    // At least one mask per output token, and their time, in the metrics (the engine is shared
+    // with other tests, which may add theirs).
+    let metrics = server.get("/metrics").await.body;
+    let value_of = |family: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(family)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{family} missing from:\n{metrics}"))
+    };
+    let output_tokens = body["usage"]["output_tokens"].as_f64().unwrap();
+    let masks = value_of("mlxcel_constraint_masks_total");
+    assert!(
+        masks >= output_tokens,
+        "{masks} masks for {output_tokens} tokens"
+    );
+    assert!(value_of("mlxcel_constraint_mask_seconds_total") > 0.0);
 
     let reply = server
         .post_json(

@@ -339,6 +339,8 @@ async fn models_props_slots_health_and_metrics() {
         "mlxcel_inter_token_latency_seconds_sum",
         "mlxcel_bucket_occupancy{bucket=\"dynamic\"}",
         "mlxcel_compilations_total 0",
+        "mlxcel_constraint_masks_total",
+        "mlxcel_constraint_mask_seconds_total",
         "mlxcel_http_requests_finished_total{reason=\"length\"} 1",
         "llamacpp:prompt_tokens_cached_total",
         "llamacpp:spec_decode_num_drafts_total",
