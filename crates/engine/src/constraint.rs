@@ -31,13 +31,36 @@ pub enum Constraint {
     Regex(String),
 }
 
+/// The whitespace a JSON output may have between two tokens (llguidance's default is any run of
+/// it, which lets a model that repeats itself fill its budget with blanks): one space, or one or
+/// two line breaks and up to 20 spaces or tabs of indentation, as llama.cpp's JSON-schema
+/// grammars allow.
+const JSON_WHITESPACE: &str = r"(?: |\n{1,2}[ \t]{0,20})";
+
+/// `schema` with mlxcel's JSON compile options (the bounded whitespace above), unless it chooses
+/// its own (llguidance's `x-guidance` key) or is not an object (`true`, `false`). Constraints
+/// from JSON schemas get them; a Lark grammar's `%json {…}` schemas get them through this.
+pub fn with_json_options(mut schema: Value) -> Value {
+    if let Some(object) = schema.as_object_mut()
+        && !object.contains_key("x-guidance")
+    {
+        object.insert(
+            "x-guidance".into(),
+            serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }),
+        );
+    }
+    schema
+}
+
 impl Constraint {
     pub(crate) fn grammar(&self) -> TopLevelGrammar {
         match self {
-            Self::JsonSchema(schema) => TopLevelGrammar::from_json_schema(schema.clone()),
-            Self::JsonObject => TopLevelGrammar::from_json_schema(serde_json::json!({
-                "type": "object"
-            })),
+            Self::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(with_json_options(schema.clone()))
+            }
+            Self::JsonObject => TopLevelGrammar::from_json_schema(with_json_options(
+                serde_json::json!({ "type": "object" }),
+            )),
             Self::Lark(grammar) => TopLevelGrammar::from_lark(grammar.clone()),
             Self::Regex(rx) => TopLevelGrammar::from_regex(rx),
         }
@@ -278,5 +301,91 @@ impl ConstrainedOutput {
             self.prepare();
         }
         Ok(stopped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A word-level vocabulary of JSON pieces: `{` `}` space newline `"a"` `:` `1` tab, and the
+    /// end token 8.
+    fn constraints() -> Constraints {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": 8, "content": "</s>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+            "decoder": null,
+            "model": {"type": "WordLevel", "unk_token": "</s>", "vocab": {
+                "{": 0, "}": 1, "▁": 2, "<0x0A>": 3, "\"a\"": 4, ":": 5, "1": 6, "<0x09>": 7,
+                "</s>": 8
+            }}
+        });
+        std::fs::write(&path, json.to_string()).unwrap();
+        let tokenizer = Arc::new(Tokenizer::from_file(&path).unwrap());
+        Constraints::new(tokenizer, 8, 9).unwrap()
+    }
+
+    const SPACE: u32 = 2;
+    const NEWLINE: u32 = 3;
+    const TAB: u32 = 7;
+
+    /// Whether `output`'s next mask allows `token`.
+    fn allows(output: &mut ConstrainedOutput, token: u32) -> bool {
+        let mut logits = vec![0.0; 9];
+        output.mask(&mut logits, &[8]).unwrap();
+        logits[token as usize] == 0.0
+    }
+
+    #[test]
+    fn json_whitespace_between_tokens_is_bounded_as_llama_cpp_bounds_it() {
+        let constraints = constraints();
+        let mut output = constraints.matcher(&Constraint::JsonObject).unwrap();
+        assert!(allows(&mut output, 0));
+        output.accept(0).unwrap(); // {
+        assert!(allows(&mut output, SPACE));
+        output.accept(SPACE).unwrap();
+        // One space, then a key or the end of the object: no second blank.
+        assert!(!allows(&mut output, SPACE) && !allows(&mut output, NEWLINE));
+        assert!(allows(&mut output, 4) && allows(&mut output, 1));
+        output.accept(4).unwrap(); // "a"
+        output.accept(5).unwrap(); // :
+        // Two line breaks, then 20 spaces or tabs of indentation, and no more.
+        output.accept(NEWLINE).unwrap();
+        output.accept(NEWLINE).unwrap();
+        assert!(!allows(&mut output, NEWLINE));
+        for k in 0..20 {
+            let blank = if k % 2 == 0 { SPACE } else { TAB };
+            assert!(allows(&mut output, blank), "indentation {k}");
+            output.accept(blank).unwrap();
+        }
+        assert!(!allows(&mut output, SPACE) && !allows(&mut output, TAB));
+        assert!(allows(&mut output, 6));
+        output.accept(6).unwrap(); // 1
+        output.accept(1).unwrap(); // }
+        assert!(allows(&mut output, 8), "complete: the end token");
+    }
+
+    #[test]
+    fn a_schema_keeps_its_own_json_options() {
+        let constraints = constraints();
+        let schema = serde_json::json!({
+            "type": "object",
+            "x-guidance": {"whitespace_flexible": false}
+        });
+        let mut output = constraints
+            .matcher(&Constraint::JsonSchema(schema))
+            .unwrap();
+        output.accept(0).unwrap(); // {
+        assert!(!allows(&mut output, SPACE) && allows(&mut output, 1));
+        // A schema that is not an object compiles unchanged.
+        assert!(
+            constraints
+                .matcher(&Constraint::JsonSchema(serde_json::json!(true)))
+                .is_ok()
+        );
     }
 }

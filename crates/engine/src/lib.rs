@@ -65,7 +65,7 @@ mod text;
 pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
 pub use backends::load_backend;
 pub use bench::{BackendBench, measure_read_bandwidth};
-pub use constraint::Constraint;
+pub use constraint::{Constraint, with_json_options};
 pub use decode::{DecodeStream, TextDecoder};
 pub use embedding::{Normalize, Pooling, pool};
 pub use engine::{Completion, Engine, GenerationStream, ModelInfo};

@@ -9,7 +9,7 @@
 //! `<|python_tag|>` or alone), or, for templates that know no format, a bare JSON object
 //! `{"name": …, "arguments": …}`.
 
-use mlxcel_engine::Constraint;
+use mlxcel_engine::{Constraint, with_json_options};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -213,7 +213,9 @@ pub(crate) fn constraint(
         ToolChoice::Required => tools.iter().collect(),
         ToolChoice::Named(name) => tools.iter().filter(|t| &t.name == name).collect(),
     };
-    let one = json!({"anyOf": chosen.iter().map(|t| call_schema(t, format)).collect::<Vec<_>>()});
+    let calls = json!({"anyOf": chosen.iter().map(|t| call_schema(t, format)).collect::<Vec<_>>()});
+    // The engine's JSON options (bounded whitespace) on each `%json` schema's root.
+    let one = with_json_options(calls.clone());
     let lark = match format {
         ToolFormat::Hermes => {
             let repeat = if parallel { r#" ("\n" call)*"# } else { "" };
@@ -224,9 +226,9 @@ pub(crate) fn constraint(
         // Mistral's marker is a special token the grammar cannot write as text: the calls are
         // their JSON list (parsed as Mistral's too).
         ToolFormat::Mistral => {
-            let list = json!({"type": "array", "items": one, "minItems": 1,
+            let list = json!({"type": "array", "items": calls, "minItems": 1,
                               "maxItems": if parallel { Value::Null } else { json!(1) }});
-            let list = strip_nulls(list);
+            let list = with_json_options(strip_nulls(list));
             format!("start: %json {list}\n")
         }
         ToolFormat::Llama3 | ToolFormat::Json => format!("start: %json {one}\n"),
