@@ -63,11 +63,6 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
   }
   static thread_local std::vector<float> part_buffer;
   float* part = grow(part_buffer, static_cast<size_t>(part_floats));
-  // The AVX-512 kernel reads f32 caches only; f16 caches take the AVX2 one (F16C widening).
-  bool f16 = false;
-  for (int pi = 0; pi < count; ++pi)
-    f16 = f16 || problems[pi].k_dtype != KvDtype::F32 || problems[pi].v_dtype != KvDtype::F32;
-  if (f16 && isa == Isa::Avx512) isa = Isa::Avx2;
   const auto attend = isa == Isa::Avx512 ? attention_part_avx512
                       : isa == Isa::Avx2 ? attention_part_avx2
                                          : attention_part_scalar;

@@ -83,10 +83,17 @@ MLXCEL_TARGET inline __m512 exp16(__m512 x) {
   return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
 }
 
+// Sixteen floats of a key or value row, widened exactly from f16 where the cache holds halves
+// (the result is then the f32 kernel's on the widened values).
+MLXCEL_TARGET inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+MLXCEL_TARGET inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // The grouped partial attention with D = 16·DC, G ≤ 4: scores sixteen keys at a time (one
 // transpose-and-add per block instead of a reduction per key) and the weighted sum of values
-// in registers, each value row loaded once for the group.
-template <int DC>
+// in registers, each value row loaded once for the group. KT and VT: float or uint16_t (f16).
+template <int DC, typename KT, typename VT>
 MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
                              float* part, float* scores) {
   static const Sum16Order order = sum16_order();
@@ -94,8 +101,8 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
   const int G = p.heads / p.kv_heads;
   const int W = j1 - j0;
   const int64_t stride = D + 2;
-  const float* k = static_cast<const float*>(p.k) + kvh * p.k_head;
-  const float* v = static_cast<const float*>(p.v) + kvh * p.v_head;
+  const KT* k = static_cast<const KT*>(p.k) + kvh * p.k_head;
+  const VT* v = static_cast<const VT*>(p.v) + kvh * p.v_head;
   const __m512 scale = _mm512_set1_ps(p.scale);
   for (int i = r0; i < r1; ++i) {
     const int len = p.causal ? p.L - p.n + i + 1 : p.L;
@@ -122,20 +129,19 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
       for (; j + 16 <= keys; j += 16) {
         __m512 acc[16];
         for (int jj = 0; jj < 16; ++jj) {
-          const float* kj = k + static_cast<int64_t>(lo + j + jj) * p.k_row;
-          acc[jj] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+          const KT* kj = k + static_cast<int64_t>(lo + j + jj) * p.k_row;
+          acc[jj] = _mm512_mul_ps(qv[0], load16(kj));
           for (int c = 1; c < DC; ++c)
-            acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc[jj]);
+            acc[jj] = _mm512_fmadd_ps(qv[c], load16(kj + 16 * c), acc[jj]);
         }
         alignas(64) float lanes[16];
         _mm512_store_ps(lanes, _mm512_mul_ps(sum16(acc), scale));
         for (int jj = 0; jj < 16; ++jj) sc[j + jj] = lanes[order.lane_of[jj]];
       }
       for (; j < keys; ++j) {
-        const float* kj = k + static_cast<int64_t>(lo + j) * p.k_row;
-        __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
-        for (int c = 1; c < DC; ++c)
-          acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc);
+        const KT* kj = k + static_cast<int64_t>(lo + j) * p.k_row;
+        __m512 acc = _mm512_mul_ps(qv[0], load16(kj));
+        for (int c = 1; c < DC; ++c) acc = _mm512_fmadd_ps(qv[c], load16(kj + 16 * c), acc);
         sc[j] = _mm512_reduce_add_ps(acc) * p.scale;
       }
       if (p.softcap > 0.0f) {
@@ -172,9 +178,9 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
     for (int g = 0; g < G; ++g)
       for (int c = 0; c < DC; ++c) o[g][c] = _mm512_setzero_ps();
     for (int j = 0; j < keys; ++j) {
-      const float* vj = v + static_cast<int64_t>(lo + j) * p.v_row;
+      const VT* vj = v + static_cast<int64_t>(lo + j) * p.v_row;
       __m512 vv[DC];
-      for (int c = 0; c < DC; ++c) vv[c] = _mm512_loadu_ps(vj + 16 * c);
+      for (int c = 0; c < DC; ++c) vv[c] = load16(vj + 16 * c);
       for (int g = 0; g < G; ++g) {
         const __m512 w = _mm512_set1_ps(scores[g * W + j]);
         for (int c = 0; c < DC; ++c) o[g][c] = _mm512_fmadd_ps(w, vv[c], o[g][c]);
@@ -185,16 +191,25 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
   }
 }
 
+// part_fast for the problem's key and value types.
+template <int DC>
+MLXCEL_TARGET void part_fast_typed(const AttentionProblem& p, int kvh, int r0, int r1, int j0,
+                                   int j1, float* part, float* scores) {
+  const bool k16 = p.k_dtype == KvDtype::F16, v16 = p.v_dtype == KvDtype::F16;
+  if (k16 && v16) return part_fast<DC, uint16_t, uint16_t>(p, kvh, r0, r1, j0, j1, part, scores);
+  if (k16) return part_fast<DC, uint16_t, float>(p, kvh, r0, r1, j0, j1, part, scores);
+  if (v16) return part_fast<DC, float, uint16_t>(p, kvh, r0, r1, j0, j1, part, scores);
+  part_fast<DC, float, float>(p, kvh, r0, r1, j0, j1, part, scores);
+}
+
 }  // namespace
 
 MLXCEL_TARGET void attention_part_avx512(const AttentionProblem& p, int kvh, int r0, int r1,
                                          int j0, int j1, float* part, float* scores) {
   const int G = p.heads / p.kv_heads;
-  // f16 caches take attention() to the AVX2 kernel; here they would run the plain loops.
-  const bool f32 = p.k_dtype == KvDtype::F32 && p.v_dtype == KvDtype::F32;
-  if (G <= 4 && f32) {
-    if (p.D == 64) return part_fast<4>(p, kvh, r0, r1, j0, j1, part, scores);
-    if (p.D == 128) return part_fast<8>(p, kvh, r0, r1, j0, j1, part, scores);
+  if (G <= 4) {
+    if (p.D == 64) return part_fast_typed<4>(p, kvh, r0, r1, j0, j1, part, scores);
+    if (p.D == 128) return part_fast_typed<8>(p, kvh, r0, r1, j0, j1, part, scores);
   }
   attention_part_avx512_loops(p, kvh, r0, r1, j0, j1, part, scores);
 }

@@ -364,8 +364,8 @@ fn native_attention_with_a_sliding_window_matches_the_masked_reference() {
 /// f16 caches: the kernel widens each half exactly, so its result is the f32 kernel's on the
 /// widened keys and values, bit for bit, on every path, thread count and head grouping, for
 /// f16 keys, f16 values or both, with causal rows, sliding windows and soft-capping, across the
-/// 256-key ranges (D = 16 takes the plain loops, the others the AVX2 blocked kernel; the
-/// AVX-512 path hands f16 problems to AVX2).
+/// 256-key ranges (D = 16 takes the plain loops, the others the blocked kernels of the AVX2 and
+/// AVX-512 paths).
 #[test]
 fn f16_caches_give_the_f32_kernels_bits_on_the_widened_values() {
     use mlxcel_core::fast::attention_native_tokens_major;
