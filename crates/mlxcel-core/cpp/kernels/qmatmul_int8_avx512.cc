@@ -193,15 +193,6 @@ MLXCEL_TARGET void quantize_rows(const float* x, int M, int K, int8_t* xq, float
       }
       const float* v = x + static_cast<int64_t>(m) * K + j * kInt8Block;
       const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
-      // The halves' sums, the same tree from 8 lanes down as the scalar form.
-      for (int h = 0; h < 2; ++h) {
-        const __m512 half = h == 0 ? lo : hi;
-        const __m256 u8 =
-            _mm256_add_ps(_mm512_castps512_ps256(half), _mm512_extractf32x8_ps(half, 1));
-        const __m128 u4 = _mm_add_ps(_mm256_castps256_ps128(u8), _mm256_extractf128_ps(u8, 1));
-        const __m128 u2 = _mm_add_ps(u4, _mm_movehl_ps(u4, u4));
-        sh[2 * b + h] = _mm_cvtss_f32(_mm_add_ss(u2, _mm_shuffle_ps(u2, u2, 1)));
-      }
       const float amax =
           _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, sign), _mm512_and_ps(hi, sign)));
       const __m512 t16 = _mm512_add_ps(lo, hi);
@@ -209,20 +200,29 @@ MLXCEL_TARGET void quantize_rows(const float* x, int M, int K, int8_t* xq, float
           _mm256_add_ps(_mm512_castps512_ps256(t16), _mm512_extractf32x8_ps(t16, 1));
       const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
       const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+      // Only to find a NaN (which the max skips), as the scalar form does.
       const float sum = _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
       const bool finite = __builtin_isfinite(amax) && !__builtin_isnan(sum);
       const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
       const __m512 scale = _mm512_set1_ps(inv);
       // Round to nearest even (the default rounding mode), as nearbyint does.
-      const __m128i qlo = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(lo, scale)));
-      const __m128i qhi = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(hi, scale)));
+      const __m512i ilo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, scale));
+      const __m512i ihi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, scale));
+      const __m128i qlo = _mm512_cvtsepi32_epi8(ilo);
+      const __m128i qhi = _mm512_cvtsepi32_epi8(ihi);
       alignas(16) int8_t codes[kInt8Block];
       _mm_store_si128(reinterpret_cast<__m128i*>(codes), qlo);
       _mm_store_si128(reinterpret_cast<__m128i*>(codes + 16), qhi);
       for (int g = 0; g < kInt8Block / 4; ++g)
         __builtin_memcpy(out + g * kStride, codes + 4 * g, 4);
-      dx[b] = finite ? amax / 127.0f : __builtin_nanf("");
-      sx[b] = sum;
+      // The quantized x's sums (step · Σ codes), as the scalar form (which says why). The codes
+      // are within ±127, so the 32-bit lanes hold them before saturation changes anything.
+      const int32_t sum_lo = _mm512_reduce_add_epi32(ilo), sum_hi = _mm512_reduce_add_epi32(ihi);
+      const float step = finite ? amax / 127.0f : __builtin_nanf("");
+      dx[b] = step;
+      sh[2 * b] = step * static_cast<float>(sum_lo);
+      sh[2 * b + 1] = step * static_cast<float>(sum_hi);
+      sx[b] = step * static_cast<float>(sum_lo + sum_hi);
     }
   }
 }
