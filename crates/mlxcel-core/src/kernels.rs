@@ -56,27 +56,16 @@ impl Isa {
 pub use mlxcel_model::Activations;
 
 /// How weights are stored for the int8-activation kernels (`MLXCEL_INT8_LAYOUT`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Int8Layout {
-    /// The checkpoint's codes and scales, interleaved: every path, AVX-512 VNNI included.
+    /// The checkpoint's codes and scales, interleaved.
     Wide,
     /// 8-bit codes that fit in 5 or 6 bits stored in that many, and f32 scales that factor
     /// exactly stored as a per-256-value f32 times an int8 per group (GGUF K-quants and Q5
-    /// types at close to their file size; the same bits). Read by the AVX2 and scalar kernels
-    /// (AVX-512 CPUs run the AVX2 one for these weights).
+    /// types at close to their file size; the same bits as [`Int8Layout::Wide`]). Every path
+    /// reads it (scalar, AVX2, AVX-512 VNNI); weights that do not allow it stay wide.
+    #[default]
     Compact,
-}
-
-impl Int8Layout {
-    /// Compact where the int8 kernel is the AVX2 one anyway (no AVX-512 VNNI), wide otherwise
-    /// (the VNNI kernel reads the wide layout only).
-    pub fn for_this_cpu() -> Int8Layout {
-        if has_vnni() {
-            Int8Layout::Wide
-        } else {
-            Int8Layout::Compact
-        }
-    }
 }
 
 /// Which kernels run, on which path, with how many threads.
@@ -106,7 +95,7 @@ impl Kernels {
             threads: available_cores(),
             fused_layers: true,
             activations: Activations::F32,
-            int8_layout: Int8Layout::for_this_cpu(),
+            int8_layout: Int8Layout::default(),
         }
     }
 

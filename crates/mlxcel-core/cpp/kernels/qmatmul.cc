@@ -34,10 +34,7 @@ void qmatmul_int8(const QProblem& p, Isa isa, int threads) {
   const int8_t* xq = xq_buffer.data();
   const bool vnni = isa == Isa::Avx512 && has_vnni();
   (vnni ? quantize_x_int8_avx512 : quantize_x_int8)(p.x, p.M, p.K, xq_buffer.data(), dx, sx, sh);
-  // The compact layouts (5/6-bit codes, factored scales) have an AVX2 kernel, which AVX-512
-  // CPUs run too (the same bits); the VNNI kernel reads the plain layout only.
-  const bool compact = p.factored || p.bits == 5 || p.bits == 6;
-  const auto kernel = vnni && !compact ? int8_avx512 : isa >= Isa::Avx2 ? int8_avx2 : int8_scalar;
+  const auto kernel = vnni ? int8_avx512 : isa >= Isa::Avx2 ? int8_avx2 : int8_scalar;
   const int tiles = p.N / kInt8TileRows;
   const int blocks_m = (p.M + kBlockRows - 1) / kBlockRows;
   // Several tile ranges per thread even out the load, as in the f32 GEMV (docs/kernels.md).

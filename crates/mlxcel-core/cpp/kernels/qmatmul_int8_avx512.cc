@@ -1,7 +1,10 @@
 // The int8-activation quantized matmul with AVX-512 VNNI (`vpdpbusd`: unsigned weight bytes times
 // signed activation bytes, four per 32-bit lane, added into int32 lanes). One lane per output row
 // of a 16-row tile, so the integer sums need no horizontal reduction; x is broadcast four values
-// at a time. See qmatmul.h for the exact computation (shared with the scalar reference, bitwise).
+// at a time. Every int8 layout: 4- and 8-bit codes, the compact 5- and 6-bit codes (widened to
+// bytes in registers: the low nibble or'ed with the high bits moved into place), f32, f16 or
+// factored scales, groups of 16 or more. See qmatmul.h for the exact computation (shared with the
+// scalar reference, bitwise).
 // Compiled without -m flags and without STL, like qmatmul_avx512.cc.
 #include <immintrin.h>
 
@@ -23,21 +26,78 @@ MLXCEL_TARGET inline __m512i dot4(__m512i acc, __m512i w, const int8_t* x) {
   return acc;
 }
 
-template <bool HALF>
-MLXCEL_TARGET inline __m512 load16(const void* base, int64_t at) {
-  if constexpr (HALF) {
-    const auto* halves = static_cast<const uint16_t*>(base) + at;
+// How scales and biases are stored: f32 or f16 [N/16, groups, 16], or factored (qmatmul.h).
+enum Scales { kF32, kF16, kFactored };
+
+// Tile t's scale (or bias) of group g for its 16 rows: loaded (f16 widened), or d · float(c)
+// when factored (the f32 product the factoring checked). `tile` is the tile's first scale
+// (f32/f16: its [groups, 16] rows) or first superblock (factored: `sb_bytes` each, 2^pshift
+// groups per superblock).
+template <int SM>
+MLXCEL_TARGET inline __m512 factor16(const uint8_t* tile, int64_t sb_bytes, int pshift, int g) {
+  if constexpr (SM == kFactored) {
+    const uint8_t* sb = tile + (g >> pshift) * sb_bytes;
+    const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(sb));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
+        sb + 4 * kInt8TileRows + (g & ((1 << pshift) - 1)) * kInt8TileRows));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c)));
+  } else if constexpr (SM == kF16) {
+    const auto* halves = reinterpret_cast<const uint16_t*>(tile) + g * kInt8TileRows;
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(halves)));
   } else {
-    return _mm512_loadu_ps(static_cast<const float*>(base) + at);
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(tile) + g * kInt8TileRows);
   }
 }
 
+// The 16 rows' codes of values 4Q .. 4Q + 3 of the block at `wb` (64 · BITS bytes), one byte per
+// value, four values per 32-bit lane as `vpdpbusd` takes them. 4 bits: chunk Q / 2's low (even
+// Q) or high (odd Q) nibbles. 5 and 6 bits: those nibbles, with the high bits (bit Q of the one
+// high chunk; bits 2i, 2i + 1 of high chunk Q / 4, i = Q % 4) put in bits 4 (and 5) with zeros
+// above: the high chunk masked to two fields per byte (bits 0 and 4 of (h >> Q % 4); bits 0-1
+// and 4-5 of h or h >> 2), the lower field moved up by a 16-bit shift (what crosses into the
+// next byte lands in its low nibble, which the nibbles replace). Values Q and Q + 4 (5 bits), or
+// the pairs of a chunk (6 bits), share one masked form. 8 bits: chunk Q.
+template <int BITS, int Q>
+MLXCEL_TARGET inline __m512i codes(const uint8_t* wb) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  if constexpr (BITS == 8) {
+    return _mm512_loadu_si512(wb + Q * 64);
+  } else {
+    const __m512i v = _mm512_loadu_si512(wb + (Q / 2) * 64);
+    const __m512i nibbles = Q % 2 == 0 ? v : _mm512_srli_epi16(v, 4);
+    if constexpr (BITS == 4) {
+      return _mm512_and_si512(nibbles, low);
+    } else {
+      const __m512i h = _mm512_loadu_si512(wb + 256 + (BITS == 5 ? 0 : (Q / 4) * 64));
+      constexpr int kShift = BITS == 5 ? Q % 4 : 2 * ((Q % 4) % 2);
+      constexpr bool kLower = BITS == 5 ? Q < 4 : Q % 4 < 2;
+      const __m512i fields =
+          _mm512_and_si512(kShift == 0 ? h : _mm512_srli_epi16(h, kShift),
+                           _mm512_set1_epi8(BITS == 5 ? 0x11 : 0x33));
+      const __m512i high = kLower ? _mm512_slli_epi16(fields, 4) : fields;
+      // low ? nibbles : high, bit by bit
+      return _mm512_ternarylogic_epi32(nibbles, low, high, 0xE2);
+    }
+  }
+}
+
+// Values 4Q .. 4Q + 3 of a block for rows [m, m + R) of x: into the first or second integer
+// sum (the block's half for groups of 16; even or odd Q when S = 2).
+template <int Q, int R, int S, int BITS, bool G16>
+MLXCEL_TARGET inline void step(__m512i (&sum)[S][R], const uint8_t* wb, const int8_t* xj) {
+  constexpr int kRow = kInt8RowBlock * 4;
+  constexpr int h = G16 ? Q / 4 : (S == 2 ? Q % 2 : 0);
+  const __m512i v = codes<BITS, Q>(wb);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) sum[h][r] = dot4(sum[h][r], v, xj + Q * kRow + 4 * r);
+}
+
 // Rows [m, m + R) of x (m a multiple of kInt8RowBlock) against one tile of 16 output rows. `w`
-// is the tile's bytes, `sb` indexes its scales and biases ([K/group, 16] from there), `gshift`
-// is log2(group_size / 32) (unused for groups of 16, G16).
-template <int R, int BITS, bool HALF, bool G16>
-MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, int64_t sb, int gshift,
+// is the tile's bytes, `stile`/`btile` its scales and biases (factor16), `gshift` is
+// log2(group_size / 32) (unused for groups of 16, G16).
+template <int R, int BITS, int SM, bool G16>
+MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stile,
+                        const uint8_t* btile, int64_t sb_bytes, int pshift, int gshift,
                         const int8_t* xq, const float* dx, const float* sx, const float* sh,
                         int m, int n0) {
   const int blocks = p.K / kInt8Block;
@@ -47,133 +107,113 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, int64_t sb, int gsh
   const float* sxb = sx + int8_block_index(m, 0, p.K);
   const float* shb = sh + 2 * int8_block_index(m, 0, p.K);
   constexpr int kRow = kInt8RowBlock * 4;
-  // Small R: two integer sums per row (even and odd chunks) shorten the dependency chains;
-  // integer addition is exact, so the split does not change the result.
-  constexpr int S = R <= 2 ? 2 : 1;
+  // Integer sums per row: groups of 16 need one per half of the block (values 0-15, 16-31);
+  // otherwise small R takes two (even and odd chunks) to shorten the dependency chains (integer
+  // addition is exact, so the split does not change the result).
+  constexpr int S = G16 || R <= 2 ? 2 : 1;
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const __m512i low = _mm512_set1_epi8(0x0F);
   for (int j = 0; j < blocks; ++j) {
-    if constexpr (G16) {
-      // Groups of 16: one integer sum per half of the block (values 0-15, 16-31), then each
-      // half's scale and bias FMAs, first half first (qmatmul.h).
-      __m512i half_sum[2][R];
-      for (int h = 0; h < 2; ++h)
-        for (int r = 0; r < R; ++r) half_sum[h][r] = _mm512_setzero_si512();
-      const int8_t* xj = xblock + static_cast<int64_t>(j) * 8 * kRow;
-      if constexpr (BITS == 4) {
-        // Chunk c holds values 8c .. 8c + 7: chunks 0-1 are the first half.
-        const uint8_t* wb = w + static_cast<int64_t>(j) * 4 * 64;
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) {
-          const __m512i v = _mm512_loadu_si512(wb + c * 64);
-          const __m512i lo = _mm512_and_si512(v, low);
-          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-#pragma GCC unroll 8
-          for (int r = 0; r < R; ++r) {
-            half_sum[c / 2][r] = dot4(half_sum[c / 2][r], lo, (xj + (2 * c) * kRow + 4 * r));
-            half_sum[c / 2][r] = dot4(half_sum[c / 2][r], hi, (xj + (2 * c + 1) * kRow + 4 * r));
-          }
-        }
-      } else {
-        // Chunk c holds values 4c .. 4c + 3: chunks 0-3 are the first half.
-        const uint8_t* wb = w + static_cast<int64_t>(j) * 8 * 64;
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c) {
-          const __m512i v = _mm512_loadu_si512(wb + c * 64);
-#pragma GCC unroll 8
-          for (int r = 0; r < R; ++r)
-            half_sum[c / 4][r] = dot4(half_sum[c / 4][r], v, (xj + c * kRow + 4 * r));
-        }
-      }
-      const float* dxj = dxb + j * kInt8RowBlock;
-      const float* shj = shb + 2 * j * kInt8RowBlock;
-      for (int h = 0; h < 2; ++h) {
-        const int64_t at = (sb + 2 * j + h) * kInt8TileRows;
-        const __m512 scale = load16<HALF>(p.scales, at);
-        const __m512 bias = load16<HALF>(p.biases, at);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const __m512 dot = _mm512_cvtepi32_ps(half_sum[h][r]);
-          acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(dxj[r])), acc[r]);
-          acc[r] = _mm512_fmadd_ps(bias, _mm512_set1_ps(shj[2 * r + h]), acc[r]);
-        }
-      }
-      continue;
-    }
     __m512i sum[S][R];
     for (int h = 0; h < S; ++h)
       for (int r = 0; r < R; ++r) sum[h][r] = _mm512_setzero_si512();
     const int8_t* xj = xblock + static_cast<int64_t>(j) * 8 * kRow;
-    if constexpr (BITS == 4) {
-      const uint8_t* wb = w + static_cast<int64_t>(j) * 4 * 64;
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        const __m512i v = _mm512_loadu_si512(wb + c * 64);
-        const __m512i lo = _mm512_and_si512(v, low);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    const uint8_t* wb = w + static_cast<int64_t>(j) * 64 * BITS;
+    step<0, R, S, BITS, G16>(sum, wb, xj);
+    step<1, R, S, BITS, G16>(sum, wb, xj);
+    step<2, R, S, BITS, G16>(sum, wb, xj);
+    step<3, R, S, BITS, G16>(sum, wb, xj);
+    step<4, R, S, BITS, G16>(sum, wb, xj);
+    step<5, R, S, BITS, G16>(sum, wb, xj);
+    step<6, R, S, BITS, G16>(sum, wb, xj);
+    step<7, R, S, BITS, G16>(sum, wb, xj);
+    const float* dxj = dxb + j * kInt8RowBlock;
+    if constexpr (G16) {
+      // Each half's scale and bias FMAs, first half first (qmatmul.h).
+      const float* shj = shb + 2 * j * kInt8RowBlock;
+      for (int h = 0; h < 2; ++h) {
+        const __m512 scale = factor16<SM>(stile, sb_bytes, pshift, 2 * j + h);
+        const __m512 bias = factor16<SM>(btile, sb_bytes, pshift, 2 * j + h);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          sum[0][r] = dot4(sum[0][r], lo, (xj + (2 * c) * kRow + 4 * r));
-          sum[S - 1][r] = dot4(sum[S - 1][r], hi, (xj + (2 * c + 1) * kRow + 4 * r));
+          const __m512 dot = _mm512_cvtepi32_ps(sum[h][r]);
+          acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(dxj[r])), acc[r]);
+          acc[r] = _mm512_fmadd_ps(bias, _mm512_set1_ps(shj[2 * r + h]), acc[r]);
         }
       }
     } else {
-      const uint8_t* wb = w + static_cast<int64_t>(j) * 8 * 64;
+      const __m512 scale = factor16<SM>(stile, sb_bytes, pshift, j >> gshift);
+      const __m512 bias = factor16<SM>(btile, sb_bytes, pshift, j >> gshift);
+      const float* sxj = sxb + j * kInt8RowBlock;
 #pragma GCC unroll 8
-      for (int c = 0; c < 8; c += 2) {
-        const __m512i v0 = _mm512_loadu_si512(wb + c * 64);
-        const __m512i v1 = _mm512_loadu_si512(wb + (c + 1) * 64);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          sum[0][r] = dot4(sum[0][r], v0, (xj + c * kRow + 4 * r));
-          sum[S - 1][r] = dot4(sum[S - 1][r], v1, (xj + (c + 1) * kRow + 4 * r));
-        }
+      for (int r = 0; r < R; ++r) {
+        const __m512i total = S == 2 ? _mm512_add_epi32(sum[0][r], sum[S - 1][r]) : sum[0][r];
+        const __m512 dot = _mm512_cvtepi32_ps(total);
+        acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(dxj[r])), acc[r]);
+        acc[r] = _mm512_fmadd_ps(bias, _mm512_set1_ps(sxj[r]), acc[r]);
       }
-    }
-    const int64_t at = (sb + (j >> gshift)) * kInt8TileRows;
-    const __m512 scale = load16<HALF>(p.scales, at);
-    const __m512 bias = load16<HALF>(p.biases, at);
-    const float* dxj = dxb + j * kInt8RowBlock;
-    const float* sxj = sxb + j * kInt8RowBlock;
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512i total = S == 2 ? _mm512_add_epi32(sum[0][r], sum[S - 1][r]) : sum[0][r];
-      const __m512 dot = _mm512_cvtepi32_ps(total);
-      acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(dxj[r])), acc[r]);
-      acc[r] = _mm512_fmadd_ps(bias, _mm512_set1_ps(sxj[r]), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r)
     _mm512_storeu_ps(p.y + static_cast<int64_t>(m + r) * p.N + n0, acc[r]);
 }
 
-template <int BITS, bool HALF, bool G16>
+template <int BITS, int SM, bool G16>
 MLXCEL_TARGET void run(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
                        const float* sh, int m0, int m1, int t0, int t1) {
   const int64_t tile_bytes = static_cast<int64_t>(2) * p.K * BITS;
-  const int groups = p.K / p.group_size;
   const int gshift =
       G16 ? 0 : __builtin_ctz(static_cast<unsigned>(p.group_size / kInt8Block));
+  // Where tile t's scales and biases start, and how factored ones are laid out.
+  const int64_t sb_bytes = SM == kFactored ? factored_superblock_bytes(p.group_size) : 0;
+  const int pshift =
+      SM == kFactored ? __builtin_ctz(static_cast<unsigned>(kSuperBlock / p.group_size)) : 0;
+  const int64_t scales_per_tile = SM == kFactored
+                                      ? (p.K / kSuperBlock) * sb_bytes
+                                      : static_cast<int64_t>(p.K / p.group_size) *
+                                            kInt8TileRows * (SM == kF16 ? 2 : 4);
   const auto* wbase = reinterpret_cast<const uint8_t*>(p.w);
   for (int t = t0; t < t1; ++t) {
     const uint8_t* w = wbase + t * tile_bytes;
-    const int64_t sb = static_cast<int64_t>(t) * groups;
+    const uint8_t* stile = static_cast<const uint8_t*>(p.scales) + t * scales_per_tile;
+    const uint8_t* btile = static_cast<const uint8_t*>(p.biases) + t * scales_per_tile;
     const int n0 = t * kInt8TileRows;
+#define MLXCEL_TILE(R) \
+  tile<R, BITS, SM, G16>(p, w, stile, btile, sb_bytes, pshift, gshift, xq, dx, sx, sh, m, n0)
     int m = m0;
-    for (; m + 8 <= m1; m += 8)
-      tile<8, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0);
+    for (; m + 8 <= m1; m += 8) MLXCEL_TILE(8);
     switch (m1 - m) {
-      case 7: tile<7, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
-      case 6: tile<6, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
-      case 5: tile<5, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
-      case 4: tile<4, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
-      case 3: tile<3, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
-      case 2: tile<2, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
-      case 1: tile<1, BITS, HALF, G16>(p, w, sb, gshift, xq, dx, sx, sh, m, n0); break;
+      case 7: MLXCEL_TILE(7); break;
+      case 6: MLXCEL_TILE(6); break;
+      case 5: MLXCEL_TILE(5); break;
+      case 4: MLXCEL_TILE(4); break;
+      case 3: MLXCEL_TILE(3); break;
+      case 2: MLXCEL_TILE(2); break;
+      case 1: MLXCEL_TILE(1); break;
       default: break;
     }
+#undef MLXCEL_TILE
   }
+}
+
+template <int BITS, int SM>
+MLXCEL_TARGET void run_groups(const QProblem& p, const int8_t* xq, const float* dx,
+                              const float* sx, const float* sh, int m0, int m1, int t0, int t1) {
+  if (p.group_size == 16)
+    run<BITS, SM, true>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+  else
+    run<BITS, SM, false>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+}
+
+template <int BITS>
+MLXCEL_TARGET void run_scales(const QProblem& p, const int8_t* xq, const float* dx,
+                              const float* sx, const float* sh, int m0, int m1, int t0, int t1) {
+  if (p.factored)
+    run_groups<BITS, kFactored>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+  else if (p.half)
+    run_groups<BITS, kF16>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+  else
+    run_groups<BITS, kF32>(p, xq, dx, sx, sh, m0, m1, t0, t1);
 }
 
 // quantize_x_int8 (qmatmul_int8.cc) sixteen values at a time; the same bits.
@@ -236,21 +276,19 @@ void quantize_x_int8_avx512(const float* x, int M, int K, int8_t* xq, float* dx,
 
 void int8_avx512(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
                  const float* sh, int m0, int m1, int t0, int t1) {
-  const bool g16 = p.group_size == 16;
-  if (p.bits == 4) {
-    if (g16)
-      p.half ? run<4, true, true>(p, xq, dx, sx, sh, m0, m1, t0, t1)
-             : run<4, false, true>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-    else
-      p.half ? run<4, true, false>(p, xq, dx, sx, sh, m0, m1, t0, t1)
-             : run<4, false, false>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-  } else {
-    if (g16)
-      p.half ? run<8, true, true>(p, xq, dx, sx, sh, m0, m1, t0, t1)
-             : run<8, false, true>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-    else
-      p.half ? run<8, true, false>(p, xq, dx, sx, sh, m0, m1, t0, t1)
-             : run<8, false, false>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+  switch (p.bits) {
+    case 4:
+      run_scales<4>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+      break;
+    case 5:
+      run_scales<5>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+      break;
+    case 6:
+      run_scales<6>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+      break;
+    default:
+      run_scales<8>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+      break;
   }
 }
 

@@ -317,16 +317,10 @@ fn kernel_choice_is_read_from_the_environment() {
         err.starts_with("--activations=\"int8\"") && !err.contains("MLXCEL_ACTIVATIONS"),
         "{err}"
     );
-    // The int8 layout: compact by default where the int8 kernel is AVX2's, either on request.
+    // The int8 layout: compact by default on every CPU (every int8 path reads it), either on
+    // request.
     use mlxcel_core::Int8Layout;
-    assert_eq!(
-        Kernels::native().int8_layout,
-        if mlxcel_core::kernels::has_vnni() {
-            Int8Layout::Wide
-        } else {
-            Int8Layout::Compact
-        }
-    );
+    assert_eq!(Kernels::native().int8_layout, Int8Layout::Compact);
     for (value, layout) in [("compact", Int8Layout::Compact), ("wide", Int8Layout::Wide)] {
         let pairs: &'static [(&'static str, &'static str)] =
             Box::leak(vec![("MLXCEL_INT8_LAYOUT", value)].into_boxed_slice());
