@@ -168,6 +168,23 @@ pub trait Backend {
         ))
     }
 
+    /// Gives kept slot `slot` to a new sequence of `plan` as if it had been allocated for it,
+    /// keeping its first `len` positions (the prefix cache's take-over: no copy).
+    /// [`EngineError::NoFreeSlot`] when the plan's positions do not fit the KV budget; backends
+    /// without it refuse (the prefix cache then copies).
+    fn adopt_slot(
+        &mut self,
+        slot: SlotId,
+        plan: &SessionPlan,
+        len: usize,
+    ) -> Result<(), EngineError> {
+        let _ = (slot, plan, len);
+        Err(EngineError::backend(
+            self.name(),
+            "this backend cannot give a kept slot to a new sequence",
+        ))
+    }
+
     /// A slot's first `len` positions' keys and values on the host, in the backend's own layout
     /// ([`Backend::import_kv`] reads it back): what a saved slot file holds.
     fn export_kv(&mut self, slot: SlotId, len: usize) -> Result<Vec<f32>, EngineError> {
@@ -349,6 +366,15 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
         (**self).hidden_states(tokens)
+    }
+
+    fn adopt_slot(
+        &mut self,
+        slot: SlotId,
+        plan: &SessionPlan,
+        len: usize,
+    ) -> Result<(), EngineError> {
+        (**self).adopt_slot(slot, plan, len)
     }
 
     fn copy_prefix(&mut self, from: SlotId, to: SlotId, len: usize) -> Result<(), EngineError> {

@@ -160,6 +160,10 @@ pub struct PrefixCacheStats {
     pub hits: u64,
     /// Prompt tokens looked up (their ratio to `reused_tokens`: the token hit rate).
     pub queried_tokens: u64,
+    /// Of the hits, those served by taking over a kept slot whole (the prompt started with
+    /// everything it held): no copy, and the entry leaves the cache for the new sequence, so a
+    /// chat's turns keep one slot, not one entry per turn.
+    pub takeovers: u64,
     /// Entries evicted to make room (least recently used first).
     pub evictions: u64,
     /// Entries kept now, the bytes they hold, and the budget.
@@ -217,6 +221,11 @@ pub struct Scheduler<B: Backend> {
     /// The prefix cache: finished sequences' slots kept with the tokens their positions hold,
     /// least recently used first out, within `prefix_budget` bytes of KV memory.
     retained: Vec<Retained>,
+    /// Kept entries a later request took over whole: (the entry's id, the taker's id, the
+    /// positions the entry held). The entry stays readable under its id
+    /// ([`Scheduler::export_cached`]) while the taker, or an entry or taker after it, still
+    /// holds those positions.
+    taken: Vec<(RequestId, RequestId, usize)>,
     prefix_budget: usize,
     clock: u64,
     /// The draft model of draft-model speculation ([`Scheduler::with_draft`]).
@@ -234,6 +243,13 @@ pub struct CachedPrefix {
     pub kv: Vec<f32>,
 }
 
+/// Where an entry's positions are held: a kept entry, or a running sequence that took it over
+/// (indices into `retained` and `running`).
+enum Holder {
+    Retained(usize),
+    Running(usize),
+}
+
 /// A finished sequence's slot kept for its prefix.
 struct Retained {
     /// Its handle ([`Scheduler::export_cached`]): the finished request's id, or the id
@@ -244,6 +260,10 @@ struct Retained {
     bytes: usize,
     last_used: u64,
 }
+
+/// Take-overs remembered (so that an entry taken over stays readable under its id): the oldest
+/// are forgotten past this many.
+const MAX_TAKEN: usize = 256;
 
 /// Prefixes shorter than this are recomputed: copying them would save less than it costs.
 const MIN_REUSED_PREFIX: usize = 8;
@@ -312,6 +332,7 @@ impl<B: Backend> Scheduler<B> {
             stats: SchedulerStats::default(),
             constraints: None,
             retained: Vec::new(),
+            taken: Vec::new(),
             prefix_budget: 0,
             clock: 0,
             draft: None,
@@ -347,10 +368,16 @@ impl<B: Backend> Scheduler<B> {
 
     /// Releases the least recently used retained slot; `false` when none is left.
     fn evict_one(&mut self) -> bool {
+        self.evict_one_but(None)
+    }
+
+    /// [`Scheduler::evict_one`], sparing the entry of slot `spare`.
+    fn evict_one_but(&mut self, spare: Option<SlotId>) -> bool {
         let Some(oldest) = self
             .retained
             .iter()
             .enumerate()
+            .filter(|(_, r)| Some(r.slot) != spare)
             .min_by_key(|(_, r)| r.last_used)
             .map(|(i, _)| i)
         else {
@@ -359,22 +386,76 @@ impl<B: Backend> Scheduler<B> {
         let entry = self.retained.remove(oldest);
         self.backend.release_slot(entry.slot);
         self.stats.prefix.evictions += 1;
+        self.prune_taken();
         true
     }
 
     /// What the prefix cache holds for `id` (a finished request's id, or a restored entry's):
     /// its tokens and their keys and values ([`Backend::export_kv`]'s layout); `None` when the
     /// request's slot was not kept (the cache off, or too short a sequence) or has been evicted.
+    /// An entry taken over by a later request reads from what holds its positions now.
     pub fn export_cached(&mut self, id: RequestId) -> Result<Option<CachedPrefix>, EngineError> {
-        let Some(index) = self.retained.iter().position(|r| r.id == id) else {
+        let Some((holder, len)) = self.holder_of(id) else {
             return Ok(None);
         };
-        self.clock += 1;
-        let entry = &mut self.retained[index];
-        entry.last_used = self.clock;
-        let (slot, tokens) = (entry.slot, entry.tokens.clone());
+        let (slot, tokens) = match holder {
+            Holder::Retained(index) => {
+                self.clock += 1;
+                let entry = &mut self.retained[index];
+                entry.last_used = self.clock;
+                (entry.slot, entry.tokens[..len].to_vec())
+            }
+            Holder::Running(index) => {
+                let sequence = &self.running[index];
+                let Some(slot) = sequence.slot else {
+                    return Ok(None);
+                };
+                (slot, sequence.tokens[..len].to_vec())
+            }
+        };
         let kv = self.backend.export_kv(slot, tokens.len())?;
         Ok(Some(CachedPrefix { tokens, kv }))
+    }
+
+    /// Where `id`'s entry is held now, following take-overs, and how many of the holder's
+    /// positions are the entry's.
+    fn holder_of(&self, mut id: RequestId) -> Option<(Holder, usize)> {
+        let mut len = usize::MAX;
+        // Each take-over's taker came later than its entry, so the chain ends (and take-overs
+        // are redirected to the latest taker, so it is one link long).
+        loop {
+            if let Some(index) = self.retained.iter().position(|r| r.id == id) {
+                return Some((
+                    Holder::Retained(index),
+                    len.min(self.retained[index].tokens.len()),
+                ));
+            }
+            if let Some((_, taker, held)) = self.taken.iter().find(|(entry, ..)| *entry == id) {
+                len = len.min(*held);
+                if let Some(index) = self.running.iter().position(|s| s.id == *taker)
+                    && self.running[index].slot.is_some()
+                {
+                    return Some((
+                        Holder::Running(index),
+                        len.min(self.running[index].computed),
+                    ));
+                }
+                id = *taker;
+                continue;
+            }
+            return None;
+        }
+    }
+
+    /// Forgets take-overs whose positions nothing holds any longer.
+    fn prune_taken(&mut self) {
+        let dead: Vec<RequestId> = self
+            .taken
+            .iter()
+            .map(|(entry, ..)| *entry)
+            .filter(|&entry| self.holder_of(entry).is_none())
+            .collect();
+        self.taken.retain(|(entry, ..)| !dead.contains(entry));
     }
 
     /// Puts `tokens` with their keys and values (what [`Scheduler::export_cached`] returned, on
@@ -447,12 +528,20 @@ impl<B: Backend> Scheduler<B> {
     }
 
     /// Drops `id`'s entry from the prefix cache; returns the tokens it held (0: none was kept).
+    /// An entry taken over by a later request is forgotten under its id (the taker keeps the
+    /// positions).
     pub fn erase_cached(&mut self, id: RequestId) -> usize {
+        if let Some(index) = self.taken.iter().position(|(entry, ..)| *entry == id) {
+            let held = self.holder_of(id).map_or(0, |(_, len)| len);
+            self.taken.remove(index);
+            return held;
+        }
         let Some(index) = self.retained.iter().position(|r| r.id == id) else {
             return 0;
         };
         let entry = self.retained.remove(index);
         self.backend.release_slot(entry.slot);
+        self.prune_taken();
         entry.tokens.len()
     }
 
@@ -480,6 +569,25 @@ impl<B: Backend> Scheduler<B> {
             .chain(running)
             .filter(|&(_, len, _)| len >= MIN_REUSED_PREFIX)
             .max_by_key(|&(_, len, _)| len)
+    }
+
+    /// The kept entry a prompt can take over whole: the longest whose every token the prompt
+    /// starts with (leaving at least one prompt token to compute), if no other source (a kept
+    /// slot or a running sequence) holds a longer prefix of it. Its index in `retained`.
+    fn takeover(&self, prompt: &[u32]) -> Option<usize> {
+        let (i, len) = self
+            .retained
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                r.tokens.len() >= MIN_REUSED_PREFIX
+                    && r.tokens.len() < prompt.len()
+                    && prompt.starts_with(&r.tokens)
+            })
+            .map(|(i, r)| (i, r.tokens.len()))
+            .max_by_key(|&(_, len)| len)?;
+        let best = self.longest_prefix(prompt).map_or(0, |(_, best, _)| best);
+        (len >= best).then_some(i)
     }
 
     /// Lets requests carry structured-output constraints, compiled against this vocabulary.
@@ -875,12 +983,51 @@ impl<B: Backend> Scheduler<B> {
             if !self.bucket_has_room(&head.plan) {
                 break;
             }
+            let look_up = self.prefix_budget > 0 && head.reuse_cached_prefix;
+            if look_up && let Some(i) = self.takeover(&head.tokens[..head.prompt_len]) {
+                let (slot, len) = (self.retained[i].slot, self.retained[i].tokens.len());
+                let adopted = self.backend.adopt_slot(slot, &head.plan, len);
+                match adopted {
+                    Ok(()) => {
+                        let entry = self.retained.remove(i);
+                        let mut sequence = self.waiting.pop_front().expect("head exists");
+                        // Earlier take-overs of this entry now point at its taker (chains stay
+                        // one link long), and the oldest are forgotten past a bound.
+                        for (_, taker, _) in &mut self.taken {
+                            if *taker == entry.id {
+                                *taker = sequence.id;
+                            }
+                        }
+                        self.taken.push((entry.id, sequence.id, len));
+                        if self.taken.len() > MAX_TAKEN {
+                            self.taken.remove(0);
+                        }
+                        sequence.slot = Some(slot);
+                        sequence.status = RequestStatus::Running;
+                        sequence.computed = len;
+                        sequence.cached = len;
+                        self.stats.prefix.lookups += 1;
+                        self.stats.prefix.queried_tokens += sequence.prompt_len as u64;
+                        self.stats.prefix.hits += 1;
+                        self.stats.prefix.takeovers += 1;
+                        self.stats.reused_tokens += len as u64;
+                        self.running.push(sequence);
+                        continue;
+                    }
+                    // Room for the plan: other entries give way first.
+                    Err(EngineError::NoFreeSlot) if self.evict_one_but(Some(slot)) => continue,
+                    // Otherwise a fresh slot and a copy, as for any other prefix.
+                    Err(_) => {}
+                }
+            }
+            let Some(head) = self.waiting.front() else {
+                break;
+            };
             match self.backend.allocate_slot(&head.plan) {
                 Ok(slot) => {
                     let mut sequence = self.waiting.pop_front().expect("head exists");
                     sequence.slot = Some(slot);
                     sequence.status = RequestStatus::Running;
-                    let look_up = self.prefix_budget > 0 && sequence.reuse_cached_prefix;
                     if look_up {
                         self.stats.prefix.lookups += 1;
                         self.stats.prefix.queried_tokens += sequence.prompt_len as u64;
@@ -1391,6 +1538,7 @@ impl<B: Backend> Scheduler<B> {
                 events.push((sequence.id, finished_event(&sequence, text, None)));
             }
         }
+        self.prune_taken();
     }
 }
 

@@ -78,6 +78,27 @@ impl KvCache {
         self.max_positions
     }
 
+    /// Sets the most positions this cache may hold (a kept cache given to a new sequence, whose
+    /// plan sets its own bound). Refused below the positions held; positions already allocated
+    /// past `max_positions` stay allocated ([`KvCache::reserved_positions`] counts them).
+    pub fn set_max_positions(&mut self, max_positions: usize) -> Result<()> {
+        if max_positions < self.len {
+            return Err(Error::CacheFull {
+                len: self.len,
+                extra: 0,
+                max_positions,
+            });
+        }
+        self.max_positions = max_positions;
+        Ok(())
+    }
+
+    /// Positions this cache's memory is counted for: the most it may hold, or what it has
+    /// allocated if that is more.
+    pub fn reserved_positions(&self) -> usize {
+        self.max_positions.max(self.allocated)
+    }
+
     /// The element types of keys and of values.
     pub fn types(&self) -> (KvType, KvType) {
         (self.k_type, self.v_type)

@@ -149,7 +149,7 @@ impl Metrics {
         } else {
             0.0
         };
-        let families: [(&str, &str, &str, String); 28] = [
+        let families: [(&str, &str, &str, String); 29] = [
             (
                 "llamacpp:prompt_tokens_total",
                 "counter",
@@ -293,6 +293,12 @@ impl Metrics {
                 "counter",
                 "Requests that reused a cached prefix.",
                 e.prefix.hits.to_string(),
+            ),
+            (
+                "mlxcel_prefix_cache_takeovers_total",
+                "counter",
+                "Of the hits, those that took over a kept slot whole instead of copying it.",
+                e.prefix.takeovers.to_string(),
             ),
             (
                 "mlxcel_prefix_cache_evictions_total",

@@ -63,7 +63,7 @@ impl MlxBackend {
     fn reserved_bytes(&self) -> usize {
         self.slots
             .values()
-            .map(|cache| cache.max_positions() * self.bytes_per_position())
+            .map(|cache| cache.reserved_positions() * self.bytes_per_position())
             .sum()
     }
 }
@@ -208,6 +208,40 @@ impl Backend for MlxBackend {
 
     fn release_slot(&mut self, slot: SlotId) {
         self.slots.remove(&slot);
+    }
+
+    fn adopt_slot(
+        &mut self,
+        slot: SlotId,
+        plan: &SessionPlan,
+        len: usize,
+    ) -> Result<(), EngineError> {
+        let per_position = self.bytes_per_position();
+        let reserved = self.reserved_bytes();
+        let budget = self.kv_budget_bytes;
+        let cache = self
+            .slots
+            .get_mut(&slot)
+            .ok_or_else(|| EngineError::backend("mlx", format!("slot {slot} is not allocated")))?;
+        if len > cache.len() || len > plan.max_positions {
+            return Err(EngineError::backend(
+                "mlx",
+                format!(
+                    "slot {slot} holds {} positions: it cannot keep {len} for a plan of {}",
+                    cache.len(),
+                    plan.max_positions
+                ),
+            ));
+        }
+        let now = cache.reserved_positions() * per_position;
+        let after = plan.max_positions.max(cache.len()) * per_position;
+        if reserved - now + after > budget {
+            return Err(EngineError::NoFreeSlot);
+        }
+        cache.truncate(len);
+        cache
+            .set_max_positions(plan.max_positions)
+            .map_err(backend_error)
     }
 
     fn can_score(&self) -> bool {

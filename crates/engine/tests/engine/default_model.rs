@@ -773,6 +773,26 @@ fn prefix_cache_reuses_computed_prompts_exactly() {
             }
             reported += got.usage.cached_tokens as u64;
         }
+        // The first conversation's next turn (its history, then a message long enough that the
+        // slot grows past what it had allocated) takes the kept slot over instead of copying it.
+        let first = plain.generate(requests[0].clone()).unwrap();
+        let mut follow_up = requests[0].clone();
+        follow_up.prompt.extend(&first.tokens);
+        let numbers: Vec<String> = (1..=120).map(|n| n.to_string()).collect();
+        let message = format!(" Now repeat these numbers: {}. Answer:", numbers.join(", "));
+        follow_up.prompt.extend(plain.tokenize(&message).unwrap());
+        assert!(follow_up.prompt.len() > 300, "{}", follow_up.prompt.len());
+        let takeovers = cached.stats().prefix.takeovers;
+        let want = plain.generate(follow_up.clone()).unwrap();
+        let got = cached.generate(follow_up).unwrap();
+        assert_eq!(got.tokens, want.tokens, "{activations:?} follow-up");
+        assert_eq!(
+            got.usage.cached_tokens,
+            requests[0].prompt.len() + first.tokens.len() - 1,
+            "{activations:?}: the whole kept history"
+        );
+        assert_eq!(cached.stats().prefix.takeovers, takeovers + 1);
+        reported += got.usage.cached_tokens as u64;
         let together = submit_all(&cached, &requests);
         for (i, want) in expected.iter().enumerate() {
             assert_eq!(

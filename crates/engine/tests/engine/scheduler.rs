@@ -53,6 +53,9 @@ struct Mock {
     hash_contents: bool,
     /// Scores every position and rolls positions back (speculative decoding).
     scores: bool,
+    /// Prefixes copied between slots, and kept slots given to new sequences (with `prefix`).
+    copies: usize,
+    adoptions: usize,
 }
 
 impl Mock {
@@ -188,6 +191,27 @@ impl Backend for Mock {
     fn copy_prefix(&mut self, from: SlotId, to: SlotId, len: usize) -> Result<(), EngineError> {
         let prefix = self.slots[&from].1[..len].to_vec();
         self.slots.get_mut(&to).expect("a live slot").1 = prefix;
+        self.copies += 1;
+        Ok(())
+    }
+    fn adopt_slot(
+        &mut self,
+        slot: SlotId,
+        plan: &SessionPlan,
+        len: usize,
+    ) -> Result<(), EngineError> {
+        assert!(
+            self.prefix,
+            "take-overs only where the backend keeps a prefix cache"
+        );
+        let (kept_plan, cache) = self.slots.get_mut(&slot).expect("a live slot");
+        assert!(
+            len <= cache.len(),
+            "a take-over keeps positions the slot holds"
+        );
+        cache.truncate(len);
+        *kept_plan = *plan;
+        self.adoptions += 1;
         Ok(())
     }
     /// The mock's "keys and values": each position's token, as a float.
@@ -840,6 +864,76 @@ fn restoring_is_refused_without_the_prefix_cache_or_beyond_its_budget() {
     assert_eq!(stats.prefix.budget, 2_000);
 }
 
+/// A chat's next turn (its whole history, then a new message) takes the last turn's kept slot
+/// over: no copy, one slot for the whole conversation instead of one entry per turn, the same
+/// tokens as without a cache; an earlier turn's entry stays readable under its id while the
+/// conversation holds its positions, and erasing that id leaves the conversation's entry be.
+#[test]
+fn a_chats_next_turn_takes_over_its_last_turns_slot() {
+    let mock = |prefix| Mock {
+        prefix,
+        hash_contents: true,
+        ..Mock::new(400)
+    };
+    let mut cached = scheduler(mock(true), SchedulerConfig::default()).with_prefix_cache(1 << 20);
+    let mut plain = scheduler(mock(false), SchedulerConfig::default());
+    let mut history: Vec<u32> = (0..16).map(|t| (t * 5 + 3) % 26).collect();
+    let mut ids = Vec::new();
+    for turn in 0..8u32 {
+        let request = greedy(history.clone(), MaxNewTokens::Limited(6));
+        let id = cached.submit(request.clone()).unwrap();
+        let with = run_to_end(&mut cached)[&id].clone();
+        let reference = plain.submit(request).unwrap();
+        let without = run_to_end(&mut plain)[&reference].clone();
+        assert_eq!(with.tokens, without.tokens, "turn {turn}");
+        let cached_tokens = with.finish.as_ref().unwrap().1.cached_tokens;
+        if turn > 0 {
+            // Everything the last turn computed: its prompt and its output but the last token.
+            assert_eq!(cached_tokens, history.len() - 4, "turn {turn}");
+        }
+        assert_eq!(cached.backend().slots.len(), 1, "turn {turn}: one slot");
+        history.extend(&with.tokens);
+        history.extend([turn % 26, (turn + 7) % 26, 11]);
+        ids.push(id);
+    }
+    let stats = cached.stats().prefix;
+    assert_eq!((stats.hits, stats.takeovers, stats.entries), (7, 7, 1));
+    assert_eq!(
+        (cached.backend().adoptions, cached.backend().copies),
+        (7, 0)
+    );
+    // The first turn's entry reads from the last turn's slot: the first turn's positions.
+    let first = cached.export_cached(ids[0]).unwrap().expect("still held");
+    assert_eq!(first.tokens.len(), 16 + 5);
+    assert_eq!(first.tokens[..], history[..21]);
+    assert_eq!(
+        first.kv,
+        first.tokens.iter().map(|&t| t as f32).collect::<Vec<_>>()
+    );
+    assert_eq!(cached.erase_cached(ids[0]), 21);
+    assert_eq!(cached.export_cached(ids[0]).unwrap(), None);
+    let last = cached.export_cached(ids[7]).unwrap().expect("kept");
+    assert_eq!(last.tokens[..], history[..last.tokens.len()]);
+    // A prompt that shares only part of the kept history copies it into a new slot instead
+    // (taking the slot over would lose the rest), and the conversation stays kept.
+    let mut branch = history[..30].to_vec();
+    branch.push(25);
+    let id = cached
+        .submit(greedy(branch, MaxNewTokens::Limited(2)))
+        .unwrap();
+    assert_eq!(
+        run_to_end(&mut cached)[&id].finish.unwrap().1.cached_tokens,
+        30
+    );
+    assert_eq!(cached.backend().copies, 1);
+    assert!(cached.export_cached(ids[7]).unwrap().is_some());
+    // Dropping the conversation's entry leaves nothing under any of its turns' ids.
+    assert_eq!(cached.erase_cached(ids[7]), last.tokens.len());
+    for &id in &ids[1..] {
+        assert_eq!(cached.export_cached(id).unwrap(), None, "turn id {id}");
+    }
+}
+
 /// Property: with random prompts sharing random prefixes of a few bases, random budgets (so
 /// entries are evicted at arbitrary moments, or never kept) and requests submitted in random
 /// waves (so newcomers share with running sequences as well as kept ones), every request's tokens
@@ -859,7 +953,7 @@ fn cached_outputs_equal_uncached_ones_under_random_sharing_and_eviction() {
         hash_contents: true,
         ..Mock::new(96)
     };
-    let mut hits = 0;
+    let (mut hits, mut takeovers) = (0, 0);
     for case in 0..60 {
         let bases: Vec<Vec<u32>> = (0..3)
             .map(|_| (0..8 + draw(24)).map(|_| draw(26) as u32).collect())
@@ -869,11 +963,18 @@ fn cached_outputs_equal_uncached_ones_under_random_sharing_and_eviction() {
             scheduler(mock(true), SchedulerConfig::default()).with_prefix_cache(budget);
         let mut plain = scheduler(mock(false), SchedulerConfig::default());
         let mut reported = 0;
+        // Finished requests' prompts and outputs: a third of the later requests continue one
+        // (a chat's next turn: its whole history, then new tokens), which can take its slot over.
+        let mut finished: Vec<Vec<u32>> = Vec::new();
         for wave in 0..4 {
             let requests: Vec<GenerationRequest> = (0..1 + draw(4))
                 .map(|_| {
-                    let base = &bases[draw(3)];
-                    let mut prompt = base[..draw(base.len() + 1)].to_vec();
+                    let mut prompt = if !finished.is_empty() && draw(3) == 0 {
+                        finished[draw(finished.len())].clone()
+                    } else {
+                        let base = &bases[draw(3)];
+                        base[..draw(base.len() + 1)].to_vec()
+                    };
                     prompt.extend((0..1 + draw(8)).map(|_| draw(26) as u32));
                     greedy(prompt, MaxNewTokens::Limited(1 + draw(6)))
                 })
@@ -897,11 +998,26 @@ fn cached_outputs_equal_uncached_ones_under_random_sharing_and_eviction() {
                 reported += used as u64;
                 hits += usize::from(used > 0);
             }
+            for (request, id) in requests.iter().zip(&with) {
+                let mut history = request.prompt.clone();
+                history.extend(&got[id].tokens);
+                finished.push(history);
+            }
         }
         assert_eq!(reported, cached.stats().reused_tokens, "case {case}");
+        let stats = cached.stats().prefix;
+        assert_eq!(
+            stats.takeovers as usize,
+            cached.backend().adoptions,
+            "case {case}"
+        );
+        takeovers += stats.takeovers;
+        // The budget bounds what stays kept (take-overs leave the cache, so they add nothing).
+        assert!(stats.bytes <= budget, "case {case}: {stats:?}");
     }
-    // The draws do exercise the cache.
+    // The draws do exercise the cache, take-overs included.
     assert!(hits >= 40, "{hits} requests reused a prefix");
+    assert!(takeovers >= 10, "{takeovers} take-overs");
 }
 
 /// Speculating sequences verify their proposals in the same step as the other sequences' decode

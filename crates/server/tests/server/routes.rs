@@ -575,6 +575,8 @@ async fn cached_prompt_tokens_are_reported_per_request() {
         lookups >= 5 && hits >= 4 && hits < lookups,
         "{lookups} {hits}"
     );
+    // Take-overs are hits (none here: no prompt starts with a whole earlier conversation).
+    assert!(value("mlxcel_prefix_cache_takeovers_total") <= hits);
     assert!(value("vllm:prefix_cache_queries_total") > value("vllm:prefix_cache_hits_total"));
     assert!(value("mlxcel_prefix_cache_entries") >= 1);
     let bytes = value("mlxcel_prefix_cache_bytes");
