@@ -94,7 +94,8 @@ struct Sequence {
     prompt_len: usize,
     /// Tokens whose keys and values are in the slot.
     computed: usize,
-    /// Prompt tokens the prefix cache held at admission (not computed).
+    /// Prompt tokens copied rather than computed: what the prefix cache held at admission, or
+    /// what a sequence admitted before it computed meanwhile (see `waits_for_sharer`).
     cached: usize,
     /// Whether it may start from a cached prefix ([`GenerationRequest::reuse_cached_prefix`]).
     reuse_cached_prefix: bool,
@@ -590,6 +591,66 @@ impl<B: Backend> Scheduler<B> {
         (len >= best).then_some(i)
     }
 
+    /// Whether running sequence `index`, prefilling, should wait for one admitted before it that
+    /// is computing a prefix of its prompt (at least [`MIN_REUSED_PREFIX`] positions past its
+    /// own), to copy that prefix once computed rather than compute it too: requests that arrive
+    /// together with a shared system prompt compute it once. The first such sequence never
+    /// waits, so every wait ends.
+    fn waits_for_sharer(&self, index: usize) -> bool {
+        let sequence = &self.running[index];
+        let prompt = &sequence.tokens[..sequence.prompt_len];
+        self.running[..index].iter().any(|earlier| {
+            let shared = earlier.tokens[..earlier.prompt_len]
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(prompt.len() - 1);
+            earlier.slot.is_some()
+                && earlier.computed < shared
+                && shared >= sequence.computed + MIN_REUSED_PREFIX
+        })
+    }
+
+    /// Copies into running sequence `index`'s slot the longest prefix of its prompt that a kept
+    /// slot or another running sequence has computed since it was admitted, when that is at
+    /// least [`MIN_REUSED_PREFIX`] positions past its own.
+    fn copy_computed_prefix(&mut self, index: usize) {
+        let sequence = &self.running[index];
+        let (Some(slot), computed) = (sequence.slot, sequence.computed) else {
+            return;
+        };
+        let Some((source, len, retained)) =
+            self.longest_prefix(&sequence.tokens[..sequence.prompt_len])
+        else {
+            return;
+        };
+        if source == slot || len < computed + MIN_REUSED_PREFIX {
+            return;
+        }
+        if self.backend.copy_prefix(source, slot, len).is_err() {
+            // Whatever the slot holds now, the prompt is computed again from its start.
+            let sequence = &mut self.running[index];
+            if self.backend.truncate(slot, 0).is_ok() {
+                sequence.computed = 0;
+                self.stats.reused_tokens -= sequence.cached as u64;
+                sequence.cached = 0;
+            }
+            return;
+        }
+        let sequence = &mut self.running[index];
+        if sequence.cached == 0 {
+            self.stats.prefix.hits += 1;
+        }
+        sequence.cached += len - computed;
+        sequence.computed = len;
+        self.stats.reused_tokens += (len - computed) as u64;
+        self.clock += 1;
+        if let Some(i) = retained {
+            self.retained[i].last_used = self.clock;
+        }
+    }
+
     /// Lets requests carry structured-output constraints, compiled against this vocabulary.
     pub(crate) fn with_constraints(mut self, source: Arc<ConstraintSource>) -> Self {
         self.constraints = Some(source);
@@ -824,8 +885,16 @@ impl<B: Backend> Scheduler<B> {
             sequence.acceptance = crate::speculative::drifted_acceptance(sequence.acceptance);
             sequence.quiet_steps += 1;
         }
-        for (index, sequence) in self.running.iter().enumerate() {
+        for index in 0..self.running.len() {
+            let sequence = &self.running[index];
             if sequence.computed < sequence.prompt_len && budget > 0 {
+                if self.prefix_budget > 0 && sequence.reuse_cached_prefix {
+                    if self.waits_for_sharer(index) {
+                        continue;
+                    }
+                    self.copy_computed_prefix(index);
+                }
+                let sequence = &self.running[index];
                 let chunk = (sequence.prompt_len - sequence.computed)
                     .min(self.config.prefill_chunk)
                     .min(budget);

@@ -934,6 +934,76 @@ fn a_chats_next_turn_takes_over_its_last_turns_slot() {
     }
 }
 
+/// Requests that arrive together with a shared system prompt compute it once: the later ones
+/// wait for the first to compute it (the first prefill chunks are the first request's alone),
+/// then copy it and prefill only their own tokens; the outputs are those without a cache. A
+/// request that opted out of the cache (`reuse_cached_prefix: false`) neither waits nor copies.
+#[test]
+fn requests_arriving_together_compute_their_shared_prefix_once() {
+    let mock = |prefix| Mock {
+        prefix,
+        hash_contents: true,
+        ..Mock::new(400)
+    };
+    let config = SchedulerConfig {
+        prefill_chunk: 16,
+        token_budget: 64,
+        ..SchedulerConfig::default()
+    };
+    let system: Vec<u32> = (0..40).map(|t| (t * 7 + 1) % 26).collect();
+    let requests: Vec<GenerationRequest> = (0..5u32)
+        .map(|i| {
+            let mut prompt = system.clone();
+            prompt.extend([i, i + 3, 20, i + 1, 7]);
+            let mut request = greedy(prompt, MaxNewTokens::Limited(4));
+            request.reuse_cached_prefix = i != 4;
+            request
+        })
+        .collect();
+    let mut cached = scheduler(mock(true), config).with_prefix_cache(1 << 20);
+    let mut plain = scheduler(mock(false), config);
+    let with: Vec<RequestId> = requests
+        .iter()
+        .map(|r| cached.submit(r.clone()).unwrap())
+        .collect();
+    let without: Vec<RequestId> = requests
+        .iter()
+        .map(|r| plain.submit(r.clone()).unwrap())
+        .collect();
+    let got = run_to_end(&mut cached);
+    let want = run_to_end(&mut plain);
+    for (i, (a, b)) in with.iter().zip(&without).enumerate() {
+        assert_eq!(got[a].tokens, want[b].tokens, "request {i}");
+    }
+    let cached_tokens: Vec<usize> = with
+        .iter()
+        .map(|id| got[id].finish.as_ref().unwrap().1.cached_tokens)
+        .collect();
+    // The first computes the system prompt; the next three copy all of it; the fifth opted out.
+    assert_eq!(cached_tokens, vec![0, 40, 40, 40, 0]);
+    assert_eq!(cached.backend().copies, 3);
+    // Prompt positions computed: the system prompt twice (the first request's, the opted-out
+    // one's) and each request's own 5 tokens, against 5 x 45 without the cache.
+    // (All positions fed, less the 3 generated tokens each request feeds back.)
+    let prompt_positions = |steps: &[Vec<(SlotId, usize)>]| -> usize {
+        steps.iter().flatten().map(|&(_, n)| n).sum::<usize>() - 5 * 3
+    };
+    assert_eq!(prompt_positions(&plain.backend().steps), 5 * 45);
+    let computed = prompt_positions(&cached.backend().steps);
+    assert!(computed <= 2 * 45 + 3 * 5 + 3, "{computed}");
+    // While the first computed the shared part, the three that wait for it ran nothing.
+    let first_steps = &cached.backend().steps[..2];
+    for batch in first_steps {
+        assert!(
+            batch.len() <= 2,
+            "{batch:?}: only the first and the opted-out one"
+        );
+    }
+    let stats = cached.stats();
+    assert_eq!(stats.reused_tokens, 120);
+    assert_eq!(stats.prefix.hits, 3);
+}
+
 /// Property: with random prompts sharing random prefixes of a few bases, random budgets (so
 /// entries are evicted at arbitrary moments, or never kept) and requests submitted in random
 /// waves (so newcomers share with running sequences as well as kept ones), every request's tokens
