@@ -187,13 +187,15 @@ mod generate {
         std::env::var_os("MLXCEL_SKIP_MODEL_TESTS").is_some_and(|v| !v.is_empty() && v != "0")
     }
 
+    /// The default arithmetic (int8 activations where the CPU has AVX2) and the exact f32 path
+    /// both answer; the f32 text is the reference's.
     #[test]
     fn greedy_text_streams_to_stdout_and_statistics_to_stderr() {
         if skip() {
             return;
         }
-        let output = mlxcel(
-            &[
+        let run = |extra: &[&str]| {
+            let mut args = vec![
                 "generate",
                 "-p",
                 "The capital of France is",
@@ -202,15 +204,21 @@ mod generate {
                 "0",
                 "-n",
                 "8",
-            ],
-            &[],
-        );
+            ];
+            args.extend_from_slice(extra);
+            mlxcel(&args, &[])
+        };
+        let output = run(&["--activations", "f32"]);
         assert!(output.status.success(), "{}", stderr(&output));
         assert_eq!(stdout(&output), " Paris.\n\nThe answer is:\n");
         let err = stderr(&output);
         assert!(err.contains("prompt: 5 tokens in "), "{err}");
         assert!(err.contains("Generated 8 tokens in "), "{err}");
         assert!(err.contains(" tok/s"), "{err}");
+        let output = run(&[]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        assert!(stdout(&output).starts_with(" Paris"), "{}", stdout(&output));
+        assert!(stderr(&output).contains("Generated 8 tokens in "));
     }
 
     /// Prompt lookup on a prompt that repeats: the text is the one without speculation, and the
@@ -328,6 +336,20 @@ mod generate {
 mod bench {
     use super::*;
 
+    /// The MLX rows' label under the default activations: int8 where the CPU has AVX2 (unless
+    /// MLXCEL_ACTIVATIONS chooses), as `mlxcel bench` marks it.
+    fn default_label() -> &'static str {
+        let avx2 = std::fs::read_to_string("/proc/cpuinfo")
+            .map(|info| info.split_whitespace().any(|word| word == "avx2"))
+            .unwrap_or(false);
+        match std::env::var("MLXCEL_ACTIVATIONS").as_deref() {
+            Ok("int8") => "mlx int8",
+            Ok(_) => "mlx",
+            Err(_) if avx2 => "mlx int8",
+            Err(_) => "mlx",
+        }
+    }
+
     fn skip() -> bool {
         std::env::var_os("MLXCEL_SKIP_MODEL_TESTS").is_some_and(|v| !v.is_empty() && v != "0")
     }
@@ -350,7 +372,7 @@ mod bench {
         for (line, test) in lines[2..5].iter().zip(["pp8", "tg4", "tg4@2"]) {
             let cells: Vec<&str> = line.split('|').map(str::trim).collect();
             assert_eq!(cells[1], "SmolLM2-135M-Instruct.Q4_1", "{line}");
-            assert_eq!(cells[4], "mlx", "{line}");
+            assert_eq!(cells[4], default_label(), "{line}");
             assert_eq!(cells[6], test, "{line}");
             let (mean, sd) = cells[7].split_once(" ± ").expect("mean ± sd");
             assert!(mean.parse::<f64>().unwrap() > 0.0, "{line}");
@@ -396,7 +418,11 @@ mod bench {
         let out = stdout(&output);
         for line in out.lines().skip(2).take(2) {
             let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-            assert_eq!(cells[4], "mlx kv f16/f16", "{line}");
+            assert_eq!(
+                cells[4],
+                format!("{} kv f16/f16", default_label()),
+                "{line}"
+            );
         }
         let output = mlxcel(
             &[

@@ -113,3 +113,32 @@ impl Default for EngineOptions {
         }
     }
 }
+
+impl EngineOptions {
+    /// The activations an application (the `mlxcel` CLI, `mlxcel-server`) runs when neither
+    /// its `--activations` flag nor `MLXCEL_ACTIVATIONS` chooses: int8 on the MLX backend where
+    /// mlxcel's kernels have a fast int8 path (AVX2, or AVX-512 with VNNI), as llama.cpp
+    /// quantizes the activations of its quantized matmuls there; f32 otherwise (the OpenXLA
+    /// backend, `MLXCEL_KERNELS=mlx`, `MLXCEL_KERNEL_ISA=scalar` or a CPU without AVX2). An
+    /// embedder's default (`activations: None`) stays `MLXCEL_ACTIVATIONS`, else f32. A malformed
+    /// variable is left for the backend's load to refuse by name.
+    pub fn application_activations(backend: BackendKind) -> Activations {
+        if backend != BackendKind::Mlx {
+            return Activations::F32;
+        }
+        #[cfg(feature = "mlx")]
+        {
+            use mlxcel_core::{Isa, KernelBackend, Kernels};
+            let Ok(kernels) = Kernels::from_env() else {
+                return Activations::F32;
+            };
+            if std::env::var_os("MLXCEL_ACTIVATIONS").is_some() {
+                return kernels.activations;
+            }
+            if kernels.backend == KernelBackend::Native && kernels.isa >= Isa::Avx2 {
+                return Activations::Int8;
+            }
+        }
+        Activations::F32
+    }
+}

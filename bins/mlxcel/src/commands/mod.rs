@@ -9,16 +9,21 @@ pub mod pull;
 pub mod serve;
 pub mod tokenize;
 
-/// `--activations` (`f32` or `int8`), when given; the error names the flag.
+/// `--activations` (`f32` or `int8`; the error names the flag), else the application default
+/// for `backend` ([`mlxcel_engine::EngineOptions::application_activations`]: int8 on the MLX
+/// backend with AVX2 or AVX-512 VNNI unless `MLXCEL_ACTIVATIONS` says otherwise).
 pub fn parse_activations(
     value: Option<&str>,
-) -> anyhow::Result<Option<mlxcel_engine::Activations>> {
-    value
-        .map(|v| {
-            v.parse()
-                .map_err(|err: String| anyhow::anyhow!("--activations: {err}"))
-        })
-        .transpose()
+    backend: mlxcel_engine::BackendKind,
+) -> anyhow::Result<mlxcel_engine::Activations> {
+    match value {
+        Some(v) => v
+            .parse()
+            .map_err(|err: String| anyhow::anyhow!("--activations: {err}")),
+        None => Ok(mlxcel_engine::EngineOptions::application_activations(
+            backend,
+        )),
+    }
 }
 
 /// `--cache-type-k` / `--cache-type-v` (`-ctk` / `-ctv`, as llama.cpp spells them).

@@ -38,7 +38,8 @@ pub struct Args {
     threads: Option<usize>,
 
     /// What the MLX backend's quantized matmuls multiply the weights with: `f32` or `int8`.
-    /// Defaults to `MLXCEL_ACTIVATIONS`, else `f32`.
+    /// Defaults to `MLXCEL_ACTIVATIONS`, else int8 on the MLX backend where the CPU has AVX2 or
+    /// AVX-512 VNNI, else `f32`.
     #[arg(long)]
     activations: Option<String>,
 
@@ -53,7 +54,10 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     let options = EngineOptions {
         backend,
         threads: args.threads,
-        activations: super::parse_activations(args.activations.as_deref())?,
+        activations: Some(super::parse_activations(
+            args.activations.as_deref(),
+            backend,
+        )?),
         kv_types: args.kv.kv_types(),
         ..EngineOptions::default()
     };

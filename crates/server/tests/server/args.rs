@@ -128,7 +128,22 @@ fn threads_reach_the_engine() {
     assert_eq!(options.threads, Some(3));
     let default = parse(&[]).unwrap().engine_options().unwrap();
     assert_eq!(default.threads, None);
-    assert_eq!(default.activations, None);
+    // The application default: int8 on the MLX backend where the CPU has AVX2 or AVX-512 VNNI
+    // (unless MLXCEL_ACTIVATIONS says otherwise), f32 on the OpenXLA backend.
+    assert_eq!(
+        default.activations,
+        Some(mlxcel_engine::EngineOptions::application_activations(
+            mlxcel_engine::BackendKind::Mlx
+        ))
+    );
+    if std::env::var_os("MLXCEL_ACTIVATIONS").is_none() && cpu_has("avx2") {
+        assert_eq!(default.activations, Some(Activations::Int8));
+    }
+    let xla = parse(&["--backend", "xla"])
+        .unwrap()
+        .engine_options()
+        .unwrap();
+    assert_eq!(xla.activations, Some(Activations::F32));
     let int8 = parse(&["--activations", "int8"]).unwrap().engine_options();
     assert_eq!(int8.unwrap().activations, Some(Activations::Int8));
     let err = parse(&["--activations", "int4"])
@@ -389,4 +404,11 @@ fn multi_letter_short_options_are_not_letter_clusters() {
         let err = parse(refused).unwrap().server_config().unwrap_err();
         assert!(err.to_string().contains("--parallel"), "{err}");
     }
+}
+
+/// Whether /proc/cpuinfo lists `flag` (false where it cannot be read).
+fn cpu_has(flag: &str) -> bool {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|info| info.split_whitespace().any(|word| word == flag))
+        .unwrap_or(false)
 }
