@@ -165,7 +165,7 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
 // factored (uint8 buffers).
 std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& scales,
                                            const MlxArray& biases, int32_t group_size,
-                                           int32_t bits, bool compact);
+                                           int32_t bits, bool compact, int32_t threads);
 // Rows `ids` (uint32, any shape) of an int8-layout weight, dequantized to f32 [ids..., K].
 std::unique_ptr<MlxArray> int8_rows(const MlxArray& ids, const MlxArray& w,
                                     const MlxArray& scales, const MlxArray& biases,

@@ -65,17 +65,21 @@ impl Linear {
     }
 
     /// Rewrites a quantized weight for the int8 kernels when they take its layout.
-    fn interleave_int8(&mut self, layout: Int8Layout) -> Result<()> {
+    fn interleave_int8(&mut self, layout: Int8Layout, threads: usize) -> Result<()> {
         if let Self::Quantized { weight, .. } = self {
-            interleave_in_place(weight, layout)?;
+            interleave_in_place(weight, layout, threads)?;
         }
         Ok(())
     }
 }
 
-fn interleave_in_place(weight: &mut QuantizedWeight, layout: Int8Layout) -> Result<()> {
+fn interleave_in_place(
+    weight: &mut QuantizedWeight,
+    layout: Int8Layout,
+    threads: usize,
+) -> Result<()> {
     if weight.int8_capable() {
-        *weight = weight.interleave_int8_as(layout)?;
+        *weight = weight.interleave_int8_on(layout, threads)?;
     }
     Ok(())
 }
@@ -214,23 +218,23 @@ impl Layer {
     /// Every quantized weight the native kernels read, rewritten for the int8 kernels where
     /// they take its layout (separate q, k and v only when they are not stacked: the stacked
     /// copy is what the native path reads).
-    fn interleave_int8(&mut self, layout: Int8Layout) -> Result<()> {
+    fn interleave_int8(&mut self, layout: Int8Layout, threads: usize) -> Result<()> {
         for linear in [&mut self.o, &mut self.down] {
-            linear.interleave_int8(layout)?;
+            linear.interleave_int8(layout, threads)?;
         }
         match &mut self.qkv {
-            QkvWeights::Stacked(qkv) => interleave_in_place(qkv, layout)?,
+            QkvWeights::Stacked(qkv) => interleave_in_place(qkv, layout, threads)?,
             QkvWeights::Separate(q, k, v) => {
                 for linear in [q, k, v] {
-                    linear.interleave_int8(layout)?;
+                    linear.interleave_int8(layout, threads)?;
                 }
             }
         }
         match &mut self.gate_up {
-            GateUp::Stacked(w) => interleave_in_place(w, layout),
+            GateUp::Stacked(w) => interleave_in_place(w, layout, threads),
             GateUp::Separate { gate, up } => {
-                gate.interleave_int8(layout)?;
-                up.interleave_int8(layout)
+                gate.interleave_int8(layout, threads)?;
+                up.interleave_int8(layout, threads)
             }
         }
     }
@@ -457,7 +461,7 @@ impl LlamaModel {
                 // Rewritten for int8 as each layer loads, so that the checkpoint's form of one
                 // layer at a time, not of the whole model, sits beside the rewritten weights.
                 if kernels.activations == Activations::Int8 {
-                    layer.interleave_int8(kernels.int8_layout)?;
+                    layer.interleave_int8(kernels.int8_layout, kernels.threads)?;
                 }
                 Ok(layer)
             })
@@ -471,13 +475,13 @@ impl LlamaModel {
         let mut embed = embed;
         if kernels.activations == Activations::Int8 {
             if let Some(head) = &mut lm_head {
-                head.interleave_int8(kernels.int8_layout)?;
+                head.interleave_int8(kernels.int8_layout, kernels.threads)?;
             }
             // A tied table: one copy in the int8 layout serves the projection and the lookups.
             if let (None, Embedding::Quantized(table)) = (&lm_head, &mut embed)
                 && table.int8_capable()
             {
-                *table = table.interleave_int8_as(kernels.int8_layout)?;
+                *table = table.interleave_int8_on(kernels.int8_layout, kernels.threads)?;
             }
         }
         let rope = rope_for(&config)?;
@@ -1174,7 +1178,10 @@ impl Loader<'_> {
             }
         };
         let shape: Vec<i32> = view.shape.iter().map(|&d| d as i32).collect();
-        Array::from_bytes(view.data, &shape, dtype)
+        let array = Array::from_bytes(view.data, &shape, dtype)?;
+        // Copied: the mapped pages are not needed again (the load's peak is then the arrays).
+        self.checkpoint.release_tensor(name);
+        Ok(array)
     }
 
     /// A tensor widened to f32.

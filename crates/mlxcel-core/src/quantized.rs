@@ -110,8 +110,19 @@ impl QuantizedWeight {
     /// codes that all fit in 5 or 6 bits are stored in that many (`bits` becomes 5 or 6), and
     /// f32 scales and biases that factor exactly into a per-256-value f32 times an int8 per
     /// group are stored factored (u8 buffers): what a GGUF K-quant or Q5 file holds, at close to
-    /// its size. Every product the kernels compute is the same bits either way.
+    /// its size. Every product the kernels compute is the same bits either way. Rewrites on one
+    /// thread per available core ([`QuantizedWeight::interleave_int8_on`] takes a count).
     pub fn interleave_int8_as(&self, layout: Int8Layout) -> Result<QuantizedWeight> {
+        self.interleave_int8_on(layout, crate::kernels::available_cores())
+    }
+
+    /// [`QuantizedWeight::interleave_int8_as`] on up to `threads` threads (a model load passes
+    /// its kernels' count, `MLXCEL_THREADS`).
+    pub fn interleave_int8_on(
+        &self,
+        layout: Int8Layout,
+        threads: usize,
+    ) -> Result<QuantizedWeight> {
         if self.int8 {
             return Err(Error::Mlx {
                 op: "interleave_int8",
@@ -126,6 +137,7 @@ impl QuantizedWeight {
                 self.group_size,
                 self.bits,
                 layout == Int8Layout::Compact,
+                i32::try_from(threads.max(1)).unwrap_or(i32::MAX),
             )
         })?;
         // The code width chosen: the packed row's words over the input width.

@@ -209,6 +209,7 @@ pub(crate) mod ffi {
             group_size: i32,
             bits: i32,
             compact: bool,
+            threads: i32,
         ) -> Result<UniquePtr<ArrayList>>;
         fn kernels_has_vnni() -> bool;
         fn kernels_float_to_half(values: &[f32], out: &mut [u16]);

@@ -182,6 +182,13 @@ impl Checkpoint {
         self.files.get(name)
     }
 
+    /// Lets go of the resident pages that `name`'s bytes occupy in the mapped files, once a
+    /// loader has copied them ([`SafetensorsFiles::release`]): the mapping then does not
+    /// double the load's peak memory.
+    pub fn release_tensor(&self, name: &str) {
+        self.files.release(name);
+    }
+
     /// Every tensor, sorted by name.
     pub fn tensors(&self) -> impl Iterator<Item = TensorView<'_>> {
         self.files.iter()

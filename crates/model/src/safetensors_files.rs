@@ -287,6 +287,18 @@ impl SafetensorsFiles {
         })
     }
 
+    /// Lets go of the resident pages of `name`'s bytes (no-op for an unknown name): for a
+    /// loader that has copied them out. A later [`SafetensorsFiles::get`] still reads them
+    /// (from the file again).
+    pub fn release(&self, name: &str) {
+        if let Some(&shard) = self.names.get(name) {
+            let shard = &self.shards[shard];
+            if let Some(entry) = shard.entries.get(name) {
+                crate::mmap::release(&shard.mmap, entry.start, entry.end);
+            }
+        }
+    }
+
     /// Every tensor, sorted by name.
     pub fn iter(&self) -> impl Iterator<Item = TensorView<'_>> {
         self.names.keys().filter_map(|name| self.get(name))

@@ -581,7 +581,8 @@ std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_f
 
 std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& scales,
                                            const MlxArray& biases, int32_t group_size,
-                                           int32_t bits, bool compact) {
+                                           int32_t bits, bool compact, int32_t threads) {
+  if (threads < 1) refuse("threads must be at least 1, got " + std::to_string(threads));
   if (bits != 4 && bits != 8) refuse("int8 weights need 4 or 8 bits, got " + std::to_string(bits));
   if (group_size != 16 && group_size != 32 && group_size != 64 && group_size != 128)
     refuse("group_size must be 16, 32, 64 or 128, got " + std::to_string(group_size));
@@ -615,9 +616,9 @@ std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& sc
     mx::array fs(mx::allocator::malloc(bytes), shape, mx::uint8);
     mx::array fb(mx::allocator::malloc(bytes), shape, mx::uint8);
     factored = kernels::factor_int8_scales(in[1].data<float>(), n, k, group_size,
-                                           fs.data<uint8_t>()) &&
+                                           fs.data<uint8_t>(), threads) &&
                kernels::factor_int8_scales(in[2].data<float>(), n, k, group_size,
-                                           fb.data<uint8_t>());
+                                           fb.data<uint8_t>(), threads);
     if (factored) {
       out->items.push_back(std::move(fs));
       out->items.push_back(std::move(fb));
@@ -632,7 +633,7 @@ std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& sc
                            half, n, k, group_size, bits, out_bits,
                            out->items[0].data<uint8_t>(),
                            factored ? nullptr : out->items[1].data<uint8_t>(),
-                           factored ? nullptr : out->items[2].data<uint8_t>());
+                           factored ? nullptr : out->items[2].data<uint8_t>(), threads);
   return out;
 }
 

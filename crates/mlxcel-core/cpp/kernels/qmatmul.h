@@ -89,10 +89,11 @@ constexpr int kInt8Block = 32;
 // k + 4 + b (high nibble); for 8 bits, 64 bytes per 4 values where byte 4j + b holds value k + b.
 // Scales and biases become [N/16, K/group_size, 16] (element size `half` ? 2 : 4 bytes).
 // `out_bits` (5 or 6 for 8-bit W whose codes fit, else `bits`) chooses the compact code layout
-// below; `scales_out`/`biases_out` may be null (the caller wrote them factored).
+// below; `scales_out`/`biases_out` may be null (the caller wrote them factored). Runs on up to
+// `threads` threads, a tile per task.
 void interleave_int8(const uint32_t* w, const void* scales, const void* biases, bool half, int N,
                      int K, int group_size, int bits, int out_bits, uint8_t* w_out,
-                     void* scales_out, void* biases_out);
+                     void* scales_out, void* biases_out, int threads);
 
 // ---- compact int8 layouts (issue 16: K-quants read at close to their file size) ----
 //
@@ -123,8 +124,10 @@ inline int64_t factored_tile_bytes(int K, int group_size) {
 // The smallest code width (5, 6 or 8) that holds every 8-bit code of W (MLX layout, [N, K]).
 int compact_code_bits(const uint32_t* w, int N, int K);
 // Factors f32 `values` ([N, K/group_size], MLX layout) into `out` (factored_tile_bytes per
-// tile). False, with `out` partly written, when some superblock has no such factoring.
-bool factor_int8_scales(const float* values, int N, int K, int group_size, uint8_t* out);
+// tile). False, with `out` partly written, when some superblock has no such factoring. Runs on
+// up to `threads` threads, a tile per task.
+bool factor_int8_scales(const float* values, int N, int K, int group_size, uint8_t* out,
+                        int threads);
 
 // x quantized for the int8 path. Rows are kept in blocks of kInt8RowBlock, each block's values
 // four at a time row after row, so that a kernel serving up to eight rows finds every row's next

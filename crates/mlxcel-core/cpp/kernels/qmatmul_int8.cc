@@ -1,9 +1,11 @@
 // The int8-activation path of the quantized matmul: the weight interleaving, the quantization of
 // x, and the scalar reference (qmatmul.h states the exact computation every path performs).
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <utility>
 
+#include "mlxcel-core/cpp/kernels/pool.h"
 #include "mlxcel-core/cpp/kernels/qmatmul.h"
 
 namespace mlxcel::kernels {
@@ -81,84 +83,127 @@ bool factor_superblock(const float* v, int count, float* d_out, int8_t* c_out) {
 
 }  // namespace
 
-bool factor_int8_scales(const float* values, int N, int K, int group_size, uint8_t* out) {
+bool factor_int8_scales(const float* values, int N, int K, int group_size, uint8_t* out,
+                        int threads) {
   if (K % kSuperBlock != 0 || kSuperBlock % group_size != 0) return false;
   const int groups = K / group_size, per = kSuperBlock / group_size;
   const int64_t sb_bytes = factored_superblock_bytes(group_size);
-  float d;
-  int8_t c[kSuperBlock / 16];
-  for (int n = 0; n < N; ++n) {
-    const int t = n / kInt8TileRows, j = n % kInt8TileRows;
-    for (int s = 0; s < K / kSuperBlock; ++s) {
-      if (!factor_superblock(values + static_cast<int64_t>(n) * groups + s * per, per, &d, c))
-        return false;
-      uint8_t* base = out + (static_cast<int64_t>(t) * (K / kSuperBlock) + s) * sb_bytes;
-      std::memcpy(base + 4 * j, &d, 4);
-      for (int g = 0; g < per; ++g)
-        base[4 * kInt8TileRows + g * kInt8TileRows + j] = static_cast<uint8_t>(c[g]);
+  std::atomic<bool> all{true};
+  parallel_for(threads, N / kInt8TileRows, [&](int t) {
+    float d;
+    int8_t c[kSuperBlock / 16];
+    for (int j = 0; j < kInt8TileRows && all.load(std::memory_order_relaxed); ++j) {
+      const int64_t n = static_cast<int64_t>(t) * kInt8TileRows + j;
+      for (int s = 0; s < K / kSuperBlock; ++s) {
+        if (!factor_superblock(values + n * groups + s * per, per, &d, c)) {
+          all.store(false, std::memory_order_relaxed);
+          return;
+        }
+        uint8_t* base = out + (static_cast<int64_t>(t) * (K / kSuperBlock) + s) * sb_bytes;
+        std::memcpy(base + 4 * j, &d, 4);
+        for (int g = 0; g < per; ++g)
+          base[4 * kInt8TileRows + g * kInt8TileRows + j] = static_cast<uint8_t>(c[g]);
+      }
+    }
+  });
+  return all.load();
+}
+
+namespace {
+
+uint64_t load64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+void store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
+// Four nibbles (bits 0-15) into the low nibbles of four bytes.
+uint32_t spread_nibbles(uint32_t x) {
+  x = (x | (x << 8)) & 0x00FF00FFu;
+  return (x | (x << 4)) & 0x0F0F0F0Fu;
+}
+
+// Bytes 0-3 of v, and bytes 4-7, as 32-bit words.
+uint32_t lo32(uint64_t v) { return static_cast<uint32_t>(v); }
+uint32_t hi32(uint64_t v) { return static_cast<uint32_t>(v >> 32); }
+
+// One row's (j's) share of one tile: every 4-byte slot of the row written once, as words built
+// from eight codes at a time (byte b of a 4-bit chunk word holds values k + b and k + 4 + b,
+// both nibbles of one 32-bit input word; the compact layouts' words are built the same way from
+// the 8-bit codes' low nibbles and high bits: qmatmul.h).
+void interleave_row(const uint32_t* row, int K, int bits, int out_bits, int j, uint8_t* tile) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(row);
+  if (bits == 4) {
+    for (int c = 0; c < K / 8; ++c) {
+      const uint32_t w = row[c];
+      store32(tile + static_cast<int64_t>(c) * 64 + 4 * j,
+              spread_nibbles(w & 0xFFFFu) | (spread_nibbles(w >> 16) << 4));
+    }
+  } else if (out_bits == 8) {
+    for (int c = 0; c < K / 4; ++c)
+      std::memcpy(tile + static_cast<int64_t>(c) * 64 + 4 * j, bytes + 4 * c, 4);
+  } else {
+    constexpr uint64_t kLow = 0x0F0F0F0F0F0F0F0Full;
+    for (int blk = 0; blk < K / kInt8Block; ++blk) {
+      const uint8_t* codes = bytes + static_cast<int64_t>(blk) * kInt8Block;
+      uint8_t* block = tile + static_cast<int64_t>(blk) * 64 * out_bits;
+      uint64_t v[4];
+      for (int q = 0; q < 4; ++q) v[q] = load64(codes + 8 * q);
+      for (int q = 0; q < 4; ++q) {
+        const uint64_t low = v[q] & kLow;
+        store32(block + q * 64 + 4 * j, lo32(low) | (hi32(low) << 4));
+      }
+      if (out_bits == 6) {
+        // Chunk e: values 16e + 4i + b in bits 2i, 2i + 1 of byte b.
+        for (int e = 0; e < 2; ++e) {
+          const uint64_t h0 = (v[2 * e] >> 4) & 0x0303030303030303ull;
+          const uint64_t h1 = (v[2 * e + 1] >> 4) & 0x0303030303030303ull;
+          store32(block + 256 + e * 64 + 4 * j,
+                  lo32(h0) | (hi32(h0) << 2) | (lo32(h1) << 4) | (hi32(h1) << 6));
+        }
+      } else {
+        // One chunk: value 4i + b in bit i of byte b.
+        uint32_t word = 0;
+        for (int q = 0; q < 4; ++q) {
+          const uint64_t h = (v[q] >> 4) & 0x0101010101010101ull;
+          word |= (lo32(h) << (2 * q)) | (hi32(h) << (2 * q + 1));
+        }
+        store32(block + 256 + 4 * j, word);
+      }
     }
   }
-  return true;
 }
+
+}  // namespace
 
 void interleave_int8(const uint32_t* w, const void* scales, const void* biases, bool half, int N,
                      int K, int group_size, int bits, int out_bits, uint8_t* w_out,
-                     void* scales_out, void* biases_out) {
+                     void* scales_out, void* biases_out, int threads) {
   const int words = K * bits / 32;
   const int64_t tile_bytes = static_cast<int64_t>(2) * K * out_bits;
-  if (out_bits == 5 || out_bits == 6) {
-    // Per block of 32: the low nibbles in the 4-bit layout, then the high bits (qmatmul.h).
-    std::memset(w_out, 0, static_cast<size_t>(tile_bytes) * (N / kInt8TileRows));
-    for (int n = 0; n < N; ++n) {
-      const uint32_t* row = w + static_cast<int64_t>(n) * words;
-      const int t = n / kInt8TileRows, j = n % kInt8TileRows;
-      for (int k = 0; k < K; ++k) {
-        const uint32_t code = quant_at(row, k, 8);
-        uint8_t* block = w_out + t * tile_bytes + static_cast<int64_t>(k / kInt8Block) * 64 * out_bits;
-        const int i = k % kInt8Block, within = i % 8;
-        block[(i / 8) * 64 + 4 * j + within % 4] |=
-            static_cast<uint8_t>((code & 0x0F) << (within < 4 ? 0 : 4));
-        const uint32_t high = code >> 4;
-        if (out_bits == 6)
-          block[256 + (i / 16) * 64 + 4 * j + i % 4] |=
-              static_cast<uint8_t>(high << (2 * ((i % 16) / 4)));
-        else
-          block[256 + 4 * j + i % 4] |= static_cast<uint8_t>(high << (i / 4));
-      }
-    }
-  } else {
-    const int per_chunk = bits == 4 ? 8 : 4;  // values of K per 64-byte chunk
-    for (int t = 0; t < N / kInt8TileRows; ++t) {
-      uint8_t* tile = w_out + t * tile_bytes;
-      for (int c = 0; c < K / per_chunk; ++c) {
-        uint8_t* chunk = tile + static_cast<int64_t>(c) * 64;
-        for (int j = 0; j < kInt8TileRows; ++j) {
-          const uint32_t* row = w + static_cast<int64_t>(t * kInt8TileRows + j) * words;
-          const int k = c * per_chunk;
-          for (int b = 0; b < 4; ++b) {
-            chunk[4 * j + b] =
-                bits == 4 ? static_cast<uint8_t>(quant_at(row, k + b, 4) |
-                                                 (quant_at(row, k + 4 + b, 4) << 4))
-                          : static_cast<uint8_t>(quant_at(row, k + b, 8));
-          }
-        }
-      }
-    }
-  }
   const int groups = K / group_size;
   const size_t element = half ? 2 : 4;
-  for (const auto& [from, to] : {std::pair{scales, scales_out}, std::pair{biases, biases_out}}) {
-    if (to == nullptr) continue;
-    const auto* src = static_cast<const uint8_t*>(from);
-    auto* dst = static_cast<uint8_t*>(to);
-    for (int n = 0; n < N; ++n) {
-      const int t = n / kInt8TileRows, j = n % kInt8TileRows;
-      for (int g = 0; g < groups; ++g) {
-        std::memcpy(dst + ((static_cast<int64_t>(t) * groups + g) * kInt8TileRows + j) * element,
-                    src + (static_cast<int64_t>(n) * groups + g) * element, element);
+  // Tile by tile (each tile's bytes are written by one thread, every byte once).
+  parallel_for(threads, N / kInt8TileRows, [&](int t) {
+    uint8_t* tile = w_out + t * tile_bytes;
+    for (int j = 0; j < kInt8TileRows; ++j)
+      interleave_row(w + static_cast<int64_t>(t * kInt8TileRows + j) * words, K, bits, out_bits,
+                     j, tile);
+    for (const auto& [from, to] :
+         {std::pair{scales, scales_out}, std::pair{biases, biases_out}}) {
+      if (to == nullptr) continue;
+      const auto* src = static_cast<const uint8_t*>(from);
+      auto* dst = static_cast<uint8_t*>(to);
+      for (int j = 0; j < kInt8TileRows; ++j) {
+        const int64_t n = static_cast<int64_t>(t) * kInt8TileRows + j;
+        for (int g = 0; g < groups; ++g)
+          std::memcpy(dst + ((static_cast<int64_t>(t) * groups + g) * kInt8TileRows + j) * element,
+                      src + (n * groups + g) * element, element);
       }
     }
-  }
+  });
 }
 
 void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float* sx, float* sh) {

@@ -793,7 +793,15 @@ fn compact_int8_layouts_give_the_wide_layouts_bits() {
             );
             let wide = weight.interleave_int8().unwrap();
             let compact = weight.interleave_int8_as(Int8Layout::Compact).unwrap();
+            // The rewrite runs a tile per task: one thread or three give the same words.
+            let serial = weight.interleave_int8_on(Int8Layout::Compact, 1).unwrap();
+            let threaded = weight.interleave_int8_on(Int8Layout::Compact, 3).unwrap();
             let what = format!("m={m} n={n} k={k} g={group} bits={bits} mask={mask:x}");
+            assert_eq!(
+                serial.weight.to_vec_u32().unwrap(),
+                threaded.weight.to_vec_u32().unwrap(),
+                "{what}"
+            );
             assert_eq!(compact.bits, expect_bits, "{what}");
             assert_eq!(compact.factored(), kquant, "{what}");
             assert!(compact.native_layout() && !compact.int8_capable(), "{what}");
@@ -813,6 +821,7 @@ fn compact_int8_layouts_give_the_wide_layouts_bits() {
                 .to_vec_f32()
                 .unwrap();
             assert_int8_bits_everywhere(&compact, &case, &reference, &[m - 1], &what);
+            assert_int8_bits_everywhere(&serial, &case, &reference, &[m - 1], &what);
         }
     }
 }

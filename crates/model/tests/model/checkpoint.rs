@@ -300,3 +300,37 @@ fn config_value_with_vision() -> Value {
     v["vision_config"] = json!({"hidden_size": 32});
     v
 }
+
+/// This process's resident file-backed memory, in bytes (Linux `/proc/self/status`).
+fn rss_file() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("RssFile:")).unwrap();
+    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb * 1024
+}
+
+#[test]
+fn a_released_tensor_leaves_resident_memory_and_reads_back_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut v = config(None);
+    v["vocab_size"] = json!(32768); // an 8 MiB f32 embedding table
+    write_dir(dir.path(), &v, &tensors(&parsed(&v), false), 1);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let name = "model.embed_tokens.weight";
+    let before: Vec<u8> = ckpt.tensor(name).unwrap().data.to_vec();
+    assert_eq!(before.len(), 32768 * 64 * 4);
+    let touched = rss_file();
+    ckpt.release_tensor(name);
+    let released = rss_file();
+    assert!(
+        touched.saturating_sub(released) >= 6 << 20,
+        "RssFile {touched} -> {released}: the table's pages stayed resident"
+    );
+    assert_eq!(ckpt.tensor(name).unwrap().data, &before[..]);
+    // Every other tensor is untouched, and releasing a name that is not there does nothing.
+    ckpt.release_tensor("no.such.tensor");
+    let k = ckpt
+        .tensor("model.layers.1.self_attn.k_proj.weight")
+        .unwrap();
+    assert_eq!(&k.data[4..8], &1f32.to_le_bytes());
+}
