@@ -109,8 +109,10 @@ impl QuantizedWeight {
     /// [`QuantizedWeight::interleave_int8`] in `layout`: with [`Int8Layout::Compact`], 8-bit
     /// codes that all fit in 5 or 6 bits are stored in that many (`bits` becomes 5 or 6), and
     /// f32 scales and biases that factor exactly into a per-256-value f32 times an int8 per
-    /// group are stored factored (u8 buffers): what a GGUF K-quant or Q5 file holds, at close to
-    /// its size. Every product the kernels compute is the same bits either way. Rewrites on one
+    /// group are stored factored (u8 buffers), and biases that are one power of two times the
+    /// scales are kept as that multiple ([`QuantizedWeight::derived_biases`]): what a GGUF
+    /// K-quant, Q4_0, Q5 or Q8_0 file holds, at close to its size. Every product the kernels
+    /// compute is the same bits either way. Rewrites on one
     /// thread per available core ([`QuantizedWeight::interleave_int8_on`] takes a count).
     pub fn interleave_int8_as(&self, layout: Int8Layout) -> Result<QuantizedWeight> {
         self.interleave_int8_on(layout, crate::kernels::available_cores())
@@ -184,6 +186,14 @@ impl QuantizedWeight {
     /// Whether the scales and biases are stored factored ([`Int8Layout::Compact`]).
     pub fn factored(&self) -> bool {
         self.int8 && self.scales.dtype() == Dtype::U8
+    }
+
+    /// Whether the int8 layout keeps the biases as one power of two times the scales (a
+    /// symmetric format's code offset: GGUF Q4_0, Q5_0, Q8_0, Q6_K, Q3_K): `biases` is then
+    /// that multiple, a `[1]` f32 array, and the kernels compute each bias from its scale,
+    /// the same bits.
+    pub fn derived_biases(&self) -> bool {
+        self.int8 && self.biases.dtype() == Dtype::F32 && self.biases.shape() == [1]
     }
 
     /// Whether only mlxcel's kernels can read this weight, whatever the chosen kernels: the int8
@@ -281,7 +291,8 @@ impl QuantizedWeight {
     pub fn native_layout(&self) -> bool {
         let scales = self.scales.dtype();
         if self.factored() {
-            return matches!(self.bits, 4 | 5 | 6 | 8) && self.biases.dtype() == Dtype::U8;
+            return matches!(self.bits, 4 | 5 | 6 | 8)
+                && (self.biases.dtype() == Dtype::U8 || self.derived_biases());
         }
         (matches!(self.bits, 4 | 8) || (self.int8 && matches!(self.bits, 5 | 6)))
             && matches!(self.group_size, 16 | 32 | 64 | 128)
@@ -291,7 +302,7 @@ impl QuantizedWeight {
                 .get(1)
                 .is_some_and(|&words| (words * 32 / self.bits) % 32 == 0)
             && matches!(scales, Dtype::F32 | Dtype::F16)
-            && self.biases.dtype() == scales
+            && (self.biases.dtype() == scales || self.derived_biases())
     }
 
     /// `x · Wᵀ` with mlxcel's CPU kernel on the best path at or below `isa`, using at most

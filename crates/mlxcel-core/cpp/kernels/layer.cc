@@ -110,6 +110,7 @@ struct Weights {
   const void* scales;  // f32, or IEEE half when `half`, or factored (kernels/qmatmul.h)
   const void* biases;
   bool half, factored;
+  float bias_scale;  // nonzero: the biases are this multiple of the scales (kernels/qmatmul.h)
 };
 
 float* grow(std::vector<float>& buffer, size_t floats) {
@@ -126,6 +127,7 @@ void matmul(const float* x, const Weights& w, Quant q, int M, int N, int K, floa
   p.biases = w.biases;
   p.half = w.half;
   p.factored = w.factored;
+  p.bias_scale = w.bias_scale;
   p.y = y;
   p.M = M;
   p.N = N;
@@ -181,9 +183,11 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     encoder.set_output_array(out);
 
     auto weights = [&](int w) {
+      const auto& b = inputs[w + 2];
+      const bool derived = b.dtype() == mx::float32 && b.ndim() == 1 && b.shape(0) == 1;
       return Weights{inputs[w].data<uint32_t>(), inputs[w + 1].data<uint8_t>(),
-                     inputs[w + 2].data<uint8_t>(), inputs[w + 1].dtype() == mx::float16,
-                     inputs[w + 1].dtype() == mx::uint8};
+                     b.data<uint8_t>(), inputs[w + 1].dtype() == mx::float16,
+                     inputs[w + 1].dtype() == mx::uint8, derived ? b.data<float>()[0] : 0.0f};
     };
     encoder.dispatch([d = dims_, seqs = std::move(seqs), x = inputs[kX].data<float>(),
                       in_norm = inputs[kInputNorm].data<float>(),
@@ -388,7 +392,11 @@ Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k,
            std::to_string(k * bits / 32) + "]");
   const mx::Shape groups{n, k / group};
   const auto& scales = in[first + 1];
-  const auto& biases = in[first + 2];
+  // Biases kept as their multiple of the scales (int8 only; kernels/qmatmul.h): the scales
+  // are checked against themselves.
+  const bool derived = int8 != 0 && in[first + 2].dtype() == mx::float32 &&
+                       in[first + 2].ndim() == 1 && in[first + 2].shape(0) == 1;
+  const auto& biases = derived ? scales : in[first + 2];
   if (int8 != 0 && (scales.dtype() == mx::uint8 || biases.dtype() == mx::uint8)) {
     // Factored (kernels/qmatmul.h).
     const mx::Shape factored{n / kernels::kInt8TileRows,

@@ -62,6 +62,11 @@ enum class Epilogue : uint8_t { None = 0, Residual = 1, Swiglu = 2, Geglu = 3 };
 
 bool gated(Epilogue e) { return e == Epilogue::Swiglu || e == Epilogue::Geglu; }
 
+// Biases kept as their multiple of the scales (kernels::bias_multiple): one f32 in a [1] array.
+bool derived_biases(const mx::array& biases) {
+  return biases.dtype() == mx::float32 && biases.ndim() == 1 && biases.shape(0) == 1;
+}
+
 // A QProblem's weight half: the packed weight (N rows of K values), its scales and biases
 // (f32, f16, or factored u8) and layout; x, y and M are the caller's.
 kernels::QProblem weight_problem(const mx::array& w, const mx::array& scales,
@@ -77,6 +82,7 @@ kernels::QProblem weight_problem(const mx::array& w, const mx::array& scales,
   p.factored = scales.dtype() == mx::uint8;
   p.scales = scales.data<uint8_t>();
   p.biases = biases.data<uint8_t>();
+  p.bias_scale = int8 && derived_biases(biases) ? biases.data<float>()[0] : 0.0f;
   return p;
 }
 
@@ -459,6 +465,16 @@ void check_scales(const mx::array& scales, const mx::array& biases, int n, int g
 // [n/16, factored_tile_bytes(k, group)] (qmatmul.h).
 void check_int8_scales(const mx::array& scales, const mx::array& biases, int n, int k,
                        int group) {
+  if (derived_biases(biases)) {
+    // Scales alone (f32, f16 or factored); the biases are their multiple (a power of two,
+    // written by interleave_int8 only, so not read here: the array may not be evaluated yet).
+    if (scales.dtype() == mx::uint8) {
+      check_int8_scales(scales, scales, n, k, group);
+      return;
+    }
+    check_scales(scales, scales, n, k / group);
+    return;
+  }
   if (scales.dtype() != mx::uint8 && biases.dtype() != mx::uint8) {
     check_scales(scales, biases, n, k / group);
     return;
@@ -608,32 +624,45 @@ std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& sc
   auto out = std::make_unique<ArrayList>();
   out->items.emplace_back(mx::allocator::malloc(static_cast<size_t>(n) * k * out_bits / 8),
                           mx::Shape{n, k * out_bits / 32}, mx::uint32);
+  // Biases that are one power of two times the scales (a symmetric format's code offset) are
+  // kept as that multiple (kernels::bias_multiple), in the compact layout.
+  const float multiple =
+      compact ? kernels::bias_multiple(in[1].data<uint8_t>(), in[2].data<uint8_t>(), half,
+                                       static_cast<int64_t>(n) * (k / group_size))
+              : 0.0f;
+  const bool derived = multiple != 0.0f;
   bool factored = false;
   if (compact && !half && k % kernels::kSuperBlock == 0) {
     const mx::Shape shape{n / kernels::kInt8TileRows,
                           static_cast<int>(kernels::factored_tile_bytes(k, group_size))};
     const size_t bytes = static_cast<size_t>(shape[0]) * shape[1];
     mx::array fs(mx::allocator::malloc(bytes), shape, mx::uint8);
-    mx::array fb(mx::allocator::malloc(bytes), shape, mx::uint8);
     factored = kernels::factor_int8_scales(in[1].data<float>(), n, k, group_size,
-                                           fs.data<uint8_t>(), threads) &&
-               kernels::factor_int8_scales(in[2].data<float>(), n, k, group_size,
-                                           fb.data<uint8_t>(), threads);
-    if (factored) {
+                                           fs.data<uint8_t>(), threads);
+    if (factored && derived) {
       out->items.push_back(std::move(fs));
-      out->items.push_back(std::move(fb));
+    } else if (factored) {
+      mx::array fb(mx::allocator::malloc(bytes), shape, mx::uint8);
+      factored = kernels::factor_int8_scales(in[2].data<float>(), n, k, group_size,
+                                             fb.data<uint8_t>(), threads);
+      if (factored) {
+        out->items.push_back(std::move(fs));
+        out->items.push_back(std::move(fb));
+      }
     }
   }
   if (!factored) {
-    for (int i = 1; i < 3; ++i)
+    for (int i = 1; i < (derived ? 2 : 3); ++i)
       out->items.emplace_back(mx::allocator::malloc(in[i].nbytes()), in[i].shape(),
                               in[i].dtype());
   }
+  if (derived) out->items.emplace_back(std::initializer_list<float>{multiple});
   kernels::interleave_int8(in[0].data<uint32_t>(), in[1].data<uint8_t>(), in[2].data<uint8_t>(),
                            half, n, k, group_size, bits, out_bits,
                            out->items[0].data<uint8_t>(),
                            factored ? nullptr : out->items[1].data<uint8_t>(),
-                           factored ? nullptr : out->items[2].data<uint8_t>(), threads);
+                           factored || derived ? nullptr : out->items[2].data<uint8_t>(),
+                           threads);
   return out;
 }
 

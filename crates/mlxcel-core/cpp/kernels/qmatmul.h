@@ -24,6 +24,9 @@ struct QProblem {
   bool int8;
   // (int8 only) scales and biases are factored (`factor_int8_scales`): u8 buffers, not floats.
   bool factored;
+  // (int8 only) nonzero: every bias is this power of two times its group's scale, bit for bit
+  // (`bias_multiple`), and is computed so (one exact f32 multiply); `biases` is not read.
+  float bias_scale;
 };
 
 // IEEE half to float, portable (the scalar path; the SIMD paths use F16C).
@@ -128,6 +131,14 @@ int compact_code_bits(const uint32_t* w, int N, int K);
 // up to `threads` threads, a tile per task.
 bool factor_int8_scales(const float* values, int N, int K, int group_size, uint8_t* out,
                         int threads);
+//
+// Biases a multiple of the scales. A symmetric format's bias is its code offset times the
+// scale: GGUF Q4_0 −8·d, Q5_0 −16·d, Q8_0 −128·d, Q6_K −32·d·sc, Q3_K −4·d·sc (MLX's affine
+// form of a signed code). When every one of the `count` biases is m · scale bit for bit (f32,
+// or f16 widened to f32) for one power of two m, `bias_multiple` returns m (else 0) and the
+// int8 layout keeps m instead of the biases (QProblem::bias_scale): Q4_0 then reads 18 bytes per
+// 32 weights, as its GGUF block, not 20; Q6_K 212 per 256, not 232.
+float bias_multiple(const void* scales, const void* biases, bool half, int64_t count);
 
 // x quantized for the int8 path. Rows are kept in blocks of kInt8RowBlock, each block's values
 // four at a time row after row, so that a kernel serving up to eight rows finds every row's next
@@ -165,6 +176,8 @@ void int8_avx512(const QProblem& p, const int8_t* xq, const float* dx, const flo
 // scale or bias (`a` is p.scales or p.biases) for group g, as f32.
 int32_t int8_code(const QProblem& p, int n, int k);
 float int8_factor(const QProblem& p, const void* a, int n, int g);
+// Row n's bias for group g: int8_factor of the biases, or bias_scale times the scale.
+float int8_bias(const QProblem& p, int n, int g);
 // Rows `ids` (each < p.N) of an int8-layout weight dequantized into out[count, p.K]:
 // fl(fl(scale · q) + bias) per value, as MLX's dequantize of the original computes it (the
 // embedding lookup of a tied table kept only in this layout).

@@ -286,13 +286,32 @@ float int8_factor(const QProblem& p, const void* a, int n, int g) {
                   (static_cast<int64_t>(t) * (p.K / p.group_size) + g) * kInt8TileRows + j);
 }
 
+float int8_bias(const QProblem& p, int n, int g) {
+  return p.bias_scale != 0.0f ? p.bias_scale * int8_factor(p, p.scales, n, g)
+                              : int8_factor(p, p.biases, n, g);
+}
+
+float bias_multiple(const void* scales, const void* biases, bool half, int64_t count) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < count && m == 0.0f; ++i) {
+    const float s = scale_at(scales, half, i), b = scale_at(biases, half, i);
+    if (s != 0.0f && std::isfinite(s) && std::isfinite(b)) m = b / s;
+  }
+  int exponent;
+  // A power of two (positive or negative): multiplying by it is exact.
+  if (m == 0.0f || !std::isfinite(m) || std::fabs(std::frexp(m, &exponent)) != 0.5f) return 0.0f;
+  for (int64_t i = 0; i < count; ++i)
+    if (!same_bits(m * scale_at(scales, half, i), scale_at(biases, half, i))) return 0.0f;
+  return m;
+}
+
 void int8_dequantize_rows(const QProblem& p, const uint32_t* ids, int count, float* out) {
   for (int i = 0; i < count; ++i) {
     float* row = out + static_cast<int64_t>(i) * p.K;
     const int n = static_cast<int>(ids[i]);
     for (int g = 0; g < p.K / p.group_size; ++g) {
       const float scale = int8_factor(p, p.scales, n, g);
-      const float bias = int8_factor(p, p.biases, n, g);
+      const float bias = int8_bias(p, n, g);
       for (int k = g * p.group_size; k < (g + 1) * p.group_size; ++k) {
         // Two roundings, as MLX's dequantize (this file is compiled for the baseline ISA,
         // which has no FMA to contract them into).
@@ -322,7 +341,7 @@ void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const flo
           }
           const int g = (b * kInt8Block + h * part_len) / p.group_size;
           const float scale = int8_factor(p, p.scales, n, g);
-          const float bias = int8_factor(p, p.biases, n, g);
+          const float bias = int8_bias(p, n, g);
           acc = std::fma(static_cast<float>(dot), scale * dx[xb], acc);
           acc = std::fma(bias, parts == 2 ? sh[2 * xb + h] : sx[xb], acc);
         }

@@ -78,7 +78,11 @@ MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t t, int
                                           : t * (p.K / p.group_size) * kInt8TileRows *
                                                 (SM == kF16 ? 2 : 4);
   const uint8_t* stile = static_cast<const uint8_t*>(p.scales) + tile_at;
-  const uint8_t* btile = static_cast<const uint8_t*>(p.biases) + tile_at;
+  // Biases derived from the scales (QProblem::bias_scale) are not read: p.biases is then a
+  // placeholder.
+  const bool derived = p.bias_scale != 0.0f;
+  const __m256 multiple = _mm256_set1_ps(p.bias_scale);
+  const uint8_t* btile = derived ? stile : static_cast<const uint8_t*>(p.biases) + tile_at;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int j = 0; j < blocks; ++j) {
@@ -140,7 +144,8 @@ MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t t, int
       }
       const int g = G16 ? 2 * j + part : (j >> gshift);
       const __m256 scale = factor8<SM>(stile, sb_bytes, pshift, g, h);
-      const __m256 bias = factor8<SM>(btile, sb_bytes, pshift, g, h);
+      const __m256 bias = derived ? _mm256_mul_ps(scale, multiple)
+                                  : factor8<SM>(btile, sb_bytes, pshift, g, h);
       for (int r = 0; r < R; ++r) {
         __m256i total = _mm256_madd_epi16(lo_sum[r], ones);
         if constexpr (BITS != 4)

@@ -111,6 +111,9 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stil
   // otherwise small R takes two (even and odd chunks) to shorten the dependency chains (integer
   // addition is exact, so the split does not change the result).
   constexpr int S = G16 || R <= 2 ? 2 : 1;
+  // Biases as a multiple of the scales (QProblem::bias_scale): the same f32 bits, not read.
+  const bool derived = p.bias_scale != 0.0f;
+  const __m512 multiple = _mm512_set1_ps(p.bias_scale);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int j = 0; j < blocks; ++j) {
@@ -133,7 +136,8 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stil
       const float* shj = shb + 2 * j * kInt8RowBlock;
       for (int h = 0; h < 2; ++h) {
         const __m512 scale = factor16<SM>(stile, sb_bytes, pshift, 2 * j + h);
-        const __m512 bias = factor16<SM>(btile, sb_bytes, pshift, 2 * j + h);
+        const __m512 bias = derived ? _mm512_mul_ps(scale, multiple)
+                                    : factor16<SM>(btile, sb_bytes, pshift, 2 * j + h);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const __m512 dot = _mm512_cvtepi32_ps(sum[h][r]);
@@ -143,7 +147,8 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stil
       }
     } else {
       const __m512 scale = factor16<SM>(stile, sb_bytes, pshift, j >> gshift);
-      const __m512 bias = factor16<SM>(btile, sb_bytes, pshift, j >> gshift);
+      const __m512 bias = derived ? _mm512_mul_ps(scale, multiple)
+                                  : factor16<SM>(btile, sb_bytes, pshift, j >> gshift);
       const float* sxj = sxb + j * kInt8RowBlock;
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
@@ -176,7 +181,9 @@ MLXCEL_TARGET void run(const QProblem& p, const int8_t* xq, const float* dx, con
   for (int t = t0; t < t1; ++t) {
     const uint8_t* w = wbase + t * tile_bytes;
     const uint8_t* stile = static_cast<const uint8_t*>(p.scales) + t * scales_per_tile;
-    const uint8_t* btile = static_cast<const uint8_t*>(p.biases) + t * scales_per_tile;
+    // (Not read when the biases are derived from the scales: p.biases is then a placeholder.)
+    const uint8_t* btile =
+        p.bias_scale != 0.0f ? stile : static_cast<const uint8_t*>(p.biases) + t * scales_per_tile;
     const int n0 = t * kInt8TileRows;
 #define MLXCEL_TILE(R) \
   tile<R, BITS, SM, G16>(p, w, stile, btile, sb_bytes, pshift, gshift, xq, dx, sx, sh, m, n0)

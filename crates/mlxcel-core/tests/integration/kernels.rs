@@ -756,25 +756,32 @@ fn k_quant_weight(
     weight
 }
 
-/// The compact int8 layout (5- and 6-bit codes, factored scales: what K-quant and Q5 files
-/// convert to) gives the wide layout's bits on every path, thread count and batch, and a row
-/// alone equals it batched; what cannot be stored compactly (8-bit codes above 63, scales that
-/// do not factor) stays wide.
+/// The compact int8 layout (5- and 6-bit codes, factored scales, biases kept as a power-of-two
+/// multiple of the scales: what K-quant, Q4_0, Q5 and Q8_0 files convert to) gives the wide
+/// layout's bits on every path, thread count and batch, and a row alone equals it batched;
+/// what cannot be stored compactly (8-bit codes above 63, scales that do not factor, biases
+/// that are not one multiple of the scales) stays wide.
 #[test]
 fn compact_int8_layouts_give_the_wide_layouts_bits() {
     use mlxcel_core::Int8Layout;
     let mut seed = 12_000;
-    // (bits, code mask, group, K-quant scales?, signed sub-scales, f16 scales, expected bits)
-    let cases: &[(usize, u32, usize, bool, bool, bool, i32)] = &[
-        (4, 0xFFFF_FFFF, 32, true, false, false, 4),  // Q4_K
-        (8, 0x1F1F_1F1F, 32, true, false, false, 5),  // Q5_K
-        (8, 0x3F3F_3F3F, 16, true, true, false, 6),   // Q6_K
-        (4, 0xFFFF_FFFF, 16, true, true, false, 4),   // Q3_K / Q2_K
-        (8, 0x1F1F_1F1F, 32, false, false, true, 5),  // Q5_0 / Q5_1: f16 scales stay
-        (8, 0x3F3F_3F3F, 64, false, false, false, 6), // scales that do not factor
-        (8, 0x7F7F_7F7F, 128, true, false, false, 8), // 7-bit codes: no smaller width
+    // (bits, code mask, group, K-quant scales?, signed sub-scales, f16 scales, expected bits,
+    // biases = this multiple of the scales)
+    type Layout = (usize, u32, usize, bool, bool, bool, i32, Option<f32>);
+    let cases: &[Layout] = &[
+        (4, 0xFFFF_FFFF, 32, true, false, false, 4, None), // Q4_K
+        (8, 0x1F1F_1F1F, 32, true, false, false, 5, None), // Q5_K
+        (8, 0x3F3F_3F3F, 16, true, true, false, 6, Some(-32.0)), // Q6_K
+        (4, 0xFFFF_FFFF, 16, true, true, false, 4, None),  // Q2_K
+        (4, 0x7777_7777, 16, true, true, false, 4, Some(-4.0)), // Q3_K
+        (8, 0x1F1F_1F1F, 32, false, false, true, 5, None), // Q5_1: f16 scales stay
+        (8, 0x1F1F_1F1F, 32, false, false, true, 5, Some(-16.0)), // Q5_0
+        (4, 0xFFFF_FFFF, 32, false, false, true, 4, Some(-8.0)), // Q4_0
+        (8, 0xFFFF_FFFF, 32, false, false, true, 8, Some(-128.0)), // Q8_0
+        (8, 0x3F3F_3F3F, 64, false, false, false, 6, None), // scales that do not factor
+        (8, 0x7F7F_7F7F, 128, true, false, false, 8, None), // 7-bit codes: no smaller width
     ];
-    for &(bits, mask, group, kquant, signed, half, expect_bits) in cases {
+    for &(bits, mask, group, kquant, signed, half, expect_bits, multiple) in cases {
         for (m, n, k) in [
             (1, 16, 256),
             (3, 32, 512),
@@ -791,6 +798,12 @@ fn compact_int8_layouts_give_the_wide_layouts_bits() {
                 half,
                 seed,
             );
+            let mut weight = weight;
+            if let Some(m) = multiple {
+                // A symmetric format: every bias is the code offset times the scale.
+                let m = Array::scalar_f32(m).astype(weight.scales.dtype()).unwrap();
+                weight.biases = weight.scales.multiply(&m).unwrap();
+            }
             let wide = weight.interleave_int8().unwrap();
             let compact = weight.interleave_int8_as(Int8Layout::Compact).unwrap();
             // The rewrite runs a tile per task: one thread or three give the same words.
@@ -804,6 +817,8 @@ fn compact_int8_layouts_give_the_wide_layouts_bits() {
             );
             assert_eq!(compact.bits, expect_bits, "{what}");
             assert_eq!(compact.factored(), kquant, "{what}");
+            assert_eq!(compact.derived_biases(), multiple.is_some(), "{what}");
+            assert!(!wide.derived_biases(), "{what}");
             assert!(compact.native_layout() && !compact.int8_capable(), "{what}");
             let bytes = |w: &QuantizedWeight| {
                 [&w.weight, &w.scales, &w.biases]
@@ -811,7 +826,7 @@ fn compact_int8_layouts_give_the_wide_layouts_bits() {
                     .map(|a| a.size() * a.dtype().size_in_bytes())
                     .sum::<usize>()
             };
-            if expect_bits != bits as i32 || kquant {
+            if expect_bits != bits as i32 || kquant || multiple.is_some() {
                 assert!(bytes(&compact) < bytes(&wide), "{what}: not smaller");
             }
             let x = case.x();
