@@ -113,6 +113,12 @@ struct Weights {
   float bias_scale;  // nonzero: the biases are this multiple of the scales (kernels/qmatmul.h)
 };
 
+// Biases kept as their multiple of the scales (int8 only; kernels/qmatmul.h): one f32 in a [1]
+// array.
+bool derived_biases(const mx::array& biases) {
+  return biases.dtype() == mx::float32 && biases.ndim() == 1 && biases.shape(0) == 1;
+}
+
 float* grow(std::vector<float>& buffer, size_t floats) {
   if (buffer.size() < floats) buffer.resize(floats);
   return buffer.data();
@@ -184,7 +190,7 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
 
     auto weights = [&](int w) {
       const auto& b = inputs[w + 2];
-      const bool derived = b.dtype() == mx::float32 && b.ndim() == 1 && b.shape(0) == 1;
+      const bool derived = derived_biases(b);
       return Weights{inputs[w].data<uint32_t>(), inputs[w + 1].data<uint8_t>(),
                      b.data<uint8_t>(), inputs[w + 1].dtype() == mx::float16,
                      inputs[w + 1].dtype() == mx::uint8, derived ? b.data<float>()[0] : 0.0f};
@@ -394,8 +400,7 @@ Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k,
   const auto& scales = in[first + 1];
   // Biases kept as their multiple of the scales (int8 only; kernels/qmatmul.h): the scales
   // are checked against themselves.
-  const bool derived = int8 != 0 && in[first + 2].dtype() == mx::float32 &&
-                       in[first + 2].ndim() == 1 && in[first + 2].shape(0) == 1;
+  const bool derived = int8 != 0 && derived_biases(in[first + 2]);
   const auto& biases = derived ? scales : in[first + 2];
   if (int8 != 0 && (scales.dtype() == mx::uint8 || biases.dtype() == mx::uint8)) {
     // Factored (kernels/qmatmul.h).
