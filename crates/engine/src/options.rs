@@ -73,7 +73,8 @@ pub struct EngineOptions {
     /// requests' caches are kept, least recently used out first, and a request whose prompt
     /// starts with tokens a kept or running sequence computed copies their keys and values
     /// instead of recomputing them. 0 turns it off; backends that cannot copy a prefix between
-    /// slots (OpenXLA) have none. Kept caches give way to new requests when KV memory runs short.
+    /// slots have none (both of mlxcel's can; on OpenXLA a kept cache is a row of its capacity's
+    /// static buffers). Kept caches give way to new requests when KV memory or rows run short.
     /// Off by default for embedders (with f32 activations a reused prefix's logits match a
     /// recomputed one's to rounding, not bit for bit).
     pub prefix_cache_bytes: usize,

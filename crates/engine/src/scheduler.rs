@@ -260,6 +260,8 @@ struct Retained {
     tokens: Vec<u32>,
     bytes: usize,
     last_used: u64,
+    /// The static capacity its slot is a row of (`None`: a dynamic shape).
+    capacity: Option<usize>,
 }
 
 /// Take-overs remembered (so that an entry taken over stays readable under its id): the oldest
@@ -374,11 +376,26 @@ impl<B: Backend> Scheduler<B> {
 
     /// [`Scheduler::evict_one`], sparing the entry of slot `spare`.
     fn evict_one_but(&mut self, spare: Option<SlotId>) -> bool {
+        self.evict_for(None, spare)
+    }
+
+    /// Releases the least recently used retained slot to make room for a slot of `plan`: on a
+    /// static-shape backend, where a slot is a row of its capacity, one of the plan's capacity
+    /// if any is kept (evicting another capacity's row would free no row of this one); sparing
+    /// the entry of slot `spare`. `false` when none is left.
+    fn evict_for(&mut self, plan: Option<&SessionPlan>, spare: Option<SlotId>) -> bool {
+        let capacity = plan.and_then(|p| p.context_capacity);
+        let same_capacity = capacity.is_some()
+            && self
+                .retained
+                .iter()
+                .any(|r| r.capacity == capacity && Some(r.slot) != spare);
         let Some(oldest) = self
             .retained
             .iter()
             .enumerate()
             .filter(|(_, r)| Some(r.slot) != spare)
+            .filter(|(_, r)| !same_capacity || r.capacity == capacity)
             .min_by_key(|(_, r)| r.last_used)
             .map(|(i, _)| i)
         else {
@@ -470,8 +487,7 @@ impl<B: Backend> Scheduler<B> {
         let refuse = |reason: String| Err(EngineError::PrefixCache(reason));
         if !self.backend.can_copy_prefix() {
             return refuse(format!(
-                "the {} backend keeps no prefix cache (its slots are static buffers), so a \
-                 restored slot has nowhere to stay; slots are restored on the mlx backend",
+                "the {} backend keeps no prefix cache, so a restored slot has nowhere to stay",
                 self.backend.name()
             ));
         }
@@ -485,13 +501,32 @@ impl<B: Backend> Scheduler<B> {
         if tokens.is_empty() {
             return refuse("nothing to restore: the saved slot holds no tokens".into());
         }
-        // A slot of exactly its positions: it is only ever read (copied from), never extended.
+        // A slot of exactly its positions: it is only ever read (copied from) or taken over,
+        // never extended as it is. Static shapes give it the smallest capacity that holds it.
+        let context_capacity = match self.backend.shape_policy() {
+            ShapePolicy::Dynamic => None,
+            ShapePolicy::Static { buckets } => Some(
+                buckets
+                    .iter()
+                    .map(|b| b.context_capacity)
+                    .filter(|&c| c >= tokens.len())
+                    .min()
+                    .ok_or_else(|| {
+                        EngineError::PrefixCache(format!(
+                            "{} tokens are more than the largest context capacity of the {} \
+                             backend",
+                            tokens.len(),
+                            self.backend.name()
+                        ))
+                    })?,
+            ),
+        };
         let plan = SessionPlan {
-            context_capacity: None,
-            max_positions: tokens.len(),
+            context_capacity,
+            max_positions: context_capacity.unwrap_or(tokens.len()),
             admitted_max_new_tokens: 0,
         };
-        let bytes = self.backend.kv_bytes(tokens.len());
+        let bytes = self.backend.kv_bytes(plan.max_positions);
         if bytes > self.prefix_budget {
             return refuse(format!(
                 "{} tokens need {:.1} MiB of KV memory, more than the prefix cache's {:.1} MiB \
@@ -507,7 +542,7 @@ impl<B: Backend> Scheduler<B> {
         let slot = loop {
             match self.backend.allocate_slot(&plan) {
                 Ok(slot) => break slot,
-                Err(EngineError::NoFreeSlot) if self.evict_one() => {}
+                Err(EngineError::NoFreeSlot) if self.evict_for(Some(&plan), None) => {}
                 Err(e) => return Err(e),
             }
         };
@@ -524,6 +559,7 @@ impl<B: Backend> Scheduler<B> {
             tokens,
             bytes,
             last_used: self.clock,
+            capacity: plan.context_capacity,
         });
         Ok(id)
     }
@@ -1092,7 +1128,8 @@ impl<B: Backend> Scheduler<B> {
             let Some(head) = self.waiting.front() else {
                 break;
             };
-            match self.backend.allocate_slot(&head.plan) {
+            let plan = head.plan;
+            match self.backend.allocate_slot(&plan) {
                 Ok(slot) => {
                     let mut sequence = self.waiting.pop_front().expect("head exists");
                     sequence.slot = Some(slot);
@@ -1118,7 +1155,7 @@ impl<B: Backend> Scheduler<B> {
                     self.running.push(sequence);
                 }
                 // Memory held by the prefix cache gives way to new requests.
-                Err(_) if self.evict_one() => continue,
+                Err(_) if self.evict_for(Some(&plan), None) => continue,
                 Err(_) => break,
             }
         }
@@ -1583,6 +1620,7 @@ impl<B: Backend> Scheduler<B> {
                         tokens: sequence.tokens[..sequence.computed].to_vec(),
                         bytes,
                         last_used: self.clock,
+                        capacity: sequence.plan.context_capacity,
                     });
                     while self.retained.iter().map(|r| r.bytes).sum::<usize>() > self.prefix_budget
                         && self.evict_one()

@@ -370,6 +370,100 @@ impl XlaModel {
             .collect())
     }
 
+    /// Floats one position holds in one cache buffer (`kv_heads × head_dim`).
+    fn position_floats(&self) -> usize {
+        self.dims.kv_heads * self.dims.head_dim
+    }
+
+    /// Floats of keys and values one position holds over every layer: what
+    /// [`Self::export_positions`] returns per position.
+    pub fn floats_per_position(&self) -> usize {
+        self.position_floats() * 2 * self.dims.layers
+    }
+
+    /// The caches of a loaded capacity and the float offset of `row`'s position 0 in each, after
+    /// checking that `len` positions fit the row.
+    fn row_range(&self, capacity: usize, row: usize, len: usize) -> Result<(&[BufferId], usize)> {
+        let cap = self
+            .capacities
+            .get(&capacity)
+            .ok_or_else(|| Error::Runtime(format!("capacity {capacity} is not loaded")))?;
+        if row >= cap.shape.batch {
+            return Err(out_of_range(
+                "cache row",
+                row,
+                format!("0..{}", cap.shape.batch),
+            ));
+        }
+        if len > capacity {
+            return Err(out_of_range("positions", len, format!("0..={capacity}")));
+        }
+        let offset = row * cap.shape.cache_len() * self.position_floats();
+        Ok((&cap.caches, offset))
+    }
+
+    /// Makes the first `len` positions of cache row `to_row` of `to_capacity` a copy of those of
+    /// row `from_row` of `from_capacity` (every layer's keys and values), on the device: a cached
+    /// prefix reused by another sequence, in the same capacity or another. Positions past `len`
+    /// in the target row are left as they are (they are written before they are read).
+    pub fn copy_positions(
+        &mut self,
+        (from_capacity, from_row): (usize, usize),
+        (to_capacity, to_row): (usize, usize),
+        len: usize,
+    ) -> Result<()> {
+        self.ensure_capacity(to_capacity)?;
+        let (from, from_offset) = self.row_range(from_capacity, from_row, len)?;
+        let from = from.to_vec();
+        let (to, to_offset) = self.row_range(to_capacity, to_row, len)?;
+        if (from_capacity, from_row) == (to_capacity, to_row) || len == 0 {
+            return Ok(());
+        }
+        let floats = len * self.position_floats();
+        for (&source, &target) in from.iter().zip(to) {
+            self.runtime
+                .copy_f32_range(source, from_offset, target, to_offset, floats)?;
+        }
+        Ok(())
+    }
+
+    /// The first `len` positions of cache row `row` of `capacity` on the host: for each cache
+    /// buffer in turn (keys then values, one per layer), `len × kv_heads × head_dim` floats.
+    pub fn export_positions(&self, capacity: usize, row: usize, len: usize) -> Result<Vec<f32>> {
+        let (caches, offset) = self.row_range(capacity, row, len)?;
+        let floats = len * self.position_floats();
+        let mut out = Vec::with_capacity(floats * caches.len());
+        for &cache in caches {
+            out.extend(self.runtime.read_f32_range(cache, offset, floats)?);
+        }
+        Ok(out)
+    }
+
+    /// Writes [`Self::export_positions`]'s layout of `len` positions into cache row `row` of
+    /// `capacity`.
+    pub fn import_positions(
+        &mut self,
+        capacity: usize,
+        row: usize,
+        len: usize,
+        data: &[f32],
+    ) -> Result<()> {
+        self.ensure_capacity(capacity)?;
+        let floats = len * self.position_floats();
+        let (caches, offset) = self.row_range(capacity, row, len)?;
+        if data.len() != floats * caches.len() {
+            return Err(Error::Runtime(format!(
+                "{} floats for {len} positions of {} floats each",
+                data.len(),
+                self.floats_per_position()
+            )));
+        }
+        for (&cache, part) in caches.iter().zip(data.chunks_exact(floats.max(1))) {
+            self.runtime.write_f32_range(cache, offset, part)?;
+        }
+        Ok(())
+    }
+
     /// The compiled shape of `capacity`, if loaded.
     pub fn loaded_shape(&self, capacity: usize) -> Option<ProgramShape> {
         self.capacities.get(&capacity).map(|c| c.shape)

@@ -126,6 +126,13 @@ impl XlaBackend {
     fn fail(message: String) -> EngineError {
         EngineError::backend("xla", message)
     }
+
+    fn slot(&self, slot: SlotId) -> Result<XlaSlot, EngineError> {
+        self.slots
+            .get(&slot)
+            .copied()
+            .ok_or_else(|| Self::fail(format!("slot {slot} is not allocated")))
+    }
 }
 
 impl Backend for XlaBackend {
@@ -278,6 +285,92 @@ impl Backend for XlaBackend {
     fn compilations(&self) -> u64 {
         self.model.compilations()
     }
+
+    fn kv_bytes(&self, positions: usize) -> usize {
+        positions * self.model.floats_per_position() * 4
+    }
+
+    fn can_copy_prefix(&self) -> bool {
+        true
+    }
+
+    /// Copies rows on the device: within a capacity (one row of the same buffers to another) or
+    /// between capacities (a prefix computed in a small bucket reused by a request routed to a
+    /// larger one, or the other way while it fits).
+    fn copy_prefix(&mut self, from: SlotId, to: SlotId, len: usize) -> Result<(), EngineError> {
+        let source = self.slot(from)?;
+        let target = self.slot(to)?;
+        if len > source.len || len > target.capacity {
+            return Err(Self::fail(format!(
+                "slot {from} holds {} positions and slot {to} has room for {}: {len} cannot be \
+                 copied",
+                source.len, target.capacity
+            )));
+        }
+        self.model
+            .copy_positions(
+                (source.capacity, source.row),
+                (target.capacity, target.row),
+                len,
+            )
+            .map_err(backend_error)?;
+        self.slots.get_mut(&to).expect("checked above").len = len;
+        Ok(())
+    }
+
+    /// A kept row serves a new request of the same capacity in place; one routed to another
+    /// capacity is refused (not [`EngineError::NoFreeSlot`]), so the engine copies the prefix
+    /// into a row of that capacity instead.
+    fn adopt_slot(
+        &mut self,
+        slot: SlotId,
+        plan: &SessionPlan,
+        len: usize,
+    ) -> Result<(), EngineError> {
+        let held = self.slot(slot)?;
+        if plan.context_capacity != Some(held.capacity) || len > held.len {
+            return Err(Self::fail(format!(
+                "slot {slot} (capacity {}, {} positions) cannot keep {len} positions for a plan \
+                 of capacity {:?}",
+                held.capacity, held.len, plan.context_capacity
+            )));
+        }
+        self.slots.get_mut(&slot).expect("checked above").len = len;
+        Ok(())
+    }
+
+    fn export_kv(&mut self, slot: SlotId, len: usize) -> Result<Vec<f32>, EngineError> {
+        let held = self.slot(slot)?;
+        if len > held.len {
+            return Err(Self::fail(format!(
+                "slot {slot} holds {} positions, not {len}",
+                held.len
+            )));
+        }
+        self.model
+            .export_positions(held.capacity, held.row, len)
+            .map_err(backend_error)
+    }
+
+    fn import_kv(&mut self, slot: SlotId, len: usize, data: &[f32]) -> Result<(), EngineError> {
+        let held = self.slot(slot)?;
+        self.model
+            .import_positions(held.capacity, held.row, len, data)
+            .map_err(backend_error)?;
+        self.slots.get_mut(&slot).expect("checked above").len = len;
+        Ok(())
+    }
+
+    /// Positions past `len` stay in the row until overwritten; no program reads past a
+    /// sequence's length.
+    fn truncate(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {
+        let held = self
+            .slots
+            .get_mut(&slot)
+            .ok_or_else(|| Self::fail(format!("slot {slot} is not allocated")))?;
+        held.len = held.len.min(len);
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -399,6 +492,121 @@ mod tests {
         .unwrap();
         xla.release_slot(slot);
         assert_eq!(xla.compilations(), compiled, "nothing compiles after load");
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    }
+
+    /// Copied, exported, imported and truncated rows of the static caches give the logits of a
+    /// prompt computed in place: bit for bit where the same program sees the same chunks (a
+    /// prefix copied at a chunk boundary within a capacity, an exported row imported into
+    /// another, decoding side by side), and to f32 rounding where the chunks or the capacity
+    /// differ (a prefix copied mid-chunk, or into a row of a larger capacity).
+    #[test]
+    fn copied_and_restored_rows_give_the_logits_of_computed_ones() {
+        if skip() {
+            return;
+        }
+        let loaded = LoadedModel::open(&resolve_model(None).unwrap()).unwrap();
+        let mut xla = XlaBackend::load(&loaded.checkpoint, ShapeMode::ServerBuckets).unwrap();
+        assert!(xla.can_copy_prefix());
+        let words: Vec<String> = (1..=40).map(|n| format!("item {n}")).collect();
+        let prompt = loaded
+            .tokenizer
+            .encode(&words.join(", "), false, false)
+            .unwrap();
+        let n = prompt.len();
+        assert!(n > 96 && n < 200, "{n} tokens");
+        let chunk = xla.model.options().chunk;
+        let plan = |prompt_len| {
+            xla.create_session_for_request(&shape(prompt_len, Limited(8)))
+                .unwrap()
+        };
+        let (small, large) = (plan(n), plan(400));
+        assert_eq!(
+            (small.context_capacity, large.context_capacity),
+            (Some(256), Some(4096))
+        );
+        let step = |xla: &mut XlaBackend, slot, tokens: &[u32], start_position| {
+            xla.step(&[SequenceStep {
+                slot,
+                tokens,
+                start_position,
+            }])
+            .unwrap()
+            .remove(0)
+        };
+
+        let computed = xla.allocate_slot(&small).unwrap();
+        let want = step(&mut xla, computed, &prompt, 0);
+        let next = argmax(&want);
+
+        // At a chunk boundary, in the same capacity: the same chunks, bit for bit.
+        let aligned = 2 * chunk;
+        let copy = xla.allocate_slot(&small).unwrap();
+        xla.copy_prefix(computed, copy, aligned).unwrap();
+        let got = step(&mut xla, copy, &prompt[aligned..], aligned);
+        assert_eq!(got, want, "copied at position {aligned}");
+
+        // Mid-chunk, and into the larger capacity: to rounding.
+        let mid = chunk + chunk / 2 + 3;
+        let other = xla.allocate_slot(&small).unwrap();
+        xla.copy_prefix(computed, other, mid).unwrap();
+        let got = step(&mut xla, other, &prompt[mid..], mid);
+        assert!(max_diff(&got, &want) < 1e-3, "{}", max_diff(&got, &want));
+        assert_eq!(argmax(&got), next);
+        let wide = xla.allocate_slot(&large).unwrap();
+        xla.copy_prefix(computed, wide, aligned).unwrap();
+        let got = step(&mut xla, wide, &prompt[aligned..], aligned);
+        assert!(max_diff(&got, &want) < 1e-3, "{}", max_diff(&got, &want));
+        assert_eq!(argmax(&got), next);
+
+        // Exported and imported into a fresh row, then decoded beside the original: the same
+        // bits.
+        let kv = xla.export_kv(computed, n).unwrap();
+        assert_eq!(kv.len(), n * xla.model.floats_per_position());
+        assert_eq!(xla.kv_bytes(n), kv.len() * 4);
+        xla.release_slot(other);
+        let restored = xla.allocate_slot(&small).unwrap();
+        xla.import_kv(restored, n, &kv).unwrap();
+        assert_eq!(xla.export_kv(restored, n).unwrap(), kv);
+        let rows = xla
+            .step(&[
+                SequenceStep {
+                    slot: computed,
+                    tokens: &[next],
+                    start_position: n,
+                },
+                SequenceStep {
+                    slot: restored,
+                    tokens: &[next],
+                    start_position: n,
+                },
+            ])
+            .unwrap();
+        assert_eq!(rows[0], rows[1], "an imported row decodes as its source");
+
+        // Truncated back into the prompt and recomputed from there: the prompt's logits again.
+        xla.truncate(restored, n - 5).unwrap();
+        let got = step(&mut xla, restored, &prompt[n - 5..], n - 5);
+        assert!(max_diff(&got, &want) < 1e-3, "{}", max_diff(&got, &want));
+
+        // What does not fit is refused with the numbers.
+        let err = xla
+            .copy_prefix(computed, copy, n + 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot be copied"), "{err}");
+        let err = xla.import_kv(copy, n, &kv[1..]).unwrap_err().to_string();
+        assert!(err.contains("floats for"), "{err}");
+        let err = xla.adopt_slot(wide, &small, 8).unwrap_err();
+        assert!(!matches!(err, EngineError::NoFreeSlot), "{err}");
+        xla.adopt_slot(copy, &small, 8).unwrap();
     }
 
     /// The XLA backend (f16 weights, the default) against the MLX backend on the default model.

@@ -813,6 +813,96 @@ fn prefix_cache_reuses_computed_prompts_exactly() {
     }
 }
 
+/// The prefix cache on the OpenXLA backend (a server's bucket set): kept rows of the static
+/// caches are copied on the device into the row a later request gets, in its own capacity or a
+/// larger one, a chat's next turn takes its kept row over, and the greedy output is the one
+/// computed without reuse.
+#[cfg(feature = "xla")]
+#[test]
+fn prefix_cache_reuses_computed_prompts_on_the_xla_backend() {
+    if skip() {
+        return;
+    }
+    let engine = Engine::load(
+        None,
+        EngineOptions {
+            backend: BackendKind::Xla,
+            shapes: ShapeMode::ServerBuckets,
+            prefix_cache_bytes: 1 << 30,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    let system = "You are a careful assistant. Answer briefly and precisely, in one sentence. \
+                  Never make up facts; say when you do not know. ";
+    let request = |text: &str, budget: MaxNewTokens, reuse: bool| GenerationRequest {
+        sampling: SamplingParams::greedy(),
+        reuse_cached_prefix: reuse,
+        ..GenerationRequest::new(engine.tokenize(text).unwrap(), budget)
+    };
+    let system_tokens = engine.tokenize(system).unwrap().len();
+    let questions = ["France", "Italy", "Spain"]
+        .map(|c| format!("{system}Question: what is the capital of {c}? Answer:"));
+    // Each question runs with the cache, then without it. The first finds nothing; the second
+    // reuses the system prompt from the first's kept rows (256 bucket); the third, whose budget
+    // routes it to the 4096 bucket, copies it across capacities.
+    let budgets = [
+        MaxNewTokens::Limited(12),
+        MaxNewTokens::Limited(12),
+        MaxNewTokens::Limited(300),
+    ];
+    let mut kept = None;
+    for (i, (question, budget)) in questions.iter().zip(budgets).enumerate() {
+        let mut reused = request(question, budget, true);
+        reused.stop = vec!["\n".into()];
+        let mut plain = reused.clone();
+        plain.reuse_cached_prefix = false;
+        let got = engine.generate(reused).unwrap();
+        let want = engine.generate(plain).unwrap();
+        assert_eq!(got.tokens, want.tokens, "question {i}: {:?}", got.text);
+        assert_eq!(want.usage.cached_tokens, 0);
+        if i == 0 {
+            assert_eq!(got.usage.cached_tokens, 0);
+            kept = Some(got);
+        } else {
+            assert!(
+                got.usage.cached_tokens >= system_tokens - 2
+                    && got.usage.cached_tokens < got.usage.prompt_tokens,
+                "question {i}: {:?} of a {system_tokens}-token system prompt",
+                got.usage
+            );
+        }
+    }
+    // The next turn of the first conversation takes its kept row over: no copy.
+    let first = kept.unwrap();
+    let mut follow_up = request(&questions[0], MaxNewTokens::Limited(12), true);
+    follow_up.prompt.extend(&first.tokens);
+    follow_up
+        .prompt
+        .extend(engine.tokenize(" And of Germany? Answer:").unwrap());
+    let takeovers = engine.stats().prefix.takeovers;
+    let mut plain = follow_up.clone();
+    plain.reuse_cached_prefix = false;
+    let got = engine.generate(follow_up).unwrap();
+    let want = engine.generate(plain).unwrap();
+    assert_eq!(got.tokens, want.tokens, "{:?}", got.text);
+    assert_eq!(
+        got.usage.cached_tokens,
+        first.usage.prompt_tokens + first.tokens.len() - 1,
+        "the whole kept history"
+    );
+    assert_eq!(engine.stats().prefix.takeovers, takeovers + 1);
+    let stats = engine.stats();
+    // Four requests looked up (the others ran without the cache), three found a prefix.
+    assert_eq!(
+        (stats.prefix.lookups, stats.prefix.hits),
+        (4, 3),
+        "{:?}",
+        stats.prefix
+    );
+    assert!(stats.prefix.entries > 0);
+}
+
 /// Structured output on the OpenXLA backend: the mask is applied above the seam, so a schema
 /// constrains its output as it does the MLX backend's.
 #[cfg(feature = "xla")]

@@ -11,12 +11,6 @@
 namespace mlxcel::kernels {
 namespace {
 
-uint32_t quant_at(const uint32_t* row, int k, int bits) {
-  const int per_word = 32 / bits;
-  const uint32_t mask = (1u << bits) - 1u;
-  return (row[k / per_word] >> ((k % per_word) * bits)) & mask;
-}
-
 float scale_at(const void* a, bool half, int64_t i) {
   return half ? half_to_float(static_cast<const uint16_t*>(a)[i])
               : static_cast<const float*>(a)[i];

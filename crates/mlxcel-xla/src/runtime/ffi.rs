@@ -341,35 +341,116 @@ impl Session {
 
     /// Copies a buffer view's contents to the host.
     pub(super) fn read(&self, view: &BufferView, out: &mut [u8]) -> Result<(), String> {
-        // SAFETY: the view is live; its byte length is checked against `out` before the copy.
+        let length = view.byte_length();
+        if length != out.len() {
+            return Err(format!(
+                "reading {} bytes from a {length}-byte buffer",
+                out.len()
+            ));
+        }
+        self.read_range(view, 0, out)
+    }
+
+    /// Copies `out.len()` bytes of a buffer view from byte `offset` to the host.
+    pub(super) fn read_range(
+        &self,
+        view: &BufferView,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<(), String> {
+        view.check_range(offset, out.len(), "reading")?;
+        // SAFETY: the view is live and the range lies inside it (checked above); `out` is
+        // writable for its length.
         unsafe {
-            let length = sys::iree_hal_buffer_view_byte_length(view.0);
-            if length as usize != out.len() {
-                return Err(format!(
-                    "reading {} bytes from a {length}-byte buffer",
-                    out.len()
-                ));
-            }
-            let buffer = sys::iree_hal_buffer_view_buffer(view.0);
             check(
                 sys::iree_hal_device_transfer_d2h(
                     self.device,
-                    buffer,
-                    0,
+                    sys::iree_hal_buffer_view_buffer(view.0),
+                    offset as _,
                     out.as_mut_ptr() as *mut c_void,
-                    length,
-                    sys::iree_hal_transfer_buffer_flag_bits_t_IREE_HAL_TRANSFER_BUFFER_FLAG_DEFAULT
-                        as _,
-                    sys::iree_timeout_t {
-                        type_: sys::iree_timeout_type_e_IREE_TIMEOUT_ABSOLUTE,
-                        nanos: i64::MAX as _,
-                    },
+                    out.len() as _,
+                    TRANSFER_DEFAULT,
+                    FOREVER,
                 ),
                 "reading a buffer",
             )
         }
     }
+
+    /// Copies `data` into a buffer view from byte `offset`.
+    pub(super) fn write_range(
+        &self,
+        view: &BufferView,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), String> {
+        view.check_range(offset, data.len(), "writing")?;
+        // SAFETY: the view is live and the range lies inside it (checked above); `data` is
+        // readable for its length.
+        unsafe {
+            check(
+                sys::iree_hal_device_transfer_h2d(
+                    self.device,
+                    data.as_ptr() as *const c_void,
+                    sys::iree_hal_buffer_view_buffer(view.0),
+                    offset as _,
+                    data.len() as _,
+                    TRANSFER_DEFAULT,
+                    FOREVER,
+                ),
+                "writing a buffer",
+            )
+        }
+    }
+
+    /// Copies `length` bytes from byte `from_offset` of `from` to byte `to_offset` of `to` on
+    /// the device. The ranges may be in one buffer but must not overlap.
+    pub(super) fn copy_range(
+        &self,
+        from: &BufferView,
+        from_offset: usize,
+        to: &BufferView,
+        to_offset: usize,
+        length: usize,
+    ) -> Result<(), String> {
+        from.check_range(from_offset, length, "copying from")?;
+        to.check_range(to_offset, length, "copying to")?;
+        if from.same_buffer(to)
+            && from_offset < to_offset + length
+            && to_offset < from_offset + length
+        {
+            return Err(format!(
+                "copying {length} bytes from offset {from_offset} to the overlapping offset \
+                 {to_offset} of one buffer"
+            ));
+        }
+        // SAFETY: both views are live and both ranges lie inside them (checked above).
+        unsafe {
+            check(
+                sys::iree_hal_device_transfer_d2d(
+                    self.device,
+                    sys::iree_hal_buffer_view_buffer(from.0),
+                    from_offset as _,
+                    sys::iree_hal_buffer_view_buffer(to.0),
+                    to_offset as _,
+                    length as _,
+                    TRANSFER_DEFAULT,
+                    FOREVER,
+                ),
+                "copying between buffers",
+            )
+        }
+    }
 }
+
+const TRANSFER_DEFAULT: sys::iree_hal_transfer_buffer_flags_t =
+    sys::iree_hal_transfer_buffer_flag_bits_t_IREE_HAL_TRANSFER_BUFFER_FLAG_DEFAULT as _;
+
+/// Transfers wait for the device as long as they take.
+const FOREVER: sys::iree_timeout_t = sys::iree_timeout_t {
+    type_: sys::iree_timeout_type_e_IREE_TIMEOUT_ABSOLUTE,
+    nanos: i64::MAX as _,
+};
 
 impl Drop for Session {
     fn drop(&mut self) {
@@ -387,6 +468,23 @@ impl Drop for Session {
 pub(super) struct BufferView(*mut sys::iree_hal_buffer_view_t);
 
 impl BufferView {
+    /// The view's size in bytes.
+    pub(super) fn byte_length(&self) -> usize {
+        // SAFETY: the view is live.
+        unsafe { sys::iree_hal_buffer_view_byte_length(self.0) as usize }
+    }
+
+    /// An error unless `length` bytes from `offset` lie inside the view.
+    fn check_range(&self, offset: usize, length: usize, what: &str) -> Result<(), String> {
+        let size = self.byte_length();
+        if offset.checked_add(length).is_none_or(|end| end > size) {
+            return Err(format!(
+                "{what} {length} bytes at offset {offset} of a {size}-byte buffer"
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether two views share one buffer (IREE may hand an argument buffer back as a result).
     pub(super) fn same_buffer(&self, other: &BufferView) -> bool {
         // SAFETY: both views are live.

@@ -170,6 +170,45 @@ impl Runtime {
         })
     }
 
+    /// Reads `len` f32 elements of a buffer from element `offset`.
+    pub fn read_f32_range(&self, id: BufferId, offset: usize, len: usize) -> Result<Vec<f32>> {
+        self.run(move |s| {
+            let mut bytes = vec![0u8; len * 4];
+            s.session.read_range(s.get(id)?, offset * 4, &mut bytes)?;
+            Ok(bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
+        })
+    }
+
+    /// Writes f32 `values` into a buffer from element `offset`.
+    pub fn write_f32_range(&self, id: BufferId, offset: usize, values: &[f32]) -> Result<()> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.run(move |s| s.session.write_range(s.get(id)?, offset * 4, &bytes))
+    }
+
+    /// Copies `len` f32 elements from element `from_offset` of `from` to element `to_offset` of
+    /// `to`, on the device (the ranges must not overlap).
+    pub fn copy_f32_range(
+        &self,
+        from: BufferId,
+        from_offset: usize,
+        to: BufferId,
+        to_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.run(move |s| {
+            s.session.copy_range(
+                s.get(from)?,
+                from_offset * 4,
+                s.get(to)?,
+                to_offset * 4,
+                len * 4,
+            )
+        })
+    }
+
     /// Frees buffers; unknown ids are ignored.
     pub fn release(&self, ids: Vec<BufferId>) {
         let _ = self.run(move |s| {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use hyper::StatusCode;
-use mlxcel_engine::{Engine, EngineOptions};
+use mlxcel_engine::{BackendKind, Engine, EngineOptions, ShapeMode};
 use mlxcel_server::ServerConfig;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -21,9 +21,14 @@ fn slot(id: &str, action: &str) -> String {
 
 /// An engine of its own with the prefix cache on (a restarted server has an empty one).
 async fn cached_engine() -> Arc<Engine> {
+    engine_with(EngineOptions::default()).await
+}
+
+/// [`cached_engine`] with other options.
+async fn engine_with(options: EngineOptions) -> Arc<Engine> {
     let options = EngineOptions {
-        prefix_cache_bytes: 64 << 20,
-        ..EngineOptions::default()
+        prefix_cache_bytes: 1 << 30,
+        ..options
     };
     let engine = tokio::task::spawn_blocking(move || Engine::load(None, options))
         .await
@@ -61,8 +66,48 @@ async fn a_saved_slot_restores_into_a_restarted_server_and_is_reused() {
     if skip_model_tests() {
         return;
     }
+    save_restore_and_reuse(EngineOptions::default()).await;
+}
+
+/// The same on the OpenXLA backend (a server's bucket set), whose slots are rows of static
+/// caches; a file saved by the MLX backend is refused there, naming both backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_slot_restores_on_the_xla_backend() {
+    if skip_model_tests() {
+        return;
+    }
+    let xla = EngineOptions {
+        backend: BackendKind::Xla,
+        shapes: ShapeMode::ServerBuckets,
+        ..EngineOptions::default()
+    };
+    let dir = save_restore_and_reuse(xla.clone()).await;
+    let mlx = TestServer::start(config(dir.path()), Some(cached_engine().await)).await;
+    complete(&mlx).await;
+    let saved = mlx
+        .post_json(&slot("0", "save"), json!({"filename": "from-mlx.bin"}))
+        .await;
+    assert_eq!(saved.status, StatusCode::OK, "{}", saved.body);
+    let server = TestServer::start(config(dir.path()), Some(engine_with(xla).await)).await;
+    let refused = server
+        .post_json(&slot("0", "restore"), json!({"filename": "from-mlx.bin"}))
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
+    assert!(
+        refused
+            .body
+            .contains("saved by the mlx backend, and this server runs the xla backend"),
+        "{}",
+        refused.body
+    );
+}
+
+/// Saves a slot on one server of `options`, restores it into another (a restart) and checks
+/// that the next request with the same prompt reuses it; returns the directory of the files.
+async fn save_restore_and_reuse(options: EngineOptions) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let first = TestServer::start(config(dir.path()), Some(cached_engine().await)).await;
+    let first =
+        TestServer::start(config(dir.path()), Some(engine_with(options.clone()).await)).await;
     let original = complete(&first).await;
     let prompt_n = original["timings"]["prompt_n"].as_u64().unwrap();
     // The answer names the slot to save.
@@ -91,7 +136,7 @@ async fn a_saved_slot_restores_into_a_restarted_server_and_is_reused() {
         .json();
     assert_eq!(empty["n_saved"], 0, "{empty}");
 
-    let second = TestServer::start(config(dir.path()), Some(cached_engine().await)).await;
+    let second = TestServer::start(config(dir.path()), Some(engine_with(options).await)).await;
     let restored = second
         .post_json(&slot("2", "restore"), json!({"filename": "printing.bin"}))
         .await;
@@ -148,6 +193,7 @@ async fn a_saved_slot_restores_into_a_restarted_server_and_is_reused() {
         .await
         .json();
     assert_eq!(nothing["n_restored"], 0, "{nothing}");
+    dir
 }
 
 /// Bad actions, slots and file names, missing, corrupt and foreign files are 400s that say what
