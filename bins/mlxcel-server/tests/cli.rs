@@ -117,11 +117,11 @@ fn a_llama_server_command_line_starts_the_server() {
     assert_eq!(warnings, 7, "one line per no-op option:\n{err}");
     // llama.cpp's quantized cache types are refused at start, naming the flag, rather than
     // ignored.
-    let output = server(&["-m", "/nonexistent/model.gguf", "-ctk", "q8_0"], &[]);
+    let output = server(&["-m", "/nonexistent/model.gguf", "-ctk", "q4_0"], &[]);
     assert!(!output.status.success());
     let err = stderr(&output);
     assert!(
-        err.contains("--cache-type-k") && err.contains("q8_0") && err.contains("does not store"),
+        err.contains("--cache-type-k") && err.contains("q4_0") && err.contains("does not store"),
         "{err}"
     );
 }

@@ -445,7 +445,7 @@ mod bench {
             out.contains("\"type_k\": \"f32\", \"type_v\": \"f16\""),
             "{out}"
         );
-        let output = mlxcel(&["bench", "-p", "4", "-n", "0", "-ctk", "q8_0"], &[]);
+        let output = mlxcel(&["bench", "-p", "4", "-n", "0", "-ctk", "q4_0"], &[]);
         assert!(!output.status.success());
         let err = stderr(&output);
         assert!(

@@ -80,6 +80,15 @@ pub enum Error {
         /// The target's value type.
         to_v: &'static str,
     },
+    /// A KV cache type this model or path cannot store (q8_0 where the fused decoder layer does
+    /// not run, or rows that are not whole q8_0 blocks).
+    #[error("KV cache type {kind}: {reason}")]
+    KvTypeUnsupported {
+        /// The type, as llama.cpp spells it.
+        kind: &'static str,
+        /// Why, and what to use instead.
+        reason: String,
+    },
     /// An environment variable (or the option that overrides it) has a value this crate cannot use.
     #[error("{variable}={value:?} is invalid: expected {expected}")]
     InvalidEnv {

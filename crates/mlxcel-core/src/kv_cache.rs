@@ -6,20 +6,71 @@ use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 
-/// The MLX dtype a cache of `kind` holds.
+/// The MLX dtype a cache of `kind` holds (q8_0: its rows' bytes).
 fn dtype_of(kind: KvType) -> Dtype {
     match kind {
         KvType::F32 => Dtype::F32,
         KvType::F16 => Dtype::F16,
+        KvType::Q8_0 => Dtype::U8,
     }
 }
 
-/// `x` (f32) as a cache of `kind` holds it.
+/// Elements of the cache array's last dimension for rows of `head_dim` values.
+fn row_len(kind: KvType, head_dim: i32) -> i32 {
+    match kind {
+        KvType::Q8_0 => kind.row_bytes(head_dim as usize) as i32,
+        _ => head_dim,
+    }
+}
+
+/// `x` (f32) as a cache of `kind` holds it. q8_0 caches are written by the fused decoder layer
+/// only (MLX has no op for their blocks).
 fn rounded(x: &Array, kind: KvType) -> Result<Array> {
     match kind {
         KvType::F32 => Ok(x.clone()),
-        other => x.astype(dtype_of(other)),
+        KvType::F16 => x.astype(dtype_of(kind)),
+        KvType::Q8_0 => Err(Error::KvTypeUnsupported {
+            kind: "q8_0",
+            reason: "its caches are written by mlxcel's fused decoder layer, and this step runs \
+                     the per-op graph"
+                .into(),
+        }),
     }
+}
+
+/// `values` as q8_0 blocks ([`KvType::Q8_0`]; the arithmetic of the kernels' writes, and of
+/// llama.cpp's reference quantizer): per 32 values, `d = max |x| / 127` as a half, then
+/// `round(x · (1 / d))` (halves away from zero) as signed bytes.
+pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() / KvType::Q8_0_BLOCK * KvType::Q8_0_BLOCK_BYTES);
+    for block in values.chunks_exact(KvType::Q8_0_BLOCK) {
+        let amax = block
+            .iter()
+            .fold(0f32, |m, x| if x.abs() > m { x.abs() } else { m });
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(half::f16::from_f32(d).to_bits().to_le_bytes());
+        for &x in block {
+            let r = (x * id).round();
+            let q = if r.is_nan() {
+                0.0
+            } else {
+                r.clamp(-127.0, 127.0)
+            };
+            out.push(q as i8 as u8);
+        }
+    }
+    out
+}
+
+/// q8_0 blocks back to f32 (`q · d`, exact).
+pub fn dequantize_q8_0(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / KvType::Q8_0_BLOCK_BYTES * KvType::Q8_0_BLOCK);
+    for block in bytes.chunks_exact(KvType::Q8_0_BLOCK_BYTES) {
+        let d = half::f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
+        out.extend(block[2..].iter().map(|&q| f32::from(q as i8) * d));
+    }
+    out
 }
 
 /// Positions added whenever a cache runs out of room: growing one position at a time would copy
@@ -106,10 +157,10 @@ impl KvCache {
 
     /// Bytes one position takes over all layers, keys and values.
     pub fn bytes_per_position(&self) -> usize {
+        let d = self.head_dim as usize;
         self.layer_count
             * self.kv_heads as usize
-            * self.head_dim as usize
-            * (self.k_type.size_in_bytes() + self.v_type.size_in_bytes())
+            * (self.k_type.row_bytes(d) + self.v_type.row_bytes(d))
     }
 
     /// Bytes of key/value memory currently allocated.
@@ -135,8 +186,12 @@ impl KvCache {
             .saturating_mul(KV_CHUNK)
             .min(self.max_positions);
         let grow = (target - self.allocated) as i32;
-        let zeros =
-            |kind: KvType| Array::zeros(&[1, self.kv_heads, grow, self.head_dim], dtype_of(kind));
+        let zeros = |kind: KvType| {
+            Array::zeros(
+                &[1, self.kv_heads, grow, row_len(kind, self.head_dim)],
+                dtype_of(kind),
+            )
+        };
         if self.layers.is_empty() {
             // One array per layer and per side: the fused decoder layer writes into them in
             // place, so no two may share a buffer.
@@ -228,11 +283,12 @@ impl KvCache {
         if len == 0 {
             return Ok(());
         }
-        let hi = [1, self.kv_heads, len as i32, self.head_dim];
+        let hi = |kind| [1, self.kv_heads, len as i32, row_len(kind, self.head_dim)];
+        let (k_hi, v_hi) = (hi(self.k_type), hi(self.v_type));
         for ((k, v), (sk, sv)) in self.layers.iter_mut().zip(&source.layers) {
             let lo = [0, 0, 0, 0];
-            *k = k.slice_update(&sk.slice(&lo, &hi)?, &lo, &hi)?;
-            *v = v.slice_update(&sv.slice(&lo, &hi)?, &lo, &hi)?;
+            *k = k.slice_update(&sk.slice(&lo, &k_hi)?, &lo, &k_hi)?;
+            *v = v.slice_update(&sv.slice(&lo, &v_hi)?, &lo, &v_hi)?;
         }
         // Materialized now: the fused layer writes into these buffers in place.
         crate::array::eval(&self.arrays().collect::<Vec<_>>())?;
@@ -261,11 +317,17 @@ impl KvCache {
         if len == 0 {
             return Ok(out);
         }
-        let hi = [1, self.kv_heads, len as i32, self.head_dim];
         for (k, v) in &self.layers {
-            for side in [k, v] {
-                // f16 elements widen to f32 exactly.
-                out.extend(side.slice(&[0, 0, 0, 0], &hi)?.to_vec_f32()?);
+            for (side, kind) in [(k, self.k_type), (v, self.v_type)] {
+                let hi = [1, self.kv_heads, len as i32, row_len(kind, self.head_dim)];
+                let part = side.slice(&[0, 0, 0, 0], &hi)?;
+                if kind == KvType::Q8_0 {
+                    let bytes: Vec<u8> = part.to_vec_u32()?.into_iter().map(|b| b as u8).collect();
+                    out.extend(dequantize_q8_0(&bytes));
+                } else {
+                    // f16 elements widen to f32 exactly.
+                    out.extend(part.to_vec_f32()?);
+                }
             }
         }
         Ok(out)
@@ -294,15 +356,21 @@ impl KvCache {
         if len == 0 {
             return Ok(());
         }
-        let hi = [1, self.kv_heads, len as i32, self.head_dim];
         let lo = [0, 0, 0, 0];
         let mut sides = data.chunks_exact(per_side);
-        let (k_type, v_type) = (self.k_type, self.v_type);
+        let (k_type, v_type, kv_heads, head_dim) =
+            (self.k_type, self.v_type, self.kv_heads, self.head_dim);
         for (k, v) in &mut self.layers {
             for (side, kind) in [(k, k_type), (v, v_type)] {
                 let part = sides.next().expect("length checked above");
-                // Rounded as a write rounds: f16 data read back from an f16 cache is unchanged.
-                let part = Array::from_f32(part, &hi)?.astype(dtype_of(kind))?;
+                let hi = [1, kv_heads, len as i32, row_len(kind, head_dim)];
+                // Rounded as a write rounds: data read back from a cache of the same type is
+                // unchanged (f16: exactly; q8_0: each block's maximum is 127 · d, so d and every
+                // code come back).
+                let part = match kind {
+                    KvType::Q8_0 => Array::from_bytes(&quantize_q8_0(part), &hi, Dtype::U8)?,
+                    _ => Array::from_f32(part, &hi)?.astype(dtype_of(kind))?,
+                };
                 *side = side.slice_update(&part, &lo, &hi)?;
             }
         }

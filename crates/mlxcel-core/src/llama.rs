@@ -643,9 +643,34 @@ impl LlamaModel {
     }
 
     /// Sets the element types of later caches' keys and values (llama.cpp's `--cache-type-k`
-    /// and `--cache-type-v`); caches already made keep theirs.
-    pub fn set_kv_types(&mut self, keys: KvType, values: KvType) {
+    /// and `--cache-type-v`); caches already made keep theirs. q8_0 needs the fused decoder
+    /// layer (the only writer of its blocks) and a head size of whole 32-value blocks; refused
+    /// otherwise, with the reason.
+    pub fn set_kv_types(&mut self, keys: KvType, values: KvType) -> Result<()> {
+        if keys == KvType::Q8_0 || values == KvType::Q8_0 {
+            let head_dim = self.config.head_dim;
+            let reason = if !KvType::Q8_0.holds_rows_of(head_dim) {
+                Some(format!(
+                    "the model's head size {head_dim} is not a multiple of 32 (use f16 or f32)"
+                ))
+            } else if self.fused_layers().is_none() {
+                Some(format!(
+                    "its blocks are written by mlxcel's fused decoder layer, and this model runs \
+                     the {} (use f16 or f32)",
+                    self.execution()
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(Error::KvTypeUnsupported {
+                    kind: KvType::Q8_0.as_str(),
+                    reason,
+                });
+            }
+        }
         self.kv_types = (keys, values);
+        Ok(())
     }
 
     /// KV bytes one position takes over all layers in caches from [`LlamaModel::new_cache`].
@@ -653,8 +678,7 @@ impl LlamaModel {
         let c = &self.config;
         c.num_hidden_layers
             * c.num_key_value_heads
-            * c.head_dim
-            * (self.kv_types.0.size_in_bytes() + self.kv_types.1.size_in_bytes())
+            * (self.kv_types.0.row_bytes(c.head_dim) + self.kv_types.1.row_bytes(c.head_dim))
     }
 
     /// Runs one step and returns, per sequence and in order, the logits of its last new position.

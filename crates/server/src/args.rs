@@ -229,9 +229,10 @@ pub struct ServerArgs {
     )]
     pub cache_ram: i64,
 
-    /// The KV cache's key type (`-ctk`): `f32` (the default here) or `f16` (llama.cpp's default:
+    /// The KV cache's key type (`-ctk`): `f32` (the default here), `f16` (llama.cpp's default:
     /// half the KV memory and the bytes attention reads per token, keys rounded to half
-    /// precision). llama.cpp's quantized cache types are refused by name. MLX backend only.
+    /// precision) or `q8_0` (34 bytes per 32 values). llama.cpp's other quantized cache types
+    /// are refused by name. MLX backend only (q8_0: where the fused decoder layer runs).
     #[arg(
         long = "cache-type-k",
         env = "LLAMA_ARG_CACHE_TYPE_K",
@@ -361,7 +362,8 @@ pub struct ServerArgs {
 }
 
 /// llama.cpp's booleans: `on`/`enabled`/`true`/`1` and `off`/`disabled`/`false`/`0`.
-/// A KV cache type (`f32`, `f16`); the error names llama.cpp's types mlxcel does not store.
+/// A KV cache type (`f32`, `f16`, `q8_0`); the error names llama.cpp's types mlxcel does not
+/// store.
 fn kv_type(value: &str) -> Result<KvType, String> {
     value.parse()
 }

@@ -29,9 +29,10 @@ pub fn parse_activations(
 /// `--cache-type-k` / `--cache-type-v` (`-ctk` / `-ctv`, as llama.cpp spells them).
 #[derive(Debug, Clone, clap::Args)]
 pub struct KvTypeArgs {
-    /// The KV cache's key type: `f32` (the default) or `f16` (half the KV memory and the bytes
-    /// attention reads per token; keys rounded to half precision when written). llama.cpp's
-    /// quantized cache types are refused by name. The MLX backend only.
+    /// The KV cache's key type: `f32` (the default), `f16` (half the KV memory and the bytes
+    /// attention reads per token; keys rounded to half precision when written) or `q8_0` (34
+    /// bytes per 32 values, llama.cpp's block). llama.cpp's other quantized cache types are
+    /// refused by name. The MLX backend only (q8_0: where the fused decoder layer runs).
     #[arg(long = "cache-type-k", default_value = "f32", value_parser = parse_kv_type)]
     pub cache_type_k: mlxcel_engine::KvType,
 

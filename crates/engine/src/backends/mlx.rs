@@ -46,7 +46,7 @@ impl MlxBackend {
             kernels.check("--activations").map_err(backend_error)?;
         }
         let mut model = LlamaModel::load_with(checkpoint, kernels).map_err(backend_error)?;
-        model.set_kv_types(k_type, v_type);
+        model.set_kv_types(k_type, v_type).map_err(backend_error)?;
         Ok(Self {
             model,
             slots: HashMap::new(),

@@ -13,13 +13,14 @@ namespace mlxcel::kernels {
 // L positions, so with `causal` query i sees keys 0 ..= L - n + i; with a sliding `window` (> 0)
 // only the keys L - n + i - window + 1 ..= L - n + i of those (itself and the window - 1 before
 // it). With a `softcap` (> 0) each scaled score s becomes softcap·tanh(s / softcap) (Gemma 2).
-// Strides are in elements; the last dimension is contiguous. Keys and values are f32 or f16
-// (IEEE half, widened exactly on load: the result is the f32 problem's on the widened values).
-enum class KvDtype : uint8_t { F32 = 0, F16 = 1 };
+// Strides are in elements; the last dimension is contiguous. Keys and values are f32, f16 (IEEE
+// half) or q8_0 (below; its strides in bytes), widened exactly on load: the result is the f32
+// problem's on the widened values.
+enum class KvDtype : uint8_t { F32 = 0, F16 = 1, Q8_0 = 2 };
 
 struct AttentionProblem {
   const float* q;
-  const void* k;  // float or uint16_t (f16 bits), as k_dtype says
+  const void* k;  // float, uint16_t (f16 bits) or uint8_t (q8_0 rows), as k_dtype says
   const void* v;  // as v_dtype says
   float* out;  // row i of head h at out + h·out_head + i·out_row
   int heads, kv_heads, n, L, D;
@@ -81,6 +82,43 @@ inline float half_to_float(uint16_t h) {
 
 
 
+// q8_0 rows (llama.cpp's block_q8_0 laid end to end): per 32 values, the scale d as IEEE half
+// bits (2 bytes, little-endian) then 32 signed bytes q; value t of a block is q[t]·d. A row of D
+// values (D a multiple of 32) is D / 32 · 34 bytes.
+constexpr int kQ8Block = 32;
+constexpr int kQ8BlockBytes = 34;
+
+// The scale of the q8_0 block at `block`, widened.
+inline float q8_scale(const uint8_t* block) {
+  uint16_t bits;
+  __builtin_memcpy(&bits, block, sizeof(bits));
+  return half_to_float(bits);
+}
+
+// D floats (D a multiple of 32) as q8_0 blocks at `dst`, as llama.cpp's reference quantizer
+// computes them: d = max |x| / 127, q = round(x / d) (x · (1 / d), halves away from zero), d
+// stored as the nearest half. A non-finite x gives q = 0 (a cache holds finite values).
+inline void quantize_q8_0_row(const float* x, int D, uint8_t* dst) {
+  for (int b = 0; b < D / kQ8Block; ++b) {
+    const float* xb = x + b * kQ8Block;
+    uint8_t* block = dst + b * kQ8BlockBytes;
+    float amax = 0.0f;
+    for (int t = 0; t < kQ8Block; ++t) {
+      const float a = __builtin_fabsf(xb[t]);
+      amax = a > amax ? a : amax;
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t bits = float_to_half(d);
+    __builtin_memcpy(block, &bits, sizeof(bits));
+    for (int t = 0; t < kQ8Block; ++t) {
+      const float r = __builtin_roundf(xb[t] * id);
+      const float c = r == r ? (r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r) : 0.0f;
+      block[2 + t] = static_cast<uint8_t>(static_cast<int8_t>(c));
+    }
+  }
+}
+
 // A scaled score after the problem's soft-capping (tanh_fast: absolute error ~1e-7 on tanh).
 inline float attention_cap(const AttentionProblem& p, float score) {
   return p.softcap > 0.0f ? p.softcap * tanh_fast(score / p.softcap) : score;
@@ -100,7 +138,7 @@ inline int attention_part_stride(int D) { return D + 2; }
 // [r0, r1), over keys [j0, j1) (and the causal bound): each key and value row is read once for
 // the whole group. Writes G·(r1 - r0) entries of attention_part_stride(D) floats to `part`, head
 // major; a row with no key in range gets max -inf, sum 0. `scores` holds G·(j1 - j0) + D floats
-// (the last D: room to widen an f16 row).
+// (the last D: room to widen an f16 or q8_0 row).
 // attention_merge() turns the partials of a row's key ranges into its output.
 void attention_part_scalar(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
                            float* part, float* scores);

@@ -45,10 +45,19 @@ MLXCEL_TARGET inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
 }
 
-// Eight floats of a key or value row, widened from f16 where the cache holds halves.
-MLXCEL_TARGET inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-MLXCEL_TARGET inline __m256 load8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+// Floats 8c .. 8c + 7 of a key or value row, widened exactly from f16 or q8_0 where the cache
+// holds those.
+MLXCEL_TARGET inline __m256 load8(const float* row, int c) { return _mm256_loadu_ps(row + 8 * c); }
+MLXCEL_TARGET inline __m256 load8(const uint16_t* row, int c) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 8 * c)));
+}
+MLXCEL_TARGET inline __m256 load8(const uint8_t* row, int c) {
+  const uint8_t* block = row + (c >> 2) * kQ8BlockBytes;
+  uint16_t bits;
+  __builtin_memcpy(&bits, block, sizeof(bits));
+  const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + 8 * (c & 3)));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                       _mm256_set1_ps(_cvtsh_ss(bits)));
 }
 
 // Scores of HG query heads (qs) against keys lo .. lo + keys - 1, into sc[h·W + j] (j from 0):
@@ -79,7 +88,7 @@ MLXCEL_TARGET inline void scores_block(const float* const* qs, const KT* k, int6
   for (int a = HG * NB; a < A; ++a) acc[a] = _mm256_setzero_ps();
   {
     __m256 kv[NB];
-    for (int b = 0; b < NB; ++b) kv[b] = load8(k + static_cast<int64_t>(j + b) * k_row);
+    for (int b = 0; b < NB; ++b) kv[b] = load8(k + static_cast<int64_t>(j + b) * k_row, 0);
     for (int h = 0; h < HG; ++h) {
       const __m256 q = _mm256_loadu_ps(qs[h]);
       for (int b = 0; b < NB; ++b) acc[h * NB + b] = _mm256_mul_ps(q, kv[b]);
@@ -87,7 +96,7 @@ MLXCEL_TARGET inline void scores_block(const float* const* qs, const KT* k, int6
   }
   for (int c = 1; c < DC; ++c) {
     __m256 kv[NB];
-    for (int b = 0; b < NB; ++b) kv[b] = load8(k + static_cast<int64_t>(j + b) * k_row + 8 * c);
+    for (int b = 0; b < NB; ++b) kv[b] = load8(k + static_cast<int64_t>(j + b) * k_row, c);
     for (int h = 0; h < HG; ++h) {
       const __m256 q = _mm256_loadu_ps(qs[h] + 8 * c);
       for (int b = 0; b < NB; ++b) acc[h * NB + b] = _mm256_fmadd_ps(q, kv[b], acc[h * NB + b]);
@@ -123,9 +132,9 @@ MLXCEL_TARGET inline void values_group(const float* w, int W, const VT* v, int64
     for (int h = 0; h < HG; ++h)
       for (int c = 0; c < CC; ++c) o[h][c] = _mm256_setzero_ps();
     for (int j = 0; j < keys; ++j) {
-      const VT* vj = v + static_cast<int64_t>(lo + j) * v_row + 8 * c0;
+      const VT* vj = v + static_cast<int64_t>(lo + j) * v_row;
       __m256 vv[CC];
-      for (int c = 0; c < CC; ++c) vv[c] = load8(vj + 8 * c);
+      for (int c = 0; c < CC; ++c) vv[c] = load8(vj, c0 + c);
       for (int h = 0; h < HG; ++h) {
         const __m256 wh = _mm256_broadcast_ss(w + h * W + j);
         for (int c = 0; c < CC; ++c) o[h][c] = _mm256_fmadd_ps(wh, vv[c], o[h][c]);
@@ -241,14 +250,23 @@ MLXCEL_TARGET void part_typed(const AttentionProblem& p, int kvh, int r0, int r1
   }
 }
 
+// part_typed for the problem's value type (float; uint16_t: f16 bits; uint8_t: q8_0 rows).
+template <typename KT>
+MLXCEL_TARGET void part_typed_k(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
+                                float* part, float* scores) {
+  if (p.v_dtype == KvDtype::F16)
+    return part_typed<KT, uint16_t>(p, kvh, r0, r1, j0, j1, part, scores);
+  if (p.v_dtype == KvDtype::Q8_0)
+    return part_typed<KT, uint8_t>(p, kvh, r0, r1, j0, j1, part, scores);
+  part_typed<KT, float>(p, kvh, r0, r1, j0, j1, part, scores);
+}
+
 }  // namespace
 
 MLXCEL_TARGET void attention_part_avx2(const AttentionProblem& p, int kvh, int r0, int r1, int j0,
                                        int j1, float* part, float* scores) {
-  const bool k16 = p.k_dtype == KvDtype::F16, v16 = p.v_dtype == KvDtype::F16;
-  if (k16 && v16) return part_typed<uint16_t, uint16_t>(p, kvh, r0, r1, j0, j1, part, scores);
-  if (k16) return part_typed<uint16_t, float>(p, kvh, r0, r1, j0, j1, part, scores);
-  if (v16) return part_typed<float, uint16_t>(p, kvh, r0, r1, j0, j1, part, scores);
-  return part_typed<float, float>(p, kvh, r0, r1, j0, j1, part, scores);
+  if (p.k_dtype == KvDtype::F16) return part_typed_k<uint16_t>(p, kvh, r0, r1, j0, j1, part, scores);
+  if (p.k_dtype == KvDtype::Q8_0) return part_typed_k<uint8_t>(p, kvh, r0, r1, j0, j1, part, scores);
+  part_typed_k<float>(p, kvh, r0, r1, j0, j1, part, scores);
 }
 }  // namespace mlxcel::kernels

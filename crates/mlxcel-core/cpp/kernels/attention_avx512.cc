@@ -83,16 +83,25 @@ MLXCEL_TARGET inline __m512 exp16(__m512 x) {
   return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
 }
 
-// Sixteen floats of a key or value row, widened exactly from f16 where the cache holds halves
-// (the result is then the f32 kernel's on the widened values).
-MLXCEL_TARGET inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-MLXCEL_TARGET inline __m512 load16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+// Floats 16c .. 16c + 15 of a key or value row, widened exactly from f16 or q8_0 where the
+// cache holds those (the result is then the f32 kernel's on the widened values).
+MLXCEL_TARGET inline __m512 load16(const float* row, int c) { return _mm512_loadu_ps(row + 16 * c); }
+MLXCEL_TARGET inline __m512 load16(const uint16_t* row, int c) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * c)));
+}
+MLXCEL_TARGET inline __m512 load16(const uint8_t* row, int c) {
+  const uint8_t* block = row + (c >> 1) * kQ8BlockBytes;
+  uint16_t bits;
+  __builtin_memcpy(&bits, block, sizeof(bits));
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 + 16 * (c & 1)));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
+                       _mm512_set1_ps(_cvtsh_ss(bits)));
 }
 
 // The grouped partial attention with D = 16·DC, G ≤ 4: scores sixteen keys at a time (one
 // transpose-and-add per block instead of a reduction per key) and the weighted sum of values
-// in registers, each value row loaded once for the group. KT and VT: float or uint16_t (f16).
+// in registers, each value row loaded once for the group. KT and VT: float, uint16_t (f16) or
+// uint8_t (q8_0 rows).
 template <int DC, typename KT, typename VT>
 MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
                              float* part, float* scores) {
@@ -130,9 +139,8 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
         __m512 acc[16];
         for (int jj = 0; jj < 16; ++jj) {
           const KT* kj = k + static_cast<int64_t>(lo + j + jj) * p.k_row;
-          acc[jj] = _mm512_mul_ps(qv[0], load16(kj));
-          for (int c = 1; c < DC; ++c)
-            acc[jj] = _mm512_fmadd_ps(qv[c], load16(kj + 16 * c), acc[jj]);
+          acc[jj] = _mm512_mul_ps(qv[0], load16(kj, 0));
+          for (int c = 1; c < DC; ++c) acc[jj] = _mm512_fmadd_ps(qv[c], load16(kj, c), acc[jj]);
         }
         alignas(64) float lanes[16];
         _mm512_store_ps(lanes, _mm512_mul_ps(sum16(acc), scale));
@@ -140,8 +148,8 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
       }
       for (; j < keys; ++j) {
         const KT* kj = k + static_cast<int64_t>(lo + j) * p.k_row;
-        __m512 acc = _mm512_mul_ps(qv[0], load16(kj));
-        for (int c = 1; c < DC; ++c) acc = _mm512_fmadd_ps(qv[c], load16(kj + 16 * c), acc);
+        __m512 acc = _mm512_mul_ps(qv[0], load16(kj, 0));
+        for (int c = 1; c < DC; ++c) acc = _mm512_fmadd_ps(qv[c], load16(kj, c), acc);
         sc[j] = _mm512_reduce_add_ps(acc) * p.scale;
       }
       if (p.softcap > 0.0f) {
@@ -180,7 +188,7 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
     for (int j = 0; j < keys; ++j) {
       const VT* vj = v + static_cast<int64_t>(lo + j) * p.v_row;
       __m512 vv[DC];
-      for (int c = 0; c < DC; ++c) vv[c] = load16(vj + 16 * c);
+      for (int c = 0; c < DC; ++c) vv[c] = load16(vj, c);
       for (int g = 0; g < G; ++g) {
         const __m512 w = _mm512_set1_ps(scores[g * W + j]);
         for (int c = 0; c < DC; ++c) o[g][c] = _mm512_fmadd_ps(w, vv[c], o[g][c]);
@@ -191,15 +199,26 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
   }
 }
 
-// part_fast for the problem's key and value types.
+// part_fast for the problem's value type, then key type (float; uint16_t: f16 bits; uint8_t:
+// q8_0 rows).
+template <int DC, typename KT>
+MLXCEL_TARGET void part_fast_k(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
+                               float* part, float* scores) {
+  if (p.v_dtype == KvDtype::F16)
+    return part_fast<DC, KT, uint16_t>(p, kvh, r0, r1, j0, j1, part, scores);
+  if (p.v_dtype == KvDtype::Q8_0)
+    return part_fast<DC, KT, uint8_t>(p, kvh, r0, r1, j0, j1, part, scores);
+  part_fast<DC, KT, float>(p, kvh, r0, r1, j0, j1, part, scores);
+}
+
 template <int DC>
 MLXCEL_TARGET void part_fast_typed(const AttentionProblem& p, int kvh, int r0, int r1, int j0,
                                    int j1, float* part, float* scores) {
-  const bool k16 = p.k_dtype == KvDtype::F16, v16 = p.v_dtype == KvDtype::F16;
-  if (k16 && v16) return part_fast<DC, uint16_t, uint16_t>(p, kvh, r0, r1, j0, j1, part, scores);
-  if (k16) return part_fast<DC, uint16_t, float>(p, kvh, r0, r1, j0, j1, part, scores);
-  if (v16) return part_fast<DC, float, uint16_t>(p, kvh, r0, r1, j0, j1, part, scores);
-  part_fast<DC, float, float>(p, kvh, r0, r1, j0, j1, part, scores);
+  if (p.k_dtype == KvDtype::F16)
+    return part_fast_k<DC, uint16_t>(p, kvh, r0, r1, j0, j1, part, scores);
+  if (p.k_dtype == KvDtype::Q8_0)
+    return part_fast_k<DC, uint8_t>(p, kvh, r0, r1, j0, j1, part, scores);
+  part_fast_k<DC, float>(p, kvh, r0, r1, j0, j1, part, scores);
 }
 
 }  // namespace

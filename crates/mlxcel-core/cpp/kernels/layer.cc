@@ -82,26 +82,32 @@ struct Dims {
 // One sequence of the step: its rows of x, the cache position of the first, its caches.
 struct Seq {
   int n, position;
-  void* k;  // float, or f16 bits (uint16_t) as k_dtype says
+  void* k;  // float, f16 bits (uint16_t) or q8_0 rows (uint8_t), as k_dtype says
   void* v;
   kernels::KvDtype k_dtype, v_dtype;
-  int64_t head_stride;  // allocated positions · head_dim
+  // Elements of a position's row (head_dim; q8_0: its bytes) and of a head (allocated rows).
+  int64_t k_row, k_head, v_row, v_head;
 };
 
-// The cache element type of an MLX array (f32 or f16), or a refusal naming it.
+// The cache element type of an MLX array (f32, f16, or uint8 holding q8_0 rows), or a refusal
+// naming it.
 kernels::KvDtype kv_dtype(const mx::array& a) {
   if (a.dtype() == mx::float32) return kernels::KvDtype::F32;
   if (a.dtype() == mx::float16) return kernels::KvDtype::F16;
-  throw std::runtime_error("mlxcel decoder layer: a KV cache must be float32 or float16");
+  if (a.dtype() == mx::uint8) return kernels::KvDtype::Q8_0;
+  throw std::runtime_error(
+      "mlxcel decoder layer: a KV cache must be float32, float16 or uint8 (q8_0)");
 }
 
 // Writes D floats of a key or value row at element `at` of a cache of the given dtype.
 void store_kv(void* cache, kernels::KvDtype dtype, int64_t at, const float* row, int D) {
   if (dtype == kernels::KvDtype::F32) {
     std::memcpy(static_cast<float*>(cache) + at, row, sizeof(float) * D);
-  } else {
+  } else if (dtype == kernels::KvDtype::F16) {
     uint16_t* dst = static_cast<uint16_t*>(cache) + at;
     for (int t = 0; t < D; ++t) dst[t] = kernels::float_to_half(row[t]);
+  } else {
+    kernels::quantize_q8_0_row(row, D, static_cast<uint8_t*>(cache) + at);
   }
 }
 
@@ -174,13 +180,29 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
           throw std::runtime_error(
               "mlxcel decoder layer: a KV cache must be a materialized contiguous array");
       }
+      const kernels::KvDtype k_dtype = kv_dtype(k), v_dtype = kv_dtype(v);
+      // A row of head_dim values: q8_0 rows are their bytes.
+      auto row_of = [&](const mx::array& c, kernels::KvDtype dtype) {
+        const int64_t want = dtype == kernels::KvDtype::Q8_0
+                                 ? dims_.head_dim / kernels::kQ8Block * kernels::kQ8BlockBytes
+                                 : dims_.head_dim;
+        if (c.ndim() != 4 || c.shape(3) != want ||
+            (dtype == kernels::KvDtype::Q8_0 && dims_.head_dim % kernels::kQ8Block != 0))
+          throw std::runtime_error("mlxcel decoder layer: a KV cache's rows do not hold head_dim " +
+                                   std::to_string(dims_.head_dim) + " values");
+        return want;
+      };
+      const int64_t k_row = row_of(k, k_dtype), v_row = row_of(v, v_dtype);
       seqs[s] = Seq{seqs_[2 * s],
                     seqs_[2 * s + 1],
                     const_cast<void*>(static_cast<const void*>(k.data<uint8_t>())),
                     const_cast<void*>(static_cast<const void*>(v.data<uint8_t>())),
-                    kv_dtype(k),
-                    kv_dtype(v),
-                    static_cast<int64_t>(k.shape(2)) * dims_.head_dim};
+                    k_dtype,
+                    v_dtype,
+                    k_row,
+                    k_row * k.shape(2),
+                    v_row,
+                    v_row * v.shape(2)};
     }
     out.set_data(mx::allocator::malloc(out.nbytes()));
 
@@ -309,12 +331,11 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
         }
         for (int kvh = 0; kvh < KV; ++kvh) {
           // RoPE on k in place (features past `rotary` stay as they are), then both rows into
-          // the caches, rounded to f16 where a cache holds halves.
+          // the caches, rounded to f16 or quantized to q8_0 where a cache holds those.
           float* kr = r + (H + kvh) * D;
           if (d.rope) kernels::rope_head(kr, kr, cos_t.data(), sin_t.data(), half);
-          const int64_t at = kvh * s.head_stride + static_cast<int64_t>(pos) * D;
-          store_kv(s.k, s.k_dtype, at, kr, D);
-          store_kv(s.v, s.v_dtype, at, r + (H + KV + kvh) * D, D);
+          store_kv(s.k, s.k_dtype, kvh * s.k_head + pos * s.k_row, kr, D);
+          store_kv(s.v, s.v_dtype, kvh * s.v_head + pos * s.v_row, r + (H + KV + kvh) * D, D);
         }
       }
       row += s.n;
@@ -339,10 +360,10 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
       p.D = D;
       p.q_head = D;
       p.q_row = C;
-      p.k_head = s.head_stride;
-      p.k_row = D;
-      p.v_head = s.head_stride;
-      p.v_row = D;
+      p.k_head = s.k_head;
+      p.k_row = s.k_row;
+      p.v_head = s.v_head;
+      p.v_row = s.v_row;
       p.out_head = D;
       p.out_row = static_cast<int64_t>(H) * D;
       p.scale = d.scale;
@@ -516,11 +537,14 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
     total += n;
     for (int c = 0; c < 2; ++c) {
       const auto& cache = caches.items[2 * s + c];
-      if ((cache.dtype() != mx::float32 && cache.dtype() != mx::float16) || cache.ndim() != 4 ||
-          cache.shape(0) != 1 ||
-          cache.shape(1) != KV || cache.shape(3) != D)
+      // f32 or f16 rows of D values, or uint8 rows of D / 32 q8_0 blocks.
+      const bool q8 = cache.dtype() == mx::uint8 && D % kernels::kQ8Block == 0;
+      const int64_t row = q8 ? D / kernels::kQ8Block * kernels::kQ8BlockBytes : D;
+      if ((cache.dtype() != mx::float32 && cache.dtype() != mx::float16 && !q8) ||
+          cache.ndim() != 4 || cache.shape(0) != 1 || cache.shape(1) != KV || cache.shape(3) != row)
         refuse("caches must be float32 or float16 [1, " + std::to_string(KV) + ", positions, " +
-               std::to_string(D) + "]");
+               std::to_string(D) + "] (or uint8 q8_0 rows of " +
+               std::to_string(D / kernels::kQ8Block * kernels::kQ8BlockBytes) + " bytes)");
       if (static_cast<int64_t>(position) + n > cache.shape(2))
         refuse("sequence " + std::to_string(s) + " writes positions up to " +
                std::to_string(position + n) + " but its cache holds " +

@@ -257,8 +257,20 @@ class AttentionCpu : public mx::UnaryPrimitive {
     p.q = q.data<float>();
     p.k = k.data<uint8_t>();
     p.v = v.data<uint8_t>();
-    p.k_dtype = k.dtype() == mx::float16 ? kernels::KvDtype::F16 : kernels::KvDtype::F32;
-    p.v_dtype = v.dtype() == mx::float16 ? kernels::KvDtype::F16 : kernels::KvDtype::F32;
+    // Keys and values: f32, f16, or uint8 rows of q8_0 blocks (whose strides are bytes).
+    auto dtype_of = [&](const mx::array& a) {
+      if (a.dtype() == mx::float32) return kernels::KvDtype::F32;
+      if (a.dtype() == mx::float16) return kernels::KvDtype::F16;
+      if (a.dtype() == mx::uint8 &&
+          a.shape(-1) == q.shape(3) / kernels::kQ8Block * kernels::kQ8BlockBytes &&
+          q.shape(3) % kernels::kQ8Block == 0)
+        return kernels::KvDtype::Q8_0;
+      throw std::runtime_error(
+          "mlxcel attention: keys and values must be float32, float16 or uint8 q8_0 rows of "
+          "head_dim / 32 · 34 bytes");
+    };
+    p.k_dtype = dtype_of(k);
+    p.v_dtype = dtype_of(v);
     p.out = out.data<float>();
     p.heads = q.shape(1);
     p.kv_heads = k.shape(1);
@@ -554,14 +566,20 @@ std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
   const auto& ka = k.inner;
   const auto& va = v.inner;
   for (const auto* a : {&qa, &ka, &va}) {
-    const bool f32 = a->dtype() == mx::float32, f16 = a->dtype() == mx::float16 && a != &qa;
-    if (!(f32 || f16) || a->ndim() != 4 || a->shape(0) != 1)
+    const bool f32 = a->dtype() == mx::float32, other = a != &qa;
+    const bool f16 = other && a->dtype() == mx::float16;
+    // q8_0 rows: head_dim / 32 blocks of 34 bytes.
+    const bool q8 = other && a->dtype() == mx::uint8 && qa.ndim() == 4 &&
+                    qa.shape(3) % kernels::kQ8Block == 0 && a->ndim() == 4 &&
+                    a->shape(3) == qa.shape(3) / kernels::kQ8Block * kernels::kQ8BlockBytes;
+    if (!(f32 || f16 || q8) || a->ndim() != 4 || a->shape(0) != 1 ||
+        ((f32 || f16) && a->shape(3) != qa.shape(3)))
       throw std::invalid_argument(
-          "mlxcel attention: q must be float32, k and v float32 or float16, all [1, heads, len, "
-          "D]");
+          "mlxcel attention: q must be float32, k and v float32 or float16 (or uint8 q8_0 rows "
+          "of D / 32 · 34 bytes), all [1, heads, len, D]");
   }
   if (keys < 0) keys = ka.shape(2);
-  if (ka.shape() != va.shape() || ka.shape(3) != qa.shape(3) || qa.shape(1) % ka.shape(1) != 0 ||
+  if (ka.shape(1) != va.shape(1) || ka.shape(2) != va.shape(2) || qa.shape(1) % ka.shape(1) != 0 ||
       keys > ka.shape(2) || qa.shape(2) > keys)
     throw std::invalid_argument(
         "mlxcel attention: k and v must match, share q's head size, divide its heads, and hold "

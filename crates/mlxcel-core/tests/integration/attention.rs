@@ -497,3 +497,125 @@ fn f16_cache_writes_round_as_mlx_does() {
         );
     }
 }
+
+/// q8_0 keys and values (uint8 rows of 34-byte blocks, as `--cache-type-k/-v q8_0` caches hold
+/// them), alone and beside f32 and f16 ones: on every path and 1–2 threads, the kernel equals
+/// naive attention on the dequantized values (q · d, exact in f32), through the fast paths' head
+/// sizes (64 and 128 on AVX-512; 64, 96, 128 and 256 on AVX2), the generic loops (D = 32), groups
+/// beyond four heads, and several 256-key ranges. The quantizer is the kernels' (the fused layer
+/// writes with the same arithmetic; `quantize_q8_0`).
+#[test]
+fn native_attention_reads_q8_0_keys_and_values_on_every_path() {
+    use mlxcel_core::fast::attention_native;
+    use mlxcel_core::{Dtype, Isa, dequantize_q8_0, quantize_q8_0};
+    let paths: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&isa| isa <= Isa::best())
+        .collect();
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Side {
+        F32,
+        F16,
+        Q8,
+    }
+    for (heads, kv_heads, queries, keys, head_dim, k_side, v_side) in [
+        (9, 3, 1, 37, 64, Side::Q8, Side::Q8),
+        (9, 3, 3, 300, 64, Side::Q8, Side::Q8),
+        (8, 2, 2, 97, 128, Side::Q8, Side::F16),
+        (6, 2, 3, 45, 96, Side::F32, Side::Q8),
+        (4, 1, 2, 21, 256, Side::Q8, Side::Q8),
+        (12, 2, 1, 150, 64, Side::Q8, Side::F32),
+        (4, 2, 5, 40, 32, Side::Q8, Side::Q8),
+        (2, 1, 70, 600, 64, Side::F16, Side::Q8),
+    ] {
+        let s = Shapes {
+            heads,
+            kv_heads,
+            queries,
+            keys,
+            head_dim,
+        };
+        let seed = (heads * 1000 + queries * 10 + keys + head_dim) as u64;
+        let q = pseudo_random(heads * queries * head_dim, seed);
+        // Scaled up so that blocks' scales and codes vary (q8_0's error is relative to each
+        // block's largest value).
+        let k: Vec<f32> = pseudo_random(kv_heads * keys * head_dim, seed + 1)
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x * (1.0 + (i % 7) as f32))
+            .collect();
+        let v = pseudo_random(kv_heads * keys * head_dim, seed + 2);
+        let (h, kh, n, l, d) = (
+            heads as i32,
+            kv_heads as i32,
+            queries as i32,
+            keys as i32,
+            head_dim as i32,
+        );
+        // The values the kernel reads, and the array that holds them.
+        let stored = |data: &[f32], side: Side| -> (Vec<f32>, Array) {
+            match side {
+                Side::F32 => (
+                    data.to_vec(),
+                    Array::from_f32(data, &[1, kh, l, d]).unwrap(),
+                ),
+                Side::F16 => {
+                    let a = Array::from_f32(data, &[1, kh, l, d])
+                        .unwrap()
+                        .astype(Dtype::F16)
+                        .unwrap();
+                    (a.to_vec_f32().unwrap(), a)
+                }
+                Side::Q8 => {
+                    let bytes = quantize_q8_0(data);
+                    assert_eq!(bytes.len(), data.len() / 32 * 34);
+                    let row = (head_dim / 32 * 34) as i32;
+                    (
+                        dequantize_q8_0(&bytes),
+                        Array::from_bytes(&bytes, &[1, kh, l, row], Dtype::U8).unwrap(),
+                    )
+                }
+            }
+        };
+        let (kw, ka) = stored(&k, k_side);
+        let (vw, va) = stored(&v, v_side);
+        if k_side == Side::Q8 {
+            // q8_0 moves each value by at most half a step of its block's scale.
+            let worst = k
+                .iter()
+                .zip(&kw)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst > 0.0 && worst < 8.0 / 254.0 + 1e-6, "{worst}");
+        }
+        let qa = Array::from_f32(&q, &[1, h, n, d]).unwrap();
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        for causal in [false, true] {
+            let offset = keys - queries;
+            let expected = attention_ref(&s, &q, &kw, &vw, scale, |i, j| {
+                if causal && j > offset + i {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            });
+            for &isa in &paths {
+                for threads in [1, 2] {
+                    let got = attention_native(&qa, &ka, &va, scale, causal, isa, threads)
+                        .unwrap()
+                        .to_vec_f32()
+                        .unwrap();
+                    assert_close(&got, &expected, 1e-5);
+                }
+            }
+        }
+    }
+    // Rows that are not whole blocks are refused.
+    let q = Array::from_f32(&pseudo_random(2 * 48, 1), &[1, 2, 1, 48]).unwrap();
+    let k = Array::from_bytes(&[0u8; 2 * 4 * 51], &[1, 2, 4, 51], Dtype::U8).unwrap();
+    let err = attention_native(&q, &k, &k, 0.1, false, Isa::Scalar, 1)
+        .and_then(|a| a.to_vec_f32())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("q8_0"), "{err}");
+}

@@ -352,7 +352,7 @@ fn int8_sequences_get_the_same_bits_batched_or_alone() {
 fn f16_cache_model(kernels: Kernels) -> LlamaModel {
     let (loaded, _) = default_model();
     let mut model = LlamaModel::load_with(&loaded.checkpoint, kernels).expect("loads");
-    model.set_kv_types(KvType::F16, KvType::F16);
+    model.set_kv_types(KvType::F16, KvType::F16).unwrap();
     model
 }
 
@@ -468,4 +468,126 @@ fn f16_caches_round_each_key_and_value_and_keep_the_batch_invariance() {
             );
         }
     }
+}
+
+/// q8_0 caches (`--cache-type-k q8_0 --cache-type-v q8_0`): the fused layer writes each row as
+/// q8_0 blocks with llama.cpp's reference arithmetic (`quantize_q8_0`, checked on layer 0, whose
+/// inputs do not depend on the cache type), a position costs 34 bytes per 32 values, int8
+/// sequences still get the same bits batched or alone, the logits stay close to an f32 cache's,
+/// a cache's contents survive export and import, and a model that runs the per-op graph refuses
+/// the type with the reason.
+#[test]
+fn q8_0_caches_quantize_each_block_and_keep_the_batch_invariance() {
+    if skip() {
+        return;
+    }
+    let (loaded, f32_activations) = default_model();
+    let load = |kernels: Kernels| {
+        let mut model = LlamaModel::load_with(&loaded.checkpoint, kernels).expect("loads");
+        model
+            .set_kv_types(KvType::Q8_0, KvType::Q8_0)
+            .map(|()| model)
+    };
+    let int8 = Kernels {
+        activations: Activations::Int8,
+        ..Kernels::native()
+    };
+    let q8 = load(int8).unwrap();
+    let f32_model = int8_model();
+    let c = loaded.checkpoint.config();
+    assert_eq!(
+        q8.kv_bytes_per_position(),
+        c.num_hidden_layers * c.num_key_value_heads * 2 * (c.head_dim / 32 * 34)
+    );
+    let prompt = loaded
+        .tokenizer
+        .encode(
+            "The capital of France is Paris, and the capital of Italy is",
+            false,
+            false,
+        )
+        .unwrap();
+    let n = prompt.len();
+    let run = |model: &LlamaModel| {
+        let mut cache = model.new_cache(n + 4);
+        let logits = model
+            .forward(&mut [ForwardSeq {
+                cache: &mut cache,
+                tokens: &prompt,
+            }])
+            .unwrap()
+            .remove(0);
+        (cache, logits)
+    };
+    let (c32, l32) = run(f32_model);
+    let (c8, l8) = run(&q8);
+    assert_eq!(c8.types(), (KvType::Q8_0, KvType::Q8_0));
+    assert_eq!(c8.bytes_per_position(), q8.kv_bytes_per_position());
+    // Layer 0's keys and values: the f32 cache's, quantized (rows of head_dim values are whole
+    // blocks, so the flat export quantizes block by block) and read back.
+    let layer0 = c32.floats_per_position() / c.num_hidden_layers;
+    let (e32, e8) = (c32.export(n).unwrap(), c8.export(n).unwrap());
+    let expected = mlxcel_core::dequantize_q8_0(&mlxcel_core::quantize_q8_0(&e32[..layer0 * n]));
+    assert!(
+        expected
+            .iter()
+            .zip(&e8[..layer0 * n])
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "layer 0's q8_0 keys/values are not the f32 ones quantized"
+    );
+    assert_eq!(argmax(&l8), argmax(&l32));
+    // With f32 activations, the logits stay close to an f32 cache's.
+    let q8_f32_activations = load(Kernels::native()).unwrap();
+    let (_, lf) = run(&q8_f32_activations);
+    let (_, lr) = run(f32_activations);
+    let scale = lr.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = lf
+        .iter()
+        .zip(&lr)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!("q8_0 cache vs f32 cache: max |Δlogit| {worst:.3e} (largest logit {scale:.2})");
+    assert!(worst < 2e-2 * scale, "{worst} of {scale}");
+    assert_eq!(argmax(&lf), argmax(&lr));
+    // Export and import give back the same cache.
+    let mut copy = q8.new_cache(n + 4);
+    copy.import(&e8, n).unwrap();
+    assert!(
+        copy.export(n)
+            .unwrap()
+            .iter()
+            .zip(&e8)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    );
+    // Batched or alone, chunked or not: the same bits with q8_0 caches too.
+    let long = "The Eiffel Tower is a wrought-iron lattice tower in Paris. ".repeat(24);
+    let prompts: Vec<Vec<u32>> = ["Hi", long.as_str(), "Rust is a language that"]
+        .iter()
+        .map(|t| loaded.tokenizer.encode(t, false, false).unwrap())
+        .collect();
+    let alone: Vec<Vec<Vec<f32>>> = prompts
+        .iter()
+        .map(|p| run_together(&q8, std::slice::from_ref(p), &[vec![]], 4).remove(0))
+        .collect();
+    let together = run_together(&q8, &prompts, &[vec![], vec![100, 90], vec![2]], 4);
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        for (step, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "sequence {i}, step {step}: batched logits differ from alone (q8_0 caches)"
+            );
+        }
+    }
+    // The per-op graph cannot write q8_0 blocks: refused, naming the path.
+    let err = load(Kernels {
+        fused_layers: false,
+        ..Kernels::native()
+    })
+    .map(|_| ())
+    .expect_err("refused")
+    .to_string();
+    assert!(
+        err.contains("q8_0") && err.contains("MLXCEL_FUSED_LAYERS=off"),
+        "{err}"
+    );
 }

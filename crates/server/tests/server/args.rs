@@ -157,20 +157,25 @@ fn threads_reach_the_engine() {
     );
 }
 
-/// KV cache types: f32 by default; llama.cpp's quantized types are refused naming the flag
-/// and saying that mlxcel does not store them.
+/// KV cache types: f32 by default, q8_0 as llama.cpp spells it; llama.cpp's other quantized
+/// types are refused naming the flag and saying that mlxcel does not store them.
 #[test]
 fn cache_types_default_to_f32_and_refuse_what_is_not_stored() {
     let default = parse(&[]).unwrap().engine_options().unwrap();
     assert_eq!(default.kv_types, (KvType::F32, KvType::F32));
-    for (flag, value) in [("--cache-type-k", "q8_0"), ("-ctv", "q4_0"), ("-ctk", "f8")] {
+    let q8 = parse(&["--cache-type-k", "q8_0", "-ctv", "q8_0"]).unwrap();
+    assert_eq!(
+        q8.engine_options().unwrap().kv_types,
+        (KvType::Q8_0, KvType::Q8_0)
+    );
+    for (flag, value) in [("--cache-type-k", "q4_0"), ("-ctv", "q5_1"), ("-ctk", "f8")] {
         let err = parse(&[flag, value]).unwrap_err().to_string();
         assert!(
             err.contains("--cache-type-") && err.contains(value),
             "{err}"
         );
     }
-    let err = parse(&["-ctk", "q8_0"]).unwrap_err().to_string();
+    let err = parse(&["-ctk", "q4_0"]).unwrap_err().to_string();
     assert!(err.contains("does not store"), "{err}");
 }
 
