@@ -131,7 +131,21 @@ impl XlaBackend {
         self.slots
             .get(&slot)
             .copied()
-            .ok_or_else(|| Self::fail(format!("slot {slot} is not allocated")))
+            .ok_or_else(|| Self::missing(slot))
+    }
+
+    /// Sets the positions slot `slot` holds.
+    fn set_len(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {
+        let held = self
+            .slots
+            .get_mut(&slot)
+            .ok_or_else(|| Self::missing(slot))?;
+        held.len = len;
+        Ok(())
+    }
+
+    fn missing(slot: SlotId) -> EngineError {
+        Self::fail(format!("slot {slot} is not allocated"))
     }
 }
 
@@ -314,8 +328,7 @@ impl Backend for XlaBackend {
                 len,
             )
             .map_err(backend_error)?;
-        self.slots.get_mut(&to).expect("checked above").len = len;
-        Ok(())
+        self.set_len(to, len)
     }
 
     /// A kept row serves a new request of the same capacity in place; one routed to another
@@ -335,8 +348,7 @@ impl Backend for XlaBackend {
                 held.capacity, held.len, plan.context_capacity
             )));
         }
-        self.slots.get_mut(&slot).expect("checked above").len = len;
-        Ok(())
+        self.set_len(slot, len)
     }
 
     fn export_kv(&mut self, slot: SlotId, len: usize) -> Result<Vec<f32>, EngineError> {
@@ -357,19 +369,14 @@ impl Backend for XlaBackend {
         self.model
             .import_positions(held.capacity, held.row, len, data)
             .map_err(backend_error)?;
-        self.slots.get_mut(&slot).expect("checked above").len = len;
-        Ok(())
+        self.set_len(slot, len)
     }
 
     /// Positions past `len` stay in the row until overwritten; no program reads past a
     /// sequence's length.
     fn truncate(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {
-        let held = self
-            .slots
-            .get_mut(&slot)
-            .ok_or_else(|| Self::fail(format!("slot {slot} is not allocated")))?;
-        held.len = held.len.min(len);
-        Ok(())
+        let held = self.slot(slot)?.len;
+        self.set_len(slot, held.min(len))
     }
 }
 
