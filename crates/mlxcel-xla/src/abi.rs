@@ -75,18 +75,58 @@ pub struct ProgramShape {
     pub batch: usize,
     /// Tokens per prefill call.
     pub chunk: usize,
+    /// The smallest attention window (0: none). Each function also comes in a version that
+    /// attends over only the first `w` positions of each row, for every `w` from this one
+    /// doubling while below the capacity ([`ProgramShape::windows`]), so that a step's attention
+    /// costs what its sequences' lengths need rather than the whole capacity.
+    pub min_window: usize,
 }
 
 impl ProgramShape {
     /// The IREE module name of this shape under `format`: `<name>.prefill`, `<name>.decode`.
     pub fn module_name(&self, format: WeightFormat) -> String {
+        let window = match self.min_window {
+            0 => String::new(),
+            w => format!("_w{w}"),
+        };
         format!(
-            "mlxcel_c{}_b{}_t{}_{}",
+            "mlxcel_c{}_b{}_t{}{window}_{}",
             self.context_capacity,
             self.batch,
             self.chunk,
             format.name()
         )
+    }
+
+    /// The attention windows of the module's functions, smallest first: `min_window` doubling
+    /// while below the capacity, then the whole row (`cache_len`, scratch included).
+    pub fn windows(&self) -> Vec<usize> {
+        let mut windows = Vec::new();
+        let mut w = self.min_window;
+        while w > 0 && w < self.context_capacity {
+            windows.push(w);
+            w = w.saturating_mul(2);
+        }
+        windows.push(self.cache_len());
+        windows
+    }
+
+    /// The smallest window that holds `positions` positions (every window holds the capacity).
+    pub fn window_for(&self, positions: usize) -> usize {
+        self.windows()
+            .into_iter()
+            .find(|&w| w >= positions)
+            .unwrap_or(self.cache_len())
+    }
+
+    /// The name of function `base` (`prefill`, `decode`, `decode_2`, …) attending over `window`
+    /// positions: `base` for the whole row, else `<base>_w<window>`.
+    pub fn function(&self, base: &str, window: usize) -> String {
+        if window >= self.cache_len() {
+            base.to_owned()
+        } else {
+            format!("{base}_w{window}")
+        }
     }
 
     /// Positions per cache row, scratch included.

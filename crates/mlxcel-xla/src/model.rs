@@ -25,6 +25,9 @@ pub struct XlaOptions {
     pub max_batch: usize,
     /// Tokens per prefill call.
     pub chunk: usize,
+    /// The smallest attention window (`ProgramShape::min_window`; 0: every step attends over
+    /// the whole capacity).
+    pub min_window: usize,
 }
 
 /// Selects the weight format (`f32`, `f16` or `packed`); unset, the default's.
@@ -33,15 +36,27 @@ pub const WEIGHTS_ENV: &str = "MLXCEL_XLA_WEIGHTS";
 /// Cache rows per capacity, the decode batch (an integer ≥ 1); unset, the default's.
 pub const MAX_BATCH_ENV: &str = "MLXCEL_XLA_MAX_BATCH";
 
+/// The smallest attention window (a power of two ≥ 16, or 0 for none); unset, the default's.
+pub const MIN_WINDOW_ENV: &str = "MLXCEL_XLA_MIN_WINDOW";
+
 impl XlaOptions {
-    /// The default options with `MLXCEL_XLA_WEIGHTS` and `MLXCEL_XLA_MAX_BATCH` applied; an
-    /// invalid value is an error naming the variable and the value.
+    /// The default options with `MLXCEL_XLA_WEIGHTS`, `MLXCEL_XLA_MAX_BATCH` and
+    /// `MLXCEL_XLA_MIN_WINDOW` applied; an invalid value is an error naming the variable and the
+    /// value.
     pub fn from_env() -> Result<Self> {
         let read = |name: &'static str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        Self::from_values(read(WEIGHTS_ENV).as_deref(), read(MAX_BATCH_ENV).as_deref())
+        Self::from_values(
+            read(WEIGHTS_ENV).as_deref(),
+            read(MAX_BATCH_ENV).as_deref(),
+            read(MIN_WINDOW_ENV).as_deref(),
+        )
     }
 
-    fn from_values(weights: Option<&str>, max_batch: Option<&str>) -> Result<Self> {
+    fn from_values(
+        weights: Option<&str>,
+        max_batch: Option<&str>,
+        min_window: Option<&str>,
+    ) -> Result<Self> {
         let mut options = Self::default();
         if let Some(name) = weights {
             options.format = WeightFormat::from_name(name).ok_or_else(|| Error::Config {
@@ -61,6 +76,17 @@ impl XlaOptions {
                     expected: "an integer ≥ 1",
                 })?;
         }
+        if let Some(text) = min_window {
+            options.min_window = text
+                .parse::<usize>()
+                .ok()
+                .filter(|&w| w == 0 || (w >= 16 && w.is_power_of_two() && w <= 1 << 30))
+                .ok_or_else(|| Error::Config {
+                    variable: MIN_WINDOW_ENV,
+                    value: text.to_owned(),
+                    expected: "0 (no windows) or a power of two from 16 to 2^30",
+                })?;
+        }
         Ok(options)
     }
 }
@@ -71,6 +97,7 @@ impl Default for XlaOptions {
             format: WeightFormat::F16,
             max_batch: 8,
             chunk: 32,
+            min_window: 256,
         }
     }
 }
@@ -167,6 +194,7 @@ impl XlaModel {
             context_capacity: capacity,
             batch: self.options.max_batch,
             chunk: self.options.chunk,
+            min_window: self.options.min_window,
         }
     }
 
@@ -312,13 +340,15 @@ impl XlaModel {
                 .collect::<Result<Vec<i32>>>()?;
             ids.resize(chunk, 0);
             let position = start + i * chunk;
+            let shape = self.shape(capacity);
+            let function = shape.function("prefill", shape.window_for(position + piece.len()));
             let args = vec![
                 self.runtime.upload_i32(&ids, vec![chunk])?,
                 self.runtime.upload_i32(&[row as i32], vec![])?,
                 self.runtime.upload_i32(&[position as i32], vec![])?,
                 self.runtime.upload_i32(&[piece.len() as i32 - 1], vec![])?,
             ];
-            logits = self.call(capacity, "prefill", args, 1)?;
+            logits = self.call(capacity, &function, args, 1)?;
         }
         Ok(logits)
     }
@@ -361,7 +391,10 @@ impl XlaModel {
             self.runtime.upload_i32(&tokens, vec![batch])?,
             self.runtime.upload_i32(&positions, vec![batch])?,
         ];
-        let function = decode_function(batch, max_batch);
+        // Rows nobody decodes attend over whatever the window holds: their logits are dropped.
+        let reach = entries.iter().map(|e| e.position + 1).max().unwrap_or(1);
+        let shape = self.shape(capacity);
+        let function = shape.function(&decode_function(batch, max_batch), shape.window_for(reach));
         let flat = self.call(capacity, &function, args, batch)?;
         let vocab = self.dims.vocab;
         Ok(entries
@@ -476,23 +509,33 @@ mod tests {
 
     #[test]
     fn options_from_the_environment_values() {
-        let defaults = XlaOptions::from_values(None, None).unwrap();
+        let defaults = XlaOptions::from_values(None, None, None).unwrap();
         assert_eq!(defaults, XlaOptions::default());
         assert_eq!(defaults.max_batch, 8);
-        let packed = XlaOptions::from_values(Some("packed"), Some("2")).unwrap();
+        let packed = XlaOptions::from_values(Some("packed"), Some("2"), Some("0")).unwrap();
+        assert_eq!(packed.min_window, 0);
+        assert_eq!(defaults.min_window, 256);
         assert_eq!(packed.format, WeightFormat::Packed);
         assert_eq!(packed.max_batch, 2);
-        let f32 = XlaOptions::from_values(Some("f32"), None).unwrap();
+        let f32 = XlaOptions::from_values(Some("f32"), None, Some("64")).unwrap();
+        assert_eq!(f32.min_window, 64);
         assert_eq!(f32.format, WeightFormat::F32);
-        let err = XlaOptions::from_values(Some("int4"), None).unwrap_err();
+        let err = XlaOptions::from_values(Some("int4"), None, None).unwrap_err();
         assert_eq!(
             err.to_string(),
             "MLXCEL_XLA_WEIGHTS=\"int4\": expected f32, f16 or packed"
         );
         for bad in ["0", "-1", "eight"] {
-            let err = XlaOptions::from_values(None, Some(bad)).unwrap_err();
+            let err = XlaOptions::from_values(None, Some(bad), None).unwrap_err();
             assert!(
                 err.to_string().starts_with("MLXCEL_XLA_MAX_BATCH="),
+                "{err}"
+            );
+        }
+        for bad in ["8", "100", "-256", "all"] {
+            let err = XlaOptions::from_values(None, None, Some(bad)).unwrap_err();
+            assert!(
+                err.to_string().starts_with("MLXCEL_XLA_MIN_WINDOW="),
                 "{err}"
             );
         }

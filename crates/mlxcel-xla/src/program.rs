@@ -79,9 +79,11 @@ pub fn emit_llama(
         }
     }
     let mut module = Module::new(&shape.module_name(format));
-    module.push(emit_step(d, shape, format, Step::Prefill)?);
-    for rows in decode_batches(shape.batch) {
-        module.push(emit_step(d, shape, format, Step::Decode(rows))?);
+    for window in shape.windows() {
+        module.push(emit_step(d, shape, format, Step::Prefill, window)?);
+        for rows in decode_batches(shape.batch) {
+            module.push(emit_step(d, shape, format, Step::Decode(rows), window)?);
+        }
     }
     Ok(module.to_text())
 }
@@ -373,6 +375,8 @@ struct StepInputs {
     /// Prefill only: the cache row of the sequence, and the chunk token whose logits to return.
     row: Option<Value>,
     last: Option<Value>,
+    /// The positions attention reads, from 0 (`ProgramShape::windows`).
+    window: i64,
 }
 
 /// What every layer's attention shares: the rotary tables and the masks.
@@ -467,7 +471,13 @@ impl Emitter<'_> {
     }
 
     /// Declares the step's index arguments and derives positions and cache write indices.
-    fn step_inputs(&mut self, step: Step, shape: &ProgramShape) -> Result<StepInputs, EmitError> {
+    fn step_inputs(
+        &mut self,
+        step: Step,
+        shape: &ProgramShape,
+        window: usize,
+    ) -> Result<StepInputs, EmitError> {
+        let window = window.min(shape.cache_len()) as i64;
         let i32_scalar = TensorType::new(&[], ElementType::I32);
         Ok(match step {
             Step::Prefill => {
@@ -490,6 +500,7 @@ impl Emitter<'_> {
                     write_idx,
                     row: Some(row),
                     last: Some(last),
+                    window,
                 }
             }
             Step::Decode(rows) => {
@@ -507,17 +518,14 @@ impl Emitter<'_> {
                     write_idx,
                     row: None,
                     last: None,
+                    window,
                 }
             }
         })
     }
 
     /// The rotary tables and the causal mask, computed once from the step's positions.
-    fn attention_tables(
-        &mut self,
-        inputs: &StepInputs,
-        shape: &ProgramShape,
-    ) -> Result<AttentionTables, EmitError> {
+    fn attention_tables(&mut self, inputs: &StepInputs) -> Result<AttentionTables, EmitError> {
         let d = self.d;
         let (rows, t) = (inputs.rows, inputs.t);
         let n = rows * t;
@@ -544,7 +552,7 @@ impl Emitter<'_> {
 
         let kv_heads = d.kv_heads as i64;
         let group = d.heads as i64 / kv_heads;
-        let score_dims = [rows, kv_heads, t, group, shape.cache_len() as i64];
+        let score_dims = [rows, kv_heads, t, group, inputs.window];
         let key_pos = self.b.iota(&score_dims, 4, ElementType::I32)?;
         let query_pos = self
             .b
@@ -575,8 +583,9 @@ impl Emitter<'_> {
         })
     }
 
-    /// The key and value cache rows a step attends over: the sequence's row (prefill), the first
-    /// `rows` (decode of fewer rows than the module has), or all of them.
+    /// The key and value cache rows a step attends over, their first `window` positions: the
+    /// sequence's row (prefill), the first `rows` (decode of fewer rows than the module has), or
+    /// all of them.
     fn attended_rows(
         &mut self,
         (keys, values): (&Value, &Value),
@@ -584,19 +593,19 @@ impl Emitter<'_> {
         shape: &ProgramShape,
     ) -> Result<(Value, Value), EmitError> {
         let (kv_heads, hd) = (self.d.kv_heads as i64, self.d.head_dim as i64);
-        let cache_len = shape.cache_len() as i64;
+        let window = inputs.window;
         match &inputs.row {
             Some(row) => {
                 let zero = self.b.splat_int(0, &[], ElementType::I32);
                 let starts = [row, &zero, &zero, &zero];
-                let sizes = [1, cache_len, kv_heads, hd];
+                let sizes = [1, window, kv_heads, hd];
                 Ok((
                     self.b.dynamic_slice(keys, &starts, &sizes)?,
                     self.b.dynamic_slice(values, &starts, &sizes)?,
                 ))
             }
-            None if inputs.rows < shape.batch as i64 => {
-                let limit = [inputs.rows, cache_len, kv_heads, hd];
+            None if inputs.rows < shape.batch as i64 || window < shape.cache_len() as i64 => {
+                let limit = [inputs.rows, window, kv_heads, hd];
                 Ok((
                     self.b.slice(keys, &[0, 0, 0, 0], &limit)?,
                     self.b.slice(values, &[0, 0, 0, 0], &limit)?,
@@ -747,21 +756,29 @@ fn emit_step(
     shape: &ProgramShape,
     format: WeightFormat,
     step: Step,
+    window: usize,
 ) -> Result<crate::hlo::Function, EmitError> {
-    let name = match step {
+    let base = match step {
         Step::Prefill => "prefill".to_owned(),
         Step::Decode(rows) => decode_function(rows, shape.batch),
     };
+    let name = shape.function(&base, window);
     let mut e = Emitter {
         b: FunctionBuilder::new(&name),
         d,
     };
     let weights = e.weight_args(format)?;
     let cache_ty = cache_type(d, shape);
-    let k_caches: Vec<Value> = (0..d.layers).map(|_| e.b.arg(cache_ty.clone())).collect();
-    let v_caches: Vec<Value> = (0..d.layers).map(|_| e.b.arg(cache_ty.clone())).collect();
-    let inputs = e.step_inputs(step, shape)?;
-    let tables = e.attention_tables(&inputs, shape)?;
+    // Each cache argument is the storage of its updated cache (result 0 is the logits): the
+    // cache is updated in place rather than copied into a new buffer every call.
+    let mut cache_arg = |result: usize| {
+        let attrs = format!("iree.abi.output = {result} : index");
+        e.b.arg_with_attrs(cache_ty.clone(), Some(attrs))
+    };
+    let k_caches: Vec<Value> = (0..d.layers).map(|l| cache_arg(1 + l)).collect();
+    let v_caches: Vec<Value> = (0..d.layers).map(|l| cache_arg(1 + d.layers + l)).collect();
+    let inputs = e.step_inputs(step, shape, window)?;
+    let tables = e.attention_tables(&inputs)?;
 
     let mut x = e.embed(&weights.embed, &inputs.tokens)?;
     if let Some(scale) = d.embedding_scale {
@@ -855,6 +872,7 @@ pub(crate) mod tests {
         context_capacity: 16,
         batch: 2,
         chunk: 4,
+        min_window: 0,
     };
 
     #[test]
@@ -974,6 +992,46 @@ pub(crate) mod tests {
         assert!(text.contains("-> (tensor<2x64xf32>, tensor<4x20x2x8xf32>"));
         assert!(text.contains("[0:2:1, 0:20:1, 0:2:1, 0:8:1]"));
         assert!(!text.contains("func.func @decode_1("));
+    }
+
+    #[test]
+    fn windowed_functions_attend_over_the_first_positions() {
+        let shape = ProgramShape {
+            min_window: 4,
+            ..TINY_SHAPE
+        };
+        assert_eq!(shape.windows(), [4, 8, 20]);
+        assert_eq!(TINY_SHAPE.windows(), [20]);
+        let big = ProgramShape {
+            context_capacity: 2048,
+            batch: 8,
+            chunk: 32,
+            min_window: 256,
+        };
+        assert_eq!(big.windows(), [256, 512, 1024, 2080]);
+        assert_eq!(big.window_for(1), 256);
+        assert_eq!(big.window_for(257), 512);
+        assert_eq!(big.window_for(2048), 2080);
+        assert_eq!(big.function("decode_2", 512), "decode_2_w512");
+        assert_eq!(big.function("prefill", 2080), "prefill");
+        assert_eq!(
+            big.module_name(WeightFormat::F16),
+            "mlxcel_c2048_b8_t32_w256_f16"
+        );
+        let text = emit_llama(&tiny_dims(true, false), &shape, WeightFormat::F32).unwrap();
+        for f in [
+            "prefill",
+            "decode",
+            "prefill_w4",
+            "decode_w4",
+            "prefill_w8",
+            "decode_w8",
+        ] {
+            assert!(text.contains(&format!("func.func @{f}(")), "{f}");
+        }
+        // Prefill reads the first 4 positions of its row; decode the first 8 of both rows.
+        assert!(text.contains("tensor<1x4x2x8xf32>"));
+        assert!(text.contains("[0:2:1, 0:8:1, 0:2:1, 0:8:1]"));
     }
 
     #[test]

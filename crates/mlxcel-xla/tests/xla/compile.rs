@@ -15,6 +15,7 @@ fn the_tiny_llama_program_compiles_and_is_cached() {
         context_capacity: 16,
         batch: 2,
         chunk: 4,
+        min_window: 0,
     };
     for format in [WeightFormat::F32, WeightFormat::F16] {
         let program = emit_llama(&tiny_dims(), &shape, format).unwrap();

@@ -19,7 +19,7 @@ fn load(format: WeightFormat) -> (LoadedModel, XlaModel) {
         XlaOptions {
             format,
             max_batch: 2,
-            chunk: 32,
+            ..XlaOptions::default()
         },
     )
     .unwrap();

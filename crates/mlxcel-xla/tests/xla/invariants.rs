@@ -16,6 +16,7 @@ const SHAPE: ProgramShape = ProgramShape {
     context_capacity: 16,
     batch: 2,
     chunk: 4,
+    min_window: 0,
 };
 
 /// Deterministic values in `[-0.5, 0.5)` (an LCG), norms near 1.
@@ -223,6 +224,11 @@ impl Tiny {
 
     /// Prefill of at most one chunk; logits of its last token.
     fn prefill(&mut self, row: i32, start: i32, tokens: &[i32]) -> Vec<f32> {
+        self.prefill_by("prefill", row, start, tokens)
+    }
+
+    /// [`Self::prefill`] by `function` (a windowed prefill).
+    fn prefill_by(&mut self, function: &str, row: i32, start: i32, tokens: &[i32]) -> Vec<f32> {
         let mut ids = tokens.to_vec();
         ids.resize(SHAPE.chunk, 0);
         let step = vec![
@@ -233,7 +239,7 @@ impl Tiny {
                 .upload_i32(&[tokens.len() as i32 - 1], vec![])
                 .unwrap(),
         ];
-        self.call("prefill", step, 1)
+        self.call(function, step, 1)
     }
 
     fn decode(&mut self, tokens: [i32; 2], positions: [i32; 2]) -> Vec<f32> {
@@ -321,6 +327,48 @@ fn the_two_row_decode_function_matches_the_whole_batch() {
     let two = t.decode_rows("decode_2", &[tokens[4], 8], &[4, 3]);
     let vocab = tiny_dims().vocab;
     assert_close(&two, &all[..2 * vocab], "decode_2 vs decode");
+}
+
+/// The windowed functions (attention over the first 4 or 8 positions of a row) give the logits
+/// of the functions that attend over the whole row, for prefill chunks and decode steps that fit
+/// their windows, and write the same caches.
+#[test]
+fn windowed_functions_match_the_whole_row() {
+    let shape = ProgramShape {
+        min_window: 4,
+        ..SHAPE
+    };
+    assert_eq!(shape.windows(), [4, 8, 20]);
+    let d = tiny_dims();
+    let weights = random_weights(&d);
+    let mut t = Tiny::with_shape(d, shape, WeightFormat::F32, weights);
+    let tokens = [3, 14, 15, 9, 26, 5, 35];
+    let scratch = SHAPE.context_capacity as i32;
+    let vocab = tiny_dims().vocab;
+    let run = |t: &mut Tiny, windowed: bool| {
+        let name = |base: &str, window: usize| {
+            if windowed {
+                shape.function(base, window)
+            } else {
+                base.to_owned()
+            }
+        };
+        t.reset();
+        let mut out = vec![t.prefill_by(&name("prefill", 4), 0, 0, &tokens[..4])];
+        out.push(t.prefill_by(&name("prefill", 8), 0, 4, &tokens[4..]));
+        out.push(t.prefill_by(&name("prefill", 4), 1, 0, &tokens[..2]));
+        // Row 0 at position 7 and row 1 at 2: window 8; then row 0 at 8 needs the whole row.
+        let both = t.decode_rows(&name("decode", 8), &[11, 12], &[7, 2]);
+        out.extend([both[..vocab].to_vec(), both[vocab..].to_vec()]);
+        let next = t.decode_rows(&name("decode", 20), &[13, 0], &[8, scratch]);
+        out.push(next[..vocab].to_vec());
+        out
+    };
+    let whole = run(&mut t, false);
+    let windowed = run(&mut t, true);
+    for (i, (w, a)) in windowed.iter().zip(&whole).enumerate() {
+        assert_close(w, a, &format!("step {i}: windowed vs whole row"));
+    }
 }
 
 /// Packed weights (4-bit linears, an 8-bit embedding, f16 scales and biases) dequantized in the
