@@ -173,11 +173,43 @@ fn boolean_mask_array_keeps_true_positions() {
 /// mlxcel's attention kernel against the naive reference, on every path and 1–2 threads, with
 /// grouped-query heads, causal and unmasked, keys read in place from a strided cache slice, and
 /// long key ranges split into partial results and merged.
+/// `attention_native` on `(values, array)` queries, keys and values, with and without the causal
+/// mask, on every path in `paths` and on one and two threads, against [`attention_ref`] on the
+/// values the arrays hold (tolerance 1e-5).
+fn assert_native_matches_reference(
+    s: &Shapes,
+    (q, qa): (&[f32], &Array),
+    (k, ka): (&[f32], &Array),
+    (v, va): (&[f32], &Array),
+    paths: &[mlxcel_core::Isa],
+) {
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
+    for causal in [false, true] {
+        let offset = s.keys - s.queries;
+        let expected = attention_ref(s, q, k, v, scale, |i, j| {
+            if causal && j > offset + i {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        });
+        for &isa in paths {
+            for threads in [1, 2] {
+                let got =
+                    mlxcel_core::fast::attention_native(qa, ka, va, scale, causal, isa, threads)
+                        .unwrap()
+                        .to_vec_f32()
+                        .unwrap();
+                assert_close(&got, &expected, 1e-5);
+            }
+        }
+    }
+}
+
 /// Tolerance 1e-5 (absolute + relative): f32 throughout, a polynomial exponential (~1e-7).
 #[test]
 fn native_attention_matches_naive_attention_on_every_path() {
     use mlxcel_core::Isa;
-    use mlxcel_core::fast::attention_native;
     let paths: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
         .into_iter()
         .filter(|&isa| isa <= Isa::best())
@@ -233,26 +265,7 @@ fn native_attention_matches_naive_attention_on_every_path() {
                 .unwrap()
         };
         let (ka, va) = (pad(&k), pad(&v));
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        for causal in [false, true] {
-            let offset = keys - queries;
-            let expected = attention_ref(&s, &q, &k, &v, scale, |i, j| {
-                if causal && j > offset + i {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            });
-            for &isa in &paths {
-                for threads in [1, 2] {
-                    let got = attention_native(&qa, &ka, &va, scale, causal, isa, threads)
-                        .unwrap()
-                        .to_vec_f32()
-                        .unwrap();
-                    assert_close(&got, &expected, 1e-5);
-                }
-            }
-        }
+        assert_native_matches_reference(&s, (&q, &qa), (&k, &ka), (&v, &va), &paths);
     }
 }
 
@@ -589,26 +602,7 @@ fn native_attention_reads_q8_0_keys_and_values_on_every_path() {
             assert!(worst > 0.0 && worst < 8.0 / 254.0 + 1e-6, "{worst}");
         }
         let qa = Array::from_f32(&q, &[1, h, n, d]).unwrap();
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        for causal in [false, true] {
-            let offset = keys - queries;
-            let expected = attention_ref(&s, &q, &kw, &vw, scale, |i, j| {
-                if causal && j > offset + i {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            });
-            for &isa in &paths {
-                for threads in [1, 2] {
-                    let got = attention_native(&qa, &ka, &va, scale, causal, isa, threads)
-                        .unwrap()
-                        .to_vec_f32()
-                        .unwrap();
-                    assert_close(&got, &expected, 1e-5);
-                }
-            }
-        }
+        assert_native_matches_reference(&s, (&q, &qa), (&kw, &ka), (&vw, &va), &paths);
     }
     // Rows that are not whole blocks are refused.
     let q = Array::from_f32(&pseudo_random(2 * 48, 1), &[1, 2, 1, 48]).unwrap();
