@@ -332,6 +332,7 @@ impl XlaModel {
                 format!("{}..={capacity}", start + 1),
             ));
         }
+        let shape = self.shape(capacity);
         let mut logits = Vec::new();
         for (i, piece) in tokens.chunks(chunk).enumerate() {
             let mut ids = piece
@@ -340,7 +341,6 @@ impl XlaModel {
                 .collect::<Result<Vec<i32>>>()?;
             ids.resize(chunk, 0);
             let position = start + i * chunk;
-            let shape = self.shape(capacity);
             let function = shape.function("prefill", shape.window_for(position + piece.len()));
             let args = vec![
                 self.runtime.upload_i32(&ids, vec![chunk])?,
