@@ -74,6 +74,20 @@ pub struct SequenceStep<'a> {
     pub start_position: usize,
 }
 
+/// KV memory in blocks (a backend whose sequences share blocks of a common prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KvBlockUsage {
+    /// Positions per block.
+    pub block_positions: usize,
+    /// Distinct blocks the slots hold (a block several slots share counts once).
+    pub held: usize,
+    /// Of those, blocks more than one slot holds.
+    pub shared: usize,
+    /// Blocks the KV budget has room for beyond those held and those the slots may still
+    /// allocate up to their plans.
+    pub free: usize,
+}
+
 /// A model runner.
 pub trait Backend {
     /// A short name (`mlx`, `xla`), used in errors and logs.
@@ -150,6 +164,12 @@ pub trait Backend {
     /// Bytes of weights the loaded model holds, in the layout its kernels read (which can differ
     /// from the checkpoint's: the int8 layouts); `None` where the backend does not say.
     fn weight_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    /// The KV blocks the slots hold, where the backend keeps its caches in shareable blocks;
+    /// `None` otherwise.
+    fn kv_blocks(&self) -> Option<KvBlockUsage> {
         None
     }
 
@@ -358,6 +378,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn kv_usage(&self) -> Option<(usize, usize)> {
         (**self).kv_usage()
+    }
+
+    fn kv_blocks(&self) -> Option<KvBlockUsage> {
+        (**self).kv_blocks()
     }
 
     fn weight_bytes(&self) -> Option<u64> {

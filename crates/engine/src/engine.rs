@@ -691,6 +691,7 @@ fn publish<B: Backend>(
     local.buckets = scheduler.bucket_occupancy();
     local.compilations = scheduler.backend().compilations();
     local.kv_usage = scheduler.backend().kv_usage();
+    local.kv_blocks = scheduler.backend().kv_blocks();
     local.running_requests = scheduler.running_progress().collect();
     local.prefix = stats.prefix;
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = local.clone();

@@ -62,7 +62,9 @@ mod speculative;
 mod stop;
 mod text;
 
-pub use backend::{Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId};
+pub use backend::{
+    Backend, Bucket, KvBlockUsage, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId,
+};
 pub use backends::load_backend;
 pub use bench::{BackendBench, measure_read_bandwidth};
 pub use constraint::{Constraint, with_json_options};

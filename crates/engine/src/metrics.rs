@@ -171,6 +171,8 @@ pub struct EngineMetrics {
     pub prefill_time: Histogram,
     /// KV memory reserved and its budget, in bytes (`None`: the backend keeps no budget).
     pub kv_usage: Option<(usize, usize)>,
+    /// The KV blocks held, shared and free (`None`: the backend keeps no blocks).
+    pub kv_blocks: Option<crate::KvBlockUsage>,
     /// The sum over steps of the sequences each step ran (divided by `steps`: the mean batch).
     pub busy_slot_steps: u64,
     /// The most positions (prompt and generated tokens) a finished request used.
@@ -224,6 +226,7 @@ impl Default for EngineMetrics {
             queue_time: Histogram::new(TTFT_BOUNDS),
             prefill_time: Histogram::new(TTFT_BOUNDS),
             kv_usage: None,
+            kv_blocks: None,
             busy_slot_steps: 0,
             max_request_tokens: 0,
             drafts: 0,

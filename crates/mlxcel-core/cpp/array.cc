@@ -94,6 +94,17 @@ std::unique_ptr<MlxArray> array_from_bytes(rust::Slice<const uint8_t> bytes,
 
 std::unique_ptr<MlxArray> array_clone(const MlxArray& a) { return wrap(a.inner); }
 
+std::unique_ptr<MlxArray> array_deep_copy(const MlxArray& a) {
+  // MLX's own ops may hand back their input's buffer (copy() shares it; a slice_update covering
+  // the whole array returns the update), so the bytes are copied here, into a row-contiguous
+  // buffer of its own.
+  mx::array in = mx::contiguous(a.inner, false, mlxcel_stream());
+  in.eval();
+  mx::array out(mx::allocator::malloc(in.nbytes()), in.shape(), in.dtype());
+  if (in.nbytes() > 0) std::memcpy(out.data<uint8_t>(), in.data<uint8_t>(), in.nbytes());
+  return wrap(std::move(out));
+}
+
 rust::Vec<int32_t> array_shape(const MlxArray& a) {
   rust::Vec<int32_t> out;
   for (auto d : a.inner.shape()) out.push_back(static_cast<int32_t>(d));

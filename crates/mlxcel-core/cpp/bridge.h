@@ -56,6 +56,7 @@ mlx::core::Stream mlxcel_stream();
 // Construction, metadata, evaluation and read-back (array.cc).
 std::unique_ptr<MlxArray> array_from_bytes(rust::Slice<const uint8_t> bytes,
                                            rust::Slice<const int32_t> shape, uint8_t dtype);
+std::unique_ptr<MlxArray> array_deep_copy(const MlxArray& a);
 std::unique_ptr<MlxArray> array_clone(const MlxArray& a);
 rust::Vec<int32_t> array_shape(const MlxArray& a);
 uint8_t array_dtype(const MlxArray& a);

@@ -164,6 +164,12 @@ impl Array {
         Dtype::from_code(code).expect("mlxcel-core arrays never have an unmodelled dtype")
     }
 
+    /// A computed copy of this array in a row-contiguous buffer of its own (MLX's copy ops may
+    /// share their input's buffer; this never does).
+    pub fn deep_copy(&self) -> Result<Array> {
+        call("deep_copy", || ffi::array_deep_copy(self.raw()))
+    }
+
     /// Computes this array (and everything it depends on) now.
     pub fn eval(&self) -> Result<()> {
         sys::with_lock(|| ffi::array_eval(self.raw())).map_err(Error::mlx("eval"))

@@ -1,4 +1,7 @@
-//! Per-sequence key/value memory that grows in chunks.
+//! Per-sequence key/value memory in blocks of positions, which sequences with a common prefix
+//! share.
+
+use std::sync::Arc;
 
 pub use mlxcel_model::KvType;
 
@@ -73,20 +76,35 @@ pub fn dequantize_q8_0(bytes: &[u8]) -> Vec<f32> {
     out
 }
 
-/// Positions added whenever a cache runs out of room: growing one position at a time would copy
-/// the whole cache every step.
-pub const KV_CHUNK: usize = 256;
+/// Positions per block of a [`KvCache`]. It equals the key ranges mlxcel's attention kernel
+/// splits a sequence into (its chunking-invariant grid), so each of the kernel's tasks reads one
+/// block.
+pub const KV_BLOCK: usize = 256;
 
-/// One sequence's keys and values for every layer, `[1, kv_heads, allocated, head_dim]` each,
-/// keys and values each in their [`KvType`] (computed in f32, rounded when written).
+/// Positions a cache grows by when it runs out of room (one block).
+pub const KV_CHUNK: usize = KV_BLOCK;
+
+/// [`KV_BLOCK`] positions of keys and values for every layer: `(keys, values)` per layer, each
+/// `[1, kv_heads, KV_BLOCK, row]` and a materialized buffer of its own.
+#[derive(Debug)]
+struct KvBlock {
+    layers: Vec<(Array, Array)>,
+}
+
+/// One sequence's keys and values for every layer, in blocks of [`KV_BLOCK`] positions (computed
+/// in f32, rounded to each side's [`KvType`] when written).
+///
+/// Blocks are shared: [`KvCache::copy_prefix_from`] gives a cache the other cache's full blocks
+/// (not a copy) and a private copy of the partial one. A shared block is read-only; before a
+/// step writes positions into a block that another cache also holds, that block is copied
+/// (copy on write), so a sharer never sees another sequence's writes.
 #[derive(Debug)]
 pub struct KvCache {
-    layers: Vec<(Array, Array)>,
+    blocks: Vec<Arc<KvBlock>>,
     k_type: KvType,
     v_type: KvType,
     layer_count: usize,
     len: usize,
-    allocated: usize,
     max_positions: usize,
     kv_heads: i32,
     head_dim: i32,
@@ -100,14 +118,13 @@ impl KvCache {
         max_positions: usize,
         (k_type, v_type): (KvType, KvType),
     ) -> Self {
-        // Layer arrays are created by the first `reserve`, so an idle slot costs nothing.
+        // Blocks are created as positions need them, so an idle slot costs nothing.
         Self {
-            layers: Vec::new(),
+            blocks: Vec::new(),
             k_type,
             v_type,
             layer_count: layers,
             len: 0,
-            allocated: 0,
             max_positions,
             kv_heads: kv_heads as i32,
             head_dim: head_dim as i32,
@@ -130,8 +147,8 @@ impl KvCache {
     }
 
     /// Sets the most positions this cache may hold (a kept cache given to a new sequence, whose
-    /// plan sets its own bound). Refused below the positions held; positions already allocated
-    /// past `max_positions` stay allocated ([`KvCache::reserved_positions`] counts them).
+    /// plan sets its own bound). Refused below the positions held; blocks already allocated
+    /// past `max_positions` stay allocated ([`KvCache::reserved_blocks`] counts them).
     pub fn set_max_positions(&mut self, max_positions: usize) -> Result<()> {
         if max_positions < self.len {
             return Err(Error::CacheFull {
@@ -144,10 +161,46 @@ impl KvCache {
         Ok(())
     }
 
-    /// Positions this cache's memory is counted for: the most it may hold, or what it has
-    /// allocated if that is more.
+    /// Blocks this cache holds (its own and shared ones).
+    pub fn blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Blocks this cache holds that another cache holds too.
+    pub fn shared_blocks(&self) -> usize {
+        self.blocks
+            .iter()
+            .filter(|b| Arc::strong_count(b) > 1)
+            .count()
+    }
+
+    /// An identity per block held (equal for the same block in two caches), for counting the
+    /// distinct blocks of many caches.
+    pub fn block_ids(&self) -> impl Iterator<Item = usize> + '_ {
+        self.blocks.iter().map(|b| Arc::as_ptr(b) as usize)
+    }
+
+    /// Blocks this cache's memory is counted for: the blocks it may come to hold at
+    /// `max_positions` (or holds, if more), plus one when the block its next position falls in
+    /// is shared (written, it is copied first).
+    pub fn reserved_blocks(&self) -> usize {
+        self.reserved_blocks_at(self.len, self.max_positions)
+    }
+
+    /// [`KvCache::reserved_blocks`] if this cache held `len` positions (at most those it
+    /// holds) with a bound of `max_positions`.
+    pub fn reserved_blocks_at(&self, len: usize, max_positions: usize) -> usize {
+        let copy_on_write = self
+            .blocks
+            .get(len / KV_BLOCK)
+            .is_some_and(|b| Arc::strong_count(b) > 1 && len < max_positions);
+        max_positions.div_ceil(KV_BLOCK).max(self.blocks.len()) + usize::from(copy_on_write)
+    }
+
+    /// Positions this cache's memory is counted for ([`KvCache::reserved_blocks`] in
+    /// positions).
     pub fn reserved_positions(&self) -> usize {
-        self.max_positions.max(self.allocated)
+        self.reserved_blocks() * KV_BLOCK
     }
 
     /// The element types of keys and of values.
@@ -163,12 +216,53 @@ impl KvCache {
             * (self.k_type.row_bytes(d) + self.v_type.row_bytes(d))
     }
 
-    /// Bytes of key/value memory currently allocated.
-    pub fn allocated_bytes(&self) -> usize {
-        self.allocated * self.bytes_per_position()
+    /// Bytes of one block over all layers, keys and values.
+    pub fn block_bytes(&self) -> usize {
+        KV_BLOCK * self.bytes_per_position()
     }
 
-    /// Makes room for `extra` more positions, growing in [`KV_CHUNK`]s up to `max_positions`.
+    /// Bytes of key/value memory this cache's blocks hold (shared blocks included).
+    pub fn allocated_bytes(&self) -> usize {
+        self.blocks.len() * self.block_bytes()
+    }
+
+    /// Every layer's `(keys, values)` of a block of zeros, not yet evaluated.
+    fn zero_layers(&self) -> Result<Vec<(Array, Array)>> {
+        let zeros = |kind: KvType| {
+            Array::zeros(
+                &[
+                    1,
+                    self.kv_heads,
+                    KV_BLOCK as i32,
+                    row_len(kind, self.head_dim),
+                ],
+                dtype_of(kind),
+            )
+        };
+        (0..self.layer_count)
+            .map(|_| Ok((zeros(self.k_type)?, zeros(self.v_type)?)))
+            .collect()
+    }
+
+    /// `layers` evaluated into a block (materialized: the fused layer writes into it in place).
+    fn materialized(layers: Vec<(Array, Array)>) -> Result<KvBlock> {
+        crate::array::eval(&layers.iter().flat_map(|(k, v)| [k, v]).collect::<Vec<_>>())?;
+        Ok(KvBlock { layers })
+    }
+
+    /// A private copy of `block` (a buffer of its own for every array).
+    fn copied(block: &KvBlock) -> Result<KvBlock> {
+        let layers = block
+            .layers
+            .iter()
+            .map(|(k, v)| Ok((k.deep_copy()?, v.deep_copy()?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvBlock { layers })
+    }
+
+    /// Makes room for `extra` more positions (new blocks up to `max_positions`) and makes every
+    /// block they fall in this cache's own (copying a shared one), so that a step may write
+    /// them in place.
     pub(crate) fn reserve(&mut self, extra: usize) -> Result<()> {
         let needed = self.len + extra;
         if needed > self.max_positions {
@@ -178,39 +272,77 @@ impl KvCache {
                 max_positions: self.max_positions,
             });
         }
-        if needed <= self.allocated {
-            return Ok(());
+        while self.blocks.len() * KV_BLOCK < needed {
+            let block = Self::materialized(self.zero_layers()?)?;
+            self.blocks.push(Arc::new(block));
         }
-        let target = needed
-            .div_ceil(KV_CHUNK)
-            .saturating_mul(KV_CHUNK)
-            .min(self.max_positions);
-        let grow = (target - self.allocated) as i32;
-        let zeros = |kind: KvType| {
-            Array::zeros(
-                &[1, self.kv_heads, grow, row_len(kind, self.head_dim)],
-                dtype_of(kind),
-            )
-        };
-        if self.layers.is_empty() {
-            // One array per layer and per side: the fused decoder layer writes into them in
-            // place, so no two may share a buffer.
-            self.layers = (0..self.layer_count)
-                .map(|_| Ok((zeros(self.k_type)?, zeros(self.v_type)?)))
-                .collect::<Result<_>>()?;
-        } else {
-            let (k_zeros, v_zeros) = (zeros(self.k_type)?, zeros(self.v_type)?);
-            for (k, v) in &mut self.layers {
-                *k = Array::concatenate(&[k, &k_zeros], 2)?;
-                *v = Array::concatenate(&[v, &v_zeros], 2)?;
+        if extra > 0 {
+            for index in self.len / KV_BLOCK..needed.div_ceil(KV_BLOCK) {
+                if Arc::strong_count(&self.blocks[index]) > 1 {
+                    let private = Self::copied(&self.blocks[index])?;
+                    self.blocks[index] = Arc::new(private);
+                }
             }
         }
-        self.allocated = target;
+        Ok(())
+    }
+
+    /// The block at `index`, which [`KvCache::reserve`] made this cache's own.
+    fn own_block(&mut self, index: usize) -> &mut KvBlock {
+        Arc::get_mut(&mut self.blocks[index])
+            .expect("reserve() makes every block a step writes private")
+    }
+
+    /// The first `len` positions of `layer`'s keys (`side` 0) or values (1) as one array,
+    /// `[1, kv_heads, len, row]` (the blocks concatenated; one block is sliced, not copied).
+    fn contiguous(&self, layer: usize, side: usize, len: usize) -> Result<Array> {
+        let kind = if side == 0 { self.k_type } else { self.v_type };
+        let hi = [1, self.kv_heads, len as i32, row_len(kind, self.head_dim)];
+        let count = len.div_ceil(KV_BLOCK);
+        let parts: Vec<&Array> = self.blocks[..count]
+            .iter()
+            .map(|b| {
+                let (k, v) = &b.layers[layer];
+                if side == 0 { k } else { v }
+            })
+            .collect();
+        let whole = if parts.len() == 1 {
+            parts[0].clone()
+        } else {
+            Array::concatenate(&parts, 2)?
+        };
+        whole.slice(&[0, 0, 0, 0], &hi)
+    }
+
+    /// Writes `k`, `v` (`[1, kv_heads, n, head_dim]`, already in the cache's types) of `layer`
+    /// at positions `len..len + n`, block by block.
+    fn write(&mut self, layer: usize, k: &Array, v: &Array, n: usize) -> Result<()> {
+        let (start, stop) = (self.len, self.len + n);
+        let kv_heads = self.kv_heads;
+        let dims = (
+            row_len(self.k_type, self.head_dim),
+            row_len(self.v_type, self.head_dim),
+        );
+        let mut at = start;
+        while at < stop {
+            let index = at / KV_BLOCK;
+            let end = stop.min((index + 1) * KV_BLOCK);
+            let (from, to) = ((at - start) as i32, (end - start) as i32);
+            let (lo, hi) = ((at % KV_BLOCK) as i32, (end - index * KV_BLOCK) as i32);
+            let part = |a: &Array, row: i32| a.slice(&[0, 0, from, 0], &[1, kv_heads, to, row]);
+            let (pk, pv) = (part(k, dims.0)?, part(v, dims.1)?);
+            let block = self.own_block(index);
+            let (ck, cv) = &mut block.layers[layer];
+            *ck = ck.slice_update(&pk, &[0, 0, lo, 0], &[1, kv_heads, hi, dims.0])?;
+            *cv = cv.slice_update(&pv, &[0, 0, lo, 0], &[1, kv_heads, hi, dims.1])?;
+            at = end;
+        }
         Ok(())
     }
 
     /// Writes `k`, `v` (`[1, kv_heads, n, head_dim]`) of `layer` at the current end and returns
-    /// the keys and values of every position so far, including the new ones.
+    /// the keys and values of every position so far, including the new ones (the per-op
+    /// graph's path: the blocks are concatenated for MLX's attention).
     pub(crate) fn append(
         &mut self,
         layer: usize,
@@ -218,23 +350,17 @@ impl KvCache {
         v: &Array,
         n: usize,
     ) -> Result<(Array, Array)> {
-        let start = self.len as i32;
-        let stop = (self.len + n) as i32;
         let (k, v) = (rounded(k, self.k_type)?, rounded(v, self.v_type)?);
-        let (ck, cv) = &mut self.layers[layer];
-        let lo = [0, 0, start, 0];
-        let hi = [1, self.kv_heads, stop, self.head_dim];
-        *ck = ck.slice_update(&k, &lo, &hi)?;
-        *cv = cv.slice_update(&v, &lo, &hi)?;
-        let upto = [1, self.kv_heads, stop, self.head_dim];
+        self.write(layer, &k, &v, n)?;
+        let stop = self.len + n;
         Ok((
-            ck.slice(&[0, 0, 0, 0], &upto)?,
-            cv.slice(&[0, 0, 0, 0], &upto)?,
+            self.contiguous(layer, 0, stop)?,
+            self.contiguous(layer, 1, stop)?,
         ))
     }
 
-    /// Like [`KvCache::append`], but returns the whole allocated arrays and the number of
-    /// positions in use, for kernels that read a prefix in place (no slice op).
+    /// Like [`KvCache::append`], but also returns the number of positions in use (for kernels
+    /// that take it separately).
     pub(crate) fn append_whole(
         &mut self,
         layer: usize,
@@ -242,26 +368,25 @@ impl KvCache {
         v: &Array,
         n: usize,
     ) -> Result<(Array, Array, usize)> {
-        let start = self.len as i32;
-        let stop = (self.len + n) as i32;
-        let (k, v) = (rounded(k, self.k_type)?, rounded(v, self.v_type)?);
-        let (ck, cv) = &mut self.layers[layer];
-        let lo = [0, 0, start, 0];
-        let hi = [1, self.kv_heads, stop, self.head_dim];
-        *ck = ck.slice_update(&k, &lo, &hi)?;
-        *cv = cv.slice_update(&v, &lo, &hi)?;
-        Ok((ck.clone(), cv.clone(), self.len + n))
+        let (keys, values) = self.append(layer, k, v, n)?;
+        Ok((keys, values, self.len + n))
     }
 
-    /// `layer`'s whole key and value arrays (`[1, kv_heads, allocated, head_dim]`), for the
-    /// fused decoder layer, which writes the step's positions into them in place.
-    pub(crate) fn layer(&self, layer: usize) -> (&Array, &Array) {
-        let (k, v) = &self.layers[layer];
-        (k, v)
+    /// `layer`'s key and value blocks holding positions `0..upto`, for the fused decoder
+    /// layer, which writes the step's positions into them in place.
+    pub(crate) fn layer_blocks(&self, layer: usize, upto: usize) -> (Vec<&Array>, Vec<&Array>) {
+        self.blocks[..upto.div_ceil(KV_BLOCK)]
+            .iter()
+            .map(|b| {
+                let (k, v) = &b.layers[layer];
+                (k, v)
+            })
+            .unzip()
     }
 
-    /// Becomes a copy of `source`'s first `len` positions (a cached prefix another sequence
-    /// computed: the same tokens give the same keys and values), forgetting its own.
+    /// Becomes `source`'s first `len` positions (a cached prefix another sequence computed: the
+    /// same tokens give the same keys and values), forgetting its own: the blocks `len` fills
+    /// are shared with `source`, the partial last one is copied.
     pub fn copy_prefix_from(&mut self, source: &KvCache, len: usize) -> Result<()> {
         if source.types() != self.types() {
             return Err(Error::KvTypeMismatch {
@@ -278,20 +403,19 @@ impl KvCache {
                 max_positions: source.len,
             });
         }
-        self.len = 0;
-        self.reserve(len)?;
-        if len == 0 {
-            return Ok(());
+        if len > self.max_positions {
+            return Err(Error::CacheFull {
+                len: 0,
+                extra: len,
+                max_positions: self.max_positions,
+            });
         }
-        let hi = |kind| [1, self.kv_heads, len as i32, row_len(kind, self.head_dim)];
-        let (k_hi, v_hi) = (hi(self.k_type), hi(self.v_type));
-        for ((k, v), (sk, sv)) in self.layers.iter_mut().zip(&source.layers) {
-            let lo = [0, 0, 0, 0];
-            *k = k.slice_update(&sk.slice(&lo, &k_hi)?, &lo, &k_hi)?;
-            *v = v.slice_update(&sv.slice(&lo, &v_hi)?, &lo, &v_hi)?;
+        let full = len / KV_BLOCK;
+        let mut blocks: Vec<Arc<KvBlock>> = source.blocks[..full].to_vec();
+        if !len.is_multiple_of(KV_BLOCK) {
+            blocks.push(Arc::new(Self::copied(&source.blocks[full])?));
         }
-        // Materialized now: the fused layer writes into these buffers in place.
-        crate::array::eval(&self.arrays().collect::<Vec<_>>())?;
+        self.blocks = blocks;
         self.len = len;
         Ok(())
     }
@@ -317,10 +441,9 @@ impl KvCache {
         if len == 0 {
             return Ok(out);
         }
-        for (k, v) in &self.layers {
-            for (side, kind) in [(k, self.k_type), (v, self.v_type)] {
-                let hi = [1, self.kv_heads, len as i32, row_len(kind, self.head_dim)];
-                let part = side.slice(&[0, 0, 0, 0], &hi)?;
+        for layer in 0..self.layer_count {
+            for (side, kind) in [(0, self.k_type), (1, self.v_type)] {
+                let part = self.contiguous(layer, side, len)?;
                 if kind == KvType::Q8_0 {
                     let bytes: Vec<u8> = part.to_vec_u32()?.into_iter().map(|b| b as u8).collect();
                     out.extend(dequantize_q8_0(&bytes));
@@ -351,37 +474,43 @@ impl KvCache {
                 expected: len * self.floats_per_position(),
             });
         }
+        self.blocks.clear();
         self.len = 0;
         self.reserve(len)?;
         if len == 0 {
             return Ok(());
         }
-        let lo = [0, 0, 0, 0];
         let mut sides = data.chunks_exact(per_side);
         let (k_type, v_type, kv_heads, head_dim) =
             (self.k_type, self.v_type, self.kv_heads, self.head_dim);
-        for (k, v) in &mut self.layers {
-            for (side, kind) in [(k, k_type), (v, v_type)] {
+        for layer in 0..self.layer_count {
+            let mut pair = Vec::with_capacity(2);
+            for kind in [k_type, v_type] {
                 let part = sides.next().expect("length checked above");
-                let hi = [1, kv_heads, len as i32, row_len(kind, head_dim)];
+                let shape = [1, kv_heads, len as i32, row_len(kind, head_dim)];
                 // Rounded as a write rounds: data read back from a cache of the same type is
                 // unchanged (f16: exactly; q8_0: each block's maximum is 127 · d, so d and every
                 // code come back).
-                let part = match kind {
-                    KvType::Q8_0 => Array::from_bytes(&quantize_q8_0(part), &hi, Dtype::U8)?,
-                    _ => Array::from_f32(part, &hi)?.astype(dtype_of(kind))?,
-                };
-                *side = side.slice_update(&part, &lo, &hi)?;
+                pair.push(match kind {
+                    KvType::Q8_0 => Array::from_bytes(&quantize_q8_0(part), &shape, Dtype::U8)?,
+                    _ => Array::from_f32(part, &shape)?.astype(dtype_of(kind))?,
+                });
             }
+            self.write(layer, &pair[0], &pair[1], len)?;
         }
-        // Materialized now: the fused layer writes into these buffers in place.
-        crate::array::eval(&self.arrays().collect::<Vec<_>>())?;
+        // Copied into buffers of their own now (a write covering a whole block leaves it a view
+        // of the data): the fused layer writes into them in place.
+        for block in &mut self.blocks {
+            let private = Self::copied(block)?;
+            *block = Arc::new(private);
+        }
         self.len = len;
         Ok(())
     }
 
     /// Forgets every position from `len` on (speculative decoding's rejected proposals); their
-    /// keys and values are overwritten by the next append.
+    /// keys and values are overwritten by the next append (into a copy, if the block is
+    /// shared).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
     }
@@ -391,8 +520,11 @@ impl KvCache {
         self.len += n;
     }
 
-    /// Every layer's arrays, for evaluating them together with the step's outputs.
-    pub(crate) fn arrays(&self) -> impl Iterator<Item = &Array> {
-        self.layers.iter().flat_map(|(k, v)| [k, v])
+    /// The arrays of the blocks a step writes (from the one holding position `len` on), for
+    /// evaluating them together with the step's outputs.
+    pub(crate) fn pending_arrays(&self) -> impl Iterator<Item = &Array> {
+        self.blocks[(self.len / KV_BLOCK).min(self.blocks.len())..]
+            .iter()
+            .flat_map(|b| b.layers.iter().flat_map(|(k, v)| [k, v]))
     }
 }

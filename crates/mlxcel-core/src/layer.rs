@@ -94,19 +94,21 @@ pub(crate) struct LayerShape {
 }
 
 /// One sequence's part of the step: `n` rows of `x` whose first position is `position`, and
-/// its layer caches (`[1, kv_heads, allocated, head_dim]`), which the node writes in place.
+/// the blocks of its layer caches (`[1, kv_heads, KV_BLOCK, head_dim]` each, block `b` holding
+/// positions `b·KV_BLOCK..`), at least up to position `position + n`; the node writes the new
+/// positions into them in place.
 pub(crate) struct LayerSeq<'a> {
     pub n: usize,
     pub position: usize,
-    pub keys: &'a Array,
-    pub values: &'a Array,
+    pub keys: Vec<&'a Array>,
+    pub values: Vec<&'a Array>,
 }
 
 /// `x` (`[tokens, hidden]`, the sequences' rows in order) through one decoder layer.
 ///
-/// The caches must each own their buffer (not a broadcast, a view or an array shared with
-/// another cache): the node writes the new keys and values into them. [`crate::KvCache`]
-/// allocates them that way.
+/// The blocks holding new positions must each own their buffer (not a broadcast, a view or an
+/// array shared with another cache): the node writes the new keys and values into them.
+/// [`crate::KvCache`] keeps them that way (a shared block is copied before it is written).
 pub(crate) fn decoder_layer(
     x: &Array,
     t: &LayerTensors<'_>,
@@ -174,10 +176,21 @@ pub(crate) fn decoder_layer(
         i32::from(t.qkv_bias.is_some()),
         i32::from(matches!(t.qkv, Qkv::Split(..))),
     ];
-    let mut spans = Vec::with_capacity(2 * seqs.len());
+    let mut spans = Vec::with_capacity(3 * seqs.len());
     for s in seqs {
+        if s.keys.len() != s.values.len() {
+            return Err(Error::Mlx {
+                op: "decoder_layer",
+                message: format!(
+                    "{} key blocks but {} value blocks",
+                    s.keys.len(),
+                    s.values.len()
+                ),
+            });
+        }
         spans.push(to_i32(s.n)?);
         spans.push(to_i32(s.position)?);
+        spans.push(to_i32(s.keys.len())?);
     }
     let threads = kernels.threads.min(i32::MAX as usize) as i32;
     sys::with_lock(|| {
@@ -187,8 +200,9 @@ pub(crate) fn decoder_layer(
         }
         let mut cache_list = ffi::array_list_new();
         for s in seqs {
-            ffi::array_list_push(cache_list.pin_mut(), s.keys.raw());
-            ffi::array_list_push(cache_list.pin_mut(), s.values.raw());
+            for block in s.keys.iter().chain(&s.values) {
+                ffi::array_list_push(cache_list.pin_mut(), block.raw());
+            }
         }
         ffi::native_decoder_layer(
             &tensor_list,

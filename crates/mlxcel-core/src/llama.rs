@@ -805,10 +805,11 @@ impl LlamaModel {
                 let layer_seqs = seqs
                     .iter()
                     .map(|seq| {
-                        let (keys, values) = seq.cache.layer(index);
+                        let (n, position) = (seq.tokens.len(), seq.cache.len());
+                        let (keys, values) = seq.cache.layer_blocks(index, position + n);
                         LayerSeq {
-                            n: seq.tokens.len(),
-                            position: seq.cache.len(),
+                            n,
+                            position,
                             keys,
                             values,
                         }
@@ -837,7 +838,7 @@ impl LlamaModel {
             let hidden = last.astype(Dtype::F32)?;
             let mut to_eval: Vec<&Array> = vec![&hidden];
             for seq in seqs.iter() {
-                to_eval.extend(seq.cache.arrays());
+                to_eval.extend(seq.cache.pending_arrays());
             }
             eval(&to_eval)?;
             for seq in seqs.iter_mut() {
@@ -864,7 +865,7 @@ impl LlamaModel {
 
         let mut to_eval: Vec<&Array> = vec![&logits];
         for seq in seqs.iter() {
-            to_eval.extend(seq.cache.arrays());
+            to_eval.extend(seq.cache.pending_arrays());
         }
         eval(&to_eval)?;
         for seq in seqs.iter_mut() {

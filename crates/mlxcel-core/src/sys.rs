@@ -32,6 +32,7 @@ pub(crate) mod ffi {
 
         fn array_from_bytes(bytes: &[u8], shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;
         fn array_clone(a: &MlxArray) -> UniquePtr<MlxArray>;
+        fn array_deep_copy(a: &MlxArray) -> Result<UniquePtr<MlxArray>>;
         fn array_shape(a: &MlxArray) -> Vec<i32>;
         fn array_dtype(a: &MlxArray) -> u8;
         fn array_eval(a: &MlxArray) -> Result<()>;

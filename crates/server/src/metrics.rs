@@ -331,6 +331,35 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
             );
         }
+        if let Some(blocks) = e.kv_blocks {
+            for (name, help, value) in [
+                (
+                    "mlxcel_kv_blocks_held",
+                    "Distinct KV blocks the slots hold (a shared block once).",
+                    blocks.held,
+                ),
+                (
+                    "mlxcel_kv_blocks_shared",
+                    "KV blocks more than one slot holds (a common prefix).",
+                    blocks.shared,
+                ),
+                (
+                    "mlxcel_kv_blocks_free",
+                    "KV blocks the budget has room for beyond those held and reserved.",
+                    blocks.free,
+                ),
+                (
+                    "mlxcel_kv_block_positions",
+                    "Positions per KV block.",
+                    blocks.block_positions,
+                ),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+                );
+            }
+        }
         let _ = writeln!(
             out,
             "# HELP mlxcel_http_requests_finished_total This server's requests, by finish reason.\n\

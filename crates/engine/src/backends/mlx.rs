@@ -1,21 +1,23 @@
 //! The MLX backend adapter: slots are KV caches, a step is one `LlamaModel::forward`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use mlxcel_core::{ForwardSeq, Kernels, KvCache, LlamaModel};
+use mlxcel_core::{ForwardSeq, KV_BLOCK, Kernels, KvCache, LlamaModel};
 use mlxcel_model::Checkpoint;
 
-use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, SlotId};
+use crate::backend::{Backend, KvBlockUsage, RequestShape, SequenceStep, SessionPlan, SlotId};
 use crate::error::EngineError;
 use crate::options::{Activations, KvType};
 
-/// The llama-family model on MLX, with one KV cache per slot.
+/// The llama-family model on MLX, with one KV cache per slot (caches copied from one another
+/// share their full blocks).
 #[derive(Debug)]
 pub(crate) struct MlxBackend {
     model: LlamaModel,
     slots: HashMap<SlotId, KvCache>,
     next_slot: SlotId,
-    /// Most bytes of KV memory the live slots may reserve (each at its plan's worst case).
+    /// Most bytes of KV memory the live slots may reserve (each at its plan's worst case, a
+    /// block shared by several slots counted once).
     kv_budget_bytes: usize,
 }
 
@@ -60,11 +62,36 @@ impl MlxBackend {
         self.model.kv_bytes_per_position()
     }
 
+    /// KV bytes of `positions` positions in whole blocks (what a cache allocates).
+    fn block_rounded_bytes(&self, positions: usize) -> usize {
+        positions.div_ceil(KV_BLOCK) * KV_BLOCK * self.bytes_per_position()
+    }
+
+    /// The distinct blocks the slots hold (a shared block once), plus the blocks each slot may
+    /// still allocate (up to its bound, and a copy of a shared block it would write into).
     fn reserved_bytes(&self) -> usize {
-        self.slots
-            .values()
-            .map(|cache| cache.reserved_positions() * self.bytes_per_position())
-            .sum()
+        let (held, growth) = self.block_counts();
+        (held + growth) * KV_BLOCK * self.bytes_per_position()
+    }
+
+    /// (distinct blocks held by the slots, blocks they may still allocate).
+    fn block_counts(&self) -> (usize, usize) {
+        let mut distinct = HashSet::new();
+        let mut growth = 0;
+        for cache in self.slots.values() {
+            distinct.extend(cache.block_ids());
+            growth += cache.reserved_blocks() - cache.blocks();
+        }
+        (distinct.len(), growth)
+    }
+
+    /// Distinct blocks held by more than one slot.
+    fn shared_block_count(&self) -> usize {
+        let mut holders: HashMap<usize, usize> = HashMap::new();
+        for id in self.slots.values().flat_map(KvCache::block_ids) {
+            *holders.entry(id).or_default() += 1;
+        }
+        holders.values().filter(|&&n| n > 1).count()
     }
 }
 
@@ -159,7 +186,7 @@ impl Backend for MlxBackend {
             window,
         )?;
         let positions = shape.effective_prompt_len() + admitted;
-        let bytes = positions * self.bytes_per_position();
+        let bytes = self.block_rounded_bytes(positions);
         if bytes > self.kv_budget_bytes {
             return Err(EngineError::KvBudget {
                 positions,
@@ -178,12 +205,23 @@ impl Backend for MlxBackend {
         Some((self.reserved_bytes(), self.kv_budget_bytes))
     }
 
+    fn kv_blocks(&self) -> Option<KvBlockUsage> {
+        let (held, growth) = self.block_counts();
+        let budget_blocks = self.kv_budget_bytes / (KV_BLOCK * self.bytes_per_position()).max(1);
+        Some(KvBlockUsage {
+            block_positions: KV_BLOCK,
+            held,
+            shared: self.shared_block_count(),
+            free: budget_blocks.saturating_sub(held + growth),
+        })
+    }
+
     fn weight_bytes(&self) -> Option<u64> {
         Some(self.model.weight_bytes())
     }
 
     fn allocate_slot(&mut self, plan: &SessionPlan) -> Result<SlotId, EngineError> {
-        let wanted = plan.max_positions * self.bytes_per_position();
+        let wanted = self.block_rounded_bytes(plan.max_positions);
         if self.reserved_bytes() + wanted > self.kv_budget_bytes {
             return Err(EngineError::NoFreeSlot);
         }
@@ -233,8 +271,11 @@ impl Backend for MlxBackend {
                 ),
             ));
         }
-        let now = cache.reserved_positions() * per_position;
-        let after = plan.max_positions.max(cache.len()) * per_position;
+        // Its held blocks stay counted; what changes is what it may still allocate.
+        let now = (cache.reserved_blocks() - cache.blocks()) * KV_BLOCK * per_position;
+        let after = (cache.reserved_blocks_at(len, plan.max_positions.max(len)) - cache.blocks())
+            * KV_BLOCK
+            * per_position;
         if reserved - now + after > budget {
             return Err(EngineError::NoFreeSlot);
         }

@@ -1238,3 +1238,64 @@ fn f16_kv_caches_keep_the_reference_text_and_are_refused_on_xla() {
     #[cfg(not(feature = "xla"))]
     assert!(err.contains("xla"), "{err}");
 }
+
+/// KV blocks on the MLX backend: requests with a common prompt longer than two blocks hold its
+/// full blocks once (shared between their slots and the kept ones), and their output is bit for
+/// bit what they compute without the cache (int8 activations).
+#[test]
+fn a_common_prefix_is_held_once_in_shared_blocks() {
+    if skip() {
+        return;
+    }
+    let options = |cache| EngineOptions {
+        activations: Some(Activations::Int8),
+        prefix_cache_bytes: cache,
+        ..EngineOptions::default()
+    };
+    let plain = Engine::load(None, options(0)).unwrap();
+    let cached = Engine::load(None, options(1 << 30)).unwrap();
+    let system =
+        "You are a careful assistant who answers in one sentence and never guesses. ".repeat(40);
+    let requests: Vec<GenerationRequest> = ["France", "Italy", "Spain", "Peru"]
+        .iter()
+        .map(|c| {
+            let text = format!("{system}Question: what is the capital of {c}? Answer:");
+            GenerationRequest {
+                sampling: SamplingParams::greedy(),
+                ..GenerationRequest::new(plain.tokenize(&text).unwrap(), MaxNewTokens::Limited(6))
+            }
+        })
+        .collect();
+    let system_tokens = plain.tokenize(&system).unwrap().len();
+    assert!(system_tokens > 2 * 256 + 16, "{system_tokens}");
+    let want: Vec<Completion> = requests
+        .iter()
+        .map(|r| plain.generate(r.clone()).unwrap())
+        .collect();
+    // The first alone (kept when it ends), then the other three together.
+    let first = cached.generate(requests[0].clone()).unwrap();
+    let rest = submit_all(&cached, &requests[1..]);
+    for (i, got) in std::iter::once(&first).chain(&rest).enumerate() {
+        assert_eq!(got.tokens, want[i].tokens, "request {i}");
+    }
+    for got in &rest {
+        assert!(
+            got.usage.cached_tokens >= system_tokens - 2,
+            "{:?}",
+            got.usage
+        );
+    }
+    // Four kept slots of three blocks each; the system prompt's first two blocks are shared.
+    let blocks = cached
+        .metrics()
+        .kv_blocks
+        .expect("MLX keeps its caches in blocks");
+    assert_eq!(blocks.block_positions, 256);
+    assert!(blocks.shared >= 2, "{blocks:?}");
+    assert!(blocks.held <= 4 * 3 - 3 * 2, "{blocks:?}");
+    let (reserved, budget) = cached.metrics().kv_usage.unwrap();
+    assert!(
+        reserved <= budget && blocks.free > 0,
+        "{reserved} of {budget}: {blocks:?}"
+    );
+}

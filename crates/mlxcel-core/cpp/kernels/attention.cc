@@ -14,6 +14,20 @@ float* grow(std::vector<float>& buffer, size_t floats) {
   return buffer.data();
 }
 
+// Bytes of one element of a row of `dtype` (q8_0 rows are counted in bytes).
+int64_t element_bytes(KvDtype dtype) {
+  return dtype == KvDtype::F32 ? 4 : dtype == KvDtype::F16 ? 2 : 1;
+}
+
+// The base address from which key (or value) j0 of the range [j0, j0 + kKvBlock) is found at
+// `block`: the kernels index rows by absolute position, base + j·row, so the base is the block
+// moved back by j0 rows. Computed on integers: the address itself lies outside the block and is
+// never read.
+const void* block_base(const void* block, int j0, int64_t row, KvDtype dtype) {
+  return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(block) -
+                                       static_cast<uintptr_t>(j0 * row * element_bytes(dtype)));
+}
+
 }  // namespace
 
 void attention(const AttentionProblem* problems, int count, Isa isa, int threads) {
@@ -25,8 +39,9 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
   // The ranges are a fixed grid of absolute key positions, kRangeKeys each, whatever the batch,
   // the chunking of a prompt or the thread count: a row's partials, and so its output, depend
   // only on its own keys. With the int8 path's row-invariant matmuls this makes a sequence's
-  // logits bitwise the same alone or batched (docs/kernels.md).
-  constexpr int kBlock = 8, kRangeKeys = 256;
+  // logits bitwise the same alone or batched (docs/kernels.md). They are also the KV cache's
+  // blocks: a task of a problem with block tables reads one block of keys and one of values.
+  constexpr int kBlock = 8, kRangeKeys = kKvBlock;
   struct Task {
     int problem, kvh, r0, r1, j0, j1;
     int64_t part;
@@ -70,8 +85,17 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
   parallel_for(threads, static_cast<int>(tasks.size()), [&](int t) {
     static thread_local std::vector<float> scores;
     const auto& task = tasks[t];
-    attend(problems[task.problem], task.kvh, task.r0, task.r1, task.j0, task.j1,
-           part + task.part, grow(scores, static_cast<size_t>(max_scores)));
+    const AttentionProblem* p = &problems[task.problem];
+    AttentionProblem in_block;
+    if (p->k_blocks != nullptr) {
+      in_block = *p;
+      const int b = task.j0 / kRangeKeys;
+      in_block.k = block_base(p->k_blocks[b], task.j0, p->k_row, p->k_dtype);
+      in_block.v = block_base(p->v_blocks[b], task.j0, p->v_row, p->v_dtype);
+      p = &in_block;
+    }
+    attend(*p, task.kvh, task.r0, task.r1, task.j0, task.j1, part + task.part,
+           grow(scores, static_cast<size_t>(max_scores)));
   });
   parallel_for(threads, static_cast<int>(merges.size()), [&](int t) {
     const auto& m = merges[t];

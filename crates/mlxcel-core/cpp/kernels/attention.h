@@ -31,7 +31,16 @@ struct AttentionProblem {
   float softcap;  // 0: none
   KvDtype k_dtype = KvDtype::F32;
   KvDtype v_dtype = KvDtype::F32;
+  // Keys and values in blocks of kKvBlock positions (a KV cache's blocks, anywhere in memory):
+  // when set, key j of kv head h is at k_blocks[j / kKvBlock] + h·k_head + (j % kKvBlock)·k_row
+  // (`k` unused; k_head is a head's stride within a block), and likewise for values.
+  const void* const* k_blocks = nullptr;
+  const void* const* v_blocks = nullptr;
 };
+
+// Positions per KV-cache block: the key ranges attention() splits a problem into are these
+// blocks, so each task reads one block.
+constexpr int kKvBlock = 256;
 
 // The IEEE half nearest to f (ties to even; overflow to infinity, NaN stays NaN), as MLX's
 // astype(float16) and F16C's conversion round.

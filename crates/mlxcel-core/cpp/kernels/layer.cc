@@ -13,9 +13,13 @@
 //
 // with the same kernels (and so the same numbers) as the per-op graph.
 //
-// The KV caches are inputs that this primitive writes: MLX arrays are immutable in principle,
-// so the caller must own each cache buffer exclusively (a materialized, row-contiguous array
-// that no other array shares and nothing else reads during the step). `LlamaModel` does.
+// The KV caches are blocks of kKvBlock positions, each block an input array ([1, kv_heads,
+// kKvBlock, row]); a sequence's blocks need not be adjacent, and blocks holding a shared
+// prefix may be inputs of several sequences, which only read them. The blocks this primitive
+// writes (those holding a sequence's new positions) it writes in place: MLX arrays are immutable
+// in principle, so the caller must own each of them exclusively (a materialized, row-contiguous
+// array that no other array or sequence shares and nothing else reads during the step).
+// `KvCache` does.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -55,7 +59,8 @@ enum Input : int {
   // Then, with a q/k norm, its two weights ([head_dim] each); with sandwich norms, the
   // post-attention and post-MLP norms ([hidden] each); with q/k/v biases, the three stacked
   // ([(heads + 2 kv_heads) head_dim]); with q, k and v split (kQkv* then hold q), k's and v's
-  // weight, scales and biases; then the caches.
+  // weight, scales and biases; then the caches' blocks, per sequence its key blocks then its
+  // value blocks.
 };
 
 // A quantized matrix's layout.
@@ -79,13 +84,14 @@ struct Dims {
   Quant k, v;                    // when split
 };
 
-// One sequence of the step: its rows of x, the cache position of the first, its caches.
+// One sequence of the step: its rows of x, the cache position of the first, its caches' blocks
+// (block b holds positions [b·kKvBlock, (b + 1)·kKvBlock)).
 struct Seq {
   int n, position;
-  void* k;  // float, f16 bits (uint16_t) or q8_0 rows (uint8_t), as k_dtype says
-  void* v;
+  std::vector<void*> k;  // float, f16 bits (uint16_t) or q8_0 rows (uint8_t), as k_dtype says
+  std::vector<void*> v;
   kernels::KvDtype k_dtype, v_dtype;
-  // Elements of a position's row (head_dim; q8_0: its bytes) and of a head (allocated rows).
+  // Elements of a position's row (head_dim; q8_0: its bytes) and of a head within a block.
   int64_t k_row, k_head, v_row, v_head;
 };
 
@@ -169,17 +175,27 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
         throw std::runtime_error("mlxcel decoder layer: input " + std::to_string(i) +
                                  " must be row-contiguous");
     }
-    const int count = static_cast<int>(seqs_.size() / 2);
+    const int count = static_cast<int>(seqs_.size() / 3);
     std::vector<Seq> seqs(count);
+    int input = dims_.first_cache;
     for (int s = 0; s < count; ++s) {
-      const auto& k = inputs[dims_.first_cache + 2 * s];
-      const auto& v = inputs[dims_.first_cache + 2 * s + 1];
-      for (const auto* c : {&k, &v}) {
+      const int blocks = seqs_[3 * s + 2];
+      const auto& k = inputs[input];
+      const auto& v = inputs[input + blocks];
+      std::vector<void*> k_blocks, v_blocks;
+      for (int b = 0; b < 2 * blocks; ++b) {
+        const auto& c = inputs[input + b];
         // Written in place: it must be a buffer of its own, not a broadcast or a view.
-        if (!c->flags().row_contiguous || c->data_size() != c->size() || c->offset() != 0)
+        if (!c.flags().row_contiguous || c.data_size() != c.size() || c.offset() != 0)
           throw std::runtime_error(
-              "mlxcel decoder layer: a KV cache must be a materialized contiguous array");
+              "mlxcel decoder layer: a KV cache block must be a materialized contiguous array");
+        if (c.dtype() != (b < blocks ? k : v).dtype() || c.shape() != (b < blocks ? k : v).shape())
+          throw std::runtime_error(
+              "mlxcel decoder layer: a sequence's key (or value) blocks differ in type or shape");
+        (b < blocks ? k_blocks : v_blocks)
+            .push_back(const_cast<void*>(static_cast<const void*>(c.data<uint8_t>())));
       }
+      input += 2 * blocks;
       const kernels::KvDtype k_dtype = kv_dtype(k), v_dtype = kv_dtype(v);
       // A row of head_dim values: q8_0 rows are their bytes.
       auto row_of = [&](const mx::array& c, kernels::KvDtype dtype) {
@@ -193,10 +209,10 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
         return want;
       };
       const int64_t k_row = row_of(k, k_dtype), v_row = row_of(v, v_dtype);
-      seqs[s] = Seq{seqs_[2 * s],
-                    seqs_[2 * s + 1],
-                    const_cast<void*>(static_cast<const void*>(k.data<uint8_t>())),
-                    const_cast<void*>(static_cast<const void*>(v.data<uint8_t>())),
+      seqs[s] = Seq{seqs_[3 * s],
+                    seqs_[3 * s + 1],
+                    std::move(k_blocks),
+                    std::move(v_blocks),
                     k_dtype,
                     v_dtype,
                     k_row,
@@ -329,13 +345,16 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
           for (int hd = 0; hd < H; ++hd)
             kernels::rope_head(r + hd * D, r + hd * D, cos_t.data(), sin_t.data(), half);
         }
+        void* k_block = s.k[pos / kernels::kKvBlock];
+        void* v_block = s.v[pos / kernels::kKvBlock];
+        const int at = pos % kernels::kKvBlock;
         for (int kvh = 0; kvh < KV; ++kvh) {
           // RoPE on k in place (features past `rotary` stay as they are), then both rows into
           // the caches, rounded to f16 or quantized to q8_0 where a cache holds those.
           float* kr = r + (H + kvh) * D;
           if (d.rope) kernels::rope_head(kr, kr, cos_t.data(), sin_t.data(), half);
-          store_kv(s.k, s.k_dtype, kvh * s.k_head + pos * s.k_row, kr, D);
-          store_kv(s.v, s.v_dtype, kvh * s.v_head + pos * s.v_row, r + (H + KV + kvh) * D, D);
+          store_kv(k_block, s.k_dtype, kvh * s.k_head + at * s.k_row, kr, D);
+          store_kv(v_block, s.v_dtype, kvh * s.v_head + at * s.v_row, r + (H + KV + kvh) * D, D);
         }
       }
       row += s.n;
@@ -348,8 +367,8 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     for (const auto& s : seqs) {
       kernels::AttentionProblem p{};
       p.q = qkv + static_cast<int64_t>(row) * C;
-      p.k = s.k;
-      p.v = s.v;
+      p.k_blocks = s.k.data();
+      p.v_blocks = s.v.data();
       p.k_dtype = s.k_dtype;
       p.v_dtype = s.v_dtype;
       p.out = att + static_cast<int64_t>(row) * H * D;
@@ -387,7 +406,7 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
   }
 
   Dims dims_;
-  std::vector<int32_t> seqs_;  // (n, position) per sequence
+  std::vector<int32_t> seqs_;  // (n, position, blocks) per sequence
   Isa isa_;
   int threads_;
 };
@@ -527,30 +546,39 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
   d.down = check_quantized(inputs, kDownW, d.hidden, d.intermediate, quant[9], quant[10], quant[11],
                            "down");
 
-  if (seqs.size() % 2 != 0 || seqs.empty()) refuse("seqs must be (n, position) pairs");
-  const size_t count = seqs.size() / 2;
-  if (caches.items.size() != 2 * count) refuse("expected a key and a value cache per sequence");
+  if (seqs.size() % 3 != 0 || seqs.empty()) refuse("seqs must be (n, position, blocks) triples");
+  const size_t count = seqs.size() / 3;
+  size_t expected = 0;
+  for (size_t s = 0; s < count; ++s) expected += 2 * static_cast<size_t>(std::max(0, seqs[3 * s + 2]));
+  if (caches.items.size() != expected)
+    refuse("expected " + std::to_string(expected) +
+           " cache blocks (each sequence's key blocks then its value blocks), got " +
+           std::to_string(caches.items.size()));
   int64_t total = 0;
+  size_t next = 0;
   for (size_t s = 0; s < count; ++s) {
-    const int n = seqs[2 * s], position = seqs[2 * s + 1];
-    if (n < 1 || position < 0) refuse("each sequence needs n >= 1 and position >= 0");
+    const int n = seqs[3 * s], position = seqs[3 * s + 1], blocks = seqs[3 * s + 2];
+    if (n < 1 || position < 0 || blocks < 1)
+      refuse("each sequence needs n >= 1, position >= 0 and at least one cache block");
     total += n;
-    for (int c = 0; c < 2; ++c) {
-      const auto& cache = caches.items[2 * s + c];
+    for (int c = 0; c < 2 * blocks; ++c) {
+      const auto& cache = caches.items[next++];
       // f32 or f16 rows of D values, or uint8 rows of D / 32 q8_0 blocks.
       const bool q8 = cache.dtype() == mx::uint8 && D % kernels::kQ8Block == 0;
       const int64_t row = q8 ? D / kernels::kQ8Block * kernels::kQ8BlockBytes : D;
       if ((cache.dtype() != mx::float32 && cache.dtype() != mx::float16 && !q8) ||
-          cache.ndim() != 4 || cache.shape(0) != 1 || cache.shape(1) != KV || cache.shape(3) != row)
-        refuse("caches must be float32 or float16 [1, " + std::to_string(KV) + ", positions, " +
-               std::to_string(D) + "] (or uint8 q8_0 rows of " +
+          cache.ndim() != 4 || cache.shape(0) != 1 || cache.shape(1) != KV ||
+          cache.shape(2) != kernels::kKvBlock || cache.shape(3) != row)
+        refuse("cache blocks must be float32 or float16 [1, " + std::to_string(KV) + ", " +
+               std::to_string(kernels::kKvBlock) + ", " + std::to_string(D) +
+               "] (or uint8 q8_0 rows of " +
                std::to_string(D / kernels::kQ8Block * kernels::kQ8BlockBytes) + " bytes)");
-      if (static_cast<int64_t>(position) + n > cache.shape(2))
-        refuse("sequence " + std::to_string(s) + " writes positions up to " +
-               std::to_string(position + n) + " but its cache holds " +
-               std::to_string(cache.shape(2)));
       inputs.push_back(cache);
     }
+    if (static_cast<int64_t>(position) + n > static_cast<int64_t>(blocks) * kernels::kKvBlock)
+      refuse("sequence " + std::to_string(s) + " writes positions up to " +
+             std::to_string(position + n) + " but its " + std::to_string(blocks) +
+             " cache blocks hold " + std::to_string(blocks * kernels::kKvBlock));
   }
   if (total != x.shape(0))
     refuse("the sequences hold " + std::to_string(total) + " tokens but x has " +

@@ -591,3 +591,101 @@ fn q8_0_caches_quantize_each_block_and_keep_the_batch_invariance() {
         "{err}"
     );
 }
+
+/// Blocks shared between caches: a copied prefix shares its full blocks (and copies the
+/// partial one), a sharer's writes never reach the other cache (a write into a shared block
+/// copies it first, also after a truncation into it), and the logits are bitwise those of
+/// caches that share nothing. On the fused layer with int8 activations (bitwise invariant to
+/// chunking) and on the per-op graph (mlxcel's kernels; MLX's take minutes at this length),
+/// whose writes are functional.
+#[test]
+fn shared_prefix_blocks_are_read_only_and_give_the_same_bits() {
+    use mlxcel_core::KV_BLOCK;
+    if skip() {
+        return;
+    }
+    let per_op = {
+        let (loaded, _) = default_model();
+        LlamaModel::load_with(
+            &loaded.checkpoint,
+            Kernels {
+                fused_layers: false,
+                activations: Activations::F32,
+                ..Kernels::native()
+            },
+        )
+        .unwrap()
+    };
+    let tokens: Vec<u32> = (0..2 * KV_BLOCK as u32 + 88)
+        .map(|i| (i * 7 + 1) % 3000)
+        .collect();
+    let bits = |logits: &[f32]| logits.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for model in [int8_model(), &per_op] {
+        let step = |cache: &mut mlxcel_core::KvCache, tokens: &[u32]| {
+            model
+                .forward(&mut [ForwardSeq { cache, tokens }])
+                .unwrap()
+                .remove(0)
+        };
+        let total = tokens.len() + 8;
+        let mut source = model.new_cache(total);
+        step(&mut source, &tokens);
+        let before = source.export(tokens.len()).unwrap();
+
+        // 300 positions: block 0 shared, block 1 (44 positions of it) copied.
+        let mut copy = model.new_cache(total);
+        copy.copy_prefix_from(&source, 300).unwrap();
+        assert_eq!((copy.blocks(), copy.shared_blocks()), (2, 1));
+        assert_eq!(copy.block_ids().next(), source.block_ids().next());
+        // The copy continues with the source's tokens: the source's last logits, bitwise.
+        let mut fresh = model.new_cache(total);
+        let fresh_logits = step(&mut fresh, &tokens);
+        let copy_logits = step(&mut copy, &tokens[300..]);
+        if std::ptr::eq(model, int8_model()) {
+            assert_eq!(bits(&copy_logits), bits(&fresh_logits));
+        }
+        // Then each decodes its own token: the source is as if nothing shared its blocks.
+        let (a, b) = (5u32, 9u32);
+        let source_next = step(&mut source, &[a]);
+        let fresh_next = step(&mut fresh, &[a]);
+        step(&mut copy, &[b]);
+        assert_eq!(bits(&source_next), bits(&fresh_next));
+
+        // Truncated into a shared block and rewritten: the block is copied, the source keeps
+        // its keys and values.
+        let mut rewind = model.new_cache(total);
+        rewind.copy_prefix_from(&source, 2 * KV_BLOCK).unwrap();
+        assert_eq!((rewind.blocks(), rewind.shared_blocks()), (2, 2));
+        assert!(rewind.reserved_blocks() >= 3);
+        rewind.truncate(100);
+        assert_eq!(
+            rewind.reserved_blocks_at(100, total),
+            total.div_ceil(KV_BLOCK) + 1
+        );
+        let other: Vec<u32> = (0..50).map(|i| (i * 13 + 2) % 3000).collect();
+        step(&mut rewind, &other);
+        assert_eq!(
+            rewind.shared_blocks(),
+            1,
+            "block 0 was copied before the write"
+        );
+        let after = source.export(tokens.len()).unwrap();
+        assert_eq!(
+            bits(&before),
+            bits(&after),
+            "a sharer's writes reached the source"
+        );
+        // And the rewound cache computes what a fresh one does over the same tokens.
+        let mut expected = model.new_cache(total);
+        step(&mut expected, &tokens[..100]);
+        let want = step(&mut expected, &other);
+        let got = step(&mut rewind, &[a]);
+        let want_next = step(&mut expected, &[a]);
+        if std::ptr::eq(model, int8_model()) {
+            assert_eq!(bits(&got), bits(&want_next));
+        } else {
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            assert_close(&got, &want_next, 1e-3 * scale);
+        }
+    }
+}
