@@ -1308,3 +1308,160 @@ fn int8_models_hold_their_tied_table_once() {
     assert_eq!(wide, f32, "int8 (wide) holds the f32 model's bytes");
     assert!(compact <= wide, "compact {compact} > wide {wide}");
 }
+
+/// KV blocks under random sharing, on the fused layer with int8 activations (whose logits are
+/// invariant to batching and chunking, so a cache that shares blocks must give the bits of one
+/// that shares nothing): caches start from random prompts, copy random prefixes of one another
+/// (sharing the full blocks), are truncated at random points (also into shared blocks, which a
+/// later write must copy first), dropped at random (the blocks they shared live on in the
+/// others), and extended by steps over random subsets of them, batched. After every step each
+/// extended cache's logits are bitwise those of a fresh cache prefilled with its whole history.
+#[test]
+fn shared_kv_blocks_under_random_copies_truncations_and_drops() {
+    use mlxcel_core::{KV_BLOCK, KvCache};
+    let tiny = write_tiny(
+        Variant {
+            storage: Storage::Quantized {
+                bits: 4,
+                group_size: 32,
+                f16_scales: true,
+            },
+            tied: true,
+            ..PLAIN
+        },
+        94,
+    );
+    let checkpoint = Checkpoint::open(tiny.dir.path()).unwrap();
+    let kernels = Kernels {
+        activations: Activations::Int8,
+        ..Kernels::native()
+    };
+    let model = LlamaModel::load_with(&checkpoint, kernels).unwrap();
+    assert_eq!(model.execution(), "fused layers");
+    let max = 3 * KV_BLOCK;
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |below: usize| -> usize {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 33) % below.max(1) as u64) as usize
+    };
+    let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let fresh_logits = |history: &[u32]| {
+        let mut cache = model.new_cache(max);
+        bits(
+            &model
+                .forward(&mut [ForwardSeq {
+                    cache: &mut cache,
+                    tokens: history,
+                }])
+                .unwrap()[0],
+        )
+    };
+    let mut caches: Vec<(KvCache, Vec<u32>)> = Vec::new();
+    let (mut copies, mut shared_writes, mut steps) = (0, 0, 0);
+    for _ in 0..200 {
+        match next(6) {
+            // A new cache with a prompt of its own.
+            0 if caches.len() < 4 => {
+                let len = 1 + next(2 * KV_BLOCK + 100);
+                let tokens: Vec<u32> = (0..len).map(|_| next(96) as u32).collect();
+                let mut cache = model.new_cache(max);
+                model
+                    .forward(&mut [ForwardSeq {
+                        cache: &mut cache,
+                        tokens: &tokens,
+                    }])
+                    .unwrap();
+                caches.push((cache, tokens));
+            }
+            // A copy of a random prefix of another cache.
+            1 | 2 if !caches.is_empty() && caches.len() < 4 => {
+                let source = next(caches.len());
+                let len = 1 + next(caches[source].1.len());
+                let mut cache = model.new_cache(max);
+                cache.copy_prefix_from(&caches[source].0, len).unwrap();
+                assert_eq!(cache.shared_blocks(), len / KV_BLOCK);
+                let history = caches[source].1[..len].to_vec();
+                caches.push((cache, history));
+                copies += 1;
+            }
+            3 if !caches.is_empty() => {
+                // Half the time the cache sharing the most blocks (rewinding into them).
+                let at = if next(2) == 0 {
+                    (0..caches.len())
+                        .max_by_key(|&i| caches[i].0.shared_blocks())
+                        .unwrap()
+                } else {
+                    next(caches.len())
+                };
+                let len = 1 + next(caches[at].1.len());
+                caches[at].0.truncate(len);
+                caches[at].1.truncate(len);
+            }
+            4 if caches.len() > 1 => {
+                caches.remove(next(caches.len()));
+            }
+            _ if !caches.is_empty() => {
+                // A batched step over a random subset, each with 1..48 new tokens.
+                let mut picked: Vec<usize> = (0..caches.len()).filter(|_| next(2) == 0).collect();
+                if picked.is_empty() {
+                    picked.push(next(caches.len()));
+                }
+                let mut news = Vec::new();
+                for &i in &picked {
+                    let room = max - caches[i].1.len();
+                    let n = (1 + next(48)).min(room);
+                    news.push((0..n).map(|_| next(96) as u32).collect::<Vec<u32>>());
+                    // Its next position falls in a shared block: the write must copy it.
+                    let cache = &caches[i].0;
+                    if n > 0 && cache.reserved_blocks() > max.div_ceil(KV_BLOCK).max(cache.blocks())
+                    {
+                        shared_writes += 1;
+                    }
+                }
+                let runnable: Vec<(usize, Vec<u32>)> = picked
+                    .into_iter()
+                    .zip(news)
+                    .filter(|(_, t)| !t.is_empty())
+                    .collect();
+                if runnable.is_empty() {
+                    continue;
+                }
+                let mut slots: Vec<&mut (KvCache, Vec<u32>)> = Vec::new();
+                for (i, entry) in caches.iter_mut().enumerate() {
+                    if runnable.iter().any(|(j, _)| *j == i) {
+                        slots.push(entry);
+                    }
+                }
+                let mut seqs: Vec<ForwardSeq<'_>> = slots
+                    .iter_mut()
+                    .zip(&runnable)
+                    .map(|(entry, (_, tokens))| ForwardSeq {
+                        cache: &mut entry.0,
+                        tokens,
+                    })
+                    .collect();
+                let logits = model.forward(&mut seqs).unwrap();
+                drop(seqs);
+                for ((entry, (_, tokens)), got) in slots.iter_mut().zip(&runnable).zip(&logits) {
+                    entry.1.extend(tokens);
+                    assert_eq!(entry.0.len(), entry.1.len());
+                    assert_eq!(
+                        bits(got),
+                        fresh_logits(&entry.1),
+                        "a cache of {} positions sharing {} blocks",
+                        entry.1.len(),
+                        entry.0.shared_blocks()
+                    );
+                }
+                steps += 1;
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        copies >= 5 && shared_writes >= 1 && steps >= 10,
+        "copies {copies}, writes into shared blocks {shared_writes}, steps {steps}"
+    );
+}
