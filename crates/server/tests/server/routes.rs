@@ -583,6 +583,11 @@ async fn cached_prompt_tokens_are_reported_per_request() {
     assert!(bytes > 0 && bytes <= value("mlxcel_prefix_cache_budget_bytes"));
     assert_eq!(value("mlxcel_prefix_cache_budget_bytes"), 64 << 20);
     assert_eq!(value("mlxcel_prefix_cache_evictions_total"), 0);
+    // The MLX backend's KV blocks: the kept entries hold some, within the budget.
+    assert_eq!(value("mlxcel_kv_block_positions"), 256);
+    assert!(value("mlxcel_kv_blocks_held") >= 1);
+    assert!(value("mlxcel_kv_blocks_shared") <= value("mlxcel_kv_blocks_held"));
+    assert!(value("mlxcel_kv_blocks_free") > 0);
 }
 
 /// With prompt-lookup speculation on, a request that repeats its prompt reports its proposals in
