@@ -1,4 +1,5 @@
-//! Times the int8-activation matmul at decode (M = 1) on Llama-3.2-1B-shaped K-quant matrices,
+//! Times the int8-activation matmul at decode (M = 1) on Llama-3.2-1B- and Qwen2.5-3B-shaped
+//! K-quant matrices,
 //! wide against compact layout, per thread count: GB/s of the bytes each layout reads.
 //!
 //! `cargo run --release -p mlxcel-core --example int8_speed [M]`
@@ -62,6 +63,12 @@ fn main() -> Result<(), mlxcel_core::Error> {
         ("gate_up Q4_K 16384x2048", 16384, 2048, 4, u32::MAX, 32),
         ("down Q6_K 2048x8192", 2048, 8192, 8, 0x3F3F_3F3F, 16),
         ("head Q6_K 128256x2048", 128256, 2048, 8, 0x3F3F_3F3F, 16),
+        // Qwen2.5-3B's: q/k/v stacked, o, gate/up, a Q4_K down, its tied Q6_K head.
+        ("3B qkv Q4_K 2560x2048", 2560, 2048, 4, u32::MAX, 32),
+        ("3B o Q4_K 2048x2048", 2048, 2048, 4, u32::MAX, 32),
+        ("3B gate_up Q4_K 22016x2048", 22016, 2048, 4, u32::MAX, 32),
+        ("3B down Q4_K 2048x11008", 2048, 11008, 4, u32::MAX, 32),
+        ("3B head Q6_K 151936x2048", 151936, 2048, 8, 0x3F3F_3F3F, 16),
     ];
     for (name, n, k, bits, mask, group) in shapes {
         // Several copies so that a pass streams from DRAM (8 MiB L3).
