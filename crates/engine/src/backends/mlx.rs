@@ -1,6 +1,6 @@
 //! The MLX backend adapter: slots are KV caches, a step is one `LlamaModel::forward`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use mlxcel_core::{ForwardSeq, KV_BLOCK, Kernels, KvCache, LlamaModel};
 use mlxcel_model::Checkpoint;
@@ -70,28 +70,23 @@ impl MlxBackend {
     /// The distinct blocks the slots hold (a shared block once), plus the blocks each slot may
     /// still allocate (up to its bound, and a copy of a shared block it would write into).
     fn reserved_bytes(&self) -> usize {
-        let (held, growth) = self.block_counts();
+        let (held, _, growth) = self.block_counts();
         (held + growth) * KV_BLOCK * self.bytes_per_position()
     }
 
-    /// (distinct blocks held by the slots, blocks they may still allocate).
-    fn block_counts(&self) -> (usize, usize) {
-        let mut distinct = HashSet::new();
+    /// (distinct blocks held by the slots, of those the ones more than one slot holds, blocks
+    /// the slots may still allocate).
+    fn block_counts(&self) -> (usize, usize, usize) {
+        let mut holders: HashMap<usize, usize> = HashMap::new();
         let mut growth = 0;
         for cache in self.slots.values() {
-            distinct.extend(cache.block_ids());
+            for id in cache.block_ids() {
+                *holders.entry(id).or_default() += 1;
+            }
             growth += cache.reserved_blocks() - cache.blocks();
         }
-        (distinct.len(), growth)
-    }
-
-    /// Distinct blocks held by more than one slot.
-    fn shared_block_count(&self) -> usize {
-        let mut holders: HashMap<usize, usize> = HashMap::new();
-        for id in self.slots.values().flat_map(KvCache::block_ids) {
-            *holders.entry(id).or_default() += 1;
-        }
-        holders.values().filter(|&&n| n > 1).count()
+        let shared = holders.values().filter(|&&n| n > 1).count();
+        (holders.len(), shared, growth)
     }
 }
 
@@ -206,12 +201,12 @@ impl Backend for MlxBackend {
     }
 
     fn kv_blocks(&self) -> Option<KvBlockUsage> {
-        let (held, growth) = self.block_counts();
+        let (held, shared, growth) = self.block_counts();
         let budget_blocks = self.kv_budget_bytes / (KV_BLOCK * self.bytes_per_position()).max(1);
         Some(KvBlockUsage {
             block_positions: KV_BLOCK,
             held,
-            shared: self.shared_block_count(),
+            shared,
             free: budget_blocks.saturating_sub(held + growth),
         })
     }
