@@ -197,12 +197,6 @@ impl KvCache {
         max_positions.div_ceil(KV_BLOCK).max(self.blocks.len()) + usize::from(copy_on_write)
     }
 
-    /// Positions this cache's memory is counted for ([`KvCache::reserved_blocks`] in
-    /// positions).
-    pub fn reserved_positions(&self) -> usize {
-        self.reserved_blocks() * KV_BLOCK
-    }
-
     /// The element types of keys and of values.
     pub fn types(&self) -> (KvType, KvType) {
         (self.k_type, self.v_type)
@@ -357,19 +351,6 @@ impl KvCache {
             self.contiguous(layer, 0, stop)?,
             self.contiguous(layer, 1, stop)?,
         ))
-    }
-
-    /// Like [`KvCache::append`], but also returns the number of positions in use (for kernels
-    /// that take it separately).
-    pub(crate) fn append_whole(
-        &mut self,
-        layer: usize,
-        k: &Array,
-        v: &Array,
-        n: usize,
-    ) -> Result<(Array, Array, usize)> {
-        let (keys, values) = self.append(layer, k, v, n)?;
-        Ok((keys, values, self.len + n))
     }
 
     /// `layer`'s key and value blocks holding positions `0..upto`, for the fused decoder

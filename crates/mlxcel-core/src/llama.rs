@@ -1027,7 +1027,8 @@ impl LlamaModel {
             // `MLXCEL_KERNELS=mlx` too.
             let attended = if kn.backend == KernelBackend::Native || self.features.softcap.is_some()
             {
-                let (keys, values, len) = seq.cache.append_whole(index, &ki, &vi, n as usize)?;
+                let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
+                let len = seq.cache.len() + n as usize;
                 attention_native_tokens_major(
                     &qi,
                     &keys,
