@@ -14,8 +14,8 @@ use std::sync::{Arc, OnceLock};
 use mlxcel_engine::{Constraint, StopMatcher};
 use mlxcel_model::gguf::{GgufFile, dequant};
 use mlxcel_model::{
-    ChatTemplate, LoadedModel, ModelConfig, SafetensorsFiles, Tokenizer, convert_gguf,
-    expected_modules,
+    ChatTemplate, Checkpoint, LoadedModel, ModelConfig, SafetensorsFiles, Tokenizer, convert_gguf,
+    expected_modules, prepare_gguf,
 };
 
 /// A target: its name (the corpus directory) and its function.
@@ -108,6 +108,17 @@ pub fn gguf(data: &[u8]) {
         exercise_tokenizer(&model.tokenizer, "Hello, world! ¿Qué tal? 你好 <s>");
         if let Some(template) = &model.chat_template {
             let _ = template.render(&[mlxcel_model::ChatMessage::new("user", "Hi")], true);
+        }
+        // The loader's path for `-m FILE.gguf`: the weights stay in the file and are converted
+        // as they are read; every tensor must come out as `convert_gguf` wrote it.
+        let prepared = dir.join("prepared");
+        if prepare_gguf(&path, &prepared, "fuzz").is_ok()
+            && let Ok(on_demand) = Checkpoint::open(&prepared)
+        {
+            for written in model.checkpoint.tensors() {
+                let read = on_demand.tensor(written.name).map(|t| t.data);
+                assert_eq!(read, Some(written.data), "{}", written.name);
+            }
         }
     }
 }

@@ -27,7 +27,7 @@ enum Command {
     Generate(commands::generate::Args),
     /// Measure a text's perplexity under the model (llama-perplexity's method and output).
     Perplexity(commands::perplexity::Args),
-    /// Install the default model (or convert a GGUF) into the cache and print its directory.
+    /// Install the default model (or prepare a GGUF) into the cache and print its directory.
     Pull(commands::pull::Args),
     /// Serve the model over HTTP (OpenAI and llama-server routes).
     // Boxed: llama-server's flags (CORS included) make it far larger than the other commands.

@@ -501,8 +501,8 @@ impl Drop for Engine {
 fn weight_totals(loaded: &LoadedModel) -> (u64, u64) {
     let mut bytes = 0u64;
     let mut parameters = 0u64;
-    for tensor in loaded.checkpoint.tensors() {
-        bytes += tensor.data.len() as u64;
+    for tensor in loaded.checkpoint.tensor_infos() {
+        bytes += tensor.byte_len as u64;
         let elements: u64 = tensor.shape.iter().map(|&d| d as u64).product();
         if tensor.name.ends_with(".scales") || tensor.name.ends_with(".biases") {
             continue;

@@ -1205,8 +1205,10 @@ impl Loader<'_> {
         };
         let shape: Vec<i32> = view.shape.iter().map(|&d| d as i32).collect();
         let array = Array::from_bytes(view.data, &shape, dtype)?;
-        // Copied: the mapped pages are not needed again (the load's peak is then the arrays).
-        self.checkpoint.release_tensor(name);
+        // Copied: the mapped or converted bytes are not needed again (the load's peak is then
+        // the arrays).
+        // SAFETY: `view` is not read after this (the array holds a copy of its bytes).
+        unsafe { self.checkpoint.release_tensor(name) };
         Ok(array)
     }
 
@@ -1248,7 +1250,7 @@ impl Loader<'_> {
         };
         if self
             .checkpoint
-            .tensor(&format!("{module}.scales"))
+            .tensor_info(&format!("{module}.scales"))
             .is_none()
         {
             return Ok(None);

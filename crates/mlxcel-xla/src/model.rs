@@ -149,6 +149,16 @@ impl XlaModel {
             for (bytes, shape, element) in weight_buffers(checkpoint, &spec, options.format)? {
                 weights.push(runtime.upload(bytes, shape, element)?);
             }
+            // Uploaded: the checkpoint's bytes (mapped, or converted from a GGUF file) can go.
+            let module = spec.name.strip_suffix(".weight").unwrap_or(&spec.name);
+            for name in [
+                spec.name.clone(),
+                format!("{module}.scales"),
+                format!("{module}.biases"),
+            ] {
+                // SAFETY: `weight_buffers` returned copies; no view of these tensors is alive.
+                unsafe { checkpoint.release_tensor(&name) };
+            }
         }
         tracing::debug!(
             "mlxcel-xla: {} weights uploaded ({}) in {:?}",

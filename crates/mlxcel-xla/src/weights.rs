@@ -71,8 +71,8 @@ pub fn checkpoint_dims(checkpoint: &Checkpoint) -> LlamaDims {
         };
         let (Some(q), Some(scales), Some(biases)) = (
             checkpoint.quantization_of(module),
-            checkpoint.tensor(&format!("{module}.scales")),
-            checkpoint.tensor(&format!("{module}.biases")),
+            checkpoint.tensor_info(&format!("{module}.scales")),
+            checkpoint.tensor_info(&format!("{module}.biases")),
         ) else {
             continue;
         };
@@ -137,7 +137,11 @@ fn checkpoint_f32(checkpoint: &Checkpoint, name: &str) -> Result<(Vec<f32>, Vec<
     let module = name.strip_suffix(".weight");
     let spec = module.and_then(|m| checkpoint.quantization_of(m));
     match (module, spec) {
-        (Some(module), Some(spec)) if checkpoint.tensor(&format!("{module}.scales")).is_some() => {
+        (Some(module), Some(spec))
+            if checkpoint
+                .tensor_info(&format!("{module}.scales"))
+                .is_some() =>
+        {
             let scales_name = format!("{module}.scales");
             let biases_name = format!("{module}.biases");
             let scales = checkpoint

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::gguf::{GgufWeights, open_gguf_weights};
 use crate::quant::QuantSpec;
-use crate::safetensors_files::{Dtype, SafetensorsFiles, TensorView};
+use crate::safetensors_files::{Dtype, SafetensorsFiles, TensorInfo, TensorView};
 
 /// What a module is, with its logical (dequantized) shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,9 +112,16 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// Opens and validates the checkpoint in `dir` (config.json + safetensors).
+    ///
+    /// A directory prepared from a GGUF file ([`crate::gguf::prepare_gguf`], what `-m FILE.gguf`
+    /// resolves to) has no safetensors: its tensors are converted from the GGUF file when a
+    /// loader first reads them.
     pub fn open(dir: &Path) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
-        let files = SafetensorsFiles::open_dir(dir)?;
+        let files = match GgufWeights::read(dir)? {
+            Some(weights) => open_gguf_weights(dir, &weights)?,
+            None => SafetensorsFiles::open_dir(dir)?,
+        };
         Self::new(dir, config, files)
     }
 
@@ -182,16 +190,33 @@ impl Checkpoint {
         self.files.get(name)
     }
 
-    /// Lets go of the resident pages that `name`'s bytes occupy in the mapped files, once a
-    /// loader has copied them ([`SafetensorsFiles::release`]): the mapping then does not
-    /// double the load's peak memory.
-    pub fn release_tensor(&self, name: &str) {
-        self.files.release(name);
+    /// The name, dtype, shape and byte length of the tensor called `name`, without reading its
+    /// bytes (which, read from a GGUF file, would convert it).
+    pub fn tensor_info(&self, name: &str) -> Option<TensorInfo<'_>> {
+        self.files.info(name)
     }
 
-    /// Every tensor, sorted by name.
+    /// Lets go of the memory that `name`'s bytes occupy, once a loader has copied them
+    /// ([`SafetensorsFiles::release`]): the mapped file, or the tensor converted from a GGUF
+    /// file, then does not double the load's peak memory.
+    ///
+    /// # Safety
+    /// No [`TensorView::data`] of `name` obtained before may be read afterwards (see
+    /// [`SafetensorsFiles::release`]).
+    pub unsafe fn release_tensor(&self, name: &str) {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.files.release(name) }
+    }
+
+    /// Every tensor, sorted by name. Reading a GGUF-backed checkpoint this way converts every
+    /// tensor; [`Checkpoint::tensor_infos`] does not.
     pub fn tensors(&self) -> impl Iterator<Item = TensorView<'_>> {
         self.files.iter()
+    }
+
+    /// Every tensor's [`Checkpoint::tensor_info`], sorted by name.
+    pub fn tensor_infos(&self) -> impl Iterator<Item = TensorInfo<'_>> {
+        self.files.infos()
     }
 
     /// How the module at `module` (e.g. `model.embed_tokens`) is quantized; `None` when dense.
@@ -259,7 +284,7 @@ fn validate_module(
         float_tensor(files, &format!("{name}.bias"), &[out])?;
     }
     let weight = tensor(files, &format!("{name}.weight"))?;
-    let scales = files.get(&format!("{name}.scales"));
+    let scales = files.info(&format!("{name}.scales"));
     let declared = config
         .quantization
         .as_ref()
@@ -326,8 +351,8 @@ fn validate_module(
     Ok(Some(spec))
 }
 
-fn tensor<'a>(files: &'a SafetensorsFiles, name: &str) -> Result<TensorView<'a>> {
-    files.get(name).ok_or_else(|| ModelError::MissingTensor {
+fn tensor<'a>(files: &'a SafetensorsFiles, name: &str) -> Result<TensorInfo<'a>> {
+    files.info(name).ok_or_else(|| ModelError::MissingTensor {
         path: files.origin().to_owned(),
         tensor: name.to_owned(),
     })
@@ -337,7 +362,7 @@ fn float_tensor<'a>(
     files: &'a SafetensorsFiles,
     name: &str,
     shape: &[usize],
-) -> Result<TensorView<'a>> {
+) -> Result<TensorInfo<'a>> {
     let t = tensor(files, name)?;
     if !t.dtype.is_float() {
         return Err(ModelError::UnsupportedDtype {

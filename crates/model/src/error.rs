@@ -82,6 +82,15 @@ pub enum ModelError {
         tensor: String,
         ggml_type: String,
     },
+    #[error(
+        "{dir} reads its weights from {gguf}, which has changed since ({reason}); run again with \
+         `-m` naming the GGUF file to prepare it anew"
+    )]
+    GgufChanged {
+        dir: PathBuf,
+        gguf: PathBuf,
+        reason: String,
+    },
     #[error("{path}: tensor `{tensor}`: {reason}")]
     GgufTensor {
         path: PathBuf,

@@ -53,10 +53,10 @@ pub use default_model::{
 };
 pub use error::{ModelError, Result};
 pub use fim::{FIM_CONFIG_KEY, FIM_GGUF_KEYS, FIM_TEXTS, FimRole, FimTokens};
-pub use gguf::convert_gguf;
+pub use gguf::{GGUF_WEIGHTS_FILE, GgufWeights, convert_gguf, prepare_gguf};
 pub use model::{LoadedModel, eos_token_ids};
 pub use partial::{partial_name, sweep_partials};
 pub use quant::{GROUP16_AFFINE_MODE, QuantSpec, Quantization, dequantize_affine, pack, unpack};
 pub use resolve::{CONVERTER_VERSION, converted, resolve_model};
-pub use safetensors_files::{Dtype, SafetensorsFiles, TensorView};
+pub use safetensors_files::{Dtype, SafetensorsFiles, TensorInfo, TensorView};
 pub use tokenizer::{Detokenizer, TokenBytes, Tokenizer, shared_detokenizer};

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use crate::default_model::{DefaultModel, cache_dir, sha256_file};
 use crate::error::{ModelError, Result};
-use crate::gguf::convert_gguf;
+use crate::gguf::{GgufWeights, prepare_gguf};
 use crate::partial::{partial_name, sweep_partials};
 
 /// The checkpoint directory for a `-m` argument: `None` is the default model (downloaded and
@@ -48,28 +48,30 @@ pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
 }
 
 /// Part of the cache key of converted checkpoints: bump it whenever the converter's output changes,
-/// so that conversions made by an older mlxcel are not reused.
-pub const CONVERTER_VERSION: &str = "v4";
+/// so that conversions made by an older mlxcel are not reused. (`v5`: the weights are no longer
+/// written to the cache but converted from the GGUF file at each load.)
+pub const CONVERTER_VERSION: &str = "v5";
 
-/// The cached conversion of `gguf` (whose sha256 is `sha256`), converting it if absent.
+/// The checkpoint directory of `gguf` (whose sha256 is `sha256`), prepared if absent: the config
+/// and tokenizer files, and [`crate::GGUF_WEIGHTS_FILE`] pointing at the GGUF file, whose tensors
+/// are converted as the model loads (no second copy of the weights on disk).
 pub fn converted(cache: &Path, gguf: &Path, sha256: &str) -> Result<PathBuf> {
     let parent = cache.join("converted").join(CONVERTER_VERSION);
     let dir = parent.join(sha256);
+    let gguf = std::fs::canonicalize(gguf).map_err(|e| ModelError::io(gguf, e))?;
     // What a killed conversion left goes first, whether or not this one is already done.
     sweep_partials(&parent);
     if dir.join("config.json").is_file() {
+        // The same bytes, perhaps at another path than when the directory was prepared.
+        GgufWeights::repoint(&dir, &gguf)?;
         return Ok(dir);
     }
     std::fs::create_dir_all(&parent).map_err(|e| ModelError::io(&parent, e))?;
     // Convert beside the destination and rename, so an interrupted conversion is never used.
     let partial = parent.join(partial_name(sha256));
     let _ = std::fs::remove_dir_all(&partial);
-    eprintln!(
-        "mlxcel: converting {} into {}",
-        gguf.display(),
-        dir.display()
-    );
-    let summary = convert_gguf(gguf, &partial)?;
+    eprintln!("mlxcel: preparing {} in {}", gguf.display(), dir.display());
+    let summary = prepare_gguf(&gguf, &partial, sha256)?;
     if let Some(note) = summary.group16_note() {
         eprintln!("mlxcel: {note}");
     }
@@ -78,6 +80,7 @@ pub fn converted(cache: &Path, gguf: &Path, sha256: &str) -> Result<PathBuf> {
         // Another process finished the same conversion first; theirs is as good as ours.
         Err(_) if dir.join("config.json").is_file() => {
             let _ = std::fs::remove_dir_all(&partial);
+            GgufWeights::repoint(&dir, &gguf)?;
             Ok(dir)
         }
         Err(e) => Err(ModelError::io(&dir, e)),

@@ -22,7 +22,7 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    fn from_safetensors(dtype: safetensors::Dtype) -> Self {
+    pub(crate) fn from_safetensors(dtype: safetensors::Dtype) -> Self {
         match dtype {
             safetensors::Dtype::F32 => Self::F32,
             safetensors::Dtype::F16 => Self::F16,
@@ -59,6 +59,20 @@ impl fmt::Display for Dtype {
     }
 }
 
+/// A tensor to be produced on demand: name, dtype, shape and byte length.
+pub(crate) type PlannedBytes = (String, Dtype, Vec<usize>, usize);
+
+/// A tensor's name, dtype, shape and size, without its bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorInfo<'a> {
+    pub name: &'a str,
+    pub dtype: Dtype,
+    pub shape: &'a [usize],
+    pub byte_len: usize,
+    /// The file this tensor lives in (for errors).
+    pub file: &'a Path,
+}
+
 /// One tensor, borrowed from the memory map: no bytes are copied.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorView<'a> {
@@ -77,13 +91,27 @@ struct Entry {
     shape: Vec<usize>,
     start: usize,
     end: usize,
+    /// The region of [`Bytes::OnDemand`] the bytes are in (0 for a mapped file).
+    region: usize,
 }
 
 #[derive(Debug)]
 struct Shard {
     path: PathBuf,
-    mmap: Mmap,
+    bytes: Bytes,
     entries: HashMap<String, Entry>,
+}
+
+/// Where a shard's bytes are.
+#[derive(Debug)]
+enum Bytes {
+    /// A safetensors file, mapped.
+    Mapped(Mmap),
+    /// Tensors converted from another file when first read, one region each.
+    OnDemand {
+        store: crate::mmap::OnDemand,
+        starts: Vec<usize>,
+    },
 }
 
 /// The safetensors of a checkpoint directory: `model.safetensors`, or the shards named by
@@ -222,7 +250,8 @@ impl SafetensorsFiles {
             });
         }
         let row_bytes = (entry.end - entry.start) / rows;
-        let (dtype, start, tail) = (entry.dtype, entry.start, entry.shape[1..].to_vec());
+        let (dtype, start, region) = (entry.dtype, entry.start, entry.region);
+        let tail = entry.shape[1..].to_vec();
         let mut offset = start;
         for (name, part_rows) in parts {
             let mut shape = vec![*part_rows];
@@ -235,6 +264,7 @@ impl SafetensorsFiles {
                     shape,
                     start: offset,
                     end,
+                    region,
                 },
             );
             self.names.insert(name.clone(), index);
@@ -278,25 +308,99 @@ impl SafetensorsFiles {
         let (name, &shard) = self.names.get_key_value(name)?;
         let shard = &self.shards[shard];
         let entry = &shard.entries[name];
+        let data = match &shard.bytes {
+            Bytes::Mapped(mmap) => &mmap[entry.start..entry.end],
+            Bytes::OnDemand { store, starts } => {
+                let base = starts[entry.region];
+                &store.get(entry.region)[entry.start - base..entry.end - base]
+            }
+        };
         Some(TensorView {
             name,
             dtype: entry.dtype,
             shape: &entry.shape,
-            data: &shard.mmap[entry.start..entry.end],
+            data,
             file: &shard.path,
         })
     }
 
+    /// The tensor called `name`'s name, dtype, shape and byte length, without reading (or
+    /// converting) its bytes.
+    pub fn info(&self, name: &str) -> Option<TensorInfo<'_>> {
+        let (name, &shard) = self.names.get_key_value(name)?;
+        let shard = &self.shards[shard];
+        let entry = &shard.entries[name];
+        Some(TensorInfo {
+            name,
+            dtype: entry.dtype,
+            shape: &entry.shape,
+            byte_len: entry.end - entry.start,
+            file: &shard.path,
+        })
+    }
+
+    /// Every tensor's [`SafetensorsFiles::info`], sorted by name.
+    pub fn infos(&self) -> impl Iterator<Item = TensorInfo<'_>> {
+        self.names.keys().filter_map(|name| self.info(name))
+    }
+
     /// Lets go of the resident pages of `name`'s bytes (no-op for an unknown name): for a
-    /// loader that has copied them out. A later [`SafetensorsFiles::get`] still reads them
-    /// (from the file again).
-    pub fn release(&self, name: &str) {
+    /// loader that has copied them out. A later [`SafetensorsFiles::get`] reads them again (from
+    /// the file, or converted again).
+    ///
+    /// # Safety
+    /// No [`TensorView::data`] of `name` obtained before may be read afterwards: converted bytes
+    /// are dropped, and read as zeros until converted again. (For a checkpoint whose region holds
+    /// several tensors, Phi-3's fused projections, this holds for the tensors sharing it too.)
+    pub unsafe fn release(&self, name: &str) {
         if let Some(&shard) = self.names.get(name) {
             let shard = &self.shards[shard];
             if let Some(entry) = shard.entries.get(name) {
-                crate::mmap::release(&shard.mmap, entry.start, entry.end);
+                match &shard.bytes {
+                    Bytes::Mapped(mmap) => crate::mmap::release(mmap, entry.start, entry.end),
+                    // SAFETY: forwarded to the caller.
+                    Bytes::OnDemand { store, .. } => unsafe { store.release(entry.region) },
+                }
             }
         }
+    }
+
+    /// Tensors whose bytes are produced when first read, by `fill(i, bytes)` for tensor `i` of
+    /// `tensors` (name, dtype, shape, byte length), into anonymous memory: a checkpoint read
+    /// straight from a GGUF file. `origin` names the set in errors.
+    pub(crate) fn converted_on_demand(
+        origin: &Path,
+        tensors: Vec<PlannedBytes>,
+        fill: crate::mmap::Fill,
+    ) -> Result<Self> {
+        let lengths: Vec<usize> = tensors.iter().map(|t| t.3).collect();
+        let (store, starts) =
+            crate::mmap::OnDemand::new(&lengths, fill).map_err(|e| ModelError::io(origin, e))?;
+        let mut entries = HashMap::new();
+        let mut names = BTreeMap::new();
+        for (region, (name, dtype, shape, len)) in tensors.into_iter().enumerate() {
+            let start = starts[region];
+            names.insert(name.clone(), 0);
+            entries.insert(
+                name,
+                Entry {
+                    dtype,
+                    shape,
+                    start,
+                    end: start + len,
+                    region,
+                },
+            );
+        }
+        Ok(Self {
+            origin: origin.to_owned(),
+            shards: vec![Shard {
+                path: origin.to_owned(),
+                bytes: Bytes::OnDemand { store, starts },
+                entries,
+            }],
+            names,
+        })
     }
 
     /// Every tensor, sorted by name.
@@ -344,6 +448,7 @@ fn open_shard(path: &Path) -> Result<Shard> {
                 shape: info.shape.clone(),
                 start: base + start,
                 end: base + end,
+                region: 0,
             },
         );
     }
@@ -359,7 +464,7 @@ fn open_shard(path: &Path) -> Result<Shard> {
     }
     Ok(Shard {
         path: path.to_owned(),
-        mmap,
+        bytes: Bytes::Mapped(mmap),
         entries,
     })
 }

@@ -523,11 +523,17 @@ pub fn parse_slot_file(
 /// (`*.safetensors`, by name), its name, size, first and last 64 KiB. Two checkpoints that
 /// differ in any weight file's header (tensor names, shapes, dtypes) or in the bytes sampled
 /// get different fingerprints; a fine-tune of the same shape differs in its sampled values.
+/// A checkpoint whose weights are read from a GGUF file adds that file's SHA-256.
 pub fn model_fingerprint(dir: &Path) -> std::io::Result<String> {
     const SAMPLE: u64 = 64 * 1024;
     let mut digest = Sha256::new();
     digest.update(b"mlxcel model fingerprint v1\n");
     digest.update(std::fs::read(dir.join("config.json"))?);
+    // Weights read from a GGUF file: the file's sha256 names them.
+    if let Ok(Some(gguf)) = mlxcel_model::GgufWeights::read(dir) {
+        digest.update(b"gguf ");
+        digest.update(gguf.sha256.as_bytes());
+    }
     let mut weights: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))

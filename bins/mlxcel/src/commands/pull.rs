@@ -1,4 +1,4 @@
-//! `mlxcel pull`: download and convert the default model (or convert a GGUF) into the cache.
+//! `mlxcel pull`: download and prepare the default model (or prepare a GGUF) in the cache.
 
 use std::process::ExitCode;
 
@@ -7,7 +7,7 @@ use mlxcel_model::{DefaultModel, cache_dir, resolve_model};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// A .gguf file to convert into the cache instead of the default model.
+    /// A .gguf file to prepare in the cache instead of the default model (its weights stay in it).
     #[arg(short = 'm', long)]
     model: Option<String>,
 }

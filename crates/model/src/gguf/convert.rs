@@ -13,9 +13,10 @@ use serde_json::{Value, json};
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::gguf::reader::{GgufFile, GgufValue};
-use crate::gguf::tensors::plan;
+use crate::gguf::tensors::{Output, plan};
 use crate::gguf::vocab::GgufVocab;
 use crate::quant::{GROUP16_AFFINE_MODE, QuantSpec, Quantization};
+use crate::safetensors_files::{Dtype, PlannedBytes, SafetensorsFiles};
 use crate::safetensors_writer::{PlannedTensor, write_streaming};
 
 /// What a conversion produced.
@@ -43,12 +44,24 @@ impl ConvertSummary {
     }
 }
 
-/// Converts `gguf_path` into an MLX checkpoint in `out_dir` (created if needed; files overwritten).
-pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> {
+/// A GGUF file planned as an MLX checkpoint: what each output tensor is and how its bytes come
+/// from the file, and the quantization found per module.
+struct Planned {
+    gguf: GgufFile,
+    header: Header,
+    outputs: Vec<Output>,
+    module_specs: BTreeMap<String, Option<QuantSpec>>,
+}
+
+/// Plans the conversion of `gguf_path`. `known_scales` (output name → dtype) gives the scale and
+/// bias dtypes an earlier plan chose, so that planning does not read every block again.
+fn plan_checkpoint(
+    gguf_path: &Path,
+    known_scales: Option<&BTreeMap<String, safetensors::Dtype>>,
+) -> Result<Planned> {
     let gguf = GgufFile::open(gguf_path)?;
     let header = Header::read(&gguf)?;
-    let vocab = GgufVocab::read(&gguf)?;
-    // Refuse unsupported tensors before writing anything.
+    // Refuse unsupported tensors before anything else.
     for info in &gguf.tensors {
         if !info.ggml_type.is_supported() {
             return Err(ModelError::UnsupportedGgmlType {
@@ -83,7 +96,16 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
         };
         // llama.cpp stores Gemma's norm weights with the one added.
         let norm_offset = header.gemma() && suffix == "weight" && module.ends_with("norm");
-        let planned = plan(&gguf, info, &module, suffix, rows_per_head, norm_offset)?;
+        let known = known_scales.and_then(|k| k.get(&format!("{module}.scales")).copied());
+        let planned = plan(
+            &gguf,
+            info,
+            &module,
+            suffix,
+            rows_per_head,
+            norm_offset,
+            known,
+        )?;
         if suffix == "weight" && info.dims.len() == 2 {
             let spec = planned
                 .iter()
@@ -93,9 +115,29 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
         }
         outputs.extend(planned);
     }
+    Ok(Planned {
+        gguf,
+        header,
+        outputs,
+        module_specs,
+    })
+}
+
+/// Writes everything of a checkpoint directory but the weights: config.json, the tokenizer's
+/// files and generation_config.json.
+fn write_checkpoint_files(
+    gguf_path: &Path,
+    planned: &Planned,
+    out_dir: &Path,
+) -> Result<ModelConfig> {
+    let gguf = &planned.gguf;
+    let vocab = GgufVocab::read(gguf)?;
     let tie_word_embeddings = gguf.tensor_info("output.weight").is_none();
-    let quantization = quantization(&module_specs);
-    let mut config_json = header.config_json(&vocab, tie_word_embeddings, quantization.as_ref());
+    let quantization = quantization(&planned.module_specs);
+    let mut config_json =
+        planned
+            .header
+            .config_json(&vocab, tie_word_embeddings, quantization.as_ref());
     // The model's name, for logs, `/v1/models` and benchmark tables (the converted directory itself
     // is named by a hash): the file's stem, which usually names the model and its quantization
     // (`SmolLM2-135M-Instruct.Q4_1`), else GGUF's `general.name`.
@@ -115,42 +157,199 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> 
     let config_path = out_dir.join("config.json");
     let config = ModelConfig::from_json(&config_path, &config_json.to_string())?;
     write_json(&config_path, &config_json)?;
-    let planned: Vec<PlannedTensor> = outputs.iter().map(|o| o.planned.clone()).collect();
-    let metadata = BTreeMap::from([("format".to_owned(), "mlx".to_owned())]);
-    write_streaming(
-        &out_dir.join("model.safetensors"),
-        &metadata,
-        &planned,
-        |i, out| outputs[i].write(&gguf, out),
-    )?;
-    let count = planned.len();
-    let group16 = outputs
-        .iter()
-        .filter(|o| o.quantized_spec().is_some_and(|(_, group)| group == 16))
-        .count();
 
     let tokenizer_path = out_dir.join("tokenizer.json");
-    write_json(&tokenizer_path, &vocab.tokenizer_json(&gguf)?)?;
+    write_json(&tokenizer_path, &vocab.tokenizer_json(gguf)?)?;
     // Load what we wrote, so a vocabulary the tokenizers crate rejects fails here, not at first use.
     crate::tokenizer::Tokenizer::from_file(&tokenizer_path)?;
     write_json(
         &out_dir.join("tokenizer_config.json"),
-        &vocab.tokenizer_config_json(header.context_length),
+        &vocab.tokenizer_config_json(planned.header.context_length),
     )?;
     write_json(
         &out_dir.join("generation_config.json"),
         &json!({"bos_token_id": vocab.bos, "eos_token_id": vocab.eos_token_ids()}),
     )?;
-    Ok(ConvertSummary {
-        out_dir: out_dir.to_owned(),
-        config,
-        tensors: count,
-        group16,
-    })
+    Ok(config)
 }
 
+fn summary(planned: &Planned, out_dir: &Path, config: ModelConfig) -> ConvertSummary {
+    let group16 = planned
+        .outputs
+        .iter()
+        .filter(|o| o.quantized_spec().is_some_and(|(_, group)| group == 16))
+        .count();
+    ConvertSummary {
+        out_dir: out_dir.to_owned(),
+        config,
+        tensors: planned.outputs.len(),
+        group16,
+    }
+}
+
+/// Converts `gguf_path` into an MLX checkpoint in `out_dir` (created if needed; files overwritten).
+pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> {
+    let planned = plan_checkpoint(gguf_path, None)?;
+    let config = write_checkpoint_files(gguf_path, &planned, out_dir)?;
+    let tensors: Vec<PlannedTensor> = planned.outputs.iter().map(|o| o.planned.clone()).collect();
+    let metadata = BTreeMap::from([("format".to_owned(), "mlx".to_owned())]);
+    let path = out_dir.join("model.safetensors");
+    let mut buf = Vec::new();
+    write_streaming(&path, &metadata, &tensors, |i, out| {
+        let output = &planned.outputs[i];
+        buf.clear();
+        buf.resize(output.planned.byte_len(), 0);
+        output.fill(&planned.gguf, &mut buf)?;
+        planned.gguf.release(output.source());
+        out.write_all(&buf).map_err(|e| ModelError::io(&path, e))
+    })?;
+    Ok(summary(&planned, out_dir, config))
+}
+
+/// The file in a checkpoint directory that says its weights are a GGUF file's, converted as they
+/// are loaded ([`prepare_gguf`]).
+pub const GGUF_WEIGHTS_FILE: &str = "gguf-weights.json";
+
+/// Prepares `out_dir` as a checkpoint whose weights stay in the GGUF file: config.json and the
+/// tokenizer's files as [`convert_gguf`] writes them, and [`GGUF_WEIGHTS_FILE`] naming the file
+/// (`gguf_path`, which must be absolute; its size and `sha256`) and the dtype chosen for each
+/// quantized tensor's scales. No weight is written: [`Checkpoint::open`](crate::Checkpoint::open)
+/// converts each tensor from the GGUF when a loader asks for it.
+pub fn prepare_gguf(gguf_path: &Path, out_dir: &Path, sha256: &str) -> Result<ConvertSummary> {
+    let planned = plan_checkpoint(gguf_path, None)?;
+    let config = write_checkpoint_files(gguf_path, &planned, out_dir)?;
+    let scales: BTreeMap<&str, String> = planned
+        .outputs
+        .iter()
+        .filter(|o| o.planned.name.ends_with(".scales"))
+        .map(|o| (o.planned.name.as_str(), dtype_name(o.planned.dtype)))
+        .collect();
+    let size = std::fs::metadata(gguf_path)
+        .map_err(|e| ModelError::io(gguf_path, e))?
+        .len();
+    write_json(
+        &out_dir.join(GGUF_WEIGHTS_FILE),
+        &json!({
+            "gguf": gguf_path,
+            "size": size,
+            "sha256": sha256,
+            "scales": scales,
+        }),
+    )?;
+    Ok(summary(&planned, out_dir, config))
+}
+
+fn dtype_name(dtype: safetensors::Dtype) -> String {
+    format!("{dtype:?}")
+}
+
+/// What [`GGUF_WEIGHTS_FILE`] holds.
+#[derive(Debug, serde::Deserialize, serde::Serialize)]
+pub struct GgufWeights {
+    /// The GGUF file (absolute).
+    pub gguf: PathBuf,
+    pub size: u64,
+    pub sha256: String,
+    scales: BTreeMap<String, String>,
+}
+
+impl GgufWeights {
+    /// Reads `dir`'s [`GGUF_WEIGHTS_FILE`], or `None` when it has none.
+    pub fn read(dir: &Path) -> Result<Option<Self>> {
+        let path = dir.join(GGUF_WEIGHTS_FILE);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|source| ModelError::Json { path, source })
+    }
+
+    /// Points the file at `gguf` (the same bytes found at another path), atomically.
+    pub fn repoint(dir: &Path, gguf: &Path) -> Result<()> {
+        let Some(mut weights) = Self::read(dir)? else {
+            return Ok(());
+        };
+        if weights.gguf == gguf {
+            return Ok(());
+        }
+        weights.gguf = gguf.to_owned();
+        let path = dir.join(GGUF_WEIGHTS_FILE);
+        let partial = dir.join(format!(".{GGUF_WEIGHTS_FILE}.{}", std::process::id()));
+        let value = serde_json::to_value(&weights).map_err(|source| ModelError::Json {
+            path: path.clone(),
+            source,
+        })?;
+        write_json(&partial, &value)?;
+        std::fs::rename(&partial, &path).map_err(|e| ModelError::io(&path, e))
+    }
+}
+
+/// The weights of a checkpoint prepared by [`prepare_gguf`], read from its GGUF file: each tensor
+/// is converted when it is first asked for (and again after it is released).
+pub(crate) fn open_gguf_weights(dir: &Path, weights: &GgufWeights) -> Result<SafetensorsFiles> {
+    let found = std::fs::metadata(&weights.gguf)
+        .map_err(|e| ModelError::io(&weights.gguf, e))?
+        .len();
+    if found != weights.size {
+        return Err(ModelError::GgufChanged {
+            dir: dir.to_owned(),
+            gguf: weights.gguf.clone(),
+            reason: format!(
+                "it is {found} bytes, not the {} it had when prepared",
+                weights.size
+            ),
+        });
+    }
+    let mut known = BTreeMap::new();
+    for (name, dtype) in &weights.scales {
+        let dtype = match dtype.as_str() {
+            "F16" => safetensors::Dtype::F16,
+            "F32" => safetensors::Dtype::F32,
+            other => {
+                return Err(ModelError::invalid(
+                    dir.join(GGUF_WEIGHTS_FILE),
+                    "scales",
+                    format!("`{name}`: {other} is not F16 or F32"),
+                ));
+            }
+        };
+        known.insert(name.clone(), dtype);
+    }
+    let planned = plan_checkpoint(&weights.gguf, Some(&known))?;
+    let tensors: Vec<PlannedBytes> = planned
+        .outputs
+        .iter()
+        .map(|o| {
+            (
+                o.planned.name.clone(),
+                Dtype::from_safetensors(o.planned.dtype),
+                o.planned.shape.clone(),
+                o.planned.byte_len(),
+            )
+        })
+        .collect();
+    let Planned { gguf, outputs, .. } = planned;
+    SafetensorsFiles::converted_on_demand(
+        &weights.gguf,
+        tensors,
+        Box::new(move |i, out| {
+            outputs[i]
+                .fill(&gguf, out)
+                .expect("the plan checked every tensor's bytes lie within the file");
+            gguf.release(outputs[i].source());
+        }),
+    )
+}
+
+/// Writes `value` with every object's keys sorted, so that the bytes do not depend on whether
+/// serde_json keeps insertion order (its `preserve_order` feature, which another crate of a build
+/// can turn on).
 fn write_json(path: &Path, value: &Value) -> Result<()> {
-    let mut text = serde_json::to_string_pretty(value).map_err(|source| ModelError::Json {
+    let mut value = value.clone();
+    value.sort_all_objects();
+    let mut text = serde_json::to_string_pretty(&value).map_err(|source| ModelError::Json {
         path: path.to_owned(),
         source,
     })?;

@@ -2,7 +2,7 @@
 //! ggml-quants.c), and the lossless mapping of its blocks onto MLX-style affine groups (of 32
 //! elements, or of 16 for Q6_K, Q3_K and Q2_K).
 
-use half::{bf16, f16};
+use half::bf16;
 
 use crate::gguf::types::GgmlType;
 
@@ -71,10 +71,58 @@ pub fn affine_group_size(ty: GgmlType) -> usize {
 /// - Q2_K: `fl(dl · q) − ml` with `dl = d · (scale & 15)`, `ml = dmin · (scale >> 4)`: scale
 ///   `dl`, bias `−ml`, as Q4_K (one rounding, after an exact product).
 pub fn affine_groups(ty: GgmlType, block: &[u8]) -> Vec<AffineBlock> {
+    let mut groups = [AffineBlock::EMPTY; MAX_GROUPS_PER_BLOCK];
+    let n = affine_groups_into(ty, block, &mut groups);
+    groups[..n].to_vec()
+}
+
+/// The most affine groups one block has: sixteen groups of 16 in a K-quant super-block.
+pub const MAX_GROUPS_PER_BLOCK: usize = 16;
+
+impl AffineBlock {
+    /// A placeholder group (no elements), to initialize buffers for [`affine_groups_into`].
+    pub const EMPTY: AffineBlock = AffineBlock {
+        q: [0; 32],
+        len: 0,
+        scale: 0.0,
+        bias: 0.0,
+    };
+}
+
+/// [`affine_groups`] without allocating: writes the block's groups to the front of `out` and
+/// returns how many there are (what a converter calls once per block of a whole model).
+pub fn affine_groups_into(
+    ty: GgmlType,
+    block: &[u8],
+    out: &mut [AffineBlock; MAX_GROUPS_PER_BLOCK],
+) -> usize {
     match ty {
-        GgmlType::Q6_K => q6_k_groups(block),
-        GgmlType::Q3_K => q3_k_groups(block),
-        GgmlType::Q2_K => q2_k_groups(block),
+        GgmlType::Q6_K => {
+            let d = half_at(block, 208);
+            for (g, out) in out.iter_mut().enumerate() {
+                let s = d * (block[192 + g] as i8) as f32;
+                *out = group16(s, -32.0 * s, |i| q6_k_value(block, 16 * g + i));
+            }
+            16
+        }
+        GgmlType::Q3_K => {
+            let d = half_at(block, 108);
+            for (g, out) in out.iter_mut().enumerate() {
+                let s = d * q3_k_scale(&block[96..108], g) as f32;
+                *out = group16(s, -4.0 * s, |i| (q3_k_value(block, 16 * g + i) + 4) as u8);
+            }
+            16
+        }
+        GgmlType::Q2_K => {
+            let (d, dmin) = (half_at(block, 80), half_at(block, 82));
+            for (g, out) in out.iter_mut().enumerate() {
+                let sc = block[g];
+                let dl = d * (sc & 0x0F) as f32;
+                let ml = dmin * (sc >> 4) as f32;
+                *out = group16(dl, -ml, |i| two_bit_field(&block[16..80], 16 * g + i));
+            }
+            16
+        }
         GgmlType::Q5_0 | GgmlType::Q5_1 => {
             let d = half_at(block, 0);
             let (bias, q) = if ty == GgmlType::Q5_0 {
@@ -85,27 +133,56 @@ pub fn affine_groups(ty: GgmlType, block: &[u8]) -> Vec<AffineBlock> {
                     five_bit_quants(&block[4..8], &block[8..24]),
                 )
             };
-            vec![AffineBlock {
+            out[0] = AffineBlock {
                 q,
                 len: 32,
                 scale: d,
                 bias,
-            }]
+            };
+            1
         }
-        GgmlType::Q4_K | GgmlType::Q5_K => q45_k_sub_blocks(ty, block)
-            .map(|(d1, m1, q)| AffineBlock {
-                q,
-                len: 32,
-                scale: d1,
-                bias: -m1,
-            })
-            .collect(),
-        _ => vec![to_affine(ty, block)],
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            for ((d1, m1, q), out) in q45_k_sub_blocks(ty, block).zip(out.iter_mut()) {
+                *out = AffineBlock {
+                    q,
+                    len: 32,
+                    scale: d1,
+                    bias: -m1,
+                };
+            }
+            8
+        }
+        _ => {
+            out[0] = to_affine(ty, block);
+            1
+        }
     }
 }
 
 fn half_at(block: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([block[at], block[at + 1]]).to_f32()
+    f16_bits_to_f32(u16::from_le_bytes([block[at], block[at + 1]]))
+}
+
+/// An f16 (IEEE binary16 bits) widened to f32, exactly, as `half::f16::to_f32` and F16C's
+/// `vcvtph2ps` widen it (a NaN keeps its payload and becomes quiet), but inlined: a converter
+/// widens every block's scales, and `half`'s call per value cost as much as the rest of the
+/// scales' work.
+#[inline]
+fn f16_bits_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exp = u32::from(h >> 10) & 0x1F;
+    let mant = u32::from(h & 0x3FF);
+    match (exp, mant) {
+        (0, 0) => f32::from_bits(sign),
+        // Subnormal: mant · 2⁻²⁴, exact in f32.
+        (0, _) => {
+            let magnitude = mant as f32 * f32::from_bits(0x3380_0000);
+            f32::from_bits(sign | magnitude.to_bits())
+        }
+        (0x1F, 0) => f32::from_bits(sign | 0x7F80_0000),
+        (0x1F, _) => f32::from_bits(sign | 0x7FC0_0000 | (mant << 13)),
+        _ => f32::from_bits(sign | ((exp + 112) << 23) | (mant << 13)),
+    }
 }
 
 /// Rewrites one Q4_0 (18 bytes), Q4_1 (20) or Q8_0 (34) block as an affine group of 32.
@@ -237,41 +314,6 @@ fn group16(scale: f32, bias: f32, q: impl Fn(usize) -> u8) -> AffineBlock {
     }
 }
 
-/// Q6_K's sixteen groups (layout at [`dequantize_q6_k`]): q = the stored 6-bit value.
-fn q6_k_groups(block: &[u8]) -> Vec<AffineBlock> {
-    let d = half_at(block, 208);
-    (0..16)
-        .map(|g| {
-            let s = d * (block[192 + g] as i8) as f32;
-            group16(s, -32.0 * s, |i| q6_k_value(block, 16 * g + i))
-        })
-        .collect()
-}
-
-/// Q3_K's sixteen groups (layout at [`dequantize_q3_k`]): q = v + 4 in 0..7.
-fn q3_k_groups(block: &[u8]) -> Vec<AffineBlock> {
-    let d = half_at(block, 108);
-    (0..16)
-        .map(|g| {
-            let s = d * q3_k_scale(&block[96..108], g) as f32;
-            group16(s, -4.0 * s, |i| (q3_k_value(block, 16 * g + i) + 4) as u8)
-        })
-        .collect()
-}
-
-/// Q2_K's sixteen groups (layout at [`dequantize_q2_k`]): q = the stored 2-bit value.
-fn q2_k_groups(block: &[u8]) -> Vec<AffineBlock> {
-    let (d, dmin) = (half_at(block, 80), half_at(block, 82));
-    (0..16)
-        .map(|g| {
-            let sc = block[g];
-            let dl = d * (sc & 0x0F) as f32;
-            let ml = dmin * (sc >> 4) as f32;
-            group16(dl, -ml, |i| two_bit_field(&block[16..80], 16 * g + i))
-        })
-        .collect()
-}
-
 /// Q2_K (84 bytes): 16 groups of 16, each with a 4-bit scale and a 4-bit min (`scales[16]`),
 /// the 2-bit values (`qs[64]`), then the super-block's `d` and `dmin` (f16):
 /// `(d · scale) · q − (dmin · min)`.
@@ -387,4 +429,236 @@ fn q6_k_value(block: &[u8], e: usize) -> u8 {
     let low = (ql[64 * half + h % 64] >> (4 * (h / 64))) & 0x0F;
     let high = (qh[32 * half + h % 32] >> (2 * (h / 32))) & 0x03;
     low | (high << 4)
+}
+
+/// The `(scale, bias)` of each affine group of one block, as [`affine_groups`] gives them,
+/// without unpacking the values; returns how many groups the block has.
+pub(crate) fn affine_scales_into(
+    ty: GgmlType,
+    block: &[u8],
+    out: &mut [(f32, f32); MAX_GROUPS_PER_BLOCK],
+) -> usize {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let (d, dmin) = (half_at(block, 0), half_at(block, 2));
+            for (s, out) in out[..8].iter_mut().enumerate() {
+                let (sc, m) = scale_min_k4(s, &block[4..16]);
+                *out = (d * sc as f32, -(dmin * m as f32));
+            }
+            8
+        }
+        GgmlType::Q6_K => {
+            let d = half_at(block, 208);
+            for (g, out) in out.iter_mut().enumerate() {
+                let s = d * (block[192 + g] as i8) as f32;
+                *out = (s, -32.0 * s);
+            }
+            16
+        }
+        GgmlType::Q3_K => {
+            let d = half_at(block, 108);
+            for (g, out) in out.iter_mut().enumerate() {
+                let s = d * q3_k_scale(&block[96..108], g) as f32;
+                *out = (s, -4.0 * s);
+            }
+            16
+        }
+        GgmlType::Q2_K => {
+            let (d, dmin) = (half_at(block, 80), half_at(block, 82));
+            for (g, out) in out.iter_mut().enumerate() {
+                let sc = block[g];
+                *out = (d * (sc & 0x0F) as f32, -(dmin * (sc >> 4) as f32));
+            }
+            16
+        }
+        GgmlType::Q4_0 => {
+            let d = half_at(block, 0);
+            out[0] = (d, -8.0 * d);
+            1
+        }
+        GgmlType::Q8_0 => {
+            let d = half_at(block, 0);
+            out[0] = (d, -128.0 * d);
+            1
+        }
+        GgmlType::Q5_0 => {
+            let d = half_at(block, 0);
+            out[0] = (d, -16.0 * d);
+            1
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
+            out[0] = (half_at(block, 0), half_at(block, 2));
+            1
+        }
+        _ => {
+            let mut groups = [AffineBlock::EMPTY; MAX_GROUPS_PER_BLOCK];
+            let n = affine_groups_into(ty, block, &mut groups);
+            for (out, g) in out.iter_mut().zip(&groups[..n]) {
+                *out = (g.scale, g.bias);
+            }
+            n
+        }
+    }
+}
+
+/// Eight 4-bit values, one in the low nibble of each byte of `x` (byte `i` = value `i`), packed
+/// into one little-endian word as [`crate::pack`] packs 4-bit values (value `i` at bits `4 i`).
+fn pack_nibbles(x: u64) -> u32 {
+    let x = x & 0x0F0F_0F0F_0F0F_0F0F;
+    let x = (x | (x >> 4)) & 0x00FF_00FF_00FF_00FF;
+    let x = (x | (x >> 8)) & 0x0000_FFFF_0000_FFFF;
+    ((x | (x >> 16)) & 0xFFFF_FFFF) as u32
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Writes one block's values packed as its affine form's weight ([`affine_bits`] bits per value,
+/// groups in order, packed as [`crate::pack`] packs them) to `out`, which holds exactly
+/// `values × bits / 8` bytes: the same bytes as packing [`affine_groups`]' values, straight from
+/// the block's bits for the common types.
+pub(crate) fn pack_block(ty: GgmlType, block: &[u8], out: &mut [u8]) {
+    match ty {
+        GgmlType::Q4_K => {
+            // Sub-block s: nibble s % 2 of bytes 32 · (s / 2) .. + 32.
+            let qs = &block[16..144];
+            for s in 0..8 {
+                let shift = 4 * (s % 2) as u32;
+                for w in 0..4 {
+                    let x = u64_at(qs, 32 * (s / 2) + 8 * w) >> shift;
+                    let at = 16 * s + 4 * w;
+                    out[at..at + 4].copy_from_slice(&pack_nibbles(x).to_le_bytes());
+                }
+            }
+        }
+        GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            // Values 0..16 are the low nibbles of the 16 bytes, 16..32 the high ones.
+            let qs = if ty == GgmlType::Q4_0 {
+                &block[2..18]
+            } else {
+                &block[4..20]
+            };
+            for w in 0..4 {
+                let x = u64_at(qs, 8 * (w % 2)) >> (4 * (w / 2) as u32);
+                out[4 * w..4 * w + 4].copy_from_slice(&pack_nibbles(x).to_le_bytes());
+            }
+        }
+        GgmlType::Q8_0 => {
+            // Signed q stored as q + 128.
+            for (o, &b) in out[..32].iter_mut().zip(&block[2..34]) {
+                *o = b ^ 0x80;
+            }
+        }
+        GgmlType::Q6_K => {
+            // 8-bit: the packed bytes are the values. Each half of 128 takes 64 bytes of the low
+            // nibbles and 32 of the high bits (layout at `dequantize_q6_k`).
+            for half in 0..2 {
+                let ql = &block[64 * half..64 * half + 64];
+                let qh = &block[128 + 32 * half..128 + 32 * half + 32];
+                let out = &mut out[128 * half..128 * half + 128];
+                for l in 0..32 {
+                    let h = qh[l];
+                    out[l] = (ql[l] & 0x0F) | ((h & 3) << 4);
+                    out[l + 32] = (ql[l + 32] & 0x0F) | (((h >> 2) & 3) << 4);
+                    out[l + 64] = (ql[l] >> 4) | (((h >> 4) & 3) << 4);
+                    out[l + 96] = (ql[l + 32] >> 4) | (((h >> 6) & 3) << 4);
+                }
+            }
+        }
+        GgmlType::Q5_K => {
+            // 8-bit: sub-block s takes nibble s % 2 of qs and bit s of qh.
+            let (qh, qs) = (&block[16..48], &block[48..176]);
+            for s in 0..8 {
+                let shift = 4 * (s % 2);
+                for l in 0..32 {
+                    out[32 * s + l] =
+                        ((qs[32 * (s / 2) + l] >> shift) & 0x0F) | (((qh[l] >> s) & 1) << 4);
+                }
+            }
+        }
+        _ => {
+            let mut groups = [AffineBlock::EMPTY; MAX_GROUPS_PER_BLOCK];
+            let n = affine_groups_into(ty, block, &mut groups);
+            let bits = affine_bits(ty).expect("a type with an affine form") as usize;
+            let per_word = 32 / bits;
+            let mut at = 0;
+            for group in &groups[..n] {
+                for chunk in group.values().chunks_exact(per_word) {
+                    let word = chunk
+                        .iter()
+                        .enumerate()
+                        .fold(0u32, |w, (i, &q)| w | (u32::from(q) << (bits * i)));
+                    out[at..at + 4].copy_from_slice(&word.to_le_bytes());
+                    at += 4;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every f16 widens to the bits `half` gives it.
+    #[test]
+    fn f16_widening_matches_half_on_every_value() {
+        for h in 0..=u16::MAX {
+            assert_eq!(
+                f16_bits_to_f32(h).to_bits(),
+                half::f16::from_bits(h).to_f32().to_bits(),
+                "{h:#06x}"
+            );
+        }
+    }
+
+    /// The straight-from-the-bits paths (`pack_block`, `affine_scales_into`) give the bytes and
+    /// values of the generic path (every group unpacked by `affine_groups`, packed by
+    /// `crate::pack`), on random blocks of every type with an affine form.
+    #[test]
+    fn fast_packing_and_scales_match_the_unpacked_groups() {
+        let types = [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ];
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for ty in types {
+            let (block_len, block_bytes) = ty.layout().unwrap();
+            let bits = affine_bits(ty).unwrap();
+            for _ in 0..200 {
+                let block: Vec<u8> = (0..block_bytes).map(|_| next() as u8).collect();
+                let groups = affine_groups(ty, &block);
+                let expected: Vec<u8> = groups
+                    .iter()
+                    .flat_map(|g| crate::pack(g.values(), bits))
+                    .flat_map(|w| w.to_le_bytes())
+                    .collect();
+                let mut packed = vec![0u8; block_len * bits as usize / 8];
+                pack_block(ty, &block, &mut packed);
+                assert_eq!(packed, expected, "{ty}");
+                let mut scales = [(0f32, 0f32); MAX_GROUPS_PER_BLOCK];
+                let n = affine_scales_into(ty, &block, &mut scales);
+                assert_eq!(n, groups.len(), "{ty}");
+                for (g, &(scale, bias)) in groups.iter().zip(&scales[..n]) {
+                    assert_eq!(g.scale.to_bits(), scale.to_bits(), "{ty} scale");
+                    assert_eq!(g.bias.to_bits(), bias.to_bits(), "{ty} bias");
+                }
+            }
+        }
+    }
 }

@@ -11,7 +11,10 @@ mod types;
 mod vocab;
 mod writer;
 
-pub use convert::{ConvertSummary, convert_gguf, hf_name, hf_name_in};
+pub(crate) use convert::open_gguf_weights;
+pub use convert::{
+    ConvertSummary, GGUF_WEIGHTS_FILE, GgufWeights, convert_gguf, hf_name, hf_name_in, prepare_gguf,
+};
 pub use reader::{GgufFile, GgufTensorInfo, GgufValue};
 pub use types::GgmlType;
 pub use writer::GgufWriter;

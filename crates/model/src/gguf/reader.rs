@@ -218,6 +218,14 @@ impl GgufFile {
         Ok(&self.mmap[start..end])
     }
 
+    /// Lets go of this process's resident pages of a tensor's bytes, once they are converted (the
+    /// page cache keeps the file; a later read maps them in again).
+    pub(crate) fn release(&self, info: &GgufTensorInfo) {
+        if let Ok((start, end)) = self.byte_range(info) {
+            crate::mmap::release(&self.mmap, start, end);
+        }
+    }
+
     /// Where a tensor's bytes are in the map, checked against the file's length.
     fn byte_range(&self, info: &GgufTensorInfo) -> Result<(usize, usize)> {
         if !info.ggml_type.is_supported() {

@@ -1,16 +1,15 @@
 //! The output tensors of one GGUF tensor, planned up front and produced on demand.
 
-use std::borrow::Cow;
-use std::io::Write;
-
 use half::f16;
 
 use crate::error::{ModelError, Result};
-use crate::gguf::dequant::{affine_bits, affine_group_size, affine_groups, dequantize_reference};
-use crate::gguf::permute::unpermute_rows;
+use crate::gguf::dequant::{
+    MAX_GROUPS_PER_BLOCK, affine_bits, affine_group_size, affine_scales_into, dequantize_reference,
+    pack_block,
+};
+use crate::gguf::permute::gguf_row_of_hf_row;
 use crate::gguf::reader::{GgufFile, GgufTensorInfo};
 use crate::gguf::types::GgmlType;
-use crate::quant::pack;
 use crate::safetensors_writer::PlannedTensor;
 
 /// Which part of a converted tensor an output is.
@@ -33,24 +32,28 @@ enum Part {
 }
 
 /// One output tensor and how to produce its bytes from the GGUF.
-#[derive(Debug)]
-pub(crate) struct Output<'a> {
+#[derive(Debug, Clone)]
+pub(crate) struct Output {
     pub planned: PlannedTensor,
-    source: &'a GgufTensorInfo,
+    source: GgufTensorInfo,
     part: Part,
     /// `Some(head_dim)` for llama q/k projections, whose rows llama.cpp permuted.
     rows_per_head: Option<usize>,
 }
 
-/// Plans the outputs of `info`, which becomes the Hugging Face `module` + `suffix`.
-pub(crate) fn plan<'a>(
+/// Plans the outputs of `info`, which becomes the Hugging Face `module` + `suffix`. A quantized
+/// tensor's scales and biases are f16 when every one of them is exact in f16 (else f32):
+/// `known_scales` gives that choice when an earlier plan of the same file made it, else the
+/// tensor's blocks are read to make it.
+pub(crate) fn plan(
     gguf: &GgufFile,
-    info: &'a GgufTensorInfo,
+    info: &GgufTensorInfo,
     module: &str,
     suffix: &str,
     rows_per_head: Option<usize>,
     norm_offset: bool,
-) -> Result<Vec<Output<'a>>> {
+    known_scales: Option<safetensors::Dtype>,
+) -> Result<Vec<Output>> {
     let refuse = |reason: String| ModelError::GgufTensor {
         path: gguf.path().to_owned(),
         tensor: info.name.clone(),
@@ -72,7 +75,7 @@ pub(crate) fn plan<'a>(
     }
     let output = |name: String, dtype, shape: Vec<usize>, part| Output {
         planned: PlannedTensor { name, dtype, shape },
-        source: info,
+        source: info.clone(),
         part,
         rows_per_head,
     };
@@ -125,10 +128,11 @@ pub(crate) fn plan<'a>(
                     "rows of {cols} elements are not whole blocks of {block_len}"
                 )));
             }
-            let float = if fits_f16(ty, gguf.tensor_data(info)?) {
-                safetensors::Dtype::F16
-            } else {
-                safetensors::Dtype::F32
+            let data = gguf.tensor_data(info)?;
+            let float = match known_scales {
+                Some(dtype @ (safetensors::Dtype::F16 | safetensors::Dtype::F32)) => dtype,
+                _ if fits_f16(ty, data) => safetensors::Dtype::F16,
+                _ => safetensors::Dtype::F32,
             };
             let groups = vec![rows, cols / group];
             Ok(vec![
@@ -162,68 +166,120 @@ fn rows(shape: &[usize]) -> usize {
 /// Whether every scale and bias of a tensor is exact in f16: true for the 32-element types (their
 /// scales are f16 in GGUF and their biases f16 or `-8 d`/`-16 d`/`-128 d`, unless that overflows),
 /// usually false for the K-quants (`d · scale` needs up to 17 bits, 18 for Q6_K). Otherwise the
-/// tensor keeps f32 scales and biases.
+/// tensor keeps f32 scales and biases. Blocks are read on every core; the first block that does
+/// not fit ends the search.
 fn fits_f16(ty: GgmlType, data: &[u8]) -> bool {
     let (_, block_bytes) = ty.layout().expect("a block type");
     let exact = |v: f32| f16::from_f32(v).to_f32() == v;
-    data.chunks_exact(block_bytes).all(|block| {
-        affine_groups(ty, block)
-            .iter()
-            .all(|g| exact(g.scale) && exact(g.bias))
-    })
+    let blocks = data.len() / block_bytes;
+    let misfit = std::sync::atomic::AtomicBool::new(false);
+    for_each_range(blocks, 1024, |range| {
+        let mut groups = [(0f32, 0f32); MAX_GROUPS_PER_BLOCK];
+        for b in range {
+            if misfit.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            let block = &data[b * block_bytes..(b + 1) * block_bytes];
+            let n = affine_scales_into(ty, block, &mut groups);
+            if !groups[..n].iter().all(|&(s, b)| exact(s) && exact(b)) {
+                misfit.store(true, std::sync::atomic::Ordering::Relaxed);
+                return;
+            }
+        }
+    });
+    !misfit.into_inner()
 }
 
-impl Output<'_> {
-    /// Writes this output's bytes.
-    pub(crate) fn write(&self, gguf: &GgufFile, out: &mut dyn Write) -> Result<()> {
-        let raw = gguf.tensor_data(self.source)?;
-        let data: Cow<'_, [u8]> = match self.rows_per_head {
-            Some(head_dim) => Cow::Owned(unpermute_rows(raw, rows(&self.source.shape()), head_dim)),
-            None => Cow::Borrowed(raw),
-        };
-        let io = |e| ModelError::io(gguf.path(), e);
+/// Runs `work` over `0..n` cut into ranges of at least `min_len`, on up to every core (the
+/// machine's available parallelism), and returns when all are done.
+fn for_each_range(n: usize, min_len: usize, work: impl Fn(std::ops::Range<usize>) + Sync) {
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let parts = threads.min(n.div_ceil(min_len.max(1))).max(1);
+    if parts == 1 {
+        work(0..n);
+        return;
+    }
+    let per = n.div_ceil(parts);
+    std::thread::scope(|scope| {
+        for p in 1..parts {
+            let work = &work;
+            scope.spawn(move || work(p * per..((p + 1) * per).min(n)));
+        }
+        work(0..per.min(n));
+    });
+}
+
+impl Output {
+    /// Fills `out` (exactly [`PlannedTensor::byte_len`] bytes) with this output's bytes, rows
+    /// spread over every core.
+    pub(crate) fn fill(&self, gguf: &GgufFile, out: &mut [u8]) -> Result<()> {
+        let raw = gguf.tensor_data(&self.source)?;
+        assert_eq!(out.len(), self.planned.byte_len(), "{}", self.planned.name);
         let ty = self.source.ggml_type;
-        let (_, block_bytes) = ty.layout().expect("a readable type");
-        let mut buf = Vec::with_capacity(1 << 16);
+        let source_rows = rows(&self.source.shape());
+        let row_of = |r: usize| match self.rows_per_head {
+            Some(head_dim) => gguf_row_of_hf_row(r, head_dim),
+            None => r,
+        };
         match self.part {
-            Part::Dense => return out.write_all(&data).map_err(io),
+            Part::Dense => {
+                let row_bytes = raw.len() / source_rows;
+                fill_rows(out, row_bytes, |r, dst| {
+                    let from = row_of(r) * row_bytes;
+                    dst.copy_from_slice(&raw[from..from + row_bytes]);
+                });
+                return Ok(());
+            }
             Part::NormOffset => {
-                let values = dequantize_reference(ty, &data).expect("a float type");
-                buf.extend(values.iter().flat_map(|v| (v - 1.0).to_le_bytes()));
-                return out.write_all(&buf).map_err(io);
+                let values = dequantize_reference(ty, raw).expect("a float type");
+                for (dst, v) in out.chunks_exact_mut(4).zip(values) {
+                    dst.copy_from_slice(&(v - 1.0).to_le_bytes());
+                }
+                return Ok(());
             }
             Part::Weight { .. } | Part::Scales | Part::Biases => {}
         }
+        let (_, block_bytes) = ty.layout().expect("a readable type");
+        let source_row_bytes = raw.len() / source_rows;
+        let out_row_bytes = out.len() / source_rows;
         let as_f16 = self.planned.dtype == safetensors::Dtype::F16;
-        for block in data.chunks_exact(block_bytes) {
-            for group in affine_groups(ty, block) {
-                let value = match self.part {
-                    Part::Weight { bits, .. } => {
-                        buf.extend(
-                            pack(group.values(), bits)
-                                .iter()
-                                .flat_map(|w| w.to_le_bytes()),
-                        );
-                        None
+        let part = self.part;
+        let (block_len, _) = ty.layout().expect("a readable type");
+        fill_rows(out, out_row_bytes, |r, dst| {
+            let from = row_of(r) * source_row_bytes;
+            let source = &raw[from..from + source_row_bytes];
+            match part {
+                Part::Weight { bits, .. } => {
+                    let per_block = block_len * bits as usize / 8;
+                    for (block, dst) in source
+                        .chunks_exact(block_bytes)
+                        .zip(dst.chunks_exact_mut(per_block))
+                    {
+                        pack_block(ty, block, dst);
                     }
-                    Part::Scales => Some(group.scale),
-                    Part::Biases => Some(group.bias),
-                    Part::Dense | Part::NormOffset => {
-                        unreachable!("handled above")
-                    }
-                };
-                match value {
-                    Some(v) if as_f16 => buf.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
-                    Some(v) => buf.extend_from_slice(&v.to_le_bytes()),
-                    None => {}
                 }
+                Part::Scales | Part::Biases => {
+                    let mut groups = [(0f32, 0f32); MAX_GROUPS_PER_BLOCK];
+                    let mut at = 0;
+                    for block in source.chunks_exact(block_bytes) {
+                        let n = affine_scales_into(ty, block, &mut groups);
+                        for &(scale, bias) in &groups[..n] {
+                            let v = if part == Part::Scales { scale } else { bias };
+                            if as_f16 {
+                                dst[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+                                at += 2;
+                            } else {
+                                dst[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                                at += 4;
+                            }
+                        }
+                    }
+                    debug_assert_eq!(at, dst.len());
+                }
+                Part::Dense | Part::NormOffset => unreachable!("handled above"),
             }
-            if buf.len() >= 1 << 16 {
-                out.write_all(&buf).map_err(io)?;
-                buf.clear();
-            }
-        }
-        out.write_all(&buf).map_err(io)
+        });
+        Ok(())
     }
 
     /// Whether this is the packed weight of a quantized module, and its bits and group size.
@@ -233,4 +289,27 @@ impl Output<'_> {
             _ => None,
         }
     }
+
+    /// The GGUF tensor this output comes from.
+    pub(crate) fn source(&self) -> &GgufTensorInfo {
+        &self.source
+    }
+}
+
+/// Fills `out`, rows of `row_bytes`, in parallel: `fill(r, row)` for every row `r`, each core
+/// taking a contiguous run of rows.
+fn fill_rows(out: &mut [u8], row_bytes: usize, fill: impl Fn(usize, &mut [u8]) + Sync) {
+    let n = out.len() / row_bytes.max(1);
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let per = n.div_ceil(threads.min(n.div_ceil(16)).max(1)).max(1);
+    std::thread::scope(|scope| {
+        for (p, run) in out.chunks_mut(per * row_bytes).enumerate() {
+            let fill = &fill;
+            scope.spawn(move || {
+                for (i, row) in run.chunks_mut(row_bytes).enumerate() {
+                    fill(p * per + i, row);
+                }
+            });
+        }
+    });
 }

@@ -7,7 +7,7 @@ use mlxcel_model::gguf::dequant::{
 };
 use mlxcel_model::gguf::permute::{gguf_row_of_hf_row, permute_rows, unpermute_rows};
 use mlxcel_model::gguf::{GgmlType, GgufFile, GgufValue, GgufWriter};
-use mlxcel_model::{Checkpoint, LoadedModel, ModelError, RopeScaling, convert_gguf};
+use mlxcel_model::{Checkpoint, LoadedModel, ModelError, RopeScaling, convert_gguf, converted};
 
 use crate::fixtures::{Rng, TinyLlama, assert_lossless};
 
@@ -579,4 +579,127 @@ fn fim_token_ids_of_the_metadata_reach_the_loaded_model() {
         model.fim_tokens.infill(),
         Err(vec!["prefix", "suffix", "middle"])
     );
+}
+
+/// A checkpoint prepared from a GGUF file (what `-m FILE.gguf` resolves to) holds no weights:
+/// its tensors are converted from the file as they are read, byte for byte what `convert_gguf`
+/// writes, and again after they are released; the directory follows the file when it moves and
+/// refuses it, naming `-m`, when it changes.
+#[test]
+fn gguf_weights_are_converted_on_demand_as_convert_writes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("k.gguf");
+    TinyLlama {
+        hidden: 256,
+        ffn: 512,
+        tied: false,
+        linear_type: |part| match part {
+            "attn_q" => GgmlType::Q4_K,
+            "attn_k" => GgmlType::Q5_K,
+            "attn_v" => GgmlType::Q6_K,
+            "attn_output" => GgmlType::Q4_0,
+            "ffn_gate" => GgmlType::Q8_0,
+            "ffn_up" => GgmlType::Q3_K,
+            "ffn_down" => GgmlType::Q2_K,
+            _ => GgmlType::Q6_K,
+        },
+        embed_type: GgmlType::Q4_K,
+        ..TinyLlama::default()
+    }
+    .write(&gguf, 23);
+    let written = dir.path().join("written");
+    convert_gguf(&gguf, &written).unwrap();
+    let cache = dir.path().join("cache");
+    let lazy = converted(&cache, &gguf, "0123abcd").unwrap();
+    let files: Vec<String> = std::fs::read_dir(&lazy)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        files.iter().all(|f| !f.ends_with(".safetensors")),
+        "{files:?}"
+    );
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        assert_eq!(
+            std::fs::read(written.join(f)).unwrap(),
+            std::fs::read(lazy.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    let expected = Checkpoint::open(&written).unwrap();
+    let model = LoadedModel::open(&lazy).unwrap();
+    let ckpt = &model.checkpoint;
+    assert_eq!(ckpt.tensor_infos().count(), expected.tensors().count());
+    for t in expected.tensors() {
+        let info = ckpt.tensor_info(t.name).unwrap();
+        assert_eq!(
+            (info.dtype, info.shape, info.byte_len),
+            (t.dtype, t.shape, t.data.len()),
+            "{}",
+            t.name
+        );
+        assert_eq!(ckpt.tensor(t.name).unwrap().data, t.data, "{}", t.name);
+        // SAFETY: the view above was compared and dropped.
+        unsafe { ckpt.release_tensor(t.name) };
+        assert_eq!(
+            ckpt.tensor(t.name).unwrap().data,
+            t.data,
+            "{} again",
+            t.name
+        );
+    }
+    assert_lossless(&gguf, ckpt);
+
+    // Moved: the next resolve of the same bytes points the directory at the new path.
+    let moved = dir.path().join("moved.gguf");
+    std::fs::rename(&gguf, &moved).unwrap();
+    assert!(LoadedModel::open(&lazy).is_err());
+    assert_eq!(converted(&cache, &moved, "0123abcd").unwrap(), lazy);
+    let again = Checkpoint::open(&lazy).unwrap();
+    let name = "model.layers.1.mlp.down_proj.weight";
+    assert_eq!(
+        again.tensor(name).unwrap().data,
+        expected.tensor(name).unwrap().data
+    );
+    // Changed under the directory: refused, saying what to do.
+    let mut bytes = std::fs::read(&moved).unwrap();
+    bytes.extend_from_slice(&[0; 64]);
+    std::fs::write(&moved, bytes).unwrap();
+    let err = Checkpoint::open(&lazy).unwrap_err().to_string();
+    assert!(err.contains("has changed") && err.contains("-m"), "{err}");
+}
+
+/// Phi-3's fused projections, read on demand: releasing one part of a fused tensor and reading
+/// its siblings converts the region again, the same bytes.
+#[test]
+fn fused_projections_read_on_demand_survive_releasing_a_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("phi3.gguf");
+    TinyLlama {
+        arch: "phi3",
+        tied: false,
+        ..TinyLlama::default()
+    }
+    .write(&gguf, 29);
+    let written = dir.path().join("written");
+    convert_gguf(&gguf, &written).unwrap();
+    let lazy = converted(&dir.path().join("cache"), &gguf, "phi3").unwrap();
+    let expected = Checkpoint::open(&written).unwrap();
+    let ckpt = Checkpoint::open(&lazy).unwrap();
+    let p = "model.layers.0.self_attn";
+    let q = format!("{p}.q_proj.weight");
+    assert_eq!(
+        ckpt.tensor(&q).unwrap().data,
+        expected.tensor(&q).unwrap().data
+    );
+    // SAFETY: no view of q (or of its region) is read after this.
+    unsafe { ckpt.release_tensor(&q) };
+    for part in ["k_proj", "v_proj", "q_proj"] {
+        let name = format!("{p}.{part}.weight");
+        assert_eq!(
+            ckpt.tensor(&name).unwrap().data,
+            expected.tensor(&name).unwrap().data,
+            "{name}"
+        );
+    }
 }
