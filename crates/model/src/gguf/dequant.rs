@@ -97,29 +97,17 @@ pub fn affine_groups_into(
     out: &mut [AffineBlock; MAX_GROUPS_PER_BLOCK],
 ) -> usize {
     match ty {
-        GgmlType::Q6_K => {
-            let d = half_at(block, 208);
-            for (g, out) in out.iter_mut().enumerate() {
-                let s = d * (block[192 + g] as i8) as f32;
-                *out = group16(s, -32.0 * s, |i| q6_k_value(block, 16 * g + i));
-            }
-            16
-        }
-        GgmlType::Q3_K => {
-            let d = half_at(block, 108);
-            for (g, out) in out.iter_mut().enumerate() {
-                let s = d * q3_k_scale(&block[96..108], g) as f32;
-                *out = group16(s, -4.0 * s, |i| (q3_k_value(block, 16 * g + i) + 4) as u8);
-            }
-            16
-        }
-        GgmlType::Q2_K => {
-            let (d, dmin) = (half_at(block, 80), half_at(block, 82));
-            for (g, out) in out.iter_mut().enumerate() {
-                let sc = block[g];
-                let dl = d * (sc & 0x0F) as f32;
-                let ml = dmin * (sc >> 4) as f32;
-                *out = group16(dl, -ml, |i| two_bit_field(&block[16..80], 16 * g + i));
+        GgmlType::Q6_K | GgmlType::Q3_K | GgmlType::Q2_K => {
+            let mut scales = [(0f32, 0f32); MAX_GROUPS_PER_BLOCK];
+            affine_scales_into(ty, block, &mut scales);
+            for (g, (out, &(scale, bias))) in out.iter_mut().zip(&scales).enumerate() {
+                *out = match ty {
+                    GgmlType::Q6_K => group16(scale, bias, |i| q6_k_value(block, 16 * g + i)),
+                    GgmlType::Q3_K => {
+                        group16(scale, bias, |i| (q3_k_value(block, 16 * g + i) + 4) as u8)
+                    }
+                    _ => group16(scale, bias, |i| two_bit_field(&block[16..80], 16 * g + i)),
+                };
             }
             16
         }
