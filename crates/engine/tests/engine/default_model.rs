@@ -698,17 +698,25 @@ fn speculation_keeps_constrained_output() {
         ..GenerationRequest::new(plain.tokenize(prompt).unwrap(), MaxNewTokens::Limited(48))
     })
     .collect();
-    for request in &requests {
-        let want = plain.generate(request.clone()).unwrap();
-        let got = speculative.generate(request.clone()).unwrap();
-        assert_eq!(got.tokens, want.tokens, "{:?}", got.text);
-        assert_eq!(got.text, want.text);
-        assert_eq!(
-            got.finish_reason,
-            Some(FinishReason::Stop),
-            "{:?}",
-            got.text
-        );
+    // How many proposals a pass verifies follows the pass costs the scheduler measures, so on a
+    // loaded machine (tests running in parallel) a round may verify only its periodic one-token
+    // probes, and those may all miss: up to three rounds, each checking the output.
+    for _round in 0..3 {
+        for request in &requests {
+            let want = plain.generate(request.clone()).unwrap();
+            let got = speculative.generate(request.clone()).unwrap();
+            assert_eq!(got.tokens, want.tokens, "{:?}", got.text);
+            assert_eq!(got.text, want.text);
+            assert_eq!(
+                got.finish_reason,
+                Some(FinishReason::Stop),
+                "{:?}",
+                got.text
+            );
+        }
+        if speculative.stats().accepted_tokens > 0 {
+            break;
+        }
     }
     let stats = speculative.stats();
     assert!(
