@@ -92,6 +92,20 @@ std::unique_ptr<MlxArray> array_from_bytes(rust::Slice<const uint8_t> bytes,
   return wrap(std::move(out));
 }
 
+std::unique_ptr<MlxArray> array_alloc(rust::Slice<const int32_t> shape, uint8_t dtype) {
+  mx::Dtype dt = dtype_from_code(dtype);
+  size_t elements = 1;
+  for (int32_t d : shape) {
+    if (d < 0) throw std::invalid_argument("mlxcel: negative dimension in array shape");
+    elements *= static_cast<size_t>(d);
+  }
+  return wrap(mx::array(mx::allocator::malloc(elements * mx::size_of(dt)), to_shape(shape), dt));
+}
+
+size_t array_data_address(const MlxArray& a) {
+  return reinterpret_cast<size_t>(a.inner.data<uint8_t>());
+}
+
 std::unique_ptr<MlxArray> array_clone(const MlxArray& a) { return wrap(a.inner); }
 
 std::unique_ptr<MlxArray> array_deep_copy(const MlxArray& a) {

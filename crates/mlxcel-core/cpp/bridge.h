@@ -56,6 +56,11 @@ mlx::core::Stream mlxcel_stream();
 // Construction, metadata, evaluation and read-back (array.cc).
 std::unique_ptr<MlxArray> array_from_bytes(rust::Slice<const uint8_t> bytes,
                                            rust::Slice<const int32_t> shape, uint8_t dtype);
+// A new array of `shape` whose bytes are not yet written, and the address of its bytes: the
+// caller writes every byte before the array is read (quantized.rs, the int8 layout written
+// straight from GGUF blocks).
+std::unique_ptr<MlxArray> array_alloc(rust::Slice<const int32_t> shape, uint8_t dtype);
+size_t array_data_address(const MlxArray& a);
 std::unique_ptr<MlxArray> array_deep_copy(const MlxArray& a);
 std::unique_ptr<MlxArray> array_clone(const MlxArray& a);
 rust::Vec<int32_t> array_shape(const MlxArray& a);
@@ -167,6 +172,11 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
 std::unique_ptr<ArrayList> interleave_int8(const MlxArray& w, const MlxArray& scales,
                                            const MlxArray& biases, int32_t group_size,
                                            int32_t bits, bool compact, int32_t threads);
+// One tile of kernels::kInt8TileRows rows of MLX-layout codes (`bits` 4 or 8, K values a row)
+// rewritten into the int8 layout's code bytes with `out_bits` (kernels::interleave_int8);
+// `out` holds exactly the tile's 2 · K · out_bits bytes.
+void kernels_interleave_tile(rust::Slice<const uint32_t> codes, int32_t k, int32_t bits,
+                             int32_t out_bits, rust::Slice<uint8_t> out);
 // Rows `ids` (uint32, any shape) of an int8-layout weight, dequantized to f32 [ids..., K].
 std::unique_ptr<MlxArray> int8_rows(const MlxArray& ids, const MlxArray& w,
                                     const MlxArray& scales, const MlxArray& biases,

@@ -94,6 +94,28 @@ impl Array {
         })
     }
 
+    /// A new array of `shape` and `dtype` whose bytes `fill` writes (every one of them), from as
+    /// many threads as it likes, before anything else can read them: a load that builds a
+    /// layout in place, without a second copy. Returns the array and what `fill` returned.
+    pub(crate) fn filled<R>(
+        shape: &[i32],
+        dtype: Dtype,
+        fill: impl FnOnce(&mut [std::mem::MaybeUninit<u8>]) -> R,
+    ) -> Result<(Array, R)> {
+        let elements = shape.iter().try_fold(1usize, |n, &d| {
+            usize::try_from(d).ok().and_then(|d| n.checked_mul(d))
+        });
+        let nbytes = elements
+            .and_then(|n| n.checked_mul(dtype.size_in_bytes()))
+            .ok_or_else(|| Error::Mlx {
+                op: "Array::filled",
+                message: format!("shape {shape:?} is negative or too large"),
+            })?;
+        let (handle, result) = sys::alloc_and_fill(shape, dtype.code(), nbytes, fill)
+            .map_err(Error::mlx("Array::filled"))?;
+        Ok((Array::from_handle(handle), result))
+    }
+
     fn from_plain<T: sys::Plain>(
         op: &'static str,
         data: &[T],

@@ -34,6 +34,7 @@ mod device;
 mod dtype;
 mod error;
 pub mod fast;
+mod int8_blocks;
 pub mod kernels;
 mod kv_cache;
 mod layer;

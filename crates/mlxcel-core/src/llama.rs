@@ -372,53 +372,78 @@ impl LlamaModel {
             // mlxcel's kernels read f16 scales and biases as stored (fewer bytes per weight to
             // stream); MLX's quantized_matmul wants them in the activations' dtype.
             keep_f16_scales: kernels.backend == KernelBackend::Native,
+            int8_from_blocks: (kernels.backend == KernelBackend::Native
+                && kernels.activations == Activations::Int8
+                && kernels.int8_layout == Int8Layout::Compact)
+                .then_some(kernels.threads),
         };
-        let embed = match loader.quantized("model.embed_tokens")? {
+        // A tied table serves the output projection too: in the int8 layout (below) when the
+        // kernels take it, here straight from a GGUF file's blocks when it is read from one.
+        let embed = match loader.int8_stack(&["model.embed_tokens"], config.tie_word_embeddings)? {
             Some(q) => Embedding::Quantized(q),
-            None => Embedding::Dense(loader.float("model.embed_tokens.weight")?),
+            None => match loader.quantized("model.embed_tokens")? {
+                Some(q) => Embedding::Quantized(q),
+                None => Embedding::Dense(loader.float("model.embed_tokens.weight")?),
+            },
         };
         let layers = (0..config.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
                 let qkv_bias = config.attention_qkv_bias;
-                let q = loader.linear(&format!("{p}.self_attn.q_proj"), qkv_bias)?;
-                let k = loader.linear(&format!("{p}.self_attn.k_proj"), qkv_bias)?;
-                let v = loader.linear(&format!("{p}.self_attn.v_proj"), qkv_bias)?;
+                let [q, k, v] =
+                    ["q_proj", "k_proj", "v_proj"].map(|m| format!("{p}.self_attn.{m}"));
+                let stacked =
+                    loader.int8_stack(&[&q, &k, &v], kernels.backend == KernelBackend::Native)?;
                 // Stacked when all three are quantized alike, with biases on all three or none;
                 // the biases are stacked whenever the weights are quantized (the fused layer
                 // takes q, k and v separately when their layouts differ).
-                let (qkv, qkv_bias) = match (&q, &k, &v) {
-                    (
-                        Linear::Quantized {
-                            weight: wq,
-                            bias: bq,
-                        },
-                        Linear::Quantized {
-                            weight: wk,
-                            bias: bk,
-                        },
-                        Linear::Quantized {
-                            weight: wv,
-                            bias: bv,
-                        },
-                    ) if kernels.backend == KernelBackend::Native => {
-                        let bias = match (bq, bk, bv) {
-                            (None, None, None) => Ok(None),
-                            (Some(bq), Some(bk), Some(bv)) => Array::concatenate(&[bq, bk, bv], 0)
-                                .and_then(|b| b.astype(Dtype::F32))
-                                .map(Some),
-                            _ => Err(Error::Mlx {
-                                op: "qkv",
-                                message: "q, k and v differ in having biases".into(),
-                            }),
-                        };
-                        match (QuantizedWeight::concat_rows(&[wq, wk, wv]), bias) {
-                            (Ok(w), Ok(b)) => (QkvWeights::Stacked(w), b),
-                            (Err(_), Ok(b)) => (QkvWeights::Separate(q, k, v), b),
-                            _ => (QkvWeights::Separate(q, k, v), None),
+                let (qkv, qkv_bias) = if let Some(w) = stacked {
+                    let bias = if qkv_bias {
+                        let [bq, bk, bv] = [&q, &k, &v].map(|m| loader.float(&format!("{m}.bias")));
+                        Some(Array::concatenate(&[&bq?, &bk?, &bv?], 0)?)
+                    } else {
+                        None
+                    };
+                    (QkvWeights::Stacked(w), bias)
+                } else {
+                    let q = loader.linear(&q, qkv_bias)?;
+                    let k = loader.linear(&k, qkv_bias)?;
+                    let v = loader.linear(&v, qkv_bias)?;
+                    match (&q, &k, &v) {
+                        (
+                            Linear::Quantized {
+                                weight: wq,
+                                bias: bq,
+                            },
+                            Linear::Quantized {
+                                weight: wk,
+                                bias: bk,
+                            },
+                            Linear::Quantized {
+                                weight: wv,
+                                bias: bv,
+                            },
+                        ) if kernels.backend == KernelBackend::Native => {
+                            let bias = match (bq, bk, bv) {
+                                (None, None, None) => Ok(None),
+                                (Some(bq), Some(bk), Some(bv)) => {
+                                    Array::concatenate(&[bq, bk, bv], 0)
+                                        .and_then(|b| b.astype(Dtype::F32))
+                                        .map(Some)
+                                }
+                                _ => Err(Error::Mlx {
+                                    op: "qkv",
+                                    message: "q, k and v differ in having biases".into(),
+                                }),
+                            };
+                            match (QuantizedWeight::concat_rows(&[wq, wk, wv]), bias) {
+                                (Ok(w), Ok(b)) => (QkvWeights::Stacked(w), b),
+                                (Err(_), Ok(b)) => (QkvWeights::Separate(q, k, v), b),
+                                _ => (QkvWeights::Separate(q, k, v), None),
+                            }
                         }
+                        _ => (QkvWeights::Separate(q, k, v), None),
                     }
-                    _ => (QkvWeights::Separate(q, k, v), None),
                 };
                 let (post_norm, sandwich) = if config.sandwich_norms {
                     (
@@ -442,10 +467,16 @@ impl LlamaModel {
                         .linear(&format!("{p}.self_attn.o_proj"), config.attention_out_bias)?,
                     post_norm,
                     sandwich,
-                    gate_up: GateUp::new(
-                        loader.linear(&format!("{p}.mlp.gate_proj"), false)?,
-                        loader.linear(&format!("{p}.mlp.up_proj"), false)?,
-                    )?,
+                    gate_up: {
+                        let [gate, up] = ["gate_proj", "up_proj"].map(|m| format!("{p}.mlp.{m}"));
+                        match loader.int8_stack(&[&gate, &up], true)? {
+                            Some(w) => GateUp::Stacked(w),
+                            None => GateUp::new(
+                                loader.linear(&gate, false)?,
+                                loader.linear(&up, false)?,
+                            )?,
+                        }
+                    },
                     down: loader.linear(&format!("{p}.mlp.down_proj"), false)?,
                     qk_norm: if config.qk_norm {
                         Some((
@@ -1178,9 +1209,37 @@ struct Loader<'a> {
     /// Norm weights are stored as offsets from one (Gemma): [`Loader::norm`] adds it.
     norm_offset: bool,
     keep_f16_scales: bool,
+    /// Quantized weights go straight into the compact int8 layout, written on this many
+    /// threads from the blocks of a GGUF file when the checkpoint is read from one.
+    int8_from_blocks: Option<usize>,
 }
 
 impl Loader<'_> {
+    /// `modules`' weights stacked (rows in order) in the compact int8 layout, written straight
+    /// from the GGUF blocks they are read from ([`QuantizedWeight::int8_from_gguf_blocks`]);
+    /// `None` when `wanted` is false, the kernels take another layout, a weight is not read from
+    /// GGUF blocks, or the blocks cannot be written so (the caller loads the general way).
+    fn int8_stack(&self, modules: &[&str], wanted: bool) -> Result<Option<QuantizedWeight>> {
+        let Some(threads) = self.int8_from_blocks.filter(|_| wanted) else {
+            return Ok(None);
+        };
+        let names: Vec<String> = modules.iter().map(|m| format!("{m}.weight")).collect();
+        let Some(parts) = names
+            .iter()
+            .map(|name| self.checkpoint.gguf_blocks(name))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Ok(None);
+        };
+        let weight = QuantizedWeight::int8_from_gguf_blocks(&parts, threads)?;
+        if weight.is_some() {
+            for name in &names {
+                self.checkpoint.release_gguf_blocks(name);
+            }
+        }
+        Ok(weight)
+    }
+
     fn view(&self, name: &str) -> Result<TensorView<'_>> {
         self.checkpoint
             .tensor(name)
@@ -1271,6 +1330,9 @@ impl Loader<'_> {
         } else {
             None
         };
+        if let Some(weight) = self.int8_stack(&[module], true)? {
+            return Ok(Linear::Quantized { weight, bias });
+        }
         Ok(match self.quantized(module)? {
             Some(weight) => Linear::Quantized { weight, bias },
             None => Linear::Dense {

@@ -31,6 +31,8 @@ pub(crate) mod ffi {
         type ArrayList;
 
         fn array_from_bytes(bytes: &[u8], shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;
+        fn array_alloc(shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;
+        fn array_data_address(a: &MlxArray) -> usize;
         fn array_clone(a: &MlxArray) -> UniquePtr<MlxArray>;
         fn array_deep_copy(a: &MlxArray) -> Result<UniquePtr<MlxArray>>;
         fn array_shape(a: &MlxArray) -> Vec<i32>;
@@ -212,6 +214,13 @@ pub(crate) mod ffi {
             compact: bool,
             threads: i32,
         ) -> Result<UniquePtr<ArrayList>>;
+        fn kernels_interleave_tile(
+            codes: &[u32],
+            k: i32,
+            bits: i32,
+            out_bits: i32,
+            out: &mut [u8],
+        ) -> Result<()>;
         fn kernels_has_vnni() -> bool;
         fn kernels_float_to_half(values: &[f32], out: &mut [u16]);
         fn kernels_best_isa() -> u8;
@@ -275,6 +284,42 @@ pub(crate) fn as_bytes<T: Plain>(data: &[T]) -> &[u8] {
     // and no invalid bit patterns as bytes; u8 has alignment 1; the length covers exactly the
     // same memory; the returned slice borrows `data` so it cannot outlive it.
     unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
+}
+
+/// [`as_bytes`] for writing: every byte pattern is a valid value of a [`Plain`] type.
+pub(crate) fn as_bytes_mut<T: Plain>(data: &mut [T]) -> &mut [u8] {
+    let len = std::mem::size_of_val(data);
+    // SAFETY: as in `as_bytes`; in addition any bytes written through the view leave valid
+    // values of `T` (primitive numbers have no invalid bit patterns), and the view borrows
+    // `data` mutably, so nothing else reads or writes it meanwhile.
+    unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr().cast::<u8>(), len) }
+}
+
+/// A new array of `shape` and `dtype` (`nbytes` bytes in all) whose bytes `fill` writes before
+/// anything else can see them; returns it with what `fill` returned. Bytes `fill` leaves
+/// unwritten hold whatever the allocator gave (the callers write every one).
+pub(crate) fn alloc_and_fill<R>(
+    shape: &[i32],
+    dtype: u8,
+    nbytes: usize,
+    fill: impl FnOnce(&mut [std::mem::MaybeUninit<u8>]) -> R,
+) -> Result<(Handle, R), cxx::Exception> {
+    let (handle, address) = with_lock(|| {
+        let array = ffi::array_alloc(shape, dtype)?;
+        let address = ffi::array_data_address(&array);
+        Ok::<_, cxx::Exception>((Handle::new(array), address))
+    })?;
+    let bytes: &mut [std::mem::MaybeUninit<u8>] = if nbytes == 0 {
+        &mut []
+    } else {
+        // SAFETY: `array_alloc` allocated `nbytes` bytes (the caller's elements × element size)
+        // at `address` for this array alone; it is not evaluated, shared or read by MLX until
+        // this function returns its handle, so `fill` is the only one touching the bytes, and
+        // `MaybeUninit` claims nothing about their initial contents.
+        unsafe { std::slice::from_raw_parts_mut(address as *mut std::mem::MaybeUninit<u8>, nbytes) }
+    };
+    let result = fill(bytes);
+    Ok((handle, result))
 }
 
 /// Primitive numeric types whose memory may be viewed as bytes.

@@ -208,6 +208,19 @@ impl Checkpoint {
         unsafe { self.files.release(name) }
     }
 
+    /// The GGUF blocks the quantized weight `name` (e.g. `model.layers.0.mlp.up_proj.weight`)
+    /// is read from, for a checkpoint read straight from a GGUF file; `None` otherwise. A loader
+    /// that writes its own layout from them converts nothing ([`Checkpoint::tensor`] would).
+    pub fn gguf_blocks(&self, name: &str) -> Option<crate::gguf::GgufBlocks<'_>> {
+        self.files.gguf_blocks(name)
+    }
+
+    /// Lets go of the resident pages of the GGUF file behind `name`, once a loader is done with
+    /// [`Checkpoint::gguf_blocks`] (no-op for other checkpoints).
+    pub fn release_gguf_blocks(&self, name: &str) {
+        self.files.release_gguf_blocks(name)
+    }
+
     /// Every tensor, sorted by name. Reading a GGUF-backed checkpoint this way converts every
     /// tensor; [`Checkpoint::tensor_infos`] does not.
     pub fn tensors(&self) -> impl Iterator<Item = TensorView<'_>> {

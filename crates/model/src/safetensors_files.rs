@@ -111,6 +111,8 @@ enum Bytes {
     OnDemand {
         store: crate::mmap::OnDemand,
         starts: Vec<usize>,
+        /// The GGUF file the regions are converted from.
+        source: std::sync::Arc<crate::gguf::GgufSource>,
     },
 }
 
@@ -310,7 +312,7 @@ impl SafetensorsFiles {
         let entry = &shard.entries[name];
         let data = match &shard.bytes {
             Bytes::Mapped(mmap) => &mmap[entry.start..entry.end],
-            Bytes::OnDemand { store, starts } => {
+            Bytes::OnDemand { store, starts, .. } => {
                 let base = starts[entry.region];
                 &store.get(entry.region)[entry.start - base..entry.end - base]
             }
@@ -365,6 +367,43 @@ impl SafetensorsFiles {
         }
     }
 
+    /// The GGUF blocks the quantized weight `name` is converted from, when it is read from a
+    /// GGUF file (else `None`): reading them converts nothing.
+    pub fn gguf_blocks(&self, name: &str) -> Option<crate::gguf::GgufBlocks<'_>> {
+        let (source, region, entry, starts) = self.on_demand_entry(name)?;
+        let rows = *entry.shape.first()?;
+        let whole = source.rows(region);
+        let row_bytes = (entry.end - entry.start) / rows.max(1);
+        let first_row = (entry.start - starts[region]).checked_div(row_bytes)?;
+        if first_row + rows > whole {
+            return None;
+        }
+        source.blocks(region, first_row, rows)
+    }
+
+    /// Lets go of this process's resident pages of the GGUF file behind `name` (no-op for a
+    /// tensor not read from a GGUF file): for a loader done with [`SafetensorsFiles::gguf_blocks`].
+    /// Safe: the file's map is read-only, and a later read maps the same bytes in again.
+    pub fn release_gguf_blocks(&self, name: &str) {
+        if let Some((source, region, ..)) = self.on_demand_entry(name) {
+            source.release(region);
+        }
+    }
+
+    fn on_demand_entry(
+        &self,
+        name: &str,
+    ) -> Option<(&crate::gguf::GgufSource, usize, &Entry, &[usize])> {
+        let shard = &self.shards[*self.names.get(name)?];
+        let entry = shard.entries.get(name)?;
+        match &shard.bytes {
+            Bytes::OnDemand { source, starts, .. } => {
+                Some((source, entry.region, entry, starts.as_slice()))
+            }
+            Bytes::Mapped(_) => None,
+        }
+    }
+
     /// Tensors whose bytes are produced when first read, by `fill(i, bytes)` for tensor `i` of
     /// `tensors` (name, dtype, shape, byte length), into anonymous memory: a checkpoint read
     /// straight from a GGUF file. `origin` names the set in errors.
@@ -372,6 +411,7 @@ impl SafetensorsFiles {
         origin: &Path,
         tensors: Vec<PlannedBytes>,
         fill: crate::mmap::Fill,
+        source: std::sync::Arc<crate::gguf::GgufSource>,
     ) -> Result<Self> {
         let lengths: Vec<usize> = tensors.iter().map(|t| t.3).collect();
         let (store, starts) =
@@ -396,7 +436,11 @@ impl SafetensorsFiles {
             origin: origin.to_owned(),
             shards: vec![Shard {
                 path: origin.to_owned(),
-                bytes: Bytes::OnDemand { store, starts },
+                bytes: Bytes::OnDemand {
+                    store,
+                    starts,
+                    source,
+                },
                 entries,
             }],
             names,

@@ -707,6 +707,23 @@ std::unique_ptr<MlxArray> int8_rows(const MlxArray& ids, const MlxArray& w,
                          biases.inner}));
 }
 
+void kernels_interleave_tile(rust::Slice<const uint32_t> codes, int32_t k, int32_t bits,
+                             int32_t out_bits, rust::Slice<uint8_t> out) {
+  if (!((bits == 4 && out_bits == 4) ||
+        (bits == 8 && (out_bits == 5 || out_bits == 6 || out_bits == 8))))
+    refuse("interleave tile: " + std::to_string(bits) + "-bit codes cannot take " +
+           std::to_string(out_bits) + " bits");
+  if (k <= 0 || k % kernels::kInt8Block != 0)
+    refuse("interleave tile: the width must be a positive multiple of 32");
+  const size_t rows = kernels::kInt8TileRows;
+  if (codes.size() != rows * static_cast<size_t>(k) * bits / 32 ||
+      out.size() != 2 * static_cast<size_t>(k) * out_bits)
+    refuse("interleave tile: buffer sizes do not match the tile");
+  // Codes only: the scales are the caller's (no scales in, none out).
+  kernels::interleave_int8(codes.data(), nullptr, nullptr, false, kernels::kInt8TileRows, k,
+                           kernels::kInt8Block, bits, out_bits, out.data(), nullptr, nullptr, 1);
+}
+
 bool kernels_has_vnni() { return kernels::has_vnni(); }
 
 void kernels_float_to_half(rust::Slice<const float> values, rust::Slice<uint16_t> out) {

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::gguf::reader::{GgufFile, GgufValue};
-use crate::gguf::tensors::{Output, plan};
+use crate::gguf::tensors::{GgufBlocks, Output, plan};
 use crate::gguf::vocab::GgufVocab;
 use crate::quant::{GROUP16_AFFINE_MODE, QuantSpec, Quantization};
 use crate::safetensors_files::{Dtype, PlannedBytes, SafetensorsFiles};
@@ -331,16 +331,57 @@ pub(crate) fn open_gguf_weights(dir: &Path, weights: &GgufWeights) -> Result<Saf
         })
         .collect();
     let Planned { gguf, outputs, .. } = planned;
+    let source = std::sync::Arc::new(GgufSource { gguf, outputs });
+    let fill_from = source.clone();
     SafetensorsFiles::converted_on_demand(
         &weights.gguf,
         tensors,
         Box::new(move |i, out| {
+            let GgufSource { gguf, outputs } = &*fill_from;
             outputs[i]
-                .fill(&gguf, out)
+                .fill(gguf, out)
                 .expect("the plan checked every tensor's bytes lie within the file");
             gguf.release(outputs[i].source());
         }),
+        source,
     )
+}
+
+/// The GGUF file behind a checkpoint read from it, and the planned output of each region.
+#[derive(Debug)]
+pub(crate) struct GgufSource {
+    gguf: GgufFile,
+    outputs: Vec<Output>,
+}
+
+impl GgufSource {
+    /// Rows `first_row .. first_row + rows` of region `region`'s blocks, if it is a quantized
+    /// weight.
+    pub(crate) fn blocks(
+        &self,
+        region: usize,
+        first_row: usize,
+        rows: usize,
+    ) -> Option<GgufBlocks<'_>> {
+        self.outputs
+            .get(region)?
+            .blocks(&self.gguf, first_row, rows)
+    }
+
+    /// The rows of region `region`'s output (its first dimension).
+    pub(crate) fn rows(&self, region: usize) -> usize {
+        self.outputs
+            .get(region)
+            .and_then(|o| o.planned.shape.first().copied())
+            .unwrap_or(0)
+    }
+
+    /// Lets go of this process's resident pages of the GGUF tensor behind region `region`.
+    pub(crate) fn release(&self, region: usize) {
+        if let Some(output) = self.outputs.get(region) {
+            self.gguf.release(output.source());
+        }
+    }
 }
 
 /// Writes `value` with every object's keys sorted, so that the bytes do not depend on whether

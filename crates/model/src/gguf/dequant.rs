@@ -489,6 +489,112 @@ pub(crate) fn affine_scales_into(
     }
 }
 
+/// The bias of every affine group of `ty` as a fixed multiple of its scale, for the types whose
+/// codes are signed values stored with an offset (the bias is `−offset · scale`, one exact f32
+/// product): Q4_0 −8, Q5_0 −16, Q8_0 −128, Q6_K −32, Q3_K −4. `None` for the types that store
+/// a bias (Q4_1, Q5_1, Q4_K, Q5_K, Q2_K) and for types without an affine form.
+pub fn bias_multiple(ty: GgmlType) -> Option<f32> {
+    match ty {
+        GgmlType::Q4_0 => Some(-8.0),
+        GgmlType::Q5_0 => Some(-16.0),
+        GgmlType::Q8_0 => Some(-128.0),
+        GgmlType::Q6_K => Some(-32.0),
+        GgmlType::Q3_K => Some(-4.0),
+        _ => None,
+    }
+}
+
+/// One block's affine scales and biases in the form the block stores them, from which
+/// [`affine_scales_into`]'s f32 values follow exactly: what a layout that keeps the scales
+/// compact needs, with no search for a factoring.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExactScales {
+    /// A 32-element type's one group: its scale is the f16 `scale` (bits) widened; its bias the
+    /// f16 `bias` widened (Q4_1, Q5_1), or `bias_multiple · scale` (Q4_0, Q5_0, Q8_0).
+    Half { scale: u16, bias: Option<u16> },
+    /// A K-quant super-block's groups (eight of 32 for Q4_K/Q5_K, sixteen of 16 for Q6_K, Q3_K,
+    /// Q2_K): group `g`'s scale is `d · c[g]` (f32 product of the f16 super-block scale and an
+    /// integer sub-scale), its bias `bias.0 · bias.1[g]` (Q4_K, Q5_K, Q2_K: the negated f16 `dmin`
+    /// times the integer minimum) or `bias_multiple · scale` (Q6_K, Q3_K).
+    Factored {
+        d: f32,
+        c: [i8; MAX_GROUPS_PER_BLOCK],
+        bias: Option<(f32, [i8; MAX_GROUPS_PER_BLOCK])>,
+    },
+}
+
+/// [`ExactScales`] of one block of `ty`; `None` for a type without an affine form, and for a
+/// Q4_K/Q5_K/Q2_K block whose `dmin` is not finite (a NaN's sign would then depend on where the
+/// negation is applied).
+///
+/// Every product is the one [`affine_scales_into`] computes, so the values agree bit for bit:
+/// Q4_K's bias `−(dmin · m)` is `(−dmin) · m` (negation commutes with rounding).
+pub fn exact_scales(ty: GgmlType, block: &[u8]) -> Option<ExactScales> {
+    let bits = |at: usize| u16::from_le_bytes([block[at], block[at + 1]]);
+    let mut c = [0i8; MAX_GROUPS_PER_BLOCK];
+    let mut m = [0i8; MAX_GROUPS_PER_BLOCK];
+    Some(match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => ExactScales::Half {
+            scale: bits(0),
+            bias: None,
+        },
+        GgmlType::Q4_1 | GgmlType::Q5_1 => ExactScales::Half {
+            scale: bits(0),
+            bias: Some(bits(2)),
+        },
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            for g in 0..8 {
+                let (sc, min) = scale_min_k4(g, &block[4..16]);
+                (c[g], m[g]) = (sc as i8, min as i8);
+            }
+            let dmin = half_at(block, 2);
+            if !dmin.is_finite() {
+                return None;
+            }
+            ExactScales::Factored {
+                d: half_at(block, 0),
+                c,
+                bias: Some((-dmin, m)),
+            }
+        }
+        GgmlType::Q6_K => {
+            for (g, c) in c.iter_mut().enumerate() {
+                *c = block[192 + g] as i8;
+            }
+            ExactScales::Factored {
+                d: half_at(block, 208),
+                c,
+                bias: None,
+            }
+        }
+        GgmlType::Q3_K => {
+            for (g, c) in c.iter_mut().enumerate() {
+                *c = q3_k_scale(&block[96..108], g) as i8;
+            }
+            ExactScales::Factored {
+                d: half_at(block, 108),
+                c,
+                bias: None,
+            }
+        }
+        GgmlType::Q2_K => {
+            for g in 0..16 {
+                (c[g], m[g]) = ((block[g] & 0x0F) as i8, (block[g] >> 4) as i8);
+            }
+            let dmin = half_at(block, 82);
+            if !dmin.is_finite() {
+                return None;
+            }
+            ExactScales::Factored {
+                d: half_at(block, 80),
+                c,
+                bias: Some((-dmin, m)),
+            }
+        }
+        _ => return None,
+    })
+}
+
 /// Eight 4-bit values, one in the low nibble of each byte of `x` (byte `i` = value `i`), packed
 /// into one little-endian word as [`crate::pack`] packs 4-bit values (value `i` at bits `4 i`).
 fn pack_nibbles(x: u64) -> u32 {
@@ -506,7 +612,7 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 /// groups in order, packed as [`crate::pack`] packs them) to `out`, which holds exactly
 /// `values × bits / 8` bytes: the same bytes as packing [`affine_groups`]' values, straight from
 /// the block's bits for the common types.
-pub(crate) fn pack_block(ty: GgmlType, block: &[u8], out: &mut [u8]) {
+pub fn pack_block(ty: GgmlType, block: &[u8], out: &mut [u8]) {
     match ty {
         GgmlType::Q4_K => {
             // Sub-block s: nibble s % 2 of bytes 32 · (s / 2) .. + 32.
@@ -601,8 +707,8 @@ mod tests {
         }
     }
 
-    /// The straight-from-the-bits paths (`pack_block`, `affine_scales_into`) give the bytes and
-    /// values of the generic path (every group unpacked by `affine_groups`, packed by
+    /// The straight-from-the-bits paths (`pack_block`, `affine_scales_into`, `exact_scales`) give
+    /// the bytes and values of the generic path (every group unpacked by `affine_groups`, packed by
     /// `crate::pack`), on random blocks of every type with an affine form.
     #[test]
     fn fast_packing_and_scales_match_the_unpacked_groups() {
@@ -645,6 +751,47 @@ mod tests {
                 for (g, &(scale, bias)) in groups.iter().zip(&scales[..n]) {
                     assert_eq!(g.scale.to_bits(), scale.to_bits(), "{ty} scale");
                     assert_eq!(g.bias.to_bits(), bias.to_bits(), "{ty} bias");
+                }
+                // The exact form gives the same f32 values, each with one product.
+                let Some(form) = exact_scales(ty, &block) else {
+                    let dmin = match ty {
+                        GgmlType::Q4_K | GgmlType::Q5_K => half_at(&block, 2),
+                        GgmlType::Q2_K => half_at(&block, 82),
+                        _ => panic!("{ty}: no exact form"),
+                    };
+                    assert!(!dmin.is_finite(), "{ty}: no exact form for a finite dmin");
+                    continue;
+                };
+                let exact: Vec<(f32, f32)> = match form {
+                    ExactScales::Half { scale, bias } => {
+                        let scale = f16_bits_to_f32(scale);
+                        let bias = match bias {
+                            Some(b) => f16_bits_to_f32(b),
+                            None => bias_multiple(ty).unwrap() * scale,
+                        };
+                        vec![(scale, bias)]
+                    }
+                    ExactScales::Factored { d, c, bias } => (0..n)
+                        .map(|g| {
+                            let scale = d * f32::from(c[g]);
+                            let bias = match bias {
+                                Some((bd, bc)) => bd * f32::from(bc[g]),
+                                None => bias_multiple(ty).unwrap() * scale,
+                            };
+                            (scale, bias)
+                        })
+                        .collect(),
+                };
+                let stores_bias = matches!(
+                    form,
+                    ExactScales::Half { bias: Some(_), .. }
+                        | ExactScales::Factored { bias: Some(_), .. }
+                );
+                assert_eq!(bias_multiple(ty).is_some(), !stores_bias, "{ty}");
+                assert_eq!(exact.len(), n, "{ty}");
+                for (&(s, b), &(es, eb)) in scales[..n].iter().zip(&exact) {
+                    assert_eq!(s.to_bits(), es.to_bits(), "{ty} exact scale");
+                    assert_eq!(b.to_bits(), eb.to_bits(), "{ty} exact bias");
                 }
             }
         }

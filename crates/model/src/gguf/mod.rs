@@ -11,10 +11,11 @@ mod types;
 mod vocab;
 mod writer;
 
-pub(crate) use convert::open_gguf_weights;
 pub use convert::{
     ConvertSummary, GGUF_WEIGHTS_FILE, GgufWeights, convert_gguf, hf_name, hf_name_in, prepare_gguf,
 };
+pub(crate) use convert::{GgufSource, open_gguf_weights};
 pub use reader::{GgufFile, GgufTensorInfo, GgufValue};
+pub use tensors::GgufBlocks;
 pub use types::GgmlType;
 pub use writer::GgufWriter;

@@ -296,6 +296,70 @@ impl Output {
     }
 }
 
+/// A quantized weight's rows as the blocks a GGUF file stores them in, borrowed from the file's
+/// map: for a loader that writes its own layout straight from the blocks (mlxcel's int8 layout)
+/// instead of reading the affine form converted from them. Rows are in Hugging Face order (a
+/// llama q/k projection's rows are found where llama.cpp permuted them).
+#[derive(Debug, Clone, Copy)]
+pub struct GgufBlocks<'a> {
+    /// The blocks' type (one with an affine form).
+    pub ggml_type: GgmlType,
+    /// Output rows (`[rows, cols]` is the Hugging Face shape).
+    pub rows: usize,
+    /// Values per row: whole blocks.
+    pub cols: usize,
+    data: &'a [u8],
+    row_bytes: usize,
+    /// Of a part split off a fused tensor: its first row in the whole.
+    first_row: usize,
+    rows_per_head: Option<usize>,
+}
+
+impl<'a> GgufBlocks<'a> {
+    /// Row `r`'s blocks (`cols / block_len` of them, back to back).
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        let whole = self.first_row + r;
+        let source = match self.rows_per_head {
+            Some(head_dim) => gguf_row_of_hf_row(whole, head_dim),
+            None => whole,
+        };
+        &self.data[source * self.row_bytes..(source + 1) * self.row_bytes]
+    }
+}
+
+impl Output {
+    /// The blocks of a quantized weight's rows `first_row .. first_row + rows` (a part split off
+    /// this output, or all of it); `None` for any other output.
+    pub(crate) fn blocks<'a>(
+        &self,
+        gguf: &'a GgufFile,
+        first_row: usize,
+        rows: usize,
+    ) -> Option<GgufBlocks<'a>> {
+        let Part::Weight { .. } = self.part else {
+            return None;
+        };
+        let data = gguf.tensor_data(&self.source).ok()?;
+        let shape = self.source.shape();
+        let (&[whole, cols], Some(_)) = (&shape[..], self.source.ggml_type.layout()) else {
+            return None;
+        };
+        if first_row + rows > whole {
+            return None;
+        }
+        Some(GgufBlocks {
+            ggml_type: self.source.ggml_type,
+            rows,
+            cols,
+            data,
+            row_bytes: data.len() / whole,
+            first_row,
+            rows_per_head: self.rows_per_head,
+        })
+    }
+}
+
 /// Fills `out`, rows of `row_bytes`, in parallel: `fill(r, row)` for every row `r`, each core
 /// taking a contiguous run of rows.
 fn fill_rows(out: &mut [u8], row_bytes: usize, fill: impl Fn(usize, &mut [u8]) + Sync) {

@@ -1,0 +1,298 @@
+//! Quantized weights written into the int8 layout straight from a GGUF file's blocks.
+//!
+//! The general way to a GGUF weight in the int8 layout takes three passes over it: its blocks
+//! are converted to MLX's affine form (u32 codes, f32 scales and biases), copied into MLX
+//! arrays, then rewritten by [`QuantizedWeight::interleave_int8`], which also searches each
+//! super-block's f32 scales for the factoring `d · c` the compact layout stores. Here the layout
+//! is written from the blocks in one pass, 16 rows (one tile) at a time: the codes are packed as
+//! the affine form packs them and interleaved while they are in cache, and the scales are taken
+//! in the form the blocks store them ([`exact_scales`]), so nothing is searched. The result is
+//! [`Int8Layout::Compact`](crate::Int8Layout::Compact) for the same weights: the kernels compute
+//! the same bits from it as from the general path's (tests compare the two).
+
+use std::mem::MaybeUninit;
+
+use mlxcel_model::gguf::GgmlType;
+use mlxcel_model::gguf::GgufBlocks;
+use mlxcel_model::gguf::dequant::{
+    ExactScales, affine_bits, affine_group_size, bias_multiple, exact_scales, pack_block,
+};
+
+use crate::array::Array;
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::quantized::QuantizedWeight;
+use crate::sys::{self, ffi};
+
+/// Output rows per tile of the int8 layout (`kInt8TileRows` of the kernels).
+const TILE_ROWS: usize = 16;
+/// Values per K-quant super-block, the unit of the factored scales (`kSuperBlock`).
+const SUPER_BLOCK: usize = 256;
+
+/// How one GGUF type's weights take the compact int8 layout.
+#[derive(Debug, Clone, Copy)]
+struct Form {
+    ty: GgmlType,
+    block_len: usize,
+    block_bytes: usize,
+    /// Bits per code of the affine form (4 or 8), and in the layout (4, 5, 6 or 8).
+    bits: usize,
+    out_bits: usize,
+    group: usize,
+    /// K-quants: scales (and stored biases) factored per super-block; else f16 per group.
+    factored: bool,
+    /// Biases kept as this multiple of the scales (the symmetric types).
+    bias_multiple: Option<f32>,
+}
+
+impl Form {
+    fn of(ty: GgmlType) -> Option<Form> {
+        let (block_len, block_bytes) = ty.layout()?;
+        let bits = affine_bits(ty)? as usize;
+        let out_bits = match ty {
+            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => 5,
+            GgmlType::Q6_K => 6,
+            _ => bits,
+        };
+        Some(Form {
+            ty,
+            block_len,
+            block_bytes,
+            bits,
+            out_bits,
+            group: affine_group_size(ty),
+            factored: block_len == SUPER_BLOCK,
+            bias_multiple: bias_multiple(ty),
+        })
+    }
+
+    /// Bytes of one tile's codes.
+    fn code_tile_bytes(&self, k: usize) -> usize {
+        2 * k * self.out_bits
+    }
+
+    /// Bytes of one super-block of one tile's factored scales: 16 f32 `d`, then 16 int8 `c`
+    /// per group.
+    fn superblock_bytes(&self) -> usize {
+        4 * TILE_ROWS + TILE_ROWS * (SUPER_BLOCK / self.group)
+    }
+
+    /// Bytes of one tile's scales (and of its stored biases).
+    fn scale_tile_bytes(&self, k: usize) -> usize {
+        if self.factored {
+            k / SUPER_BLOCK * self.superblock_bytes()
+        } else {
+            TILE_ROWS * (k / self.group) * 2
+        }
+    }
+}
+
+impl QuantizedWeight {
+    /// `parts`' rows, stacked in order, as one weight in the compact int8 layout, written from
+    /// their GGUF blocks on up to `threads` threads. `None` when the parts cannot take it this
+    /// way: types or widths that differ, a type without an affine form, a row count that is not
+    /// a multiple of 16, or a block whose scales have no exact form ([`exact_scales`]); the
+    /// caller then converts and interleaves the general way.
+    pub fn int8_from_gguf_blocks(
+        parts: &[GgufBlocks<'_>],
+        threads: usize,
+    ) -> Result<Option<QuantizedWeight>> {
+        let Some(first) = parts.first() else {
+            return Ok(None);
+        };
+        let Some(form) = Form::of(first.ggml_type) else {
+            return Ok(None);
+        };
+        let k = first.cols;
+        let n: usize = parts.iter().map(|p| p.rows).sum();
+        if parts.iter().any(|p| p.ggml_type != form.ty || p.cols != k)
+            || n == 0
+            || !n.is_multiple_of(TILE_ROWS)
+            || !k.is_multiple_of(form.block_len)
+            || i32::try_from(n).is_err()
+            || i32::try_from(k).is_err()
+        {
+            return Ok(None);
+        }
+        let rows: Vec<&[u8]> = parts
+            .iter()
+            .flat_map(|p| (0..p.rows).map(move |r| p.row(r)))
+            .collect();
+        let tiles = n / TILE_ROWS;
+        let dim = |d: usize| d as i32;
+        let (scale_dtype, scale_shape) = if form.factored {
+            (Dtype::U8, [dim(tiles), dim(form.scale_tile_bytes(k))])
+        } else {
+            (Dtype::F16, [dim(n), dim(k / form.group)])
+        };
+        let weight_shape = [dim(n), dim(k * form.out_bits / 32)];
+        let stored_bias = form.bias_multiple.is_none();
+        // Three arrays, each written in place: the codes, the scales, the stored biases.
+        let (weight, inner) = Array::filled(&weight_shape, Dtype::U32, |w| {
+            Array::filled(&scale_shape, scale_dtype, |s| {
+                if stored_bias {
+                    Array::filled(&scale_shape, scale_dtype, |b| {
+                        write_tiles(&form, &rows, k, w, s, Some(b), threads)
+                    })
+                    .map(|(b, written)| (Some(b), written))
+                } else {
+                    Ok((None, write_tiles(&form, &rows, k, w, s, None, threads)))
+                }
+            })
+        })?;
+        let (scales, inner) = inner?;
+        let (biases, written) = inner?;
+        if !written? {
+            return Ok(None);
+        }
+        let biases = match (biases, form.bias_multiple) {
+            (Some(b), _) => b,
+            (None, Some(m)) => Array::from_f32(&[m], &[1])?,
+            (None, None) => unreachable!("stored biases are written"),
+        };
+        Ok(Some(QuantizedWeight {
+            weight,
+            scales,
+            biases,
+            group_size: form.group as i32,
+            bits: form.out_bits as i32,
+            int8: true,
+        }))
+    }
+}
+
+/// Writes every tile's codes, scales and (when stored) biases; false when some block's scales
+/// have no exact form. Tiles are spread over up to `threads` threads in contiguous runs.
+fn write_tiles(
+    form: &Form,
+    rows: &[&[u8]],
+    k: usize,
+    w: &mut [MaybeUninit<u8>],
+    s: &mut [MaybeUninit<u8>],
+    b: Option<&mut [MaybeUninit<u8>]>,
+    threads: usize,
+) -> Result<bool> {
+    let tiles = rows.len() / TILE_ROWS;
+    let per = tiles.div_ceil(threads.clamp(1, tiles.max(1)));
+    let (code_tile, scale_tile) = (form.code_tile_bytes(k), form.scale_tile_bytes(k));
+    let mut b_runs: Vec<Option<&mut [MaybeUninit<u8>]>> = match b {
+        Some(b) => b.chunks_mut(per * scale_tile).map(Some).collect(),
+        None => (0..tiles.div_ceil(per)).map(|_| None).collect(),
+    };
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = w
+            .chunks_mut(per * code_tile)
+            .zip(s.chunks_mut(per * scale_tile))
+            .zip(b_runs.iter_mut())
+            .enumerate()
+            .map(|(i, ((w, s), b))| {
+                let rows = &rows[i * per * TILE_ROWS..((i + 1) * per * TILE_ROWS).min(rows.len())];
+                scope.spawn(move || write_run(form, rows, k, w, s, b.as_deref_mut()))
+            })
+            .collect();
+        runs.into_iter()
+            .map(|run| run.join().expect("a tile writer panicked"))
+            .try_fold(true, |all, ok| Ok(all && ok?))
+    })
+}
+
+/// [`write_tiles`] for one run of tiles (`rows` are theirs; `w`, `s`, `b` their bytes).
+fn write_run(
+    form: &Form,
+    rows: &[&[u8]],
+    k: usize,
+    w: &mut [MaybeUninit<u8>],
+    s: &mut [MaybeUninit<u8>],
+    mut b: Option<&mut [MaybeUninit<u8>]>,
+) -> Result<bool> {
+    let row_code_bytes = k * form.bits / 8;
+    let block_code_bytes = form.block_len * form.bits / 8;
+    let (code_tile, scale_tile) = (form.code_tile_bytes(k), form.scale_tile_bytes(k));
+    let mut codes = vec![0u32; TILE_ROWS * row_code_bytes / 4];
+    let mut tile = vec![0u8; code_tile];
+    for (t, tile_rows) in rows.chunks_exact(TILE_ROWS).enumerate() {
+        let scales = &mut s[t * scale_tile..(t + 1) * scale_tile];
+        let mut biases = b
+            .as_deref_mut()
+            .map(|b| &mut b[t * scale_tile..(t + 1) * scale_tile]);
+        let code_bytes = sys::as_bytes_mut(&mut codes);
+        for (j, row) in tile_rows.iter().enumerate() {
+            let row_codes = &mut code_bytes[j * row_code_bytes..(j + 1) * row_code_bytes];
+            for (i, (block, out)) in row
+                .chunks_exact(form.block_bytes)
+                .zip(row_codes.chunks_exact_mut(block_code_bytes))
+                .enumerate()
+            {
+                pack_block(form.ty, block, out);
+                let Some(exact) = exact_scales(form.ty, block) else {
+                    return Ok(false);
+                };
+                if !write_scales(form, exact, i, j, scales, biases.as_deref_mut()) {
+                    return Ok(false);
+                }
+            }
+        }
+        // A kernel of mlxcel's own (no MLX state): no lock, so the runs interleave in parallel.
+        ffi::kernels_interleave_tile(
+            &codes,
+            k as i32,
+            form.bits as i32,
+            form.out_bits as i32,
+            &mut tile,
+        )
+        .map_err(Error::mlx("int8_from_gguf_blocks"))?;
+        for (dst, &src) in w[t * code_tile..(t + 1) * code_tile].iter_mut().zip(&tile) {
+            dst.write(src);
+        }
+    }
+    Ok(true)
+}
+
+/// Block `i` of tile row `j`: its scales (and stored biases) into the tile's bytes. False when
+/// the block's form is not the type's (never, for blocks of one type).
+fn write_scales(
+    form: &Form,
+    exact: ExactScales,
+    i: usize,
+    j: usize,
+    scales: &mut [MaybeUninit<u8>],
+    biases: Option<&mut [MaybeUninit<u8>]>,
+) -> bool {
+    let put = |dst: &mut [MaybeUninit<u8>], at: usize, bytes: &[u8]| {
+        for (d, &v) in dst[at..at + bytes.len()].iter_mut().zip(bytes) {
+            d.write(v);
+        }
+    };
+    match (exact, form.factored) {
+        (ExactScales::Half { scale, bias }, false) => {
+            // [tile, group, row] f16: group i (one per block).
+            let at = (i * TILE_ROWS + j) * 2;
+            put(scales, at, &scale.to_le_bytes());
+            match (biases, bias) {
+                (Some(dst), Some(bias)) => put(dst, at, &bias.to_le_bytes()),
+                (None, None) => {}
+                _ => return false,
+            }
+            true
+        }
+        (ExactScales::Factored { d, c, bias }, true) => {
+            // Super-block i: 16 rows' d, then per group 16 rows' c.
+            let base = i * form.superblock_bytes();
+            let groups = SUPER_BLOCK / form.group;
+            let factored = |dst: &mut [MaybeUninit<u8>], d: f32, c: &[i8]| {
+                put(dst, base + 4 * j, &d.to_le_bytes());
+                for (g, &c) in c[..groups].iter().enumerate() {
+                    dst[base + 4 * TILE_ROWS + g * TILE_ROWS + j].write(c as u8);
+                }
+            };
+            factored(scales, d, &c);
+            match (biases, bias) {
+                (Some(dst), Some((bd, bc))) => factored(dst, bd, &bc),
+                (None, None) => {}
+                _ => return false,
+            }
+            true
+        }
+        _ => false,
+    }
+}
