@@ -392,8 +392,7 @@ impl LlamaModel {
                 let qkv_bias = config.attention_qkv_bias;
                 let [q, k, v] =
                     ["q_proj", "k_proj", "v_proj"].map(|m| format!("{p}.self_attn.{m}"));
-                let stacked =
-                    loader.int8_stack(&[&q, &k, &v], kernels.backend == KernelBackend::Native)?;
+                let stacked = loader.int8_stack(&[&q, &k, &v], true)?;
                 // Stacked when all three are quantized alike, with biases on all three or none;
                 // the biases are stacked whenever the weights are quantized (the fused layer
                 // takes q, k and v separately when their layouts differ).
