@@ -22,6 +22,7 @@
 // `KvCache` does.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -33,6 +34,7 @@
 #include "mlxcel-core/cpp/bridge.h"
 #include "mlxcel-core/cpp/kernels/attention.h"
 #include "mlxcel-core/cpp/kernels/dispatch.h"
+#include "mlxcel-core/cpp/kernels/pool.h"
 #include "mlxcel-core/cpp/kernels/qmatmul.h"
 #include "mlxcel-core/cpp/kernels/rowops.h"
 
@@ -158,6 +160,23 @@ void matmul(const float* x, const Weights& w, Quant q, int M, int N, int K, floa
 
 void add_into(float* y, const float* r, int64_t count) {
   for (int64_t i = 0; i < count; ++i) y[i] += r[i];
+}
+
+// body(first, end) over rows [0, T) in chunks of kRowChunk on up to `threads` threads. A row's
+// arithmetic does not depend on which thread runs it or on its chunk, so the numbers are those
+// of one thread. The norms, GLU, residual adds, RoPE and cache writes ran on the calling thread
+// alone while the other cores waited: 14% of a 512-token prefill's samples on 2 threads
+// (docs/kernels.md). One chunk (a decode step) runs inline.
+constexpr int kRowChunk = 16;
+void for_rows(int T, int threads, const std::function<void(int first, int end)>& body) {
+  const int chunks = (T + kRowChunk - 1) / kRowChunk;
+  if (chunks <= 1 || threads <= 1) {
+    body(0, T);
+    return;
+  }
+  kernels::parallel_for(threads, chunks, [&](int c) {
+    body(c * kRowChunk, std::min(T, (c + 1) * kRowChunk));
+  });
 }
 
 class DecoderLayerCpu : public mx::UnaryPrimitive {
@@ -289,7 +308,10 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     float* gu = grow(b_gu, static_cast<size_t>(T) * 2 * F);
     float* g = h;  // h is free again once gate/up have read it
 
-    kernels::rms_norm_rows(x, T, hidden, in_norm, d.eps, h);
+    for_rows(T, threads, [&](int t0, int t1) {
+      kernels::rms_norm_rows(x + static_cast<int64_t>(t0) * hidden, t1 - t0, hidden, in_norm,
+                             d.eps, h + static_cast<int64_t>(t0) * hidden);
+    });
     if (d.split_qkv) {
       // Three matmuls, each into its own rows, then interleaved as the stacked one writes them
       // (the same kernels on the same rows: the same numbers as three separate projections).
@@ -309,30 +331,31 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     } else {
       matmul(h, wqkv, d.qkv, T, C, hidden, qkv, isa, threads);
     }
-    // The biases, added as the per-op graph adds them (one rounding per element).
-    if (bqkv != nullptr) {
-      for (int t = 0; t < T; ++t) {
-        float* r = qkv + static_cast<int64_t>(t) * C;
-        for (int c = 0; c < C; ++c) r[c] += bqkv[c];
-      }
-    }
-
-    // The q/k norms (in place), RoPE on q (in place) and k; k and v into the caches at their
-    // positions.
-    if (d.qk_norm) {
-      for (int t = 0; t < T; ++t) {
-        float* r = qkv + static_cast<int64_t>(t) * C;
-        kernels::rms_norm_rows(r, H, D, q_norm, d.eps, r);
-        kernels::rms_norm_rows(r + H * D, KV, D, k_norm, d.eps, r + H * D);
-      }
+    // Per row: the biases, added as the per-op graph adds them (one rounding per element); the
+    // q/k norms (in place); RoPE on q (in place) and k; k and v into the caches at their
+    // positions (each row writes its own position).
+    std::vector<int> row_seq(T), row_pos(T);
+    {
+      int row = 0;
+      for (size_t i = 0; i < seqs.size(); ++i)
+        for (int j = 0; j < seqs[i].n; ++j, ++row) {
+          row_seq[row] = static_cast<int>(i);
+          row_pos[row] = seqs[i].position + j;
+        }
     }
     const int half = d.rotary / 2;
-    std::vector<float> cos_t(half), sin_t(half);
-    int row = 0;
-    for (const auto& s : seqs) {
-      for (int i = 0; i < s.n; ++i) {
-        float* r = qkv + static_cast<int64_t>(row + i) * C;
-        const int pos = s.position + i;
+    for_rows(T, threads, [&](int t0, int t1) {
+      std::vector<float> cos_t(half), sin_t(half);
+      for (int t = t0; t < t1; ++t) {
+        float* r = qkv + static_cast<int64_t>(t) * C;
+        if (bqkv != nullptr)
+          for (int c = 0; c < C; ++c) r[c] += bqkv[c];
+        if (d.qk_norm) {
+          kernels::rms_norm_rows(r, H, D, q_norm, d.eps, r);
+          kernels::rms_norm_rows(r + H * D, KV, D, k_norm, d.eps, r + H * D);
+        }
+        const Seq& s = seqs[row_seq[t]];
+        const int pos = row_pos[t];
         if (d.rope) {
           kernels::rope_tables(static_cast<float>(pos) * d.rope_scale, inv_freq, half,
                                cos_t.data(), sin_t.data());
@@ -357,13 +380,12 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
           store_kv(v_block, s.v_dtype, kvh * s.v_head + at * s.v_row, r + (H + KV + kvh) * D, D);
         }
       }
-      row += s.n;
-    }
+    });
 
     // Attention of every sequence over its cache, heads side by side in `att`.
     std::vector<kernels::AttentionProblem> problems;
     problems.reserve(seqs.size());
-    row = 0;
+    int row = 0;
     for (const auto& s : seqs) {
       kernels::AttentionProblem p{};
       p.q = qkv + static_cast<int64_t>(row) * C;
@@ -395,14 +417,26 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     kernels::attention(problems.data(), static_cast<int>(problems.size()), isa, threads);
 
     matmul(att, wo, d.o, T, hidden, H * D, x1, isa, threads);
-    if (post_attn != nullptr) kernels::rms_norm_rows(x1, T, hidden, post_attn, d.eps, x1);
-    add_into(x1, x, static_cast<int64_t>(T) * hidden);
-    kernels::rms_norm_rows(x1, T, hidden, post_norm, d.eps, h);
+    for_rows(T, threads, [&](int t0, int t1) {
+      const int64_t at = static_cast<int64_t>(t0) * hidden;
+      if (post_attn != nullptr)
+        kernels::rms_norm_rows(x1 + at, t1 - t0, hidden, post_attn, d.eps, x1 + at);
+      add_into(x1 + at, x + at, static_cast<int64_t>(t1 - t0) * hidden);
+      kernels::rms_norm_rows(x1 + at, t1 - t0, hidden, post_norm, d.eps, h + at);
+    });
     matmul(h, wgu, d.gate_up, T, 2 * F, hidden, gu, isa, threads);
-    (d.gelu ? kernels::geglu_rows : kernels::swiglu_rows)(gu, T, 2 * F, g);
+    for_rows(T, threads, [&](int t0, int t1) {
+      (d.gelu ? kernels::geglu_rows : kernels::swiglu_rows)(
+          gu + static_cast<int64_t>(t0) * 2 * F, t1 - t0, 2 * F,
+          g + static_cast<int64_t>(t0) * F);
+    });
     matmul(g, wdown, d.down, T, hidden, F, y, isa, threads);
-    if (post_ff != nullptr) kernels::rms_norm_rows(y, T, hidden, post_ff, d.eps, y);
-    add_into(y, x1, static_cast<int64_t>(T) * hidden);
+    for_rows(T, threads, [&](int t0, int t1) {
+      const int64_t at = static_cast<int64_t>(t0) * hidden;
+      if (post_ff != nullptr)
+        kernels::rms_norm_rows(y + at, t1 - t0, hidden, post_ff, d.eps, y + at);
+      add_into(y + at, x1 + at, static_cast<int64_t>(t1 - t0) * hidden);
+    });
   }
 
   Dims dims_;

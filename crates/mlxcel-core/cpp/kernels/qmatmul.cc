@@ -33,7 +33,19 @@ void qmatmul_int8(const QProblem& p, Isa isa, int threads) {
   float* sh = scratch(sh_buffer, 2 * blocks);
   const int8_t* xq = xq_buffer.data();
   const bool vnni = isa == Isa::Avx512 && has_vnni();
-  (vnni ? quantize_x_int8_avx512 : quantize_x_int8)(p.x, p.M, p.K, xq_buffer.data(), dx, sx, sh);
+  // Each block of kInt8RowBlock rows is quantized on its own (its codes, steps and sums are
+  // contiguous), so a prefill's blocks are spread over the threads: the same bits.
+  const auto quantize = vnni ? quantize_x_int8_avx512 : quantize_x_int8;
+  const int row_blocks = rows / kInt8RowBlock;
+  const int64_t codes_per_block = static_cast<int64_t>(kInt8RowBlock) * p.K;
+  const int64_t sums_per_block = static_cast<int64_t>(kInt8RowBlock) * (p.K / kInt8Block);
+  int8_t* codes = xq_buffer.data();  // (the buffer is this thread's: not named in the tasks)
+  parallel_for(threads, row_blocks, [&](int b) {
+    const int m = b * kInt8RowBlock;
+    quantize(p.x + static_cast<int64_t>(m) * p.K, std::min(kInt8RowBlock, p.M - m), p.K,
+             codes + b * codes_per_block, dx + b * sums_per_block,
+             sx + b * sums_per_block, sh + 2 * b * sums_per_block);
+  });
   const auto kernel = vnni ? int8_avx512 : isa >= Isa::Avx2 ? int8_avx2 : int8_scalar;
   const int tiles = p.N / kInt8TileRows;
   const int blocks_m = (p.M + kBlockRows - 1) / kBlockRows;
