@@ -377,9 +377,11 @@ impl LlamaModel {
                 && kernels.int8_layout == Int8Layout::Compact)
                 .then_some(kernels.threads),
         };
-        // A tied table serves the output projection too: in the int8 layout (below) when the
-        // kernels take it, here straight from a GGUF file's blocks when it is read from one.
-        let embed = match loader.int8_stack(&["model.embed_tokens"], config.tie_word_embeddings)? {
+        // The table in the int8 layout, straight from a GGUF file's blocks when the kernels
+        // take that layout and it is read from one: its lookups read rows back exactly
+        // (`int8_rows`), and a tied table serves the output projection too. Otherwise a tied
+        // table is interleaved below; an untied one stays in MLX's layout.
+        let embed = match loader.int8_stack(&["model.embed_tokens"], true)? {
             Some(q) => Embedding::Quantized(q),
             None => match loader.quantized("model.embed_tokens")? {
                 Some(q) => Embedding::Quantized(q),

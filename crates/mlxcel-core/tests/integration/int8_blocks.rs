@@ -43,7 +43,9 @@ fn mixes() -> [TinyLlama; 2] {
             ..base
         },
         TinyLlama {
-            // q, k and v alike and gate and up alike: the stacked forms.
+            // q, k and v alike and gate and up alike: the stacked forms; 272 vocabulary rows
+            // (a multiple of 16), so the untied table is written from its blocks too.
+            extra_tokens: 9,
             linear_type: |part| match part {
                 "attn_q" | "attn_k" | "attn_v" => GgmlType::Q4_K,
                 "attn_output" => GgmlType::Q4_1,

@@ -151,6 +151,9 @@ pub struct TinyLlama {
     /// Type of each linear, by GGUF part name.
     pub linear_type: fn(&str) -> GgmlType,
     pub embed_type: GgmlType,
+    /// Normal tokens appended to [`vocab`] (`<extra_0>`, ...), e.g. to make the vocabulary a
+    /// multiple of 16 rows (263 + 9 = 272).
+    pub extra_tokens: usize,
 }
 
 impl Default for TinyLlama {
@@ -176,6 +179,7 @@ impl Default for TinyLlama {
                 _ => GgmlType::Q4_1,
             },
             embed_type: GgmlType::Q8_0,
+            extra_tokens: 0,
         }
     }
 }
@@ -184,9 +188,17 @@ impl Default for TinyLlama {
 pub const SMOLLM2_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 impl TinyLlama {
+    /// [`vocab`] and this model's extra tokens.
+    pub fn tokens(&self) -> (Vec<String>, Vec<i32>) {
+        let (mut tokens, mut types) = vocab();
+        tokens.extend((0..self.extra_tokens).map(|i| format!("<extra_{i}>")));
+        types.extend(std::iter::repeat_n(1, self.extra_tokens));
+        (tokens, types)
+    }
+
     /// The GGUF writer with metadata (no tensors yet) for this shape.
     pub fn metadata(&self) -> GgufWriter {
-        let (tokens, types) = vocab();
+        let (tokens, types) = self.tokens();
         let mut w = GgufWriter::new();
         let u32v = |v: usize| GgufValue::U32(v as u32);
         let strings =
@@ -232,7 +244,7 @@ impl TinyLlama {
     /// [`TinyLlama::write`] with the caller's metadata (e.g. [`TinyLlama::metadata`] plus keys).
     pub fn write_with(&self, mut w: GgufWriter, path: &Path, seed: u64) {
         let mut rng = Rng::new(seed);
-        let vocab_size = vocab().0.len();
+        let vocab_size = self.tokens().0.len();
         let head_dim = self.hidden / self.heads;
         let sandwich = self.sandwich;
         let mut add = |w: &mut GgufWriter, name: &str, dims: &[u64], ty: GgmlType| {
