@@ -381,7 +381,7 @@ impl LlamaModel {
         // take that layout and it is read from one: its lookups read rows back exactly
         // (`int8_rows`), and a tied table serves the output projection too. Otherwise a tied
         // table is interleaved below; an untied one stays in MLX's layout.
-        let embed = match loader.int8_stack(&["model.embed_tokens"], true)? {
+        let embed = match loader.int8_stack(&["model.embed_tokens"])? {
             Some(q) => Embedding::Quantized(q),
             None => match loader.quantized("model.embed_tokens")? {
                 Some(q) => Embedding::Quantized(q),
@@ -394,7 +394,7 @@ impl LlamaModel {
                 let qkv_bias = config.attention_qkv_bias;
                 let [q, k, v] =
                     ["q_proj", "k_proj", "v_proj"].map(|m| format!("{p}.self_attn.{m}"));
-                let stacked = loader.int8_stack(&[&q, &k, &v], true)?;
+                let stacked = loader.int8_stack(&[&q, &k, &v])?;
                 // Stacked when all three are quantized alike, with biases on all three or none;
                 // the biases are stacked whenever the weights are quantized (the fused layer
                 // takes q, k and v separately when their layouts differ).
@@ -470,7 +470,7 @@ impl LlamaModel {
                     sandwich,
                     gate_up: {
                         let [gate, up] = ["gate_proj", "up_proj"].map(|m| format!("{p}.mlp.{m}"));
-                        match loader.int8_stack(&[&gate, &up], true)? {
+                        match loader.int8_stack(&[&gate, &up])? {
                             Some(w) => GateUp::Stacked(w),
                             None => GateUp::new(
                                 loader.linear(&gate, false)?,
@@ -1218,10 +1218,10 @@ struct Loader<'a> {
 impl Loader<'_> {
     /// `modules`' weights stacked (rows in order) in the compact int8 layout, written straight
     /// from the GGUF blocks they are read from ([`QuantizedWeight::int8_from_gguf_blocks`]);
-    /// `None` when `wanted` is false, the kernels take another layout, a weight is not read from
-    /// GGUF blocks, or the blocks cannot be written so (the caller loads the general way).
-    fn int8_stack(&self, modules: &[&str], wanted: bool) -> Result<Option<QuantizedWeight>> {
-        let Some(threads) = self.int8_from_blocks.filter(|_| wanted) else {
+    /// `None` when the kernels take another layout, a weight is not read from GGUF blocks, or
+    /// the blocks cannot be written so (the caller loads the general way).
+    fn int8_stack(&self, modules: &[&str]) -> Result<Option<QuantizedWeight>> {
+        let Some(threads) = self.int8_from_blocks else {
             return Ok(None);
         };
         let names: Vec<String> = modules.iter().map(|m| format!("{m}.weight")).collect();
@@ -1331,7 +1331,7 @@ impl Loader<'_> {
         } else {
             None
         };
-        if let Some(weight) = self.int8_stack(&[module], true)? {
+        if let Some(weight) = self.int8_stack(&[module])? {
             return Ok(Linear::Quantized { weight, bias });
         }
         Ok(match self.quantized(module)? {
