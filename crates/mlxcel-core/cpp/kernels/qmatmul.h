@@ -84,6 +84,9 @@ void avx512_gemm(const QProblem& p, const float* xprep, float* panel, int m0, in
 //     acc = fma(bias[n, 2j + h], Σx[m, j, h], acc)
 // where Σx[m, j, h] is the half's exact-order sum (below).
 constexpr int kInt8TileRows = 16;
+// How far ahead (bytes) the int8 kernels prefetch a tile's weights into L2
+// (qmatmul_int8_avx512.cc says why).
+constexpr int64_t kInt8PrefetchAhead = 8192;
 constexpr int kInt8Block = 32;
 
 // Rewrites W (MLX layout, N a multiple of kInt8TileRows) into the interleaved layout: `w_out`

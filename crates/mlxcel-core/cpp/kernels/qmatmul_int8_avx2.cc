@@ -89,6 +89,15 @@ MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t t, int
     const int8_t* xj = xblock + static_cast<int64_t>(j) * 8 * kRow;
     const float* dxj = dxb + j * kInt8RowBlock;
     const uint8_t* wb = w + static_cast<int64_t>(j) * kBlockBytes + h * 32;
+    // The first half's pass brings the tile's lines into L2 ahead of use (as the AVX-512
+    // kernel does: qmatmul_int8_avx512.cc); the second half reads them from there.
+    if (h == 0) {
+#pragma GCC unroll 8
+      for (int l = 0; l < BITS; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(wb) +
+                                                   kInt8PrefetchAhead + 64 * l),
+                     _MM_HINT_T1);
+    }
     for (int part = 0; part < kParts; ++part) {
       // 16-bit pair sums: for 4 bits, of every value; otherwise of the low nibbles and of the
       // high parts (value = 16·high + low).

@@ -26,13 +26,17 @@ MLXCEL_TARGET inline __m512i dot4(__m512i acc, __m512i w, const int8_t* x) {
   return acc;
 }
 
-// How far ahead of the block being multiplied its tile's weight bytes are prefetched. One core
-// keeps only as many weight lines in flight as its out-of-order window holds (a block's ~40
-// vector instructions per 256 bytes fill the schedulers first): ~10-12 GB/s per core here. A
-// prefetch 4 KiB ahead (16 blocks of 4-bit codes) raised one thread's decode of Qwen2.5-3B's
-// shape from 5.8 to 6.8 tok/s and gate/up's stream from ~11 to ~15 GB/s (docs/kernels.md);
-// the addresses are computed on integers, and a prefetch past a buffer's end never faults.
-constexpr int64_t kPrefetchAhead = 4096;
+// How far ahead of the block being multiplied its tile's weight bytes are prefetched, and into
+// which level. One core keeps only as many weight lines in flight as its out-of-order window
+// holds (a block's ~40 vector instructions per 256 bytes fill the schedulers first), and a
+// prefetch into L1 (`prefetcht0`) holds one of L1's few miss buffers until its line arrives:
+// ~10-13 GB/s per core here. Prefetching 4 KiB ahead into L1 raised one thread's decode of
+// Qwen2.5-3B's shape from 5.8 to 6.8 tok/s; prefetching 8 KiB ahead into L2 (`prefetcht1`,
+// which the L2's deeper miss queue serves while the L1 stays free for the loads) raised one
+// thread's decode of Llama-3.2-1B's shape from 12.5-13.3 to 18.6-21.3 tok/s, and two threads'
+// from 21-27 to 28-34 (docs/kernels.md). The addresses are computed on integers, and a prefetch
+// past a buffer's end never faults.
+constexpr int64_t kPrefetchAhead = kInt8PrefetchAhead;
 
 // How scales and biases are stored: f32 or f16 [N/16, groups, 16], or factored (qmatmul.h).
 enum Scales { kF32, kF16, kFactored };
@@ -134,7 +138,7 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stil
     for (int l = 0; l < BITS; ++l)
       _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(wb) +
                                                  kPrefetchAhead + 64 * l),
-                   _MM_HINT_T0);
+                   _MM_HINT_T1);
     step<0, R, S, BITS, G16>(sum, wb, xj);
     step<1, R, S, BITS, G16>(sum, wb, xj);
     step<2, R, S, BITS, G16>(sum, wb, xj);
