@@ -98,10 +98,16 @@ MLXCEL_TARGET inline __m512 load16(const uint8_t* row, int c) {
                        _mm512_set1_ps(_cvtsh_ss(bits)));
 }
 
-// The grouped partial attention with D = 16·DC, G ≤ 4: scores sixteen keys at a time (one
-// transpose-and-add per block instead of a reduction per key) and the weighted sum of values
-// in registers, each value row loaded once for the group. KT and VT: float, uint16_t (f16) or
-// uint8_t (q8_0 rows).
+// Query heads per kv head that part_fast takes, and how many of them one pass over the values
+// accumulates in registers (D = 128: 4 heads' sums are 32 vectors already).
+constexpr int kFastGroupMax = 8;
+constexpr int kFastGroupPass = 4;
+
+// The grouped partial attention with D = 16·DC, G ≤ kFastGroupMax: scores sixteen keys at a time
+// (one transpose-and-add per block instead of a reduction per key) and the weighted sum of
+// values in registers, each value row loaded once for up to kFastGroupPass heads of the group
+// (Qwen2.5-3B's eight heads per kv head take two passes, the second reading the block's values
+// from cache). KT and VT: float, uint16_t (f16) or uint8_t (q8_0 rows).
 template <int DC, typename KT, typename VT>
 MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
                              float* part, float* scores) {
@@ -118,7 +124,7 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
     const int hi = len < j1 ? len : j1;
     const int first = attention_first_key(p, i);
     const int lo = first > j0 ? first : j0;
-    float* entry[4];
+    float* entry[kFastGroupMax];
     for (int g = 0; g < G; ++g) {
       entry[g] = part + (static_cast<int64_t>(g) * (r1 - r0) + (i - r0)) * stride;
       entry[g][0] = -__builtin_huge_valf();
@@ -181,21 +187,26 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
       entry[g][0] = max;
       entry[g][1] = sum;
     }
-    // Σ w·v for every head of the group, accumulated in registers.
-    __m512 o[4][DC];
-    for (int g = 0; g < G; ++g)
-      for (int c = 0; c < DC; ++c) o[g][c] = _mm512_setzero_ps();
-    for (int j = 0; j < keys; ++j) {
-      const VT* vj = v + static_cast<int64_t>(lo + j) * p.v_row;
-      __m512 vv[DC];
-      for (int c = 0; c < DC; ++c) vv[c] = load16(vj, c);
-      for (int g = 0; g < G; ++g) {
-        const __m512 w = _mm512_set1_ps(scores[g * W + j]);
-        for (int c = 0; c < DC; ++c) o[g][c] = _mm512_fmadd_ps(w, vv[c], o[g][c]);
+    // Σ w·v for every head of the group, accumulated in registers, up to kFastGroupPass heads
+    // a pass (each head's sum is the same whichever pass computes it).
+    for (int g0 = 0; g0 < G; g0 += kFastGroupPass) {
+      const int gn = G - g0 < kFastGroupPass ? G - g0 : kFastGroupPass;
+      const float* ws = scores + static_cast<int64_t>(g0) * W;
+      __m512 o[kFastGroupPass][DC];
+      for (int g = 0; g < gn; ++g)
+        for (int c = 0; c < DC; ++c) o[g][c] = _mm512_setzero_ps();
+      for (int j = 0; j < keys; ++j) {
+        const VT* vj = v + static_cast<int64_t>(lo + j) * p.v_row;
+        __m512 vv[DC];
+        for (int c = 0; c < DC; ++c) vv[c] = load16(vj, c);
+        for (int g = 0; g < gn; ++g) {
+          const __m512 w = _mm512_set1_ps(ws[g * W + j]);
+          for (int c = 0; c < DC; ++c) o[g][c] = _mm512_fmadd_ps(w, vv[c], o[g][c]);
+        }
       }
+      for (int g = 0; g < gn; ++g)
+        for (int c = 0; c < DC; ++c) _mm512_storeu_ps(entry[g0 + g] + 2 + 16 * c, o[g][c]);
     }
-    for (int g = 0; g < G; ++g)
-      for (int c = 0; c < DC; ++c) _mm512_storeu_ps(entry[g] + 2 + 16 * c, o[g][c]);
   }
 }
 
@@ -226,7 +237,7 @@ MLXCEL_TARGET void part_fast_typed(const AttentionProblem& p, int kvh, int r0, i
 MLXCEL_TARGET void attention_part_avx512(const AttentionProblem& p, int kvh, int r0, int r1,
                                          int j0, int j1, float* part, float* scores) {
   const int G = p.heads / p.kv_heads;
-  if (G <= 4) {
+  if (G <= kFastGroupMax) {
     if (p.D == 64) return part_fast_typed<4>(p, kvh, r0, r1, j0, j1, part, scores);
     if (p.D == 128) return part_fast_typed<8>(p, kvh, r0, r1, j0, j1, part, scores);
   }

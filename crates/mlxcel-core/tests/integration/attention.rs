@@ -228,6 +228,11 @@ fn native_attention_matches_naive_attention_on_every_path() {
         (12, 2, 1, 150, 64),
         // Seven heads per kv head (the AVX2 kernel's groups of four and three).
         (14, 2, 2, 97, 64),
+        // Eight and five heads per kv head (Qwen2.5-3B's 16 over 2 at D = 128): the AVX-512
+        // fast path's two passes over the values, the second of four heads or of one.
+        (16, 2, 3, 300, 128),
+        (8, 1, 2, 97, 64),
+        (10, 2, 1, 150, 128),
         // Several 256-key ranges; causal rows whose keys end before the last range starts
         // (empty partials in the merge).
         (9, 3, 2, 700, 64),
@@ -393,6 +398,8 @@ fn f16_caches_give_the_f32_kernels_bits_on_the_widened_values() {
         (4, 1, 2, 21, 256, None, None),
         (6, 2, 3, 40, 16, Some(9), Some(0.3)),
         (32, 8, 1, 520, 64, None, None),
+        (16, 2, 2, 300, 128, None, None),
+        (10, 2, 3, 131, 64, Some(50), Some(0.5)),
     ];
     let paths: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
         .into_iter()
@@ -534,6 +541,8 @@ fn native_attention_reads_q8_0_keys_and_values_on_every_path() {
     for (heads, kv_heads, queries, keys, head_dim, k_side, v_side) in [
         (9, 3, 1, 37, 64, Side::Q8, Side::Q8),
         (9, 3, 3, 300, 64, Side::Q8, Side::Q8),
+        (16, 2, 2, 300, 128, Side::Q8, Side::Q8),
+        (10, 2, 1, 97, 64, Side::F16, Side::Q8),
         (8, 2, 2, 97, 128, Side::Q8, Side::F16),
         (6, 2, 3, 45, 96, Side::F32, Side::Q8),
         (4, 1, 2, 21, 256, Side::Q8, Side::Q8),
