@@ -63,6 +63,7 @@ fn main() {
             "cpp/kernels/qmatmul_int8.cc",
             "cpp/kernels/qmatmul_int8_avx2.cc",
             "cpp/kernels/qmatmul_int8_avx512.cc",
+            "cpp/kernels/qmatmul_f32x_avx512.cc",
             "cpp/kernels/pool.cc",
             "cpp/kernels/rowops.cc",
             "cpp/kernels/layer.cc",

@@ -139,7 +139,7 @@ std::unique_ptr<ArrayList> quantize(const MlxArray& w, int32_t group_size, int32
 // `norm`: RMS-normalize x with `norm_weight` and `eps` first (ignored otherwise).
 std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxArray& w,
                                                   const MlxArray& scales, const MlxArray& biases,
-                                                  int32_t group_size, int32_t bits, bool int8,
+                                                  int32_t group_size, int32_t bits, uint8_t layout,
                                                   uint8_t isa, int32_t threads, uint8_t epilogue,
                                                   const MlxArray& residual, bool norm,
                                                   const MlxArray& norm_weight, float eps);

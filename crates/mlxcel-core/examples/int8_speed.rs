@@ -1,12 +1,14 @@
 //! Times the int8-activation matmul at decode (M = 1) on Llama-3.2-1B- and Qwen2.5-3B-shaped
 //! K-quant matrices,
-//! wide against compact layout, per thread count: GB/s of the bytes each layout reads.
+//! wide against compact layout, per thread count: GB/s of the bytes each layout reads. With
+//! `f32`, the f32-activation matmul instead: MLX's layout (what the f32 path read before)
+//! against f32 activations over the compact int8 layout.
 //!
-//! `cargo run --release -p mlxcel-core --example int8_speed [M]`
+//! `cargo run --release -p mlxcel-core --example int8_speed [M] [int8|f32]`
 
 use std::time::Instant;
 
-use mlxcel_core::{Array, Int8Layout, Isa, QuantizedWeight, eval};
+use mlxcel_core::{Activations, Array, Epilogue, Int8Layout, Isa, QuantizedWeight, eval};
 
 fn random(n: usize, seed: u64) -> Vec<u32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -56,6 +58,11 @@ fn main() -> Result<(), mlxcel_core::Error> {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(1);
+    let activations = match std::env::args().nth(2).as_deref() {
+        None | Some("int8") => Activations::Int8,
+        Some("f32") => Activations::F32,
+        Some(other) => panic!("activations must be int8 or f32, got {other}"),
+    };
     // (name, N, K, bits, mask, group): a layer's Q4_K gate/up and Q6_K down, and a Q6_K head.
     let shapes = [
         ("L2-resident Q4_K 512x2048", 512, 2048, 4, u32::MAX, 32),
@@ -86,23 +93,38 @@ fn main() -> Result<(), mlxcel_core::Error> {
                 .collect::<Vec<_>>(),
             &[m, k as i32],
         )?;
-        for layout in [Int8Layout::Wide, Int8Layout::Compact] {
-            let ws: Vec<QuantizedWeight> = base
-                .iter()
-                .map(|w| w.interleave_int8_as(layout))
-                .collect::<Result<_, _>>()?;
+        let layouts: &[Option<Int8Layout>] = match activations {
+            Activations::Int8 => &[Some(Int8Layout::Wide), Some(Int8Layout::Compact)],
+            Activations::F32 => &[None, Some(Int8Layout::Compact)],
+        };
+        for &layout in layouts {
+            let ws: Vec<QuantizedWeight> = match layout {
+                Some(layout) => base
+                    .iter()
+                    .map(|w| w.interleave_int8_as(layout))
+                    .collect::<Result<_, _>>()?,
+                None => base.clone(),
+            };
+            let label = layout.map_or("MLX".to_string(), |l| format!("{l:?}"));
             for threads in [1, 2] {
                 let mut best = f64::MAX;
                 for _ in 0..if n == 512 { 200 } else { 5 } {
                     let start = Instant::now();
                     for w in &ws {
-                        let y = w.matmul_native(&x, Isa::best(), threads)?;
+                        let y = w.matmul_native_full(
+                            &x,
+                            None,
+                            Isa::best(),
+                            threads,
+                            activations,
+                            Epilogue::None,
+                        )?;
                         eval(&[&y])?;
                     }
                     best = best.min(start.elapsed().as_secs_f64() / copies as f64);
                 }
                 println!(
-                    "{name:26} {layout:?}\t×{threads}\t{:.2} ms\t{:.1} GB/s ({} bits)",
+                    "{name:26} {label}\t×{threads}\t{:.2} ms\t{:.1} GB/s ({} bits)",
                     best * 1e3,
                     bytes(&ws[0]) as f64 / best / 1e9,
                     ws[0].bits

@@ -7,7 +7,8 @@
 //! instruction-set dispatch (AVX-512, AVX2+FMA, scalar; the scalar path is the test reference).
 //! By default they compute in f32 like MLX; only the order of the additions differs. With
 //! [`Activations::Int8`] the activations are quantized to int8 inside each matmul and multiplied
-//! with AVX-512 VNNI or AVX2 integer instructions instead. See `docs/kernels.md`.
+//! with AVX-512 VNNI or AVX2 integer instructions instead. Both read the weights in the
+//! compact int8 layout on the AVX-512 path ([`F32Layout`]). See `docs/kernels.md`.
 
 use crate::error::{Error, Result};
 use crate::sys::{self, ffi};
@@ -68,6 +69,19 @@ pub enum Int8Layout {
     Compact,
 }
 
+/// How weights are stored for f32 activations (`MLXCEL_F32_LAYOUT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum F32Layout {
+    /// The int8 layout ([`Kernels::int8_layout`] says which form), multiplied by f32 x as it is
+    /// (`cpp/kernels/qmatmul_f32x_avx512.cc`): a K-quant read at close to its file size. Taken
+    /// where that kernel runs (mlxcel's kernels on the AVX-512 path); elsewhere MLX's layout.
+    #[default]
+    Int8,
+    /// MLX's affine layout (u32-packed 4- or 8-bit codes, a scale and bias per group): Q4_K
+    /// read as 6 bits a weight, Q6_K as 12.
+    Mlx,
+}
+
 /// Which kernels run, on which path, with how many threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kernels {
@@ -82,8 +96,10 @@ pub struct Kernels {
     pub fused_layers: bool,
     /// f32 or int8 activations in the quantized matmuls (native kernels only).
     pub activations: Activations,
-    /// How weights are stored for int8 activations (unused with f32 activations).
+    /// The form of the int8 layout (for int8 activations, and for f32 activations over it).
     pub int8_layout: Int8Layout,
+    /// How weights are stored for f32 activations.
+    pub f32_layout: F32Layout,
 }
 
 impl Kernels {
@@ -96,13 +112,28 @@ impl Kernels {
             fused_layers: true,
             activations: Activations::F32,
             int8_layout: Int8Layout::default(),
+            f32_layout: F32Layout::default(),
         }
+    }
+
+    /// Whether a model loads its quantized weights in the int8 layout (`int8_layout`'s form):
+    /// always for int8 activations; for f32 activations with [`F32Layout::Int8`] where its
+    /// kernel runs (mlxcel's kernels on the AVX-512 path: elsewhere only the scalar reference
+    /// reads it, so MLX's layout is kept).
+    pub fn int8_layout_weights(&self) -> bool {
+        self.backend == KernelBackend::Native
+            && match self.activations {
+                Activations::Int8 => true,
+                Activations::F32 => {
+                    self.f32_layout == F32Layout::Int8 && self.isa.min(Isa::best()) == Isa::Avx512
+                }
+            }
     }
 
     /// From `MLXCEL_KERNELS` (`native` or `mlx`), `MLXCEL_KERNEL_ISA` (`avx512`, `avx2` or
     /// `scalar`), `MLXCEL_THREADS` (a positive integer), `MLXCEL_FUSED_LAYERS` (`on` or
-    /// `off`), `MLXCEL_ACTIVATIONS` (`f32` or `int8`) and `MLXCEL_INT8_LAYOUT` (`compact` or
-    /// `wide`); unset means [`Kernels::native`].
+    /// `off`), `MLXCEL_ACTIVATIONS` (`f32` or `int8`), `MLXCEL_INT8_LAYOUT` (`compact` or
+    /// `wide`) and `MLXCEL_F32_LAYOUT` (`int8` or `mlx`); unset means [`Kernels::native`].
     pub fn from_env() -> Result<Kernels> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -154,6 +185,13 @@ impl Kernels {
                 "compact" => Int8Layout::Compact,
                 "wide" => Int8Layout::Wide,
                 _ => return Err(invalid("MLXCEL_INT8_LAYOUT", &value, "compact or wide")),
+            };
+        }
+        if let Some(value) = lookup("MLXCEL_F32_LAYOUT") {
+            kernels.f32_layout = match value.as_str() {
+                "int8" => F32Layout::Int8,
+                "mlx" => F32Layout::Mlx,
+                _ => return Err(invalid("MLXCEL_F32_LAYOUT", &value, "int8 or mlx")),
             };
         }
         kernels.check("MLXCEL_ACTIVATIONS")?;

@@ -153,7 +153,13 @@ pub(crate) fn decoder_layer(
     }
     let quant = weights
         .iter()
-        .flat_map(|w| [w.group_size, w.bits, i32::from(w.int8)])
+        .flat_map(|w| {
+            [
+                w.group_size,
+                w.bits,
+                i32::from(w.layout_code(kernels.activations)),
+            ]
+        })
         .collect::<Vec<_>>();
     let to_i32 = |v: usize| {
         i32::try_from(v).map_err(|_| Error::Mlx {

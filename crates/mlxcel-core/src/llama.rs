@@ -21,7 +21,7 @@ use crate::fast::{
     AttentionMask, HeadSlice, Rope, RopeFrequencies, attention_native_tokens_major, rms_norm,
     scaled_dot_product_attention, split_heads,
 };
-use crate::kernels::{Activations, Int8Layout, KernelBackend, Kernels};
+use crate::kernels::{Int8Layout, KernelBackend, Kernels};
 use crate::kv_cache::{KvCache, KvType};
 use crate::layer::{LayerSeq, LayerShape, LayerTensors, Qkv, decoder_layer};
 use crate::quantized::{Epilogue, QuantizedWeight};
@@ -372,8 +372,7 @@ impl LlamaModel {
             // mlxcel's kernels read f16 scales and biases as stored (fewer bytes per weight to
             // stream); MLX's quantized_matmul wants them in the activations' dtype.
             keep_f16_scales: kernels.backend == KernelBackend::Native,
-            int8_from_blocks: (kernels.backend == KernelBackend::Native
-                && kernels.activations == Activations::Int8
+            int8_from_blocks: (kernels.int8_layout_weights()
                 && kernels.int8_layout == Int8Layout::Compact)
                 .then_some(kernels.threads),
         };
@@ -490,9 +489,10 @@ impl LlamaModel {
                     attention: config.layers[i],
                     local_rope: config.has_local_rope() && config.layers[i].window.is_some(),
                 };
-                // Rewritten for int8 as each layer loads, so that the checkpoint's form of one
-                // layer at a time, not of the whole model, sits beside the rewritten weights.
-                if kernels.activations == Activations::Int8 {
+                // Rewritten into the int8 layout as each layer loads (int8 activations, or f32
+                // ones on AVX-512), so that the checkpoint's form of one layer at a time, not
+                // of the whole model, sits beside the rewritten weights.
+                if kernels.int8_layout_weights() {
                     layer.interleave_int8(kernels.int8_layout, kernels.threads)?;
                 }
                 Ok(layer)
@@ -505,7 +505,7 @@ impl LlamaModel {
             Some(loader.linear("lm_head", false)?)
         };
         let mut embed = embed;
-        if kernels.activations == Activations::Int8 {
+        if kernels.int8_layout_weights() {
             if let Some(head) = &mut lm_head {
                 head.interleave_int8(kernels.int8_layout, kernels.threads)?;
             }

@@ -9,7 +9,7 @@
 use crate::array::{Array, call};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::kernels::{Int8Layout, Isa, KernelBackend, Kernels};
+use crate::kernels::{Activations, Int8Layout, Isa, KernelBackend, Kernels};
 use crate::sys::{self, Handle, ffi};
 
 /// The (weight, scales, biases) list an MLX op returns, as arrays; `op` names it in errors.
@@ -274,9 +274,27 @@ impl QuantizedWeight {
     pub fn linear(&self, x: &Array, kernels: &Kernels) -> Result<Array> {
         if self.native_only() || (kernels.backend == KernelBackend::Native && self.native_covers(x))
         {
-            self.matmul_native(x, kernels.isa, kernels.threads)
+            self.matmul_native_full(
+                x,
+                None,
+                kernels.isa,
+                kernels.threads,
+                kernels.activations,
+                Epilogue::None,
+            )
         } else {
             self.matmul(x, true)
+        }
+    }
+
+    /// The layout code the native kernels take: 0 for MLX's layout; for the int8 layout, 1
+    /// when `activations` is int8 (x quantized per block of 32), 2 when it is f32 (x multiplied
+    /// as it is, over the same compact codes).
+    pub fn layout_code(&self, activations: Activations) -> u8 {
+        match (self.int8, activations) {
+            (false, _) => 0,
+            (true, Activations::Int8) => 1,
+            (true, Activations::F32) => 2,
         }
     }
 
@@ -306,7 +324,8 @@ impl QuantizedWeight {
     }
 
     /// `x · Wᵀ` with mlxcel's CPU kernel on the best path at or below `isa`, using at most
-    /// `threads` threads. Errors name the unsupported layout.
+    /// `threads` threads; a weight in the int8 layout multiplies int8 activations
+    /// ([`QuantizedWeight::matmul_native_full`] chooses). Errors name the unsupported layout.
     pub fn matmul_native(&self, x: &Array, isa: Isa, threads: usize) -> Result<Array> {
         self.matmul_native_then(x, isa, threads, Epilogue::None)
     }
@@ -319,17 +338,20 @@ impl QuantizedWeight {
         threads: usize,
         epilogue: Epilogue<'_>,
     ) -> Result<Array> {
-        self.matmul_native_full(x, None, isa, threads, epilogue)
+        self.matmul_native_full(x, None, isa, threads, Activations::Int8, epilogue)
     }
 
     /// [`QuantizedWeight::matmul_native_then`] of `rms_norm(x, weight, eps)` when `norm` is
-    /// given (the norm computed inside the same op).
+    /// given (the norm computed inside the same op), with a weight in the int8 layout
+    /// multiplying `activations` (f32: x as it is; int8: x quantized per block of 32).
+    /// `activations` does not matter for a weight in MLX's layout, which always multiplies f32.
     pub fn matmul_native_full(
         &self,
         x: &Array,
         norm: Option<(&Array, f32)>,
         isa: Isa,
         threads: usize,
+        activations: Activations,
         epilogue: Epilogue<'_>,
     ) -> Result<Array> {
         let (has_norm, norm_weight, eps) = match norm {
@@ -350,7 +372,7 @@ impl QuantizedWeight {
                 self.biases.raw(),
                 self.group_size,
                 self.bits,
-                self.int8,
+                self.layout_code(activations),
                 isa as u8,
                 threads.min(i32::MAX as usize) as i32,
                 code,
@@ -382,6 +404,7 @@ impl QuantizedWeight {
                 Some((norm_weight, eps)),
                 kernels.isa,
                 kernels.threads,
+                kernels.activations,
                 epilogue,
             );
         }
@@ -399,7 +422,14 @@ impl QuantizedWeight {
     ) -> Result<Array> {
         if self.native_only() || (kernels.backend == KernelBackend::Native && self.native_covers(x))
         {
-            return self.matmul_native_then(x, kernels.isa, kernels.threads, epilogue);
+            return self.matmul_native_full(
+                x,
+                None,
+                kernels.isa,
+                kernels.threads,
+                kernels.activations,
+                epilogue,
+            );
         }
         let y = self.matmul(x, true)?;
         match epilogue {

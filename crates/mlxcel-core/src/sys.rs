@@ -146,7 +146,7 @@ pub(crate) mod ffi {
             biases: &MlxArray,
             group_size: i32,
             bits: i32,
-            int8: bool,
+            layout: u8,
             isa: u8,
             threads: i32,
             epilogue: u8,

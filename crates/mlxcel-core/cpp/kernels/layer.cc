@@ -68,7 +68,8 @@ enum Input : int {
 // A quantized matrix's layout.
 struct Quant {
   int group_size, bits;
-  bool int8;  // interleaved weights, int8 activations
+  bool int8;  // interleaved weights (the int8 layout)
+  bool f32x;  // (int8 layout) x stays f32 rather than quantized to int8
 };
 
 struct Dims {
@@ -155,6 +156,7 @@ void matmul(const float* x, const Weights& w, Quant q, int M, int N, int K, floa
   p.group_size = q.group_size;
   p.bits = q.bits;
   p.int8 = q.int8;
+  p.f32x = q.f32x;
   kernels::qmatmul(p, isa, threads);
 }
 
@@ -459,6 +461,8 @@ void check_float(const mx::array& a, const mx::Shape& shape, const char* what) {
 
 Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k, int32_t group,
                       int32_t bits, int32_t int8, const char* what) {
+  if (int8 < 0 || int8 > 2)
+    refuse(std::string(what) + ": layout code must be 0 (MLX), 1 (int8) or 2 (int8 layout, f32 x)");
   if (bits != 4 && bits != 8 && !(int8 != 0 && (bits == 5 || bits == 6)))
     refuse(std::string(what) + ": bits must be 4 or 8 (5 or 6 in the int8 layout)");
   if (group != 16 && group != 32 && group != 64 && group != 128)
@@ -493,7 +497,7 @@ Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k,
   if (int8 != 0 && n % kernels::kInt8TileRows != 0)
     refuse(std::string(what) + ": int8 weights need a multiple of " +
            std::to_string(kernels::kInt8TileRows) + " output rows");
-  return Quant{group, bits, int8 != 0};
+  return Quant{group, bits, int8 != 0, int8 == 2};
 }
 
 }  // namespace
@@ -510,8 +514,8 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
         "sandwich, gelu, rotary, qkv_bias, split_qkv");
   const bool split_qkv = dims[12] != 0;
   if (quant.size() != (split_qkv ? 18u : 12u))
-    refuse(split_qkv ? "quant must be (group, bits, int8) for q, o, gate/up, down, k, v"
-                     : "quant must be (group, bits, int8) for qkv, o, gate/up, down");
+    refuse(split_qkv ? "quant must be (group, bits, layout) for q, o, gate/up, down, k, v"
+                     : "quant must be (group, bits, layout) for qkv, o, gate/up, down");
   if (isa > static_cast<uint8_t>(Isa::Avx512)) refuse("unknown ISA code " + std::to_string(isa));
   std::vector<mx::array> inputs(tensors.items.begin(), tensors.items.end());
   Dims d{};

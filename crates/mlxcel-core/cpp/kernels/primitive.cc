@@ -70,13 +70,15 @@ bool derived_biases(const mx::array& biases) {
 // A QProblem's weight half: the packed weight (N rows of K values), its scales and biases
 // (f32, f16, or factored u8) and layout; x, y and M are the caller's.
 kernels::QProblem weight_problem(const mx::array& w, const mx::array& scales,
-                                 const mx::array& biases, int group_size, int bits, bool int8) {
+                                 const mx::array& biases, int group_size, int bits, bool int8,
+                                 bool f32x = false) {
   kernels::QProblem p{};
   p.N = w.shape(0);
   p.K = static_cast<int>(static_cast<int64_t>(w.shape(1)) * 32 / bits);
   p.group_size = group_size;
   p.bits = bits;
   p.int8 = int8;
+  p.f32x = int8 && f32x;
   p.w = w.data<uint32_t>();
   p.half = scales.dtype() == mx::float16;
   p.factored = scales.dtype() == mx::uint8;
@@ -88,12 +90,13 @@ kernels::QProblem weight_problem(const mx::array& w, const mx::array& scales,
 
 class QuantizedMatmulCpu : public mx::UnaryPrimitive {
  public:
-  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, bool int8, Isa isa,
+  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, bool int8, bool f32x, Isa isa,
                      int threads, Epilogue epilogue, bool norm, float eps)
       : mx::UnaryPrimitive(stream),
         group_size_(group_size),
         bits_(bits),
         int8_(int8),
+        f32x_(f32x),
         isa_(isa),
         threads_(threads),
         epilogue_(epilogue),
@@ -134,7 +137,7 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
       encoder_input(nw);
     }
 
-    kernels::QProblem p = weight_problem(w, scales, biases, group_size_, bits_, int8_);
+    kernels::QProblem p = weight_problem(w, scales, biases, group_size_, bits_, int8_, f32x_);
     p.M = static_cast<int>(x.size() / p.K);
     float* ydata = out.data<float>();
     p.y = ydata;
@@ -204,7 +207,7 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const QuantizedMatmulCpu&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_ && int8_ == o.int8_ &&
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && int8_ == o.int8_ && f32x_ == o.f32x_ &&
            isa_ == o.isa_ && threads_ == o.threads_ && epilogue_ == o.epilogue_ &&
            norm_ == o.norm_ && eps_ == o.eps_;
   }
@@ -221,6 +224,7 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
   int group_size_;
   int bits_;
   bool int8_;
+  bool f32x_;  // (int8 layout) x stays f32
   Isa isa_;
   int threads_;
   Epilogue epilogue_;
@@ -504,12 +508,15 @@ void check_int8_scales(const mx::array& scales, const mx::array& biases, int n, 
 
 std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxArray& w,
                                                   const MlxArray& scales, const MlxArray& biases,
-                                                  int32_t group_size, int32_t bits, bool int8,
-                                                  uint8_t isa, int32_t threads, uint8_t epilogue,
+                                                  int32_t group_size, int32_t bits,
+                                                  uint8_t layout, uint8_t isa, int32_t threads, uint8_t epilogue,
                                                   const MlxArray& residual, bool norm,
                                                   const MlxArray& norm_weight, float eps) {
   if (epilogue > static_cast<uint8_t>(Epilogue::Geglu))
     refuse("unknown epilogue code " + std::to_string(epilogue));
+  // 0: MLX's layout; 1: the int8 layout, x quantized to int8; 2: the int8 layout, x in f32.
+  if (layout > 2) refuse("unknown layout code " + std::to_string(layout));
+  const bool int8 = layout != 0, f32x = layout == 2;
   if (bits != 4 && bits != 8 && !(int8 && (bits == 5 || bits == 6)))
     refuse("bits must be 4 or 8 (5 or 6 in the int8 layout), got " + std::to_string(bits));
   if (group_size != 16 && group_size != 32 && group_size != 64 && group_size != 128)
@@ -552,7 +559,7 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
       refuse("the RMSNorm weight must be float32 [" + std::to_string(k) + "]");
     inputs.push_back(nw);
   }
-  auto prim = std::make_shared<QuantizedMatmulCpu>(mlxcel_stream(), group_size, bits, int8,
+  auto prim = std::make_shared<QuantizedMatmulCpu>(mlxcel_stream(), group_size, bits, int8, f32x,
                                                    static_cast<Isa>(isa),
                                                    threads < 1 ? 1 : threads, ep, norm, eps);
   return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), std::move(inputs)));

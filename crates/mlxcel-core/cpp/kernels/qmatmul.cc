@@ -60,6 +60,52 @@ void qmatmul_int8(const QProblem& p, Isa isa, int threads) {
   });
 }
 
+// f32 activations over the int8 layout (qmatmul.h): GEMV tasks over ranges of tiles, or GEMM
+// tasks over (block of x rows, tile), each dequantizing its tile into a panel.
+void qmatmul_f32x(const QProblem& p, Isa isa, int threads) {
+  const int tiles = p.N / kInt8TileRows;
+  if (isa < Isa::Avx512) {
+    parallel_for(threads, tiles, [&](int t) { f32x_scalar(p, 0, p.M, t, t + 1); });
+    return;
+  }
+  if (p.M <= kGemvMaxRowsAvx512) {
+    static thread_local std::vector<float> sums_buffer;
+    const int G = p.K / p.group_size;
+    float* sums = scratch(sums_buffer, static_cast<size_t>(p.M) * G);
+    for (int m = 0; m < p.M; ++m) {
+      const float* x = p.x + static_cast<int64_t>(m) * p.K;
+      for (int g = 0; g < G; ++g) {
+        float s = 0.0f;
+        for (int k = g * p.group_size; k < (g + 1) * p.group_size; ++k) s += x[k];
+        sums[m * G + g] = s;
+      }
+    }
+    // Four tile ranges per thread, as the other GEMVs.
+    const int per_task = std::max(1, (tiles + 4 * threads - 1) / (4 * threads));
+    parallel_for(threads, (tiles + per_task - 1) / per_task, [&](int r) {
+      f32x_avx512_gemv(p, sums, 0, p.M, r * per_task, std::min(tiles, (r + 1) * per_task));
+    });
+    return;
+  }
+  static thread_local std::vector<float> xpack_buffer;
+  const int groups = (p.M + kF32xRows - 1) / kF32xRows;
+  float* xp = scratch(xpack_buffer, static_cast<size_t>(groups) * kF32xRows * p.K);
+  parallel_for(threads, groups, [&](int c) {
+    const int m = c * kF32xRows;
+    f32x_pack_x(p.x + static_cast<int64_t>(m) * p.K, std::min(kF32xRows, p.M - m), p.K,
+                xp + static_cast<int64_t>(m) * p.K);
+  });
+  static_assert(kBlockRows % kF32xRows == 0);
+  const int blocks = (p.M + kBlockRows - 1) / kBlockRows;
+  parallel_for(threads, tiles * blocks, [&](int task) {
+    static thread_local std::vector<float> panel_buffer;
+    float* panel = scratch(panel_buffer, static_cast<size_t>(kInt8TileRows) * p.K);
+    const int block = task / tiles, t = task % tiles;
+    f32x_avx512_gemm(p, xp, panel, block * kBlockRows, std::min(p.M, (block + 1) * kBlockRows),
+                     t);
+  });
+}
+
 }  // namespace
 
 bool has_vnni() {
@@ -90,7 +136,7 @@ void qmatmul(const QProblem& p, Isa isa, int threads) {
   const int64_t macs = static_cast<int64_t>(p.M) * p.N * p.K;
   if (macs < kParallelMacs) threads = 1;
   if (p.int8) {
-    qmatmul_int8(p, isa, threads);
+    p.f32x ? qmatmul_f32x(p, isa, threads) : qmatmul_int8(p, isa, threads);
     return;
   }
 

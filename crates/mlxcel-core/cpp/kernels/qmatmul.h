@@ -27,6 +27,9 @@ struct QProblem {
   // (int8 only) nonzero: every bias is this power of two times its group's scale, bit for bit
   // (`bias_multiple`), and is computed so (one exact f32 multiply); `biases` is not read.
   float bias_scale;
+  // (int8 layout only) x stays f32: the weights are read in the int8 layout, any of its forms,
+  // and multiplied by x unquantized (below, "f32 activations over the int8 layout").
+  bool f32x;
 };
 
 // IEEE half to float, portable (the scalar path; the SIMD paths use F16C).
@@ -185,6 +188,26 @@ float int8_bias(const QProblem& p, int n, int g);
 // fl(fl(scale · q) + bias) per value, as MLX's dequantize of the original computes it (the
 // embedding lookup of a tied table kept only in this layout).
 void int8_dequantize_rows(const QProblem& p, const uint32_t* ids, int count, float* out);
+
+// ---- f32 activations over the int8 layout (QProblem::f32x) ----
+//
+// The f32 path reading a K-quant at close to its file size (the wide layouts above store Q4_K in
+// 6 bits a weight and Q6_K in 12). Per output (m, n) and group g of the weight:
+//   y = Σ_g scale[n, g] · (Σ_{k in g} q[n, k]·x[m, k]) + bias[n, g] · (Σ_{k in g} x[m, k])
+// for at most kGemvMaxRowsAvx512 rows of x (the sums within a group in a few chains), and for
+// more rows Σ_k w[n, k]·x[m, k] in order over w = fma(q, scale, bias) (a tile dequantized into
+// a panel). As the f32 kernels above, they hold to the scalar path's result within rounding, not
+// bit for bit; the scalar path is Σ_k w·x in order over int8_dequantize_rows' values.
+void f32x_scalar(const QProblem& p, int m0, int m1, int t0, int t1);
+// sums: Σx per row of x and group, [M, K/group_size].
+void f32x_avx512_gemv(const QProblem& p, const float* sums, int m0, int m1, int t0, int t1);
+// x for the GEMM: rows in groups of kF32xRows, each group value-major (row m's value k at
+// (m / kF32xRows · K + k) · kF32xRows + m % kF32xRows), rows past M zero.
+constexpr int kF32xRows = 16;
+void f32x_pack_x(const float* x, int M, int K, float* xp);
+// Tile t for x rows [m0, m1) (m0 a multiple of kF32xRows) of the packed x; `panel` holds
+// kInt8TileRows · K floats.
+void f32x_avx512_gemm(const QProblem& p, const float* xp, float* panel, int m0, int m1, int t);
 
 // Whether the CPU has AVX-512 VNNI (the int8 path's fastest form; AVX2 has its own).
 bool has_vnni();

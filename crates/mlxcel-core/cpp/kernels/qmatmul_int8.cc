@@ -316,6 +316,31 @@ void int8_dequantize_rows(const QProblem& p, const uint32_t* ids, int count, flo
   }
 }
 
+void f32x_scalar(const QProblem& p, int m0, int m1, int t0, int t1) {
+  float* row = static_cast<float*>(__builtin_alloca(sizeof(float) * p.K));
+  for (int n = t0 * kInt8TileRows; n < t1 * kInt8TileRows; ++n) {
+    const uint32_t id = static_cast<uint32_t>(n);
+    int8_dequantize_rows(p, &id, 1, row);
+    for (int m = m0; m < m1; ++m) {
+      const float* x = p.x + static_cast<int64_t>(m) * p.K;
+      float acc = 0.0f;
+      for (int k = 0; k < p.K; ++k) acc += row[k] * x[k];
+      p.y[static_cast<int64_t>(m) * p.N + n] = acc;
+    }
+  }
+}
+
+void f32x_pack_x(const float* x, int M, int K, float* xp) {
+  const int groups = (M + kF32xRows - 1) / kF32xRows;
+  for (int c = 0; c < groups; ++c)
+    for (int k = 0; k < K; ++k)
+      for (int r = 0; r < kF32xRows; ++r) {
+        const int m = c * kF32xRows + r;
+        xp[(static_cast<int64_t>(c) * K + k) * kF32xRows + r] =
+            m < M ? x[static_cast<int64_t>(m) * K + k] : 0.0f;
+      }
+}
+
 void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
                  const float* sh, int m0, int m1, int t0, int t1) {
   const int blocks = p.K / kInt8Block;

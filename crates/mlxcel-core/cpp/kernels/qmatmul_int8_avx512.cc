@@ -8,6 +8,7 @@
 // Compiled without -m flags and without STL, like qmatmul_avx512.cc.
 #include <immintrin.h>
 
+#include "mlxcel-core/cpp/kernels/int8_layout_avx512.h"
 #include "mlxcel-core/cpp/kernels/qmatmul.h"
 
 #define MLXCEL_TARGET \
@@ -15,6 +16,8 @@
 
 namespace mlxcel::kernels {
 namespace {
+
+using namespace layout512;
 
 // acc + w·(x's four bytes in every lane), with x broadcast from memory inside the instruction
 // (GCC emits a separate vpbroadcastd for _mm512_set1_epi32 of a load, a second vector uop per
@@ -37,61 +40,6 @@ MLXCEL_TARGET inline __m512i dot4(__m512i acc, __m512i w, const int8_t* x) {
 // from 21-27 to 28-34 (docs/kernels.md). The addresses are computed on integers, and a prefetch
 // past a buffer's end never faults.
 constexpr int64_t kPrefetchAhead = kInt8PrefetchAhead;
-
-// How scales and biases are stored: f32 or f16 [N/16, groups, 16], or factored (qmatmul.h).
-enum Scales { kF32, kF16, kFactored };
-
-// Tile t's scale (or bias) of group g for its 16 rows: loaded (f16 widened), or d · float(c)
-// when factored (the f32 product the factoring checked). `tile` is the tile's first scale
-// (f32/f16: its [groups, 16] rows) or first superblock (factored: `sb_bytes` each, 2^pshift
-// groups per superblock).
-template <int SM>
-MLXCEL_TARGET inline __m512 factor16(const uint8_t* tile, int64_t sb_bytes, int pshift, int g) {
-  if constexpr (SM == kFactored) {
-    const uint8_t* sb = tile + (g >> pshift) * sb_bytes;
-    const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(sb));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
-        sb + 4 * kInt8TileRows + (g & ((1 << pshift) - 1)) * kInt8TileRows));
-    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c)));
-  } else if constexpr (SM == kF16) {
-    const auto* halves = reinterpret_cast<const uint16_t*>(tile) + g * kInt8TileRows;
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(halves)));
-  } else {
-    return _mm512_loadu_ps(reinterpret_cast<const float*>(tile) + g * kInt8TileRows);
-  }
-}
-
-// The 16 rows' codes of values 4Q .. 4Q + 3 of the block at `wb` (64 · BITS bytes), one byte per
-// value, four values per 32-bit lane as `vpdpbusd` takes them. 4 bits: chunk Q / 2's low (even
-// Q) or high (odd Q) nibbles. 5 and 6 bits: those nibbles, with the high bits (bit Q of the one
-// high chunk; bits 2i, 2i + 1 of high chunk Q / 4, i = Q % 4) put in bits 4 (and 5) with zeros
-// above: the high chunk masked to two fields per byte (bits 0 and 4 of (h >> Q % 4); bits 0-1
-// and 4-5 of h or h >> 2), the lower field moved up by a 16-bit shift (what crosses into the
-// next byte lands in its low nibble, which the nibbles replace). Values Q and Q + 4 (5 bits), or
-// the pairs of a chunk (6 bits), share one masked form. 8 bits: chunk Q.
-template <int BITS, int Q>
-MLXCEL_TARGET inline __m512i codes(const uint8_t* wb) {
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  if constexpr (BITS == 8) {
-    return _mm512_loadu_si512(wb + Q * 64);
-  } else {
-    const __m512i v = _mm512_loadu_si512(wb + (Q / 2) * 64);
-    const __m512i nibbles = Q % 2 == 0 ? v : _mm512_srli_epi16(v, 4);
-    if constexpr (BITS == 4) {
-      return _mm512_and_si512(nibbles, low);
-    } else {
-      const __m512i h = _mm512_loadu_si512(wb + 256 + (BITS == 5 ? 0 : (Q / 4) * 64));
-      constexpr int kShift = BITS == 5 ? Q % 4 : 2 * ((Q % 4) % 2);
-      constexpr bool kLower = BITS == 5 ? Q < 4 : Q % 4 < 2;
-      const __m512i fields =
-          _mm512_and_si512(kShift == 0 ? h : _mm512_srli_epi16(h, kShift),
-                           _mm512_set1_epi8(BITS == 5 ? 0x11 : 0x33));
-      const __m512i high = kLower ? _mm512_slli_epi16(fields, 4) : fields;
-      // low ? nibbles : high, bit by bit
-      return _mm512_ternarylogic_epi32(nibbles, low, high, 0xE2);
-    }
-  }
-}
 
 // Values 4Q .. 4Q + 3 of a block for rows [m, m + R) of x: into the first or second integer
 // sum (the block's half for groups of 16; even or odd Q when S = 2).
@@ -181,64 +129,35 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stil
 }
 
 template <int BITS, int SM, bool G16>
-MLXCEL_TARGET void run(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
-                       const float* sh, int m0, int m1, int t0, int t1) {
-  const int64_t tile_bytes = static_cast<int64_t>(2) * p.K * BITS;
-  const int gshift =
-      G16 ? 0 : __builtin_ctz(static_cast<unsigned>(p.group_size / kInt8Block));
-  // Where tile t's scales and biases start, and how factored ones are laid out.
-  const int64_t sb_bytes = SM == kFactored ? factored_superblock_bytes(p.group_size) : 0;
-  const int pshift =
-      SM == kFactored ? __builtin_ctz(static_cast<unsigned>(kSuperBlock / p.group_size)) : 0;
-  const int64_t scales_per_tile = SM == kFactored
-                                      ? (p.K / kSuperBlock) * sb_bytes
-                                      : static_cast<int64_t>(p.K / p.group_size) *
-                                            kInt8TileRows * (SM == kF16 ? 2 : 4);
-  const auto* wbase = reinterpret_cast<const uint8_t*>(p.w);
-  for (int t = t0; t < t1; ++t) {
-    const uint8_t* w = wbase + t * tile_bytes;
-    const uint8_t* stile = static_cast<const uint8_t*>(p.scales) + t * scales_per_tile;
-    // (Not read when the biases are derived from the scales: p.biases is then a placeholder.)
-    const uint8_t* btile =
-        p.bias_scale != 0.0f ? stile : static_cast<const uint8_t*>(p.biases) + t * scales_per_tile;
-    const int n0 = t * kInt8TileRows;
-#define MLXCEL_TILE(R) \
-  tile<R, BITS, SM, G16>(p, w, stile, btile, sb_bytes, pshift, gshift, xq, dx, sx, sh, m, n0)
-    int m = m0;
-    for (; m + 8 <= m1; m += 8) MLXCEL_TILE(8);
-    switch (m1 - m) {
-      case 7: MLXCEL_TILE(7); break;
-      case 6: MLXCEL_TILE(6); break;
-      case 5: MLXCEL_TILE(5); break;
-      case 4: MLXCEL_TILE(4); break;
-      case 3: MLXCEL_TILE(3); break;
-      case 2: MLXCEL_TILE(2); break;
-      case 1: MLXCEL_TILE(1); break;
-      default: break;
-    }
+struct Int8Kernel {
+  MLXCEL_TARGET static void run(const QProblem& p, const int8_t* xq, const float* dx,
+                                const float* sx, const float* sh, int m0, int m1, int t0,
+                                int t1) {
+    const TileScales at(p, SM, G16);
+    for (int t = t0; t < t1; ++t) {
+      const uint8_t* w = at.codes(p, t);
+      const uint8_t* stile = at.scales(p, t);
+      const uint8_t* btile = at.biases(p, t);
+      const int n0 = t * kInt8TileRows;
+#define MLXCEL_TILE(R)                                                                      \
+  tile<R, BITS, SM, G16>(p, w, stile, btile, at.sb_bytes, at.pshift, at.gshift, xq, dx, sx, sh, \
+                         m, n0)
+      int m = m0;
+      for (; m + 8 <= m1; m += 8) MLXCEL_TILE(8);
+      switch (m1 - m) {
+        case 7: MLXCEL_TILE(7); break;
+        case 6: MLXCEL_TILE(6); break;
+        case 5: MLXCEL_TILE(5); break;
+        case 4: MLXCEL_TILE(4); break;
+        case 3: MLXCEL_TILE(3); break;
+        case 2: MLXCEL_TILE(2); break;
+        case 1: MLXCEL_TILE(1); break;
+        default: break;
+      }
 #undef MLXCEL_TILE
+    }
   }
-}
-
-template <int BITS, int SM>
-MLXCEL_TARGET void run_groups(const QProblem& p, const int8_t* xq, const float* dx,
-                              const float* sx, const float* sh, int m0, int m1, int t0, int t1) {
-  if (p.group_size == 16)
-    run<BITS, SM, true>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-  else
-    run<BITS, SM, false>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-}
-
-template <int BITS>
-MLXCEL_TARGET void run_scales(const QProblem& p, const int8_t* xq, const float* dx,
-                              const float* sx, const float* sh, int m0, int m1, int t0, int t1) {
-  if (p.factored)
-    run_groups<BITS, kFactored>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-  else if (p.half)
-    run_groups<BITS, kF16>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-  else
-    run_groups<BITS, kF32>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-}
+};
 
 // quantize_x_int8 (qmatmul_int8.cc) sixteen values at a time; the same bits.
 MLXCEL_TARGET void quantize_rows(const float* x, int M, int K, int8_t* xq, float* dx, float* sx,
@@ -300,20 +219,7 @@ void quantize_x_int8_avx512(const float* x, int M, int K, int8_t* xq, float* dx,
 
 void int8_avx512(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
                  const float* sh, int m0, int m1, int t0, int t1) {
-  switch (p.bits) {
-    case 4:
-      run_scales<4>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-      break;
-    case 5:
-      run_scales<5>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-      break;
-    case 6:
-      run_scales<6>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-      break;
-    default:
-      run_scales<8>(p, xq, dx, sx, sh, m0, m1, t0, t1);
-      break;
-  }
+  dispatch_layout<Int8Kernel>(p, xq, dx, sx, sh, m0, m1, t0, t1);
 }
 
 }  // namespace mlxcel::kernels

@@ -329,7 +329,46 @@ fn kernel_choice_is_read_from_the_environment() {
             layout
         );
     }
+    // f32 activations read the int8 layout by default where its f32 kernel runs (AVX-512),
+    // MLX's layout on request or elsewhere; int8 activations always read the int8 layout.
+    use mlxcel_core::F32Layout;
+    assert_eq!(Kernels::native().f32_layout, F32Layout::Int8);
+    for (value, layout) in [("int8", F32Layout::Int8), ("mlx", F32Layout::Mlx)] {
+        let pairs: &'static [(&'static str, &'static str)] =
+            Box::leak(vec![("MLXCEL_F32_LAYOUT", value)].into_boxed_slice());
+        assert_eq!(Kernels::from_lookup(env(pairs)).unwrap().f32_layout, layout);
+    }
+    let f32 = Kernels {
+        activations: Activations::F32,
+        ..Kernels::native()
+    };
+    assert_eq!(f32.int8_layout_weights(), Isa::best() == Isa::Avx512);
+    for other in [
+        Kernels {
+            f32_layout: F32Layout::Mlx,
+            ..f32
+        },
+        Kernels {
+            isa: Isa::Avx2,
+            ..f32
+        },
+        Kernels {
+            backend: KernelBackend::Mlx,
+            ..f32
+        },
+    ] {
+        assert!(!other.int8_layout_weights(), "{other:?}");
+    }
+    assert!(
+        Kernels {
+            activations: Activations::Int8,
+            isa: Isa::Scalar,
+            ..f32
+        }
+        .int8_layout_weights()
+    );
     for (name, value) in [
+        ("MLXCEL_F32_LAYOUT", "wide"),
         ("MLXCEL_INT8_LAYOUT", "narrow"),
         ("MLXCEL_ACTIVATIONS", "int4"),
         ("MLXCEL_FUSED_LAYERS", "yes"),
@@ -756,6 +795,131 @@ fn k_quant_weight(
     weight
 }
 
+/// (bits, code mask, group, K-quant scales?, signed sub-scales, f16 scales, expected bits in the
+/// compact layout, biases = this multiple of the scales): what GGUF files convert to.
+type CompactCase = (usize, u32, usize, bool, bool, bool, i32, Option<f32>);
+const COMPACT_CASES: &[CompactCase] = &[
+    (4, 0xFFFF_FFFF, 32, true, false, false, 4, None), // Q4_K
+    (8, 0x1F1F_1F1F, 32, true, false, false, 5, None), // Q5_K
+    (8, 0x3F3F_3F3F, 16, true, true, false, 6, Some(-32.0)), // Q6_K
+    (4, 0xFFFF_FFFF, 16, true, true, false, 4, None),  // Q2_K
+    (4, 0x7777_7777, 16, true, true, false, 4, Some(-4.0)), // Q3_K
+    (8, 0x1F1F_1F1F, 32, false, false, true, 5, None), // Q5_1: f16 scales stay
+    (8, 0x1F1F_1F1F, 32, false, false, true, 5, Some(-16.0)), // Q5_0
+    (4, 0xFFFF_FFFF, 32, false, false, true, 4, Some(-8.0)), // Q4_0
+    (8, 0xFFFF_FFFF, 32, false, false, true, 8, Some(-128.0)), // Q8_0
+    (8, 0x3F3F_3F3F, 64, false, false, false, 6, None), // scales that do not factor
+    (8, 0x7F7F_7F7F, 128, true, false, false, 8, None), // 7-bit codes: no smaller width
+];
+
+/// f32 activations over the int8 layout, wide and compact (every form of COMPACT_CASES), on the
+/// scalar and AVX-512 paths and 1-3 threads, on the GEMV (M <= 8) and GEMM shapes, match the f32
+/// scalar path over the weight in MLX's layout within the SIMD paths' tolerance (1e-5 of
+/// Σ|w·x|); epilogues and the fused norm apply as on the other paths.
+#[test]
+fn f32_activations_over_the_int8_layout_match_the_scalar_path() {
+    use mlxcel_core::{Epilogue, Int8Layout};
+    let mut seed = 21_000;
+    let paths: Vec<Isa> = [Isa::Scalar, Isa::Avx512]
+        .into_iter()
+        .filter(|&isa| isa <= Isa::best())
+        .collect();
+    for &(bits, mask, group, kquant, signed, half, _, multiple) in COMPACT_CASES {
+        for (m, n, k) in [
+            (1, 16, 256),
+            (2, 48, 512),
+            (3, 32, 256),
+            (5, 16, 512),
+            (8, 64, 256),
+            (9, 48, 256),
+            (13, 16, 512),
+            (70, 32, 512),
+        ] {
+            seed += 10;
+            let mut case = Case::new(m, n, k, group, bits, seed);
+            let mut weight = k_quant_weight(
+                &mut case,
+                mask,
+                kquant.then_some((signed, signed)),
+                half,
+                seed,
+            );
+            if let Some(m) = multiple {
+                let m = Array::scalar_f32(m).astype(weight.scales.dtype()).unwrap();
+                weight.biases = weight.scales.multiply(&m).unwrap();
+            }
+            // Σ|w·x| per output over the weight as dequantized.
+            let dense = weight
+                .dequantize()
+                .unwrap()
+                .astype(Dtype::F32)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            let magnitudes: Vec<f64> = (0..m * n)
+                .map(|i| {
+                    let (row, col) = (i / n, i % n);
+                    (0..k)
+                        .map(|j| (dense[col * k + j] as f64 * case.x[row * k + j] as f64).abs())
+                        .sum()
+                })
+                .collect();
+            let x = case.x();
+            let reference = weight
+                .matmul_native(&x, Isa::Scalar, 1)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            for layout in [Int8Layout::Wide, Int8Layout::Compact] {
+                let interleaved = weight.interleave_int8_as(layout).unwrap();
+                for &isa in &paths {
+                    for threads in [1, 2, 3] {
+                        let got = interleaved
+                            .matmul_native_full(
+                                &x,
+                                None,
+                                isa,
+                                threads,
+                                Activations::F32,
+                                Epilogue::None,
+                            )
+                            .unwrap()
+                            .to_vec_f32()
+                            .unwrap();
+                        let what = format!(
+                            "{layout:?} {isa:?}×{threads} m={m} n={n} k={k} g={group} \
+                             bits={bits} mask={mask:x}"
+                        );
+                        assert_within(&got, &reference, &magnitudes, 1e-5, &what);
+                    }
+                }
+                // Through `linear` with f32 activations chosen, and with a residual epilogue.
+                let kernels = Kernels {
+                    activations: Activations::F32,
+                    ..Kernels::native()
+                };
+                let got = interleaved
+                    .linear(&x, &kernels)
+                    .unwrap()
+                    .to_vec_f32()
+                    .unwrap();
+                assert_within(&got, &reference, &magnitudes, 1e-5, "linear");
+                let residual =
+                    Array::from_f32(&pseudo_random(m * n, seed + 7), &[m as i32, n as i32])
+                        .unwrap();
+                let got = interleaved
+                    .linear_then(&x, &kernels, Epilogue::Residual(&residual))
+                    .unwrap()
+                    .to_vec_f32()
+                    .unwrap();
+                let r = residual.to_vec_f32().unwrap();
+                let expected: Vec<f32> = reference.iter().zip(&r).map(|(a, b)| a + b).collect();
+                assert_within(&got, &expected, &magnitudes, 1e-5, "residual epilogue");
+            }
+        }
+    }
+}
+
 /// The compact int8 layout (5- and 6-bit codes, factored scales, biases kept as a power-of-two
 /// multiple of the scales: what K-quant, Q4_0, Q5 and Q8_0 files convert to) gives the wide
 /// layout's bits on every path, thread count and batch, and a row alone equals it batched;
@@ -765,23 +929,7 @@ fn k_quant_weight(
 fn compact_int8_layouts_give_the_wide_layouts_bits() {
     use mlxcel_core::Int8Layout;
     let mut seed = 12_000;
-    // (bits, code mask, group, K-quant scales?, signed sub-scales, f16 scales, expected bits,
-    // biases = this multiple of the scales)
-    type Layout = (usize, u32, usize, bool, bool, bool, i32, Option<f32>);
-    let cases: &[Layout] = &[
-        (4, 0xFFFF_FFFF, 32, true, false, false, 4, None), // Q4_K
-        (8, 0x1F1F_1F1F, 32, true, false, false, 5, None), // Q5_K
-        (8, 0x3F3F_3F3F, 16, true, true, false, 6, Some(-32.0)), // Q6_K
-        (4, 0xFFFF_FFFF, 16, true, true, false, 4, None),  // Q2_K
-        (4, 0x7777_7777, 16, true, true, false, 4, Some(-4.0)), // Q3_K
-        (8, 0x1F1F_1F1F, 32, false, false, true, 5, None), // Q5_1: f16 scales stay
-        (8, 0x1F1F_1F1F, 32, false, false, true, 5, Some(-16.0)), // Q5_0
-        (4, 0xFFFF_FFFF, 32, false, false, true, 4, Some(-8.0)), // Q4_0
-        (8, 0xFFFF_FFFF, 32, false, false, true, 8, Some(-128.0)), // Q8_0
-        (8, 0x3F3F_3F3F, 64, false, false, false, 6, None), // scales that do not factor
-        (8, 0x7F7F_7F7F, 128, true, false, false, 8, None), // 7-bit codes: no smaller width
-    ];
-    for &(bits, mask, group, kquant, signed, half, expect_bits, multiple) in cases {
+    for &(bits, mask, group, kquant, signed, half, expect_bits, multiple) in COMPACT_CASES {
         for (m, n, k) in [
             (1, 16, 256),
             (3, 32, 512),

@@ -728,6 +728,20 @@ fn assert_logits_close(actual: &[f32], expected: &[f32], tol: f32, what: &str) {
 
 fn check_variant(variant: Variant, seed: u64) {
     check_variant_on(variant, seed, None);
+    // Where f32 activations read quantized weights in the int8 layout (AVX-512), MLX's layout
+    // (`MLXCEL_F32_LAYOUT=mlx`) too.
+    let kernels = Kernels::from_env().unwrap();
+    if matches!(variant.storage, Storage::Quantized { .. })
+        && kernels.activations == Activations::F32
+        && kernels.int8_layout_weights()
+    {
+        let mlx = Kernels {
+            f32_layout: mlxcel_core::F32Layout::Mlx,
+            ..kernels
+        };
+        assert!(!mlx.int8_layout_weights());
+        check_variant_on(variant, seed, Some(mlx));
+    }
 }
 
 /// [`check_variant`] on the given kernels (`None`: the environment's).
