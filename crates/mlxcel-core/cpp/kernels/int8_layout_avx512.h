@@ -11,7 +11,7 @@
 
 #include "mlxcel-core/cpp/kernels/qmatmul.h"
 
-#define MLXCEL_LAYOUT_TARGET \
+#define LAYOUT512_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
 
 namespace mlxcel::kernels::layout512 {
@@ -24,7 +24,7 @@ enum Scales { kF32, kF16, kFactored };
 // (f32/f16: its [groups, 16] rows) or first superblock (factored: `sb_bytes` each, 2^pshift
 // groups per superblock).
 template <int SM>
-MLXCEL_LAYOUT_TARGET inline __attribute__((always_inline)) __m512 factor16(const uint8_t* tile, int64_t sb_bytes, int pshift, int g) {
+LAYOUT512_TARGET inline __attribute__((always_inline)) __m512 factor16(const uint8_t* tile, int64_t sb_bytes, int pshift, int g) {
   if constexpr (SM == kFactored) {
     const uint8_t* sb = tile + (g >> pshift) * sb_bytes;
     const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(sb));
@@ -48,7 +48,7 @@ MLXCEL_LAYOUT_TARGET inline __attribute__((always_inline)) __m512 factor16(const
 // next byte lands in its low nibble, which the nibbles replace). Values Q and Q + 4 (5 bits), or
 // the pairs of a chunk (6 bits), share one masked form. 8 bits: chunk Q.
 template <int BITS, int Q>
-MLXCEL_LAYOUT_TARGET inline __attribute__((always_inline)) __m512i codes(const uint8_t* wb) {
+LAYOUT512_TARGET inline __attribute__((always_inline)) __m512i codes(const uint8_t* wb) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   if constexpr (BITS == 8) {
     return _mm512_loadu_si512(wb + Q * 64);
