@@ -51,11 +51,32 @@ constexpr int64_t kPrefetchAhead = kInt8PrefetchAhead;
 
 // Values 4Q .. 4Q + 3 of the block at `wb` times rows [0, R) of x (`xk` the block's first
 // value of row 0, rows K apart), into SP chains per row (value v into chain v % SP).
+// 4-bit codes: nibble i (bits 4i .. 4i + 3) of every 32-bit lane of the block's 64-byte chunk
+// as f32, by a permute of the 16 values 0 .. 15 (vpermps reads only the low 4 bits of each
+// index), the shift first for i > 0: value 4Q + b is nibble 2b + Q % 2 of chunk Q / 2.
+template <int I>
+MLXCEL_INLINE __m512 nibble_f32(__m512i v, __m512 values) {
+  return _mm512_permutexvar_ps(I == 0 ? v : _mm512_srli_epi32(v, 4 * I), values);
+}
+
 template <int Q, int R, int SP, int BITS>
 MLXCEL_INLINE void gemv_step(__m512 (&dot)[R][SP], const uint8_t* wb, const float* xk,
                                     int K) {
-  const __m512i v = codes<BITS, Q>(wb);
-  const __m512 f[4] = {code_f32<0>(v), code_f32<1>(v), code_f32<2>(v), code_f32<3>(v)};
+  __m512 f[4];
+  if constexpr (BITS == 4) {
+    const __m512 values = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i v = _mm512_loadu_si512(wb + (Q / 2) * 64);
+    f[0] = nibble_f32<0 + Q % 2>(v, values);
+    f[1] = nibble_f32<2 + Q % 2>(v, values);
+    f[2] = nibble_f32<4 + Q % 2>(v, values);
+    f[3] = nibble_f32<6 + Q % 2>(v, values);
+  } else {
+    const __m512i v = codes<BITS, Q>(wb);
+    f[0] = code_f32<0>(v);
+    f[1] = code_f32<1>(v);
+    f[2] = code_f32<2>(v);
+    f[3] = code_f32<3>(v);
+  }
 #pragma GCC unroll 4
   for (int b = 0; b < 4; ++b)
 #pragma GCC unroll 8
