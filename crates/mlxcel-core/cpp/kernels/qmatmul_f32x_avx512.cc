@@ -1,7 +1,8 @@
 // f32 activations over the int8 layout with AVX-512 (QProblem::f32x; qmatmul.h): the weights as
 // compact as the int8 path reads them (a K-quant at close to its file size), x left in f32. One
 // lane per output row of a 16-row tile, as in the int8 kernel, so nothing is summed across lanes:
-// each code byte is widened to f32 in its lane and multiplied by x broadcast from memory.
+// each code (a byte, or a 4-bit nibble) is widened to f32 in its lane and multiplied by x
+// broadcast from memory.
 // Compiled without -m flags and without STL, like the other AVX-512 kernels.
 #include <immintrin.h>
 
