@@ -103,6 +103,24 @@ struct TileScales {
   }
 };
 
+// Calls body.template rows<R>(m) over rows [m0, m1) of x: runs of eight, then one run of the
+// rest (each kernel instantiates its tile for one to eight rows).
+template <typename Body>
+inline void row_runs(const Body& body, int m0, int m1) {
+  int m = m0;
+  for (; m + 8 <= m1; m += 8) body.template rows<8>(m);
+  switch (m1 - m) {
+    case 7: body.template rows<7>(m); break;
+    case 6: body.template rows<6>(m); break;
+    case 5: body.template rows<5>(m); break;
+    case 4: body.template rows<4>(m); break;
+    case 3: body.template rows<3>(m); break;
+    case 2: body.template rows<2>(m); break;
+    case 1: body.template rows<1>(m); break;
+    default: break;
+  }
+}
+
 // Calls Kernel<BITS, SM, G16>::run(p, args...) for p's code width, scale storage and group size
 // (16, or 32 and more).
 template <template <int, int, bool> class Kernel, int BITS, int SM, typename... Args>

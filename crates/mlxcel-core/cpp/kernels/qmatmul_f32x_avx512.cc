@@ -172,28 +172,26 @@ MLXCEL_TARGET void gemv_tile(const QProblem& p, const TileScales& at, int t, con
 
 template <int BITS, int SM, bool G16>
 struct Gemv {
+  // One tile against rows of x.
+  struct Rows {
+    const QProblem& p;
+    const TileScales& at;
+    const float* sums;
+    const uint8_t* limit;
+    int t;
+    template <int R>
+    MLXCEL_TARGET void rows(int m) const {
+      gemv_tile<R, BITS, SM, G16>(p, at, t, sums, m, limit);
+    }
+  };
+
   MLXCEL_TARGET static void run(const QProblem& p, const float* sums, int m0, int m1, int t0,
                                 int t1) {
     const TileScales at(p, SM, G16);
     // Prefetches stay within this call's tiles (a small model's ranges are a few KiB: reaching
     // past them fetched what another thread reads).
     const uint8_t* limit = at.codes(p, t1);
-    for (int t = t0; t < t1; ++t) {
-#define MLXCEL_TILE(R) gemv_tile<R, BITS, SM, G16>(p, at, t, sums, m, limit)
-      int m = m0;
-      for (; m + 8 <= m1; m += 8) MLXCEL_TILE(8);
-      switch (m1 - m) {
-        case 7: MLXCEL_TILE(7); break;
-        case 6: MLXCEL_TILE(6); break;
-        case 5: MLXCEL_TILE(5); break;
-        case 4: MLXCEL_TILE(4); break;
-        case 3: MLXCEL_TILE(3); break;
-        case 2: MLXCEL_TILE(2); break;
-        case 1: MLXCEL_TILE(1); break;
-        default: break;
-      }
-#undef MLXCEL_TILE
-    }
+    for (int t = t0; t < t1; ++t) row_runs(Rows{p, at, sums, limit, t}, m0, m1);
   }
 };
 

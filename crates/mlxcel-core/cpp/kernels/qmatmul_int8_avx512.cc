@@ -130,32 +130,25 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stil
 
 template <int BITS, int SM, bool G16>
 struct Int8Kernel {
+  // One tile against rows of x.
+  struct Rows {
+    const QProblem& p;
+    const TileScales& at;
+    const int8_t* xq;
+    const float *dx, *sx, *sh;
+    int t;
+    template <int R>
+    MLXCEL_TARGET void rows(int m) const {
+      tile<R, BITS, SM, G16>(p, at.codes(p, t), at.scales(p, t), at.biases(p, t), at.sb_bytes,
+                             at.pshift, at.gshift, xq, dx, sx, sh, m, t * kInt8TileRows);
+    }
+  };
+
   MLXCEL_TARGET static void run(const QProblem& p, const int8_t* xq, const float* dx,
                                 const float* sx, const float* sh, int m0, int m1, int t0,
                                 int t1) {
     const TileScales at(p, SM, G16);
-    for (int t = t0; t < t1; ++t) {
-      const uint8_t* w = at.codes(p, t);
-      const uint8_t* stile = at.scales(p, t);
-      const uint8_t* btile = at.biases(p, t);
-      const int n0 = t * kInt8TileRows;
-#define MLXCEL_TILE(R)                                                                      \
-  tile<R, BITS, SM, G16>(p, w, stile, btile, at.sb_bytes, at.pshift, at.gshift, xq, dx, sx, sh, \
-                         m, n0)
-      int m = m0;
-      for (; m + 8 <= m1; m += 8) MLXCEL_TILE(8);
-      switch (m1 - m) {
-        case 7: MLXCEL_TILE(7); break;
-        case 6: MLXCEL_TILE(6); break;
-        case 5: MLXCEL_TILE(5); break;
-        case 4: MLXCEL_TILE(4); break;
-        case 3: MLXCEL_TILE(3); break;
-        case 2: MLXCEL_TILE(2); break;
-        case 1: MLXCEL_TILE(1); break;
-        default: break;
-      }
-#undef MLXCEL_TILE
-    }
+    for (int t = t0; t < t1; ++t) row_runs(Rows{p, at, xq, dx, sx, sh, t}, m0, m1);
   }
 };
 
