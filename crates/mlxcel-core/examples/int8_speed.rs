@@ -4,7 +4,10 @@
 //! `f32`, the f32-activation matmul instead: MLX's layout (what the f32 path read before)
 //! against f32 activations over the compact int8 layout.
 //!
-//! `cargo run --release -p mlxcel-core --example int8_speed [M] [int8|f32]`
+//! With M > 1 each line also gives the multiply-adds per second (M·N·K over the time); FILTER
+//! keeps the shapes whose name contains it.
+//!
+//! `cargo run --release -p mlxcel-core --example int8_speed [M] [int8|f32] [FILTER]`
 
 use std::time::Instant;
 
@@ -63,6 +66,7 @@ fn main() -> Result<(), mlxcel_core::Error> {
         Some("f32") => Activations::F32,
         Some(other) => panic!("activations must be int8 or f32, got {other}"),
     };
+    let filter = std::env::args().nth(3).unwrap_or_default();
     // (name, N, K, bits, mask, group): a layer's Q4_K gate/up and Q6_K down, and a Q6_K head.
     let shapes = [
         ("L2-resident Q4_K 512x2048", 512, 2048, 4, u32::MAX, 32),
@@ -78,6 +82,9 @@ fn main() -> Result<(), mlxcel_core::Error> {
         ("3B head Q6_K 151936x2048", 151936, 2048, 8, 0x3F3F_3F3F, 16),
     ];
     for (name, n, k, bits, mask, group) in shapes {
+        if !name.contains(filter.as_str()) {
+            continue;
+        }
         // Several copies so that a pass streams from DRAM (8 MiB L3).
         let copies = if n == 512 {
             1
@@ -123,8 +130,13 @@ fn main() -> Result<(), mlxcel_core::Error> {
                     }
                     best = best.min(start.elapsed().as_secs_f64() / copies as f64);
                 }
+                let rate = if m > 1 {
+                    format!("\t{:.0} G MAC/s", (m as usize * n * k) as f64 / best / 1e9)
+                } else {
+                    String::new()
+                };
                 println!(
-                    "{name:26} {label}\t×{threads}\t{:.2} ms\t{:.1} GB/s ({} bits)",
+                    "{name:26} {label}\t×{threads}\t{:.2} ms\t{:.1} GB/s ({} bits){rate}",
                     best * 1e3,
                     bytes(&ws[0]) as f64 / best / 1e9,
                     ws[0].bits

@@ -42,11 +42,11 @@ MLXCEL_TARGET inline __m512i dot4(__m512i acc, __m512i w, const int8_t* x) {
 constexpr int64_t kPrefetchAhead = kInt8PrefetchAhead;
 
 // Values 4Q .. 4Q + 3 of a block for rows [m, m + R) of x: into the first or second integer
-// sum (the block's half for groups of 16; even or odd Q when S = 2).
-template <int Q, int R, int S, int BITS, bool G16>
+// sum (even or odd Q when S = 2).
+template <int Q, int R, int S, int BITS>
 MLXCEL_TARGET inline void step(__m512i (&sum)[S][R], const uint8_t* wb, const int8_t* xj) {
   constexpr int kRow = kInt8RowBlock * 4;
-  constexpr int h = G16 ? Q / 4 : (S == 2 ? Q % 2 : 0);
+  constexpr int h = S == 2 ? Q % 2 : 0;
   const __m512i v = codes<BITS, Q>(wb);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) sum[h][r] = dot4(sum[h][r], v, xj + Q * kRow + 4 * r);
@@ -67,19 +67,17 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stil
   const float* sxb = sx + int8_block_index(m, 0, p.K);
   const float* shb = sh + 2 * int8_block_index(m, 0, p.K);
   constexpr int kRow = kInt8RowBlock * 4;
-  // Integer sums per row: groups of 16 need one per half of the block (values 0-15, 16-31);
-  // otherwise small R takes two (even and odd chunks) to shorten the dependency chains (integer
-  // addition is exact, so the split does not change the result).
-  constexpr int S = G16 || R <= 2 ? 2 : 1;
+  // Integer sums per row: groups of 16 need one per half of the block (values 0-15, 16-31, one
+  // half at a time, below); otherwise small R takes two (even and odd chunks) to shorten the
+  // dependency chains (integer addition is exact, so the split does not change the result).
+  constexpr int S = R <= 2 ? 2 : 1;
   // Biases as a multiple of the scales (QProblem::bias_scale): the same f32 bits, not read.
   const bool derived = p.bias_scale != 0.0f;
   const __m512 multiple = _mm512_set1_ps(p.bias_scale);
   __m512 acc[R];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int j = 0; j < blocks; ++j) {
-    __m512i sum[S][R];
-    for (int h = 0; h < S; ++h)
-      for (int r = 0; r < R; ++r) sum[h][r] = _mm512_setzero_si512();
     const int8_t* xj = xblock + static_cast<int64_t>(j) * 8 * kRow;
     const uint8_t* wb = w + static_cast<int64_t>(j) * 64 * BITS;
 #pragma GCC unroll 8
@@ -87,30 +85,52 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stil
       _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(wb) +
                                                  kPrefetchAhead + 64 * l),
                    _MM_HINT_T1);
-    step<0, R, S, BITS, G16>(sum, wb, xj);
-    step<1, R, S, BITS, G16>(sum, wb, xj);
-    step<2, R, S, BITS, G16>(sum, wb, xj);
-    step<3, R, S, BITS, G16>(sum, wb, xj);
-    step<4, R, S, BITS, G16>(sum, wb, xj);
-    step<5, R, S, BITS, G16>(sum, wb, xj);
-    step<6, R, S, BITS, G16>(sum, wb, xj);
-    step<7, R, S, BITS, G16>(sum, wb, xj);
     const float* dxj = dxb + j * kInt8RowBlock;
     if constexpr (G16) {
-      // Each half's scale and bias FMAs, first half first (qmatmul.h).
+      // Each half's sums, then its scale and bias FMAs, first half first (qmatmul.h): the
+      // second half's sums start after the first's are folded in, so one set of integer sums
+      // is live at a time and the accumulators stay in registers.
       const float* shj = shb + 2 * j * kInt8RowBlock;
+#pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
+        __m512i sum[1][R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) sum[0][r] = _mm512_setzero_si512();
+        if (h == 0) {
+          step<0, R, 1, BITS>(sum, wb, xj);
+          step<1, R, 1, BITS>(sum, wb, xj);
+          step<2, R, 1, BITS>(sum, wb, xj);
+          step<3, R, 1, BITS>(sum, wb, xj);
+        } else {
+          step<4, R, 1, BITS>(sum, wb, xj);
+          step<5, R, 1, BITS>(sum, wb, xj);
+          step<6, R, 1, BITS>(sum, wb, xj);
+          step<7, R, 1, BITS>(sum, wb, xj);
+        }
         const __m512 scale = factor16<SM>(stile, sb_bytes, pshift, 2 * j + h);
         const __m512 bias = derived ? _mm512_mul_ps(scale, multiple)
                                     : factor16<SM>(btile, sb_bytes, pshift, 2 * j + h);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          const __m512 dot = _mm512_cvtepi32_ps(sum[h][r]);
+          const __m512 dot = _mm512_cvtepi32_ps(sum[0][r]);
           acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(dxj[r])), acc[r]);
           acc[r] = _mm512_fmadd_ps(bias, _mm512_set1_ps(shj[2 * r + h]), acc[r]);
         }
       }
     } else {
+      __m512i sum[S][R];
+#pragma GCC unroll 2
+      for (int h = 0; h < S; ++h)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) sum[h][r] = _mm512_setzero_si512();
+      step<0, R, S, BITS>(sum, wb, xj);
+      step<1, R, S, BITS>(sum, wb, xj);
+      step<2, R, S, BITS>(sum, wb, xj);
+      step<3, R, S, BITS>(sum, wb, xj);
+      step<4, R, S, BITS>(sum, wb, xj);
+      step<5, R, S, BITS>(sum, wb, xj);
+      step<6, R, S, BITS>(sum, wb, xj);
+      step<7, R, S, BITS>(sum, wb, xj);
       const __m512 scale = factor16<SM>(stile, sb_bytes, pshift, j >> gshift);
       const __m512 bias = derived ? _mm512_mul_ps(scale, multiple)
                                   : factor16<SM>(btile, sb_bytes, pshift, j >> gshift);
@@ -124,6 +144,7 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stil
       }
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
     _mm512_storeu_ps(p.y + static_cast<int64_t>(m + r) * p.N + n0, acc[r]);
 }
