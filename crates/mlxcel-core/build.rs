@@ -66,6 +66,7 @@ fn main() {
             "cpp/kernels/qmatmul_f32x_avx512.cc",
             "cpp/kernels/pool.cc",
             "cpp/kernels/rowops.cc",
+            "cpp/kernels/rowops_avx512.cc",
             "cpp/kernels/layer.cc",
             "cpp/kernels/attention.cc",
             "cpp/kernels/attention_scalar.cc",

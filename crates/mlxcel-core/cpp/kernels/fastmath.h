@@ -31,4 +31,11 @@ inline float tanh_fast(float x) {
   return __builtin_copysignf((1.0f - t) / (1.0f + t), x);
 }
 
+// 1 / (1 + e^(−x)) from one exp_nonpositive_fast of −|x|: t / (1 + t) below zero, where
+// e^(−x) would overflow past x ≈ −88 (relative error ~2e-7).
+inline float sigmoid_fast(float x) {
+  const float t = exp_nonpositive_fast(-__builtin_fabsf(x));
+  return (x >= 0.0f ? 1.0f : t) / (1.0f + t);
+}
+
 }  // namespace mlxcel::kernels

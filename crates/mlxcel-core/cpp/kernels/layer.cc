@@ -430,7 +430,7 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     for_rows(T, threads, [&](int t0, int t1) {
       (d.gelu ? kernels::geglu_rows : kernels::swiglu_rows)(
           gu + static_cast<int64_t>(t0) * 2 * F, t1 - t0, 2 * F,
-          g + static_cast<int64_t>(t0) * F);
+          g + static_cast<int64_t>(t0) * F, isa);
     });
     matmul(g, wdown, d.down, T, hidden, F, y, isa, threads);
     for_rows(T, threads, [&](int t0, int t1) {

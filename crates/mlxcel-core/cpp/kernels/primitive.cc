@@ -182,9 +182,9 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
       }
       kernels::qmatmul(p, isa, threads);
       if (epilogue == Epilogue::Swiglu) {
-        kernels::swiglu_rows(full.data(), p.M, p.N, ydata);
+        kernels::swiglu_rows(full.data(), p.M, p.N, ydata, isa);
       } else if (epilogue == Epilogue::Geglu) {
-        kernels::geglu_rows(full.data(), p.M, p.N, ydata);
+        kernels::geglu_rows(full.data(), p.M, p.N, ydata, isa);
       } else if (epilogue == Epilogue::Residual) {
         for (int m = 0; m < p.M; ++m) {
           float* o = ydata + static_cast<size_t>(m) * p.N;
