@@ -173,53 +173,76 @@ struct Int8Kernel {
   }
 };
 
-// quantize_x_int8 (qmatmul_int8.cc) sixteen values at a time; the same bits.
+// One block of 32 values of one row quantized (quantize_x_int8's arithmetic, sixteen values at
+// a time; the same bits): the 32 codes as eight 32-bit groups of four, and the block's step and
+// sums at b.
+MLXCEL_TARGET inline __m256i quantize_block(const float* v, int64_t b, float* dx, float* sx,
+                                            float* sh) {
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
+  const float amax =
+      _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, sign), _mm512_and_ps(hi, sign)));
+  const __m512 t16 = _mm512_add_ps(lo, hi);
+  const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(t16), _mm512_extractf32x8_ps(t16, 1));
+  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  // Only to find a NaN (which the max skips), as the scalar form does.
+  const float sum = _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+  const bool finite = __builtin_isfinite(amax) && !__builtin_isnan(sum);
+  const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+  const __m512 scale = _mm512_set1_ps(inv);
+  // Round to nearest even (the default rounding mode), as nearbyint does.
+  const __m512i ilo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, scale));
+  const __m512i ihi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, scale));
+  // The quantized x's sums (step · Σ codes), as the scalar form (which says why). The codes
+  // are within ±127, so the 32-bit lanes hold them before saturation changes anything.
+  const int32_t sum_lo = _mm512_reduce_add_epi32(ilo), sum_hi = _mm512_reduce_add_epi32(ihi);
+  const float step = finite ? amax / 127.0f : __builtin_nanf("");
+  dx[b] = step;
+  sh[2 * b] = step * static_cast<float>(sum_lo);
+  sh[2 * b + 1] = step * static_cast<float>(sum_hi);
+  sx[b] = step * static_cast<float>(sum_lo + sum_hi);
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtsepi32_epi8(ilo)),
+                                 _mm512_cvtsepi32_epi8(ihi), 1);
+}
+
+// quantize_x_int8 (qmatmul_int8.cc) a block of eight rows at a time: each row's 32 codes of a
+// block are eight groups of four, and the layout wants group g of all eight rows side by side,
+// so the 8 × 8 matrix of 32-bit groups is transposed in registers and stored as 256 contiguous
+// bytes (rows past M are zero vectors), not as 64 scattered 4-byte stores.
 MLXCEL_TARGET void quantize_rows(const float* x, int M, int K, int8_t* xq, float* dx, float* sx,
                                  float* sh) {
   const int blocks = K / kInt8Block;
-  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
-  for (int m = 0; m < int8_rows(M); ++m) {
+  for (int m0 = 0; m0 < M; m0 += kInt8RowBlock) {
+    const int rows = M - m0 < kInt8RowBlock ? M - m0 : kInt8RowBlock;
     for (int j = 0; j < blocks; ++j) {
-      const int64_t b = int8_block_index(m, j, K);
-      int8_t* out = xq + int8_x_index(m, j * kInt8Block, K);
-      constexpr int kStride = kInt8RowBlock * 4;  // bytes between a row's groups of four
-      if (m >= M) {
-        for (int g = 0; g < kInt8Block / 4; ++g) __builtin_memset(out + g * kStride, 0, 4);
-        dx[b] = sx[b] = sh[2 * b] = sh[2 * b + 1] = 0.0f;
-        continue;
+      __m256 c[kInt8RowBlock];
+      for (int r = 0; r < kInt8RowBlock; ++r) {
+        const int64_t b = int8_block_index(m0 + r, j, K);
+        if (r < rows) {
+          c[r] = _mm256_castsi256_ps(quantize_block(
+              x + static_cast<int64_t>(m0 + r) * K + j * kInt8Block, b, dx, sx, sh));
+        } else {
+          c[r] = _mm256_setzero_ps();
+          dx[b] = sx[b] = sh[2 * b] = sh[2 * b + 1] = 0.0f;
+        }
       }
-      const float* v = x + static_cast<int64_t>(m) * K + j * kInt8Block;
-      const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
-      const float amax =
-          _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, sign), _mm512_and_ps(hi, sign)));
-      const __m512 t16 = _mm512_add_ps(lo, hi);
-      const __m256 t8 =
-          _mm256_add_ps(_mm512_castps512_ps256(t16), _mm512_extractf32x8_ps(t16, 1));
-      const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
-      const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-      // Only to find a NaN (which the max skips), as the scalar form does.
-      const float sum = _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
-      const bool finite = __builtin_isfinite(amax) && !__builtin_isnan(sum);
-      const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
-      const __m512 scale = _mm512_set1_ps(inv);
-      // Round to nearest even (the default rounding mode), as nearbyint does.
-      const __m512i ilo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, scale));
-      const __m512i ihi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, scale));
-      const __m128i qlo = _mm512_cvtsepi32_epi8(ilo);
-      const __m128i qhi = _mm512_cvtsepi32_epi8(ihi);
-      alignas(16) int8_t codes[kInt8Block];
-      _mm_store_si128(reinterpret_cast<__m128i*>(codes), qlo);
-      _mm_store_si128(reinterpret_cast<__m128i*>(codes + 16), qhi);
-      for (int g = 0; g < kInt8Block / 4; ++g)
-        __builtin_memcpy(out + g * kStride, codes + 4 * g, 4);
-      // The quantized x's sums (step · Σ codes), as the scalar form (which says why). The codes
-      // are within ±127, so the 32-bit lanes hold them before saturation changes anything.
-      const int32_t sum_lo = _mm512_reduce_add_epi32(ilo), sum_hi = _mm512_reduce_add_epi32(ihi);
-      const float step = finite ? amax / 127.0f : __builtin_nanf("");
-      dx[b] = step;
-      sh[2 * b] = step * static_cast<float>(sum_lo);
-      sh[2 * b + 1] = step * static_cast<float>(sum_hi);
-      sx[b] = step * static_cast<float>(sum_lo + sum_hi);
+      // 8 × 8 transpose of 32-bit elements: row r's group g to output vector g, lane r.
+      const __m256 a0 = _mm256_unpacklo_ps(c[0], c[1]), a1 = _mm256_unpackhi_ps(c[0], c[1]);
+      const __m256 a2 = _mm256_unpacklo_ps(c[2], c[3]), a3 = _mm256_unpackhi_ps(c[2], c[3]);
+      const __m256 a4 = _mm256_unpacklo_ps(c[4], c[5]), a5 = _mm256_unpackhi_ps(c[4], c[5]);
+      const __m256 a6 = _mm256_unpacklo_ps(c[6], c[7]), a7 = _mm256_unpackhi_ps(c[6], c[7]);
+      const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE);
+      const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE);
+      const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE);
+      const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
+      const __m256 out[8] = {
+          _mm256_permute2f128_ps(b0, b4, 0x20), _mm256_permute2f128_ps(b1, b5, 0x20),
+          _mm256_permute2f128_ps(b2, b6, 0x20), _mm256_permute2f128_ps(b3, b7, 0x20),
+          _mm256_permute2f128_ps(b0, b4, 0x31), _mm256_permute2f128_ps(b1, b5, 0x31),
+          _mm256_permute2f128_ps(b2, b6, 0x31), _mm256_permute2f128_ps(b3, b7, 0x31)};
+      float* dst = reinterpret_cast<float*>(xq + int8_x_index(m0, j * kInt8Block, K));
+      for (int g = 0; g < 8; ++g) _mm256_storeu_ps(dst + 8 * g, out[g]);
     }
   }
 }
