@@ -150,21 +150,26 @@ std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
 std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_freq, int32_t row0,
                                       int32_t n, int32_t col0, int32_t heads, int32_t dim,
                                       bool rope, int32_t offset, float scale);
-// A whole llama decoder layer over every sequence of a step (kernels/layer.cc). `tensors`: x
-// [tokens, hidden], input norm, qkv (w, scales, biases), o (3), post norm, gate/up (3), down (3),
-// inv_freq, then the q and k norms when `qk_norm`; `caches`: key then value cache per sequence,
-// written in place at the sequence's positions (each must be a buffer of its own); `dims`:
-// hidden, heads, kv_heads, head_dim, intermediate, qk_norm (0/1), rope (0/1), sliding window
-// (0: none), sandwich norms (0/1: the post-attention and post-MLP norms follow the q/k norms),
-// GeGLU (0/1), rotary width (RoPE's leading features per head); `rope_mscale`: the factor on the
-// rotated features (1: none); `softcap`: the attention scores' soft-cap (0: none); `quant`: (group, bits, int8) of qkv, o, gate/up, down; `seqs`: (n, position) per
-// sequence, in x's row order.
-std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const ArrayList& caches,
+// The llama decoder layers of a model, one after the other, over every sequence of a step, as
+// one MLX node (kernels/layer.cc). `tensors`: x [tokens, hidden], then per layer: input norm,
+// qkv (w, scales, biases), o (3), post norm, gate/up (3), down (3), inv_freq, then the q and k
+// norms when `qk_norm`, the post-attention and post-MLP norms when `sandwich`, the stacked q/k/v
+// biases when `qkv_bias`, k's and v's (w, scales, biases) when `split_qkv` (qkv then holds q);
+// `caches`: per layer, per sequence its key blocks then its value blocks, written in place at
+// the sequence's positions (each must be a buffer of its own); `dims`: per layer hidden, heads,
+// kv_heads, head_dim, intermediate, qk_norm (0/1), rope (0/1), sliding window (0: none),
+// sandwich (0/1), GeGLU (0/1), rotary width (RoPE's leading features per head), qkv_bias (0/1),
+// split_qkv (0/1); `quant`: per layer (group, bits, layout) of qkv (or q), o, gate/up, down,
+// then k and v when split; `seqs`: per layer, (n, position, blocks) per sequence in x's row
+// order; `softcaps`: per layer, the attention scores' soft-cap (0: none); `rope_mscale`: the
+// factor on the rotated features (1: none).
+std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const ArrayList& caches,
                                                rust::Slice<const int32_t> dims,
                                                rust::Slice<const int32_t> quant,
-                                               rust::Slice<const int32_t> seqs, float eps,
+                                               rust::Slice<const int32_t> seqs,
+                                               rust::Slice<const float> softcaps, float eps,
                                                float scale, float rope_scale, float rope_mscale,
-                                               float softcap, uint8_t isa, int32_t threads);
+                                               uint8_t isa, int32_t threads);
 // A quantized weight rewritten for the int8-activation kernels (kernels/qmatmul.h): the same
 // shapes and dtypes, interleaved 16 output rows at a time; with `compact`, 8-bit codes that fit
 // in 5 or 6 bits take that many, and f32 scales and biases that factor exactly are stored

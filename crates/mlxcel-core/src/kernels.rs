@@ -91,7 +91,7 @@ pub struct Kernels {
     pub isa: Isa,
     /// The most threads one kernel call uses (MLX's scheduler thread included).
     pub threads: usize,
-    /// Whether a llama decoder layer runs as one MLX node over all of a step's sequences
+    /// Whether a step's llama decoder layers run as one MLX node over all of its sequences
     /// (native kernels, quantized layers, biased only on q/k/v) rather than the per-op graph.
     pub fused_layers: bool,
     /// f32 or int8 activations in the quantized matmuls (native kernels only).

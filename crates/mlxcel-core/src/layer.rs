@@ -104,99 +104,104 @@ pub(crate) struct LayerSeq<'a> {
     pub values: Vec<&'a Array>,
 }
 
-/// `x` (`[tokens, hidden]`, the sequences' rows in order) through one decoder layer.
+/// `x` (`[tokens, hidden]`, the sequences' rows in order) through the decoder layers
+/// `layers` (each with its sequences' view of its caches), one after the other, as one MLX node:
+/// each node costs MLX a fixed ~10–15 µs of scheduling and allocation, 30 of them a decode step of
+/// a 30-layer model.
 ///
 /// The blocks holding new positions must each own their buffer (not a broadcast, a view or an
 /// array shared with another cache): the node writes the new keys and values into them.
 /// [`crate::KvCache`] keeps them that way (a shared block is copied before it is written).
-pub(crate) fn decoder_layer(
+pub(crate) fn decoder_stack(
     x: &Array,
-    t: &LayerTensors<'_>,
+    layers: &[(LayerTensors<'_>, Vec<LayerSeq<'_>>)],
     shape: &LayerShape,
-    seqs: &[LayerSeq<'_>],
     kernels: &Kernels,
 ) -> Result<Array> {
-    let first = t.qkv.first();
-    let mut tensors = vec![
-        x,
-        t.input_norm,
-        &first.weight,
-        &first.scales,
-        &first.biases,
-        &t.o.weight,
-        &t.o.scales,
-        &t.o.biases,
-        t.post_norm,
-        &t.gate_up.weight,
-        &t.gate_up.scales,
-        &t.gate_up.biases,
-        &t.down.weight,
-        &t.down.scales,
-        &t.down.biases,
-        t.inv_freq,
-    ];
-    if let Some((q_norm, k_norm)) = t.qk_norm {
-        tensors.extend([q_norm, k_norm]);
-    }
-    if let Some((post_attention, post_feedforward)) = t.sandwich {
-        tensors.extend([post_attention, post_feedforward]);
-    }
-    if let Some(bias) = t.qkv_bias {
-        tensors.push(bias);
-    }
-    let mut weights = vec![first, t.o, t.gate_up, t.down];
-    if let Qkv::Split(_, k, v) = t.qkv {
-        tensors.extend([
-            &k.weight, &k.scales, &k.biases, &v.weight, &v.scales, &v.biases,
-        ]);
-        weights.extend([k, v]);
-    }
-    let quant = weights
-        .iter()
-        .flat_map(|w| {
-            [
-                w.group_size,
-                w.bits,
-                i32::from(w.layout_code(kernels.activations)),
-            ]
-        })
-        .collect::<Vec<_>>();
     let to_i32 = |v: usize| {
         i32::try_from(v).map_err(|_| Error::Mlx {
             op: "decoder_layer",
             message: format!("{v} does not fit in i32"),
         })
     };
-    let dims = [
-        shape.hidden,
-        shape.heads,
-        shape.kv_heads,
-        shape.head_dim,
-        shape.intermediate,
-        i32::from(t.qk_norm.is_some()),
-        i32::from(t.rope),
-        to_i32(t.window.unwrap_or(0))?,
-        i32::from(t.sandwich.is_some()),
-        i32::from(t.gelu),
-        shape.rotary,
-        i32::from(t.qkv_bias.is_some()),
-        i32::from(matches!(t.qkv, Qkv::Split(..))),
-    ];
-    let mut spans = Vec::with_capacity(3 * seqs.len());
-    for s in seqs {
-        if s.keys.len() != s.values.len() {
-            return Err(Error::Mlx {
-                op: "decoder_layer",
-                message: format!(
-                    "{} key blocks but {} value blocks",
-                    s.keys.len(),
-                    s.values.len()
-                ),
-            });
+    let mut tensors: Vec<&Array> = vec![x];
+    let mut caches: Vec<&Array> = Vec::new();
+    let mut dims = Vec::with_capacity(13 * layers.len());
+    let mut quant = Vec::with_capacity(18 * layers.len());
+    let mut spans = Vec::new();
+    let mut softcaps = Vec::with_capacity(layers.len());
+    for (t, seqs) in layers {
+        let first = t.qkv.first();
+        tensors.extend([
+            t.input_norm,
+            &first.weight,
+            &first.scales,
+            &first.biases,
+            &t.o.weight,
+            &t.o.scales,
+            &t.o.biases,
+            t.post_norm,
+            &t.gate_up.weight,
+            &t.gate_up.scales,
+            &t.gate_up.biases,
+            &t.down.weight,
+            &t.down.scales,
+            &t.down.biases,
+            t.inv_freq,
+        ]);
+        if let Some((q_norm, k_norm)) = t.qk_norm {
+            tensors.extend([q_norm, k_norm]);
         }
-        spans.push(to_i32(s.n)?);
-        spans.push(to_i32(s.position)?);
-        spans.push(to_i32(s.keys.len())?);
+        if let Some((post_attention, post_feedforward)) = t.sandwich {
+            tensors.extend([post_attention, post_feedforward]);
+        }
+        if let Some(bias) = t.qkv_bias {
+            tensors.push(bias);
+        }
+        let mut weights = vec![first, t.o, t.gate_up, t.down];
+        if let Qkv::Split(_, k, v) = t.qkv {
+            tensors.extend([
+                &k.weight, &k.scales, &k.biases, &v.weight, &v.scales, &v.biases,
+            ]);
+            weights.extend([k, v]);
+        }
+        quant.extend(weights.iter().flat_map(|w| {
+            [
+                w.group_size,
+                w.bits,
+                i32::from(w.layout_code(kernels.activations)),
+            ]
+        }));
+        dims.extend([
+            shape.hidden,
+            shape.heads,
+            shape.kv_heads,
+            shape.head_dim,
+            shape.intermediate,
+            i32::from(t.qk_norm.is_some()),
+            i32::from(t.rope),
+            to_i32(t.window.unwrap_or(0))?,
+            i32::from(t.sandwich.is_some()),
+            i32::from(t.gelu),
+            shape.rotary,
+            i32::from(t.qkv_bias.is_some()),
+            i32::from(matches!(t.qkv, Qkv::Split(..))),
+        ]);
+        softcaps.push(t.softcap.unwrap_or(0.0));
+        for s in seqs {
+            if s.keys.len() != s.values.len() {
+                return Err(Error::Mlx {
+                    op: "decoder_layer",
+                    message: format!(
+                        "{} key blocks but {} value blocks",
+                        s.keys.len(),
+                        s.values.len()
+                    ),
+                });
+            }
+            spans.extend([to_i32(s.n)?, to_i32(s.position)?, to_i32(s.keys.len())?]);
+            caches.extend(s.keys.iter().chain(&s.values).copied());
+        }
     }
     let threads = kernels.threads.min(i32::MAX as usize) as i32;
     sys::with_lock(|| {
@@ -205,22 +210,20 @@ pub(crate) fn decoder_layer(
             ffi::array_list_push(tensor_list.pin_mut(), a.raw());
         }
         let mut cache_list = ffi::array_list_new();
-        for s in seqs {
-            for block in s.keys.iter().chain(&s.values) {
-                ffi::array_list_push(cache_list.pin_mut(), block.raw());
-            }
+        for block in caches {
+            ffi::array_list_push(cache_list.pin_mut(), block.raw());
         }
-        ffi::native_decoder_layer(
+        ffi::native_decoder_stack(
             &tensor_list,
             &cache_list,
             &dims,
             &quant,
             &spans,
+            &softcaps,
             shape.eps,
             shape.scale,
             shape.rope_scale,
             shape.rope_mscale,
-            t.softcap.unwrap_or(0.0),
             kernels.isa as u8,
             threads,
         )

@@ -183,17 +183,17 @@ pub(crate) mod ffi {
             scale: f32,
         ) -> Result<UniquePtr<MlxArray>>;
         #[allow(clippy::too_many_arguments)]
-        fn native_decoder_layer(
+        fn native_decoder_stack(
             tensors: &ArrayList,
             caches: &ArrayList,
             dims: &[i32],
             quant: &[i32],
             seqs: &[i32],
+            softcaps: &[f32],
             eps: f32,
             scale: f32,
             rope_scale: f32,
             rope_mscale: f32,
-            softcap: f32,
             isa: u8,
             threads: i32,
         ) -> Result<UniquePtr<MlxArray>>;

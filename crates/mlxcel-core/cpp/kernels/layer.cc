@@ -1,8 +1,9 @@
-// One whole llama decoder layer as a single MLX primitive, over every sequence of a step.
+// The llama decoder layers of a model as a single MLX primitive, over every sequence of a step.
 //
-// Each MLX graph node costs a fixed ~15–20 µs on this machine, and the per-op graph of a layer
+// Each MLX graph node costs a fixed ~10–20 µs on this machine, and the per-op graph of a layer
 // grows with the batch (RoPE, cache writes and attention are per sequence): ~10 nodes per layer
-// for one sequence, ~50 for eight. This primitive runs the layer in one dispatched task:
+// for one sequence, ~50 for eight. This primitive runs every layer, one after the other, in one
+// dispatched task (each layer's output the next one's x, in scratch rows); per layer:
 //
 //   h = rms_norm(x); qkv = h·Wqkvᵀ (or h·Wqᵀ, h·Wkᵀ, h·Wvᵀ side by side when their layouts
 //   differ) [+ the q/k/v biases]; [per-head RMSNorm of q and k;] RoPE(q, k) per sequence at
@@ -139,8 +140,8 @@ float* grow(std::vector<float>& buffer, size_t floats) {
   return buffer.data();
 }
 
-void matmul(const float* x, const Weights& w, Quant q, int M, int N, int K, float* y, Isa isa,
-            int threads) {
+kernels::QProblem problem(const float* x, const Weights& w, Quant q, int M, int N, int K,
+                          float* y) {
   kernels::QProblem p{};
   p.x = x;
   p.w = w.w;
@@ -157,7 +158,12 @@ void matmul(const float* x, const Weights& w, Quant q, int M, int N, int K, floa
   p.bits = q.bits;
   p.int8 = q.int8;
   p.f32x = q.f32x;
-  kernels::qmatmul(p, isa, threads);
+  return p;
+}
+
+void matmul(const float* x, const Weights& w, Quant q, int M, int N, int K, float* y, Isa isa,
+            int threads) {
+  kernels::qmatmul(problem(x, w, q, M, N, K, y), isa, threads);
 }
 
 void add_into(float* y, const float* r, int64_t count) {
@@ -181,31 +187,93 @@ void for_rows(int T, int threads, const std::function<void(int first, int end)>&
   });
 }
 
-class DecoderLayerCpu : public mx::UnaryPrimitive {
+// One layer of the stack: its dimensions, its sequences' (n, position, blocks), and where its
+// inputs start. The stack's inputs are x, then per layer its tensors after x (layer-local index
+// i >= 1 at first + i - 1) and its cache blocks.
+struct Layer {
+  Dims dims;
+  std::vector<int32_t> seqs;
+  int first;
+};
+
+// What run() takes for one layer, read from the stack's inputs.
+struct LayerArgs {
+  Dims d;
+  std::vector<Seq> seqs;
+  const float *in_norm, *post_norm, *inv_freq, *q_norm, *k_norm, *post_attn, *post_ff, *bqkv;
+  Weights wqkv, wk, wv, wo, wgu, wdown;
+};
+
+class DecoderStackCpu : public mx::UnaryPrimitive {
  public:
-  DecoderLayerCpu(mx::Stream stream, Dims dims, std::vector<int32_t> seqs, Isa isa, int threads)
-      : mx::UnaryPrimitive(stream),
-        dims_(dims),
-        seqs_(std::move(seqs)),
-        isa_(isa),
-        threads_(threads) {}
+  DecoderStackCpu(mx::Stream stream, std::vector<Layer> layers, Isa isa, int threads)
+      : mx::UnaryPrimitive(stream), layers_(std::move(layers)), isa_(isa), threads_(threads) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    for (int i = 0; i < dims_.first_cache; ++i) {
-      if (!inputs[i].flags().row_contiguous)
+    if (!inputs[kX].flags().row_contiguous)
+      throw std::runtime_error("mlxcel decoder layer: x must be row-contiguous");
+    std::vector<LayerArgs> args;
+    args.reserve(layers_.size());
+    for (const Layer& layer : layers_) args.push_back(layer_args(layer, inputs));
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    encoder.dispatch([args = std::move(args), x = inputs[kX].data<float>(), y = out.data<float>(),
+                      T = static_cast<int>(inputs[kX].shape(0)),
+                      isa = std::min(isa_, kernels::best_isa()), threads = threads_]() {
+      // Each layer's output is the next one's x; the last writes the node's output.
+      static thread_local std::vector<float> ping, pong;
+      const float* cur = x;
+      for (size_t l = 0; l < args.size(); ++l) {
+        const LayerArgs& a = args[l];
+        float* dst = l + 1 == args.size()
+                         ? y
+                         : grow(l % 2 == 0 ? ping : pong, static_cast<size_t>(T) * a.d.hidden);
+        run(a.d, a.seqs, cur, a.in_norm, a.post_norm, a.inv_freq, a.q_norm, a.k_norm,
+            a.post_attn, a.post_ff, a.bqkv, a.wqkv, a.wk, a.wv, a.wo, a.wgu, a.wdown, dst, T, isa,
+            threads);
+        cur = dst;
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mlxcel decoder layer has no GPU implementation");
+  }
+
+  const char* name() const override { return "MlxcelDecoderLayers"; }
+
+  bool is_equivalent(const mx::Primitive&) const override {
+    // It writes its caches: never merge two of them.
+    return false;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[kX].shape()};
+  }
+
+ private:
+  // One layer's cache blocks, norms and weights, from the stack's inputs.
+  static LayerArgs layer_args(const Layer& layer, const std::vector<mx::array>& inputs) {
+    const Dims& d = layer.dims;
+    auto in = [&](int i) -> const mx::array& { return inputs[layer.first + i - 1]; };
+    for (int i = 1; i < d.first_cache; ++i) {
+      if (!in(i).flags().row_contiguous)
         throw std::runtime_error("mlxcel decoder layer: input " + std::to_string(i) +
                                  " must be row-contiguous");
     }
-    const int count = static_cast<int>(seqs_.size() / 3);
+    const int count = static_cast<int>(layer.seqs.size() / 3);
     std::vector<Seq> seqs(count);
-    int input = dims_.first_cache;
+    int input = d.first_cache;
     for (int s = 0; s < count; ++s) {
-      const int blocks = seqs_[3 * s + 2];
-      const auto& k = inputs[input];
-      const auto& v = inputs[input + blocks];
+      const int blocks = layer.seqs[3 * s + 2];
+      const auto& k = in(input);
+      const auto& v = in(input + blocks);
       std::vector<void*> k_blocks, v_blocks;
       for (int b = 0; b < 2 * blocks; ++b) {
-        const auto& c = inputs[input + b];
+        const auto& c = in(input + b);
         // Written in place: it must be a buffer of its own, not a broadcast or a view.
         if (!c.flags().row_contiguous || c.data_size() != c.size() || c.offset() != 0)
           throw std::runtime_error(
@@ -221,17 +289,17 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
       // A row of head_dim values: q8_0 rows are their bytes.
       auto row_of = [&](const mx::array& c, kernels::KvDtype dtype) {
         const int64_t want = dtype == kernels::KvDtype::Q8_0
-                                 ? dims_.head_dim / kernels::kQ8Block * kernels::kQ8BlockBytes
-                                 : dims_.head_dim;
+                                 ? d.head_dim / kernels::kQ8Block * kernels::kQ8BlockBytes
+                                 : d.head_dim;
         if (c.ndim() != 4 || c.shape(3) != want ||
-            (dtype == kernels::KvDtype::Q8_0 && dims_.head_dim % kernels::kQ8Block != 0))
+            (dtype == kernels::KvDtype::Q8_0 && d.head_dim % kernels::kQ8Block != 0))
           throw std::runtime_error("mlxcel decoder layer: a KV cache's rows do not hold head_dim " +
-                                   std::to_string(dims_.head_dim) + " values");
+                                   std::to_string(d.head_dim) + " values");
         return want;
       };
       const int64_t k_row = row_of(k, k_dtype), v_row = row_of(v, v_dtype);
-      seqs[s] = Seq{seqs_[3 * s],
-                    seqs_[3 * s + 1],
+      seqs[s] = Seq{layer.seqs[3 * s],
+                    layer.seqs[3 * s + 1],
                     std::move(k_blocks),
                     std::move(v_blocks),
                     k_dtype,
@@ -241,57 +309,32 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
                     v_row,
                     v_row * v.shape(2)};
     }
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
-
     auto weights = [&](int w) {
-      const auto& b = inputs[w + 2];
+      const auto& b = in(w + 2);
       const bool derived = derived_biases(b);
-      return Weights{inputs[w].data<uint32_t>(), inputs[w + 1].data<uint8_t>(),
-                     b.data<uint8_t>(), inputs[w + 1].dtype() == mx::float16,
-                     inputs[w + 1].dtype() == mx::uint8, derived ? b.data<float>()[0] : 0.0f};
+      return Weights{in(w).data<uint32_t>(), in(w + 1).data<uint8_t>(), b.data<uint8_t>(),
+                     in(w + 1).dtype() == mx::float16, in(w + 1).dtype() == mx::uint8,
+                     derived ? b.data<float>()[0] : 0.0f};
     };
-    encoder.dispatch([d = dims_, seqs = std::move(seqs), x = inputs[kX].data<float>(),
-                      in_norm = inputs[kInputNorm].data<float>(),
-                      post_norm = inputs[kPostNorm].data<float>(),
-                      inv_freq = inputs[kInvFreq].data<float>(),
-                      q_norm = dims_.qk_norm ? inputs[dims_.q_norm].data<float>() : nullptr,
-                      k_norm = dims_.qk_norm ? inputs[dims_.q_norm + 1].data<float>() : nullptr,
-                      post_attn =
-                          dims_.sandwich ? inputs[dims_.post_norms].data<float>() : nullptr,
-                      post_ff =
-                          dims_.sandwich ? inputs[dims_.post_norms + 1].data<float>() : nullptr,
-                      bqkv = dims_.qkv_bias ? inputs[dims_.bias].data<float>() : nullptr,
-                      wqkv = weights(kQkvW),
-                      wk = dims_.split_qkv ? weights(dims_.split) : Weights{},
-                      wv = dims_.split_qkv ? weights(dims_.split + 3) : Weights{},
-                      wo = weights(kOW), wgu = weights(kGuW), wdown = weights(kDownW),
-                      y = out.data<float>(), T = static_cast<int>(inputs[kX].shape(0)),
-                      isa = std::min(isa_, kernels::best_isa()), threads = threads_]() {
-      run(d, seqs, x, in_norm, post_norm, inv_freq, q_norm, k_norm, post_attn, post_ff, bqkv, wqkv,
-          wk, wv, wo, wgu, wdown, y, T, isa, threads);
-    });
+    auto floats = [&](bool present, int i) { return present ? in(i).data<float>() : nullptr; };
+    return LayerArgs{d,
+                     std::move(seqs),
+                     in(kInputNorm).data<float>(),
+                     in(kPostNorm).data<float>(),
+                     in(kInvFreq).data<float>(),
+                     floats(d.qk_norm, d.q_norm),
+                     floats(d.qk_norm, d.q_norm + 1),
+                     floats(d.sandwich, d.post_norms),
+                     floats(d.sandwich, d.post_norms + 1),
+                     floats(d.qkv_bias, d.bias),
+                     weights(kQkvW),
+                     d.split_qkv ? weights(d.split) : Weights{},
+                     d.split_qkv ? weights(d.split + 3) : Weights{},
+                     weights(kOW),
+                     weights(kGuW),
+                     weights(kDownW)};
   }
 
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("mlxcel decoder layer has no GPU implementation");
-  }
-
-  const char* name() const override { return "MlxcelDecoderLayer"; }
-
-  bool is_equivalent(const mx::Primitive&) const override {
-    // It writes its caches: never merge two of them.
-    return false;
-  }
-
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[kX].shape()};
-  }
-
- private:
   static void run(const Dims& d, const std::vector<Seq>& seqs, const float* x,
                   const float* in_norm, const float* post_norm, const float* inv_freq,
                   const float* q_norm, const float* k_norm, const float* post_attn,
@@ -321,9 +364,12 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
       float* q_out = grow(b_split, static_cast<size_t>(T) * (QN + 2 * KN));
       float* k_out = q_out + static_cast<int64_t>(T) * QN;
       float* v_out = k_out + static_cast<int64_t>(T) * KN;
-      matmul(h, wqkv, d.qkv, T, QN, hidden, q_out, isa, threads);
-      matmul(h, wk, d.k, T, KN, hidden, k_out, isa, threads);
-      matmul(h, wv, d.v, T, KN, hidden, v_out, isa, threads);
+      // One call: with int8 activations h is quantized once for the three and their tiles
+      // share one parallel region.
+      const kernels::QProblem three[3] = {problem(h, wqkv, d.qkv, T, QN, hidden, q_out),
+                                          problem(h, wk, d.k, T, KN, hidden, k_out),
+                                          problem(h, wv, d.v, T, KN, hidden, v_out)};
+      kernels::qmatmul_shared_x(three, 3, isa, threads);
       for (int t = 0; t < T; ++t) {
         float* r = qkv + static_cast<int64_t>(t) * C;
         std::memcpy(r, q_out + static_cast<int64_t>(t) * QN, sizeof(float) * QN);
@@ -441,8 +487,7 @@ class DecoderLayerCpu : public mx::UnaryPrimitive {
     });
   }
 
-  Dims dims_;
-  std::vector<int32_t> seqs_;  // (n, position, blocks) per sequence
+  std::vector<Layer> layers_;
   Isa isa_;
   int threads_;
 };
@@ -500,24 +545,24 @@ Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k,
   return Quant{group, bits, int8 != 0, int8 == 2};
 }
 
-}  // namespace
+constexpr size_t kDims = 13;  // per layer: see bridge.h
 
-std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const ArrayList& caches,
-                                               rust::Slice<const int32_t> dims,
-                                               rust::Slice<const int32_t> quant,
-                                               rust::Slice<const int32_t> seqs, float eps,
-                                               float scale, float rope_scale, float rope_mscale,
-                                               float softcap, uint8_t isa, int32_t threads) {
-  if (dims.size() != 13)
-    refuse(
-        "dims must be hidden, heads, kv_heads, head_dim, intermediate, qk_norm, rope, window, "
-        "sandwich, gelu, rotary, qkv_bias, split_qkv");
+// The tensors of one layer with these dims, x included.
+int tensor_count(const int32_t* dims) {
+  return kInvFreq + 1 + (dims[5] != 0 ? 2 : 0) + (dims[8] != 0 ? 2 : 0) + (dims[11] != 0 ? 1 : 0) +
+         (dims[12] != 0 ? 6 : 0);
+}
+
+// One layer checked: `inputs` holds x and the layer's tensors, `caches` its cache blocks. Appends
+// the tensors after x and the blocks to `stack` (the node's inputs) and says where they start.
+Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& cache_items,
+                 const int32_t* dims, rust::Slice<const int32_t> quant,
+                 rust::Slice<const int32_t> seqs, float eps, float scale, float rope_scale,
+                 float rope_mscale, float softcap, std::vector<mx::array>& stack) {
   const bool split_qkv = dims[12] != 0;
   if (quant.size() != (split_qkv ? 18u : 12u))
     refuse(split_qkv ? "quant must be (group, bits, layout) for q, o, gate/up, down, k, v"
                      : "quant must be (group, bits, layout) for qkv, o, gate/up, down");
-  if (isa > static_cast<uint8_t>(Isa::Avx512)) refuse("unknown ISA code " + std::to_string(isa));
-  std::vector<mx::array> inputs(tensors.items.begin(), tensors.items.end());
   Dims d{};
   d.hidden = dims[0];
   d.heads = dims[1];
@@ -588,10 +633,10 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
   const size_t count = seqs.size() / 3;
   size_t expected = 0;
   for (size_t s = 0; s < count; ++s) expected += 2 * static_cast<size_t>(std::max(0, seqs[3 * s + 2]));
-  if (caches.items.size() != expected)
+  if (cache_items.size() != expected)
     refuse("expected " + std::to_string(expected) +
            " cache blocks (each sequence's key blocks then its value blocks), got " +
-           std::to_string(caches.items.size()));
+           std::to_string(cache_items.size()));
   int64_t total = 0;
   size_t next = 0;
   for (size_t s = 0; s < count; ++s) {
@@ -600,7 +645,7 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
       refuse("each sequence needs n >= 1, position >= 0 and at least one cache block");
     total += n;
     for (int c = 0; c < 2 * blocks; ++c) {
-      const auto& cache = caches.items[next++];
+      const auto& cache = cache_items[next++];
       // f32 or f16 rows of D values, or uint8 rows of D / 32 q8_0 blocks.
       const bool q8 = cache.dtype() == mx::uint8 && D % kernels::kQ8Block == 0;
       const int64_t row = q8 ? D / kernels::kQ8Block * kernels::kQ8BlockBytes : D;
@@ -621,11 +666,71 @@ std::unique_ptr<MlxArray> native_decoder_layer(const ArrayList& tensors, const A
   if (total != x.shape(0))
     refuse("the sequences hold " + std::to_string(total) + " tokens but x has " +
            std::to_string(x.shape(0)) + " rows");
-  auto prim = std::make_shared<DecoderLayerCpu>(
-      mlxcel_stream(), d, std::vector<int32_t>(seqs.begin(), seqs.end()), static_cast<Isa>(isa),
-      threads < 1 ? 1 : threads);
+  const int first = static_cast<int>(stack.size());
+  stack.insert(stack.end(), inputs.begin() + 1, inputs.end());
+  return Layer{d, std::vector<int32_t>(seqs.begin(), seqs.end()), first};
+}
+
+}  // namespace
+
+std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const ArrayList& caches,
+                                               rust::Slice<const int32_t> dims,
+                                               rust::Slice<const int32_t> quant,
+                                               rust::Slice<const int32_t> seqs,
+                                               rust::Slice<const float> softcaps, float eps,
+                                               float scale, float rope_scale, float rope_mscale,
+                                               uint8_t isa, int32_t threads) {
+  if (dims.empty() || dims.size() % kDims != 0)
+    refuse(
+        "dims must be, per layer, hidden, heads, kv_heads, head_dim, intermediate, qk_norm, "
+        "rope, window, sandwich, gelu, rotary, qkv_bias, split_qkv");
+  const size_t layers = dims.size() / kDims;
+  if (softcaps.size() != layers) refuse("softcaps must hold one value per layer");
+  if (seqs.size() % layers != 0) refuse("seqs must hold the same number of values per layer");
+  const size_t per_layer_seqs = seqs.size() / layers;
+  if (isa > static_cast<uint8_t>(Isa::Avx512)) refuse("unknown ISA code " + std::to_string(isa));
+  if (tensors.items.empty()) refuse("tensors must start with x");
+  const mx::array& x = tensors.items[0];
+  std::vector<mx::array> stack{x};
+  std::vector<Layer> plan;
+  size_t next_tensor = 1, next_cache = 0, next_quant = 0;
+  for (size_t l = 0; l < layers; ++l) {
+    const int32_t* ld = dims.data() + l * kDims;
+    const size_t count = static_cast<size_t>(tensor_count(ld)) - 1;
+    const size_t quant_count = ld[12] != 0 ? 18 : 12;
+    const int32_t* ls = seqs.data() + l * per_layer_seqs;
+    size_t blocks = 0;
+    if (per_layer_seqs % 3 == 0)
+      for (size_t s = 0; s < per_layer_seqs / 3; ++s)
+        blocks += 2 * static_cast<size_t>(std::max(0, ls[3 * s + 2]));
+    if (next_tensor + count > tensors.items.size() || next_cache + blocks > caches.items.size() ||
+        next_quant + quant_count > quant.size())
+      refuse("layer " + std::to_string(l) + ": fewer tensors, cache blocks or quant values than "
+             "its dims and seqs need");
+    std::vector<mx::array> layer_inputs{x};
+    layer_inputs.insert(layer_inputs.end(), tensors.items.begin() + next_tensor,
+                        tensors.items.begin() + next_tensor + count);
+    const std::vector<mx::array> layer_caches(caches.items.begin() + next_cache,
+                                              caches.items.begin() + next_cache + blocks);
+    try {
+      plan.push_back(plan_layer(std::move(layer_inputs), layer_caches, ld,
+                                rust::Slice<const int32_t>(quant.data() + next_quant, quant_count),
+                                rust::Slice<const int32_t>(ls, per_layer_seqs), eps, scale,
+                                rope_scale, rope_mscale, softcaps[l], stack));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("layer " + std::to_string(l) + ": " + e.what());
+    }
+    next_tensor += count;
+    next_cache += blocks;
+    next_quant += quant_count;
+  }
+  if (next_tensor != tensors.items.size() || next_cache != caches.items.size() ||
+      next_quant != quant.size())
+    refuse("more tensors, cache blocks or quant values than the layers' dims and seqs name");
+  auto prim = std::make_shared<DecoderStackCpu>(mlxcel_stream(), std::move(plan),
+                                                static_cast<Isa>(isa), threads < 1 ? 1 : threads);
   auto shape = x.shape();
-  return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), std::move(inputs)));
+  return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), std::move(stack)));
 }
 
 }  // namespace mlxcel

@@ -20,8 +20,11 @@ float* scratch(std::vector<float>& buffer, size_t floats) {
 }
 
 // The int8 path (qmatmul.h): x quantized once per call, then tasks over (block of x rows, range
-// of 16-row weight tiles).
-void qmatmul_int8(const QProblem& p, Isa isa, int threads) {
+// of 16-row weight tiles). With several problems over the same x (a layer's q, k and v in
+// different layouts: qmatmul_shared_x), x is quantized once for all of them and their tasks run in
+// one parallel region.
+void qmatmul_int8(const QProblem* ps, int count, Isa isa, int threads) {
+  const QProblem& p = ps[0];
   static thread_local std::vector<int8_t> xq_buffer;
   static thread_local std::vector<float> dx_buffer, sx_buffer, sh_buffer;
   const int rows = int8_rows(p.M);
@@ -47,16 +50,31 @@ void qmatmul_int8(const QProblem& p, Isa isa, int threads) {
              sx + b * sums_per_block, sh + 2 * b * sums_per_block);
   });
   const auto kernel = vnni ? int8_avx512 : isa >= Isa::Avx2 ? int8_avx2 : int8_scalar;
-  const int tiles = p.N / kInt8TileRows;
   const int blocks_m = (p.M + kBlockRows - 1) / kBlockRows;
-  // Several tile ranges per thread even out the load, as in the f32 GEMV (docs/kernels.md).
-  const int per_task =
-      std::max(1, (tiles * blocks_m + 4 * threads - 1) / (4 * threads) / std::max(1, blocks_m));
-  const int ranges = (tiles + per_task - 1) / per_task;
-  parallel_for(threads, ranges * blocks_m, [&](int task) {
-    const int block = task / ranges, range = task % ranges;
-    kernel(p, xq, dx, sx, sh, block * kBlockRows, std::min(p.M, (block + 1) * kBlockRows),
-           range * per_task, std::min(tiles, (range + 1) * per_task));
+  // Several tile ranges per thread even out the load, as in the f32 GEMV (docs/kernels.md); each
+  // problem's ranges as if it ran alone, one after the other in the task list.
+  struct Part {
+    int per_task, ranges, first_task;
+  };
+  Part parts[kMaxSharedX];
+  int tasks = 0;
+  for (int i = 0; i < count; ++i) {
+    const int tiles = ps[i].N / kInt8TileRows;
+    const int per_task =
+        std::max(1, (tiles * blocks_m + 4 * threads - 1) / (4 * threads) / std::max(1, blocks_m));
+    const int ranges = (tiles + per_task - 1) / per_task;
+    parts[i] = {per_task, ranges, tasks};
+    tasks += ranges * blocks_m;
+  }
+  parallel_for(threads, tasks, [&](int task) {
+    int i = count - 1;
+    while (task < parts[i].first_task) --i;
+    const QProblem& q = ps[i];
+    const int local = task - parts[i].first_task;
+    const int block = local / parts[i].ranges, range = local % parts[i].ranges;
+    const int tiles = q.N / kInt8TileRows;
+    kernel(q, xq, dx, sx, sh, block * kBlockRows, std::min(q.M, (block + 1) * kBlockRows),
+           range * parts[i].per_task, std::min(tiles, (range + 1) * parts[i].per_task));
   });
 }
 
@@ -131,12 +149,28 @@ Isa best_isa() {
   return best;
 }
 
+void qmatmul_shared_x(const QProblem* ps, int count, Isa isa, int threads) {
+  bool shared = count >= 1 && count <= kMaxSharedX;
+  int64_t macs = 0;
+  for (int i = 0; i < count && shared; ++i) {
+    shared = ps[i].int8 && !ps[i].f32x && ps[i].x == ps[0].x && ps[i].M == ps[0].M &&
+             ps[i].K == ps[0].K;
+    macs += static_cast<int64_t>(ps[i].M) * ps[i].N * ps[i].K;
+  }
+  if (!shared) {
+    for (int i = 0; i < count; ++i) qmatmul(ps[i], isa, threads);
+    return;
+  }
+  isa = std::min(isa, best_isa());
+  qmatmul_int8(ps, count, isa, macs < kParallelMacs ? 1 : threads);
+}
+
 void qmatmul(const QProblem& p, Isa isa, int threads) {
   isa = std::min(isa, best_isa());
   const int64_t macs = static_cast<int64_t>(p.M) * p.N * p.K;
   if (macs < kParallelMacs) threads = 1;
   if (p.int8) {
-    p.f32x ? qmatmul_f32x(p, isa, threads) : qmatmul_int8(p, isa, threads);
+    p.f32x ? qmatmul_f32x(p, isa, threads) : qmatmul_int8(&p, 1, isa, threads);
     return;
   }
 

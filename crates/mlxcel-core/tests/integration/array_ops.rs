@@ -30,6 +30,41 @@ fn constructors_round_trip_every_host_type() {
     assert_eq!((s.shape(), s.ndim(), s.size()), (vec![], 0, 1));
 }
 
+/// An array already evaluated is read as it is only when it is f32 and row-contiguous (a step's
+/// logits); evaluated views (a transpose, a strided slice, a row range) and other types still
+/// read in logical order, and a view read first leaves its source readable.
+#[test]
+fn evaluated_arrays_and_views_read_back_in_logical_order() {
+    let a = Array::from_f32(&(0..12).map(|v| v as f32).collect::<Vec<_>>(), &[3, 4]).unwrap();
+    let doubled = a.add(&a).unwrap();
+    let t = a.transpose(&[1, 0]).unwrap();
+    let rows = a.slice(&[1, 0], &[3, 4]).unwrap();
+    let every_other = a.slice_strided(&[0, 1], &[3, 4], &[1, 2]).unwrap();
+    let half = a.astype(Dtype::F16).unwrap();
+    eval(&[&doubled, &t, &rows, &every_other, &half]).unwrap();
+    let expect = |f: fn(usize) -> f32, n: usize| (0..n).map(f).collect::<Vec<f32>>();
+    assert_eq!(
+        doubled.to_vec_f32().unwrap(),
+        expect(|i| 2.0 * i as f32, 12)
+    );
+    assert_eq!(
+        t.to_vec_f32().unwrap(),
+        [0.0, 4.0, 8.0, 1.0, 5.0, 9.0, 2.0, 6.0, 10.0, 3.0, 7.0, 11.0]
+    );
+    assert_eq!(rows.to_vec_f32().unwrap(), expect(|i| (i + 4) as f32, 8));
+    assert_eq!(
+        every_other.to_vec_f32().unwrap(),
+        [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+    );
+    assert_eq!(half.to_vec_f32().unwrap(), expect(|i| i as f32, 12));
+    assert_eq!(a.to_vec_f32().unwrap(), expect(|i| i as f32, 12));
+    // Read twice: the fast path does not consume or alias anything.
+    assert_eq!(
+        doubled.to_vec_f32().unwrap(),
+        expect(|i| 2.0 * i as f32, 12)
+    );
+}
+
 #[test]
 fn from_bytes_copies_unaligned_borrowed_data_once() {
     // Little-endian f32 bytes at an odd offset, as a safetensors mmap may hand them out.
