@@ -232,3 +232,174 @@ pub(crate) fn decoder_stack(
     .map(Array::from_handle)
     .map_err(Error::mlx("decoder_layer"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::array::eval;
+    use crate::kv_cache::KV_BLOCK;
+
+    const HIDDEN: i32 = 64;
+    const HEADS: i32 = 2;
+    const KV_HEADS: i32 = 1;
+    const HEAD_DIM: i32 = 32;
+    const FFN: i32 = 64;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) ^ seed) % 1000) as f32 / 1000.0 - 0.5)
+            .collect()
+    }
+
+    fn matrix(rows: i32, cols: i32, seed: u32) -> QuantizedWeight {
+        let w = Array::from_f32(&values((rows * cols) as usize, seed), &[rows, cols]).unwrap();
+        QuantizedWeight::quantize(&w, 32, 4).unwrap()
+    }
+
+    struct Owned {
+        norm: Array,
+        inv_freq: Array,
+        qkv: QuantizedWeight,
+        o: QuantizedWeight,
+        gate_up: QuantizedWeight,
+        down: QuantizedWeight,
+        keys: Array,
+        values: Array,
+    }
+
+    fn layer(seed: u32, down_cols: i32) -> Owned {
+        let block = |s| {
+            let a = Array::from_f32(
+                &values(KV_BLOCK * (KV_HEADS * HEAD_DIM) as usize, s),
+                &[1, KV_HEADS, KV_BLOCK as i32, HEAD_DIM],
+            )
+            .unwrap();
+            a.eval().unwrap();
+            a
+        };
+        let owned = Owned {
+            norm: Array::from_f32(&vec![1.0; HIDDEN as usize], &[HIDDEN]).unwrap(),
+            inv_freq: Array::from_f32(
+                &(0..HEAD_DIM / 2)
+                    .map(|i| 10000f32.powf(-2.0 * i as f32 / HEAD_DIM as f32))
+                    .collect::<Vec<_>>(),
+                &[HEAD_DIM / 2],
+            )
+            .unwrap(),
+            qkv: matrix((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN, seed),
+            o: matrix(HIDDEN, HEADS * HEAD_DIM, seed + 1),
+            gate_up: matrix(2 * FFN, HIDDEN, seed + 2),
+            down: matrix(HIDDEN, down_cols, seed + 3),
+            keys: block(seed + 4),
+            values: block(seed + 5),
+        };
+        let arrays = [
+            &owned.norm,
+            &owned.inv_freq,
+            &owned.qkv.weight,
+            &owned.o.weight,
+            &owned.gate_up.weight,
+            &owned.down.weight,
+        ];
+        eval(&arrays).unwrap();
+        owned
+    }
+
+    fn tensors(l: &Owned) -> (LayerTensors<'_>, Vec<LayerSeq<'_>>) {
+        (
+            LayerTensors {
+                input_norm: &l.norm,
+                qkv: Qkv::Stacked(&l.qkv),
+                qkv_bias: None,
+                o: &l.o,
+                post_norm: &l.norm,
+                gate_up: &l.gate_up,
+                down: &l.down,
+                inv_freq: &l.inv_freq,
+                qk_norm: None,
+                rope: true,
+                window: None,
+                sandwich: None,
+                gelu: false,
+                softcap: None,
+            },
+            vec![LayerSeq {
+                n: 1,
+                position: 3,
+                keys: vec![&l.keys],
+                values: vec![&l.values],
+            }],
+        )
+    }
+
+    fn shape() -> LayerShape {
+        LayerShape {
+            hidden: HIDDEN,
+            heads: HEADS,
+            kv_heads: KV_HEADS,
+            head_dim: HEAD_DIM,
+            intermediate: FFN,
+            eps: 1e-5,
+            scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+            rope_scale: 1.0,
+            rotary: HEAD_DIM,
+            rope_mscale: 1.0,
+        }
+    }
+
+    /// Three layers in one node give, bit for bit, what the same layers give as three nodes
+    /// (each reading the previous one's output; inside the node the rows between layers
+    /// alternate between two scratch buffers), and the cache writes land in each layer's own
+    /// blocks.
+    #[test]
+    fn a_stack_of_layers_is_its_layers_one_after_the_other() {
+        let kernels = Kernels::native();
+        let x = Array::from_f32(&values(HIDDEN as usize, 7), &[1, HIDDEN]).unwrap();
+        let (a, b, e) = (layer(11, FFN), layer(23, FFN), layer(37, FFN));
+        let (c, d, f) = (layer(11, FFN), layer(23, FFN), layer(37, FFN));
+        let stack = [tensors(&a), tensors(&b), tensors(&e)];
+        let together = decoder_stack(&x, &stack, &shape(), &kernels)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let mut apart = x.clone();
+        for one in [&c, &d, &f] {
+            apart = decoder_stack(&apart, &[tensors(one)], &shape(), &kernels).unwrap();
+        }
+        let apart = apart.to_vec_f32().unwrap();
+        assert!(together.iter().all(|v| v.is_finite()));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&together), bits(&apart));
+        for (one, two) in [(&a, &c), (&b, &d), (&e, &f)] {
+            for (p, q) in [(&one.keys, &two.keys), (&one.values, &two.values)] {
+                assert_eq!(
+                    bits(&p.to_vec_f32().unwrap()),
+                    bits(&q.to_vec_f32().unwrap())
+                );
+            }
+        }
+        // Position 3 of the first layer's keys was written (RoPE'd k), position 4 not.
+        let written = a.keys.to_vec_f32().unwrap();
+        let fresh = layer(11, FFN).keys.to_vec_f32().unwrap();
+        let row =
+            |v: &[f32], p: usize| v[p * HEAD_DIM as usize..(p + 1) * HEAD_DIM as usize].to_vec();
+        assert_ne!(bits(&row(&written, 3)), bits(&row(&fresh, 3)));
+        assert_eq!(bits(&row(&written, 4)), bits(&row(&fresh, 4)));
+    }
+
+    /// A malformed layer is refused with the layer's index and what is wrong with it.
+    #[test]
+    fn a_malformed_layer_is_refused_by_index() {
+        let x = Array::from_f32(&values(HIDDEN as usize, 7), &[1, HIDDEN]).unwrap();
+        let (a, b) = (layer(11, FFN), layer(23, 2 * FFN));
+        let err = decoder_stack(
+            &x,
+            &[tensors(&a), tensors(&b)],
+            &shape(),
+            &Kernels::native(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("layer 1") && err.contains("down"), "{err}");
+    }
+}
