@@ -1,8 +1,17 @@
 """Writes a GGUF with random weights at a public model's shape (run by scripts/make-shapes inside
 the pinned `gguf` venv of scripts/check-dequant).
 
-    make_gguf.py SHAPE TYPE OUT.gguf     TYPE: Q4_0 or Q8_0 (every weight matrix in it; norms
+    make_gguf.py SHAPE TYPE OUT.gguf [--layers N] [--damp-from L --damp EPS]
+                                         TYPE: Q4_0 or Q8_0 (every weight matrix in it; norms
                                          and biases F32)
+
+Every tensor's values come from a generator seeded by its name, so a file made with
+`--layers N` holds exactly the first N layers, the embeddings, the final norm and the output of
+the full file: a draft model for it (scripts/bench-spec-draft). `--damp-from L --damp EPS`
+multiplies the block scales of `attn_output` and `ffn_down` in layers L and above by EPS (0
+zeroes them): those layers then add EPS times their usual output to the residual stream, so the
+model's greedy tokens agree with its first-L-layers draft more often the smaller EPS is, while
+every byte is still read and multiplied at the same cost.
 
 Random weights give meaningless text and exact speed: every tensor has the shape, the type and
 the byte size the real checkpoint's conversion has, so both engines read and multiply the same
@@ -16,6 +25,7 @@ chat templates, and anything of the tokenizer beyond the sizes.
 """
 
 import sys
+import zlib
 
 import numpy as np
 import gguf
@@ -40,19 +50,22 @@ TYPES = {
     "Q8_0": (gguf.GGMLQuantizationType.Q8_0, 32, 34, gguf.LlamaFileType.MOSTLY_Q8_0),
 }
 
-RNG = np.random.default_rng(20261202)
+def rng(name):
+    """The generator of one tensor's values: the same for the same name in every file."""
+    return np.random.default_rng([20261202, zlib.crc32(name.encode())])
 
 
-def blocks(qtype, rows, cols):
-    """`rows` rows of `cols` values as random blocks of `qtype`: a (rows, bytes per row) u8 array."""
+def blocks(qtype, rows, cols, rng, damp=1.0):
+    """`rows` rows of `cols` values as random blocks of `qtype`: a (rows, bytes per row) u8 array
+    (the scales times `damp`)."""
     ggml, per_block, nbytes, _ = TYPES[qtype]
     nblocks = rows * (cols // per_block)
     data = np.empty((nblocks, nbytes), dtype=np.uint8)
     # d: an f16 scale; 0.02 / 127 (Q8_0) or / 8 (Q4_0) per quant step, +-50%.
     step = 0.02 / (127.0 if qtype == "Q8_0" else 8.0)
-    scales = (step * RNG.uniform(0.5, 1.5, nblocks)).astype(np.float16)
+    scales = (damp * step * rng.uniform(0.5, 1.5, nblocks)).astype(np.float16)
     data[:, 0:2] = scales.view(np.uint8).reshape(nblocks, 2)
-    data[:, 2:] = RNG.integers(0, 256, (nblocks, nbytes - 2), dtype=np.uint8)
+    data[:, 2:] = rng.integers(0, 256, (nblocks, nbytes - 2), dtype=np.uint8)
     if qtype == "Q8_0":
         # int8 -128 is outside the range llama.cpp's quantizer produces; keep to -127..127.
         q = data[:, 2:].view(np.int8)
@@ -60,20 +73,58 @@ def blocks(qtype, rows, cols):
     return data.reshape(rows, -1)
 
 
+def options(args):
+    """--layers N, --damp-from L, --damp EPS: (layers or None, L, EPS)."""
+    layers, damp_from, damp = None, None, None
+    it = iter(args)
+    for flag in it:
+        value = next(it, None)
+        if value is None:
+            sys.exit(f"make_gguf.py: {flag} needs a value")
+        try:
+            if flag == "--layers":
+                layers = int(value)
+            elif flag == "--damp-from":
+                damp_from = int(value)
+            elif flag == "--damp":
+                damp = float(value)
+            else:
+                sys.exit(f"make_gguf.py: unknown option {flag} (--layers, --damp-from, --damp)")
+        except ValueError:
+            sys.exit(f"make_gguf.py: {flag} {value!r} is not a number")
+    if (damp_from is None) != (damp is None):
+        sys.exit("make_gguf.py: --damp-from and --damp go together")
+    if damp is not None and not damp >= 0:
+        sys.exit(f"make_gguf.py: --damp {damp} is not a non-negative number")
+    return layers, damp_from, damp
+
+
 def main():
+    if len(sys.argv) < 4:
+        sys.exit("usage: make_gguf.py SHAPE TYPE OUT.gguf [--layers N] [--damp-from L --damp EPS]")
     shape_name, qtype, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    layers, damp_from, damp = options(sys.argv[4:])
     if shape_name not in SHAPES:
         sys.exit(f"make_gguf.py: unknown shape {shape_name!r} (known: {', '.join(SHAPES)})")
     if qtype not in TYPES:
         sys.exit(f"make_gguf.py: type {qtype!r} is not written directly (known: {', '.join(TYPES)})")
-    s = SHAPES[shape_name]
+    s = dict(SHAPES[shape_name])
+    if layers is not None:
+        if not 1 <= layers <= s["layers"]:
+            sys.exit(f"make_gguf.py: --layers {layers}: {shape_name} has 1..{s['layers']}")
+        s["layers"] = layers
     ggml_type = TYPES[qtype][0]
     arch = s["arch"]
     hidden, head_dim = s["hidden"], s["hidden"] // s["heads"]
     kv = s["kv_heads"] * head_dim
 
     w = gguf.GGUFWriter(out, arch)
-    w.add_name(f"random-{shape_name}")
+    name = f"random-{shape_name}"
+    if layers is not None:
+        name += f"-{layers}-layers"
+    if damp_from is not None:
+        name += f"-damped-{damp}-from-{damp_from}"
+    w.add_name(name)
     w.add_context_length(s["context"])
     w.add_embedding_length(hidden)
     w.add_block_count(s["layers"])
@@ -139,12 +190,16 @@ def main():
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for name, rows, cols, quantized in tensors:
+        r = rng(name)
         if quantized:
-            w.write_tensor_data(blocks(qtype, rows, cols))
+            layer = int(name.split(".")[1]) if name.startswith("blk.") else None
+            damped = (damp_from is not None and layer is not None and layer >= damp_from
+                      and name.endswith(("attn_output.weight", "ffn_down.weight")))
+            w.write_tensor_data(blocks(qtype, rows, cols, r, damp if damped else 1.0))
         elif name.endswith(".bias"):
-            w.write_tensor_data(RNG.normal(0.0, 0.02, cols).astype(np.float32))
+            w.write_tensor_data(r.normal(0.0, 0.02, cols).astype(np.float32))
         else:
-            w.write_tensor_data(RNG.uniform(0.8, 1.2, cols).astype(np.float32))
+            w.write_tensor_data(r.uniform(0.8, 1.2, cols).astype(np.float32))
     w.close()
 
 
