@@ -19,6 +19,9 @@ float* scratch(std::vector<float>& buffer, size_t floats) {
   return buffer.data();
 }
 
+// Tile ranges per thread in an int8 matmul's parallel region (the comment in qmatmul_int8).
+constexpr int kRangesPerThread = 2;
+
 // The int8 path (qmatmul.h): x quantized once per call, then tasks over (block of x rows, range
 // of 16-row weight tiles). With several problems over the same x (a layer's q, k and v in
 // different layouts: qmatmul_shared_x), x is quantized once for all of them and their tasks run in
@@ -51,8 +54,10 @@ void qmatmul_int8(const QProblem* ps, int count, Isa isa, int threads) {
   });
   const auto kernel = vnni ? int8_avx512 : isa >= Isa::Avx2 ? int8_avx2 : int8_scalar;
   const int blocks_m = (p.M + kBlockRows - 1) / kBlockRows;
-  // Several tile ranges per thread even out the load, as in the f32 GEMV (docs/kernels.md); each
-  // problem's ranges as if it ran alone, one after the other in the task list.
+  // Two tile ranges per thread: a late thread's share can still move to the other, while each
+  // claim (a compare-and-swap on the pool's shared counter) stays rare. Four, as the f32 GEMV
+  // takes, decoded the default model 4% slower here (docs/kernels.md, step 19). Each problem's
+  // ranges as if it ran alone, one after the other in the task list.
   struct Part {
     int per_task, ranges, first_task;
   };
@@ -61,7 +66,8 @@ void qmatmul_int8(const QProblem* ps, int count, Isa isa, int threads) {
   for (int i = 0; i < count; ++i) {
     const int tiles = ps[i].N / kInt8TileRows;
     const int per_task =
-        std::max(1, (tiles * blocks_m + 4 * threads - 1) / (4 * threads) / std::max(1, blocks_m));
+        std::max(1, (tiles * blocks_m + kRangesPerThread * threads - 1) /
+                        (kRangesPerThread * threads) / std::max(1, blocks_m));
     const int ranges = (tiles + per_task - 1) / per_task;
     parts[i] = {per_task, ranges, tasks};
     tasks += ranges * blocks_m;
