@@ -7,7 +7,7 @@ the pinned `gguf` venv of scripts/check-dequant).
 
 Every tensor's values come from a generator seeded by its name, so a file made with
 `--layers N` holds exactly the first N layers, the embeddings, the final norm and the output of
-the full file: a draft model for it (scripts/bench-spec-draft). `--damp-from L --damp EPS`
+the full file: a draft model for it (`scripts/bench-spec --draft`). `--damp-from L --damp EPS`
 multiplies the block scales of `attn_output` and `ffn_down` in layers L and above by EPS (0
 zeroes them): those layers then add EPS times their usual output to the residual stream, so the
 model's greedy tokens agree with its first-L-layers draft more often the smaller EPS is, while
@@ -55,7 +55,7 @@ def rng(name):
     return np.random.default_rng([20261202, zlib.crc32(name.encode())])
 
 
-def blocks(qtype, rows, cols, rng, damp=1.0):
+def blocks(qtype, rows, cols, gen, damp=1.0):
     """`rows` rows of `cols` values as random blocks of `qtype`: a (rows, bytes per row) u8 array
     (the scales times `damp`)."""
     ggml, per_block, nbytes, _ = TYPES[qtype]
@@ -63,9 +63,9 @@ def blocks(qtype, rows, cols, rng, damp=1.0):
     data = np.empty((nblocks, nbytes), dtype=np.uint8)
     # d: an f16 scale; 0.02 / 127 (Q8_0) or / 8 (Q4_0) per quant step, +-50%.
     step = 0.02 / (127.0 if qtype == "Q8_0" else 8.0)
-    scales = (damp * step * rng.uniform(0.5, 1.5, nblocks)).astype(np.float16)
+    scales = (damp * step * gen.uniform(0.5, 1.5, nblocks)).astype(np.float16)
     data[:, 0:2] = scales.view(np.uint8).reshape(nblocks, 2)
-    data[:, 2:] = rng.integers(0, 256, (nblocks, nbytes - 2), dtype=np.uint8)
+    data[:, 2:] = gen.integers(0, 256, (nblocks, nbytes - 2), dtype=np.uint8)
     if qtype == "Q8_0":
         # int8 -128 is outside the range llama.cpp's quantizer produces; keep to -127..127.
         q = data[:, 2:].view(np.int8)
@@ -119,12 +119,12 @@ def main():
     kv = s["kv_heads"] * head_dim
 
     w = gguf.GGUFWriter(out, arch)
-    name = f"random-{shape_name}"
+    model_name = f"random-{shape_name}"
     if layers is not None:
-        name += f"-{layers}-layers"
+        model_name += f"-{layers}-layers"
     if damp_from is not None:
-        name += f"-damped-{damp}-from-{damp_from}"
-    w.add_name(name)
+        model_name += f"-damped-{damp}-from-{damp_from}"
+    w.add_name(model_name)
     w.add_context_length(s["context"])
     w.add_embedding_length(hidden)
     w.add_block_count(s["layers"])
@@ -190,16 +190,16 @@ def main():
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for name, rows, cols, quantized in tensors:
-        r = rng(name)
+        gen = rng(name)
         if quantized:
             layer = int(name.split(".")[1]) if name.startswith("blk.") else None
             damped = (damp_from is not None and layer is not None and layer >= damp_from
                       and name.endswith(("attn_output.weight", "ffn_down.weight")))
-            w.write_tensor_data(blocks(qtype, rows, cols, r, damp if damped else 1.0))
+            w.write_tensor_data(blocks(qtype, rows, cols, gen, damp if damped else 1.0))
         elif name.endswith(".bias"):
-            w.write_tensor_data(r.normal(0.0, 0.02, cols).astype(np.float32))
+            w.write_tensor_data(gen.normal(0.0, 0.02, cols).astype(np.float32))
         else:
-            w.write_tensor_data(r.uniform(0.8, 1.2, cols).astype(np.float32))
+            w.write_tensor_data(gen.uniform(0.8, 1.2, cols).astype(np.float32))
     w.close()
 
 
