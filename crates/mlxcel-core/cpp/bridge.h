@@ -186,6 +186,9 @@ void kernels_interleave_tile(rust::Slice<const uint32_t> codes, int32_t k, int32
 std::unique_ptr<MlxArray> int8_rows(const MlxArray& ids, const MlxArray& w,
                                     const MlxArray& scales, const MlxArray& biases,
                                     int32_t group_size, int32_t bits);
+// kernels::factor_int8_superblock of `values` (at most 16, as many as `c`): d, and true.
+bool kernels_factor_superblock(rust::Slice<const float> values, float& d,
+                               rust::Slice<int8_t> c);
 bool kernels_has_vnni();
 // The IEEE halves the fused layer writes into f16 caches for `values` (round to nearest even).
 void kernels_float_to_half(rust::Slice<const float> values, rust::Slice<uint16_t> out);

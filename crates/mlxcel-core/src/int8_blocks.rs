@@ -248,6 +248,33 @@ fn write_run(
     Ok(true)
 }
 
+/// The factoring the general path finds for the products `d · c` (`factor_int8_scales`): the
+/// kernels multiply the integers and `d` separately (x per superblock, docs/kernels.md), so two
+/// factorings of the same scales can round differently. A block's own is that one when its
+/// largest integer is 63, the search's first candidate (llama.cpp's K-quant scales and mins
+/// always), or −128, the second, with some other integer not 0 or −128 (Q6_K's scales: then 63
+/// cannot fit, since −63·c/128 is no integer and is off by at least 1/128 of a step): then
+/// nothing is searched. (Q3_K's and Q2_K's are found as a power of two times their own.)
+fn general_factoring(d: f32, c: &[i8]) -> Option<(f32, [i8; 16])> {
+    // The search's `top` is the first of the largest magnitudes: 63 when the integers are in
+    // 0..=63 and reach 63, -128 when any is -128 (checked as min and max, which vectorize).
+    let (min, max) = (
+        c.iter().copied().min().unwrap_or(0),
+        c.iter().copied().max().unwrap_or(0),
+    );
+    let own = (min >= 0 && max == 63) || (min == -128 && c.iter().any(|&v| v != 0 && v != -128));
+    if own && d.is_finite() && d != 0.0 {
+        return None;
+    }
+    let values: Vec<f32> = c.iter().map(|&v| d * v as f32).collect();
+    let (mut found, mut out) = (0.0f32, [0i8; 16]);
+    // (false never, for a K-quant block: its own factoring is among those searched)
+    match ffi::kernels_factor_superblock(&values, &mut found, &mut out[..c.len()]) {
+        Ok(true) => Some((found, out)),
+        _ => None,
+    }
+}
+
 /// Block `i` of tile row `j`: its scales (and stored biases) into the tile's bytes. False when
 /// the block's form is not the type's (never, for blocks of one type).
 fn write_scales(
@@ -280,6 +307,8 @@ fn write_scales(
             let base = i * form.superblock_bytes();
             let groups = SUPER_BLOCK / form.group;
             let factored = |dst: &mut [MaybeUninit<u8>], d: f32, c: &[i8]| {
+                let general = general_factoring(d, &c[..groups]);
+                let (d, c) = general.as_ref().map_or((d, c), |(d, c)| (*d, &c[..]));
                 put(dst, base + 4 * j, &d.to_le_bytes());
                 for (g, &c) in c[..groups].iter().enumerate() {
                     dst[base + 4 * TILE_ROWS + g * TILE_ROWS + j].write(c as u8);

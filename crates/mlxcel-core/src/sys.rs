@@ -221,6 +221,7 @@ pub(crate) mod ffi {
             out_bits: i32,
             out: &mut [u8],
         ) -> Result<()>;
+        fn kernels_factor_superblock(values: &[f32], d: &mut f32, c: &mut [i8]) -> Result<bool>;
         fn kernels_has_vnni() -> bool;
         fn kernels_float_to_half(values: &[f32], out: &mut [u16]);
         fn kernels_best_isa() -> u8;

@@ -731,6 +731,14 @@ void kernels_interleave_tile(rust::Slice<const uint32_t> codes, int32_t k, int32
                            kernels::kInt8Block, bits, out_bits, out.data(), nullptr, nullptr, 1);
 }
 
+bool kernels_factor_superblock(rust::Slice<const float> values, float& d,
+                               rust::Slice<int8_t> c) {
+  if (values.size() != c.size() || values.size() == 0 || values.size() > 16)
+    refuse("factor superblock: 1 to 16 values, and as many integers");
+  return kernels::factor_int8_superblock(values.data(), static_cast<int>(values.size()), &d,
+                                         c.data());
+}
+
 bool kernels_has_vnni() { return kernels::has_vnni(); }
 
 void kernels_float_to_half(rust::Slice<const float> values, rust::Slice<uint16_t> out) {

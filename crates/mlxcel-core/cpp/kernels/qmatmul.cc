@@ -28,30 +28,49 @@ constexpr int kRangesPerThread = 2;
 // one parallel region.
 void qmatmul_int8(const QProblem* ps, int count, Isa isa, int threads) {
   const QProblem& p = ps[0];
-  static thread_local std::vector<int8_t> xq_buffer;
-  static thread_local std::vector<float> dx_buffer, sx_buffer, sh_buffer;
+  // x in the forms the problems take: per block of 32, and per superblock for factored weights
+  // (both when problems sharing x differ; each problem's result depends on its own form only).
+  bool per_block = false, per_superblock = false;
+  for (int i = 0; i < count; ++i) (ps[i].factored ? per_superblock : per_block) = true;
+  static thread_local std::vector<int8_t> xq_buffer, sq_buffer;
+  static thread_local std::vector<float> dx_buffer, sx_buffer, sh_buffer, sd_buffer;
+  static thread_local std::vector<int16_t> sums_buffer;
   const int rows = int8_rows(p.M);
-  if (xq_buffer.size() < static_cast<size_t>(rows) * p.K)
-    xq_buffer.resize(static_cast<size_t>(rows) * p.K);
-  const size_t blocks = static_cast<size_t>(rows) * (p.K / kInt8Block);
-  float* dx = scratch(dx_buffer, blocks);
-  float* sx = scratch(sx_buffer, blocks);
-  float* sh = scratch(sh_buffer, 2 * blocks);
-  const int8_t* xq = xq_buffer.data();
+  const size_t codes_size = static_cast<size_t>(rows) * p.K;
+  const size_t blocks = per_block ? static_cast<size_t>(rows) * (p.K / kInt8Block) : 0;
+  const size_t supers = per_superblock ? static_cast<size_t>(rows) * (p.K / kSuperBlock) : 0;
+  if (per_block && xq_buffer.size() < codes_size) xq_buffer.resize(codes_size);
+  if (per_superblock && sq_buffer.size() < codes_size) sq_buffer.resize(codes_size);
+  if (sums_buffer.size() < supers * kInt8SbSums) sums_buffer.resize(supers * kInt8SbSums);
+  // (the buffers are this thread's: not named in the tasks)
+  int8_t* bq = xq_buffer.data();
+  float* bdx = scratch(dx_buffer, blocks);
+  float* bsx = scratch(sx_buffer, blocks);
+  float* bsh = scratch(sh_buffer, 2 * blocks);
+  int8_t* sq = sq_buffer.data();
+  float* sdx = scratch(sd_buffer, supers);
+  int16_t* sums = sums_buffer.data();
   const bool vnni = isa == Isa::Avx512 && has_vnni();
   // Each block of kInt8RowBlock rows is quantized on its own (its codes, steps and sums are
   // contiguous), so a prefill's blocks are spread over the threads: the same bits.
   const auto quantize = vnni ? quantize_x_int8_avx512 : quantize_x_int8;
+  const auto quantize_sb = vnni ? quantize_x_int8_sb_avx512 : quantize_x_int8_sb;
   const int row_blocks = rows / kInt8RowBlock;
   const int64_t codes_per_block = static_cast<int64_t>(kInt8RowBlock) * p.K;
   const int64_t sums_per_block = static_cast<int64_t>(kInt8RowBlock) * (p.K / kInt8Block);
-  int8_t* codes = xq_buffer.data();  // (the buffer is this thread's: not named in the tasks)
+  const int64_t steps_per_block = static_cast<int64_t>(kInt8RowBlock) * (p.K / kSuperBlock);
   parallel_for(threads, row_blocks, [&](int b) {
     const int m = b * kInt8RowBlock;
-    quantize(p.x + static_cast<int64_t>(m) * p.K, std::min(kInt8RowBlock, p.M - m), p.K,
-             codes + b * codes_per_block, dx + b * sums_per_block,
-             sx + b * sums_per_block, sh + 2 * b * sums_per_block);
+    const float* x = p.x + static_cast<int64_t>(m) * p.K;
+    const int in_block = std::min(kInt8RowBlock, p.M - m);
+    if (per_block)
+      quantize(x, in_block, p.K, bq + b * codes_per_block, bdx + b * sums_per_block,
+               bsx + b * sums_per_block, bsh + 2 * b * sums_per_block);
+    if (per_superblock)
+      quantize_sb(x, in_block, p.K, sq + b * codes_per_block, sdx + b * steps_per_block,
+                  sums + b * steps_per_block * kInt8SbSums);
   });
+  const Int8X xb{bq, bdx, bsx, bsh, nullptr}, xs{sq, sdx, nullptr, nullptr, sums};
   const auto kernel = vnni ? int8_avx512 : isa >= Isa::Avx2 ? int8_avx2 : int8_scalar;
   const int blocks_m = (p.M + kBlockRows - 1) / kBlockRows;
   // Two tile ranges per thread: a late thread's share can still move to the other, while each
@@ -79,7 +98,7 @@ void qmatmul_int8(const QProblem* ps, int count, Isa isa, int threads) {
     const int local = task - parts[i].first_task;
     const int block = local / parts[i].ranges, range = local % parts[i].ranges;
     const int tiles = q.N / kInt8TileRows;
-    kernel(q, xq, dx, sx, sh, block * kBlockRows, std::min(q.M, (block + 1) * kBlockRows),
+    kernel(q, q.factored ? xs : xb, block * kBlockRows, std::min(q.M, (block + 1) * kBlockRows),
            range * parts[i].per_task, std::min(tiles, (range + 1) * parts[i].per_task));
   });
 }

@@ -86,6 +86,21 @@ void avx512_gemm(const QProblem& p, const float* xprep, float* panel, int m0, in
 //     acc = fma(float(I_h), scale[n, 2j + h] · dx[m, j], acc)
 //     acc = fma(bias[n, 2j + h], Σx[m, j, h], acc)
 // where Σx[m, j, h] is the half's exact-order sum (below).
+//
+// Factored weights (QProblem::factored: the K-quants) take x quantized per superblock of 256
+// values instead, as llama.cpp's Q8_K does for these types: one step dx[m, s] = max|x| / 127
+// over the superblock, and the exact integer sums of its codes per group (B_g). Then every
+// group's sub-scale applies to an exact integer, and the float arithmetic happens once per
+// superblock, not once per group and row: per output (m, n) and superblock s, in this order,
+//   S = Σ_g c[n, g] · I_g      I_g = Σ q[n, k]·xq[m, k] over group g      (exact, int32)
+//   T = Σ_g cb[n, g] · B_g     B_g = Σ xq[m, k] over group g              (exact, int32)
+//   acc = fma(float(S), d[n, s] · dx[m, s], acc)
+//   acc = fma(float(T), e[n, s] · dx[m, s], acc)
+// where the scales are d[n, s] · c[n, g] and the biases e[n, s] · cb[n, g] (factored, below),
+// or, with biases derived from the scales (bias_scale), cb = c and e = bias_scale · d. The
+// integers fit: |I_g| ≤ 16 · 255 · 127 per 16 values and |c| ≤ 128, so |S| < 2^31 for any
+// code width. It reads fewer floats and does one integer multiply-add per group and row where
+// the per-block form does two FMAs and a multiply (docs/kernels.md, "Superblock activations").
 constexpr int kInt8TileRows = 16;
 // How far ahead (bytes) the int8 kernels prefetch a tile's weights into L2
 // (qmatmul_int8_avx512.cc says why).
@@ -137,6 +152,11 @@ int compact_code_bits(const uint32_t* w, int N, int K);
 // up to `threads` threads, a tile per task.
 bool factor_int8_scales(const float* values, int N, int K, int group_size, uint8_t* out,
                         int threads);
+// The factoring factor_int8_scales finds for one superblock's `count` (at most 16) values, or
+// false. Superblock activations multiply c and d separately, so two factorings of the same
+// values can round differently: a layout written from other parts (a GGUF's own d and
+// sub-scales) takes this one to give the same bits.
+bool factor_int8_superblock(const float* v, int count, float* d, int8_t* c);
 //
 // Biases a multiple of the scales. A symmetric format's bias is its code offset times the
 // scale: GGUF Q4_0 −8·d, Q5_0 −16·d, Q8_0 −128·d, Q6_K −32·d·sc, Q3_K −4·d·sc (MLX's affine
@@ -163,25 +183,50 @@ inline int64_t int8_block_index(int m, int j, int K) {
 // Sizes: xq holds int8_rows(M) · K codes, dx and sx int8_rows(M) · K / 32 floats, sh twice as
 // many (the halves' sums: Σx[m, j, h] at 2 · int8_block_index(m, j, K) + h).
 inline int int8_rows(int M) { return (M + kInt8RowBlock - 1) / kInt8RowBlock * kInt8RowBlock; }
+// x quantized per superblock (factored weights, above): the codes in the same layout
+// (int8_x_index), the step of row m's superblock s at int8_sb_index(m, s, K), and its code
+// sums as kInt8SbSums int16 from kInt8SbSums · int8_sb_index(m, s, K): the 16 sums of 16
+// values, then the 8 sums of 32 (|sum| ≤ 32 · 127).
+constexpr int kInt8SbSums = 24;
+inline int64_t int8_sb_index(int m, int s, int K) {
+  return (static_cast<int64_t>(m / kInt8RowBlock) * (K / kSuperBlock) + s) * kInt8RowBlock +
+         m % kInt8RowBlock;
+}
+// x as the int8 kernels read it: per block of 32 (q, dx, sx, sh: quantize_x_int8) or, for
+// factored weights, per superblock (q, dx, sums: quantize_x_int8_sb).
+struct Int8X {
+  const int8_t* q;
+  const float* dx;
+  const float* sx;
+  const float* sh;
+  const int16_t* sums;
+};
 // Σx of a block is the pairwise tree s16[i] = x[i] + x[i + 16], s8[i] = s16[i] + s16[i + 8],
 // then 4, 2, 1 likewise (one SIMD reduction; both forms give the same bits). Σx of half h is
 // s8[i] = x[16h + i] + x[16h + i + 8], then 4, 2, 1 likewise.
 void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float* sx, float* sh);
 void quantize_x_int8_avx512(const float* x, int M, int K, int8_t* xq, float* dx, float* sx,
                             float* sh);
+// Per superblock (K a multiple of kSuperBlock): codes round(x / dx) to nearest even with
+// dx = max|x| / 127 over the superblock; a superblock holding a NaN or an infinity gets a NaN
+// step and zero codes (the output turns NaN, as the f32 path's would). Both forms give the same
+// bytes.
+void quantize_x_int8_sb(const float* x, int M, int K, int8_t* xq, float* dx, int16_t* sums);
+void quantize_x_int8_sb_avx512(const float* x, int M, int K, int8_t* xq, float* dx,
+                               int16_t* sums);
 
-// Output tiles [t0, t1) of kInt8TileRows rows for x rows [m0, m1).
-void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
-                 const float* sh, int m0, int m1, int t0, int t1);
-void int8_avx2(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
-               const float* sh, int m0, int m1, int t0, int t1);
-void int8_avx512(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
-                 const float* sh, int m0, int m1, int t0, int t1);
+// Output tiles [t0, t1) of kInt8TileRows rows for x rows [m0, m1); x in the form p's weights
+// take (per superblock when p.factored).
+void int8_scalar(const QProblem& p, const Int8X& x, int m0, int m1, int t0, int t1);
+void int8_avx2(const QProblem& p, const Int8X& x, int m0, int m1, int t0, int t1);
+void int8_avx512(const QProblem& p, const Int8X& x, int m0, int m1, int t0, int t1);
 
 // The int8 layout read back (the scalar reference's accessors): row n's code at k, and its
 // scale or bias (`a` is p.scales or p.biases) for group g, as f32.
 int32_t int8_code(const QProblem& p, int n, int k);
 float int8_factor(const QProblem& p, const void* a, int n, int g);
+// A factored scale's or bias's parts: d of the superblock holding group g, and c.
+void int8_factor_parts(const QProblem& p, const void* a, int n, int g, float* d, int32_t* c);
 // Row n's bias for group g: int8_factor of the biases, or bias_scale times the scale.
 float int8_bias(const QProblem& p, int n, int g);
 // Rows `ids` (each < p.N) of an int8-layout weight dequantized into out[count, p.K]:

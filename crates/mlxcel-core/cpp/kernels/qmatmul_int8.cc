@@ -77,6 +77,10 @@ bool factor_superblock(const float* v, int count, float* d_out, int8_t* c_out) {
 
 }  // namespace
 
+bool factor_int8_superblock(const float* v, int count, float* d, int8_t* c) {
+  return factor_superblock(v, count, d, c);
+}
+
 bool factor_int8_scales(const float* values, int N, int K, int group_size, uint8_t* out,
                         int threads) {
   if (K % kSuperBlock != 0 || kSuperBlock % group_size != 0) return false;
@@ -244,6 +248,39 @@ void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float*
   }
 }
 
+void quantize_x_int8_sb(const float* x, int M, int K, int8_t* xq, float* dx, int16_t* sums) {
+  for (int m = 0; m < int8_rows(M); ++m) {
+    for (int s = 0; s < K / kSuperBlock; ++s) {
+      const int64_t b = int8_sb_index(m, s, K);
+      int16_t* bs = sums + kInt8SbSums * b;
+      for (int i = 0; i < kInt8SbSums; ++i) bs[i] = 0;
+      if (m >= M) {
+        for (int i = 0; i < kSuperBlock; ++i) xq[int8_x_index(m, s * kSuperBlock + i, K)] = 0;
+        dx[b] = 0.0f;
+        continue;
+      }
+      const float* v = x + static_cast<int64_t>(m) * K + s * kSuperBlock;
+      float amax = 0.0f;
+      bool nan = false;
+      for (int i = 0; i < kSuperBlock; ++i) {
+        amax = std::fmax(amax, std::fabs(v[i]));
+        nan = nan || std::isnan(v[i]);
+      }
+      const bool finite = std::isfinite(amax) && !nan;
+      const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int i = 0; i < kSuperBlock; ++i) {
+        // Round to nearest even, as quantize_x_int8 does.
+        const float r = (v[i] * inv + 12582912.0f) - 12582912.0f;
+        const int8_t code = static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
+        xq[int8_x_index(m, s * kSuperBlock + i, K)] = code;
+        bs[i / 16] = static_cast<int16_t>(bs[i / 16] + code);
+        bs[16 + i / 32] = static_cast<int16_t>(bs[16 + i / 32] + code);
+      }
+      dx[b] = finite ? amax / 127.0f : NAN;
+    }
+  }
+}
+
 int32_t int8_code(const QProblem& p, int n, int k) {
   const auto* w = reinterpret_cast<const uint8_t*>(p.w);
   const int t = n / kInt8TileRows, j = n % kInt8TileRows;
@@ -278,6 +315,16 @@ float int8_factor(const QProblem& p, const void* a, int n, int g) {
   }
   return scale_at(a, p.half,
                   (static_cast<int64_t>(t) * (p.K / p.group_size) + g) * kInt8TileRows + j);
+}
+
+void int8_factor_parts(const QProblem& p, const void* a, int n, int g, float* d, int32_t* c) {
+  const int t = n / kInt8TileRows, j = n % kInt8TileRows;
+  const int per_sb = kSuperBlock / p.group_size;
+  const auto* base = static_cast<const uint8_t*>(a) +
+                     (static_cast<int64_t>(t) * (p.K / kSuperBlock) + g / per_sb) *
+                         factored_superblock_bytes(p.group_size);
+  std::memcpy(d, base + 4 * j, 4);
+  *c = static_cast<int8_t>(base[4 * kInt8TileRows + (g % per_sb) * kInt8TileRows + j]);
 }
 
 float int8_bias(const QProblem& p, int n, int g) {
@@ -341,8 +388,52 @@ void f32x_pack_x(const float* x, int M, int K, float* xp) {
       }
 }
 
-void int8_scalar(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
-                 const float* sh, int m0, int m1, int t0, int t1) {
+namespace {
+
+// The superblock form for factored weights (qmatmul.h), value by value: the group sums from the
+// codes themselves (the SIMD paths read the quantizer's stored sums).
+void int8_scalar_sb(const QProblem& p, const Int8X& x, int m0, int m1, int t0, int t1) {
+  const int per_sb = kSuperBlock / p.group_size;
+  const bool derived = p.bias_scale != 0.0f;
+  for (int m = m0; m < m1; ++m) {
+    for (int n = t0 * kInt8TileRows; n < t1 * kInt8TileRows; ++n) {
+      float acc = 0.0f;
+      for (int s = 0; s < p.K / kSuperBlock; ++s) {
+        int32_t S = 0, T = 0;
+        float d = 0.0f, e = 0.0f;
+        for (int g = s * per_sb; g < (s + 1) * per_sb; ++g) {
+          int32_t dot = 0, codes = 0;
+          for (int k = g * p.group_size; k < (g + 1) * p.group_size; ++k) {
+            const int32_t q = x.q[int8_x_index(m, k, p.K)];
+            dot += int8_code(p, n, k) * q;
+            codes += q;
+          }
+          int32_t c, cb;
+          int8_factor_parts(p, p.scales, n, g, &d, &c);
+          if (derived) {
+            cb = c;
+            e = p.bias_scale * d;
+          } else {
+            int8_factor_parts(p, p.biases, n, g, &e, &cb);
+          }
+          S += c * dot;
+          T += cb * codes;
+        }
+        const float step = x.dx[int8_sb_index(m, s, p.K)];
+        acc = std::fma(static_cast<float>(S), d * step, acc);
+        acc = std::fma(static_cast<float>(T), e * step, acc);
+      }
+      p.y[static_cast<int64_t>(m) * p.N + n] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+void int8_scalar(const QProblem& p, const Int8X& x, int m0, int m1, int t0, int t1) {
+  if (p.factored) return int8_scalar_sb(p, x, m0, m1, t0, t1);
+  const int8_t* xq = x.q;
+  const float *dx = x.dx, *sx = x.sx, *sh = x.sh;
   const int blocks = p.K / kInt8Block;
   for (int m = m0; m < m1; ++m) {
     for (int n = t0 * kInt8TileRows; n < t1 * kInt8TileRows; ++n) {

@@ -51,19 +51,28 @@ MLXCEL_TARGET inline __m256 factor8(const uint8_t* tile, int64_t sb_bytes, int p
   }
 }
 
+// A factored superblock's integers for group g, rows 8h .. 8h + 7, as int32.
+MLXCEL_TARGET inline __m256i int32_factors(const uint8_t* sb, int g, int h) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+      sb + 4 * kInt8TileRows + g * kInt8TileRows + 8 * h)));
+}
+
 // Rows [m, m + R) of x (m a multiple of kInt8RowBlock) against half `h` (rows 8h..8h+7) of tile
 // t. With groups of 16 (G16) each block is two parts of 16 values, each with its own integer
 // sum and FMAs (qmatmul.h); otherwise one part of 32. BITS 5 and 6 are the compact layouts: the
-// low nibbles as for 4 bits, the high bits after them.
+// low nibbles as for 4 bits, the high bits after them. Factored weights take x per superblock
+// (qmatmul.h): each part's integer sum times its sub-scale into an integer per superblock, and
+// the floats once per superblock.
 template <int R, int BITS, int SM, bool G16>
 MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t t, int gshift, int h,
-                             const int8_t* xq, const float* dx, const float* sx, const float* sh,
-                             int m, int n0) {
+                             const Int8X& x, int m, int n0) {
+  constexpr bool kSuper = SM == kFactored;
   const int blocks = p.K / kInt8Block;
-  const int8_t* xblock = xq + int8_x_index(m, 0, p.K);
-  const float* dxb = dx + int8_block_index(m, 0, p.K);
-  const float* sxb = sx + int8_block_index(m, 0, p.K);
-  const float* shb = sh + 2 * int8_block_index(m, 0, p.K);
+  const int8_t* xblock = x.q + int8_x_index(m, 0, p.K);
+  const float* dxb = x.dx + (kSuper ? int8_sb_index(m, 0, p.K) : int8_block_index(m, 0, p.K));
+  const float* sxb = kSuper ? nullptr : x.sx + int8_block_index(m, 0, p.K);
+  const float* shb = kSuper ? nullptr : x.sh + 2 * int8_block_index(m, 0, p.K);
+  const int16_t* sumb = kSuper ? x.sums + kInt8SbSums * int8_sb_index(m, 0, p.K) : nullptr;
   constexpr int kRow = kInt8RowBlock * 4;
   constexpr int kParts = G16 ? 2 : 1;  // parts of the block with their own group
   constexpr int kBlockBytes = 64 * BITS;
@@ -84,8 +93,13 @@ MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t t, int
   const __m256 multiple = _mm256_set1_ps(p.bias_scale);
   const uint8_t* btile = derived ? stile : static_cast<const uint8_t*>(p.biases) + tile_at;
   __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256i isum[R];  // (factored) Σ_g c·I_g of the current superblock
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    isum[r] = _mm256_setzero_si256();
+  }
   for (int j = 0; j < blocks; ++j) {
+    const int sj = j / (kSuperBlock / kInt8Block), jj = j % (kSuperBlock / kInt8Block);
     const int8_t* xj = xblock + static_cast<int64_t>(j) * 8 * kRow;
     const float* dxj = dxb + j * kInt8RowBlock;
     const uint8_t* wb = w + static_cast<int64_t>(j) * kBlockBytes + h * 32;
@@ -151,6 +165,18 @@ MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t t, int
           }
         }
       }
+      if constexpr (kSuper) {
+        const __m256i c =
+            int32_factors(stile + sj * sb_bytes, G16 ? 2 * jj + part : (jj >> gshift), h);
+        for (int r = 0; r < R; ++r) {
+          __m256i total = _mm256_madd_epi16(lo_sum[r], ones);
+          if constexpr (BITS != 4)
+            total = _mm256_add_epi32(total,
+                                     _mm256_slli_epi32(_mm256_madd_epi16(hi_sum[r], ones), 4));
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(total, c));
+        }
+        continue;
+      }
       const int g = G16 ? 2 * j + part : (j >> gshift);
       const __m256 scale = factor8<SM>(stile, sb_bytes, pshift, g, h);
       const __m256 bias = derived ? _mm256_mul_ps(scale, multiple)
@@ -167,14 +193,42 @@ MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t t, int
         acc[r] = _mm256_fmadd_ps(bias, _mm256_set1_ps(xsum), acc[r]);
       }
     }
+    if constexpr (kSuper) {
+      if (jj == kSuperBlock / kInt8Block - 1) {
+        // The superblock's end: T = Σ_g cb·B_g (groups of 16: the 16 halves' sums; otherwise
+        // the 8 blocks' sums, each block's group's integer), then the floats.
+        const uint8_t* ssb = stile + sj * sb_bytes;
+        const uint8_t* bsb = derived ? ssb : btile + sj * sb_bytes;
+        const int16_t* sums = sumb + static_cast<int64_t>(sj) * kInt8RowBlock * kInt8SbSums;
+        __m256i tsum[R];
+        for (int r = 0; r < R; ++r) tsum[r] = _mm256_setzero_si256();
+        for (int g = 0; g < (G16 ? 16 : 8); ++g) {
+          const __m256i cb = int32_factors(bsb, G16 ? g : (g >> gshift), h);
+          const int at = G16 ? g : 16 + g;
+          for (int r = 0; r < R; ++r)
+            tsum[r] = _mm256_add_epi32(
+                tsum[r], _mm256_mullo_epi32(cb, _mm256_set1_epi32(sums[r * kInt8SbSums + at])));
+        }
+        const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(ssb) + 8 * h);
+        const __m256 e = derived
+                             ? _mm256_mul_ps(d, multiple)
+                             : _mm256_loadu_ps(reinterpret_cast<const float*>(bsb) + 8 * h);
+        const float* steps = dxb + static_cast<int64_t>(sj) * kInt8RowBlock;
+        for (int r = 0; r < R; ++r) {
+          const __m256 step = _mm256_set1_ps(steps[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, step), acc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tsum[r]), _mm256_mul_ps(e, step), acc[r]);
+          isum[r] = _mm256_setzero_si256();
+        }
+      }
+    }
   }
   for (int r = 0; r < R; ++r)
     _mm256_storeu_ps(p.y + static_cast<int64_t>(m + r) * p.N + n0 + h * 8, acc[r]);
 }
 
 template <int BITS, int SM, bool G16>
-MLXCEL_TARGET void run(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
-                       const float* sh, int m0, int m1, int t0, int t1) {
+MLXCEL_TARGET void run(const QProblem& p, const Int8X& x, int m0, int m1, int t0, int t1) {
   // Rows of x per pass: the 16 registers hold R accumulators and R (4 bits) or 2R sums.
   constexpr int RM = BITS == 4 ? 4 : 2;
   const int64_t tile_bytes = static_cast<int64_t>(2) * p.K * BITS;
@@ -189,18 +243,16 @@ MLXCEL_TARGET void run(const QProblem& p, const int8_t* xq, const float* dx, con
         // m0 is a multiple of kInt8RowBlock and RM divides it: a pass never straddles a block.
         switch (m1 - m < RM ? m1 - m : RM) {
           case 4:
-            half_tile<(RM >= 4 ? 4 : 1), BITS, SM, G16>(p, w, t, gshift, h, xq, dx, sx, sh, m,
-                                                        n0);
+            half_tile<(RM >= 4 ? 4 : 1), BITS, SM, G16>(p, w, t, gshift, h, x, m, n0);
             break;
           case 3:
-            half_tile<(RM >= 3 ? 3 : 1), BITS, SM, G16>(p, w, t, gshift, h, xq, dx, sx, sh, m,
-                                                        n0);
+            half_tile<(RM >= 3 ? 3 : 1), BITS, SM, G16>(p, w, t, gshift, h, x, m, n0);
             break;
           case 2:
-            half_tile<2, BITS, SM, G16>(p, w, t, gshift, h, xq, dx, sx, sh, m, n0);
+            half_tile<2, BITS, SM, G16>(p, w, t, gshift, h, x, m, n0);
             break;
           default:
-            half_tile<1, BITS, SM, G16>(p, w, t, gshift, h, xq, dx, sx, sh, m, n0);
+            half_tile<1, BITS, SM, G16>(p, w, t, gshift, h, x, m, n0);
             break;
         }
       }
@@ -209,41 +261,40 @@ MLXCEL_TARGET void run(const QProblem& p, const int8_t* xq, const float* dx, con
 }
 
 template <int BITS, int SM>
-MLXCEL_TARGET void run_groups(const QProblem& p, const int8_t* xq, const float* dx,
-                              const float* sx, const float* sh, int m0, int m1, int t0, int t1) {
+MLXCEL_TARGET void run_groups(const QProblem& p, const Int8X& x, int m0, int m1, int t0,
+                              int t1) {
   if (p.group_size == 16)
-    run<BITS, SM, true>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+    run<BITS, SM, true>(p, x, m0, m1, t0, t1);
   else
-    run<BITS, SM, false>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+    run<BITS, SM, false>(p, x, m0, m1, t0, t1);
 }
 
 template <int BITS>
-MLXCEL_TARGET void run_scales(const QProblem& p, const int8_t* xq, const float* dx,
-                              const float* sx, const float* sh, int m0, int m1, int t0, int t1) {
+MLXCEL_TARGET void run_scales(const QProblem& p, const Int8X& x, int m0, int m1, int t0,
+                              int t1) {
   if (p.factored)
-    run_groups<BITS, kFactored>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+    run_groups<BITS, kFactored>(p, x, m0, m1, t0, t1);
   else if (p.half)
-    run_groups<BITS, kF16>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+    run_groups<BITS, kF16>(p, x, m0, m1, t0, t1);
   else
-    run_groups<BITS, kF32>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+    run_groups<BITS, kF32>(p, x, m0, m1, t0, t1);
 }
 
 }  // namespace
 
-void int8_avx2(const QProblem& p, const int8_t* xq, const float* dx, const float* sx,
-               const float* sh, int m0, int m1, int t0, int t1) {
+void int8_avx2(const QProblem& p, const Int8X& x, int m0, int m1, int t0, int t1) {
   switch (p.bits) {
     case 4:
-      run_scales<4>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+      run_scales<4>(p, x, m0, m1, t0, t1);
       break;
     case 5:
-      run_scales<5>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+      run_scales<5>(p, x, m0, m1, t0, t1);
       break;
     case 6:
-      run_scales<6>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+      run_scales<6>(p, x, m0, m1, t0, t1);
       break;
     default:
-      run_scales<8>(p, xq, dx, sx, sh, m0, m1, t0, t1);
+      run_scales<8>(p, x, m0, m1, t0, t1);
       break;
   }
 }

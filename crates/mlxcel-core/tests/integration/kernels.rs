@@ -74,13 +74,17 @@ impl Case {
         Array::from_f32(&self.x, &[self.m as i32, self.k as i32]).unwrap()
     }
 
-    /// Weight `[n][k]` dequantized on the host from the raw layout.
-    fn dequantized(&self, n: usize, k: usize) -> f64 {
+    /// The code of weight `[n][k]` in the raw layout.
+    fn code(&self, n: usize, k: usize) -> u32 {
         let per_word = 32 / self.bits;
         let word = self.packed[(n * self.k + k) / per_word];
-        let q = (word >> (self.bits * (k % per_word))) & ((1u32 << self.bits) - 1);
+        (word >> (self.bits * (k % per_word))) & ((1u32 << self.bits) - 1)
+    }
+
+    /// Weight `[n][k]` dequantized on the host from the raw layout.
+    fn dequantized(&self, n: usize, k: usize) -> f64 {
         let g = n * (self.k / self.group) + k / self.group;
-        self.scales[g] as f64 * q as f64 + self.biases[g] as f64
+        self.scales[g] as f64 * self.code(n, k) as f64 + self.biases[g] as f64
     }
 
     /// (value, magnitude Σ|w·x|) per output, in f64.
@@ -983,7 +987,10 @@ fn f32_activations_over_the_int8_layout_match_the_scalar_path() {
 /// multiple of the scales: what K-quant, Q4_0, Q5 and Q8_0 files convert to) gives the wide
 /// layout's bits on every path, thread count and batch, and a row alone equals it batched;
 /// what cannot be stored compactly (8-bit codes above 63, scales that do not factor, biases
-/// that are not one multiple of the scales) stays wide.
+/// that are not one multiple of the scales) stays wide. Factored scales take x per superblock
+/// (a different rounding of x than the wide layout's, checked bit for bit against a host
+/// computation by `factored_weights_take_x_per_superblock`): their reference is the compact
+/// layout's scalar path.
 #[test]
 fn compact_int8_layouts_give_the_wide_layouts_bits() {
     use mlxcel_core::Int8Layout;
@@ -1037,13 +1044,140 @@ fn compact_int8_layouts_give_the_wide_layouts_bits() {
                 assert!(bytes(&compact) < bytes(&wide), "{what}: not smaller");
             }
             let x = case.x();
-            let reference = wide
+            let reference = if kquant { &compact } else { &wide }
                 .matmul_native(&x, Isa::Scalar, 1)
                 .unwrap()
                 .to_vec_f32()
                 .unwrap();
             assert_int8_bits_everywhere(&compact, &case, &reference, &[m - 1], &what);
             assert_int8_bits_everywhere(&serial, &case, &reference, &[m - 1], &what);
+        }
+    }
+}
+
+/// x quantized per superblock of 256 values as the kernels do it (qmatmul.h): codes rounded to
+/// nearest even at max|x| / 127 over the superblock, and that step.
+fn superblock_codes(x: &[f32]) -> (Vec<i32>, f32) {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    let codes = x
+        .iter()
+        .map(|&v| (v * inv).round_ties_even().clamp(-127.0, 127.0) as i32)
+        .collect();
+    (codes, amax / 127.0)
+}
+
+/// Factored (K-quant) weights multiply x quantized per superblock, with the group's integer
+/// sub-scales applied to exact integer sums and the floats once per superblock (qmatmul.h):
+/// every int8 path, thread count and batch gives the bits of that formula computed here from
+/// the codes, the factors and x, for the forms K-quant files convert to (Q4_K, Q5_K and Q2_K
+/// with factored mins, Q6_K and Q3_K with biases a multiple of the scales, groups of 16 to
+/// 128), and a row alone gives its bits batched.
+#[test]
+fn factored_weights_take_x_per_superblock() {
+    use mlxcel_core::Int8Layout;
+    let mut seed = 31_000;
+    for &(bits, mask, group, kquant, signed, _, expect_bits, multiple) in COMPACT_CASES {
+        if !kquant {
+            continue;
+        }
+        for (m, n, k) in [(1, 16, 256), (3, 32, 512), (9, 48, 256), (70, 16, 512)] {
+            seed += 10;
+            let mut case = Case::new(m, n, k, group, bits, seed);
+            for word in &mut case.packed {
+                *word &= mask;
+            }
+            // Per row and superblock d (scales) and e (biases), per group c and cb; each
+            // superblock's first integer the largest, as llama.cpp writes them (63, or -128
+            // signed), so the layout's factoring is exactly these.
+            let (groups, per) = (k / group, 256 / group);
+            let ints = |seed: u64, signed: bool| -> Vec<i32> {
+                random_words(n * groups, seed)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| match (i % per == 0, signed) {
+                        (true, true) => -128,
+                        (true, false) => 63,
+                        (false, true) => (w % 256) as i32 - 128,
+                        (false, false) => (w % 64) as i32,
+                    })
+                    .collect()
+            };
+            let factors = |seed: u64| -> Vec<f32> {
+                pseudo_random(n * k / 256, seed)
+                    .iter()
+                    .map(|v| (v.abs() + 0.1) * 0.001)
+                    .collect()
+            };
+            let (d, c) = (factors(seed + 11), ints(seed + 12, signed));
+            // Biases: -(e · cb) with cb unsigned (factored as -e and cb), or the multiple.
+            let (e, cb): (Vec<f32>, Vec<i32>) = match multiple {
+                Some(mul) => (d.iter().map(|d| mul * d).collect(), c.clone()),
+                None => (
+                    factors(seed + 13).iter().map(|e| -e).collect(),
+                    ints(seed + 14, false),
+                ),
+            };
+            let at = |row: usize, g: usize| row * groups + g;
+            case.scales = (0..n * groups).map(|i| d[i / per] * c[i] as f32).collect();
+            case.biases = (0..n * groups).map(|i| e[i / per] * cb[i] as f32).collect();
+            let weight = case.weight();
+            let compact = weight.interleave_int8_as(Int8Layout::Compact).unwrap();
+            assert!(compact.factored() && compact.bits == expect_bits);
+            assert_eq!(compact.derived_biases(), multiple.is_some());
+            let mut reference = vec![0.0f32; m * n];
+            for row in 0..m {
+                for sb in 0..k / 256 {
+                    let (codes, step) =
+                        superblock_codes(&case.x[row * k + sb * 256..row * k + sb * 256 + 256]);
+                    for col in 0..n {
+                        let (mut s, mut t) = (0i64, 0i64);
+                        for g in sb * per..(sb + 1) * per {
+                            let (mut dot, mut sum) = (0i64, 0i64);
+                            for kk in g * group..(g + 1) * group {
+                                let q = codes[kk - sb * 256] as i64;
+                                dot += case.code(col, kk) as i64 * q;
+                                sum += q;
+                            }
+                            s += c[at(col, g)] as i64 * dot;
+                            t += cb[at(col, g)] as i64 * sum;
+                        }
+                        assert!(s.abs() < 1 << 31 && t.abs() < 1 << 31);
+                        let acc = &mut reference[row * n + col];
+                        let f = col * (k / 256) + sb;
+                        *acc = (s as f32).mul_add(d[f] * step, *acc);
+                        *acc = (t as f32).mul_add(e[f] * step, *acc);
+                    }
+                }
+            }
+            let what = format!("factored m={m} n={n} k={k} g={group} bits={bits} mask={mask:x}");
+            assert_int8_bits_everywhere(&compact, &case, &reference, &[0, m - 1], &what);
+            if m == 3 {
+                // A NaN or an infinity in a superblock turns its row's outputs NaN (as the f32
+                // path's), and only its row's.
+                let mut bad = case.x.clone();
+                bad[5] = f32::NAN;
+                bad[2 * k + k - 7] = f32::INFINITY;
+                let x = Array::from_f32(&bad, &[m as i32, k as i32]).unwrap();
+                for &isa in &int8_paths() {
+                    let got = compact
+                        .matmul_native(&x, isa, 2)
+                        .unwrap()
+                        .to_vec_f32()
+                        .unwrap();
+                    assert!(
+                        got[..n].iter().chain(&got[2 * n..]).all(|v| v.is_nan()),
+                        "{isa:?} {what}"
+                    );
+                    assert!(
+                        got[n..2 * n]
+                            .iter()
+                            .zip(&reference[n..2 * n])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{isa:?} {what}: a clean row changed"
+                    );
+                }
+            }
         }
     }
 }
