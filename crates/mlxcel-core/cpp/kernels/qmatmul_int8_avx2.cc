@@ -101,7 +101,7 @@ MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t t, int
   for (int j = 0; j < blocks; ++j) {
     const int sj = j / (kSuperBlock / kInt8Block), jj = j % (kSuperBlock / kInt8Block);
     const int8_t* xj = xblock + static_cast<int64_t>(j) * 8 * kRow;
-    const float* dxj = dxb + j * kInt8RowBlock;
+    const float* dxj = kSuper ? nullptr : dxb + j * kInt8RowBlock;  // (per block only)
     const uint8_t* wb = w + static_cast<int64_t>(j) * kBlockBytes + h * 32;
     // The first half's pass brings the tile's lines into L2 ahead of use (as the AVX-512
     // kernel does: qmatmul_int8_avx512.cc); the second half reads them from there.

@@ -118,7 +118,7 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stil
       _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(wb) +
                                                  kPrefetchAhead + 64 * l),
                    _MM_HINT_T1);
-    const float* dxj = dxb + j * kInt8RowBlock;
+    const float* dxj = kSuper ? nullptr : dxb + j * kInt8RowBlock;  // (per block only)
     // (factored) this block's superblock and its place in it
     const int sj = j / (kSuperBlock / kInt8Block), jj = j % (kSuperBlock / kInt8Block);
     const uint8_t* ssb = stile + sj * sb_bytes;
