@@ -6,7 +6,8 @@
 //! super-block's f32 scales for the factoring `d · c` the compact layout stores. Here the layout
 //! is written from the blocks in one pass, 16 rows (one tile) at a time: the codes are packed as
 //! the affine form packs them and interleaved while they are in cache, and the scales are taken
-//! in the form the blocks store them ([`exact_scales`]), so nothing is searched. The result is
+//! in the form the blocks store them ([`exact_scales`]), searched only where a block's own
+//! factoring may not be the general path's (`general_factoring`). The result is
 //! [`Int8Layout::Compact`](crate::Int8Layout::Compact) for the same weights: the kernels compute
 //! the same bits from it as from the general path's (tests compare the two).
 
