@@ -204,6 +204,17 @@ void interleave_int8(const uint32_t* w, const void* scales, const void* biases, 
   });
 }
 
+namespace {
+
+// v · inv rounded to nearest even, as nearbyint does in the default mode, without a libm call:
+// |v·inv| <= 127 < 2^22, where adding and removing 1.5·2^23 rounds to an integer.
+int8_t int8_code_of(float v, float inv) {
+  const float r = (v * inv + 12582912.0f) - 12582912.0f;
+  return static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
+}
+
+}  // namespace
+
 void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float* sx, float* sh) {
   const int blocks = K / kInt8Block;
   for (int m = 0; m < int8_rows(M); ++m) {
@@ -227,10 +238,7 @@ void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float*
       const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t half_sums[2] = {0, 0};
       for (int i = 0; i < kInt8Block; ++i) {
-        // Round to nearest even, as nearbyint does in the default mode, without a libm call:
-        // |v·inv| <= 127 < 2^22, where adding and removing 1.5·2^23 rounds to an integer.
-        const float r = (v[i] * inv + 12582912.0f) - 12582912.0f;
-        const int8_t code = static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
+        const int8_t code = int8_code_of(v[i], inv);
         xq[int8_x_index(m, j * kInt8Block + i, K)] = code;
         half_sums[i / 16] += code;
       }
@@ -269,9 +277,7 @@ void quantize_x_int8_sb(const float* x, int M, int K, int8_t* xq, float* dx, int
       const bool finite = std::isfinite(amax) && !nan;
       const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
       for (int i = 0; i < kSuperBlock; ++i) {
-        // Round to nearest even, as quantize_x_int8 does.
-        const float r = (v[i] * inv + 12582912.0f) - 12582912.0f;
-        const int8_t code = static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
+        const int8_t code = int8_code_of(v[i], inv);
         xq[int8_x_index(m, s * kSuperBlock + i, K)] = code;
         bs[i / 16] = static_cast<int16_t>(bs[i / 16] + code);
         bs[16 + i / 32] = static_cast<int16_t>(bs[16 + i / 32] + code);
@@ -300,23 +306,6 @@ int32_t int8_code(const QProblem& p, int n, int k) {
   return within < 4 ? (byte & 0x0F) : (byte >> 4);
 }
 
-float int8_factor(const QProblem& p, const void* a, int n, int g) {
-  const int t = n / kInt8TileRows, j = n % kInt8TileRows;
-  if (p.factored) {
-    const int per_sb = kSuperBlock / p.group_size;
-    const auto* base = static_cast<const uint8_t*>(a) +
-                       (static_cast<int64_t>(t) * (p.K / kSuperBlock) + g / per_sb) *
-                           factored_superblock_bytes(p.group_size);
-    float d;
-    std::memcpy(&d, base + 4 * j, 4);
-    const auto c =
-        static_cast<int8_t>(base[4 * kInt8TileRows + (g % per_sb) * kInt8TileRows + j]);
-    return d * static_cast<float>(c);
-  }
-  return scale_at(a, p.half,
-                  (static_cast<int64_t>(t) * (p.K / p.group_size) + g) * kInt8TileRows + j);
-}
-
 void int8_factor_parts(const QProblem& p, const void* a, int n, int g, float* d, int32_t* c) {
   const int t = n / kInt8TileRows, j = n % kInt8TileRows;
   const int per_sb = kSuperBlock / p.group_size;
@@ -325,6 +314,18 @@ void int8_factor_parts(const QProblem& p, const void* a, int n, int g, float* d,
                          factored_superblock_bytes(p.group_size);
   std::memcpy(d, base + 4 * j, 4);
   *c = static_cast<int8_t>(base[4 * kInt8TileRows + (g % per_sb) * kInt8TileRows + j]);
+}
+
+float int8_factor(const QProblem& p, const void* a, int n, int g) {
+  if (p.factored) {
+    float d;
+    int32_t c;
+    int8_factor_parts(p, a, n, g, &d, &c);
+    return d * static_cast<float>(c);
+  }
+  const int t = n / kInt8TileRows, j = n % kInt8TileRows;
+  return scale_at(a, p.half,
+                  (static_cast<int64_t>(t) * (p.K / p.group_size) + g) * kInt8TileRows + j);
 }
 
 float int8_bias(const QProblem& p, int n, int g) {
