@@ -60,21 +60,17 @@ MLXCEL_TARGET inline __m512i dot2(__m512i acc, __m512i a, const int16_t* b) {
   return acc;
 }
 
-// A factored superblock's integers for groups ga and gb (of the 16 rows), as int16 pairs: ga's
-// in the low half of each lane, gb's in the high half.
-MLXCEL_TARGET inline __m512i int16_pairs(const uint8_t* sb, int ga, int gb) {
-  const uint8_t* c = sb + 4 * kInt8TileRows;
-  const __m512i a = _mm512_cvtepi8_epi32(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + ga * kInt8TileRows)));
-  const __m512i b = _mm512_cvtepi8_epi32(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + gb * kInt8TileRows)));
-  return _mm512_or_si512(_mm512_and_si512(a, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(b, 16));
-}
-
 // A factored superblock's integers for group g (of the 16 rows), as int32.
 MLXCEL_TARGET inline __m512i int32_factors(const uint8_t* sb, int g) {
   return _mm512_cvtepi8_epi32(_mm_loadu_si128(
       reinterpret_cast<const __m128i*>(sb + 4 * kInt8TileRows + g * kInt8TileRows)));
+}
+
+// The integers of groups ga and gb as int16 pairs: ga's in the low half of each lane, gb's in
+// the high half.
+MLXCEL_TARGET inline __m512i int16_pairs(const uint8_t* sb, int ga, int gb) {
+  return _mm512_or_si512(_mm512_and_si512(int32_factors(sb, ga), _mm512_set1_epi32(0xFFFF)),
+                         _mm512_slli_epi32(int32_factors(sb, gb), 16));
 }
 
 // Rows [m, m + R) of x (m a multiple of kInt8RowBlock) against one tile of 16 output rows. `w`
@@ -254,6 +250,19 @@ struct Int8Kernel {
   }
 };
 
+// 32 values times `scale` rounded to nearest even (the default rounding mode, as the scalar forms
+// do): their codes as eight 32-bit groups of four, and the integer sums of each half. The codes
+// are within ±127, so the 32-bit lanes hold them before saturation changes anything.
+MLXCEL_TARGET inline __m256i codes32(const float* v, __m512 scale, int32_t* sum_lo,
+                                     int32_t* sum_hi) {
+  const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v), scale));
+  const __m512i hi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + 16), scale));
+  *sum_lo = _mm512_reduce_add_epi32(lo);
+  *sum_hi = _mm512_reduce_add_epi32(hi);
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtsepi32_epi8(lo)),
+                                 _mm512_cvtsepi32_epi8(hi), 1);
+}
+
 // One block of 32 values of one row quantized (quantize_x_int8's arithmetic, sixteen values at
 // a time; the same bits): the 32 codes as eight 32-bit groups of four, and the block's step and
 // sums at b.
@@ -271,20 +280,15 @@ MLXCEL_TARGET inline __m256i quantize_block(const float* v, int64_t b, float* dx
   const float sum = _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
   const bool finite = __builtin_isfinite(amax) && !__builtin_isnan(sum);
   const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
-  const __m512 scale = _mm512_set1_ps(inv);
-  // Round to nearest even (the default rounding mode), as nearbyint does.
-  const __m512i ilo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, scale));
-  const __m512i ihi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, scale));
-  // The quantized x's sums (step · Σ codes), as the scalar form (which says why). The codes
-  // are within ±127, so the 32-bit lanes hold them before saturation changes anything.
-  const int32_t sum_lo = _mm512_reduce_add_epi32(ilo), sum_hi = _mm512_reduce_add_epi32(ihi);
+  // The quantized x's sums (step · Σ codes), as the scalar form (which says why).
+  int32_t sum_lo, sum_hi;
+  const __m256i codes = codes32(v, _mm512_set1_ps(inv), &sum_lo, &sum_hi);
   const float step = finite ? amax / 127.0f : __builtin_nanf("");
   dx[b] = step;
   sh[2 * b] = step * static_cast<float>(sum_lo);
   sh[2 * b + 1] = step * static_cast<float>(sum_hi);
   sx[b] = step * static_cast<float>(sum_lo + sum_hi);
-  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtsepi32_epi8(ilo)),
-                                 _mm512_cvtsepi32_epi8(ihi), 1);
+  return codes;
 }
 
 // Eight rows' codes of one block of 32 (eight 32-bit groups of four each) into the layout, which
@@ -370,17 +374,12 @@ MLXCEL_TARGET void quantize_rows_sb(const float* x, int M, int K, int8_t* xq, fl
             bs[2 * jj] = bs[2 * jj + 1] = bs[16 + jj] = 0;
             continue;
           }
-          const float* v = x + static_cast<int64_t>(m0 + r) * K + k;
-          const __m512 scale = _mm512_set1_ps(inv[r]);
-          // Round to nearest even (the default rounding mode), as the scalar form does.
-          const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v), scale));
-          const __m512i hi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + 16), scale));
-          const int32_t sum_lo = _mm512_reduce_add_epi32(lo), sum_hi = _mm512_reduce_add_epi32(hi);
+          int32_t sum_lo, sum_hi;
+          c[r] = _mm256_castsi256_ps(codes32(x + static_cast<int64_t>(m0 + r) * K + k,
+                                             _mm512_set1_ps(inv[r]), &sum_lo, &sum_hi));
           bs[2 * jj] = static_cast<int16_t>(sum_lo);
           bs[2 * jj + 1] = static_cast<int16_t>(sum_hi);
           bs[16 + jj] = static_cast<int16_t>(sum_lo + sum_hi);
-          c[r] = _mm256_castsi256_ps(_mm256_inserti128_si256(
-              _mm256_castsi128_si256(_mm512_cvtsepi32_epi8(lo)), _mm512_cvtsepi32_epi8(hi), 1));
         }
         store_groups(c, xq + int8_x_index(m0, k, K));
       }
