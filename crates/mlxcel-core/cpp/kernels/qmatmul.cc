@@ -2,6 +2,7 @@
 #include "mlxcel-core/cpp/kernels/qmatmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "mlxcel-core/cpp/kernels/dispatch.h"
@@ -22,55 +23,84 @@ float* scratch(std::vector<float>& buffer, size_t floats) {
 // Tile ranges per thread in an int8 matmul's parallel region (the comment in qmatmul_int8).
 constexpr int kRangesPerThread = 2;
 
+// x quantized for the int8 path in the forms a call's problems take: per block of 32 (`block`),
+// and per superblock for factored weights (`super`; both when problems sharing x differ, each
+// problem's result depending on its own form only). The buffers belong to one thread and only
+// grow.
+struct QuantizedX {
+  std::vector<int8_t> bq, sq;
+  std::vector<float> dx, sx, sh, sd;
+  std::vector<int16_t> sums;
+  Int8X block{}, super{};
+
+  // Room for x's rows (up to the next multiple of kInt8RowBlock) in the forms asked for.
+  void size(int M, int K, bool per_block, bool per_superblock) {
+    const size_t rows = int8_rows(M), codes = rows * K;
+    const size_t blocks = per_block ? rows * (K / kInt8Block) : 0;
+    const size_t supers = per_superblock ? rows * (K / kSuperBlock) : 0;
+    if (per_block && bq.size() < codes) bq.resize(codes);
+    if (per_superblock && sq.size() < codes) sq.resize(codes);
+    if (dx.size() < blocks) dx.resize(blocks);
+    if (sx.size() < blocks) sx.resize(blocks);
+    if (sh.size() < 2 * blocks) sh.resize(2 * blocks);
+    if (sd.size() < supers) sd.resize(supers);
+    if (sums.size() < supers * kInt8SbSums) sums.resize(supers * kInt8SbSums);
+    block = {bq.data(), dx.data(), sx.data(), sh.data(), nullptr};
+    super = {sq.data(), sd.data(), nullptr, nullptr, sums.data()};
+  }
+
+  // Row block b of x (rows [8b, 8b + 8) ∩ [0, M)) into the forms asked for. Each row block's
+  // codes, steps and sums are contiguous and depend on its rows only.
+  void quantize(const float* x, int M, int K, int b, bool per_block, bool per_superblock,
+                bool vnni) {
+    const int m = b * kInt8RowBlock, in_block = std::min(kInt8RowBlock, M - m);
+    const int64_t codes = static_cast<int64_t>(b) * kInt8RowBlock * K;
+    const int64_t blocks = static_cast<int64_t>(b) * kInt8RowBlock * (K / kInt8Block);
+    const int64_t steps = static_cast<int64_t>(b) * kInt8RowBlock * (K / kSuperBlock);
+    x += static_cast<int64_t>(m) * K;
+    if (per_block)
+      (vnni ? quantize_x_int8_avx512 : quantize_x_int8)(x, in_block, K, bq.data() + codes,
+                                                        dx.data() + blocks, sx.data() + blocks,
+                                                        sh.data() + 2 * blocks);
+    if (per_superblock)
+      (vnni ? quantize_x_int8_sb_avx512 : quantize_x_int8_sb)(
+          x, in_block, K, sq.data() + codes, sd.data() + steps,
+          sums.data() + steps * kInt8SbSums);
+  }
+};
+
 // The int8 path (qmatmul.h): x quantized once per call, then tasks over (block of x rows, range
 // of 16-row weight tiles). With several problems over the same x (a layer's q, k and v in
 // different layouts: qmatmul_shared_x), x is quantized once for all of them and their tasks run in
 // one parallel region.
+//
+// x of one row block (decode, short verification passes) is quantized by every thread of the
+// region into its own buffers, as it takes its first task: the few microseconds of arithmetic
+// cost less than the caller writing the codes and sums into lines the other threads' caches hold
+// from the call before (every store a cross-core invalidation), which took ~16% of a decode step
+// of the default model when the caller quantized for all (docs/kernels.md, step 21). Larger x is
+// quantized by row blocks spread over the threads, once.
 void qmatmul_int8(const QProblem* ps, int count, Isa isa, int threads) {
   const QProblem& p = ps[0];
-  // x in the forms the problems take: per block of 32, and per superblock for factored weights
-  // (both when problems sharing x differ; each problem's result depends on its own form only).
   bool per_block = false, per_superblock = false;
   for (int i = 0; i < count; ++i) (ps[i].factored ? per_superblock : per_block) = true;
-  static thread_local std::vector<int8_t> xq_buffer, sq_buffer;
-  static thread_local std::vector<float> dx_buffer, sx_buffer, sh_buffer, sd_buffer;
-  static thread_local std::vector<int16_t> sums_buffer;
-  const int rows = int8_rows(p.M);
-  const size_t codes_size = static_cast<size_t>(rows) * p.K;
-  const size_t blocks = per_block ? static_cast<size_t>(rows) * (p.K / kInt8Block) : 0;
-  const size_t supers = per_superblock ? static_cast<size_t>(rows) * (p.K / kSuperBlock) : 0;
-  if (per_block && xq_buffer.size() < codes_size) xq_buffer.resize(codes_size);
-  if (per_superblock && sq_buffer.size() < codes_size) sq_buffer.resize(codes_size);
-  if (sums_buffer.size() < supers * kInt8SbSums) sums_buffer.resize(supers * kInt8SbSums);
-  // (the buffers are this thread's: not named in the tasks)
-  int8_t* bq = xq_buffer.data();
-  float* bdx = scratch(dx_buffer, blocks);
-  float* bsx = scratch(sx_buffer, blocks);
-  float* bsh = scratch(sh_buffer, 2 * blocks);
-  int8_t* sq = sq_buffer.data();
-  float* sdx = scratch(sd_buffer, supers);
-  int16_t* sums = sums_buffer.data();
   const bool vnni = isa == Isa::Avx512 && has_vnni();
-  // Each block of kInt8RowBlock rows is quantized on its own (its codes, steps and sums are
-  // contiguous), so a prefill's blocks are spread over the threads: the same bits.
-  const auto quantize = vnni ? quantize_x_int8_avx512 : quantize_x_int8;
-  const auto quantize_sb = vnni ? quantize_x_int8_sb_avx512 : quantize_x_int8_sb;
-  const int row_blocks = rows / kInt8RowBlock;
-  const int64_t codes_per_block = static_cast<int64_t>(kInt8RowBlock) * p.K;
-  const int64_t sums_per_block = static_cast<int64_t>(kInt8RowBlock) * (p.K / kInt8Block);
-  const int64_t steps_per_block = static_cast<int64_t>(kInt8RowBlock) * (p.K / kSuperBlock);
-  parallel_for(threads, row_blocks, [&](int b) {
-    const int m = b * kInt8RowBlock;
-    const float* x = p.x + static_cast<int64_t>(m) * p.K;
-    const int in_block = std::min(kInt8RowBlock, p.M - m);
-    if (per_block)
-      quantize(x, in_block, p.K, bq + b * codes_per_block, bdx + b * sums_per_block,
-               bsx + b * sums_per_block, bsh + 2 * b * sums_per_block);
-    if (per_superblock)
-      quantize_sb(x, in_block, p.K, sq + b * codes_per_block, sdx + b * steps_per_block,
-                  sums + b * steps_per_block * kInt8SbSums);
-  });
-  const Int8X xb{bq, bdx, bsx, bsh, nullptr}, xs{sq, sdx, nullptr, nullptr, sums};
+  const int row_blocks = int8_rows(p.M) / kInt8RowBlock;
+  const bool each_thread = row_blocks == 1 && threads > 1;
+  static thread_local QuantizedX mine;
+  // Which call a thread's buffers hold (each_thread): a new number per call.
+  static std::atomic<uint64_t> calls{0};
+  static thread_local uint64_t held = 0;
+  const uint64_t call = each_thread ? calls.fetch_add(1, std::memory_order_relaxed) + 1 : 0;
+  // The caller's buffers, which every thread fills and reads (in the tasks, `mine` is the
+  // thread's own).
+  QuantizedX& shared = mine;
+  if (!each_thread) {
+    shared.size(p.M, p.K, per_block, per_superblock);
+    parallel_for(threads, row_blocks, [&](int b) {
+      shared.quantize(p.x, p.M, p.K, b, per_block, per_superblock, vnni);
+    });
+  }
   const auto kernel = vnni ? int8_avx512 : isa >= Isa::Avx2 ? int8_avx2 : int8_scalar;
   const int blocks_m = (p.M + kBlockRows - 1) / kBlockRows;
   // Two tile ranges per thread: a late thread's share can still move to the other, while each
@@ -98,8 +128,18 @@ void qmatmul_int8(const QProblem* ps, int count, Isa isa, int threads) {
     const int local = task - parts[i].first_task;
     const int block = local / parts[i].ranges, range = local % parts[i].ranges;
     const int tiles = q.N / kInt8TileRows;
-    kernel(q, q.factored ? xs : xb, block * kBlockRows, std::min(q.M, (block + 1) * kBlockRows),
-           range * parts[i].per_task, std::min(tiles, (range + 1) * parts[i].per_task));
+    const QuantizedX* x = &shared;
+    if (each_thread) {
+      if (held != call) {
+        mine.size(p.M, p.K, per_block, per_superblock);
+        mine.quantize(p.x, p.M, p.K, 0, per_block, per_superblock, vnni);
+        held = call;
+      }
+      x = &mine;
+    }
+    kernel(q, q.factored ? x->super : x->block, block * kBlockRows,
+           std::min(q.M, (block + 1) * kBlockRows), range * parts[i].per_task,
+           std::min(tiles, (range + 1) * parts[i].per_task));
   });
 }
 
