@@ -2,7 +2,9 @@
 //! KV cache (32 heads, 8 kv heads, head_dim 64) at several depths, with f32 and f16 keys and
 //! values (`--cache-type-k/-v`): ms per layer and GB/s of keys and values read.
 //!
-//! `cargo run --release -p mlxcel-core --example attention_speed [DEPTH...]`
+//! `cargo run --release -p mlxcel-core --example attention_speed -- [--heads H] [--kv-heads KV]
+//! [--rows N] [DEPTH...]`: other head counts (the default model: `--heads 9 --kv-heads 3`), and
+//! N query rows at the end of the context (a prefill chunk or a speculative verification pass).
 
 use std::time::Instant;
 
@@ -22,19 +24,43 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn main() -> Result<(), mlxcel_core::Error> {
-    let depths: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let (mut heads, mut kv_heads, mut rows) = (32i32, 8i32, 1i32);
+    let mut depths: Vec<usize> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| -> i32 {
+            match args.next().and_then(|v| v.parse().ok()) {
+                Some(v) if v > 0 => v,
+                _ => panic!("{name} needs a positive integer"),
+            }
+        };
+        match arg.as_str() {
+            "--heads" => heads = value("--heads"),
+            "--kv-heads" => kv_heads = value("--kv-heads"),
+            "--rows" => rows = value("--rows"),
+            depth => depths.push(
+                depth
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{depth}: expected a depth or a flag")),
+            ),
+        }
+    }
+    assert!(
+        heads % kv_heads == 0,
+        "--heads {heads} is not a multiple of --kv-heads {kv_heads}"
+    );
     let depths = if depths.is_empty() {
         vec![512, 4096, 8192]
     } else {
         depths
     };
-    let (heads, kv_heads, d) = (32i32, 8i32, 64i32);
+    let d = 64i32;
     for &depth in &depths {
         let l = depth as i32;
-        let q = Array::from_f32(&random((heads * d) as usize, 1), &[1, heads, 1, d])?;
+        let q = Array::from_f32(
+            &random((heads * rows * d) as usize, 1),
+            &[1, heads, rows, d],
+        )?;
         let k = Array::from_f32(
             &random((kv_heads * l * d) as usize, 2),
             &[1, kv_heads, l, d],
@@ -75,7 +101,7 @@ fn main() -> Result<(), mlxcel_core::Error> {
                 }
                 let bytes = 2.0 * (kv_heads * l * d) as f64 * dtype.size_in_bytes() as f64;
                 println!(
-                    "depth {depth:>6} {dtype:?} KV, {threads} threads: {ms:.3} ms/layer, {:.1} GB/s",
+                    "depth {depth:>6} {dtype:?} KV, {rows} rows, {threads} threads: {ms:.3} ms/layer, {:.1} GB/s",
                     bytes / ms / 1e6
                 );
             }
