@@ -56,6 +56,10 @@ fn main() -> Result<(), mlxcel_core::Error> {
     };
     let d = 64i32;
     for &depth in &depths {
+        assert!(
+            depth >= rows as usize,
+            "depth {depth} is below --rows {rows}: the rows are the context's last positions"
+        );
         let l = depth as i32;
         let q = Array::from_f32(
             &random((heads * rows * d) as usize, 1),
