@@ -1,10 +1,12 @@
 //! Times mlxcel's attention kernel at decode (one query row) over a Llama-3.2-1B-shaped layer's
 //! KV cache (32 heads, 8 kv heads, head_dim 64) at several depths, with f32 and f16 keys and
-//! values (`--cache-type-k/-v`): ms per layer and GB/s of keys and values read.
+//! values (`--cache-type-k/-v`): ms per layer, GB/s of keys and values read, and a hash of the
+//! output's bits (to compare two builds of the kernel).
 //!
 //! `cargo run --release -p mlxcel-core --example attention_speed -- [--heads H] [--kv-heads KV]
-//! [--rows N] [DEPTH...]`: other head counts (the default model: `--heads 9 --kv-heads 3`), and
-//! N query rows at the end of the context (a prefill chunk or a speculative verification pass).
+//! [--head-dim D] [--rows N] [DEPTH...]`: other head counts (the default model: `--heads 9
+//! --kv-heads 3`; Qwen2.5-3B: `--heads 16 --kv-heads 2 --head-dim 128`), and N query rows at the
+//! end of the context (a prefill chunk or a speculative verification pass).
 
 use std::time::Instant;
 
@@ -24,7 +26,7 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn main() -> Result<(), mlxcel_core::Error> {
-    let (mut heads, mut kv_heads, mut rows) = (32i32, 8i32, 1i32);
+    let (mut heads, mut kv_heads, mut rows, mut d) = (32i32, 8i32, 1i32, 64i32);
     let mut depths: Vec<usize> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -38,6 +40,7 @@ fn main() -> Result<(), mlxcel_core::Error> {
             "--heads" => heads = value("--heads"),
             "--kv-heads" => kv_heads = value("--kv-heads"),
             "--rows" => rows = value("--rows"),
+            "--head-dim" => d = value("--head-dim"),
             depth => depths.push(
                 depth
                     .parse()
@@ -54,7 +57,6 @@ fn main() -> Result<(), mlxcel_core::Error> {
     } else {
         depths
     };
-    let d = 64i32;
     for &depth in &depths {
         assert!(
             depth >= rows as usize,
@@ -92,7 +94,25 @@ fn main() -> Result<(), mlxcel_core::Error> {
                     )?;
                     eval(&[&out])
                 };
-                run()?;
+                // FNV-1a over the output's bits: two builds that print the same value computed
+                // the same bits.
+                let bits = attention_native_tokens_major(
+                    &q,
+                    &k,
+                    &v,
+                    depth,
+                    0.125,
+                    true,
+                    None,
+                    None,
+                    Isa::best(),
+                    threads,
+                )?
+                .to_vec_f32()?
+                .iter()
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+                    (h ^ u64::from(x.to_bits())).wrapping_mul(0x100_0000_01b3)
+                });
                 // The best of five rounds (this machine's other load only ever slows a round).
                 let reps = (200_000 / depth).max(5);
                 let mut ms = f64::MAX;
@@ -105,7 +125,7 @@ fn main() -> Result<(), mlxcel_core::Error> {
                 }
                 let bytes = 2.0 * (kv_heads * l * d) as f64 * dtype.size_in_bytes() as f64;
                 println!(
-                    "depth {depth:>6} {dtype:?} KV, {rows} rows, {threads} threads: {ms:.3} ms/layer, {:.1} GB/s",
+                    "depth {depth:>6} {dtype:?} KV, {rows} rows, {threads} threads: {ms:.3} ms/layer, {:.1} GB/s, output bits {bits:016x}",
                     bytes / ms / 1e6
                 );
             }

@@ -62,7 +62,7 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
     work += static_cast<int64_t>(p.heads) * p.n * p.L * p.D;
     const int keys = kRangeKeys;
     const int splits = std::max(1, (p.L + keys - 1) / keys);
-    max_scores = std::max(max_scores, G * keys + p.D);
+    max_scores = std::max(max_scores, kBlock * G * keys + 16 * p.D);
     for (int kvh = 0; kvh < p.kv_heads; ++kvh) {
       for (int r0 = 0; r0 < p.n; r0 += kBlock) {
         const int r1 = std::min(p.n, r0 + kBlock);

@@ -146,8 +146,9 @@ inline int attention_part_stride(int D) { return D + 2; }
 // Partial attention of the G = heads / kv_heads query heads that share kv head `kvh`, query rows
 // [r0, r1), over keys [j0, j1) (and the causal bound): each key and value row is read once for
 // the whole group. Writes G·(r1 - r0) entries of attention_part_stride(D) floats to `part`, head
-// major; a row with no key in range gets max -inf, sum 0. `scores` holds G·(j1 - j0) + D floats
-// (the last D: room to widen an f16 or q8_0 row).
+// major; a row with no key in range gets max -inf, sum 0. `scores` holds
+// 8·G·(j1 - j0) + 16·D floats (scratch: the scores of up to 8 rows, then room to widen 16 f16
+// or q8_0 rows).
 // attention_merge() turns the partials of a row's key ranges into its output.
 void attention_part_scalar(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
                            float* part, float* scores);

@@ -64,6 +64,14 @@ MLXCEL_TARGET Sum16Order sum16_order() {
   return order;
 }
 
+// The permutation that puts sum16's sums back in the order of its inputs (lane i: Σ a[i]).
+MLXCEL_TARGET __m512i sum16_key_order() {
+  const Sum16Order order = sum16_order();
+  alignas(64) int32_t lanes[16];
+  for (int i = 0; i < 16; ++i) lanes[i] = order.lane_of[i];
+  return _mm512_load_si512(lanes);
+}
+
 using fast512::exp16;  // e^x for x <= 0 (attention.inc's exp_nonpositive, 16 lanes)
 
 // Floats 16c .. 16c + 15 of a key or value row, widened exactly from f16 or q8_0 where the
@@ -81,20 +89,46 @@ MLXCEL_TARGET inline __m512 load16(const uint8_t* row, int c) {
                        _mm512_set1_ps(_cvtsh_ss(bits)));
 }
 
-// Query heads per kv head that part_fast takes, and how many of them one pass over the values
-// accumulates in registers (D = 128: 4 heads' sums are 32 vectors already).
+// Query heads per kv head that part_fast takes.
 constexpr int kFastGroupMax = 8;
-constexpr int kFastGroupPass = 4;
 
-// The grouped partial attention with D = 16·DC, G ≤ kFastGroupMax: scores sixteen keys at a time
-// (one transpose-and-add per block instead of a reduction per key) and the weighted sum of
-// values in registers, each value row loaded once for up to kFastGroupPass heads of the group
-// (Qwen2.5-3B's eight heads per kv head take two passes, the second reading the block's values
-// from cache). KT and VT: float, uint16_t (f16) or uint8_t (q8_0 rows).
+// Σ w·v over keys [lo, lo + keys) for GN heads of a group, the sums in registers: each value
+// vector is loaded (and widened) once for the GN heads, whose weights for the key are broadcast
+// first. GN·DC sums + GN weights + one value vector: GN ≤ 4 at D = 64 (21 registers), ≤ 3 at
+// D = 128 (28). Every output element is one FMA chain in key order, whoever computes it.
+template <int GN, int DC, typename VT>
+MLXCEL_TARGET inline void weighted_values(const VT* v, int64_t v_row, int lo, int keys,
+                                          const float* ws, int W, float* const* entry) {
+  __m512 o[GN][DC];
+  for (int g = 0; g < GN; ++g)
+    for (int c = 0; c < DC; ++c) o[g][c] = _mm512_setzero_ps();
+  for (int j = 0; j < keys; ++j) {
+    const VT* vj = v + static_cast<int64_t>(lo + j) * v_row;
+    __m512 w[GN];
+    for (int g = 0; g < GN; ++g) w[g] = _mm512_set1_ps(ws[g * W + j]);
+    for (int c = 0; c < DC; ++c) {
+      const __m512 vv = load16(vj, c);
+      for (int g = 0; g < GN; ++g) o[g][c] = _mm512_fmadd_ps(w[g], vv, o[g][c]);
+    }
+  }
+  for (int g = 0; g < GN; ++g)
+    for (int c = 0; c < DC; ++c) _mm512_storeu_ps(entry[g] + 2 + 16 * c, o[g][c]);
+}
+
+// Up to this many query rows share one pass over a task's keys (the rows a task has in
+// attention.cc); more are taken in groups of this many.
+constexpr int kFastRows = 8;
+
+// The grouped partial attention with D = 16·DC, G ≤ kFastGroupMax. Scores: the keys in blocks
+// of sixteen, each block widened to f32 once (f16, q8_0) into `scores`' last 16·D floats and
+// scored from there by every query row and head of the task (one transpose-and-add per block
+// and query instead of a reduction per key; a key where a row's range cuts a block is scored
+// on its own, by the same tree). Then, per row, the softmax and the weighted sum of values in
+// registers (weighted_values). KT and VT: float, uint16_t (f16) or uint8_t (q8_0 rows).
 template <int DC, typename KT, typename VT>
 MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
                              float* part, float* scores) {
-  static const Sum16Order order = sum16_order();
+  static const __m512i in_key_order = sum16_key_order();
   constexpr int D = 16 * DC;
   const int G = p.heads / p.kv_heads;
   const int W = j1 - j0;
@@ -102,51 +136,92 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
   const KT* k = static_cast<const KT*>(p.k) + kvh * p.k_head;
   const VT* v = static_cast<const VT*>(p.v) + kvh * p.v_head;
   const __m512 scale = _mm512_set1_ps(p.scale);
-  for (int i = r0; i < r1; ++i) {
-    const int len = p.causal ? p.L - p.n + i + 1 : p.L;
-    const int hi = len < j1 ? len : j1;
-    const int first = attention_first_key(p, i);
-    const int lo = first > j0 ? first : j0;
-    float* entry[kFastGroupMax];
-    for (int g = 0; g < G; ++g) {
-      entry[g] = part + (static_cast<int64_t>(g) * (r1 - r0) + (i - r0)) * stride;
-      entry[g][0] = -__builtin_huge_valf();
-      entry[g][1] = 0.0f;
-      for (int t = 0; t < D; ++t) entry[g][2 + t] = 0.0f;
+  float* const wide = scores + static_cast<int64_t>(kFastRows) * G * W;  // 16 keys, widened
+  for (int rg = r0; rg < r1; rg += kFastRows) {
+    const int re = r1 - rg < kFastRows ? r1 : rg + kFastRows;
+    int lo_of[kFastRows], hi_of[kFastRows];
+    int lo_all = j1, hi_all = j0;
+    for (int i = rg; i < re; ++i) {
+      const int len = p.causal ? p.L - p.n + i + 1 : p.L;
+      const int hi = len < j1 ? len : j1;
+      const int first = attention_first_key(p, i);
+      const int lo = first > j0 ? first : j0;
+      lo_of[i - rg] = lo;
+      hi_of[i - rg] = hi;
+      if (hi > lo) {
+        lo_all = lo < lo_all ? lo : lo_all;
+        hi_all = hi > hi_all ? hi : hi_all;
+      }
+      for (int g = 0; g < G; ++g) {
+        float* e = part + (static_cast<int64_t>(g) * (r1 - r0) + (i - r0)) * stride;
+        e[0] = -__builtin_huge_valf();
+        e[1] = 0.0f;
+        for (int t = 0; t < D; ++t) e[2 + t] = 0.0f;
+      }
     }
-    if (hi <= lo) continue;
-    const int keys = hi - lo;
-    // Scores, sixteen keys per block (a partial last block reads rows it then ignores only
-    // when they exist: it is done key by key instead).
-    for (int g = 0; g < G; ++g) {
-      const float* q = p.q + (kvh * G + g) * p.q_head + i * p.q_row;
-      __m512 qv[DC];
-      for (int c = 0; c < DC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
-      float* sc = scores + g * W;
-      int j = 0;
-      for (; j + 16 <= keys; j += 16) {
-        __m512 acc[16];
-        for (int jj = 0; jj < 16; ++jj) {
-          const KT* kj = k + static_cast<int64_t>(lo + j + jj) * p.k_row;
-          acc[jj] = _mm512_mul_ps(qv[0], load16(kj, 0));
-          for (int c = 1; c < DC; ++c) acc[jj] = _mm512_fmadd_ps(qv[c], load16(kj, c), acc[jj]);
+    // Row i's scores of head g: scores + ((i - rg)·G + g)·W, key j at index j - lo_of[i - rg].
+    for (int kb = lo_all; kb < hi_all; kb += 16) {
+      const int kn = hi_all - kb < 16 ? hi_all - kb : 16;
+      const float* kbase;
+      int64_t kstride;
+      if constexpr (sizeof(KT) == sizeof(float)) {  // f32 keys are read in place
+        kbase = reinterpret_cast<const float*>(k) + static_cast<int64_t>(kb) * p.k_row;
+        kstride = p.k_row;
+      } else {
+        for (int jj = 0; jj < kn; ++jj) {
+          const KT* kj = k + static_cast<int64_t>(kb + jj) * p.k_row;
+          for (int c = 0; c < DC; ++c) _mm512_storeu_ps(wide + jj * D + 16 * c, load16(kj, c));
         }
-        alignas(64) float lanes[16];
-        _mm512_store_ps(lanes, _mm512_mul_ps(sum16(acc), scale));
-        for (int jj = 0; jj < 16; ++jj) sc[j + jj] = lanes[order.lane_of[jj]];
+        kbase = wide;
+        kstride = D;
       }
-      for (; j < keys; ++j) {
-        const KT* kj = k + static_cast<int64_t>(lo + j) * p.k_row;
-        __m512 acc = _mm512_mul_ps(qv[0], load16(kj, 0));
-        for (int c = 1; c < DC; ++c) acc = _mm512_fmadd_ps(qv[c], load16(kj, c), acc);
-        sc[j] = _mm512_reduce_add_ps(acc) * p.scale;
+      for (int i = rg; i < re; ++i) {
+        const int lo = lo_of[i - rg], hi = hi_of[i - rg];
+        const int a = kb > lo ? kb : lo, b = kb + kn < hi ? kb + kn : hi;
+        if (a >= b) continue;
+        for (int g = 0; g < G; ++g) {
+          const float* q = p.q + (kvh * G + g) * p.q_head + i * p.q_row;
+          __m512 qv[DC];
+          for (int c = 0; c < DC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+          float* sc = scores + (static_cast<int64_t>(i - rg) * G + g) * W - lo;
+          if (a == kb && b - a == 16) {
+            __m512 acc[16];
+            for (int jj = 0; jj < 16; ++jj) {
+              const float* kj = kbase + jj * kstride;
+              acc[jj] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+              for (int c = 1; c < DC; ++c)
+                acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc[jj]);
+            }
+            _mm512_storeu_ps(sc + kb, _mm512_permutexvar_ps(in_key_order,
+                                                            _mm512_mul_ps(sum16(acc), scale)));
+          } else {
+            for (int j = a; j < b; ++j) {
+              const float* kj = kbase + (j - kb) * kstride;
+              __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+              for (int c = 1; c < DC; ++c)
+                acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc);
+              sc[j] = _mm512_reduce_add_ps(acc) * p.scale;
+            }
+          }
+        }
       }
-      if (p.softcap > 0.0f) {
-        const float cap = p.softcap;
+    }
+    for (int i = rg; i < re; ++i) {
+      const int lo = lo_of[i - rg], hi = hi_of[i - rg];
+      if (hi <= lo) continue;
+      const int keys = hi - lo;
+      float* entry[kFastGroupMax];
+      for (int g = 0; g < G; ++g)
+        entry[g] = part + (static_cast<int64_t>(g) * (r1 - r0) + (i - r0)) * stride;
+      float* const row_scores = scores + static_cast<int64_t>(i - rg) * G * W;
+      for (int g = 0; g < G; ++g) {
+        float* sc = row_scores + g * W;
+        if (p.softcap > 0.0f) {
+          const float cap = p.softcap;
 #pragma omp simd
-        for (int t = 0; t < keys; ++t) sc[t] = cap * tanh_fast(sc[t] / cap);
-      }
-      // Max, exponentials and their sum.
+          for (int t = 0; t < keys; ++t) sc[t] = cap * tanh_fast(sc[t] / cap);
+        }
+        // Max, exponentials and their sum.
       __m512 mv = _mm512_set1_ps(-3.0e38f);
       int t = 0;
       for (; t + 16 <= keys; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sc + t));
@@ -170,25 +245,19 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
       entry[g][0] = max;
       entry[g][1] = sum;
     }
-    // Σ w·v for every head of the group, accumulated in registers, up to kFastGroupPass heads
-    // a pass (each head's sum is the same whichever pass computes it).
-    for (int g0 = 0; g0 < G; g0 += kFastGroupPass) {
-      const int gn = G - g0 < kFastGroupPass ? G - g0 : kFastGroupPass;
-      const float* ws = scores + static_cast<int64_t>(g0) * W;
-      __m512 o[kFastGroupPass][DC];
-      for (int g = 0; g < gn; ++g)
-        for (int c = 0; c < DC; ++c) o[g][c] = _mm512_setzero_ps();
-      for (int j = 0; j < keys; ++j) {
-        const VT* vj = v + static_cast<int64_t>(lo + j) * p.v_row;
-        __m512 vv[DC];
-        for (int c = 0; c < DC; ++c) vv[c] = load16(vj, c);
-        for (int g = 0; g < gn; ++g) {
-          const __m512 w = _mm512_set1_ps(ws[g * W + j]);
-          for (int c = 0; c < DC; ++c) o[g][c] = _mm512_fmadd_ps(w, vv[c], o[g][c]);
-        }
-      }
-      for (int g = 0; g < gn; ++g)
-        for (int c = 0; c < DC; ++c) _mm512_storeu_ps(entry[g0 + g] + 2 + 16 * c, o[g][c]);
+    // Σ w·v for every head of the group, kPass heads a pass (the heads' counts as template
+    // arguments: with a run-time count GCC kept the sums in memory, a store per head, key and
+    // vector). A second pass reads the block's values again, from cache.
+    constexpr int kPass = DC <= 4 ? 4 : 3;
+    for (int g0 = 0; g0 < G; g0 += kPass) {
+      const int gn = G - g0 < kPass ? G - g0 : kPass;
+      const float* ws = row_scores + static_cast<int64_t>(g0) * W;
+      float* const* e = entry + g0;
+      if (gn == 1) weighted_values<1, DC>(v, p.v_row, lo, keys, ws, W, e);
+      else if (gn == 2) weighted_values<2, DC>(v, p.v_row, lo, keys, ws, W, e);
+      else if (gn == 3) weighted_values<3, DC>(v, p.v_row, lo, keys, ws, W, e);
+      else weighted_values<kPass, DC>(v, p.v_row, lo, keys, ws, W, e);
+    }
     }
   }
 }
