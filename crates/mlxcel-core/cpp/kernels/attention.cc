@@ -1,5 +1,7 @@
 // Attention over KV caches: the split into tasks and the merge of their partial results.
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <vector>
 
 #include "mlxcel-core/cpp/kernels/attention.h"
@@ -45,6 +47,7 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
   struct Task {
     int problem, kvh, r0, r1, j0, j1;
     int64_t part;
+    int merge;  // the index of the merge its partials belong to
   };
   struct Merge {
     int problem, kvh, r0, r1, splits;
@@ -70,7 +73,7 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
         merges.push_back({pi, kvh, r0, r1, splits, part_floats, entry});
         for (int sp = 0; sp < splits; ++sp) {
           tasks.push_back({pi, kvh, r0, r1, sp * keys, std::min(p.L, (sp + 1) * keys),
-                           part_floats});
+                           part_floats, static_cast<int>(merges.size()) - 1});
           part_floats += entry;
         }
       }
@@ -82,6 +85,24 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
                       : isa == Isa::Avx2 ? attention_part_avx2
                                          : attention_part_scalar;
   if (work < (1 << 16)) threads = 1;
+  // A merge runs in the task that finishes the last of its ranges (the counter's acquire-release
+  // makes the other ranges' partials visible to it), not in a parallel region of its own: in
+  // decode that region was one more start and join per layer for a few microseconds of work.
+  const auto merge = [&](const Merge& m) {
+    const auto& p = problems[m.problem];
+    const int G = p.heads / p.kv_heads;
+    const int64_t ps = attention_part_stride(p.D);
+    const int rows = m.r1 - m.r0;
+    for (int g = 0; g < G; ++g) {
+      const int h = m.kvh * G + g;
+      for (int i = 0; i < rows; ++i) {
+        attention_merge(part + m.part + (static_cast<int64_t>(g) * rows + i) * ps, m.splits,
+                        m.stride, p.D, p.out + h * p.out_head + (m.r0 + i) * p.out_row);
+      }
+    }
+  };
+  std::unique_ptr<std::atomic<int>[]> finished(new std::atomic<int>[merges.size()]);
+  for (size_t m = 0; m < merges.size(); ++m) finished[m].store(0, std::memory_order_relaxed);
   parallel_for(threads, static_cast<int>(tasks.size()), [&](int t) {
     static thread_local std::vector<float> scores;
     const auto& task = tasks[t];
@@ -96,20 +117,8 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
     }
     attend(*p, task.kvh, task.r0, task.r1, task.j0, task.j1, part + task.part,
            grow(scores, static_cast<size_t>(max_scores)));
-  });
-  parallel_for(threads, static_cast<int>(merges.size()), [&](int t) {
-    const auto& m = merges[t];
-    const auto& p = problems[m.problem];
-    const int G = p.heads / p.kv_heads;
-    const int64_t ps = attention_part_stride(p.D);
-    const int rows = m.r1 - m.r0;
-    for (int g = 0; g < G; ++g) {
-      const int h = m.kvh * G + g;
-      for (int i = 0; i < rows; ++i) {
-        attention_merge(part + m.part + (static_cast<int64_t>(g) * rows + i) * ps, m.splits,
-                        m.stride, p.D, p.out + h * p.out_head + (m.r0 + i) * p.out_row);
-      }
-    }
+    const Merge& m = merges[task.merge];
+    if (finished[task.merge].fetch_add(1, std::memory_order_acq_rel) + 1 == m.splits) merge(m);
   });
 }
 
