@@ -79,8 +79,8 @@ fn main() -> Result<(), mlxcel_core::Error> {
             let (k, v) = (k.astype(dtype)?, v.astype(dtype)?);
             eval(&[&q, &k, &v])?;
             for threads in [1usize, 2] {
-                let run = || -> Result<(), mlxcel_core::Error> {
-                    let out = attention_native_tokens_major(
+                let attend = || {
+                    attention_native_tokens_major(
                         &q,
                         &k,
                         &v,
@@ -91,28 +91,17 @@ fn main() -> Result<(), mlxcel_core::Error> {
                         None,
                         Isa::best(),
                         threads,
-                    )?;
-                    eval(&[&out])
+                    )
                 };
+                let run = || -> Result<(), mlxcel_core::Error> { eval(&[&attend()?]) };
                 // FNV-1a over the output's bits: two builds that print the same value computed
                 // the same bits.
-                let bits = attention_native_tokens_major(
-                    &q,
-                    &k,
-                    &v,
-                    depth,
-                    0.125,
-                    true,
-                    None,
-                    None,
-                    Isa::best(),
-                    threads,
-                )?
-                .to_vec_f32()?
-                .iter()
-                .fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
-                    (h ^ u64::from(x.to_bits())).wrapping_mul(0x100_0000_01b3)
-                });
+                let bits = attend()?
+                    .to_vec_f32()?
+                    .iter()
+                    .fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+                        (h ^ u64::from(x.to_bits())).wrapping_mul(0x100_0000_01b3)
+                    });
                 // The best of five rounds (this machine's other load only ever slows a round).
                 let reps = (200_000 / depth).max(5);
                 let mut ms = f64::MAX;
