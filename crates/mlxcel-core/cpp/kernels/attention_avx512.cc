@@ -222,42 +222,42 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
           for (int t = 0; t < keys; ++t) sc[t] = cap * tanh_fast(sc[t] / cap);
         }
         // Max, exponentials and their sum.
-      __m512 mv = _mm512_set1_ps(-3.0e38f);
-      int t = 0;
-      for (; t + 16 <= keys; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sc + t));
-      float max = _mm512_reduce_max_ps(mv);
-      for (; t < keys; ++t) max = sc[t] > max ? sc[t] : max;
-      const __m512 mx = _mm512_set1_ps(max);
-      __m512 sv = _mm512_setzero_ps();
-      t = 0;
-      for (; t + 16 <= keys; t += 16) {
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + t), mx));
-        _mm512_storeu_ps(sc + t, e);
-        sv = _mm512_add_ps(sv, e);
+        __m512 mv = _mm512_set1_ps(-3.0e38f);
+        int t = 0;
+        for (; t + 16 <= keys; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sc + t));
+        float max = _mm512_reduce_max_ps(mv);
+        for (; t < keys; ++t) max = sc[t] > max ? sc[t] : max;
+        const __m512 mx = _mm512_set1_ps(max);
+        __m512 sv = _mm512_setzero_ps();
+        t = 0;
+        for (; t + 16 <= keys; t += 16) {
+          const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + t), mx));
+          _mm512_storeu_ps(sc + t, e);
+          sv = _mm512_add_ps(sv, e);
+        }
+        float sum = _mm512_reduce_add_ps(sv);
+        if (t < keys) {
+          const __mmask16 m = static_cast<__mmask16>((1u << (keys - t)) - 1u);
+          const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + t), mx));
+          _mm512_mask_storeu_ps(sc + t, m, e);
+          sum += _mm512_reduce_add_ps(_mm512_maskz_mov_ps(m, e));
+        }
+        entry[g][0] = max;
+        entry[g][1] = sum;
       }
-      float sum = _mm512_reduce_add_ps(sv);
-      if (t < keys) {
-        const __mmask16 m = static_cast<__mmask16>((1u << (keys - t)) - 1u);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + t), mx));
-        _mm512_mask_storeu_ps(sc + t, m, e);
-        sum += _mm512_reduce_add_ps(_mm512_maskz_mov_ps(m, e));
+      // Σ w·v for every head of the group, kPass heads a pass (the heads' counts as template
+      // arguments: with a run-time count GCC kept the sums in memory, a store per head, key and
+      // vector). A second pass reads the block's values again, from cache.
+      constexpr int kPass = DC <= 4 ? 4 : 3;
+      for (int g0 = 0; g0 < G; g0 += kPass) {
+        const int gn = G - g0 < kPass ? G - g0 : kPass;
+        const float* ws = row_scores + static_cast<int64_t>(g0) * W;
+        float* const* e = entry + g0;
+        if (gn == 1) weighted_values<1, DC>(v, p.v_row, lo, keys, ws, W, e);
+        else if (gn == 2) weighted_values<2, DC>(v, p.v_row, lo, keys, ws, W, e);
+        else if (gn == 3) weighted_values<3, DC>(v, p.v_row, lo, keys, ws, W, e);
+        else weighted_values<kPass, DC>(v, p.v_row, lo, keys, ws, W, e);
       }
-      entry[g][0] = max;
-      entry[g][1] = sum;
-    }
-    // Σ w·v for every head of the group, kPass heads a pass (the heads' counts as template
-    // arguments: with a run-time count GCC kept the sums in memory, a store per head, key and
-    // vector). A second pass reads the block's values again, from cache.
-    constexpr int kPass = DC <= 4 ? 4 : 3;
-    for (int g0 = 0; g0 < G; g0 += kPass) {
-      const int gn = G - g0 < kPass ? G - g0 : kPass;
-      const float* ws = row_scores + static_cast<int64_t>(g0) * W;
-      float* const* e = entry + g0;
-      if (gn == 1) weighted_values<1, DC>(v, p.v_row, lo, keys, ws, W, e);
-      else if (gn == 2) weighted_values<2, DC>(v, p.v_row, lo, keys, ws, W, e);
-      else if (gn == 3) weighted_values<3, DC>(v, p.v_row, lo, keys, ws, W, e);
-      else weighted_values<kPass, DC>(v, p.v_row, lo, keys, ws, W, e);
-    }
     }
   }
 }
