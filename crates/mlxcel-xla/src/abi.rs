@@ -349,8 +349,8 @@ pub fn cache_type(d: &LlamaDims, shape: &ProgramShape) -> TensorType {
     TensorType::new(
         &[
             shape.batch as i64,
-            shape.cache_len() as i64,
             d.kv_heads as i64,
+            shape.cache_len() as i64,
             d.head_dim as i64,
         ],
         ElementType::F32,

@@ -424,9 +424,16 @@ impl XlaModel {
         self.position_floats() * 2 * self.dims.layers
     }
 
-    /// The caches of a loaded capacity and the float offset of `row`'s position 0 in each, after
-    /// checking that `len` positions fit the row.
-    fn row_range(&self, capacity: usize, row: usize, len: usize) -> Result<(&[BufferId], usize)> {
+    /// The caches of a loaded capacity and, for each kv head, the float offset of `row`'s
+    /// position 0 in each (caches are `[batch, kv_heads, positions, head_dim]`, so a row's first
+    /// `len` positions are one run of `len × head_dim` floats per head), after checking that
+    /// `len` positions fit the row.
+    fn row_runs(
+        &self,
+        capacity: usize,
+        row: usize,
+        len: usize,
+    ) -> Result<(&[BufferId], Vec<usize>)> {
         let cap = self
             .capacities
             .get(&capacity)
@@ -441,8 +448,12 @@ impl XlaModel {
         if len > capacity {
             return Err(out_of_range("positions", len, format!("0..={capacity}")));
         }
-        let offset = row * cap.shape.cache_len() * self.position_floats();
-        Ok((&cap.caches, offset))
+        let (heads, head_dim) = (self.dims.kv_heads, self.dims.head_dim);
+        let head_floats = cap.shape.cache_len() * head_dim;
+        let offsets = (0..heads)
+            .map(|h| (row * heads + h) * head_floats)
+            .collect();
+        Ok((&cap.caches, offsets))
     }
 
     /// Makes the first `len` positions of cache row `to_row` of `to_capacity` a copy of those of
@@ -456,28 +467,38 @@ impl XlaModel {
         len: usize,
     ) -> Result<()> {
         self.ensure_capacity(to_capacity)?;
-        let (from, from_offset) = self.row_range(from_capacity, from_row, len)?;
+        let (from, from_offsets) = self.row_runs(from_capacity, from_row, len)?;
         let from = from.to_vec();
-        let (to, to_offset) = self.row_range(to_capacity, to_row, len)?;
+        let (to, to_offsets) = self.row_runs(to_capacity, to_row, len)?;
         if (from_capacity, from_row) == (to_capacity, to_row) || len == 0 {
             return Ok(());
         }
-        let floats = len * self.position_floats();
+        let floats = len * self.dims.head_dim;
         for (&source, &target) in from.iter().zip(to) {
-            self.runtime
-                .copy_f32_range(source, from_offset, target, to_offset, floats)?;
+            for (&from_offset, &to_offset) in from_offsets.iter().zip(&to_offsets) {
+                self.runtime
+                    .copy_f32_range(source, from_offset, target, to_offset, floats)?;
+            }
         }
         Ok(())
     }
 
     /// The first `len` positions of cache row `row` of `capacity` on the host: for each cache
-    /// buffer in turn (keys then values, one per layer), `len × kv_heads × head_dim` floats.
+    /// buffer in turn (keys then values, one per layer), `len × kv_heads × head_dim` floats,
+    /// position-major.
     pub fn export_positions(&self, capacity: usize, row: usize, len: usize) -> Result<Vec<f32>> {
-        let (caches, offset) = self.row_range(capacity, row, len)?;
+        let (caches, offsets) = self.row_runs(capacity, row, len)?;
+        let (heads, head_dim) = (self.dims.kv_heads, self.dims.head_dim);
         let floats = len * self.position_floats();
-        let mut out = Vec::with_capacity(floats * caches.len());
-        for &cache in caches {
-            out.extend(self.runtime.read_f32_range(cache, offset, floats)?);
+        let mut out = vec![0f32; floats * caches.len()];
+        for (&cache, part) in caches.iter().zip(out.chunks_exact_mut(floats.max(1))) {
+            for (h, &offset) in offsets.iter().enumerate() {
+                let run = self.runtime.read_f32_range(cache, offset, len * head_dim)?;
+                for (p, values) in run.chunks_exact(head_dim).enumerate() {
+                    let at = (p * heads + h) * head_dim;
+                    part[at..at + head_dim].copy_from_slice(values);
+                }
+            }
         }
         Ok(out)
     }
@@ -493,7 +514,7 @@ impl XlaModel {
     ) -> Result<()> {
         self.ensure_capacity(capacity)?;
         let floats = len * self.position_floats();
-        let (caches, offset) = self.row_range(capacity, row, len)?;
+        let (caches, offsets) = self.row_runs(capacity, row, len)?;
         if data.len() != floats * caches.len() {
             return Err(Error::Runtime(format!(
                 "{} floats for {len} positions of {} floats each",
@@ -501,8 +522,16 @@ impl XlaModel {
                 self.floats_per_position()
             )));
         }
+        let (heads, head_dim) = (self.dims.kv_heads, self.dims.head_dim);
+        let mut run = vec![0f32; len * head_dim];
         for (&cache, part) in caches.iter().zip(data.chunks_exact(floats.max(1))) {
-            self.runtime.write_f32_range(cache, offset, part)?;
+            for (h, &offset) in offsets.iter().enumerate() {
+                for (p, values) in run.chunks_exact_mut(head_dim).enumerate() {
+                    let at = (p * heads + h) * head_dim;
+                    values.copy_from_slice(&part[at..at + head_dim]);
+                }
+                self.runtime.write_f32_range(cache, offset, &run)?;
+            }
         }
         Ok(())
     }

@@ -8,7 +8,7 @@
 //!   returns `batch` logits rows and the updated caches.
 //!
 //! Weights come first in the argument list (the ABI of `abi.rs`: `weight_specs` fixes the order), then the caches
-//! (keys then values, one `[batch, capacity + chunk, kv_heads, head_dim]` tensor per layer), then
+//! (keys then values, one `[batch, kv_heads, capacity + chunk, head_dim]` tensor per layer), then
 //! the step's indices. The caches are returned in the same order and replace the arguments (IREE
 //! may write the argument buffers in place: they are donated). Positions and masks are computed
 //! in the graph from the start positions; the host bounds-checks every index, because StableHLO's
@@ -370,7 +370,8 @@ struct StepInputs {
     tokens: Value,
     /// The position of every new token, `[rows, t]`.
     positions: Value,
-    /// Where each new token's key and value go in the caches: `[rows · t, 2]` (row, position).
+    /// Where each new token's key and value go in the caches: `[rows · t · kv_heads, 3]`
+    /// (row, kv head, position; `Emitter::write_indices`).
     write_idx: Value,
     /// Prefill only: the cache row of the sequence, and the chunk token whose logits to return.
     row: Option<Value>,
@@ -491,7 +492,7 @@ impl Emitter<'_> {
                 let positions = self.b.add(&offsets, &start_b)?;
                 let pos_col = self.b.reshape(&positions, &[t, 1])?;
                 let row_col = self.b.broadcast_in_dim(&row, &[t, 1], &[])?;
-                let write_idx = self.b.concatenate(&[&row_col, &pos_col], 1)?;
+                let write_idx = self.write_indices(&row_col, &pos_col)?;
                 StepInputs {
                     rows: 1,
                     t,
@@ -509,7 +510,7 @@ impl Emitter<'_> {
                 let starts = self.b.arg(TensorType::new(&[rows], ElementType::I32));
                 let positions = self.b.reshape(&starts, &[rows, 1])?;
                 let row_col = self.b.iota(&[rows, 1], 0, ElementType::I32)?;
-                let write_idx = self.b.concatenate(&[&row_col, &positions], 1)?;
+                let write_idx = self.write_indices(&row_col, &positions)?;
                 StepInputs {
                     rows,
                     t: 1,
@@ -522,6 +523,21 @@ impl Emitter<'_> {
                 }
             }
         })
+    }
+
+    /// The cache writes of a step's `n` tokens, given each one's row and position (`[n, 1]`
+    /// each): `(row, kv head, position)` triples, `[n × kv_heads, 3]`, token-major, addressing
+    /// the leading dimensions of the `[batch, kv_heads, positions, head_dim]` caches (IREE lowers
+    /// a scatter only over leading dimensions, so each head's `head_dim` values are one update).
+    fn write_indices(&mut self, rows: &Value, positions: &Value) -> Result<Value, EmitError> {
+        let n = rows.dims()[0];
+        let heads = self.d.kv_heads as i64;
+        let dims = [n, heads, 1];
+        let rows = self.b.broadcast_in_dim(rows, &dims, &[0, 2])?;
+        let head = self.b.iota(&dims, 1, ElementType::I32)?;
+        let positions = self.b.broadcast_in_dim(positions, &dims, &[0, 2])?;
+        let triples = self.b.concatenate(&[&rows, &head, &positions], 2)?;
+        self.b.reshape(&triples, &[n * heads, 3])
     }
 
     /// The rotary tables and the causal mask, computed once from the step's positions.
@@ -598,14 +614,14 @@ impl Emitter<'_> {
             Some(row) => {
                 let zero = self.b.splat_int(0, &[], ElementType::I32);
                 let starts = [row, &zero, &zero, &zero];
-                let sizes = [1, window, kv_heads, hd];
+                let sizes = [1, kv_heads, window, hd];
                 Ok((
                     self.b.dynamic_slice(keys, &starts, &sizes)?,
                     self.b.dynamic_slice(values, &starts, &sizes)?,
                 ))
             }
             None if inputs.rows < shape.batch as i64 || window < shape.cache_len() as i64 => {
-                let limit = [inputs.rows, window, kv_heads, hd];
+                let limit = [inputs.rows, kv_heads, window, hd];
                 Ok((
                     self.b.slice(keys, &[0, 0, 0, 0], &limit)?,
                     self.b.slice(values, &[0, 0, 0, 0], &limit)?,
@@ -651,23 +667,50 @@ impl Emitter<'_> {
         } else {
             (q, k)
         };
-        let k_cache = self.b.scatter_rows2(caches.0, &inputs.write_idx, &k)?;
-        let v_cache = self.b.scatter_rows2(caches.1, &inputs.write_idx, &v)?;
+        let per_head = [n * kv_heads, hd];
+        let (k_rows, v_rows) = (
+            self.b.reshape(&k, &per_head)?,
+            self.b.reshape(&v, &per_head)?,
+        );
+        let k_cache = self
+            .b
+            .scatter_leading(caches.0, &inputs.write_idx, &k_rows)?;
+        let v_cache = self
+            .b
+            .scatter_leading(caches.1, &inputs.write_idx, &v_rows)?;
         let (keys, values) = self.attended_rows((&k_cache, &v_cache), inputs, shape)?;
 
         let q = self
             .b
             .reshape(&q, &[rows, t, kv_heads, heads / kv_heads, hd])?;
-        let scores = self.b.dot_general(
-            &q,
-            &keys,
-            &DotDims {
-                lhs_batch: vec![0, 2],
-                rhs_batch: vec![0, 2],
-                lhs_contract: vec![4],
-                rhs_contract: vec![3],
-            },
-        )?;
+        // Scores `[rows, kv_heads, t, group, window]`. IREE computes a batched product whose
+        // right operand is `[.., contracted, free]`, transposing whichever operand is not: in
+        // decode that is the few query rows (keys times queries, then the small scores
+        // transposed), in prefill the keys (their transpose is shared by the chunk's tokens).
+        let scores = if t == 1 {
+            let transposed = self.b.dot_general(
+                &keys,
+                &q,
+                &DotDims {
+                    lhs_batch: vec![0, 1],
+                    rhs_batch: vec![0, 2],
+                    lhs_contract: vec![3],
+                    rhs_contract: vec![4],
+                },
+            )?;
+            self.b.transpose(&transposed, &[0, 1, 3, 4, 2])?
+        } else {
+            self.b.dot_general(
+                &q,
+                &keys,
+                &DotDims {
+                    lhs_batch: vec![0, 2],
+                    rhs_batch: vec![0, 1],
+                    lhs_contract: vec![4],
+                    rhs_contract: vec![3],
+                },
+            )?
+        };
         let scores = self.b.mul(&scores, &tables.scale)?;
         let scores = match self.d.attn_softcap {
             Some(cap) => self.softcap(&scores, cap)?,
@@ -684,9 +727,9 @@ impl Emitter<'_> {
             &values,
             &DotDims {
                 lhs_batch: vec![0, 1],
-                rhs_batch: vec![0, 2],
+                rhs_batch: vec![0, 1],
                 lhs_contract: vec![4],
-                rhs_contract: vec![1],
+                rhs_contract: vec![2],
             },
         )?;
         let attended = self.b.transpose(&attended, &[0, 2, 1, 3, 4])?;
@@ -898,8 +941,9 @@ pub(crate) mod tests {
         let text = emit_llama(&d, &TINY_SHAPE, WeightFormat::F32).unwrap();
         assert!(text.contains("func.func @prefill("));
         assert!(text.contains("func.func @decode("));
-        // Each function returns the logits and 2 layers × (keys, values).
-        let cache = "tensor<2x20x2x8xf32>";
+        // Each function returns the logits and 2 layers × (keys, values), each
+        // `[batch, kv_heads, positions, head_dim]`.
+        let cache = "tensor<2x2x20x8xf32>";
         let returns = format!("(tensor<1x64xf32>, {cache}, {cache}, {cache}, {cache})");
         assert!(text.contains(&returns), "{text}");
         assert!(text.contains(&format!(
@@ -989,8 +1033,8 @@ pub(crate) mod tests {
         let text = emit_llama(&tiny_dims(true, false), &shape, WeightFormat::F32).unwrap();
         // Batch 4: `decode_2` reads the first two cache rows, `decode` all four.
         assert!(text.contains("func.func @decode_2("));
-        assert!(text.contains("-> (tensor<2x64xf32>, tensor<4x20x2x8xf32>"));
-        assert!(text.contains("[0:2:1, 0:20:1, 0:2:1, 0:8:1]"));
+        assert!(text.contains("-> (tensor<2x64xf32>, tensor<4x2x20x8xf32>"));
+        assert!(text.contains("[0:2:1, 0:2:1, 0:20:1, 0:8:1]"));
         assert!(!text.contains("func.func @decode_1("));
     }
 
@@ -1030,8 +1074,8 @@ pub(crate) mod tests {
             assert!(text.contains(&format!("func.func @{f}(")), "{f}");
         }
         // Prefill reads the first 4 positions of its row; decode the first 8 of both rows.
-        assert!(text.contains("tensor<1x4x2x8xf32>"));
-        assert!(text.contains("[0:2:1, 0:8:1, 0:2:1, 0:8:1]"));
+        assert!(text.contains("tensor<1x2x4x8xf32>"));
+        assert!(text.contains("[0:2:1, 0:2:1, 0:8:1, 0:8:1]"));
     }
 
     #[test]

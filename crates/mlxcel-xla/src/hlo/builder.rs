@@ -550,34 +550,40 @@ impl FunctionBuilder {
         Ok(out)
     }
 
-    /// Writes `updates` (`[n, rest...]`) into `operand` (`[a, b, rest...]`) at the `(a, b)` pairs
-    /// of `indices` (`[n, 2]`, i32, unique). Out-of-range indices are the caller's to prevent.
-    pub fn scatter_rows2(
+    /// Writes `updates` (`[n, rest...]`) into `operand` (`[a_1, ..., a_k, rest...]`) at the index
+    /// tuples of `indices` (`[n, k]`, i32, unique), each addressing the operand's first `k`
+    /// dimensions. Out-of-range indices are the caller's to prevent. (IREE lowers a scatter only
+    /// when the indexed dimensions lead the operand.)
+    pub fn scatter_leading(
         &mut self,
         operand: &Value,
         indices: &Value,
         updates: &Value,
     ) -> Result<Value, EmitError> {
         let r = operand.ty.rank();
-        let ok = r >= 2
-            && indices.ty.rank() == 2
-            && indices.dims()[1] == 2
+        let k = if indices.ty.rank() == 2 {
+            indices.dims()[1] as usize
+        } else {
+            0
+        };
+        let ok = (1..r).contains(&k)
             && indices.element() == ElementType::I32
             && updates.element() == operand.element()
-            && updates.ty.rank() == r - 1
+            && updates.ty.rank() == r - k + 1
             && updates.dims()[0] == indices.dims()[0]
-            && updates.dims()[1..] == operand.dims()[2..];
+            && updates.dims()[1..] == operand.dims()[k..];
         if !ok {
             return Err(Self::err(
                 "scatter",
                 format!("{} into {} at {}", updates.ty, operand.ty, indices.ty),
             ));
         }
-        let window: Vec<i64> = (1..r as i64 - 1).collect();
+        let window: Vec<i64> = (1..(r - k + 1) as i64).collect();
+        let indexed = dims_str(&(0..k as i64).collect::<Vec<_>>());
         let out = self.fresh(operand.ty.clone());
         let scalar = TensorType::new(&[], operand.element());
         self.line(format!(
-            "{out} = \"stablehlo.scatter\"({operand}, {indices}, {updates}) ({{\n      ^bb0(%old: {scalar}, %new: {scalar}):\n        stablehlo.return %new : {scalar}\n    }}) {{scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [{}], inserted_window_dims = [0, 1], scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = true}} : ({}, {}, {}) -> {}",
+            "{out} = \"stablehlo.scatter\"({operand}, {indices}, {updates}) ({{\n      ^bb0(%old: {scalar}, %new: {scalar}):\n        stablehlo.return %new : {scalar}\n    }}) {{scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [{}], inserted_window_dims = [{indexed}], scatter_dims_to_operand_dims = [{indexed}], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = true}} : ({}, {}, {}) -> {}",
             dims_str(&window),
             operand.ty,
             indices.ty,
@@ -842,10 +848,25 @@ mod tests {
         let cache = b.arg(t(&[2, 8, 3, 4]));
         let idx = b.arg(TensorType::new(&[5, 2], I32));
         let upd = b.arg(t(&[5, 3, 4]));
-        let out = b.scatter_rows2(&cache, &idx, &upd).unwrap();
+        let out = b.scatter_leading(&cache, &idx, &upd).unwrap();
         assert_eq!(out.ty(), cache.ty());
+        assert!(last_line(&b).contains(
+            "update_window_dims = [1, 2], inserted_window_dims = [0, 1], \
+             scatter_dims_to_operand_dims = [0, 1]"
+        ));
         let bad = b.arg(t(&[5, 4, 3]));
-        shape_err(b.scatter_rows2(&cache, &idx, &bad), "scatter");
+        shape_err(b.scatter_leading(&cache, &idx, &bad), "scatter");
+        // Three indexed dimensions: the updates are `[n, 4]`.
+        let idx3 = b.arg(TensorType::new(&[5, 3], I32));
+        let upd3 = b.arg(t(&[5, 4]));
+        b.scatter_leading(&cache, &idx3, &upd3).unwrap();
+        assert!(last_line(&b).contains(
+            "update_window_dims = [1], inserted_window_dims = [0, 1, 2], \
+             scatter_dims_to_operand_dims = [0, 1, 2]"
+        ));
+        shape_err(b.scatter_leading(&cache, &idx3, &upd), "scatter");
+        let idx4 = b.arg(TensorType::new(&[5, 4], I32));
+        shape_err(b.scatter_leading(&cache, &idx4, &upd3), "scatter");
     }
 
     #[test]
