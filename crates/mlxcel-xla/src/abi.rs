@@ -202,10 +202,17 @@ pub fn weight_specs(d: &LlamaDims) -> Vec<WeightSpec> {
         (d.kv_heads * d.head_dim) as i64,
         d.intermediate as i64,
     );
+    // A tied table is also the output projection: `[hidden, vocab]`, the `[in, out]` layout
+    // IREE multiplies fastest (the embedding gathers its columns).
+    let (embed_dims, embed_layout) = if d.tied_embeddings {
+        (vec![h, d.vocab as i64], Layout::Transposed)
+    } else {
+        (vec![d.vocab as i64, h], Layout::AsIs)
+    };
     let mut specs = vec![WeightSpec {
         name: "model.embed_tokens.weight".into(),
-        dims: vec![d.vocab as i64, h],
-        layout: Layout::AsIs,
+        dims: embed_dims,
+        layout: embed_layout,
         always_f32: false,
         packed: d.packed.get("model.embed_tokens.weight").copied(),
     }];

@@ -220,6 +220,11 @@ impl Emitter<'_> {
     /// Rows `ids` of an embedding table, as f32 `[n, hidden]`.
     fn embed(&mut self, table: &Weight, ids: &Value) -> Result<Value, EmitError> {
         match table {
+            // A tied table is `[hidden, vocab]` (`abi::weight_specs`).
+            Weight::Dense(t) if self.d.tied_embeddings => {
+                let t = self.widen(t);
+                self.b.take_columns(&t, ids)
+            }
             Weight::Dense(t) => {
                 let t = self.widen(t);
                 self.b.take_rows(&t, ids)
@@ -770,7 +775,7 @@ impl Emitter<'_> {
         let last = self.rms_norm(&last, &weights.final_norm)?;
         let logits = match (&weights.lm_head, &weights.embed) {
             (Some(head), _) => self.linear(&last, &(head.clone(), None)),
-            // Tied: the embedding table `[vocab, hidden]` is the output projection's `[out, in]`.
+            // Tied: the dense table `[hidden, vocab]` is the output projection's `[in, out]`.
             (None, Weight::Dense(table)) => {
                 let table = self.widen(table);
                 self.b.dot_general(
@@ -778,7 +783,7 @@ impl Emitter<'_> {
                     &table,
                     &DotDims {
                         lhs_contract: vec![1],
-                        rhs_contract: vec![1],
+                        rhs_contract: vec![0],
                         ..DotDims::default()
                     },
                 )
@@ -931,8 +936,23 @@ pub(crate) mod tests {
             specs.last().map(|s| s.name.as_str()),
             Some("lm_head.weight")
         );
+        assert_eq!(
+            (specs[0].dims.clone(), specs[0].layout),
+            (vec![64, 16], Layout::AsIs)
+        );
         let tied = weight_specs(&tiny_dims(true, false));
         assert_eq!(tied.len(), 1 + 2 * 9 + 1);
+        // A tied table is passed `[hidden, vocab]`: the output projection's `[in, out]`.
+        assert_eq!(
+            (tied[0].dims.clone(), tied[0].layout),
+            (vec![16, 64], Layout::Transposed)
+        );
+        let text = emit_llama(&tiny_dims(true, false), &TINY_SHAPE, WeightFormat::F32).unwrap();
+        assert!(text.contains("collapsed_slice_dims = [1]"));
+        assert!(!text.contains("collapsed_slice_dims = [0]"));
+        assert!(text.contains(
+            "contracting_dims = [1] x [0] : (tensor<2x16xf32>, tensor<16x64xf32>) -> tensor<2x64xf32>"
+        ));
     }
 
     #[test]

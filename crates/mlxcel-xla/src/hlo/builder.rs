@@ -533,18 +533,36 @@ impl FunctionBuilder {
 
     /// Rows of `table` (`[rows, width]`) picked by `ids` (`[n]`, i32): `[n, width]`.
     pub fn take_rows(&mut self, table: &Value, ids: &Value) -> Result<Value, EmitError> {
+        self.take(table, ids, 0)
+    }
+
+    /// Columns of `table` (`[height, columns]`) picked by `ids` (`[n]`, i32), as rows:
+    /// `[n, height]`.
+    pub fn take_columns(&mut self, table: &Value, ids: &Value) -> Result<Value, EmitError> {
+        self.take(table, ids, 1)
+    }
+
+    /// Slices of a 2-D `table` along dimension `along` (0: rows, 1: columns) picked by `ids`,
+    /// `[n, the other dimension]`.
+    fn take(&mut self, table: &Value, ids: &Value, along: usize) -> Result<Value, EmitError> {
         if table.ty.rank() != 2 || ids.ty.rank() != 1 || ids.element() != ElementType::I32 {
+            let what = ["rows", "columns"][along];
             return Err(Self::err(
                 "gather",
-                format!("rows of {} by {}", table.ty, ids.ty),
+                format!("{what} of {} by {}", table.ty, ids.ty),
             ));
         }
         let n = ids.dims()[0];
-        let width = table.dims()[1];
+        let width = table.dims()[1 - along];
+        let sizes = if along == 0 {
+            format!("1, {width}")
+        } else {
+            format!("{width}, 1")
+        };
         let indices = self.reshape(ids, &[n, 1])?;
         let out = self.fresh(TensorType::new(&[n, width], table.element()));
         self.line(format!(
-            "{out} = \"stablehlo.gather\"({table}, {indices}) {{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = array<i64: 1, {width}>, indices_are_sorted = false}} : ({}, {}) -> {}",
+            "{out} = \"stablehlo.gather\"({table}, {indices}) {{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [{along}], start_index_map = [{along}], index_vector_dim = 1>, slice_sizes = array<i64: {sizes}>, indices_are_sorted = false}} : ({}, {}) -> {}",
             table.ty, indices.ty, out.ty
         ));
         Ok(out)
@@ -844,7 +862,13 @@ mod tests {
         let table = b.arg(t(&[10, 4]));
         let ids = b.arg(TensorType::new(&[3], I32));
         assert_eq!(b.take_rows(&table, &ids).unwrap().dims(), &[3, 4]);
+        assert!(last_line(&b).contains("collapsed_slice_dims = [0]"));
         shape_err(b.take_rows(&ids, &table), "gather");
+        assert_eq!(b.take_columns(&table, &ids).unwrap().dims(), &[3, 10]);
+        let line = last_line(&b);
+        assert!(line.contains("collapsed_slice_dims = [1], start_index_map = [1]"));
+        assert!(line.contains("slice_sizes = array<i64: 10, 1>"));
+        shape_err(b.take_columns(&ids, &table), "gather");
         let cache = b.arg(t(&[2, 8, 3, 4]));
         let idx = b.arg(TensorType::new(&[5, 2], I32));
         let upd = b.arg(t(&[5, 3, 4]));
