@@ -194,6 +194,31 @@ pub struct WeightSpec {
     pub packed: Option<Packing>,
 }
 
+impl WeightSpec {
+    /// Columns per block when the weight is passed dense and blocked: a transposed `[in, out]`
+    /// weight is passed as `[out / block, in, block]`, each block's `in × block` values
+    /// contiguous, and multiplied as a batched matmul over the blocks (see
+    /// [`block_columns`]). `None` for other weights.
+    pub fn block(&self) -> Option<i64> {
+        match (self.layout, &self.dims[..]) {
+            (Layout::Transposed, [_, out]) => block_columns(*out),
+            _ => None,
+        }
+    }
+}
+
+/// The widest block IREE's matmuls read well: a two-row matmul against `[in, out]` weights
+/// reads `in` strided pieces of each workgroup's columns; against `[out / 256, in, 256]` blocks
+/// each workgroup reads one contiguous block (the tied head of the default model: ~4.8 → ~2.4
+/// ms; docs/xla.md).
+pub const BLOCK_COLUMNS: i64 = 256;
+
+/// The block width for `out` columns: the largest divisor of `out` up to [`BLOCK_COLUMNS`], or
+/// `None` (the weight stays `[in, out]`) when that is below 32 columns.
+pub fn block_columns(out: i64) -> Option<i64> {
+    (32..=BLOCK_COLUMNS.min(out)).rev().find(|&b| out % b == 0)
+}
+
 /// The weight arguments, in argument order.
 pub fn weight_specs(d: &LlamaDims) -> Vec<WeightSpec> {
     let (h, q, kv, i) = (
@@ -316,14 +341,18 @@ pub fn weight_specs(d: &LlamaDims) -> Vec<WeightSpec> {
     specs
 }
 
-/// The argument type of a weight under `format`.
+/// The argument type of a dense weight under `format`: `spec.dims`, or blocked
+/// ([`WeightSpec::block`]).
 pub fn weight_type(spec: &WeightSpec, format: WeightFormat) -> TensorType {
     let element = if spec.always_f32 {
         ElementType::F32
     } else {
         format.element()
     };
-    TensorType::new(&spec.dims, element)
+    match (spec.block(), &spec.dims[..]) {
+        (Some(block), [input, out]) => TensorType::new(&[out / block, *input, block], element),
+        _ => TensorType::new(&spec.dims, element),
+    }
 }
 
 /// The argument types of a weight under `format`: one dense tensor, or, for a packed weight

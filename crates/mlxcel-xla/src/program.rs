@@ -217,10 +217,36 @@ impl Emitter<'_> {
         )
     }
 
+    /// `x · w` for `x` `[n, in]` and a blocked `w` (`[out / block, in, block]`,
+    /// `abi::WeightSpec::block`): `x` broadcast to every block, one batched matmul over the
+    /// blocks, the blocks' columns put back in order. `[n, out]`.
+    fn blocked_matmul(&mut self, x: &Value, w: &Value) -> Result<Value, EmitError> {
+        let w = self.widen(w);
+        let [blocks, input, block] = [w.dims()[0], w.dims()[1], w.dims()[2]];
+        let n = x.dims()[0];
+        let x = self.b.broadcast_in_dim(x, &[blocks, n, input], &[1, 2])?;
+        let y = self.b.dot_general(
+            &x,
+            &w,
+            &DotDims {
+                lhs_batch: vec![0],
+                rhs_batch: vec![0],
+                lhs_contract: vec![2],
+                rhs_contract: vec![1],
+            },
+        )?;
+        let y = self.b.transpose(&y, &[1, 0, 2])?;
+        self.b.reshape(&y, &[n, blocks * block])
+    }
+
     /// Rows `ids` of an embedding table, as f32 `[n, hidden]`.
     fn embed(&mut self, table: &Weight, ids: &Value) -> Result<Value, EmitError> {
         match table {
-            // A tied table is `[hidden, vocab]` (`abi::weight_specs`).
+            // A tied table is `[hidden, vocab]` (`abi::weight_specs`), blocked or not.
+            Weight::Dense(t) if self.d.tied_embeddings && t.ty().rank() == 3 => {
+                let t = self.widen(t);
+                self.b.take_blocked_columns(&t, ids)
+            }
             Weight::Dense(t) if self.d.tied_embeddings => {
                 let t = self.widen(t);
                 self.b.take_columns(&t, ids)
@@ -245,6 +271,7 @@ impl Emitter<'_> {
 
     fn linear(&mut self, x: &Value, w: &(Weight, Option<Value>)) -> Result<Value, EmitError> {
         let y = match &w.0 {
+            Weight::Dense(weight) if weight.ty().rank() == 3 => self.blocked_matmul(x, weight)?,
             Weight::Dense(weight) => {
                 let weight = self.widen(weight);
                 self.b.matmul(x, &weight)?
@@ -776,6 +803,9 @@ impl Emitter<'_> {
         let logits = match (&weights.lm_head, &weights.embed) {
             (Some(head), _) => self.linear(&last, &(head.clone(), None)),
             // Tied: the dense table `[hidden, vocab]` is the output projection's `[in, out]`.
+            (None, Weight::Dense(table)) if table.ty().rank() == 3 => {
+                self.blocked_matmul(&last, table)
+            }
             (None, Weight::Dense(table)) => {
                 let table = self.widen(table);
                 self.b.dot_general(
@@ -874,7 +904,7 @@ pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::abi::Packing;
+    use crate::abi::{Packing, weight_type};
 
     /// A two-layer model small enough to compile in seconds.
     pub(crate) fn tiny_dims(tied: bool, qkv_bias: bool) -> LlamaDims {
@@ -947,12 +977,45 @@ pub(crate) mod tests {
             (tied[0].dims.clone(), tied[0].layout),
             (vec![16, 64], Layout::Transposed)
         );
+        // Dense, it is blocked like every transposed weight: `[vocab / 64, hidden, 64]`, its
+        // columns gathered for the embedding, one batched matmul for the logits.
+        assert_eq!(
+            weight_type(&tied[0], WeightFormat::F16),
+            TensorType::new(&[1, 16, 64], ElementType::F16)
+        );
+        assert_eq!(
+            weight_type(&specs[2], WeightFormat::F32),
+            TensorType::new(&[1, 16, 32], ElementType::F32)
+        );
         let text = emit_llama(&tiny_dims(true, false), &TINY_SHAPE, WeightFormat::F32).unwrap();
-        assert!(text.contains("collapsed_slice_dims = [1]"));
+        assert!(text.contains("collapsed_slice_dims = [0, 2], start_index_map = [0, 2]"));
         assert!(!text.contains("collapsed_slice_dims = [0]"));
         assert!(text.contains(
-            "contracting_dims = [1] x [0] : (tensor<2x16xf32>, tensor<16x64xf32>) -> tensor<2x64xf32>"
+            "batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<1x2x16xf32>, \
+             tensor<1x16x64xf32>) -> tensor<1x2x64xf32>"
         ));
+    }
+
+    #[test]
+    fn blocks_are_the_widest_divisor_up_to_256_columns() {
+        use crate::abi::block_columns;
+        // Llama-3.2-1B / SmolLM2 / Qwen2.5-3B / Llama-3.1-8B widths and vocabularies.
+        for (out, block) in [
+            (1536, Some(256)),
+            (576, Some(192)),
+            (192, Some(192)),
+            (49152, Some(256)),
+            (11008, Some(256)),
+            (128256, Some(256)),
+            (151936, Some(128)),
+            (64, Some(64)),
+            (32, Some(32)),
+        ] {
+            assert_eq!(block_columns(out), block, "{out}");
+        }
+        // No divisor of at least 32 columns: the weight stays `[in, out]`.
+        assert_eq!(block_columns(32003), None);
+        assert_eq!(block_columns(16), None);
     }
 
     #[test]

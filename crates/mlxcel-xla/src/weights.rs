@@ -302,7 +302,23 @@ pub fn weight_bytes(
             format!("shape {shape:?}, the program expects {want:?}"),
         ));
     }
-    let element = weight_type(spec, format).element;
+    let ty = weight_type(spec, format);
+    let element = ty.element;
+    let (values, shape) = match (spec.block(), &shape[..]) {
+        // `[in, out]` as `[out / block, in, block]`.
+        (Some(block), &[input, out]) => {
+            let block = block as usize;
+            let mut blocked = vec![0f32; values.len()];
+            for (b, chunk) in blocked.chunks_exact_mut(input * block).enumerate() {
+                for (r, row) in chunk.chunks_exact_mut(block).enumerate() {
+                    let from = r * out + b * block;
+                    row.copy_from_slice(&values[from..from + block]);
+                }
+            }
+            (blocked, ty.dims.iter().map(|&d| d as usize).collect())
+        }
+        _ => (values, shape),
+    };
     let bytes = match element {
         ElementType::F16 => values
             .iter()

@@ -542,6 +542,32 @@ impl FunctionBuilder {
         self.take(table, ids, 1)
     }
 
+    /// Columns of a blocked table (`[blocks, height, width]`, column `c` of the whole table at
+    /// block `c / width`, position `c % width`) picked by `ids` (`[n]`, i32), as rows:
+    /// `[n, height]`.
+    pub fn take_blocked_columns(&mut self, table: &Value, ids: &Value) -> Result<Value, EmitError> {
+        if table.ty.rank() != 3 || ids.ty.rank() != 1 || ids.element() != ElementType::I32 {
+            return Err(Self::err(
+                "gather",
+                format!("blocked columns of {} by {}", table.ty, ids.ty),
+            ));
+        }
+        let (n, height, width) = (ids.dims()[0], table.dims()[1], table.dims()[2]);
+        let w = self.splat_int(width, &[n], ElementType::I32);
+        let block = self.div(ids, &w)?;
+        let start = self.mul(&block, &w)?;
+        let column = self.binary(Binary::Subtract, ids, &start)?;
+        let block = self.reshape(&block, &[n, 1])?;
+        let column = self.reshape(&column, &[n, 1])?;
+        let indices = self.concatenate(&[&block, &column], 1)?;
+        let out = self.fresh(TensorType::new(&[n, height], table.element()));
+        self.line(format!(
+            "{out} = \"stablehlo.gather\"({table}, {indices}) {{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0, 2], start_index_map = [0, 2], index_vector_dim = 1>, slice_sizes = array<i64: 1, {height}, 1>, indices_are_sorted = false}} : ({}, {}) -> {}",
+            table.ty, indices.ty, out.ty
+        ));
+        Ok(out)
+    }
+
     /// Slices of a 2-D `table` along dimension `along` (0: rows, 1: columns) picked by `ids`,
     /// `[n, the other dimension]`.
     fn take(&mut self, table: &Value, ids: &Value, along: usize) -> Result<Value, EmitError> {
@@ -869,6 +895,15 @@ mod tests {
         assert!(line.contains("collapsed_slice_dims = [1], start_index_map = [1]"));
         assert!(line.contains("slice_sizes = array<i64: 10, 1>"));
         shape_err(b.take_columns(&ids, &table), "gather");
+        let blocked = b.arg(t(&[5, 4, 2]));
+        assert_eq!(
+            b.take_blocked_columns(&blocked, &ids).unwrap().dims(),
+            &[3, 4]
+        );
+        let line = last_line(&b);
+        assert!(line.contains("collapsed_slice_dims = [0, 2], start_index_map = [0, 2]"));
+        assert!(line.contains("slice_sizes = array<i64: 1, 4, 1>"));
+        shape_err(b.take_blocked_columns(&table, &ids), "gather");
         let cache = b.arg(t(&[2, 8, 3, 4]));
         let idx = b.arg(TensorType::new(&[5, 2], I32));
         let upd = b.arg(t(&[5, 3, 4]));
