@@ -63,15 +63,17 @@ fn random_packed_weights(d: &LlamaDims) -> (Vec<Buffer>, Vec<Buffer>) {
     for (i, spec) in weight_specs(d).iter().enumerate() {
         let ty = weight_type(spec, WeightFormat::F32);
         let Some(p) = spec.packed else {
+            // Random values in whatever layout the argument has (blocked or not).
             let values = random(ty.elements() as usize, i as u64, spec.name.contains("norm"));
             let shape: Vec<usize> = ty.dims.iter().map(|&x| x as usize).collect();
             packed.push((f32_bytes(&values), shape.clone(), ElementType::F32));
             dense.push((f32_bytes(&values), shape, ElementType::F32));
             continue;
         };
+        // The checkpoint's `[rows, cols]` (`spec.dims` is `[in, out]` when transposed).
         let (rows, cols) = match spec.layout {
-            Layout::AsIs => (ty.dims[0] as usize, ty.dims[1] as usize),
-            Layout::Transposed => (ty.dims[1] as usize, ty.dims[0] as usize),
+            Layout::AsIs => (spec.dims[0] as usize, spec.dims[1] as usize),
+            Layout::Transposed => (spec.dims[1] as usize, spec.dims[0] as usize),
         };
         let groups = cols / p.group;
         let levels = 1u32 << p.bits;
@@ -123,6 +125,17 @@ fn random_packed_weights(d: &LlamaDims) -> (Vec<Buffer>, Vec<Buffer>) {
                     Layout::Transposed => w[c * rows + r] = v,
                 }
             }
+        }
+        // The f32 format's argument: `[in, out]` split into blocks of columns when blocked.
+        if let Some(block) = spec.block() {
+            let (block, out) = (block as usize, rows);
+            let mut blocked = Vec::with_capacity(w.len());
+            for b in 0..out / block {
+                for r in 0..cols {
+                    blocked.extend_from_slice(&w[r * out + b * block..r * out + (b + 1) * block]);
+                }
+            }
+            w = blocked;
         }
         let shape = ty.dims.iter().map(|&x| x as usize).collect();
         dense.push((f32_bytes(&w), shape, ElementType::F32));
