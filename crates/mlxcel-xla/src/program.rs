@@ -977,45 +977,60 @@ pub(crate) mod tests {
             (tied[0].dims.clone(), tied[0].layout),
             (vec![16, 64], Layout::Transposed)
         );
-        // Dense, it is blocked like every transposed weight: `[vocab / 64, hidden, 64]`, its
-        // columns gathered for the embedding, one batched matmul for the logits.
+        // Too narrow to be blocked: its columns gathered for the embedding, `[in, out]` for the
+        // logits.
         assert_eq!(
             weight_type(&tied[0], WeightFormat::F16),
-            TensorType::new(&[1, 16, 64], ElementType::F16)
-        );
-        assert_eq!(
-            weight_type(&specs[2], WeightFormat::F32),
-            TensorType::new(&[1, 16, 32], ElementType::F32)
+            TensorType::new(&[16, 64], ElementType::F16)
         );
         let text = emit_llama(&tiny_dims(true, false), &TINY_SHAPE, WeightFormat::F32).unwrap();
-        assert!(text.contains("collapsed_slice_dims = [0, 2], start_index_map = [0, 2]"));
+        assert!(text.contains("collapsed_slice_dims = [1]"));
         assert!(!text.contains("collapsed_slice_dims = [0]"));
         assert!(text.contains(
-            "batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<1x2x16xf32>, \
-             tensor<1x16x64xf32>) -> tensor<1x2x64xf32>"
+            "contracting_dims = [1] x [0] : (tensor<2x16xf32>, tensor<16x64xf32>) -> tensor<2x64xf32>"
+        ));
+        // A vocabulary of 2048 is blocked like every wide transposed weight: `[2048 / 256,
+        // hidden, 256]`, its (block, column) pairs gathered, one batched matmul for the logits.
+        let wide = LlamaDims {
+            vocab: 2048,
+            ..tiny_dims(true, false)
+        };
+        let wide_specs = weight_specs(&wide);
+        assert_eq!(
+            weight_type(&wide_specs[0], WeightFormat::F16),
+            TensorType::new(&[8, 16, 256], ElementType::F16)
+        );
+        assert_eq!(
+            weight_type(&wide_specs[2], WeightFormat::F32),
+            TensorType::new(&[16, 32], ElementType::F32)
+        );
+        let text = emit_llama(&wide, &TINY_SHAPE, WeightFormat::F32).unwrap();
+        assert!(text.contains("collapsed_slice_dims = [0, 2], start_index_map = [0, 2]"));
+        assert!(text.contains(
+            "batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<8x2x16xf32>, \
+             tensor<8x16x256xf32>) -> tensor<8x2x256xf32>"
         ));
     }
 
     #[test]
-    fn blocks_are_the_widest_divisor_up_to_256_columns() {
+    fn wide_weights_are_blocked_by_the_widest_divisor_up_to_256_columns() {
         use crate::abi::block_columns;
         // Llama-3.2-1B / SmolLM2 / Qwen2.5-3B / Llama-3.1-8B widths and vocabularies.
         for (out, block) in [
             (1536, Some(256)),
-            (576, Some(192)),
-            (192, Some(192)),
+            (1024, Some(256)),
             (49152, Some(256)),
             (11008, Some(256)),
             (128256, Some(256)),
             (151936, Some(128)),
-            (64, Some(64)),
-            (32, Some(32)),
+            (1056, Some(176)),
         ] {
             assert_eq!(block_columns(out), block, "{out}");
         }
-        // No divisor of at least 32 columns: the weight stays `[in, out]`.
-        assert_eq!(block_columns(32003), None);
-        assert_eq!(block_columns(16), None);
+        // Narrower than 1024 columns, or no divisor of at least 32 columns: `[in, out]`.
+        for out in [576, 192, 1000, 1031, 32003, 16] {
+            assert_eq!(block_columns(out), None, "{out}");
+        }
     }
 
     #[test]
