@@ -800,26 +800,10 @@ impl Emitter<'_> {
             None => x,
         };
         let last = self.rms_norm(&last, &weights.final_norm)?;
-        let logits = match (&weights.lm_head, &weights.embed) {
-            (Some(head), _) => self.linear(&last, &(head.clone(), None)),
-            // Tied: the dense table `[hidden, vocab]` is the output projection's `[in, out]`.
-            (None, Weight::Dense(table)) if table.ty().rank() == 3 => {
-                self.blocked_matmul(&last, table)
-            }
-            (None, Weight::Dense(table)) => {
-                let table = self.widen(table);
-                self.b.dot_general(
-                    &last,
-                    &table,
-                    &DotDims {
-                        lhs_contract: vec![1],
-                        rhs_contract: vec![0],
-                        ..DotDims::default()
-                    },
-                )
-            }
-            (None, Weight::Packed { .. }) => self.linear(&last, &(weights.embed.clone(), None)),
-        }?;
+        // Tied, the embedding table is the output projection: dense `[hidden, vocab]` (blocked
+        // or not) or packed `[vocab, hidden]`, each the layout `linear` multiplies.
+        let head = weights.lm_head.as_ref().unwrap_or(&weights.embed);
+        let logits = self.linear(&last, &(head.clone(), None))?;
         match self.d.final_softcap {
             Some(cap) => self.softcap(&logits, cap),
             None => Ok(logits),
