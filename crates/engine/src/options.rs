@@ -119,12 +119,22 @@ impl EngineOptions {
     /// The activations an application (the `mlxcel` CLI, `mlxcel-server`) runs when neither
     /// its `--activations` flag nor `MLXCEL_ACTIVATIONS` chooses: int8 on the MLX backend where
     /// mlxcel's kernels have a fast int8 path (AVX2, or AVX-512 with VNNI), as llama.cpp
-    /// quantizes the activations of its quantized matmuls there; f32 otherwise (the OpenXLA
-    /// backend, `MLXCEL_KERNELS=mlx`, `MLXCEL_KERNEL_ISA=scalar` or a CPU without AVX2). An
+    /// quantizes the activations of its quantized matmuls there, and on the OpenXLA backend
+    /// where its kernels run (AVX-512 with VNNI: `mlxcel_xla::kernels::supported`); f32
+    /// otherwise (`MLXCEL_KERNELS=mlx`, `MLXCEL_KERNEL_ISA=scalar`, a CPU without them). An
     /// embedder's default (`activations: None`) stays `MLXCEL_ACTIVATIONS`, else f32. A malformed
     /// variable is left for the backend's load to refuse by name.
     pub fn application_activations(backend: BackendKind) -> Activations {
-        if backend != BackendKind::Mlx {
+        if backend == BackendKind::Xla {
+            #[cfg(feature = "xla")]
+            {
+                if let Ok(value) = std::env::var("MLXCEL_ACTIVATIONS") {
+                    return value.parse().unwrap_or(Activations::F32);
+                }
+                if mlxcel_xla::kernels::supported() {
+                    return Activations::Int8;
+                }
+            }
             return Activations::F32;
         }
         #[cfg(feature = "mlx")]

@@ -866,7 +866,7 @@ impl<B: Backend> Scheduler<B> {
     pub fn step(&mut self) -> Vec<(RequestId, Event)> {
         let mut events = Vec::new();
         self.finish_early(&mut events);
-        self.admit();
+        self.admit(&mut events);
 
         // Decode first (one token each), then prefill chunks in admission order.
         let mut budget = self.config.token_budget;
@@ -1080,7 +1080,10 @@ impl<B: Backend> Scheduler<B> {
     }
 
     /// Moves waiting requests into the running set, first come first served, while there is room.
-    fn admit(&mut self) {
+    /// A request whose slot cannot be allocated for a reason other than a full backend (an
+    /// OpenXLA module that fails to compile, say) ends with that error: waiting would retry the
+    /// same failure every step.
+    fn admit(&mut self, events: &mut Vec<(RequestId, Event)>) {
         while self.running.len() < self.config.max_batch {
             let Some(head) = self.waiting.front() else {
                 break;
@@ -1156,7 +1159,11 @@ impl<B: Backend> Scheduler<B> {
                 }
                 // Memory held by the prefix cache gives way to new requests.
                 Err(_) if self.evict_for(Some(&plan), None) => continue,
-                Err(_) => break,
+                Err(EngineError::NoFreeSlot) => break,
+                Err(e) => {
+                    let mut sequence = self.waiting.pop_front().expect("head exists");
+                    end_with_error(&mut sequence, e.to_string(), events);
+                }
             }
         }
     }

@@ -94,7 +94,8 @@ impl ProgramShape {
             self.context_capacity,
             self.batch,
             self.chunk,
-            format.name()
+            // A symbol name: `kernel-int8` is spelled `kernel_int8`.
+            format.name().replace('-', "_")
         )
     }
 
@@ -145,6 +146,13 @@ pub enum WeightFormat {
     /// Quantized weights stay packed (4- or 8-bit integers plus their scales and biases) and are
     /// dequantized in the graph, inside the matmul that reads them; dense weights are f16.
     Packed,
+    /// The arguments of [`Self::Packed`], but every packed linear is multiplied by mlxcel's own
+    /// kernel (`kernels/qmm.c`), which `iree-compile` links into the module: it reads the
+    /// checkpoint's packed bytes directly. Only where [`crate::kernels::supported`].
+    Kernel,
+    /// [`Self::Kernel`] with int8 activations: each linear's input quantized per block of 32
+    /// values, integer dot products (see [`crate::kernels`]).
+    KernelInt8,
 }
 
 impl WeightFormat {
@@ -152,7 +160,7 @@ impl WeightFormat {
     pub fn element(self) -> ElementType {
         match self {
             Self::F32 => ElementType::F32,
-            Self::F16 | Self::Packed => ElementType::F16,
+            Self::F16 | Self::Packed | Self::Kernel | Self::KernelInt8 => ElementType::F16,
         }
     }
 
@@ -161,14 +169,33 @@ impl WeightFormat {
             Self::F32 => "f32",
             Self::F16 => "f16",
             Self::Packed => "packed",
+            Self::Kernel => "kernel",
+            Self::KernelInt8 => "kernel-int8",
         }
     }
 
-    /// The format named `name` (`f32`, `f16` or `packed`).
+    /// Whether quantized weights are passed packed (every format but f32 and f16).
+    pub fn is_packed(self) -> bool {
+        matches!(self, Self::Packed | Self::Kernel | Self::KernelInt8)
+    }
+
+    /// Whether packed linears are multiplied by mlxcel's kernels ([`Self::Kernel`],
+    /// [`Self::KernelInt8`]).
+    pub fn uses_kernels(self) -> bool {
+        matches!(self, Self::Kernel | Self::KernelInt8)
+    }
+
+    /// The format named `name` (`f32`, `f16`, `packed`, `kernel` or `kernel-int8`).
     pub fn from_name(name: &str) -> Option<Self> {
-        [Self::F32, Self::F16, Self::Packed]
-            .into_iter()
-            .find(|f| f.name() == name)
+        [
+            Self::F32,
+            Self::F16,
+            Self::Packed,
+            Self::Kernel,
+            Self::KernelInt8,
+        ]
+        .into_iter()
+        .find(|f| f.name() == name)
     }
 }
 
@@ -366,11 +393,11 @@ pub fn weight_type(spec: &WeightSpec, format: WeightFormat) -> TensorType {
 }
 
 /// The argument types of a weight under `format`: one dense tensor, or, for a packed weight
-/// under [`WeightFormat::Packed`], the integers `[rows, cols / group, group]` (the checkpoint's
+/// under a packed format ([`WeightFormat::is_packed`]), the integers `[rows, cols / group, group]` (the checkpoint's
 /// `[out, in]` layout, never transposed), then the scales and the biases `[rows, cols / group]`.
 pub fn weight_types(spec: &WeightSpec, format: WeightFormat) -> Vec<TensorType> {
     match (format, spec.packed) {
-        (WeightFormat::Packed, Some(p)) => {
+        (format, Some(p)) if format.is_packed() => {
             let [a, b] = spec.dims[..] else {
                 return vec![weight_type(spec, format)];
             };

@@ -183,8 +183,20 @@ impl Compiler {
         let source = self.cache_dir.join(format!("{key}.mlir"));
         write_atomic(&source, program.as_bytes())?;
         let tmp = self.cache_dir.join(temp_name(&format!("{key}.vmfb")));
+        // A program of the `kernel` weight format names mlxcel's kernels object, which is put
+        // beside the modules for `iree-compile` to link in. It is named by its content, so the
+        // program text (and the cache key) already covers it; the search path does not go into
+        // the key.
+        if program.contains(crate::kernels::EXECUTABLE) {
+            crate::kernels::write_object(&self.cache_dir)
+                .map_err(io("writing the kernels object into", &self.cache_dir))?;
+        }
         let out = Command::new(&self.executable)
             .args(self.flags())
+            .arg(format!(
+                "--iree-hal-executable-object-search-path={}",
+                self.cache_dir.display()
+            ))
             .arg(&source)
             .arg("-o")
             .arg(&tmp)

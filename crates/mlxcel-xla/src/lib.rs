@@ -6,6 +6,8 @@
 //!   indices): the emitter declares them and the host uploads them from the same lists.
 //! - [`program`] emits the llama-family `prefill` and `decode` functions at one
 //!   [`ProgramShape`](abi::ProgramShape).
+//! - [`kernels`] holds mlxcel's own packed-weight matrix products, which `iree-compile` links
+//!   into modules of the `kernel` weight format.
 //! - [`compiler`] runs `iree-compile` (provisioned by `scripts/provision-iree`, pinned in
 //!   `iree.pin`) and caches modules on disk by content hash.
 //! - [`runtime`] (feature `runtime`) owns the IREE runtime on a dedicated thread;
@@ -32,6 +34,7 @@ pub mod abi;
 pub mod compiler;
 mod error;
 pub mod hlo;
+pub mod kernels;
 #[cfg(feature = "runtime")]
 mod model;
 pub mod pin;

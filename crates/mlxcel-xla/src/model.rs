@@ -21,6 +21,9 @@ use crate::weights::{checkpoint_dims, weight_buffers};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XlaOptions {
     pub format: WeightFormat,
+    /// Whether `MLXCEL_XLA_WEIGHTS` chose `format` (else an embedder may choose by the
+    /// checkpoint and the activations: [`crate::program::default_format`]).
+    pub format_from_env: bool,
     /// Cache rows per capacity (decode batch).
     pub max_batch: usize,
     /// Tokens per prefill call.
@@ -30,7 +33,8 @@ pub struct XlaOptions {
     pub min_window: usize,
 }
 
-/// Selects the weight format (`f32`, `f16` or `packed`); unset, the default's.
+/// Selects the weight format (`f32`, `f16`, `packed`, `kernel` or `kernel-int8`); unset, the
+/// engine's choice by the checkpoint and the activations (`program::default_format`).
 pub const WEIGHTS_ENV: &str = "MLXCEL_XLA_WEIGHTS";
 
 /// Cache rows per capacity, the decode batch (an integer ≥ 1); unset, the default's.
@@ -59,11 +63,19 @@ impl XlaOptions {
     ) -> Result<Self> {
         let mut options = Self::default();
         if let Some(name) = weights {
-            options.format = WeightFormat::from_name(name).ok_or_else(|| Error::Config {
-                variable: WEIGHTS_ENV,
-                value: name.to_owned(),
-                expected: "f32, f16 or packed",
-            })?;
+            options.format_from_env = true;
+            options.format = WeightFormat::from_name(name)
+                .filter(|&f| !f.uses_kernels() || crate::kernels::supported())
+                .ok_or_else(|| Error::Config {
+                    variable: WEIGHTS_ENV,
+                    value: name.to_owned(),
+                    expected: if crate::kernels::supported() {
+                        "f32, f16, packed, kernel or kernel-int8"
+                    } else {
+                        "f32, f16 or packed (kernel and kernel-int8 need an x86-64 CPU with AVX-512 \
+                         F/BW/VL/VNNI, FMA and F16C)"
+                    },
+                })?;
         }
         if let Some(text) = max_batch {
             options.max_batch = text
@@ -95,6 +107,7 @@ impl Default for XlaOptions {
     fn default() -> Self {
         Self {
             format: WeightFormat::F16,
+            format_from_env: false,
             max_batch: 8,
             chunk: 32,
             min_window: 256,

@@ -28,6 +28,7 @@ use crate::hlo::{
     Binary, Compare, DotDims, ElementType, FunctionBuilder, Module, Reduce, TensorType, Unary,
     Value,
 };
+use crate::kernels;
 
 /// Emits the module for one capacity.
 pub fn emit_llama(
@@ -51,34 +52,17 @@ pub fn emit_llama(
             ),
         });
     }
-    if format == WeightFormat::Packed {
-        for spec in weight_specs(d) {
-            let Some(p) = spec.packed else { continue };
-            let in_dim = match spec.layout {
-                Layout::AsIs => spec.dims.get(1),
-                Layout::Transposed => spec.dims.first(),
-            };
-            let fits = spec.dims.len() == 2
-                && matches!(p.bits, 4 | 8)
-                && p.group > 0
-                && in_dim.is_some_and(|&i| i % p.group as i64 == 0)
-                && matches!(p.scales, ElementType::F16 | ElementType::F32);
-            if !fits {
-                return Err(EmitError::Shape {
-                    op: "llama",
-                    detail: format!(
-                        "{}: cannot pass {} packed ({}-bit, groups of {}, {:?} scales)",
-                        spec.name,
-                        TensorType::new(&spec.dims, ElementType::F32),
-                        p.bits,
-                        p.group,
-                        p.scales
-                    ),
-                });
-            }
-        }
-    }
+    check_packed(d, format)?;
     let mut module = Module::new(&shape.module_name(format));
+    if format.uses_kernels() {
+        let object = kernels::object_file_name().ok_or_else(|| EmitError::Shape {
+            op: "llama",
+            detail: "the kernel weight format needs the kernels object, which this build (not \
+                     x86-64) does not have"
+                .to_owned(),
+        })?;
+        module.push_text(&kernels::executable_text(&object));
+    }
     for window in shape.windows() {
         module.push(emit_step(d, shape, format, Step::Prefill, window)?);
         for rows in decode_batches(shape.batch) {
@@ -86,6 +70,76 @@ pub fn emit_llama(
         }
     }
     Ok(module.to_text())
+}
+
+/// Whether every packed weight of `d` can be passed under `format` (for a format that packs:
+/// 4- or 8-bit codes whose groups divide the rows, f16 or f32 scales, and, for the kernel
+/// formats, groups the kernels take); the error names the first weight that cannot.
+pub fn check_packed(d: &LlamaDims, format: WeightFormat) -> Result<(), EmitError> {
+    if !format.is_packed() {
+        return Ok(());
+    }
+    for spec in weight_specs(d) {
+        let Some(p) = spec.packed else { continue };
+        let in_dim = match spec.layout {
+            Layout::AsIs => spec.dims.get(1),
+            Layout::Transposed => spec.dims.first(),
+        };
+        let fits = spec.dims.len() == 2
+            && matches!(p.bits, 4 | 8)
+            && p.group > 0
+            && in_dim.is_some_and(|&i| i % p.group as i64 == 0)
+            && matches!(p.scales, ElementType::F16 | ElementType::F32)
+            && match format {
+                WeightFormat::Kernel => kernels::fits(&p),
+                WeightFormat::KernelInt8 => kernels::fits_int8(&p),
+                _ => true,
+            };
+        if !fits {
+            return Err(EmitError::Shape {
+                op: "llama",
+                detail: format!(
+                    "{}: cannot pass {} packed ({}-bit, groups of {}, {:?} scales)",
+                    spec.name,
+                    TensorType::new(&spec.dims, ElementType::F32),
+                    p.bits,
+                    p.group,
+                    p.scales
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The weight format when `MLXCEL_XLA_WEIGHTS` does not choose one: where mlxcel's kernels run
+/// ([`kernels::supported`]) and take every packed weight of `d`, [`WeightFormat::Kernel`], or
+/// [`WeightFormat::KernelInt8`] for int8 activations; otherwise [`WeightFormat::F16`]. Int8
+/// activations without the kernels are an error that says why.
+pub fn default_format(d: &LlamaDims, int8: bool) -> Result<WeightFormat, String> {
+    if !kernels::supported() {
+        return if int8 {
+            Err(
+                "int8 activations on the OpenXLA backend need mlxcel's kernels (an x86-64 CPU \
+                 with AVX-512 F/BW/VL/VNNI, FMA and F16C); use f32 activations"
+                    .to_owned(),
+            )
+        } else {
+            Ok(WeightFormat::F16)
+        };
+    }
+    let format = if int8 {
+        WeightFormat::KernelInt8
+    } else {
+        WeightFormat::Kernel
+    };
+    match check_packed(d, format) {
+        Ok(()) => Ok(format),
+        Err(e) if int8 => Err(format!(
+            "int8 activations on the OpenXLA backend: {e}; use f32 activations"
+        )),
+        Err(_) => Ok(WeightFormat::F16),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +219,10 @@ struct LayerArgs {
 struct Emitter<'a> {
     b: FunctionBuilder,
     d: &'a LlamaDims,
+    format: WeightFormat,
+    /// Under [`WeightFormat::KernelInt8`], the quantized rows of each linear input already
+    /// emitted (by the input's SSA name and the weights' bits): q, k and v share theirs.
+    quantized: BTreeMap<(String, u32), Value>,
 }
 
 impl Emitter<'_> {
@@ -215,6 +273,101 @@ impl Emitter<'_> {
                 ..DotDims::default()
             },
         )
+    }
+
+    /// `x · wᵀ` as [`Self::packed_matmul`], by mlxcel's kernel (`kernels`): for 4-bit codes the
+    /// input's blocks of 32 are reordered to `[evens, odds]` (the kernel reads a byte's two
+    /// nibbles against the two halves), or, under [`WeightFormat::KernelInt8`], quantized by one
+    /// more dispatch (once per input value and bits), the codes are reinterpreted as signless integers (a `ui4`
+    /// operand of a dispatch would be rewritten by StableHLO's conversion), and one dispatch
+    /// computes `[n, out]`.
+    fn kernel_matmul(
+        &mut self,
+        x: &Value,
+        q: &Value,
+        scales: &Value,
+        biases: &Value,
+    ) -> Result<Value, EmitError> {
+        let [out, groups, group] = [q.dims()[0], q.dims()[1], q.dims()[2]];
+        let [n, input] = [x.dims()[0], x.dims()[1]];
+        let (bits, signless) = match q.element() {
+            ElementType::U4 => (4, ElementType::I4),
+            ElementType::U8 => (8, ElementType::I8),
+            other => {
+                return Err(EmitError::Shape {
+                    op: "kernel_matmul",
+                    detail: format!("{other:?} codes (the kernels take 4- and 8-bit codes)"),
+                });
+            }
+        };
+        let packing = crate::abi::Packing {
+            bits,
+            group: group as usize,
+            scales: scales.element(),
+        };
+        let fits = if self.format == WeightFormat::KernelInt8 {
+            kernels::fits_int8(&packing)
+        } else {
+            kernels::fits(&packing)
+        };
+        if input != groups * group
+            || !fits
+            || scales.dims() != [out, groups]
+            || biases.ty() != scales.ty()
+        {
+            return Err(EmitError::Shape {
+                op: "kernel_matmul",
+                detail: format!(
+                    "{} against codes {}, scales {}, biases {}",
+                    x.ty(),
+                    q.ty(),
+                    scales.ty(),
+                    biases.ty()
+                ),
+            });
+        }
+        let int8 = self.format == WeightFormat::KernelInt8;
+        let x = if int8 {
+            let key = (x.to_string(), bits);
+            match self.quantized.get(&key) {
+                Some(xq) => xq.clone(),
+                None => {
+                    let entry = format!(
+                        "@{}::@{}",
+                        kernels::EXECUTABLE,
+                        kernels::quantize_export(bits)
+                    );
+                    let row = kernels::quantized_row_bytes(input as usize, bits) as i64;
+                    let xq = self.b.dispatch(
+                        &entry,
+                        &[x],
+                        &[n, input],
+                        TensorType::new(&[n, row], ElementType::I8),
+                    );
+                    self.quantized.insert(key, xq.clone());
+                    xq
+                }
+            }
+        } else if bits == 4 {
+            let pairs = self.b.reshape(x, &[n, input / 32, 16, 2])?;
+            let halves = self.b.transpose(&pairs, &[0, 1, 3, 2])?;
+            self.b.reshape(&halves, &[n, input])?
+        } else {
+            x.clone()
+        };
+        let codes = self.b.bitcast_convert(q, signless)?;
+        let entry = format!(
+            "@{}::@{}",
+            kernels::EXECUTABLE,
+            kernels::export(&packing, int8)
+        );
+        let per = kernels::columns_per_workgroup(out as usize) as i64;
+        Ok(self.b.dispatch(
+            &entry,
+            &[&x, &codes, scales, biases],
+            &[n, input, out, group, per],
+            TensorType::new(&[n, out], ElementType::F32),
+        ))
     }
 
     /// `x · w` for `x` `[n, in]` and a blocked `w` (`[out / block, in, block]`,
@@ -275,6 +428,9 @@ impl Emitter<'_> {
             Weight::Dense(weight) => {
                 let weight = self.widen(weight);
                 self.b.matmul(x, &weight)?
+            }
+            Weight::Packed { q, scales, biases } if self.format.uses_kernels() => {
+                self.kernel_matmul(x, q, scales, biases)?
             }
             Weight::Packed { q, scales, biases } => self.packed_matmul(x, q, scales, biases)?,
         };
@@ -828,6 +984,8 @@ fn emit_step(
     let mut e = Emitter {
         b: FunctionBuilder::new(&name),
         d,
+        format,
+        quantized: BTreeMap::new(),
     };
     let weights = e.weight_args(format)?;
     let cache_ty = cache_type(d, shape);

@@ -77,7 +77,11 @@ fn load_xla(
             reason: "its compiled programs hold f32 keys and values; use f32, or the mlx backend",
         });
     }
-    Ok(Box::new(xla::XlaBackend::load(checkpoint, options.shapes)?))
+    Ok(Box::new(xla::XlaBackend::load(
+        checkpoint,
+        options.shapes,
+        options.activations,
+    )?))
 }
 
 #[cfg(not(feature = "xla"))]

@@ -13,13 +13,14 @@ use mlxcel_capacity::{
     CapacityOverrides, LADDER, Request, resolve_context_capacity, route, server_buckets,
 };
 use mlxcel_model::Checkpoint;
+use mlxcel_xla::program::default_format;
 use mlxcel_xla::{Compiler, DecodeEntry, XlaModel, XlaOptions};
 
 use crate::backend::{
     Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId,
 };
 use crate::error::{BackendSource, EngineError};
-use crate::options::ShapeMode;
+use crate::options::{Activations, ShapeMode};
 
 fn backend_error(err: impl Into<BackendSource>) -> EngineError {
     EngineError::backend("xla", err)
@@ -69,9 +70,31 @@ pub(crate) struct XlaBackend {
 impl XlaBackend {
     /// Loads the checkpoint's weights into the IREE runtime with the options of
     /// `MLXCEL_XLA_WEIGHTS` and `MLXCEL_XLA_MAX_BATCH` (else the defaults); modules compile on
-    /// first use (or come from the on-disk cache).
-    pub(crate) fn load(checkpoint: &Checkpoint, shapes: ShapeMode) -> Result<Self, EngineError> {
-        let options = XlaOptions::from_env().map_err(backend_error)?;
+    /// first use (or come from the on-disk cache). Unless `MLXCEL_XLA_WEIGHTS` names a format
+    /// (which then decides the arithmetic: int8 activations under `kernel-int8`, f32 under the
+    /// others), `activations` (else `MLXCEL_ACTIVATIONS`, else f32) chooses between mlxcel's
+    /// kernels with f32 or int8 activations, or f16 weights where the kernels cannot run
+    /// (`mlxcel_xla::program::default_format`).
+    pub(crate) fn load(
+        checkpoint: &Checkpoint,
+        shapes: ShapeMode,
+        activations: Option<Activations>,
+    ) -> Result<Self, EngineError> {
+        let mut options = XlaOptions::from_env().map_err(backend_error)?;
+        if !options.format_from_env {
+            let activations = match activations {
+                Some(a) => a,
+                None => match std::env::var("MLXCEL_ACTIVATIONS") {
+                    Ok(value) => value.parse().map_err(|e: String| {
+                        EngineError::backend("xla", format!("MLXCEL_ACTIVATIONS: {e}"))
+                    })?,
+                    Err(_) => Activations::F32,
+                },
+            };
+            let dims = mlxcel_xla::weights::checkpoint_dims(checkpoint);
+            options.format = default_format(&dims, activations == Activations::Int8)
+                .map_err(|e| EngineError::backend("xla", e))?;
+        }
         Self::load_with(checkpoint, shapes, options)
     }
 
@@ -459,7 +482,7 @@ mod tests {
             return;
         }
         let loaded = LoadedModel::open(&resolve_model(None).unwrap()).unwrap();
-        let mut xla = XlaBackend::load(&loaded.checkpoint, ShapeMode::ServerBuckets).unwrap();
+        let mut xla = XlaBackend::load(&loaded.checkpoint, ShapeMode::ServerBuckets, None).unwrap();
         let ShapePolicy::Static { buckets } = xla.shape_policy() else {
             panic!("xla has static shapes");
         };
@@ -520,7 +543,7 @@ mod tests {
             return;
         }
         let loaded = LoadedModel::open(&resolve_model(None).unwrap()).unwrap();
-        let mut xla = XlaBackend::load(&loaded.checkpoint, ShapeMode::ServerBuckets).unwrap();
+        let mut xla = XlaBackend::load(&loaded.checkpoint, ShapeMode::ServerBuckets, None).unwrap();
         assert!(xla.can_copy_prefix());
         let words: Vec<String> = (1..=40).map(|n| format!("item {n}")).collect();
         let prompt = loaded

@@ -45,6 +45,9 @@ struct Mock {
     /// Greedy continuation: next = (last + 1) % 26, or EOS after `eos_after` tokens in a slot.
     eos_after: Option<usize>,
     fail_next_step: bool,
+    /// Refuse this many slot allocations with an error other than a full backend (as a module
+    /// that does not compile).
+    fail_allocations: usize,
     max_slots: Option<usize>,
     /// Serves the prefix cache: copies prefixes between slots, 100 bytes of KV per position.
     prefix: bool,
@@ -114,6 +117,10 @@ impl Backend for Mock {
     fn allocate_slot(&mut self, plan: &SessionPlan) -> Result<SlotId, EngineError> {
         if self.max_slots.is_some_and(|m| self.slots.len() >= m) {
             return Err(EngineError::NoFreeSlot);
+        }
+        if self.fail_allocations > 0 {
+            self.fail_allocations -= 1;
+            return Err(EngineError::backend("mock", "the module failed to compile"));
         }
         let slot = self.next_slot;
         self.next_slot += 1;
@@ -683,6 +690,27 @@ fn a_backend_failure_ends_the_batch_and_serving_continues() {
         run_to_end(&mut s)[&c].finish.unwrap().0,
         FinishReason::Length
     );
+}
+
+#[test]
+fn a_failed_allocation_ends_that_request_and_serving_continues() {
+    let mut mock = Mock::new(100);
+    mock.fail_allocations = 1;
+    let mut s = scheduler(mock, SchedulerConfig::default());
+    let a = s.submit(greedy(vec![1], MaxNewTokens::Limited(3))).unwrap();
+    let b = s.submit(greedy(vec![2], MaxNewTokens::Limited(3))).unwrap();
+    let outcomes = run_to_end(&mut s);
+    assert_eq!(outcomes[&a].finish.unwrap().0, FinishReason::Error);
+    assert!(
+        outcomes[&a]
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("the module failed to compile")
+    );
+    // Not retried: one failure for one allocation, and the next request runs.
+    assert_eq!(s.backend().fail_allocations, 0);
+    assert_eq!(outcomes[&b].finish.unwrap().0, FinishReason::Length);
 }
 
 #[test]

@@ -254,6 +254,61 @@ impl FunctionBuilder {
         out
     }
 
+    /// Reinterprets `a`'s bits as `element`, which must have the same width (shape unchanged).
+    pub fn bitcast_convert(&mut self, a: &Value, element: ElementType) -> Result<Value, EmitError> {
+        if element.bits() != a.element().bits() {
+            return Err(Self::err(
+                "bitcast_convert",
+                format!("{} to {}", a.ty, a.ty.with_element(element)),
+            ));
+        }
+        let out = self.fresh(a.ty.with_element(element));
+        self.line(format!(
+            "{out} = stablehlo.bitcast_convert {a} : ({}) -> {}",
+            a.ty, out.ty
+        ));
+        Ok(out)
+    }
+
+    /// A dispatch of `entry` (`@executable::@export`, declared at module level by
+    /// [`Module::push_text`](super::Module::push_text)) over tensor `operands`, followed by
+    /// `constants` as `index` operands, which are also the dispatch's workload. The executable's
+    /// signature is not visible here: the caller matches it.
+    pub fn dispatch(
+        &mut self,
+        entry: &str,
+        operands: &[&Value],
+        constants: &[i64],
+        result: TensorType,
+    ) -> Value {
+        let mut names = Vec::with_capacity(constants.len());
+        for c in constants {
+            let name = format!("%c{}", self.next);
+            self.next += 1;
+            self.line(format!("{name} = arith.constant {c} : index"));
+            names.push(name);
+        }
+        let workload = names.join(", ");
+        let args = operands
+            .iter()
+            .map(|v| v.to_string())
+            .chain(names.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let types = operands
+            .iter()
+            .map(|v| v.ty.to_string())
+            .chain(names.iter().map(|_| "index".to_owned()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let out = self.fresh(result);
+        self.line(format!(
+            "{out} = flow.dispatch {entry}[{workload}]({args}) : ({types}) -> {}",
+            out.ty
+        ));
+        out
+    }
+
     /// Reshape to `dims` (same element count).
     pub fn reshape(&mut self, a: &Value, dims: &[i64]) -> Result<Value, EmitError> {
         let ty = TensorType::new(dims, a.element());

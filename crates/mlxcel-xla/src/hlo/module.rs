@@ -20,6 +20,12 @@ impl Module {
         self.functions.push(function.text);
     }
 
+    /// Adds top-level MLIR that is not a StableHLO function: the declaration of an externally
+    /// defined executable that functions dispatch to ([`FunctionBuilder::dispatch`]).
+    pub fn push_text(&mut self, text: &str) {
+        self.functions.push(text.to_owned());
+    }
+
     /// The module's MLIR text.
     pub fn to_text(&self) -> String {
         let mut out = format!("module @{} {{\n", self.name);

@@ -18,6 +18,11 @@ pub enum ElementType {
     /// Unsigned 4-bit (4-bit quantized weights, two per byte, the first in the low nibble: the
     /// byte order of MLX's packed words); MLIR spells it `ui4`.
     U4,
+    /// Signless 8-bit, MLIR's `i8`: how packed 8-bit codes are handed to a kernel dispatch (a
+    /// bitcast of the `ui8` argument, which StableHLO's conversion would otherwise rewrite).
+    I8,
+    /// Signless 4-bit, MLIR's `i4` (as [`Self::I8`], for 4-bit codes).
+    I4,
 }
 
 impl ElementType {
@@ -31,6 +36,8 @@ impl ElementType {
             Self::U32 => "ui32",
             Self::U8 => "ui8",
             Self::U4 => "ui4",
+            Self::I8 => "i8",
+            Self::I4 => "i4",
         }
     }
 
@@ -40,7 +47,10 @@ impl ElementType {
     }
 
     pub(super) fn is_integer(self) -> bool {
-        matches!(self, Self::I32 | Self::U32 | Self::U8 | Self::U4)
+        matches!(
+            self,
+            Self::I32 | Self::U32 | Self::U8 | Self::U4 | Self::I8 | Self::I4
+        )
     }
 
     /// Bits per element.
@@ -48,8 +58,8 @@ impl ElementType {
         match self {
             Self::F32 | Self::I32 | Self::U32 => 32,
             Self::F16 | Self::BF16 => 16,
-            Self::U8 => 8,
-            Self::U4 => 4,
+            Self::U8 | Self::I8 => 8,
+            Self::U4 | Self::I4 => 4,
             Self::I1 => 1,
         }
     }

@@ -129,7 +129,7 @@ fn threads_reach_the_engine() {
     let default = parse(&[]).unwrap().engine_options().unwrap();
     assert_eq!(default.threads, None);
     // The application default: int8 on the MLX backend where the CPU has AVX2 or AVX-512 VNNI
-    // (unless MLXCEL_ACTIVATIONS says otherwise), f32 on the OpenXLA backend.
+    // (unless MLXCEL_ACTIVATIONS says otherwise).
     assert_eq!(
         default.activations,
         Some(mlxcel_engine::EngineOptions::application_activations(
@@ -143,7 +143,16 @@ fn threads_reach_the_engine() {
         .unwrap()
         .engine_options()
         .unwrap();
-    assert_eq!(xla.activations, Some(Activations::F32));
+    // On the OpenXLA backend: int8 where its kernels run (AVX-512 with VNNI), else f32.
+    assert_eq!(
+        xla.activations,
+        Some(mlxcel_engine::EngineOptions::application_activations(
+            mlxcel_engine::BackendKind::Xla
+        ))
+    );
+    if !cpu_has("avx512_vnni") {
+        assert_eq!(xla.activations, Some(Activations::F32));
+    }
     let int8 = parse(&["--activations", "int8"]).unwrap().engine_options();
     assert_eq!(int8.unwrap().activations, Some(Activations::Int8));
     let err = parse(&["--activations", "int4"])
