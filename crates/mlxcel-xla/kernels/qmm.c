@@ -147,10 +147,10 @@ DEFINE_ENTRY(8, float, mlxcel_qmm8_f32)
 // int8 activations (the `kernel-int8` weight format; also needs AVX-512 VNNI).
 //
 // x is quantized per row and block of 32 consecutive values, as the MLX backend's int8 path and
-// llama.cpp's Q8 activations do: dx = max|x| / 127, xq = round(x / dx) (to nearest, ties to
-// even), and the block's sum of x in f32. Then per output (r, o) and block j of group g:
+// llama.cpp's Q8 activations do: dx = max|x| / 127, xq = round(x · 127 / max|x|) (to nearest,
+// ties to even). Then per output (r, o) and block j of group g:
 //   I = Σ code[o][k] · xq[r][k] over the block (exact, int32, by vpdpbusd)
-//   y += float(I) · dx[r][j] · scale[o][g] + bias[o][g] · Σx[r][j]
+//   y += float(I) · dx[r][j] · scale[o][g] + bias[o][g] · dx[r][j] · Σ xq[r][k over the block]
 // summed in lanes and then across them (so not in the MLX backend's order).
 //
 // The weights are read 64 bytes (a "piece") at a time, in the checkpoint's layout: for 4-bit
@@ -188,10 +188,15 @@ INLINE void quantize_row(const float *x, size_t in, int bits, int8_t *out) {
           _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
       const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
       dx[b] = d;
-      sx[b] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+      // The sum the biases multiply is the quantized values' (an exact integer) times dx, so
+      // that a weight's bias and codes meet the same x: then a large bias (8-bit codes around
+      // 128, as a symmetric format converts to) does not amplify the quantization error.
+      sx[b] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)) * d;
       int8_t qb[32];
-      _mm_storeu_si128((__m128i *)qb, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)))));
-      _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)))));
+      _mm_storeu_si128((__m128i *)qb, _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtsepi32_epi8(q1));
       if (bits == 4) {
         // Lane 4b + l holds, for the low nibbles, values 2(4l + i) of the block; the high
         // nibbles' partners are the odd values, 64 bytes later.

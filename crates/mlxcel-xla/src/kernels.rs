@@ -23,8 +23,12 @@
 //! (`quantize_x`), and the products are integer dot products (`vpdpbusd`) scaled per block:
 //!
 //! ```text
-//! y[r][o] = Σ_blocks float(Σ code · xq) · dx · scale + bias · Σx
+//! y[r][o] = Σ_blocks float(Σ code · xq) · dx · scale + bias · dx · Σ xq
 //! ```
+//!
+//! (the biases meet the quantized x as the codes do: with the exact `Σx` instead, a large bias,
+//! as 8-bit codes around 128 from a symmetric format have, amplifies the quantization error:
+//! logits 2.4 from the MLX backend's int8 activations against 0.84)
 //!
 //! for groups of 32, 64 or 128 ([`fits_int8`]).
 
@@ -492,15 +496,14 @@ mod tests {
                         "{label}: f32 y[{r}][{o}] = {got}, want {want}"
                     );
                     let mut want_i8 = 0f64;
-                    for (j, block) in row.chunks(32).enumerate() {
+                    for (j, &dxj) in dx.iter().enumerate() {
                         let k0 = 32 * j;
                         let g = o * groups + k0 / c.group;
                         let dot: i32 = (0..32)
                             .map(|i| codes[o * c.input + k0 + i] as i32 * xq[k0 + i])
                             .sum();
-                        let sum: f32 = block.iter().sum();
-                        want_i8 +=
-                            dot as f64 * dx[j] as f64 * s[g] as f64 + b[g] as f64 * sum as f64;
+                        let sum = xq[k0..k0 + 32].iter().sum::<i32>() as f32 * dxj;
+                        want_i8 += dot as f64 * dxj as f64 * s[g] as f64 + b[g] as f64 * sum as f64;
                     }
                     let got = yi[r * c.out + o] as f64;
                     assert!(
