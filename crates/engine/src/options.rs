@@ -55,7 +55,8 @@ pub struct EngineOptions {
     pub kv_budget_bytes: usize,
     /// Threads of the MLX backend's CPU kernels; `None` takes `MLXCEL_THREADS`, else every core.
     pub threads: Option<usize>,
-    /// What the MLX backend's quantized matmuls multiply the weights with; `None` takes
+    /// What the quantized matmuls multiply the weights with (on the OpenXLA backend: its
+    /// kernels, unless `MLXCEL_XLA_WEIGHTS` names a weight format); `None` takes
     /// `MLXCEL_ACTIVATIONS`, else f32.
     pub activations: Option<Activations>,
     /// How a static-shape backend picks its shapes.

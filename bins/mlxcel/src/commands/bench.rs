@@ -64,10 +64,12 @@ pub struct Args {
     #[arg(short = 't', long)]
     threads: Option<usize>,
 
-    /// What the MLX backend's quantized matmuls multiply the weights with: `f32` (the
-    /// reference numbers, the exact path) or `int8` (~3× faster batched decode, perplexity within
-    /// 0.3% of f32's on the default model). Defaults to `MLXCEL_ACTIVATIONS`, else int8 on the
-    /// MLX backend where the CPU has AVX2 or AVX-512 VNNI, else `f32`.
+    /// What the quantized matmuls multiply the weights with: `f32` (the reference numbers, the
+    /// exact path) or `int8` (~3× faster batched decode, perplexity within 0.3% of f32's on the
+    /// default model). On the OpenXLA backend it picks its kernels' arithmetic unless
+    /// `MLXCEL_XLA_WEIGHTS` names a format. Defaults to `MLXCEL_ACTIVATIONS`, else int8 on the
+    /// MLX backend where the CPU has AVX2 or AVX-512 VNNI and on the OpenXLA backend where it has
+    /// AVX-512 VNNI, else `f32`.
     #[arg(long)]
     activations: Option<String>,
 
