@@ -13,11 +13,12 @@ use crate::program::{decode_batches, decode_function, emit_llama};
 use crate::runtime::{BufferId, Runtime};
 use crate::weights::{checkpoint_dims, weight_buffers};
 
-/// How the model is compiled. The default weight format is f16: on the default model it measured
-/// faster than f32 and than packed weights (40 against 31.5 and 8.9 tok/s decoding one sequence at
-/// capacity 256; packed dequantizes in the graph, which IREE's CPU code generation does not fuse
-/// into a fast matmul), with logits within 3.3e-2 of the MLX backend's (packed: 1.3e-4). Eight
-/// cache rows by default, so that eight streams decode together. See docs/xla.md.
+/// How the model is compiled. The default weight format here is f16: of the formats IREE's own
+/// code multiplies it measured fastest on the default model (40 against 31.5 and 8.9 tok/s for
+/// f32 and packed, decoding one sequence at capacity 256), with logits within 3.3e-2 of the MLX
+/// backend's. The engine replaces it, unless `MLXCEL_XLA_WEIGHTS` is set, with mlxcel's kernels
+/// where they run (`program::default_format`: `kernel` or `kernel-int8`, 1.2–1.8× f16's decode).
+/// Eight cache rows by default, so that eight streams decode together. See docs/xla.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XlaOptions {
     pub format: WeightFormat,
