@@ -573,11 +573,25 @@ mod tests {
         let f32 = XlaOptions::from_values(Some("f32"), None, Some("64")).unwrap();
         assert_eq!(f32.min_window, 64);
         assert_eq!(f32.format, WeightFormat::F32);
+        assert!(packed.format_from_env && !defaults.format_from_env);
         let err = XlaOptions::from_values(Some("int4"), None, None).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "MLXCEL_XLA_WEIGHTS=\"int4\": expected f32, f16 or packed"
-        );
+        let kernel = XlaOptions::from_values(Some("kernel-int8"), None, None);
+        if crate::kernels::supported() {
+            assert_eq!(
+                err.to_string(),
+                "MLXCEL_XLA_WEIGHTS=\"int4\": expected f32, f16, packed, kernel or kernel-int8"
+            );
+            assert_eq!(kernel.unwrap().format, WeightFormat::KernelInt8);
+        } else {
+            assert!(
+                err.to_string()
+                    .starts_with("MLXCEL_XLA_WEIGHTS=\"int4\": expected f32, f16 or packed"),
+                "{err}"
+            );
+            // Named, but refused where the kernels cannot run, with the reason.
+            let err = kernel.unwrap_err().to_string();
+            assert!(err.contains("AVX-512"), "{err}");
+        }
         for bad in ["0", "-1", "eight"] {
             let err = XlaOptions::from_values(None, Some(bad), None).unwrap_err();
             assert!(
