@@ -22,8 +22,8 @@
 
 // A rank-1 memref as MLIR lowers it for an external call: base and aligned pointers, offset,
 // size, stride. Only the aligned pointer and the offset are used.
-#define MEMREF(T, name) \
-  __attribute__((unused)) T *name##_base, T *name##_aligned, size_t name##_offset,            \
+#define MEMREF(T, name)                                                                            \
+  __attribute__((unused)) T *name##_base, T *name##_aligned, size_t name##_offset,                 \
       __attribute__((unused)) size_t name##_size, __attribute__((unused)) size_t name##_stride
 #define AT(T, name) ((T *)(name##_aligned + name##_offset))
 
@@ -47,88 +47,58 @@ INLINE void widen_f32(const float *src, size_t n, float *dst) {
 
 // Rows r0 .. r0 + R of x against outputs o .. o + O, over every group. R <= 4, O <= 4, both
 // compile-time constants once inlined.
-#define DEFINE_TILE(BITS, STYPE, WIDEN)                                                          \
-  INLINE void tile_##BITS##_##STYPE(const float *x, const uint8_t *q, const STYPE *s,            \
-                                    const STYPE *b, float *y, size_t in, size_t out,             \
-                                    size_t group, size_t o, size_t r0, const int R,              \
-                                    const int O) {                                               \
-    __m512 acc[4][4], acc2[4][4];                                                                \
-    for (int j = 0; j < O; j++)                                                                  \
-      for (int r = 0; r < R; r++) acc[j][r] = acc2[j][r] = _mm512_setzero_ps();                  \
-    const size_t groups = in / group, row_bytes = in * BITS / 8, group_bytes = group * BITS / 8; \
-    const __m512i low = _mm512_set1_epi32(15);                                                   \
-    float sc[4][GROUP_BLOCK], bi[4][GROUP_BLOCK];                                                \
-    for (size_t g0 = 0; g0 < groups; g0 += GROUP_BLOCK) {                                        \
-      const size_t gn = groups - g0 < GROUP_BLOCK ? groups - g0 : GROUP_BLOCK;                   \
-      for (int j = 0; j < O; j++) {                                                              \
-        WIDEN(s + (o + j) * groups + g0, gn, sc[j]);                                             \
-        WIDEN(b + (o + j) * groups + g0, gn, bi[j]);                                             \
-      }                                                                                          \
-      for (size_t gi = 0; gi < gn; gi++) {                                                       \
-        const size_t g = g0 + gi;                                                                \
-        __m512 vs[4], vb[4];                                                                     \
-        for (int j = 0; j < O; j++) {                                                            \
-          vs[j] = _mm512_set1_ps(sc[j][gi]);                                                     \
-          vb[j] = _mm512_set1_ps(bi[j][gi]);                                                     \
-        }                                                                                        \
-        for (size_t c = 0; c < group_bytes; c += 16) {                                           \
-          for (int j = 0; j < O; j++) {                                                          \
-            const __m512i codes = _mm512_cvtepu8_epi32(                                          \
+#define DEFINE_TILE(BITS, STYPE, WIDEN)                                                            \
+  INLINE void tile_##BITS##_##STYPE(const float *x, size_t qrow, const uint8_t *q,                 \
+                                    const STYPE *s, const STYPE *b, float *y, size_t in,           \
+                                    size_t out, size_t group, size_t o, size_t r0, const int R,    \
+                                    const int O) {                                                 \
+    (void)qrow;                                                                                    \
+    __m512 acc[4][4], acc2[4][4];                                                                  \
+    for (int j = 0; j < O; j++)                                                                    \
+      for (int r = 0; r < R; r++) acc[j][r] = acc2[j][r] = _mm512_setzero_ps();                    \
+    const size_t groups = in / group, row_bytes = in * BITS / 8, group_bytes = group * BITS / 8;   \
+    const __m512i low = _mm512_set1_epi32(15);                                                     \
+    float sc[4][GROUP_BLOCK], bi[4][GROUP_BLOCK];                                                  \
+    for (size_t g0 = 0; g0 < groups; g0 += GROUP_BLOCK) {                                          \
+      const size_t gn = groups - g0 < GROUP_BLOCK ? groups - g0 : GROUP_BLOCK;                     \
+      for (int j = 0; j < O; j++) {                                                                \
+        WIDEN(s + (o + j) * groups + g0, gn, sc[j]);                                               \
+        WIDEN(b + (o + j) * groups + g0, gn, bi[j]);                                               \
+      }                                                                                            \
+      for (size_t gi = 0; gi < gn; gi++) {                                                         \
+        const size_t g = g0 + gi;                                                                  \
+        __m512 vs[4], vb[4];                                                                       \
+        for (int j = 0; j < O; j++) {                                                              \
+          vs[j] = _mm512_set1_ps(sc[j][gi]);                                                       \
+          vb[j] = _mm512_set1_ps(bi[j][gi]);                                                       \
+        }                                                                                          \
+        for (size_t c = 0; c < group_bytes; c += 16) {                                             \
+          for (int j = 0; j < O; j++) {                                                            \
+            const __m512i codes = _mm512_cvtepu8_epi32(                                            \
                 _mm_loadu_si128((const __m128i *)(q + (o + j) * row_bytes + g * group_bytes + c))); \
-            if (BITS == 4) {                                                                     \
-              const float *xe = x + r0 * in + g * group + 2 * c, *xo = xe + 16;                  \
-              const __m512 lo =                                                                  \
+            if (BITS == 4) {                                                                       \
+              const float *xe = x + r0 * in + g * group + 2 * c, *xo = xe + 16;                    \
+              const __m512 lo =                                                                    \
                   _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(codes, low)), vs[j], vb[j]); \
-              const __m512 hi =                                                                  \
-                  _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(codes, 4)), vs[j], vb[j]); \
-              for (int r = 0; r < R; r++) {                                                      \
-                acc[j][r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xe + r * in), acc[j][r]);        \
-                acc2[j][r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xo + r * in), acc2[j][r]);      \
-              }                                                                                  \
-            } else {                                                                             \
-              const float *xs = x + r0 * in + g * group + c;                                     \
-              const __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes), vs[j], vb[j]);         \
-              for (int r = 0; r < R; r++)                                                        \
-                acc[j][r] = _mm512_fmadd_ps(w, _mm512_loadu_ps(xs + r * in), acc[j][r]);         \
-            }                                                                                    \
-          }                                                                                      \
-        }                                                                                        \
-      }                                                                                          \
-    }                                                                                            \
-    for (int j = 0; j < O; j++)                                                                  \
-      for (int r = 0; r < R; r++)                                                                \
-        y[(r0 + r) * out + o + j] = _mm512_reduce_add_ps(_mm512_add_ps(acc[j][r], acc2[j][r])); \
-  }
-
-// x: f32 [n, in]; q: codes [out, in * BITS / 8]; s, b: [out, in / group]; y: f32 [n, out].
-// The workgroup `wg` computes outputs [wg * per, min((wg + 1) * per, out)) for every row.
-#define DEFINE_ENTRY(BITS, STYPE, NAME)                                                          \
-  void NAME(MEMREF(const uint8_t, x), MEMREF(const uint8_t, q), MEMREF(const uint8_t, s),        \
-            MEMREF(const uint8_t, b), MEMREF(uint8_t, y), size_t n, size_t in, size_t out,       \
-            size_t group, size_t per, size_t wg) {                                               \
-    const float *X = AT(const float, x);                                                         \
-    const uint8_t *Q = AT(const uint8_t, q);                                                     \
-    const STYPE *S = AT(const STYPE, s), *B = AT(const STYPE, b);                                \
-    float *Y = AT(float, y);                                                                     \
-    const size_t o0 = wg * per, o1 = o0 + per < out ? o0 + per : out;                            \
-    size_t o = o0;                                                                               \
-    if (n <= 2)                                                                                  \
-      for (; o + 4 <= o1; o += 4) {                                                              \
-        if (n == 2) tile_##BITS##_##STYPE(X, Q, S, B, Y, in, out, group, o, 0, 2, 4);            \
-        else tile_##BITS##_##STYPE(X, Q, S, B, Y, in, out, group, o, 0, 1, 4);                  \
-      }                                                                                          \
-    for (; o + 2 <= o1; o += 2) {                                                                \
-      size_t r = 0;                                                                              \
-      for (; r + 4 <= n; r += 4) tile_##BITS##_##STYPE(X, Q, S, B, Y, in, out, group, o, r, 4, 2); \
-      switch (n - r) {                                                                           \
-        case 1: tile_##BITS##_##STYPE(X, Q, S, B, Y, in, out, group, o, r, 1, 2); break;         \
-        case 2: tile_##BITS##_##STYPE(X, Q, S, B, Y, in, out, group, o, r, 2, 2); break;         \
-        case 3: tile_##BITS##_##STYPE(X, Q, S, B, Y, in, out, group, o, r, 3, 2); break;         \
-        default: break;                                                                          \
-      }                                                                                          \
-    }                                                                                            \
-    for (; o < o1; o++)                                                                          \
-      for (size_t r = 0; r < n; r++) tile_##BITS##_##STYPE(X, Q, S, B, Y, in, out, group, o, r, 1, 1); \
+              const __m512 hi =                                                                    \
+                  _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(codes, 4)), vs[j], vb[j]);  \
+              for (int r = 0; r < R; r++) {                                                        \
+                acc[j][r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xe + r * in), acc[j][r]);          \
+                acc2[j][r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xo + r * in), acc2[j][r]);        \
+              }                                                                                    \
+            } else {                                                                               \
+              const float *xs = x + r0 * in + g * group + c;                                       \
+              const __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes), vs[j], vb[j]);           \
+              for (int r = 0; r < R; r++)                                                          \
+                acc[j][r] = _mm512_fmadd_ps(w, _mm512_loadu_ps(xs + r * in), acc[j][r]);           \
+            }                                                                                      \
+          }                                                                                        \
+        }                                                                                          \
+      }                                                                                            \
+    }                                                                                              \
+    for (int j = 0; j < O; j++)                                                                    \
+      for (int r = 0; r < R; r++)                                                                  \
+        y[(r0 + r) * out + o + j] = _mm512_reduce_add_ps(_mm512_add_ps(acc[j][r], acc2[j][r]));    \
   }
 
 typedef uint16_t f16_bits;
@@ -138,10 +108,6 @@ DEFINE_TILE(4, float, widen_f32)
 DEFINE_TILE(8, f16_bits, widen_f16)
 DEFINE_TILE(8, float, widen_f32)
 
-DEFINE_ENTRY(4, f16_bits, mlxcel_qmm4_f16)
-DEFINE_ENTRY(4, float, mlxcel_qmm4_f32)
-DEFINE_ENTRY(8, f16_bits, mlxcel_qmm8_f16)
-DEFINE_ENTRY(8, float, mlxcel_qmm8_f32)
 
 // ---------------------------------------------------------------------------------------------
 // int8 activations (the `kernel-int8` weight format; also needs AVX-512 VNNI).
@@ -217,12 +183,12 @@ INLINE void quantize_row(const float *x, size_t in, int bits, int8_t *out) {
   }
 }
 
-#define DEFINE_QUANTIZE(BITS)                                                                    \
-  void mlxcel_quantize_x##BITS(MEMREF(const uint8_t, x), MEMREF(uint8_t, o), size_t n,           \
-                               size_t in, size_t row) {                                          \
-    (void)n;                                                                                     \
-    quantize_row(AT(const float, x) + row * in, in, BITS,                                        \
-                 (int8_t *)AT(uint8_t, o) + row * quantized_row_bytes(in, BITS));                \
+#define DEFINE_QUANTIZE(BITS)                                                                      \
+  void mlxcel_quantize_x##BITS(MEMREF(const uint8_t, x), MEMREF(uint8_t, o), size_t n,             \
+                               size_t in, size_t row) {                                            \
+    (void)n;                                                                                       \
+    quantize_row(AT(const float, x) + row * in, in, BITS,                                          \
+                 (int8_t *)AT(uint8_t, o) + row * quantized_row_bytes(in, BITS));                  \
   }
 
 DEFINE_QUANTIZE(4)
@@ -239,85 +205,53 @@ INLINE __m512 lane_scales_f32(const float *s, size_t count, __m256i index) {
   return _mm512_permutexvar_ps(_mm512_cvtepu16_epi32(index), _mm512_castps128_ps512(v));
 }
 
-#define DEFINE_TILE_I8(BITS, STYPE, SCALES)                                                      \
-  INLINE void tile_i8_##BITS##_##STYPE(const int8_t *xq, size_t qrow, const uint8_t *q,          \
-                                       const STYPE *s, const STYPE *b, float *y, size_t in,      \
-                                       size_t out, size_t group, size_t o, size_t r0,            \
-                                       const int R, const int O) {                               \
-    const size_t P = pieces(in, BITS), PV = piece_values(BITS), groups = in / group;             \
-    const size_t row_bytes = in * BITS / 8;                                                      \
-    const size_t per_piece = PV >= group ? PV / group : 1;                                       \
-    uint16_t lane_group[16];                                                                     \
-    for (int L = 0; L < 16; L++)                                                                 \
-      lane_group[L] = PV >= group ? (uint16_t)(32 * lane_block(L, BITS) / group) : 0;            \
-    const __m256i index = _mm256_loadu_si256((const __m256i *)lane_group);                       \
-    const __m512i low = _mm512_set1_epi8(15);                                                    \
-    __m512 acc[4][4];                                                                            \
-    for (int j = 0; j < O; j++)                                                                  \
-      for (int r = 0; r < R; r++) acc[j][r] = _mm512_setzero_ps();                               \
-    for (size_t p = 0; p < P; p++) {                                                             \
-      const size_t g0 = p * PV / group;                                                          \
-      const size_t count = groups - g0 < per_piece ? groups - g0 : per_piece;                    \
-      const size_t left = row_bytes - p * 64;                                                    \
-      const __mmask64 mask = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);          \
-      for (int j = 0; j < O; j++) {                                                              \
-        const __m512i v = _mm512_maskz_loadu_epi8(mask, q + (o + j) * row_bytes + p * 64);       \
-        const __m512 sv = SCALES(s + (o + j) * groups + g0, count, index);                       \
-        const __m512 bv = SCALES(b + (o + j) * groups + g0, count, index);                       \
-        for (int r = 0; r < R; r++) {                                                            \
-          const int8_t *xr = xq + (r0 + r) * qrow;                                               \
-          __m512i sum;                                                                           \
-          if (BITS == 4) {                                                                       \
-            const __m512i lo = _mm512_and_si512(v, low);                                         \
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);                  \
-            sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,                                \
-                                      _mm512_loadu_si512(xr + p * 128));                         \
-            sum = _mm512_dpbusd_epi32(sum, hi, _mm512_loadu_si512(xr + p * 128 + 64));           \
-          } else {                                                                               \
+#define DEFINE_TILE_I8(BITS, STYPE, SCALES)                                                        \
+  INLINE void tile_i8_##BITS##_##STYPE(const int8_t *xq, size_t qrow, const uint8_t *q,            \
+                                       const STYPE *s, const STYPE *b, float *y, size_t in,        \
+                                       size_t out, size_t group, size_t o, size_t r0,              \
+                                       const int R, const int O) {                                 \
+    const size_t P = pieces(in, BITS), PV = piece_values(BITS), groups = in / group;               \
+    const size_t row_bytes = in * BITS / 8;                                                        \
+    const size_t per_piece = PV >= group ? PV / group : 1;                                         \
+    uint16_t lane_group[16];                                                                       \
+    for (int L = 0; L < 16; L++)                                                                   \
+      lane_group[L] = PV >= group ? (uint16_t)(32 * lane_block(L, BITS) / group) : 0;              \
+    const __m256i index = _mm256_loadu_si256((const __m256i *)lane_group);                         \
+    const __m512i low = _mm512_set1_epi8(15);                                                      \
+    __m512 acc[4][4];                                                                              \
+    for (int j = 0; j < O; j++)                                                                    \
+      for (int r = 0; r < R; r++) acc[j][r] = _mm512_setzero_ps();                                 \
+    for (size_t p = 0; p < P; p++) {                                                               \
+      const size_t g0 = p * PV / group;                                                            \
+      const size_t count = groups - g0 < per_piece ? groups - g0 : per_piece;                      \
+      const size_t left = row_bytes - p * 64;                                                      \
+      const __mmask64 mask = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);            \
+      for (int j = 0; j < O; j++) {                                                                \
+        const __m512i v = _mm512_maskz_loadu_epi8(mask, q + (o + j) * row_bytes + p * 64);         \
+        const __m512 sv = SCALES(s + (o + j) * groups + g0, count, index);                         \
+        const __m512 bv = SCALES(b + (o + j) * groups + g0, count, index);                         \
+        for (int r = 0; r < R; r++) {                                                              \
+          const int8_t *xr = xq + (r0 + r) * qrow;                                                 \
+          __m512i sum;                                                                             \
+          if (BITS == 4) {                                                                         \
+            const __m512i lo = _mm512_and_si512(v, low);                                           \
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);                     \
+            sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,                                  \
+                                      _mm512_loadu_si512(xr + p * 128));                           \
+            sum = _mm512_dpbusd_epi32(sum, hi, _mm512_loadu_si512(xr + p * 128 + 64));             \
+          } else {                                                                                 \
             sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, _mm512_loadu_si512(xr + p * 64)); \
-          }                                                                                      \
-          const float *dx = (const float *)(xr + P * PV) + p * 16;                               \
-          const float *sx = (const float *)(xr + P * PV) + P * 16 + p * 16;                      \
-          const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_loadu_ps(dx));          \
-          acc[j][r] = _mm512_fmadd_ps(t, sv, acc[j][r]);                                         \
-          acc[j][r] = _mm512_fmadd_ps(bv, _mm512_loadu_ps(sx), acc[j][r]);                       \
-        }                                                                                        \
-      }                                                                                          \
-    }                                                                                            \
-    for (int j = 0; j < O; j++)                                                                  \
-      for (int r = 0; r < R; r++) y[(r0 + r) * out + o + j] = _mm512_reduce_add_ps(acc[j][r]);   \
-  }
-
-// xq: `quantize_x` rows; the rest as the f32 entries.
-#define DEFINE_ENTRY_I8(BITS, STYPE, NAME)                                                       \
-  void NAME(MEMREF(const uint8_t, x), MEMREF(const uint8_t, q), MEMREF(const uint8_t, s),        \
-            MEMREF(const uint8_t, b), MEMREF(uint8_t, y), size_t n, size_t in, size_t out,       \
-            size_t group, size_t per, size_t wg) {                                               \
-    const int8_t *X = AT(const int8_t, x);                                                       \
-    const size_t qrow = quantized_row_bytes(in, BITS);                                           \
-    const uint8_t *Q = AT(const uint8_t, q);                                                     \
-    const STYPE *S = AT(const STYPE, s), *B = AT(const STYPE, b);                                \
-    float *Y = AT(float, y);                                                                     \
-    const size_t o0 = wg * per, o1 = o0 + per < out ? o0 + per : out;                            \
-    size_t o = o0;                                                                               \
-    if (n <= 2)                                                                                  \
-      for (; o + 4 <= o1; o += 4) {                                                              \
-        if (n == 2) tile_i8_##BITS##_##STYPE(X, qrow, Q, S, B, Y, in, out, group, o, 0, 2, 4);   \
-        else tile_i8_##BITS##_##STYPE(X, qrow, Q, S, B, Y, in, out, group, o, 0, 1, 4);         \
-      }                                                                                          \
-    for (; o + 2 <= o1; o += 2) {                                                                \
-      size_t r = 0;                                                                              \
-      for (; r + 4 <= n; r += 4) tile_i8_##BITS##_##STYPE(X, qrow, Q, S, B, Y, in, out, group, o, r, 4, 2); \
-      switch (n - r) {                                                                           \
-        case 1: tile_i8_##BITS##_##STYPE(X, qrow, Q, S, B, Y, in, out, group, o, r, 1, 2); break; \
-        case 2: tile_i8_##BITS##_##STYPE(X, qrow, Q, S, B, Y, in, out, group, o, r, 2, 2); break; \
-        case 3: tile_i8_##BITS##_##STYPE(X, qrow, Q, S, B, Y, in, out, group, o, r, 3, 2); break; \
-        default: break;                                                                          \
-      }                                                                                          \
-    }                                                                                            \
-    for (; o < o1; o++)                                                                          \
-      for (size_t r = 0; r < n; r++)                                                             \
-        tile_i8_##BITS##_##STYPE(X, qrow, Q, S, B, Y, in, out, group, o, r, 1, 1);               \
+          }                                                                                        \
+          const float *dx = (const float *)(xr + P * PV) + p * 16;                                 \
+          const float *sx = (const float *)(xr + P * PV) + P * 16 + p * 16;                        \
+          const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_loadu_ps(dx));            \
+          acc[j][r] = _mm512_fmadd_ps(t, sv, acc[j][r]);                                           \
+          acc[j][r] = _mm512_fmadd_ps(bv, _mm512_loadu_ps(sx), acc[j][r]);                         \
+        }                                                                                          \
+      }                                                                                            \
+    }                                                                                              \
+    for (int j = 0; j < O; j++)                                                                    \
+      for (int r = 0; r < R; r++) y[(r0 + r) * out + o + j] = _mm512_reduce_add_ps(acc[j][r]);     \
   }
 
 DEFINE_TILE_I8(4, f16_bits, lane_scales_f16)
@@ -325,7 +259,89 @@ DEFINE_TILE_I8(4, float, lane_scales_f32)
 DEFINE_TILE_I8(8, f16_bits, lane_scales_f16)
 DEFINE_TILE_I8(8, float, lane_scales_f32)
 
-DEFINE_ENTRY_I8(4, f16_bits, mlxcel_qmm4i_f16)
-DEFINE_ENTRY_I8(4, float, mlxcel_qmm4i_f32)
-DEFINE_ENTRY_I8(8, f16_bits, mlxcel_qmm8i_f16)
-DEFINE_ENTRY_I8(8, float, mlxcel_qmm8i_f32)
+
+// ---------------------------------------------------------------------------------------------
+// Entries. x: f32 [n, in] (f32 activations) or `quantize_x` rows (int8); q: codes
+// [out, in * BITS / 8]; s, b: [out, in / group]; y: f32 [n, out]. The workgroup `wg` computes
+// columns [wg * per, min((wg + 1) * per, out)) for every row. The `_x2` and `_x3` entries take
+// two or three weights of the same input, format and group (q, k and v; gate and up) and write
+// their products side by side, y = [n, out0 + out1 (+ out2)], the workgroups spread over all
+// the columns: one dispatch instead of several.
+
+// Columns [o0, o1) of the weight at `TILE` over every row; y's rows are `ystride` apart.
+#define DEFINE_RANGE(TILE, XTYPE, STYPE)                                                           \
+  static void range_##TILE(const XTYPE *X, size_t qrow, const uint8_t *Q, const STYPE *S,          \
+                           const STYPE *B, float *Y, size_t n, size_t in, size_t ystride,          \
+                           size_t group, size_t o0, size_t o1) {                                   \
+    size_t o = o0;                                                                                 \
+    if (n <= 2)                                                                                    \
+      for (; o + 4 <= o1; o += 4) {                                                                \
+        if (n == 2) TILE(X, qrow, Q, S, B, Y, in, ystride, group, o, 0, 2, 4);                     \
+        else TILE(X, qrow, Q, S, B, Y, in, ystride, group, o, 0, 1, 4);                            \
+      }                                                                                            \
+    for (; o + 2 <= o1; o += 2) {                                                                  \
+      size_t r = 0;                                                                                \
+      for (; r + 4 <= n; r += 4) TILE(X, qrow, Q, S, B, Y, in, ystride, group, o, r, 4, 2);        \
+      switch (n - r) {                                                                             \
+        case 1: TILE(X, qrow, Q, S, B, Y, in, ystride, group, o, r, 1, 2); break;                  \
+        case 2: TILE(X, qrow, Q, S, B, Y, in, ystride, group, o, r, 2, 2); break;                  \
+        case 3: TILE(X, qrow, Q, S, B, Y, in, ystride, group, o, r, 3, 2); break;                  \
+        default: break;                                                                            \
+      }                                                                                            \
+    }                                                                                              \
+    for (; o < o1; o++)                                                                            \
+      for (size_t r = 0; r < n; r++) TILE(X, qrow, Q, S, B, Y, in, ystride, group, o, r, 1, 1);    \
+  }
+
+// The part of the workgroup's columns [o0, o1) that falls in a weight's columns [base, base +
+// out), run by `range`.
+#define SEGMENT(TILE, STYPE, k, base, out_k)                                                       \
+  do {                                                                                             \
+    const size_t lo = o0 > (base) ? o0 : (base), hi = o1 < (base) + (out_k) ? o1 : (base) + (out_k); \
+    if (lo < hi)                                                                                   \
+      range_##TILE(X, qrow, AT(const uint8_t, q##k), AT(const STYPE, s##k), AT(const STYPE, b##k), \
+                   Y + (base), n, in, total, group, lo - (base), hi - (base));                     \
+  } while (0)
+
+#define WEIGHT(k) MEMREF(const uint8_t, q##k), MEMREF(const uint8_t, s##k), MEMREF(const uint8_t, b##k)
+
+// QROW: bytes per row of x as the tile reads it (0 for f32 x, which the tiles index by `in`).
+#define DEFINE_ENTRIES(TILE, XTYPE, STYPE, QROW, NAME)                                             \
+  DEFINE_RANGE(TILE, XTYPE, STYPE)                                                                 \
+  void NAME(MEMREF(const uint8_t, x), WEIGHT(0), MEMREF(uint8_t, y), size_t n, size_t in,          \
+            size_t out0, size_t group, size_t per, size_t wg) {                                    \
+    const XTYPE *X = AT(const XTYPE, x);                                                           \
+    const size_t qrow = QROW, total = out0;                                                        \
+    float *Y = AT(float, y);                                                                       \
+    const size_t o0 = wg * per, o1 = o0 + per < total ? o0 + per : total;                          \
+    SEGMENT(TILE, STYPE, 0, 0, out0);                                                              \
+  }                                                                                                \
+  void NAME##_x2(MEMREF(const uint8_t, x), WEIGHT(0), WEIGHT(1), MEMREF(uint8_t, y), size_t n,     \
+                 size_t in, size_t out0, size_t out1, size_t group, size_t per, size_t wg) {       \
+    const XTYPE *X = AT(const XTYPE, x);                                                           \
+    const size_t qrow = QROW, total = out0 + out1;                                                 \
+    float *Y = AT(float, y);                                                                       \
+    const size_t o0 = wg * per, o1 = o0 + per < total ? o0 + per : total;                          \
+    SEGMENT(TILE, STYPE, 0, 0, out0);                                                              \
+    SEGMENT(TILE, STYPE, 1, out0, out1);                                                           \
+  }                                                                                                \
+  void NAME##_x3(MEMREF(const uint8_t, x), WEIGHT(0), WEIGHT(1), WEIGHT(2), MEMREF(uint8_t, y),    \
+                 size_t n, size_t in, size_t out0, size_t out1, size_t out2, size_t group,         \
+                 size_t per, size_t wg) {                                                          \
+    const XTYPE *X = AT(const XTYPE, x);                                                           \
+    const size_t qrow = QROW, total = out0 + out1 + out2;                                          \
+    float *Y = AT(float, y);                                                                       \
+    const size_t o0 = wg * per, o1 = o0 + per < total ? o0 + per : total;                          \
+    SEGMENT(TILE, STYPE, 0, 0, out0);                                                              \
+    SEGMENT(TILE, STYPE, 1, out0, out1);                                                           \
+    SEGMENT(TILE, STYPE, 2, out0 + out1, out2);                                                    \
+  }
+
+DEFINE_ENTRIES(tile_4_f16_bits, float, f16_bits, 0, mlxcel_qmm4_f16)
+DEFINE_ENTRIES(tile_4_float, float, float, 0, mlxcel_qmm4_f32)
+DEFINE_ENTRIES(tile_8_f16_bits, float, f16_bits, 0, mlxcel_qmm8_f16)
+DEFINE_ENTRIES(tile_8_float, float, float, 0, mlxcel_qmm8_f32)
+DEFINE_ENTRIES(tile_i8_4_f16_bits, int8_t, f16_bits, quantized_row_bytes(in, 4), mlxcel_qmm4i_f16)
+DEFINE_ENTRIES(tile_i8_4_float, int8_t, float, quantized_row_bytes(in, 4), mlxcel_qmm4i_f32)
+DEFINE_ENTRIES(tile_i8_8_f16_bits, int8_t, f16_bits, quantized_row_bytes(in, 8), mlxcel_qmm8i_f16)
+DEFINE_ENTRIES(tile_i8_8_float, int8_t, float, quantized_row_bytes(in, 8), mlxcel_qmm8i_f32)

@@ -126,6 +126,18 @@ pub fn export(p: &Packing, int8: bool) -> String {
     format!("qmm{}{int8}_{scales}", p.bits)
 }
 
+/// The most weights one product dispatch takes (q, k and v).
+pub const MAX_FUSED: usize = 3;
+
+/// The export that multiplies `weights` (1 to [`MAX_FUSED`]) weights packed as `p`, of one
+/// input, side by side ([`export`] for one).
+pub fn fused_export(p: &Packing, int8: bool, weights: usize) -> String {
+    match weights {
+        1 => export(p, int8),
+        k => format!("{}_x{k}", export(p, int8)),
+    }
+}
+
 /// The export that quantizes rows of x for the int8 products of `bits`-bit weights.
 pub fn quantize_export(bits: u32) -> String {
     format!("quantize_x{bits}")
@@ -152,46 +164,23 @@ pub fn executable_text(object: &str) -> String {
     let mut functions = String::new();
     for (bits, int8) in [(4, false), (8, false), (4, true), (8, true)] {
         for (scales, scale_bytes) in [("f16", 2), ("f32", 4)] {
-            let name = format!("qmm{bits}{}_{scales}", if int8 { "i" } else { "" });
-            // The x operand: f32 rows, or rows quantized by `quantize_x`.
-            let x_bytes = if int8 {
-                let (values, row) = if bits == 4 { (128, 256) } else { (64, 192) };
-                format!("affine_map<()[s0, s1] -> (s0 * ((s1 ceildiv {values}) * {row}))>")
-            } else {
-                "affine_map<()[s0, s1] -> (s0 * s1 * 4)>".to_owned()
-            };
-            exports.push_str(&format!(
-                "    stream.executable.export public @{name} workgroups(%n: index, %in: index, \
-                 %out: index, %group: index, %per: index) -> (index, index, index) {{\n\
-                 \x20     %x = affine.apply affine_map<()[s0, s1] -> (s0 ceildiv s1)>()[%out, %per]\n\
-                 \x20     %c1 = arith.constant 1 : index\n\
-                 \x20     stream.return %x, %c1, %c1 : index, index, index\n\
-                 \x20   }}\n"
-            ));
-            let memrefs = ["memref<?xi8>"; 5].join(", ");
-            functions.push_str(&format!(
-                "      func.func private @mlxcel_{name}({memrefs}, index, index, index, index, index, index) attributes {{hal.import.static}}\n\
-                 \x20     func.func @{name}(%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %bb: !stream.binding, %by: !stream.binding, %n: index, %in: index, %out: index, %group: index, %per: index) {{\n\
-                 \x20       %c0 = arith.constant 0 : index\n\
-                 \x20       %wg = hal.interface.workgroup.id[0] : index\n\
-                 \x20       %xs = affine.apply {x_bytes}()[%n, %in]\n\
-                 \x20       %qs = affine.apply affine_map<()[s0, s1] -> ((s0 * s1 * {bits}) floordiv 8)>()[%out, %in]\n\
-                 \x20       %ss = affine.apply affine_map<()[s0, s1, s2] -> ((s1 floordiv s2) * s0 * {scale_bytes})>()[%out, %in, %group]\n\
-                 \x20       %ys = affine.apply affine_map<()[s0, s1] -> (s0 * s1 * 4)>()[%n, %out]\n\
-                 \x20       %mx = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?xi8>{{%xs}}\n\
-                 \x20       %mq = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?xi8>{{%qs}}\n\
-                 \x20       %ms = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?xi8>{{%ss}}\n\
-                 \x20       %mb = stream.binding.subspan %bb[%c0] : !stream.binding -> memref<?xi8>{{%ss}}\n\
-                 \x20       %my = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xi8>{{%ys}}\n\
-                 \x20       func.call @mlxcel_{name}(%mx, %mq, %ms, %mb, %my, %n, %in, %out, %group, %per, %wg) : ({memrefs}, index, index, index, index, index, index) -> ()\n\
-                 \x20       return\n\
-                 \x20     }}\n"
-            ));
+            let base = format!("qmm{bits}{}_{scales}", if int8 { "i" } else { "" });
+            for weights in 1..=MAX_FUSED {
+                product_export(
+                    &mut exports,
+                    &mut functions,
+                    &base,
+                    weights,
+                    bits,
+                    int8,
+                    scale_bytes,
+                );
+            }
         }
     }
     for bits in [4, 8] {
         let name = quantize_export(bits);
-        let (values, row) = if bits == 4 { (128, 256) } else { (64, 192) };
+        let row = quantized_row_map(bits);
         exports.push_str(&format!(
             "    stream.executable.export public @{name} workgroups(%n: index, %in: index) -> (index, index, index) {{\n\
              \x20     %c1 = arith.constant 1 : index\n\
@@ -204,7 +193,7 @@ pub fn executable_text(object: &str) -> String {
              \x20       %c0 = arith.constant 0 : index\n\
              \x20       %wg = hal.interface.workgroup.id[0] : index\n\
              \x20       %xs = affine.apply affine_map<()[s0, s1] -> (s0 * s1 * 4)>()[%n, %in]\n\
-             \x20       %os = affine.apply affine_map<()[s0, s1] -> (s0 * ((s1 ceildiv {values}) * {row}))>()[%n, %in]\n\
+             \x20       %os = affine.apply affine_map<()[s0, s1] -> (s0 * {row})>()[%n, %in]\n\
              \x20       %mx = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?xi8>{{%xs}}\n\
              \x20       %mo = stream.binding.subspan %bo[%c0] : !stream.binding -> memref<?xi8>{{%os}}\n\
              \x20       func.call @mlxcel_{name}(%mx, %mo, %n, %in, %wg) : (memref<?xi8>, memref<?xi8>, index, index, index) -> ()\n\
@@ -224,6 +213,116 @@ pub fn executable_text(object: &str) -> String {
          \x20   }}\n\
          \x20 }}\n"
     )
+}
+
+/// Bytes of one quantized row as an affine expression of `s1` (the input width), matching
+/// [`quantized_row_bytes`].
+fn quantized_row_map(bits: u32) -> String {
+    let values = if bits == 4 { 128 } else { 64 };
+    format!("((s1 ceildiv {values}) * {})", values + 128)
+}
+
+/// One product export over `weights` weights (1: `base`; 2, 3: `base_x2`, `base_x3`): bindings
+/// x, then codes, scales and biases per weight, then y; operands n, in, each weight's columns,
+/// group, columns per workgroup. Workgroups cover all the columns.
+#[allow(clippy::too_many_arguments)]
+fn product_export(
+    exports: &mut String,
+    functions: &mut String,
+    base: &str,
+    weights: usize,
+    bits: u32,
+    int8: bool,
+    scale_bytes: usize,
+) {
+    let name = if weights == 1 {
+        base.to_owned()
+    } else {
+        format!("{base}_x{weights}")
+    };
+    let outs: Vec<String> = (0..weights).map(|k| format!("%out{k}")).collect();
+    let out_args = outs
+        .iter()
+        .map(|o| format!("{o}: index"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // Σ outs as an affine sum of symbols s0 .. s(k-1).
+    let total_map = format!(
+        "affine_map<()[{}] -> ({})>",
+        (0..weights)
+            .map(|k| format!("s{k}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        (0..weights)
+            .map(|k| format!("s{k}"))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    );
+    exports.push_str(&format!(
+        "    stream.executable.export public @{name} workgroups(%n: index, %in: index, {out_args}, \
+         %group: index, %per: index) -> (index, index, index) {{\n\
+         \x20     %total = affine.apply {total_map}()[{}]\n\
+         \x20     %x = affine.apply affine_map<()[s0, s1] -> (s0 ceildiv s1)>()[%total, %per]\n\
+         \x20     %c1 = arith.constant 1 : index\n\
+         \x20     stream.return %x, %c1, %c1 : index, index, index\n\
+         \x20   }}\n",
+        outs.join(", ")
+    ));
+    let memrefs = vec!["memref<?xi8>"; 2 + 3 * weights].join(", ");
+    let indices = vec!["index"; 5 + weights].join(", ");
+    let x_bytes = if int8 {
+        format!(
+            "affine_map<()[s0, s1] -> (s0 * {})>",
+            quantized_row_map(bits)
+        )
+    } else {
+        "affine_map<()[s0, s1] -> (s0 * s1 * 4)>".to_owned()
+    };
+    let mut bindings = vec!["%bx: !stream.binding".to_owned()];
+    let mut body = String::new();
+    let mut call = vec!["%mx".to_owned()];
+    body.push_str(&format!(
+        "        %xs = affine.apply {x_bytes}()[%n, %in]\n\
+         \x20       %mx = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?xi8>{{%xs}}\n"
+    ));
+    for k in 0..weights {
+        bindings.extend([
+            format!("%bq{k}: !stream.binding"),
+            format!("%bs{k}: !stream.binding"),
+            format!("%bb{k}: !stream.binding"),
+        ]);
+        body.push_str(&format!(
+            "        %qs{k} = affine.apply affine_map<()[s0, s1] -> ((s0 * s1 * {bits}) floordiv 8)>()[%out{k}, %in]\n\
+             \x20       %ss{k} = affine.apply affine_map<()[s0, s1, s2] -> ((s1 floordiv s2) * s0 * {scale_bytes})>()[%out{k}, %in, %group]\n\
+             \x20       %mq{k} = stream.binding.subspan %bq{k}[%c0] : !stream.binding -> memref<?xi8>{{%qs{k}}}\n\
+             \x20       %ms{k} = stream.binding.subspan %bs{k}[%c0] : !stream.binding -> memref<?xi8>{{%ss{k}}}\n\
+             \x20       %mb{k} = stream.binding.subspan %bb{k}[%c0] : !stream.binding -> memref<?xi8>{{%ss{k}}}\n"
+        ));
+        call.extend([format!("%mq{k}"), format!("%ms{k}"), format!("%mb{k}")]);
+    }
+    bindings.push("%by: !stream.binding".to_owned());
+    body.push_str(&format!(
+        "        %total = affine.apply {total_map}()[{}]\n\
+         \x20       %ys = affine.apply affine_map<()[s0, s1] -> (s0 * s1 * 4)>()[%n, %total]\n\
+         \x20       %my = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xi8>{{%ys}}\n",
+        outs.join(", ")
+    ));
+    call.push("%my".to_owned());
+    call.extend(["%n".to_owned(), "%in".to_owned()]);
+    call.extend(outs.iter().cloned());
+    call.extend(["%group".to_owned(), "%per".to_owned(), "%wg".to_owned()]);
+    functions.push_str(&format!(
+        "      func.func private @mlxcel_{name}({memrefs}, {indices}) attributes {{hal.import.static}}\n\
+         \x20     func.func @{name}({}, %n: index, %in: index, {out_args}, %group: index, %per: index) {{\n\
+         \x20       %c0 = arith.constant 0 : index\n\
+         \x20       %wg = hal.interface.workgroup.id[0] : index\n\
+         {body}\
+         \x20       func.call @mlxcel_{name}({}) : ({memrefs}, {indices}) -> ()\n\
+         \x20       return\n\
+         \x20     }}\n",
+        bindings.join(", "),
+        call.join(", ")
+    ));
 }
 
 #[cfg(all(test, mlxcel_qmm))]
@@ -292,6 +391,74 @@ mod tests {
             n: usize,
             input: usize,
             row: usize,
+        );
+    }
+
+    unsafe extern "C" {
+        fn mlxcel_qmm4i_f16_x3(
+            xb: *const u8,
+            x: *const u8,
+            xo: usize,
+            xs: usize,
+            xt: usize,
+            q0b: *const u8,
+            q0: *const u8,
+            q0o: usize,
+            q0s: usize,
+            q0t: usize,
+            s0b: *const u8,
+            s0: *const u8,
+            s0o: usize,
+            s0s: usize,
+            s0t: usize,
+            b0b: *const u8,
+            b0: *const u8,
+            b0o: usize,
+            b0s: usize,
+            b0t: usize,
+            q1b: *const u8,
+            q1: *const u8,
+            q1o: usize,
+            q1s: usize,
+            q1t: usize,
+            s1b: *const u8,
+            s1: *const u8,
+            s1o: usize,
+            s1s: usize,
+            s1t: usize,
+            b1b: *const u8,
+            b1: *const u8,
+            b1o: usize,
+            b1s: usize,
+            b1t: usize,
+            q2b: *const u8,
+            q2: *const u8,
+            q2o: usize,
+            q2s: usize,
+            q2t: usize,
+            s2b: *const u8,
+            s2: *const u8,
+            s2o: usize,
+            s2s: usize,
+            s2t: usize,
+            b2b: *const u8,
+            b2: *const u8,
+            b2o: usize,
+            b2s: usize,
+            b2t: usize,
+            yb: *const u8,
+            y: *const u8,
+            yo: usize,
+            ys: usize,
+            yt: usize,
+            n: usize,
+            input: usize,
+            out0: usize,
+            out1: usize,
+            out2: usize,
+            group: usize,
+            per: usize,
+            wg: usize,
         );
     }
 
@@ -511,6 +678,156 @@ mod tests {
                         "{label}: int8 y[{r}][{o}] = {got}, want {want_i8}"
                     );
                 }
+            }
+        }
+    }
+
+    /// Three weights in one dispatch give, column for column, the bits of three dispatches.
+    #[test]
+    fn three_weights_in_one_dispatch_match_three_dispatches() {
+        if !cpu_supported() {
+            eprintln!("skipped: this CPU lacks AVX-512 F/BW/VL/VNNI, FMA or F16C");
+            return;
+        }
+        let mut seed = 11u64;
+        let (n, input, group) = (3, 192, 32);
+        let outs = [40usize, 12, 22];
+        let x: Vec<f32> = (0..n * input)
+            .map(|_| (lcg(&mut seed) % 2000) as f32 / 1000.0 - 1.0)
+            .collect();
+        let weights: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = outs
+            .iter()
+            .map(|&out| {
+                let packed: Vec<u8> = (0..out * input / 2).map(|_| lcg(&mut seed) as u8).collect();
+                let mut halves = |count: usize| -> Vec<u8> {
+                    (0..count)
+                        .flat_map(|_| {
+                            let v = (lcg(&mut seed) % 1000) as f32 / 10_000.0 - 0.05;
+                            half::f16::from_f32(v).to_le_bytes()
+                        })
+                        .collect()
+                };
+                (
+                    packed,
+                    halves(out * input / group),
+                    halves(out * input / group),
+                )
+            })
+            .collect();
+        let single: Vec<Vec<f32>> = outs
+            .iter()
+            .zip(&weights)
+            .map(|(&out, (q, s, b))| {
+                let c = Case {
+                    n,
+                    input,
+                    out,
+                    group,
+                    bits: 4,
+                    half: true,
+                };
+                run(&c, true, &x, q, s, b)
+            })
+            .collect();
+        let row = quantized_row_bytes(input, 4);
+        let mut xq = vec![0u8; n * row];
+        for r in 0..n {
+            // SAFETY: x holds n × input f32; xq n rows of `row` bytes.
+            unsafe {
+                q4(
+                    (x.as_ptr() as _, x.as_ptr() as _, 0, 0, 1),
+                    (xq.as_mut_ptr(), xq.as_mut_ptr(), 0, 0, 1),
+                    n,
+                    input,
+                    r,
+                )
+            };
+        }
+        let total: usize = outs.iter().sum();
+        let mut y = vec![0f32; n * total];
+        let per = 16;
+        let w = &weights;
+        for wg in 0..total.div_ceil(per) {
+            // SAFETY: every buffer has the bytes the kernel reads or writes for these dims.
+            unsafe {
+                mlxcel_qmm4i_f16_x3(
+                    xq.as_ptr(),
+                    xq.as_ptr(),
+                    0,
+                    0,
+                    1,
+                    w[0].0.as_ptr(),
+                    w[0].0.as_ptr(),
+                    0,
+                    0,
+                    1,
+                    w[0].1.as_ptr(),
+                    w[0].1.as_ptr(),
+                    0,
+                    0,
+                    1,
+                    w[0].2.as_ptr(),
+                    w[0].2.as_ptr(),
+                    0,
+                    0,
+                    1,
+                    w[1].0.as_ptr(),
+                    w[1].0.as_ptr(),
+                    0,
+                    0,
+                    1,
+                    w[1].1.as_ptr(),
+                    w[1].1.as_ptr(),
+                    0,
+                    0,
+                    1,
+                    w[1].2.as_ptr(),
+                    w[1].2.as_ptr(),
+                    0,
+                    0,
+                    1,
+                    w[2].0.as_ptr(),
+                    w[2].0.as_ptr(),
+                    0,
+                    0,
+                    1,
+                    w[2].1.as_ptr(),
+                    w[2].1.as_ptr(),
+                    0,
+                    0,
+                    1,
+                    w[2].2.as_ptr(),
+                    w[2].2.as_ptr(),
+                    0,
+                    0,
+                    1,
+                    y.as_mut_ptr() as _,
+                    y.as_mut_ptr() as _,
+                    0,
+                    0,
+                    1,
+                    n,
+                    input,
+                    outs[0],
+                    outs[1],
+                    outs[2],
+                    group,
+                    per,
+                    wg,
+                )
+            };
+        }
+        for r in 0..n {
+            let mut start = 0;
+            for (k, &out) in outs.iter().enumerate() {
+                for o in 0..out {
+                    assert_eq!(
+                        y[r * total + start + o].to_bits(),
+                        single[k][r * out + o].to_bits(),
+                        "row {r}, weight {k}, column {o}"
+                    );
+                }
+                start += out;
             }
         }
     }

@@ -99,9 +99,11 @@ pub fn check_packed(d: &LlamaDims, format: WeightFormat) -> Result<(), EmitError
             return Err(EmitError::Shape {
                 op: "llama",
                 detail: format!(
-                    "{}: cannot pass {} packed ({}-bit, groups of {}, {:?} scales)",
+                    "{}: cannot pass {} under the {} weight format ({}-bit, groups of {}, \
+                     {:?} scales)",
                     spec.name,
                     TensorType::new(&spec.dims, ElementType::F32),
+                    format.name(),
                     p.bits,
                     p.group,
                     p.scales
@@ -288,17 +290,24 @@ impl Emitter<'_> {
         scales: &Value,
         biases: &Value,
     ) -> Result<Value, EmitError> {
+        let y = self.kernel_matmuls(x, &[(q, scales, biases)])?;
+        Ok(y.into_iter().next().expect("one product"))
+    }
+
+    /// The packing of a packed weight's arguments, if mlxcel's kernels under this format take it
+    /// against an input of `input` values.
+    fn kernel_packing(
+        &self,
+        input: i64,
+        q: &Value,
+        scales: &Value,
+        biases: &Value,
+    ) -> Option<crate::abi::Packing> {
         let [out, groups, group] = [q.dims()[0], q.dims()[1], q.dims()[2]];
-        let [n, input] = [x.dims()[0], x.dims()[1]];
-        let (bits, signless) = match q.element() {
-            ElementType::U4 => (4, ElementType::I4),
-            ElementType::U8 => (8, ElementType::I8),
-            other => {
-                return Err(EmitError::Shape {
-                    op: "kernel_matmul",
-                    detail: format!("{other:?} codes (the kernels take 4- and 8-bit codes)"),
-                });
-            }
+        let bits = match q.element() {
+            ElementType::U4 => 4,
+            ElementType::U8 => 8,
+            _ => return None,
         };
         let packing = crate::abi::Packing {
             bits,
@@ -310,22 +319,53 @@ impl Emitter<'_> {
         } else {
             kernels::fits(&packing)
         };
-        if input != groups * group
-            || !fits
-            || scales.dims() != [out, groups]
-            || biases.ty() != scales.ty()
-        {
-            return Err(EmitError::Shape {
-                op: "kernel_matmul",
-                detail: format!(
-                    "{} against codes {}, scales {}, biases {}",
-                    x.ty(),
-                    q.ty(),
-                    scales.ty(),
-                    biases.ty()
-                ),
-            });
-        }
+        (fits
+            && input == groups * group
+            && scales.dims() == [out, groups]
+            && biases.ty() == scales.ty())
+        .then_some(packing)
+    }
+
+    /// `x · wᵀ` for one to [`kernels::MAX_FUSED`] packed weights of the same packing over the
+    /// same `x`, in one dispatch (the products side by side, then sliced apart).
+    fn kernel_matmuls(
+        &mut self,
+        x: &Value,
+        weights: &[(&Value, &Value, &Value)],
+    ) -> Result<Vec<Value>, EmitError> {
+        let [n, input] = [x.dims()[0], x.dims()[1]];
+        let packings: Vec<_> = weights
+            .iter()
+            .map(|(q, s, b)| self.kernel_packing(input, q, s, b))
+            .collect();
+        let packing = match packings[..] {
+            [Some(first), ..]
+                if packings.iter().all(|p| *p == Some(first))
+                    && (1..=kernels::MAX_FUSED).contains(&weights.len()) =>
+            {
+                first
+            }
+            _ => {
+                let (q, scales, biases) = weights[0];
+                return Err(EmitError::Shape {
+                    op: "kernel_matmul",
+                    detail: format!(
+                        "{} against {} weights, the first codes {}, scales {}, biases {}",
+                        x.ty(),
+                        weights.len(),
+                        q.ty(),
+                        scales.ty(),
+                        biases.ty()
+                    ),
+                });
+            }
+        };
+        let bits = packing.bits;
+        let signless = if bits == 4 {
+            ElementType::I4
+        } else {
+            ElementType::I8
+        };
         let int8 = self.format == WeightFormat::KernelInt8;
         let x = if int8 {
             let key = (x.to_string(), bits);
@@ -355,19 +395,85 @@ impl Emitter<'_> {
         } else {
             x.clone()
         };
-        let codes = self.b.bitcast_convert(q, signless)?;
+        let mut operands = vec![x];
+        let mut outs = Vec::with_capacity(weights.len());
+        for (q, scales, biases) in weights {
+            operands.push(self.b.bitcast_convert(q, signless)?);
+            operands.push((*scales).clone());
+            operands.push((*biases).clone());
+            outs.push(q.dims()[0]);
+        }
+        let total: i64 = outs.iter().sum();
         let entry = format!(
             "@{}::@{}",
             kernels::EXECUTABLE,
-            kernels::export(&packing, int8)
+            kernels::fused_export(&packing, int8, weights.len())
         );
-        let per = kernels::columns_per_workgroup(out as usize) as i64;
-        Ok(self.b.dispatch(
+        let per = kernels::columns_per_workgroup(total as usize) as i64;
+        let mut constants = vec![n, input];
+        constants.extend(&outs);
+        constants.extend([packing.group as i64, per]);
+        let refs: Vec<&Value> = operands.iter().collect();
+        let y = self.b.dispatch(
             &entry,
-            &[&x, &codes, scales, biases],
-            &[n, input, out, group, per],
-            TensorType::new(&[n, out], ElementType::F32),
-        ))
+            &refs,
+            &constants,
+            TensorType::new(&[n, total], ElementType::F32),
+        );
+        if weights.len() == 1 {
+            return Ok(vec![y]);
+        }
+        let mut start = 0;
+        let mut parts = Vec::with_capacity(outs.len());
+        for out in outs {
+            parts.push(self.b.slice(&y, &[0, start], &[n, start + out])?);
+            start += out;
+        }
+        Ok(parts)
+    }
+
+    /// [`Self::linear`] of several weights over one `x`: under the kernel formats, weights packed
+    /// alike go through one dispatch ([`Self::kernel_matmuls`]); otherwise one by one.
+    fn linears<const K: usize>(
+        &mut self,
+        x: &Value,
+        weights: [&(Weight, Option<Value>); K],
+    ) -> Result<[Value; K], EmitError> {
+        let packed: Vec<(&Value, &Value, &Value)> = weights
+            .iter()
+            .filter_map(|w| match &w.0 {
+                Weight::Packed { q, scales, biases } => Some((q, scales, biases)),
+                Weight::Dense(_) => None,
+            })
+            .collect();
+        let input = x.dims()[1];
+        let fused = self.format.uses_kernels()
+            && K > 1
+            && packed.len() == K
+            && K <= kernels::MAX_FUSED
+            && {
+                let first = self.kernel_packing(input, packed[0].0, packed[0].1, packed[0].2);
+                first.is_some()
+                    && packed
+                        .iter()
+                        .all(|(q, s, b)| self.kernel_packing(input, q, s, b) == first)
+            };
+        let mut ys: Vec<Value> = if fused {
+            self.kernel_matmuls(x, &packed)?
+        } else {
+            return weights
+                .iter()
+                .map(|w| self.linear(x, w))
+                .collect::<Result<Vec<_>, _>>()
+                .map(|v| v.try_into().expect("K results"));
+        };
+        for (y, w) in ys.iter_mut().zip(weights) {
+            if let Some(bias) = &w.1 {
+                let bias = self.b.broadcast_in_dim(bias, y.dims(), &[1])?;
+                *y = self.b.add(y, &bias)?;
+            }
+        }
+        Ok(ys.try_into().expect("K results"))
     }
 
     /// `x · w` for `x` `[n, in]` and a blocked `w` (`[out / block, in, block]`,
@@ -836,9 +942,7 @@ impl Emitter<'_> {
         let (heads, kv_heads, hd) = (d.heads as i64, d.kv_heads as i64, d.head_dim as i64);
         let (rows, t) = (inputs.rows, inputs.t);
         let n = rows * t;
-        let q = self.linear(h, &layer.q)?;
-        let k = self.linear(h, &layer.k)?;
-        let v = self.linear(h, &layer.v)?;
+        let [q, k, v] = self.linears(h, [&layer.q, &layer.k, &layer.v])?;
         let q = self.b.reshape(&q, &[n, heads, hd])?;
         let k = self.b.reshape(&k, &[n, kv_heads, hd])?;
         let v = self.b.reshape(&v, &[n, kv_heads, hd])?;
@@ -928,8 +1032,8 @@ impl Emitter<'_> {
 
     /// One layer's gated MLP: `down(silu(gate(h)) · up(h))`.
     fn mlp(&mut self, h: &Value, layer: &LayerArgs) -> Result<Value, EmitError> {
-        let gate = self.linear(h, &(layer.gate.clone(), None))?;
-        let up = self.linear(h, &(layer.up.clone(), None))?;
+        let (gate, up) = ((layer.gate.clone(), None), (layer.up.clone(), None));
+        let [gate, up] = self.linears(h, [&gate, &up])?;
         let act = if self.d.gelu {
             self.gelu_tanh(&gate)?
         } else {
@@ -1241,6 +1345,64 @@ pub(crate) mod tests {
         assert!(!text.contains("ui4>) -> tensor<16x32xf32>"));
         let eight = emit_llama(&packed_tiny(8, 8), &TINY_SHAPE, WeightFormat::Packed).unwrap();
         assert!(eight.contains("tensor<64x2x8xui8>"));
+    }
+
+    /// Under the kernel formats (where the kernels exist) every packed linear is a dispatch to
+    /// mlxcel's executable: q, k and v in one, gate and up in one; int8 activations quantize
+    /// each distinct input once. Groups the int8 kernels do not take are refused by name.
+    #[test]
+    fn kernel_formats_dispatch_to_mlxcels_kernels() {
+        let mut d = tiny_dims(true, true);
+        // Inputs of 64 and 128 values, so that groups of 32 divide them.
+        d.hidden = 64;
+        d.intermediate = 128;
+        d.heads = 8;
+        d.kv_heads = 4;
+        let mut packed = d.clone();
+        for spec in weight_specs(&d) {
+            if !spec.always_f32 {
+                let p = Packing {
+                    bits: 4,
+                    group: 32,
+                    scales: ElementType::F16,
+                };
+                packed.packed.insert(spec.name.clone(), p);
+            }
+        }
+        if kernels::object_file_name().is_none() {
+            assert!(emit_llama(&packed, &TINY_SHAPE, WeightFormat::Kernel).is_err());
+            return;
+        }
+        let f32x = emit_llama(&packed, &TINY_SHAPE, WeightFormat::Kernel).unwrap();
+        assert!(f32x.contains("stream.executable private @mlxcel_qmm"));
+        assert!(f32x.contains("func.call @mlxcel_qmm4_f16_x3("));
+        // Per function (prefill, two decodes): one q/k/v and one gate/up dispatch a layer, o
+        // and down one each, and the tied head.
+        let calls =
+            |text: &str, export: &str| text.matches(&format!("@mlxcel_qmm::@{export}[")).count();
+        let functions =
+            f32x.matches("func.func @prefill").count() + f32x.matches("func.func @decode").count();
+        assert!(functions >= 2);
+        assert_eq!(calls(&f32x, "qmm4_f16_x3"), 2 * functions);
+        assert_eq!(calls(&f32x, "qmm4_f16_x2"), 2 * functions);
+        assert_eq!(calls(&f32x, "qmm4_f16"), (2 * 2 + 1) * functions);
+        assert!(!f32x.contains("@quantize_x4["));
+        let int8 = emit_llama(&packed, &TINY_SHAPE, WeightFormat::KernelInt8).unwrap();
+        assert_eq!(calls(&int8, "qmm4i_f16_x3"), 2 * functions);
+        // The inputs of q/k/v, o, gate/up, down per layer, and the head's.
+        assert_eq!(
+            int8.matches("@mlxcel_qmm::@quantize_x4[").count(),
+            (2 * 4 + 1) * functions
+        );
+        // Groups of 16 fit neither kernel.
+        for p in packed.packed.values_mut() {
+            p.group = 16;
+        }
+        let err = emit_llama(&packed, &TINY_SHAPE, WeightFormat::KernelInt8).unwrap_err();
+        assert!(
+            err.to_string().contains("kernel-int8 weight format"),
+            "{err}"
+        );
     }
 
     #[test]
