@@ -264,9 +264,8 @@ DEFINE_TILE_I8(8, float, lane_scales_f32)
 // Entries. x: f32 [n, in] (f32 activations) or `quantize_x` rows (int8); q: codes
 // [out, in * BITS / 8]; s, b: [out, in / group]; y: f32 [n, out]. The workgroup `wg` computes
 // columns [wg * per, min((wg + 1) * per, out)) for every row. The `_x2` and `_x3` entries take
-// two or three weights of the same input, format and group (q, k and v; gate and up) and write
-// their products side by side, y = [n, out0 + out1 (+ out2)], the workgroups spread over all
-// the columns: one dispatch instead of several.
+// two or three weights of the same input, format and group (q, k and v; gate and up), each
+// with its own y, the workgroups spread over all their columns: one dispatch instead of several.
 
 // Columns [o0, o1) of the weight at `TILE` over every row; y's rows are `ystride` apart.
 #define DEFINE_RANGE(TILE, XTYPE, STYPE)                                                           \
@@ -294,43 +293,44 @@ DEFINE_TILE_I8(8, float, lane_scales_f32)
   }
 
 // The part of the workgroup's columns [o0, o1) that falls in a weight's columns [base, base +
-// out), run by `range`.
+// out_k), run by `range` into that weight's own y (rows out_k apart).
 #define SEGMENT(TILE, STYPE, k, base, out_k)                                                       \
   do {                                                                                             \
-    const size_t lo = o0 > (base) ? o0 : (base), hi = o1 < (base) + (out_k) ? o1 : (base) + (out_k); \
+    const size_t lo = o0 > (base) ? o0 : (base);                                                   \
+    const size_t hi = o1 < (base) + (out_k) ? o1 : (base) + (out_k);                               \
     if (lo < hi)                                                                                   \
       range_##TILE(X, qrow, AT(const uint8_t, q##k), AT(const STYPE, s##k), AT(const STYPE, b##k), \
-                   Y + (base), n, in, total, group, lo - (base), hi - (base));                     \
+                   AT(float, y##k), n, in, out_k, group, lo - (base), hi - (base));                \
   } while (0)
 
-#define WEIGHT(k) MEMREF(const uint8_t, q##k), MEMREF(const uint8_t, s##k), MEMREF(const uint8_t, b##k)
+#define WEIGHT(k)                                                                                  \
+  MEMREF(const uint8_t, q##k), MEMREF(const uint8_t, s##k), MEMREF(const uint8_t, b##k)
 
 // QROW: bytes per row of x as the tile reads it (0 for f32 x, which the tiles index by `in`).
+// The `_x2` and `_x3` entries write each weight's product into its own y (y0, y1, y2).
 #define DEFINE_ENTRIES(TILE, XTYPE, STYPE, QROW, NAME)                                             \
   DEFINE_RANGE(TILE, XTYPE, STYPE)                                                                 \
-  void NAME(MEMREF(const uint8_t, x), WEIGHT(0), MEMREF(uint8_t, y), size_t n, size_t in,          \
+  void NAME(MEMREF(const uint8_t, x), WEIGHT(0), MEMREF(uint8_t, y0), size_t n, size_t in,         \
             size_t out0, size_t group, size_t per, size_t wg) {                                    \
     const XTYPE *X = AT(const XTYPE, x);                                                           \
     const size_t qrow = QROW, total = out0;                                                        \
-    float *Y = AT(float, y);                                                                       \
     const size_t o0 = wg * per, o1 = o0 + per < total ? o0 + per : total;                          \
     SEGMENT(TILE, STYPE, 0, 0, out0);                                                              \
   }                                                                                                \
-  void NAME##_x2(MEMREF(const uint8_t, x), WEIGHT(0), WEIGHT(1), MEMREF(uint8_t, y), size_t n,     \
-                 size_t in, size_t out0, size_t out1, size_t group, size_t per, size_t wg) {       \
+  void NAME##_x2(MEMREF(const uint8_t, x), WEIGHT(0), WEIGHT(1), MEMREF(uint8_t, y0),              \
+                 MEMREF(uint8_t, y1), size_t n, size_t in, size_t out0, size_t out1, size_t group, \
+                 size_t per, size_t wg) {                                                          \
     const XTYPE *X = AT(const XTYPE, x);                                                           \
     const size_t qrow = QROW, total = out0 + out1;                                                 \
-    float *Y = AT(float, y);                                                                       \
     const size_t o0 = wg * per, o1 = o0 + per < total ? o0 + per : total;                          \
     SEGMENT(TILE, STYPE, 0, 0, out0);                                                              \
     SEGMENT(TILE, STYPE, 1, out0, out1);                                                           \
   }                                                                                                \
-  void NAME##_x3(MEMREF(const uint8_t, x), WEIGHT(0), WEIGHT(1), WEIGHT(2), MEMREF(uint8_t, y),    \
-                 size_t n, size_t in, size_t out0, size_t out1, size_t out2, size_t group,         \
-                 size_t per, size_t wg) {                                                          \
+  void NAME##_x3(MEMREF(const uint8_t, x), WEIGHT(0), WEIGHT(1), WEIGHT(2), MEMREF(uint8_t, y0),   \
+                 MEMREF(uint8_t, y1), MEMREF(uint8_t, y2), size_t n, size_t in, size_t out0,       \
+                 size_t out1, size_t out2, size_t group, size_t per, size_t wg) {                  \
     const XTYPE *X = AT(const XTYPE, x);                                                           \
     const size_t qrow = QROW, total = out0 + out1 + out2;                                          \
-    float *Y = AT(float, y);                                                                       \
     const size_t o0 = wg * per, o1 = o0 + per < total ? o0 + per : total;                          \
     SEGMENT(TILE, STYPE, 0, 0, out0);                                                              \
     SEGMENT(TILE, STYPE, 1, out0, out1);                                                           \

@@ -223,8 +223,8 @@ fn quantized_row_map(bits: u32) -> String {
 }
 
 /// One product export over `weights` weights (1: `base`; 2, 3: `base_x2`, `base_x3`): bindings
-/// x, then codes, scales and biases per weight, then y; operands n, in, each weight's columns,
-/// group, columns per workgroup. Workgroups cover all the columns.
+/// x, then codes, scales and biases per weight, then each weight's y; operands n, in, each
+/// weight's columns, group, columns per workgroup. Workgroups cover all the columns.
 #[allow(clippy::too_many_arguments)]
 fn product_export(
     exports: &mut String,
@@ -268,7 +268,7 @@ fn product_export(
          \x20   }}\n",
         outs.join(", ")
     ));
-    let memrefs = vec!["memref<?xi8>"; 2 + 3 * weights].join(", ");
+    let memrefs = vec!["memref<?xi8>"; 1 + 4 * weights].join(", ");
     let indices = vec!["index"; 5 + weights].join(", ");
     let x_bytes = if int8 {
         format!(
@@ -300,14 +300,14 @@ fn product_export(
         ));
         call.extend([format!("%mq{k}"), format!("%ms{k}"), format!("%mb{k}")]);
     }
-    bindings.push("%by: !stream.binding".to_owned());
-    body.push_str(&format!(
-        "        %total = affine.apply {total_map}()[{}]\n\
-         \x20       %ys = affine.apply affine_map<()[s0, s1] -> (s0 * s1 * 4)>()[%n, %total]\n\
-         \x20       %my = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xi8>{{%ys}}\n",
-        outs.join(", ")
-    ));
-    call.push("%my".to_owned());
+    for k in 0..weights {
+        bindings.push(format!("%by{k}: !stream.binding"));
+        body.push_str(&format!(
+            "        %ys{k} = affine.apply affine_map<()[s0, s1] -> (s0 * s1 * 4)>()[%n, %out{k}]\n\
+             \x20       %my{k} = stream.binding.subspan %by{k}[%c0] : !stream.binding -> memref<?xi8>{{%ys{k}}}\n"
+        ));
+        call.push(format!("%my{k}"));
+    }
     call.extend(["%n".to_owned(), "%in".to_owned()]);
     call.extend(outs.iter().cloned());
     call.extend(["%group".to_owned(), "%per".to_owned(), "%wg".to_owned()]);
@@ -394,63 +394,78 @@ mod tests {
         );
     }
 
+    /// A memref argument's five scalars.
+    type Scalars = (*const u8, *const u8, usize, usize, usize);
+
     unsafe extern "C" {
+        // x, (codes, scales, biases) × 3, y × 3 as five scalars each, then the dimensions.
+        #[rustfmt::skip]
         fn mlxcel_qmm4i_f16_x3(
-            xb: *const u8,
-            x: *const u8,
-            xo: usize,
-            xs: usize,
-            xt: usize,
-            q0b: *const u8,
-            q0: *const u8,
-            q0o: usize,
-            q0s: usize,
-            q0t: usize,
-            s0b: *const u8,
-            s0: *const u8,
-            s0o: usize,
-            s0s: usize,
-            s0t: usize,
-            b0b: *const u8,
-            b0: *const u8,
-            b0o: usize,
-            b0s: usize,
-            b0t: usize,
-            q1b: *const u8,
-            q1: *const u8,
-            q1o: usize,
-            q1s: usize,
-            q1t: usize,
-            s1b: *const u8,
-            s1: *const u8,
-            s1o: usize,
-            s1s: usize,
-            s1t: usize,
-            b1b: *const u8,
-            b1: *const u8,
-            b1o: usize,
-            b1s: usize,
-            b1t: usize,
-            q2b: *const u8,
-            q2: *const u8,
-            q2o: usize,
-            q2s: usize,
-            q2t: usize,
-            s2b: *const u8,
-            s2: *const u8,
-            s2o: usize,
-            s2s: usize,
-            s2t: usize,
-            b2b: *const u8,
-            b2: *const u8,
-            b2o: usize,
-            b2s: usize,
-            b2t: usize,
-            yb: *const u8,
-            y: *const u8,
-            yo: usize,
-            ys: usize,
-            yt: usize,
+            x0: *const u8,
+            x1: *const u8,
+            x2: usize,
+            x3: usize,
+            x4: usize,
+            q00: *const u8,
+            q01: *const u8,
+            q02: usize,
+            q03: usize,
+            q04: usize,
+            s00: *const u8,
+            s01: *const u8,
+            s02: usize,
+            s03: usize,
+            s04: usize,
+            b00: *const u8,
+            b01: *const u8,
+            b02: usize,
+            b03: usize,
+            b04: usize,
+            q10: *const u8,
+            q11: *const u8,
+            q12: usize,
+            q13: usize,
+            q14: usize,
+            s10: *const u8,
+            s11: *const u8,
+            s12: usize,
+            s13: usize,
+            s14: usize,
+            b10: *const u8,
+            b11: *const u8,
+            b12: usize,
+            b13: usize,
+            b14: usize,
+            q20: *const u8,
+            q21: *const u8,
+            q22: usize,
+            q23: usize,
+            q24: usize,
+            s20: *const u8,
+            s21: *const u8,
+            s22: usize,
+            s23: usize,
+            s24: usize,
+            b20: *const u8,
+            b21: *const u8,
+            b22: usize,
+            b23: usize,
+            b24: usize,
+            y00: *const u8,
+            y01: *const u8,
+            y02: usize,
+            y03: usize,
+            y04: usize,
+            y10: *const u8,
+            y11: *const u8,
+            y12: usize,
+            y13: usize,
+            y14: usize,
+            y20: *const u8,
+            y21: *const u8,
+            y22: usize,
+            y23: usize,
+            y24: usize,
             n: usize,
             input: usize,
             out0: usize,
@@ -744,90 +759,43 @@ mod tests {
             };
         }
         let total: usize = outs.iter().sum();
-        let mut y = vec![0f32; n * total];
+        let mut ys: Vec<Vec<f32>> = outs.iter().map(|&out| vec![0f32; n * out]).collect();
         let per = 16;
+        let m = |p: *const u8| -> Scalars { (p, p, 0, 0, 1) };
         let w = &weights;
+        let (x, [q0, s0, b0], [q1, s1, b1], [q2, s2, b2]) = (
+            m(xq.as_ptr()),
+            [m(w[0].0.as_ptr()), m(w[0].1.as_ptr()), m(w[0].2.as_ptr())],
+            [m(w[1].0.as_ptr()), m(w[1].1.as_ptr()), m(w[1].2.as_ptr())],
+            [m(w[2].0.as_ptr()), m(w[2].1.as_ptr()), m(w[2].2.as_ptr())],
+        );
+        let [y0, y1, y2] = [0, 1, 2].map(|k| m(ys[k].as_mut_ptr() as *const u8));
         for wg in 0..total.div_ceil(per) {
             // SAFETY: every buffer has the bytes the kernel reads or writes for these dims.
+            #[rustfmt::skip]
             unsafe {
                 mlxcel_qmm4i_f16_x3(
-                    xq.as_ptr(),
-                    xq.as_ptr(),
-                    0,
-                    0,
-                    1,
-                    w[0].0.as_ptr(),
-                    w[0].0.as_ptr(),
-                    0,
-                    0,
-                    1,
-                    w[0].1.as_ptr(),
-                    w[0].1.as_ptr(),
-                    0,
-                    0,
-                    1,
-                    w[0].2.as_ptr(),
-                    w[0].2.as_ptr(),
-                    0,
-                    0,
-                    1,
-                    w[1].0.as_ptr(),
-                    w[1].0.as_ptr(),
-                    0,
-                    0,
-                    1,
-                    w[1].1.as_ptr(),
-                    w[1].1.as_ptr(),
-                    0,
-                    0,
-                    1,
-                    w[1].2.as_ptr(),
-                    w[1].2.as_ptr(),
-                    0,
-                    0,
-                    1,
-                    w[2].0.as_ptr(),
-                    w[2].0.as_ptr(),
-                    0,
-                    0,
-                    1,
-                    w[2].1.as_ptr(),
-                    w[2].1.as_ptr(),
-                    0,
-                    0,
-                    1,
-                    w[2].2.as_ptr(),
-                    w[2].2.as_ptr(),
-                    0,
-                    0,
-                    1,
-                    y.as_mut_ptr() as _,
-                    y.as_mut_ptr() as _,
-                    0,
-                    0,
-                    1,
-                    n,
-                    input,
-                    outs[0],
-                    outs[1],
-                    outs[2],
-                    group,
-                    per,
-                    wg,
+                    x.0, x.1, x.2, x.3, x.4,
+                    q0.0, q0.1, q0.2, q0.3, q0.4, s0.0, s0.1, s0.2, s0.3, s0.4,
+                    b0.0, b0.1, b0.2, b0.3, b0.4, q1.0, q1.1, q1.2, q1.3, q1.4,
+                    s1.0, s1.1, s1.2, s1.3, s1.4, b1.0, b1.1, b1.2, b1.3, b1.4,
+                    q2.0, q2.1, q2.2, q2.3, q2.4, s2.0, s2.1, s2.2, s2.3, s2.4,
+                    b2.0, b2.1, b2.2, b2.3, b2.4,
+                    y0.0, y0.1, y0.2, y0.3, y0.4, y1.0, y1.1, y1.2, y1.3, y1.4,
+                    y2.0, y2.1, y2.2, y2.3, y2.4,
+                    n, input, outs[0], outs[1], outs[2], group, per, wg,
                 )
             };
         }
-        for r in 0..n {
-            let mut start = 0;
-            for (k, &out) in outs.iter().enumerate() {
-                for o in 0..out {
-                    assert_eq!(
-                        y[r * total + start + o].to_bits(),
-                        single[k][r * out + o].to_bits(),
-                        "row {r}, weight {k}, column {o}"
-                    );
-                }
-                start += out;
+        for (k, &out) in outs.iter().enumerate() {
+            for i in 0..n * out {
+                assert_eq!(
+                    ys[k][i].to_bits(),
+                    single[k][i].to_bits(),
+                    "weight {k}, row {}, column {}",
+                    i / out,
+                    i % out
+                );
             }
         }
     }

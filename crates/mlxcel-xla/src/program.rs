@@ -327,7 +327,7 @@ impl Emitter<'_> {
     }
 
     /// `x · wᵀ` for one to [`kernels::MAX_FUSED`] packed weights of the same packing over the
-    /// same `x`, in one dispatch (the products side by side, then sliced apart).
+    /// same `x`, in one dispatch with a result per weight.
     fn kernel_matmuls(
         &mut self,
         x: &Value,
@@ -414,22 +414,11 @@ impl Emitter<'_> {
         constants.extend(&outs);
         constants.extend([packing.group as i64, per]);
         let refs: Vec<&Value> = operands.iter().collect();
-        let y = self.b.dispatch(
-            &entry,
-            &refs,
-            &constants,
-            TensorType::new(&[n, total], ElementType::F32),
-        );
-        if weights.len() == 1 {
-            return Ok(vec![y]);
-        }
-        let mut start = 0;
-        let mut parts = Vec::with_capacity(outs.len());
-        for out in outs {
-            parts.push(self.b.slice(&y, &[0, start], &[n, start + out])?);
-            start += out;
-        }
-        Ok(parts)
+        let results: Vec<TensorType> = outs
+            .iter()
+            .map(|&out| TensorType::new(&[n, out], ElementType::F32))
+            .collect();
+        Ok(self.b.dispatch_results(&entry, &refs, &constants, &results))
     }
 
     /// [`Self::linear`] of several weights over one `x`: under the kernel formats, weights packed

@@ -281,6 +281,18 @@ impl FunctionBuilder {
         constants: &[i64],
         result: TensorType,
     ) -> Value {
+        let mut results = self.dispatch_results(entry, operands, constants, &[result]);
+        results.pop().expect("one result")
+    }
+
+    /// [`Self::dispatch`] with several results (at least one).
+    pub fn dispatch_results(
+        &mut self,
+        entry: &str,
+        operands: &[&Value],
+        constants: &[i64],
+        results: &[TensorType],
+    ) -> Vec<Value> {
         let mut names = Vec::with_capacity(constants.len());
         for c in constants {
             let name = format!("%c{}", self.next);
@@ -301,12 +313,38 @@ impl FunctionBuilder {
             .chain(names.iter().map(|_| "index".to_owned()))
             .collect::<Vec<_>>()
             .join(", ");
-        let out = self.fresh(result);
+        let base = format!("%{}", self.next);
+        self.next += 1;
+        let result_types = results
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let (lhs, out_types, values) = if results.len() == 1 {
+            let v = Value {
+                name: base.clone(),
+                ty: results[0].clone(),
+            };
+            (base, result_types, vec![v])
+        } else {
+            let values = results
+                .iter()
+                .enumerate()
+                .map(|(i, t)| Value {
+                    name: format!("{base}#{i}"),
+                    ty: t.clone(),
+                })
+                .collect();
+            (
+                format!("{base}:{}", results.len()),
+                format!("({result_types})"),
+                values,
+            )
+        };
         self.line(format!(
-            "{out} = flow.dispatch {entry}[{workload}]({args}) : ({types}) -> {}",
-            out.ty
+            "{lhs} = flow.dispatch {entry}[{workload}]({args}) : ({types}) -> {out_types}"
         ));
-        out
+        values
     }
 
     /// Reshape to `dims` (same element count).
