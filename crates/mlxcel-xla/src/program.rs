@@ -280,9 +280,9 @@ impl Emitter<'_> {
     /// `x · wᵀ` as [`Self::packed_matmul`], by mlxcel's kernel (`kernels`): for 4-bit codes the
     /// input's blocks of 32 are reordered to `[evens, odds]` (the kernel reads a byte's two
     /// nibbles against the two halves), or, under [`WeightFormat::KernelInt8`], quantized by one
-    /// more dispatch (once per input value and bits), the codes are reinterpreted as signless integers (a `ui4`
-    /// operand of a dispatch would be rewritten by StableHLO's conversion), and one dispatch
-    /// computes `[n, out]`.
+    /// more dispatch (once per input value and bits); the codes are reinterpreted as signless
+    /// integers (a `ui4` operand of a dispatch would be rewritten by StableHLO's conversion), and
+    /// one dispatch computes `[n, out]`.
     fn kernel_matmul(
         &mut self,
         x: &Value,
