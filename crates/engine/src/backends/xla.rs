@@ -14,7 +14,7 @@ use mlxcel_capacity::{
 };
 use mlxcel_model::Checkpoint;
 use mlxcel_xla::program::default_format;
-use mlxcel_xla::{Compiler, DecodeEntry, XlaModel, XlaOptions};
+use mlxcel_xla::{Compiler, DecodeEntry, WeightFormat, XlaModel, XlaOptions};
 
 use crate::backend::{
     Backend, Bucket, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId,
@@ -323,6 +323,17 @@ impl Backend for XlaBackend {
         self.model.compilations()
     }
 
+    /// The weight format and the activations it multiplies with (`kernel-int8`: int8).
+    fn execution(&self) -> String {
+        let format = self.model.options().format;
+        let activations = if format == WeightFormat::KernelInt8 {
+            "int8"
+        } else {
+            "f32"
+        };
+        format!("{} weights, {activations} activations", format.name())
+    }
+
     fn kv_bytes(&self, positions: usize) -> usize {
         positions * self.model.floats_per_position() * 4
     }
@@ -411,7 +422,6 @@ mod tests {
     use super::*;
     #[cfg(feature = "mlx")]
     use crate::backends::mlx::MlxBackend;
-    use mlxcel_xla::WeightFormat;
 
     fn shape(prompt_len: usize, max_new_tokens: MaxNewTokens) -> RequestShape {
         RequestShape {
