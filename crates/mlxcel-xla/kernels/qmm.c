@@ -211,6 +211,8 @@ INLINE __m512 lane_scales_f32(const float *s, size_t count, __m256i index) {
                                        size_t out, size_t group, size_t o, size_t r0,              \
                                        const int R, const int O) {                                 \
     const size_t P = pieces(in, BITS), PV = piece_values(BITS), groups = in / group;               \
+    /* Groups are 32, 64 or 128 values: a shift, not a division, per piece. */                    \
+    const unsigned group_shift = group == 32 ? 5 : group == 64 ? 6 : 7;                          \
     const size_t row_bytes = in * BITS / 8;                                                        \
     const size_t per_piece = PV >= group ? PV / group : 1;                                         \
     uint16_t lane_group[16];                                                                       \
@@ -222,7 +224,7 @@ INLINE __m512 lane_scales_f32(const float *s, size_t count, __m256i index) {
     for (int j = 0; j < O; j++)                                                                    \
       for (int r = 0; r < R; r++) acc[j][r] = _mm512_setzero_ps();                                 \
     for (size_t p = 0; p < P; p++) {                                                               \
-      const size_t g0 = p * PV / group;                                                            \
+      const size_t g0 = (p * PV) >> group_shift;                                                   \
       const size_t count = groups - g0 < per_piece ? groups - g0 : per_piece;                      \
       const size_t left = row_bytes - p * 64;                                                      \
       const __mmask64 mask = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);            \
