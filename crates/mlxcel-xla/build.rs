@@ -32,7 +32,17 @@ fn main() {
     ] {
         build.flag(flag);
     }
-    let objects = build.compile_intermediates();
+    // A C compiler without these flags (or none) leaves the crate without the kernels: the
+    // OpenXLA backend then uses f16 weights, as on CPUs the kernels cannot run on.
+    let objects = match build.try_compile_intermediates() {
+        Ok(objects) => objects,
+        Err(e) => {
+            println!(
+                "cargo:warning=mlxcel-xla: kernels/qmm.c not built ({e}); the kernel weight formats are unavailable"
+            );
+            return;
+        }
+    };
     let [object] = &objects[..] else {
         panic!("kernels/qmm.c compiled to {} objects", objects.len());
     };
