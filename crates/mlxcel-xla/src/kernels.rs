@@ -361,41 +361,18 @@ mod tests {
         mlxcel_qmm8i_f16,
         mlxcel_qmm8i_f32
     );
-    unsafe extern "C" {
-        fn mlxcel_quantize_x4(
-            xb: *const u8,
-            x: *const u8,
-            xo: usize,
-            xs: usize,
-            xt: usize,
-            ob: *const u8,
-            o: *const u8,
-            oo: usize,
-            os: usize,
-            ot: usize,
-            n: usize,
-            input: usize,
-            row: usize,
-        );
-        fn mlxcel_quantize_x8(
-            xb: *const u8,
-            x: *const u8,
-            xo: usize,
-            xs: usize,
-            xt: usize,
-            ob: *const u8,
-            o: *const u8,
-            oo: usize,
-            os: usize,
-            ot: usize,
-            n: usize,
-            input: usize,
-            row: usize,
-        );
+    macro_rules! quantize_entries {
+        ($($name:ident),*) => {
+            unsafe extern "C" {
+                $(fn $name(
+                    xb: *const u8, x: *const u8, xo: usize, xs: usize, xt: usize,
+                    ob: *const u8, o: *const u8, oo: usize, os: usize, ot: usize,
+                    n: usize, input: usize, row: usize,
+                );)*
+            }
+        };
     }
-
-    /// A memref argument's five scalars.
-    type Scalars = (*const u8, *const u8, usize, usize, usize);
+    quantize_entries!(mlxcel_quantize_x4, mlxcel_quantize_x8);
 
     unsafe extern "C" {
         // x, (codes, scales, biases) × 3, y × 3 as five scalars each, then the dimensions.
@@ -761,7 +738,7 @@ mod tests {
         let total: usize = outs.iter().sum();
         let mut ys: Vec<Vec<f32>> = outs.iter().map(|&out| vec![0f32; n * out]).collect();
         let per = 16;
-        let m = |p: *const u8| -> Scalars { (p, p, 0, 0, 1) };
+        let m = |p: *const u8| -> Memref { (p, p, 0, 0, 1) };
         let w = &weights;
         let (x, [q0, s0, b0], [q1, s1, b1], [q2, s2, b2]) = (
             m(xq.as_ptr()),
