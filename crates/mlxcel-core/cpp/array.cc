@@ -136,14 +136,20 @@ void array_list_eval(const ArrayList& list) { mx::eval(list.items); }
 // An array already evaluated in that type and row-contiguous (a step's logits after the step's
 // eval) is copied as it is: no conversion nodes, and no second trip through the stream's thread
 // (~0.1 ms a decode step on the default model).
-template <typename T>
-void read_into(const MlxArray& a, mx::Dtype dtype, rust::Slice<T> out) {
+// `a` as an evaluated, row-contiguous array of `dtype`: `a` itself when it already is one.
+mx::array readable(const MlxArray& a, mx::Dtype dtype) {
   const bool ready = a.inner.is_available() && a.inner.dtype() == dtype &&
                      a.inner.flags().row_contiguous && a.inner.data_size() == a.inner.size();
-  mx::array c = ready ? a.inner
-                      : mx::contiguous(mx::astype(a.inner, dtype, mlxcel_stream()), false,
-                                       mlxcel_stream());
-  if (!ready) mx::eval({c});
+  if (ready) return a.inner;
+  mx::array c =
+      mx::contiguous(mx::astype(a.inner, dtype, mlxcel_stream()), false, mlxcel_stream());
+  mx::eval({c});
+  return c;
+}
+
+template <typename T>
+void read_into(const MlxArray& a, mx::Dtype dtype, rust::Slice<T> out) {
+  mx::array c = readable(a, dtype);
   if (c.size() != out.size()) {
     throw std::invalid_argument("reading " + std::to_string(c.size()) + " elements into room for " +
                                 std::to_string(out.size()));
@@ -152,6 +158,17 @@ void read_into(const MlxArray& a, mx::Dtype dtype, rust::Slice<T> out) {
 }
 
 void array_read_f32(const MlxArray& a, rust::Slice<float> out) { read_into(a, mx::float32, out); }
+
+// Copies `out.size()` elements of `a` (row-major) from element `offset` on: one row of a step's
+// logits straight into its own vector, with no whole-array copy in between.
+void array_read_f32_at(const MlxArray& a, size_t offset, rust::Slice<float> out) {
+  mx::array c = readable(a, mx::float32);
+  if (offset > c.size() || out.size() > c.size() - offset) {
+    throw std::invalid_argument("reading " + std::to_string(out.size()) + " elements from " +
+                                std::to_string(offset) + " of " + std::to_string(c.size()));
+  }
+  if (out.size() > 0) std::memcpy(out.data(), c.data<float>() + offset, out.size() * sizeof(float));
+}
 void array_read_u32(const MlxArray& a, rust::Slice<uint32_t> out) {
   read_into(a, mx::uint32, out);
 }
@@ -178,6 +195,17 @@ void mlx_release_unused_memory() {
   mx::clear_cache();
 #if defined(__GLIBC__)
   malloc_trim(0);  // glibc keeps freed blocks below its mmap threshold in the heap
+#endif
+}
+
+bool heap_keep_freed(size_t mmap_threshold, size_t trim_threshold) {
+#if defined(__GLIBC__)
+  return mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_threshold)) == 1 &&
+         mallopt(M_TRIM_THRESHOLD, static_cast<int>(trim_threshold)) == 1;
+#else
+  (void)mmap_threshold;
+  (void)trim_threshold;
+  return false;
 #endif
 }
 

@@ -68,6 +68,7 @@ uint8_t array_dtype(const MlxArray& a);
 void array_eval(const MlxArray& a);
 void array_list_eval(const ArrayList& list);
 void array_read_f32(const MlxArray& a, rust::Slice<float> out);
+void array_read_f32_at(const MlxArray& a, size_t offset, rust::Slice<float> out);
 void array_read_u32(const MlxArray& a, rust::Slice<uint32_t> out);
 void array_read_i32(const MlxArray& a, rust::Slice<int32_t> out);
 
@@ -84,6 +85,7 @@ size_t set_memory_limit(size_t bytes);
 size_t mlx_active_memory();
 size_t mlx_cache_memory();
 void mlx_release_unused_memory();
+bool heap_keep_freed(size_t mmap_threshold, size_t trim_threshold);
 rust::String mlx_version();
 
 // Shape and layout ops (ops.cc).

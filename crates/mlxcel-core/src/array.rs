@@ -210,6 +210,27 @@ impl Array {
         Ok(out)
     }
 
+    /// Evaluates and copies the elements out as f32, `row_len` of them into each vector in
+    /// row-major order (the rows of a step's logits, each its caller's to keep), with no copy of
+    /// the whole array in between. `row_len` must divide the element count.
+    pub fn to_rows_f32(&self, row_len: usize) -> Result<Vec<Vec<f32>>> {
+        let count = self.element_count();
+        if row_len == 0 || !count.is_multiple_of(row_len) {
+            return Err(Error::Mlx {
+                op: "to_rows_f32",
+                message: format!("{count} elements are not rows of {row_len}"),
+            });
+        }
+        (0..count / row_len)
+            .map(|row| {
+                let mut out = vec![0.0; row_len];
+                sys::with_lock(|| ffi::array_read_f32_at(self.raw(), row * row_len, &mut out))
+                    .map_err(Error::mlx("to_rows_f32"))?;
+                Ok(out)
+            })
+            .collect()
+    }
+
     /// Evaluates and copies the elements out as u32 (e.g. `argmax` results), row-major.
     pub fn to_vec_u32(&self) -> Result<Vec<u32>> {
         let mut out = vec![0; self.element_count()];

@@ -45,8 +45,9 @@ mod sys;
 
 pub use array::{Array, eval};
 pub use device::{
-    MlxBuildInfo, mlx_build_info, mlx_memory, mlx_version, release_unused_memory,
-    set_default_device_cpu, set_memory_limit,
+    HEAP_MMAP_THRESHOLD, HEAP_TRIM_THRESHOLD, HeapSettings, MlxBuildInfo, keep_freed_heap_memory,
+    mlx_build_info, mlx_memory, mlx_version, release_unused_memory, set_default_device_cpu,
+    set_memory_limit,
 };
 pub use dtype::Dtype;
 pub use error::{Error, Result};

@@ -40,6 +40,7 @@ pub(crate) mod ffi {
         fn array_eval(a: &MlxArray) -> Result<()>;
         fn array_list_eval(list: &ArrayList) -> Result<()>;
         fn array_read_f32(a: &MlxArray, out: &mut [f32]) -> Result<()>;
+        fn array_read_f32_at(a: &MlxArray, offset: usize, out: &mut [f32]) -> Result<()>;
         fn array_read_u32(a: &MlxArray, out: &mut [u32]) -> Result<()>;
         fn array_read_i32(a: &MlxArray, out: &mut [i32]) -> Result<()>;
 
@@ -53,6 +54,7 @@ pub(crate) mod ffi {
         fn mlx_active_memory() -> usize;
         fn mlx_cache_memory() -> usize;
         fn mlx_release_unused_memory();
+        fn heap_keep_freed(mmap_threshold: usize, trim_threshold: usize) -> bool;
         fn mlx_version() -> String;
 
         fn zeros(shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;

@@ -26,11 +26,16 @@ pub fn load_backend(
     load(checkpoint, options)
 }
 
-/// Builds the backend `options.backend` names over `checkpoint`.
+/// Builds the backend `options.backend` names over `checkpoint`. Either backend's steps
+/// allocate and free their logits (and MLX's buffers) every step: the C heap keeps freed memory
+/// for reuse from here on (`mlxcel_core::keep_freed_heap_memory`, unless the environment sets
+/// glibc's malloc thresholds).
 pub(crate) fn load(
     checkpoint: &Checkpoint,
     options: &EngineOptions,
 ) -> Result<Box<dyn Backend>, EngineError> {
+    #[cfg(feature = "mlx")]
+    mlxcel_core::keep_freed_heap_memory();
     match options.backend {
         BackendKind::Mlx => load_mlx(checkpoint, options),
         BackendKind::Xla => load_xla(checkpoint, options),

@@ -65,6 +65,38 @@ fn evaluated_arrays_and_views_read_back_in_logical_order() {
     );
 }
 
+/// `to_rows_f32` hands back the same elements as `to_vec_f32`, one vector per row, for
+/// evaluated arrays, views (transposed, strided) and other dtypes alike; rows that do not divide
+/// the array are refused.
+#[test]
+fn rows_read_back_like_the_whole_array_split() {
+    let a = Array::from_f32(&(0..12).map(|v| v as f32).collect::<Vec<_>>(), &[3, 4]).unwrap();
+    let doubled = a.add(&a).unwrap();
+    let t = a.transpose(&[1, 0]).unwrap();
+    let every_other = a.slice_strided(&[0, 1], &[3, 4], &[1, 2]).unwrap();
+    let half = a.astype(Dtype::F16).unwrap();
+    eval(&[&doubled, &t, &every_other, &half]).unwrap();
+    for (array, row) in [
+        (&doubled, 4),
+        (&t, 3),
+        (&every_other, 2),
+        (&half, 6),
+        (&a, 12),
+    ] {
+        let whole = array.to_vec_f32().unwrap();
+        let rows = array.to_rows_f32(row).unwrap();
+        assert_eq!(rows.len(), whole.len() / row);
+        assert!(rows.iter().all(|r| r.len() == row));
+        assert_eq!(rows.concat(), whole);
+    }
+    for bad in [0, 5, 24] {
+        let err = a.to_rows_f32(bad).unwrap_err().to_string();
+        assert!(err.contains("not rows of"), "{err}");
+    }
+    let empty = Array::from_f32(&[], &[0, 4]).unwrap();
+    assert!(empty.to_rows_f32(4).unwrap().is_empty());
+}
+
 #[test]
 fn from_bytes_copies_unaligned_borrowed_data_once() {
     // Little-endian f32 bytes at an odd offset, as a safetensors mmap may hand them out.
