@@ -86,5 +86,5 @@ pub use request::{
 };
 pub use sampling::{Sampler, SamplerStage, SamplingParams, argmax};
 pub use scheduler::{CachedPrefix, PrefixCacheStats, Scheduler, SchedulerConfig, SchedulerStats};
-pub use speculative::{Proposer, SpeculativeConfig};
+pub use speculative::{Proposer, Replay, SpeculativeConfig};
 pub use stop::{StopMatcher, StopScan};

@@ -1488,14 +1488,12 @@ fn speculation_limit(sequence: &Sequence, costs: &crate::speculative::PassCosts)
         .saturating_sub(sequence.tokens.len() + 1);
     let limit = budget_left.min(room);
     sequence.speculative.map_or(0, |config| {
-        let k = config.draft_length(sequence.acceptance, costs.row_cost(config.row_cost), limit);
-        // A sequence that stopped speculating verifies one proposal now and then, so that its
-        // acceptance rate and the measured cost can show that speculation pays again.
-        if k == 0 && sequence.quiet_steps >= crate::speculative::PROBE_EVERY {
-            limit.min(1)
-        } else {
-            k
-        }
+        config.next_draft(
+            sequence.acceptance,
+            sequence.quiet_steps,
+            costs.row_cost(config.row_cost),
+            limit,
+        )
     })
 }
 
