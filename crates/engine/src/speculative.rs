@@ -507,9 +507,9 @@ mod tests {
     }
 
     /// The rate follows what a stream of passes accepts per position: runs of four hits ended
-    /// by a miss (4 of 5 positions) settle it near 0.8 (read after each miss), steady enough that the draft length it
-    /// gives stays put from pass to pass; proposals that always miss stop speculation within a
-    /// few passes (the back-off).
+    /// by a miss (4 of 5 positions) settle it near 0.8 (read after each miss), steady enough
+    /// that the draft length it gives stays put from pass to pass; proposals that always miss
+    /// stop speculation within a few passes (the back-off).
     #[test]
     fn acceptance_tracks_the_per_position_rate_and_backs_off() {
         let config = SpeculativeConfig::default();

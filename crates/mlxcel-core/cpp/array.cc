@@ -131,12 +131,9 @@ void array_eval(const MlxArray& a) { mx::eval({a.inner}); }
 
 void array_list_eval(const ArrayList& list) { mx::eval(list.items); }
 
-// Evaluates `a` converted to `dtype`, row-contiguous, and copies it into `out` (allocated by the
-// caller from the shape: one copy, where pushing into a rust::Vec costs four FFI calls a value).
-// An array already evaluated in that type and row-contiguous (a step's logits after the step's
-// eval) is copied as it is: no conversion nodes, and no second trip through the stream's thread
-// (~0.1 ms a decode step on the default model).
-// `a` as an evaluated, row-contiguous array of `dtype`: `a` itself when it already is one.
+// `a` as an evaluated, row-contiguous array of `dtype`. An array already evaluated in that type
+// and row-contiguous (a step's logits after the step's eval) is `a` itself: no conversion nodes,
+// and no second trip through the stream's thread (~0.1 ms a decode step on the default model).
 mx::array readable(const MlxArray& a, mx::Dtype dtype) {
   const bool ready = a.inner.is_available() && a.inner.dtype() == dtype &&
                      a.inner.flags().row_contiguous && a.inner.data_size() == a.inner.size();
@@ -147,6 +144,8 @@ mx::array readable(const MlxArray& a, mx::Dtype dtype) {
   return c;
 }
 
+// Evaluates `a` converted to `dtype`, row-contiguous, and copies it into `out` (allocated by the
+// caller from the shape: one copy, where pushing into a rust::Vec costs four FFI calls a value).
 template <typename T>
 void read_into(const MlxArray& a, mx::Dtype dtype, rust::Slice<T> out) {
   mx::array c = readable(a, dtype);
@@ -158,6 +157,12 @@ void read_into(const MlxArray& a, mx::Dtype dtype, rust::Slice<T> out) {
 }
 
 void array_read_f32(const MlxArray& a, rust::Slice<float> out) { read_into(a, mx::float32, out); }
+
+// `a` ready to be read as f32 (readable above), evaluated now if it was not: what
+// array_read_f32_at reads row by row without converting it again for each row.
+std::unique_ptr<MlxArray> array_readable_f32(const MlxArray& a) {
+  return wrap(readable(a, mx::float32));
+}
 
 // Copies `out.size()` elements of `a` (row-major) from element `offset` on: one row of a step's
 // logits straight into its own vector, with no whole-array copy in between.

@@ -68,6 +68,7 @@ uint8_t array_dtype(const MlxArray& a);
 void array_eval(const MlxArray& a);
 void array_list_eval(const ArrayList& list);
 void array_read_f32(const MlxArray& a, rust::Slice<float> out);
+std::unique_ptr<MlxArray> array_readable_f32(const MlxArray& a);
 void array_read_f32_at(const MlxArray& a, size_t offset, rust::Slice<float> out);
 void array_read_u32(const MlxArray& a, rust::Slice<uint32_t> out);
 void array_read_i32(const MlxArray& a, rust::Slice<int32_t> out);

@@ -221,10 +221,12 @@ impl Array {
                 message: format!("{count} elements are not rows of {row_len}"),
             });
         }
+        // Converted and evaluated once (if it is not f32 and row-contiguous already).
+        let readable = call("to_rows_f32", || ffi::array_readable_f32(self.raw()))?;
         (0..count / row_len)
             .map(|row| {
                 let mut out = vec![0.0; row_len];
-                sys::with_lock(|| ffi::array_read_f32_at(self.raw(), row * row_len, &mut out))
+                sys::with_lock(|| ffi::array_read_f32_at(readable.raw(), row * row_len, &mut out))
                     .map_err(Error::mlx("to_rows_f32"))?;
                 Ok(out)
             })

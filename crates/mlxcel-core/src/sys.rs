@@ -40,6 +40,7 @@ pub(crate) mod ffi {
         fn array_eval(a: &MlxArray) -> Result<()>;
         fn array_list_eval(list: &ArrayList) -> Result<()>;
         fn array_read_f32(a: &MlxArray, out: &mut [f32]) -> Result<()>;
+        fn array_readable_f32(a: &MlxArray) -> Result<UniquePtr<MlxArray>>;
         fn array_read_f32_at(a: &MlxArray, offset: usize, out: &mut [f32]) -> Result<()>;
         fn array_read_u32(a: &MlxArray, out: &mut [u32]) -> Result<()>;
         fn array_read_i32(a: &MlxArray, out: &mut [i32]) -> Result<()>;

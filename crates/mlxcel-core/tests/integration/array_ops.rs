@@ -76,15 +76,19 @@ fn rows_read_back_like_the_whole_array_split() {
     let every_other = a.slice_strided(&[0, 1], &[3, 4], &[1, 2]).unwrap();
     let half = a.astype(Dtype::F16).unwrap();
     eval(&[&doubled, &t, &every_other, &half]).unwrap();
-    for (array, row) in [
+    // Not evaluated yet: read as the others, its graph run once.
+    let lazy = a.multiply(&a).unwrap().transpose(&[1, 0]).unwrap();
+    let cases = [
         (&doubled, 4),
         (&t, 3),
         (&every_other, 2),
         (&half, 6),
         (&a, 12),
-    ] {
-        let whole = array.to_vec_f32().unwrap();
+        (&lazy, 3),
+    ];
+    for (array, row) in cases {
         let rows = array.to_rows_f32(row).unwrap();
+        let whole = array.to_vec_f32().unwrap();
         assert_eq!(rows.len(), whole.len() / row);
         assert!(rows.iter().all(|r| r.len() == row));
         assert_eq!(rows.concat(), whole);
