@@ -2,15 +2,19 @@
 //! once without speculation, then [`SpeculativeConfig::replay`] replays the scheduler's rules
 //! over it (what `--spec-type ngram-simple` verifies and accepts, in decode steps' worth of
 //! cost) beside the oracle (the best schedule of the same proposals, knowing how many each pass
-//! would accept), for passes over 1 + k positions costing `1 + c·k` decode steps at each row cost
+//! would accept) and the oracle that also picks, for each pass, the best earlier occurrence to
+//! propose from ("any match": a bound on choosing matches better or verifying a tree of them),
+//! for passes over 1 + k positions costing `1 + c·k` decode steps at each row cost
 //! c given. The `spec-cost` example measures c on this machine (~0.2 at depth 512 on the default
 //! model); `scripts/bench-spec --replay` runs this over its prompts.
 //!
 //! `cargo run --release -p mlxcel-engine --example spec-replay -- PROMPTS.json [--model DIR|FILE]
-//! [--n-predict N] [--activations f32|int8] [--row-costs 0.1,0.2,0.3] [--draft-max N]`, where
-//! PROMPTS.json is a list of `{"name": ..., "text": ...}` (raw text, tokenized with the model's
-//! special tokens, as `mlxcel generate --no-chat-template` does). Defaults: the default model,
-//! 256 tokens, int8 activations, row costs 0.1, 0.2 and 0.3, llama.cpp's 16 proposals at most.
+//! [--n-predict N] [--activations f32|int8] [--row-costs 0.1,0.2,0.3] [--draft-max N]
+//! [--ngram-min N]`, where PROMPTS.json is a list of `{"name": ..., "text": ...}` (raw text,
+//! tokenized with the model's special tokens, as `mlxcel generate --no-chat-template` does).
+//! Defaults: the default model, 256 tokens, int8 activations, row costs 0.1, 0.2 and 0.3,
+//! llama.cpp's 16 proposals at most, n-grams of 2 to 4 tokens (`--ngram-min 1` lets a single
+//! matching token propose, and the any-match oracle take every occurrence of the last token).
 
 use std::process::ExitCode;
 
@@ -47,6 +51,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--model" => model = Some(value()?),
             "--n-predict" => n_predict = value()?.parse()?,
             "--draft-max" => config.draft_max = value()?.parse()?,
+            "--ngram-min" => config.ngram_min = value()?.parse()?,
             "--activations" => {
                 activations = match value()?.as_str() {
                     "f32" => Activations::F32,
@@ -82,10 +87,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         row_costs[0]
     );
     for c in &row_costs {
-        print!(" c = {c}: rules | c = {c}: oracle |");
+        print!(" c = {c}: rules | c = {c}: oracle | c = {c}: any match |");
     }
     println!();
-    println!("|---|---:|---:|{}", "---:|---:|".repeat(row_costs.len()));
+    println!(
+        "|---|---:|---:|{}",
+        "---:|---:|---:|".repeat(row_costs.len())
+    );
     for prompt in &prompts {
         let context = engine.tokenize(&prompt.text)?;
         let completion = engine.generate(GenerationRequest {
@@ -101,7 +109,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             prompt.name, replays[0].tokens, replays[0].accepted, replays[0].proposed
         );
         for r in &replays {
-            print!(" {:.2}× | {:.2}× |", r.speed_up(), r.oracle_speed_up());
+            print!(
+                " {:.2}× | {:.2}× | {:.2}× |",
+                r.speed_up(),
+                r.oracle_speed_up(),
+                r.any_match_speed_up()
+            );
         }
         println!();
     }

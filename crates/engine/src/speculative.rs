@@ -175,9 +175,12 @@ impl SpeculativeConfig {
     /// updates, drift, probes), replayed without a model: greedy verification accepts exactly the
     /// proposals that equal the output's next tokens. Beside it, the least cost any schedule of
     /// the same proposals could reach, knowing in advance how many each pass would accept (the
-    /// oracle: what better draft-length rules could still win). `output[0]` comes from the
-    /// prompt's prefill and is not counted. Refused for the draft-model proposer, which needs
-    /// its model.
+    /// oracle: what better draft-length rules could still win), and the least cost if each
+    /// pass could also choose which earlier occurrence to propose from (the continuation of any
+    /// occurrence of the last `ngram_min` tokens, the best one known in advance, its rivals
+    /// verified for free: a bound on what choosing the match better, or verifying several
+    /// candidates in one pass as a tree, could reach). `output[0]` comes from the prompt's
+    /// prefill and is not counted. Refused for the draft-model proposer, which needs its model.
     pub fn replay(
         &self,
         context: &[u32],
@@ -240,22 +243,51 @@ impl SpeculativeConfig {
             tokens.extend_from_slice(&output[i..i + step]);
             i += step;
         }
-        // The oracle: the least total cost from each position on, verifying at most as many
-        // proposals as will be accepted there.
-        let mut best = vec![0.0f64; n + 1];
+        // The oracles: the least total cost from each position on, verifying at most as many
+        // proposals as will be accepted there (of the proposer's choice of match, or of the
+        // best of every match).
         let mut prefix: Vec<u32> = context.to_vec();
         prefix.extend_from_slice(output);
-        for i in (1..n).rev() {
-            let at = &prefix[..context.len() + i];
-            let (_, hits) = accepted_at(i, at, (n - i - 1).min(self.draft_max));
-            best[i] = 1.0 + best[i + 1];
-            for k in 1..=hits {
-                let cost = 1.0 + f64::from(row_cost) * k as f64 + best[(i + k + 1).min(n)];
-                best[i] = best[i].min(cost);
+        let least_cost = |hits_at: &dyn Fn(usize, &[u32], usize) -> usize| -> f64 {
+            let mut best = vec![0.0f64; n + 1];
+            for i in (1..n).rev() {
+                let at = &prefix[..context.len() + i];
+                let hits = hits_at(i, at, (n - i - 1).min(self.draft_max));
+                best[i] = 1.0 + best[i + 1];
+                for k in 1..=hits {
+                    let cost = 1.0 + f64::from(row_cost) * k as f64 + best[(i + k + 1).min(n)];
+                    best[i] = best[i].min(cost);
+                }
             }
-        }
-        replay.oracle_cost = if n > 1 { best[1] } else { 0.0 };
+            if n > 1 { best[1] } else { 0.0 }
+        };
+        replay.oracle_cost = least_cost(&|i, at, limit| accepted_at(i, at, limit).1);
+        replay.any_match_cost =
+            least_cost(&|i, at, limit| self.best_match_hits(at, &output[i..], limit));
         Ok(replay)
+    }
+
+    /// The most tokens of `expected` that the continuation of any earlier occurrence of the
+    /// last `ngram_min` tokens of `tokens` predicts, at most `limit` (0 where none occurs or
+    /// `limit` is below `draft_min`).
+    fn best_match_hits(&self, tokens: &[u32], expected: &[u32], limit: usize) -> usize {
+        let (len, n) = (tokens.len(), self.ngram_min);
+        if limit == 0 || limit < self.draft_min || len <= n {
+            return 0;
+        }
+        let suffix = &tokens[len - n..];
+        (0..len - n)
+            .filter(|&i| &tokens[i..i + n] == suffix)
+            .map(|i| {
+                tokens[i + n..]
+                    .iter()
+                    .zip(expected)
+                    .take(limit)
+                    .take_while(|(p, o)| p == o)
+                    .count()
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// The proposals after `tokens` (prompt and output so far), at most `limit`: what followed
@@ -360,22 +392,31 @@ pub struct Replay {
     pub cost: f64,
     /// The oracle's cost.
     pub oracle_cost: f64,
+    /// The oracle's cost when each pass may also propose from any earlier occurrence of the
+    /// last `ngram_min` tokens, the best one.
+    pub any_match_cost: f64,
 }
 
 impl Replay {
     /// Tokens per decode step's cost against plain decoding (1.0: no gain).
     pub fn speed_up(&self) -> f64 {
-        if self.cost > 0.0 {
-            self.tokens as f64 / self.cost
-        } else {
-            1.0
-        }
+        Self::tokens_per_cost(self.tokens, self.cost)
     }
 
     /// The same for the oracle: no draft-length rule over these proposals does better.
     pub fn oracle_speed_up(&self) -> f64 {
-        if self.oracle_cost > 0.0 {
-            self.tokens as f64 / self.oracle_cost
+        Self::tokens_per_cost(self.tokens, self.oracle_cost)
+    }
+
+    /// The same for the oracle that also picks the best earlier occurrence: no choice of
+    /// match (nor a tree of several) does better.
+    pub fn any_match_speed_up(&self) -> f64 {
+        Self::tokens_per_cost(self.tokens, self.any_match_cost)
+    }
+
+    fn tokens_per_cost(tokens: usize, cost: f64) -> f64 {
+        if cost > 0.0 {
+            tokens as f64 / cost
         } else {
             1.0
         }
@@ -573,6 +614,29 @@ mod tests {
         assert!(
             dear.oracle_speed_up() < half.oracle_speed_up(),
             "{dear:?} {half:?}"
+        );
+
+        // Choosing the match: the oracles agree where only one occurrence exists, and where the
+        // latest occurrence of a bigram is followed by other text than an earlier one, the
+        // earlier one's continuation is what only the any-match oracle takes.
+        assert_eq!(copy.any_match_cost, copy.oracle_cost);
+        assert_eq!(none.any_match_cost, none.cost);
+        assert!(half.any_match_cost <= half.oracle_cost);
+        let earlier: Vec<u32> = (0..40).map(|i| 2000 + i).collect();
+        let later: Vec<u32> = (0..40).map(|i| 3000 + i).collect();
+        let context: Vec<u32> = [7, 8]
+            .iter()
+            .chain(&earlier)
+            .chain(&[7, 8])
+            .chain(&later)
+            .copied()
+            .collect();
+        let output: Vec<u32> = [5, 7, 8].iter().chain(&earlier).copied().collect();
+        let forked = config.replay(&context, &output, 0.1).unwrap();
+        // The latest "7 8" proposes 3000…: one pass lost before the next bigram finds 2000….
+        assert!(
+            forked.any_match_cost + 0.5 < forked.oracle_cost,
+            "{forked:?}"
         );
 
         let draft = SpeculativeConfig {

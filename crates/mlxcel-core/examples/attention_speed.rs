@@ -6,7 +6,9 @@
 //! `cargo run --release -p mlxcel-core --example attention_speed -- [--heads H] [--kv-heads KV]
 //! [--head-dim D] [--rows N] [DEPTH...]`: other head counts (the default model: `--heads 9
 //! --kv-heads 3`; Qwen2.5-3B: `--heads 16 --kv-heads 2 --head-dim 128`), and N query rows at the
-//! end of the context (a prefill chunk or a speculative verification pass).
+//! end of the context (a prefill chunk or a speculative verification pass). `--layers L` cycles
+//! over L separate caches (the default model: 30), so that each call reads its keys and values
+//! from memory as a decode step's layers do, not from the cache the previous call left them in.
 
 use std::time::Instant;
 
@@ -26,7 +28,7 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn main() -> Result<(), mlxcel_core::Error> {
-    let (mut heads, mut kv_heads, mut rows, mut d) = (32i32, 8i32, 1i32, 64i32);
+    let (mut heads, mut kv_heads, mut rows, mut d, mut layers) = (32i32, 8i32, 1i32, 64i32, 1i32);
     let mut depths: Vec<usize> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -41,6 +43,7 @@ fn main() -> Result<(), mlxcel_core::Error> {
             "--kv-heads" => kv_heads = value("--kv-heads"),
             "--rows" => rows = value("--rows"),
             "--head-dim" => d = value("--head-dim"),
+            "--layers" => layers = value("--layers"),
             depth => depths.push(
                 depth
                     .parse()
@@ -67,23 +70,29 @@ fn main() -> Result<(), mlxcel_core::Error> {
             &random((heads * rows * d) as usize, 1),
             &[1, heads, rows, d],
         )?;
-        let k = Array::from_f32(
-            &random((kv_heads * l * d) as usize, 2),
-            &[1, kv_heads, l, d],
-        )?;
-        let v = Array::from_f32(
-            &random((kv_heads * l * d) as usize, 3),
-            &[1, kv_heads, l, d],
-        )?;
+        let keys = random((kv_heads * l * d) as usize, 2);
+        let values = random((kv_heads * l * d) as usize, 3);
         for dtype in [Dtype::F32, Dtype::F16] {
-            let (k, v) = (k.astype(dtype)?, v.astype(dtype)?);
-            eval(&[&q, &k, &v])?;
+            // Every layer's keys and values are the same numbers, each in arrays of their own.
+            let caches = (0..layers)
+                .map(|_| {
+                    let k = Array::from_f32(&keys, &[1, kv_heads, l, d])?.astype(dtype)?;
+                    let v = Array::from_f32(&values, &[1, kv_heads, l, d])?.astype(dtype)?;
+                    Ok((k, v))
+                })
+                .collect::<Result<Vec<_>, mlxcel_core::Error>>()?;
+            for (k, v) in &caches {
+                eval(&[&q, k, v])?;
+            }
             for threads in [1usize, 2] {
+                let layer = std::cell::Cell::new(0usize);
                 let attend = || {
+                    let (k, v) = &caches[layer.get()];
+                    layer.set((layer.get() + 1) % caches.len());
                     attention_native_tokens_major(
                         &q,
-                        &k,
-                        &v,
+                        k,
+                        v,
                         depth,
                         0.125,
                         true,
