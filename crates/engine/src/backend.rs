@@ -148,8 +148,8 @@ pub trait Backend {
         ))
     }
 
-    /// Bytes of KV memory `positions` positions hold (what the prefix cache budgets); 0 when
-    /// the backend does not say.
+    /// Bytes of KV memory a slot of `positions` positions holds, whole blocks where the backend
+    /// allocates in blocks (what the prefix cache budgets); 0 when the backend does not say.
     fn kv_bytes(&self, positions: usize) -> usize {
         let _ = positions;
         0

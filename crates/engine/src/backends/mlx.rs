@@ -288,8 +288,11 @@ impl Backend for MlxBackend {
         true
     }
 
+    /// A cache of `positions` positions holds whole blocks: what a kept slot costs the prefix
+    /// cache is what it reserves here (counting the positions alone let `--cache-ram 32` keep
+    /// ~170 MB of one-block slots in a soak of short requests).
     fn kv_bytes(&self, positions: usize) -> usize {
-        positions * self.bytes_per_position()
+        self.block_rounded_bytes(positions)
     }
 
     fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {

@@ -1307,3 +1307,56 @@ fn a_common_prefix_is_held_once_in_shared_blocks() {
         "{reserved} of {budget}: {blocks:?}"
     );
 }
+
+/// The prefix cache's budget bounds the KV memory its kept slots hold on the MLX backend, where a
+/// slot holds whole blocks of 256 positions: a budget of two blocks keeps at most two short
+/// requests (counted by their positions, ~20 each, it kept all six, three times the budget).
+#[test]
+fn kept_slots_hold_no_more_blocks_than_the_prefix_budget() {
+    if skip() {
+        return;
+    }
+    let load = |cache| {
+        Engine::load(
+            None,
+            EngineOptions {
+                prefix_cache_bytes: cache,
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let requests: Vec<GenerationRequest> = EIGHT_PROMPTS
+        .iter()
+        .filter(|p| engine().tokenize(p).unwrap().len() >= 5)
+        .take(6)
+        .map(|p| greedy(&format!("{p} {p}"), 3))
+        .collect();
+    assert_eq!(requests.len(), 6);
+    // One kept request alone: what a block reserves.
+    let probe = load(1 << 30);
+    probe.generate(requests[0].clone()).unwrap();
+    let (block, _) = probe.metrics().kv_usage.unwrap();
+    let blocks = probe.metrics().kv_blocks.unwrap();
+    assert_eq!(
+        (blocks.held, blocks.block_positions),
+        (1, 256),
+        "{blocks:?}"
+    );
+    drop(probe);
+
+    let cached = load(2 * block);
+    for request in &requests {
+        cached.generate(request.clone()).unwrap();
+    }
+    let (reserved, _) = cached.metrics().kv_usage.unwrap();
+    let held = cached.metrics().kv_blocks.unwrap().held;
+    assert!(
+        reserved <= 2 * block && (1..=2).contains(&held),
+        "kept {held} blocks, {reserved} bytes against a budget of {}",
+        2 * block
+    );
+    // The last request is among the kept ones: asking it again reuses its prompt.
+    let again = cached.generate(requests[5].clone()).unwrap();
+    assert!(again.usage.cached_tokens > 0, "{:?}", again.usage);
+}
