@@ -155,6 +155,16 @@ pub trait Backend {
         0
     }
 
+    /// A finished slot the prefix cache keeps, holding `len` positions of a plan of
+    /// `max_positions`: returns the bytes it holds from now on, what the cache counts against its
+    /// budget. A backend that allocates as a slot grows trims the slot's reservation to what it
+    /// holds (a kept slot does not grow; [`Backend::adopt_slot`] reserves again for the plan that
+    /// takes it over). By default the slot keeps its plan's reservation, `kv_bytes(max_positions)`.
+    fn keep_slot(&mut self, slot: SlotId, len: usize, max_positions: usize) -> usize {
+        let _ = (slot, len);
+        self.kv_bytes(max_positions)
+    }
+
     /// KV memory reserved now (running sequences and prefix-cache slots) and the budget that
     /// bounds it, in bytes; `None` where the backend keeps no such budget.
     fn kv_usage(&self) -> Option<(usize, usize)> {
@@ -374,6 +384,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn kv_bytes(&self, positions: usize) -> usize {
         (**self).kv_bytes(positions)
+    }
+
+    fn keep_slot(&mut self, slot: SlotId, len: usize, max_positions: usize) -> usize {
+        (**self).keep_slot(slot, len, max_positions)
     }
 
     fn kv_usage(&self) -> Option<(usize, usize)> {

@@ -1613,12 +1613,15 @@ impl<B: Backend> Scheduler<B> {
                     );
                 if keep {
                     self.clock += 1;
-                    // What the kept slot holds in memory: its whole allocation (a slot is
-                    // allocated for its plan's positions, however few were computed), so that
-                    // the budget bounds the memory and not only the useful part of it.
-                    let bytes = self
-                        .backend
-                        .kv_bytes(sequence.plan.max_positions.max(sequence.computed));
+                    // What the kept slot holds in memory: its whole allocation (whole blocks,
+                    // or its plan's positions where the backend allocates a slot for them up
+                    // front), so that the budget bounds the memory and not only the useful part
+                    // of it.
+                    let bytes = self.backend.keep_slot(
+                        slot,
+                        sequence.computed,
+                        sequence.plan.max_positions.max(sequence.computed),
+                    );
                     self.retained.push(Retained {
                         id: sequence.id,
                         slot,

@@ -295,6 +295,19 @@ impl Backend for MlxBackend {
         self.block_rounded_bytes(positions)
     }
 
+    /// The slot's bound drops to the positions it holds: its blocks stay, the ones it could
+    /// still have allocated leave the budget's reservation.
+    fn keep_slot(&mut self, slot: SlotId, len: usize, max_positions: usize) -> usize {
+        let per_position = self.bytes_per_position();
+        if let Some(cache) = self.slots.get_mut(&slot)
+            && cache.len() == len
+            && cache.set_max_positions(len).is_ok()
+        {
+            return cache.reserved_blocks() * KV_BLOCK * per_position;
+        }
+        self.kv_bytes(max_positions)
+    }
+
     fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);

@@ -1360,3 +1360,82 @@ fn kept_slots_hold_no_more_blocks_than_the_prefix_budget() {
     let again = cached.generate(requests[5].clone()).unwrap();
     assert!(again.usage.cached_tokens > 0, "{:?}", again.usage);
 }
+
+/// A request that stops early in a slot planned for many more positions is kept for the blocks
+/// it holds: its reservation shrinks to them when the prefix cache keeps it (a finished request
+/// does not grow; the next turn that takes the slot over reserves for its own plan), so a chat
+/// turn with a large `max_tokens` is kept under a budget of one block and its next turn reuses it.
+#[test]
+fn a_kept_slot_reserves_only_the_blocks_it_holds() {
+    if skip() {
+        return;
+    }
+    let load = |cache| {
+        Engine::load(
+            None,
+            EngineOptions {
+                prefix_cache_bytes: cache,
+                activations: Some(Activations::Int8),
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let prompt = int8_engine()
+        .tokenize("A list of fruits: apple, banana, cherry, and")
+        .unwrap();
+    // The greedy continuation's third token ends the request: 3 tokens in a plan of 600.
+    let ahead = int8_engine()
+        .generate(GenerationRequest {
+            sampling: SamplingParams::greedy(),
+            ..GenerationRequest::new(prompt.clone(), MaxNewTokens::Limited(3))
+        })
+        .unwrap();
+    let early = GenerationRequest {
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![ahead.tokens[2]],
+        ..GenerationRequest::new(prompt.clone(), MaxNewTokens::Limited(600))
+    };
+    // What one block reserves: a kept request whose whole plan fits in one.
+    let probe = load(1 << 30);
+    probe
+        .generate(GenerationRequest {
+            sampling: SamplingParams::greedy(),
+            ..GenerationRequest::new(prompt.clone(), MaxNewTokens::Limited(3))
+        })
+        .unwrap();
+    let (block, _) = probe.metrics().kv_usage.unwrap();
+    assert_eq!(probe.metrics().kv_blocks.unwrap().held, 1);
+    drop(probe);
+
+    let cached = load(block);
+    let first = cached.generate(early).unwrap();
+    assert_eq!(first.tokens, ahead.tokens, "{first:?}");
+    let (reserved, _) = cached.metrics().kv_usage.unwrap();
+    assert_eq!(
+        reserved, block,
+        "kept, for its one block (a plan of 600 reserved three)"
+    );
+    let mut next_turn = prompt.clone();
+    next_turn.extend(&first.tokens);
+    next_turn.extend(int8_engine().tokenize(" and a pear.").unwrap());
+    let second = cached
+        .generate(GenerationRequest {
+            sampling: SamplingParams::greedy(),
+            ..GenerationRequest::new(next_turn.clone(), MaxNewTokens::Limited(4))
+        })
+        .unwrap();
+    assert!(
+        second.usage.cached_tokens >= prompt.len(),
+        "{:?}",
+        second.usage
+    );
+    let plain = int8_engine()
+        .generate(GenerationRequest {
+            sampling: SamplingParams::greedy(),
+            ..GenerationRequest::new(next_turn, MaxNewTokens::Limited(4))
+        })
+        .unwrap();
+    // Int8 activations: the reused prefix gives the same bits as computing it again.
+    assert_eq!(second.tokens, plain.tokens);
+}

@@ -400,8 +400,9 @@ async fn cached_prompt_tokens_are_reported_per_request() {
     if skip_model_tests() {
         return;
     }
+    // Room for every request's slot: each holds a whole block of 256 positions (11.25 MiB).
     let options = mlxcel_engine::EngineOptions {
-        prefix_cache_bytes: 64 << 20,
+        prefix_cache_bytes: 256 << 20,
         ..mlxcel_engine::EngineOptions::default()
     };
     let engine = tokio::task::spawn_blocking(move || mlxcel_engine::Engine::load(None, options))
@@ -581,7 +582,7 @@ async fn cached_prompt_tokens_are_reported_per_request() {
     assert!(value("mlxcel_prefix_cache_entries") >= 1);
     let bytes = value("mlxcel_prefix_cache_bytes");
     assert!(bytes > 0 && bytes <= value("mlxcel_prefix_cache_budget_bytes"));
-    assert_eq!(value("mlxcel_prefix_cache_budget_bytes"), 64 << 20);
+    assert_eq!(value("mlxcel_prefix_cache_budget_bytes"), 256 << 20);
     assert_eq!(value("mlxcel_prefix_cache_evictions_total"), 0);
     // The MLX backend's KV blocks: the kept entries hold some, within the budget.
     assert_eq!(value("mlxcel_kv_block_positions"), 256);
