@@ -103,6 +103,11 @@ enum Command {
         id: RequestId,
         reply: mpsc::Sender<usize>,
     },
+    /// The plan of a queued or running request ([`Engine::plan`]).
+    Plan {
+        id: RequestId,
+        reply: mpsc::Sender<Option<crate::SessionPlan>>,
+    },
     Shutdown,
 }
 
@@ -401,6 +406,13 @@ impl Engine {
         self.ask(|reply| Command::EraseCached { id, reply })
     }
 
+    /// The plan request `id` runs under while it is queued or running (`None` once it has
+    /// finished): its positions, and the budget it was admitted with (an unlimited one as
+    /// clamped by the window and the KV budget).
+    pub fn plan(&self, id: RequestId) -> Result<Option<crate::SessionPlan>, EngineError> {
+        self.ask(|reply| Command::Plan { id, reply })
+    }
+
     /// The chat template's source, if the checkpoint has one.
     pub fn chat_template_source(&self) -> Option<String> {
         self.chat_template.as_ref().map(|t| t.source())
@@ -591,6 +603,9 @@ fn run_worker<B: Backend>(
                 Command::EraseCached { id, reply } => {
                     let _ = reply.send(scheduler.erase_cached(id));
                     publish(&metrics, &mut local, &scheduler);
+                }
+                Command::Plan { id, reply } => {
+                    let _ = reply.send(scheduler.plan(id));
                 }
                 Command::Shutdown => return,
             }

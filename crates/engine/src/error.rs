@@ -49,7 +49,7 @@ pub enum EngineError {
     /// A request whose worst-case KV memory exceeds the whole budget.
     #[error(
         "the request needs up to {positions} positions ({bytes} bytes of KV memory), more than the \
-         KV budget of {budget} bytes; lower max tokens or raise the KV budget"
+         KV budget of {budget} bytes; lower max tokens or raise the KV budget (--kv-budget MiB)"
     )]
     KvBudget {
         positions: usize,

@@ -51,7 +51,10 @@ pub struct EngineOptions {
     pub backend: BackendKind,
     /// Scheduler limits.
     pub scheduler: SchedulerConfig,
-    /// Most bytes of KV memory live sequences may reserve, each at its worst case.
+    /// Most bytes of KV memory live sequences may reserve, each at its worst case (MLX backend;
+    /// `--kv-budget`). A request without a token limit is planned to generate at most the
+    /// positions of a `scheduler.max_batch`-th of it, in whole blocks of 256 (and no further
+    /// than the window).
     pub kv_budget_bytes: usize,
     /// Threads of the MLX backend's CPU kernels; `None` takes `MLXCEL_THREADS`, else every core.
     pub threads: Option<usize>,

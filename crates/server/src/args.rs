@@ -231,6 +231,18 @@ pub struct ServerArgs {
     )]
     pub cache_ram: i64,
 
+    /// The KV memory the running requests may reserve, in MiB (the MLX backend; each request
+    /// reserves its prompt plus its token budget up front): a request that needs more than all
+    /// of it is refused with the numbers; one without a token limit may generate up to a
+    /// `--parallel`-th of its positions, prompt included (no further than the window).
+    #[arg(
+        long = "kv-budget",
+        env = "MLXCEL_KV_BUDGET",
+        default_value_t = 4096,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub kv_budget: u64,
+
     /// The KV cache's key type (`-ctk`): `f32` (the default here), `f16` (llama.cpp's default:
     /// half the KV memory and the bytes attention reads per token, keys rounded to half
     /// precision) or `q8_0` (34 bytes per 32 values). llama.cpp's other quantized cache types
@@ -456,6 +468,8 @@ impl ServerArgs {
         .map_err(|err| ServerError::Flag(err.to_string()))?;
         options.draft_model = self.spec_draft_model.clone();
         options.kv_types = (self.cache_type_k, self.cache_type_v);
+        options.kv_budget_bytes =
+            usize::try_from(self.kv_budget.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         options.prefix_cache_bytes = match self.cache_ram {
             -1 => usize::MAX,
             mib if mib >= 0 => (mib as usize).saturating_mul(1 << 20),

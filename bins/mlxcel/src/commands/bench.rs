@@ -131,6 +131,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         threads: Some(threads),
         activations: Some(activations),
         kv_types: args.kv.kv_types(),
+        kv_budget_bytes: args.kv.kv_budget_bytes(),
         ..EngineOptions::default()
     };
     // The MLX rows say which activations ran ("mlx int8"); f32 is unmarked.

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use mlxcel_engine::{
     BackendKind, ChatMessage, Engine, EngineOptions, Event, FinishReason, GenerationRequest,
-    MaxNewTokens, SamplingParams, SpeculativeConfig,
+    MaxNewTokens, SamplingParams, SchedulerConfig, SpeculativeConfig,
 };
 
 #[derive(Debug, clap::Args)]
@@ -163,6 +163,12 @@ pub fn run(args: &Args) -> Result<ExitCode> {
             )?,
             draft_model: args.spec_draft_model.clone(),
             kv_types: args.kv.kv_types(),
+            kv_budget_bytes: args.kv.kv_budget_bytes(),
+            // One request at a time: one without a token limit may use the whole KV budget.
+            scheduler: SchedulerConfig {
+                max_batch: 1,
+                ..SchedulerConfig::default()
+            },
             ..EngineOptions::default()
         },
     )?;
@@ -239,12 +245,6 @@ impl Session<'_> {
             if let Some(line) = resolution.sizing_line() {
                 eprintln!("{line}");
             }
-        } else if self.max_new_tokens == MaxNewTokens::Unlimited {
-            let room = self.engine.info().window.saturating_sub(prompt_len);
-            eprintln!(
-                "-n -1 resolved to {room} tokens (window {} - prompt {prompt_len})",
-                self.engine.info().window
-            );
         }
         let mut request = GenerationRequest::new(prompt, self.max_new_tokens);
         request.sampling = self.sampling.clone();
@@ -252,6 +252,22 @@ impl Session<'_> {
 
         let started = Instant::now();
         let mut stream = self.engine.submit(request)?;
+        if self.max_new_tokens == MaxNewTokens::Unlimited
+            && self.engine.info().backend != BackendKind::Xla
+            && let Some(plan) = self.engine.plan(stream.id())?
+        {
+            let window = self.engine.info().window;
+            let room = window.saturating_sub(prompt_len);
+            let bound = if plan.admitted_max_new_tokens < room {
+                "the KV budget, --kv-budget".to_owned()
+            } else {
+                format!("window {window} - prompt {prompt_len}")
+            };
+            eprintln!(
+                "-n -1 resolved to {} tokens ({bound})",
+                plan.admitted_max_new_tokens
+            );
+        }
         let mut first_token_at = None;
         let mut text = String::new();
         let mut stdout = std::io::stdout().lock();

@@ -39,12 +39,28 @@ pub struct KvTypeArgs {
     /// The KV cache's value type, as `--cache-type-k`.
     #[arg(long = "cache-type-v", default_value = "f32", value_parser = parse_kv_type)]
     pub cache_type_v: mlxcel_engine::KvType,
+
+    /// The KV memory running sequences may reserve, in MiB (the MLX backend): a request whose
+    /// prompt and budget need more is refused; one without a token limit may generate up to
+    /// this memory's positions (an eighth of them where eight run at once).
+    #[arg(
+        long = "kv-budget",
+        env = "MLXCEL_KV_BUDGET",
+        default_value_t = 4096,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub kv_budget: u64,
 }
 
 impl KvTypeArgs {
     /// The engine option.
     pub fn kv_types(&self) -> (mlxcel_engine::KvType, mlxcel_engine::KvType) {
         (self.cache_type_k, self.cache_type_v)
+    }
+
+    /// `--kv-budget` in bytes.
+    pub fn kv_budget_bytes(&self) -> usize {
+        usize::try_from(self.kv_budget.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
     }
 }
 

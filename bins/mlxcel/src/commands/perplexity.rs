@@ -59,6 +59,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
             backend,
         )?),
         kv_types: args.kv.kv_types(),
+        kv_budget_bytes: args.kv.kv_budget_bytes(),
         ..EngineOptions::default()
     };
     let settings = PerplexityOptions {

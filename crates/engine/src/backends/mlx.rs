@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+use mlxcel_capacity::MaxNewTokens;
 use mlxcel_core::{ForwardSeq, KV_BLOCK, Kernels, KvCache, LlamaModel};
 use mlxcel_model::Checkpoint;
 
@@ -19,6 +20,9 @@ pub(crate) struct MlxBackend {
     /// Most bytes of KV memory the live slots may reserve (each at its plan's worst case, a
     /// block shared by several slots counted once).
     kv_budget_bytes: usize,
+    /// Most sequences running at once: a request without a token limit may generate up to this
+    /// share of the budget's positions ([`MlxBackend::unlimited_generation`]).
+    running: usize,
 }
 
 fn backend_error(err: mlxcel_core::Error) -> EngineError {
@@ -32,6 +36,7 @@ impl MlxBackend {
     pub(crate) fn load(
         checkpoint: &Checkpoint,
         kv_budget_bytes: usize,
+        running: usize,
         threads: Option<usize>,
         activations: Option<Activations>,
         (k_type, v_type): (KvType, KvType),
@@ -54,7 +59,28 @@ impl MlxBackend {
             slots: HashMap::new(),
             next_slot: 0,
             kv_budget_bytes,
+            running: running.max(1),
         })
+    }
+
+    /// The most tokens a request without a token limit is planned to generate after `prompt`
+    /// positions: up to a `running`-th of the KV budget's positions in whole blocks (its
+    /// share, at least one block), prompt included, as llama-server gives each of its parallel
+    /// slots a share of its context; a prompt longer than the share may still generate a
+    /// share's worth, within the whole budget. Without it such a request was planned for the
+    /// whole window, which on a model of 128K positions is more KV memory than the budget holds
+    /// (Llama-3.2-1B: 8 GiB of f32 keys and values), so every request without `max_tokens` was
+    /// refused.
+    fn unlimited_generation(&self, prompt: usize) -> usize {
+        let block = (KV_BLOCK * self.bytes_per_position()).max(1);
+        let all = self.kv_budget_bytes / block * KV_BLOCK;
+        let share = (self.kv_budget_bytes / self.running / block).max(1) * KV_BLOCK;
+        let wanted = if prompt < share {
+            share - prompt
+        } else {
+            share
+        };
+        wanted.min(all.saturating_sub(prompt)).max(1)
     }
 
     /// KV bytes one position takes across all layers (keys and values, in their types).
@@ -180,6 +206,12 @@ impl Backend for MlxBackend {
             shape.max_new_tokens,
             window,
         )?;
+        let admitted = match shape.max_new_tokens {
+            MaxNewTokens::Unlimited => {
+                admitted.min(self.unlimited_generation(shape.effective_prompt_len()))
+            }
+            MaxNewTokens::Limited(_) => admitted,
+        };
         let positions = shape.effective_prompt_len() + admitted;
         let bytes = self.block_rounded_bytes(positions);
         if bytes > self.kv_budget_bytes {

@@ -50,6 +50,7 @@ fn load_mlx(
     let backend = mlx::MlxBackend::load(
         checkpoint,
         options.kv_budget_bytes,
+        options.scheduler.max_batch,
         options.threads,
         options.activations,
         options.kv_types,

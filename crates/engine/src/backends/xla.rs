@@ -709,6 +709,7 @@ mod tests {
         let mut mlx = MlxBackend::load(
             &loaded.checkpoint,
             1 << 30,
+            8,
             None,
             activations,
             Default::default(),

@@ -1439,3 +1439,59 @@ fn a_kept_slot_reserves_only_the_blocks_it_holds() {
     // Int8 activations: the reused prefix gives the same bits as computing it again.
     assert_eq!(second.tokens, plain.tokens);
 }
+
+/// A request without a token limit is planned for a share of the KV budget (a `max_batch`-th of
+/// its positions, prompt included), not for the whole window: where the window's worth of keys
+/// and values is more than the budget (a 128K-position model at its default budget, here the
+/// default model under a budget of eight blocks) it runs instead of being refused. A limited
+/// request is honoured up to the whole budget, and refused past it naming `--kv-budget`.
+#[test]
+fn an_unlimited_request_is_planned_for_its_share_of_the_kv_budget() {
+    if skip() {
+        return;
+    }
+    // One block of the default model's f32 keys and values: 256 positions × 30 layers × 3 KV
+    // heads × 64 × 2 × 4 bytes.
+    let block = 256 * 30 * 3 * 64 * 2 * 4;
+    let engine = Engine::load(
+        None,
+        EngineOptions {
+            kv_budget_bytes: 8 * block,
+            scheduler: SchedulerConfig {
+                max_batch: 4,
+                ..SchedulerConfig::default()
+            },
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    let prompt = engine.tokenize("Once upon a time").unwrap();
+    let unlimited = engine
+        .submit(GenerationRequest {
+            sampling: SamplingParams::greedy(),
+            ..GenerationRequest::new(prompt.clone(), MaxNewTokens::Unlimited)
+        })
+        .unwrap();
+    let plan = engine
+        .plan(unlimited.id())
+        .unwrap()
+        .expect("queued or running");
+    // A share is two blocks: 512 positions, the prompt's among them.
+    assert_eq!(plan.max_positions, 512, "{plan:?}");
+    assert_eq!(plan.admitted_max_new_tokens, 512 - prompt.len());
+    unlimited.cancel();
+
+    let limited = |n| {
+        engine.submit(GenerationRequest {
+            sampling: SamplingParams::greedy(),
+            ..GenerationRequest::new(prompt.clone(), MaxNewTokens::Limited(n))
+        })
+    };
+    // More than a share, within the budget: honoured.
+    let long = limited(1500).unwrap();
+    let plan = engine.plan(long.id()).unwrap().expect("queued or running");
+    assert_eq!(plan.admitted_max_new_tokens, 1500);
+    long.cancel();
+    let err = limited(2100).expect_err("past the budget").to_string();
+    assert!(err.contains("--kv-budget"), "{err}");
+}

@@ -195,6 +195,8 @@ fn nonsense_values_are_refused() {
     assert!(parse(&["--port", "http"]).is_err());
     let err = parse(&["--max-queue-depth", "0"]).unwrap_err().to_string();
     assert!(err.contains("--max-queue-depth"), "{err}");
+    let err = parse(&["--kv-budget", "0"]).unwrap_err().to_string();
+    assert!(err.contains("--kv-budget"), "{err}");
     // Speculative settings that contradict each other are refused naming the flag.
     for argv in [
         &["--spec-type", "draft-simple"][..],
@@ -242,6 +244,9 @@ fn every_llama_server_spelling_reaches_its_setting() {
         }),
         (&["--cache-ram", "64"], |a| {
             a.engine_options().unwrap().prefix_cache_bytes == 64 << 20
+        }),
+        (&["--kv-budget", "512"], |a| {
+            a.engine_options().unwrap().kv_budget_bytes == 512 << 20
         }),
         (&["-cram", "0"], |a| {
             a.engine_options().unwrap().prefix_cache_bytes == 0
