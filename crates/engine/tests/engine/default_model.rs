@@ -1308,6 +1308,16 @@ fn a_common_prefix_is_held_once_in_shared_blocks() {
     );
 }
 
+/// The default model with a prefix cache of `bytes`.
+fn with_prefix_cache(bytes: usize, activations: Option<Activations>) -> Engine {
+    let options = EngineOptions {
+        prefix_cache_bytes: bytes,
+        activations,
+        ..EngineOptions::default()
+    };
+    Engine::load(None, options).unwrap()
+}
+
 /// The prefix cache's budget bounds the KV memory its kept slots hold on the MLX backend, where a
 /// slot holds whole blocks of 256 positions: a budget of two blocks keeps at most two short
 /// requests (counted by their positions, ~20 each, it kept all six, three times the budget).
@@ -1316,16 +1326,7 @@ fn kept_slots_hold_no_more_blocks_than_the_prefix_budget() {
     if skip() {
         return;
     }
-    let load = |cache| {
-        Engine::load(
-            None,
-            EngineOptions {
-                prefix_cache_bytes: cache,
-                ..EngineOptions::default()
-            },
-        )
-        .unwrap()
-    };
+    let load = |cache| with_prefix_cache(cache, None);
     let requests: Vec<GenerationRequest> = EIGHT_PROMPTS
         .iter()
         .filter(|p| engine().tokenize(p).unwrap().len() >= 5)
@@ -1370,17 +1371,7 @@ fn a_kept_slot_reserves_only_the_blocks_it_holds() {
     if skip() {
         return;
     }
-    let load = |cache| {
-        Engine::load(
-            None,
-            EngineOptions {
-                prefix_cache_bytes: cache,
-                activations: Some(Activations::Int8),
-                ..EngineOptions::default()
-            },
-        )
-        .unwrap()
-    };
+    let load = |cache| with_prefix_cache(cache, Some(Activations::Int8));
     let prompt = int8_engine()
         .tokenize("A list of fruits: apple, banana, cherry, and")
         .unwrap();
