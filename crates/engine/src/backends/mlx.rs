@@ -72,7 +72,7 @@ impl MlxBackend {
     /// (Llama-3.2-1B: 8 GiB of f32 keys and values), so every request without `max_tokens` was
     /// refused.
     fn unlimited_generation(&self, prompt: usize) -> usize {
-        let block = (KV_BLOCK * self.bytes_per_position()).max(1);
+        let block = self.block_bytes().max(1);
         let all = self.kv_budget_bytes / block * KV_BLOCK;
         let share = (self.kv_budget_bytes / self.running / block).max(1) * KV_BLOCK;
         let wanted = if prompt < share {
@@ -88,16 +88,21 @@ impl MlxBackend {
         self.model.kv_bytes_per_position()
     }
 
+    /// KV bytes of one block of positions.
+    fn block_bytes(&self) -> usize {
+        KV_BLOCK * self.bytes_per_position()
+    }
+
     /// KV bytes of `positions` positions in whole blocks (what a cache allocates).
     fn block_rounded_bytes(&self, positions: usize) -> usize {
-        positions.div_ceil(KV_BLOCK) * KV_BLOCK * self.bytes_per_position()
+        positions.div_ceil(KV_BLOCK) * self.block_bytes()
     }
 
     /// The distinct blocks the slots hold (a shared block once), plus the blocks each slot may
     /// still allocate (up to its bound, and a copy of a shared block it would write into).
     fn reserved_bytes(&self) -> usize {
         let (held, _, growth) = self.block_counts();
-        (held + growth) * KV_BLOCK * self.bytes_per_position()
+        (held + growth) * self.block_bytes()
     }
 
     /// (distinct blocks held by the slots, of those the ones more than one slot holds, blocks
@@ -234,7 +239,7 @@ impl Backend for MlxBackend {
 
     fn kv_blocks(&self) -> Option<KvBlockUsage> {
         let (held, shared, growth) = self.block_counts();
-        let budget_blocks = self.kv_budget_bytes / (KV_BLOCK * self.bytes_per_position()).max(1);
+        let budget_blocks = self.kv_budget_bytes / self.block_bytes().max(1);
         Some(KvBlockUsage {
             block_positions: KV_BLOCK,
             held,
@@ -281,7 +286,7 @@ impl Backend for MlxBackend {
         plan: &SessionPlan,
         len: usize,
     ) -> Result<(), EngineError> {
-        let per_position = self.bytes_per_position();
+        let block = self.block_bytes();
         let reserved = self.reserved_bytes();
         let budget = self.kv_budget_bytes;
         let cache = self
@@ -299,10 +304,9 @@ impl Backend for MlxBackend {
             ));
         }
         // Its held blocks stay counted; what changes is what it may still allocate.
-        let now = (cache.reserved_blocks() - cache.blocks()) * KV_BLOCK * per_position;
-        let after = (cache.reserved_blocks_at(len, plan.max_positions.max(len)) - cache.blocks())
-            * KV_BLOCK
-            * per_position;
+        let now = (cache.reserved_blocks() - cache.blocks()) * block;
+        let after =
+            (cache.reserved_blocks_at(len, plan.max_positions.max(len)) - cache.blocks()) * block;
         if reserved - now + after > budget {
             return Err(EngineError::NoFreeSlot);
         }
@@ -330,12 +334,12 @@ impl Backend for MlxBackend {
     /// The slot's bound drops to the positions it holds: its blocks stay, the ones it could
     /// still have allocated leave the budget's reservation.
     fn keep_slot(&mut self, slot: SlotId, len: usize, max_positions: usize) -> usize {
-        let per_position = self.bytes_per_position();
+        let block = self.block_bytes();
         if let Some(cache) = self.slots.get_mut(&slot)
             && cache.len() == len
             && cache.set_max_positions(len).is_ok()
         {
-            return cache.reserved_blocks() * KV_BLOCK * per_position;
+            return cache.reserved_blocks() * block;
         }
         self.kv_bytes(max_positions)
     }
