@@ -277,23 +277,7 @@ impl Engine {
 
     /// Scheduler counters as of the last step.
     pub fn stats(&self) -> SchedulerStats {
-        let m = self.metrics();
-        SchedulerStats {
-            waiting: m.waiting,
-            running: m.running,
-            steps: m.steps,
-            prompt_tokens: m.prompt_tokens,
-            generated_tokens: m.generated_tokens,
-            drafted_tokens: m.drafted_tokens,
-            accepted_tokens: m.accepted_tokens,
-            draft_fallbacks: m.draft_fallbacks,
-            reused_tokens: m.reused_tokens,
-            busy_slot_steps: m.busy_slot_steps,
-            drafts: m.drafts,
-            constraint_masks: m.constraint_masks,
-            constraint_mask_time: m.constraint_mask_time,
-            prefix: m.prefix,
-        }
+        self.metrics().scheduler
     }
 
     /// Counters, latency histograms and bucket occupancy as of the last step.
@@ -689,26 +673,12 @@ fn publish<B: Backend>(
     local: &mut EngineMetrics,
     scheduler: &Scheduler<B>,
 ) {
-    let stats = scheduler.stats();
-    local.waiting = stats.waiting;
-    local.running = stats.running;
-    local.steps = stats.steps;
-    local.prompt_tokens = stats.prompt_tokens;
-    local.generated_tokens = stats.generated_tokens;
-    local.drafted_tokens = stats.drafted_tokens;
-    local.accepted_tokens = stats.accepted_tokens;
-    local.draft_fallbacks = stats.draft_fallbacks;
-    local.reused_tokens = stats.reused_tokens;
-    local.drafts = stats.drafts;
-    local.constraint_masks = stats.constraint_masks;
-    local.constraint_mask_time = stats.constraint_mask_time;
-    local.busy_slot_steps = stats.busy_slot_steps;
+    local.scheduler = scheduler.stats();
     local.buckets = scheduler.bucket_occupancy();
     local.compilations = scheduler.backend().compilations();
     local.kv_usage = scheduler.backend().kv_usage();
     local.kv_blocks = scheduler.backend().kv_blocks();
     local.running_requests = scheduler.running_progress().collect();
-    local.prefix = stats.prefix;
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = local.clone();
 }
 

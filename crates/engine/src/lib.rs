@@ -73,10 +73,7 @@ pub use embedding::{Normalize, Pooling, pool};
 pub use engine::{Completion, Engine, GenerationStream, ModelInfo};
 pub use error::{BackendSource, EngineError};
 pub use gbnf::gbnf_to_lark;
-pub use metrics::{
-    BucketOccupancy, EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, RequestProgress,
-    TTFT_BOUNDS,
-};
+pub use metrics::{EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, TTFT_BOUNDS};
 pub use mlxcel_capacity::MaxNewTokens;
 pub use mlxcel_model::{ChatMessage, FimTokens};
 pub use options::{Activations, BackendKind, EngineOptions, KvType, ShapeMode};
@@ -85,6 +82,9 @@ pub use request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };
 pub use sampling::{Sampler, SamplerStage, SamplingParams, argmax};
-pub use scheduler::{CachedPrefix, PrefixCacheStats, Scheduler, SchedulerConfig, SchedulerStats};
+pub use scheduler::{
+    BucketOccupancy, CachedPrefix, PrefixCacheStats, RequestProgress, Scheduler, SchedulerConfig,
+    SchedulerStats,
+};
 pub use speculative::{Proposer, Replay, SpeculativeConfig};
 pub use stop::{StopMatcher, StopScan};

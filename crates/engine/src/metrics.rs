@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
+use crate::backend::KvBlockUsage;
 use crate::request::FinishReason;
+use crate::scheduler::{BucketOccupancy, RequestProgress, SchedulerStats};
 
 /// A cumulative histogram with fixed upper bounds (Prometheus' shape).
 #[derive(Debug, Clone, PartialEq)]
@@ -68,31 +70,6 @@ pub const E2E_BOUNDS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
-/// One static-shape bucket's use right now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BucketOccupancy {
-    /// The bucket's context capacity.
-    pub context_capacity: usize,
-    /// Its batch limit.
-    pub max_batch: usize,
-    /// Sequences running in it.
-    pub running: usize,
-    /// Positions those sequences hold (prompt plus generated so far).
-    pub positions_used: usize,
-}
-
-impl BucketOccupancy {
-    /// Fraction of the running sequences' positions that are padding: compiled but unused.
-    pub fn padding_waste(&self) -> f64 {
-        let reserved = self.running * self.context_capacity;
-        if reserved == 0 {
-            0.0
-        } else {
-            1.0 - self.positions_used as f64 / reserved as f64
-        }
-    }
-}
-
 /// Requests that ended, by reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FinishCounts {
@@ -136,23 +113,10 @@ impl FinishCounts {
 /// A snapshot of the engine's metrics.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineMetrics {
-    /// Requests waiting for a slot.
-    pub waiting: usize,
-    /// Requests holding a slot.
-    pub running: usize,
-    /// Scheduler steps run.
-    pub steps: u64,
-    /// Prompt tokens prefilled.
-    pub prompt_tokens: u64,
-    /// Tokens generated.
-    pub generated_tokens: u64,
-    /// Speculative decoding: tokens proposed, and of those accepted.
-    pub drafted_tokens: u64,
-    pub accepted_tokens: u64,
-    /// Sequences the draft model could not serve, which decoded without it.
-    pub draft_fallbacks: u64,
-    /// Prompt tokens a cached prefix held (not computed).
-    pub reused_tokens: u64,
+    /// The scheduler's counters as of the last step (requests waiting and running, steps,
+    /// tokens, speculation, constraint masks, the prefix cache); read as fields of the snapshot
+    /// itself (`metrics.waiting`) through `Deref`.
+    pub scheduler: SchedulerStats,
     /// Requests accepted.
     pub requests_submitted: u64,
     /// Requests ended, by reason.
@@ -172,51 +136,21 @@ pub struct EngineMetrics {
     /// KV memory reserved and its budget, in bytes (`None`: the backend keeps no budget).
     pub kv_usage: Option<(usize, usize)>,
     /// The KV blocks held, shared and free (`None`: the backend keeps no blocks).
-    pub kv_blocks: Option<crate::KvBlockUsage>,
-    /// The sum over steps of the sequences each step ran (divided by `steps`: the mean batch).
-    pub busy_slot_steps: u64,
+    pub kv_blocks: Option<KvBlockUsage>,
     /// The most positions (prompt and generated tokens) a finished request used.
     pub max_request_tokens: u64,
-    /// Speculative decoding: verification passes that carried proposals.
-    pub drafts: u64,
-    /// Structured output: token masks applied, and the time steps spent on them after the
-    /// forward pass (see `SchedulerStats::constraint_mask_time`).
-    pub constraint_masks: u64,
-    pub constraint_mask_time: std::time::Duration,
     /// Static-shape buckets (empty for dynamic backends).
     pub buckets: Vec<BucketOccupancy>,
     /// Executables the backend compiled (0 for backends that do not compile).
     pub compilations: u64,
     /// Each request holding a slot: how far its prompt has got.
     pub running_requests: Vec<RequestProgress>,
-    /// The prefix cache's counters and contents.
-    pub prefix: crate::PrefixCacheStats,
-}
-
-/// How far a running request's prompt has got, as of the last step (llama-server's `/slots`
-/// `n_prompt_tokens_processed` and `n_prompt_tokens_cache`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestProgress {
-    /// The request.
-    pub id: crate::RequestId,
-    /// Prompt tokens computed by this request's own prefill so far.
-    pub prompt_processed: usize,
-    /// Prompt tokens a cached prefix held (copied, not computed).
-    pub prompt_cached: usize,
 }
 
 impl Default for EngineMetrics {
     fn default() -> Self {
         Self {
-            waiting: 0,
-            running: 0,
-            steps: 0,
-            prompt_tokens: 0,
-            generated_tokens: 0,
-            drafted_tokens: 0,
-            accepted_tokens: 0,
-            draft_fallbacks: 0,
-            reused_tokens: 0,
+            scheduler: SchedulerStats::default(),
             requests_submitted: 0,
             finished: FinishCounts::default(),
             time_to_first_token: Histogram::new(TTFT_BOUNDS),
@@ -227,15 +161,20 @@ impl Default for EngineMetrics {
             prefill_time: Histogram::new(TTFT_BOUNDS),
             kv_usage: None,
             kv_blocks: None,
-            busy_slot_steps: 0,
             max_request_tokens: 0,
-            drafts: 0,
-            constraint_masks: 0,
-            constraint_mask_time: std::time::Duration::ZERO,
             buckets: Vec::new(),
             compilations: 0,
             running_requests: Vec::new(),
-            prefix: crate::PrefixCacheStats::default(),
         }
+    }
+}
+
+/// The scheduler's counters read as the snapshot's own fields (`metrics.generated_tokens`), as
+/// they were before the snapshot held them as one struct.
+impl std::ops::Deref for EngineMetrics {
+    type Target = SchedulerStats;
+
+    fn deref(&self) -> &SchedulerStats {
+        &self.scheduler
     }
 }

@@ -610,10 +610,8 @@ mod tests {
     #[test]
     fn throughput_gauges_cover_the_window_since_the_last_scrape() {
         let metrics = Metrics::default();
-        let mut e = EngineMetrics {
-            prompt_tokens: 100,
-            ..EngineMetrics::default()
-        };
+        let mut e = EngineMetrics::default();
+        e.scheduler.prompt_tokens = 100;
         e.time_to_first_token.observe(Duration::from_secs(2));
         let first = metrics.render(Some(&e), 0, "m");
         assert!(

@@ -1,0 +1,182 @@
+//! A step's results turned into what requests see: a sampled token recorded for its sequence
+//! (its text through the stop matcher, the end conditions) and the events reported for it.
+
+use crate::request::{Event, FinishReason, RequestId, RequestStatus, TokenLogprob};
+
+use super::sequence::Sequence;
+use super::stats::SchedulerStats;
+
+/// Records a step's result for one sequence: the chunk is now cached, and if it was the last
+/// pending input, the next token is sampled (from `logits` already masked by its constraint:
+/// `masked` is that outcome).
+pub(super) fn advance(
+    sequence: &mut Sequence,
+    stats: &mut SchedulerStats,
+    count: usize,
+    mut logits: Vec<f32>,
+    masked: Option<Result<(), String>>,
+    events: &mut Vec<(RequestId, Event)>,
+) {
+    let was_prefill = sequence.computed < sequence.prompt_len;
+    sequence.computed += count;
+    if was_prefill {
+        stats.prompt_tokens += count as u64;
+    }
+    if sequence.computed < sequence.tokens.len() {
+        return;
+    }
+    let (logprob, top_logprobs) = match sequence.logprobs {
+        Some(k) => log_probabilities(&logits, k),
+        None => (Vec::new(), Vec::new()),
+    };
+    if let Some(Err(message)) = masked {
+        end_with_error(sequence, format!("structured output: {message}"), events);
+        return;
+    }
+    let token = sequence.sampler.sample(&mut logits, &sequence.tokens);
+    emit(sequence, stats, token, (logprob, top_logprobs), events);
+}
+
+/// Records a sampled `token` for `sequence`: its text through the stop matcher, the end
+/// conditions (stop token, stop string, constraint complete, budget, shape), and its event.
+/// Returns whether the sequence finished (with an error too).
+pub(super) fn emit(
+    sequence: &mut Sequence,
+    stats: &mut SchedulerStats,
+    token: u32,
+    (logprob, top_logprobs): (Vec<f32>, Vec<TokenLogprob>),
+    events: &mut Vec<(RequestId, Event)>,
+) -> bool {
+    {
+        sequence.tokens.push(token);
+        stats.generated_tokens += 1;
+        let first_token_at = *sequence
+            .first_token_at
+            .get_or_insert_with(std::time::Instant::now);
+
+        let mut text = String::new();
+        let is_stop_token = sequence.stop_token_ids.contains(&token);
+        // A constraint that can take nothing more ends the output, as an EOS would.
+        let mut complete = false;
+        if !is_stop_token && let Some(constraint) = &mut sequence.constraint {
+            match constraint.accept(token) {
+                Ok(done) => complete = done,
+                Err(message) => {
+                    end_with_error(sequence, format!("structured output: {message}"), events);
+                    return true;
+                }
+            }
+        }
+        if is_stop_token {
+            sequence.status = RequestStatus::FinishedStopped;
+        } else {
+            let piece = sequence.decoder.push(token);
+            let scan = sequence.stops.push(&piece);
+            text = scan.text;
+            // llama-server's t_max_predict_ms: past the limit, the next newline ends the output.
+            let out_of_time = sequence
+                .predict_time_limit
+                .is_some_and(|limit| piece.contains('\n') && first_token_at.elapsed() > limit);
+            if scan.stopped || complete {
+                sequence.status = RequestStatus::FinishedStopped;
+            } else if sequence.generated() >= sequence.plan.admitted_max_new_tokens
+                || sequence.tokens.len() > sequence.plan.max_positions
+                || out_of_time
+            {
+                sequence.status = RequestStatus::FinishedLength;
+            }
+        }
+        let logprob = sequence.logprobs.map(|_| TokenLogprob {
+            token,
+            logprob: logprob
+                .get(token as usize)
+                .copied()
+                .unwrap_or(f32::NEG_INFINITY),
+        });
+        events.push((
+            sequence.id,
+            Event::Token {
+                token,
+                text,
+                logprob,
+                top_logprobs,
+            },
+        ));
+        sequence.status.is_finished()
+    }
+}
+
+/// Ends `sequence` with an error event carrying `message`.
+pub(super) fn end_with_error(
+    sequence: &mut Sequence,
+    message: String,
+    events: &mut Vec<(RequestId, Event)>,
+) {
+    sequence.status = RequestStatus::FinishedError;
+    events.push((
+        sequence.id,
+        finished_event(sequence, String::new(), Some(message)),
+    ));
+}
+
+/// Reports finished `sequence`'s end, with what its decoder and stop matcher still held (an
+/// ending error was reported when it happened).
+pub(super) fn report_end(sequence: &mut Sequence, events: &mut Vec<(RequestId, Event)>) {
+    let already_reported = sequence.status == RequestStatus::FinishedError;
+    if !already_reported {
+        let text = match sequence.status {
+            // A completed stop string withholds everything after it.
+            RequestStatus::FinishedStopped if sequence.stops.is_stopped() => String::new(),
+            RequestStatus::FinishedCancelled => String::new(),
+            _ => {
+                let tail = sequence.decoder.flush();
+                let mut text = sequence.stops.push(&tail).text;
+                text.push_str(&sequence.stops.finish());
+                text
+            }
+        };
+        events.push((sequence.id, finished_event(sequence, text, None)));
+    }
+}
+
+pub(super) fn finished_event(sequence: &Sequence, text: String, error: Option<String>) -> Event {
+    Event::Finished {
+        reason: sequence
+            .status
+            .finish_reason()
+            .unwrap_or(FinishReason::Error),
+        text,
+        usage: sequence.usage(),
+        error,
+    }
+}
+
+/// Log-softmax of `logits` and its `k` most likely entries, most likely first.
+pub(super) fn log_probabilities(logits: &[f32], k: usize) -> (Vec<f32>, Vec<TokenLogprob>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_sum = max + sum.ln() as f32;
+    let logprobs: Vec<f32> = logits.iter().map(|&l| l - log_sum).collect();
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    let k = k.min(order.len());
+    if k > 0 {
+        let desc = |a: &u32, b: &u32| {
+            logprobs[*b as usize]
+                .total_cmp(&logprobs[*a as usize])
+                .then(a.cmp(b))
+        };
+        order.select_nth_unstable_by(k - 1, desc);
+        order.truncate(k);
+        order.sort_unstable_by(desc);
+    } else {
+        order.clear();
+    }
+    let top = order
+        .into_iter()
+        .map(|token| TokenLogprob {
+            token,
+            logprob: logprobs[token as usize],
+        })
+        .collect();
+    (logprobs, top)
+}
