@@ -84,7 +84,7 @@ pub use perplexity::{PerplexityOptions, PerplexityReport, perplexity};
 pub use request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };
-pub use sampling::{Sampler, SamplerStage, SamplingParams, argmax};
+pub use sampling::{Sampler, SamplerStage, SamplingOverrides, SamplingParams, argmax};
 pub use scheduler::{CachedPrefix, PrefixCacheStats, Scheduler, SchedulerConfig, SchedulerStats};
 pub use speculative::{Proposer, Replay, SpeculativeConfig};
 pub use stop::{StopMatcher, StopScan};
