@@ -81,7 +81,7 @@ pub use perplexity::{PerplexityOptions, PerplexityReport, perplexity};
 pub use request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };
-pub use sampling::{Sampler, SamplerStage, SamplingParams, argmax};
+pub use sampling::{Sampler, SamplerStage, SamplingOverrides, SamplingParams, argmax};
 pub use scheduler::{
     BucketOccupancy, CachedPrefix, PrefixCacheStats, RequestProgress, Scheduler, SchedulerConfig,
     SchedulerStats,

@@ -105,6 +105,56 @@ impl Default for SamplingParams {
     }
 }
 
+/// Sampling settings each of which may be left out (`None` keeps the setting under it): what a
+/// request asks for, or a server's defaults. This is the one declaration of the sampling fields
+/// every wire format reads under these names (deserialized from the request body as it is), and
+/// [`SamplingOverrides::over`] the one place they meet the defaults of [`SamplingParams`].
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+pub struct SamplingOverrides {
+    /// [`SamplingParams::temperature`].
+    pub temperature: Option<f32>,
+    /// [`SamplingParams::top_k`].
+    pub top_k: Option<usize>,
+    /// [`SamplingParams::top_p`].
+    pub top_p: Option<f32>,
+    /// [`SamplingParams::min_p`].
+    pub min_p: Option<f32>,
+    /// [`SamplingParams::typical_p`] (llama-server's `typical_p`).
+    pub typical_p: Option<f32>,
+    /// [`SamplingParams::repeat_penalty`].
+    pub repeat_penalty: Option<f32>,
+    /// [`SamplingParams::repeat_last_n`].
+    pub repeat_last_n: Option<usize>,
+    /// [`SamplingParams::presence_penalty`].
+    pub presence_penalty: Option<f32>,
+    /// [`SamplingParams::frequency_penalty`].
+    pub frequency_penalty: Option<f32>,
+    /// [`SamplingParams::seed`]; a negative seed draws a fresh one.
+    pub seed: Option<i64>,
+}
+
+impl SamplingOverrides {
+    /// `base` with every setting given here replacing its own.
+    pub fn over(&self, base: SamplingParams) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature.unwrap_or(base.temperature),
+            top_k: self.top_k.unwrap_or(base.top_k),
+            top_p: self.top_p.unwrap_or(base.top_p),
+            min_p: self.min_p.unwrap_or(base.min_p),
+            typical_p: self.typical_p.unwrap_or(base.typical_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(base.repeat_penalty),
+            repeat_last_n: self.repeat_last_n.unwrap_or(base.repeat_last_n),
+            presence_penalty: self.presence_penalty.unwrap_or(base.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(base.frequency_penalty),
+            seed: match self.seed {
+                Some(seed) => u64::try_from(seed).ok(),
+                None => base.seed,
+            },
+            ..base
+        }
+    }
+}
+
 impl SamplingParams {
     /// Greedy decoding: always the most likely token.
     pub fn greedy() -> Self {
@@ -704,6 +754,30 @@ mod tests {
                 .join(";"),
             "penalties;top_k;typ_p;top_p;min_p;temperature"
         );
+    }
+
+    #[test]
+    fn overrides_replace_only_what_they_give() {
+        let base = SamplingParams {
+            seed: Some(7),
+            ..SamplingParams::default()
+        };
+        let none = SamplingOverrides::default().over(base.clone());
+        assert_eq!(none, base);
+        let given = SamplingOverrides {
+            temperature: Some(0.0),
+            top_p: Some(0.5),
+            seed: Some(-1),
+            ..SamplingOverrides::default()
+        }
+        .over(base.clone());
+        assert_eq!(
+            (given.temperature, given.top_p, given.seed, given.top_k),
+            (0.0, 0.5, None, base.top_k)
+        );
+        let parsed: SamplingOverrides =
+            serde_json::from_str(r#"{"top_k": 5, "seed": 3, "other": 1}"#).unwrap();
+        assert_eq!((parsed.top_k, parsed.seed), (Some(5), Some(3)));
     }
 
     /// Speculative acceptance keeps the distribution: the token `verify` emits for a proposal

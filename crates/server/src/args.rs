@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use mlxcel_engine::{
-    BackendKind, EngineOptions, KvType, MaxNewTokens, ShapeMode, SpeculativeConfig,
+    BackendKind, EngineOptions, KvType, MaxNewTokens, SamplingOverrides, SamplingParams, ShapeMode,
+    SpeculativeConfig,
 };
 
-use crate::config::{ApiKeys, SamplingDefaults, ServerConfig};
+use crate::config::{ApiKeys, ServerConfig};
 use crate::error::ServerError;
 use crate::llama_flags::{IgnoredOptions, MULTI_LETTER_SHORTS};
 
@@ -131,7 +132,7 @@ pub struct ServerArgs {
         long = "temp",
         visible_alias = "temperature",
         env = "LLAMA_ARG_TEMPERATURE",
-        default_value_t = 0.8
+        default_value_t = SamplingParams::default().temperature
     )]
     pub temperature: f32,
 
@@ -561,7 +562,7 @@ impl ServerArgs {
             parallel: self.parallel()?,
             default_max_new_tokens,
             default_temperature: self.temperature,
-            sampling_defaults: SamplingDefaults {
+            sampling_defaults: SamplingOverrides {
                 top_k: self.top_k,
                 top_p: self.top_p,
                 min_p: self.min_p,
@@ -569,6 +570,7 @@ impl ServerArgs {
                 repeat_last_n: self.repeat_last_n,
                 presence_penalty: self.presence_penalty,
                 frequency_penalty: self.frequency_penalty,
+                ..SamplingOverrides::default()
             },
             slots: self.slots && !self.no_slots,
             props: self.props,

@@ -1,87 +1,38 @@
 //! What every chat-shaped route shares (`/v1/chat/completions`, `/v1/responses`, `/v1/messages`):
-//! the conversation through the chat template, with tools and tool turns in Hugging Face's shape,
-//! and the [`ToolPlan`] that constrains a required call and finds calls in the reply. Each route
-//! only translates its wire format into these terms and its answer back out of them.
+//! the typed conversation through the chat template, with tools and tool turns in Hugging Face's
+//! shape, and the [`ToolPlan`] that constrains a required call and finds calls in the reply. The
+//! one handler ([`crate::handler`]) runs them; each route only translates its wire format into
+//! these terms and its answer back out of them.
 
 use mlxcel_engine::{ChatMessage, Engine, FinishReason};
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::generate::Params;
+use crate::request::{Params, Turn};
 use crate::tools::{self, Tool, ToolCall, ToolChoice, ToolFormat};
-
-/// A conversation as the chat template takes it.
-#[derive(Debug)]
-pub(crate) enum Turns {
-    /// Text turns only: rendered as `apply_chat_template(messages)`.
-    Plain(Vec<ChatMessage>),
-    /// Turns in Hugging Face's shape (`role`, `content`, `tool_calls`, `tool_call_id`, `name`),
-    /// rendered with the tools.
-    Rich(Vec<Value>),
-}
 
 /// Renders `turns` with the generation prompt; `tools` are the function tools in OpenAI's shape
 /// (`{"type": "function", "function": {"name", "description", "parameters"}}`), as Hugging Face
-/// passes them to templates.
-pub(crate) fn render(engine: &Engine, turns: Turns, tools: Vec<Value>) -> Result<String, ApiError> {
-    match turns {
-        Turns::Plain(messages) if tools.is_empty() => Ok(engine.apply_chat_template(&messages)?),
-        Turns::Plain(messages) => render(
-            engine,
-            Turns::Rich(
-                messages
-                    .into_iter()
-                    .map(|m| json!({"role": m.role, "content": m.content}))
-                    .collect(),
-            ),
-            tools,
-        ),
-        Turns::Rich(messages) => {
-            let context = json!({
-                "messages": messages,
-                "tools": if tools.is_empty() { Value::Null } else { Value::Array(tools) },
-                "add_generation_prompt": true,
-            });
-            Ok(engine.apply_chat_template_with(&context)?)
-        }
+/// passes them to templates. A conversation of text turns without tools is rendered as
+/// `apply_chat_template(messages)`; tools or tool turns give the template the rich context.
+pub(crate) fn render(
+    engine: &Engine,
+    turns: &[Turn],
+    tools: Vec<Value>,
+) -> Result<String, ApiError> {
+    if tools.is_empty() && !turns.iter().any(Turn::is_tool_turn) {
+        let messages: Vec<ChatMessage> = turns
+            .iter()
+            .map(|t| ChatMessage::new(t.role.clone(), t.content.clone()))
+            .collect();
+        return Ok(engine.apply_chat_template(&messages)?);
     }
-}
-
-/// One earlier call of the model in the template's shape: OpenAI's `{id, type, function: {name,
-/// arguments}}` with `arguments` parsed into an object (as templates expect) and `name` and
-/// `arguments` also on the call itself (some templates read them there).
-pub(crate) fn template_call(mut call: Value) -> Value {
-    let parsed = call
-        .pointer("/function/arguments")
-        .and_then(Value::as_str)
-        .and_then(|a| serde_json::from_str::<Value>(a).ok());
-    if let Some(arguments) = parsed {
-        call["function"]["arguments"] = arguments;
-    }
-    if let Some(function) = call.get("function").cloned() {
-        for key in ["name", "arguments"] {
-            if let Some(x) = function.get(key) {
-                call[key] = x.clone();
-            }
-        }
-    }
-    call
-}
-
-/// A function tool in OpenAI's chat shape, which [`tools::read_tools`] reads and templates take.
-pub(crate) fn function_tool(
-    name: &str,
-    description: Option<&str>,
-    parameters: Option<&Value>,
-) -> Value {
-    let mut function = json!({"name": name});
-    if let Some(description) = description {
-        function["description"] = json!(description);
-    }
-    if let Some(parameters) = parameters {
-        function["parameters"] = parameters.clone();
-    }
-    json!({"type": "function", "function": function})
+    let context = json!({
+        "messages": turns.iter().map(Turn::template_value).collect::<Vec<_>>(),
+        "tools": if tools.is_empty() { Value::Null } else { Value::Array(tools) },
+        "add_generation_prompt": true,
+    });
+    Ok(engine.apply_chat_template_with(&context)?)
 }
 
 /// What a request's tools do to its generation: the constraint of a required call, and the format

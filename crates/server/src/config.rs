@@ -3,7 +3,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use mlxcel_engine::MaxNewTokens;
+use mlxcel_engine::{MaxNewTokens, SamplingOverrides, SamplingParams};
 
 /// Accepted API keys. Never printed: `Debug` shows only how many there are.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -42,18 +42,6 @@ impl std::fmt::Debug for ApiKeys {
     }
 }
 
-/// Server-wide sampling defaults (`--top-k` ...); `None` keeps the engine's.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SamplingDefaults {
-    pub top_k: Option<usize>,
-    pub top_p: Option<f32>,
-    pub min_p: Option<f32>,
-    pub repeat_penalty: Option<f32>,
-    pub repeat_last_n: Option<usize>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-}
-
 /// Everything the HTTP layer needs to know.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -71,8 +59,9 @@ pub struct ServerConfig {
     pub default_max_new_tokens: MaxNewTokens,
     /// Temperature of requests that give none.
     pub default_temperature: f32,
-    /// Other sampling settings of requests that give none.
-    pub sampling_defaults: SamplingDefaults,
+    /// Other sampling settings of requests that give none (`--top-k` ...; its temperature and
+    /// seed stay `None`: those are the two fields above); `None` keeps the engine's.
+    pub sampling_defaults: SamplingOverrides,
     /// Whether `/slots` is served (`--no-slots` turns it off).
     pub slots: bool,
     /// Whether `POST /props` is served (`--props`).
@@ -115,8 +104,8 @@ impl Default for ServerConfig {
             ctx_size: None,
             parallel: 8,
             default_max_new_tokens: MaxNewTokens::Unlimited,
-            default_temperature: 0.8,
-            sampling_defaults: SamplingDefaults::default(),
+            default_temperature: SamplingParams::default().temperature,
+            sampling_defaults: SamplingOverrides::default(),
             slots: true,
             props: false,
             default_seed: None,

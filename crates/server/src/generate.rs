@@ -1,127 +1,41 @@
-//! What both wire formats share: turning request fields into a [`GenerationRequest`], submitting
-//! it off the async threads, and following its events while measuring them.
+//! Submission and following: a request's [`Params`] into a [`GenerationRequest`] submitted off
+//! the async threads, and its events followed while they are measured ([`Tracked`]), collected
+//! or streamed in a wire format's [`StreamFormat`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlxcel_engine::{
     Engine, EngineError, Event, FinishReason, GenerationRequest, GenerationStream, MaxNewTokens,
-    SamplerStage, SamplingParams, TokenLogprob, Usage,
+    SamplingParams, TokenLogprob, Usage,
 };
 
 use crate::body::StreamSender;
 use crate::error::ApiError;
-use crate::llama_fields::BiasTarget;
+use crate::request::{BiasTarget, Params, PromptInput};
 use crate::state::{ActiveRequest, AppState};
 
 /// How long a cancelled request may take to report its end before the server stops waiting.
 const CANCEL_DRAIN: Duration = Duration::from_secs(30);
 
-/// The prompt of a request, before tokenization.
-#[derive(Debug, Clone)]
-pub enum PromptInput {
-    /// Plain text, tokenized with the tokenizer's special tokens (BOS).
-    Text(String),
-    /// Text already rendered by the chat template (which wrote its own special tokens).
-    Templated(String),
-    /// Token ids as given.
-    Tokens(Vec<u32>),
-}
-
-/// Sampling and stopping fields common to every route; `None` takes the server default.
-#[derive(Debug, Clone, Default)]
-pub struct Params {
-    pub max_new_tokens: Option<MaxNewTokens>,
-    pub temperature: Option<f32>,
-    pub top_k: Option<usize>,
-    pub top_p: Option<f32>,
-    pub min_p: Option<f32>,
-    pub repeat_penalty: Option<f32>,
-    pub repeat_last_n: Option<usize>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    /// Negative draws a fresh seed.
-    pub seed: Option<i64>,
-    pub stop: Vec<String>,
-    /// Top alternatives per token; `Some(0)` is the chosen token's logprob alone.
-    pub logprobs: Option<usize>,
-    /// Structured output: what the text must match.
-    pub constraint: Option<mlxcel_engine::Constraint>,
-    /// llama-server's `typical_p`.
-    pub typical_p: Option<f32>,
-    /// llama-server's `samplers`: the chain's order and subset.
-    pub samplers: Option<Vec<SamplerStage>>,
-    /// llama-server's `ignore_eos`: the end-of-sequence tokens' logits become -inf.
-    pub ignore_eos: bool,
-    /// llama-server's `t_max_predict_ms` ([`GenerationRequest::predict_time_limit`]).
-    pub predict_time_limit: Option<Duration>,
-    /// `logit_bias`, resolved to token ids at submission ([`resolve_logit_bias`]).
-    pub logit_bias: Vec<(BiasTarget, f32)>,
-    /// llama-server's `cache_prompt` (`None`: true): whether the prompt may reuse a cached
-    /// prefix.
-    pub cache_prompt: Option<bool>,
-}
-
-/// Reads a signed token budget (`-1` unlimited) of field `param`.
-pub fn budget(param: &str, value: Option<i64>) -> Result<Option<MaxNewTokens>, ApiError> {
-    match value {
-        None => Ok(None),
-        Some(n) => MaxNewTokens::from_signed(n).map(Some).ok_or_else(|| {
-            ApiError::invalid_param(
-                param,
-                format!("{param}={n}: expected -1 (unlimited) or a count"),
-            )
-        }),
-    }
-}
-
+/// The request's sampling settings over the server's defaults (`--temp`, `--seed`, `--top-k`
+/// ...) over the engine's.
 fn sampling(state: &AppState, params: &Params, eos: &[u32]) -> SamplingParams {
     let config = state.config();
-    let engine_defaults = SamplingParams::default();
-    let server = &config.sampling_defaults;
-    let defaults = SamplingParams {
+    let server = config.sampling_defaults.over(SamplingParams {
         temperature: config.default_temperature,
         seed: config.default_seed,
-        top_k: server.top_k.unwrap_or(engine_defaults.top_k),
-        top_p: server.top_p.unwrap_or(engine_defaults.top_p),
-        min_p: server.min_p.unwrap_or(engine_defaults.min_p),
-        repeat_penalty: server
-            .repeat_penalty
-            .unwrap_or(engine_defaults.repeat_penalty),
-        repeat_last_n: server
-            .repeat_last_n
-            .unwrap_or(engine_defaults.repeat_last_n),
-        presence_penalty: server
-            .presence_penalty
-            .unwrap_or(engine_defaults.presence_penalty),
-        frequency_penalty: server
-            .frequency_penalty
-            .unwrap_or(engine_defaults.frequency_penalty),
-        ..engine_defaults
-    };
+        ..SamplingParams::default()
+    });
     SamplingParams {
-        temperature: params.temperature.unwrap_or(defaults.temperature),
-        top_k: params.top_k.unwrap_or(defaults.top_k),
-        top_p: params.top_p.unwrap_or(defaults.top_p),
-        min_p: params.min_p.unwrap_or(defaults.min_p),
-        repeat_penalty: params.repeat_penalty.unwrap_or(defaults.repeat_penalty),
-        repeat_last_n: params.repeat_last_n.unwrap_or(defaults.repeat_last_n),
-        presence_penalty: params.presence_penalty.unwrap_or(defaults.presence_penalty),
-        frequency_penalty: params
-            .frequency_penalty
-            .unwrap_or(defaults.frequency_penalty),
-        seed: match params.seed {
-            Some(seed) => u64::try_from(seed).ok(),
-            None => defaults.seed,
-        },
-        typical_p: params.typical_p.unwrap_or(defaults.typical_p),
-        samplers: params.samplers.clone().unwrap_or(defaults.samplers),
+        samplers: params.samplers.clone().unwrap_or(server.samplers.clone()),
         // As llama-server: every end-of-sequence token biased to -inf.
         logit_bias: if params.ignore_eos {
             eos.iter().map(|&t| (t, f32::NEG_INFINITY)).collect()
         } else {
             Vec::new()
         },
+        ..params.sampling.over(server)
     }
 }
 
@@ -562,12 +476,22 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A process-unique id with some entropy from the clock, for the ids of replies.
+pub(crate) fn rand_id() -> u128 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    (nanos << 16) ^ u128::from(COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
 /// How one wire format writes a streamed request. [`stream`] owns everything else: waiting for
 /// the next event or the client's departure, cancelling when the client goes, and reporting a
 /// failure mid-stream in the error shape every route shares.
 pub trait StreamFormat: Send + 'static {
     /// One server-sent event's data.
-    type Chunk: serde::Serialize + Send;
+    type Chunk: serde::Serialize + Send + Sync;
     /// Whether the stream ends with OpenAI's `data: [DONE]` line (after a failure too).
     const DONE_LINE: bool;
 

@@ -29,38 +29,34 @@
 //! # }
 //! ```
 
-mod anthropic;
 mod args;
 mod body;
 mod chat;
 mod config;
 mod cors;
-mod embeddings;
 mod error;
+mod fingerprint;
 #[doc(hidden)]
 pub mod fuzzing;
 mod generate;
+mod handler;
 mod inert;
-mod infill;
 mod llama_fields;
 mod llama_flags;
-mod llama_server;
 mod metrics;
-mod openai;
-mod openai_response;
+mod protocols;
 mod read;
-mod responses;
+mod request;
 mod routes;
 mod run;
 mod serve;
-mod slot_files;
 mod state;
 mod structured;
 mod tools;
 mod webui;
 
 pub use args::{ServerArgs, accepted_spellings};
-pub use config::{ApiKeys, SamplingDefaults, ServerConfig};
+pub use config::{ApiKeys, ServerConfig};
 pub use cors::CorsConfig;
 pub use error::{ApiError, ErrorShape, ServerError};
 pub use llama_flags::{IgnoredOptions, normalize_llama_args};

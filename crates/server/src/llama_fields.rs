@@ -1,16 +1,17 @@
 //! llama-server's generation fields that every generating route reads (llama-server hands the
 //! body of its OpenAI, Responses and Anthropic routes to the same task schema as `/completion`):
-//! `ignore_eos`, `t_max_predict_ms`, `samplers`, `typical_p`, `logit_bias`, `cache_prompt`, and
-//! the output fields `n_probs` and `return_tokens`, which each route answers in its own shape.
+//! `ignore_eos`, `t_max_predict_ms`, `samplers`, `logit_bias`, `cache_prompt`, the sampling
+//! fields ([`SamplingOverrides`]), and the output fields `n_probs` and `return_tokens`, which each
+//! route answers in its own shape.
 
 use std::time::Duration;
 
-use mlxcel_engine::SamplerStage;
+use mlxcel_engine::{SamplerStage, SamplingOverrides};
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::generate::Params;
+use crate::request::{BiasTarget, Params};
 
 /// The fields, as sent; `null` is absent.
 #[derive(Debug, Default, Deserialize)]
@@ -21,8 +22,6 @@ pub struct LlamaFields {
     pub t_max_predict_ms: Option<i64>,
     /// The sampler chain's order and subset: names, or one character per sampler.
     pub samplers: Option<SamplersField>,
-    /// Locally typical sampling; `1` disables.
-    pub typical_p: Option<f32>,
     /// `/completion`: the generated token ids in `tokens`.
     pub return_tokens: Option<bool>,
     /// Log-probabilities of this many alternatives per token (on the OpenAI routes, read when
@@ -32,13 +31,10 @@ pub struct LlamaFields {
     pub logit_bias: Option<Value>,
     /// `false`: the prompt is computed whole, never from the prefix cache.
     pub cache_prompt: Option<bool>,
-}
-
-/// The token a `logit_bias` entry names: an id, or text whose every token gets the bias.
-#[derive(Debug, Clone, PartialEq)]
-pub enum BiasTarget {
-    Id(i64),
-    Text(String),
+    /// The sampling fields (`temperature`, `top_p`, `typical_p` ...), read from the same body
+    /// ([`crate::read::read_generation_json`]) in the engine's one declaration of them.
+    #[serde(skip)]
+    pub sampling: SamplingOverrides,
 }
 
 /// Reads `logit_bias` as llama-server does, on every generating route (OpenAI's object of
@@ -220,8 +216,8 @@ impl SamplersField {
 impl LlamaFields {
     /// Sets the sampling and stopping fields of `params`.
     pub fn apply(&self, params: &mut Params) -> Result<(), ApiError> {
+        params.sampling = self.sampling.clone();
         params.ignore_eos = self.ignore_eos.unwrap_or(false);
-        params.typical_p = self.typical_p;
         params.cache_prompt = self.cache_prompt;
         if let Some(bias) = &self.logit_bias {
             params.logit_bias = read_logit_bias(bias)?;

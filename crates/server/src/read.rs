@@ -14,7 +14,7 @@ pub async fn read_json<T: DeserializeOwned>(body: Incoming, limit: usize) -> Res
 
 /// Reads a generation request: as [`read_json`], after refusing llama-server fields this server
 /// does not act on ([`crate::inert`]), with the llama-server fields every generating route reads
-/// ([`LlamaFields`]).
+/// ([`LlamaFields`], with the sampling fields).
 pub async fn read_generation_json<T: DeserializeOwned>(
     body: Incoming,
     limit: usize,
@@ -22,7 +22,16 @@ pub async fn read_generation_json<T: DeserializeOwned>(
     let bytes = read_bytes(body, limit).await?;
     crate::inert::refuse_inert_fields(&bytes)?;
     let request = parse_json(&bytes)?;
-    Ok((request, parse_json(&bytes)?))
+    Ok((request, read_llama_fields(&bytes)?))
+}
+
+/// The llama-server fields and the sampling fields of a generation request's body, each parsed
+/// from it whole (not `#[serde(flatten)]`ed into the route's own type, which would lose the
+/// field's name from type errors).
+pub fn read_llama_fields(bytes: &[u8]) -> Result<LlamaFields, ApiError> {
+    let mut llama: LlamaFields = parse_json(bytes)?;
+    llama.sampling = parse_json(bytes)?;
+    Ok(llama)
 }
 
 /// The body's bytes, within `limit`.

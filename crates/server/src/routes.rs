@@ -1,9 +1,12 @@
 //! The router: authentication, then one table from method and path to a handler.
 //!
-//! [`ROUTES`] is the only list of routes: dispatch, the `405` answer with its `Allow` header and
-//! `OPTIONS` all read it. Paths are patterns whose `{name}` segments match any one segment and
+//! [`ROUTES`] is the only list of routes: dispatch, the fuzz targets' body checks, the `405`
+//! answer with its `Allow` header and `OPTIONS` all read it; a route is one entry there (method,
+//! path, handler, body check) and its handler. Paths are patterns whose `{name}` segments match any one segment and
 //! reach the handler as [`PathParams`].
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use hyper::body::Incoming;
@@ -12,140 +15,297 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use crate::body::{Body, full};
 use crate::error::{ApiError, ErrorShape};
+use crate::protocols::llama_server::{self, slot_files};
+use crate::protocols::{anthropic, embeddings, openai, responses};
 use crate::state::AppState;
+use crate::webui;
 use crate::webui::Asset;
-use crate::{anthropic, embeddings, llama_server, openai, responses, slot_files, webui};
 
-/// What a route runs. One variant per handler; [`Endpoint::call`] is the one dispatch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
-    Completions,
-    ChatCompletions,
-    Responses,
-    ResponsesInputTokens,
-    Messages,
-    CountTokens,
-    Models,
-    Completion,
-    Infill,
-    Tokenize,
-    Detokenize,
-    ApplyTemplate,
-    Health,
-    Live,
-    Props,
-    SetProps,
-    Slots,
-    SlotAction,
-    Metrics,
-    EmbeddingsOpenAi,
-    EmbeddingsLlama,
-    WebUi(Asset),
+/// What a handler gets: the shared state, the body, and the request's path, query and `{name}`
+/// segments.
+struct Call {
+    state: Arc<AppState>,
+    body: Incoming,
+    path: String,
+    query: String,
+    params: PathParams,
 }
 
+/// A handler's answer, boxed so that every route's handler has one type.
+type Answer = Pin<Box<dyn Future<Output = Result<Response<Body>, ApiError>> + Send>>;
+
+/// What a route runs.
+type Handler = fn(Call) -> Answer;
+
+/// The request body through the parse and the checks the handler makes before it needs the
+/// model (the fuzz targets' view of a route).
+type BodyCheck = fn(&[u8]) -> Result<(), ApiError>;
+
 /// One method on one path pattern.
-#[derive(Debug)]
 struct Route {
     method: Method,
     path: &'static str,
-    endpoint: Endpoint,
+    handler: Handler,
+    check: BodyCheck,
     /// Answered without an API key (load balancers probe it).
     public: bool,
     /// The shape of its error bodies (its 401, 404 and 405 included).
     errors: ErrorShape,
 }
 
-const fn entry(
+/// Routes without a body accept any.
+fn no_body(_: &[u8]) -> Result<(), ApiError> {
+    Ok(())
+}
+
+const fn route(
     method: Method,
     path: &'static str,
-    endpoint: Endpoint,
+    handler: Handler,
+    check: BodyCheck,
     public: bool,
     errors: ErrorShape,
 ) -> Route {
     Route {
         method,
         path,
-        endpoint,
+        handler,
+        check,
         public,
         errors,
     }
 }
 
-const fn route(method: Method, path: &'static str, endpoint: Endpoint) -> Route {
-    entry(method, path, endpoint, false, ErrorShape::OpenAi)
+/// A route that takes a JSON body, checked by `check`.
+const fn post(path: &'static str, handler: Handler, check: BodyCheck) -> Route {
+    route(
+        Method::POST,
+        path,
+        handler,
+        check,
+        false,
+        ErrorShape::OpenAi,
+    )
 }
 
-const fn public(method: Method, path: &'static str, endpoint: Endpoint) -> Route {
-    entry(method, path, endpoint, true, ErrorShape::OpenAi)
+/// A route without a body.
+const fn get(path: &'static str, handler: Handler) -> Route {
+    route(
+        Method::GET,
+        path,
+        handler,
+        no_body,
+        false,
+        ErrorShape::OpenAi,
+    )
+}
+
+/// A route without a body, answered without an API key.
+const fn public_get(path: &'static str, handler: Handler) -> Route {
+    route(
+        Method::GET,
+        path,
+        handler,
+        no_body,
+        true,
+        ErrorShape::OpenAi,
+    )
 }
 
 /// A status route of llama-server's: its errors have llama-server's shape (a numeric `code`).
-const fn status(method: Method, path: &'static str, endpoint: Endpoint, public: bool) -> Route {
-    entry(method, path, endpoint, public, ErrorShape::LlamaServer)
+const fn status(method: Method, path: &'static str, handler: Handler, public: bool) -> Route {
+    route(
+        method,
+        path,
+        handler,
+        no_body,
+        public,
+        ErrorShape::LlamaServer,
+    )
 }
 
 /// A route of Anthropic's API: its errors have Anthropic's shape.
-const fn anthropic(method: Method, path: &'static str, endpoint: Endpoint) -> Route {
-    entry(method, path, endpoint, false, ErrorShape::Anthropic)
+const fn anthropic(path: &'static str, handler: Handler, check: BodyCheck) -> Route {
+    route(
+        Method::POST,
+        path,
+        handler,
+        check,
+        false,
+        ErrorShape::Anthropic,
+    )
 }
 
 /// Every route the server answers (OpenAI's under `/v1` and without it, Anthropic's, then
-/// llama-server's; `/completions` is llama-server's native completion, as in llama-server).
+/// llama-server's; `/completions` is llama-server's native completion, as in llama-server). A
+/// new route is one entry here and its handler.
 static ROUTES: &[Route] = &[
-    route(Method::POST, "/v1/completions", Endpoint::Completions),
-    route(
-        Method::POST,
+    post(
+        "/v1/completions",
+        |c| Box::pin(async move { openai::completions(&c.state, c.body).await }),
+        openai::check_completions_body,
+    ),
+    post(
         "/v1/chat/completions",
-        Endpoint::ChatCompletions,
+        |c| Box::pin(async move { openai::chat_completions(&c.state, c.body).await }),
+        openai::check_chat_body,
     ),
-    route(Method::POST, "/chat/completions", Endpoint::ChatCompletions),
-    route(Method::POST, "/v1/responses", Endpoint::Responses),
-    route(Method::POST, "/responses", Endpoint::Responses),
-    route(
-        Method::POST,
+    post(
+        "/chat/completions",
+        |c| Box::pin(async move { openai::chat_completions(&c.state, c.body).await }),
+        openai::check_chat_body,
+    ),
+    post(
+        "/v1/responses",
+        |c| Box::pin(async move { responses::create(&c.state, c.body).await }),
+        responses::check_body,
+    ),
+    post(
+        "/responses",
+        |c| Box::pin(async move { responses::create(&c.state, c.body).await }),
+        responses::check_body,
+    ),
+    post(
         "/v1/responses/input_tokens",
-        Endpoint::ResponsesInputTokens,
+        |c| Box::pin(async move { responses::input_tokens(&c.state, c.body).await }),
+        responses::check_body,
     ),
+    post(
+        "/responses/input_tokens",
+        |c| Box::pin(async move { responses::input_tokens(&c.state, c.body).await }),
+        responses::check_body,
+    ),
+    anthropic(
+        "/v1/messages",
+        |c| Box::pin(async move { anthropic::messages(&c.state, c.body).await }),
+        anthropic::check_body,
+    ),
+    anthropic(
+        "/v1/messages/count_tokens",
+        |c| Box::pin(async move { anthropic::count_tokens(&c.state, c.body).await }),
+        anthropic::check_body,
+    ),
+    get("/v1/models", |c| {
+        Box::pin(async move { openai::models(&c.state) })
+    }),
+    get("/models", |c| {
+        Box::pin(async move { openai::models(&c.state) })
+    }),
+    // llama-server's native completion, under its legacy name and its current one.
+    post(
+        "/completion",
+        |c| Box::pin(async move { llama_server::completion(&c.state, c.body).await }),
+        |b| llama_server::check_body("completion", b),
+    ),
+    post(
+        "/completions",
+        |c| Box::pin(async move { llama_server::completion(&c.state, c.body).await }),
+        |b| llama_server::check_body("completion", b),
+    ),
+    post(
+        "/infill",
+        |c| Box::pin(async move { llama_server::infill(&c.state, c.body).await }),
+        |b| llama_server::check_body("infill", b),
+    ),
+    post(
+        "/tokenize",
+        |c| Box::pin(async move { llama_server::tokenize(&c.state, c.body).await }),
+        |b| llama_server::check_body("tokenize", b),
+    ),
+    post(
+        "/v1/embeddings",
+        |c| {
+            Box::pin(async move {
+                embeddings::embeddings(&c.state, c.body, embeddings::Shape::OpenAi).await
+            })
+        },
+        embeddings::check_body,
+    ),
+    post(
+        "/embedding",
+        |c| {
+            Box::pin(async move {
+                embeddings::embeddings(&c.state, c.body, embeddings::Shape::Llama).await
+            })
+        },
+        embeddings::check_body,
+    ),
+    post(
+        "/embeddings",
+        |c| {
+            Box::pin(async move {
+                embeddings::embeddings(&c.state, c.body, embeddings::Shape::Llama).await
+            })
+        },
+        embeddings::check_body,
+    ),
+    post(
+        "/detokenize",
+        |c| Box::pin(async move { llama_server::detokenize(&c.state, c.body).await }),
+        |b| llama_server::check_body("detokenize", b),
+    ),
+    post(
+        "/apply-template",
+        |c| Box::pin(async move { llama_server::apply_template(&c.state, c.body).await }),
+        |b| llama_server::check_body("apply-template", b),
+    ),
+    status(
+        Method::GET,
+        "/health",
+        |c| Box::pin(async move { llama_server::health(&c.state) }),
+        true,
+    ),
+    status(
+        Method::GET,
+        "/v1/health",
+        |c| Box::pin(async move { llama_server::health(&c.state) }),
+        true,
+    ),
+    public_get("/live", |_| {
+        Box::pin(async move { Ok(llama_server::live()) })
+    }),
+    get("/props", |c| {
+        Box::pin(async move { llama_server::props(&c.state) })
+    }),
     route(
         Method::POST,
-        "/responses/input_tokens",
-        Endpoint::ResponsesInputTokens,
+        "/props",
+        |c| Box::pin(async move { llama_server::set_props(&c.state) }),
+        no_body,
+        false,
+        ErrorShape::OpenAi,
     ),
-    anthropic(Method::POST, "/v1/messages", Endpoint::Messages),
-    anthropic(
-        Method::POST,
-        "/v1/messages/count_tokens",
-        Endpoint::CountTokens,
-    ),
-    route(Method::GET, "/v1/models", Endpoint::Models),
-    route(Method::GET, "/models", Endpoint::Models),
-    // llama-server's native completion, under its legacy name and its current one.
-    route(Method::POST, "/completion", Endpoint::Completion),
-    route(Method::POST, "/completions", Endpoint::Completion),
-    route(Method::POST, "/infill", Endpoint::Infill),
-    route(Method::POST, "/tokenize", Endpoint::Tokenize),
-    route(Method::POST, "/v1/embeddings", Endpoint::EmbeddingsOpenAi),
-    route(Method::POST, "/embedding", Endpoint::EmbeddingsLlama),
-    route(Method::POST, "/embeddings", Endpoint::EmbeddingsLlama),
-    route(Method::POST, "/detokenize", Endpoint::Detokenize),
-    route(Method::POST, "/apply-template", Endpoint::ApplyTemplate),
-    status(Method::GET, "/health", Endpoint::Health, true),
-    status(Method::GET, "/v1/health", Endpoint::Health, true),
-    public(Method::GET, "/live", Endpoint::Live),
-    route(Method::GET, "/props", Endpoint::Props),
-    route(Method::POST, "/props", Endpoint::SetProps),
-    status(Method::GET, "/slots", Endpoint::Slots, false),
     status(
-        Method::POST,
-        "/slots/{id_slot}",
-        Endpoint::SlotAction,
+        Method::GET,
+        "/slots",
+        |c| Box::pin(async move { llama_server::slots(&c.state, &c.query) }),
         false,
     ),
-    route(Method::GET, "/metrics", Endpoint::Metrics),
+    route(
+        Method::POST,
+        "/slots/{id_slot}",
+        |c| {
+            Box::pin(async move {
+                slot_files::slot_action(&c.state, c.body, c.params.get("id_slot"), &c.query).await
+            })
+        },
+        slot_files::check_body,
+        false,
+        ErrorShape::LlamaServer,
+    ),
+    get("/metrics", |c| {
+        Box::pin(async move { llama_server::metrics(&c.state) })
+    }),
     // The chat page (webui.rs): public like /health, its API calls carry the key.
-    public(Method::GET, "/", Endpoint::WebUi(Asset::Index)),
-    public(Method::GET, "/webui/app.js", Endpoint::WebUi(Asset::Script)),
-    public(Method::GET, "/webui/app.css", Endpoint::WebUi(Asset::Style)),
+    public_get("/", |c| {
+        Box::pin(async move { webui::serve(&c.state, Asset::Index, &c.path) })
+    }),
+    public_get("/webui/app.js", |c| {
+        Box::pin(async move { webui::serve(&c.state, Asset::Script, &c.path) })
+    }),
+    public_get("/webui/app.css", |c| {
+        Box::pin(async move { webui::serve(&c.state, Asset::Style, &c.path) })
+    }),
 ];
 
 /// The values of a route's `{name}` segments, in order.
@@ -181,77 +341,6 @@ fn match_path(pattern: &'static str, path: &str) -> Option<PathParams> {
     }
 }
 
-impl Endpoint {
-    async fn call(
-        self,
-        state: &Arc<AppState>,
-        body: Incoming,
-        path: &str,
-        query: &str,
-        params: PathParams,
-    ) -> Result<Response<Body>, ApiError> {
-        match self {
-            Self::Completions => openai::completions(state, body).await,
-            Self::ChatCompletions => openai::chat_completions(state, body).await,
-            Self::Responses => responses::create(state, body).await,
-            Self::ResponsesInputTokens => responses::input_tokens(state, body).await,
-            Self::Messages => anthropic::messages(state, body).await,
-            Self::CountTokens => anthropic::count_tokens(state, body).await,
-            Self::Models => openai::models(state),
-            Self::Completion => llama_server::completion(state, body).await,
-            Self::Infill => llama_server::infill(state, body).await,
-            Self::Tokenize => llama_server::tokenize(state, body).await,
-            Self::Detokenize => llama_server::detokenize(state, body).await,
-            Self::ApplyTemplate => llama_server::apply_template(state, body).await,
-            Self::Health => llama_server::health(state),
-            Self::Live => Ok(llama_server::live()),
-            Self::Props => llama_server::props(state),
-            Self::SetProps => llama_server::set_props(state),
-            Self::Slots => llama_server::slots(state, query),
-            Self::SlotAction => {
-                slot_files::slot_action(state, body, params.get("id_slot"), query).await
-            }
-            Self::Metrics => llama_server::metrics(state),
-            Self::EmbeddingsOpenAi => {
-                embeddings::embeddings(state, body, embeddings::Shape::OpenAi).await
-            }
-            Self::EmbeddingsLlama => {
-                embeddings::embeddings(state, body, embeddings::Shape::Llama).await
-            }
-            Self::WebUi(asset) => webui::serve(state, asset, path),
-        }
-    }
-}
-
-impl Endpoint {
-    /// The request body through the parse and the checks the handler makes before it needs the
-    /// model (the fuzz targets' view of a route; the match is exhaustive so that a new endpoint
-    /// gets one). Routes without a body accept any.
-    fn check_body(self, bytes: &[u8]) -> Result<(), ApiError> {
-        match self {
-            Self::Completions => openai::check_completions_body(bytes),
-            Self::ChatCompletions => openai::check_chat_body(bytes),
-            Self::Responses | Self::ResponsesInputTokens => responses::check_body(bytes),
-            Self::Messages | Self::CountTokens => anthropic::check_body(bytes),
-            Self::Completion => llama_server::check_body("completion", bytes),
-            Self::Infill => llama_server::check_body("infill", bytes),
-            Self::Tokenize => llama_server::check_body("tokenize", bytes),
-            Self::Detokenize => llama_server::check_body("detokenize", bytes),
-            Self::ApplyTemplate => llama_server::check_body("apply-template", bytes),
-            Self::SlotAction => slot_files::check_body(bytes),
-            Self::EmbeddingsOpenAi | Self::EmbeddingsLlama => embeddings::check_body(bytes),
-            Self::Models
-            | Self::Health
-            | Self::Live
-            | Self::Props
-            | Self::SetProps
-            | Self::Slots
-            | Self::Metrics
-            | Self::WebUi(_) => Ok(()),
-        }
-    }
-}
-
 /// The paths of the routes that take a request body (`POST`), in [`ROUTES`]'s order.
 pub fn post_paths() -> Vec<&'static str> {
     ROUTES
@@ -268,7 +357,7 @@ pub fn check_request_body(path: &str, bytes: &[u8]) -> Result<(), ApiError> {
         .iter()
         .find(|r| r.method == Method::POST && match_path(r.path, path).is_some())
     {
-        Some(route) => route.endpoint.check_body(bytes),
+        Some(route) => (route.check)(bytes),
         None => Ok(()),
     }
 }
@@ -368,10 +457,14 @@ async fn dispatch(
         return Err(ApiError::Unauthorized);
     }
     if let Some((route, params)) = found {
-        return route
-            .endpoint
-            .call(state, request.into_body(), &path, &query, params)
-            .await;
+        let call = Call {
+            state: state.clone(),
+            body: request.into_body(),
+            path,
+            query,
+            params,
+        };
+        return (route.handler)(call).await;
     }
     match allowed_methods(&path) {
         Some(allow) => Err(ApiError::MethodNotAllowed {

@@ -225,13 +225,13 @@ impl AppState {
         };
     }
 
-    /// The model's fingerprint, which slot files carry ([`crate::slot_files::model_fingerprint`]).
+    /// The model's fingerprint, which slot files carry ([`crate::fingerprint::model_fingerprint`]).
     pub(crate) fn model_fingerprint(&self) -> Result<String, ApiError> {
         if let Some(known) = self.fingerprint.get() {
             return Ok(known.clone());
         }
         let dir = self.engine()?.info().dir.clone();
-        let computed = crate::slot_files::model_fingerprint(&dir).map_err(|e| {
+        let computed = crate::fingerprint::model_fingerprint(&dir).map_err(|e| {
             ApiError::Internal(format!(
                 "fingerprinting the model in {}: {e}",
                 dir.display()

@@ -30,31 +30,39 @@ pub struct Args {
     temperature: f32,
 
     /// Keep the K most likely tokens (0 disables).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = SamplingParams::default().top_k)]
     top_k: usize,
 
     /// Nucleus sampling mass (1.0 disables).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = SamplingParams::default().top_p)]
     top_p: f32,
 
     /// Drop tokens below this fraction of the most likely one's probability (0 disables).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = SamplingParams::default().min_p)]
     min_p: f32,
 
     /// Penalise repeating the last --repeat-last-n tokens (1.0 disables).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = SamplingParams::default().repeat_penalty)]
     repeat_penalty: f32,
 
     /// How many recent tokens the penalties consider.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = SamplingParams::default().repeat_last_n)]
     repeat_last_n: usize,
 
     /// OpenAI-style presence penalty.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        default_value_t = SamplingParams::default().presence_penalty,
+        allow_negative_numbers = true
+    )]
     presence_penalty: f32,
 
     /// OpenAI-style frequency penalty.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        default_value_t = SamplingParams::default().frequency_penalty,
+        allow_negative_numbers = true
+    )]
     frequency_penalty: f32,
 
     /// Random seed; -1 picks one (printed so the run can be repeated).

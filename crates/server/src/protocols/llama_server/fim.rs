@@ -1,6 +1,6 @@
 //! llama-server's `/infill` prompt: the text before and after the cursor (and, optionally, other
 //! files of the project) arranged around the model's fill-in-the-middle tokens, with
-//! llama-server's truncation rules. Pure: the route (`llama_server.rs`) tokenizes and hands the
+//! llama-server's truncation rules. Pure: the route (`completion.rs`) tokenizes and hands the
 //! tokens here.
 //!
 //! The layout, prefix-suffix-middle (PSM, the default) or suffix-prefix-middle (`--spm-infill`):

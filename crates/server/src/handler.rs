@@ -1,0 +1,88 @@
+//! The one handler every generating route runs. A protocol parses its JSON into a
+//! [`Generation`] and names its [`Reply`]; the handler renders the conversation through the chat
+//! template, plans the tools (a required call constrains the output; calls are parsed out of the
+//! reply), submits (admission and sizing in [`crate::generate::submit`]), then streams the events
+//! in the protocol's [`StreamFormat`] or collects them into its whole body.
+
+use std::sync::Arc;
+
+use hyper::Response;
+use mlxcel_engine::Engine;
+
+use crate::body::{Body, event_stream};
+use crate::chat::{self, ToolPlan};
+use crate::error::ApiError;
+use crate::generate::{Outcome, StreamFormat, Tracked, collect, stream, submit, tokenize};
+use crate::request::{Chat, Generation, Params, Prompt, PromptInput};
+use crate::state::AppState;
+use crate::tools::ToolFormat;
+
+/// How one protocol answers a request: as a stream of its events, or as one body.
+pub(crate) trait Reply: Send + 'static {
+    /// The format of the stream.
+    type Stream: StreamFormat;
+
+    /// The stream format of a streamed request, once submitted.
+    fn stream(self, tracked: &Tracked) -> Self::Stream;
+
+    /// The whole answer of a request that was not streamed.
+    fn whole(self, tracked: &Tracked, outcome: Outcome) -> Response<Body>;
+}
+
+/// Runs `request` and answers it in the [`Reply`] that `reply` builds; `reply` learns the format
+/// tool calls are looked for in (`None` without tools or with the choice `none`).
+pub(crate) async fn generate<R: Reply>(
+    state: &Arc<AppState>,
+    engine: &Engine,
+    request: Generation,
+    reply: impl FnOnce(Option<ToolFormat>) -> R,
+) -> Result<Response<Body>, ApiError> {
+    let Generation {
+        prompt,
+        mut params,
+        stream: streamed,
+    } = request;
+    let (prompt, tools) = prepare(engine, prompt, &mut params)?;
+    let reply = reply(tools);
+    let mut tracked = submit(state, prompt, params).await?;
+    if streamed {
+        let (response, sender) = event_stream();
+        let format = reply.stream(&tracked);
+        tokio::spawn(stream(tracked, sender, format));
+        return Ok(response);
+    }
+    let outcome = collect(&mut tracked).await?;
+    Ok(reply.whole(&tracked, outcome))
+}
+
+/// The prompt the engine takes, with the tools' constraint set on `params`.
+fn prepare(
+    engine: &Engine,
+    prompt: Prompt,
+    params: &mut Params,
+) -> Result<(PromptInput, Option<ToolFormat>), ApiError> {
+    let chat = match prompt {
+        Prompt::Input(input) => return Ok((input, None)),
+        Prompt::Chat(chat) => chat,
+    };
+    let templated = chat::render(engine, &chat.turns, chat.tools.listed)?;
+    let plan = ToolPlan::new(
+        engine,
+        chat.tools.tools,
+        chat.tools.choice,
+        chat.tools.parallel,
+    );
+    plan.constrain(params, "tool_choice", chat.tools.other_constraint)?;
+    Ok((PromptInput::Templated(templated), plan.parsing()))
+}
+
+/// The tokens of the templated prompt a chat would generate from (its usage's input tokens), for
+/// the token-counting routes.
+pub(crate) async fn count_tokens(engine: Arc<Engine>, chat: Chat) -> Result<usize, ApiError> {
+    let prompt = chat::render(&engine, &chat.turns, chat.tools.listed)?;
+    tokio::task::spawn_blocking(move || {
+        tokenize(&engine, PromptInput::Templated(prompt)).map(|t| t.len())
+    })
+    .await
+    .map_err(|err| ApiError::Internal(format!("tokenizing task failed: {err}")))?
+}

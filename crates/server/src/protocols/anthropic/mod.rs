@@ -1,0 +1,75 @@
+//! Anthropic's Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
+//!
+//! A request is translated into the one request (`wire.rs`) and run by the one handler
+//! ([`crate::handler`]); the reply comes back as `text` and `tool_use` content blocks with
+//! Anthropic's `stop_reason`, whole or as Anthropic's named stream events (`reply.rs`). Errors on
+//! these routes have Anthropic's shape (routes.rs).
+
+mod reply;
+mod wire;
+
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::{Response, StatusCode};
+use serde::Serialize;
+
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::generate::rand_id;
+use crate::handler::{count_tokens as count_prompt_tokens, generate};
+use crate::read::{parse_json, read_generation_json, read_json, read_llama_fields};
+use crate::state::AppState;
+use reply::{MessagesReply, ReplyMeta};
+use wire::MessagesRequest;
+
+/// `POST /v1/messages`'s body through the checks [`messages`] makes before it renders the
+/// template (for the fuzz targets; see `crate::fuzzing`).
+pub(crate) fn check_body(bytes: &[u8]) -> Result<(), ApiError> {
+    crate::inert::refuse_inert_fields(bytes)?;
+    let mut request: MessagesRequest = parse_json(bytes)?;
+    request.chat()?;
+    read_llama_fields(bytes).map(drop)
+}
+
+/// `POST /v1/messages`.
+pub async fn messages(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
+    let (request, llama): (MessagesRequest, _) =
+        read_generation_json(body, state.config().body_limit).await?;
+    let engine = state.engine()?.clone();
+    state.check_model(engine.info(), request.model.as_deref())?;
+    let generation = request.into_generation(&llama)?;
+    let stops = generation.params.stop.clone();
+    let model = state.model_name(engine.info());
+    generate(state, &engine, generation, |tools| MessagesReply {
+        meta: ReplyMeta {
+            id: format!("msg_{:x}", rand_id()),
+            model,
+            tools,
+            stops,
+        },
+        engine: engine.clone(),
+    })
+    .await
+}
+
+#[derive(Debug, Serialize)]
+struct TokenCount {
+    input_tokens: usize,
+}
+
+/// `POST /v1/messages/count_tokens`: the tokens of the templated prompt `/v1/messages` would
+/// generate from (its `usage.input_tokens`).
+pub async fn count_tokens(
+    state: &Arc<AppState>,
+    body: Incoming,
+) -> Result<Response<Body>, ApiError> {
+    let mut request: MessagesRequest = read_json(body, state.config().body_limit).await?;
+    let engine = state.engine()?.clone();
+    state.check_model(engine.info(), request.model.as_deref())?;
+    let input_tokens = count_prompt_tokens(engine, request.chat()?).await?;
+    Ok(crate::body::json(
+        StatusCode::OK,
+        &TokenCount { input_tokens },
+    ))
+}

@@ -1,0 +1,243 @@
+//! `/completion`'s answer (also `/infill`'s): one object, or a stream of pieces then that
+//! object, with llama-server's stop flags, timings and `completion_probabilities`.
+
+use std::sync::Arc;
+
+use hyper::{Response, StatusCode};
+use mlxcel_engine::{Engine, FinishReason, Usage};
+use serde::Serialize;
+
+use crate::body::{Body, json};
+use crate::generate::{Outcome, StreamFormat, Timings, TokenRecord, Tracked, token_piece};
+use crate::handler::Reply;
+use crate::state::AppState;
+
+/// The reply to one `/completion` or `/infill` request.
+pub(super) struct CompletionReply {
+    pub end: Final,
+    /// `return_tokens`: the generated ids in `tokens` (not streamed).
+    pub return_tokens: bool,
+    /// `n_probs` > 0: `completion_probabilities` (not streamed).
+    pub n_probs: bool,
+}
+
+impl Reply for CompletionReply {
+    type Stream = CompletionStream;
+
+    fn stream(self, tracked: &Tracked) -> CompletionStream {
+        CompletionStream {
+            end: self.end,
+            last_token: None,
+            slot: tracked.slot_handle(),
+        }
+    }
+
+    fn whole(self, tracked: &Tracked, outcome: Outcome) -> Response<Body> {
+        let engine = &self.end.engine;
+        let stopped_eos = outcome.reason == FinishReason::Stop
+            && outcome
+                .tokens
+                .last()
+                .is_some_and(|t| engine.info().eos_token_ids.contains(&t.token));
+        let mut body = self.end.body(
+            tracked,
+            outcome.reason,
+            stopped_eos,
+            outcome.usage.completion_tokens,
+            outcome.text,
+        );
+        if self.return_tokens {
+            body.tokens = outcome.tokens.iter().map(|t| t.token).collect();
+        }
+        if self.n_probs {
+            body.completion_probabilities = Some(
+                outcome
+                    .tokens
+                    .iter()
+                    .map(|t| TokenProbs::new(engine, t))
+                    .collect(),
+            );
+        }
+        json(StatusCode::OK, &body)
+    }
+}
+
+/// One token of llama-server's `completion_probabilities`.
+#[derive(Debug, Serialize)]
+pub(super) struct TokenProbs {
+    id: u32,
+    token: String,
+    logprob: Option<f32>,
+    top_logprobs: Vec<TopProb>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct TopProb {
+    id: u32,
+    token: String,
+    logprob: f32,
+}
+
+impl TokenProbs {
+    fn new(engine: &Engine, t: &TokenRecord) -> Self {
+        Self {
+            id: t.token,
+            token: token_piece(engine, t.token),
+            logprob: t.logprob.map(|l| l.logprob),
+            top_logprobs: t
+                .top_logprobs
+                .iter()
+                .map(|a| TopProb {
+                    id: a.token,
+                    token: token_piece(engine, a.token),
+                    logprob: a.logprob,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A streamed piece of a `/completion`.
+#[derive(Debug, Serialize)]
+pub(super) struct PartialCompletion {
+    content: String,
+    /// The token that released this piece, as llama-server sends it.
+    tokens: Vec<u32>,
+    stop: bool,
+    id_slot: i64,
+    index: u32,
+}
+
+/// The last (or only) object of a `/completion`.
+#[derive(Debug, Serialize)]
+pub(super) struct CompletionResult {
+    content: String,
+    /// The generated token ids with `return_tokens` on a request not streamed; empty otherwise
+    /// (a stream sent them in its pieces), as llama-server.
+    tokens: Vec<u32>,
+    id_slot: i64,
+    stop: bool,
+    model: String,
+    tokens_predicted: usize,
+    tokens_evaluated: usize,
+    prompt: String,
+    truncated: bool,
+    stopped_eos: bool,
+    stopped_word: bool,
+    stopped_limit: bool,
+    /// `eos`, `word` or `limit`, as llama-server's `stop_type`.
+    stop_type: &'static str,
+    stopping_word: String,
+    tokens_cached: usize,
+    timings: Timings,
+    /// With `n_probs` > 0, on a request that was not streamed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completion_probabilities: Option<Vec<TokenProbs>>,
+}
+
+/// A `/completion` stream's chunk: a piece, then the result.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub(super) enum CompletionChunk {
+    Partial(PartialCompletion),
+    Result(Box<CompletionResult>),
+}
+
+/// What the last object of a `/completion` reports.
+pub(super) struct Final {
+    pub model: String,
+    pub prompt: String,
+    pub stop_words: Vec<String>,
+    pub engine: Arc<Engine>,
+}
+
+impl Final {
+    fn body(
+        &self,
+        tracked: &Tracked,
+        reason: FinishReason,
+        stopped_eos: bool,
+        predicted: usize,
+        content: String,
+    ) -> CompletionResult {
+        let stopped_word = reason == FinishReason::Stop && !stopped_eos;
+        let prompt_n = tracked.prompt_tokens();
+        CompletionResult {
+            content,
+            tokens: Vec::new(),
+            id_slot: tracked.slot_id(),
+            stop: true,
+            model: self.model.clone(),
+            tokens_predicted: predicted,
+            tokens_evaluated: prompt_n,
+            prompt: self.prompt.clone(),
+            truncated: false,
+            stopped_eos,
+            stopped_word,
+            stopped_limit: reason == FinishReason::Length,
+            stop_type: if stopped_eos {
+                "eos"
+            } else if stopped_word {
+                "word"
+            } else if reason == FinishReason::Length {
+                "limit"
+            } else {
+                "none"
+            },
+            stopping_word: if stopped_word {
+                self.stop_words.first().cloned().unwrap_or_default()
+            } else {
+                String::new()
+            },
+            // The positions the request's cache holds (llama-server's `n_past`): the prompt and
+            // every generated token but the last, which was never fed back.
+            tokens_cached: prompt_n + predicted.saturating_sub(1),
+            timings: tracked.timings_object(predicted),
+            completion_probabilities: None,
+        }
+    }
+}
+
+/// llama-server's `/completion` stream: `{"content", "stop": false}` per token with text, then the
+/// final object (`stop: true`, the stop flags and timings); no `[DONE]` line.
+pub(super) struct CompletionStream {
+    end: Final,
+    last_token: Option<u32>,
+    /// Where its `/slots` id is read ([`Tracked::slot_handle`]).
+    slot: (Arc<AppState>, u64),
+}
+
+impl StreamFormat for CompletionStream {
+    type Chunk = CompletionChunk;
+    const DONE_LINE: bool = false;
+
+    fn token(&mut self, record: TokenRecord) -> Option<CompletionChunk> {
+        self.last_token = Some(record.token);
+        if record.text.is_empty() {
+            return None;
+        }
+        Some(CompletionChunk::Partial(PartialCompletion {
+            content: record.text,
+            tokens: vec![record.token],
+            stop: false,
+            id_slot: self.slot.0.id_slot(self.slot.1),
+            index: 0,
+        }))
+    }
+
+    fn finish(
+        &mut self,
+        tracked: &Tracked,
+        reason: FinishReason,
+        text: String,
+        usage: Usage,
+    ) -> Vec<CompletionChunk> {
+        let eos = &self.end.engine.info().eos_token_ids;
+        let stopped_eos =
+            reason == FinishReason::Stop && self.last_token.is_some_and(|t| eos.contains(&t));
+        let result = self
+            .end
+            .body(tracked, reason, stopped_eos, usage.completion_tokens, text);
+        vec![CompletionChunk::Result(Box::new(result))]
+    }
+}

@@ -1,0 +1,185 @@
+//! llama-server's status routes: `GET /health`, `/live`, `/props`, `POST /props`, `GET /metrics`.
+
+use hyper::{Response, StatusCode};
+use serde::Serialize;
+
+use crate::body::{Body, full, json};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+#[derive(Debug, Serialize)]
+struct HealthResponse {
+    status: &'static str,
+}
+
+/// `GET /health`, readiness: 503 while the model loads, and while the engine's queue is full
+/// (`--max-queue-depth`; a load balancer sends the next request elsewhere), else 200. The error
+/// bodies are llama-server's (the status as a number in `code`).
+pub fn health(state: &AppState) -> Result<Response<Body>, ApiError> {
+    let engine = state.engine()?;
+    let waiting = engine.metrics().waiting;
+    let depth = engine.scheduler_config().max_waiting;
+    if waiting >= depth {
+        return Err(ApiError::QueueFull {
+            message: format!(
+                "the queue is full: {waiting} requests wait for a slot (--max-queue-depth {depth})"
+            ),
+            retry_after: state.metrics().retry_after(waiting),
+        });
+    }
+    Ok(json(StatusCode::OK, &HealthResponse { status: "ok" }))
+}
+
+/// `GET /live`, liveness: 200 whenever the server answers HTTP, loading or not (a process
+/// supervisor restarts a server that stops answering it, not one that is busy or loading).
+pub fn live() -> Response<Body> {
+    json(StatusCode::OK, &HealthResponse { status: "alive" })
+}
+
+#[derive(Debug, Serialize)]
+struct Props {
+    default_generation_settings: GenerationSettings,
+    total_slots: usize,
+    model_path: std::path::PathBuf,
+    model_alias: String,
+    n_ctx: usize,
+    n_ctx_train: usize,
+    /// The checkpoint's chat template, as written (empty when it has none).
+    chat_template: String,
+    /// The texts of the beginning- and end-of-sequence tokens (empty when there is none).
+    bos_token: String,
+    eos_token: String,
+    /// Text only: no image or audio input.
+    modalities: Modalities,
+    /// The model is never unloaded while idle.
+    is_sleeping: bool,
+    build_info: &'static str,
+    endpoint_slots: bool,
+    endpoint_props: bool,
+    endpoint_metrics: bool,
+    backend: &'static str,
+    threads: Option<usize>,
+    /// The static-shape buckets; `null` on a dynamic backend.
+    capacity_buckets: Option<Vec<usize>>,
+}
+
+#[derive(Debug, Serialize)]
+struct Modalities {
+    vision: bool,
+    audio: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct GenerationSettings {
+    n_ctx: usize,
+    model: String,
+    params: DefaultParams,
+}
+
+#[derive(Debug, Serialize)]
+struct DefaultParams {
+    /// -1: unlimited.
+    n_predict: i64,
+    temperature: f32,
+    /// -1: a fresh seed per request.
+    seed: i64,
+}
+
+/// The text of the model's beginning- (`bos`) or end-of-sequence token: the chat template's
+/// (the tokenizer configuration's), else the tokenizer's own (the first token it prepends to a
+/// prompt; the first end-of-sequence id).
+fn special_token_text(engine: &mlxcel_engine::Engine, bos: bool) -> String {
+    if let Some(template) = engine.chat_template() {
+        let text = if bos {
+            template.bos_token()
+        } else {
+            template.eos_token()
+        };
+        if !text.is_empty() {
+            return text.to_owned();
+        }
+    }
+    let tokenizer = engine.tokenizer();
+    let id = if bos {
+        tokenizer
+            .leading_special_tokens()
+            .ok()
+            .and_then(|t| t.first().copied())
+    } else {
+        engine.info().eos_token_ids.first().copied()
+    };
+    id.and_then(|id| tokenizer.id_to_token(id))
+        .unwrap_or_default()
+}
+
+/// `GET /props`.
+pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
+    let engine = state.engine()?;
+    let info = engine.info();
+    let config = state.config();
+    let buckets = state.capacity_buckets(engine);
+    let n_ctx = state.context_limit(info);
+    let props = Props {
+        default_generation_settings: GenerationSettings {
+            n_ctx,
+            model: state.model_name(info),
+            params: DefaultParams {
+                n_predict: match config.default_max_new_tokens {
+                    mlxcel_engine::MaxNewTokens::Unlimited => -1,
+                    mlxcel_engine::MaxNewTokens::Limited(n) => n as i64,
+                },
+                temperature: config.default_temperature,
+                seed: config.default_seed.map_or(-1, |s| s as i64),
+            },
+        },
+        total_slots: config.parallel,
+        model_path: info.dir.clone(),
+        model_alias: state.model_name(info),
+        n_ctx,
+        n_ctx_train: info.window,
+        chat_template: engine.chat_template_source().unwrap_or_default(),
+        bos_token: special_token_text(engine, true),
+        eos_token: special_token_text(engine, false),
+        modalities: Modalities {
+            vision: false,
+            audio: false,
+        },
+        is_sleeping: false,
+        build_info: concat!("mlxcel-", env!("CARGO_PKG_VERSION")),
+        endpoint_slots: config.slots,
+        endpoint_props: config.props,
+        endpoint_metrics: config.metrics,
+        backend: info.backend.as_str(),
+        threads: config.threads,
+        capacity_buckets: (!buckets.is_empty()).then_some(buckets),
+    };
+    Ok(json(StatusCode::OK, &props))
+}
+
+#[derive(Debug, Serialize)]
+struct SetPropsResponse {
+    success: bool,
+}
+
+/// `POST /props` (with `--props`): llama-server changes no property through it yet, and
+/// neither does mlxcel; without the flag, 501 as llama-server answers.
+pub fn set_props(state: &AppState) -> Result<Response<Body>, ApiError> {
+    if !state.config().props {
+        return Err(ApiError::NotImplemented(
+            "This server does not support changing global properties. Start it with `--props`"
+                .into(),
+        ));
+    }
+    Ok(json(StatusCode::OK, &SetPropsResponse { success: true }))
+}
+
+/// `GET /metrics` (with `--metrics`).
+pub fn metrics(state: &AppState) -> Result<Response<Body>, ApiError> {
+    if !state.config().metrics {
+        return Err(ApiError::NotImplemented(
+            "the metrics endpoint is off; start the server with --metrics".into(),
+        ));
+    }
+    let text = state.render_metrics();
+    Ok(full(StatusCode::OK, "text/plain; version=0.0.4", text))
+}

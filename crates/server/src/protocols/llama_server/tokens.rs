@@ -1,0 +1,140 @@
+//! llama-server's text routes: `POST /tokenize`, `/detokenize`, `/apply-template`.
+
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::{Response, StatusCode};
+use mlxcel_engine::ChatMessage;
+use serde::{Deserialize, Serialize};
+
+use crate::body::{Body, json};
+use crate::error::ApiError;
+use crate::generate::token_piece;
+use crate::protocols::openai::{MessageField, turns};
+use crate::read::{parse_json, read_json};
+use crate::state::AppState;
+
+/// The bodies of these routes through their parse (for the fuzz targets; see `crate::fuzzing`).
+pub(super) fn check_body(endpoint: &str, bytes: &[u8]) -> Result<(), ApiError> {
+    match endpoint {
+        "tokenize" => parse_json::<TokenizeRequest>(bytes).map(drop),
+        "detokenize" => parse_json::<DetokenizeRequest>(bytes).map(drop),
+        _ => {
+            let request: ApplyTemplateRequest = parse_json(bytes)?;
+            chat_messages(request.messages).map(drop)
+        }
+    }
+}
+
+/// The messages as the template's text turns.
+fn chat_messages(messages: Vec<MessageField>) -> Result<Vec<ChatMessage>, ApiError> {
+    Ok(turns(messages)?
+        .into_iter()
+        .map(|t| ChatMessage::new(t.role, t.content))
+        .collect())
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenizeRequest {
+    content: String,
+    #[serde(default)]
+    add_special: bool,
+    #[serde(default)]
+    with_pieces: bool,
+    /// Special tokens in the text are always parsed; `false` is refused, not ignored.
+    parse_special: Option<bool>,
+}
+
+/// `POST /tokenize`.
+pub async fn tokenize(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
+    let request: TokenizeRequest = read_json(body, state.config().body_limit).await?;
+    if request.parse_special == Some(false) {
+        return Err(ApiError::unsupported(
+            "parse_special",
+            "parse_special=false is not supported: special tokens in the text are always parsed",
+        ));
+    }
+    let engine = state.engine()?.clone();
+    let tokens = engine
+        .tokenizer()
+        .encode(&request.content, request.add_special, true)
+        .map_err(mlxcel_engine::EngineError::from)?;
+    let tokens = if request.with_pieces {
+        TokenList::WithPieces(
+            tokens
+                .iter()
+                .map(|&id| TokenPiece {
+                    id,
+                    piece: token_piece(&engine, id),
+                })
+                .collect(),
+        )
+    } else {
+        TokenList::Ids(tokens)
+    };
+    Ok(json(StatusCode::OK, &TokenizeResponse { tokens }))
+}
+
+#[derive(Debug, Serialize)]
+struct TokenizeResponse {
+    tokens: TokenList,
+}
+
+/// Ids alone, or (`with_pieces`) each id with its text.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum TokenList {
+    Ids(Vec<u32>),
+    WithPieces(Vec<TokenPiece>),
+}
+
+#[derive(Debug, Serialize)]
+struct TokenPiece {
+    id: u32,
+    piece: String,
+}
+
+#[derive(Debug, Serialize)]
+struct ContentResponse {
+    content: String,
+}
+
+#[derive(Debug, Serialize)]
+struct PromptResponse {
+    prompt: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct DetokenizeRequest {
+    tokens: Vec<u32>,
+}
+
+/// `POST /detokenize`.
+pub async fn detokenize(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
+    let request: DetokenizeRequest = read_json(body, state.config().body_limit).await?;
+    let engine = state.engine()?.clone();
+    engine
+        .check_tokens(&request.tokens)
+        .map_err(|err| ApiError::invalid_param("tokens", err.to_string()))?;
+    let content = engine
+        .tokenizer()
+        .decode(&request.tokens, false)
+        .map_err(mlxcel_engine::EngineError::from)?;
+    Ok(json(StatusCode::OK, &ContentResponse { content }))
+}
+
+#[derive(Debug, Deserialize)]
+struct ApplyTemplateRequest {
+    messages: Vec<MessageField>,
+}
+
+/// `POST /apply-template`.
+pub async fn apply_template(
+    state: &Arc<AppState>,
+    body: Incoming,
+) -> Result<Response<Body>, ApiError> {
+    let request: ApplyTemplateRequest = read_json(body, state.config().body_limit).await?;
+    let engine = state.engine()?.clone();
+    let prompt = engine.apply_chat_template(&chat_messages(request.messages)?)?;
+    Ok(json(StatusCode::OK, &PromptResponse { prompt }))
+}

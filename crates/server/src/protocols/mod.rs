@@ -1,0 +1,16 @@
+//! The wire formats, one folder (or file) per protocol. Each only parses its JSON into the one
+//! request ([`crate::request::Generation`]) and formats the engine's events back (its
+//! [`crate::handler::Reply`] and [`crate::generate::StreamFormat`]); the one handler
+//! ([`crate::handler`]) runs everything between.
+//!
+//! - `openai/`: `/v1/completions`, `/v1/chat/completions`, `/v1/models`.
+//! - `responses/`: OpenAI's Responses API.
+//! - `anthropic/`: Anthropic's Messages API.
+//! - `llama_server/`: llama-server's native routes (completion, infill, tokens, status, slots).
+//! - `embeddings.rs`: `/v1/embeddings` and llama-server's `/embedding(s)`.
+
+pub mod anthropic;
+pub mod embeddings;
+pub mod llama_server;
+pub mod openai;
+pub mod responses;

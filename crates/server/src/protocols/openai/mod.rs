@@ -1,0 +1,106 @@
+//! OpenAI's routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models`.
+//!
+//! - `wire.rs`: the request bodies and their translation into the one request.
+//! - `response.rs`: the response bodies (whole, chunks, logprobs, usage) and their [`Envelope`].
+//! - `stream.rs`: the [`crate::handler::Reply`] of both routes, whole or streamed.
+//! - `models.rs`: `GET /v1/models`.
+
+mod models;
+mod response;
+mod stream;
+mod wire;
+
+use std::sync::Arc;
+
+use hyper::Response;
+use hyper::body::Incoming;
+use mlxcel_engine::Engine;
+
+pub use models::models;
+pub(crate) use wire::{MessageField, StopField, turns};
+
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::generate::{rand_id, unix_now};
+use crate::handler::generate;
+use crate::read::{parse_json, read_generation_json, read_llama_fields};
+use crate::state::AppState;
+use response::{Envelope, Kind};
+use stream::OpenAiReply;
+use wire::{Asked, ChatRequest, CompletionRequest};
+
+/// `POST /v1/completions`'s body through the checks [`completions`] makes before it needs the
+/// model (for the fuzz targets; see `crate::fuzzing`).
+pub(crate) fn check_completions_body(bytes: &[u8]) -> Result<(), ApiError> {
+    crate::inert::refuse_inert_fields(bytes)?;
+    let request: CompletionRequest = parse_json(bytes)?;
+    request
+        .into_generation(&read_llama_fields(bytes)?)
+        .map(drop)
+}
+
+/// `POST /v1/chat/completions`'s body through the checks [`chat_completions`] makes before it
+/// renders the template (for the fuzz targets; see `crate::fuzzing`).
+pub(crate) fn check_chat_body(bytes: &[u8]) -> Result<(), ApiError> {
+    crate::inert::refuse_inert_fields(bytes)?;
+    let request: ChatRequest = parse_json(bytes)?;
+    request
+        .into_generation(&read_llama_fields(bytes)?)
+        .map(drop)
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    state: &Arc<AppState>,
+    body: Incoming,
+) -> Result<Response<Body>, ApiError> {
+    let (request, llama): (CompletionRequest, _) =
+        read_generation_json(body, state.config().body_limit).await?;
+    let engine = state.engine()?.clone();
+    state.check_model(engine.info(), request.model.as_deref())?;
+    let (generation, asked) = request.into_generation(&llama)?;
+    let envelope = envelope(state, &engine, Kind::Completion, "cmpl", &asked);
+    generate(state, &engine, generation, |_| OpenAiReply {
+        envelope,
+        engine: engine.clone(),
+        tools: None,
+    })
+    .await
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    state: &Arc<AppState>,
+    body: Incoming,
+) -> Result<Response<Body>, ApiError> {
+    let (request, llama): (ChatRequest, _) =
+        read_generation_json(body, state.config().body_limit).await?;
+    let engine = state.engine()?.clone();
+    state.check_model(engine.info(), request.model.as_deref())?;
+    let (generation, asked) = request.into_generation(&llama)?;
+    let envelope = envelope(state, &engine, Kind::Chat, "chatcmpl", &asked);
+    // Calls in the output are looked for unless the request said `none`.
+    generate(state, &engine, generation, |tools| OpenAiReply {
+        envelope,
+        engine: engine.clone(),
+        tools,
+    })
+    .await
+}
+
+fn envelope(
+    state: &AppState,
+    engine: &Engine,
+    kind: Kind,
+    prefix: &str,
+    asked: &Asked,
+) -> Envelope {
+    Envelope {
+        id: format!("{prefix}-{:x}", rand_id()),
+        created: unix_now(),
+        model: state.model_name(engine.info()),
+        kind,
+        logprobs: asked.logprobs,
+        include_usage: asked.include_usage,
+    }
+}

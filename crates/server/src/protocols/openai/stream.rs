@@ -1,0 +1,157 @@
+//! OpenAI's answers: the [`Reply`] of both OpenAI routes, whole or as a stream of chunks (a role
+//! delta first on chat, a chunk per token, the final chunk with the finish reason, the usage
+//! chunk when asked for, then `[DONE]`).
+
+use std::sync::Arc;
+
+use hyper::{Response, StatusCode};
+use mlxcel_engine::{Engine, FinishReason, Usage};
+
+use crate::body::Body;
+use crate::chat;
+use crate::generate::{Outcome, StreamFormat, TokenRecord, Tracked};
+use crate::handler::Reply;
+use crate::tools::ToolFormat;
+
+use super::response::{CompletionBody, Envelope, Kind};
+
+/// An OpenAI reply: its envelope, and with tools the format calls are looked for in.
+pub(super) struct OpenAiReply {
+    pub envelope: Envelope,
+    pub engine: Arc<Engine>,
+    /// `None` without tools (or with the choice `none`).
+    pub tools: Option<ToolFormat>,
+}
+
+impl Reply for OpenAiReply {
+    type Stream = OpenAiStream;
+
+    fn stream(self, _: &Tracked) -> OpenAiStream {
+        OpenAiStream {
+            envelope: self.envelope,
+            engine: self.engine,
+            offset: 0,
+            tools: self.tools.map(|format| (format, String::new())),
+        }
+    }
+
+    /// The text is searched for calls when the request ends (with tools), and a reply that made
+    /// some returns them as `tool_calls`.
+    fn whole(self, tracked: &Tracked, outcome: Outcome) -> Response<Body> {
+        let timings = tracked.timings_object(outcome.usage.completion_tokens);
+        let envelope = &self.envelope;
+        let calls = chat::calls_in(&outcome.text, outcome.reason, self.tools, &envelope.id);
+        let body = match calls {
+            Some((content, calls)) => envelope.whole_tool_calls(
+                &self.engine,
+                content,
+                calls,
+                &outcome.tokens,
+                outcome.usage,
+            ),
+            None => envelope.whole(
+                &self.engine,
+                outcome.text,
+                &outcome.tokens,
+                outcome.reason,
+                outcome.usage,
+            ),
+        }
+        .with_timings(timings);
+        crate::body::json(StatusCode::OK, &body)
+    }
+}
+
+/// OpenAI's stream. With tools, the text is held back until the end, then sent as tool-call
+/// deltas or as content.
+pub(super) struct OpenAiStream {
+    envelope: Envelope,
+    engine: Arc<Engine>,
+    /// Bytes of text sent so far (legacy completion logprobs' `text_offset`).
+    offset: usize,
+    /// With tools: their format and the text held back until the end.
+    tools: Option<(ToolFormat, String)>,
+}
+
+impl StreamFormat for OpenAiStream {
+    type Chunk = CompletionBody;
+    const DONE_LINE: bool = true;
+
+    fn opening(&mut self) -> Vec<CompletionBody> {
+        (self.envelope.kind == Kind::Chat)
+            .then(|| self.envelope.role_chunk())
+            .into_iter()
+            .collect()
+    }
+
+    fn token(&mut self, record: TokenRecord) -> Option<CompletionBody> {
+        if let Some((_, held)) = &mut self.tools {
+            held.push_str(&record.text);
+            return None;
+        }
+        if record.text.is_empty() && !self.envelope.logprobs {
+            return None;
+        }
+        let chunk = self.envelope.chunk(
+            &self.engine,
+            &record.text,
+            std::slice::from_ref(&record),
+            self.offset,
+            None,
+        );
+        self.offset += record.text.len();
+        Some(chunk)
+    }
+
+    fn finish(
+        &mut self,
+        tracked: &Tracked,
+        reason: FinishReason,
+        text: String,
+        usage: Usage,
+    ) -> Vec<CompletionBody> {
+        let timings = tracked.timings_object(usage.completion_tokens);
+        let mut chunks = self.closing(reason, text, usage);
+        // As llama-server: the timings ride on the stream's last chunk.
+        if let Some(last) = chunks.pop() {
+            chunks.push(last.with_timings(timings));
+        }
+        chunks
+    }
+}
+
+impl OpenAiStream {
+    /// The chunks that end a stream: the held-back text or calls, the finish reason, the usage.
+    fn closing(&mut self, reason: FinishReason, text: String, usage: Usage) -> Vec<CompletionBody> {
+        let mut chunks = Vec::new();
+        let mut text = text;
+        if let Some((format, mut held)) = self.tools.take() {
+            held.push_str(&text);
+            if let Some((content, calls)) =
+                chat::calls_in(&held, reason, Some(format), &self.envelope.id)
+            {
+                if !content.is_empty() {
+                    chunks.push(self.envelope.chunk(&self.engine, &content, &[], 0, None));
+                }
+                chunks.extend(self.envelope.tool_call_chunks(&calls));
+                if self.envelope.include_usage {
+                    chunks.push(self.envelope.usage_chunk(usage));
+                }
+                return chunks;
+            }
+            // No call: the held text is the content.
+            if !held.is_empty() {
+                chunks.push(self.envelope.chunk(&self.engine, &held, &[], 0, None));
+            }
+            text = String::new();
+        }
+        let last = self
+            .envelope
+            .chunk(&self.engine, &text, &[], self.offset, Some(reason));
+        chunks.push(last);
+        if self.envelope.include_usage {
+            chunks.push(self.envelope.usage_chunk(usage));
+        }
+        chunks
+    }
+}

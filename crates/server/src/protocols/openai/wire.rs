@@ -1,0 +1,403 @@
+//! OpenAI's request bodies (`/v1/completions`, `/v1/chat/completions`) and their translation into
+//! the one request ([`Generation`]). The sampling fields are not declared here: they are read
+//! from the same body in the engine's one declaration ([`crate::read::read_llama_fields`]).
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::llama_fields::LlamaFields;
+use crate::request::{
+    Call, Chat, Generation, Params, Prompt, PromptInput, ToolRequest, Turn, budget, function_tool,
+};
+use crate::structured::{ConstraintFields, ResponseFormat};
+use crate::tools::read_tools;
+
+/// Most alternatives per token a request may ask for.
+pub(super) const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// `stop`: one string or several.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+/// A prompt: text, token ids, or a batch of either (only batches of one are served).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptField {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+impl PromptField {
+    pub fn into_input(self) -> Result<PromptInput, ApiError> {
+        let one = |len: usize| {
+            if len == 1 {
+                Ok(())
+            } else {
+                Err(ApiError::unsupported(
+                    "prompt",
+                    format!("a batch of {len} prompts was sent; send one prompt per request"),
+                ))
+            }
+        };
+        Ok(match self {
+            Self::Text(text) => PromptInput::Text(text),
+            Self::Tokens(tokens) => PromptInput::Tokens(tokens),
+            Self::Texts(mut texts) => {
+                one(texts.len())?;
+                PromptInput::Text(texts.remove(0))
+            }
+            Self::TokenLists(mut lists) => {
+                one(lists.len())?;
+                PromptInput::Tokens(lists.remove(0))
+            }
+        })
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The fields both OpenAI generation routes share.
+#[derive(Debug)]
+pub(super) struct Common {
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    max_tokens: Option<i64>,
+    n: Option<u32>,
+    stop: Option<StopField>,
+    constraint: ConstraintFields,
+}
+
+/// Declares a request struct with the [`Common`] fields inline (not `#[serde(flatten)]`, which
+/// would lose the field name from type errors) and a method that gathers them.
+macro_rules! openai_request {
+    ($name:ident { $($(#[$attr:meta])* $field:ident: $ty:ty,)* }) => {
+        #[derive(Debug, Deserialize)]
+        pub(super) struct $name {
+            $($(#[$attr])* pub $field: $ty,)*
+            pub model: Option<String>,
+            #[serde(default)]
+            stream: bool,
+            stream_options: Option<StreamOptions>,
+            max_tokens: Option<i64>,
+            n: Option<u32>,
+            stop: Option<StopField>,
+            // The sampling fields (`temperature`, `top_p`, `seed`, the penalties, and
+            // llama-server's `top_k`, `min_p` ...) and `logit_bias` are read with llama-server's
+            // fields (llama_fields.rs).
+            // Structured output (structured.rs).
+            response_format: Option<ResponseFormat>,
+            json_schema: Option<Value>,
+            grammar: Option<String>,
+            guided_json: Option<Value>,
+            guided_regex: Option<String>,
+            guided_grammar: Option<String>,
+        }
+
+        impl $name {
+            pub(super) fn common(&mut self) -> Common {
+                Common {
+                    constraint: ConstraintFields {
+                        response_format: self.response_format.take(),
+                        json_schema: self.json_schema.take(),
+                        grammar: self.grammar.take(),
+                        guided_json: self.guided_json.take(),
+                        guided_regex: self.guided_regex.take(),
+                        guided_grammar: self.guided_grammar.take(),
+                    },
+                    stream: self.stream,
+                    stream_options: self.stream_options.take(),
+                    max_tokens: self.max_tokens,
+                    n: self.n,
+                    stop: self.stop.take(),
+                }
+            }
+        }
+    };
+}
+
+impl Common {
+    /// The sampling and stopping parameters; `max_tokens` is `max_completion_tokens` when the
+    /// request gave it.
+    pub(super) fn params(
+        self,
+        max_tokens: Option<i64>,
+        logprobs: Option<usize>,
+    ) -> Result<Params, ApiError> {
+        if let Some(n) = self.n.filter(|&n| n != 1) {
+            return Err(ApiError::unsupported(
+                "n",
+                format!("n={n} is not supported: this server returns one choice per request (n=1)"),
+            ));
+        }
+        let param = if max_tokens.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        let max_tokens = max_tokens.or(self.max_tokens);
+        if max_tokens == Some(0) {
+            return Err(ApiError::invalid_param(
+                param,
+                format!("{param}=0: expected at least 1"),
+            ));
+        }
+        Ok(Params {
+            max_new_tokens: budget(param, max_tokens)?,
+            stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
+            logprobs,
+            constraint: self.constraint.constraint()?,
+            ..Params::default()
+        })
+    }
+
+    /// Whether a stream ends with a usage chunk.
+    pub(super) fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
+    }
+}
+
+openai_request!(CompletionRequest {
+    prompt: PromptField,
+    logprobs: Option<u32>,
+    echo: Option<bool>,
+    best_of: Option<u32>,
+    suffix: Option<String>,
+});
+
+openai_request!(ChatRequest {
+    messages: Vec<MessageField>,
+    max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<u32>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+    functions: Option<Vec<Value>>,
+    function_call: Option<Value>,
+});
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct MessageField {
+    role: String,
+    content: Option<ContentField>,
+    /// An assistant turn's calls (`id`, `type`, `function: {name, arguments}`).
+    tool_calls: Option<Vec<Value>>,
+    /// A `tool` turn's answer to this call.
+    tool_call_id: Option<String>,
+    /// The function's name on a `tool`/`function` turn.
+    name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ContentField {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+/// An earlier call as OpenAI writes it (`{id, type, function: {name, arguments}}`), typed.
+fn call_of(call: &Value) -> Call {
+    let text = |pointer: &str| {
+        call.pointer(pointer)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    Call::new(
+        text("/id"),
+        text("/function/name"),
+        call.pointer("/function/arguments").cloned(),
+    )
+}
+
+/// The messages as typed turns (text content only), with their tool calls and results.
+pub(crate) fn turns(messages: Vec<MessageField>) -> Result<Vec<Turn>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages is empty; send at least one",
+        ));
+    }
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let content = match m.content {
+                None => String::new(),
+                Some(ContentField::Text(text)) => text,
+                Some(ContentField::Parts(parts)) => {
+                    let mut text = String::new();
+                    for part in parts {
+                        match (part.kind.as_str(), part.text) {
+                            ("text", Some(t)) => text.push_str(&t),
+                            (kind, _) => {
+                                return Err(ApiError::unsupported(
+                                    &format!("messages[{i}].content"),
+                                    format!("content parts of type `{kind}` are not supported; send text"),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            Ok(Turn {
+                role: m.role,
+                content,
+                tool_calls: m.tool_calls.map(|calls| calls.iter().map(call_of).collect()),
+                tool_call_id: m.tool_call_id,
+                name: m.name,
+            })
+        })
+        .collect()
+}
+
+/// What the OpenAI reply needs to know of a request beyond the one request.
+pub(super) struct Asked {
+    pub logprobs: bool,
+    pub include_usage: bool,
+}
+
+impl ChatRequest {
+    /// The one request, with `llama` (llama-server's fields of the same body) applied.
+    pub(super) fn into_generation(
+        mut self,
+        llama: &LlamaFields,
+    ) -> Result<(Generation, Asked), ApiError> {
+        let common = self.common();
+        let logprobs = match (self.logprobs, self.top_logprobs) {
+            (_, Some(n)) if n > MAX_TOP_LOGPROBS => {
+                return Err(ApiError::invalid_param(
+                    "top_logprobs",
+                    format!("top_logprobs={n}: at most {MAX_TOP_LOGPROBS}"),
+                ));
+            }
+            (false, Some(n)) if n > 0 => {
+                return Err(ApiError::invalid_param(
+                    "top_logprobs",
+                    "top_logprobs requires logprobs=true",
+                ));
+            }
+            (true, n) => Some(n.unwrap_or(0) as usize),
+            // As llama-server: without `logprobs`, its `n_probs` asks for them.
+            (false, _) => llama.n_probs.filter(|&n| n > 0),
+        };
+        let raw_tools = self.tools.take().filter(|t| !t.is_empty());
+        let (tools, choice) = read_tools(
+            raw_tools.clone(),
+            self.tool_choice.take(),
+            self.functions.take(),
+            self.function_call.take(),
+        )?;
+        // Tools as the request gave them (legacy functions in the tools shape).
+        let listed: Vec<Value> = raw_tools.unwrap_or_else(|| {
+            tools
+                .iter()
+                .map(|t| function_tool(&t.name, None, Some(&t.parameters)))
+                .collect()
+        });
+        let turns = turns(std::mem::take(&mut self.messages))?;
+        let asked = Asked {
+            logprobs: logprobs.is_some(),
+            include_usage: common.include_usage(),
+        };
+        let stream = common.stream;
+        let mut params = common.params(self.max_completion_tokens, logprobs)?;
+        llama.apply(&mut params)?;
+        let tools = ToolRequest {
+            listed,
+            tools,
+            choice,
+            parallel: self.parallel_tool_calls.unwrap_or(true),
+            other_constraint: "response_format (or another output constraint)",
+        };
+        let generation = Generation {
+            prompt: Prompt::Chat(Chat { turns, tools }),
+            params,
+            stream,
+        };
+        Ok((generation, asked))
+    }
+}
+
+impl CompletionRequest {
+    /// The one request, with `llama` (llama-server's fields of the same body) applied.
+    pub(super) fn into_generation(
+        mut self,
+        llama: &LlamaFields,
+    ) -> Result<(Generation, Asked), ApiError> {
+        let common = self.common();
+        if self.echo == Some(true) {
+            return Err(ApiError::unsupported("echo", "echo=true is not supported"));
+        }
+        if let Some(best_of) = self.best_of.filter(|&b| b != 1) {
+            return Err(ApiError::unsupported(
+                "best_of",
+                format!("best_of={best_of} is not supported (1 only)"),
+            ));
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::unsupported(
+                "suffix",
+                "suffix (insertion) is not supported",
+            ));
+        }
+        let logprobs = match self.logprobs {
+            Some(n) if n > MAX_TOP_LOGPROBS => {
+                return Err(ApiError::invalid_param(
+                    "logprobs",
+                    format!("logprobs={n}: at most {MAX_TOP_LOGPROBS}"),
+                ));
+            }
+            other => other.map(|n| n as usize),
+        };
+        // llama-server's `n_probs` wins over `logprobs` (its alias there) when given.
+        let logprobs = match llama.n_probs {
+            Some(n) => (n > 0).then_some(n),
+            None => logprobs,
+        };
+        let prompt = self.prompt.into_input()?;
+        let asked = Asked {
+            logprobs: logprobs.is_some(),
+            include_usage: common.include_usage(),
+        };
+        let stream = common.stream;
+        let mut params = common.params(None, logprobs)?;
+        llama.apply(&mut params)?;
+        let generation = Generation {
+            prompt: Prompt::Input(prompt),
+            params,
+            stream,
+        };
+        Ok((generation, asked))
+    }
+}

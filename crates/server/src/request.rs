@@ -1,0 +1,258 @@
+//! The one request every generating route is read into. A protocol parses its JSON into a
+//! [`Generation`] (the prompt as typed [`Turn`]s with tools, or as given; the sampling and
+//! stopping [`Params`]; whether to stream) and formats the engine's events back; the one handler
+//! ([`crate::handler`]) does everything between.
+
+use std::time::Duration;
+
+use mlxcel_engine::{Constraint, MaxNewTokens, SamplerStage, SamplingOverrides};
+use serde_json::{Map, Value, json};
+
+use crate::error::ApiError;
+use crate::tools::{Tool, ToolChoice};
+
+/// What a generating route asks the handler to run.
+#[derive(Debug)]
+pub(crate) struct Generation {
+    pub prompt: Prompt,
+    pub params: Params,
+    pub stream: bool,
+}
+
+/// The prompt of a request: a conversation for the chat template, or a prompt as given.
+#[derive(Debug)]
+pub(crate) enum Prompt {
+    Chat(Chat),
+    Input(PromptInput),
+}
+
+/// The prompt of a request, before tokenization.
+#[derive(Debug, Clone)]
+pub enum PromptInput {
+    /// Plain text, tokenized with the tokenizer's special tokens (BOS).
+    Text(String),
+    /// Text already rendered by the chat template (which wrote its own special tokens).
+    Templated(String),
+    /// Token ids as given.
+    Tokens(Vec<u32>),
+}
+
+/// A conversation with the tools the model may call.
+#[derive(Debug)]
+pub(crate) struct Chat {
+    pub turns: Vec<Turn>,
+    pub tools: ToolRequest,
+}
+
+/// One turn of a conversation in the terms of Hugging Face's chat templates.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Turn {
+    pub role: String,
+    pub content: String,
+    /// An assistant turn's calls (`Some` also when the client sent an empty list).
+    pub tool_calls: Option<Vec<Call>>,
+    /// A `tool` turn's answer to this call.
+    pub tool_call_id: Option<String>,
+    /// The function's name on a `tool` turn.
+    pub name: Option<String>,
+}
+
+impl Turn {
+    /// A turn of text only.
+    pub fn text(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
+
+    /// Whether the turn makes or answers tool calls (then templates get the tools' context).
+    pub fn is_tool_turn(&self) -> bool {
+        self.tool_calls.is_some() || self.tool_call_id.is_some() || self.role == "tool"
+    }
+
+    /// The turn as Hugging Face passes it to a chat template.
+    pub fn template_value(&self) -> Value {
+        let mut turn = json!({"role": self.role, "content": self.content});
+        if let Some(calls) = &self.tool_calls {
+            turn["tool_calls"] = calls.iter().map(Call::template_value).collect();
+        }
+        if let Some(id) = &self.tool_call_id {
+            turn["tool_call_id"] = json!(id);
+        }
+        if let Some(name) = &self.name {
+            turn["name"] = json!(name);
+        }
+        turn
+    }
+}
+
+/// One earlier call of the model.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Call {
+    pub id: Option<String>,
+    pub name: Option<String>,
+    /// The arguments, parsed into an object when they were sent as JSON text (as templates
+    /// expect); text that is not JSON stays text.
+    pub arguments: Option<Value>,
+}
+
+impl Call {
+    /// A call with its `arguments` read: JSON text parsed, anything else kept.
+    pub fn new(id: Option<String>, name: Option<String>, arguments: Option<Value>) -> Self {
+        let arguments = arguments.map(|arguments| match arguments {
+            Value::String(text) => serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            other => other,
+        });
+        Self {
+            id,
+            name,
+            arguments,
+        }
+    }
+
+    /// The call in the template's shape: OpenAI's `{id, type, function: {name, arguments}}`,
+    /// with `name` and `arguments` also on the call itself (some templates read them there).
+    pub fn template_value(&self) -> Value {
+        let mut function = Map::new();
+        let mut call = Map::new();
+        if let Some(id) = &self.id {
+            call.insert("id".into(), json!(id));
+        }
+        call.insert("type".into(), json!("function"));
+        if let Some(name) = &self.name {
+            function.insert("name".into(), json!(name));
+            call.insert("name".into(), json!(name));
+        }
+        if let Some(arguments) = &self.arguments {
+            function.insert("arguments".into(), arguments.clone());
+            call.insert("arguments".into(), arguments.clone());
+        }
+        call.insert("function".into(), Value::Object(function));
+        Value::Object(call)
+    }
+}
+
+/// The tools of a request: as the template shows them, and as the server constrains and parses
+/// calls to them.
+#[derive(Debug)]
+pub(crate) struct ToolRequest {
+    /// Function tools in OpenAI's chat shape (`{"type": "function", "function": {...}}`), as
+    /// Hugging Face passes them to templates.
+    pub listed: Vec<Value>,
+    pub tools: Vec<Tool>,
+    pub choice: ToolChoice,
+    pub parallel: bool,
+    /// How a refusal names the request's own output constraint when a required call meets one.
+    pub other_constraint: &'static str,
+}
+
+impl Default for ToolRequest {
+    fn default() -> Self {
+        Self {
+            listed: Vec::new(),
+            tools: Vec::new(),
+            choice: ToolChoice::Auto,
+            parallel: true,
+            other_constraint: "another output constraint",
+        }
+    }
+}
+
+/// A function tool in OpenAI's chat shape, which [`crate::tools::read_tools`] reads and
+/// templates take.
+pub(crate) fn function_tool(
+    name: &str,
+    description: Option<&str>,
+    parameters: Option<&Value>,
+) -> Value {
+    let mut function = json!({"name": name});
+    if let Some(description) = description {
+        function["description"] = json!(description);
+    }
+    if let Some(parameters) = parameters {
+        function["parameters"] = parameters.clone();
+    }
+    json!({"type": "function", "function": function})
+}
+
+/// The token a `logit_bias` entry names: an id, or text whose every token gets the bias.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BiasTarget {
+    Id(i64),
+    Text(String),
+}
+
+/// Sampling and stopping fields common to every route; `None` takes the server default.
+#[derive(Debug, Clone, Default)]
+pub struct Params {
+    pub max_new_tokens: Option<MaxNewTokens>,
+    /// The sampling settings the request gives (the engine's one declaration of them).
+    pub sampling: SamplingOverrides,
+    pub stop: Vec<String>,
+    /// Top alternatives per token; `Some(0)` is the chosen token's logprob alone.
+    pub logprobs: Option<usize>,
+    /// Structured output: what the text must match.
+    pub constraint: Option<Constraint>,
+    /// llama-server's `samplers`: the chain's order and subset.
+    pub samplers: Option<Vec<SamplerStage>>,
+    /// llama-server's `ignore_eos`: the end-of-sequence tokens' logits become -inf.
+    pub ignore_eos: bool,
+    /// llama-server's `t_max_predict_ms`
+    /// ([`mlxcel_engine::GenerationRequest::predict_time_limit`]).
+    pub predict_time_limit: Option<Duration>,
+    /// `logit_bias`, resolved to token ids at submission.
+    pub logit_bias: Vec<(BiasTarget, f32)>,
+    /// llama-server's `cache_prompt` (`None`: true): whether the prompt may reuse a cached
+    /// prefix.
+    pub cache_prompt: Option<bool>,
+}
+
+/// Reads a signed token budget (`-1` unlimited) of field `param`.
+pub fn budget(param: &str, value: Option<i64>) -> Result<Option<MaxNewTokens>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(n) => MaxNewTokens::from_signed(n).map(Some).ok_or_else(|| {
+            ApiError::invalid_param(
+                param,
+                format!("{param}={n}: expected -1 (unlimited) or a count"),
+            )
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_reaches_the_template_in_openai_shape_with_parsed_arguments() {
+        let call = Call::new(
+            Some("c1".into()),
+            Some("get_weather".into()),
+            Some(json!("{\"city\": \"Paris\"}")),
+        );
+        assert_eq!(
+            call.template_value(),
+            json!({
+                "id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                "name": "get_weather", "arguments": {"city": "Paris"},
+            })
+        );
+        let text = Call::new(None, Some("f".into()), Some(json!("not json")));
+        assert_eq!(text.template_value()["arguments"], "not json");
+        let turn = Turn {
+            tool_calls: Some(vec![call]),
+            ..Turn::text("assistant", "")
+        };
+        assert!(turn.is_tool_turn() && !Turn::text("user", "hi").is_tool_turn());
+        assert_eq!(
+            Turn::text("user", "hi").template_value(),
+            json!({"role": "user", "content": "hi"})
+        );
+    }
+}
