@@ -1,5 +1,6 @@
 //! The FFI layer: the cxx bridge to `cpp/`, the process-wide MLX lock, and every `unsafe`
-//! block of the crate.
+//! block of the crate (including the one call of `mlxcel_model`'s unsafe API, releasing a
+//! checkpoint's bytes once they are copied: [`copy_tensor_then_release`]).
 //!
 //! Nothing here is public outside the crate. [`crate::Array`] holds a [`Handle`] and calls the
 //! functions below through [`with_lock`].
@@ -19,6 +20,8 @@
 //! threads never call back into Rust, so the lock cannot deadlock.
 
 use std::sync::{Mutex, MutexGuard};
+
+use mlxcel_model::{Checkpoint, TensorView};
 
 pub(crate) use ffi::{ArrayList, MlxArray};
 
@@ -333,3 +336,24 @@ impl Plain for u32 {}
 impl Plain for i32 {}
 impl Plain for u16 {}
 impl Plain for u8 {}
+
+/// Copies the checkpoint's tensor `name` with `copy`, then, once the copy succeeded, lets go of
+/// the checkpoint's bytes of it (the mapped file's pages, or the tensor converted from a GGUF
+/// file), so that a load's peak is the copies rather than the copies and the checkpoint. `None`
+/// when the checkpoint has no such tensor; a failed copy releases nothing.
+pub(crate) fn copy_tensor_then_release<T: 'static, E: 'static>(
+    checkpoint: &Checkpoint,
+    name: &str,
+    copy: impl FnOnce(TensorView<'_>) -> Result<T, E>,
+) -> Option<Result<T, E>> {
+    let view = checkpoint.tensor(name)?;
+    let copied = copy(view);
+    if copied.is_ok() {
+        // SAFETY: `release_tensor` needs that no view of `name` is read afterwards. The view was
+        // moved into `copy`, whose result cannot borrow it (`T` and `E` are `'static`), and this
+        // crate reads a checkpoint's tensor bytes through this function alone (the MLX loader,
+        // `llama/load.rs`), so no other view of `name` is alive.
+        unsafe { checkpoint.release_tensor(name) };
+    }
+    Some(copied)
+}

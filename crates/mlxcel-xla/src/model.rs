@@ -10,7 +10,7 @@ use crate::abi::{LlamaDims, ProgramShape, WeightFormat, cache_type, weight_specs
 use crate::compiler::Compiler;
 use crate::error::{Error, Result};
 use crate::program::{decode_batches, decode_function, emit_llama};
-use crate::runtime::{BufferId, Runtime};
+use crate::runtime::{BufferId, Runtime, copy_tensors_then_release};
 use crate::weights::{checkpoint_dims, weight_buffers};
 
 /// How the model is compiled. The default weight format here is f16: of the formats IREE's own
@@ -160,19 +160,20 @@ impl XlaModel {
         let started = Instant::now();
         let mut weights = Vec::new();
         for spec in weight_specs(&dims) {
-            for (bytes, shape, element) in weight_buffers(checkpoint, &spec, options.format)? {
-                weights.push(runtime.upload(bytes, shape, element)?);
-            }
-            // Uploaded: the checkpoint's bytes (mapped, or converted from a GGUF file) can go.
+            // Uploaded, then the checkpoint's bytes (mapped, or converted from a GGUF file) go.
             let module = spec.name.strip_suffix(".weight").unwrap_or(&spec.name);
-            for name in [
+            let names = [
                 spec.name.clone(),
                 format!("{module}.scales"),
                 format!("{module}.biases"),
-            ] {
-                // SAFETY: `weight_buffers` returned copies; no view of these tensors is alive.
-                unsafe { checkpoint.release_tensor(&name) };
-            }
+            ];
+            let uploaded = copy_tensors_then_release(checkpoint, &names, |checkpoint| {
+                weight_buffers(checkpoint, &spec, options.format)?
+                    .into_iter()
+                    .map(|(bytes, shape, element)| runtime.upload(bytes, shape, element))
+                    .collect::<Result<Vec<_>>>()
+            })?;
+            weights.extend(uploaded);
         }
         tracing::debug!(
             "mlxcel-xla: {} weights uploaded ({}) in {:?}",

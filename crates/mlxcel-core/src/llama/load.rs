@@ -13,6 +13,7 @@ use crate::fast::{Rope, RopeFrequencies};
 use crate::kernels::{Int8Layout, KernelBackend, Kernels};
 use crate::kv_cache::KvType;
 use crate::quantized::QuantizedWeight;
+use crate::sys::copy_tensor_then_release;
 
 impl LlamaModel {
     /// Builds the model from a validated checkpoint, copying each tensor once into MLX memory.
@@ -315,16 +316,19 @@ impl Loader<'_> {
         Ok(weight)
     }
 
-    fn view(&self, name: &str) -> Result<TensorView<'_>> {
-        self.checkpoint
-            .tensor(name)
-            .ok_or_else(|| Error::MissingTensor {
-                name: name.to_owned(),
+    fn raw(&self, name: &str) -> Result<Array> {
+        // Copied, then the mapped or converted bytes let go: they are not needed again (the
+        // load's peak is then the arrays).
+        copy_tensor_then_release(self.checkpoint, name, |view| Self::copy(name, view))
+            .unwrap_or_else(|| {
+                Err(Error::MissingTensor {
+                    name: name.to_owned(),
+                })
             })
     }
 
-    fn raw(&self, name: &str) -> Result<Array> {
-        let view = self.view(name)?;
+    /// The tensor `view` (called `name`) copied into an MLX array of its own dtype.
+    fn copy(name: &str, view: TensorView<'_>) -> Result<Array> {
         let dtype = match view.dtype {
             mlxcel_model::Dtype::F32 => Dtype::F32,
             mlxcel_model::Dtype::F16 => Dtype::F16,
@@ -338,12 +342,7 @@ impl Loader<'_> {
             }
         };
         let shape: Vec<i32> = view.shape.iter().map(|&d| d as i32).collect();
-        let array = Array::from_bytes(view.data, &shape, dtype)?;
-        // Copied: the mapped or converted bytes are not needed again (the load's peak is then
-        // the arrays).
-        // SAFETY: `view` is not read after this (the array holds a copy of its bytes).
-        unsafe { self.checkpoint.release_tensor(name) };
-        Ok(array)
+        Array::from_bytes(view.data, &shape, dtype)
     }
 
     /// A tensor widened to f32.

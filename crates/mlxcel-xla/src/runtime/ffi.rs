@@ -1,4 +1,6 @@
-//! Every `unsafe` block and FFI call of the crate: the IREE runtime's C API through eerie-sys.
+//! Every `unsafe` block and FFI call of the crate: the IREE runtime's C API through eerie-sys, and
+//! the one call of `mlxcel_model`'s unsafe API, releasing a checkpoint's bytes once they are
+//! uploaded ([`copy_tensors_then_release`]).
 //!
 //! The objects here are not `Send`: they live on the runtime thread ([`super::Runtime`]), which
 //! owns them for their whole life. Each wrapper releases its IREE reference on drop.
@@ -8,6 +10,7 @@ use std::os::raw::c_char;
 use std::ptr;
 
 use eerie_sys::runtime as sys;
+use mlxcel_model::Checkpoint;
 
 use crate::hlo::ElementType;
 
@@ -528,4 +531,25 @@ impl Drop for VmList {
         // SAFETY: we own the list.
         unsafe { sys::iree_vm_list_release(self.0) }
     }
+}
+
+/// Runs `copy` (which reads the tensors `names` out of `checkpoint` into owned buffers, and
+/// uploads them), then, once it succeeded, lets go of the checkpoint's bytes of `names` (the mapped
+/// file's pages, or the tensors converted from a GGUF file), so that a load's peak is not the
+/// checkpoint and the uploads together. A name the checkpoint does not hold is passed over; a
+/// failed `copy` releases nothing.
+pub(crate) fn copy_tensors_then_release<T: 'static, E: 'static>(
+    checkpoint: &Checkpoint,
+    names: &[String],
+    copy: impl FnOnce(&Checkpoint) -> Result<T, E>,
+) -> Result<T, E> {
+    let copied = copy(checkpoint)?;
+    for name in names {
+        // SAFETY: `release_tensor` needs that no view of `name` is read afterwards. The views
+        // `copy` took cannot be in its result (`T` and `E` are `'static`), and this crate reads a
+        // checkpoint's tensors only in `weights.rs`, whose readers return owned copies and keep
+        // no view, called from inside `copy` (`model.rs`).
+        unsafe { checkpoint.release_tensor(name) };
+    }
+    Ok(copied)
 }

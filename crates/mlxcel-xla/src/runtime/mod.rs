@@ -9,6 +9,8 @@
 
 mod ffi;
 
+pub(crate) use ffi::copy_tensors_then_release;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::mpsc;
