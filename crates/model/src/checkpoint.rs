@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::config::ModelConfig;
+use crate::config::blocks::FeedForward;
 use crate::error::{ModelError, Result};
 use crate::families::{FusedProjection, Rows};
 use crate::gguf::{GgufWeights, open_gguf_weights};
@@ -39,7 +40,7 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
         name,
         kind: ModuleKind::Norm { dim },
     };
-    let (hidden, ffn) = (config.hidden_size, config.intermediate_size);
+    let hidden = config.hidden_size;
     let mut modules = vec![Module {
         name: "model.embed_tokens".into(),
         kind: ModuleKind::Embedding {
@@ -87,12 +88,17 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
             modules.push(norm(format!("{p}.pre_feedforward_layernorm"), hidden));
             modules.push(norm(format!("{p}.post_feedforward_layernorm"), hidden));
         }
-        modules.extend([
-            norm(format!("{p}.post_attention_layernorm"), hidden),
-            linear(format!("{p}.mlp.gate_proj"), ffn, hidden, false),
-            linear(format!("{p}.mlp.up_proj"), ffn, hidden, false),
-            linear(format!("{p}.mlp.down_proj"), hidden, ffn, false),
-        ]);
+        modules.push(norm(format!("{p}.post_attention_layernorm"), hidden));
+        match config.layer_spec(layer).ffn {
+            FeedForward::Dense {
+                intermediate_size: ffn,
+                ..
+            } => modules.extend([
+                linear(format!("{p}.mlp.gate_proj"), ffn, hidden, false),
+                linear(format!("{p}.mlp.up_proj"), ffn, hidden, false),
+                linear(format!("{p}.mlp.down_proj"), hidden, ffn, false),
+            ]),
+        }
     }
     modules.push(norm("model.norm".into(), hidden));
     if !config.tie_word_embeddings {

@@ -21,3 +21,24 @@ pub enum HiddenActivation {
     /// `gelu_tanh(gate) · up` (GeGLU with GELU's tanh approximation; `gelu_pytorch_tanh`).
     GeluTanh,
 }
+
+/// One decoder layer as the backends build it: its attention, then its feed-forward block
+/// ([`crate::ModelConfig::layer_spec`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerSpec {
+    pub attention: LayerAttention,
+    pub ffn: FeedForward,
+}
+
+/// A decoder layer's feed-forward block. Each backend builds every kind in one function (a
+/// `match` on this), so that a block that is not llama-shaped (a routed-expert MLP) is a new
+/// variant here, produced by its family and implemented once per backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedForward {
+    /// The gated MLP: `down_proj(act(gate_proj(x)) · up_proj(x))`, gate and up
+    /// `[intermediate_size, hidden]`, down `[hidden, intermediate_size]`.
+    Dense {
+        intermediate_size: usize,
+        activation: HiddenActivation,
+    },
+}

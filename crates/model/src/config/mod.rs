@@ -5,6 +5,7 @@
 //! and then checked once here, so that backends can trust every number they are handed.
 
 pub(crate) mod blocks;
+mod describe;
 pub(crate) mod raw;
 pub(crate) mod rope;
 
@@ -12,7 +13,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use blocks::{HiddenActivation, LayerAttention};
+use blocks::{FeedForward, HiddenActivation, LayerAttention, LayerSpec};
 use raw::RawConfig;
 use rope::{RopeScaling, long_rope, rope_scaling};
 
@@ -50,6 +51,9 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// Per layer, in order: RoPE or not, and its sliding window if any.
     pub layers: Vec<LayerAttention>,
+    /// Per layer, in order: its feed-forward block, as its family builds it (the dense MLP of
+    /// `intermediate_size` and `hidden_activation` for every family today).
+    pub feed_forward: Vec<FeedForward>,
     /// RMSNorm weights are stored as offsets from one (Gemma): each norm multiplies by `1 + w`.
     pub norm_weight_offset: bool,
     /// Gemma's four norms per layer: the attention's output and the MLP's output each go
@@ -206,86 +210,6 @@ impl ModelConfig {
         self.layers.iter().find_map(|l| l.window)
     }
 
-    /// One line for logs: the family and the features detected, e.g.
-    /// `qwen3: 28 layers, q/k norm, tied embeddings`.
-    pub fn describe(&self) -> String {
-        let mut parts = vec![format!("{} layers", self.num_hidden_layers)];
-        if self.attention_qkv_bias {
-            parts.push("q/k/v biases".into());
-        }
-        if self.attention_out_bias {
-            parts.push("output bias".into());
-        }
-        if self.qk_norm {
-            parts.push("q/k norm".into());
-        }
-        if self.num_key_value_heads < self.num_attention_heads {
-            parts.push(format!(
-                "grouped-query attention ({} kv heads)",
-                self.num_key_value_heads
-            ));
-        }
-        let nope = self.layers.iter().filter(|l| !l.rope).count();
-        if nope > 0 {
-            parts.push(format!("{nope} layers without RoPE"));
-        }
-        if let Some(window) = self.sliding_window() {
-            let sliding = self.layers.iter().filter(|l| l.window.is_some()).count();
-            parts.push(format!(
-                "sliding window {window} on {sliding} of {} layers",
-                self.num_hidden_layers
-            ));
-        }
-        if let Some(RopeScaling::Llama3 { factor, .. }) = self.rope_scaling {
-            parts.push(format!("llama3 rope scaling x{factor}"));
-        }
-        if self.sandwich_norms {
-            parts.push("pre/post norms".into());
-        }
-        if self.hidden_activation == HiddenActivation::GeluTanh {
-            parts.push("GELU-tanh MLP".into());
-        }
-        if let Some(cap) = self.attn_logit_softcapping {
-            parts.push(format!("attention soft-cap {cap}"));
-        }
-        if let Some(cap) = self.final_logit_softcapping {
-            parts.push(format!("final soft-cap {cap}"));
-        }
-        if let Some(theta) = self.rope_local_theta {
-            parts.push(format!("local RoPE base {theta}"));
-        }
-        if let Some(RopeScaling::Linear { factor }) = self.rope_scaling {
-            parts.push(format!("linear rope scaling x{factor}"));
-        }
-        if self.rotary_dim < self.head_dim {
-            parts.push(format!(
-                "partial rotary ({} of {})",
-                self.rotary_dim, self.head_dim
-            ));
-        }
-        if self.rope_factors.is_some() {
-            parts.push(format!(
-                "LongRoPE (attention factor {:.4})",
-                self.rope_attention_factor
-            ));
-        }
-        let fused = self.architecture.fused_projections();
-        if !fused.is_empty() {
-            let labels: Vec<&str> = fused.iter().map(|f| f.label).collect();
-            parts.push(format!("fused {}", labels.join(" and ")));
-        }
-        if self.multimodal {
-            parts.push("the text model of a multimodal checkpoint".into());
-        }
-        if self.tie_word_embeddings {
-            parts.push("tied embeddings".into());
-        }
-        if let Some(q) = &self.quantization {
-            parts.push(format!("{}-bit", q.default.bits));
-        }
-        format!("{}: {}", self.architecture.model_type(), parts.join(", "))
-    }
-
     /// Layer `layer`'s RoPE periods: [`ModelConfig::rope_periods`], or for a sliding layer of a
     /// model with its own local base (Gemma 3), the plain schedule of that base.
     pub fn layer_rope_periods(&self, layer: usize) -> Vec<f32> {
@@ -303,6 +227,14 @@ impl ModelConfig {
     /// Whether some layers use another RoPE schedule than others.
     pub fn has_local_rope(&self) -> bool {
         self.rope_local_theta.is_some() && self.sliding_window().is_some()
+    }
+
+    /// Layer `layer`'s block: its attention and its feed-forward block, what a backend builds.
+    pub fn layer_spec(&self, layer: usize) -> LayerSpec {
+        LayerSpec {
+            attention: self.layers[layer],
+            ffn: self.feed_forward[layer],
+        }
     }
 
     /// Rows of each of the k and v projections (`num_key_value_heads * head_dim`).
@@ -500,6 +432,14 @@ impl ModelConfig {
             max_position_embeddings,
             raw.original_max_position_embeddings,
         )?;
+        let intermediate_size = need(raw.intermediate_size, "intermediate_size")?;
+        let dense = FeedForward::Dense {
+            intermediate_size,
+            activation: hidden_activation,
+        };
+        let feed_forward = (0..num_hidden_layers)
+            .map(|i| family.feed_forward(&raw, i, dense))
+            .collect();
         Ok(Self {
             architecture,
             hidden_size,
@@ -507,7 +447,7 @@ impl ModelConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            intermediate_size: need(raw.intermediate_size, "intermediate_size")?,
+            intermediate_size,
             rms_norm_eps,
             rope_theta,
             rope_scaling: if rope_factors.is_some() {
@@ -524,6 +464,7 @@ impl ModelConfig {
             attention_out_bias,
             qk_norm: features.qk_norm,
             layers,
+            feed_forward,
             norm_weight_offset: features.norm_weight_offset,
             sandwich_norms: features.sandwich_norms,
             hidden_activation,

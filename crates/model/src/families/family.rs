@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::config::blocks::HiddenActivation;
+use crate::config::blocks::{FeedForward, HiddenActivation};
 use crate::config::raw::RawConfig;
 use crate::error::Result;
 use crate::gguf::header::GgufHeader;
@@ -61,6 +61,13 @@ pub(crate) trait Family: Sync {
     fn rope(&self, path: &Path, raw: &RawConfig, layers: usize, layer: usize) -> Result<bool> {
         let _ = (path, raw, layers, layer);
         Ok(true)
+    }
+
+    /// Layer `layer`'s feed-forward block; `dense` is the gated MLP config.json describes
+    /// (`intermediate_size`, the activation), every llama-shaped family's answer.
+    fn feed_forward(&self, raw: &RawConfig, layer: usize, dense: FeedForward) -> FeedForward {
+        let _ = (raw, layer);
+        dense
     }
 
     /// Projections the checkpoint stores fused, which load as their parts.
