@@ -1,7 +1,7 @@
 //! The two environment variables that override capacity choices, parsed as pure functions.
 
-use crate::error::EnvError;
 use crate::ladder::MAX_CONTEXT_CAPACITY;
+use std::fmt;
 
 /// Pins one context capacity for every request (an integer in `1..=2147483647`).
 pub const CONTEXT_CAPACITY_ENV: &str = "MLXCEL_XLA_CONTEXT_CAPACITY";
@@ -91,3 +91,22 @@ fn parse_capacity(value: &str) -> Result<usize, String> {
         Err(_) => Err(format!("not an integer; {expected}")),
     }
 }
+
+/// An environment variable whose value cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvError {
+    /// The variable's name, e.g. `MLXCEL_XLA_CONTEXT_CAPACITY`.
+    pub variable: &'static str,
+    /// The value exactly as it was set.
+    pub raw: String,
+    /// What is wrong with it, and what would be accepted.
+    pub reason: String,
+}
+
+impl fmt::Display for EnvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={:?}: {}", self.variable, self.raw, self.reason)
+    }
+}
+
+impl std::error::Error for EnvError {}

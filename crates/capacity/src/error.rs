@@ -60,8 +60,8 @@ impl fmt::Display for CapacityError {
                 "effective_prompt_len={effective_prompt_len} + max_new_tokens={max_new_tokens} \
                  > largest context capacity={largest_capacity}; shorten the prompt, lower the \
                  token budget (-n), or offer a larger capacity ({} or {})",
-                crate::CONTEXT_CAPACITY_ENV,
-                crate::CONTEXT_BUCKETS_ENV,
+                crate::env::CONTEXT_CAPACITY_ENV,
+                crate::env::CONTEXT_BUCKETS_ENV,
             ),
             Self::NoCapacities => f.write_str("no context capacity is available to choose from"),
         }
@@ -69,22 +69,3 @@ impl fmt::Display for CapacityError {
 }
 
 impl std::error::Error for CapacityError {}
-
-/// An environment variable whose value cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EnvError {
-    /// The variable's name, e.g. `MLXCEL_XLA_CONTEXT_CAPACITY`.
-    pub variable: &'static str,
-    /// The value exactly as it was set.
-    pub raw: String,
-    /// What is wrong with it, and what would be accepted.
-    pub reason: String,
-}
-
-impl fmt::Display for EnvError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={:?}: {}", self.variable, self.raw, self.reason)
-    }
-}
-
-impl std::error::Error for EnvError {}

@@ -45,10 +45,10 @@ mod resolve;
 
 pub use buckets::{Route, derive_server_buckets, route, server_buckets};
 pub use env::{
-    CONTEXT_BUCKETS_ENV, CONTEXT_CAPACITY_ENV, CapacityOverrides, parse_context_buckets,
+    CONTEXT_BUCKETS_ENV, CONTEXT_CAPACITY_ENV, CapacityOverrides, EnvError, parse_context_buckets,
     parse_context_capacity,
 };
-pub use error::{CapacityError, EnvError};
+pub use error::CapacityError;
 pub use ladder::{DEFAULT_XLA_GENERATION_BUDGET, LADDER, MAX_CONTEXT_CAPACITY, SMALLEST_BUCKET};
 pub use resolve::{
     MaxNewTokens, Request, Resolution, admit, admit_in_window, resolve_context_capacity,

@@ -1,5 +1,5 @@
 //! The program's argument ABI: what the host passes to every function of a compiled module, in
-//! order, and in which element types. The emitter (`program.rs`) declares its arguments from
+//! order, and in which element types. The emitter (`program/`) declares its arguments from
 //! these, and the host (`weights.rs`, `model.rs`) uploads buffers from the same lists, so the two
 //! cannot disagree.
 //!

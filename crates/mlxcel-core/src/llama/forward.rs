@@ -1,0 +1,461 @@
+//! The forward pass: one step over any mix of sequences, each with its own cache and its own
+//! new tokens, through the fused decoder-layer node or a per-op graph per layer.
+
+use super::model::LlamaModel;
+use super::weights::{Layer, QkvWeights};
+use crate::array::{Array, eval};
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::fast::{
+    AttentionMask, HeadSlice, attention_native_tokens_major, rms_norm,
+    scaled_dot_product_attention, split_heads,
+};
+use crate::kernels::KernelBackend;
+use crate::kv_cache::KvCache;
+use crate::layer::{LayerSeq, LayerShape, Qkv, decoder_stack};
+use crate::quantized::{Epilogue, QuantizedWeight};
+
+/// What a forward pass returns per selected row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Logits,
+    Hidden,
+}
+
+/// One sequence's part of a step.
+#[derive(Debug)]
+pub struct ForwardSeq<'a> {
+    /// The sequence's cache; the new tokens start at position `cache.len()`.
+    pub cache: &'a mut KvCache,
+    /// The new tokens, at least one.
+    pub tokens: &'a [u32],
+}
+
+impl LlamaModel {
+    /// Runs one step and returns, per sequence and in order, the logits of its last new position.
+    /// Each cache grows by its sequence's new tokens.
+    pub fn forward(&self, seqs: &mut [ForwardSeq<'_>]) -> Result<Vec<Vec<f32>>> {
+        self.forward_rows(seqs, None)
+    }
+
+    /// Runs one sequence's step and returns the logits of its new positions from `first` (an
+    /// index into its new tokens) to the last, in order: what perplexity scores. The cache grows
+    /// as with [`LlamaModel::forward`].
+    pub fn forward_scores(&self, seq: ForwardSeq<'_>, first: usize) -> Result<Vec<Vec<f32>>> {
+        let mut rows = self.forward_scored(&mut [seq], &[first])?;
+        Ok(rows.pop().unwrap_or_default())
+    }
+
+    /// Runs one step like [`LlamaModel::forward`] and returns, per sequence and in order, the
+    /// logits of its new positions from `firsts[i]` (an index into its new tokens) to the last:
+    /// `firsts[i] = tokens.len() - 1` is `forward`'s last position, smaller values score more
+    /// positions (speculative verification beside other sequences' decode and prefill).
+    pub fn forward_scored(
+        &self,
+        seqs: &mut [ForwardSeq<'_>],
+        firsts: &[usize],
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        if firsts.len() != seqs.len() {
+            return Err(Error::Mlx {
+                op: "forward_scored",
+                message: format!("{} first rows for {} sequences", firsts.len(), seqs.len()),
+            });
+        }
+        for (seq, &first) in seqs.iter().zip(firsts) {
+            let n = seq.tokens.len();
+            if first >= n {
+                return Err(Error::Mlx {
+                    op: "forward_scored",
+                    message: format!("first row {first} is past the step's {n} tokens"),
+                });
+            }
+        }
+        let counts: Vec<usize> = seqs
+            .iter()
+            .zip(firsts)
+            .map(|(seq, &first)| seq.tokens.len() - first)
+            .collect();
+        let mut rows = self.forward_rows(seqs, Some(firsts))?.into_iter();
+        Ok(counts
+            .into_iter()
+            .map(|count| rows.by_ref().take(count).collect())
+            .collect())
+    }
+
+    /// The final hidden states (after the last norm, `hidden_size` floats each) of every new
+    /// position of one sequence's step: what embeddings pool. The cache grows as with
+    /// [`LlamaModel::forward`].
+    pub fn forward_hidden(&self, seq: ForwardSeq<'_>) -> Result<Vec<Vec<f32>>> {
+        self.forward_rows_as(&mut [seq], Some(&[0]), Output::Hidden)
+    }
+
+    /// [`LlamaModel::forward`], or with `from: Some(firsts)` the logits of every row of
+    /// sequence `i` from `firsts[i]` on, all sequences' rows in one list.
+    fn forward_rows(
+        &self,
+        seqs: &mut [ForwardSeq<'_>],
+        from: Option<&[usize]>,
+    ) -> Result<Vec<Vec<f32>>> {
+        self.forward_rows_as(seqs, from, Output::Logits)
+    }
+
+    fn forward_rows_as(
+        &self,
+        seqs: &mut [ForwardSeq<'_>],
+        from: Option<&[usize]>,
+        output: Output,
+    ) -> Result<Vec<Vec<f32>>> {
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut ids = Vec::new();
+        for seq in seqs.iter_mut() {
+            if seq.tokens.is_empty() {
+                return Err(Error::EmptyStep);
+            }
+            if let Some(&bad) = seq
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= self.config.vocab_size)
+            {
+                return Err(Error::TokenOutOfRange {
+                    token: bad,
+                    vocab_size: self.config.vocab_size,
+                });
+            }
+            seq.cache.reserve(seq.tokens.len())?;
+            ids.extend_from_slice(seq.tokens);
+        }
+        let total = ids.len() as i32;
+        let c = &self.config;
+        let (heads, kv_heads, head_dim) = (
+            c.num_attention_heads as i32,
+            c.num_key_value_heads as i32,
+            c.head_dim as i32,
+        );
+
+        let kn = &self.kernels;
+        let mut x = self.embed.lookup(&Array::from_u32(&ids, &[total])?)?;
+        if let Some(scale) = &self.embedding_scale {
+            x = x.multiply(scale)?;
+        }
+        if let Some(fused) = self.fused_layers() {
+            let shape = LayerShape {
+                hidden: c.hidden_size as i32,
+                heads,
+                kv_heads,
+                head_dim,
+                intermediate: c.intermediate_size as i32,
+                eps: c.rms_norm_eps,
+                scale: self.attention_scale,
+                rope_scale: self.rope.scale,
+                rotary: c.rotary_dim as i32,
+                rope_mscale: c.rope_attention_factor,
+            };
+            let layers = fused
+                .into_iter()
+                .enumerate()
+                .map(|(index, tensors)| {
+                    let layer_seqs = seqs
+                        .iter()
+                        .map(|seq| {
+                            let (n, position) = (seq.tokens.len(), seq.cache.len());
+                            let (keys, values) = seq.cache.layer_blocks(index, position + n);
+                            LayerSeq {
+                                n,
+                                position,
+                                keys,
+                                values,
+                            }
+                        })
+                        .collect::<Vec<_>>();
+                    (tensors, layer_seqs)
+                })
+                .collect::<Vec<_>>();
+            x = decoder_stack(&x, &layers, &shape, kn)?;
+        } else {
+            for (index, layer) in self.layers.iter().enumerate() {
+                x = self.layer_per_op(index, layer, x, seqs)?;
+            }
+        }
+
+        let mut last_rows = Vec::with_capacity(seqs.len());
+        let mut start = 0u32;
+        for (index, seq) in seqs.iter().enumerate() {
+            let end = start + seq.tokens.len() as u32;
+            let first = from.map_or(end - 1, |firsts| start + firsts[index] as u32);
+            last_rows.extend(first..end);
+            start = end;
+        }
+        let batch = last_rows.len() as i32;
+        // Every row in order (a decode step: one new token per sequence) needs no gather node.
+        let every_row =
+            last_rows.len() == ids.len() && (0u32..).zip(&last_rows).all(|(i, &r)| i == r);
+        let last = if every_row {
+            x
+        } else {
+            x.take(&Array::from_u32(&last_rows, &[batch])?, 0)?
+        };
+        let last = rms_norm(&last, &self.norm, c.rms_norm_eps)?;
+        if output == Output::Hidden {
+            let hidden = last.astype(Dtype::F32)?;
+            let mut to_eval: Vec<&Array> = vec![&hidden];
+            for seq in seqs.iter() {
+                to_eval.extend(seq.cache.pending_arrays());
+            }
+            eval(&to_eval)?;
+            for seq in seqs.iter_mut() {
+                seq.cache.advance(seq.tokens.len());
+            }
+            return hidden.to_rows_f32(self.config.hidden_size);
+        }
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(&last, kn)?,
+            None => self.embed.project(&last, kn)?,
+        }
+        .astype(Dtype::F32)?;
+        let logits = match self.config.final_logit_softcapping {
+            Some(cap) => {
+                let cap = Array::scalar_f32(cap);
+                logits.divide(&cap)?.tanh()?.multiply(&cap)?
+            }
+            None => logits,
+        };
+
+        let mut to_eval: Vec<&Array> = vec![&logits];
+        for seq in seqs.iter() {
+            to_eval.extend(seq.cache.pending_arrays());
+        }
+        eval(&to_eval)?;
+        for seq in seqs.iter_mut() {
+            seq.cache.advance(seq.tokens.len());
+        }
+        // Each row read straight into its own vector: scoring a verification pass's 17 rows
+        // through one whole-array copy and a split cost 1.9 ms more on the default model.
+        logits.to_rows_f32(self.config.vocab_size)
+    }
+
+    /// One decoder layer as a graph of per-op nodes (MLX's kernels, or mlxcel's where a
+    /// layer's layout does not allow the fused node).
+    fn layer_per_op(
+        &self,
+        index: usize,
+        layer: &Layer,
+        mut x: Array,
+        seqs: &mut [ForwardSeq<'_>],
+    ) -> Result<Array> {
+        let c = &self.config;
+        let kn = &self.kernels;
+        let (heads, kv_heads, head_dim) = (
+            c.num_attention_heads as i32,
+            c.num_key_value_heads as i32,
+            c.head_dim as i32,
+        );
+        let stacked_bias = |y: Array| match &layer.qkv_bias {
+            Some(bias) => y.add(bias),
+            None => Ok(y),
+        };
+        let normed = |w: &QuantizedWeight| {
+            w.linear_normed_then(&x, &layer.input_norm, c.rms_norm_eps, kn, Epilogue::None)
+        };
+        let projections = match (&layer.qkv, layer.qkv_matrices()) {
+            (QkvWeights::Stacked(stacked), _) => {
+                Projections::Stacked(stacked_bias(normed(stacked)?)?)
+            }
+            // Quantized differently (not stacked): the fused layer's arithmetic, three matmuls
+            // side by side then the stacked path, so that the per-op graph gives its bits.
+            (_, Some(Qkv::Split(q, k, v))) if kn.backend == KernelBackend::Native => {
+                let y = Array::concatenate(&[&normed(q)?, &normed(k)?, &normed(v)?], 1)?;
+                Projections::Stacked(stacked_bias(y)?)
+            }
+            (QkvWeights::Separate(q, k, v), _) => {
+                let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
+                Projections::Separate(q.forward(&h, kn)?, k.forward(&h, kn)?, v.forward(&h, kn)?)
+            }
+        };
+        let mut outputs = Vec::with_capacity(seqs.len());
+        let mut row = 0i32;
+        // The q/k norms come before RoPE: with them, or without RoPE, the heads are split first
+        // and then normed and rotated by MLX ops.
+        let plain = layer.qk_norm.is_none()
+            && layer.attention.rope
+            && c.rotary_dim == c.head_dim
+            && self.rope_input_scale.is_none();
+        let (rope, inv_freq) = self.rope_of(layer);
+        let finish = |x: Array, norm: Option<&Array>, position: i32| -> Result<Array> {
+            let x = match norm {
+                Some(w) => rms_norm(&x, w, c.rms_norm_eps)?,
+                None => x,
+            };
+            if layer.attention.rope {
+                let x = match &self.rope_input_scale {
+                    Some(m) => x.multiply(m)?,
+                    None => x,
+                };
+                rope.apply(&x, position)
+            } else {
+                Ok(x)
+            }
+        };
+        let (q_norm, k_norm) = match &layer.qk_norm {
+            Some((q, k)) => (Some(q), Some(k)),
+            None => (None, None),
+        };
+        for seq in seqs.iter_mut() {
+            let n = seq.tokens.len() as i32;
+            let position = seq.cache.len() as i32;
+            let (qi, ki, vi) = match &projections {
+                Projections::Stacked(qkv) if !plain => {
+                    let slice = |column: i32, count: i32| {
+                        split_heads(
+                            qkv,
+                            HeadSlice {
+                                row,
+                                rows: n,
+                                column,
+                                heads: count,
+                                head_dim,
+                                inv_freq,
+                                rope: None,
+                            },
+                        )
+                    };
+                    (
+                        finish(slice(0, heads)?, q_norm, position)?,
+                        finish(slice(heads * head_dim, kv_heads)?, k_norm, position)?,
+                        slice((heads + kv_heads) * head_dim, kv_heads)?,
+                    )
+                }
+                Projections::Stacked(qkv) => {
+                    let slice = |column: i32, count: i32, rope: bool| {
+                        split_heads(
+                            qkv,
+                            HeadSlice {
+                                row,
+                                rows: n,
+                                column,
+                                heads: count,
+                                head_dim,
+                                inv_freq,
+                                rope: rope.then_some((position, self.rope.scale)),
+                            },
+                        )
+                    };
+                    (
+                        slice(0, heads, true)?,
+                        slice(heads * head_dim, kv_heads, true)?,
+                        slice((heads + kv_heads) * head_dim, kv_heads, false)?,
+                    )
+                }
+                Projections::Separate(q, k, v) => {
+                    let heads_first = |m: &Array, count: i32| -> Result<Array> {
+                        m.slice(&[row, 0], &[row + n, count * head_dim])?
+                            .reshape(&[1, n, count, head_dim])?
+                            .transpose(&[0, 2, 1, 3])
+                    };
+                    (
+                        finish(heads_first(q, heads)?, q_norm, position)?,
+                        finish(heads_first(k, kv_heads)?, k_norm, position)?,
+                        heads_first(v, kv_heads)?,
+                    )
+                }
+            };
+            // Soft-capped scores exist on mlxcel's attention kernel only, which then serves
+            // `MLXCEL_KERNELS=mlx` too.
+            let attended = if kn.backend == KernelBackend::Native || self.features.softcap.is_some()
+            {
+                let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
+                let len = seq.cache.len() + n as usize;
+                attention_native_tokens_major(
+                    &qi,
+                    &keys,
+                    &values,
+                    len,
+                    self.attention_scale,
+                    n > 1,
+                    layer.attention.window,
+                    self.features.softcap,
+                    kn.isa,
+                    kn.threads,
+                )?
+            } else {
+                let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
+                // MLX's attention takes one dtype: f16 caches are widened (exactly) for it.
+                let widen = |a: Array| -> Result<Array> {
+                    if a.dtype() == Dtype::F32 {
+                        Ok(a)
+                    } else {
+                        a.astype(Dtype::F32)
+                    }
+                };
+                let (keys, values) = (widen(keys)?, widen(values)?);
+                let window_mask = layer
+                    .attention
+                    .window
+                    .map(|w| window_mask(position as usize, n as usize, w))
+                    .transpose()?;
+                let mask = match &window_mask {
+                    Some(m) => AttentionMask::Array(m),
+                    None if n > 1 => AttentionMask::Causal,
+                    None => AttentionMask::None,
+                };
+                scaled_dot_product_attention(&qi, &keys, &values, self.attention_scale, mask)?
+                    .transpose(&[0, 2, 1, 3])?
+                    .reshape(&[n, heads * head_dim])?
+            };
+            outputs.push(attended);
+            row += n;
+        }
+        let attended = match outputs.as_slice() {
+            [one] => one.clone(),
+            many => Array::concatenate(&many.iter().collect::<Vec<_>>(), 0)?,
+        };
+        let activation = self.features.activation;
+        match &layer.sandwich {
+            None => {
+                x = layer.o.forward_add(&attended, &x, kn)?;
+                let gated = layer.gate_up.forward_normed(
+                    &x,
+                    &layer.post_norm,
+                    c.rms_norm_eps,
+                    activation,
+                    kn,
+                )?;
+                x = layer.down.forward_add(&gated, &x, kn)?;
+            }
+            Some((post_attention, post_feedforward)) => {
+                let out = layer.o.forward(&attended, kn)?;
+                x = x.add(&rms_norm(&out, post_attention, c.rms_norm_eps)?)?;
+                let gated = layer.gate_up.forward_normed(
+                    &x,
+                    &layer.post_norm,
+                    c.rms_norm_eps,
+                    activation,
+                    kn,
+                )?;
+                let out = layer.down.forward(&gated, kn)?;
+                x = x.add(&rms_norm(&out, post_feedforward, c.rms_norm_eps)?)?;
+            }
+        }
+        Ok(x)
+    }
+}
+
+/// The additive mask (`0` keeps, `-inf` drops) of `n` queries at positions `position..` over the
+/// `position + n` keys of their cache, causal and within a sliding `window`.
+fn window_mask(position: usize, n: usize, window: usize) -> Result<Array> {
+    let keys = position + n;
+    let mut mask = vec![f32::NEG_INFINITY; n * keys];
+    for i in 0..n {
+        let query = position + i;
+        let first = (query + 1).saturating_sub(window);
+        mask[i * keys + first..=i * keys + query].fill(0.0);
+    }
+    Array::from_f32(&mask, &[n as i32, keys as i32])
+}
+
+/// A layer's q, k and v projections of the step's tokens: stacked side by side, or three.
+enum Projections {
+    Stacked(Array),
+    Separate(Array, Array, Array),
+}

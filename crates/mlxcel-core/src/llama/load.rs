@@ -1,0 +1,421 @@
+//! Loading: reads a checkpoint's tensors into MLX arrays and packs them into the layout the
+//! kernels read (q/k/v and gate/up stacked, int8 rewrites), one decoder layer at a time
+//! ([`load_decoder_layer`]), then the RoPE tables.
+
+use mlxcel_model::{Checkpoint, ModelConfig, TensorView};
+
+use super::model::LlamaModel;
+use super::weights::{Embedding, GateUp, Layer, LayerFeatures, Linear, QkvWeights};
+use crate::array::Array;
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::fast::{Rope, RopeFrequencies};
+use crate::kernels::{Int8Layout, KernelBackend, Kernels};
+use crate::kv_cache::KvType;
+use crate::quantized::QuantizedWeight;
+
+impl LlamaModel {
+    /// Builds the model from a validated checkpoint, copying each tensor once into MLX memory.
+    /// Dense weights are widened to f32; quantized weights stay packed, with f32 scales and biases.
+    /// The kernels come from the environment ([`Kernels::from_env`]).
+    pub fn load(checkpoint: &Checkpoint) -> Result<Self> {
+        Self::load_with(checkpoint, Kernels::from_env()?)
+    }
+
+    /// [`LlamaModel::load`] with an explicit choice of kernels.
+    pub fn load_with(checkpoint: &Checkpoint, kernels: Kernels) -> Result<Self> {
+        let config = checkpoint.config().clone();
+        let loader = Loader {
+            checkpoint,
+            norm_offset: config.norm_weight_offset,
+            // mlxcel's kernels read f16 scales and biases as stored (fewer bytes per weight to
+            // stream); MLX's quantized_matmul wants them in the activations' dtype.
+            keep_f16_scales: kernels.backend == KernelBackend::Native,
+            int8_from_blocks: (kernels.int8_layout_weights()
+                && kernels.int8_layout == Int8Layout::Compact)
+                .then_some(kernels.threads),
+        };
+        // The table in the int8 layout, straight from a GGUF file's blocks when the kernels
+        // take that layout and it is read from one: its lookups read rows back exactly
+        // (`int8_rows`), and a tied table serves the output projection too. Otherwise a tied
+        // table is interleaved below; an untied one stays in MLX's layout.
+        let embed = match loader.int8_stack(&["model.embed_tokens"])? {
+            Some(q) => Embedding::Quantized(q),
+            None => match loader.quantized("model.embed_tokens")? {
+                Some(q) => Embedding::Quantized(q),
+                None => Embedding::Dense(loader.float("model.embed_tokens.weight")?),
+            },
+        };
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| load_decoder_layer(&loader, &config, &kernels, i))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = loader.norm("model.norm.weight")?;
+        let mut lm_head = if config.tie_word_embeddings {
+            None
+        } else {
+            Some(loader.linear("lm_head", false)?)
+        };
+        let mut embed = embed;
+        if kernels.int8_layout_weights() {
+            if let Some(head) = &mut lm_head {
+                head.interleave_int8(kernels.int8_layout, kernels.threads)?;
+            }
+            // A tied table: one copy in the int8 layout serves the projection and the lookups.
+            if let (None, Embedding::Quantized(table)) = (&lm_head, &mut embed)
+                && table.int8_capable()
+            {
+                *table = table.interleave_int8_on(kernels.int8_layout, kernels.threads)?;
+            }
+        }
+        let rope = rope_for(&config)?;
+        let inv_freq = inverse_frequencies(&rope)?;
+        let local_rope = match config.rope_local_theta {
+            Some(base) if config.has_local_rope() => {
+                let local = Rope {
+                    dims: config.rotary_dim as i32,
+                    traditional: false,
+                    scale: 1.0,
+                    frequencies: RopeFrequencies::Base(base),
+                };
+                let inv = inverse_frequencies(&local)?;
+                Some((local, inv))
+            }
+            _ => None,
+        };
+        let attention_scale = config.attention_scale;
+        let rope_input_scale = if config.rope_attention_factor != 1.0 {
+            let m: Vec<f32> = (0..config.head_dim)
+                .map(|i| {
+                    if i < config.rotary_dim {
+                        config.rope_attention_factor
+                    } else {
+                        1.0
+                    }
+                })
+                .collect();
+            Some(Array::from_f32(&m, &[config.head_dim as i32])?)
+        } else {
+            None
+        };
+        let embedding_scale = config.embedding_scale.map(Array::scalar_f32);
+        let features = LayerFeatures {
+            activation: config.hidden_activation,
+            softcap: config.attn_logit_softcapping,
+        };
+        let mut model = Self {
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            inv_freq,
+            local_rope,
+            rope_input_scale,
+            attention_scale,
+            embedding_scale,
+            features,
+            kernels,
+            kv_types: (KvType::F32, KvType::F32),
+            fusable: false,
+        };
+        model.fusable = model
+            .layers
+            .iter()
+            .all(|layer| layer.fusable(model.rope_of(layer).1, model.features));
+        model.materialize()?;
+        // Loading read the checkpoint and, for int8, rewrote it: hand back what that freed.
+        crate::device::release_unused_memory();
+        Ok(model)
+    }
+}
+
+/// Decoder layer `i` built from its weights: q/k/v stacked where they share a layout, the norms
+/// the config's features call for, the MLP's gate and up stacked, and the whole layer rewritten
+/// for the int8 kernels when they take that layout. The place a new kind of block (a routed-expert
+/// MLP, say) would be chosen from the config.
+fn load_decoder_layer(
+    loader: &Loader<'_>,
+    config: &ModelConfig,
+    kernels: &Kernels,
+    i: usize,
+) -> Result<Layer> {
+    let p = format!("model.layers.{i}");
+    let qkv_bias = config.attention_qkv_bias;
+    let [q, k, v] = ["q_proj", "k_proj", "v_proj"].map(|m| format!("{p}.self_attn.{m}"));
+    let stacked = loader.int8_stack(&[&q, &k, &v])?;
+    // Stacked when all three are quantized alike, with biases on all three or none;
+    // the biases are stacked whenever the weights are quantized (the fused layer
+    // takes q, k and v separately when their layouts differ).
+    let (qkv, qkv_bias) = if let Some(w) = stacked {
+        let bias = if qkv_bias {
+            let [bq, bk, bv] = [&q, &k, &v].map(|m| loader.float(&format!("{m}.bias")));
+            Some(Array::concatenate(&[&bq?, &bk?, &bv?], 0)?)
+        } else {
+            None
+        };
+        (QkvWeights::Stacked(w), bias)
+    } else {
+        let q = loader.linear(&q, qkv_bias)?;
+        let k = loader.linear(&k, qkv_bias)?;
+        let v = loader.linear(&v, qkv_bias)?;
+        match (&q, &k, &v) {
+            (
+                Linear::Quantized {
+                    weight: wq,
+                    bias: bq,
+                },
+                Linear::Quantized {
+                    weight: wk,
+                    bias: bk,
+                },
+                Linear::Quantized {
+                    weight: wv,
+                    bias: bv,
+                },
+            ) if kernels.backend == KernelBackend::Native => {
+                let bias = match (bq, bk, bv) {
+                    (None, None, None) => Ok(None),
+                    (Some(bq), Some(bk), Some(bv)) => Array::concatenate(&[bq, bk, bv], 0)
+                        .and_then(|b| b.astype(Dtype::F32))
+                        .map(Some),
+                    _ => Err(Error::Mlx {
+                        op: "qkv",
+                        message: "q, k and v differ in having biases".into(),
+                    }),
+                };
+                match (QuantizedWeight::concat_rows(&[wq, wk, wv]), bias) {
+                    (Ok(w), Ok(b)) => (QkvWeights::Stacked(w), b),
+                    (Err(_), Ok(b)) => (QkvWeights::Separate(q, k, v), b),
+                    _ => (QkvWeights::Separate(q, k, v), None),
+                }
+            }
+            _ => (QkvWeights::Separate(q, k, v), None),
+        }
+    };
+    let (post_norm, sandwich) = if config.sandwich_norms {
+        (
+            loader.norm(&format!("{p}.pre_feedforward_layernorm.weight"))?,
+            Some((
+                loader.norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                loader.norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
+            )),
+        )
+    } else {
+        (
+            loader.norm(&format!("{p}.post_attention_layernorm.weight"))?,
+            None,
+        )
+    };
+    let mut layer = Layer {
+        input_norm: loader.norm(&format!("{p}.input_layernorm.weight"))?,
+        qkv,
+        qkv_bias,
+        o: loader.linear(&format!("{p}.self_attn.o_proj"), config.attention_out_bias)?,
+        post_norm,
+        sandwich,
+        gate_up: {
+            let [gate, up] = ["gate_proj", "up_proj"].map(|m| format!("{p}.mlp.{m}"));
+            match loader.int8_stack(&[&gate, &up])? {
+                Some(w) => GateUp::Stacked(w),
+                None => GateUp::new(loader.linear(&gate, false)?, loader.linear(&up, false)?)?,
+            }
+        },
+        down: loader.linear(&format!("{p}.mlp.down_proj"), false)?,
+        qk_norm: if config.qk_norm {
+            Some((
+                loader.norm(&format!("{p}.self_attn.q_norm.weight"))?,
+                loader.norm(&format!("{p}.self_attn.k_norm.weight"))?,
+            ))
+        } else {
+            None
+        },
+        attention: config.layers[i],
+        local_rope: config.has_local_rope() && config.layers[i].window.is_some(),
+    };
+    // Rewritten into the int8 layout as each layer loads (int8 activations, or f32
+    // ones on AVX-512), so that the checkpoint's form of one layer at a time, not
+    // of the whole model, sits beside the rewritten weights.
+    if kernels.int8_layout_weights() {
+        layer.interleave_int8(kernels.int8_layout, kernels.threads)?;
+    }
+    Ok(layer)
+}
+
+/// `1 / period` per rotated pair: `base^(-2i/dims)` (computed in f64, rounded once) or the
+/// reciprocal of llama3's custom periods.
+fn inverse_frequencies(rope: &Rope) -> Result<Array> {
+    let half = rope.dims / 2;
+    let values: Vec<f32> = match &rope.frequencies {
+        RopeFrequencies::Base(base) => (0..half)
+            .map(|i| (*base as f64).powf(-2.0 * i as f64 / rope.dims as f64) as f32)
+            .collect(),
+        RopeFrequencies::Custom(periods) => periods.to_vec_f32()?.iter().map(|p| 1.0 / p).collect(),
+    };
+    Array::from_f32(&values, &[half])
+}
+
+/// RoPE in the Hugging Face (non-interleaved) layout, with llama3 frequency scaling if configured.
+fn rope_for(config: &ModelConfig) -> Result<Rope> {
+    let dims = config.rotary_dim;
+    // The plain schedule is MLX's `base` form; scaled schedules pass the model's periods.
+    let frequencies = match config.rope_scaling {
+        None if config.rope_factors.is_none() => RopeFrequencies::Base(config.rope_theta),
+        None => {
+            let periods = config.rope_periods();
+            RopeFrequencies::Custom(Array::from_f32(&periods, &[periods.len() as i32])?)
+        }
+        Some(_) => {
+            let periods = config.rope_periods();
+            RopeFrequencies::Custom(Array::from_f32(&periods, &[periods.len() as i32])?)
+        }
+    };
+    Ok(Rope {
+        dims: dims as i32,
+        traditional: false,
+        scale: 1.0,
+        frequencies,
+    })
+}
+
+/// Reads tensors out of a checkpoint into MLX arrays.
+struct Loader<'a> {
+    checkpoint: &'a Checkpoint,
+    /// Norm weights are stored as offsets from one (Gemma): [`Loader::norm`] adds it.
+    norm_offset: bool,
+    keep_f16_scales: bool,
+    /// Quantized weights go straight into the compact int8 layout, written on this many
+    /// threads from the blocks of a GGUF file when the checkpoint is read from one.
+    int8_from_blocks: Option<usize>,
+}
+
+impl Loader<'_> {
+    /// `modules`' weights stacked (rows in order) in the compact int8 layout, written straight
+    /// from the GGUF blocks they are read from ([`QuantizedWeight::int8_from_gguf_blocks`]);
+    /// `None` when the kernels take another layout, a weight is not read from GGUF blocks, or
+    /// the blocks cannot be written so (the caller loads the general way).
+    fn int8_stack(&self, modules: &[&str]) -> Result<Option<QuantizedWeight>> {
+        let Some(threads) = self.int8_from_blocks else {
+            return Ok(None);
+        };
+        let names: Vec<String> = modules.iter().map(|m| format!("{m}.weight")).collect();
+        let Some(parts) = names
+            .iter()
+            .map(|name| self.checkpoint.gguf_blocks(name))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Ok(None);
+        };
+        let weight = QuantizedWeight::int8_from_gguf_blocks(&parts, threads)?;
+        if weight.is_some() {
+            for name in &names {
+                self.checkpoint.release_gguf_blocks(name);
+            }
+        }
+        Ok(weight)
+    }
+
+    fn view(&self, name: &str) -> Result<TensorView<'_>> {
+        self.checkpoint
+            .tensor(name)
+            .ok_or_else(|| Error::MissingTensor {
+                name: name.to_owned(),
+            })
+    }
+
+    fn raw(&self, name: &str) -> Result<Array> {
+        let view = self.view(name)?;
+        let dtype = match view.dtype {
+            mlxcel_model::Dtype::F32 => Dtype::F32,
+            mlxcel_model::Dtype::F16 => Dtype::F16,
+            mlxcel_model::Dtype::BF16 => Dtype::BF16,
+            mlxcel_model::Dtype::U32 => Dtype::U32,
+            mlxcel_model::Dtype::Other(other) => {
+                return Err(Error::UnsupportedTensor {
+                    name: name.to_owned(),
+                    dtype: format!("{other:?}"),
+                });
+            }
+        };
+        let shape: Vec<i32> = view.shape.iter().map(|&d| d as i32).collect();
+        let array = Array::from_bytes(view.data, &shape, dtype)?;
+        // Copied: the mapped or converted bytes are not needed again (the load's peak is then
+        // the arrays).
+        // SAFETY: `view` is not read after this (the array holds a copy of its bytes).
+        unsafe { self.checkpoint.release_tensor(name) };
+        Ok(array)
+    }
+
+    /// A tensor widened to f32.
+    fn float(&self, name: &str) -> Result<Array> {
+        let array = self.raw(name)?;
+        if array.dtype() == Dtype::F32 {
+            Ok(array)
+        } else {
+            array.astype(Dtype::F32)
+        }
+    }
+
+    /// An RMSNorm weight as the norm multiplies by it: `1 + w` for offset norms (in f32, as
+    /// mlx-lm and Hugging Face compute it), else `w`.
+    fn norm(&self, name: &str) -> Result<Array> {
+        let w = self.float(name)?;
+        if self.norm_offset {
+            w.add(&Array::scalar_f32(1.0))
+        } else {
+            Ok(w)
+        }
+    }
+
+    /// Quantization scales or biases: f16 as stored when the kernels take it, else f32.
+    fn scales(&self, name: &str) -> Result<Array> {
+        let array = self.raw(name)?;
+        match array.dtype() {
+            Dtype::F16 if self.keep_f16_scales => Ok(array),
+            Dtype::F32 => Ok(array),
+            _ => array.astype(Dtype::F32),
+        }
+    }
+
+    /// The module's quantized weight, if the checkpoint stores it quantized.
+    fn quantized(&self, module: &str) -> Result<Option<QuantizedWeight>> {
+        let Some(spec) = self.checkpoint.quantization_of(module) else {
+            return Ok(None);
+        };
+        if self
+            .checkpoint
+            .tensor_info(&format!("{module}.scales"))
+            .is_none()
+        {
+            return Ok(None);
+        }
+        Ok(Some(QuantizedWeight {
+            weight: self.raw(&format!("{module}.weight"))?,
+            scales: self.scales(&format!("{module}.scales"))?,
+            biases: self.scales(&format!("{module}.biases"))?,
+            group_size: spec.group_size as i32,
+            bits: spec.bits as i32,
+            int8: false,
+        }))
+    }
+
+    fn linear(&self, module: &str, has_bias: bool) -> Result<Linear> {
+        let bias = if has_bias {
+            Some(self.float(&format!("{module}.bias"))?)
+        } else {
+            None
+        };
+        if let Some(weight) = self.int8_stack(&[module])? {
+            return Ok(Linear::Quantized { weight, bias });
+        }
+        Ok(match self.quantized(module)? {
+            Some(weight) => Linear::Quantized { weight, bias },
+            None => Linear::Dense {
+                weight_t: self
+                    .float(&format!("{module}.weight"))?
+                    .transpose(&[1, 0])?,
+                bias,
+            },
+        })
+    }
+}

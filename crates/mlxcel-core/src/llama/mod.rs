@@ -1,0 +1,30 @@
+//! The llama-family forward pass on MLX: Llama 2/3, SmolLM/SmolLM2, Mistral and Qwen2 (with
+//! q/k/v biases; sliding windows where configured), Qwen3 (per-head q/k norms) and SmolLM3
+//! (layers without RoPE), Gemma 2/3 (scaled embeddings, `1 + w` norms before and after attention
+//! and MLP, GeGLU, soft-capping, local RoPE bases). Each layer reads its features from the
+//! config, never the family name.
+//!
+//! A step takes any mix of sequences, each with its own cache and its own new tokens (a prefill
+//! chunk or one decode token). The linear layers run once over all the step's tokens flattened
+//! together, so each weight is read once per step however many sequences there are; rotary
+//! embedding and attention run per sequence, at that sequence's own positions. Only each
+//! sequence's last position goes through the output projection.
+//!
+//! Activations stay in f32: MLX's CPU kernels are 15–70× slower in f16.
+//!
+//! - `load.rs` reads a checkpoint and packs its weights into the kernels' layout; one decoder
+//!   layer is built from its weights in one function (`load::load_decoder_layer`), where a new
+//!   kind of block would be chosen.
+//! - `weights.rs` holds the packed weights' types: what loading builds and the forward pass reads.
+//! - `model.rs` is [`LlamaModel`]: the weights, the RoPE tables and what the model reports about
+//!   itself.
+//! - `forward.rs` runs a step ([`ForwardSeq`] per sequence) through the fused decoder-layer node
+//!   or a per-op graph.
+
+mod forward;
+mod load;
+mod model;
+mod weights;
+
+pub use forward::ForwardSeq;
+pub use model::LlamaModel;

@@ -1,0 +1,204 @@
+//! The loaded model: its weights and tables, what it reports about itself (bytes, how a step
+//! runs, KV cache types), and which RoPE each layer rotates with.
+
+use mlxcel_model::ModelConfig;
+
+use super::weights::{Embedding, GateUp, Layer, LayerFeatures, Linear, QkvWeights, linear_arrays};
+use crate::array::{Array, eval};
+use crate::error::{Error, Result};
+use crate::fast::Rope;
+use crate::kernels::{KernelBackend, Kernels};
+use crate::kv_cache::{KvCache, KvType};
+use crate::layer::LayerTensors;
+
+/// A llama-family model with its weights in MLX arrays.
+#[derive(Debug)]
+pub struct LlamaModel {
+    pub(super) config: ModelConfig,
+    pub(super) embed: Embedding,
+    pub(super) layers: Vec<Layer>,
+    pub(super) norm: Array,
+    pub(super) lm_head: Option<Linear>,
+    pub(super) rope: Rope,
+    /// RoPE's inverse frequencies for [`crate::fast::split_heads`] (`[head_dim / 2]`).
+    pub(super) inv_freq: Array,
+    /// The sliding layers' own RoPE and inverse frequencies (Gemma 3's local base).
+    pub(super) local_rope: Option<(Rope, Array)>,
+    /// LongRoPE's attention factor on the rotated features (`[head_dim]`: the factor, then ones
+    /// past the rotary width), for the per-op graph.
+    pub(super) rope_input_scale: Option<Array>,
+    pub(super) attention_scale: f32,
+    /// The factor on the embeddings (Gemma), a scalar array.
+    pub(super) embedding_scale: Option<Array>,
+    pub(super) features: LayerFeatures,
+    pub(super) kernels: Kernels,
+    /// The element types of new caches' keys and values.
+    pub(super) kv_types: (KvType, KvType),
+    /// Every layer is [`Layer::fusable`] (decided at load).
+    pub(super) fusable: bool,
+}
+
+impl LlamaModel {
+    /// Every array the model holds: weights, norms, RoPE tables.
+    fn arrays(&self) -> Vec<&Array> {
+        let mut arrays: Vec<&Array> = vec![&self.norm];
+        for layer in &self.layers {
+            arrays.extend([&layer.input_norm, &layer.post_norm]);
+            if let Some((a, m)) = &layer.sandwich {
+                arrays.extend([a, m]);
+            }
+            if let Some((q, k)) = &layer.qk_norm {
+                arrays.extend([q, k]);
+            }
+            for linear in [&layer.o, &layer.down] {
+                linear_arrays(linear, &mut arrays);
+            }
+            match &layer.qkv {
+                QkvWeights::Stacked(w) => arrays.extend([&w.weight, &w.scales, &w.biases]),
+                QkvWeights::Separate(q, k, v) => {
+                    for linear in [q, k, v] {
+                        linear_arrays(linear, &mut arrays);
+                    }
+                }
+            }
+            arrays.extend(&layer.qkv_bias);
+            match &layer.gate_up {
+                GateUp::Stacked(w) => arrays.extend([&w.weight, &w.scales, &w.biases]),
+                GateUp::Separate { gate, up } => {
+                    linear_arrays(gate, &mut arrays);
+                    linear_arrays(up, &mut arrays);
+                }
+            }
+        }
+        if let Some(head) = &self.lm_head {
+            linear_arrays(head, &mut arrays);
+        }
+        if let Some((_, inv)) = &self.local_rope {
+            arrays.push(inv);
+        }
+        match &self.embed {
+            Embedding::Dense(table) => arrays.push(table),
+            Embedding::Quantized(q) => arrays.extend([&q.weight, &q.scales, &q.biases]),
+        }
+        arrays
+    }
+
+    /// Evaluates every weight now, so that load errors surface here and the first step does not
+    /// pay for the conversions.
+    pub(super) fn materialize(&self) -> Result<()> {
+        eval(&self.arrays())
+    }
+
+    /// Bytes of the arrays the model holds (its weights in the layout its kernels read, e.g.
+    /// the compact int8 layout, and its norms and RoPE tables).
+    pub fn weight_bytes(&self) -> u64 {
+        self.arrays()
+            .iter()
+            .map(|a| (a.size() * a.dtype().size_in_bytes()) as u64)
+            .sum()
+    }
+
+    /// How a step runs: `fused layers` (the decoder layers as one MLX node on mlxcel's kernels), or
+    /// the per-op graph and why (for `mlxcel bench`'s output).
+    pub fn execution(&self) -> &'static str {
+        if self.fused_layers().is_some() {
+            "fused layers"
+        } else if self.kernels.backend != KernelBackend::Native {
+            "per-op graph (MLX kernels)"
+        } else if !self.kernels.fused_layers {
+            "per-op graph (MLXCEL_FUSED_LAYERS=off)"
+        } else {
+            "per-op graph (dense weights, or biases on o or the MLP: the fused layer takes quantized weights, biased only on q/k/v)"
+        }
+    }
+
+    /// The kernels this model runs on.
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
+    }
+
+    /// The model's description.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// An empty cache for a sequence of at most `max_positions` positions, its keys and values
+    /// in the model's [`LlamaModel::kv_types`].
+    pub fn new_cache(&self, max_positions: usize) -> KvCache {
+        KvCache::new(
+            self.config.num_hidden_layers,
+            self.config.num_key_value_heads,
+            self.config.head_dim,
+            max_positions.min(self.config.window()),
+            self.kv_types,
+        )
+    }
+
+    /// The element types of the keys and values of caches from [`LlamaModel::new_cache`]
+    /// (f32 unless [`LlamaModel::set_kv_types`] chose otherwise).
+    pub fn kv_types(&self) -> (KvType, KvType) {
+        self.kv_types
+    }
+
+    /// Sets the element types of later caches' keys and values (llama.cpp's `--cache-type-k`
+    /// and `--cache-type-v`); caches already made keep theirs. q8_0 needs the fused decoder
+    /// layer (the only writer of its blocks) and a head size of whole 32-value blocks; refused
+    /// otherwise, with the reason.
+    pub fn set_kv_types(&mut self, keys: KvType, values: KvType) -> Result<()> {
+        if keys == KvType::Q8_0 || values == KvType::Q8_0 {
+            let head_dim = self.config.head_dim;
+            let reason = if !KvType::Q8_0.holds_rows_of(head_dim) {
+                Some(format!(
+                    "the model's head size {head_dim} is not a multiple of 32 (use f16 or f32)"
+                ))
+            } else if self.fused_layers().is_none() {
+                Some(format!(
+                    "its blocks are written by mlxcel's fused decoder layer, and this model runs \
+                     the {} (use f16 or f32)",
+                    self.execution()
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(Error::KvTypeUnsupported {
+                    kind: KvType::Q8_0.as_str(),
+                    reason,
+                });
+            }
+        }
+        self.kv_types = (keys, values);
+        Ok(())
+    }
+
+    /// KV bytes one position takes over all layers in caches from [`LlamaModel::new_cache`].
+    pub fn kv_bytes_per_position(&self) -> usize {
+        let c = &self.config;
+        c.num_hidden_layers
+            * c.num_key_value_heads
+            * (self.kv_types.0.row_bytes(c.head_dim) + self.kv_types.1.row_bytes(c.head_dim))
+    }
+
+    /// Per-layer tensors for the fused decoder-layer node, when the kernels and every layer's
+    /// layout allow it.
+    pub(super) fn fused_layers(&self) -> Option<Vec<LayerTensors<'_>>> {
+        if self.kernels.backend != KernelBackend::Native
+            || !self.kernels.fused_layers
+            || !self.fusable
+        {
+            return None;
+        }
+        self.layers
+            .iter()
+            .map(|layer| layer.fused_tensors(self.rope_of(layer).1, self.features))
+            .collect()
+    }
+
+    /// The RoPE and inverse frequencies `layer` rotates with.
+    pub(super) fn rope_of(&self, layer: &Layer) -> (&Rope, &Array) {
+        match (&self.local_rope, layer.local_rope) {
+            (Some((rope, inv)), true) => (rope, inv),
+            _ => (&self.rope, &self.inv_freq),
+        }
+    }
+}
