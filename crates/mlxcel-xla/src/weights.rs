@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use half::{bf16, f16};
-use mlxcel_model::{Checkpoint, Dtype, ModelConfig};
+use mlxcel_model::{Checkpoint, Dtype, FeedForward, HiddenActivation, ModelConfig};
 
 use crate::abi::{
     Layout, LlamaDims, Packing, WeightFormat, WeightSpec, weight_specs, weight_type, weight_types,
@@ -18,15 +18,28 @@ use crate::abi::{
 use crate::error::{Error, Result};
 use crate::hlo::ElementType;
 
+/// The program's MLP from the layers' feed-forward blocks: where a new kind of block enters the
+/// OpenXLA program, which builds every layer alike (each is the gated MLP config.json describes
+/// today): its hidden size and whether its gate is GELU-tanh.
+fn feed_forward(c: &ModelConfig) -> (usize, bool) {
+    match c.layer_spec(0).ffn {
+        FeedForward::Dense {
+            intermediate_size,
+            activation,
+        } => (intermediate_size, activation == HiddenActivation::GeluTanh),
+    }
+}
+
 /// The program's dimensions for a checkpoint's config.
 pub fn llama_dims(c: &ModelConfig) -> LlamaDims {
+    let (intermediate, gelu) = feed_forward(c);
     LlamaDims {
         layers: c.num_hidden_layers,
         hidden: c.hidden_size,
         heads: c.num_attention_heads,
         kv_heads: c.num_key_value_heads,
         head_dim: c.head_dim,
-        intermediate: c.intermediate_size,
+        intermediate,
         vocab: c.vocab_size,
         rms_norm_eps: c.rms_norm_eps,
         inv_freq: c.rope_periods().iter().map(|p| 1.0 / p).collect(),
@@ -50,7 +63,7 @@ pub fn llama_dims(c: &ModelConfig) -> LlamaDims {
         }),
         norm_offset: c.norm_weight_offset,
         sandwich_norms: c.sandwich_norms,
-        gelu: c.hidden_activation == mlxcel_model::HiddenActivation::GeluTanh,
+        gelu,
         embedding_scale: c.embedding_scale,
         attention_scale: c.attention_scale,
         attn_softcap: c.attn_logit_softcapping,

@@ -88,18 +88,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// llama.cpp's architecture name for ours, and the architecture our importer reads it back as.
+/// llama.cpp's architecture name for ours, and the architecture our importer reads it back as
+/// (llama.cpp converts Mistral as a llama).
 fn gguf_architecture(architecture: Architecture) -> (&'static str, Architecture) {
-    match architecture {
-        // llama.cpp converts Mistral as a llama.
-        Architecture::Llama | Architecture::Mistral => ("llama", Architecture::Llama),
-        Architecture::Qwen2 => ("qwen2", Architecture::Qwen2),
-        Architecture::Qwen3 => ("qwen3", Architecture::Qwen3),
-        Architecture::SmolLm3 => ("smollm3", Architecture::SmolLm3),
-        Architecture::Gemma2 => ("gemma2", Architecture::Gemma2),
-        Architecture::Gemma3 => ("gemma3", Architecture::Gemma3),
-        Architecture::Phi3 => ("phi3", Architecture::Phi3),
-    }
+    let name = architecture.gguf_name();
+    (
+        name,
+        Architecture::from_gguf_name(name).unwrap_or(architecture),
+    )
 }
 
 fn export(checkpoint: &Checkpoint, out: &Path) -> Result<Vec<Lossy>, Error> {
@@ -248,8 +244,8 @@ fn write_layer_attention(
     let u32v = |v: usize| GgufValue::U32(v as u32);
     let windows: Vec<Option<usize>> = c.layers.iter().map(|l| l.window).collect();
     let window = windows.iter().flatten().next().copied();
-    match c.architecture {
-        Architecture::Gemma2 | Architecture::Gemma3 => {
+    match arch {
+        "gemma2" | "gemma3" => {
             if let Some(window) = window {
                 let pattern = windows
                     .iter()
@@ -260,7 +256,7 @@ fn write_layer_attention(
                         &key("attention.sliding_window_pattern"),
                         GgufValue::Array(pattern),
                     );
-            } else if c.architecture == Architecture::Gemma2 {
+            } else if arch == "gemma2" {
                 // llama.cpp's Gemma 2 slides every other layer unless told otherwise.
                 let pattern = vec![GgufValue::Bool(false); c.num_hidden_layers];
                 w.metadata(
@@ -276,7 +272,7 @@ fn write_layer_attention(
                 w.metadata(&key("rope.freq_base_swa"), GgufValue::F32(theta));
             }
         }
-        Architecture::Phi3 => {
+        "phi3" => {
             // As llama.cpp's converter writes it (0 for none); llama.cpp disables it, as mlxcel.
             let window = raw["sliding_window"].as_u64().unwrap_or(0);
             w.metadata(
@@ -299,7 +295,7 @@ fn write_layer_attention(
             }
         }
     }
-    if c.architecture == Architecture::SmolLm3 {
+    if arch == "smollm3" {
         let ours: Vec<usize> = (0..c.layers.len()).filter(|&i| !c.layers[i].rope).collect();
         let fixed: Vec<usize> = (0..c.layers.len()).filter(|i| (i + 1) % 4 == 0).collect();
         if ours != fixed {
@@ -331,7 +327,7 @@ fn write_gemma(
             w.metadata(&key(name), GgufValue::F32(cap));
         }
     }
-    if c.architecture == Architecture::Gemma3 && c.attn_logit_softcapping.is_some() {
+    if c.architecture.gguf_name() == "gemma3" && c.attn_logit_softcapping.is_some() {
         lossy.push(Lossy {
             field: "attn_logit_softcapping",
             why: "llama.cpp's gemma3 does not soft-cap attention scores".into(),
@@ -339,8 +335,8 @@ fn write_gemma(
     }
     // llama.cpp scales queries by 1/√head_dim, except for the 27B models (by layer count), which
     // use hidden / heads.
-    let big = match c.architecture {
-        Architecture::Gemma2 => c.num_hidden_layers == 46,
+    let big = match c.architecture.gguf_name() {
+        "gemma2" => c.num_hidden_layers == 46,
         _ => c.num_hidden_layers == 62,
     };
     let denominator = if big {
@@ -389,11 +385,8 @@ fn write_tensors(
         tensors.add(&name, None, &dims, &values)?;
     }
     // llama.cpp's converter permutes q and k for the families it converts as llamas.
-    let permuted = matches!(
-        c.architecture,
-        Architecture::Llama | Architecture::Mistral | Architecture::SmolLm3
-    );
-    let phi3 = c.architecture == Architecture::Phi3;
+    let permuted = c.architecture.gguf_permuted_qk();
+    let phi3 = c.architecture.gguf_name() == "phi3";
     for module in expected_modules(c) {
         let m = module.name.as_str();
         if phi3 && (m.ends_with(".k_proj") || m.ends_with(".v_proj") || m.ends_with(".up_proj")) {

@@ -4,8 +4,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::config::{Architecture, ModelConfig};
+use crate::config::ModelConfig;
+use crate::config::blocks::FeedForward;
 use crate::error::{ModelError, Result};
+use crate::families::{FusedProjection, Rows};
 use crate::gguf::{GgufWeights, open_gguf_weights};
 use crate::quant::QuantSpec;
 use crate::safetensors_files::{Dtype, SafetensorsFiles, TensorInfo, TensorView};
@@ -38,7 +40,7 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
         name,
         kind: ModuleKind::Norm { dim },
     };
-    let (hidden, ffn) = (config.hidden_size, config.intermediate_size);
+    let hidden = config.hidden_size;
     let mut modules = vec![Module {
         name: "model.embed_tokens".into(),
         kind: ModuleKind::Embedding {
@@ -86,12 +88,17 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
             modules.push(norm(format!("{p}.pre_feedforward_layernorm"), hidden));
             modules.push(norm(format!("{p}.post_feedforward_layernorm"), hidden));
         }
-        modules.extend([
-            norm(format!("{p}.post_attention_layernorm"), hidden),
-            linear(format!("{p}.mlp.gate_proj"), ffn, hidden, false),
-            linear(format!("{p}.mlp.up_proj"), ffn, hidden, false),
-            linear(format!("{p}.mlp.down_proj"), hidden, ffn, false),
-        ]);
+        modules.push(norm(format!("{p}.post_attention_layernorm"), hidden));
+        match config.layer_spec(layer).ffn {
+            FeedForward::Dense {
+                intermediate_size: ffn,
+                ..
+            } => modules.extend([
+                linear(format!("{p}.mlp.gate_proj"), ffn, hidden, false),
+                linear(format!("{p}.mlp.up_proj"), ffn, hidden, false),
+                linear(format!("{p}.mlp.down_proj"), hidden, ffn, false),
+            ]),
+        }
     }
     modules.push(norm("model.norm".into(), hidden));
     if !config.tie_word_embeddings {
@@ -139,25 +146,24 @@ impl Checkpoint {
                 );
             }
         }
-        if config.architecture == Architecture::Phi3 {
-            split_fused(&config, &mut files)?;
+        let fused = config.architecture.fused_projections();
+        if !fused.is_empty() {
+            split_fused(&config, fused, &mut files)?;
             // A per-module quantization override of a fused module applies to its parts.
             if let Some(q) = &mut config.quantization {
-                let fused: Vec<(String, _)> = q
+                let overridden: Vec<(String, _)> = q
                     .overrides
                     .iter()
-                    .filter(|(m, _)| m.ends_with("qkv_proj") || m.ends_with("gate_up_proj"))
+                    .filter(|(m, _)| fused.iter().any(|f| m.ends_with(f.module)))
                     .map(|(m, s)| (m.clone(), *s))
                     .collect();
-                for (module, spec) in fused {
-                    let parts: &[&str] = if module.ends_with("qkv_proj") {
-                        &["q_proj", "k_proj", "v_proj"]
-                    } else {
-                        &["gate_proj", "up_proj"]
+                for (module, spec) in overridden {
+                    let Some(projection) = fused.iter().find(|f| module.ends_with(f.module)) else {
+                        continue;
                     };
-                    let stem = module.rsplit_once('.').map_or("", |(s, _)| s);
-                    for part in parts {
-                        q.overrides.insert(format!("{stem}.{part}"), spec);
+                    let stem = module.strip_suffix(projection.module).unwrap_or("");
+                    for (part, _) in projection.parts {
+                        q.overrides.insert(format!("{stem}{part}"), spec);
                     }
                 }
             }
@@ -254,26 +260,29 @@ fn text_model_name(name: &str) -> Option<String> {
     (name.starts_with("lm_head.")).then(|| name.to_owned())
 }
 
-/// Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj`: each becomes views of
-/// its rows under the usual names (`q_proj`, …), so that everything downstream sees a llama.
-fn split_fused(config: &ModelConfig, files: &mut SafetensorsFiles) -> Result<()> {
-    let (q, kv, ffn) = (config.q_dim(), config.kv_dim(), config.intermediate_size);
+/// Fused projections (Phi-3's `qkv_proj`, `gate_up_proj`) become views of their rows under
+/// their parts' names (`q_proj`, …), so that everything downstream sees a llama.
+fn split_fused(
+    config: &ModelConfig,
+    fused: &[FusedProjection],
+    files: &mut SafetensorsFiles,
+) -> Result<()> {
+    let rows = |rows: Rows| match rows {
+        Rows::Query => config.q_dim(),
+        Rows::KeyValue => config.kv_dim(),
+        Rows::Intermediate => config.intermediate_size,
+    };
     for layer in 0..config.num_hidden_layers {
         let p = format!("model.layers.{layer}");
         for suffix in ["weight", "scales", "biases", "bias"] {
-            let part = |module: &str, rows| (format!("{p}.{module}.{suffix}"), rows);
-            files.split_rows(
-                &format!("{p}.self_attn.qkv_proj.{suffix}"),
-                &[
-                    part("self_attn.q_proj", q),
-                    part("self_attn.k_proj", kv),
-                    part("self_attn.v_proj", kv),
-                ],
-            )?;
-            files.split_rows(
-                &format!("{p}.mlp.gate_up_proj.{suffix}"),
-                &[part("mlp.gate_proj", ffn), part("mlp.up_proj", ffn)],
-            )?;
+            for projection in fused {
+                let parts: Vec<(String, usize)> = projection
+                    .parts
+                    .iter()
+                    .map(|&(part, n)| (format!("{p}.{part}.{suffix}"), rows(n)))
+                    .collect();
+                files.split_rows(&format!("{p}.{}.{suffix}", projection.module), &parts)?;
+            }
         }
     }
     Ok(())

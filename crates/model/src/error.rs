@@ -37,7 +37,7 @@ pub enum ModelError {
     UnsupportedArchitecture {
         path: PathBuf,
         architecture: String,
-        supported: &'static str,
+        supported: String,
     },
 
     // Tensors.

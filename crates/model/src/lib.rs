@@ -31,6 +31,7 @@ mod checkpoint;
 mod config;
 mod default_model;
 mod error;
+mod families;
 mod fim;
 pub mod gguf;
 mod mmap;
@@ -45,13 +46,14 @@ mod tokenizer;
 pub use activations::{Activations, KvType};
 pub use chat::{ChatMessage, ChatTemplate, MAX_RENDER_BYTES, MAX_RENDER_TIME};
 pub use checkpoint::{Checkpoint, Module, ModuleKind, expected_modules};
-pub use config::{
-    Architecture, HiddenActivation, LayerAttention, MAX_LAYERS, ModelConfig, RopeScaling,
-};
+pub use config::blocks::{FeedForward, HiddenActivation, LayerAttention, LayerSpec};
+pub use config::rope::RopeScaling;
+pub use config::{MAX_LAYERS, ModelConfig};
 pub use default_model::{
     CACHE_DIR_ENV, DEFAULT_MODEL_PIN, DefaultModel, PYTHON_ENV, cache_dir, sha256_file,
 };
 pub use error::{ModelError, Result};
+pub use families::{Architecture, FusedProjection, Rows};
 pub use fim::{FIM_CONFIG_KEY, FIM_GGUF_KEYS, FIM_TEXTS, FimRole, FimTokens};
 pub use gguf::{GGUF_WEIGHTS_FILE, GgufWeights, convert_gguf, prepare_gguf};
 pub use model::{LoadedModel, eos_token_ids};

@@ -9,6 +9,7 @@ use memmap2::Mmap;
 use serde::Deserialize;
 
 use crate::error::{ModelError, Result};
+use crate::gguf::tensors::GgufBlocks;
 
 /// A tensor's element type, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,9 +112,23 @@ enum Bytes {
     OnDemand {
         store: crate::mmap::OnDemand,
         starts: Vec<usize>,
-        /// The GGUF file the regions are converted from.
-        source: std::sync::Arc<crate::gguf::GgufSource>,
+        /// The file the regions are converted from.
+        source: std::sync::Arc<dyn ConvertedFrom>,
     },
+}
+
+/// The file a set of tensors is converted from when each is first read (a GGUF file), asked for
+/// the blocks a region is converted from, so that a loader can read them as they are.
+pub(crate) trait ConvertedFrom: std::fmt::Debug + Send + Sync {
+    /// Rows `first_row .. first_row + rows` of region `region`'s blocks, if it is a quantized
+    /// weight.
+    fn blocks(&self, region: usize, first_row: usize, rows: usize) -> Option<GgufBlocks<'_>>;
+
+    /// The rows of region `region`'s output (its first dimension).
+    fn rows(&self, region: usize) -> usize;
+
+    /// Lets go of this process's resident pages of the source behind region `region`.
+    fn release(&self, region: usize);
 }
 
 /// The safetensors of a checkpoint directory: `model.safetensors`, or the shards named by
@@ -369,7 +384,7 @@ impl SafetensorsFiles {
 
     /// The GGUF blocks the quantized weight `name` is converted from, when it is read from a
     /// GGUF file (else `None`): reading them converts nothing.
-    pub fn gguf_blocks(&self, name: &str) -> Option<crate::gguf::GgufBlocks<'_>> {
+    pub fn gguf_blocks(&self, name: &str) -> Option<GgufBlocks<'_>> {
         let (source, region, entry, starts) = self.on_demand_entry(name)?;
         let rows = *entry.shape.first()?;
         let whole = source.rows(region);
@@ -390,15 +405,12 @@ impl SafetensorsFiles {
         }
     }
 
-    fn on_demand_entry(
-        &self,
-        name: &str,
-    ) -> Option<(&crate::gguf::GgufSource, usize, &Entry, &[usize])> {
+    fn on_demand_entry(&self, name: &str) -> Option<(&dyn ConvertedFrom, usize, &Entry, &[usize])> {
         let shard = &self.shards[*self.names.get(name)?];
         let entry = shard.entries.get(name)?;
         match &shard.bytes {
             Bytes::OnDemand { source, starts, .. } => {
-                Some((source, entry.region, entry, starts.as_slice()))
+                Some((source.as_ref(), entry.region, entry, starts.as_slice()))
             }
             Bytes::Mapped(_) => None,
         }
@@ -411,7 +423,7 @@ impl SafetensorsFiles {
         origin: &Path,
         tensors: Vec<PlannedBytes>,
         fill: crate::mmap::Fill,
-        source: std::sync::Arc<crate::gguf::GgufSource>,
+        source: std::sync::Arc<dyn ConvertedFrom>,
     ) -> Result<Self> {
         let lengths: Vec<usize> = tensors.iter().map(|t| t.3).collect();
         let (store, starts) =

@@ -164,9 +164,9 @@ fn write_tiny_with(dir: &Path, family: &Value, seed: u64, group16: bool) -> Chec
 
 /// The modules as the file stores them: Phi-3 keeps q/k/v and gate/up fused.
 fn fused_for_phi3(config: &mlxcel_model::ModelConfig) -> Vec<mlxcel_model::Module> {
-    use mlxcel_model::{Architecture, Module, ModuleKind};
+    use mlxcel_model::{Module, ModuleKind};
     let modules = mlxcel_model::expected_modules(config);
-    if config.architecture != Architecture::Phi3 {
+    if config.architecture.fused_projections().is_empty() {
         return modules;
     }
     let mut out = Vec::new();

@@ -2,7 +2,7 @@
 //! kernels read (q/k/v and gate/up stacked, int8 rewrites), one decoder layer at a time
 //! ([`load_decoder_layer`]), then the RoPE tables.
 
-use mlxcel_model::{Checkpoint, ModelConfig, TensorView};
+use mlxcel_model::{Checkpoint, FeedForward, ModelConfig, TensorView};
 
 use super::model::LlamaModel;
 use super::weights::{Embedding, GateUp, Layer, LayerFeatures, Linear, QkvWeights};
@@ -208,21 +208,31 @@ fn load_decoder_layer(
             None,
         )
     };
-    let mut layer = Layer {
-        input_norm: loader.norm(&format!("{p}.input_layernorm.weight"))?,
-        qkv,
-        qkv_bias,
-        o: loader.linear(&format!("{p}.self_attn.o_proj"), config.attention_out_bias)?,
-        post_norm,
-        sandwich,
-        gate_up: {
+    let input_norm = loader.norm(&format!("{p}.input_layernorm.weight"))?;
+    let o = loader.linear(&format!("{p}.self_attn.o_proj"), config.attention_out_bias)?;
+    // The feed-forward block by its kind: where a new kind of block is loaded.
+    let (gate_up, down) = match config.layer_spec(i).ffn {
+        FeedForward::Dense { .. } => {
             let [gate, up] = ["gate_proj", "up_proj"].map(|m| format!("{p}.mlp.{m}"));
-            match loader.int8_stack(&[&gate, &up])? {
+            let gate_up = match loader.int8_stack(&[&gate, &up])? {
                 Some(w) => GateUp::Stacked(w),
                 None => GateUp::new(loader.linear(&gate, false)?, loader.linear(&up, false)?)?,
-            }
-        },
-        down: loader.linear(&format!("{p}.mlp.down_proj"), false)?,
+            };
+            (
+                gate_up,
+                loader.linear(&format!("{p}.mlp.down_proj"), false)?,
+            )
+        }
+    };
+    let mut layer = Layer {
+        input_norm,
+        qkv,
+        qkv_bias,
+        o,
+        post_norm,
+        sandwich,
+        gate_up,
+        down,
         qk_norm: if config.qk_norm {
             Some((
                 loader.norm(&format!("{p}.self_attn.q_norm.weight"))?,

@@ -2,19 +2,22 @@
 
 mod convert;
 pub mod dequant;
+pub(crate) mod header;
+pub(crate) mod names;
 pub mod permute;
 mod reader;
 mod spm;
-mod tensors;
+pub(crate) mod tensors;
 mod tokenizer_json;
 mod types;
 mod vocab;
 mod writer;
 
+pub(crate) use convert::open_gguf_weights;
 pub use convert::{
-    ConvertSummary, GGUF_WEIGHTS_FILE, GgufWeights, convert_gguf, hf_name, hf_name_in, prepare_gguf,
+    ConvertSummary, GGUF_WEIGHTS_FILE, GgufWeights, convert_gguf, hf_name_in, prepare_gguf,
 };
-pub(crate) use convert::{GgufSource, open_gguf_weights};
+pub use names::hf_name;
 pub use reader::{GgufFile, GgufTensorInfo, GgufValue};
 pub use tensors::GgufBlocks;
 pub use types::GgmlType;

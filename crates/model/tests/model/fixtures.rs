@@ -7,7 +7,7 @@ use half::{bf16, f16};
 use mlxcel_model::gguf::dequant::dequantize_reference;
 use mlxcel_model::gguf::permute::permute_rows;
 use mlxcel_model::gguf::{GgmlType, GgufFile, GgufValue, GgufWriter, hf_name_in};
-use mlxcel_model::{Architecture, Checkpoint, Dtype, dequantize_affine};
+use mlxcel_model::{Checkpoint, Dtype, dequantize_affine};
 
 /// A small deterministic generator (xorshift), so fixtures are reproducible without a crate.
 pub struct Rng(u64);
@@ -395,10 +395,7 @@ pub fn assert_lossless(gguf_path: &Path, converted: &Checkpoint) -> usize {
         // What llama.cpp stored is HF order permuted (for the families it converts as llamas);
         // permute our rows to compare in GGUF order.
         let permuted = (module.ends_with("q_proj") || module.ends_with("k_proj"))
-            && matches!(
-                config.architecture,
-                Architecture::Llama | Architecture::SmolLm3
-            );
+            && config.architecture.gguf_permuted_qk();
         // One module's values; Phi-3's fused modules are their parts, row after row.
         let values = |module: &str, rows: usize| -> Vec<f32> {
             match converted
@@ -454,10 +451,7 @@ pub fn assert_lossless(gguf_path: &Path, converted: &Checkpoint) -> usize {
         };
         // Gemma's norms are stored as `1 + w` by llama.cpp and as `w` in the checkpoint: the
         // loader adds the one back.
-        let gemma = matches!(
-            config.architecture,
-            Architecture::Gemma2 | Architecture::Gemma3
-        );
+        let gemma = config.norm_weight_offset;
         let actual: Vec<f32> = if gemma && module.ends_with("norm") {
             actual.iter().map(|w| w + 1.0).collect()
         } else {

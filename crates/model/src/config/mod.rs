@@ -4,108 +4,22 @@
 //! The raw JSON is read leniently (Hugging Face and MLX write the same keys with small variations)
 //! and then checked once here, so that backends can trust every number they are handed.
 
+pub(crate) mod blocks;
+mod describe;
+pub(crate) mod raw;
+pub(crate) mod rope;
+
 use std::path::Path;
 
-use serde::Deserialize;
 use serde_json::Value;
 
+use blocks::{FeedForward, HiddenActivation, LayerAttention, LayerSpec};
+use raw::RawConfig;
+use rope::{RopeScaling, long_rope, rope_scaling};
+
 use crate::error::{ModelError, Result};
+use crate::families::Architecture;
 use crate::quant::Quantization;
-
-/// The architectures we can run: decoder-only llamas with small variations, each spelled out
-/// in [`ModelConfig`]'s fields (biases, q/k norms, per-layer RoPE and sliding windows) so that
-/// backends read features, not family names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Architecture {
-    /// `LlamaForCausalLM`: Llama 2/3, SmolLM/SmolLM2.
-    Llama,
-    /// `MistralForCausalLM`: a llama whose layers may all slide (`sliding_window`).
-    Mistral,
-    /// `Qwen2ForCausalLM`: a llama with biases on the q/k/v projections; the layers from
-    /// `max_window_layers` on slide when `use_sliding_window` is set.
-    Qwen2,
-    /// `Qwen3ForCausalLM`: no biases, RMSNorm on each head of q and k before RoPE.
-    Qwen3,
-    /// `SmolLM3ForCausalLM`: a llama whose every `no_rope_layer_interval`-th layer has no RoPE.
-    SmolLm3,
-    /// `Gemma2ForCausalLM`: scaled embeddings, `1 + w` norms around attention and MLP, a
-    /// GELU-tanh MLP, logit soft-capping (attention and final), every other layer sliding.
-    Gemma2,
-    /// `Gemma3ForCausalLM` (`gemma3_text`): Gemma 2 without soft-capping by default, with q/k
-    /// norms, five sliding layers per global one, and a separate RoPE base for the sliding ones.
-    Gemma3,
-    /// `Phi3ForCausalLM` (Phi-3, Phi-3.5, Phi-4-mini): q/k/v and gate/up fused in the checkpoint
-    /// (`qkv_proj`, `gate_up_proj`), partial rotary, LongRoPE scaling.
-    Phi3,
-}
-
-impl Architecture {
-    pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
-         Qwen3ForCausalLM, SmolLM3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
-         Phi3ForCausalLM";
-
-    /// The `architectures[0]` string Hugging Face writes for this architecture.
-    pub fn hf_name(self) -> &'static str {
-        match self {
-            Self::Llama => "LlamaForCausalLM",
-            Self::Mistral => "MistralForCausalLM",
-            Self::Qwen2 => "Qwen2ForCausalLM",
-            Self::Qwen3 => "Qwen3ForCausalLM",
-            Self::SmolLm3 => "SmolLM3ForCausalLM",
-            Self::Gemma2 => "Gemma2ForCausalLM",
-            Self::Gemma3 => "Gemma3ForCausalLM",
-            Self::Phi3 => "Phi3ForCausalLM",
-        }
-    }
-
-    /// The `model_type` Hugging Face writes for this architecture.
-    pub fn model_type(self) -> &'static str {
-        match self {
-            Self::Llama => "llama",
-            Self::Mistral => "mistral",
-            Self::Qwen2 => "qwen2",
-            Self::Qwen3 => "qwen3",
-            Self::SmolLm3 => "smollm3",
-            Self::Gemma2 => "gemma2",
-            Self::Gemma3 => "gemma3_text",
-            Self::Phi3 => "phi3",
-        }
-    }
-}
-
-/// What one decoder layer's attention does that its neighbours may not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LayerAttention {
-    /// Whether q and k are rotated; `false` for SmolLM3's NoPE layers.
-    pub rope: bool,
-    /// A sliding-window layer's window: the query at position `p` sees the keys at positions
-    /// `p - window + 1 ..= p` (itself and the `window - 1` before it), as Hugging Face, mlx-lm and
-    /// llama.cpp mask them. `None`: every earlier position.
-    pub window: Option<usize>,
-}
-
-/// The MLP's gate activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HiddenActivation {
-    /// `silu(gate) · up` (SwiGLU; `silu`).
-    Silu,
-    /// `gelu_tanh(gate) · up` (GeGLU with GELU's tanh approximation; `gelu_pytorch_tanh`).
-    GeluTanh,
-}
-
-/// Rotary-embedding frequency scaling (`rope_scaling`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RopeScaling {
-    /// Positions divided by `factor` (every period multiplied by it).
-    Linear { factor: f32 },
-    /// Llama 3.1's piecewise scaling.
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        original_max_position_embeddings: usize,
-    },
-}
 
 /// The most decoder layers a config may declare: a bound on what a hostile file makes mlxcel
 /// allocate per layer before any tensor is read.
@@ -137,6 +51,9 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// Per layer, in order: RoPE or not, and its sliding window if any.
     pub layers: Vec<LayerAttention>,
+    /// Per layer, in order: its feed-forward block, as its family builds it (the dense MLP of
+    /// `intermediate_size` and `hidden_activation` for every family today).
+    pub feed_forward: Vec<FeedForward>,
     /// RMSNorm weights are stored as offsets from one (Gemma): each norm multiplies by `1 + w`.
     pub norm_weight_offset: bool,
     /// Gemma's four norms per layer: the attention's output and the MLP's output each go
@@ -179,51 +96,6 @@ pub struct ModelConfig {
     pub name: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
-struct RawConfig {
-    #[serde(default)]
-    architectures: Vec<String>,
-    model_type: Option<String>,
-    hidden_size: Option<usize>,
-    num_hidden_layers: Option<usize>,
-    num_attention_heads: Option<usize>,
-    num_key_value_heads: Option<usize>,
-    head_dim: Option<usize>,
-    intermediate_size: Option<usize>,
-    rms_norm_eps: Option<f32>,
-    rope_theta: Option<f32>,
-    rope_scaling: Option<Value>,
-    tie_word_embeddings: Option<bool>,
-    max_position_embeddings: Option<usize>,
-    vocab_size: Option<usize>,
-    attention_bias: Option<bool>,
-    mlp_bias: Option<bool>,
-    sliding_window: Option<Value>,
-    use_sliding_window: Option<bool>,
-    max_window_layers: Option<usize>,
-    layer_types: Option<Vec<String>>,
-    no_rope_layers: Option<Vec<u8>>,
-    no_rope_layer_interval: Option<usize>,
-    num_experts: Option<usize>,
-    sliding_window_pattern: Option<usize>,
-    query_pre_attn_scalar: Option<f64>,
-    attn_logit_softcapping: Option<f64>,
-    final_logit_softcapping: Option<f64>,
-    rope_local_base_freq: Option<f32>,
-    hidden_activation: Option<String>,
-    hidden_act: Option<String>,
-    partial_rotary_factor: Option<f64>,
-    original_max_position_embeddings: Option<usize>,
-    num_local_experts: Option<usize>,
-    #[serde(default)]
-    vision_config: Option<Value>,
-    quantization: Option<Value>,
-    eos_token_id: Option<Value>,
-    bos_token_id: Option<u32>,
-    #[serde(rename = "_name_or_path")]
-    name_or_path: Option<String>,
-}
-
 impl ModelConfig {
     /// Reads and validates `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
@@ -238,19 +110,26 @@ impl ModelConfig {
             path: path.to_owned(),
             source,
         })?;
-        // Gemma 3's multimodal checkpoints (`Gemma3ForConditionalGeneration`): the text model's
-        // config is `text_config`; its weights are loaded, the vision tower's skipped.
-        let multimodal = value
+        // A multimodal checkpoint of a family that has one (Gemma 3's
+        // `Gemma3ForConditionalGeneration`): the text model's config is `text_config`; its weights
+        // are loaded, the vision tower's skipped.
+        let wrapped = value
             .get("architectures")
             .and_then(|a| a.get(0))
             .and_then(Value::as_str)
-            == Some("Gemma3ForConditionalGeneration")
-            || value.get("model_type").and_then(Value::as_str) == Some("gemma3");
-        let value = match (multimodal, value.get("text_config")) {
-            (true, Some(text)) if text.is_object() => {
+            .and_then(Architecture::multimodal_named)
+            .or_else(|| {
+                value
+                    .get("model_type")
+                    .and_then(Value::as_str)
+                    .and_then(Architecture::multimodal_named)
+            });
+        let multimodal = wrapped.is_some();
+        let value = match (wrapped, value.get("text_config")) {
+            (Some(family), Some(text)) if text.is_object() => {
                 let mut merged = text.clone();
-                merged["architectures"] = Value::from(vec!["Gemma3ForCausalLM"]);
-                merged["model_type"] = Value::from("gemma3_text");
+                merged["architectures"] = Value::from(vec![family.hf_name()]);
+                merged["model_type"] = Value::from(family.model_type());
                 for key in [
                     "eos_token_id",
                     "bos_token_id",
@@ -331,84 +210,6 @@ impl ModelConfig {
         self.layers.iter().find_map(|l| l.window)
     }
 
-    /// One line for logs: the family and the features detected, e.g.
-    /// `qwen3: 28 layers, q/k norm, tied embeddings`.
-    pub fn describe(&self) -> String {
-        let mut parts = vec![format!("{} layers", self.num_hidden_layers)];
-        if self.attention_qkv_bias {
-            parts.push("q/k/v biases".into());
-        }
-        if self.attention_out_bias {
-            parts.push("output bias".into());
-        }
-        if self.qk_norm {
-            parts.push("q/k norm".into());
-        }
-        if self.num_key_value_heads < self.num_attention_heads {
-            parts.push(format!(
-                "grouped-query attention ({} kv heads)",
-                self.num_key_value_heads
-            ));
-        }
-        let nope = self.layers.iter().filter(|l| !l.rope).count();
-        if nope > 0 {
-            parts.push(format!("{nope} layers without RoPE"));
-        }
-        if let Some(window) = self.sliding_window() {
-            let sliding = self.layers.iter().filter(|l| l.window.is_some()).count();
-            parts.push(format!(
-                "sliding window {window} on {sliding} of {} layers",
-                self.num_hidden_layers
-            ));
-        }
-        if let Some(RopeScaling::Llama3 { factor, .. }) = self.rope_scaling {
-            parts.push(format!("llama3 rope scaling x{factor}"));
-        }
-        if self.sandwich_norms {
-            parts.push("pre/post norms".into());
-        }
-        if self.hidden_activation == HiddenActivation::GeluTanh {
-            parts.push("GELU-tanh MLP".into());
-        }
-        if let Some(cap) = self.attn_logit_softcapping {
-            parts.push(format!("attention soft-cap {cap}"));
-        }
-        if let Some(cap) = self.final_logit_softcapping {
-            parts.push(format!("final soft-cap {cap}"));
-        }
-        if let Some(theta) = self.rope_local_theta {
-            parts.push(format!("local RoPE base {theta}"));
-        }
-        if let Some(RopeScaling::Linear { factor }) = self.rope_scaling {
-            parts.push(format!("linear rope scaling x{factor}"));
-        }
-        if self.rotary_dim < self.head_dim {
-            parts.push(format!(
-                "partial rotary ({} of {})",
-                self.rotary_dim, self.head_dim
-            ));
-        }
-        if self.rope_factors.is_some() {
-            parts.push(format!(
-                "LongRoPE (attention factor {:.4})",
-                self.rope_attention_factor
-            ));
-        }
-        if self.architecture == Architecture::Phi3 {
-            parts.push("fused qkv and gate/up".into());
-        }
-        if self.multimodal {
-            parts.push("the text model of a multimodal checkpoint".into());
-        }
-        if self.tie_word_embeddings {
-            parts.push("tied embeddings".into());
-        }
-        if let Some(q) = &self.quantization {
-            parts.push(format!("{}-bit", q.default.bits));
-        }
-        format!("{}: {}", self.architecture.model_type(), parts.join(", "))
-    }
-
     /// Layer `layer`'s RoPE periods: [`ModelConfig::rope_periods`], or for a sliding layer of a
     /// model with its own local base (Gemma 3), the plain schedule of that base.
     pub fn layer_rope_periods(&self, layer: usize) -> Vec<f32> {
@@ -428,6 +229,14 @@ impl ModelConfig {
         self.rope_local_theta.is_some() && self.sliding_window().is_some()
     }
 
+    /// Layer `layer`'s block: its attention and its feed-forward block, what a backend builds.
+    pub fn layer_spec(&self, layer: usize) -> LayerSpec {
+        LayerSpec {
+            attention: self.layers[layer],
+            ffn: self.feed_forward[layer],
+        }
+    }
+
     /// Rows of each of the k and v projections (`num_key_value_heads * head_dim`).
     pub fn kv_dim(&self) -> usize {
         self.num_key_value_heads * self.head_dim
@@ -435,6 +244,8 @@ impl ModelConfig {
 
     fn from_raw(path: &Path, raw: RawConfig) -> Result<Self> {
         let architecture = architecture(path, &raw)?;
+        let family = architecture.family();
+        let (defaults, features) = (family.defaults(), family.features());
         let need = |value: Option<usize>, field: &str| -> Result<usize> {
             match value {
                 None => Err(ModelError::MissingField {
@@ -489,19 +300,7 @@ impl ModelConfig {
                 "MLP biases are not supported",
             ));
         }
-        let (attention_qkv_bias, attention_out_bias) = match architecture {
-            Architecture::Qwen2 => (true, false),
-            Architecture::Llama
-            | Architecture::Mistral
-            | Architecture::Qwen3
-            | Architecture::SmolLm3
-            | Architecture::Gemma2
-            | Architecture::Gemma3
-            | Architecture::Phi3 => {
-                let bias = raw.attention_bias.unwrap_or(false);
-                (bias, bias)
-            }
-        };
+        let (attention_qkv_bias, attention_out_bias) = family.attention_biases(&raw);
         for (field, value) in [
             ("num_experts", raw.num_experts),
             ("num_local_experts", raw.num_local_experts),
@@ -534,7 +333,6 @@ impl ModelConfig {
             ));
         }
         let layers = layer_attention(path, &raw, architecture, num_hidden_layers)?;
-        let gemma = matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3);
         let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
         if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
             return Err(ModelError::invalid(
@@ -543,13 +341,7 @@ impl ModelConfig {
                 format!("{rms_norm_eps} is not a positive number"),
             ));
         }
-        let rope_theta = raw
-            .rope_theta
-            .unwrap_or(if architecture == Architecture::Gemma3 {
-                1_000_000.0
-            } else {
-                10_000.0
-            });
+        let rope_theta = raw.rope_theta.unwrap_or(defaults.rope_theta);
         if !(rope_theta > 0.0 && rope_theta.is_finite()) {
             return Err(ModelError::invalid(
                 path,
@@ -577,8 +369,8 @@ impl ModelConfig {
             .as_deref()
             .or(raw.hidden_act.as_deref());
         let hidden_activation = match activation {
-            None if gemma => HiddenActivation::GeluTanh,
-            None | Some("silu" | "swish") => HiddenActivation::Silu,
+            None => defaults.hidden_activation,
+            Some("silu" | "swish") => HiddenActivation::Silu,
             Some("gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" | "gelu_fast") => {
                 HiddenActivation::GeluTanh
             }
@@ -596,20 +388,17 @@ impl ModelConfig {
         };
         let query_pre_attn_scalar = positive(
             "query_pre_attn_scalar",
-            raw.query_pre_attn_scalar.or(gemma.then_some(256.0)),
+            raw.query_pre_attn_scalar.or(defaults.query_pre_attn_scalar),
         )?;
-        let (attn_cap, final_cap) = match architecture {
-            // Gemma 2's defaults; Gemma 3 caps nothing unless asked.
-            Architecture::Gemma2 => (
-                raw.attn_logit_softcapping.or(Some(50.0)),
-                raw.final_logit_softcapping.or(Some(30.0)),
-            ),
-            _ => (raw.attn_logit_softcapping, raw.final_logit_softcapping),
-        };
-        let rope_local_theta = match architecture {
-            Architecture::Gemma3 => Some(raw.rope_local_base_freq.unwrap_or(10_000.0)),
-            _ => None,
-        };
+        let attn_cap = raw
+            .attn_logit_softcapping
+            .or(defaults.attn_logit_softcapping);
+        let final_cap = raw
+            .final_logit_softcapping
+            .or(defaults.final_logit_softcapping);
+        let rope_local_theta = defaults
+            .rope_local_base_freq
+            .map(|default| raw.rope_local_base_freq.unwrap_or(default));
         if rope_local_theta.is_some_and(|t| !(t > 0.0 && t.is_finite())) {
             return Err(ModelError::invalid(
                 path,
@@ -643,6 +432,14 @@ impl ModelConfig {
             max_position_embeddings,
             raw.original_max_position_embeddings,
         )?;
+        let intermediate_size = need(raw.intermediate_size, "intermediate_size")?;
+        let dense = FeedForward::Dense {
+            intermediate_size,
+            activation: hidden_activation,
+        };
+        let feed_forward = (0..num_hidden_layers)
+            .map(|i| family.feed_forward(&raw, i, dense))
+            .collect();
         Ok(Self {
             architecture,
             hidden_size,
@@ -650,7 +447,7 @@ impl ModelConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            intermediate_size: need(raw.intermediate_size, "intermediate_size")?,
+            intermediate_size,
             rms_norm_eps,
             rope_theta,
             rope_scaling: if rope_factors.is_some() {
@@ -658,20 +455,24 @@ impl ModelConfig {
             } else {
                 rope_scaling(path, raw.rope_scaling.as_ref())?
             },
-            // Gemma ties its embeddings unless told otherwise.
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(gemma),
+            tie_word_embeddings: raw
+                .tie_word_embeddings
+                .unwrap_or(defaults.tie_word_embeddings),
             max_position_embeddings,
             vocab_size: need(raw.vocab_size, "vocab_size")?,
             attention_qkv_bias,
             attention_out_bias,
-            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+            qk_norm: features.qk_norm,
             layers,
-            norm_weight_offset: gemma,
-            sandwich_norms: gemma,
+            feed_forward,
+            norm_weight_offset: features.norm_weight_offset,
+            sandwich_norms: features.sandwich_norms,
             hidden_activation,
             // Hugging Face multiplies by √hidden in the weights' dtype (bf16 for every released
             // Gemma) and mlx-lm rounds it to bf16 explicitly.
-            embedding_scale: gemma.then(|| round_bf16((hidden_size as f32).sqrt())),
+            embedding_scale: features
+                .scaled_embeddings
+                .then(|| round_bf16((hidden_size as f32).sqrt())),
             attention_scale: 1.0 / query_pre_attn_scalar.unwrap_or(head_dim as f32).sqrt(),
             attn_logit_softcapping: positive("attn_logit_softcapping", attn_cap)?,
             final_logit_softcapping: positive("final_logit_softcapping", final_cap)?,
@@ -698,38 +499,25 @@ fn architecture(path: &Path, raw: &RawConfig) -> Result<Architecture> {
             path: path.to_owned(),
             field: "architectures".into(),
         })?;
-    let unsupported = |architecture: String| ModelError::UnsupportedArchitecture {
+    Architecture::named(&name).ok_or_else(|| ModelError::UnsupportedArchitecture {
         path: path.to_owned(),
-        architecture,
-        supported: Architecture::SUPPORTED,
-    };
-    match name.as_str() {
-        "LlamaForCausalLM" | "llama" => Ok(Architecture::Llama),
-        "MistralForCausalLM" | "mistral" => Ok(Architecture::Mistral),
-        "Qwen2ForCausalLM" | "qwen2" => Ok(Architecture::Qwen2),
-        "Qwen3ForCausalLM" | "qwen3" => Ok(Architecture::Qwen3),
-        "SmolLM3ForCausalLM" | "smollm3" => Ok(Architecture::SmolLm3),
-        "Gemma2ForCausalLM" | "gemma2" => Ok(Architecture::Gemma2),
-        "Gemma3ForCausalLM" | "gemma3_text" => Ok(Architecture::Gemma3),
-        "Phi3ForCausalLM" | "phi3" => Ok(Architecture::Phi3),
-        _ => Err(unsupported(name)),
-    }
+        architecture: name,
+        supported: Architecture::supported_names(),
+    })
 }
 
 /// Each layer's RoPE and window, from `layer_types` when the config lists them (Hugging Face's
-/// current form), else from the family's own keys: Mistral's `sliding_window` (every layer),
-/// Qwen2/Qwen3's `use_sliding_window` with `max_window_layers` (the layers from there on), and
-/// SmolLM3's `no_rope_layers` or `no_rope_layer_interval`.
+/// current form), else from the family's own keys (Mistral's `sliding_window` on every layer,
+/// Qwen's `use_sliding_window` with `max_window_layers`, SmolLM3's `no_rope_layers`, ...).
 fn layer_attention(
     path: &Path,
     raw: &RawConfig,
     architecture: Architecture,
     layers: usize,
 ) -> Result<Vec<LayerAttention>> {
+    let family = architecture.family();
     let window = match raw.sliding_window.as_ref().filter(|v| !v.is_null()) {
-        // Gemma's default window.
-        None if matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3) => Some(4096),
-        None => None,
+        None => family.defaults().sliding_window,
         Some(v) => Some(v.as_u64().filter(|&w| w >= 1).ok_or_else(|| {
             ModelError::invalid(path, "sliding_window", "expected a positive integer")
         })? as usize),
@@ -756,48 +544,7 @@ fn layer_attention(
                 )),
             };
         }
-        Ok(match architecture {
-            Architecture::Mistral => window.is_some() && raw.use_sliding_window != Some(false),
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLm3 => {
-                raw.use_sliding_window == Some(true) && i >= raw.max_window_layers.unwrap_or(0)
-            }
-            // Gemma 2 alternates (the first layer slides); Gemma 3 slides on all but every
-            // `sliding_window_pattern`-th layer (default 6).
-            Architecture::Gemma2 => window.is_some() && !(i + 1).is_multiple_of(2),
-            Architecture::Gemma3 => {
-                let pattern = raw.sliding_window_pattern.unwrap_or(6).max(1);
-                window.is_some() && !(i + 1).is_multiple_of(pattern)
-            }
-            // Phi-3's `sliding_window` (2047 in Phi-3-mini-4k, 262144 in Phi-3.5) is ignored,
-            // as mlx-lm does and as llama.cpp does (it disables Phi's window with a warning);
-            // Hugging Face applies it, which differs only past 2047 positions of the 4k model.
-            Architecture::Llama | Architecture::Phi3 => false,
-        })
-    };
-    let rope = |i: usize| -> Result<bool> {
-        if architecture != Architecture::SmolLm3 {
-            return Ok(true);
-        }
-        if let Some(list) = &raw.no_rope_layers {
-            if list.len() != layers {
-                return Err(ModelError::invalid(
-                    path,
-                    "no_rope_layers",
-                    format!("lists {} layers, num_hidden_layers is {layers}", list.len()),
-                ));
-            }
-            // 1 = the layer uses RoPE (the name notwithstanding).
-            return Ok(list[i] != 0);
-        }
-        let interval = raw.no_rope_layer_interval.unwrap_or(4);
-        if interval == 0 {
-            return Err(ModelError::invalid(
-                path,
-                "no_rope_layer_interval",
-                "must be at least 1",
-            ));
-        }
-        Ok(!(i + 1).is_multiple_of(interval))
+        Ok(family.slides(raw, window, i))
     };
     (0..layers)
         .map(|i| {
@@ -810,134 +557,11 @@ fn layer_attention(
                 ));
             }
             Ok(LayerAttention {
-                rope: rope(i)?,
+                rope: family.rope(path, raw, layers, i)?,
                 window: if slides { window } else { None },
             })
         })
         .collect()
-}
-
-/// LongRoPE (`rope_scaling.type` `longrope` or `su`): the `long_factor` list (one per rotated pair)
-/// and the attention factor (`attention_factor`, else √(1 + ln s / ln L₀) with
-/// s = max_position_embeddings / L₀ and L₀ = `original_max_position_embeddings`, as Hugging Face
-/// and mlx-lm compute it). `(None, 1)` for any other scaling.
-fn long_rope(
-    path: &Path,
-    value: Option<&Value>,
-    rotary_dim: usize,
-    max_positions: usize,
-    original: Option<usize>,
-) -> Result<(Option<Vec<f32>>, f32)> {
-    let Some(value) = value.filter(|v| !v.is_null()) else {
-        return Ok((None, 1.0));
-    };
-    let kind = value
-        .get("rope_type")
-        .or_else(|| value.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    if !matches!(kind, "longrope" | "su") {
-        return Ok((None, 1.0));
-    }
-    let factors = value
-        .get("long_factor")
-        .and_then(Value::as_array)
-        .ok_or_else(|| ModelError::MissingField {
-            path: path.to_owned(),
-            field: "rope_scaling.long_factor".into(),
-        })?;
-    let factors: Vec<f32> = factors
-        .iter()
-        .map(|f| {
-            f.as_f64()
-                .filter(|f| *f > 0.0 && f.is_finite())
-                .map(|f| f as f32)
-        })
-        .collect::<Option<_>>()
-        .ok_or_else(|| {
-            ModelError::invalid(
-                path,
-                "rope_scaling.long_factor",
-                "expected positive numbers",
-            )
-        })?;
-    if factors.len() != rotary_dim / 2 {
-        return Err(ModelError::invalid(
-            path,
-            "rope_scaling.long_factor",
-            format!(
-                "has {} factors; the {rotary_dim} rotated features make {} pairs",
-                factors.len(),
-                rotary_dim / 2
-            ),
-        ));
-    }
-    let attention = match value.get("attention_factor").and_then(Value::as_f64) {
-        Some(f) => f as f32,
-        None => {
-            let original = value
-                .get("original_max_position_embeddings")
-                .and_then(Value::as_u64)
-                .map(|v| v as usize)
-                .or(original)
-                .ok_or_else(|| ModelError::MissingField {
-                    path: path.to_owned(),
-                    field: "original_max_position_embeddings".into(),
-                })?;
-            let scale = max_positions as f64 / original.max(1) as f64;
-            if scale <= 1.0 {
-                1.0
-            } else {
-                (1.0 + scale.ln() / (original as f64).ln()).sqrt() as f32
-            }
-        }
-    };
-    Ok((Some(factors), attention))
-}
-
-fn rope_scaling(path: &Path, value: Option<&Value>) -> Result<Option<RopeScaling>> {
-    let Some(value) = value.filter(|v| !v.is_null()) else {
-        return Ok(None);
-    };
-    let kind = value
-        .get("rope_type")
-        .or_else(|| value.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let number = |key: &str| -> Result<f64> {
-        value
-            .get(key)
-            .and_then(Value::as_f64)
-            .ok_or_else(|| ModelError::MissingField {
-                path: path.to_owned(),
-                field: format!("rope_scaling.{key}"),
-            })
-    };
-    match kind {
-        "default" => Ok(None),
-        "linear" => {
-            let factor = number("factor")? as f32;
-            if !(factor > 0.0 && factor.is_finite()) {
-                return Err(ModelError::invalid(
-                    path,
-                    "rope_scaling.factor",
-                    format!("{factor} is not a positive number"),
-                ));
-            }
-            Ok(Some(RopeScaling::Linear { factor }))
-        }
-        "llama3" => Ok(Some(RopeScaling::Llama3 {
-            factor: number("factor")? as f32,
-            low_freq_factor: number("low_freq_factor")? as f32,
-            high_freq_factor: number("high_freq_factor")? as f32,
-            original_max_position_embeddings: number("original_max_position_embeddings")? as usize,
-        })),
-        other => Err(ModelError::invalid(
-            path,
-            "rope_scaling",
-            format!("type `{other}` is not supported (supported: linear, llama3)"),
-        )),
-    }
 }
 
 /// Reads a token id field that may be a number or a list of numbers.

@@ -1,0 +1,87 @@
+//! [`ModelConfig::describe`]: the one line logs print for a checkpoint's family and features.
+
+use super::ModelConfig;
+use super::blocks::HiddenActivation;
+use super::rope::RopeScaling;
+
+impl ModelConfig {
+    /// One line for logs: the family and the features detected, e.g.
+    /// `qwen3: 28 layers, q/k norm, tied embeddings`.
+    pub fn describe(&self) -> String {
+        let mut parts = vec![format!("{} layers", self.num_hidden_layers)];
+        if self.attention_qkv_bias {
+            parts.push("q/k/v biases".into());
+        }
+        if self.attention_out_bias {
+            parts.push("output bias".into());
+        }
+        if self.qk_norm {
+            parts.push("q/k norm".into());
+        }
+        if self.num_key_value_heads < self.num_attention_heads {
+            parts.push(format!(
+                "grouped-query attention ({} kv heads)",
+                self.num_key_value_heads
+            ));
+        }
+        let nope = self.layers.iter().filter(|l| !l.rope).count();
+        if nope > 0 {
+            parts.push(format!("{nope} layers without RoPE"));
+        }
+        if let Some(window) = self.sliding_window() {
+            let sliding = self.layers.iter().filter(|l| l.window.is_some()).count();
+            parts.push(format!(
+                "sliding window {window} on {sliding} of {} layers",
+                self.num_hidden_layers
+            ));
+        }
+        if let Some(RopeScaling::Llama3 { factor, .. }) = self.rope_scaling {
+            parts.push(format!("llama3 rope scaling x{factor}"));
+        }
+        if self.sandwich_norms {
+            parts.push("pre/post norms".into());
+        }
+        if self.hidden_activation == HiddenActivation::GeluTanh {
+            parts.push("GELU-tanh MLP".into());
+        }
+        if let Some(cap) = self.attn_logit_softcapping {
+            parts.push(format!("attention soft-cap {cap}"));
+        }
+        if let Some(cap) = self.final_logit_softcapping {
+            parts.push(format!("final soft-cap {cap}"));
+        }
+        if let Some(theta) = self.rope_local_theta {
+            parts.push(format!("local RoPE base {theta}"));
+        }
+        if let Some(RopeScaling::Linear { factor }) = self.rope_scaling {
+            parts.push(format!("linear rope scaling x{factor}"));
+        }
+        if self.rotary_dim < self.head_dim {
+            parts.push(format!(
+                "partial rotary ({} of {})",
+                self.rotary_dim, self.head_dim
+            ));
+        }
+        if self.rope_factors.is_some() {
+            parts.push(format!(
+                "LongRoPE (attention factor {:.4})",
+                self.rope_attention_factor
+            ));
+        }
+        let fused = self.architecture.fused_projections();
+        if !fused.is_empty() {
+            let labels: Vec<&str> = fused.iter().map(|f| f.label).collect();
+            parts.push(format!("fused {}", labels.join(" and ")));
+        }
+        if self.multimodal {
+            parts.push("the text model of a multimodal checkpoint".into());
+        }
+        if self.tie_word_embeddings {
+            parts.push("tied embeddings".into());
+        }
+        if let Some(q) = &self.quantization {
+            parts.push(format!("{}-bit", q.default.bits));
+        }
+        format!("{}: {}", self.architecture.model_type(), parts.join(", "))
+    }
+}

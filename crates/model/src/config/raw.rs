@@ -1,0 +1,51 @@
+//! config.json as written, read leniently: every key optional, so that the families and the
+//! validation in [`super`] decide what is required and what a missing key defaults to.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The keys of a config.json that mlxcel reads, none of them required yet.
+#[derive(Debug, Deserialize)]
+pub(crate) struct RawConfig {
+    #[serde(default)]
+    pub architectures: Vec<String>,
+    pub model_type: Option<String>,
+    pub hidden_size: Option<usize>,
+    pub num_hidden_layers: Option<usize>,
+    pub num_attention_heads: Option<usize>,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub intermediate_size: Option<usize>,
+    pub rms_norm_eps: Option<f32>,
+    pub rope_theta: Option<f32>,
+    pub rope_scaling: Option<Value>,
+    pub tie_word_embeddings: Option<bool>,
+    pub max_position_embeddings: Option<usize>,
+    pub vocab_size: Option<usize>,
+    pub attention_bias: Option<bool>,
+    pub mlp_bias: Option<bool>,
+    pub sliding_window: Option<Value>,
+    pub use_sliding_window: Option<bool>,
+    pub max_window_layers: Option<usize>,
+    pub layer_types: Option<Vec<String>>,
+    pub no_rope_layers: Option<Vec<u8>>,
+    pub no_rope_layer_interval: Option<usize>,
+    pub num_experts: Option<usize>,
+    pub sliding_window_pattern: Option<usize>,
+    pub query_pre_attn_scalar: Option<f64>,
+    pub attn_logit_softcapping: Option<f64>,
+    pub final_logit_softcapping: Option<f64>,
+    pub rope_local_base_freq: Option<f32>,
+    pub hidden_activation: Option<String>,
+    pub hidden_act: Option<String>,
+    pub partial_rotary_factor: Option<f64>,
+    pub original_max_position_embeddings: Option<usize>,
+    pub num_local_experts: Option<usize>,
+    #[serde(default)]
+    pub vision_config: Option<Value>,
+    pub quantization: Option<Value>,
+    pub eos_token_id: Option<Value>,
+    pub bos_token_id: Option<u32>,
+    #[serde(rename = "_name_or_path")]
+    pub name_or_path: Option<String>,
+}

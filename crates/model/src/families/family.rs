@@ -1,0 +1,185 @@
+//! The one trait a model family implements, and the small descriptions it answers with.
+//!
+//! Every method but the names has the llama answer as its default, so a llama-shaped family is
+//! its names and the few answers where it differs.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::config::blocks::{FeedForward, HiddenActivation};
+use crate::config::raw::RawConfig;
+use crate::error::Result;
+use crate::gguf::header::GgufHeader;
+use crate::gguf::names::hf_name;
+
+/// Everything that is particular to one model family: how it is named, how its config.json reads,
+/// how its GGUF files name things. What is common to all of them (the checks of every number, the
+/// tensors every layer has) lives with the config and the converter.
+pub(crate) trait Family: Sync {
+    /// The `architectures[0]` Hugging Face writes, e.g. `LlamaForCausalLM`.
+    fn hf_name(&self) -> &'static str;
+
+    /// The `model_type` Hugging Face writes, e.g. `llama`; also what logs print.
+    fn model_type(&self) -> &'static str;
+
+    /// llama.cpp's `general.architecture` for the family: what a GGUF of it is written as and
+    /// read back from (Mistral is written as a `llama`; the registry's first family of a name
+    /// reads it).
+    fn gguf_name(&self) -> &'static str;
+
+    /// A multimodal checkpoint (`architectures[0]`, `model_type`) whose `text_config` is a model
+    /// of this family, read without its vision tower (Gemma 3's `Gemma3ForConditionalGeneration`).
+    fn multimodal_wrapper(&self) -> Option<(&'static str, &'static str)> {
+        None
+    }
+
+    /// What transformers assumes for the keys config.json may leave out.
+    fn defaults(&self) -> Defaults {
+        Defaults::LLAMA
+    }
+
+    /// The family's fixed traits, which no key of config.json changes.
+    fn features(&self) -> Features {
+        Features::LLAMA
+    }
+
+    /// Whether the q/k/v projections and the output projection carry biases.
+    fn attention_biases(&self, raw: &RawConfig) -> (bool, bool) {
+        let bias = raw.attention_bias.unwrap_or(false);
+        (bias, bias)
+    }
+
+    /// Whether layer `layer` slides, for a config.json without `layer_types` (which says it for
+    /// every family); `window` is the sliding window, if the config (or the family) has one.
+    fn slides(&self, raw: &RawConfig, window: Option<usize>, layer: usize) -> bool {
+        let _ = (raw, window, layer);
+        false
+    }
+
+    /// Whether layer `layer` of `layers` rotates q and k.
+    fn rope(&self, path: &Path, raw: &RawConfig, layers: usize, layer: usize) -> Result<bool> {
+        let _ = (path, raw, layers, layer);
+        Ok(true)
+    }
+
+    /// Layer `layer`'s feed-forward block; `dense` is the gated MLP config.json describes
+    /// (`intermediate_size`, the activation), every llama-shaped family's answer.
+    fn feed_forward(&self, raw: &RawConfig, layer: usize, dense: FeedForward) -> FeedForward {
+        let _ = (raw, layer);
+        dense
+    }
+
+    /// Projections the checkpoint stores fused, which load as their parts.
+    fn fused_projections(&self) -> &'static [FusedProjection] {
+        &[]
+    }
+
+    /// The Hugging Face module and suffix (`weight`, `bias`) of a GGUF tensor of the family.
+    fn gguf_tensor_name<'a>(&self, gguf_name: &'a str) -> Option<(String, &'a str)> {
+        llama_tensor_name(gguf_name)
+    }
+
+    /// Whether llama.cpp's converter permuted the rows of q and k (the families it converts as
+    /// llamas).
+    fn gguf_permuted_qk(&self) -> bool {
+        false
+    }
+
+    /// Of a GGUF with a sliding window: every how-many-th layer is global when the file lists no
+    /// pattern (`None`: the family's GGUF carries no sliding layers).
+    fn gguf_sliding_period(&self) -> Option<u64> {
+        None
+    }
+
+    /// Writes what config.json needs beyond the llama keys, from a GGUF file's header.
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        let _ = (header, config);
+    }
+}
+
+/// transformers' values for the keys a config.json may leave out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Defaults {
+    pub rope_theta: f32,
+    pub tie_word_embeddings: bool,
+    pub hidden_activation: HiddenActivation,
+    pub sliding_window: Option<usize>,
+    pub query_pre_attn_scalar: Option<f64>,
+    pub attn_logit_softcapping: Option<f64>,
+    pub final_logit_softcapping: Option<f64>,
+    /// `Some(default)` when the family reads `rope_local_base_freq` (its sliding layers' own RoPE
+    /// base); `None` when it ignores the key.
+    pub rope_local_base_freq: Option<f32>,
+}
+
+impl Defaults {
+    pub const LLAMA: Self = Self {
+        rope_theta: 10_000.0,
+        tie_word_embeddings: false,
+        hidden_activation: HiddenActivation::Silu,
+        sliding_window: None,
+        query_pre_attn_scalar: None,
+        attn_logit_softcapping: None,
+        final_logit_softcapping: None,
+        rope_local_base_freq: None,
+    };
+}
+
+/// What a family always does (each a field of [`crate::ModelConfig`] of the same name).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Features {
+    pub qk_norm: bool,
+    pub norm_weight_offset: bool,
+    pub sandwich_norms: bool,
+    /// Token embeddings multiplied by √hidden_size.
+    pub scaled_embeddings: bool,
+}
+
+impl Features {
+    pub const LLAMA: Self = Self {
+        qk_norm: false,
+        norm_weight_offset: false,
+        sandwich_norms: false,
+        scaled_embeddings: false,
+    };
+}
+
+/// A projection stored fused in the checkpoint (per layer, e.g. `self_attn.qkv_proj`), and the
+/// parts its rows are, in order.
+#[derive(Debug, Clone, Copy)]
+pub struct FusedProjection {
+    /// The fused module under `model.layers.{i}.`.
+    pub module: &'static str,
+    /// What logs call it, e.g. `qkv`.
+    pub label: &'static str,
+    /// Each part's module under `model.layers.{i}.` and how many rows it takes.
+    pub parts: &'static [(&'static str, Rows)],
+}
+
+/// How many rows a part of a fused projection has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    /// The q projection's (`num_attention_heads * head_dim`).
+    Query,
+    /// The k or v projection's (`num_key_value_heads * head_dim`).
+    KeyValue,
+    /// The MLP's hidden size (`intermediate_size`).
+    Intermediate,
+}
+
+/// Sliding layers as Qwen2, Qwen3 and SmolLM3 read them: with `use_sliding_window`, those from
+/// `max_window_layers` on.
+pub(crate) fn slides_from_max_window_layers(raw: &RawConfig, layer: usize) -> bool {
+    raw.use_sliding_window == Some(true) && layer >= raw.max_window_layers.unwrap_or(0)
+}
+
+/// A llama's GGUF tensor as its Hugging Face module and suffix: [`hf_name`], but for
+/// `post_attention_norm`, which a llama has none of (its `ffn_norm` is its
+/// `post_attention_layernorm`).
+pub(crate) fn llama_tensor_name(gguf_name: &str) -> Option<(String, &str)> {
+    if gguf_name.contains(".post_attention_norm.") {
+        return None;
+    }
+    hf_name(gguf_name)
+}

@@ -1,0 +1,141 @@
+//! Model families: one file each, every one implementing [`family::Family`], and [`FAMILIES`], the
+//! one list that names them. Adding a llama-shaped family is its file and a line here.
+//!
+//! Everything else (config validation, checkpoint checks, GGUF conversion, the backends) asks a
+//! family through an [`Architecture`], never by its name.
+
+mod family;
+mod gemma2;
+mod gemma3;
+mod llama;
+mod mistral;
+mod phi3;
+mod qwen2;
+mod qwen3;
+mod smollm3;
+
+use family::Family;
+pub use family::{FusedProjection, Rows};
+
+/// Every family mlxcel runs, in the order their names are listed to users. For a GGUF
+/// `general.architecture` that several families are written as, the first one reads it.
+static FAMILIES: &[&dyn Family] = &[
+    &llama::Llama,
+    &mistral::Mistral,
+    &qwen2::Qwen2,
+    &qwen3::Qwen3,
+    &smollm3::SmolLm3,
+    &gemma2::Gemma2,
+    &gemma3::Gemma3,
+    &phi3::Phi3,
+];
+
+/// The model family of a checkpoint: a handle on its entry of [`FAMILIES`]. Backends read
+/// [`crate::ModelConfig`]'s features, never the family; logs print its names.
+#[derive(Clone, Copy)]
+pub struct Architecture(&'static dyn Family);
+
+impl Architecture {
+    /// The family whose `architectures[0]` or `model_type` is `name` (e.g. `LlamaForCausalLM` or
+    /// `llama`).
+    pub fn named(name: &str) -> Option<Self> {
+        FAMILIES
+            .iter()
+            .find(|f| f.hf_name() == name || f.model_type() == name)
+            .map(|&f| Self(f))
+    }
+
+    /// The family a GGUF file of `general.architecture` `name` is read as.
+    pub fn from_gguf_name(name: &str) -> Option<Self> {
+        FAMILIES
+            .iter()
+            .find(|f| f.gguf_name() == name)
+            .map(|&f| Self(f))
+    }
+
+    /// The family whose multimodal checkpoint (`architectures[0]` or `model_type`) is `name`.
+    pub(crate) fn multimodal_named(name: &str) -> Option<Self> {
+        FAMILIES
+            .iter()
+            .find(|f| {
+                f.multimodal_wrapper()
+                    .is_some_and(|(hf, model_type)| hf == name || model_type == name)
+            })
+            .map(|&f| Self(f))
+    }
+
+    /// Every family, in [`FAMILIES`]' order.
+    pub fn all() -> impl Iterator<Item = Self> {
+        FAMILIES.iter().map(|&f| Self(f))
+    }
+
+    /// The `architectures[0]` names config.json may give, for errors: `LlamaForCausalLM, …`.
+    pub fn supported_names() -> String {
+        Self::all()
+            .map(Self::hf_name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The GGUF `general.architecture` names mlxcel reads, for errors: `llama, qwen2, …`.
+    pub fn supported_gguf_names() -> String {
+        let mut names: Vec<&str> = Vec::new();
+        for family in FAMILIES {
+            if !names.contains(&family.gguf_name()) {
+                names.push(family.gguf_name());
+            }
+        }
+        names.join(", ")
+    }
+
+    /// The `architectures[0]` string Hugging Face writes for this architecture.
+    pub fn hf_name(self) -> &'static str {
+        self.0.hf_name()
+    }
+
+    /// The `model_type` Hugging Face writes for this architecture.
+    pub fn model_type(self) -> &'static str {
+        self.0.model_type()
+    }
+
+    /// llama.cpp's `general.architecture` for this architecture (Mistral's is `llama`).
+    pub fn gguf_name(self) -> &'static str {
+        self.0.gguf_name()
+    }
+
+    /// Whether llama.cpp's converter permutes the rows of this architecture's q and k.
+    pub fn gguf_permuted_qk(self) -> bool {
+        self.0.gguf_permuted_qk()
+    }
+
+    /// Projections this architecture's checkpoints store fused (Phi-3's `qkv_proj`,
+    /// `gate_up_proj`), loaded as their parts.
+    pub fn fused_projections(self) -> &'static [FusedProjection] {
+        self.0.fused_projections()
+    }
+
+    /// The family itself, for the code that reads and converts its files.
+    pub(crate) fn family(self) -> &'static dyn Family {
+        self.0
+    }
+}
+
+impl PartialEq for Architecture {
+    fn eq(&self, other: &Self) -> bool {
+        self.hf_name() == other.hf_name()
+    }
+}
+
+impl Eq for Architecture {}
+
+impl std::fmt::Debug for Architecture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.hf_name())
+    }
+}
+
+impl std::fmt::Display for Architecture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.model_type())
+    }
+}

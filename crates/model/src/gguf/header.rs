@@ -1,0 +1,209 @@
+//! The hyper-parameters a GGUF file's `{arch}.*` metadata gives, read once for the converter and
+//! the family that writes its config.json.
+
+use crate::error::{ModelError, Result};
+use crate::gguf::reader::{GgufFile, GgufValue};
+use crate::gguf::types::GgmlType;
+
+/// The hyper-parameters from `{arch}.*` metadata.
+#[derive(Debug)]
+pub(crate) struct GgufHeader {
+    /// `{arch}.attention.sliding_window`, and per layer whether it slides.
+    pub(crate) sliding_window: Option<u64>,
+    pub(crate) sliding_layers: Vec<bool>,
+    pub(crate) attn_softcap: Option<f64>,
+    pub(crate) final_softcap: Option<f64>,
+    /// `{arch}.rope.freq_base_swa`: the sliding layers' RoPE base (Gemma 3).
+    pub(crate) rope_theta_swa: Option<f32>,
+    /// `{arch}.rope.scaling.factor` of linear scaling.
+    pub(crate) rope_linear: Option<f64>,
+    /// Features RoPE rotates (`rope.dimension_count`), and Phi-3's LongRoPE: the
+    /// `rope_factors_long` tensor, `rope.scaling.attn_factor` and the original context length.
+    pub(crate) rotary_dim: usize,
+    pub(crate) long_factors: Option<Vec<f32>>,
+    /// The file has `blk.0.attn_q.bias` (Hugging Face's `attention_bias`).
+    pub(crate) attention_bias: bool,
+    pub(crate) rope_attn_factor: Option<f64>,
+    pub(crate) rope_original_context: Option<u64>,
+    pub(crate) block_count: u64,
+    pub(crate) context_length: usize,
+    pub(crate) embedding_length: u64,
+    pub(crate) feed_forward_length: u64,
+    pub(crate) head_count: u64,
+    pub(crate) head_count_kv: u64,
+    pub(crate) head_dim: usize,
+    pub(crate) rope_theta: f32,
+    pub(crate) rms_norm_eps: f32,
+    pub(crate) vocab_size: usize,
+}
+
+impl GgufHeader {
+    /// Reads the `{arch}.*` keys of `gguf`, whose `general.architecture` is `arch`; a file with a
+    /// sliding window and no pattern makes every `sliding_period`-th layer global (`None`: the
+    /// family's files carry no sliding layers).
+    pub(crate) fn read(gguf: &GgufFile, arch: &str, sliding_period: Option<u64>) -> Result<Self> {
+        let error = |key: &str, reason: String| ModelError::GgufMetadata {
+            path: gguf.path().to_owned(),
+            key: key.to_owned(),
+            reason,
+        };
+        let key = |k: &str| format!("{arch}.{k}");
+        let uint = |k: &str| -> Result<Option<u64>> {
+            let k = key(k);
+            gguf.get(&k)
+                .map(|v| {
+                    v.as_u64()
+                        .ok_or_else(|| error(&k, format!("{v:?} is not an unsigned integer")))
+                })
+                .transpose()
+        };
+        let need = |k: &str| uint(k)?.ok_or_else(|| error(&key(k), "missing".into()));
+        let float = |k: &str, default: f64| -> Result<f64> {
+            let k = key(k);
+            gguf.get(&k).map_or(Ok(default), |v| {
+                v.as_f64()
+                    .ok_or_else(|| error(&k, format!("{v:?} is not a number")))
+            })
+        };
+        let mut rope_linear = None;
+        if let Some(kind) = gguf
+            .get(&key("rope.scaling.type"))
+            .and_then(GgufValue::as_str)
+            && kind != "none"
+        {
+            if kind != "linear" {
+                return Err(error(
+                    &key("rope.scaling.type"),
+                    format!(
+                        "rope scaling `{kind}` is not supported for GGUF import (supported: linear)"
+                    ),
+                ));
+            }
+            let factor = float("rope.scaling.factor", 1.0)?;
+            if factor != 1.0 {
+                rope_linear = Some(factor);
+            }
+        }
+        let block_count = need("block_count")?;
+        // llama.cpp's sliding layers: a per-layer list, else a period (every `period`-th layer
+        // global): 2 for Gemma 2, 6 for Gemma 3.
+        let sliding_window = uint("attention.sliding_window")?.filter(|&w| w > 0);
+        let pattern_key = key("attention.sliding_window_pattern");
+        let sliding_layers: Vec<bool> = match (sliding_period, sliding_window) {
+            (Some(default), Some(_)) => match gguf.get(&pattern_key) {
+                Some(GgufValue::Array(items)) => items
+                    .iter()
+                    .map(|v| {
+                        v.as_bool().ok_or_else(|| {
+                            error(&pattern_key, "expected a list of booleans".into())
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+                other => {
+                    let period = match other {
+                        Some(v) => v.as_u64().ok_or_else(|| {
+                            error(&pattern_key, format!("{v:?} is not an integer"))
+                        })?,
+                        None => default,
+                    }
+                    .max(1);
+                    (0..block_count).map(|i| i % period < period - 1).collect()
+                }
+            },
+            _ => Vec::new(),
+        };
+        if !sliding_layers.is_empty() && sliding_layers.len() as u64 != block_count {
+            return Err(error(
+                &pattern_key,
+                format!(
+                    "lists {} layers, block_count is {block_count}",
+                    sliding_layers.len()
+                ),
+            ));
+        }
+        let optional_float = |k: &str| -> Result<Option<f64>> {
+            let k = key(k);
+            gguf.get(&k)
+                .map(|v| {
+                    v.as_f64()
+                        .ok_or_else(|| error(&k, format!("{v:?} is not a number")))
+                })
+                .transpose()
+        };
+        let head_count = need("attention.head_count")?;
+        let embedding_length = need("embedding_length")?;
+        // The head size is the key length; RoPE may rotate fewer features (Phi-3/Phi-4-mini's
+        // partial rotary writes those as `rope.dimension_count`).
+        let rope_dims = uint("rope.dimension_count")?;
+        // As llama.cpp reads them: the key length, else hidden / heads; RoPE's width, else the
+        // head's.
+        let head_dim = match uint("attention.key_length")? {
+            Some(d) => d,
+            None => embedding_length / head_count.max(1),
+        } as usize;
+        let rotary_dim = rope_dims.map_or(head_dim, |d| d as usize);
+        if rotary_dim == 0 || rotary_dim > head_dim || !rotary_dim.is_multiple_of(2) {
+            return Err(error(
+                &key("rope.dimension_count"),
+                format!("{rotary_dim} rotated features for a head of {head_dim}"),
+            ));
+        }
+        let tokens = gguf
+            .get("tokenizer.ggml.tokens")
+            .and_then(GgufValue::as_array)
+            .map_or(0, <[GgufValue]>::len);
+        // Per-pair factors on the RoPE periods: Phi-3's LongRoPE (`rope_factors_long`), or
+        // Llama 3.1's scaling, which llama.cpp's converter precomputes into `rope_freqs`.
+        let factors_tensor = ["rope_factors_long.weight", "rope_freqs.weight"]
+            .into_iter()
+            .find_map(|name| gguf.tensor_info(name));
+        let long_factors = match factors_tensor {
+            None => None,
+            Some(info) if info.ggml_type == GgmlType::F32 => Some(
+                gguf.tensor_data(info)?
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect::<Vec<f32>>(),
+            ),
+            Some(info) => {
+                return Err(ModelError::GgufTensor {
+                    path: gguf.path().to_owned(),
+                    tensor: info.name.clone(),
+                    reason: format!("is {}, expected F32", info.ggml_type),
+                });
+            }
+        };
+        Ok(Self {
+            attention_bias: gguf.tensor_info("blk.0.attn_q.bias").is_some(),
+            rotary_dim,
+            long_factors,
+            // rope_freqs carries no attention factor: 1.
+            rope_attn_factor: optional_float("rope.scaling.attn_factor")?.or(factors_tensor
+                .filter(|t| t.name == "rope_freqs.weight")
+                .map(|_| 1.0)),
+            rope_original_context: uint("rope.scaling.original_context_length")?,
+            sliding_window,
+            sliding_layers,
+            attn_softcap: optional_float("attn_logit_softcapping")?,
+            final_softcap: optional_float("final_logit_softcapping")?,
+            rope_theta_swa: optional_float("rope.freq_base_swa")?.map(|v| v as f32),
+            rope_linear,
+            block_count,
+            context_length: need("context_length")? as usize,
+            embedding_length,
+            feed_forward_length: need("feed_forward_length")?,
+            head_count,
+            head_count_kv: uint("attention.head_count_kv")?.unwrap_or(head_count),
+            head_dim,
+            rope_theta: float("rope.freq_base", 10_000.0)? as f32,
+            rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-5)? as f32,
+            vocab_size: uint("vocab_size")?.map_or(tokens, |v| v as usize),
+        })
+    }
+}
+
+/// The f64 with the shortest decimal form that rounds to `v`: GGUF stores f32, and `1e-5` reads
+/// better in config.json than its exact widening `9.999999747378752e-6`.
+pub(crate) fn shortest(v: f32) -> f64 {
+    v.to_string().parse().unwrap_or(f64::from(v))
+}

@@ -1,0 +1,39 @@
+//! llama.cpp's tensor names and Hugging Face's, as for a llama (each family maps its own
+//! differences, [`crate::families`]).
+
+/// Maps a GGUF tensor name to its Hugging Face module and suffix (`weight` or `bias`), as for a
+/// llama (each family maps what it names differently).
+pub fn hf_name(gguf_name: &str) -> Option<(String, &str)> {
+    let (stem, suffix) = gguf_name.rsplit_once('.')?;
+    if !matches!(suffix, "weight" | "bias") {
+        return None;
+    }
+    let module = match stem {
+        "token_embd" => "model.embed_tokens".to_owned(),
+        "output_norm" => "model.norm".to_owned(),
+        "output" => "lm_head".to_owned(),
+        _ => {
+            let rest = stem.strip_prefix("blk.")?;
+            let (layer, part) = rest.split_once('.')?;
+            let layer: usize = layer.parse().ok()?;
+            let hf = match part {
+                "attn_norm" => "input_layernorm",
+                "ffn_norm" => "post_attention_layernorm",
+                "attn_q" => "self_attn.q_proj",
+                "attn_k" => "self_attn.k_proj",
+                "attn_v" => "self_attn.v_proj",
+                "attn_output" => "self_attn.o_proj",
+                "post_attention_norm" => "post_attention_layernorm",
+                "post_ffw_norm" => "post_feedforward_layernorm",
+                "attn_q_norm" => "self_attn.q_norm",
+                "attn_k_norm" => "self_attn.k_norm",
+                "ffn_gate" => "mlp.gate_proj",
+                "ffn_up" => "mlp.up_proj",
+                "ffn_down" => "mlp.down_proj",
+                _ => return None,
+            };
+            format!("model.layers.{layer}.{hf}")
+        }
+    };
+    Some((module, suffix))
+}
