@@ -13,7 +13,9 @@ fn main() -> ExitCode {
     let outcome = match check.as_str() {
         "check-versions" => xtask::check_versions(&root),
         "check-env-docs" => xtask::check_env_docs(&root),
-        "check-layers" => xtask::check_layers(&root),
+        "check-layers" => xtask::check_layers(&root).and_then(|layers| {
+            xtask::check_circles(&root).map(|circles| format!("{layers}; {circles}"))
+        }),
         "check-compat" => xtask::check_compat(&root),
         _ => {
             eprintln!(

@@ -1,7 +1,8 @@
 //! Each gate passes on the real tree and fails on a mutated copy of it, naming what is wrong.
 //!
 //! Modules: `versions` (the crate-version gate), `env_docs` (the environment-variable docs gate),
-//! `layers` (the dependency-direction gate), `compat` (the llama-server compatibility manifest).
+//! `layers` (the dependency-direction gate), `circles` (no import circles between files of a
+//! crate), `compat` (the llama-server compatibility manifest).
 
 use std::fs;
 use std::path::Path;
@@ -313,5 +314,112 @@ fn program_build_scripts_are_the_embedder_snippet() {
             script, snippet,
             "{crate_dir}/build.rs differs from the snippet"
         );
+    }
+}
+
+mod circles {
+    use super::*;
+
+    /// A workspace of one crate `a` with the given `src/` files.
+    fn crate_with(files: &[(&str, &str)]) -> TempDir {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        fs::write(
+            dir.path().join("Cargo.toml"),
+            "[workspace]\nmembers = [\"a\"]\n",
+        )
+        .unwrap();
+        for (path, text) in files {
+            let path = dir.path().join("a/src").join(path);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, text).unwrap();
+        }
+        dir
+    }
+
+    fn circle_error(tree: &TempDir) -> String {
+        xtask::check_circles(tree.path())
+            .expect_err("a circle")
+            .to_string()
+    }
+
+    const LIB: &str = "mod x;\nmod y;\npub use x::X;\npub use y::Y;\n";
+
+    #[test]
+    fn real_tree_passes() {
+        let summary = xtask::check_circles(&xtask::workspace_root()).unwrap();
+        assert!(summary.ends_with("no circles"), "{summary}");
+    }
+
+    #[test]
+    fn one_way_arrows_pass() {
+        let tree = crate_with(&[
+            ("lib.rs", LIB),
+            ("x.rs", "pub struct X;\n"),
+            ("y.rs", "use crate::X;\npub struct Y(X);\n"),
+        ]);
+        let summary = xtask::check_circles(tree.path()).unwrap();
+        assert!(summary.contains("1 crates, 3 files, 1 arrows"), "{summary}");
+    }
+
+    #[test]
+    fn a_circle_through_a_crate_reexport_fails_and_names_both_files() {
+        let tree = crate_with(&[
+            ("lib.rs", LIB),
+            ("x.rs", "pub struct X;\npub fn f(_: crate::Y) {}\n"),
+            ("y.rs", "use crate::X;\npub struct Y(X);\n"),
+        ]);
+        let err = circle_error(&tree);
+        assert!(err.contains("circle of 2 files"), "{err}");
+        assert!(err.contains("a/src/x.rs -> a/src/y.rs: crate::Y"), "{err}");
+        assert!(err.contains("a/src/y.rs -> a/src/x.rs: crate::X"), "{err}");
+    }
+
+    #[test]
+    fn a_circle_through_super_and_a_module_alias_fails() {
+        let tree = crate_with(&[
+            ("lib.rs", "mod m;\n"),
+            ("m/mod.rs", "mod a;\nmod b;\npub use a::A;\n"),
+            (
+                "m/a.rs",
+                "use super::b;\npub struct A;\nfn g() { b::helper(); }\n",
+            ),
+            ("m/b.rs", "pub fn helper() {}\nfn h(_: super::A) {}\n"),
+        ]);
+        let err = circle_error(&tree);
+        assert!(
+            err.contains("a/src/m/a.rs -> a/src/m/b.rs: b::helper"),
+            "{err}"
+        );
+        assert!(
+            err.contains("a/src/m/b.rs -> a/src/m/a.rs: super::A"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_circle_through_a_glob_reexport_fails() {
+        let tree = crate_with(&[
+            ("lib.rs", "mod x;\nmod y;\npub use x::*;\npub use y::*;\n"),
+            ("x.rs", "use crate::{Y as Other};\npub struct X(Other);\n"),
+            ("y.rs", "pub struct Y;\nfn f() -> crate::X { todo!() }\n"),
+        ]);
+        let err = circle_error(&tree);
+        assert!(err.contains("a/src/x.rs -> a/src/y.rs"), "{err}");
+        assert!(err.contains("a/src/y.rs -> a/src/x.rs"), "{err}");
+    }
+
+    #[test]
+    fn tests_comments_and_strings_are_not_arrows() {
+        let tree = crate_with(&[
+            ("lib.rs", LIB),
+            (
+                "x.rs",
+                "pub struct X;\n// crate::Y\n/* crate::Y */\nconst S: &str = \"crate::Y\";\n\
+                 const R: &str = r#\"crate::Y\"#;\nconst C: char = '\\'';\n\
+                 #[cfg(test)]\nmod tests {\n    use crate::Y;\n}\n",
+            ),
+            ("y.rs", "use crate::X;\npub struct Y(X);\n"),
+        ]);
+        xtask::check_circles(tree.path()).unwrap();
     }
 }
