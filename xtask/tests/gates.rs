@@ -387,7 +387,7 @@ mod circles {
         ]);
         let err = circle_error(&tree);
         assert!(
-            err.contains("a/src/m/a.rs -> a/src/m/b.rs: b::helper"),
+            err.contains("a/src/m/a.rs -> a/src/m/b.rs: super::b"),
             "{err}"
         );
         assert!(
