@@ -155,7 +155,7 @@ fn out_of_range(what: &'static str, value: usize, range: String) -> Error {
 impl XlaModel {
     /// Starts the runtime and uploads every weight once.
     pub fn load(checkpoint: &Checkpoint, compiler: Compiler, options: XlaOptions) -> Result<Self> {
-        let dims = checkpoint_dims(checkpoint);
+        let dims = checkpoint_dims(checkpoint)?;
         let runtime = Runtime::start()?;
         let started = Instant::now();
         let mut weights = Vec::new();

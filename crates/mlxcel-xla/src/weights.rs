@@ -19,21 +19,33 @@ use crate::error::{Error, Result};
 use crate::hlo::ElementType;
 
 /// The program's MLP from the layers' feed-forward blocks: where a new kind of block enters the
-/// OpenXLA program, which builds every layer alike (each is the gated MLP config.json describes
-/// today): its hidden size and whether its gate is GELU-tanh.
-fn feed_forward(c: &ModelConfig) -> (usize, bool) {
-    match c.layer_spec(0).ffn {
+/// OpenXLA program, which builds every layer alike (each is the gated MLP config.json describes):
+/// its hidden size and whether its gate is GELU-tanh. A mixture-of-experts block is refused by
+/// name: the program has no routed-expert MLP (docs/model.md says which backend runs them).
+fn feed_forward(c: &ModelConfig) -> Result<(usize, bool)> {
+    let routed = (0..c.num_hidden_layers).find_map(|i| c.layer_spec(i).ffn.routed().copied());
+    let ffn = match routed {
+        Some(moe) => FeedForward::RoutedExperts(moe),
+        None => c.layer_spec(0).ffn,
+    };
+    match ffn {
         FeedForward::Dense {
             intermediate_size,
             activation,
-        } => (intermediate_size, activation == HiddenActivation::GeluTanh),
+        } => Ok((intermediate_size, activation == HiddenActivation::GeluTanh)),
+        FeedForward::RoutedExperts(moe) => Err(Error::Unsupported(format!(
+            "{} is a mixture-of-experts model ({} experts, {} per token): the OpenXLA backend has \
+             no routed-expert MLP; run it with --backend mlx",
+            c.architecture, moe.num_experts, moe.top_k
+        ))),
     }
 }
 
-/// The program's dimensions for a checkpoint's config.
-pub fn llama_dims(c: &ModelConfig) -> LlamaDims {
-    let (intermediate, gelu) = feed_forward(c);
-    LlamaDims {
+/// The program's dimensions for a checkpoint's config; an error names what the program cannot
+/// express (a mixture-of-experts block).
+pub fn llama_dims(c: &ModelConfig) -> Result<LlamaDims> {
+    let (intermediate, gelu) = feed_forward(c)?;
+    Ok(LlamaDims {
         layers: c.num_hidden_layers,
         hidden: c.hidden_size,
         heads: c.num_attention_heads,
@@ -69,14 +81,14 @@ pub fn llama_dims(c: &ModelConfig) -> LlamaDims {
         attn_softcap: c.attn_logit_softcapping,
         final_softcap: c.final_logit_softcapping,
         packed: Default::default(),
-    }
+    })
 }
 
 /// The program's dimensions for a checkpoint, with the quantized weights the packed format can
 /// pass packed (4- and 8-bit, whole groups); other quantized weights are dequantized on the host
 /// under every format.
-pub fn checkpoint_dims(checkpoint: &Checkpoint) -> LlamaDims {
-    let mut dims = llama_dims(checkpoint.config());
+pub fn checkpoint_dims(checkpoint: &Checkpoint) -> Result<LlamaDims> {
+    let mut dims = llama_dims(checkpoint.config())?;
     let mut packed = BTreeMap::new();
     for spec in weight_specs(&dims) {
         let Some(module) = spec.name.strip_suffix(".weight") else {
@@ -114,7 +126,7 @@ pub fn checkpoint_dims(checkpoint: &Checkpoint) -> LlamaDims {
         );
     }
     dims.packed = packed;
-    dims
+    Ok(dims)
 }
 
 fn tensor_error(name: &str, reason: impl Into<String>) -> Error {

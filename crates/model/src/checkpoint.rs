@@ -98,6 +98,32 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
                 linear(format!("{p}.mlp.up_proj"), ffn, hidden, false),
                 linear(format!("{p}.mlp.down_proj"), hidden, ffn, false),
             ]),
+            FeedForward::RoutedExperts(moe) => {
+                let ffn = moe.expert_intermediate_size;
+                modules.push(linear(
+                    format!("{p}.mlp.gate"),
+                    moe.num_experts,
+                    hidden,
+                    false,
+                ));
+                for j in 0..moe.num_experts {
+                    let e = format!("{p}.mlp.experts.{j}");
+                    modules.extend([
+                        linear(format!("{e}.gate_proj"), ffn, hidden, false),
+                        linear(format!("{e}.up_proj"), ffn, hidden, false),
+                        linear(format!("{e}.down_proj"), hidden, ffn, false),
+                    ]);
+                }
+                if let Some(shared) = moe.shared_expert_intermediate_size {
+                    let e = format!("{p}.mlp.shared_expert");
+                    modules.extend([
+                        linear(format!("{e}.gate_proj"), shared, hidden, false),
+                        linear(format!("{e}.up_proj"), shared, hidden, false),
+                        linear(format!("{e}.down_proj"), hidden, shared, false),
+                        linear(format!("{p}.mlp.shared_expert_gate"), 1, hidden, false),
+                    ]);
+                }
+            }
         }
     }
     modules.push(norm("model.norm".into(), hidden));

@@ -91,7 +91,7 @@ impl XlaBackend {
                     Err(_) => Activations::F32,
                 },
             };
-            let dims = mlxcel_xla::weights::checkpoint_dims(checkpoint);
+            let dims = mlxcel_xla::weights::checkpoint_dims(checkpoint).map_err(backend_error)?;
             options.format = default_format(&dims, activations == Activations::Int8)
                 .map_err(|e| EngineError::backend("xla", e))?;
         }

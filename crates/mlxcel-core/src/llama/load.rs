@@ -223,6 +223,15 @@ fn load_decoder_layer(
                 loader.linear(&format!("{p}.mlp.down_proj"), false)?,
             )
         }
+        FeedForward::RoutedExperts(moe) => {
+            return Err(Error::UnsupportedTensor {
+                name: format!("{p}.mlp.experts"),
+                dtype: format!(
+                    "a routed-expert MLP ({} experts, {} per token), which this build does not run yet",
+                    moe.num_experts, moe.top_k
+                ),
+            });
+        }
     };
     let mut layer = Layer {
         input_norm,

@@ -41,4 +41,49 @@ pub enum FeedForward {
         intermediate_size: usize,
         activation: HiddenActivation,
     },
+    /// A routed mixture of experts: a router (`mlp.gate`, `[num_experts, hidden]`, f32 logits)
+    /// picks `top_k` experts per token, each a gated MLP of `expert_intermediate_size`; the
+    /// token's output is the routed experts' outputs weighted by [`Routing`]'s scores, plus an
+    /// optional shared expert. Tensors, one set per expert `j`, under `model.layers.{i}.mlp.`:
+    /// `gate.weight`, `experts.{j}.{gate_proj,up_proj,down_proj}.weight` (and quantization's
+    /// `scales`/`biases`), `shared_expert.{gate_proj,up_proj,down_proj}` and
+    /// `shared_expert_gate.weight` (`[1, hidden]`) when there is a shared expert. Checkpoints that
+    /// store experts stacked (mlx-lm's `switch_mlp`, GGUF's `ffn_*_exps`) are read as these
+    /// per-expert views.
+    RoutedExperts(RoutedExperts),
+}
+
+impl FeedForward {
+    /// The routed-expert block, if this is one.
+    pub fn routed(&self) -> Option<&RoutedExperts> {
+        match self {
+            Self::RoutedExperts(moe) => Some(moe),
+            Self::Dense { .. } => None,
+        }
+    }
+}
+
+/// A mixture-of-experts feed-forward block ([`FeedForward::RoutedExperts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoutedExperts {
+    pub num_experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Each expert's gated MLP hidden size (`moe_intermediate_size`).
+    pub expert_intermediate_size: usize,
+    pub activation: HiddenActivation,
+    pub routing: Routing,
+    /// Qwen2-MoE's shared expert: a gated MLP of this hidden size every token passes through,
+    /// its output multiplied by `sigmoid(shared_expert_gate · x)`.
+    pub shared_expert_intermediate_size: Option<usize>,
+}
+
+/// How the router's logits become the routed experts' weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// Softmax over all experts, then the `top_k` largest; with `renormalize` their scores are
+    /// divided by their sum (Qwen3-MoE's `norm_topk_prob`, OLMoE's `norm_topk_prob`).
+    SoftmaxTopK { renormalize: bool },
+    /// The `top_k` largest logits, then a softmax over those (Mixtral, gpt-oss).
+    TopKSoftmax,
 }
