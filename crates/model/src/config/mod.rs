@@ -301,18 +301,6 @@ impl ModelConfig {
             ));
         }
         let (attention_qkv_bias, attention_out_bias) = family.attention_biases(&raw);
-        for (field, value) in [
-            ("num_experts", raw.num_experts),
-            ("num_local_experts", raw.num_local_experts),
-        ] {
-            if value.is_some_and(|n| n > 0) {
-                return Err(ModelError::invalid(
-                    path,
-                    field,
-                    "mixture-of-experts models are not supported",
-                ));
-            }
-        }
         if raw.vision_config.as_ref().is_some_and(|v| !v.is_null()) {
             return Err(ModelError::invalid(
                 path,
@@ -437,9 +425,28 @@ impl ModelConfig {
             intermediate_size,
             activation: hidden_activation,
         };
-        let feed_forward = (0..num_hidden_layers)
-            .map(|i| family.feed_forward(&raw, i, dense))
-            .collect();
+        let feed_forward: Vec<FeedForward> = (0..num_hidden_layers)
+            .map(|i| family.feed_forward(path, &raw, i, dense))
+            .collect::<Result<_>>()?;
+        // A config that has experts but a family that read none: refused, not run dense.
+        if feed_forward.iter().all(|f| f.routed().is_none()) {
+            for (field, value) in [
+                ("num_experts", raw.num_experts),
+                ("num_local_experts", raw.num_local_experts),
+            ] {
+                if value.is_some_and(|n| n > 0) {
+                    return Err(ModelError::invalid(
+                        path,
+                        field,
+                        format!(
+                            "{architecture} has no mixture-of-experts form in mlxcel; the \
+                             mixture-of-experts families are {}",
+                            Architecture::moe_names()
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(Self {
             architecture,
             hidden_size,

@@ -41,6 +41,12 @@ pub(crate) struct RawConfig {
     pub partial_rotary_factor: Option<f64>,
     pub original_max_position_embeddings: Option<usize>,
     pub num_local_experts: Option<usize>,
+    pub num_experts_per_tok: Option<usize>,
+    pub moe_intermediate_size: Option<usize>,
+    pub shared_expert_intermediate_size: Option<usize>,
+    pub norm_topk_prob: Option<bool>,
+    pub decoder_sparse_step: Option<usize>,
+    pub mlp_only_layers: Option<Vec<usize>>,
     #[serde(default)]
     pub vision_config: Option<Value>,
     pub quantization: Option<Value>,

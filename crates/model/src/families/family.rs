@@ -63,11 +63,24 @@ pub(crate) trait Family: Sync {
         Ok(true)
     }
 
+    /// Whether the family's layers may be mixtures of experts (names it in the refusal of an
+    /// expert config of another family).
+    fn has_experts(&self) -> bool {
+        false
+    }
+
     /// Layer `layer`'s feed-forward block; `dense` is the gated MLP config.json describes
-    /// (`intermediate_size`, the activation), every llama-shaped family's answer.
-    fn feed_forward(&self, raw: &RawConfig, layer: usize, dense: FeedForward) -> FeedForward {
-        let _ = (raw, layer);
-        dense
+    /// (`intermediate_size`, the activation), every llama-shaped family's answer. A
+    /// mixture-of-experts family reads its experts here (an error names a missing or bad key).
+    fn feed_forward(
+        &self,
+        path: &Path,
+        raw: &RawConfig,
+        layer: usize,
+        dense: FeedForward,
+    ) -> Result<FeedForward> {
+        let _ = (path, raw, layer);
+        Ok(dense)
     }
 
     /// Projections the checkpoint stores fused, which load as their parts.

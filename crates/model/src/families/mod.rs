@@ -9,9 +9,11 @@ mod gemma2;
 mod gemma3;
 mod llama;
 mod mistral;
+mod moe;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 mod smollm3;
 
 use family::Family;
@@ -24,6 +26,7 @@ static FAMILIES: &[&dyn Family] = &[
     &mistral::Mistral,
     &qwen2::Qwen2,
     &qwen3::Qwen3,
+    &qwen3_moe::Qwen3Moe,
     &smollm3::SmolLm3,
     &gemma2::Gemma2,
     &gemma3::Gemma3,
@@ -73,6 +76,15 @@ impl Architecture {
     pub fn supported_names() -> String {
         Self::all()
             .map(Self::hf_name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The `model_type`s of the mixture-of-experts families, for errors: `qwen3_moe, …`.
+    pub fn moe_names() -> String {
+        Self::all()
+            .filter(|a| a.0.has_experts())
+            .map(Self::model_type)
             .collect::<Vec<_>>()
             .join(", ")
     }

@@ -3,7 +3,10 @@
 
 use std::path::Path;
 
-use mlxcel_model::{ModelConfig, ModelError, QuantSpec, RopeScaling};
+use mlxcel_model::{
+    FeedForward, HiddenActivation, ModelConfig, ModelError, QuantSpec, RopeScaling, RoutedExperts,
+    Routing,
+};
 use serde_json::{Value, json};
 
 fn parse(value: &Value) -> Result<ModelConfig, ModelError> {
@@ -155,6 +158,73 @@ fn mixture_of_experts_and_vision_configs_are_refused_naming_the_field() {
         v[field] = value;
         let message = parse(&v).unwrap_err().to_string();
         assert!(message.contains(&format!("field `{field}`")), "{message}");
+    }
+}
+
+fn qwen3_moe() -> Value {
+    json!({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+        "num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": true,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "max_position_embeddings": 40960, "vocab_size": 151936,
+        "tie_word_embeddings": false, "eos_token_id": 151645
+    })
+}
+
+#[test]
+fn qwen3_moe_layers_route_to_experts() {
+    let c = parse(&qwen3_moe()).unwrap();
+    assert_eq!(c.architecture.model_type(), "qwen3_moe");
+    assert!(c.qk_norm);
+    let moe = *c.layer_spec(0).ffn.routed().unwrap();
+    assert_eq!(
+        moe,
+        RoutedExperts {
+            num_experts: 128,
+            top_k: 8,
+            expert_intermediate_size: 768,
+            activation: HiddenActivation::Silu,
+            routing: Routing::SoftmaxTopK { renormalize: true },
+            shared_expert_intermediate_size: None,
+        }
+    );
+    // `mlp_only_layers` and `decoder_sparse_step` keep layers dense, as transformers reads them.
+    let mut v = qwen3_moe();
+    v["mlp_only_layers"] = json!([0]);
+    v["decoder_sparse_step"] = json!(2);
+    let c = parse(&v).unwrap();
+    let routed: Vec<bool> = (0..4)
+        .map(|i| c.layer_spec(i).ffn.routed().is_some())
+        .collect();
+    assert_eq!(routed, [false, true, false, true]);
+    assert_eq!(
+        c.layer_spec(0).ffn,
+        FeedForward::Dense {
+            intermediate_size: 6144,
+            activation: HiddenActivation::Silu
+        }
+    );
+}
+
+#[test]
+fn qwen3_moe_errors_name_the_expert_key() {
+    for (field, value) in [
+        ("num_experts_per_tok", Value::Null),
+        ("num_experts_per_tok", json!(129)),
+        ("moe_intermediate_size", json!(0)),
+        ("num_experts", json!(100000)),
+        ("decoder_sparse_step", json!(0)),
+    ] {
+        let mut v = qwen3_moe();
+        if value.is_null() {
+            v.as_object_mut().unwrap().remove(field);
+        } else {
+            v[field] = value;
+        }
+        let message = parse(&v).unwrap_err().to_string();
+        assert!(message.contains(field), "{field}: {message}");
     }
 }
 

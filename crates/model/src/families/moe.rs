@@ -1,0 +1,104 @@
+//! What the mixture-of-experts families share: reading the routed-expert block of a layer from
+//! config.json's expert keys, the way transformers' and mlx-lm's MoE models read them.
+
+use std::path::Path;
+
+use crate::config::blocks::{FeedForward, RoutedExperts, Routing};
+use crate::config::raw::RawConfig;
+use crate::error::{ModelError, Result};
+
+/// The most experts a layer may have: more than any released model (gpt-oss 32, Qwen3-MoE 128,
+/// DeepSeek 256), small enough that a hostile config cannot ask for millions of tensors.
+pub(crate) const MAX_EXPERTS: usize = 1024;
+
+/// How a family names and routes its experts; the numbers come from config.json.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ExpertKeys {
+    /// The key holding the expert count (`num_experts`, Mixtral's `num_local_experts`).
+    pub count: &'static str,
+    /// The key holding each expert's hidden size; `None`: `intermediate_size` (Mixtral).
+    pub intermediate: Option<&'static str>,
+    pub routing: Routing,
+    /// Whether the family has a shared expert (`shared_expert_intermediate_size`).
+    pub shared_expert: bool,
+}
+
+/// Layer `layer`'s block for a family with experts: routed where transformers makes it sparse
+/// (not in `mlp_only_layers`, and `(layer + 1) % decoder_sparse_step == 0`), `dense` otherwise.
+pub(crate) fn routed_or_dense(
+    path: &Path,
+    raw: &RawConfig,
+    layer: usize,
+    dense: FeedForward,
+    keys: ExpertKeys,
+) -> Result<FeedForward> {
+    let FeedForward::Dense { activation, .. } = dense else {
+        return Ok(dense);
+    };
+    let count = match keys.count {
+        "num_local_experts" => raw.num_local_experts,
+        _ => raw.num_experts,
+    };
+    let num_experts = positive(path, keys.count, count)?;
+    if num_experts > MAX_EXPERTS {
+        return Err(ModelError::invalid(
+            path,
+            keys.count,
+            format!("{num_experts} experts is more than the {MAX_EXPERTS} mlxcel accepts"),
+        ));
+    }
+    let step = raw.decoder_sparse_step.unwrap_or(1);
+    if step == 0 {
+        return Err(ModelError::invalid(
+            path,
+            "decoder_sparse_step",
+            "must be at least 1",
+        ));
+    }
+    let dense_only = raw
+        .mlp_only_layers
+        .as_ref()
+        .is_some_and(|layers| layers.contains(&layer));
+    if dense_only || !(layer + 1).is_multiple_of(step) {
+        return Ok(dense);
+    }
+    let top_k = positive(path, "num_experts_per_tok", raw.num_experts_per_tok)?;
+    if top_k > num_experts {
+        return Err(ModelError::invalid(
+            path,
+            "num_experts_per_tok",
+            format!("{top_k} experts per token, but the layer has {num_experts}"),
+        ));
+    }
+    let expert_intermediate_size = match keys.intermediate {
+        Some(key) => positive(path, key, raw.moe_intermediate_size)?,
+        None => positive(path, "intermediate_size", raw.intermediate_size)?,
+    };
+    let shared_expert_intermediate_size = if keys.shared_expert {
+        match raw.shared_expert_intermediate_size {
+            None | Some(0) => None,
+            Some(n) => Some(n),
+        }
+    } else {
+        None
+    };
+    Ok(FeedForward::RoutedExperts(RoutedExperts {
+        num_experts,
+        top_k,
+        expert_intermediate_size,
+        activation,
+        routing: keys.routing,
+        shared_expert_intermediate_size,
+    }))
+}
+
+fn positive(path: &Path, field: &str, value: Option<usize>) -> Result<usize> {
+    match value {
+        None => Err(ModelError::MissingField {
+            path: path.to_owned(),
+            field: field.to_owned(),
+        }),
+        Some(0) => Err(ModelError::invalid(path, field, "must be at least 1")),
+        Some(v) => Ok(v),
+    }
+}

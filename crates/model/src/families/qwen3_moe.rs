@@ -1,0 +1,62 @@
+//! Qwen3-MoE (`Qwen3MoeForCausalLM`): Qwen3's attention (q/k norm, no biases) with a routed
+//! mixture of experts (`num_experts`, `num_experts_per_tok` of them per token, softmax then top-k,
+//! renormalised with `norm_topk_prob`); `mlp_only_layers` and `decoder_sparse_step` keep some
+//! layers dense.
+
+use std::path::Path;
+
+use super::family::{Family, Features, slides_from_max_window_layers};
+use super::moe::{ExpertKeys, routed_or_dense};
+use crate::config::blocks::{FeedForward, Routing};
+use crate::config::raw::RawConfig;
+use crate::error::Result;
+
+pub(super) struct Qwen3Moe;
+
+impl Family for Qwen3Moe {
+    fn hf_name(&self) -> &'static str {
+        "Qwen3MoeForCausalLM"
+    }
+
+    fn model_type(&self) -> &'static str {
+        "qwen3_moe"
+    }
+
+    fn gguf_name(&self) -> &'static str {
+        "qwen3moe"
+    }
+
+    fn features(&self) -> Features {
+        Features {
+            qk_norm: true,
+            ..Features::LLAMA
+        }
+    }
+
+    fn slides(&self, raw: &RawConfig, _window: Option<usize>, layer: usize) -> bool {
+        slides_from_max_window_layers(raw, layer)
+    }
+
+    fn has_experts(&self) -> bool {
+        true
+    }
+
+    fn feed_forward(
+        &self,
+        path: &Path,
+        raw: &RawConfig,
+        layer: usize,
+        dense: FeedForward,
+    ) -> Result<FeedForward> {
+        let keys = ExpertKeys {
+            count: "num_experts",
+            intermediate: Some("moe_intermediate_size"),
+            // transformers' Qwen3MoeConfig defaults `norm_topk_prob` to false.
+            routing: Routing::SoftmaxTopK {
+                renormalize: raw.norm_topk_prob.unwrap_or(false),
+            },
+            shared_expert: false,
+        };
+        routed_or_dense(path, raw, layer, dense, keys)
+    }
+}
