@@ -45,6 +45,12 @@ fn feed_forward(c: &ModelConfig) -> Result<(usize, bool)> {
 /// express (a mixture-of-experts block).
 pub fn llama_dims(c: &ModelConfig) -> Result<LlamaDims> {
     let (intermediate, gelu) = feed_forward(c)?;
+    if c.qk_norm_whole {
+        return Err(Error::Unsupported(format!(
+            "{}'s q/k norms span all heads at once; the OpenXLA program normalises each head",
+            c.architecture
+        )));
+    }
     Ok(LlamaDims {
         layers: c.num_hidden_layers,
         hidden: c.hidden_size,

@@ -79,9 +79,14 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
             ),
         ]);
         if config.qk_norm {
+            let (q, k) = if config.qk_norm_whole {
+                (config.q_dim(), config.kv_dim())
+            } else {
+                (config.head_dim, config.head_dim)
+            };
             modules.extend([
-                norm(format!("{p}.self_attn.q_norm"), config.head_dim),
-                norm(format!("{p}.self_attn.k_norm"), config.head_dim),
+                norm(format!("{p}.self_attn.q_norm"), q),
+                norm(format!("{p}.self_attn.k_norm"), k),
             ]);
         }
         if config.sandwich_norms {

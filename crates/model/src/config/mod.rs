@@ -49,6 +49,9 @@ pub struct ModelConfig {
     /// Whether each head of q and k goes through its own RMSNorm (`q_norm`, `k_norm`, weights
     /// `[head_dim]`) before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// With `qk_norm`: one RMSNorm over all of q's heads together (`q_norm` `[q_dim]`) and one
+    /// over k's (`[kv_dim]`), before the heads are split (OLMoE), instead of one per head.
+    pub qk_norm_whole: bool,
     /// Per layer, in order: RoPE or not, and its sliding window if any.
     pub layers: Vec<LayerAttention>,
     /// Per layer, in order: its feed-forward block, as its family builds it (the dense MLP of
@@ -470,6 +473,7 @@ impl ModelConfig {
             attention_qkv_bias,
             attention_out_bias,
             qk_norm: features.qk_norm,
+            qk_norm_whole: features.qk_norm_whole,
             layers,
             feed_forward,
             norm_weight_offset: features.norm_weight_offset,

@@ -143,6 +143,8 @@ impl Defaults {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Features {
     pub qk_norm: bool,
+    /// q and k each normalised as one vector, not head by head.
+    pub qk_norm_whole: bool,
     pub norm_weight_offset: bool,
     pub sandwich_norms: bool,
     /// Token embeddings multiplied by √hidden_size.
@@ -152,6 +154,7 @@ pub(crate) struct Features {
 impl Features {
     pub const LLAMA: Self = Self {
         qk_norm: false,
+        qk_norm_whole: false,
         norm_weight_offset: false,
         sandwich_norms: false,
         scaled_embeddings: false,

@@ -27,6 +27,7 @@ pub(super) const GEMMA2_DEFAULTS: Defaults = Defaults {
 /// Gemma's four norms per layer, stored as offsets from one, and its scaled embeddings.
 pub(super) const GEMMA_FEATURES: Features = Features {
     qk_norm: false,
+    qk_norm_whole: false,
     norm_weight_offset: true,
     sandwich_norms: true,
     scaled_embeddings: true,
