@@ -76,7 +76,9 @@ pub use gbnf::gbnf_to_lark;
 pub use metrics::{EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, TTFT_BOUNDS};
 pub use mlxcel_capacity::MaxNewTokens;
 pub use mlxcel_model::{ChatMessage, FimTokens};
-pub use options::{Activations, BackendKind, EngineOptions, KvType, ShapeMode};
+pub use options::{
+    Activations, BackendKind, EngineOptions, KvType, SMALL_MODEL_PARAMETERS, ShapeMode,
+};
 pub use perplexity::{PerplexityOptions, PerplexityReport, perplexity};
 pub use request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,

@@ -62,6 +62,11 @@ pub struct EngineOptions {
     /// kernels, unless `MLXCEL_XLA_WEIGHTS` names a weight format); `None` takes
     /// `MLXCEL_ACTIVATIONS`, else f32.
     pub activations: Option<Activations>,
+    /// With int8 `activations`, a model with fewer parameters than this runs f32 activations
+    /// instead: what the applications' default sets ([`EngineOptions::use_application_activations`],
+    /// [`SMALL_MODEL_PARAMETERS`]) so that a small model, whose decode is fast either way, answers
+    /// as the exact path does. `None`: `activations` as given.
+    pub exact_below_parameters: Option<u64>,
     /// How a static-shape backend picks its shapes.
     pub shapes: ShapeMode,
     /// Prompt-lookup speculative decoding for every request that does not choose for itself;
@@ -110,6 +115,7 @@ impl Default for EngineOptions {
             kv_budget_bytes: 4 << 30,
             threads: None,
             activations: None,
+            exact_below_parameters: None,
             shapes: ShapeMode::default(),
             speculative: None,
             draft_model: None,
@@ -119,7 +125,33 @@ impl Default for EngineOptions {
     }
 }
 
+/// Below this many parameters the applications' default activations are f32, not int8: on the
+/// default model (SmolLM2-135M, Q4_1) int8 activations answer 38 of the 62 questions of
+/// scripts/questions/factual.tsv and f32 ones 41, and f32 decode is still 1.6x llama.cpp's there;
+/// at the Llama-3.2-1B shape f32 decode falls to about llama.cpp's, so int8 stays from 0.5 B on
+/// (docs/benchmarks.md, "A right first answer").
+pub const SMALL_MODEL_PARAMETERS: u64 = 500_000_000;
+
 impl EngineOptions {
+    /// The applications' default when neither `--activations` nor `MLXCEL_ACTIVATIONS` chooses:
+    /// [`EngineOptions::application_activations`], and exact f32 activations for a model under
+    /// [`SMALL_MODEL_PARAMETERS`] (decided at load, when the model's size is known). With the
+    /// variable set, it alone decides.
+    pub fn use_application_activations(&mut self) {
+        self.activations = Some(Self::application_activations(self.backend));
+        self.exact_below_parameters = std::env::var_os("MLXCEL_ACTIVATIONS")
+            .is_none()
+            .then_some(SMALL_MODEL_PARAMETERS);
+    }
+
+    /// The activations a model of `parameters` weights runs under these options.
+    pub fn activations_for(&self, parameters: u64) -> Option<Activations> {
+        match (self.activations, self.exact_below_parameters) {
+            (Some(Activations::Int8), Some(limit)) if parameters < limit => Some(Activations::F32),
+            (activations, _) => activations,
+        }
+    }
+
     /// The activations an application (the `mlxcel` CLI, `mlxcel-server`) runs when neither
     /// its `--activations` flag nor `MLXCEL_ACTIVATIONS` chooses: int8 on the MLX backend where
     /// mlxcel's kernels have a fast int8 path (AVX2, or AVX-512 with VNNI), as llama.cpp
@@ -155,5 +187,34 @@ impl EngineOptions {
             }
         }
         Activations::F32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_models_run_exact_activations_only_under_the_application_default() {
+        let mut options = EngineOptions {
+            activations: Some(Activations::Int8),
+            exact_below_parameters: Some(SMALL_MODEL_PARAMETERS),
+            ..EngineOptions::default()
+        };
+        assert_eq!(options.activations_for(134_515_008), Some(Activations::F32));
+        assert_eq!(
+            options.activations_for(SMALL_MODEL_PARAMETERS),
+            Some(Activations::Int8)
+        );
+        // A choice made by flag (no limit set) is kept whatever the size.
+        options.exact_below_parameters = None;
+        assert_eq!(
+            options.activations_for(134_515_008),
+            Some(Activations::Int8)
+        );
+        // f32 stays f32.
+        options.activations = Some(Activations::F32);
+        options.exact_below_parameters = Some(SMALL_MODEL_PARAMETERS);
+        assert_eq!(options.activations_for(1), Some(Activations::F32));
     }
 }

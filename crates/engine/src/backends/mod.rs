@@ -14,7 +14,7 @@ use mlxcel_model::Checkpoint;
 
 use crate::backend::Backend;
 use crate::error::EngineError;
-use crate::options::{BackendKind, EngineOptions};
+use crate::options::{Activations, BackendKind, EngineOptions};
 
 /// Builds the backend `options.backend` names over `checkpoint`, as the engine does: for tools
 /// and tests that drive a backend's [`Backend::step`] directly (logits, below the scheduler and
@@ -36,9 +36,12 @@ pub(crate) fn load(
 ) -> Result<Box<dyn Backend>, EngineError> {
     #[cfg(feature = "mlx")]
     mlxcel_core::keep_freed_heap_memory();
+    // A small model under the applications' default runs exact activations (the backend's
+    // description, which the applications print, names the ones it runs).
+    let activations = options.activations_for(checkpoint.config().parameter_count());
     match options.backend {
-        BackendKind::Mlx => load_mlx(checkpoint, options),
-        BackendKind::Xla => load_xla(checkpoint, options),
+        BackendKind::Mlx => load_mlx(checkpoint, options, activations),
+        BackendKind::Xla => load_xla(checkpoint, options, activations),
     }
 }
 
@@ -46,20 +49,25 @@ pub(crate) fn load(
 fn load_mlx(
     checkpoint: &Checkpoint,
     options: &EngineOptions,
+    activations: Option<Activations>,
 ) -> Result<Box<dyn Backend>, EngineError> {
     let backend = mlx::MlxBackend::load(
         checkpoint,
         options.kv_budget_bytes,
         options.scheduler.max_batch,
         options.threads,
-        options.activations,
+        activations,
         options.kv_types,
     )?;
     Ok(Box::new(backend))
 }
 
 #[cfg(not(feature = "mlx"))]
-fn load_mlx(_: &Checkpoint, _: &EngineOptions) -> Result<Box<dyn Backend>, EngineError> {
+fn load_mlx(
+    _: &Checkpoint,
+    _: &EngineOptions,
+    _: Option<Activations>,
+) -> Result<Box<dyn Backend>, EngineError> {
     Err(EngineError::BackendNotCompiled {
         backend: BackendKind::Mlx.as_str(),
         feature: "mlx",
@@ -70,6 +78,7 @@ fn load_mlx(_: &Checkpoint, _: &EngineOptions) -> Result<Box<dyn Backend>, Engin
 fn load_xla(
     checkpoint: &Checkpoint,
     options: &EngineOptions,
+    activations: Option<Activations>,
 ) -> Result<Box<dyn Backend>, EngineError> {
     use crate::options::KvType;
     if options.kv_types != (KvType::F32, KvType::F32) {
@@ -86,12 +95,16 @@ fn load_xla(
     Ok(Box::new(xla::XlaBackend::load(
         checkpoint,
         options.shapes,
-        options.activations,
+        activations,
     )?))
 }
 
 #[cfg(not(feature = "xla"))]
-fn load_xla(_: &Checkpoint, _: &EngineOptions) -> Result<Box<dyn Backend>, EngineError> {
+fn load_xla(
+    _: &Checkpoint,
+    _: &EngineOptions,
+    _: Option<Activations>,
+) -> Result<Box<dyn Backend>, EngineError> {
     Err(EngineError::BackendNotCompiled {
         backend: BackendKind::Xla.as_str(),
         feature: "xla",

@@ -8,6 +8,7 @@ pub(crate) mod blocks;
 mod describe;
 pub(crate) mod raw;
 pub(crate) mod rope;
+mod size;
 
 use std::path::Path;
 

@@ -209,6 +209,22 @@ fn qwen3_moe_layers_route_to_experts() {
 }
 
 #[test]
+fn parameter_counts_match_the_published_sizes() {
+    // SmolLM2-135M: 134,515,008 weights (tied embeddings), as its model card and
+    // `sum(p.numel())` count them.
+    assert_eq!(parse(&smollm2()).unwrap().parameter_count(), 134_515_008);
+    // A Qwen3-30B-A3B layer count with its real shape: 30.5 B weights, 3.3 B active.
+    let mut v = qwen3_moe();
+    v["num_hidden_layers"] = json!(48);
+    v["num_attention_heads"] = json!(32);
+    v["num_key_value_heads"] = json!(4);
+    let c = parse(&v).unwrap();
+    let (total, active) = (c.parameter_count(), c.active_parameter_count());
+    assert!((30_400_000_000..30_600_000_000).contains(&total), "{total}");
+    assert!((3_300_000_000..3_400_000_000).contains(&active), "{active}");
+}
+
+#[test]
 fn qwen3_moe_errors_name_the_expert_key() {
     for (field, value) in [
         ("num_experts_per_tok", Value::Null),

@@ -1,0 +1,63 @@
+//! How many parameters a model has, counted from its config: what `mlxcel show` prints and what
+//! the applications' default activations look at (small models run exact f32 activations).
+
+use super::ModelConfig;
+use super::blocks::FeedForward;
+
+impl ModelConfig {
+    /// Every weight the model holds (embeddings, the output head unless tied, every layer's
+    /// projections, norms and experts); biases are left out. A mixture of experts counts all of
+    /// its experts ([`ModelConfig::active_parameter_count`] counts what a token reads).
+    pub fn parameter_count(&self) -> u64 {
+        self.count(false)
+    }
+
+    /// The weights one token's forward pass reads: [`ModelConfig::parameter_count`] with each
+    /// mixture of experts counted as its routed `top_k` experts (and shared expert), not all of
+    /// them. The same as `parameter_count` for dense models.
+    pub fn active_parameter_count(&self) -> u64 {
+        self.count(true)
+    }
+
+    fn count(&self, active_only: bool) -> u64 {
+        let n = |x: usize| x as u64;
+        let hidden = n(self.hidden_size);
+        let embeddings = n(self.vocab_size) * hidden;
+        let head = if self.tie_word_embeddings {
+            0
+        } else {
+            embeddings
+        };
+        let attention = hidden * (2 * n(self.q_dim()) + 2 * n(self.kv_dim()));
+        let qk_norms = match (self.qk_norm, self.qk_norm_whole) {
+            (false, _) => 0,
+            (true, false) => 2 * n(self.head_dim),
+            (true, true) => n(self.q_dim()) + n(self.kv_dim()),
+        };
+        let norms = hidden * if self.sandwich_norms { 4 } else { 2 } + qk_norms;
+        let layers: u64 = (0..self.num_hidden_layers)
+            .map(|i| {
+                let ffn = match self.layer_spec(i).ffn {
+                    FeedForward::Dense {
+                        intermediate_size, ..
+                    } => 3 * hidden * n(intermediate_size),
+                    FeedForward::RoutedExperts(moe) => {
+                        let experts = if active_only {
+                            moe.top_k
+                        } else {
+                            moe.num_experts
+                        };
+                        let shared = moe
+                            .shared_expert_intermediate_size
+                            .map_or(0, |s| 3 * hidden * n(s) + hidden);
+                        n(moe.num_experts) * hidden
+                            + n(experts) * 3 * hidden * n(moe.expert_intermediate_size)
+                            + shared
+                    }
+                };
+                attention + norms + ffn
+            })
+            .sum();
+        embeddings + head + layers + hidden
+    }
+}
