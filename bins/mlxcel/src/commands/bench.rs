@@ -79,6 +79,8 @@ pub struct Args {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "md")]
     output: Format,
+    #[command(flatten)]
+    ignored: super::ignored::Ignored,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -120,6 +122,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     if args.repetitions == 0 {
         bail!("-r must be at least 1");
     }
+    args.ignored.warn();
     let backend: BackendKind = args.backend.parse()?;
     let threads = match args.threads {
         Some(threads) => threads.max(1),
