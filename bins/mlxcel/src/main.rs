@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod commands;
+mod progress;
 mod spellings;
 
 /// mlxcel: an LLM inference engine with MLX and OpenXLA backends.

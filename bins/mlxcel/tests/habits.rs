@@ -194,6 +194,8 @@ fn conversation_and_context_size() {
     assert!(output.status.success(), "{}", stderr(&output));
     let err = stderr(&output);
     assert!(err.contains("-n -1 resolved to "), "{err}");
+    // A pipe never sees the progress line of a terminal (`progress.rs`).
+    assert!(!err.contains('\r') && !err.contains(" … "), "{err:?}");
     assert!(err.contains("(-c 40 - prompt "), "{err}");
     let output = mlxcel(&["generate", "-p", "Hi", "-c", "40", "-n", "100"]);
     assert!(!output.status.success());

@@ -147,7 +147,9 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         (KvType::F32, KvType::F32) => label,
         (k, v) => format!("{label} kv {}/{}", k.as_str(), v.as_str()),
     };
-    let mut bench = BackendBench::load(args.model.as_deref(), &options)?;
+    let mut bench = super::session::shown("loading", args.model.as_deref(), || {
+        BackendBench::load(args.model.as_deref(), &options)
+    })?;
 
     // The read bandwidth the decode rows are set against, probed before and after the tests
     // (best of three rounds each): on a shared machine one probe can fall in a busy spell the

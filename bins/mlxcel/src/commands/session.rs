@@ -29,7 +29,7 @@ pub fn run(model: Option<&str>, options: &Options, mode: Mode) -> Result<()> {
     options.ignored.warn();
 
     let started = Instant::now();
-    let engine = mlxcel_engine::Engine::load(model, engine_options)?;
+    let engine = load(model, engine_options)?;
     let info = engine.info();
     eprintln!(
         "loaded {} ({}; {} backend, window {}, {:.1} MB of weights) in {:.2}s",
@@ -63,6 +63,37 @@ pub fn run(model: Option<&str>, options: &Options, mode: Mode) -> Result<()> {
         Mode::Chat { first, single_turn } => session.chat(first, single_turn)?,
     }
     Ok(())
+}
+
+/// `Engine::load`, in its two waits, each shown when it runs long ([`crate::progress`]): preparing
+/// the model (hashing and preparing a GGUF on its first run), then loading its weights.
+pub fn load(model: Option<&str>, options: mlxcel_engine::EngineOptions) -> Result<Engine> {
+    let dir = shown("preparing", model, || mlxcel_model::resolve_model(model))?;
+    // The name the load line prints (config.json's), else the directory.
+    let name = mlxcel_model::ModelConfig::from_dir(&dir)
+        .ok()
+        .and_then(|config| config.name)
+        .unwrap_or_else(|| dir.display().to_string());
+    crate::progress::while_waiting(&format!("loading {name}"), || {
+        let loaded = mlxcel_model::LoadedModel::open(&dir)?;
+        Ok(Engine::from_loaded(loaded, options)?)
+    })
+}
+
+/// Runs `work`, which prepares (`verb`) `model`, showing the wait when it runs long, except while
+/// the default model is downloaded: pip shows that download's progress itself.
+pub fn shown<T>(verb: &str, model: Option<&str>, work: impl FnOnce() -> T) -> T {
+    let downloading = model.is_none()
+        && mlxcel_model::cache_dir().is_ok_and(|cache| {
+            !mlxcel_model::DefaultModel::pinned()
+                .gguf_path(&cache)
+                .is_file()
+        });
+    match model {
+        _ if downloading => work(),
+        Some(m) => crate::progress::while_waiting(&format!("{verb} {m}"), work),
+        None => crate::progress::while_waiting(&format!("{verb} the default model"), work),
+    }
 }
 
 struct Session<'a> {

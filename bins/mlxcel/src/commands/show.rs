@@ -17,7 +17,9 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<ExitCode> {
     let arg = model_arg(args.model.as_deref())?;
-    let dir = mlxcel_model::resolve_model(arg.as_deref())?;
+    let dir = super::session::shown("preparing", arg.as_deref(), || {
+        mlxcel_model::resolve_model(arg.as_deref())
+    })?;
     let checkpoint = Checkpoint::open(&dir)?;
     let config = checkpoint.config();
     let row = |key: &str, value: String| println!("{key:<14}{value}");
