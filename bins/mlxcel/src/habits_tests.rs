@@ -241,6 +241,30 @@ fn options_without_effect_are_accepted_and_named() {
     assert!(!text.contains("ignoring -ub"), "{text}");
 }
 
+/// Every spelling of every option without effect parses on `generate` and `run`, and is named in
+/// exactly one warning.
+#[test]
+fn every_spelling_without_effect_is_accepted_with_its_warning() {
+    use commands::ignored::{NO_EFFECT, OPTIONAL};
+    for option in NO_EFFECT {
+        for name in option.names {
+            let mut args = vec![*name];
+            if option.values != 0 && option.values != OPTIONAL {
+                args.push("1");
+            }
+            let warnings = generate(&args).options.ignored.warnings;
+            assert_eq!(warnings.len(), 1, "{name}: {warnings:?}");
+            assert!(
+                warnings[0].starts_with(&format!("ignoring {}", option.names.join("/"))),
+                "{name}: {warnings:?}"
+            );
+            let mut run = vec!["run", "default"];
+            run.extend_from_slice(&args);
+            assert!(parse(&run).is_ok(), "run {name}");
+        }
+    }
+}
+
 /// llama.cpp options mlxcel lacks are refused naming the option and what to use instead, on
 /// every subcommand (issue #60: `-hf` got clap's generic error).
 #[test]
@@ -270,6 +294,16 @@ fn missing_llama_options_are_refused_by_name() {
         let err = parse(&["generate", flag, "x"]).expect_err(flag);
         let text = spellings::explain(&err).unwrap_or_else(|| panic!("{flag}: {err}"));
         assert!(text.contains(flag) && text.contains(says), "{text}");
+    }
+    // Every spelling of every refused option, on the two subcommands that take llama-cli's flags.
+    for refused in spellings::REFUSED {
+        for name in refused.names {
+            for args in [&["generate", name, "x"][..], &["run", "default", name, "x"]] {
+                let err = parse(args).expect_err(name);
+                let text = spellings::explain(&err).unwrap_or_else(|| panic!("{name}: {err}"));
+                assert!(text.starts_with(&refused.names.join("/")), "{text}");
+            }
+        }
     }
     // An option no tool has keeps clap's own message.
     let err = parse(&["generate", "--no-such-flag"]).expect_err("unknown");

@@ -387,6 +387,41 @@ pub const REFUSED: &[Refused] = &[
         instead: "the statistics lines go to stderr; redirect them",
     },
     Refused {
+        names: &["-v", "--verbose", "--log-verbose"],
+        does: "logs everything",
+        instead: "RUST_LOG=debug sets the log filter (docs/environment.md)",
+    },
+    Refused {
+        names: &["-lv", "--verbosity", "--log-verbosity"],
+        does: "sets the log verbosity",
+        instead: "RUST_LOG sets the log filter (docs/environment.md)",
+    },
+    Refused {
+        names: &["--log-disable"],
+        does: "turns logging off",
+        instead: "RUST_LOG=off turns the logs off; answers and statistics are not logs",
+    },
+    Refused {
+        names: &["--log-file"],
+        does: "writes the log to a file",
+        instead: "the log and statistics go to stderr: redirect it (2> FILE)",
+    },
+    Refused {
+        names: &["--verbose-prompt"],
+        does: "prints the prompt's tokens before generating",
+        instead: "`mlxcel tokenize` prints a text's token ids",
+    },
+    Refused {
+        names: &["-sp", "--special"],
+        does: "prints special tokens",
+        instead: "special tokens are never printed",
+    },
+    Refused {
+        names: &["--list-devices"],
+        does: "lists the devices models can be placed on",
+        instead: "mlxcel runs on the CPU; there are no devices to choose",
+    },
+    Refused {
         names: &["--lookup-cache-static", "-lcs"],
         does: "reads a static lookup cache",
         instead: "--spec-type ngram-simple proposes from the prompt and output so far",

@@ -75,6 +75,71 @@ pub const NO_EFFECT: &[NoEffect] = &[
         reason: THREADPOOL,
     },
     NoEffect {
+        names: &["-C", "--cpu-mask"],
+        values: 1,
+        reason: THREADPOOL,
+    },
+    NoEffect {
+        names: &["-Cr", "--cpu-range"],
+        values: 1,
+        reason: THREADPOOL,
+    },
+    NoEffect {
+        names: &["--cpu-strict"],
+        values: 1,
+        reason: THREADPOOL,
+    },
+    NoEffect {
+        names: &["--prio"],
+        values: 1,
+        reason: THREADPOOL,
+    },
+    NoEffect {
+        names: &["--poll"],
+        values: 1,
+        reason: THREADPOOL,
+    },
+    NoEffect {
+        names: &["-ot", "--override-tensor"],
+        values: 1,
+        reason: PLACEMENT,
+    },
+    NoEffect {
+        names: &["-cmoe", "--cpu-moe"],
+        values: 0,
+        reason: PLACEMENT,
+    },
+    NoEffect {
+        names: &["-ncmoe", "--n-cpu-moe"],
+        values: 1,
+        reason: PLACEMENT,
+    },
+    NoEffect {
+        names: &["--rpc"],
+        values: 1,
+        reason: PLACEMENT,
+    },
+    NoEffect {
+        names: &["-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"],
+        values: 0,
+        reason: "every sequence has its own KV cache; there is no shared buffer to unify",
+    },
+    NoEffect {
+        names: &["--swa-full"],
+        values: 0,
+        reason: "the KV cache keeps every position of every layer already",
+    },
+    NoEffect {
+        names: &["--perf", "--no-perf"],
+        values: 0,
+        reason: "the timings lines are printed after every answer",
+    },
+    NoEffect {
+        names: &["--offline"],
+        values: 0,
+        reason: "mlxcel never downloads a model by name",
+    },
+    NoEffect {
         names: &["--mlock"],
         values: 0,
         reason: MAPPING,

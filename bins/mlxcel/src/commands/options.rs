@@ -20,8 +20,8 @@ Spellings of other tools, accepted as the flag they name:
     -sys, --system-prompt TEXT    --system        -r, --reverse-prompt TEXT  --stop
     --predict N                   -n              -md, --model-draft FILE  --spec-draft-model
     --draft-max, --draft N        --spec-draft-n-max
-    -ngl, -fa, -tb, -b, -ub, -dev, -sm, -ts, -mg, -nkvo, --mlock, --no-mmap, --numa, --jinja,
-    --no-warmup, --no-display-prompt, --simple-io: accepted without effect, one warning each
+    -ngl, -fa, -tb, -b, -ub, -dev, -sm, -ts, -mg, -ot, -nkvo, -C, --mlock, --no-mmap, --numa,
+    --jinja, --no-warmup, --no-display-prompt ...: accepted without effect, one warning each
     (mlxcel runs on the CPU; docs/cli.md says why for each)
   mlx_lm.generate, mlx_lm.chat:
     --model, --prompt (- reads standard input), --temp, --top-p, --seed: as mlxcel spells them
@@ -168,7 +168,7 @@ pub struct Options {
     )]
     pub draft_p_min: f32,
 
-    /// Chat: after the prompt's answer (if a prompt is given), keep reading turns.
+    /// Chat (`-cnv`): after the prompt's answer (if a prompt is given), keep reading turns.
     #[arg(
         long = "conversation",
         visible_short_alias = 'i',
@@ -178,20 +178,21 @@ pub struct Options {
     )]
     pub conversation: bool,
 
-    /// One completion of the prompt as written, without the chat template
-    /// (llama-completion's mode; as --no-chat-template).
+    /// One completion of the prompt as written, without the chat template (`-no-cnv`:
+    /// llama-completion's mode; as --no-chat-template).
     #[arg(long = "no-conversation", help_heading = LLAMA_CLI)]
     pub no_conversation: bool,
 
-    /// Chat for one turn, then leave.
+    /// Chat for one turn, then leave (`-st`).
     #[arg(long = "single-turn", help_heading = LLAMA_CLI)]
     pub single_turn: bool,
 
-    /// Read the system message from a file.
+    /// Read the system message from a file (`-sysf`).
     #[arg(long = "system-prompt-file", help_heading = LLAMA_CLI, conflicts_with = "system")]
     pub system_prompt_file: Option<std::path::PathBuf>,
 
-    /// Colour the chat: your turns green, the statistics dim. `auto`: when stdout is a terminal.
+    /// Colour the chat (`-co`): your turns green, the statistics dim. `auto`: when stdout is a
+    /// terminal.
     #[arg(
         long = "color",
         help_heading = LLAMA_CLI,
