@@ -278,7 +278,7 @@ fn missing_llama_options_are_refused_by_name() {
         let err = parse(args).expect_err("refused");
         let text = spellings::explain(&err).unwrap_or_else(|| panic!("{args:?}: {err}"));
         assert!(
-            text.starts_with("-hf/-hfr/--hf-repo is llama.cpp's option"),
+            text.starts_with("-hf/-hfr/--hf-repo is not an mlxcel option (in llama.cpp it"),
             "{text}"
         );
         assert!(text.contains("give -m a local .gguf file"), "{text}");

@@ -74,7 +74,7 @@ pub struct Refused {
     pub instead: &'static str,
 }
 
-const NO_DOWNLOADS: &str = "mlxcel does not download models: give -m a local .gguf file or \
+const NO_DOWNLOADS: &str = "models are not downloaded by name; give -m a local .gguf file or \
                             checkpoint directory (`mlxcel pull` installs the default model)";
 const NO_ADAPTERS: &str = "adapters are not applied at load: merge them into the checkpoint \
                            first and give -m the merged model";
@@ -452,7 +452,7 @@ pub fn refusal(arg: &str) -> Option<String> {
     let name = arg.split_once('=').map_or(arg, |(name, _)| name);
     let refused = REFUSED.iter().find(|r| r.names.contains(&name))?;
     Some(format!(
-        "{} is llama.cpp's option that {}; mlxcel does not have it: {}",
+        "{} is not an mlxcel option (in llama.cpp it {}): {}",
         refused.names.join("/"),
         refused.does,
         refused.instead

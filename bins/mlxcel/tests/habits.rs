@@ -69,7 +69,9 @@ fn missing_options_are_named_not_misparsed() {
     assert_eq!(output.status.code(), Some(2));
     let err = stderr(&output);
     assert!(
-        err.starts_with("error: -hf/-hfr/--hf-repo is llama.cpp's option that downloads"),
+        err.starts_with(
+            "error: -hf/-hfr/--hf-repo is not an mlxcel option (in llama.cpp it downloads"
+        ),
         "{err}"
     );
     let output = mlxcel(&["serve", "-hf", "user/model"]);
