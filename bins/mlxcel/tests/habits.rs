@@ -135,6 +135,21 @@ fn mlx_lm_and_llama_cli_spellings_answer_alike() {
     ]));
     assert!(llama.status.success(), "{}", stderr(&llama));
     assert_eq!(stdout(&mlx_lm), stdout(&llama));
+    // -sysf reads the same system message from a file.
+    let dir = tempfile::tempdir().unwrap();
+    let system = dir.path().join("system.txt");
+    std::fs::write(&system, "Answer in one word.").unwrap();
+    let from_file = mlxcel(&exact(&[
+        "generate",
+        "-p",
+        question,
+        "-n",
+        "12",
+        "-sysf",
+        system.to_str().unwrap(),
+    ]));
+    assert!(from_file.status.success(), "{}", stderr(&from_file));
+    assert_eq!(stdout(&from_file), stdout(&llama));
     assert!(stdout(&llama).contains("Paris"), "{}", stdout(&llama));
     assert!(
         stderr(&llama).contains("ignoring -ngl/--gpu-layers/--n-gpu-layers 99: no effect here"),
@@ -164,6 +179,15 @@ fn no_conversation_completes_a_file_as_written() {
     ]));
     assert_eq!(stdout(&completion), stdout(&own));
     assert!(stdout(&own).starts_with(" Paris"), "{}", stdout(&own));
+    // -e reads the escapes: `\x20` is the space.
+    let escaped = mlxcel(&with_quick(&[
+        "generate",
+        "-no-cnv",
+        "-e",
+        "-p",
+        "The capital\\x20of France is",
+    ]));
+    assert_eq!(stdout(&escaped), stdout(&own), "{}", stderr(&escaped));
     // -no-cnv without a prompt has nothing to complete.
     let output = mlxcel(&["generate", "-no-cnv"]);
     assert!(
@@ -189,6 +213,19 @@ fn conversation_and_context_size() {
     );
     assert!(chat.status.success(), "{}", stderr(&chat));
     assert_eq!(stdout(&chat), stdout(&once));
+    // Without a prompt, -st reads one turn and leaves; --color paints stderr only.
+    let single = mlxcel_with(
+        &with_quick(&["generate", "-cnv", "-st", "--color"]),
+        &[],
+        "Name a colour.\nnever read\n",
+    );
+    assert!(single.status.success(), "{}", stderr(&single));
+    assert_eq!(stdout(&single), stdout(&once));
+    assert!(
+        stderr(&single).contains("\x1b[32m"),
+        "{:?}",
+        stderr(&single)
+    );
 
     let output = mlxcel(&[
         "generate", "-p", "Hi", "--temp", "0", "-c", "40", "-n", "-1", "-t", "1",
