@@ -123,4 +123,6 @@ fn describe(err: &anyhow::Error) -> String {
 }
 
 #[cfg(test)]
+mod docs_tests;
+#[cfg(test)]
 mod habits_tests;
