@@ -372,6 +372,14 @@ fn list_and_rm_keep_to_the_cache() {
         rows.iter().any(|r| r.starts_with("Old-1B (stale)")),
         "{out}"
     );
+    // A stale model cannot be run by name: it says how to prepare it again.
+    let output = mlxcel_with(&["run", "Old-1B", "hi"], &env, "");
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("was prepared by an older mlxcel"),
+        "{}",
+        stderr(&output)
+    );
 
     // A file outside the cache is refused, and stays.
     let mine_gguf = outside.path().join("Mine-7B.Q4_K_M.gguf");

@@ -201,10 +201,19 @@ pub fn model_arg(query: Option<&str>) -> Result<Option<String>> {
     }
     let cache = mlxcel_model::cache_dir()?;
     match find(&entries(&cache)?, query)? {
-        Some(entry) => Ok(entry
-            .model_arg
-            .as_ref()
-            .map(|p| p.to_string_lossy().into_owned())),
+        Some(entry) if entry.default => Ok(None),
+        Some(Entry {
+            model_arg: Some(path),
+            ..
+        }) => Ok(Some(path.to_string_lossy().into_owned())),
+        Some(entry) => bail!(
+            "{query} was prepared by an older mlxcel, whose directories this one does not read: \
+             give its GGUF ({}) to prepare it again",
+            entry
+                .gguf
+                .as_ref()
+                .map_or_else(|| "not recorded".to_owned(), |g| g.display().to_string())
+        ),
         None => bail!(
             "{query} is neither a file, a directory nor a model in the cache ({}); `mlxcel list` \
              shows the cached models",
