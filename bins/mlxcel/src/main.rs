@@ -6,14 +6,23 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod commands;
+mod progress;
+mod spellings;
 
 /// mlxcel: an LLM inference engine with MLX and OpenXLA backends.
 #[derive(Debug, Parser)]
-#[command(name = "mlxcel", version, about)]
+#[command(name = "mlxcel", version, about, after_help = VERBS_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+/// How `mlxcel --help` places the habits of other tools, after mlxcel's own subcommands.
+const VERBS_HELP: &str = "\
+The last four subcommands are ollama's verbs (run, list, rm, show). generate and run also take
+llama-cli's, llama-completion's and mlx_lm's spellings of their flags (-sys, -cnv, -no-cnv, -i,
+-f, -c, -t, -r, -e, --color, --max-tokens, --system-prompt, --prompt - ...): see
+`mlxcel generate --help` and docs/cli.md.";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -34,13 +43,41 @@ enum Command {
     Serve(Box<commands::serve::Args>),
     /// Print the token ids of a text.
     Tokenize(commands::tokenize::Args),
+    /// (ollama) Answer PROMPT with MODEL, or chat with it without one.
+    #[command(display_order = 100)]
+    // Boxed: it carries every flag of `generate`.
+    Run(Box<commands::run::Args>),
+    /// (ollama) The models in the cache: name, id, size, path.
+    #[command(display_order = 101)]
+    List(commands::list::Args),
+    /// (ollama) Remove a model from the cache (never a file outside it).
+    #[command(display_order = 102)]
+    Rm(commands::rm::Args),
+    /// (ollama) A model's family, parameters, quantization, context length and chat template.
+    #[command(display_order = 103)]
+    Show(commands::show::Args),
+}
+
+/// Parses the command line after [`spellings::normalize`]; an option of llama.cpp's tools that
+/// mlxcel lacks is refused naming it and what to use instead.
+fn parse() -> Cli {
+    match Cli::try_parse_from(spellings::normalize(std::env::args_os())) {
+        Ok(cli) => cli,
+        Err(err) => match spellings::explain(&err) {
+            Some(text) => {
+                eprintln!("error: {text}");
+                std::process::exit(2);
+            }
+            None => err.exit(),
+        },
+    }
 }
 
 /// What the subcommands other than `serve` log when `RUST_LOG` is unset.
 const CLI_LOG_FILTER: &str = "warn,mlxcel_xla=info";
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_from(mlxcel_server::normalize_llama_args(std::env::args_os()));
+    let cli = parse();
     if !matches!(cli.command, Command::Serve(_)) {
         // Warnings, plus the first-run progress the OpenXLA backend reports (each capacity it
         // compiles, with its time); `serve` sets up its own logging from its --verbose flag.
@@ -55,6 +92,10 @@ fn main() -> ExitCode {
         Command::Pull(args) => commands::pull::run(&args),
         Command::Serve(args) => commands::serve::run(&args),
         Command::Tokenize(args) => commands::tokenize::run(&args),
+        Command::Run(args) => commands::run::run(&args),
+        Command::List(args) => commands::list::run(&args),
+        Command::Rm(args) => commands::rm::run(&args),
+        Command::Show(args) => commands::show::run(&args),
     };
     match outcome {
         Ok(code) => code,
@@ -80,3 +121,8 @@ fn describe(err: &anyhow::Error) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod docs_tests;
+#[cfg(test)]
+mod habits_tests;

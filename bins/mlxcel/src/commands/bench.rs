@@ -79,6 +79,8 @@ pub struct Args {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "md")]
     output: Format,
+    #[command(flatten)]
+    ignored: super::ignored::Ignored,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -120,6 +122,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     if args.repetitions == 0 {
         bail!("-r must be at least 1");
     }
+    args.ignored.warn();
     let backend: BackendKind = args.backend.parse()?;
     let threads = match args.threads {
         Some(threads) => threads.max(1),
@@ -144,7 +147,9 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         (KvType::F32, KvType::F32) => label,
         (k, v) => format!("{label} kv {}/{}", k.as_str(), v.as_str()),
     };
-    let mut bench = BackendBench::load(args.model.as_deref(), &options)?;
+    let mut bench = super::session::shown("loading", args.model.as_deref(), || {
+        BackendBench::load(args.model.as_deref(), &options)
+    })?;
 
     // The read bandwidth the decode rows are set against, probed before and after the tests
     // (best of three rounds each): on a shared machine one probe can fall in a busy spell the

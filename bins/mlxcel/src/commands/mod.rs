@@ -1,12 +1,20 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod cache;
 pub mod capacity;
 pub mod convert;
 pub mod generate;
+pub mod ignored;
+pub mod list;
+pub mod options;
 pub mod perplexity;
 pub mod pull;
+pub mod rm;
+pub mod run;
 pub mod serve;
+pub mod session;
+pub mod show;
 pub mod tokenize;
 
 /// `--activations` (`f32` or `int8`; the error names the flag), else the application default
@@ -27,7 +35,7 @@ pub fn parse_activations(
 }
 
 /// `--cache-type-k` / `--cache-type-v` (`-ctk` / `-ctv`, as llama.cpp spells them).
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct KvTypeArgs {
     /// The KV cache's key type: `f32` (the default), `f16` (half the KV memory and the bytes
     /// attention reads per token; keys rounded to half precision when written) or `q8_0` (34

@@ -45,9 +45,12 @@ pub struct Args {
 
     #[command(flatten)]
     kv: super::KvTypeArgs,
+    #[command(flatten)]
+    ignored: super::ignored::Ignored,
 }
 
 pub fn run(args: &Args) -> Result<ExitCode> {
+    args.ignored.warn();
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let backend: BackendKind = args.backend.parse()?;

@@ -22,7 +22,9 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         );
     }
     println!("cache: {}", cache_dir()?.display());
-    let dir = resolve_model(args.model.as_deref())?;
+    let dir = super::session::shown("preparing", args.model.as_deref(), || {
+        resolve_model(args.model.as_deref())
+    })?;
     println!("{}", dir.display());
     Ok(ExitCode::SUCCESS)
 }
