@@ -261,13 +261,9 @@ impl Options {
     /// How the engine is loaded: one request at a time.
     pub fn engine_options(&self) -> Result<EngineOptions> {
         let backend: BackendKind = self.backend.parse()?;
-        Ok(EngineOptions {
+        let mut options = EngineOptions {
             backend,
             threads: self.threads.and_then(|t| usize::try_from(t).ok()),
-            activations: Some(super::parse_activations(
-                self.activations.as_deref(),
-                backend,
-            )?),
             speculative: SpeculativeConfig::from_flags(
                 self.spec_type.as_deref(),
                 self.spec_draft_model.is_some(),
@@ -284,7 +280,16 @@ impl Options {
                 ..SchedulerConfig::default()
             },
             ..EngineOptions::default()
-        })
+        };
+        // `--activations`, else the application default: int8 where the kernels are fast, f32
+        // for a model under 500 M parameters (decided at load, once its size is known).
+        match self.activations.as_deref() {
+            Some(value) => {
+                options.activations = Some(super::parse_activations(Some(value), backend)?);
+            }
+            None => options.use_application_activations(),
+        }
+        Ok(options)
     }
 
     /// Whether the prompt goes through the chat template.
