@@ -26,6 +26,14 @@ use wire::MessagesRequest;
 /// `POST /v1/messages`'s body through the checks [`messages`] makes before it renders the
 /// template (for the fuzz targets; see `crate::fuzzing`).
 pub(crate) fn check_body(bytes: &[u8]) -> Result<(), ApiError> {
+    let body: GenerationBody<MessagesRequest> =
+        parse_generation(bytes, &SamplingRanges::ANTHROPIC)?;
+    MessagesRequest::into_generation(body).map(drop)
+}
+
+/// `POST /v1/messages/count_tokens`'s body through the checks [`count_tokens`] makes before it
+/// renders the template (no `max_tokens` needed).
+pub(crate) fn check_count_body(bytes: &[u8]) -> Result<(), ApiError> {
     let mut body: GenerationBody<MessagesRequest> =
         parse_generation(bytes, &SamplingRanges::ANTHROPIC)?;
     body.request.chat().map(drop)
@@ -35,9 +43,11 @@ pub(crate) fn check_body(bytes: &[u8]) -> Result<(), ApiError> {
 pub async fn messages(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
     let body: GenerationBody<MessagesRequest> =
         read_generation(body, state.config().body_limit, &SamplingRanges::ANTHROPIC).await?;
-    let engine = state.engine()?.clone();
-    state.check_model(engine.info(), body.request.model.as_deref())?;
+    let model = body.request.model.clone();
+    // Checked whole before the model is asked for (a bad request is a 400 while it loads too).
     let generation = MessagesRequest::into_generation(body)?;
+    let engine = state.engine()?.clone();
+    state.check_model(engine.info(), model.as_deref())?;
     let stops = generation.params.stop.clone();
     let model = state.model_name(engine.info());
     generate(state, &engine, generation, |tools| MessagesReply {

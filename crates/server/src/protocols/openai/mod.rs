@@ -1,9 +1,9 @@
-//! OpenAI's routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models`.
+//! OpenAI's routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models` (and `/{id}`).
 //!
 //! - `wire.rs`: the request bodies and their translation into the one request.
 //! - `response.rs`: the response bodies (whole, chunks, logprobs, usage) and their [`Envelope`].
 //! - `stream.rs`: the [`crate::handler::Reply`] of both routes, whole or streamed.
-//! - `models.rs`: `GET /v1/models`.
+//! - `models.rs`: `GET /v1/models` and `GET /v1/models/{id}`.
 
 mod models;
 mod response;
@@ -16,7 +16,7 @@ use hyper::Response;
 use hyper::body::Incoming;
 use mlxcel_engine::Engine;
 
-pub use models::models;
+pub use models::{model, models};
 pub(crate) use wire::{MessageField, StopField, turns};
 
 use crate::body::Body;
@@ -48,9 +48,12 @@ pub async fn completions(
 ) -> Result<Response<Body>, ApiError> {
     let body: GenerationBody<CompletionRequest> =
         read_generation(body, state.config().body_limit, &SamplingRanges::OPENAI).await?;
-    let engine = state.engine()?.clone();
-    state.check_model(engine.info(), body.request.model.as_deref())?;
+    let model = body.request.model.clone();
+    // The body is checked whole before the model is asked for, as OpenAI answers a bad request
+    // 400 whatever the state of the model.
     let (generation, asked) = CompletionRequest::into_generation(body)?;
+    let engine = state.engine()?.clone();
+    state.check_model(engine.info(), model.as_deref())?;
     let envelope = envelope(state, &engine, Kind::Completion, "cmpl", &asked);
     generate(state, &engine, generation, |_| OpenAiReply {
         envelope,
@@ -67,9 +70,12 @@ pub async fn chat_completions(
 ) -> Result<Response<Body>, ApiError> {
     let body: GenerationBody<ChatRequest> =
         read_generation(body, state.config().body_limit, &SamplingRanges::OPENAI).await?;
-    let engine = state.engine()?.clone();
-    state.check_model(engine.info(), body.request.model.as_deref())?;
+    let model = body.request.model.clone();
+    // The body is checked whole before the model is asked for, as OpenAI answers a bad request
+    // 400 whatever the state of the model.
     let (generation, asked) = ChatRequest::into_generation(body)?;
+    let engine = state.engine()?.clone();
+    state.check_model(engine.info(), model.as_deref())?;
     let envelope = envelope(state, &engine, Kind::Chat, "chatcmpl", &asked);
     // Calls in the output are looked for unless the request said `none`.
     generate(state, &engine, generation, |tools| OpenAiReply {

@@ -146,6 +146,9 @@ impl Common {
         logprobs: Option<usize>,
         sampling: SamplingOverrides,
     ) -> Result<Params, ApiError> {
+        if self.n == Some(0) {
+            return Err(ApiError::invalid_param("n", "n=0: expected at least 1"));
+        }
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return Err(ApiError::unsupported(
                 "n",
@@ -266,7 +269,7 @@ pub(crate) fn turns(messages: Vec<MessageField>) -> Result<Vec<Turn>, ApiError> 
                             (kind, _) => {
                                 return Err(ApiError::unsupported(
                                     &format!("messages[{i}].content"),
-                                    format!("content parts of type `{kind}` are not supported; send text"),
+                                    format!("messages[{i}].content: content parts of type `{kind}` are not supported; send text"),
                                 ));
                             }
                         }
@@ -283,6 +286,46 @@ pub(crate) fn turns(messages: Vec<MessageField>) -> Result<Vec<Turn>, ApiError> 
             })
         })
         .collect()
+}
+
+/// The roles OpenAI's chat completions take (`developer` is the newer name of `system`;
+/// `function` is the legacy tool result).
+const ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
+/// Refuses what OpenAI refuses in `messages` and templates would take silently: a role it does not
+/// know (it would reach the template as a turn of that name) and a missing (`null`) content on a
+/// turn other than the assistant's (which may carry only calls). llama-server's
+/// `/apply-template` keeps its looser reading ([`turns`] alone).
+fn check_messages(messages: &[MessageField]) -> Result<(), ApiError> {
+    for (i, message) in messages.iter().enumerate() {
+        if !ROLES.contains(&message.role.as_str()) {
+            return Err(ApiError::invalid_param(
+                format!("messages[{i}].role"),
+                format!(
+                    "messages[{i}].role: `{}` is not one of {}",
+                    message.role,
+                    ROLES.join(", ")
+                ),
+            ));
+        }
+        if message.content.is_none() && message.role != "assistant" {
+            return Err(ApiError::invalid_param(
+                format!("messages[{i}].content"),
+                format!(
+                    "messages[{i}].content: a `{}` message needs content (a string or text parts)",
+                    message.role
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What the OpenAI reply needs to know of a request beyond the one request.
@@ -333,6 +376,7 @@ impl ChatRequest {
                 .map(|t| function_tool(&t.name, None, Some(&t.parameters)))
                 .collect()
         });
+        check_messages(&this.messages)?;
         let turns = turns(std::mem::take(&mut this.messages))?;
         let asked = Asked {
             logprobs: logprobs.is_some(),

@@ -61,9 +61,10 @@ pub async fn create(state: &Arc<AppState>, body: Incoming) -> Result<Response<Bo
         &SamplingRanges::OPENAI,
     )
     .await?;
+    // Checked whole before the model is asked for (a bad request is a 400 while it loads too).
+    let generation = request.generation(sampling, &llama)?;
     let engine = state.engine()?.clone();
     state.check_model(engine.info(), request.model.as_deref())?;
-    let generation = request.generation(sampling, &llama)?;
     let sampling = &generation.params.sampling;
     let text = request.text.take().unwrap_or_default();
     let id = format!("resp_{:x}", rand_id());
