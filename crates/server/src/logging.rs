@@ -64,9 +64,10 @@ pub fn init_logging_as(default: &str, format: LogFormat) {
 }
 
 fn init(default: &str, format: LogFormat, timestamps: bool) {
+    // A `RUST_LOG` tracing cannot read is passed over for the default, as before.
     let filter = std::env::var("RUST_LOG")
         .ok()
-        .filter(|f| !f.trim().is_empty())
+        .filter(|f| tracing_subscriber::EnvFilter::try_new(f).is_ok())
         .unwrap_or_else(|| default.to_owned());
     let _ = tracing::subscriber::set_global_default(log_subscriber(
         &filter,

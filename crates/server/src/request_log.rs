@@ -6,7 +6,8 @@
 //!
 //! Levels follow who is at fault: a refused request (4xx), a route turned off (501) and a full
 //! queue or a loading model (503) are the client's or the moment's, logged at INFO; other server
-//! failures (500) at WARN, beside the ERROR line [`crate::error`] writes with their detail.
+//! failures (500) at WARN, beside the ERROR line [`crate::error`] writes with their detail. Health
+//! probes are DEBUG ([`is_probe`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -82,24 +83,24 @@ impl RequestLog {
         }
         let elapsed_ms = self.elapsed_ms();
         let (id, method, route) = (self.id, self.method.as_str(), self.route.as_str());
+        macro_rules! line {
+            ($level:ident) => {
+                tracing::$level!(
+                    request_id = id,
+                    method,
+                    route,
+                    status,
+                    elapsed_ms,
+                    "request"
+                )
+            };
+        }
         if is_server_fault(status) {
-            tracing::warn!(
-                request_id = id,
-                method,
-                route,
-                status,
-                elapsed_ms,
-                "request"
-            );
+            line!(warn);
+        } else if is_probe(route) {
+            line!(debug);
         } else {
-            tracing::info!(
-                request_id = id,
-                method,
-                route,
-                status,
-                elapsed_ms,
-                "request"
-            );
+            line!(info);
         }
     }
 
@@ -151,6 +152,13 @@ fn is_server_fault(status: u16) -> bool {
     status >= 500 && status != 501 && status != 503
 }
 
+/// A health probe's route (`/health`, `/v1/health`, `/live`): load balancers and supervisors
+/// call them every few seconds, so their lines are DEBUG (as llama-server leaves them out of its
+/// request log), unless the server failed.
+fn is_probe(route: &str) -> bool {
+    matches!(route, "/health" | "/v1/health" | "/live")
+}
+
 /// Two decimals are enough for a log line.
 fn round(value: f64) -> f64 {
     (value * 100.0).round() / 100.0
@@ -179,5 +187,6 @@ mod tests {
             assert!(!is_server_fault(status), "{status}");
         }
         assert!(is_server_fault(500));
+        assert!(is_probe("/health") && is_probe("/live") && !is_probe("/v1/models"));
     }
 }
