@@ -123,9 +123,16 @@ pub struct ServerArgs {
     #[arg(long = "spm-infill")]
     pub spm_infill: bool,
 
-    /// The model name clients see and may send (default: the checkpoint directory's name).
-    #[arg(short = 'a', long, env = "LLAMA_ARG_ALIAS")]
-    pub alias: Option<String>,
+    /// Names of the model clients see and may send (default: the checkpoint directory's name):
+    /// repeatable or comma-separated, as llama-server; the first is the name replies carry, all
+    /// are listed by `/v1/models`.
+    #[arg(short = 'a', long, env = "LLAMA_ARG_ALIAS", value_delimiter = ',')]
+    pub alias: Vec<String>,
+
+    /// Refuse a request whose `model` is not a name of the loaded model (404 `model_not_found`);
+    /// by default any name is served by the one model, as llama-server does.
+    #[arg(long = "strict-model-names")]
+    pub strict_model_names: bool,
 
     /// Default sampling temperature; 0 is greedy.
     #[arg(
@@ -310,12 +317,13 @@ pub struct ServerArgs {
     )]
     pub spec_draft_p_min: f32,
 
-    /// Origins allowed by CORS: `*` (any), `localhost` (only localhost origins are reflected), or
-    /// a comma-separated list.
+    /// Origins allowed by CORS: `localhost` (the default: only an origin on this machine,
+    /// `http(s)://localhost`, `127.0.0.1` or `[::1]` on any port), a comma-separated list of
+    /// origins (which may include `localhost`), or `*` (any origin, never with credentials).
     #[arg(
         long = "cors-origins",
         env = "LLAMA_ARG_CORS_ORIGINS",
-        default_value = "*"
+        default_value = "localhost"
     )]
     pub cors_origins: String,
 
@@ -335,7 +343,8 @@ pub struct ServerArgs {
     )]
     pub cors_headers: String,
 
-    /// Allow credentials for CORS (on by default; with origins `*` the Origin is echoed back).
+    /// Allow credentials for CORS (on by default): only ever for an origin that is local or
+    /// listed, never with `*`.
     #[arg(
         long = "cors-credentials",
         env = "LLAMA_ARG_CORS_CREDENTIALS",
@@ -370,6 +379,10 @@ pub struct ServerArgs {
     /// Log nothing.
     #[arg(long = "log-disable")]
     pub log_disable: bool,
+
+    /// How log lines are written: `text`, or `json` (one JSON object per line).
+    #[arg(long = "log-format", value_enum, default_value = "text")]
+    pub log_format: crate::logging::LogFormat,
 
     /// llama-server options without effect here (accepted, one warning line each).
     #[command(flatten)]
@@ -557,7 +570,14 @@ impl ServerArgs {
         Ok(ServerConfig {
             addr: self.addr()?,
             model_arg: self.model.clone(),
-            alias: self.alias.clone(),
+            aliases: self
+                .alias
+                .iter()
+                .map(|a| a.trim())
+                .filter(|a| !a.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            strict_model_names: self.strict_model_names,
             ctx_size: (self.ctx_size > 0).then_some(self.ctx_size),
             parallel: self.parallel()?,
             default_max_new_tokens,

@@ -49,8 +49,12 @@ pub struct ServerConfig {
     pub addr: SocketAddr,
     /// The `-m` value as given (accepted as a model name).
     pub model_arg: Option<String>,
-    /// The model name clients see; default the checkpoint directory's name.
-    pub alias: Option<String>,
+    /// The model's names clients see (`--alias`): the first is the one replies carry, all are
+    /// listed by `/v1/models`; empty, the checkpoint directory's name.
+    pub aliases: Vec<String>,
+    /// Whether a request naming another model is refused (`--strict-model-names`); by default
+    /// the one model serves any name, as llama-server does.
+    pub strict_model_names: bool,
     /// Per-request context cap (prompt + budget), further capped by the window.
     pub ctx_size: Option<usize>,
     /// The scheduler's batch (`--parallel`), reported by `/props` and `/slots`.
@@ -100,7 +104,8 @@ impl Default for ServerConfig {
         Self {
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 8080)),
             model_arg: None,
-            alias: None,
+            aliases: Vec::new(),
+            strict_model_names: false,
             ctx_size: None,
             parallel: 8,
             default_max_new_tokens: MaxNewTokens::Unlimited,

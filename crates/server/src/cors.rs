@@ -1,7 +1,10 @@
-//! CORS, as llama-server answers it (`--cors-origins`, `--cors-methods`, `--cors-headers`,
-//! `--cors-credentials`): every response carries `Access-Control-Allow-Origin`; a preflight
-//! `OPTIONS` on any path is answered before authentication (browsers send no key with it), with
-//! the allowed methods, headers and credentials.
+//! CORS (`--cors-origins`, `--cors-methods`, `--cors-headers`, `--cors-credentials`, llama-server's
+//! flags), with a safe default: only web pages served from this machine (`http(s)://localhost`,
+//! `127.0.0.1`, `[::1]`, any port) may call the API from a browser, as ollama allows, so that a
+//! page on the web cannot drive a server started without a key. `--cors-origins` lists other
+//! origins, or `*` for any. Credentials are allowed only for an origin that is local or listed,
+//! never with `*`. A browser's preflight `OPTIONS` on any path is answered before authentication
+//! (browsers send no key with it).
 
 use hyper::HeaderMap;
 use hyper::header::{
@@ -9,24 +12,24 @@ use hyper::header::{
     ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue, ORIGIN, VARY,
 };
 
-/// The CORS settings; the defaults are llama-server's.
+/// The CORS settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CorsConfig {
-    /// `*` (any origin), `localhost` (reflect only an origin whose host is `localhost`,
-    /// `127.0.0.1` or `::1`), or a comma-separated list of origins.
+    /// `localhost` (local origins only, the default), `*` (any origin), or a comma-separated list
+    /// of origins, which may include `localhost`.
     pub origins: String,
     /// `Access-Control-Allow-Methods` of preflight answers.
     pub methods: String,
     /// `Access-Control-Allow-Headers` of preflight answers.
     pub headers: String,
-    /// Whether credentials are allowed; with origins `*` the request's `Origin` is echoed.
+    /// Whether credentials are allowed (for a local or listed origin only).
     pub credentials: bool,
 }
 
 impl Default for CorsConfig {
     fn default() -> Self {
         Self {
-            origins: "*".into(),
+            origins: "localhost".into(),
             methods: "GET, POST, DELETE, OPTIONS".into(),
             headers: "*".into(),
             credentials: true,
@@ -34,61 +37,95 @@ impl Default for CorsConfig {
     }
 }
 
-fn is_localhost(origin: &str) -> bool {
-    let rest = origin.split_once("://").map_or(origin, |(_, r)| r);
-    let authority = rest.split('/').next().unwrap_or("");
-    let host = if let Some(v6) = authority.strip_prefix('[') {
-        v6.split(']').next().unwrap_or("")
-    } else {
-        authority.rsplit_once(':').map_or(authority, |(h, _)| h)
+/// Whether `origin` is a web page on this machine: scheme `http` or `https`, host `localhost`,
+/// `127.0.0.1` or `[::1]`, any port.
+fn is_local(origin: &str) -> bool {
+    let Some(authority) = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+    else {
+        return false;
     };
-    matches!(host, "localhost" | "127.0.0.1" | "::1")
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let Some((host, rest)) = v6.split_once(']') else {
+            return false;
+        };
+        match rest.strip_prefix(':') {
+            Some(port) => (host, Some(port)),
+            None if rest.is_empty() => (host, None),
+            None => return false,
+        }
+    } else {
+        match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    let port_ok =
+        port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    port_ok
+        && matches!(
+            host.to_ascii_lowercase().as_str(),
+            "localhost" | "127.0.0.1" | "::1"
+        )
+}
+
+/// What a request from an origin is allowed.
+#[derive(Debug, PartialEq, Eq)]
+enum Allowed {
+    /// `Access-Control-Allow-Origin: *`, without credentials.
+    Any,
+    /// The origin echoed back (local or listed), with credentials when they are on.
+    Origin(String),
 }
 
 impl CorsConfig {
-    /// The `Access-Control-Allow-Origin` for a request from `origin`, if any.
-    fn allow_origin(&self, origin: Option<&str>) -> Option<String> {
+    /// What a request from `origin` is allowed; `None`: no CORS header (the browser refuses).
+    fn allowed(&self, origin: Option<&str>) -> Option<Allowed> {
         let origins = self.origins.trim();
-        match (origins, origin) {
-            // As llama-server: with credentials, any origin is echoed back (a wildcard does not
-            // allow credentials in browsers); without an Origin header, `*`.
-            ("*", Some(origin)) if self.credentials => Some(origin.to_owned()),
-            ("*", _) => Some("*".into()),
-            ("localhost", Some(origin)) if is_localhost(origin) => Some(origin.to_owned()),
-            ("localhost", _) => None,
-            (list, origin) if list.contains(',') => {
-                // A list: the request's origin when listed (browsers take one origin only).
-                let origin = origin?;
-                list.split(',')
-                    .any(|o| o.trim() == origin)
-                    .then(|| origin.to_owned())
-            }
-            (one, _) => Some(one.to_owned()),
+        if origins == "*" {
+            return Some(Allowed::Any);
         }
+        let origin = origin?;
+        origins
+            .split(',')
+            .map(str::trim)
+            .any(|o| o == origin || (o == "localhost" && is_local(origin)))
+            .then(|| Allowed::Origin(origin.to_owned()))
     }
 
-    /// Adds `Access-Control-Allow-Origin` (and `Vary: Origin` when it depends on the request)
-    /// to a response's headers.
+    /// Adds `Access-Control-Allow-Origin` (with `Vary: Origin` and, when on, credentials for an
+    /// echoed origin) to a response's headers.
     pub fn decorate(&self, origin: Option<&str>, headers: &mut HeaderMap) {
-        if let Some(value) = self
-            .allow_origin(origin)
-            .and_then(|v| HeaderValue::from_str(&v).ok())
-        {
-            let echoed = origin.is_some_and(|o| value.as_bytes() == o.as_bytes());
-            headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, value);
-            if echoed {
-                headers.append(VARY, HeaderValue::from_static("Origin"));
+        match self.allowed(origin) {
+            Some(Allowed::Any) => {
+                headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
             }
+            Some(Allowed::Origin(origin)) => {
+                let Ok(value) = HeaderValue::from_str(&origin) else {
+                    return;
+                };
+                headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, value);
+                if self.credentials {
+                    headers.insert(
+                        ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                        HeaderValue::from_static("true"),
+                    );
+                }
+            }
+            None => {}
+        }
+        if self.origins.trim() != "*" {
+            headers.append(VARY, HeaderValue::from_static("Origin"));
         }
     }
 
-    /// Adds the preflight headers.
-    pub fn preflight(&self, headers: &mut HeaderMap) {
-        let credentials = if self.credentials { "true" } else { "false" };
-        headers.insert(
-            ACCESS_CONTROL_ALLOW_CREDENTIALS,
-            HeaderValue::from_static(credentials),
-        );
+    /// Adds the preflight headers (methods and headers) for a preflight from `origin`, when it is
+    /// allowed.
+    pub fn preflight(&self, origin: Option<&str>, headers: &mut HeaderMap) {
+        if self.allowed(origin).is_none() {
+            return;
+        }
         for (name, value) in [
             (ACCESS_CONTROL_ALLOW_METHODS, &self.methods),
             (ACCESS_CONTROL_ALLOW_HEADERS, &self.headers),
@@ -112,48 +149,97 @@ pub fn origin(headers: &HeaderMap) -> Option<String> {
 mod tests {
     use super::*;
 
+    fn echoed(origin: &str) -> Option<Allowed> {
+        Some(Allowed::Origin(origin.to_owned()))
+    }
+
     #[test]
-    fn origins_are_answered_as_llama_server_answers_them() {
+    fn only_local_origins_by_default() {
         let default = CorsConfig::default();
-        assert_eq!(
-            default.allow_origin(Some("https://a.example")).as_deref(),
-            Some("https://a.example")
-        );
-        assert_eq!(default.allow_origin(None).as_deref(), Some("*"));
-        let no_credentials = CorsConfig {
-            credentials: false,
-            ..CorsConfig::default()
-        };
-        assert_eq!(
-            no_credentials
-                .allow_origin(Some("https://a.example"))
-                .as_deref(),
-            Some("*")
-        );
-        let local = CorsConfig {
-            origins: "localhost".into(),
-            ..CorsConfig::default()
-        };
-        assert!(local.allow_origin(Some("http://localhost:5173")).is_some());
-        assert!(local.allow_origin(Some("http://[::1]:80")).is_some());
-        assert!(local.allow_origin(Some("http://127.0.0.1")).is_some());
-        assert!(local.allow_origin(Some("https://evil.example")).is_none());
+        for local in [
+            "http://localhost",
+            "http://localhost:5173",
+            "https://127.0.0.1:8443",
+            "http://[::1]:80",
+            "http://[::1]",
+            "http://LocalHost:3000",
+        ] {
+            assert_eq!(default.allowed(Some(local)), echoed(local), "{local}");
+        }
+        for foreign in [
+            "https://evil.example",
+            "http://localhost.evil.example",
+            "http://evil.example:80#localhost",
+            "http://127.0.0.1.evil.example",
+            "file://localhost",
+            "null",
+            "http://localhost:80/path",
+            "http://localhost:",
+            "http://[::1]x",
+        ] {
+            assert_eq!(default.allowed(Some(foreign)), None, "{foreign}");
+        }
+        assert_eq!(default.allowed(None), None);
+    }
+
+    #[test]
+    fn listed_origins_and_the_wildcard() {
         let list = CorsConfig {
-            origins: "https://a.example, https://b.example".into(),
+            origins: "https://a.example, localhost".into(),
             ..CorsConfig::default()
         };
         assert_eq!(
-            list.allow_origin(Some("https://b.example")).as_deref(),
-            Some("https://b.example")
+            list.allowed(Some("https://a.example")),
+            echoed("https://a.example")
         );
-        assert!(list.allow_origin(Some("https://c.example")).is_none());
+        assert_eq!(
+            list.allowed(Some("http://localhost:1")),
+            echoed("http://localhost:1")
+        );
+        assert_eq!(list.allowed(Some("https://c.example")), None);
         let one = CorsConfig {
             origins: "https://a.example".into(),
             ..CorsConfig::default()
         };
+        assert_eq!(one.allowed(Some("http://localhost")), None);
+        let any = CorsConfig {
+            origins: "*".into(),
+            ..CorsConfig::default()
+        };
+        assert_eq!(any.allowed(Some("https://c.example")), Some(Allowed::Any));
+        assert_eq!(any.allowed(None), Some(Allowed::Any));
+    }
+
+    #[test]
+    fn credentials_never_go_with_a_wildcard_or_a_foreign_origin() {
+        let header = |config: &CorsConfig, origin: &str| {
+            let mut headers = HeaderMap::new();
+            config.decorate(Some(origin), &mut headers);
+            (
+                headers
+                    .get(ACCESS_CONTROL_ALLOW_ORIGIN)
+                    .map(|v| v.to_str().unwrap().to_owned()),
+                headers.get(ACCESS_CONTROL_ALLOW_CREDENTIALS).is_some(),
+            )
+        };
+        let any = CorsConfig {
+            origins: "*".into(),
+            ..CorsConfig::default()
+        };
+        assert_eq!(header(&any, "https://e.example"), (Some("*".into()), false));
+        let default = CorsConfig::default();
+        assert_eq!(header(&default, "https://e.example"), (None, false));
         assert_eq!(
-            one.allow_origin(Some("https://c.example")).as_deref(),
-            Some("https://a.example")
+            header(&default, "http://localhost:3000"),
+            (Some("http://localhost:3000".into()), true)
+        );
+        let off = CorsConfig {
+            credentials: false,
+            ..CorsConfig::default()
+        };
+        assert_eq!(
+            header(&off, "http://localhost:3000"),
+            (Some("http://localhost:3000".into()), false)
         );
     }
 }

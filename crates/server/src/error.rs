@@ -227,12 +227,10 @@ impl ApiError {
     /// The one mapping from an error to a response, in `shape`.
     pub fn response_as(&self, shape: ErrorShape) -> Response<Body> {
         let status = self.status();
-        if status.is_server_error()
-            && !matches!(
-                self,
-                Self::Loading | Self::QueueFull { .. } | Self::NoSlotAvailable
-            )
-        {
+        // Only a failure of the server itself is an ERROR; a refused request, a route turned off
+        // (501), a loading model or a full queue (503) are not (the request's own line,
+        // request_log.rs, says what was answered).
+        if matches!(self, Self::Internal(_)) {
             tracing::error!(error = ?self, "request failed");
         } else {
             tracing::debug!(%status, error = %self, "request refused");

@@ -13,6 +13,7 @@ use mlxcel_engine::{
 use crate::body::StreamSender;
 use crate::error::ApiError;
 use crate::request::{BiasTarget, Params, PromptInput};
+use crate::request_log::{GenerationSummary, RequestLog};
 use crate::state::{ActiveRequest, AppState};
 
 /// How long a cancelled request may take to report its end before the server stops waiting.
@@ -229,7 +230,8 @@ pub async fn submit(
         cached_tokens: 0,
         drafted_tokens: 0,
         accepted_tokens: 0,
-        finished: false,
+        finished: None,
+        log: RequestLog::take_over(),
     })
 }
 
@@ -249,7 +251,10 @@ pub struct Tracked {
     /// Speculative decoding's proposals for this request and those accepted (known at the end).
     drafted_tokens: usize,
     accepted_tokens: usize,
-    finished: bool,
+    /// How it ended, once it has.
+    finished: Option<FinishReason>,
+    /// The request's log line, written when the request ends (or is dropped).
+    log: Option<RequestLog>,
 }
 
 impl Tracked {
@@ -308,7 +313,7 @@ impl Tracked {
                 self.state.note_generated(self.key, self.generated, text);
             }
             Event::Finished { reason, usage, .. } => {
-                self.finished = true;
+                self.finished = Some(*reason);
                 self.cached_tokens = usage.cached_tokens;
                 self.drafted_tokens = usage.drafted_tokens;
                 self.accepted_tokens = usage.accepted_tokens;
@@ -331,12 +336,23 @@ impl Drop for Tracked {
     /// Dropped before its end (a non-streamed request whose connection went away, or a task
     /// aborted at the shutdown deadline): the stream's own drop cancels it in the engine.
     fn drop(&mut self) {
-        if !self.finished {
+        if self.finished.is_none() {
             self.state
                 .metrics()
                 .observe_finished(FinishReason::Cancelled);
         }
         self.state.unregister(self.key);
+        if let Some(log) = &self.log {
+            log.generation_finished(&GenerationSummary {
+                engine_id: self.stream.id(),
+                prompt_tokens: self.prompt_tokens,
+                cached_tokens: self.cached_tokens,
+                generated_tokens: self.generated,
+                ttft_ms: self.first_token.map(|_| self.timings().0),
+                tok_s: self.timings_object(self.generated).predicted_per_second,
+                finish_reason: self.finished.unwrap_or(FinishReason::Cancelled).as_str(),
+            });
+        }
     }
 }
 

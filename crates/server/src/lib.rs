@@ -10,6 +10,8 @@
 //! - [`Server`] binds a listener (port 0 in tests) and serves HTTP/1.1 until a shutdown future
 //!   resolves; [`AppState`] is what handlers share: settings, the engine once loaded (`/health`
 //!   is 503 before), metrics, and requests in flight.
+//! - Each request gets one log line when it ends (with its tokens and timings for a
+//!   generation), as text or, with `--log-format json`, JSON ([`log_subscriber`], [`LogFormat`]).
 //! - Every failure of a request is an [`ApiError`], turned into a response in one place, in the
 //!   route's [`ErrorShape`] (OpenAI's, or Anthropic's on its routes). [`run`] is the whole
 //!   program both binaries call.
@@ -43,10 +45,12 @@ mod handler;
 mod inert;
 mod llama_fields;
 mod llama_flags;
+mod logging;
 mod metrics;
 mod protocols;
 mod read;
 mod request;
+mod request_log;
 mod routes;
 mod run;
 mod serve;
@@ -60,7 +64,8 @@ pub use config::{ApiKeys, ServerConfig};
 pub use cors::CorsConfig;
 pub use error::{ApiError, ErrorShape, ServerError};
 pub use llama_flags::{IgnoredOptions, normalize_llama_args};
+pub use logging::{LogFormat, init_logging, init_logging_as, init_logging_with, log_subscriber};
 pub use metrics::Metrics;
-pub use run::{init_logging, init_logging_with, init_server_logging, run};
+pub use run::{init_server_logging, run};
 pub use serve::{Server, shutdown_signal};
 pub use state::{ActiveRequest, AppState};

@@ -1,12 +1,12 @@
 //! llama-server's generation fields that every generating route reads (llama-server hands the
 //! body of its OpenAI, Responses and Anthropic routes to the same task schema as `/completion`):
-//! `ignore_eos`, `t_max_predict_ms`, `samplers`, `logit_bias`, `cache_prompt`, the sampling
-//! fields ([`SamplingOverrides`]), and the output fields `n_probs` and `return_tokens`, which each
-//! route answers in its own shape.
+//! `ignore_eos`, `t_max_predict_ms`, `samplers`, `logit_bias`, `cache_prompt`, and the output
+//! fields `n_probs` and `return_tokens`, which each route answers in its own shape. The sampling
+//! fields (`temperature`, `top_p` ...) are read beside them ([`crate::read::GenerationBody`]).
 
 use std::time::Duration;
 
-use mlxcel_engine::{SamplerStage, SamplingOverrides};
+use mlxcel_engine::SamplerStage;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -31,10 +31,6 @@ pub struct LlamaFields {
     pub logit_bias: Option<Value>,
     /// `false`: the prompt is computed whole, never from the prefix cache.
     pub cache_prompt: Option<bool>,
-    /// The sampling fields (`temperature`, `top_p`, `typical_p` ...), read from the same body
-    /// ([`crate::read::read_generation_json`]) in the engine's one declaration of them.
-    #[serde(skip)]
-    pub sampling: SamplingOverrides,
 }
 
 /// Reads `logit_bias` as llama-server does, on every generating route (OpenAI's object of
@@ -214,9 +210,9 @@ impl SamplersField {
 }
 
 impl LlamaFields {
-    /// Sets the sampling and stopping fields of `params`.
+    /// Sets the fields of `params` these fields steer (the sampler chain, biases, stopping, the
+    /// prefix cache).
     pub fn apply(&self, params: &mut Params) -> Result<(), ApiError> {
-        params.sampling = self.sampling.clone();
         params.ignore_eos = self.ignore_eos.unwrap_or(false);
         params.cache_prompt = self.cache_prompt;
         if let Some(bias) = &self.logit_bias {

@@ -1,37 +1,125 @@
 //! Request bodies in: read within the size limit, parsed as JSON, with errors that name the field.
+//!
+//! A generating route's body is read into a [`GenerationBody`]: the route's own fields, the
+//! sampling fields (the engine's one declaration, [`SamplingOverrides`]) checked against the
+//! ranges of the route's protocol ([`SamplingRanges`]), and llama-server's task fields
+//! ([`LlamaFields`]). The sampling fields are read from the same body on their own rather than
+//! `#[serde(flatten)]`ed into the route's type, which would lose the field's name from type errors.
 
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use mlxcel_engine::SamplingOverrides;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 use crate::llama_fields::LlamaFields;
+
+/// A generating route's body, read and checked.
+#[derive(Debug)]
+pub struct GenerationBody<T> {
+    /// The route's own fields.
+    pub request: T,
+    /// The sampling fields, within the protocol's ranges.
+    pub sampling: SamplingOverrides,
+    /// llama-server's task fields, which every generating route reads.
+    pub llama: LlamaFields,
+}
+
+/// The ranges a protocol's official API accepts for the sampling fields, beyond the engine's own
+/// checks (`SamplingParams::validate`, which every route gets at submission). `None`: no bound
+/// of the protocol's own.
+#[derive(Debug, Clone, Copy)]
+pub struct SamplingRanges {
+    pub temperature: Option<(f32, f32)>,
+    pub top_p: Option<(f32, f32)>,
+    pub penalties: Option<(f32, f32)>,
+}
+
+impl SamplingRanges {
+    /// OpenAI's (chat completions, completions, Responses): temperature 0–2, top_p 0–1,
+    /// presence and frequency penalties −2–2.
+    pub const OPENAI: Self = Self {
+        temperature: Some((0.0, 2.0)),
+        top_p: Some((0.0, 1.0)),
+        penalties: Some((-2.0, 2.0)),
+    };
+
+    /// Anthropic's Messages: temperature 0–1, top_p 0–1 (`top_k` is a count, so at least 0).
+    pub const ANTHROPIC: Self = Self {
+        temperature: Some((0.0, 1.0)),
+        top_p: Some((0.0, 1.0)),
+        penalties: None,
+    };
+
+    /// llama-server's native routes: its looser rules (a negative temperature is greedy), so only
+    /// the engine's checks apply.
+    pub const LLAMA_SERVER: Self = Self {
+        temperature: None,
+        top_p: None,
+        penalties: None,
+    };
+
+    /// Refuses the first sampling field outside these ranges, naming it.
+    pub fn check(&self, sampling: &SamplingOverrides) -> Result<(), ApiError> {
+        let fields = [
+            ("temperature", sampling.temperature, self.temperature),
+            ("top_p", sampling.top_p, self.top_p),
+            (
+                "presence_penalty",
+                sampling.presence_penalty,
+                self.penalties,
+            ),
+            (
+                "frequency_penalty",
+                sampling.frequency_penalty,
+                self.penalties,
+            ),
+        ];
+        for (name, value, range) in fields {
+            if let (Some(value), Some((low, high))) = (value, range)
+                && !(low..=high).contains(&value)
+            {
+                return Err(ApiError::invalid_param(
+                    name,
+                    format!("{name}={value}: expected a number from {low} to {high}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Reads a JSON request body of at most `limit` bytes into `T`; errors name the field.
 pub async fn read_json<T: DeserializeOwned>(body: Incoming, limit: usize) -> Result<T, ApiError> {
     parse_json(&read_bytes(body, limit).await?)
 }
 
-/// Reads a generation request: as [`read_json`], after refusing llama-server fields this server
-/// does not act on ([`crate::inert`]), with the llama-server fields every generating route reads
-/// ([`LlamaFields`], with the sampling fields).
-pub async fn read_generation_json<T: DeserializeOwned>(
+/// Reads a generating route's body ([`parse_generation`]) of at most `limit` bytes.
+pub async fn read_generation<T: DeserializeOwned>(
     body: Incoming,
     limit: usize,
-) -> Result<(T, LlamaFields), ApiError> {
-    let bytes = read_bytes(body, limit).await?;
-    crate::inert::refuse_inert_fields(&bytes)?;
-    let request = parse_json(&bytes)?;
-    Ok((request, read_llama_fields(&bytes)?))
+    ranges: &SamplingRanges,
+) -> Result<GenerationBody<T>, ApiError> {
+    parse_generation(&read_bytes(body, limit).await?, ranges)
 }
 
-/// The llama-server fields and the sampling fields of a generation request's body, each parsed
-/// from it whole (not `#[serde(flatten)]`ed into the route's own type, which would lose the
-/// field's name from type errors).
-pub fn read_llama_fields(bytes: &[u8]) -> Result<LlamaFields, ApiError> {
-    let mut llama: LlamaFields = parse_json(bytes)?;
-    llama.sampling = parse_json(bytes)?;
-    Ok(llama)
+/// Parses a generating route's body: refuses llama-server fields this server does not act on
+/// ([`crate::inert`]), then reads the route's fields, the sampling fields (checked against
+/// `ranges`) and llama-server's task fields, each from the body whole.
+pub fn parse_generation<T: DeserializeOwned>(
+    bytes: &[u8],
+    ranges: &SamplingRanges,
+) -> Result<GenerationBody<T>, ApiError> {
+    crate::inert::refuse_inert_fields(bytes)?;
+    let request = parse_json(bytes)?;
+    let llama = parse_json(bytes)?;
+    let sampling = parse_json(bytes)?;
+    ranges.check(&sampling)?;
+    Ok(GenerationBody {
+        request,
+        sampling,
+        llama,
+    })
 }
 
 /// The body's bytes, within `limit`.

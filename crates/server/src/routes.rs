@@ -17,6 +17,7 @@ use crate::body::{Body, full};
 use crate::error::{ApiError, ErrorShape};
 use crate::protocols::llama_server::{self, slot_files};
 use crate::protocols::{anthropic, embeddings, openai, responses};
+use crate::request_log::RequestLog;
 use crate::state::AppState;
 use crate::webui;
 use crate::webui::Asset;
@@ -183,13 +184,19 @@ static ROUTES: &[Route] = &[
     anthropic(
         "/v1/messages/count_tokens",
         |c| Box::pin(async move { anthropic::count_tokens(&c.state, c.body).await }),
-        anthropic::check_body,
+        anthropic::check_count_body,
     ),
     get("/v1/models", |c| {
         Box::pin(async move { openai::models(&c.state) })
     }),
     get("/models", |c| {
         Box::pin(async move { openai::models(&c.state) })
+    }),
+    get("/v1/models/{id}", |c| {
+        Box::pin(async move { openai::model(&c.state, c.params.get("id").unwrap_or_default()) })
+    }),
+    get("/models/{id}", |c| {
+        Box::pin(async move { openai::model(&c.state, c.params.get("id").unwrap_or_default()) })
     }),
     // llama-server's native completion, under its legacy name and its current one.
     post(
@@ -362,15 +369,18 @@ pub fn check_request_body(path: &str, bytes: &[u8]) -> Result<(), ApiError> {
     }
 }
 
-/// Answers one request. Every failure becomes a response here, so the connection keeps serving.
+/// Answers one request. Every failure becomes a response here, so the connection keeps serving;
+/// each request gets one log line ([`RequestLog`]).
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<Body> {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let origin = crate::cors::origin(request.headers());
+    let log = RequestLog::new(method.as_str(), &path);
     let mut response = if method == Method::OPTIONS {
-        preflight(&state, &path)
+        preflight(&state, &path, origin.as_deref())
     } else {
-        match dispatch(&state, request).await {
+        let answer = log.clone().scope(dispatch(&state, request)).await;
+        match answer {
             Ok(response) => response,
             Err(err) => err.response_as(error_shape(&path)),
         }
@@ -379,16 +389,26 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         .config()
         .cors
         .decorate(origin.as_deref(), response.headers_mut());
-    tracing::info!(%method, %path, status = response.status().as_u16(), "request");
+    log.responded(response.status().as_u16());
     response
 }
 
-/// The error shape of the routes on `path` (OpenAI's where no route has it).
+/// The error shape of the routes on `path`: where no route has it, Anthropic's under
+/// `/v1/messages/` (its clients read only that shape), else OpenAI's.
 fn error_shape(path: &str) -> ErrorShape {
     ROUTES
         .iter()
         .find(|r| match_path(r.path, path).is_some())
-        .map_or(ErrorShape::OpenAi, |r| r.errors)
+        .map_or_else(
+            || {
+                if path.starts_with("/v1/messages/") {
+                    ErrorShape::Anthropic
+                } else {
+                    ErrorShape::OpenAi
+                }
+            },
+            |r| r.errors,
+        )
 }
 
 /// Whether the request carries an accepted key (`Authorization: Bearer`, or `X-Api-Key`).
@@ -427,12 +447,15 @@ fn allowed_methods(path: &str) -> Option<String> {
 /// `OPTIONS` on any path, as llama-server answers it before routing and authentication (a
 /// browser's preflight carries no key), even while the model loads: 204, no body, the CORS
 /// preflight headers, and `Allow` with the methods the path takes when a route has it.
-fn preflight(state: &AppState, path: &str) -> Response<Body> {
+fn preflight(state: &AppState, path: &str, origin: Option<&str>) -> Response<Body> {
     let mut response = full(StatusCode::NO_CONTENT, "text/plain", Vec::new());
     if let Some(value) = allowed_methods(path).and_then(|a| HeaderValue::from_str(&a).ok()) {
         response.headers_mut().insert(ALLOW, value);
     }
-    state.config().cors.preflight(response.headers_mut());
+    state
+        .config()
+        .cors
+        .preflight(origin, response.headers_mut());
     response
 }
 

@@ -6,39 +6,18 @@ use mlxcel_engine::Engine;
 
 use crate::args::ServerArgs;
 use crate::error::ServerError;
+use crate::logging::init_logging_as;
 use crate::serve::{Server, shutdown_signal};
 
-/// Logs to stderr: `info` by default, `debug` when `verbose`; `RUST_LOG` (tracing's filter syntax,
-/// e.g. `RUST_LOG=mlxcel_engine=debug`) replaces either.
-pub fn init_logging(verbose: bool) {
-    init_logging_with(if verbose { "debug" } else { "info" }, true);
-}
-
-/// Logs to stderr under `RUST_LOG` when it is set, else under `default` (a filter such as
-/// `warn,mlxcel_xla=info`); `timestamps` off gives short lines for a terminal session (level and
-/// message only). The command-line tools call this once, first thing, so that `RUST_LOG` works in
-/// every subcommand. A second call does nothing.
-pub fn init_logging_with(default: &str, timestamps: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if timestamps {
-        builder.try_init()
-    } else {
-        builder.without_time().with_target(false).try_init()
-    };
-}
-
-/// Sets up logging under the flags (`-v`, `--log-disable`), then logs one warning line per
+/// Sets up logging under the flags (`-v`, `--log-disable`, `--log-format`), then logs one warning line per
 /// llama-server option that has no effect here.
 pub fn init_server_logging(args: &ServerArgs) {
-    if args.log_disable {
-        init_logging_with("off", true);
-    } else {
-        init_logging(args.verbose);
-    }
+    let filter = match (args.log_disable, args.verbose) {
+        (true, _) => "off",
+        (false, true) => "debug",
+        (false, false) => "info",
+    };
+    init_logging_as(filter, args.log_format);
     for warning in &args.ignored.warnings {
         tracing::warn!("{warning}");
     }

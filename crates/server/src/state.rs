@@ -90,22 +90,37 @@ impl AppState {
         self.engine.get().is_some()
     }
 
-    /// The name clients see for the model.
-    /// The `--alias`, else the model's own name (a converted GGUF's stem, or the directory's).
+    /// The name replies carry: the first `--alias`, else the model's own name (a converted GGUF's
+    /// stem, or the directory's).
     pub fn model_name(&self, info: &ModelInfo) -> String {
         self.config
-            .alias
-            .clone()
+            .aliases
+            .first()
+            .cloned()
             .unwrap_or_else(|| info.name.clone())
     }
 
-    /// Refuses a model name this server does not serve; `None` (not given) is accepted.
+    /// The names `/v1/models` lists: every `--alias`, else the model's own name.
+    pub fn model_names(&self, info: &ModelInfo) -> Vec<String> {
+        if self.config.aliases.is_empty() {
+            vec![info.name.clone()]
+        } else {
+            self.config.aliases.clone()
+        }
+    }
+
+    /// Refuses a model name this server does not serve: under `--strict-model-names`, one that is
+    /// not an alias, the `-m` value as given, or the model's file or directory name; without it,
+    /// none (the one model answers every name, as llama-server's does, since tools send names
+    /// such as `gpt-4o`). `None` (not given) is always accepted.
     pub fn check_model(&self, info: &ModelInfo, requested: Option<&str>) -> Result<(), ApiError> {
         let Some(requested) = requested else {
             return Ok(());
         };
-        let served = self.model_name(info);
-        let known = requested == served
+        if !self.config.strict_model_names {
+            return Ok(());
+        }
+        let known = self.config.aliases.iter().any(|a| a == requested)
             || requested == info.name
             || self.config.model_arg.as_deref() == Some(requested)
             || requested == info.dir.to_string_lossy();
@@ -114,7 +129,7 @@ impl AppState {
         } else {
             Err(ApiError::ModelNotFound {
                 model: requested.to_owned(),
-                served,
+                served: self.model_names(info).join("`, `"),
             })
         }
     }
@@ -141,7 +156,7 @@ impl AppState {
     pub fn render_metrics(&self) -> String {
         let engine = self.engine.get();
         let model = engine.map_or_else(
-            || self.config.alias.clone().unwrap_or_default(),
+            || self.config.aliases.first().cloned().unwrap_or_default(),
             |e| self.model_name(e.info()),
         );
         let metrics = engine.map(|e| e.metrics());

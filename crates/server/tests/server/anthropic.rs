@@ -262,7 +262,12 @@ async fn errors_have_anthropic_shape() {
     if skip_model_tests() {
         return;
     }
-    let server = TestServer::with_model(ServerConfig::default()).await;
+    // Strict names, so that an unknown model is a 404 (by default any name is served).
+    let server = TestServer::with_model(ServerConfig {
+        strict_model_names: true,
+        ..ServerConfig::default()
+    })
+    .await;
     let mut no_budget = ask(json!({}));
     no_budget.as_object_mut().unwrap().remove("max_tokens");
     let reply = server.post_json("/v1/messages", no_budget).await;

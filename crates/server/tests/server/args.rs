@@ -72,7 +72,7 @@ fn llama_server_spellings() {
     assert!(config.api_keys.accepts("k1") && config.api_keys.accepts("k2"));
     assert!(!config.api_keys.accepts("k3"));
     assert!(config.metrics);
-    assert_eq!(config.alias.as_deref(), Some("smol"));
+    assert_eq!(config.aliases, ["smol"]);
     assert_eq!(
         (config.default_temperature, config.default_seed),
         (0.0, Some(42))
@@ -317,8 +317,8 @@ fn every_llama_server_spelling_reaches_its_setting() {
                 .frequency_penalty
                 == Some(0.5)
         }),
-        (&["-a", "x"], |a| a.alias.as_deref() == Some("x")),
-        (&["--alias", "x"], |a| a.alias.as_deref() == Some("x")),
+        (&["-a", "x"], |a| a.alias == ["x"]),
+        (&["--alias", "x"], |a| a.alias == ["x"]),
         (&["-m", "m.gguf"], |a| a.model.as_deref() == Some("m.gguf")),
         (&["--model", "m.gguf"], |a| {
             a.model.as_deref() == Some("m.gguf")

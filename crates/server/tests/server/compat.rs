@@ -45,7 +45,7 @@ mod http {
         let config = ServerConfig {
             metrics: true,
             props: true,
-            alias: Some("smol".into()),
+            aliases: vec!["smol".into()],
             ..ServerConfig::default()
         };
         let server = TestServer::with_model(config).await;

@@ -1,5 +1,6 @@
-//! CORS as llama-server answers it: preflights on any path before authentication and loading,
-//! `Access-Control-Allow-Origin` on every response, and the `--cors-*` flags.
+//! CORS: preflights on any path before authentication and loading, `Access-Control-Allow-Origin`
+//! on every response to an allowed origin, local origins only by default (a page on the web may
+//! not drive the server), credentials never with `*`, and the `--cors-*` flags.
 
 use clap::Parser;
 use hyper::StatusCode;
@@ -7,11 +8,19 @@ use mlxcel_server::{ApiKeys, CorsConfig, ServerArgs, ServerConfig, normalize_lla
 
 use crate::support::*;
 
-const ORIGIN: &str = "https://app.example";
+/// A page served from this machine, which the default allows.
+const ORIGIN: &str = "http://localhost:5173";
+
+/// A page on the web, which the default does not allow.
+const FOREIGN: &str = "https://app.example";
 
 fn preflight_headers() -> [(&'static str, &'static str); 3] {
+    preflight_from(ORIGIN)
+}
+
+fn preflight_from(origin: &'static str) -> [(&'static str, &'static str); 3] {
     [
-        ("origin", ORIGIN),
+        ("origin", origin),
         ("access-control-request-method", "POST"),
         (
             "access-control-request-headers",
@@ -21,7 +30,7 @@ fn preflight_headers() -> [(&'static str, &'static str); 3] {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn preflight_needs_no_key_and_every_response_allows_the_origin() {
+async fn preflight_needs_no_key_and_every_response_allows_a_local_origin_only() {
     // A key is required and the model is still loading: the preflight is answered anyway.
     let config = ServerConfig {
         api_keys: ApiKeys::new(vec!["k".into()]),
@@ -68,9 +77,24 @@ async fn preflight_needs_no_key_and_every_response_allows_the_origin() {
     let loading = send(server.addr, "GET", "/health", &origin, None).await;
     assert_eq!(loading.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(loading.headers["access-control-allow-origin"], ORIGIN);
-    // Without an Origin header: `*`.
+    assert_eq!(loading.headers["access-control-allow-credentials"], "true");
+    // Without an Origin header (not a browser's cross-origin call): no CORS header.
     let plain = server.get("/health").await;
-    assert_eq!(plain.headers["access-control-allow-origin"], "*");
+    assert!(plain.headers.get("access-control-allow-origin").is_none());
+    // A page on the web gets nothing it could use: no origin, no credentials, no methods.
+    for (method, path) in [("OPTIONS", "/v1/chat/completions"), ("GET", "/health")] {
+        let reply = send(server.addr, method, path, &preflight_from(FOREIGN), None).await;
+        for header in [
+            "access-control-allow-origin",
+            "access-control-allow-credentials",
+            "access-control-allow-methods",
+        ] {
+            assert!(
+                reply.headers.get(header).is_none(),
+                "{method} {path}: {header}"
+            );
+        }
+    }
     // A 405 says what the path takes.
     let wrong = send(
         server.addr,
@@ -107,7 +131,12 @@ async fn configured_origins_methods_headers_and_credentials() {
         reply.headers["access-control-allow-headers"],
         "content-type"
     );
-    assert_eq!(reply.headers["access-control-allow-credentials"], "false");
+    assert!(
+        reply
+            .headers
+            .get("access-control-allow-credentials")
+            .is_none()
+    );
     // `localhost` reflects only localhost origins.
     let remote = [("origin", "https://evil.example")];
     let reply = send(server.addr, "GET", "/health", &remote, None).await;
@@ -147,6 +176,34 @@ async fn configured_origins_methods_headers_and_credentials() {
         .unwrap()
         .server;
     assert_eq!(args.server_config().unwrap().cors, CorsConfig::default());
+    // `*`: any origin, as `*` and never with credentials (a browser refuses them with a
+    // wildcard; echoing any origin with them would hand every page the user's session).
+    let any = TestServer::start(
+        ServerConfig {
+            cors: CorsConfig {
+                origins: "*".into(),
+                ..CorsConfig::default()
+            },
+            ..ServerConfig::default()
+        },
+        None,
+    )
+    .await;
+    for headers in [&[("origin", FOREIGN)][..], &[]] {
+        let reply = send(any.addr, "GET", "/health", headers, None).await;
+        assert_eq!(reply.headers["access-control-allow-origin"], "*");
+        assert!(
+            reply
+                .headers
+                .get("access-control-allow-credentials")
+                .is_none()
+        );
+    }
+    let argv = ["mlxcel-server", "--cors-origins", "*"];
+    let args = Cli::try_parse_from(normalize_llama_args(argv))
+        .unwrap()
+        .server;
+    assert_eq!(args.server_config().unwrap().cors.origins, "*");
     // Each flag's environment twin is accepted.
     let accepted = mlxcel_server::accepted_spellings();
     for env in [

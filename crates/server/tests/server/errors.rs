@@ -103,13 +103,6 @@ async fn malformed_bodies_wrong_types_and_refused_features() {
         ),
         (
             "/v1/completions",
-            r#"{"prompt": "x", "model": "gpt-4"}"#,
-            StatusCode::NOT_FOUND,
-            "gpt-4",
-            Some("model"),
-        ),
-        (
-            "/v1/completions",
             r#"{"prompt": ""}"#,
             StatusCode::BAD_REQUEST,
             "empty",

@@ -3,7 +3,8 @@
 //! Modules: `args` (the shared flag parser), `compat` (the accepted spellings the compatibility
 //! gate reads), `routes` (every route, streaming and not), `anthropic` (Anthropic's Messages API),
 //! `responses` (OpenAI's Responses API),
-//! `errors` (each error class, and that the server keeps serving), `auth`, `lifecycle` (loading,
+//! `errors` (each error class, and that the server keeps serving), `edges` (the bad-input table,
+//! model names, per-request log lines), `auth`, `lifecycle` (loading,
 //! client disconnect, graceful shutdown), `concurrency` (parallel streams equal sequential runs),
 //! `infill` (llama-server's `/infill`), `webui` (the chat page at `/` and `--no-webui`), `slots`
 //! (saving, restoring and erasing slots with `--slot-save-path`).
@@ -15,6 +16,7 @@ mod auth;
 mod compat;
 mod concurrency;
 mod cors;
+mod edges;
 mod embeddings;
 mod errors;
 mod infill;

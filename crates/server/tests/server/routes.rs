@@ -280,7 +280,7 @@ async fn models_props_slots_health_and_metrics() {
         metrics: true,
         parallel: 3,
         ctx_size: Some(2048),
-        alias: Some("smol".into()),
+        aliases: vec!["smol".into()],
         ..ServerConfig::default()
     };
     let server = TestServer::with_model(config).await;

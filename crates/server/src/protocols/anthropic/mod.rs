@@ -18,7 +18,7 @@ use crate::body::Body;
 use crate::error::ApiError;
 use crate::generate::rand_id;
 use crate::handler::{count_tokens as count_prompt_tokens, generate};
-use crate::read::{parse_json, read_generation_json, read_json, read_llama_fields};
+use crate::read::{GenerationBody, SamplingRanges, parse_generation, read_generation, read_json};
 use crate::state::AppState;
 use reply::{MessagesReply, ReplyMeta};
 use wire::MessagesRequest;
@@ -26,19 +26,28 @@ use wire::MessagesRequest;
 /// `POST /v1/messages`'s body through the checks [`messages`] makes before it renders the
 /// template (for the fuzz targets; see `crate::fuzzing`).
 pub(crate) fn check_body(bytes: &[u8]) -> Result<(), ApiError> {
-    crate::inert::refuse_inert_fields(bytes)?;
-    let mut request: MessagesRequest = parse_json(bytes)?;
-    request.chat()?;
-    read_llama_fields(bytes).map(drop)
+    let body: GenerationBody<MessagesRequest> =
+        parse_generation(bytes, &SamplingRanges::ANTHROPIC)?;
+    MessagesRequest::into_generation(body).map(drop)
+}
+
+/// `POST /v1/messages/count_tokens`'s body through the checks [`count_tokens`] makes before it
+/// renders the template (no `max_tokens` needed).
+pub(crate) fn check_count_body(bytes: &[u8]) -> Result<(), ApiError> {
+    let mut body: GenerationBody<MessagesRequest> =
+        parse_generation(bytes, &SamplingRanges::ANTHROPIC)?;
+    body.request.chat().map(drop)
 }
 
 /// `POST /v1/messages`.
 pub async fn messages(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
-    let (request, llama): (MessagesRequest, _) =
-        read_generation_json(body, state.config().body_limit).await?;
+    let body: GenerationBody<MessagesRequest> =
+        read_generation(body, state.config().body_limit, &SamplingRanges::ANTHROPIC).await?;
+    let model = body.request.model.clone();
+    // Checked whole before the model is asked for (a bad request is a 400 while it loads too).
+    let generation = MessagesRequest::into_generation(body)?;
     let engine = state.engine()?.clone();
-    state.check_model(engine.info(), request.model.as_deref())?;
-    let generation = request.into_generation(&llama)?;
+    state.check_model(engine.info(), model.as_deref())?;
     let stops = generation.params.stop.clone();
     let model = state.model_name(engine.info());
     generate(state, &engine, generation, |tools| MessagesReply {

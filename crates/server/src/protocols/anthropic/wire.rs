@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::llama_fields::LlamaFields;
+use crate::read::GenerationBody;
 use crate::request::{
     Call, Chat, Generation, Params, Prompt, ToolRequest, Turn, budget, function_tool,
 };
@@ -21,7 +21,7 @@ pub(super) struct MessagesRequest {
     max_tokens: Option<i64>,
     messages: Vec<InputMessage>,
     system: Option<Content>,
-    // The sampling fields (`temperature`, `top_p`, `top_k` ...) are read with llama-server's
+    // The sampling fields (`temperature`, `top_p`, `top_k` ...) are read beside llama-server's
     // fields (llama_fields.rs).
     stop_sequences: Option<Vec<String>>,
     #[serde(default)]
@@ -287,10 +287,15 @@ impl MessagesRequest {
         Ok(Chat { turns, tools })
     }
 
-    /// The one request, with `llama` (llama-server's fields of the same body) applied; `n_probs`
-    /// and `return_tokens` have no place in this shape (nor in llama-server's).
-    pub(super) fn into_generation(mut self, llama: &LlamaFields) -> Result<Generation, ApiError> {
-        let max_tokens = match self.max_tokens {
+    /// The one request, with the body's sampling fields and llama-server's fields applied;
+    /// `n_probs` and `return_tokens` have no place in this shape (nor in llama-server's).
+    pub(super) fn into_generation(body: GenerationBody<Self>) -> Result<Generation, ApiError> {
+        let GenerationBody {
+            request: mut this,
+            sampling,
+            llama,
+        } = body;
+        let max_tokens = match this.max_tokens {
             None => {
                 return Err(ApiError::invalid_param(
                     "max_tokens",
@@ -305,17 +310,18 @@ impl MessagesRequest {
             }
             Some(n) => n,
         };
-        let chat = self.chat()?;
+        let chat = this.chat()?;
         let mut params = Params {
             max_new_tokens: budget("max_tokens", Some(max_tokens))?,
-            stop: self.stop_sequences.take().unwrap_or_default(),
+            stop: this.stop_sequences.take().unwrap_or_default(),
+            sampling,
             ..Params::default()
         };
         llama.apply(&mut params)?;
         Ok(Generation {
             prompt: Prompt::Chat(chat),
             params,
-            stream: self.stream,
+            stream: this.stream,
         })
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use hyper::Response;
 use hyper::body::Incoming;
-use mlxcel_engine::Engine;
+use mlxcel_engine::{Engine, SamplingOverrides};
 use serde::Deserialize;
 
 use crate::body::Body;
@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::handler::generate;
 use crate::llama_fields::LlamaFields;
 use crate::protocols::openai::StopField;
-use crate::read::{parse_json, read_generation_json, read_llama_fields};
+use crate::read::{GenerationBody, SamplingRanges, parse_generation, read_generation};
 use crate::request::{Generation, Params, Prompt, PromptInput, budget};
 use crate::state::AppState;
 use crate::structured::{ConstraintFields, ResponseFormat};
@@ -78,8 +78,8 @@ struct CompletionRequest {
     #[serde(default)]
     stream: bool,
     stop: Option<StopField>,
-    // The sampling fields (`temperature`, `top_k`, `top_p`, `seed` ...) are read with
-    // llama-server's other task fields (llama_fields.rs).
+    // The sampling fields (`temperature`, `top_k`, `top_p`, `seed` ...) are read beside these,
+    // with llama-server's other task fields (read.rs's `GenerationBody`).
     n_probs: Option<usize>,
     // Structured output (structured.rs): llama-server's own fields, and the OpenAI and vLLM
     // spellings it also reads.
@@ -97,8 +97,11 @@ struct CompletionRequest {
 pub(crate) fn check_body(endpoint: &str, bytes: &[u8]) -> Result<(), ApiError> {
     match endpoint {
         "completion" | "infill" => {
-            crate::inert::refuse_inert_fields(bytes)?;
-            let mut request: CompletionRequest = parse_json(bytes)?;
+            let GenerationBody {
+                mut request,
+                sampling,
+                llama,
+            } = parse_generation::<CompletionRequest>(bytes, &SamplingRanges::LLAMA_SERVER)?;
             let prompt = request.prompt.take();
             if endpoint == "infill" {
                 if request.input_prefix.is_none() || request.input_suffix.is_none() {
@@ -125,7 +128,7 @@ pub(crate) fn check_body(endpoint: &str, bytes: &[u8]) -> Result<(), ApiError> {
                     return Ok(());
                 }
             }
-            request.params(&read_llama_fields(bytes)?).map(drop)
+            request.params(sampling, &llama).map(drop)
         }
         _ => super::tokens::check_body(endpoint, bytes),
     }
@@ -134,7 +137,7 @@ pub(crate) fn check_body(endpoint: &str, bytes: &[u8]) -> Result<(), ApiError> {
 impl CompletionRequest {
     /// The sampling and stopping parameters, with `llama` (llama-server's task fields of the same
     /// body) applied.
-    fn params(self, llama: &LlamaFields) -> Result<Params, ApiError> {
+    fn params(self, sampling: SamplingOverrides, llama: &LlamaFields) -> Result<Params, ApiError> {
         for (field, value) in [("n_cmpl", self.n_cmpl), ("n", self.n)] {
             if let Some(n) = value.filter(|&n| n != 1) {
                 return Err(ApiError::unsupported(
@@ -164,6 +167,7 @@ impl CompletionRequest {
                 guided_grammar: self.guided_grammar,
             }
             .constraint()?,
+            sampling,
             ..Params::default()
         };
         llama.apply(&mut params)?;
@@ -173,8 +177,13 @@ impl CompletionRequest {
 
 /// `POST /completion`.
 pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
-    let (mut request, llama): (CompletionRequest, _) =
-        read_generation_json(body, state.config().body_limit).await?;
+    let mut body: GenerationBody<CompletionRequest> = read_generation(
+        body,
+        state.config().body_limit,
+        &SamplingRanges::LLAMA_SERVER,
+    )
+    .await?;
+    let request = &mut body.request;
     let engine = state.engine()?.clone();
     for (field, given) in [
         ("input_prefix", request.input_prefix.is_some()),
@@ -198,7 +207,7 @@ pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Respons
             ));
         }
     };
-    run(state, engine, (request, llama), prompt, prompt_text).await
+    run(state, engine, body, prompt, prompt_text).await
 }
 
 /// `POST /infill`: the prefix, suffix and extra files arranged around the model's
@@ -218,8 +227,13 @@ pub async fn infill(state: &Arc<AppState>, body: Incoming) -> Result<Response<Bo
             .into(),
         )
     })?;
-    let (mut request, llama): (CompletionRequest, _) =
-        read_generation_json(body, state.config().body_limit).await?;
+    let mut body: GenerationBody<CompletionRequest> = read_generation(
+        body,
+        state.config().body_limit,
+        &SamplingRanges::LLAMA_SERVER,
+    )
+    .await?;
+    let request = &mut body.request;
     let prefix = request
         .input_prefix
         .take()
@@ -333,7 +347,7 @@ pub async fn infill(state: &Arc<AppState>, body: Incoming) -> Result<Response<Bo
     run(
         state,
         engine,
-        (request, llama),
+        body,
         PromptInput::Tokens(tokens),
         prompt_text,
     )
@@ -345,13 +359,18 @@ pub async fn infill(state: &Arc<AppState>, body: Incoming) -> Result<Response<Bo
 async fn run(
     state: &Arc<AppState>,
     engine: Arc<Engine>,
-    (request, llama): (CompletionRequest, LlamaFields),
+    body: GenerationBody<CompletionRequest>,
     prompt: PromptInput,
     prompt_text: String,
 ) -> Result<Response<Body>, ApiError> {
+    let GenerationBody {
+        request,
+        sampling,
+        llama,
+    } = body;
     let stream = request.stream;
     let n_probs = request.n_probs.is_some_and(|n| n > 0);
-    let params = request.params(&llama)?;
+    let params = request.params(sampling, &llama)?;
     let reply = CompletionReply {
         end: Final {
             model: state.model_name(engine.info()),

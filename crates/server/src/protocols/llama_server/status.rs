@@ -58,7 +58,8 @@ struct Props {
     endpoint_props: bool,
     endpoint_metrics: bool,
     backend: &'static str,
-    threads: Option<usize>,
+    /// The threads of the MLX backend's CPU kernels ([`kernel_threads`]).
+    threads: usize,
     /// The static-shape buckets; `null` on a dynamic backend.
     capacity_buckets: Option<Vec<usize>>,
 }
@@ -112,6 +113,46 @@ fn special_token_text(engine: &mlxcel_engine::Engine, bos: bool) -> String {
         .unwrap_or_default()
 }
 
+/// The threads the MLX backend's CPU kernels use, as the backend chooses them: `--threads`, else
+/// `MLXCEL_THREADS` (an integer in 1..=1024; another value stops the model from loading), else
+/// every core the process may run on (its CPU affinity, as the kernels count them).
+fn kernel_threads(flag: Option<usize>) -> usize {
+    flag.or_else(|| {
+        std::env::var("MLXCEL_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (1..=1024).contains(n))
+    })
+    .or_else(affinity_cores)
+    .or_else(|| std::thread::available_parallelism().ok().map(Into::into))
+    .unwrap_or(1)
+}
+
+/// The cores in this process's CPU affinity (`Cpus_allowed_list` of `/proc/self/status`, e.g.
+/// `0-3,8`), where Linux reports it.
+fn affinity_cores() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let list = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))?;
+    cores_in_list(list.trim())
+}
+
+/// The number of cores a CPU list (`0-3,8`) names.
+fn cores_in_list(list: &str) -> Option<usize> {
+    let mut count = 0;
+    for part in list.split(',') {
+        count += match part.split_once('-') {
+            Some((low, high)) => {
+                let (low, high): (usize, usize) = (low.parse().ok()?, high.parse().ok()?);
+                high.checked_sub(low)? + 1
+            }
+            None => part.parse::<usize>().map(|_| 1).ok()?,
+        };
+    }
+    (count > 0).then_some(count)
+}
+
 /// `GET /props`.
 pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
     let engine = state.engine()?;
@@ -150,7 +191,7 @@ pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
         endpoint_props: config.props,
         endpoint_metrics: config.metrics,
         backend: info.backend.as_str(),
-        threads: config.threads,
+        threads: kernel_threads(config.threads),
         capacity_buckets: (!buckets.is_empty()).then_some(buckets),
     };
     Ok(json(StatusCode::OK, &props))
@@ -182,4 +223,19 @@ pub fn metrics(state: &AppState) -> Result<Response<Body>, ApiError> {
     }
     let text = state.render_metrics();
     Ok(full(StatusCode::OK, "text/plain; version=0.0.4", text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_count_their_cores() {
+        assert_eq!(cores_in_list("0-3,8"), Some(5));
+        assert_eq!(cores_in_list("0"), Some(1));
+        assert_eq!(cores_in_list("3-1"), None);
+        assert_eq!(cores_in_list(""), None);
+        assert_eq!(kernel_threads(Some(3)), 3);
+        assert!(kernel_threads(None) >= 1);
+    }
 }

@@ -1,9 +1,9 @@
-//! OpenAI's routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models`.
+//! OpenAI's routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models` (and `/{id}`).
 //!
 //! - `wire.rs`: the request bodies and their translation into the one request.
 //! - `response.rs`: the response bodies (whole, chunks, logprobs, usage) and their [`Envelope`].
 //! - `stream.rs`: the [`crate::handler::Reply`] of both routes, whole or streamed.
-//! - `models.rs`: `GET /v1/models`.
+//! - `models.rs`: `GET /v1/models` and `GET /v1/models/{id}`.
 
 mod models;
 mod response;
@@ -16,14 +16,14 @@ use hyper::Response;
 use hyper::body::Incoming;
 use mlxcel_engine::Engine;
 
-pub use models::models;
+pub use models::{model, models};
 pub(crate) use wire::{MessageField, StopField, turns};
 
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::generate::{rand_id, unix_now};
 use crate::handler::generate;
-use crate::read::{parse_json, read_generation_json, read_llama_fields};
+use crate::read::{GenerationBody, SamplingRanges, parse_generation, read_generation};
 use crate::state::AppState;
 use response::{Envelope, Kind};
 use stream::OpenAiReply;
@@ -32,21 +32,13 @@ use wire::{Asked, ChatRequest, CompletionRequest};
 /// `POST /v1/completions`'s body through the checks [`completions`] makes before it needs the
 /// model (for the fuzz targets; see `crate::fuzzing`).
 pub(crate) fn check_completions_body(bytes: &[u8]) -> Result<(), ApiError> {
-    crate::inert::refuse_inert_fields(bytes)?;
-    let request: CompletionRequest = parse_json(bytes)?;
-    request
-        .into_generation(&read_llama_fields(bytes)?)
-        .map(drop)
+    CompletionRequest::into_generation(parse_generation(bytes, &SamplingRanges::OPENAI)?).map(drop)
 }
 
 /// `POST /v1/chat/completions`'s body through the checks [`chat_completions`] makes before it
 /// renders the template (for the fuzz targets; see `crate::fuzzing`).
 pub(crate) fn check_chat_body(bytes: &[u8]) -> Result<(), ApiError> {
-    crate::inert::refuse_inert_fields(bytes)?;
-    let request: ChatRequest = parse_json(bytes)?;
-    request
-        .into_generation(&read_llama_fields(bytes)?)
-        .map(drop)
+    ChatRequest::into_generation(parse_generation(bytes, &SamplingRanges::OPENAI)?).map(drop)
 }
 
 /// `POST /v1/completions`.
@@ -54,11 +46,14 @@ pub async fn completions(
     state: &Arc<AppState>,
     body: Incoming,
 ) -> Result<Response<Body>, ApiError> {
-    let (request, llama): (CompletionRequest, _) =
-        read_generation_json(body, state.config().body_limit).await?;
+    let body: GenerationBody<CompletionRequest> =
+        read_generation(body, state.config().body_limit, &SamplingRanges::OPENAI).await?;
+    let model = body.request.model.clone();
+    // The body is checked whole before the model is asked for, as OpenAI answers a bad request
+    // 400 whatever the state of the model.
+    let (generation, asked) = CompletionRequest::into_generation(body)?;
     let engine = state.engine()?.clone();
-    state.check_model(engine.info(), request.model.as_deref())?;
-    let (generation, asked) = request.into_generation(&llama)?;
+    state.check_model(engine.info(), model.as_deref())?;
     let envelope = envelope(state, &engine, Kind::Completion, "cmpl", &asked);
     generate(state, &engine, generation, |_| OpenAiReply {
         envelope,
@@ -73,11 +68,14 @@ pub async fn chat_completions(
     state: &Arc<AppState>,
     body: Incoming,
 ) -> Result<Response<Body>, ApiError> {
-    let (request, llama): (ChatRequest, _) =
-        read_generation_json(body, state.config().body_limit).await?;
+    let body: GenerationBody<ChatRequest> =
+        read_generation(body, state.config().body_limit, &SamplingRanges::OPENAI).await?;
+    let model = body.request.model.clone();
+    // The body is checked whole before the model is asked for, as OpenAI answers a bad request
+    // 400 whatever the state of the model.
+    let (generation, asked) = ChatRequest::into_generation(body)?;
     let engine = state.engine()?.clone();
-    state.check_model(engine.info(), request.model.as_deref())?;
-    let (generation, asked) = request.into_generation(&llama)?;
+    state.check_model(engine.info(), model.as_deref())?;
     let envelope = envelope(state, &engine, Kind::Chat, "chatcmpl", &asked);
     // Calls in the output are looked for unless the request said `none`.
     generate(state, &engine, generation, |tools| OpenAiReply {

@@ -1,4 +1,5 @@
-//! `GET /v1/models`: the one model this server runs, with llama-server's `meta` extension.
+//! `GET /v1/models`: the one model this server runs under each of its names, with llama-server's
+//! `meta` extension; `GET /v1/models/{id}`: one of them, in OpenAI's retrieve shape.
 
 use hyper::{Response, StatusCode};
 use serde::Serialize;
@@ -33,25 +34,76 @@ struct ModelMeta {
     backend: &'static str,
 }
 
-/// `GET /v1/models`.
+/// The card of the loaded model under the name `id`.
+fn card(state: &AppState, id: String) -> Result<ModelCard, ApiError> {
+    let info = state.engine()?.info();
+    Ok(ModelCard {
+        id,
+        object: "model",
+        created: unix_now(),
+        owned_by: "mlxcel",
+        meta: ModelMeta {
+            n_ctx_train: info.window,
+            n_vocab: info.vocab_size,
+            n_params: info.parameters,
+            size: info.weight_bytes,
+            backend: info.backend.as_str(),
+        },
+    })
+}
+
+/// `GET /v1/models`: one card per name of the model (`--alias`, else its own name).
 pub fn models(state: &AppState) -> Result<Response<Body>, ApiError> {
-    let engine = state.engine()?;
-    let info = engine.info();
+    let names = state.model_names(state.engine()?.info());
     let list = ModelList {
         object: "list",
-        data: vec![ModelCard {
-            id: state.model_name(info),
-            object: "model",
-            created: unix_now(),
-            owned_by: "mlxcel",
-            meta: ModelMeta {
-                n_ctx_train: info.window,
-                n_vocab: info.vocab_size,
-                n_params: info.parameters,
-                size: info.weight_bytes,
-                backend: info.backend.as_str(),
-            },
-        }],
+        data: names
+            .into_iter()
+            .map(|name| card(state, name))
+            .collect::<Result<_, _>>()?,
     };
     Ok(crate::body::json(StatusCode::OK, &list))
+}
+
+/// `GET /v1/models/{id}` (`id` percent-encoded, as clients send a name with `/`): the model
+/// under that name when the server serves it (any name unless `--strict-model-names`), else 404
+/// `model_not_found`.
+pub fn model(state: &AppState, id: &str) -> Result<Response<Body>, ApiError> {
+    let id = percent_decoded(id);
+    state.check_model(state.engine()?.info(), Some(&id))?;
+    Ok(crate::body::json(StatusCode::OK, &card(state, id)?))
+}
+
+/// `text` with its `%XX` escapes decoded (an escape that is not one stays as written).
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn names_are_percent_decoded() {
+        assert_eq!(super::percent_decoded("org%2Fmodel"), "org/model");
+        assert_eq!(super::percent_decoded("gpt-4o"), "gpt-4o");
+        assert_eq!(super::percent_decoded("a%zz%2"), "a%zz%2");
+    }
 }

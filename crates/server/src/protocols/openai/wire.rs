@@ -1,12 +1,14 @@
 //! OpenAI's request bodies (`/v1/completions`, `/v1/chat/completions`) and their translation into
 //! the one request ([`Generation`]). The sampling fields are not declared here: they are read
-//! from the same body in the engine's one declaration ([`crate::read::read_llama_fields`]).
+//! from the same body in the engine's one declaration and checked against OpenAI's ranges
+//! ([`crate::read::GenerationBody`]), then passed on as they are.
 
+use mlxcel_engine::SamplingOverrides;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::llama_fields::LlamaFields;
+use crate::read::GenerationBody;
 use crate::request::{
     Call, Chat, Generation, Params, Prompt, PromptInput, ToolRequest, Turn, budget, function_tool,
 };
@@ -102,8 +104,8 @@ macro_rules! openai_request {
             n: Option<u32>,
             stop: Option<StopField>,
             // The sampling fields (`temperature`, `top_p`, `seed`, the penalties, and
-            // llama-server's `top_k`, `min_p` ...) and `logit_bias` are read with llama-server's
-            // fields (llama_fields.rs).
+            // llama-server's `top_k`, `min_p` ...) and `logit_bias` are read beside these
+            // (read.rs's `GenerationBody`).
             // Structured output (structured.rs).
             response_format: Option<ResponseFormat>,
             json_schema: Option<Value>,
@@ -142,7 +144,11 @@ impl Common {
         self,
         max_tokens: Option<i64>,
         logprobs: Option<usize>,
+        sampling: SamplingOverrides,
     ) -> Result<Params, ApiError> {
+        if self.n == Some(0) {
+            return Err(ApiError::invalid_param("n", "n=0: expected at least 1"));
+        }
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return Err(ApiError::unsupported(
                 "n",
@@ -166,6 +172,7 @@ impl Common {
             stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
             logprobs,
             constraint: self.constraint.constraint()?,
+            sampling,
             ..Params::default()
         })
     }
@@ -262,7 +269,7 @@ pub(crate) fn turns(messages: Vec<MessageField>) -> Result<Vec<Turn>, ApiError> 
                             (kind, _) => {
                                 return Err(ApiError::unsupported(
                                     &format!("messages[{i}].content"),
-                                    format!("content parts of type `{kind}` are not supported; send text"),
+                                    format!("messages[{i}].content: content parts of type `{kind}` are not supported; send text"),
                                 ));
                             }
                         }
@@ -281,6 +288,46 @@ pub(crate) fn turns(messages: Vec<MessageField>) -> Result<Vec<Turn>, ApiError> 
         .collect()
 }
 
+/// The roles OpenAI's chat completions take (`developer` is the newer name of `system`;
+/// `function` is the legacy tool result).
+const ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
+/// Refuses what OpenAI refuses in `messages` and templates would take silently: a role it does not
+/// know (it would reach the template as a turn of that name) and a missing (`null`) content on a
+/// turn other than the assistant's (which may carry only calls). llama-server's
+/// `/apply-template` keeps its looser reading ([`turns`] alone).
+fn check_messages(messages: &[MessageField]) -> Result<(), ApiError> {
+    for (i, message) in messages.iter().enumerate() {
+        if !ROLES.contains(&message.role.as_str()) {
+            return Err(ApiError::invalid_param(
+                format!("messages[{i}].role"),
+                format!(
+                    "messages[{i}].role: `{}` is not one of {}",
+                    message.role,
+                    ROLES.join(", ")
+                ),
+            ));
+        }
+        if message.content.is_none() && message.role != "assistant" {
+            return Err(ApiError::invalid_param(
+                format!("messages[{i}].content"),
+                format!(
+                    "messages[{i}].content: a `{}` message needs content (a string or text parts)",
+                    message.role
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What the OpenAI reply needs to know of a request beyond the one request.
 pub(super) struct Asked {
     pub logprobs: bool,
@@ -288,13 +335,17 @@ pub(super) struct Asked {
 }
 
 impl ChatRequest {
-    /// The one request, with `llama` (llama-server's fields of the same body) applied.
+    /// The one request, with the body's sampling fields and llama-server's fields applied.
     pub(super) fn into_generation(
-        mut self,
-        llama: &LlamaFields,
+        body: GenerationBody<Self>,
     ) -> Result<(Generation, Asked), ApiError> {
-        let common = self.common();
-        let logprobs = match (self.logprobs, self.top_logprobs) {
+        let GenerationBody {
+            request: mut this,
+            sampling,
+            llama,
+        } = body;
+        let common = this.common();
+        let logprobs = match (this.logprobs, this.top_logprobs) {
             (_, Some(n)) if n > MAX_TOP_LOGPROBS => {
                 return Err(ApiError::invalid_param(
                     "top_logprobs",
@@ -311,12 +362,12 @@ impl ChatRequest {
             // As llama-server: without `logprobs`, its `n_probs` asks for them.
             (false, _) => llama.n_probs.filter(|&n| n > 0),
         };
-        let raw_tools = self.tools.take().filter(|t| !t.is_empty());
+        let raw_tools = this.tools.take().filter(|t| !t.is_empty());
         let (tools, choice) = read_tools(
             raw_tools.clone(),
-            self.tool_choice.take(),
-            self.functions.take(),
-            self.function_call.take(),
+            this.tool_choice.take(),
+            this.functions.take(),
+            this.function_call.take(),
         )?;
         // Tools as the request gave them (legacy functions in the tools shape).
         let listed: Vec<Value> = raw_tools.unwrap_or_else(|| {
@@ -325,19 +376,20 @@ impl ChatRequest {
                 .map(|t| function_tool(&t.name, None, Some(&t.parameters)))
                 .collect()
         });
-        let turns = turns(std::mem::take(&mut self.messages))?;
+        check_messages(&this.messages)?;
+        let turns = turns(std::mem::take(&mut this.messages))?;
         let asked = Asked {
             logprobs: logprobs.is_some(),
             include_usage: common.include_usage(),
         };
         let stream = common.stream;
-        let mut params = common.params(self.max_completion_tokens, logprobs)?;
+        let mut params = common.params(this.max_completion_tokens, logprobs, sampling)?;
         llama.apply(&mut params)?;
         let tools = ToolRequest {
             listed,
             tools,
             choice,
-            parallel: self.parallel_tool_calls.unwrap_or(true),
+            parallel: this.parallel_tool_calls.unwrap_or(true),
             other_constraint: "response_format (or another output constraint)",
         };
         let generation = Generation {
@@ -350,28 +402,32 @@ impl ChatRequest {
 }
 
 impl CompletionRequest {
-    /// The one request, with `llama` (llama-server's fields of the same body) applied.
+    /// The one request, with the body's sampling fields and llama-server's fields applied.
     pub(super) fn into_generation(
-        mut self,
-        llama: &LlamaFields,
+        body: GenerationBody<Self>,
     ) -> Result<(Generation, Asked), ApiError> {
-        let common = self.common();
-        if self.echo == Some(true) {
+        let GenerationBody {
+            request: mut this,
+            sampling,
+            llama,
+        } = body;
+        let common = this.common();
+        if this.echo == Some(true) {
             return Err(ApiError::unsupported("echo", "echo=true is not supported"));
         }
-        if let Some(best_of) = self.best_of.filter(|&b| b != 1) {
+        if let Some(best_of) = this.best_of.filter(|&b| b != 1) {
             return Err(ApiError::unsupported(
                 "best_of",
                 format!("best_of={best_of} is not supported (1 only)"),
             ));
         }
-        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        if this.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
             return Err(ApiError::unsupported(
                 "suffix",
                 "suffix (insertion) is not supported",
             ));
         }
-        let logprobs = match self.logprobs {
+        let logprobs = match this.logprobs {
             Some(n) if n > MAX_TOP_LOGPROBS => {
                 return Err(ApiError::invalid_param(
                     "logprobs",
@@ -385,13 +441,13 @@ impl CompletionRequest {
             Some(n) => (n > 0).then_some(n),
             None => logprobs,
         };
-        let prompt = self.prompt.into_input()?;
+        let prompt = this.prompt.into_input()?;
         let asked = Asked {
             logprobs: logprobs.is_some(),
             include_usage: common.include_usage(),
         };
         let stream = common.stream;
-        let mut params = common.params(None, logprobs)?;
+        let mut params = common.params(None, logprobs, sampling)?;
         llama.apply(&mut params)?;
         let generation = Generation {
             prompt: Prompt::Input(prompt),

@@ -21,7 +21,7 @@ use crate::body::Body;
 use crate::error::ApiError;
 use crate::generate::{Outcome, Tracked, rand_id, unix_now};
 use crate::handler::{Reply, count_tokens, generate};
-use crate::read::{parse_json, read_generation_json, read_json, read_llama_fields};
+use crate::read::{GenerationBody, SamplingRanges, parse_generation, read_generation, read_json};
 use crate::state::AppState;
 use reply::{ReplyMeta, ResponseObject};
 use stream::ResponsesStream;
@@ -44,18 +44,27 @@ impl Reply for ReplyMeta {
 /// `POST /v1/responses`'s body through the checks [`create`] makes before it renders the
 /// template (for the fuzz targets; see `crate::fuzzing`).
 pub(crate) fn check_body(bytes: &[u8]) -> Result<(), ApiError> {
-    crate::inert::refuse_inert_fields(bytes)?;
-    let mut request: ResponsesRequest = parse_json(bytes)?;
-    request.generation(&read_llama_fields(bytes)?).map(drop)
+    let body: GenerationBody<ResponsesRequest> = parse_generation(bytes, &SamplingRanges::OPENAI)?;
+    let mut request = body.request;
+    request.generation(body.sampling, &body.llama).map(drop)
 }
 
 /// `POST /v1/responses`.
 pub async fn create(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
-    let (mut request, llama): (ResponsesRequest, _) =
-        read_generation_json(body, state.config().body_limit).await?;
+    let GenerationBody {
+        mut request,
+        sampling,
+        llama,
+    } = read_generation::<ResponsesRequest>(
+        body,
+        state.config().body_limit,
+        &SamplingRanges::OPENAI,
+    )
+    .await?;
+    // Checked whole before the model is asked for (a bad request is a 400 while it loads too).
+    let generation = request.generation(sampling, &llama)?;
     let engine = state.engine()?.clone();
     state.check_model(engine.info(), request.model.as_deref())?;
-    let generation = request.generation(&llama)?;
     let sampling = &generation.params.sampling;
     let text = request.text.take().unwrap_or_default();
     let id = format!("resp_{:x}", rand_id());

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use mlxcel_engine::Constraint;
+use mlxcel_engine::{Constraint, SamplingOverrides};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -22,8 +22,8 @@ pub(super) struct ResponsesRequest {
     input: Input,
     pub instructions: Option<String>,
     pub max_output_tokens: Option<i64>,
-    // The sampling fields (`temperature`, `top_p` ...) are read with llama-server's fields
-    // (llama_fields.rs).
+    // The sampling fields (`temperature`, `top_p` ...) are read beside these, with llama-server's
+    // fields (read.rs's `GenerationBody`).
     #[serde(default)]
     pub stream: bool,
     pub text: Option<TextConfig>,
@@ -380,9 +380,14 @@ impl ResponsesRequest {
         Ok(Chat { turns, tools })
     }
 
-    /// The one request, with `llama` (llama-server's fields of the same body) applied; `n_probs`
-    /// and `return_tokens` have no place in this shape (nor in llama-server's).
-    pub(super) fn generation(&mut self, llama: &LlamaFields) -> Result<Generation, ApiError> {
+    /// The one request, with the body's `sampling` fields and `llama` (llama-server's fields of
+    /// the same body) applied; `n_probs` and `return_tokens` have no place in this shape (nor in
+    /// llama-server's).
+    pub(super) fn generation(
+        &mut self,
+        sampling: SamplingOverrides,
+        llama: &LlamaFields,
+    ) -> Result<Generation, ApiError> {
         if self.max_output_tokens.is_some_and(|n| n < 1) {
             return Err(ApiError::invalid_param(
                 "max_output_tokens",
@@ -396,6 +401,7 @@ impl ResponsesRequest {
                 Some(format) => format.constraint()?,
                 None => None,
             },
+            sampling,
             ..Params::default()
         };
         llama.apply(&mut params)?;
