@@ -464,12 +464,17 @@ impl ServerArgs {
         let parallel = self.parallel()?;
         options.scheduler.max_batch = parallel;
         options.threads = (self.threads > 0).then_some(self.threads as usize);
-        options.activations = Some(match self.activations.as_deref() {
-            Some(value) => value
-                .parse()
-                .map_err(|err: String| ServerError::Flag(format!("--activations: {err}")))?,
-            None => EngineOptions::application_activations(options.backend),
-        });
+        // `--activations`, else the application default: int8 where the kernels are fast, f32
+        // for a model under 500 M parameters (decided at load, once its size is known).
+        match self.activations.as_deref() {
+            Some(value) => {
+                options.activations =
+                    Some(value.parse().map_err(|err: String| {
+                        ServerError::Flag(format!("--activations: {err}"))
+                    })?);
+            }
+            None => options.use_application_activations(),
+        }
         options.scheduler.token_budget = options.scheduler.token_budget.max(parallel);
         options.scheduler.max_waiting = usize::try_from(self.max_queue_depth).unwrap_or(usize::MAX);
         options.speculative = SpeculativeConfig::from_flags(

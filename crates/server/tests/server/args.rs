@@ -138,7 +138,20 @@ fn threads_reach_the_engine() {
     );
     if std::env::var_os("MLXCEL_ACTIVATIONS").is_none() && cpu_has("avx2") {
         assert_eq!(default.activations, Some(Activations::Int8));
+        // ...and a model under 500 M parameters runs f32 (the default model's 134.5 M).
+        assert_eq!(
+            default.exact_below_parameters,
+            Some(mlxcel_engine::SMALL_MODEL_PARAMETERS)
+        );
+        assert_eq!(default.activations_for(134_515_008), Some(Activations::F32));
     }
+    // A chosen activation is kept whatever the model's size.
+    let chosen = parse(&["--activations", "int8"])
+        .unwrap()
+        .engine_options()
+        .unwrap();
+    assert_eq!(chosen.exact_below_parameters, None);
+    assert_eq!(chosen.activations_for(1), Some(Activations::Int8));
     let xla = parse(&["--backend", "xla"])
         .unwrap()
         .engine_options()
