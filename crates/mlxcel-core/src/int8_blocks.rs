@@ -10,13 +10,18 @@
 //! factoring may not be the general path's (`general_factoring`). The result is
 //! [`Int8Layout::Compact`](crate::Int8Layout::Compact) for the same weights: the kernels compute
 //! the same bits from it as from the general path's (tests compare the two).
+//!
+//! MXFP4 takes the layout without loss too: its doubled E2M1 values plus 16 are 5-bit codes
+//! (4..=28), its E8M0 scale is a power of two (f16 when every block's fits, else f32), and its
+//! bias is −16 times the scale, derived by the kernels.
 
 use std::mem::MaybeUninit;
 
 use mlxcel_model::gguf::GgmlType;
 use mlxcel_model::gguf::GgufBlocks;
 use mlxcel_model::gguf::dequant::{
-    ExactScales, affine_bits, affine_group_size, bias_multiple, exact_scales, pack_block,
+    ExactScales, MXFP4_MAX_AFFINE_SCALE_BYTE, affine_bits, affine_group_size, bias_multiple,
+    exact_scales, pack_block,
 };
 
 use crate::array::Array;
@@ -44,6 +49,8 @@ struct Form {
     factored: bool,
     /// Biases kept as this multiple of the scales (the symmetric types).
     bias_multiple: Option<f32>,
+    /// Per-group scales in f32 rather than f16 (an MXFP4 weight with a scale f16 cannot hold).
+    f32_scales: bool,
 }
 
 impl Form {
@@ -51,7 +58,7 @@ impl Form {
         let (block_len, block_bytes) = ty.layout()?;
         let bits = affine_bits(ty)? as usize;
         let out_bits = match ty {
-            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => 5,
+            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::MXFP4 => 5,
             GgmlType::Q6_K => 6,
             _ => bits,
         };
@@ -64,7 +71,13 @@ impl Form {
             group: affine_group_size(ty),
             factored: block_len == SUPER_BLOCK,
             bias_multiple: bias_multiple(ty),
+            f32_scales: false,
         })
+    }
+
+    /// Bytes of one per-group scale (or stored bias) when the scales are not factored.
+    fn scale_bytes(&self) -> usize {
+        if self.f32_scales { 4 } else { 2 }
     }
 
     /// Bytes of one tile's codes.
@@ -83,7 +96,7 @@ impl Form {
         if self.factored {
             k / SUPER_BLOCK * self.superblock_bytes()
         } else {
-            TILE_ROWS * (k / self.group) * 2
+            TILE_ROWS * (k / self.group) * self.scale_bytes()
         }
     }
 }
@@ -92,8 +105,9 @@ impl QuantizedWeight {
     /// `parts`' rows, stacked in order, as one weight in the compact int8 layout, written from
     /// their GGUF blocks on up to `threads` threads. `None` when the parts cannot take it this
     /// way: types or widths that differ, a type without an affine form, a row count that is not
-    /// a multiple of 16, or a block whose scales have no exact form ([`exact_scales`]); the
-    /// caller then converts and interleaves the general way.
+    /// a multiple of 16, or a block whose scales have no exact form ([`exact_scales`]: an MXFP4
+    /// block with a scale byte above 251 has none, nor an affine form to convert to, so a reader
+    /// refuses its tensor); the caller then converts and interleaves the general way.
     pub fn int8_from_gguf_blocks(
         parts: &[GgufBlocks<'_>],
         threads: usize,
@@ -101,7 +115,7 @@ impl QuantizedWeight {
         let Some(first) = parts.first() else {
             return Ok(None);
         };
-        let Some(form) = Form::of(first.ggml_type) else {
+        let Some(mut form) = Form::of(first.ggml_type) else {
             return Ok(None);
         };
         let k = first.cols;
@@ -119,10 +133,18 @@ impl QuantizedWeight {
             .iter()
             .flat_map(|p| (0..p.rows).map(move |r| p.row(r)))
             .collect();
+        if form.ty == GgmlType::MXFP4 {
+            let Some(f32_scales) = mxfp4_needs_f32_scales(&rows, form.block_bytes) else {
+                return Ok(None);
+            };
+            form.f32_scales = f32_scales;
+        }
         let tiles = n / TILE_ROWS;
         let dim = |d: usize| d as i32;
         let (scale_dtype, scale_shape) = if form.factored {
             (Dtype::U8, [dim(tiles), dim(form.scale_tile_bytes(k))])
+        } else if form.f32_scales {
+            (Dtype::F32, [dim(n), dim(k / form.group)])
         } else {
             (Dtype::F16, [dim(n), dim(k / form.group)])
         };
@@ -160,6 +182,19 @@ impl QuantizedWeight {
             int8: true,
         }))
     }
+}
+
+/// Whether an MXFP4 weight's scales need f32: some block's `2^(e − 128)` is not an f16 (f16
+/// reaches 2^−24 .. 2^15, scale bytes 104..=143; real weights sit near 120). `None` when some
+/// block has no exact form (a scale byte above 251).
+fn mxfp4_needs_f32_scales(rows: &[&[u8]], block_bytes: usize) -> Option<bool> {
+    let (mut lo, mut hi) = (u8::MAX, 0u8);
+    for row in rows {
+        for block in row.chunks_exact(block_bytes) {
+            (lo, hi) = (lo.min(block[0]), hi.max(block[0]));
+        }
+    }
+    (hi <= MXFP4_MAX_AFFINE_SCALE_BYTE).then_some(lo < 104 || hi > 143)
 }
 
 /// Writes every tile's codes, scales and (when stored) biases; false when some block's scales
@@ -302,6 +337,16 @@ fn write_scales(
                 _ => return false,
             }
             true
+        }
+        (ExactScales::Single { scale }, false) if form.bias_multiple.is_some() => {
+            // [tile, group, row], f32 or f16 (the f16 exact: checked for the whole weight).
+            let at = (i * TILE_ROWS + j) * form.scale_bytes();
+            if form.f32_scales {
+                put(scales, at, &scale.to_le_bytes());
+            } else {
+                put(scales, at, &half::f16::from_f32(scale).to_le_bytes());
+            }
+            biases.is_none()
         }
         (ExactScales::Factored { d, c, bias }, true) => {
             // Super-block i: 16 rows' d, then per group 16 rows' c.

@@ -2,7 +2,8 @@
 //! as raw little-endian f32 (`<out dir>/<tensor name>.f32`), for scripts/check-dequant to compare
 //! with the `gguf` package's own dequantization. For block types it also writes the values of the
 //! form `mlxcel convert` stores (`<name>.affine.f32`): the affine groups packed into MLX words with
-//! f32 scales and biases, then `scale · q + bias` in f32 from those tensors.
+//! f32 scales and biases, then `scale · q + bias` in f32 from those tensors; a tensor without that
+//! form (an MXFP4 block with a scale byte above 251, `affine_form_refusal`) is said so instead.
 //!
 //! Usage: cargo run --release -p mlxcel-model --example dequantize -- FILE.gguf OUT_DIR
 
@@ -10,7 +11,7 @@ use std::path::PathBuf;
 
 use mlxcel_model::gguf::GgufFile;
 use mlxcel_model::gguf::dequant::{
-    affine_bits, affine_group_size, affine_groups, dequantize_reference,
+    affine_bits, affine_form_refusal, affine_group_size, affine_groups, dequantize_reference,
 };
 use mlxcel_model::{Dtype, QuantSpec, dequantize_affine, pack};
 
@@ -30,6 +31,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         std::fs::write(out.join(format!("{}.f32", info.name)), bytes)?;
         written += 1;
+        if let Some(reason) = affine_form_refusal(info.ggml_type, data) {
+            eprintln!("{}: no affine form: {reason}", info.name);
+            continue;
+        }
         if let (Some(bits), Some((_, block_bytes))) =
             (affine_bits(info.ggml_type), info.ggml_type.layout())
         {

@@ -13,14 +13,14 @@ use mlxcel_model::{Checkpoint, convert_gguf, converted};
 
 #[allow(dead_code)]
 #[path = "../../../model/tests/model/fixtures.rs"]
-mod fixtures;
+pub(crate) mod fixtures;
 
 use fixtures::TinyLlama;
 
 use crate::pseudo_random;
 
-/// Every GGUF type with an affine form, over the linears of two tiny models.
-fn mixes() -> [TinyLlama; 2] {
+/// Every GGUF type with an affine form, over the linears of three tiny models.
+fn mixes() -> [TinyLlama; 3] {
     let base = TinyLlama {
         hidden: 256,
         ffn: 512,
@@ -52,6 +52,15 @@ fn mixes() -> [TinyLlama; 2] {
                 "ffn_gate" | "ffn_up" => GgmlType::Q5_0,
                 "ffn_down" => GgmlType::Q5_1,
                 _ => GgmlType::Q6_K,
+            },
+            ..base
+        },
+        TinyLlama {
+            // MXFP4 (gpt-oss's experts), alone and stacked, and as the untied output.
+            extra_tokens: 9,
+            linear_type: |part| match part {
+                "attn_output" => GgmlType::Q4_0,
+                _ => GgmlType::MXFP4,
             },
             ..base
         },
@@ -183,6 +192,7 @@ fn int8_weights_from_gguf_blocks_match_the_general_path() {
                         | GgmlType::Q8_0
                         | GgmlType::Q6_K
                         | GgmlType::Q3_K
+                        | GgmlType::MXFP4
                 )
             );
             let what = format!("{modules:?} ({:?})", types[0]);
@@ -214,8 +224,8 @@ fn a_model_loaded_from_gguf_blocks_gives_the_general_paths_logits() {
         tied: false,
         ..TinyLlama::default()
     };
-    let [a, b] = mixes();
-    for (seed, model) in [a, b, phi3].iter().enumerate() {
+    let [a, b, c] = mixes();
+    for (seed, model) in [a, b, c, phi3].iter().enumerate() {
         let (lazy, written) = prepared(model, dir.path(), seed as u64 + 7);
         let up = "model.layers.0.mlp.up_proj.weight";
         assert!(lazy.gguf_blocks(up).is_some(), "{}", model.arch);

@@ -8,6 +8,7 @@ mod errors;
 mod int8_blocks;
 mod kernels;
 mod llama;
+mod mxfp4;
 mod pin;
 mod properties;
 mod quantized;

@@ -1,6 +1,7 @@
 //! Dequantization of GGUF tensors exactly as llama.cpp does it (`dequantize_row_q4_0` & co. in
 //! ggml-quants.c), and the lossless mapping of its blocks onto MLX-style affine groups (of 32
-//! elements, or of 16 for Q6_K, Q3_K and Q2_K).
+//! elements, or of 16 for Q6_K, Q3_K and Q2_K). MXFP4 is an affine group too: its doubled E2M1
+//! values are integers in −12..12 and its scale a power of two (`mxfp4_scale`).
 
 use half::bf16;
 
@@ -27,15 +28,19 @@ impl AffineBlock {
 
 /// Bits of the affine form of a block-quantized type, for the types that map onto affine groups
 /// without loss. Q5_0, Q5_1, Q5_K and Q6_K take 8 bits (their 5- or 6-bit values unchanged);
-/// Q3_K and Q2_K take 4 (their 3- and 2-bit values unchanged).
+/// Q3_K and Q2_K take 4 (their 3- and 2-bit values unchanged); MXFP4 takes 8 (its doubled values
+/// plus 16, 4..=28: its 16 codes are not evenly spaced, so they do not fit 4 bits).
 pub fn affine_bits(ty: GgmlType) -> Option<u32> {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q3_K | GgmlType::Q2_K => {
             Some(4)
         }
-        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0 => {
-            Some(8)
-        }
+        GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::Q8_0
+        | GgmlType::MXFP4 => Some(8),
         _ => None,
     }
 }
@@ -129,6 +134,20 @@ pub fn affine_groups_into(
             };
             1
         }
+        GgmlType::MXFP4 => {
+            let (scale, bias) = mxfp4_affine_scale(block[0]);
+            let mut q = [0u8; 32];
+            for (q, v) in q.iter_mut().zip(mxfp4_values(block)) {
+                *q = (v + MXFP4_OFFSET) as u8;
+            }
+            out[0] = AffineBlock {
+                q,
+                len: 32,
+                scale,
+                bias,
+            };
+            1
+        }
         GgmlType::Q4_K | GgmlType::Q5_K => {
             for ((d1, m1, q), out) in q45_k_sub_blocks(ty, block).zip(out.iter_mut()) {
                 *out = AffineBlock {
@@ -216,9 +235,13 @@ pub fn to_affine(ty: GgmlType, block: &[u8]) -> AffineBlock {
 
 /// Dequantizes `data` (a whole tensor of a readable type) to f32 the way llama.cpp does
 /// (`dequantize_row_*` in ggml-quants.c): the same products in the same order, so the values are
-/// bit for bit llama.cpp's. Returns `None` for types mlxcel does not read.
+/// bit for bit llama.cpp's. Returns `None` for types mlxcel does not read, and for data that is
+/// not whole blocks of the type (a short or malformed tensor).
 pub fn dequantize_reference(ty: GgmlType, data: &[u8]) -> Option<Vec<f32>> {
     let (block_len, block_bytes) = ty.layout()?;
+    if !data.len().is_multiple_of(block_bytes) {
+        return None;
+    }
     let mut out = Vec::with_capacity(data.len() / block_bytes * block_len);
     for block in data.chunks_exact(block_bytes) {
         match ty {
@@ -263,6 +286,11 @@ pub fn dequantize_reference(ty: GgmlType, data: &[u8]) -> Option<Vec<f32>> {
             GgmlType::Q3_K => out.extend_from_slice(&dequantize_q3_k(block)),
             GgmlType::Q4_K | GgmlType::Q5_K => out.extend_from_slice(&dequantize_q45_k(ty, block)),
             GgmlType::Q6_K => out.extend_from_slice(&dequantize_q6_k(block)),
+            GgmlType::MXFP4 => {
+                // `kvalues_mxfp4[code] * d`: an int8 widened to f32, times the halved scale.
+                let d = mxfp4_scale(block[0]);
+                out.extend(mxfp4_values(block).iter().map(|&v| f32::from(v) * d));
+            }
             _ => return None,
         }
     }
@@ -279,6 +307,83 @@ fn five_bit_quants(qh: &[u8], qs: &[u8]) -> [u8; 32] {
         q[j + 16] = (qs[j] >> 4) | ((((high >> (j + 16)) & 1) as u8) << 4);
     }
     q
+}
+
+/// MXFP4's E2M1 values by 4-bit code, doubled so that they are integers (llama.cpp's
+/// `kvalues_mxfp4`): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negations, times two. Code 8 is
+/// E2M1's −0, which llama.cpp reads as +0.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// What the affine form adds to a doubled MXFP4 value to make its code (4..=28, five bits): a
+/// power of two, so that the bias is `−16 · scale` exactly and mlxcel's int8 layout can derive it
+/// from the scale ([`bias_multiple`]).
+const MXFP4_OFFSET: i8 = 16;
+
+/// The largest MXFP4 scale byte whose block has an affine form. Above it the values reach 2^124
+/// and a block's span (up to 24 · 2^124 = 1.5 · 2^128) no longer fits an f32 `scale · q`: no
+/// affine group holds such a block ([`affine_form_refusal`]). Real weights sit near 2^−7
+/// (bytes near 120).
+pub const MXFP4_MAX_AFFINE_SCALE_BYTE: u8 = 251;
+
+/// An MXFP4 block's scale from its E8M0 byte `e`, halved because the values are doubled:
+/// `2^(e − 128)`, llama.cpp's `ggml_e8m0_to_fp32_half`. Bytes 0 and 1 give the f32 subnormals
+/// 2^−128 and 2^−127; byte 255 gives 2^127 (the OCP format's NaN encoding, which llama.cpp does
+/// not treat as NaN: its products with codes of magnitude 2 and more overflow to ±∞ instead,
+/// as do byte 254's with magnitude 4 and more).
+pub fn mxfp4_scale(e: u8) -> f32 {
+    f32::from_bits(if e < 2 {
+        0x0020_0000 << e
+    } else {
+        u32::from(e - 1) << 23
+    })
+}
+
+/// The 32 doubled values of an MXFP4 block (17 bytes: the scale byte, then `qs[16]`): element
+/// `j` from the low nibble of `qs[j]`, element `j + 16` from its high nibble.
+fn mxfp4_values(block: &[u8]) -> [i8; 32] {
+    let mut v = [0i8; 32];
+    for (j, &byte) in block[1..17].iter().enumerate() {
+        v[j] = MXFP4_VALUES[usize::from(byte & 0x0F)];
+        v[j + 16] = MXFP4_VALUES[usize::from(byte >> 4)];
+    }
+    v
+}
+
+/// The affine scale and bias of an MXFP4 block with scale byte `e`: `2^(e − 128)` and `−16`
+/// times it, both exact, so `fl(fl(scale · q) + bias)` (or a fused multiply-add) is
+/// `(q − 16) · scale` exactly, llama.cpp's value bit for bit (never −0: llama.cpp's zero is
+/// `0 · d` with `d > 0`). Above [`MXFP4_MAX_AFFINE_SCALE_BYTE`] there is no such form: NaN
+/// scale and bias, so that nothing finite and wrong comes out of a block a reader should have
+/// refused ([`affine_form_refusal`]).
+fn mxfp4_affine_scale(e: u8) -> (f32, f32) {
+    if e > MXFP4_MAX_AFFINE_SCALE_BYTE {
+        return (f32::NAN, f32::NAN);
+    }
+    let d = mxfp4_scale(e);
+    (d, -f32::from(MXFP4_OFFSET) * d)
+}
+
+/// Why `data`, a whole tensor of `ty`, has no exact affine form, naming its first block that
+/// has none; `None` when every block has one, as every block of every type but MXFP4 does. An
+/// MXFP4 block with a scale byte above [`MXFP4_MAX_AFFINE_SCALE_BYTE`] has none (its values
+/// reach 2^124; llama.cpp's own products overflow to ±∞ from byte 253 on), so a reader that
+/// converts to the affine form refuses such a tensor with this reason.
+pub fn affine_form_refusal(ty: GgmlType, data: &[u8]) -> Option<String> {
+    if ty != GgmlType::MXFP4 {
+        return None;
+    }
+    let (_, block_bytes) = ty.layout()?;
+    let (at, block) = data
+        .chunks_exact(block_bytes)
+        .enumerate()
+        .find(|(_, block)| block[0] > MXFP4_MAX_AFFINE_SCALE_BYTE)?;
+    Some(format!(
+        "MXFP4 block {at} has scale byte {e} (2^{p}): values of 2^124 and more have no exact \
+         affine form (scale bytes up to {MXFP4_MAX_AFFINE_SCALE_BYTE} are read; real weights \
+         use bytes near 120)",
+        e = block[0],
+        p = i32::from(block[0]) - 128,
+    ))
 }
 
 /// The 2-bit field of element `e` of a 256-element super-block whose values are packed four to
@@ -478,6 +583,10 @@ pub(crate) fn affine_scales_into(
             out[0] = (half_at(block, 0), half_at(block, 2));
             1
         }
+        GgmlType::MXFP4 => {
+            out[0] = mxfp4_affine_scale(block[0]);
+            1
+        }
         _ => {
             let mut groups = [AffineBlock::EMPTY; MAX_GROUPS_PER_BLOCK];
             let n = affine_groups_into(ty, block, &mut groups);
@@ -491,12 +600,12 @@ pub(crate) fn affine_scales_into(
 
 /// The bias of every affine group of `ty` as a fixed multiple of its scale, for the types whose
 /// codes are signed values stored with an offset (the bias is `−offset · scale`, one exact f32
-/// product): Q4_0 −8, Q5_0 −16, Q8_0 −128, Q6_K −32, Q3_K −4. `None` for the types that store
-/// a bias (Q4_1, Q5_1, Q4_K, Q5_K, Q2_K) and for types without an affine form.
+/// product): Q4_0 −8, Q5_0 −16, Q8_0 −128, Q6_K −32, Q3_K −4, MXFP4 −16. `None` for the types
+/// that store a bias (Q4_1, Q5_1, Q4_K, Q5_K, Q2_K) and for types without an affine form.
 pub fn bias_multiple(ty: GgmlType) -> Option<f32> {
     match ty {
         GgmlType::Q4_0 => Some(-8.0),
-        GgmlType::Q5_0 => Some(-16.0),
+        GgmlType::Q5_0 | GgmlType::MXFP4 => Some(-16.0),
         GgmlType::Q8_0 => Some(-128.0),
         GgmlType::Q6_K => Some(-32.0),
         GgmlType::Q3_K => Some(-4.0),
@@ -512,6 +621,9 @@ pub enum ExactScales {
     /// A 32-element type's one group: its scale is the f16 `scale` (bits) widened; its bias the
     /// f16 `bias` widened (Q4_1, Q5_1), or `bias_multiple · scale` (Q4_0, Q5_0, Q8_0).
     Half { scale: u16, bias: Option<u16> },
+    /// An MXFP4 block's one group: its scale is `scale` (a power of two, [`mxfp4_scale`]), its
+    /// bias `bias_multiple · scale`.
+    Single { scale: f32 },
     /// A K-quant super-block's groups (eight of 32 for Q4_K/Q5_K, sixteen of 16 for Q6_K, Q3_K,
     /// Q2_K): group `g`'s scale is `d · c[g]` (f32 product of the f16 super-block scale and an
     /// integer sub-scale), its bias `bias.0 · bias.1[g]` (Q4_K, Q5_K, Q2_K: the negated f16 `dmin`
@@ -523,9 +635,9 @@ pub enum ExactScales {
     },
 }
 
-/// [`ExactScales`] of one block of `ty`; `None` for a type without an affine form, and for a
+/// [`ExactScales`] of one block of `ty`; `None` for a type without an affine form, for a
 /// Q4_K/Q5_K/Q2_K block whose `dmin` is not finite (a NaN's sign would then depend on where the
-/// negation is applied).
+/// negation is applied), and for an MXFP4 block without an affine form ([`affine_form_refusal`]).
 ///
 /// Every product is the one [`affine_scales_into`] computes, so the values agree bit for bit:
 /// Q4_K's bias `−(dmin · m)` is `(−dmin) · m` (negation commutes with rounding).
@@ -541,6 +653,9 @@ pub fn exact_scales(ty: GgmlType, block: &[u8]) -> Option<ExactScales> {
         GgmlType::Q4_1 | GgmlType::Q5_1 => ExactScales::Half {
             scale: bits(0),
             bias: Some(bits(2)),
+        },
+        GgmlType::MXFP4 if block[0] <= MXFP4_MAX_AFFINE_SCALE_BYTE => ExactScales::Single {
+            scale: mxfp4_scale(block[0]),
         },
         GgmlType::Q4_K | GgmlType::Q5_K => {
             for g in 0..8 {
@@ -644,6 +759,12 @@ pub fn pack_block(ty: GgmlType, block: &[u8], out: &mut [u8]) {
                 *o = b ^ 0x80;
             }
         }
+        GgmlType::MXFP4 => {
+            // 8-bit: the packed bytes are the doubled values plus 16.
+            for (o, v) in out[..32].iter_mut().zip(mxfp4_values(block)) {
+                *o = (v + MXFP4_OFFSET) as u8;
+            }
+        }
         GgmlType::Q6_K => {
             // 8-bit: the packed bytes are the values. Each half of 128 takes 64 bytes of the low
             // nibbles and 32 of the high bits (layout at `dequantize_q6_k`).
@@ -723,6 +844,7 @@ mod tests {
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q6_K,
+            GgmlType::MXFP4,
         ];
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = move || {
@@ -754,6 +876,14 @@ mod tests {
                 }
                 // The exact form gives the same f32 values, each with one product.
                 let Some(form) = exact_scales(ty, &block) else {
+                    if ty == GgmlType::MXFP4 {
+                        assert!(
+                            block[0] > MXFP4_MAX_AFFINE_SCALE_BYTE,
+                            "MXFP4: no exact form"
+                        );
+                        assert!(scales[0].0.is_nan() && scales[0].1.is_nan());
+                        continue;
+                    }
                     let dmin = match ty {
                         GgmlType::Q4_K | GgmlType::Q5_K => half_at(&block, 2),
                         GgmlType::Q2_K => half_at(&block, 82),
@@ -770,6 +900,9 @@ mod tests {
                             None => bias_multiple(ty).unwrap() * scale,
                         };
                         vec![(scale, bias)]
+                    }
+                    ExactScales::Single { scale } => {
+                        vec![(scale, bias_multiple(ty).unwrap() * scale)]
                     }
                     ExactScales::Factored { d, c, bias } => (0..n)
                         .map(|g| {

@@ -20,9 +20,12 @@ impl GgmlType {
     pub const Q5_K: Self = Self(13);
     pub const Q6_K: Self = Self(14);
     pub const BF16: Self = Self(30);
+    /// OCP microscaling FP4 (gpt-oss's experts): 32 E2M1 values sharing one E8M0 scale byte.
+    pub const MXFP4: Self = Self(39);
 
     /// Elements per block and bytes per block, for every type mlxcel reads, dequantizes exactly
-    /// (`dequant::dequantize_reference`) and imports (K-quants have 256-element super-blocks).
+    /// (`dequant::dequantize_reference`) and imports (K-quants have 256-element super-blocks;
+    /// an MXFP4 block is its scale byte, then the 32 four-bit codes in 16 bytes).
     pub fn layout(self) -> Option<(usize, usize)> {
         match self {
             Self::F32 => Some((1, 4)),
@@ -37,6 +40,7 @@ impl GgmlType {
             Self::Q4_K => Some((256, 144)),
             Self::Q5_K => Some((256, 176)),
             Self::Q6_K => Some((256, 210)),
+            Self::MXFP4 => Some((32, 17)),
             _ => None,
         }
     }

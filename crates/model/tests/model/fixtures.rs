@@ -79,6 +79,13 @@ pub fn vocab() -> (Vec<String>, Vec<i32>) {
 
 /// One random block of a supported type (scales small and positive so values are tame).
 pub fn random_block(ty: GgmlType, rng: &mut Rng) -> Vec<u8> {
+    if ty == GgmlType::MXFP4 {
+        // A scale byte of 118..=122 (2^−10 .. 2^−6 on the doubled values, magnitudes up to
+        // 0.19, as real weights), then 32 random codes.
+        let mut out = vec![118 + (rng.next_u32() % 5) as u8];
+        out.extend(rng.bytes(16));
+        return out;
+    }
     let half = |v: f32| f16::from_f32(v).to_le_bytes();
     let mut out = half(rng.uniform(0.001, 0.05)).to_vec();
     match ty {

@@ -7,6 +7,7 @@ mod config;
 mod default_model;
 mod fixtures;
 mod gguf;
+mod mxfp4;
 mod properties;
 mod spm;
 mod tokenizer;
