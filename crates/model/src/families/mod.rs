@@ -9,9 +9,12 @@ mod gemma2;
 mod gemma3;
 mod llama;
 mod mistral;
+mod mixtral;
 mod moe;
+mod olmoe;
 mod phi3;
 mod qwen2;
+mod qwen2_moe;
 mod qwen3;
 mod qwen3_moe;
 mod smollm3;
@@ -27,6 +30,9 @@ static FAMILIES: &[&dyn Family] = &[
     &qwen2::Qwen2,
     &qwen3::Qwen3,
     &qwen3_moe::Qwen3Moe,
+    &qwen2_moe::Qwen2Moe,
+    &mixtral::Mixtral,
+    &olmoe::Olmoe,
     &smollm3::SmolLm3,
     &gemma2::Gemma2,
     &gemma3::Gemma3,

@@ -16,11 +16,18 @@ pub(crate) const MAX_EXPERTS: usize = 1024;
 pub(crate) struct ExpertKeys {
     /// The key holding the expert count (`num_experts`, Mixtral's `num_local_experts`).
     pub count: &'static str,
+    /// Another key transformers reads as the count for this family (its `attribute_map`:
+    /// Mixtral's `num_experts`, OLMoE's `num_local_experts`); `None` when it reads no other.
+    pub count_alias: Option<&'static str>,
     /// The key holding each expert's hidden size; `None`: `intermediate_size` (Mixtral).
     pub intermediate: Option<&'static str>,
     pub routing: Routing,
     /// Whether the family has a shared expert (`shared_expert_intermediate_size`).
     pub shared_expert: bool,
+    /// Whether the family keeps some layers dense by `mlp_only_layers` and
+    /// `decoder_sparse_step` (the Qwen MoE families); the others route every layer and refuse
+    /// those keys rather than ignore them.
+    pub dense_layers: bool,
 }
 
 /// Layer `layer`'s block for a family with experts: routed where transformers makes it sparse
@@ -35,9 +42,23 @@ pub(crate) fn routed_or_dense(
     let FeedForward::Dense { activation, .. } = dense else {
         return Ok(dense);
     };
-    let count = match keys.count {
+    let value = |key: &str| match key {
         "num_local_experts" => raw.num_local_experts,
         _ => raw.num_experts,
+    };
+    let count = match (value(keys.count), keys.count_alias) {
+        (Some(n), Some(alias)) => match value(alias) {
+            Some(m) if m != n => {
+                return Err(ModelError::invalid(
+                    path,
+                    alias,
+                    format!("{m} contradicts {} {n} (the same count)", keys.count),
+                ));
+            }
+            _ => Some(n),
+        },
+        (None, Some(alias)) => value(alias),
+        (count, None) => count,
     };
     let num_experts = positive(path, keys.count, count)?;
     if num_experts > MAX_EXPERTS {
@@ -46,6 +67,22 @@ pub(crate) fn routed_or_dense(
             keys.count,
             format!("{num_experts} experts is more than the {MAX_EXPERTS} mlxcel accepts"),
         ));
+    }
+    if !keys.dense_layers {
+        if raw.decoder_sparse_step.is_some_and(|s| s != 1) {
+            return Err(ModelError::invalid(
+                path,
+                "decoder_sparse_step",
+                "this family routes every layer (only 1 is accepted)",
+            ));
+        }
+        if raw.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty()) {
+            return Err(ModelError::invalid(
+                path,
+                "mlp_only_layers",
+                "this family routes every layer (only [] is accepted)",
+            ));
+        }
     }
     let step = raw.decoder_sparse_step.unwrap_or(1);
     if step == 0 {
@@ -76,7 +113,13 @@ pub(crate) fn routed_or_dense(
     };
     let shared_expert_intermediate_size = if keys.shared_expert {
         match raw.shared_expert_intermediate_size {
-            None | Some(0) => None,
+            None => {
+                return Err(ModelError::MissingField {
+                    path: path.to_owned(),
+                    field: "shared_expert_intermediate_size".into(),
+                });
+            }
+            Some(0) => None,
             Some(n) => Some(n),
         }
     } else {

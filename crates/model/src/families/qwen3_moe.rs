@@ -50,12 +50,14 @@ impl Family for Qwen3Moe {
     ) -> Result<FeedForward> {
         let keys = ExpertKeys {
             count: "num_experts",
+            count_alias: None,
             intermediate: Some("moe_intermediate_size"),
             // transformers' Qwen3MoeConfig defaults `norm_topk_prob` to false.
             routing: Routing::SoftmaxTopK {
                 renormalize: raw.norm_topk_prob.unwrap_or(false),
             },
             shared_expert: false,
+            dense_layers: true,
         };
         routed_or_dense(path, raw, layer, dense, keys)
     }
