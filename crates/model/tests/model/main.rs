@@ -5,6 +5,7 @@ mod chat;
 mod checkpoint;
 mod config;
 mod default_model;
+mod experts;
 mod fixtures;
 mod gguf;
 mod properties;
