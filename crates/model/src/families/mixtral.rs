@@ -5,11 +5,14 @@
 
 use std::path::Path;
 
+use serde_json::Value;
+
 use super::family::{Defaults, Family};
-use super::moe::{ExpertKeys, routed_or_dense};
+use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config, routed_or_dense};
 use crate::config::blocks::{FeedForward, Routing};
 use crate::config::raw::RawConfig;
 use crate::error::Result;
+use crate::gguf::header::GgufHeader;
 
 pub(super) struct Mixtral;
 
@@ -68,5 +71,18 @@ impl Family for Mixtral {
 
     fn gguf_permuted_qk(&self) -> bool {
         true
+    }
+
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        gguf_expert_config(
+            header,
+            config,
+            GgufExpertKeys {
+                count: "num_local_experts",
+                moe_intermediate: false,
+                norm_topk_prob: None,
+                shared_expert: false,
+            },
+        );
     }
 }

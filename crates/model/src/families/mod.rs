@@ -62,6 +62,18 @@ impl Architecture {
             .map(|&f| Self(f))
     }
 
+    /// The family a GGUF file of `general.architecture` `name` is read as, given whether it has
+    /// experts (`{name}.expert_count` above zero): the first family of that name with (or
+    /// without) experts, else the first of that name (which then refuses or misses the experts by
+    /// name).
+    pub fn from_gguf_name_with_experts(name: &str, experts: bool) -> Option<Self> {
+        FAMILIES
+            .iter()
+            .find(|f| f.gguf_name() == name && f.has_experts() == experts)
+            .map(|&f| Self(f))
+            .or_else(|| Self::from_gguf_name(name))
+    }
+
     /// The family whose multimodal checkpoint (`architectures[0]` or `model_type`) is `name`.
     pub(crate) fn multimodal_named(name: &str) -> Option<Self> {
         FAMILIES

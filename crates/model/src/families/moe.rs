@@ -3,9 +3,12 @@
 
 use std::path::Path;
 
+use serde_json::{Value, json};
+
 use crate::config::blocks::{FeedForward, RoutedExperts, Routing};
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
+use crate::gguf::header::GgufHeader;
 
 /// The most experts a layer may have: more than any released model (gpt-oss 32, Qwen3-MoE 128,
 /// DeepSeek 256), small enough that a hostile config cannot ask for millions of tensors.
@@ -143,5 +146,53 @@ fn positive(path: &Path, field: &str, value: Option<usize>) -> Result<usize> {
         }),
         Some(0) => Err(ModelError::invalid(path, field, "must be at least 1")),
         Some(v) => Ok(v),
+    }
+}
+
+/// How a family's GGUF header becomes its config.json expert keys.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GgufExpertKeys {
+    /// config.json's count key (`num_experts`, Mixtral's `num_local_experts`).
+    pub count: &'static str,
+    /// Whether the experts' size is `moe_intermediate_size` (`expert_feed_forward_length`, else
+    /// llama.cpp's fallback `feed_forward_length / expert_used_count`); `false`: llama.cpp
+    /// sizes them by `feed_forward_length`, which config.json already has as
+    /// `intermediate_size` (Mixtral, OLMoE).
+    pub moe_intermediate: bool,
+    /// `norm_topk_prob` as llama.cpp computes the family (it hard-codes it per architecture);
+    /// `None` for a family without the key (Mixtral).
+    pub norm_topk_prob: Option<bool>,
+    /// Whether the family has a shared expert (`expert_shared_feed_forward_length`, else
+    /// `feed_forward_length`, as llama.cpp sizes it).
+    pub shared_expert: bool,
+}
+
+/// Writes the expert keys of a GGUF file's config.json; a file without `expert_count` gets
+/// none, and its config is then refused naming the missing count.
+pub(crate) fn gguf_expert_config(header: &GgufHeader, config: &mut Value, keys: GgufExpertKeys) {
+    let Some(experts) = header.experts else {
+        return;
+    };
+    config[keys.count] = json!(experts.count);
+    config["num_experts_per_tok"] = json!(experts.used);
+    if keys.moe_intermediate {
+        config["moe_intermediate_size"] = json!(
+            experts
+                .feed_forward_length
+                .unwrap_or(header.feed_forward_length / experts.used.max(1))
+        );
+        // llama.cpp's MoE files have experts in every layer.
+        config["decoder_sparse_step"] = json!(1);
+        config["mlp_only_layers"] = json!([]);
+    }
+    if let Some(norm) = keys.norm_topk_prob {
+        config["norm_topk_prob"] = json!(norm);
+    }
+    if keys.shared_expert {
+        config["shared_expert_intermediate_size"] = json!(
+            experts
+                .shared_feed_forward_length
+                .unwrap_or(header.feed_forward_length)
+        );
     }
 }

@@ -5,11 +5,14 @@
 
 use std::path::Path;
 
+use serde_json::Value;
+
 use super::family::{Defaults, Family, Features};
-use super::moe::{ExpertKeys, routed_or_dense};
+use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config, routed_or_dense};
 use crate::config::blocks::{FeedForward, Routing};
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
+use crate::gguf::header::GgufHeader;
 
 pub(super) struct Olmoe;
 
@@ -79,5 +82,19 @@ impl Family for Olmoe {
             dense_layers: false,
         };
         routed_or_dense(path, raw, layer, dense, keys)
+    }
+
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        gguf_expert_config(
+            header,
+            config,
+            GgufExpertKeys {
+                count: "num_experts",
+                moe_intermediate: false,
+                // llama.cpp's olmoe never renormalises the top-k weights.
+                norm_topk_prob: Some(false),
+                shared_expert: false,
+            },
+        );
     }
 }

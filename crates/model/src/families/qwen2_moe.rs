@@ -7,11 +7,14 @@
 
 use std::path::Path;
 
+use serde_json::{Value, json};
+
 use super::family::Family;
-use super::moe::{ExpertKeys, routed_or_dense};
+use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config, routed_or_dense};
 use crate::config::blocks::{FeedForward, Routing};
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
+use crate::gguf::header::GgufHeader;
 
 pub(super) struct Qwen2Moe;
 
@@ -70,5 +73,20 @@ impl Family for Qwen2Moe {
             dense_layers: true,
         };
         routed_or_dense(path, raw, layer, dense, keys)
+    }
+
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        config["qkv_bias"] = json!(header.attention_bias);
+        gguf_expert_config(
+            header,
+            config,
+            GgufExpertKeys {
+                count: "num_experts",
+                moe_intermediate: true,
+                // llama.cpp's qwen2moe never renormalises the top-k weights.
+                norm_topk_prob: Some(false),
+                shared_expert: true,
+            },
+        );
     }
 }

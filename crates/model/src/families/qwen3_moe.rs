@@ -5,11 +5,14 @@
 
 use std::path::Path;
 
+use serde_json::Value;
+
 use super::family::{Family, Features, slides_from_max_window_layers};
-use super::moe::{ExpertKeys, routed_or_dense};
+use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config, routed_or_dense};
 use crate::config::blocks::{FeedForward, Routing};
 use crate::config::raw::RawConfig;
 use crate::error::Result;
+use crate::gguf::header::GgufHeader;
 
 pub(super) struct Qwen3Moe;
 
@@ -60,5 +63,19 @@ impl Family for Qwen3Moe {
             dense_layers: true,
         };
         routed_or_dense(path, raw, layer, dense, keys)
+    }
+
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        gguf_expert_config(
+            header,
+            config,
+            GgufExpertKeys {
+                count: "num_experts",
+                moe_intermediate: true,
+                // llama.cpp's qwen3moe always renormalises the top-k weights.
+                norm_topk_prob: Some(true),
+                shared_expert: false,
+            },
+        );
     }
 }

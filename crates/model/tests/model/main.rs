@@ -8,6 +8,7 @@ mod default_model;
 mod experts;
 mod fixtures;
 mod gguf;
+mod gguf_experts;
 mod properties;
 mod spm;
 mod tokenizer;
