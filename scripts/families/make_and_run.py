@@ -185,6 +185,40 @@ def variants():
             rope_scaling={"type": "longrope",
                           "short_factor": [1.0, 1.25, 1.6, 2.5, 4.0, 6.5],
                           "long_factor": [1.0, 1.25, 1.6, 2.5, 4.0, 6.5]}), {}),
+        # Mixtures of experts: 8 experts, saved the way mlx-lm saves them (stacked `switch_mlp`
+        # tensors, which mlxcel reads as per-expert views). The OpenXLA backend refuses them by
+        # name, and scripts/check-families accepts exactly that refusal there.
+        # Qwen3-MoE: top-2 renormalised (`norm_topk_prob`), layer 2 dense (`mlp_only_layers`).
+        ("qwen3_moe", "qwen3_moe", base_config(
+            architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_hidden_layers=4,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[2],
+            rope_theta=1000000.0), {}),
+        # 4-bit, top-4 not renormalised; mlx-lm's quantization covers the router and the stacked
+        # experts alike.
+        ("qwen3_moe-q4", "qwen3_moe", base_config(
+            architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=8,
+            num_experts_per_tok=4, moe_intermediate_size=32, norm_topk_prob=False,
+            decoder_sparse_step=1, mlp_only_layers=[], rope_theta=1000000.0),
+         {"quantize": (32, 4)}),
+        # Mixtral: the softmax of the top-2 router logits; experts of `intermediate_size`.
+        ("mixtral", "mixtral", base_config(
+            architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=8,
+            num_experts_per_tok=2, intermediate_size=48, rope_theta=1000000.0,
+            sliding_window=None), {}),
+        # OLMoE: one q norm over all heads and one k norm, biases on q/k/v/o, top-4 renormalised.
+        ("olmoe", "olmoe", base_config(
+            architectures=["OlmoeForCausalLM"], model_type="olmoe", num_experts=8,
+            num_experts_per_tok=4, intermediate_size=32, norm_topk_prob=True, clip_qkv=None,
+            attention_bias=True), {}),
+        # Qwen2-MoE: q/k/v biases, top-4 not renormalised (mlx-lm never renormalises it), and a
+        # shared expert behind its sigmoid gate.
+        ("qwen2_moe", "qwen2_moe", base_config(
+            architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", num_experts=8,
+            num_experts_per_tok=4, moe_intermediate_size=32, shared_expert_intermediate_size=96,
+            norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+            use_sliding_window=False, sliding_window=32768, max_window_layers=3,
+            rope_theta=1000000.0), {}),
     ]
 
 

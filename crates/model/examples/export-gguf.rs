@@ -100,6 +100,16 @@ fn gguf_architecture(architecture: Architecture) -> (&'static str, Architecture)
 
 fn export(checkpoint: &Checkpoint, out: &Path) -> Result<Vec<Lossy>, Error> {
     let c = checkpoint.config();
+    // llama.cpp's stacked expert tensors (`ffn_*_exps`) and `expert_*` keys are not written yet:
+    // refused by name rather than exported as a model without its experts.
+    if let Some(moe) = c.feed_forward.iter().find_map(|f| f.routed()) {
+        return Err(format!(
+            "{} is a mixture of experts ({} experts, {} per token): export-gguf does not write \
+             experts yet",
+            c.architecture, moe.num_experts, moe.top_k
+        )
+        .into());
+    }
     let raw = read_json(&checkpoint.dir().join("config.json"))?;
     let (arch, import_arch) = gguf_architecture(c.architecture);
     let mut w = GgufWriter::new();

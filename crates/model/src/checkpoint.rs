@@ -177,6 +177,9 @@ impl Checkpoint {
                 );
             }
         }
+        if config.feed_forward.iter().any(|f| f.routed().is_some()) {
+            crate::experts::per_expert_views(&mut config, &mut files)?;
+        }
         let fused = config.architecture.fused_projections();
         if !fused.is_empty() {
             split_fused(&config, fused, &mut files)?;

@@ -31,6 +31,7 @@ mod checkpoint;
 mod config;
 mod default_model;
 mod error;
+mod experts;
 mod families;
 mod fim;
 pub mod gguf;

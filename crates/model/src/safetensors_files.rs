@@ -291,6 +291,55 @@ impl SafetensorsFiles {
         Ok(())
     }
 
+    /// Replaces the tensor `stacked` (`[n, ...]`) by its `n` slices along the first axis, named
+    /// `parts` in order, each of shape `[...]`, without copying: each part views its bytes of the
+    /// memory map. Used for checkpoints that store a layer's experts stacked (mlx-lm's
+    /// `switch_mlp`). Does nothing when `stacked` is absent; an error when it does not hold
+    /// `parts.len()` slices.
+    pub fn unstack(&mut self, stacked: &str, parts: &[String]) -> Result<()> {
+        let Some(&index) = self.names.get(stacked) else {
+            return Ok(());
+        };
+        let shard = &mut self.shards[index];
+        let entry = &shard.entries[stacked];
+        let n = entry.shape.first().copied().unwrap_or(0);
+        if n != parts.len() || entry.shape.len() < 2 {
+            return Err(ModelError::Safetensors {
+                path: shard.path.clone(),
+                reason: format!(
+                    "tensor `{stacked}` of shape {:?} should stack {} experts along its first axis",
+                    entry.shape,
+                    parts.len()
+                ),
+            });
+        }
+        if let Some(name) = parts.iter().find(|p| self.names.contains_key(p.as_str())) {
+            return Err(ModelError::Safetensors {
+                path: shard.path.clone(),
+                reason: format!("tensor `{name}` is both stored and a slice of `{stacked}`"),
+            });
+        }
+        let slice_bytes = (entry.end - entry.start) / n;
+        let (dtype, start, region) = (entry.dtype, entry.start, entry.region);
+        let shape = entry.shape[1..].to_vec();
+        for (j, name) in parts.iter().enumerate() {
+            let from = start + j * slice_bytes;
+            shard.entries.insert(
+                name.clone(),
+                Entry {
+                    dtype,
+                    shape: shape.clone(),
+                    start: from,
+                    end: from + slice_bytes,
+                    region,
+                },
+            );
+            self.names.insert(name.clone(), index);
+        }
+        self.names.remove(stacked);
+        Ok(())
+    }
+
     /// Renames every tensor by `rename` (its new name), dropping those it maps to `None`;
     /// returns the names dropped. No bytes move.
     pub fn rename(&mut self, rename: impl Fn(&str) -> Option<String>) -> Result<Vec<String>> {

@@ -16,7 +16,11 @@ impl ModelConfig {
             parts.push("output bias".into());
         }
         if self.qk_norm {
-            parts.push("q/k norm".into());
+            parts.push(if self.qk_norm_whole {
+                "whole q/k norm".into()
+            } else {
+                "q/k norm".into()
+            });
         }
         if self.num_key_value_heads < self.num_attention_heads {
             parts.push(format!(
@@ -32,6 +36,25 @@ impl ModelConfig {
             let sliding = self.layers.iter().filter(|l| l.window.is_some()).count();
             parts.push(format!(
                 "sliding window {window} on {sliding} of {} layers",
+                self.num_hidden_layers
+            ));
+        }
+        let routed: Vec<_> = self
+            .feed_forward
+            .iter()
+            .filter_map(|f| f.routed())
+            .collect();
+        if let Some(moe) = routed.first() {
+            let shared = if moe.shared_expert_intermediate_size.is_some() {
+                " and a shared expert"
+            } else {
+                ""
+            };
+            parts.push(format!(
+                "{} experts, top-{}{shared} on {} of {} layers",
+                moe.num_experts,
+                moe.top_k,
+                routed.len(),
                 self.num_hidden_layers
             ));
         }

@@ -250,6 +250,7 @@ impl ModelConfig {
         let architecture = architecture(path, &raw)?;
         let family = architecture.family();
         let (defaults, features) = (family.defaults(), family.features());
+        family.check(path, &raw)?;
         let need = |value: Option<usize>, field: &str| -> Result<usize> {
             match value {
                 None => Err(ModelError::MissingField {
@@ -325,7 +326,7 @@ impl ModelConfig {
             ));
         }
         let layers = layer_attention(path, &raw, architecture, num_hidden_layers)?;
-        let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
+        let rms_norm_eps = raw.rms_norm_eps.unwrap_or(defaults.rms_norm_eps);
         if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
             return Err(ModelError::invalid(
                 path,
@@ -432,8 +433,8 @@ impl ModelConfig {
         let feed_forward: Vec<FeedForward> = (0..num_hidden_layers)
             .map(|i| family.feed_forward(path, &raw, i, dense))
             .collect::<Result<_>>()?;
-        // A config that has experts but a family that read none: refused, not run dense.
-        if feed_forward.iter().all(|f| f.routed().is_none()) {
+        // A config that has experts but a family without them: refused, not run dense.
+        if !family.has_experts() {
             for (field, value) in [
                 ("num_experts", raw.num_experts),
                 ("num_local_experts", raw.num_local_experts),

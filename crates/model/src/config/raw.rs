@@ -47,6 +47,8 @@ pub(crate) struct RawConfig {
     pub norm_topk_prob: Option<bool>,
     pub decoder_sparse_step: Option<usize>,
     pub mlp_only_layers: Option<Vec<usize>>,
+    pub clip_qkv: Option<Value>,
+    pub qkv_bias: Option<bool>,
     #[serde(default)]
     pub vision_config: Option<Value>,
     pub quantization: Option<Value>,

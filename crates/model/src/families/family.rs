@@ -63,6 +63,13 @@ pub(crate) trait Family: Sync {
         Ok(true)
     }
 
+    /// Refuses the keys of config.json the family's transformers model reads but mlxcel does not
+    /// implement (an error names the key), rather than run without them.
+    fn check(&self, path: &Path, raw: &RawConfig) -> Result<()> {
+        let _ = (path, raw);
+        Ok(())
+    }
+
     /// Whether the family's layers may be mixtures of experts (names it in the refusal of an
     /// expert config of another family).
     fn has_experts(&self) -> bool {
@@ -115,6 +122,7 @@ pub(crate) trait Family: Sync {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Defaults {
     pub rope_theta: f32,
+    pub rms_norm_eps: f32,
     pub tie_word_embeddings: bool,
     pub hidden_activation: HiddenActivation,
     pub sliding_window: Option<usize>,
@@ -129,6 +137,7 @@ pub(crate) struct Defaults {
 impl Defaults {
     pub const LLAMA: Self = Self {
         rope_theta: 10_000.0,
+        rms_norm_eps: 1e-6,
         tie_word_embeddings: false,
         hidden_activation: HiddenActivation::Silu,
         sliding_window: None,

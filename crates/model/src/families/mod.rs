@@ -9,9 +9,12 @@ mod gemma2;
 mod gemma3;
 mod llama;
 mod mistral;
+mod mixtral;
 mod moe;
+mod olmoe;
 mod phi3;
 mod qwen2;
+mod qwen2_moe;
 mod qwen3;
 mod qwen3_moe;
 mod smollm3;
@@ -27,6 +30,9 @@ static FAMILIES: &[&dyn Family] = &[
     &qwen2::Qwen2,
     &qwen3::Qwen3,
     &qwen3_moe::Qwen3Moe,
+    &qwen2_moe::Qwen2Moe,
+    &mixtral::Mixtral,
+    &olmoe::Olmoe,
     &smollm3::SmolLm3,
     &gemma2::Gemma2,
     &gemma3::Gemma3,
@@ -54,6 +60,18 @@ impl Architecture {
             .iter()
             .find(|f| f.gguf_name() == name)
             .map(|&f| Self(f))
+    }
+
+    /// The family a GGUF file of `general.architecture` `name` is read as, given whether it has
+    /// experts (`{name}.expert_count` above zero): the first family of that name with (or
+    /// without) experts, else the first of that name (which then refuses or misses the experts by
+    /// name).
+    pub fn from_gguf_name_with_experts(name: &str, experts: bool) -> Option<Self> {
+        FAMILIES
+            .iter()
+            .find(|f| f.gguf_name() == name && f.has_experts() == experts)
+            .map(|&f| Self(f))
+            .or_else(|| Self::from_gguf_name(name))
     }
 
     /// The family whose multimodal checkpoint (`architectures[0]` or `model_type`) is `name`.

@@ -5,11 +5,14 @@
 
 use std::path::Path;
 
+use serde_json::Value;
+
 use super::family::{Family, Features, slides_from_max_window_layers};
-use super::moe::{ExpertKeys, routed_or_dense};
+use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config, routed_or_dense};
 use crate::config::blocks::{FeedForward, Routing};
 use crate::config::raw::RawConfig;
 use crate::error::Result;
+use crate::gguf::header::GgufHeader;
 
 pub(super) struct Qwen3Moe;
 
@@ -50,13 +53,29 @@ impl Family for Qwen3Moe {
     ) -> Result<FeedForward> {
         let keys = ExpertKeys {
             count: "num_experts",
+            count_alias: None,
             intermediate: Some("moe_intermediate_size"),
             // transformers' Qwen3MoeConfig defaults `norm_topk_prob` to false.
             routing: Routing::SoftmaxTopK {
                 renormalize: raw.norm_topk_prob.unwrap_or(false),
             },
             shared_expert: false,
+            dense_layers: true,
         };
         routed_or_dense(path, raw, layer, dense, keys)
+    }
+
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        gguf_expert_config(
+            header,
+            config,
+            GgufExpertKeys {
+                count: "num_experts",
+                moe_intermediate: true,
+                // llama.cpp's qwen3moe always renormalises the top-k weights.
+                norm_topk_prob: Some(true),
+                shared_expert: false,
+            },
+        );
     }
 }

@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::config::ModelConfig;
+use crate::config::blocks::Routing;
 use crate::error::{ModelError, Result};
 use crate::families::Architecture;
 use crate::gguf::header::{GgufHeader, shortest};
 use crate::gguf::reader::{GgufFile, GgufValue};
-use crate::gguf::tensors::{GgufBlocks, Output, plan};
+use crate::gguf::tensors::{Destination, GgufBlocks, Output, plan};
 use crate::gguf::vocab::GgufVocab;
 use crate::quant::{GROUP16_AFFINE_MODE, QuantSpec, Quantization};
 use crate::safetensors_files::{ConvertedFrom, Dtype, PlannedBytes, SafetensorsFiles};
@@ -71,15 +72,32 @@ fn plan_checkpoint(
             key: "general.architecture".into(),
             reason: "missing".into(),
         })?;
-    let family =
-        Architecture::from_gguf_name(arch).ok_or_else(|| ModelError::UnsupportedArchitecture {
+    // llama.cpp writes Mixtral as a `llama` with experts: a file with `{arch}.expert_count` is
+    // read by the family of that name that has experts.
+    let experts = gguf
+        .get(&format!("{arch}.expert_count"))
+        .and_then(GgufValue::as_u64)
+        .is_some_and(|n| n > 0);
+    let family = Architecture::from_gguf_name_with_experts(arch, experts).ok_or_else(|| {
+        ModelError::UnsupportedArchitecture {
             path: gguf.path().to_owned(),
             architecture: arch.to_owned(),
             supported: format!(
                 "{} (GGUF general.architecture)",
                 Architecture::supported_gguf_names()
             ),
-        })?;
+        }
+    })?;
+    if experts && !family.family().has_experts() {
+        return Err(ModelError::GgufMetadata {
+            path: gguf.path().to_owned(),
+            key: format!("{arch}.expert_count"),
+            reason: format!(
+                "a mixture of experts in a `{arch}` file is not supported (GGUF mixtures of \
+                 experts mlxcel reads: qwen3moe, qwen2moe, olmoe, and llama as Mixtral)"
+            ),
+        });
+    }
     let header = GgufHeader::read(&gguf, arch, family.family().gguf_sliding_period())?;
     // Refuse unsupported tensors before anything else.
     for info in &gguf.tensors {
@@ -116,24 +134,45 @@ fn plan_checkpoint(
         let norm_offset = family.family().features().norm_weight_offset
             && suffix == "weight"
             && module.ends_with("norm");
-        let known = known_scales.and_then(|k| k.get(&format!("{module}.scales")).copied());
-        let planned = plan(
-            &gguf,
-            info,
-            &module,
-            suffix,
-            rows_per_head,
-            norm_offset,
-            known,
-        )?;
-        if suffix == "weight" && info.dims.len() == 2 {
-            let spec = planned
-                .iter()
-                .find_map(|o| o.quantized_spec())
-                .map(|(bits, group_size)| QuantSpec { bits, group_size });
-            module_specs.insert(module.clone(), spec);
+        // A stack of experts (`ffn_*_exps`, `[experts, out, in]`) becomes one output per expert,
+        // each a sub-range of the stack's rows; the scales' dtype is chosen once for the stack.
+        let experts: Vec<(String, Option<usize>)> = match module.split_once(".switch_mlp.") {
+            Some((stem, projection)) if info.dims.len() == 3 => (0..info.dims[2] as usize)
+                .map(|j| (format!("{stem}.experts.{j}.{projection}"), Some(j)))
+                .collect(),
+            _ => vec![(module.clone(), None)],
+        };
+        let mut known =
+            known_scales.and_then(|k| k.get(&format!("{}.scales", experts[0].0)).copied());
+        for (module, expert) in experts {
+            let destination = Destination {
+                module: &module,
+                suffix,
+                expert,
+            };
+            let mut planned = plan(&gguf, info, destination, rows_per_head, norm_offset, known)?;
+            known = known.or_else(|| {
+                planned
+                    .iter()
+                    .find(|o| o.planned.name.ends_with(".scales"))
+                    .map(|o| o.planned.dtype)
+            });
+            // llama.cpp's shared-expert gate is a vector `[hidden]`; Hugging Face's a `[1, hidden]`
+            // linear.
+            if module.ends_with(".shared_expert_gate") && info.dims.len() == 1 {
+                for output in &mut planned {
+                    output.planned.shape.insert(0, 1);
+                }
+            }
+            if suffix == "weight" && (info.dims.len() == 2 || expert.is_some()) {
+                let spec = planned
+                    .iter()
+                    .find_map(|o| o.quantized_spec())
+                    .map(|(bits, group_size)| QuantSpec { bits, group_size });
+                module_specs.insert(module.clone(), spec);
+            }
+            outputs.extend(planned);
         }
-        outputs.extend(planned);
     }
     Ok(Planned {
         gguf,
@@ -180,6 +219,7 @@ fn write_checkpoint_files(
     std::fs::create_dir_all(out_dir).map_err(|e| ModelError::io(out_dir, e))?;
     let config_path = out_dir.join("config.json");
     let config = ModelConfig::from_json(&config_path, &config_json.to_string())?;
+    check_weights_norm(gguf, &planned.header, &config)?;
     write_json(&config_path, &config_json)?;
 
     let tokenizer_path = out_dir.join("tokenizer.json");
@@ -195,6 +235,39 @@ fn write_checkpoint_files(
         &json!({"bos_token_id": vocab.bos, "eos_token_id": vocab.eos_token_ids()}),
     )?;
     Ok(config)
+}
+
+/// llama.cpp renormalises the top-k weights or not by architecture (Qwen3-MoE and Mixtral do,
+/// Qwen2-MoE and OLMoE do not), whatever the file's `expert_weights_norm` says; the families'
+/// GGUF configs follow it. A file whose key contradicts that is refused, naming the key: the two
+/// readings would compute different models.
+fn check_weights_norm(gguf: &GgufFile, header: &GgufHeader, config: &ModelConfig) -> Result<()> {
+    let Some(said) = header.experts.and_then(|e| e.weights_norm) else {
+        return Ok(());
+    };
+    let Some(moe) = config.feed_forward.iter().find_map(|f| f.routed()) else {
+        return Ok(());
+    };
+    let renormalized = match moe.routing {
+        Routing::SoftmaxTopK { renormalize } => renormalize,
+        Routing::TopKSoftmax => true,
+    };
+    if said == renormalized {
+        return Ok(());
+    }
+    let arch = config.architecture.gguf_name();
+    Err(ModelError::GgufMetadata {
+        path: gguf.path().to_owned(),
+        key: format!("{arch}.expert_weights_norm"),
+        reason: format!(
+            "is {said}, but llama.cpp's `{arch}` {} the top-k expert weights whatever it says",
+            if renormalized {
+                "always renormalises"
+            } else {
+                "never renormalises"
+            }
+        ),
+    })
 }
 
 fn summary(planned: &Planned, out_dir: &Path, config: ModelConfig) -> ConvertSummary {

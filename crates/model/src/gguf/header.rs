@@ -35,6 +35,23 @@ pub(crate) struct GgufHeader {
     pub(crate) rope_theta: f32,
     pub(crate) rms_norm_eps: f32,
     pub(crate) vocab_size: usize,
+    /// The mixture of experts, when `{arch}.expert_count` is above zero.
+    pub(crate) experts: Option<GgufExperts>,
+}
+
+/// A mixture of experts' `{arch}.expert_*` keys, as llama.cpp writes them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GgufExperts {
+    /// `expert_count`.
+    pub(crate) count: u64,
+    /// `expert_used_count`: experts per token.
+    pub(crate) used: u64,
+    /// `expert_feed_forward_length`: each expert's hidden size, if written.
+    pub(crate) feed_forward_length: Option<u64>,
+    /// `expert_shared_feed_forward_length`: the shared expert's, if written.
+    pub(crate) shared_feed_forward_length: Option<u64>,
+    /// `expert_weights_norm`: whether the top-k weights are renormalised, if written.
+    pub(crate) weights_norm: Option<bool>,
 }
 
 impl GgufHeader {
@@ -173,7 +190,25 @@ impl GgufHeader {
                 });
             }
         };
+        let experts = match uint("expert_count")?.filter(|&n| n > 0) {
+            None => None,
+            Some(count) => Some(GgufExperts {
+                count,
+                used: need("expert_used_count")?,
+                feed_forward_length: uint("expert_feed_forward_length")?,
+                shared_feed_forward_length: uint("expert_shared_feed_forward_length")?,
+                weights_norm: gguf
+                    .get(&key("expert_weights_norm"))
+                    .map(|v| {
+                        v.as_bool().ok_or_else(|| {
+                            error(&key("expert_weights_norm"), format!("{v:?} is not a bool"))
+                        })
+                    })
+                    .transpose()?,
+            }),
+        };
         Ok(Self {
+            experts,
             attention_bias: gguf.tensor_info("blk.0.attn_q.bias").is_some(),
             rotary_dim,
             long_factors,

@@ -30,6 +30,17 @@ pub fn hf_name(gguf_name: &str) -> Option<(String, &str)> {
                 "ffn_gate" => "mlp.gate_proj",
                 "ffn_up" => "mlp.up_proj",
                 "ffn_down" => "mlp.down_proj",
+                // A mixture of experts: the router, the experts stacked `[experts, out, in]`
+                // (read as one view per expert, `mlp.experts.{j}.`), the shared expert and its
+                // gate.
+                "ffn_gate_inp" => "mlp.gate",
+                "ffn_gate_exps" => "mlp.switch_mlp.gate_proj",
+                "ffn_up_exps" => "mlp.switch_mlp.up_proj",
+                "ffn_down_exps" => "mlp.switch_mlp.down_proj",
+                "ffn_gate_shexp" => "mlp.shared_expert.gate_proj",
+                "ffn_up_shexp" => "mlp.shared_expert.up_proj",
+                "ffn_down_shexp" => "mlp.shared_expert.down_proj",
+                "ffn_gate_inp_shexp" => "mlp.shared_expert_gate",
                 _ => return None,
             };
             format!("model.layers.{layer}.{hf}")

@@ -39,17 +39,34 @@ pub(crate) struct Output {
     part: Part,
     /// `Some(head_dim)` for llama q/k projections, whose rows llama.cpp permuted.
     rows_per_head: Option<usize>,
+    /// The first row of the source this output starts at: one expert's rows of a stacked
+    /// `[experts, out, in]` tensor (whose experts lie one after another), else 0.
+    first_row: usize,
 }
 
-/// Plans the outputs of `info`, which becomes the Hugging Face `module` + `suffix`. A quantized
+/// What a GGUF tensor (or one expert of a stack of them) becomes: the Hugging Face module and
+/// suffix (`weight`, `bias`), and for a stack `[experts, out, in]`, which expert.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Destination<'a> {
+    pub module: &'a str,
+    pub suffix: &'a str,
+    pub expert: Option<usize>,
+}
+
+/// Plans the outputs of `info`, which becomes the Hugging Face `module` + `suffix`; with
+/// `expert` `Some(j)`, `info` is a stack of experts `[experts, out, in]` and this plans expert
+/// `j`'s `[out, in]` (its rows, a sub-range of the tensor's). A quantized
 /// tensor's scales and biases are f16 when every one of them is exact in f16 (else f32):
 /// `known_scales` gives that choice when an earlier plan of the same file made it, else the
 /// tensor's blocks are read to make it.
 pub(crate) fn plan(
     gguf: &GgufFile,
     info: &GgufTensorInfo,
-    module: &str,
-    suffix: &str,
+    Destination {
+        module,
+        suffix,
+        expert,
+    }: Destination<'_>,
     rows_per_head: Option<usize>,
     norm_offset: bool,
     known_scales: Option<safetensors::Dtype>,
@@ -59,13 +76,28 @@ pub(crate) fn plan(
         tensor: info.name.clone(),
         reason,
     };
-    let shape = info.shape();
-    let rows = rows(&shape);
-    if shape.contains(&0) {
+    let whole = info.shape();
+    if whole.contains(&0) {
         return Err(refuse(format!(
-            "has no elements (shape {shape:?}): a model's tensors are never empty"
+            "has no elements (shape {whole:?}): a model's tensors are never empty"
         )));
     }
+    let (shape, first_row) = match (expert, &whole[..]) {
+        (None, [_, _, _, ..]) => {
+            return Err(refuse(format!(
+                "has {} dimensions (shape {whole:?}) where a matrix is expected",
+                whole.len()
+            )));
+        }
+        (None, _) => (whole.clone(), 0),
+        (Some(j), &[experts, out, inp]) if j < experts => (vec![out, inp], j * out),
+        (Some(_), _) => {
+            return Err(refuse(format!(
+                "shape {whole:?} is not a stack of experts [experts, out, in]"
+            )));
+        }
+    };
+    let rows = rows(&shape);
     if let Some(head_dim) = rows_per_head
         && !(rows.is_multiple_of(head_dim) && head_dim.is_multiple_of(2))
     {
@@ -78,6 +110,7 @@ pub(crate) fn plan(
         source: info.clone(),
         part,
         rows_per_head,
+        first_row,
     };
     let dense = |dtype| {
         Ok(vec![output(
@@ -129,6 +162,13 @@ pub(crate) fn plan(
                 )));
             }
             let data = gguf.tensor_data(info)?;
+            // An MXFP4 block whose scale is past 2^123 has no f32 affine form: refused by name
+            // rather than converted to NaN.
+            if known_scales.is_none()
+                && let Some(reason) = crate::gguf::dequant::affine_form_refusal(ty, data)
+            {
+                return Err(refuse(reason));
+            }
             let float = match known_scales {
                 Some(dtype @ (safetensors::Dtype::F16 | safetensors::Dtype::F32)) => dtype,
                 _ if fits_f16(ty, data) => safetensors::Dtype::F16,
@@ -154,10 +194,11 @@ pub(crate) fn plan(
     }
 }
 
-/// Rows of a tensor: the outer dimension of a matrix, every element of a vector.
+/// Rows of a tensor: the outer dimensions of a matrix or a stack of them, every element of a
+/// vector.
 fn rows(shape: &[usize]) -> usize {
     if shape.len() >= 2 {
-        shape[0]
+        shape[..shape.len() - 1].iter().product()
     } else {
         shape.iter().product()
     }
@@ -218,8 +259,8 @@ impl Output {
         let ty = self.source.ggml_type;
         let source_rows = rows(&self.source.shape());
         let row_of = |r: usize| match self.rows_per_head {
-            Some(head_dim) => gguf_row_of_hf_row(r, head_dim),
-            None => r,
+            Some(head_dim) => gguf_row_of_hf_row(self.first_row + r, head_dim),
+            None => self.first_row + r,
         };
         match self.part {
             Part::Dense => {
@@ -241,7 +282,7 @@ impl Output {
         }
         let (_, block_bytes) = ty.layout().expect("a readable type");
         let source_row_bytes = raw.len() / source_rows;
-        let out_row_bytes = out.len() / source_rows;
+        let out_row_bytes = out.len() / rows(&self.planned.shape);
         let as_f16 = self.planned.dtype == safetensors::Dtype::F16;
         let part = self.part;
         let (block_len, _) = ty.layout().expect("a readable type");
@@ -342,9 +383,9 @@ impl Output {
         };
         let data = gguf.tensor_data(&self.source).ok()?;
         let shape = self.source.shape();
-        let (&[whole, cols], Some(_)) = (&shape[..], self.source.ggml_type.layout()) else {
-            return None;
-        };
+        self.source.ggml_type.layout()?;
+        let (whole, &cols) = (self::rows(&shape), shape.last()?);
+        let first_row = self.first_row + first_row;
         if first_row + rows > whole {
             return None;
         }

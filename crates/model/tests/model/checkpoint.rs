@@ -9,7 +9,7 @@ use mlxcel_model::{Checkpoint, Dtype, ModelConfig, ModelError, expected_modules}
 use safetensors::{Dtype as StDtype, View};
 use serde_json::{Value, json};
 
-struct T(StDtype, Vec<usize>, Vec<u8>);
+pub(crate) struct T(pub StDtype, pub Vec<usize>, pub Vec<u8>);
 
 impl View for &T {
     fn dtype(&self) -> StDtype {
@@ -26,7 +26,7 @@ impl View for &T {
     }
 }
 
-fn f32s(shape: &[usize]) -> T {
+pub(crate) fn f32s(shape: &[usize]) -> T {
     let n: usize = shape.iter().product();
     T(
         StDtype::F32,
@@ -48,7 +48,7 @@ fn config(quantization: Option<Value>) -> Value {
 }
 
 /// Dense tensors for every module of `config`; with `quantize`, linears become 4-bit group 32.
-fn tensors(config: &ModelConfig, quantize: bool) -> BTreeMap<String, T> {
+pub(crate) fn tensors(config: &ModelConfig, quantize: bool) -> BTreeMap<String, T> {
     let mut out = BTreeMap::new();
     for module in expected_modules(config) {
         use mlxcel_model::ModuleKind::*;
@@ -78,7 +78,7 @@ fn tensors(config: &ModelConfig, quantize: bool) -> BTreeMap<String, T> {
     out
 }
 
-fn write_dir(dir: &Path, config: &Value, tensors: &BTreeMap<String, T>, shards: usize) {
+pub(crate) fn write_dir(dir: &Path, config: &Value, tensors: &BTreeMap<String, T>, shards: usize) {
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     if shards == 1 {
         safetensors::serialize_to_file(tensors.iter(), None, &dir.join("model.safetensors"))
@@ -99,7 +99,7 @@ fn write_dir(dir: &Path, config: &Value, tensors: &BTreeMap<String, T>, shards: 
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
 }
 
-fn parsed(v: &Value) -> ModelConfig {
+pub(crate) fn parsed(v: &Value) -> ModelConfig {
     ModelConfig::from_json(Path::new("config.json"), &v.to_string()).unwrap()
 }
 

@@ -244,6 +244,213 @@ fn qwen3_moe_errors_name_the_expert_key() {
     }
 }
 
+fn mixtral() -> Value {
+    json!({
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+        "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "max_position_embeddings": 32768, "vocab_size": 32000, "sliding_window": null,
+        "router_aux_loss_coef": 0.02, "eos_token_id": 2
+    })
+}
+
+#[test]
+fn mixtral_routes_every_layer_by_the_softmax_of_the_top_logits() {
+    let c = parse(&mixtral()).unwrap();
+    assert_eq!(c.architecture.model_type(), "mixtral");
+    // transformers' MixtralConfig defaults.
+    assert_eq!((c.rope_theta, c.rms_norm_eps), (1e6, 1e-5));
+    assert!(!c.tie_word_embeddings && !c.attention_qkv_bias && !c.qk_norm);
+    assert_eq!(c.sliding_window(), None);
+    for layer in 0..2 {
+        assert_eq!(
+            c.layer_spec(layer).ffn,
+            FeedForward::RoutedExperts(RoutedExperts {
+                num_experts: 8,
+                top_k: 2,
+                expert_intermediate_size: 14336,
+                activation: HiddenActivation::Silu,
+                routing: Routing::TopKSoftmax,
+                shared_expert_intermediate_size: None,
+            })
+        );
+    }
+    assert_eq!(
+        c.describe(),
+        "mixtral: 2 layers, grouped-query attention (8 kv heads), 8 experts, top-2 on 2 of 2 layers"
+    );
+    // A window slides every layer, as for Mistral.
+    let mut v = mixtral();
+    v["sliding_window"] = json!(4096);
+    let c = parse(&v).unwrap();
+    assert!(c.layers.iter().all(|l| l.window == Some(4096)));
+    // `num_experts` is transformers' alias of the count: read when alone, refused when it
+    // contradicts.
+    let mut v = mixtral();
+    v.as_object_mut().unwrap().remove("num_local_experts");
+    v["num_experts"] = json!(4);
+    assert_eq!(
+        parse(&v)
+            .unwrap()
+            .layer_spec(0)
+            .ffn
+            .routed()
+            .unwrap()
+            .num_experts,
+        4
+    );
+    v["num_local_experts"] = json!(8);
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(message.contains("field `num_experts`"), "{message}");
+    // Mixtral routes every layer: the Qwen keys that keep layers dense are refused, not ignored.
+    for (field, value) in [
+        ("mlp_only_layers", json!([0])),
+        ("decoder_sparse_step", json!(2)),
+        ("num_local_experts", Value::Null),
+        ("num_experts_per_tok", json!(9)),
+    ] {
+        let mut v = mixtral();
+        if value.is_null() {
+            v.as_object_mut().unwrap().remove(field);
+        } else {
+            v[field] = value;
+        }
+        let message = parse(&v).unwrap_err().to_string();
+        assert!(message.contains(field), "{field}: {message}");
+    }
+}
+
+fn olmoe() -> Value {
+    json!({
+        "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 2048,
+        "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "intermediate_size": 1024, "num_experts": 64, "num_experts_per_tok": 8,
+        "max_position_embeddings": 4096, "vocab_size": 50304, "clip_qkv": null,
+        "rope_theta": 10000.0, "eos_token_id": 50279
+    })
+}
+
+#[test]
+fn olmoe_normalises_whole_q_and_k_and_routes_every_layer() {
+    let c = parse(&olmoe()).unwrap();
+    assert_eq!(c.architecture.model_type(), "olmoe");
+    assert!(c.qk_norm && c.qk_norm_whole);
+    assert_eq!(c.rms_norm_eps, 1e-5);
+    assert!(!c.tie_word_embeddings && !c.attention_qkv_bias);
+    let moe = *c.layer_spec(15).ffn.routed().unwrap();
+    assert_eq!(
+        moe,
+        RoutedExperts {
+            num_experts: 64,
+            top_k: 8,
+            // OLMoE's experts are `intermediate_size` wide.
+            expert_intermediate_size: 1024,
+            activation: HiddenActivation::Silu,
+            // transformers' OlmoeConfig: `norm_topk_prob` false unless set.
+            routing: Routing::SoftmaxTopK { renormalize: false },
+            shared_expert_intermediate_size: None,
+        }
+    );
+    assert!(c.describe().contains("whole q/k norm"), "{}", c.describe());
+    let mut v = olmoe();
+    v["norm_topk_prob"] = json!(true);
+    v["attention_bias"] = json!(true);
+    let c = parse(&v).unwrap();
+    assert_eq!(
+        c.layer_spec(0).ffn.routed().unwrap().routing,
+        Routing::SoftmaxTopK { renormalize: true }
+    );
+    assert!(c.attention_qkv_bias && c.attention_out_bias);
+    // `clip_qkv` is not implemented: refused by name, not ignored.
+    let mut v = olmoe();
+    v["clip_qkv"] = json!(8.0);
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(message.contains("field `clip_qkv`"), "{message}");
+}
+
+fn qwen2_moe() -> Value {
+    json!({
+        "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+        "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "intermediate_size": 5632, "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632, "num_experts": 60, "num_experts_per_tok": 4,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "use_sliding_window": false,
+        "sliding_window": 32768, "max_window_layers": 21, "rope_theta": 1000000.0,
+        "max_position_embeddings": 8192, "vocab_size": 151936, "eos_token_id": 151643
+    })
+}
+
+#[test]
+fn qwen2_moe_has_a_gated_shared_expert_and_qkv_biases() {
+    let c = parse(&qwen2_moe()).unwrap();
+    assert_eq!(c.architecture.model_type(), "qwen2_moe");
+    assert!(c.attention_qkv_bias && !c.attention_out_bias && !c.qk_norm);
+    let moe = *c.layer_spec(0).ffn.routed().unwrap();
+    assert_eq!(
+        moe,
+        RoutedExperts {
+            num_experts: 60,
+            top_k: 4,
+            expert_intermediate_size: 1408,
+            activation: HiddenActivation::Silu,
+            routing: Routing::SoftmaxTopK { renormalize: false },
+            shared_expert_intermediate_size: Some(5632),
+        }
+    );
+    assert!(
+        c.describe()
+            .contains("60 experts, top-4 and a shared expert on 4 of 4 layers"),
+        "{}",
+        c.describe()
+    );
+    let mut v = qwen2_moe();
+    v["qkv_bias"] = json!(false);
+    v["norm_topk_prob"] = json!(true);
+    v["mlp_only_layers"] = json!([3]);
+    let c = parse(&v).unwrap();
+    assert!(!c.attention_qkv_bias);
+    assert_eq!(
+        c.layer_spec(0).ffn.routed().unwrap().routing,
+        Routing::SoftmaxTopK { renormalize: true }
+    );
+    assert_eq!(
+        c.layer_spec(3).ffn,
+        FeedForward::Dense {
+            intermediate_size: 5632,
+            activation: HiddenActivation::Silu
+        }
+    );
+    for (field, value) in [
+        ("shared_expert_intermediate_size", Value::Null),
+        ("moe_intermediate_size", Value::Null),
+        ("use_sliding_window", json!(true)),
+    ] {
+        let mut v = qwen2_moe();
+        if value.is_null() {
+            v.as_object_mut().unwrap().remove(field);
+        } else {
+            v[field] = value;
+        }
+        let message = parse(&v).unwrap_err().to_string();
+        assert!(message.contains(field), "{field}: {message}");
+    }
+}
+
+#[test]
+fn an_expert_config_of_a_family_without_experts_names_the_moe_families() {
+    let mut v = smollm2();
+    v["num_experts"] = json!(8);
+    let message = parse(&v).unwrap_err().to_string();
+    for family in ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"] {
+        assert!(message.contains(family), "{message}");
+    }
+    // DeepSeek's MoE is not a family mlxcel reads: refused by its name.
+    let mut v = smollm2();
+    v["architectures"] = json!(["DeepseekV3ForCausalLM"]);
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(message.contains("DeepseekV3ForCausalLM"), "{message}");
+}
+
 #[test]
 fn qwen2_has_qkv_biases() {
     let mut v = smollm2();
