@@ -87,9 +87,12 @@ impl RoutedMlp {
                 next_row += 1;
             }
         }
-        let routed = match outputs.as_slice() {
-            [one] => one.clone(),
-            many => Array::concatenate(&many.iter().collect::<Vec<_>>(), 0)?,
+        // One token (a decode step of one sequence): each expert's output is one row, summed
+        // as they are, without gathering them into one array first.
+        let routed = match (tokens, outputs.as_slice()) {
+            (1, _) => None,
+            (_, [one]) => Some(one.clone()),
+            (_, many) => Some(Array::concatenate(&many.iter().collect::<Vec<_>>(), 0)?),
         };
         // Each token's outputs summed in its route order (the highest weight first), a fixed
         // order whatever else the step holds.
@@ -98,10 +101,10 @@ impl RoutedMlp {
             let rows: Vec<u32> = (0..tokens).map(|t| row_of[t * k + slot]).collect();
             let identity =
                 (0u32..).zip(&rows).all(|(i, &r)| i == r) && rows.len() == next_row as usize;
-            let part = if identity {
-                routed.clone()
-            } else {
-                routed.take(&Array::from_u32(&rows, &[tokens as i32])?, 0)?
+            let part = match &routed {
+                None => outputs[rows[0] as usize].clone(),
+                Some(all) if identity => all.clone(),
+                Some(all) => all.take(&Array::from_u32(&rows, &[tokens as i32])?, 0)?,
             };
             out = Some(match out {
                 None => part,
