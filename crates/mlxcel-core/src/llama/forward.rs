@@ -2,7 +2,7 @@
 //! new tokens, through the fused decoder-layer node or a per-op graph per layer.
 
 use super::model::LlamaModel;
-use super::weights::{Layer, QkvWeights};
+use super::weights::{Layer, Mlp, QkvWeights};
 use crate::array::{Array, eval};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
@@ -273,6 +273,30 @@ impl LlamaModel {
                 Projections::Separate(q.forward(&h, kn)?, k.forward(&h, kn)?, v.forward(&h, kn)?)
             }
         };
+        // OLMoE's q/k norms span the whole projections: q and k are normed before the heads are
+        // split, and the per-head norms below are skipped.
+        let projections = match (&layer.qk_norm, layer.qk_norm_whole) {
+            (Some((q_norm, k_norm)), true) => {
+                let (q, k, v) = match projections {
+                    Projections::Stacked(y) => {
+                        let rows = y.shape()[0];
+                        let (q_dim, kv_dim) = (heads * head_dim, kv_heads * head_dim);
+                        (
+                            y.slice(&[0, 0], &[rows, q_dim])?,
+                            y.slice(&[0, q_dim], &[rows, q_dim + kv_dim])?,
+                            y.slice(&[0, q_dim + kv_dim], &[rows, q_dim + 2 * kv_dim])?,
+                        )
+                    }
+                    Projections::Separate(q, k, v) => (q, k, v),
+                };
+                Projections::Separate(
+                    rms_norm(&q, q_norm, c.rms_norm_eps)?,
+                    rms_norm(&k, k_norm, c.rms_norm_eps)?,
+                    v,
+                )
+            }
+            _ => projections,
+        };
         let mut outputs = Vec::with_capacity(seqs.len());
         let mut row = 0i32;
         // The q/k norms come before RoPE: with them, or without RoPE, the heads are split first
@@ -298,8 +322,8 @@ impl LlamaModel {
             }
         };
         let (q_norm, k_norm) = match &layer.qk_norm {
-            Some((q, k)) => (Some(q), Some(k)),
-            None => (None, None),
+            Some((q, k)) if !layer.qk_norm_whole => (Some(q), Some(k)),
+            _ => (None, None),
         };
         for seq in seqs.iter_mut() {
             let n = seq.tokens.len() as i32;
@@ -411,30 +435,29 @@ impl LlamaModel {
             many => Array::concatenate(&many.iter().collect::<Vec<_>>(), 0)?,
         };
         let activation = self.features.activation;
-        match &layer.sandwich {
-            None => {
+        let eps = c.rms_norm_eps;
+        match (&layer.sandwich, &layer.mlp) {
+            (None, Mlp::Dense { gate_up, down }) => {
                 x = layer.o.forward_add(&attended, &x, kn)?;
-                let gated = layer.gate_up.forward_normed(
-                    &x,
-                    &layer.post_norm,
-                    c.rms_norm_eps,
-                    activation,
-                    kn,
-                )?;
-                x = layer.down.forward_add(&gated, &x, kn)?;
+                let gated = gate_up.forward_normed(&x, &layer.post_norm, eps, activation, kn)?;
+                x = down.forward_add(&gated, &x, kn)?;
             }
-            Some((post_attention, post_feedforward)) => {
+            (None, Mlp::Routed(moe)) => {
+                x = layer.o.forward_add(&attended, &x, kn)?;
+                x = x.add(&moe.forward(&x, &layer.post_norm, eps, kn)?)?;
+            }
+            (Some((post_attention, post_feedforward)), mlp) => {
                 let out = layer.o.forward(&attended, kn)?;
-                x = x.add(&rms_norm(&out, post_attention, c.rms_norm_eps)?)?;
-                let gated = layer.gate_up.forward_normed(
-                    &x,
-                    &layer.post_norm,
-                    c.rms_norm_eps,
-                    activation,
-                    kn,
-                )?;
-                let out = layer.down.forward(&gated, kn)?;
-                x = x.add(&rms_norm(&out, post_feedforward, c.rms_norm_eps)?)?;
+                x = x.add(&rms_norm(&out, post_attention, eps)?)?;
+                let out = match mlp {
+                    Mlp::Dense { gate_up, down } => {
+                        let gated =
+                            gate_up.forward_normed(&x, &layer.post_norm, eps, activation, kn)?;
+                        down.forward(&gated, kn)?
+                    }
+                    Mlp::Routed(moe) => moe.forward(&x, &layer.post_norm, eps, kn)?,
+                };
+                x = x.add(&rms_norm(&out, post_feedforward, eps)?)?;
             }
         }
         Ok(x)

@@ -2,10 +2,13 @@
 //! kernels read (q/k/v and gate/up stacked, int8 rewrites), one decoder layer at a time
 //! ([`load_decoder_layer`]), then the RoPE tables.
 
-use mlxcel_model::{Checkpoint, FeedForward, ModelConfig, TensorView};
+use mlxcel_model::{Checkpoint, FeedForward, ModelConfig, RoutedExperts, TensorView};
 
+use super::experts::{Expert, RoutedMlp};
+use super::linear::{GateUp, Linear};
 use super::model::LlamaModel;
-use super::weights::{Embedding, GateUp, Layer, LayerFeatures, Linear, QkvWeights};
+use super::routing::Router;
+use super::weights::{Embedding, Layer, LayerFeatures, Mlp, QkvWeights};
 use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
@@ -133,8 +136,8 @@ impl LlamaModel {
 
 /// Decoder layer `i` built from its weights: q/k/v stacked where they share a layout, the norms
 /// the config's features call for, the MLP's gate and up stacked, and the whole layer rewritten
-/// for the int8 kernels when they take that layout. The place a new kind of block (a routed-expert
-/// MLP, say) would be chosen from the config.
+/// for the int8 kernels when they take that layout. The place a new kind of block is chosen from
+/// the config.
 fn load_decoder_layer(
     loader: &Loader<'_>,
     config: &ModelConfig,
@@ -211,27 +214,16 @@ fn load_decoder_layer(
     let input_norm = loader.norm(&format!("{p}.input_layernorm.weight"))?;
     let o = loader.linear(&format!("{p}.self_attn.o_proj"), config.attention_out_bias)?;
     // The feed-forward block by its kind: where a new kind of block is loaded.
-    let (gate_up, down) = match config.layer_spec(i).ffn {
+    let mlp = match config.layer_spec(i).ffn {
         FeedForward::Dense { .. } => {
-            let [gate, up] = ["gate_proj", "up_proj"].map(|m| format!("{p}.mlp.{m}"));
-            let gate_up = match loader.int8_stack(&[&gate, &up])? {
-                Some(w) => GateUp::Stacked(w),
-                None => GateUp::new(loader.linear(&gate, false)?, loader.linear(&up, false)?)?,
-            };
-            (
-                gate_up,
-                loader.linear(&format!("{p}.mlp.down_proj"), false)?,
-            )
+            let (gate_up, down) = loader.gated_mlp(&format!("{p}.mlp"))?;
+            Mlp::Dense { gate_up, down }
         }
-        FeedForward::RoutedExperts(moe) => {
-            return Err(Error::UnsupportedTensor {
-                name: format!("{p}.mlp.experts"),
-                dtype: format!(
-                    "a routed-expert MLP ({} experts, {} per token), which this build does not run yet",
-                    moe.num_experts, moe.top_k
-                ),
-            });
-        }
+        FeedForward::RoutedExperts(moe) => Mlp::Routed(Box::new(loader.routed(
+            &format!("{p}.mlp"),
+            config.hidden_size,
+            &moe,
+        )?)),
     };
     let mut layer = Layer {
         input_norm,
@@ -240,8 +232,8 @@ fn load_decoder_layer(
         o,
         post_norm,
         sandwich,
-        gate_up,
-        down,
+        mlp,
+        qk_norm_whole: config.qk_norm && config.qk_norm_whole,
         qk_norm: if config.qk_norm {
             Some((
                 loader.norm(&format!("{p}.self_attn.q_norm.weight"))?,
@@ -415,6 +407,77 @@ impl Loader<'_> {
             bits: spec.bits as i32,
             int8: false,
         }))
+    }
+
+    /// The gated MLP under `prefix` (`{prefix}.gate_proj`, `up_proj`, `down_proj`): gate and up
+    /// stacked where they share a layout, and down.
+    fn gated_mlp(&self, prefix: &str) -> Result<(GateUp, Linear)> {
+        let [gate, up] = ["gate_proj", "up_proj"].map(|m| format!("{prefix}.{m}"));
+        let gate_up = match self.int8_stack(&[&gate, &up])? {
+            Some(w) => GateUp::Stacked(w),
+            None => GateUp::new(self.linear(&gate, false)?, self.linear(&up, false)?)?,
+        };
+        Ok((gate_up, self.linear(&format!("{prefix}.down_proj"), false)?))
+    }
+
+    /// The routed-expert MLP under `prefix`: the router (`gate`, in f32 on the host, with
+    /// `shared_expert_gate`'s row after the experts' when there is a shared expert), every
+    /// expert's gated MLP (`experts.{j}`) and the shared expert's, each loaded as a dense
+    /// layer's MLP is (so every weight format the dense MLP takes, experts take).
+    fn routed(&self, prefix: &str, hidden: usize, moe: &RoutedExperts) -> Result<RoutedMlp> {
+        let mut weights = self.matrix_f32(&format!("{prefix}.gate"))?;
+        let experts = (0..moe.num_experts)
+            .map(|j| {
+                let (gate_up, down) = self.gated_mlp(&format!("{prefix}.experts.{j}"))?;
+                Ok(Expert { gate_up, down })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let shared = match moe.shared_expert_intermediate_size {
+            Some(_) => {
+                weights.extend(self.matrix_f32(&format!("{prefix}.shared_expert_gate"))?);
+                let (gate_up, down) = self.gated_mlp(&format!("{prefix}.shared_expert"))?;
+                Some(Expert { gate_up, down })
+            }
+            None => None,
+        };
+        let rows = moe.num_experts + usize::from(shared.is_some());
+        if weights.len() != rows * hidden {
+            return Err(Error::Mlx {
+                op: "routed experts",
+                message: format!(
+                    "{prefix}.gate (and shared_expert_gate) hold {} values, expected {rows} rows of {hidden}",
+                    weights.len()
+                ),
+            });
+        }
+        Ok(RoutedMlp {
+            router: Router {
+                weights,
+                hidden,
+                num_experts: moe.num_experts,
+                top_k: moe.top_k,
+                routing: moe.routing,
+                shared_gate: shared.is_some(),
+            },
+            experts,
+            shared,
+            activation: moe.activation,
+        })
+    }
+
+    /// `module`'s weight as f32 values on the host, row-major (dequantized if stored quantized).
+    fn matrix_f32(&self, module: &str) -> Result<Vec<f32>> {
+        let array = match self.quantized(module)? {
+            // Dequantized in f32 (MLX dequantizes in the scales' dtype, which may be f16).
+            Some(q) => QuantizedWeight {
+                scales: q.scales.astype(Dtype::F32)?,
+                biases: q.biases.astype(Dtype::F32)?,
+                ..q
+            }
+            .dequantize()?,
+            None => self.float(&format!("{module}.weight"))?,
+        };
+        array.to_vec_f32()
     }
 
     fn linear(&self, module: &str, has_bias: bool) -> Result<Linear> {

@@ -1,7 +1,8 @@
 //! The llama-family forward pass on MLX: Llama 2/3, SmolLM/SmolLM2, Mistral and Qwen2 (with
 //! q/k/v biases; sliding windows where configured), Qwen3 (per-head q/k norms) and SmolLM3
 //! (layers without RoPE), Gemma 2/3 (scaled embeddings, `1 + w` norms before and after attention
-//! and MLP, GeGLU, soft-capping, local RoPE bases). Each layer reads its features from the
+//! and MLP, GeGLU, soft-capping, local RoPE bases), and routed-expert MLPs (Qwen3-MoE; OLMoE's q/k
+//! norms over whole projections). Each layer reads its features from the
 //! config, never the family name.
 //!
 //! A step takes any mix of sequences, each with its own cache and its own new tokens (a prefill
@@ -15,15 +16,20 @@
 //! - `load.rs` reads a checkpoint and packs its weights into the kernels' layout; one decoder
 //!   layer is built from its weights in one function (`load::load_decoder_layer`), where a new
 //!   kind of block would be chosen.
-//! - `weights.rs` holds the packed weights' types: what loading builds and the forward pass reads.
+//! - `weights.rs` holds the packed weights' types: what loading builds and the forward pass reads;
+//!   `linear.rs` the linear layers they are made of; `experts.rs` a routed-expert MLP (a mixture
+//!   of experts), whose router and grouping of tokens by expert are in `routing.rs`.
 //! - `model.rs` is [`LlamaModel`]: the weights, the RoPE tables and what the model reports about
 //!   itself.
 //! - `forward.rs` runs a step ([`ForwardSeq`] per sequence) through the fused decoder-layer node
 //!   or a per-op graph.
 
+mod experts;
 mod forward;
+mod linear;
 mod load;
 mod model;
+mod routing;
 mod weights;
 
 pub use forward::ForwardSeq;

@@ -3,7 +3,8 @@
 
 use mlxcel_model::ModelConfig;
 
-use super::weights::{Embedding, GateUp, Layer, LayerFeatures, Linear, QkvWeights, linear_arrays};
+use super::linear::{Linear, linear_arrays};
+use super::weights::{Embedding, Layer, LayerFeatures, Mlp, QkvWeights};
 use crate::array::{Array, eval};
 use crate::error::{Error, Result};
 use crate::fast::Rope;
@@ -50,9 +51,8 @@ impl LlamaModel {
             if let Some((q, k)) = &layer.qk_norm {
                 arrays.extend([q, k]);
             }
-            for linear in [&layer.o, &layer.down] {
-                linear_arrays(linear, &mut arrays);
-            }
+            linear_arrays(&layer.o, &mut arrays);
+            layer.mlp.arrays(&mut arrays);
             match &layer.qkv {
                 QkvWeights::Stacked(w) => arrays.extend([&w.weight, &w.scales, &w.biases]),
                 QkvWeights::Separate(q, k, v) => {
@@ -62,13 +62,6 @@ impl LlamaModel {
                 }
             }
             arrays.extend(&layer.qkv_bias);
-            match &layer.gate_up {
-                GateUp::Stacked(w) => arrays.extend([&w.weight, &w.scales, &w.biases]),
-                GateUp::Separate { gate, up } => {
-                    linear_arrays(gate, &mut arrays);
-                    linear_arrays(up, &mut arrays);
-                }
-            }
         }
         if let Some(head) = &self.lm_head {
             linear_arrays(head, &mut arrays);
@@ -92,10 +85,19 @@ impl LlamaModel {
     /// Bytes of the arrays the model holds (its weights in the layout its kernels read, e.g.
     /// the compact int8 layout, and its norms and RoPE tables).
     pub fn weight_bytes(&self) -> u64 {
+        let routers: u64 = self
+            .layers
+            .iter()
+            .filter_map(|layer| match &layer.mlp {
+                Mlp::Routed(moe) => Some(moe.host_bytes()),
+                Mlp::Dense { .. } => None,
+            })
+            .sum();
         self.arrays()
             .iter()
             .map(|a| (a.size() * a.dtype().size_in_bytes()) as u64)
-            .sum()
+            .sum::<u64>()
+            + routers
     }
 
     /// How a step runs: `fused layers` (the decoder layers as one MLX node on mlxcel's kernels), or
@@ -107,6 +109,14 @@ impl LlamaModel {
             "per-op graph (MLX kernels)"
         } else if !self.kernels.fused_layers {
             "per-op graph (MLXCEL_FUSED_LAYERS=off)"
+        } else if self
+            .layers
+            .iter()
+            .any(|layer| matches!(layer.mlp, Mlp::Routed(_)))
+        {
+            "per-op graph (routed-expert MLP: the router's choice is read back each layer)"
+        } else if self.layers.iter().any(|layer| layer.qk_norm_whole) {
+            "per-op graph (q/k norms over whole projections: the fused layer norms per head)"
         } else {
             "per-op graph (dense weights, or biases on o or the MLP: the fused layer takes quantized weights, biased only on q/k/v)"
         }

@@ -1,137 +1,18 @@
-//! The model's weights in the layout the backend reads: each kind of weight (a linear layer,
-//! the MLP's gate and up projections, the token embedding) with how it multiplies and how it is
-//! rewritten for the int8 kernels, and one decoder layer's weights with the view the fused
-//! decoder-layer node takes of them. Loading builds these (`load.rs`); the forward pass reads
-//! them (`forward.rs`).
+//! The model's weights in the layout the backend reads: the token embedding, and one decoder
+//! layer's weights (its linear layers from `linear.rs`, its MLP dense or routed, `experts.rs`)
+//! with how they are rewritten for the int8 kernels and the view the fused decoder-layer node
+//! takes of them. Loading builds these (`load.rs`); the forward pass reads them (`forward.rs`).
 
 use mlxcel_model::{HiddenActivation, LayerAttention};
 
+use super::experts::RoutedMlp;
+use super::linear::{GateUp, Linear, interleave_in_place};
 use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::Result;
-use crate::fast::rms_norm;
 use crate::kernels::{Int8Layout, Kernels};
 use crate::layer::{LayerTensors, Qkv};
-use crate::quantized::{Epilogue, QuantizedWeight};
-
-/// A linear layer, dense or affine-quantized, with an optional bias.
-#[derive(Debug)]
-pub(super) enum Linear {
-    /// `weight_t` is the `[in, out]` view of the checkpoint's `[out, in]` weight.
-    Dense {
-        weight_t: Array,
-        bias: Option<Array>,
-    },
-    Quantized {
-        weight: QuantizedWeight,
-        bias: Option<Array>,
-    },
-}
-
-impl Linear {
-    pub(super) fn forward(&self, x: &Array, kernels: &Kernels) -> Result<Array> {
-        let (y, bias) = match self {
-            Self::Dense { weight_t, bias } => (x.matmul(weight_t)?, bias),
-            Self::Quantized { weight, bias } => (weight.linear(x, kernels)?, bias),
-        };
-        match bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
-        }
-    }
-}
-
-impl Linear {
-    /// `forward(x) + residual`; one op on mlxcel's kernels.
-    pub(super) fn forward_add(
-        &self,
-        x: &Array,
-        residual: &Array,
-        kernels: &Kernels,
-    ) -> Result<Array> {
-        match self {
-            Self::Quantized { weight, bias: None } => {
-                weight.linear_then(x, kernels, Epilogue::Residual(residual))
-            }
-            _ => self.forward(x, kernels)?.add(residual),
-        }
-    }
-
-    /// Rewrites a quantized weight for the int8 kernels when they take its layout.
-    pub(super) fn interleave_int8(&mut self, layout: Int8Layout, threads: usize) -> Result<()> {
-        if let Self::Quantized { weight, .. } = self {
-            interleave_in_place(weight, layout, threads)?;
-        }
-        Ok(())
-    }
-}
-
-fn interleave_in_place(
-    weight: &mut QuantizedWeight,
-    layout: Int8Layout,
-    threads: usize,
-) -> Result<()> {
-    if weight.int8_capable() {
-        *weight = weight.interleave_int8_on(layout, threads)?;
-    }
-    Ok(())
-}
-
-/// The MLP's gate and up projections: stacked into one quantized matrix when they share a
-/// layout (one matmul with a SwiGLU epilogue instead of four ops), separate otherwise.
-#[derive(Debug)]
-pub(super) enum GateUp {
-    Stacked(QuantizedWeight),
-    Separate { gate: Linear, up: Linear },
-}
-
-impl GateUp {
-    pub(super) fn new(gate: Linear, up: Linear) -> Result<Self> {
-        match (&gate, &up) {
-            (
-                Linear::Quantized {
-                    weight: g,
-                    bias: None,
-                },
-                Linear::Quantized {
-                    weight: u,
-                    bias: None,
-                },
-            ) if g.group_size == u.group_size && g.bits == u.bits => {
-                Ok(Self::Stacked(QuantizedWeight::concat_rows(&[g, u])?))
-            }
-            _ => Ok(Self::Separate { gate, up }),
-        }
-    }
-
-    /// `act(h · gateᵀ) · (h · upᵀ)` where `h = rms_norm(x, norm, eps)` and `act` is SiLU or
-    /// GELU-tanh.
-    pub(super) fn forward_normed(
-        &self,
-        x: &Array,
-        norm: &Array,
-        eps: f32,
-        activation: HiddenActivation,
-        kernels: &Kernels,
-    ) -> Result<Array> {
-        let epilogue = match activation {
-            HiddenActivation::Silu => Epilogue::Swiglu,
-            HiddenActivation::GeluTanh => Epilogue::Geglu,
-        };
-        match self {
-            Self::Stacked(w) => w.linear_normed_then(x, norm, eps, kernels, epilogue),
-            Self::Separate { gate, up } => {
-                let h = rms_norm(x, norm, eps)?;
-                let g = gate.forward(&h, kernels)?;
-                let activated = match activation {
-                    HiddenActivation::Silu => g.silu()?,
-                    HiddenActivation::GeluTanh => g.gelu_tanh()?,
-                };
-                activated.multiply(&up.forward(&h, kernels)?)
-            }
-        }
-    }
-}
+use crate::quantized::QuantizedWeight;
 
 /// The token embedding, which doubles as the output projection when tied.
 #[derive(Debug)]
@@ -185,14 +66,25 @@ pub(super) struct Layer {
     /// Gemma: the norms of the attention's output and of the MLP's output before their residual
     /// adds (`post_attention_layernorm`, `post_feedforward_layernorm`).
     pub(super) sandwich: Option<(Array, Array)>,
-    pub(super) gate_up: GateUp,
-    pub(super) down: Linear,
-    /// The per-head RMSNorm weights of q and k (Qwen3), `[head_dim]` each.
+    pub(super) mlp: Mlp,
+    /// The RMSNorm weights of q and k: per head (Qwen3), `[head_dim]` each, or with
+    /// `qk_norm_whole` over the whole projections (OLMoE), `[q_dim]` and `[kv_dim]`.
     pub(super) qk_norm: Option<(Array, Array)>,
+    /// `qk_norm` normalizes the whole q and k projections before the heads are split.
+    pub(super) qk_norm_whole: bool,
     /// RoPE or not, and the sliding window.
     pub(super) attention: LayerAttention,
     /// Whether the layer rotates with the model's local RoPE (Gemma 3's sliding layers).
     pub(super) local_rope: bool,
+}
+
+/// A layer's feed-forward block.
+#[derive(Debug)]
+pub(super) enum Mlp {
+    /// The gated MLP.
+    Dense { gate_up: GateUp, down: Linear },
+    /// A mixture of experts (the per-op graph runs it).
+    Routed(Box<RoutedMlp>),
 }
 
 /// A layer's q, k and v projections.
@@ -212,9 +104,7 @@ impl Layer {
     /// they take its layout (separate q, k and v only when they are not stacked: the stacked
     /// copy is what the native path reads).
     pub(super) fn interleave_int8(&mut self, layout: Int8Layout, threads: usize) -> Result<()> {
-        for linear in [&mut self.o, &mut self.down] {
-            linear.interleave_int8(layout, threads)?;
-        }
+        self.o.interleave_int8(layout, threads)?;
         match &mut self.qkv {
             QkvWeights::Stacked(qkv) => interleave_in_place(qkv, layout, threads)?,
             QkvWeights::Separate(q, k, v) => {
@@ -223,12 +113,12 @@ impl Layer {
                 }
             }
         }
-        match &mut self.gate_up {
-            GateUp::Stacked(w) => interleave_in_place(w, layout, threads),
-            GateUp::Separate { gate, up } => {
-                gate.interleave_int8(layout, threads)?;
-                up.interleave_int8(layout, threads)
+        match &mut self.mlp {
+            Mlp::Dense { gate_up, down } => {
+                gate_up.interleave_int8(layout, threads)?;
+                down.interleave_int8(layout, threads)
             }
+            Mlp::Routed(moe) => moe.interleave_int8(layout, threads),
         }
     }
 
@@ -265,14 +155,22 @@ impl Layer {
 
     /// The layer's tensors for the fused decoder-layer node, when its structure allows it:
     /// stacked q/k/v (with their biases, if any) and gate/up, and o and down, all quantized, o,
-    /// gate/up and down without biases ([`Layer::fusable`] also checks their layouts).
+    /// gate/up and down without biases ([`Layer::fusable`] also checks their layouts); q/k
+    /// norms, if any, per head. A routed-expert MLP runs on the per-op graph.
     pub(super) fn fused_tensors<'a>(
         &'a self,
         inv_freq: &'a Array,
         features: LayerFeatures,
     ) -> Option<LayerTensors<'a>> {
+        if self.qk_norm_whole {
+            return None;
+        }
         let qkv = self.qkv_matrices()?;
-        let GateUp::Stacked(gate_up) = &self.gate_up else {
+        let Mlp::Dense {
+            gate_up: GateUp::Stacked(gate_up),
+            down,
+        } = &self.mlp
+        else {
             return None;
         };
         let Linear::Quantized {
@@ -285,7 +183,7 @@ impl Layer {
         let Linear::Quantized {
             weight: down,
             bias: None,
-        } = &self.down
+        } = down
         else {
             return None;
         };
@@ -316,15 +214,15 @@ pub(super) struct LayerFeatures {
     pub(super) softcap: Option<f32>,
 }
 
-pub(super) fn linear_arrays<'a>(linear: &'a Linear, arrays: &mut Vec<&'a Array>) {
-    match linear {
-        Linear::Dense { weight_t, bias } => {
-            arrays.push(weight_t);
-            arrays.extend(bias);
-        }
-        Linear::Quantized { weight, bias } => {
-            arrays.extend([&weight.weight, &weight.scales, &weight.biases]);
-            arrays.extend(bias);
+impl Mlp {
+    /// Every array the block holds, pushed onto `arrays`.
+    pub(super) fn arrays<'a>(&'a self, arrays: &mut Vec<&'a Array>) {
+        match self {
+            Self::Dense { gate_up, down } => {
+                gate_up.arrays(arrays);
+                super::linear::linear_arrays(down, arrays);
+            }
+            Self::Routed(moe) => moe.arrays(arrays),
         }
     }
 }

@@ -5,6 +5,7 @@ mod array_ops;
 mod attention;
 mod device;
 mod errors;
+mod experts;
 mod int8_blocks;
 mod kernels;
 mod llama;

@@ -2,13 +2,18 @@
 //! test itself: dense (f32, f16, bf16) and 4/8-bit quantized weights, Qwen2 biases, llama3 RoPE,
 //! Qwen3's q/k norms, SmolLM3's layers without RoPE, Mistral's sliding window, Gemma 2 and 3
 //! (scaled embeddings, `1 + w` norms before and after attention and MLP, GeGLU, soft-capping,
-//! alternating windows, a local RoPE base), tied and untied output; prefill, several decode steps, and batches of different lengths.
+//! alternating windows, a local RoPE base), routed-expert MLPs (Qwen3-MoE; `experts.rs` holds
+//! their tests) and OLMoE's q/k norms over whole projections, tied and untied output; prefill,
+//! several decode steps, and batches of different lengths.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use mlxcel_core::{Activations, ForwardSeq, KV_CHUNK, KernelBackend, Kernels, LlamaModel};
-use mlxcel_model::{Checkpoint, QuantSpec, dequantize_affine, pack};
+use mlxcel_model::{
+    Checkpoint, FeedForward, ModelConfig, QuantSpec, Routing, SafetensorsFiles, dequantize_affine,
+    pack,
+};
 use safetensors::Dtype as StDtype;
 use safetensors::tensor::TensorView;
 
@@ -25,7 +30,7 @@ const EPS: f32 = 1e-5;
 const THETA: f32 = 10_000.0;
 
 #[derive(Clone, Copy, Debug)]
-enum Storage {
+pub(crate) enum Storage {
     F32,
     F16,
     BF16,
@@ -38,24 +43,49 @@ enum Storage {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Variant {
-    storage: Storage,
-    qwen2_biases: bool,
-    llama3_rope: bool,
-    tied: bool,
+pub(crate) struct Variant {
+    pub(crate) storage: Storage,
+    pub(crate) qwen2_biases: bool,
+    pub(crate) llama3_rope: bool,
+    pub(crate) tied: bool,
     /// Qwen3: a per-head RMSNorm on q and k before RoPE.
-    qk_norm: bool,
+    pub(crate) qk_norm: bool,
     /// SmolLM3 with `no_rope_layer_interval` 2: the second layer has no RoPE.
-    nope: bool,
+    pub(crate) nope: bool,
     /// Mistral: every layer attends to this many positions (itself included).
-    window: Option<usize>,
+    pub(crate) window: Option<usize>,
     /// Gemma 2 or 3 (2 or 3): the first layer slides over [`GEMMA_WINDOW`], the second is global.
-    gemma: Option<u8>,
+    pub(crate) gemma: Option<u8>,
     /// Phi-3: fused `qkv_proj`/`gate_up_proj` in the file, half the head rotated, LongRoPE.
-    phi3: bool,
+    pub(crate) phi3: bool,
     /// v stored otherwise than q and k (llama.cpp's Q4_K_M keeps v in Q6_K beside Q4_K q and k):
     /// a per-module entry in the config's `quantization`.
-    v_storage: Option<Storage>,
+    pub(crate) v_storage: Option<Storage>,
+    /// OLMoE: `qk_norm` spans the whole q and k projections (`[q_dim]`, `[kv_dim]`).
+    pub(crate) qk_norm_whole: bool,
+    /// A Qwen3-MoE checkpoint whose MLPs are routed experts.
+    pub(crate) moe: Option<Moe>,
+}
+
+/// A routed-expert MLP's shape and routing, written as a `qwen3_moe` config; the routings and
+/// the shared expert Qwen3-MoE does not have are set on the validated config before loading.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Moe {
+    pub(crate) experts: usize,
+    pub(crate) top_k: usize,
+    pub(crate) ffn: usize,
+    pub(crate) routing: Routing,
+    /// A shared expert of this hidden size (Qwen2-MoE).
+    pub(crate) shared: Option<usize>,
+    /// The first layer keeps a dense MLP (`mlp_only_layers: [0]`).
+    pub(crate) dense_first: bool,
+}
+
+impl Moe {
+    /// Whether layer `layer` routes.
+    fn routes(&self, layer: usize) -> bool {
+        !(self.dense_first && layer == 0)
+    }
 }
 
 /// Phi-3 variants: the rotated features, the positions, and the LongRoPE factors (one per pair).
@@ -81,7 +111,7 @@ const GEMMA3_GLOBAL_THETA: f32 = 1_000_000.0;
 const GEMMA3_LINEAR: f32 = 4.0;
 
 /// The family features a variant does not switch on.
-const PLAIN: Variant = Variant {
+pub(crate) const PLAIN: Variant = Variant {
     storage: Storage::F32,
     qwen2_biases: false,
     llama3_rope: false,
@@ -92,6 +122,8 @@ const PLAIN: Variant = Variant {
     gemma: None,
     phi3: false,
     v_storage: None,
+    qk_norm_whole: false,
+    moe: None,
 };
 
 /// Llama 3 scaling parameters used by the `llama3_rope` variants.
@@ -99,7 +131,7 @@ const LLAMA3: (f32, f32, f32, f32) = (8.0, 1.0, 4.0, 64.0);
 
 /// A tiny checkpoint on disk plus the f32 values the reference computes with (exactly the values
 /// the file encodes, after rounding or dequantization).
-struct Tiny {
+pub(crate) struct Tiny {
     dir: tempfile::TempDir,
     weights: HashMap<String, Vec<f32>>,
     variant: Variant,
@@ -278,7 +310,7 @@ impl Builder {
     }
 }
 
-fn write_tiny(variant: Variant, seed: u64) -> Tiny {
+pub(crate) fn write_tiny(variant: Variant, seed: u64) -> Tiny {
     let mut b = Builder {
         variant,
         seed,
@@ -330,13 +362,34 @@ fn write_tiny(variant: Variant, seed: u64) -> Tiny {
             }
         }
         if variant.qk_norm || variant.gemma == Some(3) {
-            b.norm_of(format!("{p}.self_attn.q_norm.weight"), HEAD_DIM);
-            b.norm_of(format!("{p}.self_attn.k_norm.weight"), HEAD_DIM);
+            let (q, k) = if variant.qk_norm_whole {
+                (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM)
+            } else {
+                (HEAD_DIM, HEAD_DIM)
+            };
+            b.norm_of(format!("{p}.self_attn.q_norm.weight"), q);
+            b.norm_of(format!("{p}.self_attn.k_norm.weight"), k);
         }
         b.norm(format!("{p}.post_attention_layernorm.weight"));
         if variant.gemma.is_some() {
             b.norm(format!("{p}.pre_feedforward_layernorm.weight"));
             b.norm(format!("{p}.post_feedforward_layernorm.weight"));
+        }
+        if let Some(moe) = variant.moe.filter(|m| m.routes(layer)) {
+            b.matrix(&format!("{p}.mlp.gate"), moe.experts, HIDDEN);
+            let mut mlps: Vec<(String, usize)> = (0..moe.experts)
+                .map(|j| (format!("{p}.mlp.experts.{j}"), moe.ffn))
+                .collect();
+            if let Some(shared) = moe.shared {
+                b.matrix(&format!("{p}.mlp.shared_expert_gate"), 1, HIDDEN);
+                mlps.push((format!("{p}.mlp.shared_expert"), shared));
+            }
+            for (mlp, ffn) in mlps {
+                b.matrix(&format!("{mlp}.gate_proj"), ffn, HIDDEN);
+                b.matrix(&format!("{mlp}.up_proj"), ffn, HIDDEN);
+                b.matrix(&format!("{mlp}.down_proj"), HIDDEN, ffn);
+            }
+            continue;
         }
         if variant.phi3 {
             b.fused(
@@ -382,6 +435,8 @@ fn write_config(dir: &Path, variant: Variant) {
         ("Gemma2ForCausalLM", "gemma2")
     } else if variant.gemma == Some(3) {
         ("Gemma3ForCausalLM", "gemma3_text")
+    } else if variant.moe.is_some() {
+        ("Qwen3MoeForCausalLM", "qwen3_moe")
     } else if variant.qwen2_biases {
         ("Qwen2ForCausalLM", "qwen2")
     } else if variant.qk_norm {
@@ -411,6 +466,18 @@ fn write_config(dir: &Path, variant: Variant) {
     });
     if variant.nope {
         config["no_rope_layer_interval"] = serde_json::json!(2);
+    }
+    if let Some(moe) = variant.moe {
+        config["num_experts"] = serde_json::json!(moe.experts);
+        config["num_experts_per_tok"] = serde_json::json!(moe.top_k);
+        config["moe_intermediate_size"] = serde_json::json!(moe.ffn);
+        config["norm_topk_prob"] = serde_json::json!(matches!(
+            moe.routing,
+            Routing::SoftmaxTopK { renormalize: true }
+        ));
+        config["decoder_sparse_step"] = serde_json::json!(1);
+        let dense: Vec<usize> = (0..LAYERS).filter(|&l| !moe.routes(l)).collect();
+        config["mlp_only_layers"] = serde_json::json!(dense);
     }
     if variant.phi3 {
         config["partial_rotary_factor"] = serde_json::json!(0.5);
@@ -599,7 +666,13 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
         );
         if tiny.variant.qk_norm || gemma == Some(3) {
             for (m, heads, norm) in [(&mut q, HEADS, "q_norm"), (&mut k, KV_HEADS, "k_norm")] {
-                let normed = rms_of(m, w(&format!("{p}.self_attn.{norm}.weight")), HEAD_DIM);
+                // Per head, or (OLMoE) over the whole projection.
+                let dim = if tiny.variant.qk_norm_whole {
+                    heads * HEAD_DIM
+                } else {
+                    HEAD_DIM
+                };
+                let normed = rms_of(m, w(&format!("{p}.self_attn.{norm}.weight")), dim);
                 assert_eq!(normed.len(), n * heads * HEAD_DIM);
                 *m = normed;
             }
@@ -661,6 +734,11 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
         };
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
         let h = rms(&x, w(&format!("{p}.{mlp_norm}.weight")));
+        if let Some(moe) = tiny.variant.moe.filter(|m| m.routes(layer)) {
+            let out = reference_moe(&h, &p, moe, &tiny.weights);
+            x.iter_mut().zip(&out).for_each(|(a, b)| *a += b);
+            continue;
+        }
         let gate = linear(
             &h,
             w(&format!("{p}.mlp.gate_proj.weight")),
@@ -711,9 +789,102 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
     }
 }
 
+/// The routed-expert MLP of normed rows `h` in layer `p`, one token at a time: the router's
+/// logits, softmax and top-k in f32 as mlx-lm computes them, then every chosen expert's dense
+/// gated MLP, weighted, plus the shared expert gated by its sigmoid.
+fn reference_moe(h: &[f32], p: &str, moe: Moe, weights: &HashMap<String, Vec<f32>>) -> Vec<f32> {
+    let w = |name: &str| -> &[f32] { &weights[name] };
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    let softmax = |v: &[f32]| -> Vec<f32> {
+        let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = v.iter().map(|x| (x - max).exp()).collect();
+        let total: f32 = e.iter().sum();
+        e.iter().map(|x| x / total).collect()
+    };
+    let top = |v: &[f32]| -> Vec<usize> {
+        let mut order: Vec<usize> = (0..v.len()).collect();
+        order.sort_by(|&a, &b| v[b].total_cmp(&v[a]));
+        order.truncate(moe.top_k);
+        order
+    };
+    let mlp = |x: &[f32], prefix: &str, ffn: usize| -> Vec<f32> {
+        let gate = w(&format!("{prefix}.gate_proj.weight"));
+        let up = w(&format!("{prefix}.up_proj.weight"));
+        let down = w(&format!("{prefix}.down_proj.weight"));
+        let act: Vec<f32> = (0..ffn)
+            .map(|r| {
+                let g = dot(x, &gate[r * HIDDEN..][..HIDDEN]);
+                let u = dot(x, &up[r * HIDDEN..][..HIDDEN]);
+                g / (1.0 + (-g).exp()) * u
+            })
+            .collect();
+        (0..HIDDEN)
+            .map(|r| dot(&act, &down[r * ffn..][..ffn]))
+            .collect()
+    };
+    let router = w(&format!("{p}.mlp.gate.weight"));
+    let mut out = Vec::with_capacity(h.len());
+    for x in h.chunks_exact(HIDDEN) {
+        let logits: Vec<f32> = (0..moe.experts)
+            .map(|e| dot(x, &router[e * HIDDEN..][..HIDDEN]))
+            .collect();
+        let (chosen, scores) = match moe.routing {
+            Routing::SoftmaxTopK { renormalize } => {
+                let probs = softmax(&logits);
+                let chosen = top(&probs);
+                let mut scores: Vec<f32> = chosen.iter().map(|&e| probs[e]).collect();
+                if renormalize {
+                    let total: f32 = scores.iter().sum();
+                    scores.iter_mut().for_each(|s| *s /= total);
+                }
+                (chosen, scores)
+            }
+            Routing::TopKSoftmax => {
+                let chosen = top(&logits);
+                let picked: Vec<f32> = chosen.iter().map(|&e| logits[e]).collect();
+                (chosen, softmax(&picked))
+            }
+        };
+        let mut y = vec![0.0f32; HIDDEN];
+        for (e, s) in chosen.iter().zip(&scores) {
+            let expert = mlp(x, &format!("{p}.mlp.experts.{e}"), moe.ffn);
+            y.iter_mut().zip(&expert).for_each(|(a, b)| *a += s * b);
+        }
+        if let Some(shared) = moe.shared {
+            let gate = dot(x, w(&format!("{p}.mlp.shared_expert_gate.weight")));
+            let sigmoid = 1.0 / (1.0 + (-gate).exp());
+            let expert = mlp(x, &format!("{p}.mlp.shared_expert"), shared);
+            y.iter_mut()
+                .zip(&expert)
+                .for_each(|(a, b)| *a += sigmoid * b);
+        }
+        out.extend(y);
+    }
+    out
+}
+
+/// Opens a tiny checkpoint, with the features its config.json cannot say set on the validated
+/// config first (no family yet writes OLMoE's whole q/k norms, another routing, or a shared
+/// expert into a `qwen3_moe` config).
+pub(crate) fn open_tiny(tiny: &Tiny) -> Checkpoint {
+    let dir = tiny.dir.path();
+    let mut config = ModelConfig::from_dir(dir).expect("the tiny config validates");
+    config.qk_norm_whole = tiny.variant.qk_norm_whole;
+    if let Some(moe) = tiny.variant.moe {
+        for ffn in &mut config.feed_forward {
+            if let FeedForward::RoutedExperts(routed) = ffn {
+                routed.routing = moe.routing;
+                routed.shared_expert_intermediate_size = moe.shared;
+            }
+        }
+    }
+    let files = SafetensorsFiles::open_dir(dir).expect("the tiny safetensors open");
+    Checkpoint::new(dir, config, files).expect("the tiny checkpoint validates")
+}
+
 /// Relative closeness: |a - e| ≤ tol · max(1, max |e|) over the whole vector.
 #[track_caller]
-fn assert_logits_close(actual: &[f32], expected: &[f32], tol: f32, what: &str) {
+pub(crate) fn assert_logits_close(actual: &[f32], expected: &[f32], tol: f32, what: &str) {
     let scale = expected.iter().fold(1.0f32, |m, v| m.max(v.abs()));
     let worst = actual
         .iter()
@@ -744,21 +915,29 @@ fn check_variant(variant: Variant, seed: u64) {
     }
 }
 
-/// [`check_variant`] on the given kernels (`None`: the environment's).
-fn check_variant_on(variant: Variant, seed: u64, kernels: Option<Kernels>) {
+/// [`check_variant`] on the given kernels (`None`: the environment's). With int8 activations
+/// the logits are held to the loose bound of the dense int8 checks (0.15: random tiny weights
+/// give wide activations) instead of 1e-4.
+pub(crate) fn check_variant_on(variant: Variant, seed: u64, kernels: Option<Kernels>) {
     let tiny = write_tiny(variant, seed);
-    let checkpoint = Checkpoint::open(tiny.dir.path()).expect("the tiny checkpoint validates");
+    let checkpoint = open_tiny(&tiny);
     let model = match kernels {
         Some(k) => LlamaModel::load_with(&checkpoint, k),
         None => LlamaModel::load(&checkpoint),
     }
     .expect("the tiny checkpoint loads");
     let what = format!("{variant:?} on {:?}", model.kernels());
+    let tol = match model.kernels().activations {
+        Activations::Int8 => 0.15,
+        Activations::F32 => 1e-4,
+    };
     // Quantized weights on mlxcel's kernels with fused layers on take the fused node (q/k/v
     // biases included); the other paths say why not.
     if matches!(variant.storage, Storage::Quantized { .. })
         && model.kernels().backend == KernelBackend::Native
         && model.kernels().fused_layers
+        && variant.moe.is_none()
+        && !variant.qk_norm_whole
     {
         assert_eq!(model.execution(), "fused layers", "{what}");
     }
@@ -777,7 +956,7 @@ fn check_variant_on(variant: Variant, seed: u64, kernels: Option<Kernels>) {
     assert_logits_close(
         &logits,
         &reference_logits(&tiny, &tokens),
-        1e-4,
+        tol,
         &format!("{what} prefill"),
     );
     for step in 0..4 {
@@ -793,7 +972,7 @@ fn check_variant_on(variant: Variant, seed: u64, kernels: Option<Kernels>) {
         assert_logits_close(
             &logits,
             &reference_logits(&tiny, &tokens),
-            1e-4,
+            tol,
             &format!("{what} decode {step}"),
         );
     }

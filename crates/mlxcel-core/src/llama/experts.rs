@@ -1,0 +1,146 @@
+//! The routed-expert MLP (a mixture of experts: Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE's shared
+//! expert) on the per-op graph. The router runs on the host in f32 (`routing.rs`); the step's
+//! tokens are then grouped by expert, so that each routed expert's weights are read once per
+//! step, however many tokens go to it: its tokens' rows are gathered, multiplied by its gate/up
+//! (with the activation as the matmul's epilogue) and down projections, scaled by their weights,
+//! and added into each token's output in the token's own route order.
+
+use mlxcel_model::HiddenActivation;
+
+use super::linear::{GateUp, Linear, linear_arrays};
+use super::routing::Router;
+use crate::array::Array;
+use crate::error::Result;
+use crate::fast::rms_norm;
+use crate::kernels::{Int8Layout, Kernels};
+
+/// One expert: a gated MLP.
+#[derive(Debug)]
+pub(super) struct Expert {
+    pub(super) gate_up: GateUp,
+    pub(super) down: Linear,
+}
+
+impl Expert {
+    /// `down(act(h · gateᵀ) · (h · upᵀ))` of normed rows `h`.
+    fn forward(&self, h: &Array, activation: HiddenActivation, kernels: &Kernels) -> Result<Array> {
+        self.down
+            .forward(&self.gate_up.forward(h, activation, kernels)?, kernels)
+    }
+
+    fn interleave_int8(&mut self, layout: Int8Layout, threads: usize) -> Result<()> {
+        self.gate_up.interleave_int8(layout, threads)?;
+        self.down.interleave_int8(layout, threads)
+    }
+
+    fn arrays<'a>(&'a self, arrays: &mut Vec<&'a Array>) {
+        self.gate_up.arrays(arrays);
+        linear_arrays(&self.down, arrays);
+    }
+}
+
+/// A layer's routed-expert MLP: the router, the experts, and the shared expert if any.
+#[derive(Debug)]
+pub(super) struct RoutedMlp {
+    pub(super) router: Router,
+    pub(super) experts: Vec<Expert>,
+    /// Every token's expert, weighted by `sigmoid(x · shared_expert_gateᵀ)` (the router's last
+    /// row).
+    pub(super) shared: Option<Expert>,
+    pub(super) activation: HiddenActivation,
+}
+
+impl RoutedMlp {
+    /// The MLP's output for the step's rows `x` (`[tokens, hidden]`), normed by `norm` first:
+    /// `Σ score_e · expert_e(h)` over each token's routed experts, plus the gated shared expert.
+    /// Reads the normed rows back to route them (the graph so far is evaluated).
+    pub(super) fn forward(
+        &self,
+        x: &Array,
+        norm: &Array,
+        eps: f32,
+        kernels: &Kernels,
+    ) -> Result<Array> {
+        let h = rms_norm(x, norm, eps)?;
+        let rows = h.to_vec_f32()?;
+        let tokens = rows.len() / self.router.hidden;
+        let k = self.router.top_k;
+        let routes = self.router.route(&rows, kernels.threads);
+        // Each expert's outputs, scaled by their weights, one after another; `row_of[route]` is
+        // where a route's output landed.
+        let mut outputs = Vec::new();
+        let mut row_of = vec![0u32; tokens * k];
+        let mut next_row = 0u32;
+        for group in routes.groups(self.router.num_experts, k) {
+            let n = group.tokens.len();
+            let every_token = n == tokens && (0u32..).zip(&group.tokens).all(|(i, &t)| i == t);
+            let picked = if every_token {
+                h.clone()
+            } else {
+                h.take(&Array::from_u32(&group.tokens, &[n as i32])?, 0)?
+            };
+            let expert = &self.experts[group.expert as usize];
+            let y = expert.forward(&picked, self.activation, kernels)?;
+            outputs.push(y.multiply(&Array::from_f32(&group.scores, &[n as i32, 1])?)?);
+            for &route in &group.routes {
+                row_of[route as usize] = next_row;
+                next_row += 1;
+            }
+        }
+        // One token (a decode step of one sequence): each expert's output is one row, summed
+        // as they are, without gathering them into one array first.
+        let routed = match (tokens, outputs.as_slice()) {
+            (1, _) => None,
+            (_, [one]) => Some(one.clone()),
+            (_, many) => Some(Array::concatenate(&many.iter().collect::<Vec<_>>(), 0)?),
+        };
+        // Each token's outputs summed in its route order (the highest weight first), a fixed
+        // order whatever else the step holds.
+        let mut out: Option<Array> = None;
+        for slot in 0..k {
+            let rows: Vec<u32> = (0..tokens).map(|t| row_of[t * k + slot]).collect();
+            let identity =
+                (0u32..).zip(&rows).all(|(i, &r)| i == r) && rows.len() == next_row as usize;
+            let part = match &routed {
+                None => outputs[rows[0] as usize].clone(),
+                Some(all) if identity => all.clone(),
+                Some(all) => all.take(&Array::from_u32(&rows, &[tokens as i32])?, 0)?,
+            };
+            out = Some(match out {
+                None => part,
+                Some(sum) => sum.add(&part)?,
+            });
+        }
+        let mut out = match out {
+            Some(out) => out,
+            None => h.multiply(&Array::scalar_f32(0.0))?,
+        };
+        if let (Some(shared), Some(gates)) = (&self.shared, &routes.shared) {
+            let y = shared.forward(&h, self.activation, kernels)?;
+            out = out.add(&y.multiply(&Array::from_f32(gates, &[tokens as i32, 1])?)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Rewrites the experts' quantized matrices for the int8 kernels where they take their
+    /// layout.
+    pub(super) fn interleave_int8(&mut self, layout: Int8Layout, threads: usize) -> Result<()> {
+        for expert in self.experts.iter_mut().chain(&mut self.shared) {
+            expert.interleave_int8(layout, threads)?;
+        }
+        Ok(())
+    }
+
+    /// Every array the experts hold, pushed onto `arrays` (the router is host memory:
+    /// [`RoutedMlp::host_bytes`]).
+    pub(super) fn arrays<'a>(&'a self, arrays: &mut Vec<&'a Array>) {
+        for expert in self.experts.iter().chain(&self.shared) {
+            expert.arrays(arrays);
+        }
+    }
+
+    /// Bytes of the router's f32 weights, held on the host.
+    pub(super) fn host_bytes(&self) -> u64 {
+        (self.router.weights.len() * std::mem::size_of::<f32>()) as u64
+    }
+}

@@ -1,0 +1,184 @@
+//! The linear layers of the backend: one matrix (dense or quantized, with an optional bias) and
+//! the MLP's gate and up projections, with how each multiplies and how it is rewritten for the
+//! int8 kernels. Decoder layers (`weights.rs`) and routed experts (`experts.rs`) are made of them.
+
+use mlxcel_model::HiddenActivation;
+
+use crate::array::Array;
+use crate::error::Result;
+use crate::fast::rms_norm;
+use crate::kernels::{Int8Layout, Kernels};
+use crate::quantized::{Epilogue, QuantizedWeight};
+
+/// A linear layer, dense or affine-quantized, with an optional bias.
+#[derive(Debug)]
+pub(super) enum Linear {
+    /// `weight_t` is the `[in, out]` view of the checkpoint's `[out, in]` weight.
+    Dense {
+        weight_t: Array,
+        bias: Option<Array>,
+    },
+    Quantized {
+        weight: QuantizedWeight,
+        bias: Option<Array>,
+    },
+}
+
+impl Linear {
+    pub(super) fn forward(&self, x: &Array, kernels: &Kernels) -> Result<Array> {
+        let (y, bias) = match self {
+            Self::Dense { weight_t, bias } => (x.matmul(weight_t)?, bias),
+            Self::Quantized { weight, bias } => (weight.linear(x, kernels)?, bias),
+        };
+        match bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+impl Linear {
+    /// `forward(x) + residual`; one op on mlxcel's kernels.
+    pub(super) fn forward_add(
+        &self,
+        x: &Array,
+        residual: &Array,
+        kernels: &Kernels,
+    ) -> Result<Array> {
+        match self {
+            Self::Quantized { weight, bias: None } => {
+                weight.linear_then(x, kernels, Epilogue::Residual(residual))
+            }
+            _ => self.forward(x, kernels)?.add(residual),
+        }
+    }
+
+    /// Rewrites a quantized weight for the int8 kernels when they take its layout.
+    pub(super) fn interleave_int8(&mut self, layout: Int8Layout, threads: usize) -> Result<()> {
+        if let Self::Quantized { weight, .. } = self {
+            interleave_in_place(weight, layout, threads)?;
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn interleave_in_place(
+    weight: &mut QuantizedWeight,
+    layout: Int8Layout,
+    threads: usize,
+) -> Result<()> {
+    if weight.int8_capable() {
+        *weight = weight.interleave_int8_on(layout, threads)?;
+    }
+    Ok(())
+}
+
+/// The MLP's gate and up projections: stacked into one quantized matrix when they share a
+/// layout (one matmul with a SwiGLU epilogue instead of four ops), separate otherwise.
+#[derive(Debug)]
+pub(super) enum GateUp {
+    Stacked(QuantizedWeight),
+    Separate { gate: Linear, up: Linear },
+}
+
+impl GateUp {
+    pub(super) fn new(gate: Linear, up: Linear) -> Result<Self> {
+        match (&gate, &up) {
+            (
+                Linear::Quantized {
+                    weight: g,
+                    bias: None,
+                },
+                Linear::Quantized {
+                    weight: u,
+                    bias: None,
+                },
+            ) if g.group_size == u.group_size && g.bits == u.bits => {
+                Ok(Self::Stacked(QuantizedWeight::concat_rows(&[g, u])?))
+            }
+            _ => Ok(Self::Separate { gate, up }),
+        }
+    }
+
+    /// `act(h · gateᵀ) · (h · upᵀ)` where `h = rms_norm(x, norm, eps)` and `act` is SiLU or
+    /// GELU-tanh.
+    pub(super) fn forward_normed(
+        &self,
+        x: &Array,
+        norm: &Array,
+        eps: f32,
+        activation: HiddenActivation,
+        kernels: &Kernels,
+    ) -> Result<Array> {
+        match self {
+            Self::Stacked(w) => {
+                w.linear_normed_then(x, norm, eps, kernels, epilogue_of(activation))
+            }
+            Self::Separate { .. } => self.forward(&rms_norm(x, norm, eps)?, activation, kernels),
+        }
+    }
+
+    /// `act(h · gateᵀ) · (h · upᵀ)` of rows `h` already normed (a routed expert's tokens).
+    pub(super) fn forward(
+        &self,
+        h: &Array,
+        activation: HiddenActivation,
+        kernels: &Kernels,
+    ) -> Result<Array> {
+        match self {
+            Self::Stacked(w) => w.linear_then(h, kernels, epilogue_of(activation)),
+            Self::Separate { gate, up } => {
+                let g = gate.forward(h, kernels)?;
+                let activated = match activation {
+                    HiddenActivation::Silu => g.silu()?,
+                    HiddenActivation::GeluTanh => g.gelu_tanh()?,
+                };
+                activated.multiply(&up.forward(h, kernels)?)
+            }
+        }
+    }
+
+    /// Rewrites the quantized matrices for the int8 kernels where they take their layout.
+    pub(super) fn interleave_int8(&mut self, layout: Int8Layout, threads: usize) -> Result<()> {
+        match self {
+            Self::Stacked(w) => interleave_in_place(w, layout, threads),
+            Self::Separate { gate, up } => {
+                gate.interleave_int8(layout, threads)?;
+                up.interleave_int8(layout, threads)
+            }
+        }
+    }
+
+    /// Every array the projections hold, pushed onto `arrays`.
+    pub(super) fn arrays<'a>(&'a self, arrays: &mut Vec<&'a Array>) {
+        match self {
+            Self::Stacked(w) => arrays.extend([&w.weight, &w.scales, &w.biases]),
+            Self::Separate { gate, up } => {
+                linear_arrays(gate, arrays);
+                linear_arrays(up, arrays);
+            }
+        }
+    }
+}
+
+/// The matmul epilogue that applies `activation` to the gate half and multiplies by the up half.
+fn epilogue_of(activation: HiddenActivation) -> Epilogue<'static> {
+    match activation {
+        HiddenActivation::Silu => Epilogue::Swiglu,
+        HiddenActivation::GeluTanh => Epilogue::Geglu,
+    }
+}
+
+/// Every array `linear` holds, pushed onto `arrays`.
+pub(super) fn linear_arrays<'a>(linear: &'a Linear, arrays: &mut Vec<&'a Array>) {
+    match linear {
+        Linear::Dense { weight_t, bias } => {
+            arrays.push(weight_t);
+            arrays.extend(bias);
+        }
+        Linear::Quantized { weight, bias } => {
+            arrays.extend([&weight.weight, &weight.scales, &weight.biases]);
+            arrays.extend(bias);
+        }
+    }
+}

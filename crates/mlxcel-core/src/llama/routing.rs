@@ -1,0 +1,289 @@
+//! A routed-expert MLP's routing, on the host in f32: the router's logits of each normed token,
+//! the experts each token goes to with their weights ([`Routing`], as mlx-lm's MoE models compute
+//! them), and the step's tokens grouped by expert so that each expert's weights are read once.
+//!
+//! Every token's logits are a dot product in one fixed order, whatever the other tokens of the
+//! step, so a token's route does not depend on the batch (with int8 activations a sequence's
+//! logits are the same bits alone or batched; a router whose rounding moved with the batch could
+//! send a token to another expert).
+
+use mlxcel_model::Routing;
+
+/// The router of one layer: `rows` rows of `hidden` f32 weights, the experts' then, with a
+/// shared expert, its gate's row last.
+#[derive(Debug)]
+pub(super) struct Router {
+    /// `[rows, hidden]`, row-major.
+    pub(super) weights: Vec<f32>,
+    pub(super) hidden: usize,
+    pub(super) num_experts: usize,
+    pub(super) top_k: usize,
+    pub(super) routing: Routing,
+    /// The last row is the shared expert's gate (`shared_expert_gate`, `[1, hidden]`).
+    pub(super) shared_gate: bool,
+}
+
+/// The routes of a step's tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Routes {
+    /// Per token, its `top_k` experts, the highest-weighted first.
+    pub(super) experts: Vec<u32>,
+    /// Per token, the weights of `experts`, in their order.
+    pub(super) scores: Vec<f32>,
+    /// Per token, `sigmoid(x · shared_expert_gateᵀ)`, with a shared expert.
+    pub(super) shared: Option<Vec<f32>>,
+}
+
+/// One expert's share of a step: the tokens routed to it and their weights, and where each of
+/// its rows goes among the step's routed rows.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct ExpertGroup {
+    pub(super) expert: u32,
+    /// Token indices (rows of the step), ascending.
+    pub(super) tokens: Vec<u32>,
+    /// The weight of this expert for each of `tokens`.
+    pub(super) scores: Vec<f32>,
+    /// For each of `tokens`, which of the step's routes it is (`token · top_k + slot`, an index
+    /// into [`Routes::experts`]).
+    pub(super) routes: Vec<u32>,
+}
+
+/// Below this many multiply-adds the router runs on the calling thread.
+const PARALLEL_WORK: usize = 1 << 22;
+
+impl Router {
+    /// The routes of the `h.len() / hidden` normed tokens in `h` (row-major), computed on up to
+    /// `threads` threads.
+    pub(super) fn route(&self, h: &[f32], threads: usize) -> Routes {
+        self.route_split(h, threads, PARALLEL_WORK)
+    }
+
+    /// [`Router::route`], a thread per `work` multiply-adds at most.
+    fn route_split(&self, h: &[f32], threads: usize, work: usize) -> Routes {
+        let tokens = h.len() / self.hidden;
+        let rows = self.weights.len() / self.hidden;
+        let mut logits = vec![0.0f32; tokens * rows];
+        let threads = threads
+            .min((tokens * rows * self.hidden).div_ceil(work.max(1)))
+            .max(1);
+        let per = tokens.div_ceil(threads).max(1);
+        if threads == 1 {
+            self.logits(h, &mut logits);
+        } else {
+            std::thread::scope(|scope| {
+                for (h, out) in h
+                    .chunks(per * self.hidden)
+                    .zip(logits.chunks_mut(per * rows))
+                {
+                    scope.spawn(move || self.logits(h, out));
+                }
+            });
+        }
+        let k = self.top_k;
+        let mut routes = Routes {
+            experts: Vec::with_capacity(tokens * k),
+            scores: Vec::with_capacity(tokens * k),
+            shared: self.shared_gate.then(|| Vec::with_capacity(tokens)),
+        };
+        for row in logits.chunks_exact(rows) {
+            let (experts, scores) = self.pick(&row[..self.num_experts]);
+            routes.experts.extend(experts);
+            routes.scores.extend(scores);
+            if let Some(shared) = &mut routes.shared {
+                shared.push(sigmoid(row[self.num_experts]));
+            }
+        }
+        routes
+    }
+
+    /// Every row's logits of the tokens in `h` into `out` (`[tokens, rows]`).
+    fn logits(&self, h: &[f32], out: &mut [f32]) {
+        let rows = self.weights.len() / self.hidden;
+        for (x, out) in h.chunks_exact(self.hidden).zip(out.chunks_exact_mut(rows)) {
+            for (w, logit) in self.weights.chunks_exact(self.hidden).zip(out.iter_mut()) {
+                *logit = dot(x, w);
+            }
+        }
+    }
+
+    /// One token's experts (highest weight first; ties to the lower index) and weights.
+    fn pick(&self, logits: &[f32]) -> (Vec<u32>, Vec<f32>) {
+        let k = self.top_k;
+        match self.routing {
+            Routing::SoftmaxTopK { renormalize } => {
+                let probs = softmax(logits);
+                let experts = top_k(&probs, k);
+                let mut scores: Vec<f32> = experts.iter().map(|&e| probs[e as usize]).collect();
+                if renormalize {
+                    let total: f32 = scores.iter().sum();
+                    scores.iter_mut().for_each(|s| *s /= total);
+                }
+                (experts, scores)
+            }
+            Routing::TopKSoftmax => {
+                let experts = top_k(logits, k);
+                let picked: Vec<f32> = experts.iter().map(|&e| logits[e as usize]).collect();
+                (experts, softmax(&picked))
+            }
+        }
+    }
+}
+
+impl Routes {
+    /// The step's routed rows grouped by expert, experts ascending, each expert's tokens
+    /// ascending; experts no token goes to are left out.
+    pub(super) fn groups(&self, num_experts: usize, top_k: usize) -> Vec<ExpertGroup> {
+        let mut groups: Vec<ExpertGroup> = (0..num_experts as u32)
+            .map(|expert| ExpertGroup {
+                expert,
+                tokens: Vec::new(),
+                scores: Vec::new(),
+                routes: Vec::new(),
+            })
+            .collect();
+        for (i, (&expert, &score)) in self.experts.iter().zip(&self.scores).enumerate() {
+            let group = &mut groups[expert as usize];
+            group.tokens.push((i / top_k) as u32);
+            group.scores.push(score);
+            group.routes.push(i as u32);
+        }
+        groups.retain(|g| !g.tokens.is_empty());
+        groups
+    }
+}
+
+/// `x · w` in f32, summed in eight interleaved partial sums (a fixed order the compiler can
+/// vectorize).
+fn dot(x: &[f32], w: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (xc, wc) = (x.chunks_exact(8), w.chunks_exact(8));
+    let (xr, wr) = (xc.remainder(), wc.remainder());
+    for (a, b) in xc.zip(wc) {
+        for i in 0..8 {
+            acc[i] += a[i] * b[i];
+        }
+    }
+    let mut total =
+        ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (a, b) in xr.iter().zip(wr) {
+        total += a * b;
+    }
+    total
+}
+
+/// Softmax in f32, the maximum subtracted first.
+fn softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let total: f32 = exps.iter().sum();
+    exps.iter().map(|e| e / total).collect()
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// The indices of the `k` largest values, largest first; among equal values the lower index
+/// first. A NaN counts as smaller than every number.
+fn top_k(values: &[f32], k: usize) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..values.len() as u32).collect();
+    let key = |i: u32| {
+        let v = values[i as usize];
+        if v.is_nan() { f32::NEG_INFINITY } else { v }
+    };
+    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+    order.truncate(k);
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(routing: Routing, top_k: usize, shared_gate: bool) -> Router {
+        // Three experts over a two-wide hidden state: logits x0, x1 and x0 + x1.
+        let mut weights = vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+        if shared_gate {
+            weights.extend([0.5, -0.5]);
+        }
+        Router {
+            weights,
+            hidden: 2,
+            num_experts: 3,
+            top_k,
+            routing,
+            shared_gate,
+        }
+    }
+
+    #[test]
+    fn softmax_then_top_k_with_and_without_renormalizing() {
+        let h = [1.0, 2.0];
+        let probs = softmax(&[1.0, 2.0, 3.0]);
+        let plain = router(Routing::SoftmaxTopK { renormalize: false }, 2, false).route(&h, 1);
+        assert_eq!(plain.experts, [2, 1]);
+        assert_eq!(plain.scores, [probs[2], probs[1]]);
+        let renorm = router(Routing::SoftmaxTopK { renormalize: true }, 2, false).route(&h, 1);
+        let total = probs[2] + probs[1];
+        assert_eq!(renorm.scores, [probs[2] / total, probs[1] / total]);
+        assert_eq!(plain.shared, None);
+    }
+
+    #[test]
+    fn top_k_then_softmax_over_the_picked_logits() {
+        let routes = router(Routing::TopKSoftmax, 2, true).route(&[3.0, -1.0], 1);
+        assert_eq!(routes.experts, [0, 2]);
+        assert_eq!(routes.scores, softmax(&[3.0, 2.0]));
+        assert_eq!(routes.shared, Some(vec![sigmoid(2.0)]));
+    }
+
+    #[test]
+    fn ties_go_to_the_lower_expert_and_groups_list_each_expert_once() {
+        let r = router(Routing::SoftmaxTopK { renormalize: true }, 1, false);
+        // Token 0: x0 = x1 (expert 2 wins with x0 + x1); token 1: x0 = x0 + x1 > x1.
+        let routes = r.route(&[1.0, 1.0, 2.0, 0.0], 1);
+        assert_eq!(routes.experts, [2, 0]);
+        let groups = routes.groups(3, 1);
+        assert_eq!(
+            groups,
+            [
+                ExpertGroup {
+                    expert: 0,
+                    tokens: vec![1],
+                    scores: vec![1.0],
+                    routes: vec![1],
+                },
+                ExpertGroup {
+                    expert: 2,
+                    tokens: vec![0],
+                    scores: vec![1.0],
+                    routes: vec![0],
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn threads_do_not_change_the_routes() {
+        let hidden = 64;
+        let mut state = 7u32;
+        let mut next = || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1 << 24) as f32 - 0.5
+        };
+        let weights: Vec<f32> = (0..9 * hidden).map(|_| next()).collect();
+        let h: Vec<f32> = (0..300 * hidden).map(|_| next()).collect();
+        let r = Router {
+            weights,
+            hidden,
+            num_experts: 8,
+            top_k: 3,
+            routing: Routing::SoftmaxTopK { renormalize: false },
+            shared_gate: true,
+        };
+        let one = r.route_split(&h, 1, 1);
+        let four = r.route_split(&h, 4, 1);
+        assert_eq!(one, four);
+        assert_eq!(one.experts.len(), 300 * 3);
+    }
+}
