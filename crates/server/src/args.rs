@@ -272,6 +272,32 @@ pub struct ServerArgs {
     )]
     pub cache_type_v: KvType,
 
+    /// How chat replies split their reasoning from their answer: `none` (all in `content`),
+    /// `deepseek` (reasoning in `reasoning_content`), `deepseek-legacy` (both, `content` whole)
+    /// or `auto` (as `deepseek`; the default).
+    #[arg(
+        long = "reasoning-format",
+        env = "LLAMA_ARG_THINK",
+        default_value = "auto"
+    )]
+    pub reasoning_format: String,
+
+    /// Extra variables of every chat template render, as a JSON object
+    /// (`{"enable_thinking": false}`); a request's `chat_template_kwargs` go over them.
+    #[arg(long = "chat-template-kwargs", env = "LLAMA_ARG_CHAT_TEMPLATE_KWARGS")]
+    pub chat_template_kwargs: Option<String>,
+
+    /// Thinking budget: -1 unlimited (the default), 0 no thinking (the template's
+    /// `enable_thinking` is false, a thinking block the prompt opened is closed); a count of
+    /// tokens is refused.
+    #[arg(long = "reasoning-budget", env = "LLAMA_ARG_THINK_BUDGET", default_value_t = -1, allow_negative_numbers = true)]
+    pub reasoning_budget: i64,
+
+    /// The reasoning effort given to the chat template as `reasoning_effort` (gpt-oss reads
+    /// it: `low`, `medium`, `high`); `default` keeps the template's.
+    #[arg(long = "reasoning-effort", env = "LLAMA_ARG_REASONING_EFFORT")]
+    pub reasoning_effort: Option<String>,
+
     /// The directory of slot files: turns on `POST /slots/{id}?action=save|restore|erase`
     /// (created at start if missing).
     #[arg(long = "slot-save-path")]
@@ -523,6 +549,36 @@ impl ServerArgs {
 
     /// The server's settings under these flags (reads `--api-key-file`).
     /// `--slot-save-path`, created if missing.
+    /// The reasoning flags (`--reasoning-format`, `--chat-template-kwargs`,
+    /// `--reasoning-budget`, `--reasoning-effort`), checked.
+    fn reasoning(&self) -> Result<crate::reasoning::ReasoningDefaults, ServerError> {
+        use crate::reasoning::{ReasoningFormat, thinking_of_budget};
+        let flag = |err: crate::error::ApiError| ServerError::Flag(err.to_string());
+        let template_kwargs = match &self.chat_template_kwargs {
+            None => serde_json::Map::new(),
+            Some(text) => match serde_json::from_str(text) {
+                Ok(serde_json::Value::Object(map)) => map,
+                _ => {
+                    return Err(ServerError::Flag(format!(
+                        "--chat-template-kwargs {text}: expected a JSON object, such as \
+                         '{{\"enable_thinking\": false}}'"
+                    )));
+                }
+            },
+        };
+        Ok(crate::reasoning::ReasoningDefaults {
+            format: ReasoningFormat::parse("--reasoning-format", &self.reasoning_format)
+                .map_err(flag)?,
+            template_kwargs,
+            thinking: thinking_of_budget("--reasoning-budget", self.reasoning_budget)
+                .map_err(flag)?,
+            effort: self
+                .reasoning_effort
+                .clone()
+                .filter(|effort| effort != "default"),
+        })
+    }
+
     fn slot_save_path(&self) -> Result<Option<std::path::PathBuf>, ServerError> {
         let Some(dir) = &self.slot_save_path else {
             return Ok(None);
@@ -619,6 +675,7 @@ impl ServerArgs {
                 credentials: self.cors_credentials && !self.no_cors_credentials,
             },
             slot_save_path: self.slot_save_path()?,
+            reasoning: self.reasoning()?,
             ..ServerConfig::default()
         })
     }

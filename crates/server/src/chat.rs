@@ -5,7 +5,7 @@
 //! these terms and its answer back out of them.
 
 use mlxcel_engine::{ChatMessage, Engine, FinishReason};
-use serde_json::{Value, json};
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::request::{Params, Turn};
@@ -14,25 +14,46 @@ use crate::tools::{self, Tool, ToolCall, ToolChoice, ToolFormat};
 /// Renders `turns` with the generation prompt; `tools` are the function tools in OpenAI's shape
 /// (`{"type": "function", "function": {"name", "description", "parameters"}}`), as Hugging Face
 /// passes them to templates. A conversation of text turns without tools is rendered as
-/// `apply_chat_template(messages)`; tools or tool turns give the template the rich context.
+/// `apply_chat_template(messages)`; tools, tool turns or extra `variables` (a request's
+/// `chat_template_kwargs`, `enable_thinking` ...) give the template the rich context.
 pub(crate) fn render(
     engine: &Engine,
     turns: &[Turn],
     tools: Vec<Value>,
+    variables: &Map<String, Value>,
 ) -> Result<String, ApiError> {
-    if tools.is_empty() && !turns.iter().any(Turn::is_tool_turn) {
+    if tools.is_empty() && variables.is_empty() && !turns.iter().any(Turn::is_tool_turn) {
         let messages: Vec<ChatMessage> = turns
             .iter()
             .map(|t| ChatMessage::new(t.role.clone(), t.content.clone()))
             .collect();
         return Ok(engine.apply_chat_template(&messages)?);
     }
-    let context = json!({
-        "messages": turns.iter().map(Turn::template_value).collect::<Vec<_>>(),
-        "tools": if tools.is_empty() { Value::Null } else { Value::Array(tools) },
-        "add_generation_prompt": true,
-    });
-    Ok(engine.apply_chat_template_with(&context)?)
+    Ok(engine.apply_chat_template_with(&template_context(turns, tools, variables))?)
+}
+
+/// Hugging Face's `apply_chat_template(messages, tools=..., add_generation_prompt=True,
+/// **variables)` as one context; the variables come last, as keyword arguments do, so a
+/// variable named like a fixed one (`add_generation_prompt`) is the request's choice.
+pub(crate) fn template_context(
+    turns: &[Turn],
+    tools: Vec<Value>,
+    variables: &Map<String, Value>,
+) -> Value {
+    let mut context = Map::new();
+    context.insert(
+        "messages".into(),
+        turns.iter().map(Turn::template_value).collect(),
+    );
+    let tools = if tools.is_empty() {
+        Value::Null
+    } else {
+        Value::Array(tools)
+    };
+    context.insert("tools".into(), tools);
+    context.insert("add_generation_prompt".into(), Value::Bool(true));
+    context.extend(variables.iter().map(|(k, v)| (k.clone(), v.clone())));
+    Value::Object(context)
 }
 
 /// What a request's tools do to its generation: the constraint of a required call, and the format

@@ -97,6 +97,9 @@ pub struct ServerConfig {
     /// Where `POST /slots/{id}?action=save|restore` write and read slot files
     /// (`--slot-save-path`); `None` turns the slot actions off (501).
     pub slot_save_path: Option<std::path::PathBuf>,
+    /// Reasoning models (`--reasoning-format`, `--chat-template-kwargs`, `--reasoning-budget`,
+    /// `--reasoning-effort`): how chat replies split, and the template's extra variables.
+    pub reasoning: crate::reasoning::ReasoningDefaults,
 }
 
 impl Default for ServerConfig {
@@ -126,6 +129,7 @@ impl Default for ServerConfig {
             webui: true,
             cors: crate::cors::CorsConfig::default(),
             slot_save_path: None,
+            reasoning: crate::reasoning::ReasoningDefaults::new(),
         }
     }
 }

@@ -13,9 +13,20 @@ use crate::body::{Body, event_stream};
 use crate::chat::{self, ToolPlan};
 use crate::error::ApiError;
 use crate::generate::{Outcome, StreamFormat, Tracked, collect, stream, submit, tokenize};
+use crate::reasoning::{Form, ReasoningDefaults, ReasoningPlan};
 use crate::request::{Chat, Generation, Params, Prompt, PromptInput};
 use crate::state::AppState;
 use crate::tools::ToolFormat;
+
+/// What the handler learned while preparing a request that its reply needs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prepared {
+    /// The format tool calls are looked for in (`None` without tools or with the choice
+    /// `none`).
+    pub tools: Option<ToolFormat>,
+    /// How a chat's reply splits into reasoning and answer (`None` for a prompt given as is).
+    pub reasoning: Option<ReasoningPlan>,
+}
 
 /// How one protocol answers a request: as a stream of its events, or as one body.
 pub(crate) trait Reply: Send + 'static {
@@ -29,21 +40,21 @@ pub(crate) trait Reply: Send + 'static {
     fn whole(self, tracked: &Tracked, outcome: Outcome) -> Response<Body>;
 }
 
-/// Runs `request` and answers it in the [`Reply`] that `reply` builds; `reply` learns the format
-/// tool calls are looked for in (`None` without tools or with the choice `none`).
+/// Runs `request` and answers it in the [`Reply`] that `reply` builds from what preparing the
+/// request learned ([`Prepared`]).
 pub(crate) async fn generate<R: Reply>(
     state: &Arc<AppState>,
     engine: &Engine,
     request: Generation,
-    reply: impl FnOnce(Option<ToolFormat>) -> R,
+    reply: impl FnOnce(Prepared) -> R,
 ) -> Result<Response<Body>, ApiError> {
     let Generation {
         prompt,
         mut params,
         stream: streamed,
     } = request;
-    let (prompt, tools) = prepare(engine, prompt, &mut params)?;
-    let reply = reply(tools);
+    let (prompt, prepared) = prepare(engine, &state.config().reasoning, prompt, &mut params)?;
+    let reply = reply(prepared);
     let mut tracked = submit(state, prompt, params).await?;
     if streamed {
         let (response, sender) = event_stream();
@@ -55,17 +66,37 @@ pub(crate) async fn generate<R: Reply>(
     Ok(reply.whole(&tracked, outcome))
 }
 
-/// The prompt the engine takes, with the tools' constraint set on `params`.
+/// The prompt the engine takes, with the tools' constraint set on `params`. A chat is rendered
+/// with its reasoning options over the server's `defaults`; thinking switched off closes a
+/// thinking block the template left open, as a budget of 0 ends thinking at once.
 fn prepare(
     engine: &Engine,
+    defaults: &ReasoningDefaults,
     prompt: Prompt,
     params: &mut Params,
-) -> Result<(PromptInput, Option<ToolFormat>), ApiError> {
+) -> Result<(PromptInput, Prepared), ApiError> {
     let chat = match prompt {
-        Prompt::Input(input) => return Ok((input, None)),
+        Prompt::Input(input) => {
+            let prepared = Prepared {
+                tools: None,
+                reasoning: None,
+            };
+            return Ok((input, prepared));
+        }
         Prompt::Chat(chat) => chat,
     };
-    let templated = chat::render(engine, &chat.turns, chat.tools.listed)?;
+    let options = chat.reasoning.resolve(defaults)?;
+    let mut templated = chat::render(engine, &chat.turns, chat.tools.listed, &options.variables)?;
+    let source = engine.chat_template_source().unwrap_or_default();
+    let mut form = Form::of(&source, &templated);
+    if options.close_thinking && form == (Form::Think { open: true }) {
+        templated.push_str("\n\n</think>\n\n");
+        form = Form::Think { open: false };
+    }
+    let reasoning = Some(ReasoningPlan {
+        format: options.format,
+        form,
+    });
     let plan = ToolPlan::new(
         engine,
         chat.tools.tools,
@@ -73,13 +104,22 @@ fn prepare(
         chat.tools.parallel,
     );
     plan.constrain(params, "tool_choice", chat.tools.other_constraint)?;
-    Ok((PromptInput::Templated(templated), plan.parsing()))
+    let prepared = Prepared {
+        tools: plan.parsing(),
+        reasoning,
+    };
+    Ok((PromptInput::Templated(templated), prepared))
 }
 
 /// The tokens of the templated prompt a chat would generate from (its usage's input tokens), for
 /// the token-counting routes.
 pub(crate) async fn count_tokens(engine: Arc<Engine>, chat: Chat) -> Result<usize, ApiError> {
-    let prompt = chat::render(&engine, &chat.turns, chat.tools.listed)?;
+    let prompt = chat::render(
+        &engine,
+        &chat.turns,
+        chat.tools.listed,
+        &serde_json::Map::new(),
+    )?;
     tokio::task::spawn_blocking(move || {
         tokenize(&engine, PromptInput::Templated(prompt)).map(|t| t.len())
     })

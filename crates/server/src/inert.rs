@@ -74,12 +74,13 @@ fn is_neutral(value: &Value, neutral: &[&str]) -> bool {
 }
 
 /// Refuses the first inert field `body` sends at a value llama-server would act on; `null` is
-/// taken as absent.
-pub fn refuse_inert_fields(body: &[u8]) -> Result<(), ApiError> {
+/// taken as absent. `handled` are the fields the route acts on itself (the chat route's
+/// reasoning fields), which other routes refuse.
+pub fn refuse_inert_fields(body: &[u8], handled: &[&str]) -> Result<(), ApiError> {
     let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(body) else {
         return Ok(()); // the typed parse reports malformed bodies
     };
-    for (name, neutral) in INERT_FIELDS {
+    for (name, neutral) in INERT_FIELDS.iter().filter(|(n, _)| !handled.contains(n)) {
         if let Some(value) = fields.get(*name).filter(|v| !v.is_null())
             && !is_neutral(value, neutral)
         {
@@ -102,10 +103,14 @@ mod tests {
 
     #[test]
     fn neutral_values_pass_and_others_are_named() {
-        assert!(refuse_inert_fields(br#"{"mirostat": 0, "dry_multiplier": null}"#).is_ok());
-        let err = refuse_inert_fields(br#"{"mirostat": 2}"#).unwrap_err();
+        assert!(refuse_inert_fields(br#"{"mirostat": 0, "dry_multiplier": null}"#, &[]).is_ok());
+        let err = refuse_inert_fields(br#"{"mirostat": 2}"#, &[]).unwrap_err();
         assert!(format!("{err:?}").contains("mirostat"), "{err:?}");
-        assert!(refuse_inert_fields(br#"{"xtc_probability": 0.5}"#).is_err());
-        assert!(refuse_inert_fields(br#"{"lora": []}"#).is_ok());
+        assert!(refuse_inert_fields(br#"{"xtc_probability": 0.5}"#, &[]).is_err());
+        assert!(refuse_inert_fields(br#"{"lora": []}"#, &[]).is_ok());
+        // A field a route handles itself passes there and is refused elsewhere.
+        let thinking = br#"{"reasoning_format": "deepseek"}"#;
+        assert!(refuse_inert_fields(thinking, &[]).is_err());
+        assert!(refuse_inert_fields(thinking, &["reasoning_format"]).is_ok());
     }
 }

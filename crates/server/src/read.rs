@@ -103,6 +103,17 @@ pub async fn read_generation<T: DeserializeOwned>(
     parse_generation(&read_bytes(body, limit).await?, ranges)
 }
 
+/// [`read_generation`] for a route that acts on the llama-server fields `handled` itself
+/// (the chat route's reasoning fields), which the inert-field check then leaves to it.
+pub async fn read_generation_handling<T: DeserializeOwned>(
+    body: Incoming,
+    limit: usize,
+    ranges: &SamplingRanges,
+    handled: &[&str],
+) -> Result<GenerationBody<T>, ApiError> {
+    parse_generation_handling(&read_bytes(body, limit).await?, ranges, handled)
+}
+
 /// Parses a generating route's body: refuses llama-server fields this server does not act on
 /// ([`crate::inert`]), then reads the route's fields, the sampling fields (checked against
 /// `ranges`) and llama-server's task fields, each from the body whole.
@@ -110,7 +121,16 @@ pub fn parse_generation<T: DeserializeOwned>(
     bytes: &[u8],
     ranges: &SamplingRanges,
 ) -> Result<GenerationBody<T>, ApiError> {
-    crate::inert::refuse_inert_fields(bytes)?;
+    parse_generation_handling(bytes, ranges, &[])
+}
+
+/// [`parse_generation`] for a route that acts on the llama-server fields `handled` itself.
+pub fn parse_generation_handling<T: DeserializeOwned>(
+    bytes: &[u8],
+    ranges: &SamplingRanges,
+    handled: &[&str],
+) -> Result<GenerationBody<T>, ApiError> {
+    crate::inert::refuse_inert_fields(bytes, handled)?;
     let request = parse_json(bytes)?;
     let llama = parse_json(bytes)?;
     let sampling = parse_json(bytes)?;

@@ -9,6 +9,7 @@ use mlxcel_engine::{Constraint, MaxNewTokens, SamplerStage, SamplingOverrides};
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
+use crate::reasoning::ReasoningFields;
 use crate::tools::{Tool, ToolChoice};
 
 /// What a generating route asks the handler to run.
@@ -42,6 +43,9 @@ pub enum PromptInput {
 pub(crate) struct Chat {
     pub turns: Vec<Turn>,
     pub tools: ToolRequest,
+    /// The reasoning options (`reasoning_format`, `chat_template_kwargs` ...); only
+    /// `/v1/chat/completions` reads them, others leave them at their defaults.
+    pub reasoning: Box<ReasoningFields>,
 }
 
 /// One turn of a conversation in the terms of Hugging Face's chat templates.

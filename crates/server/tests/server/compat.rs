@@ -91,11 +91,14 @@ mod http {
         for (path, field, value) in [
             ("/completion", "mirostat", json!(2)),
             ("/v1/completions", "dry_multiplier", json!(0.8)),
+            // The chat route acts on `chat_template_kwargs` (tests/server/reasoning.rs); the
+            // others refuse it.
             (
-                "/v1/chat/completions",
+                "/v1/completions",
                 "chat_template_kwargs",
                 json!({"enable_thinking": false}),
             ),
+            ("/v1/chat/completions", "reasoning_control", json!(true)),
         ] {
             let mut body = json!({"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1});
             body[field] = value;

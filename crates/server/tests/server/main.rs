@@ -22,6 +22,7 @@ mod errors;
 mod infill;
 mod lifecycle;
 mod llama_fields;
+mod reasoning;
 mod responses;
 mod routes;
 mod slots;

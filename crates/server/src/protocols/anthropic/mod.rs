@@ -50,11 +50,11 @@ pub async fn messages(state: &Arc<AppState>, body: Incoming) -> Result<Response<
     state.check_model(engine.info(), model.as_deref())?;
     let stops = generation.params.stop.clone();
     let model = state.model_name(engine.info());
-    generate(state, &engine, generation, |tools| MessagesReply {
+    generate(state, &engine, generation, |prepared| MessagesReply {
         meta: ReplyMeta {
             id: format!("msg_{:x}", rand_id()),
             model,
-            tools,
+            tools: prepared.tools,
             stops,
         },
         engine: engine.clone(),

@@ -284,7 +284,11 @@ impl MessagesRequest {
         }
         let tools = read_anthropic_tools(self.tools.take(), self.tool_choice.take())?;
         let turns = turns(self.system.take(), std::mem::take(&mut self.messages))?;
-        Ok(Chat { turns, tools })
+        Ok(Chat {
+            turns,
+            tools,
+            reasoning: Default::default(),
+        })
     }
 
     /// The one request, with the body's sampling fields and llama-server's fields applied;

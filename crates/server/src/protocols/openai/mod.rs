@@ -23,7 +23,11 @@ use crate::body::Body;
 use crate::error::ApiError;
 use crate::generate::{rand_id, unix_now};
 use crate::handler::generate;
-use crate::read::{GenerationBody, SamplingRanges, parse_generation, read_generation};
+use crate::read::{
+    GenerationBody, SamplingRanges, parse_generation, parse_generation_handling, read_generation,
+    read_generation_handling,
+};
+use crate::reasoning::ReasoningFields;
 use crate::state::AppState;
 use response::{Envelope, Kind};
 use stream::OpenAiReply;
@@ -38,7 +42,12 @@ pub(crate) fn check_completions_body(bytes: &[u8]) -> Result<(), ApiError> {
 /// `POST /v1/chat/completions`'s body through the checks [`chat_completions`] makes before it
 /// renders the template (for the fuzz targets; see `crate::fuzzing`).
 pub(crate) fn check_chat_body(bytes: &[u8]) -> Result<(), ApiError> {
-    ChatRequest::into_generation(parse_generation(bytes, &SamplingRanges::OPENAI)?).map(drop)
+    ChatRequest::into_generation(parse_generation_handling(
+        bytes,
+        &SamplingRanges::OPENAI,
+        ReasoningFields::NAMES,
+    )?)
+    .map(drop)
 }
 
 /// `POST /v1/completions`.
@@ -59,6 +68,7 @@ pub async fn completions(
         envelope,
         engine: engine.clone(),
         tools: None,
+        reasoning: None,
     })
     .await
 }
@@ -68,8 +78,13 @@ pub async fn chat_completions(
     state: &Arc<AppState>,
     body: Incoming,
 ) -> Result<Response<Body>, ApiError> {
-    let body: GenerationBody<ChatRequest> =
-        read_generation(body, state.config().body_limit, &SamplingRanges::OPENAI).await?;
+    let body: GenerationBody<ChatRequest> = read_generation_handling(
+        body,
+        state.config().body_limit,
+        &SamplingRanges::OPENAI,
+        ReasoningFields::NAMES,
+    )
+    .await?;
     let model = body.request.model.clone();
     // The body is checked whole before the model is asked for, as OpenAI answers a bad request
     // 400 whatever the state of the model.
@@ -78,10 +93,11 @@ pub async fn chat_completions(
     state.check_model(engine.info(), model.as_deref())?;
     let envelope = envelope(state, &engine, Kind::Chat, "chatcmpl", &asked);
     // Calls in the output are looked for unless the request said `none`.
-    generate(state, &engine, generation, |tools| OpenAiReply {
+    generate(state, &engine, generation, |prepared| OpenAiReply {
         envelope,
         engine: engine.clone(),
-        tools,
+        tools: prepared.tools,
+        reasoning: prepared.reasoning,
     })
     .await
 }

@@ -86,6 +86,9 @@ struct Message {
     role: &'static str,
     /// `null` when the reply is tool calls only.
     content: Option<String>,
+    /// llama-server's reasoning, split from the reply (`reasoning_format`); absent without.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_calls: Option<Vec<ToolCall>>,
 }
@@ -117,6 +120,9 @@ struct Delta {
     role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<String>,
+    /// A piece of the reasoning (llama-server's `reasoning_format`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_calls: Option<Vec<ToolCallDelta>>,
 }
@@ -287,11 +293,13 @@ impl Envelope {
             .then(|| Logprobs::new(self.kind, engine, tokens, offset))
     }
 
-    /// The whole response of a request that was not streamed.
+    /// The whole response of a request that was not streamed; `reasoning` is the reasoning split
+    /// from the reply (chat only).
     pub fn whole(
         &self,
         engine: &Engine,
         text: String,
+        reasoning: Option<String>,
         tokens: &[TokenRecord],
         reason: FinishReason,
         usage: Usage,
@@ -307,6 +315,7 @@ impl Envelope {
                 message: Message {
                     role: "assistant",
                     content: Some(text),
+                    reasoning_content: reasoning,
                     tool_calls: None,
                 },
                 logprobs,
@@ -332,6 +341,20 @@ impl Envelope {
         offset: usize,
         finish: Option<FinishReason>,
     ) -> CompletionBody {
+        self.split_chunk(engine, None, text, tokens, offset, finish)
+    }
+
+    /// [`Envelope::chunk`] with a piece of reasoning before the text (a chat stream's
+    /// `delta.reasoning_content`); an empty `text` beside reasoning is left out of the delta.
+    pub fn split_chunk(
+        &self,
+        engine: &Engine,
+        reasoning: Option<&str>,
+        text: &str,
+        tokens: &[TokenRecord],
+        offset: usize,
+        finish: Option<FinishReason>,
+    ) -> CompletionBody {
         let logprobs = self.logprobs_of(engine, tokens, offset);
         let finish_reason = finish.map(FinishReason::as_str);
         let choice = match self.kind {
@@ -339,7 +362,9 @@ impl Envelope {
                 index: 0,
                 delta: Delta {
                     role: None,
-                    content: (finish.is_none() || !text.is_empty()).then(|| text.to_owned()),
+                    content: ((finish.is_none() && reasoning.is_none()) || !text.is_empty())
+                        .then(|| text.to_owned()),
+                    reasoning_content: reasoning.map(str::to_owned),
                     tool_calls: None,
                 },
                 logprobs,
@@ -362,6 +387,7 @@ impl Envelope {
             delta: Delta {
                 role: Some("assistant"),
                 content: Some(String::new()),
+                reasoning_content: None,
                 tool_calls: None,
             },
             logprobs: None,
@@ -376,6 +402,7 @@ impl Envelope {
         &self,
         engine: &Engine,
         content: String,
+        reasoning: Option<String>,
         calls: Vec<ToolCall>,
         tokens: &[TokenRecord],
         usage: Usage,
@@ -388,6 +415,7 @@ impl Envelope {
             message: Message {
                 role: "assistant",
                 content: (!content.is_empty()).then_some(content),
+                reasoning_content: reasoning,
                 tool_calls: Some(calls),
             },
             logprobs,
@@ -405,6 +433,7 @@ impl Envelope {
             delta: Delta {
                 role: None,
                 content: None,
+                reasoning_content: None,
                 tool_calls: Some(tool_calls),
             },
             logprobs: None,
@@ -448,6 +477,7 @@ impl Envelope {
             delta: Delta {
                 role: None,
                 content: None,
+                reasoning_content: None,
                 tool_calls: None,
             },
             logprobs: None,

@@ -11,6 +11,7 @@ use crate::body::Body;
 use crate::chat;
 use crate::generate::{Outcome, StreamFormat, TokenRecord, Tracked};
 use crate::handler::Reply;
+use crate::reasoning::{ReasoningPlan, Split, Splitter, marker_text, split_reply};
 use crate::tools::ToolFormat;
 
 use super::response::{CompletionBody, Envelope, Kind};
@@ -21,6 +22,8 @@ pub(super) struct OpenAiReply {
     pub engine: Arc<Engine>,
     /// `None` without tools (or with the choice `none`).
     pub tools: Option<ToolFormat>,
+    /// How a chat reply splits into reasoning and answer (`None` on `/v1/completions`).
+    pub reasoning: Option<ReasoningPlan>,
 }
 
 impl Reply for OpenAiReply {
@@ -32,26 +35,38 @@ impl Reply for OpenAiReply {
             engine: self.engine,
             offset: 0,
             tools: self.tools.map(|format| (format, String::new())),
+            splitter: self.reasoning.as_ref().and_then(ReasoningPlan::splitter),
         }
     }
 
-    /// The text is searched for calls when the request ends (with tools), and a reply that made
-    /// some returns them as `tool_calls`.
+    /// The reasoning is split from the answer (with a reasoning format), the answer is searched
+    /// for calls when the request ends (with tools), and a reply that made some returns them as
+    /// `tool_calls`.
     fn whole(self, tracked: &Tracked, outcome: Outcome) -> Response<Body> {
         let timings = tracked.timings_object(outcome.usage.completion_tokens);
         let envelope = &self.envelope;
-        let calls = chat::calls_in(&outcome.text, outcome.reason, self.tools, &envelope.id);
+        let (text, reasoning) = match self.reasoning.as_ref().and_then(ReasoningPlan::splitter) {
+            Some(splitter) => {
+                let split = split_reply(&self.engine, splitter, &outcome.tokens, &outcome.text);
+                let reasoning = (!split.reasoning.is_empty()).then_some(split.reasoning);
+                (split.content, reasoning)
+            }
+            None => (outcome.text, None),
+        };
+        let calls = chat::calls_in(&text, outcome.reason, self.tools, &envelope.id);
         let body = match calls {
             Some((content, calls)) => envelope.whole_tool_calls(
                 &self.engine,
                 content,
+                reasoning,
                 calls,
                 &outcome.tokens,
                 outcome.usage,
             ),
             None => envelope.whole(
                 &self.engine,
-                outcome.text,
+                text,
+                reasoning,
                 &outcome.tokens,
                 outcome.reason,
                 outcome.usage,
@@ -71,6 +86,8 @@ pub(super) struct OpenAiStream {
     offset: usize,
     /// With tools: their format and the text held back until the end.
     tools: Option<(ToolFormat, String)>,
+    /// With a reasoning format on a chat: the reply's splitter.
+    splitter: Option<Splitter>,
 }
 
 impl StreamFormat for OpenAiStream {
@@ -85,6 +102,10 @@ impl StreamFormat for OpenAiStream {
     }
 
     fn token(&mut self, record: TokenRecord) -> Option<CompletionBody> {
+        if let Some(splitter) = &mut self.splitter {
+            let split = splitter.push(&marker_text(&self.engine, record.token, &record.text));
+            return self.split_token(split, record);
+        }
         if let Some((_, held)) = &mut self.tools {
             held.push_str(&record.text);
             return None;
@@ -121,10 +142,52 @@ impl StreamFormat for OpenAiStream {
 }
 
 impl OpenAiStream {
-    /// The chunks that end a stream: the held-back text or calls, the finish reason, the usage.
+    /// The chunk of one token whose text the splitter turned into `split`: its reasoning as
+    /// `delta.reasoning_content`, its answer as `delta.content` (held back with tools).
+    fn split_token(&mut self, split: Split, record: TokenRecord) -> Option<CompletionBody> {
+        let Split {
+            reasoning,
+            mut content,
+        } = split;
+        if let Some((_, held)) = &mut self.tools {
+            held.push_str(&content);
+            content.clear();
+        }
+        if reasoning.is_empty() && content.is_empty() && !self.envelope.logprobs {
+            return None;
+        }
+        let chunk = self.envelope.split_chunk(
+            &self.engine,
+            (!reasoning.is_empty()).then_some(reasoning.as_str()),
+            &content,
+            std::slice::from_ref(&record),
+            self.offset,
+            None,
+        );
+        self.offset += record.text.len();
+        Some(chunk)
+    }
+
+    /// The chunks that end a stream: the held-back reasoning, text or calls, the finish reason,
+    /// the usage.
     fn closing(&mut self, reason: FinishReason, text: String, usage: Usage) -> Vec<CompletionBody> {
         let mut chunks = Vec::new();
         let mut text = text;
+        if let Some(mut splitter) = self.splitter.take() {
+            let mut split = splitter.push(&text);
+            split.extend(splitter.finish());
+            if !split.reasoning.is_empty() {
+                chunks.push(self.envelope.split_chunk(
+                    &self.engine,
+                    Some(&split.reasoning),
+                    "",
+                    &[],
+                    0,
+                    None,
+                ));
+            }
+            text = split.content;
+        }
         if let Some((format, mut held)) = self.tools.take() {
             held.push_str(&text);
             if let Some((content, calls)) =

@@ -5,10 +5,11 @@
 
 use mlxcel_engine::SamplingOverrides;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::read::GenerationBody;
+use crate::reasoning::ReasoningFields;
 use crate::request::{
     Call, Chat, Generation, Params, Prompt, PromptInput, ToolRequest, Turn, budget, function_tool,
 };
@@ -204,6 +205,12 @@ openai_request!(ChatRequest {
     parallel_tool_calls: Option<bool>,
     functions: Option<Vec<Value>>,
     function_call: Option<Value>,
+    // Reasoning models (crate::reasoning).
+    reasoning_format: Option<String>,
+    chat_template_kwargs: Option<Map<String, Value>>,
+    reasoning_effort: Option<String>,
+    reasoning_budget_tokens: Option<i64>,
+    thinking_budget_tokens: Option<i64>,
 });
 
 #[derive(Debug, Deserialize)]
@@ -392,8 +399,20 @@ impl ChatRequest {
             parallel: this.parallel_tool_calls.unwrap_or(true),
             other_constraint: "response_format (or another output constraint)",
         };
+        let reasoning = ReasoningFields {
+            reasoning_format: this.reasoning_format.take(),
+            chat_template_kwargs: this.chat_template_kwargs.take(),
+            reasoning_effort: this.reasoning_effort.take(),
+            reasoning_budget_tokens: this.reasoning_budget_tokens,
+            thinking_budget_tokens: this.thinking_budget_tokens,
+        };
+        reasoning.check()?;
         let generation = Generation {
-            prompt: Prompt::Chat(Chat { turns, tools }),
+            prompt: Prompt::Chat(Chat {
+                turns,
+                tools,
+                reasoning: Box::new(reasoning),
+            }),
             params,
             stream,
         };

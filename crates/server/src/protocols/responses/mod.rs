@@ -99,10 +99,10 @@ pub async fn create(state: &Arc<AppState>, body: Incoming) -> Result<Response<Bo
         metadata: serde_json::Map::new(),
         usage: None,
     };
-    generate(state, &engine, generation, |tools| ReplyMeta {
+    generate(state, &engine, generation, |prepared| ReplyMeta {
         message_id: format!("msg_{}", &skeleton.id["resp_".len()..]),
         skeleton,
-        tools,
+        tools: prepared.tools,
     })
     .await
 }

@@ -377,7 +377,11 @@ impl ResponsesRequest {
         let tools = read_function_tools(&raw_tools, self.tool_choice.clone(), parallel)?;
         let input = std::mem::replace(&mut self.input, Input::Items(Vec::new()));
         let turns = turns(self.instructions.clone(), input)?;
-        Ok(Chat { turns, tools })
+        Ok(Chat {
+            turns,
+            tools,
+            reasoning: Default::default(),
+        })
     }
 
     /// The one request, with the body's `sampling` fields and `llama` (llama-server's fields of
