@@ -176,9 +176,12 @@ impl Chat<'_, '_> {
             });
         match answered {
             Ok((prompt, answer)) => {
-                let computed = answer.tokens.len().saturating_sub(1);
-                self.held = prompt;
-                self.held.extend_from_slice(&answer.tokens[..computed]);
+                // With the cache off the engine keeps nothing, so nothing is compared.
+                if self.session.reuses_prefixes {
+                    let computed = answer.tokens.len().saturating_sub(1);
+                    self.held = prompt;
+                    self.held.extend_from_slice(&answer.tokens[..computed]);
+                }
                 self.history
                     .push(ChatMessage::new("assistant", answer.text.trim()));
                 Ok(())
@@ -240,6 +243,17 @@ impl Chat<'_, '_> {
             self.history = self.session.system_messages();
             self.held.clear();
             eprintln!("(loaded an empty conversation from {})", path.display());
+            return Ok(());
+        }
+        if !self.session.reuses_prefixes {
+            // Nothing would keep the prefilled KV: the next turn prefills the whole of it.
+            eprintln!(
+                "(loaded {} messages from {}; with --cache-ram 0 each turn prefills all of them)",
+                messages.len(),
+                path.display()
+            );
+            self.history = messages;
+            self.held.clear();
             return Ok(());
         }
         let tokens = self.session.conversation_ids(&messages)?;
