@@ -1,8 +1,11 @@
 //! One module per subcommand.
 
+pub mod answer;
 pub mod bench;
 pub mod cache;
 pub mod capacity;
+pub mod chat;
+pub mod conversation;
 pub mod convert;
 pub mod generate;
 pub mod ignored;

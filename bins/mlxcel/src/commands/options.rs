@@ -131,6 +131,12 @@ pub struct Options {
     #[command(flatten)]
     pub kv: super::KvTypeArgs,
 
+    /// A chat's KV memory kept between turns, in MiB (the engine's prefix cache, as `serve
+    /// --cache-ram`): each turn prefills only itself. 0 prefills the whole conversation every
+    /// turn. Defaults to --kv-budget's. A single answer (`-p` without `-cnv`) keeps nothing.
+    #[arg(long = "cache-ram", value_parser = clap::value_parser!(u64))]
+    pub cache_ram: Option<u64>,
+
     /// Speculative decoding: `ngram-simple` (prompt lookup: propose what followed the last
     /// n-gram's earlier occurrence), `draft-simple` (a draft model's greedy continuation; the
     /// default when `--spec-draft-model` is given), or `none`. Proposals are verified in one pass
@@ -290,6 +296,14 @@ impl Options {
             None => options.use_application_activations(),
         }
         Ok(options)
+    }
+
+    /// `--cache-ram` in bytes, else `--kv-budget`'s.
+    pub fn cache_ram_bytes(&self) -> usize {
+        match self.cache_ram {
+            Some(mib) => usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+            None => self.kv.kv_budget_bytes(),
+        }
     }
 
     /// Whether the prompt goes through the chat template.
