@@ -72,12 +72,24 @@ SHAPES = {
                           rope_theta=1000000.0, eps=1e-6, context=40960, head_dim=128,
                           experts=128, experts_used=8, expert_ffn=768, qk_norm="head",
                           default_layers=24),
+    # openai/gpt-oss-20b: 32 experts 2880 wide, top-4, head_dim 64, biases on q/k/v/o, the
+    # router and the experts, per-head attention sinks, a 128-token sliding window on every other
+    # layer (llama.cpp's default pattern for the arch), YaRN rope scaling (factor 32 over 4096).
+    "gpt-oss-20b": dict(arch="gpt-oss", hidden=2880, layers=24, heads=64, kv_heads=8,
+                        ffn=2880, vocab=201088, tied=False, qkv_bias=True,
+                        rope_theta=150000.0, eps=1e-5, context=131072, head_dim=64,
+                        experts=32, experts_used=4, expert_ffn=2880, gpt_oss=True,
+                        sliding_window=128, yarn=dict(factor=32.0, original_context=4096,
+                                                      beta_fast=32.0, beta_slow=1.0)),
 }
 
 # Block layouts written directly: (ggml type, values per block, bytes per block, file type).
 TYPES = {
     "Q4_0": (gguf.GGMLQuantizationType.Q4_0, 32, 18, gguf.LlamaFileType.MOSTLY_Q4_0),
     "Q8_0": (gguf.GGMLQuantizationType.Q8_0, 32, 34, gguf.LlamaFileType.MOSTLY_Q8_0),
+    # gpt-oss's checkpoint format: its experts in MXFP4 (an e8m0 power-of-two scale and 32 fp4
+    # values per block), every other matrix in Q8_0 (the `experts` type below).
+    "MXFP4": (gguf.GGMLQuantizationType.MXFP4, 32, 17, gguf.LlamaFileType.MOSTLY_MXFP4_MOE),
 }
 
 def rng(name):
@@ -91,6 +103,12 @@ def blocks(qtype, rows, cols, gen, damp=1.0):
     ggml, per_block, nbytes, _ = TYPES[qtype]
     nblocks = rows * (cols // per_block)
     data = np.empty((nblocks, nbytes), dtype=np.uint8)
+    if qtype == "MXFP4":
+        # e8m0 scale 2^(e-128) per fp4 step (ggml's half-scale convention): e in 119..121 gives
+        # steps of 0.002-0.008, values up to 12 steps, the spread of trained weights.
+        data[:, 0] = gen.integers(119, 122, nblocks, dtype=np.uint8)
+        data[:, 1:] = gen.integers(0, 256, (nblocks, nbytes - 1), dtype=np.uint8)
+        return data.reshape(rows, -1)
     # d: an f16 scale; 0.02 / 127 (Q8_0) or / 8 (Q4_0) per quant step, +-50%.
     step = 0.02 / (127.0 if qtype == "Q8_0" else 8.0)
     scales = (damp * step * gen.uniform(0.5, 1.5, nblocks)).astype(np.float16)
@@ -151,8 +169,9 @@ def shape_at(shape_name, layers):
 
 def tensor_list(s):
     """(name, dims, kind) of every tensor in file order: dims outermost first (a [rows, cols]
-    matrix, an [experts, rows, cols] stack); kind "q" for the file's type, "router" for an F32
-    matrix, "bias" or "norm" for F32 vectors."""
+    matrix, an [experts, rows, cols] stack); kind "q" for the file's type, "experts" for the
+    experts' type (the file's, or MXFP4's), "router" for an F32 matrix, "bias" or "norm" for F32
+    vectors (and gpt-oss's per-expert bias matrices)."""
     hidden = s["hidden"]
     head_dim = s.get("head_dim", hidden // s["heads"])
     q_dim, kv = s["heads"] * head_dim, s["kv_heads"] * head_dim
@@ -170,6 +189,22 @@ def tensor_list(s):
                         (p + "attn_k.bias", (kv,), "bias"),
                         (p + "attn_v.bias", (kv,), "bias")]
         tensors.append((p + "attn_output.weight", (hidden, q_dim), "q"))
+        if s.get("gpt_oss"):
+            tensors += [(p + "attn_output.bias", (hidden,), "bias"),
+                        (p + "attn_sinks.weight", (s["heads"],), "bias"),
+                        (p + "post_attention_norm.weight", (hidden,), "norm")]
+            n, width = s["experts"], s["expert_ffn"]
+            tensors += [
+                (p + "ffn_gate_inp.weight", (n, hidden), "router"),
+                (p + "ffn_gate_inp.bias", (n,), "bias"),
+                (p + "ffn_gate_exps.weight", (n, width, hidden), "experts"),
+                (p + "ffn_gate_exps.bias", (n, width), "bias"),
+                (p + "ffn_up_exps.weight", (n, width, hidden), "experts"),
+                (p + "ffn_up_exps.bias", (n, width), "bias"),
+                (p + "ffn_down_exps.weight", (n, hidden, width), "experts"),
+                (p + "ffn_down_exps.bias", (n, hidden), "bias"),
+            ]
+            continue
         if s.get("qk_norm") == "whole":
             tensors += [(p + "attn_q_norm.weight", (q_dim,), "norm"),
                         (p + "attn_k_norm.weight", (kv,), "norm")]
@@ -181,9 +216,9 @@ def tensor_list(s):
             n, width = s["experts"], s.get("expert_ffn", s["ffn"])
             tensors += [
                 (p + "ffn_gate_inp.weight", (n, hidden), "router"),
-                (p + "ffn_gate_exps.weight", (n, width, hidden), "q"),
-                (p + "ffn_up_exps.weight", (n, width, hidden), "q"),
-                (p + "ffn_down_exps.weight", (n, hidden, width), "q"),
+                (p + "ffn_gate_exps.weight", (n, width, hidden), "experts"),
+                (p + "ffn_up_exps.weight", (n, width, hidden), "experts"),
+                (p + "ffn_down_exps.weight", (n, hidden, width), "experts"),
             ]
         else:
             tensors += [
@@ -210,7 +245,12 @@ def main():
     if qtype not in TYPES:
         sys.exit(f"make_gguf.py: type {qtype!r} is not written directly (known: {', '.join(TYPES)})")
     s, name = shape_at(shape_name, layers)
-    ggml_type = TYPES[qtype][0]
+    if qtype == "MXFP4" and not s.get("gpt_oss"):
+        sys.exit(f"make_gguf.py: MXFP4 is gpt-oss's expert format; {shape_name} has Q4_0 and Q8_0")
+    if qtype == "MXFP4" and damp_from is not None:
+        sys.exit("make_gguf.py: --damp scales Q4_0/Q8_0 blocks; MXFP4's power-of-two scales cannot take it")
+    # The type of each kind of quantized tensor.
+    kind_type = {"q": "Q8_0" if qtype == "MXFP4" else qtype, "experts": qtype}
     arch = s["arch"]
     hidden, head_dim = s["hidden"], s.get("head_dim", s["hidden"] // s["heads"])
 
@@ -236,6 +276,14 @@ def main():
         w.add_expert_used_count(s["experts_used"])
         if "expert_ffn" in s:
             w.add_expert_feed_forward_length(s["expert_ffn"])
+    if "sliding_window" in s:
+        w.add_sliding_window(s["sliding_window"])
+    if "yarn" in s:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(s["yarn"]["factor"])
+        w.add_rope_scaling_orig_ctx_len(s["yarn"]["original_context"])
+        w.add_rope_scaling_yarn_beta_fast(s["yarn"]["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(s["yarn"]["beta_slow"])
     w.add_vocab_size(s["vocab"])
     w.add_file_type(TYPES[qtype][3])
 
@@ -257,10 +305,10 @@ def main():
     # GGUF lists dims innermost first; the writer takes them outermost first, and a quantized
     # tensor's innermost dim in bytes.
     tensors = tensor_list(s)
-    _, per_block, nbytes, _ = TYPES[qtype]
     for name, dims, kind in tensors:
         count = int(np.prod(dims))
-        if kind == "q":
+        if kind in kind_type:
+            ggml_type, per_block, nbytes, _ = TYPES[kind_type[kind]]
             row_bytes = dims[-1] // per_block * nbytes
             w.add_tensor_info(name, [*dims[:-1], row_bytes], np.dtype(np.uint8),
                               count // dims[-1] * row_bytes, raw_dtype=ggml_type)
@@ -271,13 +319,14 @@ def main():
     w.write_ti_data_to_file()
     for name, dims, kind in tensors:
         gen = rng(name)
-        if kind == "q":
+        if kind in kind_type:
             layer = int(name.split(".")[1]) if name.startswith("blk.") else None
             damped = (damp_from is not None and layer is not None and layer >= damp_from
                       and name.endswith(("attn_output.weight", "ffn_down.weight",
                                          "ffn_down_exps.weight")))
             rows = int(np.prod(dims[:-1]))
-            w.write_tensor_data(blocks(qtype, rows, dims[-1], gen, damp if damped else 1.0))
+            w.write_tensor_data(blocks(kind_type[kind], rows, dims[-1], gen,
+                                       damp if damped else 1.0))
         elif kind in ("bias", "router"):
             # Router logits of the spread of trained ones: every token picks its own experts.
             w.write_tensor_data(gen.normal(0.0, 0.02, dims).astype(np.float32))
