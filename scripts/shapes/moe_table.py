@@ -53,7 +53,8 @@ def record(run, results, key, label, qtype, file, commit, threads, rounds, secon
             for k in range(1, int(rounds) + 1):
                 name = f"{engine}-{part}.{k}"
                 commands.setdefault(f"{engine} {part}", read(name + ".cmd").strip())
-                failed = read(name + ".failed").strip()
+                # The file's path says nothing the block's heading does not.
+                failed = read(name + ".failed").strip().replace(file + ": ", "").replace(file, "FILE")
                 if failed:
                     bench[engine].setdefault(part, {"error": failed})
                     continue
@@ -104,7 +105,7 @@ def block(r):
             return None, "-"
         if isinstance(values, dict):
             error = values["error"]
-            return None, (error if error.startswith("not run") else "failed: " + error)[:70]
+            return None, (error if error.startswith("not run") else "failed: " + error)[:90]
         return statistics.median(values), None
 
     builds = r.get("builds", {})
