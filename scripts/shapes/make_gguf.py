@@ -2,8 +2,20 @@
 the pinned `gguf` venv of scripts/check-dequant).
 
     make_gguf.py SHAPE TYPE OUT.gguf [--layers N] [--damp-from L --damp EPS]
-                                         TYPE: Q4_0 or Q8_0 (every weight matrix in it; norms
-                                         and biases F32)
+                                         TYPE: Q4_0 or Q8_0 (every weight matrix in it; norms,
+                                         biases and expert routers F32)
+    make_gguf.py --label SHAPE [--layers N]
+                                         print the file label of SHAPE at N layers (the shape's
+                                         default layer count without --layers): the shape's name,
+                                         then `-<N>of<L>` where N is less than its L layers
+
+Mixture-of-experts shapes (OLMoE, Qwen3-MoE) write their experts as llama.cpp's conversion does:
+per layer a router `ffn_gate_inp` (F32, as convert_hf_to_gguf.py keeps it) and the experts'
+stacked 3-D `ffn_{gate,up,down}_exps` in the type, with `expert_count`, `expert_used_count` and,
+where the model's config has a separate expert width, `expert_feed_forward_length`. A shape too
+big for a 24 GB machine beside llama.cpp (Qwen3-30B-A3B: ~18 GB at Q4_K_M) defaults to its first
+layers (`default_layers`), which `--layers` overrides; every layer has the same cost, so speeds
+scale by the layer count.
 
 Every tensor's values come from a generator seeded by its name, so a file made with
 `--layers N` holds exactly the first N layers, the embeddings, the final norm and the output of
@@ -32,6 +44,11 @@ import gguf
 
 # The public config.json values of each model (hidden size, layers, heads, KV heads, MLP width,
 # vocabulary, tied embeddings, q/k/v biases, rope theta, RMS-norm epsilon, trained context).
+# Mixture-of-experts shapes add: experts (num_experts), experts_used (num_experts_per_tok),
+# expert_ffn (moe_intermediate_size, where the config has one: written as
+# expert_feed_forward_length), head_dim where it is not hidden / heads, qk_norm ("whole": RMS norms
+# over the whole q and k projections, OLMoE's; "head": over each head, Qwen3's), and
+# default_layers for a shape made by default at fewer layers than the model has.
 SHAPES = {
     "llama-3.2-1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv_heads=8,
                          ffn=8192, vocab=128256, tied=True, qkv_bias=False,
@@ -42,12 +59,37 @@ SHAPES = {
     "llama-3.1-8b": dict(arch="llama", hidden=4096, layers=32, heads=32, kv_heads=8,
                          ffn=14336, vocab=128256, tied=False, qkv_bias=False,
                          rope_theta=500000.0, eps=1e-5, context=131072),
+    # allenai/OLMoE-1B-7B-0924: experts 1024 wide (its intermediate_size), router without top-k
+    # renormalisation (norm_topk_prob false, llama.cpp's olmoe graph).
+    "olmoe-1b-7b": dict(arch="olmoe", hidden=2048, layers=16, heads=16, kv_heads=16,
+                        ffn=1024, vocab=50304, tied=False, qkv_bias=False,
+                        rope_theta=10000.0, eps=1e-5, context=4096,
+                        experts=64, experts_used=8, qk_norm="whole"),
+    # Qwen/Qwen3-30B-A3B: 48 layers, head_dim 128 (32 heads of it over a 2048-wide stream),
+    # experts 768 wide; 24 layers by default (half the file, ~9 GB at Q4_K_M).
+    "qwen3-30b-a3b": dict(arch="qwen3moe", hidden=2048, layers=48, heads=32, kv_heads=4,
+                          ffn=6144, vocab=151936, tied=False, qkv_bias=False,
+                          rope_theta=1000000.0, eps=1e-6, context=40960, head_dim=128,
+                          experts=128, experts_used=8, expert_ffn=768, qk_norm="head",
+                          default_layers=24),
+    # openai/gpt-oss-20b: 32 experts 2880 wide, top-4, head_dim 64, biases on q/k/v/o, the
+    # router and the experts, per-head attention sinks, a 128-token sliding window on every other
+    # layer (llama.cpp's default pattern for the arch), YaRN rope scaling (factor 32 over 4096).
+    "gpt-oss-20b": dict(arch="gpt-oss", hidden=2880, layers=24, heads=64, kv_heads=8,
+                        ffn=2880, vocab=201088, tied=False, qkv_bias=True,
+                        rope_theta=150000.0, eps=1e-5, context=131072, head_dim=64,
+                        experts=32, experts_used=4, expert_ffn=2880, gpt_oss=True,
+                        sliding_window=128, yarn=dict(factor=32.0, original_context=4096,
+                                                      beta_fast=32.0, beta_slow=1.0)),
 }
 
 # Block layouts written directly: (ggml type, values per block, bytes per block, file type).
 TYPES = {
     "Q4_0": (gguf.GGMLQuantizationType.Q4_0, 32, 18, gguf.LlamaFileType.MOSTLY_Q4_0),
     "Q8_0": (gguf.GGMLQuantizationType.Q8_0, 32, 34, gguf.LlamaFileType.MOSTLY_Q8_0),
+    # gpt-oss's checkpoint format: its experts in MXFP4 (an e8m0 power-of-two scale and 32 fp4
+    # values per block), every other matrix in Q8_0 (the `experts` type below).
+    "MXFP4": (gguf.GGMLQuantizationType.MXFP4, 32, 17, gguf.LlamaFileType.MOSTLY_MXFP4_MOE),
 }
 
 def rng(name):
@@ -61,6 +103,12 @@ def blocks(qtype, rows, cols, gen, damp=1.0):
     ggml, per_block, nbytes, _ = TYPES[qtype]
     nblocks = rows * (cols // per_block)
     data = np.empty((nblocks, nbytes), dtype=np.uint8)
+    if qtype == "MXFP4":
+        # e8m0 scale 2^(e-128) per fp4 step (ggml's half-scale convention): e in 119..121 gives
+        # steps of 0.002-0.008, values up to 12 steps, the spread of trained weights.
+        data[:, 0] = gen.integers(119, 122, nblocks, dtype=np.uint8)
+        data[:, 1:] = gen.integers(0, 256, (nblocks, nbytes - 1), dtype=np.uint8)
+        return data.reshape(rows, -1)
     # d: an f16 scale; 0.02 / 127 (Q8_0) or / 8 (Q4_0) per quant step, +-50%.
     step = 0.02 / (127.0 if qtype == "Q8_0" else 8.0)
     scales = (damp * step * gen.uniform(0.5, 1.5, nblocks)).astype(np.float16)
@@ -99,29 +147,115 @@ def options(args):
     return layers, damp_from, damp
 
 
-def main():
-    if len(sys.argv) < 4:
-        sys.exit("usage: make_gguf.py SHAPE TYPE OUT.gguf [--layers N] [--damp-from L --damp EPS]")
-    shape_name, qtype, out = sys.argv[1], sys.argv[2], sys.argv[3]
-    layers, damp_from, damp = options(sys.argv[4:])
+def label(name, s, layers):
+    """The file label of shape `name` at `layers` layers: the name, then `-<N>of<L>` for fewer
+    layers than the model has."""
+    return name if layers == s["layers"] else f"{name}-{layers}of{s['layers']}"
+
+
+def shape_at(shape_name, layers):
+    """The shape's values at `layers` layers (None: its default), with its label."""
     if shape_name not in SHAPES:
         sys.exit(f"make_gguf.py: unknown shape {shape_name!r} (known: {', '.join(SHAPES)})")
+    s = dict(SHAPES[shape_name])
+    if layers is None:
+        layers = s.get("default_layers", s["layers"])
+    if not 1 <= layers <= s["layers"]:
+        sys.exit(f"make_gguf.py: --layers {layers}: {shape_name} has 1..{s['layers']}")
+    name = label(shape_name, s, layers)
+    s["layers"] = layers
+    return s, name
+
+
+def tensor_list(s):
+    """(name, dims, kind) of every tensor in file order: dims outermost first (a [rows, cols]
+    matrix, an [experts, rows, cols] stack); kind "q" for the file's type, "experts" for the
+    experts' type (the file's, or MXFP4's), "router" for an F32 matrix, "bias" or "norm" for F32
+    vectors (and gpt-oss's per-expert bias matrices)."""
+    hidden = s["hidden"]
+    head_dim = s.get("head_dim", hidden // s["heads"])
+    q_dim, kv = s["heads"] * head_dim, s["kv_heads"] * head_dim
+    tensors = [("token_embd.weight", (s["vocab"], hidden), "q")]
+    for i in range(s["layers"]):
+        p = f"blk.{i}."
+        tensors += [
+            (p + "attn_norm.weight", (hidden,), "norm"),
+            (p + "attn_q.weight", (q_dim, hidden), "q"),
+            (p + "attn_k.weight", (kv, hidden), "q"),
+            (p + "attn_v.weight", (kv, hidden), "q"),
+        ]
+        if s["qkv_bias"]:
+            tensors += [(p + "attn_q.bias", (q_dim,), "bias"),
+                        (p + "attn_k.bias", (kv,), "bias"),
+                        (p + "attn_v.bias", (kv,), "bias")]
+        tensors.append((p + "attn_output.weight", (hidden, q_dim), "q"))
+        if s.get("gpt_oss"):
+            tensors += [(p + "attn_output.bias", (hidden,), "bias"),
+                        (p + "attn_sinks.weight", (s["heads"],), "bias"),
+                        (p + "post_attention_norm.weight", (hidden,), "norm")]
+            n, width = s["experts"], s["expert_ffn"]
+            tensors += [
+                (p + "ffn_gate_inp.weight", (n, hidden), "router"),
+                (p + "ffn_gate_inp.bias", (n,), "bias"),
+                (p + "ffn_gate_exps.weight", (n, width, hidden), "experts"),
+                (p + "ffn_gate_exps.bias", (n, width), "bias"),
+                (p + "ffn_up_exps.weight", (n, width, hidden), "experts"),
+                (p + "ffn_up_exps.bias", (n, width), "bias"),
+                (p + "ffn_down_exps.weight", (n, hidden, width), "experts"),
+                (p + "ffn_down_exps.bias", (n, hidden), "bias"),
+            ]
+            continue
+        if s.get("qk_norm") == "whole":
+            tensors += [(p + "attn_q_norm.weight", (q_dim,), "norm"),
+                        (p + "attn_k_norm.weight", (kv,), "norm")]
+        elif s.get("qk_norm") == "head":
+            tensors += [(p + "attn_q_norm.weight", (head_dim,), "norm"),
+                        (p + "attn_k_norm.weight", (head_dim,), "norm")]
+        tensors.append((p + "ffn_norm.weight", (hidden,), "norm"))
+        if "experts" in s:
+            n, width = s["experts"], s.get("expert_ffn", s["ffn"])
+            tensors += [
+                (p + "ffn_gate_inp.weight", (n, hidden), "router"),
+                (p + "ffn_gate_exps.weight", (n, width, hidden), "experts"),
+                (p + "ffn_up_exps.weight", (n, width, hidden), "experts"),
+                (p + "ffn_down_exps.weight", (n, hidden, width), "experts"),
+            ]
+        else:
+            tensors += [
+                (p + "ffn_gate.weight", (s["ffn"], hidden), "q"),
+                (p + "ffn_up.weight", (s["ffn"], hidden), "q"),
+                (p + "ffn_down.weight", (hidden, s["ffn"]), "q"),
+            ]
+    tensors.append(("output_norm.weight", (hidden,), "norm"))
+    if not s["tied"]:
+        tensors.append(("output.weight", (s["vocab"], hidden), "q"))
+    return tensors
+
+
+def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == "--label":
+        layers, _, _ = options(sys.argv[3:])
+        print(shape_at(sys.argv[2], layers)[1])
+        return
+    if len(sys.argv) < 4:
+        sys.exit("usage: make_gguf.py SHAPE TYPE OUT.gguf [--layers N] [--damp-from L --damp EPS]\n"
+                 "       make_gguf.py --label SHAPE [--layers N]")
+    shape_name, qtype, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    layers, damp_from, damp = options(sys.argv[4:])
     if qtype not in TYPES:
         sys.exit(f"make_gguf.py: type {qtype!r} is not written directly (known: {', '.join(TYPES)})")
-    s = dict(SHAPES[shape_name])
-    if layers is not None:
-        if not 1 <= layers <= s["layers"]:
-            sys.exit(f"make_gguf.py: --layers {layers}: {shape_name} has 1..{s['layers']}")
-        s["layers"] = layers
-    ggml_type = TYPES[qtype][0]
+    s, name = shape_at(shape_name, layers)
+    if qtype == "MXFP4" and not s.get("gpt_oss"):
+        sys.exit(f"make_gguf.py: MXFP4 is gpt-oss's expert format; {shape_name} has Q4_0 and Q8_0")
+    if qtype == "MXFP4" and damp_from is not None:
+        sys.exit("make_gguf.py: --damp scales Q4_0/Q8_0 blocks; MXFP4's power-of-two scales cannot take it")
+    # The type of each kind of quantized tensor.
+    kind_type = {"q": "Q8_0" if qtype == "MXFP4" else qtype, "experts": qtype}
     arch = s["arch"]
-    hidden, head_dim = s["hidden"], s["hidden"] // s["heads"]
-    kv = s["kv_heads"] * head_dim
+    hidden, head_dim = s["hidden"], s.get("head_dim", s["hidden"] // s["heads"])
 
     w = gguf.GGUFWriter(out, arch)
-    model_name = f"random-{shape_name}"
-    if layers is not None:
-        model_name += f"-{layers}-layers"
+    model_name = f"random-{name}"
     if damp_from is not None:
         model_name += f"-damped-{damp}-from-{damp_from}"
     w.add_name(model_name)
@@ -134,6 +268,22 @@ def main():
     w.add_rope_freq_base(s["rope_theta"])
     w.add_layer_norm_rms_eps(s["eps"])
     w.add_rope_dimension_count(head_dim)
+    if "head_dim" in s:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if "experts" in s:
+        w.add_expert_count(s["experts"])
+        w.add_expert_used_count(s["experts_used"])
+        if "expert_ffn" in s:
+            w.add_expert_feed_forward_length(s["expert_ffn"])
+    if "sliding_window" in s:
+        w.add_sliding_window(s["sliding_window"])
+    if "yarn" in s:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(s["yarn"]["factor"])
+        w.add_rope_scaling_orig_ctx_len(s["yarn"]["original_context"])
+        w.add_rope_scaling_yarn_beta_fast(s["yarn"]["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(s["yarn"]["beta_slow"])
     w.add_vocab_size(s["vocab"])
     w.add_file_type(TYPES[qtype][3])
 
@@ -152,54 +302,36 @@ def main():
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
 
-    # (name, rows, cols, quantized): GGUF lists dims innermost first, so a [rows, cols] matrix
-    # has ne = (cols, rows); norms and biases are F32 vectors.
-    tensors = [("token_embd.weight", s["vocab"], hidden, True)]
-    for i in range(s["layers"]):
-        p = f"blk.{i}."
-        tensors += [
-            (p + "attn_norm.weight", 1, hidden, False),
-            (p + "attn_q.weight", hidden, hidden, True),
-            (p + "attn_k.weight", kv, hidden, True),
-            (p + "attn_v.weight", kv, hidden, True),
-        ]
-        if s["qkv_bias"]:
-            tensors += [(p + "attn_q.bias", 1, hidden, False),
-                        (p + "attn_k.bias", 1, kv, False),
-                        (p + "attn_v.bias", 1, kv, False)]
-        tensors += [
-            (p + "attn_output.weight", hidden, hidden, True),
-            (p + "ffn_norm.weight", 1, hidden, False),
-            (p + "ffn_gate.weight", s["ffn"], hidden, True),
-            (p + "ffn_up.weight", s["ffn"], hidden, True),
-            (p + "ffn_down.weight", hidden, s["ffn"], True),
-        ]
-    tensors.append(("output_norm.weight", 1, hidden, False))
-    if not s["tied"]:
-        tensors.append(("output.weight", s["vocab"], hidden, True))
-
-    _, per_block, nbytes, _ = TYPES[qtype]
-    for name, rows, cols, quantized in tensors:
-        if quantized:
-            row_bytes = cols // per_block * nbytes
-            w.add_tensor_info(name, [rows, row_bytes], np.dtype(np.uint8), rows * row_bytes,
-                              raw_dtype=ggml_type)
+    # GGUF lists dims innermost first; the writer takes them outermost first, and a quantized
+    # tensor's innermost dim in bytes.
+    tensors = tensor_list(s)
+    for name, dims, kind in tensors:
+        count = int(np.prod(dims))
+        if kind in kind_type:
+            ggml_type, per_block, nbytes, _ = TYPES[kind_type[kind]]
+            row_bytes = dims[-1] // per_block * nbytes
+            w.add_tensor_info(name, [*dims[:-1], row_bytes], np.dtype(np.uint8),
+                              count // dims[-1] * row_bytes, raw_dtype=ggml_type)
         else:
-            w.add_tensor_info(name, [cols], np.dtype(np.float32), cols * 4)
+            w.add_tensor_info(name, list(dims), np.dtype(np.float32), count * 4)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for name, rows, cols, quantized in tensors:
+    for name, dims, kind in tensors:
         gen = rng(name)
-        if quantized:
+        if kind in kind_type:
             layer = int(name.split(".")[1]) if name.startswith("blk.") else None
             damped = (damp_from is not None and layer is not None and layer >= damp_from
-                      and name.endswith(("attn_output.weight", "ffn_down.weight")))
-            w.write_tensor_data(blocks(qtype, rows, cols, gen, damp if damped else 1.0))
-        elif name.endswith(".bias"):
-            w.write_tensor_data(gen.normal(0.0, 0.02, cols).astype(np.float32))
+                      and name.endswith(("attn_output.weight", "ffn_down.weight",
+                                         "ffn_down_exps.weight")))
+            rows = int(np.prod(dims[:-1]))
+            w.write_tensor_data(blocks(kind_type[kind], rows, dims[-1], gen,
+                                       damp if damped else 1.0))
+        elif kind in ("bias", "router"):
+            # Router logits of the spread of trained ones: every token picks its own experts.
+            w.write_tensor_data(gen.normal(0.0, 0.02, dims).astype(np.float32))
         else:
-            w.write_tensor_data(gen.uniform(0.8, 1.2, cols).astype(np.float32))
+            w.write_tensor_data(gen.uniform(0.8, 1.2, dims).astype(np.float32))
     w.close()
 
 
