@@ -231,7 +231,7 @@ fn yarn(path: &Path, value: &Value, original: Option<usize>, max_positions: usiz
                 field: format!("rope_scaling.{key}"),
             }),
             Some(v) => v.as_f64().filter(|f| f.is_finite()).ok_or_else(|| {
-                ModelError::invalid(path, &format!("rope_scaling.{key}"), "expected a number")
+                ModelError::invalid(path, format!("rope_scaling.{key}"), "expected a number")
             }),
         }
     };
@@ -242,7 +242,7 @@ fn yarn(path: &Path, value: &Value, original: Option<usize>, max_positions: usiz
         } else {
             Err(ModelError::invalid(
                 path,
-                &format!("rope_scaling.{key}"),
+                format!("rope_scaling.{key}"),
                 format!("{v} is not a positive number"),
             ))
         }
