@@ -56,6 +56,9 @@ struct Variant {
     /// v stored otherwise than q and k (llama.cpp's Q4_K_M keeps v in Q6_K beside Q4_K q and k):
     /// a per-module entry in the config's `quantization`.
     v_storage: Option<Storage>,
+    /// gpt-oss's attention sinks: a `self_attn.sinks` logit per head in every layer's softmax
+    /// (`ModelConfig::attention_sinks`, set on the parsed config as the family will set it).
+    sinks: bool,
 }
 
 /// Phi-3 variants: the rotated features, the positions, and the LongRoPE factors (one per pair).
@@ -92,6 +95,7 @@ const PLAIN: Variant = Variant {
     gemma: None,
     phi3: false,
     v_storage: None,
+    sinks: false,
 };
 
 /// Llama 3 scaling parameters used by the `llama3_rope` variants.
@@ -349,6 +353,15 @@ fn write_tiny(variant: Variant, seed: u64) -> Tiny {
             b.matrix(&format!("{p}.mlp.up_proj"), FFN, HIDDEN);
         }
         b.matrix(&format!("{p}.mlp.down_proj"), HIDDEN, FFN);
+        if variant.sinks {
+            // Logits of the scores' size and beyond, stored as f32 (the loader widens others).
+            let sinks = b.random(HEADS, 3.0);
+            let bytes = sinks.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let name = format!("{p}.self_attn.sinks");
+            b.tensors
+                .push((name.clone(), StDtype::F32, vec![HEADS], bytes));
+            b.weights.insert(name, sinks);
+        }
     }
     b.norm("model.norm.weight".into());
     if !variant.tied {
@@ -634,9 +647,18 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
                         cap.map_or(s, |c| c * (s / c).tanh())
                     })
                     .collect();
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                // A sink joins the softmax's denominator and brings no value.
+                let sink = tiny
+                    .variant
+                    .sinks
+                    .then(|| w(&format!("{p}.self_attn.sinks"))[head]);
+                let max = scores
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f32::NEG_INFINITY, f32::max);
                 let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f32 = exps.iter().sum();
+                let total: f32 = exps.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - max).exp());
                 for (j, e) in (first..=i).zip(&exps) {
                     let vj = &v[j * KV_HEADS * HEAD_DIM + kv * HEAD_DIM..][..HEAD_DIM];
                     for d in 0..HEAD_DIM {
@@ -747,7 +769,15 @@ fn check_variant(variant: Variant, seed: u64) {
 /// [`check_variant`] on the given kernels (`None`: the environment's).
 fn check_variant_on(variant: Variant, seed: u64, kernels: Option<Kernels>) {
     let tiny = write_tiny(variant, seed);
-    let checkpoint = Checkpoint::open(tiny.dir.path()).expect("the tiny checkpoint validates");
+    let checkpoint = if variant.sinks {
+        let dir = tiny.dir.path();
+        let mut config = mlxcel_model::ModelConfig::from_dir(dir).unwrap();
+        config.attention_sinks = true;
+        let files = mlxcel_model::SafetensorsFiles::open_dir(dir).unwrap();
+        Checkpoint::new(dir, config, files).expect("the tiny checkpoint with sinks validates")
+    } else {
+        Checkpoint::open(tiny.dir.path()).expect("the tiny checkpoint validates")
+    };
     let model = match kernels {
         Some(k) => LlamaModel::load_with(&checkpoint, k),
         None => LlamaModel::load(&checkpoint),
@@ -1062,6 +1092,39 @@ fn mistral_sliding_window_matches_the_reference() {
         },
         120,
     );
+}
+
+/// gpt-oss's attention sinks on every path (fused node, per-op graph on mlxcel's kernels and on
+/// MLX's), on full layers and on layers that slide (a window of 4 under 7 + 4 positions).
+#[test]
+fn attention_sinks_match_the_reference_on_every_path() {
+    check_feature(
+        Variant {
+            sinks: true,
+            ..PLAIN
+        },
+        170,
+    );
+    check_feature(
+        Variant {
+            sinks: true,
+            window: Some(4),
+            ..PLAIN
+        },
+        180,
+    );
+}
+
+/// A checkpoint whose config asks for sinks and that has none is refused, naming the tensor.
+#[test]
+fn missing_sinks_are_refused_by_name() {
+    let tiny = write_tiny(PLAIN, 190);
+    let dir = tiny.dir.path();
+    let mut config = mlxcel_model::ModelConfig::from_dir(dir).unwrap();
+    config.attention_sinks = true;
+    let files = mlxcel_model::SafetensorsFiles::open_dir(dir).unwrap();
+    let err = Checkpoint::new(dir, config, files).unwrap_err().to_string();
+    assert!(err.contains("model.layers.0.self_attn.sinks"), "{err}");
 }
 
 /// Four sequences of different lengths, prefilled and decoded together, give each the tokens it
