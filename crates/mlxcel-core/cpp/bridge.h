@@ -123,10 +123,12 @@ std::unique_ptr<MlxArray> rope(const MlxArray& x, int32_t dims, bool traditional
                                float scale, int32_t offset);
 std::unique_ptr<MlxArray> rope_with_freqs(const MlxArray& x, int32_t dims, bool traditional,
                                           float scale, int32_t offset, const MlxArray& freqs);
+// `sinks`: one logit per query head joining each softmax's denominator (gpt-oss), or empty.
 std::unique_ptr<MlxArray> sdpa(const MlxArray& q, const MlxArray& k, const MlxArray& v,
-                               float scale, bool causal);
+                               float scale, bool causal, rust::Slice<const float> sinks);
 std::unique_ptr<MlxArray> sdpa_with_mask(const MlxArray& q, const MlxArray& k,
-                                         const MlxArray& v, float scale, const MlxArray& mask);
+                                         const MlxArray& v, float scale, const MlxArray& mask,
+                                         rust::Slice<const float> sinks);
 
 // Affine quantization (fast.cc).
 std::unique_ptr<MlxArray> quantized_matmul(const MlxArray& x, const MlxArray& w,
@@ -149,7 +151,8 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
 std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
                                            const MlxArray& v, float scale, bool causal,
                                            int32_t window, float softcap, int32_t keys,
-                                           bool tokens_major, uint8_t isa, int32_t threads);
+                                           bool tokens_major, rust::Slice<const float> sinks,
+                                           uint8_t isa, int32_t threads);
 std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_freq, int32_t row0,
                                       int32_t n, int32_t col0, int32_t heads, int32_t dim,
                                       bool rope, int32_t offset, float scale);
@@ -162,15 +165,17 @@ std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_f
 // the sequence's positions (each must be a buffer of its own); `dims`: per layer hidden, heads,
 // kv_heads, head_dim, intermediate, qk_norm (0/1), rope (0/1), sliding window (0: none),
 // sandwich (0/1), GeGLU (0/1), rotary width (RoPE's leading features per head), qkv_bias (0/1),
-// split_qkv (0/1); `quant`: per layer (group, bits, layout) of qkv (or q), o, gate/up, down,
-// then k and v when split; `seqs`: per layer, (n, position, blocks) per sequence in x's row
-// order; `softcaps`: per layer, the attention scores' soft-cap (0: none); `rope_mscale`: the
-// factor on the rotated features (1: none).
+// split_qkv (0/1), sinks (0/1); `quant`: per layer (group, bits, layout) of qkv (or q), o,
+// gate/up, down, then k and v when split; `seqs`: per layer, (n, position, blocks) per sequence
+// in x's row order; `softcaps`: per layer, the attention scores' soft-cap (0: none); `sinks`:
+// per layer with sinks, in layer order, its heads' sink logits (kernels/attention.h);
+// `rope_mscale`: the factor on the rotated features (1: none).
 std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const ArrayList& caches,
                                                rust::Slice<const int32_t> dims,
                                                rust::Slice<const int32_t> quant,
                                                rust::Slice<const int32_t> seqs,
-                                               rust::Slice<const float> softcaps, float eps,
+                                               rust::Slice<const float> softcaps,
+                                               rust::Slice<const float> sinks, float eps,
                                                float scale, float rope_scale, float rope_mscale,
                                                uint8_t isa, int32_t threads);
 // A quantized weight rewritten for the int8-activation kernels (kernels/qmatmul.h): the same

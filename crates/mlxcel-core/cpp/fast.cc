@@ -27,17 +27,29 @@ std::unique_ptr<MlxArray> rope_with_freqs(const MlxArray& x, int32_t dims, bool 
                              freqs.inner, mlxcel_stream()));
 }
 
+namespace {
+
+// The sinks as MLX takes them: a [heads] array in q's dtype, or none.
+std::optional<mx::array> sinks_of(const MlxArray& q, rust::Slice<const float> sinks) {
+  if (sinks.empty()) return std::nullopt;
+  mx::array s(sinks.data(), mx::Shape{static_cast<int>(sinks.size())}, mx::float32);
+  return mx::astype(s, q.inner.dtype(), mlxcel_stream());
+}
+
+}  // namespace
+
 std::unique_ptr<MlxArray> sdpa(const MlxArray& q, const MlxArray& k, const MlxArray& v,
-                               float scale, bool causal) {
+                               float scale, bool causal, rust::Slice<const float> sinks) {
   return wrap(mx::fast::scaled_dot_product_attention(q.inner, k.inner, v.inner, scale,
                                                      causal ? "causal" : "", std::nullopt,
-                                                     std::nullopt, false, mlxcel_stream()));
+                                                     sinks_of(q, sinks), false, mlxcel_stream()));
 }
 
 std::unique_ptr<MlxArray> sdpa_with_mask(const MlxArray& q, const MlxArray& k,
-                                         const MlxArray& v, float scale, const MlxArray& mask) {
+                                         const MlxArray& v, float scale, const MlxArray& mask,
+                                         rust::Slice<const float> sinks) {
   return wrap(mx::fast::scaled_dot_product_attention(q.inner, k.inner, v.inner, scale, "array",
-                                                     mask.inner, std::nullopt, false,
+                                                     mask.inner, sinks_of(q, sinks), false,
                                                      mlxcel_stream()));
 }
 

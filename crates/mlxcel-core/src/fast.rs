@@ -85,15 +85,29 @@ pub fn scaled_dot_product_attention(
     scale: f32,
     mask: AttentionMask<'_>,
 ) -> Result<Array> {
+    scaled_dot_product_attention_with_sinks(q, k, v, scale, mask, &[])
+}
+
+/// [`scaled_dot_product_attention`] with attention sinks: head `h`'s softmax has one more logit,
+/// `sinks[h]`, in its denominator and none among the values (`sinks` empty: none, else one per
+/// query head).
+pub fn scaled_dot_product_attention_with_sinks(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    mask: AttentionMask<'_>,
+    sinks: &[f32],
+) -> Result<Array> {
     match mask {
         AttentionMask::None => call("scaled_dot_product_attention", || {
-            ffi::sdpa(q.raw(), k.raw(), v.raw(), scale, false)
+            ffi::sdpa(q.raw(), k.raw(), v.raw(), scale, false, sinks)
         }),
         AttentionMask::Causal => call("scaled_dot_product_attention", || {
-            ffi::sdpa(q.raw(), k.raw(), v.raw(), scale, true)
+            ffi::sdpa(q.raw(), k.raw(), v.raw(), scale, true, sinks)
         }),
         AttentionMask::Array(m) => call("scaled_dot_product_attention", || {
-            ffi::sdpa_with_mask(q.raw(), k.raw(), v.raw(), scale, m.raw())
+            ffi::sdpa_with_mask(q.raw(), k.raw(), v.raw(), scale, m.raw(), sinks)
         }),
     }
 }
@@ -123,6 +137,7 @@ pub fn attention_native(
             0.0,
             -1,
             false,
+            &[],
             isa as u8,
             threads.min(i32::MAX as usize) as i32,
         )
@@ -147,6 +162,50 @@ pub fn attention_native_tokens_major(
     isa: crate::Isa,
     threads: usize,
 ) -> Result<Array> {
+    let scores = Scores {
+        scale,
+        causal,
+        window,
+        softcap,
+        sinks: &[],
+    };
+    attention_native_scored(q, k, v, keys, scores, isa, threads)
+}
+
+/// How [`attention_native_scored`] turns q·k into attention weights.
+#[derive(Debug, Clone, Copy)]
+pub struct Scores<'a> {
+    /// The factor on q·k.
+    pub scale: f32,
+    /// Query `i` sees no key after its own position.
+    pub causal: bool,
+    /// Query `i` sees only its own position and the `window - 1` before it.
+    pub window: Option<usize>,
+    /// Each scaled score `s` becomes `softcap · tanh(s / softcap)`.
+    pub softcap: Option<f32>,
+    /// Attention sinks: head `h`'s softmax has one more logit, `sinks[h]` (neither scaled nor
+    /// capped), in its denominator and none among the values; empty: none, else one per query
+    /// head.
+    pub sinks: &'a [f32],
+}
+
+/// [`attention_native_tokens_major`] with every option of the scores, attention sinks included.
+pub fn attention_native_scored(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    keys: usize,
+    scores: Scores<'_>,
+    isa: crate::Isa,
+    threads: usize,
+) -> Result<Array> {
+    let Scores {
+        scale,
+        causal,
+        window,
+        softcap,
+        sinks,
+    } = scores;
     call("native_attention", || {
         ffi::native_attention(
             q.raw(),
@@ -158,6 +217,7 @@ pub fn attention_native_tokens_major(
             softcap.unwrap_or(0.0),
             keys.min(i32::MAX as usize) as i32,
             true,
+            sinks,
             isa as u8,
             threads.min(i32::MAX as usize) as i32,
         )

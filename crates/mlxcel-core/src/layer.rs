@@ -72,6 +72,8 @@ pub(crate) struct LayerTensors<'a> {
     pub gelu: bool,
     /// Soft-capping of the attention scores.
     pub softcap: Option<f32>,
+    /// Each head's attention-sink logit (`[heads]`), when the layer has them.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// The model's dimensions and constants as the layer needs them.
@@ -126,10 +128,11 @@ pub(crate) fn decoder_stack(
     };
     let mut tensors: Vec<&Array> = vec![x];
     let mut caches: Vec<&Array> = Vec::new();
-    let mut dims = Vec::with_capacity(13 * layers.len());
+    let mut dims = Vec::with_capacity(14 * layers.len());
     let mut quant = Vec::with_capacity(18 * layers.len());
     let mut spans = Vec::new();
     let mut softcaps = Vec::with_capacity(layers.len());
+    let mut sinks = Vec::new();
     for (t, seqs) in layers {
         let first = t.qkv.first();
         tensors.extend([
@@ -186,8 +189,10 @@ pub(crate) fn decoder_stack(
             shape.rotary,
             i32::from(t.qkv_bias.is_some()),
             i32::from(matches!(t.qkv, Qkv::Split(..))),
+            i32::from(t.sinks.is_some()),
         ]);
         softcaps.push(t.softcap.unwrap_or(0.0));
+        sinks.extend_from_slice(t.sinks.unwrap_or_default());
         for s in seqs {
             if s.keys.len() != s.values.len() {
                 return Err(Error::Mlx {
@@ -220,6 +225,7 @@ pub(crate) fn decoder_stack(
             &quant,
             &spans,
             &softcaps,
+            &sinks,
             shape.eps,
             shape.scale,
             shape.rope_scale,
@@ -322,6 +328,7 @@ mod tests {
                 sandwich: None,
                 gelu: false,
                 softcap: None,
+                sinks: None,
             },
             vec![LayerSeq {
                 n: 1,

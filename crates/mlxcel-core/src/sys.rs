@@ -116,6 +116,7 @@ pub(crate) mod ffi {
             v: &MlxArray,
             scale: f32,
             causal: bool,
+            sinks: &[f32],
         ) -> Result<UniquePtr<MlxArray>>;
         fn sdpa_with_mask(
             q: &MlxArray,
@@ -123,6 +124,7 @@ pub(crate) mod ffi {
             v: &MlxArray,
             scale: f32,
             mask: &MlxArray,
+            sinks: &[f32],
         ) -> Result<UniquePtr<MlxArray>>;
 
         #[allow(clippy::too_many_arguments)]
@@ -172,6 +174,7 @@ pub(crate) mod ffi {
             softcap: f32,
             keys: i32,
             tokens_major: bool,
+            sinks: &[f32],
             isa: u8,
             threads: i32,
         ) -> Result<UniquePtr<MlxArray>>;
@@ -196,6 +199,7 @@ pub(crate) mod ffi {
             quant: &[i32],
             seqs: &[i32],
             softcaps: &[f32],
+            sinks: &[f32],
             eps: f32,
             scale: f32,
             rope_scale: f32,

@@ -51,6 +51,13 @@ pub fn llama_dims(c: &ModelConfig) -> Result<LlamaDims> {
             c.architecture
         )));
     }
+    if c.attention_sinks {
+        return Err(Error::Unsupported(format!(
+            "{}'s attention has sinks (a learned logit per head in each softmax); the OpenXLA \
+             program has none: run it with --backend mlx",
+            c.architecture
+        )));
+    }
     Ok(LlamaDims {
         layers: c.num_hidden_layers,
         hidden: c.hidden_size,

@@ -202,6 +202,9 @@ fn write_rope_scaling(
                 original_max_position_embeddings,
             ),
         )),
+        Some(RopeScaling::Yarn(_)) => {
+            return Err("YaRN rope scaling has no GGUF export in this example".into());
+        }
         None => {}
     }
     let Some(long) = &c.rope_factors else {
@@ -831,6 +834,7 @@ fn config_fields(a: &ModelConfig, b: &ModelConfig) -> Vec<(&'static str, String,
         attention_qkv_bias,
         attention_out_bias,
         qk_norm,
+        attention_sinks,
         layers,
         norm_weight_offset,
         sandwich_norms,

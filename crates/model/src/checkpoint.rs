@@ -209,6 +209,12 @@ impl Checkpoint {
                 quant.insert(module.name, spec);
             }
         }
+        if config.attention_sinks {
+            for layer in 0..config.num_hidden_layers {
+                let name = format!("model.layers.{layer}.self_attn.sinks");
+                float_tensor(&files, &name, &[config.num_attention_heads])?;
+            }
+        }
         Ok(Self {
             dir: dir.to_owned(),
             config,

@@ -50,7 +50,7 @@ pub use checkpoint::{Checkpoint, Module, ModuleKind, expected_modules};
 pub use config::blocks::{
     FeedForward, HiddenActivation, LayerAttention, LayerSpec, RoutedExperts, Routing,
 };
-pub use config::rope::RopeScaling;
+pub use config::rope::{RopeScaling, Yarn};
 pub use config::{MAX_LAYERS, ModelConfig};
 pub use default_model::{
     CACHE_DIR_ENV, DEFAULT_MODEL_PIN, DefaultModel, PYTHON_ENV, cache_dir, sha256_file,

@@ -1,6 +1,7 @@
 // Attention over KV caches: the split into tasks and the merge of their partial results.
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -95,9 +96,10 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
     const int rows = m.r1 - m.r0;
     for (int g = 0; g < G; ++g) {
       const int h = m.kvh * G + g;
+      const float sink = p.sinks != nullptr ? p.sinks[h] : -std::numeric_limits<float>::infinity();
       for (int i = 0; i < rows; ++i) {
         attention_merge(part + m.part + (static_cast<int64_t>(g) * rows + i) * ps, m.splits,
-                        m.stride, p.D, p.out + h * p.out_head + (m.r0 + i) * p.out_row);
+                        m.stride, p.D, sink, p.out + h * p.out_head + (m.r0 + i) * p.out_row);
       }
     }
   };

@@ -13,6 +13,10 @@ namespace mlxcel::kernels {
 // L positions, so with `causal` query i sees keys 0 ..= L - n + i; with a sliding `window` (> 0)
 // only the keys L - n + i - window + 1 ..= L - n + i of those (itself and the window - 1 before
 // it). With a `softcap` (> 0) each scaled score s becomes softcap·tanh(s / softcap) (Gemma 2).
+// With `sinks` (gpt-oss), head h's softmax has one more logit, sinks[h], in its denominator and
+// none in its sum of values: softmax([scores, sinks[h]]) with the sink's column dropped (the sink
+// is neither scaled nor capped). It joins when the partials of a row are merged, so every path
+// and every key and value type takes it the same way.
 // Strides are in elements; the last dimension is contiguous. Keys and values are f32, f16 (IEEE
 // half) or q8_0 (below; its strides in bytes), widened exactly on load: the result is the f32
 // problem's on the widened values.
@@ -29,6 +33,7 @@ struct AttentionProblem {
   bool causal;
   int window;  // 0: no sliding window
   float softcap;  // 0: none
+  const float* sinks = nullptr;  // [heads] logits, or none
   KvDtype k_dtype = KvDtype::F32;
   KvDtype v_dtype = KvDtype::F32;
   // Keys and values in blocks of kKvBlock positions (a KV cache's blocks, anywhere in memory):
@@ -157,9 +162,10 @@ void attention_part_avx2(const AttentionProblem& p, int kvh, int r0, int r1, int
 void attention_part_avx512(const AttentionProblem& p, int kvh, int r0, int r1, int j0, int j1,
                            float* part, float* scores);
 
-// out[0, D) = Σ_s e^(max_s - M)·o_s / Σ_s e^(max_s - M)·sum_s over `count` partials of one
-// (head, row), `stride` floats apart (M the largest max_s).
-void attention_merge(const float* parts, int count, int64_t stride, int D, float* out);
+// out[0, D) = Σ_s e^(max_s - M)·o_s / (Σ_s e^(max_s - M)·sum_s + e^(sink - M)) over `count`
+// partials of one (head, row), `stride` floats apart (M the largest of the max_s and the sink;
+// sink = -inf: none).
+void attention_merge(const float* parts, int count, int64_t stride, int D, float sink, float* out);
 
 enum class Isa : uint8_t;
 

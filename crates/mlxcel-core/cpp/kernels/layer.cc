@@ -8,7 +8,8 @@
 //   h = rms_norm(x); qkv = h·Wqkvᵀ (or h·Wqᵀ, h·Wkᵀ, h·Wvᵀ side by side when their layouts
 //   differ) [+ the q/k/v biases]; [per-head RMSNorm of q and k;] RoPE(q, k) per sequence at
 //   its positions [unless the layer has none]; k, v written into that sequence's cache in place;
-//   attention over the cache [within the layer's sliding window, soft-capped]; x1 = x + att·Woᵀ
+//   attention over the cache [within the layer's sliding window, soft-capped, with each head's
+//   sink logit in its softmax]; x1 = x + att·Woᵀ
 //   [Gemma: x + rms_norm(att·Woᵀ)]; out = x1 + swiglu(rms_norm(x1)·Wguᵀ)·Wdownᵀ [Gemma: GeGLU,
 //   and the MLP's output normed before the add]
 //
@@ -194,12 +195,14 @@ struct Layer {
   Dims dims;
   std::vector<int32_t> seqs;
   int first;
+  std::vector<float> sinks;  // [heads] sink logits, or empty: none
 };
 
 // What run() takes for one layer, read from the stack's inputs.
 struct LayerArgs {
   Dims d;
   std::vector<Seq> seqs;
+  std::vector<float> sinks;  // a copy: the task may outlive the call that plans it
   const float *in_norm, *post_norm, *inv_freq, *q_norm, *k_norm, *post_attn, *post_ff, *bqkv;
   Weights wqkv, wk, wv, wo, wgu, wdown;
 };
@@ -231,7 +234,7 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
         float* dst = l + 1 == args.size()
                          ? y
                          : grow(l % 2 == 0 ? ping : pong, static_cast<size_t>(T) * a.d.hidden);
-        run(a.d, a.seqs, cur, a.in_norm, a.post_norm, a.inv_freq, a.q_norm, a.k_norm,
+        run(a.d, a.seqs, a.sinks, cur, a.in_norm, a.post_norm, a.inv_freq, a.q_norm, a.k_norm,
             a.post_attn, a.post_ff, a.bqkv, a.wqkv, a.wk, a.wv, a.wo, a.wgu, a.wdown, dst, T, isa,
             threads);
         cur = dst;
@@ -319,6 +322,7 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
     auto floats = [&](bool present, int i) { return present ? in(i).data<float>() : nullptr; };
     return LayerArgs{d,
                      std::move(seqs),
+                     layer.sinks,
                      in(kInputNorm).data<float>(),
                      in(kPostNorm).data<float>(),
                      in(kInvFreq).data<float>(),
@@ -335,7 +339,8 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
                      weights(kDownW)};
   }
 
-  static void run(const Dims& d, const std::vector<Seq>& seqs, const float* x,
+  static void run(const Dims& d, const std::vector<Seq>& seqs, const std::vector<float>& sinks,
+                  const float* x,
                   const float* in_norm, const float* post_norm, const float* inv_freq,
                   const float* q_norm, const float* k_norm, const float* post_attn,
                   const float* post_ff, const float* bqkv, const Weights& wqkv,
@@ -459,6 +464,7 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
       p.causal = s.n > 1;
       p.window = d.window;
       p.softcap = d.softcap;
+      p.sinks = sinks.empty() ? nullptr : sinks.data();
       problems.push_back(p);
       row += s.n;
     }
@@ -545,7 +551,7 @@ Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k,
   return Quant{group, bits, int8 != 0, int8 == 2};
 }
 
-constexpr size_t kDims = 13;  // per layer: see bridge.h
+constexpr size_t kDims = 14;  // per layer: see bridge.h
 
 // The tensors of one layer with these dims, x included.
 int tensor_count(const int32_t* dims) {
@@ -558,7 +564,8 @@ int tensor_count(const int32_t* dims) {
 Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& cache_items,
                  const int32_t* dims, rust::Slice<const int32_t> quant,
                  rust::Slice<const int32_t> seqs, float eps, float scale, float rope_scale,
-                 float rope_mscale, float softcap, std::vector<mx::array>& stack) {
+                 float rope_mscale, float softcap, std::vector<float> sinks,
+                 std::vector<mx::array>& stack) {
   const bool split_qkv = dims[12] != 0;
   if (quant.size() != (split_qkv ? 18u : 12u))
     refuse(split_qkv ? "quant must be (group, bits, layout) for q, o, gate/up, down, k, v"
@@ -668,7 +675,7 @@ Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& ca
            std::to_string(x.shape(0)) + " rows");
   const int first = static_cast<int>(stack.size());
   stack.insert(stack.end(), inputs.begin() + 1, inputs.end());
-  return Layer{d, std::vector<int32_t>(seqs.begin(), seqs.end()), first};
+  return Layer{d, std::vector<int32_t>(seqs.begin(), seqs.end()), first, std::move(sinks)};
 }
 
 }  // namespace
@@ -677,13 +684,14 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
                                                rust::Slice<const int32_t> dims,
                                                rust::Slice<const int32_t> quant,
                                                rust::Slice<const int32_t> seqs,
-                                               rust::Slice<const float> softcaps, float eps,
+                                               rust::Slice<const float> softcaps,
+                                               rust::Slice<const float> sinks, float eps,
                                                float scale, float rope_scale, float rope_mscale,
                                                uint8_t isa, int32_t threads) {
   if (dims.empty() || dims.size() % kDims != 0)
     refuse(
         "dims must be, per layer, hidden, heads, kv_heads, head_dim, intermediate, qk_norm, "
-        "rope, window, sandwich, gelu, rotary, qkv_bias, split_qkv");
+        "rope, window, sandwich, gelu, rotary, qkv_bias, split_qkv, sinks");
   const size_t layers = dims.size() / kDims;
   if (softcaps.size() != layers) refuse("softcaps must hold one value per layer");
   if (seqs.size() % layers != 0) refuse("seqs must hold the same number of values per layer");
@@ -693,7 +701,7 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
   const mx::array& x = tensors.items[0];
   std::vector<mx::array> stack{x};
   std::vector<Layer> plan;
-  size_t next_tensor = 1, next_cache = 0, next_quant = 0;
+  size_t next_tensor = 1, next_cache = 0, next_quant = 0, next_sink = 0;
   for (size_t l = 0; l < layers; ++l) {
     const int32_t* ld = dims.data() + l * kDims;
     const size_t count = static_cast<size_t>(tensor_count(ld)) - 1;
@@ -712,11 +720,21 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
                         tensors.items.begin() + next_tensor + count);
     const std::vector<mx::array> layer_caches(caches.items.begin() + next_cache,
                                               caches.items.begin() + next_cache + blocks);
+    // A layer with sinks takes its heads' logits from `sinks`, in layer order.
+    std::vector<float> layer_sinks;
+    if (ld[13] != 0) {
+      const size_t heads = static_cast<size_t>(std::max(0, ld[1]));
+      if (next_sink + heads > sinks.size())
+        refuse("layer " + std::to_string(l) + ": fewer sink logits than its heads");
+      layer_sinks.assign(sinks.begin() + next_sink, sinks.begin() + next_sink + heads);
+      next_sink += heads;
+    }
     try {
       plan.push_back(plan_layer(std::move(layer_inputs), layer_caches, ld,
                                 rust::Slice<const int32_t>(quant.data() + next_quant, quant_count),
                                 rust::Slice<const int32_t>(ls, per_layer_seqs), eps, scale,
-                                rope_scale, rope_mscale, softcaps[l], stack));
+                                rope_scale, rope_mscale, softcaps[l], std::move(layer_sinks),
+                                stack));
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument("layer " + std::to_string(l) + ": " + e.what());
     }
@@ -725,8 +743,9 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
     next_quant += quant_count;
   }
   if (next_tensor != tensors.items.size() || next_cache != caches.items.size() ||
-      next_quant != quant.size())
-    refuse("more tensors, cache blocks or quant values than the layers' dims and seqs name");
+      next_quant != quant.size() || next_sink != sinks.size())
+    refuse("more tensors, cache blocks, quant values or sink logits than the layers' dims and "
+           "seqs name");
   auto prim = std::make_shared<DecoderStackCpu>(mlxcel_stream(), std::move(plan),
                                                 static_cast<Isa>(isa), threads < 1 ? 1 : threads);
   auto shape = x.shape();

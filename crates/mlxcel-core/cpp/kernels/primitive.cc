@@ -233,14 +233,16 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
 };
 
 // Attention for one sequence: inputs q [1, heads, n, D], k and v [1, kv_heads, L, D] (usually
-// slices of the KV cache: strided, read in place).
+// slices of the KV cache: strided, read in place), with each head's sink logit if any (kept in
+// the primitive: a layer's few constants).
 class AttentionCpu : public mx::UnaryPrimitive {
  public:
   AttentionCpu(mx::Stream stream, float scale, bool causal, int window, float softcap, int keys,
-               bool tokens_major, Isa isa, int threads)
+               bool tokens_major, std::vector<float> sinks, Isa isa, int threads)
       : mx::UnaryPrimitive(stream),
         scale_(scale),
         softcap_(softcap),
+        sinks_(std::move(sinks)),
         causal_(causal),
         window_(window),
         keys_(keys),
@@ -298,8 +300,11 @@ class AttentionCpu : public mx::UnaryPrimitive {
     encoder.set_input_array(k);
     encoder.set_input_array(v);
     encoder.set_output_array(out);
-    encoder.dispatch(
-        [p, isa = isa_, threads = threads_]() { kernels::attention(&p, 1, isa, threads); });
+    // The task owns its copy of the sinks: it may run after this call returns.
+    encoder.dispatch([p, sinks = sinks_, isa = isa_, threads = threads_]() mutable {
+      p.sinks = sinks.empty() ? nullptr : sinks.data();
+      kernels::attention(&p, 1, isa, threads);
+    });
   }
 
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
@@ -310,7 +315,8 @@ class AttentionCpu : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const AttentionCpu&>(other);
-    return scale_ == o.scale_ && softcap_ == o.softcap_ && causal_ == o.causal_ &&
+    return scale_ == o.scale_ && softcap_ == o.softcap_ && sinks_ == o.sinks_ &&
+           causal_ == o.causal_ &&
            window_ == o.window_ &&
            keys_ == o.keys_ &&
            tokens_major_ == o.tokens_major_ && isa_ == o.isa_ && threads_ == o.threads_;
@@ -325,6 +331,7 @@ class AttentionCpu : public mx::UnaryPrimitive {
  private:
   float scale_;
   float softcap_;
+  std::vector<float> sinks_;  // [heads], or empty: none
   bool causal_;
   int window_;
   int keys_;
@@ -568,7 +575,8 @@ std::unique_ptr<MlxArray> native_quantized_matmul(const MlxArray& x, const MlxAr
 std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
                                            const MlxArray& v, float scale, bool causal,
                                            int32_t window, float softcap, int32_t keys,
-                                           bool tokens_major, uint8_t isa, int32_t threads) {
+                                           bool tokens_major, rust::Slice<const float> sinks,
+                                           uint8_t isa, int32_t threads) {
   const auto& qa = q.inner;
   const auto& ka = k.inner;
   const auto& va = v.inner;
@@ -595,8 +603,13 @@ std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
     throw std::invalid_argument("mlxcel attention: unknown ISA code " + std::to_string(isa));
   if (window < 0) throw std::invalid_argument("mlxcel attention: the window must be >= 0");
   if (!(softcap >= 0.0f)) throw std::invalid_argument("mlxcel attention: softcap must be >= 0");
+  if (!sinks.empty() && sinks.size() != static_cast<size_t>(qa.shape(1)))
+    throw std::invalid_argument("mlxcel attention: sinks must hold one logit per query head (" +
+                                std::to_string(qa.shape(1)) + "), or none");
   auto prim = std::make_shared<AttentionCpu>(mlxcel_stream(), scale, causal, window, softcap, keys,
-                                             tokens_major, static_cast<Isa>(isa),
+                                             tokens_major,
+                                             std::vector<float>(sinks.begin(), sinks.end()),
+                                             static_cast<Isa>(isa),
                                              threads < 1 ? 1 : threads);
   auto shape = tokens_major ? mx::Shape{qa.shape(2), qa.shape(1) * qa.shape(3)} : qa.shape();
   return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), {qa, ka, va}));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "mlxcel-core/cpp/kernels/attention.h"
 #include "mlxcel-core/cpp/kernels/fastmath.h"
@@ -68,10 +69,12 @@ void rope_head(const float* x, float* y, const float* cos_t, const float* sin_t,
   }
 }
 
-void attention_merge(const float* parts, int count, int64_t stride, int D, float* out) {
-  float max = parts[0];
-  for (int s = 1; s < count; ++s) max = std::max(max, parts[s * stride]);
-  float sum = 0.0f;
+void attention_merge(const float* parts, int count, int64_t stride, int D, float sink,
+                     float* out) {
+  float max = sink;
+  for (int s = 0; s < count; ++s) max = std::max(max, parts[s * stride]);
+  // The sink's share of the denominator (it has no value); none without a sink.
+  float sum = sink > -std::numeric_limits<float>::infinity() ? std::exp(sink - max) : 0.0f;
   for (int t = 0; t < D; ++t) out[t] = 0.0f;
   for (int s = 0; s < count; ++s) {
     const float* e = parts + s * stride;

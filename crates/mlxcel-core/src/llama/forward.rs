@@ -7,8 +7,8 @@ use crate::array::{Array, eval};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::fast::{
-    AttentionMask, HeadSlice, attention_native_tokens_major, rms_norm,
-    scaled_dot_product_attention, split_heads,
+    AttentionMask, HeadSlice, Scores, attention_native_scored, rms_norm,
+    scaled_dot_product_attention_with_sinks, split_heads,
 };
 use crate::kernels::KernelBackend;
 use crate::kv_cache::KvCache;
@@ -384,24 +384,21 @@ impl LlamaModel {
                     )
                 }
             };
+            let sinks = layer.sinks.as_deref().unwrap_or_default();
             // Soft-capped scores exist on mlxcel's attention kernel only, which then serves
             // `MLXCEL_KERNELS=mlx` too.
             let attended = if kn.backend == KernelBackend::Native || self.features.softcap.is_some()
             {
                 let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
                 let len = seq.cache.len() + n as usize;
-                attention_native_tokens_major(
-                    &qi,
-                    &keys,
-                    &values,
-                    len,
-                    self.attention_scale,
-                    n > 1,
-                    layer.attention.window,
-                    self.features.softcap,
-                    kn.isa,
-                    kn.threads,
-                )?
+                let scores = Scores {
+                    scale: self.attention_scale,
+                    causal: n > 1,
+                    window: layer.attention.window,
+                    softcap: self.features.softcap,
+                    sinks,
+                };
+                attention_native_scored(&qi, &keys, &values, len, scores, kn.isa, kn.threads)?
             } else {
                 let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
                 // MLX's attention takes one dtype: f16 caches are widened (exactly) for it.
@@ -423,9 +420,16 @@ impl LlamaModel {
                     None if n > 1 => AttentionMask::Causal,
                     None => AttentionMask::None,
                 };
-                scaled_dot_product_attention(&qi, &keys, &values, self.attention_scale, mask)?
-                    .transpose(&[0, 2, 1, 3])?
-                    .reshape(&[n, heads * head_dim])?
+                scaled_dot_product_attention_with_sinks(
+                    &qi,
+                    &keys,
+                    &values,
+                    self.attention_scale,
+                    mask,
+                    sinks,
+                )?
+                .transpose(&[0, 2, 1, 3])?
+                .reshape(&[n, heads * head_dim])?
             };
             outputs.push(attended);
             row += n;

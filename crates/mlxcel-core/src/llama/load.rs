@@ -244,6 +244,15 @@ fn load_decoder_layer(
         },
         attention: config.layers[i],
         local_rope: config.has_local_rope() && config.layers[i].window.is_some(),
+        sinks: if config.attention_sinks {
+            Some(
+                loader
+                    .float(&format!("{p}.self_attn.sinks"))?
+                    .to_vec_f32()?,
+            )
+        } else {
+            None
+        },
     };
     // Rewritten into the int8 layout as each layer loads (int8 activations, or f32
     // ones on AVX-512), so that the checkpoint's form of one layer at a time, not

@@ -76,6 +76,9 @@ pub(super) struct Layer {
     pub(super) attention: LayerAttention,
     /// Whether the layer rotates with the model's local RoPE (Gemma 3's sliding layers).
     pub(super) local_rope: bool,
+    /// Each head's attention-sink logit (`self_attn.sinks`, gpt-oss), f32, when the model has
+    /// them.
+    pub(super) sinks: Option<Vec<f32>>,
 }
 
 /// A layer's feed-forward block.
@@ -202,6 +205,7 @@ impl Layer {
             sandwich: self.sandwich.as_ref().map(|(a, m)| (a, m)),
             gelu: features.activation == HiddenActivation::GeluTanh,
             softcap: features.softcap,
+            sinks: self.sinks.as_deref(),
         })
     }
 }

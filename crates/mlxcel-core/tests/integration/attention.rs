@@ -35,6 +35,22 @@ fn attention_ref_capped(
     cap: Option<f32>,
     mask: impl Fn(usize, usize) -> f32,
 ) -> Vec<f32> {
+    attention_ref_sinks(s, q, k, v, scale, cap, &[], mask)
+}
+
+/// [`attention_ref_capped`] with attention sinks (`sinks` empty: none): head h's softmax runs
+/// over its masked scores and `sinks[h]`, and the sink's weight is dropped (no value).
+#[allow(clippy::too_many_arguments)]
+fn attention_ref_sinks(
+    s: &Shapes,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    scale: f32,
+    cap: Option<f32>,
+    sinks: &[f32],
+    mask: impl Fn(usize, usize) -> f32,
+) -> Vec<f32> {
     let d = s.head_dim;
     let group = s.heads / s.kv_heads;
     let mut out = vec![0.0; s.heads * s.queries * d];
@@ -50,9 +66,14 @@ fn attention_ref_capped(
                     score + mask(i, j)
                 })
                 .collect();
-            let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let sink = sinks.get(h).copied();
+            let max = scores
+                .iter()
+                .cloned()
+                .chain(sink)
+                .fold(f32::NEG_INFINITY, f32::max);
             let weights: Vec<f32> = scores.iter().map(|x| (x - max).exp()).collect();
-            let total: f32 = weights.iter().sum();
+            let total: f32 = weights.iter().sum::<f32>() + sink.map_or(0.0, |x| (x - max).exp());
             for (j, w) in weights.iter().enumerate() {
                 let vrow = &v[(kvh * s.keys + j) * d..][..d];
                 for (o, x) in out[(h * s.queries + i) * d..][..d].iter_mut().zip(vrow) {
@@ -621,4 +642,173 @@ fn native_attention_reads_q8_0_keys_and_values_on_every_path() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("q8_0"), "{err}");
+}
+
+/// Attention sinks on mlxcel's kernel: each head's extra logit joins its softmax's denominator
+/// (and no value), on every path and 1–2 threads, for f32, f16 and q8_0 keys and values, causal
+/// rows, sliding windows and soft-capping, decode and prefill, across several 256-key ranges
+/// (the sink joins where the ranges' partials are merged), with sinks below, among and above the
+/// scores; against naive attention on the values the kernel reads (tolerance 1e-5).
+#[test]
+fn native_attention_with_sinks_matches_the_reference_on_every_path() {
+    use mlxcel_core::fast::{Scores, attention_native_scored};
+    use mlxcel_core::{Dtype, Isa, dequantize_q8_0, quantize_q8_0};
+    let paths: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&isa| isa <= Isa::best())
+        .collect();
+    // (heads, kv_heads, queries, keys, head_dim, window, softcap, kv type: 0 f32, 1 f16, 2 q8_0)
+    let cases = [
+        (8, 2, 1, 37, 64, None, None, 0),
+        (8, 2, 5, 300, 64, Some(128), None, 0),
+        (4, 1, 3, 520, 128, None, None, 1),
+        (6, 2, 1, 700, 64, Some(128), None, 2),
+        (6, 3, 4, 45, 32, None, Some(0.5), 2),
+        (4, 2, 2, 131, 16, Some(9), None, 0),
+    ];
+    for (c, &(h, kh, n, l, d, window, cap, kv)) in cases.iter().enumerate() {
+        let s = Shapes {
+            heads: h,
+            kv_heads: kh,
+            queries: n,
+            keys: l,
+            head_dim: d,
+        };
+        let seed = 4000 + c as u64 * 5;
+        let q = pseudo_random(h * n * d, seed);
+        let k = pseudo_random(kh * l * d, seed + 1);
+        let v = pseudo_random(kh * l * d, seed + 2);
+        // Below every score, among them and above them all.
+        let sinks: Vec<f32> = (0..h).map(|i| [-6.0, 0.1, 3.5, -0.4][i % 4]).collect();
+        let dims = |heads: usize, len: usize| [1, heads as i32, len as i32, d as i32];
+        let stored = |data: &[f32]| -> (Vec<f32>, Array) {
+            let a = Array::from_f32(data, &dims(kh, l)).unwrap();
+            match kv {
+                0 => (data.to_vec(), a),
+                1 => {
+                    let a = a.astype(Dtype::F16).unwrap();
+                    (a.to_vec_f32().unwrap(), a)
+                }
+                _ => {
+                    let bytes = quantize_q8_0(data);
+                    let row = (d / 32 * 34) as i32;
+                    let a = Array::from_bytes(&bytes, &[1, kh as i32, l as i32, row], Dtype::U8);
+                    (dequantize_q8_0(&bytes), a.unwrap())
+                }
+            }
+        };
+        let (kw, ka) = stored(&k);
+        let (vw, va) = stored(&v);
+        let qa = Array::from_f32(&q, &dims(h, n)).unwrap();
+        let scale = 1.0 / (d as f32).sqrt();
+        let causal = n > 1;
+        let expected = attention_ref_sinks(&s, &q, &kw, &vw, scale, cap, &sinks, |i, j| {
+            let query = l - n + i;
+            let seen = (!causal || j <= query) && window.is_none_or(|w| j + w > query);
+            if seen { 0.0 } else { f32::NEG_INFINITY }
+        });
+        let without = attention_ref_sinks(&s, &q, &kw, &vw, scale, cap, &[], |i, j| {
+            let query = l - n + i;
+            let seen = (!causal || j <= query) && window.is_none_or(|w| j + w > query);
+            if seen { 0.0 } else { f32::NEG_INFINITY }
+        });
+        let mut tokens_major = vec![0.0; expected.len()];
+        for head in 0..h {
+            for i in 0..n {
+                tokens_major[(i * h + head) * d..][..d]
+                    .copy_from_slice(&expected[(head * n + i) * d..][..d]);
+            }
+        }
+        // The sinks matter: the outputs move by a hundred times the tolerance or more.
+        let moved = expected
+            .iter()
+            .zip(&without)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(moved > 1e-3, "case {c}: sinks move the output by {moved}");
+        for &isa in &paths {
+            for threads in [1, 2] {
+                let scores = Scores {
+                    scale,
+                    causal,
+                    window,
+                    softcap: cap,
+                    sinks: &sinks,
+                };
+                let got = attention_native_scored(&qa, &ka, &va, l, scores, isa, threads)
+                    .unwrap()
+                    .to_vec_f32()
+                    .unwrap();
+                assert_close(&got, &tokens_major, 1e-5);
+            }
+        }
+    }
+    // One logit per query head, or none.
+    let q = Array::from_f32(&pseudo_random(2 * 32, 1), &[1, 2, 1, 32]).unwrap();
+    let k = Array::from_f32(&pseudo_random(2 * 32, 2), &[1, 1, 2, 32]).unwrap();
+    let scores = Scores {
+        scale: 0.1,
+        causal: false,
+        window: None,
+        softcap: None,
+        sinks: &[0.5],
+    };
+    let err = attention_native_scored(&q, &k, &k, 2, scores, Isa::Scalar, 1)
+        .and_then(|a| a.to_vec_f32())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sinks"), "{err}");
+}
+
+/// MLX's attention (`MLXCEL_KERNELS=mlx`) with sinks against the same reference, causal and
+/// with a sliding-window mask.
+#[test]
+fn sdpa_with_sinks_matches_the_reference() {
+    use mlxcel_core::fast::scaled_dot_product_attention_with_sinks;
+    let s = Shapes {
+        heads: 4,
+        kv_heads: 2,
+        queries: 3,
+        keys: 9,
+        head_dim: 16,
+    };
+    let q = pseudo_random(4 * 3 * 16, 71);
+    let k = pseudo_random(2 * 9 * 16, 72);
+    let v = pseudo_random(2 * 9 * 16, 73);
+    let sinks = [-1.0, 0.3, 2.5, -5.0];
+    let dims = |h: usize, n: usize| [1, h as i32, n as i32, 16];
+    let (qa, ka, va) = (
+        Array::from_f32(&q, &dims(4, 3)).unwrap(),
+        Array::from_f32(&k, &dims(2, 9)).unwrap(),
+        Array::from_f32(&v, &dims(2, 9)).unwrap(),
+    );
+    let causal = |i: usize, j: usize| if j <= i + 6 { 0.0 } else { f32::NEG_INFINITY };
+    let got =
+        scaled_dot_product_attention_with_sinks(&qa, &ka, &va, 0.25, AttentionMask::Causal, &sinks)
+            .unwrap();
+    let expected = attention_ref_sinks(&s, &q, &k, &v, 0.25, None, &sinks, causal);
+    assert_close(&got.to_vec_f32().unwrap(), &expected, 1e-5);
+    // A window of 4: query i (position 6 + i) sees positions 3 + i ..= 6 + i.
+    let window = |i: usize, j: usize| {
+        if j <= i + 6 && j + 4 > i + 6 {
+            0.0
+        } else {
+            f32::NEG_INFINITY
+        }
+    };
+    let mask_values: Vec<f32> = (0..3)
+        .flat_map(|i| (0..9).map(move |j| window(i, j)))
+        .collect();
+    let mask = Array::from_f32(&mask_values, &[3, 9]).unwrap();
+    let got = scaled_dot_product_attention_with_sinks(
+        &qa,
+        &ka,
+        &va,
+        0.25,
+        AttentionMask::Array(&mask),
+        &sinks,
+    )
+    .unwrap();
+    let expected = attention_ref_sinks(&s, &q, &k, &v, 0.25, None, &sinks, window);
+    assert_close(&got.to_vec_f32().unwrap(), &expected, 1e-5);
 }

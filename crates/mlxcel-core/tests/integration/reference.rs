@@ -65,6 +65,9 @@ pub(crate) struct Variant {
     pub(crate) qk_norm_whole: bool,
     /// A Qwen3-MoE checkpoint whose MLPs are routed experts.
     pub(crate) moe: Option<Moe>,
+    /// gpt-oss's attention sinks: a `self_attn.sinks` logit per head in every layer's softmax
+    /// (`ModelConfig::attention_sinks`, set on the parsed config as the family will set it).
+    pub(crate) sinks: bool,
 }
 
 /// A routed-expert MLP's shape and routing, written as a `qwen3_moe` config; the routings and
@@ -124,6 +127,7 @@ pub(crate) const PLAIN: Variant = Variant {
     v_storage: None,
     qk_norm_whole: false,
     moe: None,
+    sinks: false,
 };
 
 /// Llama 3 scaling parameters used by the `llama3_rope` variants.
@@ -402,6 +406,15 @@ pub(crate) fn write_tiny(variant: Variant, seed: u64) -> Tiny {
             b.matrix(&format!("{p}.mlp.up_proj"), FFN, HIDDEN);
         }
         b.matrix(&format!("{p}.mlp.down_proj"), HIDDEN, FFN);
+        if variant.sinks {
+            // Logits of the scores' size and beyond, stored as f32 (the loader widens others).
+            let sinks = b.random(HEADS, 3.0);
+            let bytes = sinks.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let name = format!("{p}.self_attn.sinks");
+            b.tensors
+                .push((name.clone(), StDtype::F32, vec![HEADS], bytes));
+            b.weights.insert(name, sinks);
+        }
     }
     b.norm("model.norm.weight".into());
     if !variant.tied {
@@ -707,9 +720,18 @@ fn reference_logits(tiny: &Tiny, tokens: &[u32]) -> Vec<f32> {
                         cap.map_or(s, |c| c * (s / c).tanh())
                     })
                     .collect();
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                // A sink joins the softmax's denominator and brings no value.
+                let sink = tiny
+                    .variant
+                    .sinks
+                    .then(|| w(&format!("{p}.self_attn.sinks"))[head]);
+                let max = scores
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f32::NEG_INFINITY, f32::max);
                 let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f32 = exps.iter().sum();
+                let total: f32 = exps.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - max).exp());
                 for (j, e) in (first..=i).zip(&exps) {
                     let vj = &v[j * KV_HEADS * HEAD_DIM + kv * HEAD_DIM..][..HEAD_DIM];
                     for d in 0..HEAD_DIM {
@@ -870,6 +892,7 @@ pub(crate) fn open_tiny(tiny: &Tiny) -> Checkpoint {
     let dir = tiny.dir.path();
     let mut config = ModelConfig::from_dir(dir).expect("the tiny config validates");
     config.qk_norm_whole = tiny.variant.qk_norm_whole;
+    config.attention_sinks = tiny.variant.sinks;
     if let Some(moe) = tiny.variant.moe {
         for ffn in &mut config.feed_forward {
             if let FeedForward::RoutedExperts(routed) = ffn {
@@ -1241,6 +1264,39 @@ fn mistral_sliding_window_matches_the_reference() {
         },
         120,
     );
+}
+
+/// gpt-oss's attention sinks on every path (fused node, per-op graph on mlxcel's kernels and on
+/// MLX's), on full layers and on layers that slide (a window of 4 under 7 + 4 positions).
+#[test]
+fn attention_sinks_match_the_reference_on_every_path() {
+    check_feature(
+        Variant {
+            sinks: true,
+            ..PLAIN
+        },
+        170,
+    );
+    check_feature(
+        Variant {
+            sinks: true,
+            window: Some(4),
+            ..PLAIN
+        },
+        180,
+    );
+}
+
+/// A checkpoint whose config asks for sinks and that has none is refused, naming the tensor.
+#[test]
+fn missing_sinks_are_refused_by_name() {
+    let tiny = write_tiny(PLAIN, 190);
+    let dir = tiny.dir.path();
+    let mut config = mlxcel_model::ModelConfig::from_dir(dir).unwrap();
+    config.attention_sinks = true;
+    let files = mlxcel_model::SafetensorsFiles::open_dir(dir).unwrap();
+    let err = Checkpoint::new(dir, config, files).unwrap_err().to_string();
+    assert!(err.contains("model.layers.0.self_attn.sinks"), "{err}");
 }
 
 /// Four sequences of different lengths, prefilled and decoded together, give each the tokens it

@@ -79,6 +79,12 @@ impl ModelConfig {
         if let Some(RopeScaling::Linear { factor }) = self.rope_scaling {
             parts.push(format!("linear rope scaling x{factor}"));
         }
+        if let Some(RopeScaling::Yarn(yarn)) = self.rope_scaling {
+            parts.push(format!(
+                "YaRN rope scaling x{} (attention factor {:.4})",
+                yarn.factor, yarn.attention_factor
+            ));
+        }
         if self.rotary_dim < self.head_dim {
             parts.push(format!(
                 "partial rotary ({} of {})",

@@ -53,6 +53,12 @@ pub struct ModelConfig {
     /// With `qk_norm`: one RMSNorm over all of q's heads together (`q_norm` `[q_dim]`) and one
     /// over k's (`[kv_dim]`), before the heads are split (OLMoE), instead of one per head.
     pub qk_norm_whole: bool,
+    /// Attention sinks (gpt-oss): each head `h` of every layer has a learned logit
+    /// `model.layers.{i}.self_attn.sinks[h]` (`[num_attention_heads]`) that joins its softmax's
+    /// denominator and contributes no value: `softmax([scores, sink])` with the sink's column
+    /// dropped. The sink is a logit as it stands (not scaled by `attention_scale`, not
+    /// soft-capped). Set by the family; `false` for every family today.
+    pub attention_sinks: bool,
     /// Per layer, in order: RoPE or not, and its sliding window if any.
     pub layers: Vec<LayerAttention>,
     /// Per layer, in order: its feed-forward block, as its family builds it (the dense MLP of
@@ -85,7 +91,9 @@ pub struct ModelConfig {
     /// multiplied by its factor. mlxcel uses `long_factor`, as mlx-lm does and as llama.cpp does
     /// for a context past `original_max_position_embeddings` (its default, the whole window).
     pub rope_factors: Option<Vec<f32>>,
-    /// The factor on the rotated features of q and k (LongRoPE's attention factor), 1 if none.
+    /// The factor on the rotated features of q and k (LongRoPE's or YaRN's attention factor), 1
+    /// if none. Both q and k carry it, so the scores carry its square (as mlx-lm and
+    /// transformers apply it).
     pub rope_attention_factor: f32,
     /// The checkpoint is multimodal (Gemma 3's `Gemma3ForConditionalGeneration`): this is its
     /// text model (`text_config`), whose weights are under `language_model.`; the vision tower
@@ -182,6 +190,7 @@ impl ModelConfig {
         match self.rope_scaling {
             None => plain.collect(),
             Some(RopeScaling::Linear { factor }) => plain.map(|p| p * factor).collect(),
+            Some(RopeScaling::Yarn(yarn)) => yarn.periods(plain, base, dims),
             Some(RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -418,13 +427,26 @@ impl ModelConfig {
             ));
         }
         let max_position_embeddings = need(raw.max_position_embeddings, "max_position_embeddings")?;
-        let (rope_factors, rope_attention_factor) = long_rope(
+        let (rope_factors, long_rope_attention) = long_rope(
             path,
             raw.rope_scaling.as_ref(),
             rotary_dim,
             max_position_embeddings,
             raw.original_max_position_embeddings,
         )?;
+        let rope_scaling = if rope_factors.is_some() {
+            None
+        } else {
+            rope_scaling(
+                path,
+                raw.rope_scaling.as_ref(),
+                raw.original_max_position_embeddings,
+                max_position_embeddings,
+            )?
+        };
+        // LongRoPE's or YaRN's factor on the rotated features (at most one of them is not 1).
+        let rope_attention_factor =
+            long_rope_attention * rope_scaling.map_or(1.0, |s| s.attention_factor());
         let intermediate_size = need(raw.intermediate_size, "intermediate_size")?;
         let dense = FeedForward::Dense {
             intermediate_size,
@@ -462,11 +484,7 @@ impl ModelConfig {
             intermediate_size,
             rms_norm_eps,
             rope_theta,
-            rope_scaling: if rope_factors.is_some() {
-                None
-            } else {
-                rope_scaling(path, raw.rope_scaling.as_ref())?
-            },
+            rope_scaling,
             tie_word_embeddings: raw
                 .tie_word_embeddings
                 .unwrap_or(defaults.tie_word_embeddings),
@@ -476,6 +494,7 @@ impl ModelConfig {
             attention_out_bias,
             qk_norm: features.qk_norm,
             qk_norm_whole: features.qk_norm_whole,
+            attention_sinks: false,
             layers,
             feed_forward,
             norm_weight_offset: features.norm_weight_offset,

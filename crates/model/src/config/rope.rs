@@ -1,4 +1,4 @@
-//! `rope_scaling`: linear and Llama 3.1 scaling, and LongRoPE's per-pair factors.
+//! `rope_scaling`: linear, Llama 3.1 and YaRN scaling, and LongRoPE's per-pair factors.
 
 use std::path::Path;
 
@@ -18,6 +18,74 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_max_position_embeddings: usize,
     },
+    /// YaRN ("NTK by parts"): pairs that turn more than `beta_fast` times over the original
+    /// window keep their period, pairs that turn fewer than `beta_slow` times are stretched by
+    /// `factor`, the band between is interpolated linearly in the pair index; the rotated
+    /// features of q and k are multiplied by [`RopeScaling::attention_factor`].
+    Yarn(Yarn),
+}
+
+/// YaRN's parameters (`rope_scaling` of type `yarn`), as Hugging Face transformers reads them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub original_max_position_embeddings: usize,
+    /// Whether the band's edges are rounded to whole pairs (floor, ceil): transformers' default
+    /// and what mlx-lm and llama.cpp always do; gpt-oss sets `truncate: false`.
+    pub truncate: bool,
+    /// The factor on the rotated features of q and k (`attention_factor`, else
+    /// `m(factor, mscale) / m(factor, mscale_all_dim)` with m(s, k) = 0.1·k·ln s + 1, 1 for s ≤ 1).
+    pub attention_factor: f32,
+}
+
+impl Yarn {
+    /// The periods of `plain` (`base^(2i/dims)`, one per pair, `dims` rotated features).
+    pub(crate) fn periods(
+        &self,
+        plain: impl Iterator<Item = f32>,
+        base: f32,
+        dims: usize,
+    ) -> Vec<f32> {
+        let (base, d) = (f64::from(base), dims as f64);
+        let original = self.original_max_position_embeddings as f64;
+        // The pair index at which a period turns `turns` times over the original window.
+        let pair = |turns: f32| {
+            d * (original / (f64::from(turns) * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let (mut low, mut high) = (pair(self.beta_fast), pair(self.beta_slow));
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        let factor = f64::from(self.factor);
+        plain
+            .enumerate()
+            .map(|(i, period)| {
+                // 0 keeps the period (extrapolation), 1 stretches it by `factor` (interpolation).
+                let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                let period = f64::from(period);
+                let inverse = (1.0 - ramp) / period + ramp / (factor * period);
+                (1.0 / inverse) as f32
+            })
+            .collect()
+    }
+}
+
+impl RopeScaling {
+    /// The factor on the rotated features of q and k that this scaling asks for (YaRN's), 1 for
+    /// the others.
+    pub fn attention_factor(&self) -> f32 {
+        match self {
+            Self::Yarn(yarn) => yarn.attention_factor,
+            Self::Linear { .. } | Self::Llama3 { .. } => 1.0,
+        }
+    }
 }
 
 /// LongRoPE (`rope_scaling.type` `longrope` or `su`): the `long_factor` list (one per rotated pair)
@@ -98,7 +166,15 @@ pub(crate) fn long_rope(
     Ok((Some(factors), attention))
 }
 
-pub(crate) fn rope_scaling(path: &Path, value: Option<&Value>) -> Result<Option<RopeScaling>> {
+/// `rope_scaling` as a [`RopeScaling`]. `original` is the config's top-level
+/// `original_max_position_embeddings` and `max_positions` its `max_position_embeddings`: YaRN's
+/// original window when `rope_scaling` names none, in that order (as transformers reads it).
+pub(crate) fn rope_scaling(
+    path: &Path,
+    value: Option<&Value>,
+    original: Option<usize>,
+    max_positions: usize,
+) -> Result<Option<RopeScaling>> {
     let Some(value) = value.filter(|v| !v.is_null()) else {
         return Ok(None);
     };
@@ -129,6 +205,7 @@ pub(crate) fn rope_scaling(path: &Path, value: Option<&Value>) -> Result<Option<
             }
             Ok(Some(RopeScaling::Linear { factor }))
         }
+        "yarn" => yarn(path, value, original, max_positions).map(|y| Some(RopeScaling::Yarn(y))),
         "llama3" => Ok(Some(RopeScaling::Llama3 {
             factor: number("factor")? as f32,
             low_freq_factor: number("low_freq_factor")? as f32,
@@ -138,7 +215,72 @@ pub(crate) fn rope_scaling(path: &Path, value: Option<&Value>) -> Result<Option<
         other => Err(ModelError::invalid(
             path,
             "rope_scaling",
-            format!("type `{other}` is not supported (supported: linear, llama3)"),
+            format!("type `{other}` is not supported (supported: linear, llama3, yarn, longrope)"),
         )),
     }
+}
+
+/// YaRN's keys: `factor` (required), `beta_fast` (32), `beta_slow` (1),
+/// `original_max_position_embeddings`, `truncate` (true), `attention_factor`, else `mscale` (1)
+/// and `mscale_all_dim` (0).
+fn yarn(path: &Path, value: &Value, original: Option<usize>, max_positions: usize) -> Result<Yarn> {
+    let number = |key: &str, default: Option<f64>| -> Result<f64> {
+        match value.get(key).filter(|v| !v.is_null()) {
+            None => default.ok_or_else(|| ModelError::MissingField {
+                path: path.to_owned(),
+                field: format!("rope_scaling.{key}"),
+            }),
+            Some(v) => v.as_f64().filter(|f| f.is_finite()).ok_or_else(|| {
+                ModelError::invalid(path, format!("rope_scaling.{key}"), "expected a number")
+            }),
+        }
+    };
+    let positive = |key: &str, default: Option<f64>| -> Result<f64> {
+        let v = number(key, default)?;
+        if v > 0.0 {
+            Ok(v)
+        } else {
+            Err(ModelError::invalid(
+                path,
+                format!("rope_scaling.{key}"),
+                format!("{v} is not a positive number"),
+            ))
+        }
+    };
+    let factor = positive("factor", None)?;
+    let original = match value.get("original_max_position_embeddings") {
+        Some(v) if !v.is_null() => v.as_u64().filter(|&n| n >= 1).ok_or_else(|| {
+            ModelError::invalid(
+                path,
+                "rope_scaling.original_max_position_embeddings",
+                "expected a positive integer",
+            )
+        })? as usize,
+        _ => original.unwrap_or(max_positions),
+    };
+    let truncate = match value.get("truncate") {
+        None | Some(Value::Null) => true,
+        Some(v) => v.as_bool().ok_or_else(|| {
+            ModelError::invalid(path, "rope_scaling.truncate", "expected true or false")
+        })?,
+    };
+    let m = |k: f64| {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * k * factor.ln() + 1.0
+        }
+    };
+    let attention_factor = match value.get("attention_factor").filter(|v| !v.is_null()) {
+        Some(_) => positive("attention_factor", None)?,
+        None => m(number("mscale", Some(1.0))?) / m(number("mscale_all_dim", Some(0.0))?),
+    };
+    Ok(Yarn {
+        factor: factor as f32,
+        beta_fast: positive("beta_fast", Some(32.0))? as f32,
+        beta_slow: positive("beta_slow", Some(1.0))? as f32,
+        original_max_position_embeddings: original,
+        truncate,
+        attention_factor: attention_factor as f32,
+    })
 }

@@ -478,8 +478,8 @@ fn errors_name_the_file_and_field() {
         ),
         (
             "rope_scaling",
-            json!({"type": "yarn", "factor": 4.0}),
-            "field `rope_scaling`: type `yarn`",
+            json!({"type": "dynamic", "factor": 4.0}),
+            "field `rope_scaling`: type `dynamic`",
         ),
         ("eos_token_id", json!("x"), "field `eos_token_id`"),
         (
@@ -603,4 +603,185 @@ fn absurd_layer_counts_are_refused_before_allocating() {
     );
     v["num_hidden_layers"] = json!(mlxcel_model::MAX_LAYERS);
     assert!(parse(&v).is_ok());
+}
+
+/// A llama-shaped config with gpt-oss's attention geometry (head_dim 64, θ 150000) and the
+/// given `rope_scaling`.
+fn yarn_config(head_dim: usize, theta: f64, scaling: Value) -> Value {
+    json!({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": head_dim,
+        "intermediate_size": 256, "rope_theta": theta, "max_position_embeddings": 131072,
+        "vocab_size": 100, "rope_scaling": scaling
+    })
+}
+
+fn assert_periods(got: &[f32], want: &[f64]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = ((f64::from(*g) - w) / w).abs();
+        assert!(
+            err < 2e-6,
+            "pair {i}: {g} against {w} (relative error {err:e})"
+        );
+    }
+}
+
+/// gpt-oss's YaRN with the band rounded to whole pairs, against mlx-lm 0.32.2's `YarnRoPE`:
+/// `YarnRoPE(64, base=150000, scaling_factor=32.0, original_max_position_embeddings=4096,
+/// beta_fast=32.0, beta_slow=1.0)`, its `_freqs` (periods) and `mscale`, loaded from
+/// mlx_lm/models/rope_utils.py in the oracle venv and printed with `.tolist()`.
+#[test]
+fn yarn_periods_and_attention_factor_match_mlx_lm() {
+    let c = parse(&yarn_config(
+        64,
+        150000.0,
+        json!({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+               "original_max_position_embeddings": 4096}),
+    ))
+    .unwrap();
+    const MLX_LM: [f64; 32] = [
+        1.0,
+        1.451285481452942,
+        2.106229543685913,
+        3.0567402839660645,
+        4.4362030029296875,
+        6.438197135925293,
+        9.34366226196289,
+        13.560321807861328,
+        19.67989730834961,
+        31.624799728393555,
+        51.411319732666016,
+        84.8018798828125,
+        142.5371551513672,
+        245.72711181640625,
+        439.1219482421875,
+        829.0973510742188,
+        1721.3260498046875,
+        4386.96875,
+        26103.654296875,
+        37883.85546875,
+        54980.2890625,
+        79792.09375,
+        115801.1015625,
+        168060.46875,
+        243903.734375,
+        353973.9375,
+        513717.21875,
+        745550.375,
+        1082006.375,
+        1570300.25,
+        2278953.75,
+        3307412.5,
+    ];
+    assert_periods(&c.rope_periods(), &MLX_LM);
+    assert!((c.rope_attention_factor - 1.346_573_6).abs() < 1e-6);
+    assert!(c.describe().contains("YaRN"), "{}", c.describe());
+}
+
+/// `truncate: false` (gpt-oss's config.json) keeps the band's edges where they fall, as
+/// transformers and OpenAI's reference implementation compute them; mlx-lm 0.32.2 ignores the
+/// key. Expected values from the closed form in f64 (Python `math`): low = 64·ln(4096 /
+/// (32·2π)) / (2 ln 150000), high likewise with 1, ramp = clamp((i - low) / (high - low), 0, 1),
+/// period = 1 / ((1 - ramp) / p + ramp / (32 p)) with p = 150000^(2i/64).
+#[test]
+fn yarn_without_truncation_keeps_the_fractional_band() {
+    let c = parse(&yarn_config(
+        64,
+        150000.0,
+        json!({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+               "original_max_position_embeddings": 4096, "truncate": false}),
+    ))
+    .unwrap();
+    const UNTRUNCATED: [f64; 32] = [
+        1.0,
+        1.4512854854972228,
+        2.10622956041491,
+        3.0567403901553547,
+        4.436202961165585,
+        6.438196968259414,
+        9.343661812807111,
+        13.56032077032163,
+        19.679896712654305,
+        31.540073877441174,
+        51.719676324577044,
+        86.2660240558978,
+        147.16791196637564,
+        259.0432438624329,
+        477.6022732932474,
+        950.0266042438489,
+        2190.6576724578017,
+        7732.833614721873,
+        26103.65443448549,
+        37883.854799204004,
+        54980.288604769084,
+        79792.09484054973,
+        115801.10909950768,
+        168060.46884059586,
+        243903.7191142151,
+        353973.9274092519,
+        513717.22309349495,
+        745550.3495255279,
+        1082006.40097378,
+        1570300.1849483352,
+        2278953.8662891234,
+        3307412.668263184,
+    ];
+    assert_periods(&c.rope_periods(), &UNTRUNCATED);
+}
+
+/// `mscale` and `mscale_all_dim` (DeepSeek's form) and the defaults of `beta_fast`/`beta_slow`,
+/// against mlx-lm 0.32.2: `YarnRoPE(16, base=10000, scaling_factor=4.0,
+/// original_max_position_embeddings=2048, mscale=1.0, mscale_all_dim=0.5)`.
+#[test]
+fn yarn_mscale_ratio_and_defaults_match_mlx_lm() {
+    let c = parse(&yarn_config(
+        16,
+        10000.0,
+        json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048,
+               "mscale": 1.0, "mscale_all_dim": 0.5}),
+    ))
+    .unwrap();
+    assert_periods(
+        &c.rope_periods(),
+        &[
+            1.0,
+            3.1622776985168457,
+            10.0,
+            38.92033767700195,
+            160.0,
+            722.8063354492188,
+            4000.0,
+            12649.111328125,
+        ],
+    );
+    assert!((c.rope_attention_factor - 1.064_821_6).abs() < 1e-6);
+    // An explicit attention_factor wins (transformers), and a missing factor is named.
+    let c = parse(&yarn_config(
+        16,
+        10000.0,
+        json!({"rope_type": "yarn", "factor": 4.0, "attention_factor": 1.5}),
+    ))
+    .unwrap();
+    assert_eq!(c.rope_attention_factor, 1.5);
+    match c.rope_scaling {
+        Some(RopeScaling::Yarn(y)) => {
+            // No original window anywhere: max_position_embeddings, as transformers.
+            assert_eq!(y.original_max_position_embeddings, 131072);
+            assert!(y.truncate && y.beta_fast == 32.0 && y.beta_slow == 1.0);
+        }
+        other => panic!("{other:?}"),
+    }
+    let err = parse(&yarn_config(16, 10000.0, json!({"rope_type": "yarn"})))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rope_scaling.factor"), "{err}");
+    let err = parse(&yarn_config(
+        16,
+        10000.0,
+        json!({"rope_type": "yarn", "factor": 4.0, "truncate": "no"}),
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("rope_scaling.truncate"), "{err}");
 }
