@@ -75,7 +75,8 @@ pub enum ModelError {
     },
     #[error(
         "{path}: tensor `{tensor}` has GGML type {ggml_type}, which mlxcel cannot import \
-         (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0); re-quantize the model to one of those"
+         (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, \
+         MXFP4); re-quantize the model to one of those"
     )]
     UnsupportedGgmlType {
         path: PathBuf,
