@@ -127,9 +127,9 @@ impl Default for EngineOptions {
 
 /// Below this many parameters the applications' default activations are f32, not int8: on the
 /// default model (SmolLM2-135M, Q4_1) int8 activations answer 38 of the 62 questions of
-/// scripts/questions/factual.tsv and f32 ones 41, and f32 decode is still 1.6x llama.cpp's there;
-/// at the Llama-3.2-1B shape f32 decode falls to about llama.cpp's, so int8 stays from 0.5 B on
-/// (docs/benchmarks.md, "A right first answer").
+/// scripts/questions/factual.tsv and f32 ones 41, and f32 decode is still about 1.25x llama.cpp's
+/// there (int8 about 1.6x); at the Llama-3.2-1B shape f32 decode falls to about llama.cpp's, so
+/// int8 stays from 0.5 B on (docs/benchmarks.md, "A right first answer").
 pub const SMALL_MODEL_PARAMETERS: u64 = 500_000_000;
 
 impl EngineOptions {
