@@ -24,7 +24,6 @@ use std::borrow::Cow;
 
 use mlxcel_engine::Engine;
 
-use crate::generate::TokenRecord;
 pub use fields::{ReasoningDefaults, ReasoningFields, thinking_of_budget};
 pub use format::{Form, ReasoningFormat};
 use harmony::HarmonySplitter;
@@ -126,19 +125,18 @@ pub fn marker_text<'a>(engine: &Engine, token: u32, text: &'a str) -> Cow<'a, st
     Cow::Borrowed(text)
 }
 
-/// A finished reply split: its tokens' texts (markers put back) then the `text` past them (the
-/// tail the engine held back until the end).
-pub fn split_reply(
+/// A finished reply split: its tokens' texts (each token id with its text; markers put back)
+/// then the `text` past them (the tail the engine held back until the end).
+pub fn split_reply<'a>(
     engine: &Engine,
     splitter: Splitter,
-    tokens: &[TokenRecord],
-    text: &str,
+    tokens: impl Iterator<Item = (u32, &'a str)> + Clone,
+    text: &'a str,
 ) -> Split {
-    let streamed: usize = tokens.iter().map(|t| t.text.len()).sum();
+    let streamed: usize = tokens.clone().map(|(_, piece)| piece.len()).sum();
     let pieces: Vec<Cow<'_, str>> = match text.get(streamed..) {
         Some(tail) => tokens
-            .iter()
-            .map(|t| marker_text(engine, t.token, &t.text))
+            .map(|(token, piece)| marker_text(engine, token, piece))
             .chain(std::iter::once(Cow::Borrowed(tail)))
             .collect(),
         // The tokens' texts are not the reply's start (never expected): the reply as one piece.

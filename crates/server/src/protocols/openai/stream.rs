@@ -47,7 +47,12 @@ impl Reply for OpenAiReply {
         let envelope = &self.envelope;
         let (text, reasoning) = match self.reasoning.as_ref().and_then(ReasoningPlan::splitter) {
             Some(splitter) => {
-                let split = split_reply(&self.engine, splitter, &outcome.tokens, &outcome.text);
+                let split = split_reply(
+                    &self.engine,
+                    splitter,
+                    outcome.tokens.iter().map(|t| (t.token, t.text.as_str())),
+                    &outcome.text,
+                );
                 let reasoning = (!split.reasoning.is_empty()).then_some(split.reasoning);
                 (split.content, reasoning)
             }
