@@ -13,6 +13,8 @@ use crate::error::Result;
 use crate::gguf::header::GgufHeader;
 use crate::gguf::names::hf_name;
 
+use super::moe::{ExpertKeys, routed_or_dense};
+
 /// Everything that is particular to one model family: how it is named, how its config.json reads,
 /// how its GGUF files name things. What is common to all of them (the checks of every number, the
 /// tensors every layer has) lives with the config and the converter.
@@ -86,8 +88,17 @@ pub(crate) trait Family: Sync {
         layer: usize,
         dense: FeedForward,
     ) -> Result<FeedForward> {
-        let _ = (path, raw, layer);
-        Ok(dense)
+        match self.expert_keys(raw) {
+            Some(keys) => routed_or_dense(path, raw, layer, dense, keys),
+            None => Ok(dense),
+        }
+    }
+
+    /// How a mixture-of-experts family names and routes its experts (`None`: a dense family);
+    /// [`Family::feed_forward`] reads each layer's block from them.
+    fn expert_keys(&self, raw: &RawConfig) -> Option<ExpertKeys> {
+        let _ = raw;
+        None
     }
 
     /// Projections the checkpoint stores fused, which load as their parts.

@@ -3,15 +3,12 @@
 //! `intermediate_size`), routed by a softmax over the top-k logits. llama.cpp writes it as a
 //! `llama` with `llama.expert_count`.
 
-use std::path::Path;
-
 use serde_json::Value;
 
 use super::family::{Defaults, Family};
-use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config, routed_or_dense};
-use crate::config::blocks::{FeedForward, Routing};
+use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config};
+use crate::config::blocks::Routing;
 use crate::config::raw::RawConfig;
-use crate::error::Result;
 use crate::gguf::header::GgufHeader;
 
 pub(super) struct Mixtral;
@@ -48,14 +45,8 @@ impl Family for Mixtral {
         true
     }
 
-    fn feed_forward(
-        &self,
-        path: &Path,
-        raw: &RawConfig,
-        layer: usize,
-        dense: FeedForward,
-    ) -> Result<FeedForward> {
-        let keys = ExpertKeys {
+    fn expert_keys(&self, _raw: &RawConfig) -> Option<ExpertKeys> {
+        Some(ExpertKeys {
             count: "num_local_experts",
             // transformers' MixtralConfig reads `num_experts` as the same count.
             count_alias: Some("num_experts"),
@@ -65,8 +56,7 @@ impl Family for Mixtral {
             routing: Routing::TopKSoftmax,
             shared_expert: false,
             dense_layers: false,
-        };
-        routed_or_dense(path, raw, layer, dense, keys)
+        })
     }
 
     fn gguf_permuted_qk(&self) -> bool {

@@ -8,8 +8,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::family::{Defaults, Family, Features};
-use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config, routed_or_dense};
-use crate::config::blocks::{FeedForward, Routing};
+use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config};
+use crate::config::blocks::Routing;
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::header::GgufHeader;
@@ -62,14 +62,8 @@ impl Family for Olmoe {
         true
     }
 
-    fn feed_forward(
-        &self,
-        path: &Path,
-        raw: &RawConfig,
-        layer: usize,
-        dense: FeedForward,
-    ) -> Result<FeedForward> {
-        let keys = ExpertKeys {
+    fn expert_keys(&self, raw: &RawConfig) -> Option<ExpertKeys> {
+        Some(ExpertKeys {
             count: "num_experts",
             // transformers' OlmoeConfig reads `num_local_experts` as the same count.
             count_alias: Some("num_local_experts"),
@@ -80,8 +74,7 @@ impl Family for Olmoe {
             },
             shared_expert: false,
             dense_layers: false,
-        };
-        routed_or_dense(path, raw, layer, dense, keys)
+        })
     }
 
     fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {

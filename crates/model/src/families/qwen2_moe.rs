@@ -10,8 +10,8 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::family::Family;
-use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config, routed_or_dense};
-use crate::config::blocks::{FeedForward, Routing};
+use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config};
+use crate::config::blocks::Routing;
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::header::GgufHeader;
@@ -54,14 +54,8 @@ impl Family for Qwen2Moe {
         true
     }
 
-    fn feed_forward(
-        &self,
-        path: &Path,
-        raw: &RawConfig,
-        layer: usize,
-        dense: FeedForward,
-    ) -> Result<FeedForward> {
-        let keys = ExpertKeys {
+    fn expert_keys(&self, raw: &RawConfig) -> Option<ExpertKeys> {
+        Some(ExpertKeys {
             count: "num_experts",
             count_alias: None,
             intermediate: Some("moe_intermediate_size"),
@@ -71,8 +65,7 @@ impl Family for Qwen2Moe {
             },
             shared_expert: true,
             dense_layers: true,
-        };
-        routed_or_dense(path, raw, layer, dense, keys)
+        })
     }
 
     fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {

@@ -3,15 +3,12 @@
 //! renormalised with `norm_topk_prob`); `mlp_only_layers` and `decoder_sparse_step` keep some
 //! layers dense.
 
-use std::path::Path;
-
 use serde_json::Value;
 
 use super::family::{Family, Features, slides_from_max_window_layers};
-use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config, routed_or_dense};
-use crate::config::blocks::{FeedForward, Routing};
+use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config};
+use crate::config::blocks::Routing;
 use crate::config::raw::RawConfig;
-use crate::error::Result;
 use crate::gguf::header::GgufHeader;
 
 pub(super) struct Qwen3Moe;
@@ -44,14 +41,8 @@ impl Family for Qwen3Moe {
         true
     }
 
-    fn feed_forward(
-        &self,
-        path: &Path,
-        raw: &RawConfig,
-        layer: usize,
-        dense: FeedForward,
-    ) -> Result<FeedForward> {
-        let keys = ExpertKeys {
+    fn expert_keys(&self, raw: &RawConfig) -> Option<ExpertKeys> {
+        Some(ExpertKeys {
             count: "num_experts",
             count_alias: None,
             intermediate: Some("moe_intermediate_size"),
@@ -61,8 +52,7 @@ impl Family for Qwen3Moe {
             },
             shared_expert: false,
             dense_layers: true,
-        };
-        routed_or_dense(path, raw, layer, dense, keys)
+        })
     }
 
     fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
