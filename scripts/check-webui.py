@@ -286,6 +286,38 @@ assert reasoning == {"hidden": False, "open": False, "text": "The user wants a d
 assert "demonstration" not in text, "the reasoning is mixed into the answer"
 log("markdown: highlighted python block, inline and display MathML, reasoning collapsed apart, injected markup shown as text")
 
+# The renderer on hostile input: only the elements and attributes it makes itself, links only to
+# http(s) and mailto, whatever the text holds.
+hostile = [
+    '<svg onload="window.__xss5 = 1"><iframe src="javascript:window.__xss5 = 1"></iframe>',
+    '[a](JaVaScRiPt:window.__xss5=1) [b]( javascript:window.__xss5=1) [c](data:text/html,<script>1</script>) [d](vbscript:x)',
+    '<a href="javascript:window.__xss5=1">e</a> ![f](javascript:window.__xss5=1)',
+    '```html\n</code></pre><script>window.__xss5 = 1</script>\n```',
+    '`<img src=x onerror=window.__xss5=1>` **<b>x</b>** _<i>y</i>_ ~~<u>z</u>~~',
+    '$\\href{javascript:window.__xss5=1}{x}$ $\\text{<img src=x onerror=window.__xss5=1>}$ $$\\unknown{x}$$',
+    '| <img src=x> | b |\n|---|---|\n| <script>window.__xss5=1</script> | [g](javascript:1) |',
+    '> <style>body{display:none}</style>\n\n1. <form action=x><input></form>',
+]
+report = js(f"""import('/webui/markdown.js').then(({{renderMarkdown}}) => {{
+  const allowed = new Set(['DIV','P','H1','H2','H3','H4','H5','H6','PRE','CODE','SPAN','BUTTON','UL','OL','LI','BLOCKQUOTE','HR','BR','TABLE','THEAD','TBODY','TR','TH','TD','STRONG','EM','DEL','A',
+    'math','semantics','annotation','mrow','mi','mn','mo','mtext','msup','msub','msubsup','munder','mover','munderover','mfrac','msqrt','mroot','mspace','mtable','mtr','mtd','merror']);
+  const attrs = new Set(['class','href','rel','target','start','type','data-copy','display','encoding','mathvariant','stretchy','fence','largeop','movablelimits','data-limits','width','linebreak','data-row-break','accent','linethickness','columnalign']);
+  const bad = [];
+  for (const text of {json.dumps(hostile)}) {{
+    const root = renderMarkdown(text);
+    for (const el of root.querySelectorAll('*')) {{
+      if (!allowed.has(el.tagName)) bad.push(`<${{el.tagName}}> from ${{text}}`);
+      for (const a of el.attributes) {{
+        if (!attrs.has(a.name)) bad.push(`${{el.tagName}}[${{a.name}}] from ${{text}}`);
+        if (a.name === 'href' && !/^(https?:|mailto:)/.test(a.value)) bad.push(`href=${{a.value}} from ${{text}}`);
+      }}
+    }}
+  }}
+  return {{bad, xss: window.__xss5 === undefined}};
+}})""")
+assert report["xss"] and not report["bad"], f"the renderer made what it should not: {report}"
+log(f"{len(hostile)} hostile markdown texts rendered with only the renderer's own elements and safe links")
+
 shot = os.environ["SCREENSHOT"]
 cdp("Emulation.setDeviceMetricsOverride", width=1000, height=900, deviceScaleFactor=1, mobile=False)
 js("window.scrollTo(0, 0)")
