@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mlxcel_model::{ChatMessage, ChatTemplate, FimTokens, LoadedModel, Tokenizer, resolve_model};
 use tokio::sync::mpsc as events;
@@ -526,6 +526,11 @@ struct Timing {
     last_token: Option<Instant>,
 }
 
+/// How long the worker steps before it hands freed memory back to the system
+/// ([`backends::release_unused_memory`]) while it stays busy; it also does when it goes idle.
+/// One release costs a step's worth of page faults afterwards, a few milliseconds.
+const RELEASE_EVERY: Duration = Duration::from_secs(30);
+
 fn run_worker<B: Backend>(
     mut scheduler: Scheduler<B>,
     inbox: mpsc::Receiver<Command>,
@@ -533,11 +538,19 @@ fn run_worker<B: Backend>(
 ) {
     let mut streams: HashMap<RequestId, (events::UnboundedSender<Event>, Timing)> = HashMap::new();
     let mut local = EngineMetrics::default();
+    let mut released = Instant::now();
+    let mut stepped = false;
     loop {
         // Block for a command while idle; otherwise take what has arrived and keep stepping.
         let first = if scheduler.has_work() {
             inbox.try_recv().ok()
         } else {
+            // Going idle: hand back what the steps freed before blocking.
+            if stepped {
+                backends::release_unused_memory();
+                released = Instant::now();
+                stepped = false;
+            }
             match inbox.recv() {
                 Ok(command) => Some(command),
                 Err(_) => return,
@@ -599,6 +612,11 @@ fn run_worker<B: Backend>(
             publish(&metrics, &mut local, &scheduler);
             continue;
         }
+        if released.elapsed() >= RELEASE_EVERY {
+            backends::release_unused_memory();
+            released = Instant::now();
+        }
+        stepped = true;
         let step_start = Instant::now();
         let events = scheduler.step();
         let now = Instant::now();

@@ -71,3 +71,5 @@ pub use reasoning::{ReasoningDefaults, ReasoningFormat};
 pub use run::{init_server_logging, run};
 pub use serve::{Server, shutdown_signal};
 pub use state::{ActiveRequest, AppState};
+/// The chat page's files under `/webui/` (name, content type, text), for tests that fetch each.
+pub use webui::FILES as WEBUI_FILES;

@@ -20,7 +20,6 @@ use crate::protocols::{anthropic, embeddings, openai, responses};
 use crate::request_log::RequestLog;
 use crate::state::AppState;
 use crate::webui;
-use crate::webui::Asset;
 
 /// What a handler gets: the shared state, the body, and the request's path, query and `{name}`
 /// segments.
@@ -305,13 +304,10 @@ static ROUTES: &[Route] = &[
     }),
     // The chat page (webui.rs): public like /health, its API calls carry the key.
     public_get("/", |c| {
-        Box::pin(async move { webui::serve(&c.state, Asset::Index, &c.path) })
+        Box::pin(async move { webui::serve(&c.state, None, &c.path) })
     }),
-    public_get("/webui/app.js", |c| {
-        Box::pin(async move { webui::serve(&c.state, Asset::Script, &c.path) })
-    }),
-    public_get("/webui/app.css", |c| {
-        Box::pin(async move { webui::serve(&c.state, Asset::Style, &c.path) })
+    public_get("/webui/{file}", |c| {
+        Box::pin(async move { webui::serve(&c.state, c.params.get("file"), &c.path) })
     }),
 ];
 
@@ -501,6 +497,10 @@ async fn dispatch(
         }),
     }
 }
+
+#[cfg(test)]
+#[path = "routes_docs_tests.rs"]
+mod docs_tests;
 
 #[cfg(test)]
 mod tests {

@@ -30,21 +30,49 @@ async fn the_page_is_served_without_a_key_and_its_api_calls_need_one() {
         "id=\"input\"",
         "id=\"send\"",
         "id=\"stop\"",
-        "src=\"/webui/app.js\"",
+        "id=\"max-tokens\"",
+        "id=\"top-k\"",
+        "id=\"top-p\"",
+        "id=\"min-p\"",
+        "id=\"typical-p\"",
+        "id=\"repeat-penalty\"",
+        "id=\"repeat-last-n\"",
+        "id=\"presence-penalty\"",
+        "id=\"frequency-penalty\"",
+        "id=\"seed\"",
+        "id=\"stop-strings\"",
+        "id=\"theme\"",
+        "id=\"conversation-list\"",
+        "id=\"export\"",
+        "id=\"import-file\"",
+        "id=\"attach\"",
+        "type=\"module\" src=\"/webui/app.js\"",
         "href=\"/webui/app.css\"",
     ] {
         assert!(page.body.contains(id), "the page lacks {id}");
     }
-    let script = server.get("/webui/app.js").await;
-    assert_eq!(script.status, StatusCode::OK);
-    assert_eq!(
-        script.headers["content-type"],
-        "text/javascript; charset=utf-8"
-    );
+    // The script is ES modules, each its own file; together they put text in as text.
+    let mut scripts = String::new();
+    for (name, _, _) in mlxcel_server::WEBUI_FILES
+        .iter()
+        .filter(|(n, _, _)| n.ends_with(".js"))
+    {
+        let script = server.get(&format!("/webui/{name}")).await;
+        assert_eq!(script.status, StatusCode::OK, "{name}");
+        assert_eq!(
+            script.headers["content-type"], "text/javascript; charset=utf-8",
+            "{name}"
+        );
+        scripts.push_str(&script.body);
+    }
     // Text from the server reaches the page as text, never as HTML.
-    assert!(script.body.contains("textContent"));
-    assert!(!script.body.contains("innerHTML"));
-    assert!(script.body.contains("/v1/chat/completions"));
+    assert!(scripts.contains("textContent"));
+    assert!(!scripts.contains("innerHTML"));
+    assert!(scripts.contains("/v1/chat/completions"));
+    assert_eq!(
+        server.get("/webui/nothing.js").await.status,
+        StatusCode::NOT_FOUND
+    );
     let style = server.get("/webui/app.css").await;
     assert_eq!(style.status, StatusCode::OK);
     assert_eq!(style.headers["content-type"], "text/css; charset=utf-8");
@@ -62,7 +90,7 @@ async fn no_webui_turns_the_page_off() {
         ..ServerConfig::default()
     };
     let server = TestServer::start(config, None).await;
-    for path in ["/", "/webui/app.js", "/webui/app.css"] {
+    for path in ["/", "/webui/app.js", "/webui/app.css", "/webui/markdown.js"] {
         let error = server.get(path).await.error(StatusCode::NOT_FOUND);
         assert_eq!(error["code"], "not_found", "{path}");
     }
