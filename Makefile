@@ -2,9 +2,9 @@
 
 CARGO ?= cargo
 
-.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates test test-mlx-only check-package e2e check-webui soak
+.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates check-samplers test test-mlx-only check-package e2e check-webui soak
 
-verify: fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates test test-mlx-only check-package e2e check-webui
+verify: fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates check-samplers test test-mlx-only check-package e2e check-webui
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -46,6 +46,11 @@ check-families:
 # mlxcel-model tests hold minijinja to the same expected files (docs/model.md).
 check-chat-templates:
 	scripts/check-chat-templates
+
+# The sampler chain against llama.cpp's own samplers through llama-cpp-python's bindings (the
+# reference build scripts/bench-references makes; skipped without it; docs/server.md).
+check-samplers:
+	scripts/check-samplers
 
 test:
 	$(CARGO) test --workspace --locked

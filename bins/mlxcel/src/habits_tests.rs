@@ -20,7 +20,7 @@ fn generate(args: &[&str]) -> commands::generate::Args {
     match parse(&full) {
         Ok(Cli {
             command: Command::Generate(args),
-        }) => args,
+        }) => *args,
         other => panic!("{full:?}: {other:?}"),
     }
 }
@@ -285,9 +285,8 @@ fn missing_llama_options_are_refused_by_name() {
     }
     for (flag, says) in [
         ("-mli", "end a line with \\"),
-        ("--grammar", "mlxcel serve"),
-        ("--mirostat", "--temp"),
-        ("-j", "json_schema"),
+        ("--chat-template", "--no-chat-template"),
+        ("--control-vector", "merge them"),
         ("--in-prefix", "--no-chat-template"),
         ("--lora", "merge them"),
     ] {
@@ -384,4 +383,132 @@ fn help_groups_the_habits() {
         assert!(verbs.contains(&format!("  {verb} ")), "{top}");
     }
     assert!(top.contains("ollama's verbs"), "{top}");
+}
+
+/// llama-cli's sampler, bias and constraint flags reach the request's sampling settings and
+/// constraint.
+#[test]
+fn llama_cli_sampler_and_constraint_flags_reach_the_request() {
+    use mlxcel_engine::{Constraint, SamplerStage};
+    let args = generate(&[
+        "--samplers",
+        "top_k;dry;xtc;temperature",
+        "--top-nsigma",
+        "1.5",
+        "--xtc-probability",
+        "0.5",
+        "--xtc-threshold",
+        "0.2",
+        "--dry-multiplier",
+        "0.8",
+        "--dry-base",
+        "2",
+        "--dry-allowed-length",
+        "3",
+        "--dry-penalty-last-n",
+        "-1",
+        "--dry-sequence-breaker",
+        "none",
+        "--dynatemp-range",
+        "0.3",
+        "--dynatemp-exp",
+        "2",
+        "--mirostat",
+        "2",
+        "--mirostat-lr",
+        "0.2",
+        "--mirostat-ent",
+        "4",
+        "-l",
+        "7+1.5",
+        "--logit-bias",
+        "9-inf",
+        "--ignore-eos",
+        "-sp",
+        "-j",
+        "{\"type\": \"object\"}",
+    ]);
+    let o = &args.options;
+    let s = o.sampling().unwrap();
+    assert_eq!(
+        s.samplers,
+        vec![
+            SamplerStage::TopK,
+            SamplerStage::Dry,
+            SamplerStage::Xtc,
+            SamplerStage::Temperature
+        ]
+    );
+    assert_eq!(
+        (
+            s.top_n_sigma,
+            s.xtc_probability,
+            s.xtc_threshold,
+            s.dry_multiplier,
+            s.dry_base
+        ),
+        (1.5, 0.5, 0.2, 0.8, 2.0)
+    );
+    assert_eq!(
+        (s.dry_allowed_length, s.dry_penalty_last_n),
+        (3, usize::MAX)
+    );
+    assert!(s.dry_sequence_breakers.is_empty());
+    assert_eq!(
+        (
+            s.dynatemp_range,
+            s.dynatemp_exponent,
+            s.mirostat,
+            s.mirostat_eta,
+            s.mirostat_tau
+        ),
+        (0.3, 2.0, 2, 0.2, 4.0)
+    );
+    assert_eq!(s.logit_bias, vec![(7, 1.5), (9, f32::NEG_INFINITY)]);
+    // --ignore-eos bans the model's end tokens; an id outside the vocabulary is refused.
+    let s = o.for_model(s, 100, &[2]).unwrap();
+    assert!(s.logit_bias.contains(&(2, f32::NEG_INFINITY)));
+    assert!(o.for_model(o.sampling().unwrap(), 8, &[2]).is_err());
+    assert!(o.engine_options().unwrap().special_tokens);
+    assert_eq!(
+        o.constraint().unwrap(),
+        Some(Constraint::JsonSchema(
+            serde_json::json!({"type": "object"})
+        ))
+    );
+    let grammar = generate(&["--grammar", "root ::= \"yes\""]);
+    assert!(matches!(
+        grammar.options.constraint().unwrap(),
+        Some(Constraint::Lark(_))
+    ));
+    let seq = generate(&["--sampling-seq", "kt"]);
+    assert_eq!(
+        seq.options.sampling().unwrap().samplers,
+        vec![SamplerStage::TopK, SamplerStage::Temperature]
+    );
+    // Out of range: refused, naming the setting.
+    let bad = generate(&["--xtc-probability", "2"]);
+    assert!(
+        bad.options
+            .sampling()
+            .unwrap_err()
+            .to_string()
+            .contains("xtc_probability")
+    );
+    let bad = generate(&["--samplers", "top_k;bogus"]);
+    assert!(
+        bad.options
+            .sampling()
+            .unwrap_err()
+            .to_string()
+            .contains("bogus")
+    );
+    let bad = generate(&["--grammar", "root ::= ("]);
+    assert!(
+        bad.options
+            .constraint()
+            .unwrap_err()
+            .to_string()
+            .contains("--grammar")
+    );
 }

@@ -33,7 +33,8 @@ enum Command {
     /// Convert a GGUF file (F32/F16/BF16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q2_K..Q6_K) into an MLX checkpoint.
     Convert(commands::convert::Args),
     /// Generate text from a prompt, or chat interactively without one.
-    Generate(commands::generate::Args),
+    // Boxed: it carries every sampler flag of llama.cpp's.
+    Generate(Box<commands::generate::Args>),
     /// Measure a text's perplexity under the model (llama-perplexity's method and output).
     Perplexity(commands::perplexity::Args),
     /// Install the default model (or prepare a GGUF) into the cache and print its directory.

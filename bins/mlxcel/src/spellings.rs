@@ -78,11 +78,6 @@ const NO_DOWNLOADS: &str = "models are not downloaded by name; give -m a local .
                             checkpoint directory (`mlxcel pull` installs the default model)";
 const NO_ADAPTERS: &str = "adapters are not applied at load: merge them into the checkpoint \
                            first and give -m the merged model";
-const STRUCTURED: &str = "constrained output is a request field of `mlxcel serve` \
-                          (response_format, json_schema, grammar; docs/server.md)";
-const SAMPLERS: &str = "not a sampler mlxcel offers; the CLI's are --temp, --top-k, --top-p, \
-                        --min-p, --typical, --repeat-penalty, --presence-penalty, \
-                        --frequency-penalty";
 const ROPE: &str = "RoPE and its scaling come from the checkpoint's config.json";
 const NO_PROMPT_CACHE: &str = "there is no prompt-cache file; `mlxcel serve` keeps a prefix cache \
                                in memory (--cache-ram)";
@@ -175,113 +170,6 @@ pub const REFUSED: &[Refused] = &[
         names: &["-bf", "--binary-file"],
         does: "reads the prompt from a binary file",
         instead: "give the prompt with -f FILE (text) or -p - (standard input)",
-    },
-    Refused {
-        names: &["--grammar"],
-        does: "constrains output with a GBNF grammar",
-        instead: STRUCTURED,
-    },
-    Refused {
-        names: &["--grammar-file"],
-        does: "constrains output with a GBNF grammar file",
-        instead: STRUCTURED,
-    },
-    Refused {
-        names: &["-j", "--json-schema"],
-        does: "constrains output with a JSON schema",
-        instead: STRUCTURED,
-    },
-    Refused {
-        names: &["-jf", "--json-schema-file"],
-        does: "constrains output with a JSON schema file",
-        instead: STRUCTURED,
-    },
-    Refused {
-        names: &["--mirostat"],
-        does: "selects Mirostat sampling",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--mirostat-lr"],
-        does: "sets Mirostat's learning rate",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--mirostat-ent"],
-        does: "sets Mirostat's target entropy",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--dynatemp-range"],
-        does: "sets the dynamic temperature range",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--dynatemp-exp"],
-        does: "sets the dynamic temperature exponent",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--xtc-probability"],
-        does: "sets XTC sampling's probability",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--xtc-threshold"],
-        does: "sets XTC sampling's threshold",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--top-nsigma"],
-        does: "selects top-n-sigma sampling",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--dry-multiplier"],
-        does: "sets DRY sampling's multiplier",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--dry-base"],
-        does: "sets DRY sampling's base",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--dry-allowed-length"],
-        does: "sets DRY sampling's allowed length",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--dry-penalty-last-n"],
-        does: "sets DRY sampling's window",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--dry-sequence-breaker"],
-        does: "adds a DRY sequence breaker",
-        instead: SAMPLERS,
-    },
-    Refused {
-        names: &["--samplers"],
-        does: "orders the sampler chain",
-        instead: "the chain is fixed, as llama.cpp's default: penalties, top-k, typical, top-p, \
-                  min-p, temperature",
-    },
-    Refused {
-        names: &["--sampling-seq", "--sampler-seq"],
-        does: "orders the sampler chain",
-        instead: "the chain is fixed, as llama.cpp's default: penalties, top-k, typical, top-p, \
-                  min-p, temperature",
-    },
-    Refused {
-        names: &["-l", "--logit-bias"],
-        does: "biases token logits",
-        instead: "logit_bias is a request field of `mlxcel serve` (docs/server.md)",
-    },
-    Refused {
-        names: &["--ignore-eos"],
-        does: "keeps generating past end-of-sequence",
-        instead: "ignore_eos is a request field of `mlxcel serve` (docs/server.md)",
     },
     Refused {
         names: &["--prompt-cache"],
@@ -410,11 +298,6 @@ pub const REFUSED: &[Refused] = &[
         names: &["--verbose-prompt"],
         does: "prints the prompt's tokens before generating",
         instead: "`mlxcel tokenize` prints a text's token ids",
-    },
-    Refused {
-        names: &["-sp", "--special"],
-        does: "prints special tokens",
-        instead: "special tokens are never printed",
     },
     Refused {
         names: &["--list-devices"],

@@ -16,6 +16,7 @@ use crate::error::EngineError;
 use crate::metrics::EngineMetrics;
 use crate::options::{BackendKind, EngineOptions};
 use crate::request::{Event, FinishReason, GenerationRequest, RequestId, Usage};
+use crate::sampling::BreakerVocabulary;
 use crate::scheduler::{
     CachedPrefix, ConstraintSource, Scheduler, SchedulerConfig, SchedulerStats,
 };
@@ -193,10 +194,13 @@ impl Engine {
 
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
-        let decoder = Arc::new(TokenizerDecoder::new(tokenizer.clone()));
+        let decoder = Arc::new(
+            TokenizerDecoder::new(tokenizer.clone()).with_special_tokens(options.special_tokens),
+        );
         // Structured output compiles against the tokenizer's vocabulary, padded to the model's;
         // the first end token closes a complete output.
         let constraint_tokenizer = tokenizer.clone();
+        let breakers = Arc::new(BreakerVocabulary::new(tokenizer.clone()));
         let eos = loaded.eos_token_ids.first().copied().unwrap_or(0);
         let vocab_size = loaded.checkpoint.config().vocab_size;
         let worker_metrics = metrics.clone();
@@ -211,6 +215,7 @@ impl Engine {
                 let scheduler = backend.and_then(|b| {
                     let scheduler = Scheduler::new(b, decoder, options.scheduler)?
                         .with_constraints(constraints)
+                        .with_breaker_vocabulary(breakers)
                         .with_prefix_cache(options.prefix_cache_bytes);
                     match &draft {
                         Some(draft) => {

@@ -83,7 +83,9 @@ pub use perplexity::{PerplexityOptions, PerplexityReport, perplexity};
 pub use request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };
-pub use sampling::{Sampler, SamplerStage, SamplingOverrides, SamplingParams, argmax};
+pub use sampling::{
+    DryBreakers, Sampler, SamplerStage, SamplingOverrides, SamplingParams, argmax, resolve_breakers,
+};
 pub use scheduler::{
     BucketOccupancy, CachedPrefix, PrefixCacheStats, RequestProgress, Scheduler, SchedulerConfig,
     SchedulerStats,

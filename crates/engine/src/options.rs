@@ -92,6 +92,9 @@ pub struct EngineOptions {
     /// attention reads per token, at the cost of rounding each key and value to half precision.
     /// The MLX backend only: the OpenXLA backend refuses anything but f32 at load.
     pub kv_types: (KvType, KvType),
+    /// Whether generated text shows special tokens (`<|im_end|>` ...) as their text, as
+    /// llama.cpp's `-sp/--special`; by default they are left out of the text.
+    pub special_tokens: bool,
 }
 
 /// How a static-shape backend (OpenXLA) sizes requests.
@@ -121,6 +124,7 @@ impl Default for EngineOptions {
             draft_model: None,
             prefix_cache_bytes: 0,
             kv_types: (KvType::F32, KvType::F32),
+            special_tokens: false,
         }
     }
 }

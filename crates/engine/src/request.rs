@@ -24,6 +24,10 @@ pub struct GenerationRequest {
     /// Report each token's log-probability and this many most likely alternatives; `None` for no
     /// log-probabilities at all.
     pub logprobs: Option<usize>,
+    /// Report the probabilities after the sampling chain (the distribution each token was drawn
+    /// from, llama-server's `post_sampling_probs`) instead of the model's: `logprobs`' values are
+    /// then the logarithms of those probabilities, and only the chain's survivors are listed.
+    pub post_sampling_probs: bool,
     /// What the output must match (structured output); `None` for free text.
     pub constraint: Option<Constraint>,
     /// Prompt-lookup speculative decoding for this request; `None` for the engine's default
@@ -48,6 +52,7 @@ impl GenerationRequest {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             logprobs: None,
+            post_sampling_probs: false,
             constraint: None,
             speculative: None,
             predict_time_limit: None,

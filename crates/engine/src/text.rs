@@ -6,15 +6,26 @@ use mlxcel_model::{Detokenizer, Tokenizer, shared_detokenizer};
 
 use crate::decode::{DecodeStream, TextDecoder};
 
-/// Decodes with the checkpoint's tokenizer, skipping special tokens (EOS never shows as text).
+/// Decodes with the checkpoint's tokenizer, skipping special tokens (EOS never shows as text)
+/// unless `special` asks for them ([`crate::EngineOptions::special_tokens`]).
 #[derive(Debug)]
 pub(crate) struct TokenizerDecoder {
     tokenizer: Arc<Tokenizer>,
+    special: bool,
 }
 
 impl TokenizerDecoder {
     pub(crate) fn new(tokenizer: Arc<Tokenizer>) -> Self {
-        Self { tokenizer }
+        Self {
+            tokenizer,
+            special: false,
+        }
+    }
+
+    /// Special tokens show as their text.
+    pub(crate) fn with_special_tokens(mut self, special: bool) -> Self {
+        self.special = special;
+        self
     }
 }
 
@@ -22,7 +33,7 @@ impl TextDecoder for TokenizerDecoder {
     fn stream(&self, _prompt: &[u32]) -> Box<dyn DecodeStream> {
         Box::new(TokenizerStream(shared_detokenizer(
             self.tokenizer.clone(),
-            true,
+            !self.special,
         )))
     }
 }

@@ -167,6 +167,10 @@ pub struct ServerArgs {
     #[arg(long = "presence-penalty", env = "LLAMA_ARG_PRESENCE_PENALTY")]
     pub presence_penalty: Option<f32>,
 
+    /// Default locally typical sampling p of requests that give none (1: off).
+    #[arg(long = "typical", alias = "typical-p")]
+    pub typical_p: Option<f32>,
+
     /// Default frequency penalty of requests that give none (0: off).
     #[arg(long = "frequency-penalty", env = "LLAMA_ARG_FREQUENCY_PENALTY")]
     pub frequency_penalty: Option<f32>,
@@ -410,6 +414,18 @@ pub struct ServerArgs {
     #[arg(long = "log-format", value_enum, default_value = "text")]
     pub log_format: crate::logging::LogFormat,
 
+    /// The constraint of requests that bring none (`--grammar`, `-j` ...).
+    #[command(flatten)]
+    pub constraint: crate::constraint_args::ConstraintArgs,
+
+    /// Show special tokens (`<|im_end|>` ...) in generated text (`-sp`).
+    #[arg(long = "special")]
+    pub special: bool,
+
+    /// llama-server's other sampling flags (DRY, XTC, mirostat, the chain ...).
+    #[command(flatten)]
+    pub sampling: crate::sampling_args::SamplingArgs,
+
     /// llama-server options without effect here (accepted, one warning line each).
     #[command(flatten)]
     pub ignored: IgnoredOptions,
@@ -513,6 +529,7 @@ impl ServerArgs {
         .map_err(|err| ServerError::Flag(err.to_string()))?;
         options.draft_model = self.spec_draft_model.clone();
         options.kv_types = (self.cache_type_k, self.cache_type_v);
+        options.special_tokens = self.special;
         options.kv_budget_bytes =
             usize::try_from(self.kv_budget.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         options.prefix_cache_bytes = match self.cache_ram {
@@ -643,7 +660,7 @@ impl ServerArgs {
             parallel: self.parallel()?,
             default_max_new_tokens,
             default_temperature: self.temperature,
-            sampling_defaults: SamplingOverrides {
+            sampling_defaults: self.sampling.overrides(SamplingOverrides {
                 top_k: self.top_k,
                 top_p: self.top_p,
                 min_p: self.min_p,
@@ -651,8 +668,11 @@ impl ServerArgs {
                 repeat_last_n: self.repeat_last_n,
                 presence_penalty: self.presence_penalty,
                 frequency_penalty: self.frequency_penalty,
+                typical_p: self.typical_p,
                 ..SamplingOverrides::default()
-            },
+            }),
+            sampling_chain: self.sampling.defaults()?,
+            default_constraint: self.constraint.constraint()?,
             slots: self.slots && !self.no_slots,
             props: self.props,
             default_seed: u64::try_from(self.seed).ok(),

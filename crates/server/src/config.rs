@@ -66,6 +66,12 @@ pub struct ServerConfig {
     /// Other sampling settings of requests that give none (`--top-k` ...; its temperature and
     /// seed stay `None`: those are the two fields above); `None` keeps the engine's.
     pub sampling_defaults: SamplingOverrides,
+    /// The chain, `ignore_eos` and biases of requests that give none (`--samplers`,
+    /// `--ignore-eos`, `--logit-bias`).
+    pub sampling_chain: crate::sampling_args::SamplingDefaults,
+    /// What the output of a request that brings no constraint of its own must match
+    /// (`--grammar`, `--grammar-file`, `-j`, `-jf`).
+    pub default_constraint: Option<mlxcel_engine::Constraint>,
     /// Whether `/slots` is served (`--no-slots` turns it off).
     pub slots: bool,
     /// Whether `POST /props` is served (`--props`).
@@ -114,6 +120,8 @@ impl Default for ServerConfig {
             default_max_new_tokens: MaxNewTokens::Unlimited,
             default_temperature: SamplingParams::default().temperature,
             sampling_defaults: SamplingOverrides::default(),
+            sampling_chain: crate::sampling_args::SamplingDefaults::default(),
+            default_constraint: None,
             slots: true,
             props: false,
             default_seed: None,

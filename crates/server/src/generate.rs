@@ -28,22 +28,37 @@ fn sampling(state: &AppState, params: &Params, eos: &[u32]) -> SamplingParams {
         seed: config.default_seed,
         ..SamplingParams::default()
     });
+    // As llama-server: a `dry_base` below 1 takes the server's.
+    let mut request = params.sampling.clone();
+    if request.dry_base.is_some_and(|base| base < 1.0) {
+        request.dry_base = None;
+    }
+    let chain = &config.sampling_chain;
+    // `--logit-bias` applies to requests that send no `logit_bias` of their own.
+    let mut logit_bias = if params.logit_bias.is_empty() {
+        chain.logit_bias.clone()
+    } else {
+        Vec::new()
+    };
+    // As llama-server: every end-of-sequence token biased to -inf.
+    if params.ignore_eos.unwrap_or(chain.ignore_eos) {
+        logit_bias.extend(eos.iter().map(|&t| (t, f32::NEG_INFINITY)));
+    }
     SamplingParams {
-        samplers: params.samplers.clone().unwrap_or(server.samplers.clone()),
-        // As llama-server: every end-of-sequence token biased to -inf.
-        logit_bias: if params.ignore_eos {
-            eos.iter().map(|&t| (t, f32::NEG_INFINITY)).collect()
-        } else {
-            Vec::new()
-        },
-        ..params.sampling.over(server)
+        samplers: params
+            .samplers
+            .clone()
+            .or_else(|| chain.samplers.clone())
+            .unwrap_or(server.samplers.clone()),
+        logit_bias,
+        ..request.over(server)
     }
 }
 
-/// A request's settings as `/slots` shows them (llama-server's `params` of a slot: its names,
-/// and the neutral values of the samplers this server does not have).
+/// A request's settings as `/slots` shows them (llama-server's `params` of a slot, its names).
 fn slot_params(request: &GenerationRequest, ignore_eos: bool) -> serde_json::Value {
     let s = &request.sampling;
+    let dry_penalty_last_n = i64::try_from(s.dry_penalty_last_n).unwrap_or(-1);
     serde_json::json!({
         "n_predict": match request.max_new_tokens {
             MaxNewTokens::Limited(n) => n as i64,
@@ -51,27 +66,35 @@ fn slot_params(request: &GenerationRequest, ignore_eos: bool) -> serde_json::Val
         },
         "seed": s.seed.map_or(-1, |seed| seed as i64),
         "temperature": s.temperature,
-        "dynatemp_range": 0.0,
-        "dynatemp_exponent": 1.0,
+        "dynatemp_range": s.dynatemp_range,
+        "dynatemp_exponent": s.dynatemp_exponent,
         "top_k": s.top_k,
         "top_p": s.top_p,
         "min_p": s.min_p,
-        "top_n_sigma": -1.0,
-        "xtc_probability": 0.0,
-        "xtc_threshold": 0.1,
+        "top_n_sigma": s.top_n_sigma,
+        "xtc_probability": s.xtc_probability,
+        "xtc_threshold": s.xtc_threshold,
         "typical_p": s.typical_p,
         "repeat_last_n": s.repeat_last_n,
         "repeat_penalty": s.repeat_penalty,
         "presence_penalty": s.presence_penalty,
         "frequency_penalty": s.frequency_penalty,
-        "dry_multiplier": 0.0,
-        "mirostat": 0,
+        "dry_multiplier": s.dry_multiplier,
+        "dry_base": s.dry_base,
+        "dry_allowed_length": s.dry_allowed_length,
+        "dry_penalty_last_n": dry_penalty_last_n,
+        "dry_sequence_breakers": s.dry_sequence_breakers,
+        "mirostat": s.mirostat,
+        "mirostat_tau": s.mirostat_tau,
+        "mirostat_eta": s.mirostat_eta,
+        "min_keep": s.min_keep,
         "stop": request.stop,
         "ignore_eos": ignore_eos,
         "logit_bias": s.logit_bias.iter().map(|&(t, b)| {
             serde_json::json!([t, if b == f32::NEG_INFINITY { serde_json::Value::Bool(false) } else { b.into() }])
         }).collect::<Vec<_>>(),
         "n_probs": request.logprobs.unwrap_or(0),
+        "post_sampling_probs": request.post_sampling_probs,
         "samplers": s.samplers.iter().map(|stage| stage.name()).collect::<Vec<_>>(),
     })
 }
@@ -144,11 +167,14 @@ pub async fn submit(
 ) -> Result<Tracked, ApiError> {
     let engine = state.engine()?.clone();
     let sampling = sampling(state, &params, &engine.info().eos_token_ids);
-    let ignore_eos = params.ignore_eos;
+    let ignore_eos = params
+        .ignore_eos
+        .unwrap_or(state.config().sampling_chain.ignore_eos);
     let requested = params
         .max_new_tokens
         .unwrap_or(state.config().default_max_new_tokens);
     let limit = state.context_limit(engine.info());
+    let default_constraint = state.config().default_constraint.clone();
     let cap_by_ctx = limit < engine.info().window;
     // Tokenizing (and templating) is CPU work, done off the async threads; the submission itself
     // is awaited without holding a thread.
@@ -177,7 +203,8 @@ pub async fn submit(
                 stop: params.stop,
                 stop_token_ids: Vec::new(),
                 logprobs: params.logprobs,
-                constraint: params.constraint,
+                post_sampling_probs: params.post_sampling_probs,
+                constraint: params.constraint.or(default_constraint),
                 // The engine's default (`EngineOptions::speculative`).
                 speculative: None,
                 predict_time_limit: params.predict_time_limit,

@@ -31,6 +31,9 @@ pub struct LlamaFields {
     pub logit_bias: Option<Value>,
     /// `false`: the prompt is computed whole, never from the prefix cache.
     pub cache_prompt: Option<bool>,
+    /// `n_probs` reports the distribution the sampler drew from, after its chain, instead of
+    /// the model's.
+    pub post_sampling_probs: Option<bool>,
 }
 
 /// Reads `logit_bias` as llama-server does, on every generating route (OpenAI's object of
@@ -103,13 +106,9 @@ pub enum SamplersField {
     Chars(String),
 }
 
-/// A sampler name or character: a stage of the engine's chain, one that does nothing at the only
-/// settings this server accepts for it, or one it does not have.
+/// A sampler name or character: a stage of the engine's chain, or one it does not have.
 enum Known {
     Stage(SamplerStage),
-    /// `dry`, `top_n_sigma`, `xtc`: no-ops at `dry_multiplier: 0`, `top_n_sigma: -1`,
-    /// `xtc_probability: 0`, the only values accepted ([`crate::inert`]).
-    Neutral,
     /// `infill`, `adaptive_p`: not implemented.
     Missing,
 }
@@ -130,16 +129,10 @@ const SAMPLERS: &[(&str, char)] = &[
 ];
 
 fn known(canonical: &str) -> Known {
-    match canonical {
-        "penalties" => Known::Stage(SamplerStage::Penalties),
-        "top_k" => Known::Stage(SamplerStage::TopK),
-        "typ_p" => Known::Stage(SamplerStage::TypicalP),
-        "top_p" => Known::Stage(SamplerStage::TopP),
-        "min_p" => Known::Stage(SamplerStage::MinP),
-        "temperature" => Known::Stage(SamplerStage::Temperature),
-        "dry" | "top_n_sigma" | "xtc" => Known::Neutral,
-        _ => Known::Missing,
-    }
+    SamplerStage::DEFAULT_ORDER
+        .into_iter()
+        .find(|stage| stage.name() == canonical)
+        .map_or(Known::Missing, Known::Stage)
 }
 
 /// The canonical name of `name` as llama.cpp reads it: case-insensitive, each canonical name
@@ -178,7 +171,6 @@ impl SamplersField {
         for (given, name) in items {
             match name.map(known) {
                 Some(Known::Stage(stage)) => stages.push(stage),
-                Some(Known::Neutral) => {}
                 Some(Known::Missing) => missing.push(format!("`{given}`")),
                 None => unknown.push(format!("`{given}`")),
             }
@@ -198,9 +190,8 @@ impl SamplersField {
             return Err(ApiError::unsupported(
                 "samplers",
                 format!(
-                    "samplers: {} not supported by this server (it has penalties, top_k, typ_p, \
-                     top_p, min_p, temperature; dry, top_n_sigma and xtc are accepted at their \
-                     neutral settings)",
+                    "samplers: {} not supported by this server (it has penalties, dry, \
+                     top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature)",
                     missing.join(", ")
                 ),
             ));
@@ -213,7 +204,8 @@ impl LlamaFields {
     /// Sets the fields of `params` these fields steer (the sampler chain, biases, stopping, the
     /// prefix cache).
     pub fn apply(&self, params: &mut Params) -> Result<(), ApiError> {
-        params.ignore_eos = self.ignore_eos.unwrap_or(false);
+        params.ignore_eos = self.ignore_eos;
+        params.post_sampling_probs = self.post_sampling_probs.unwrap_or(false);
         params.cache_prompt = self.cache_prompt;
         if let Some(bias) = &self.logit_bias {
             params.logit_bias = read_logit_bias(bias)?;
@@ -298,13 +290,15 @@ mod tests {
         );
         assert_eq!(
             names.stages().unwrap(),
-            vec![TopK, TopP, TypicalP, MinP, Temperature, Penalties]
+            vec![TopK, TopP, TypicalP, MinP, Temperature, Penalties, Dry, Xtc]
         );
-        let chars = SamplersField::Chars("edkypmxt".into());
+        let chars = SamplersField::Chars("edskypmxt".into());
         assert_eq!(
             chars.stages().unwrap(),
-            vec![Penalties, TopK, TypicalP, TopP, MinP, Temperature]
+            SamplerStage::DEFAULT_ORDER.to_vec()
         );
+        let names = SamplersField::Names(vec!["top-n-sigma".into(), "topnsigma".into()]);
+        assert_eq!(names.stages().unwrap(), vec![TopNSigma, TopNSigma]);
         let err = SamplersField::Names(vec!["top_k".into(), "bogus".into(), "zz".into()])
             .stages()
             .unwrap_err();

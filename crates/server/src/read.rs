@@ -133,7 +133,8 @@ pub fn parse_generation_handling<T: DeserializeOwned>(
     crate::inert::refuse_inert_fields(bytes, handled)?;
     let request = parse_json(bytes)?;
     let llama = parse_json(bytes)?;
-    let sampling = parse_json(bytes)?;
+    let sampling: SamplingOverrides = parse_json(bytes)?;
+    sampling.check()?;
     ranges.check(&sampling)?;
     Ok(GenerationBody {
         request,

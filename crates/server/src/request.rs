@@ -199,12 +199,16 @@ pub struct Params {
     pub stop: Vec<String>,
     /// Top alternatives per token; `Some(0)` is the chosen token's logprob alone.
     pub logprobs: Option<usize>,
+    /// llama-server's `post_sampling_probs`: `logprobs` from the sampler's distribution, after
+    /// its chain, rather than the model's.
+    pub post_sampling_probs: bool,
     /// Structured output: what the text must match.
     pub constraint: Option<Constraint>,
     /// llama-server's `samplers`: the chain's order and subset.
     pub samplers: Option<Vec<SamplerStage>>,
-    /// llama-server's `ignore_eos`: the end-of-sequence tokens' logits become -inf.
-    pub ignore_eos: bool,
+    /// llama-server's `ignore_eos`: the end-of-sequence tokens' logits become -inf (`None`:
+    /// the server's `--ignore-eos`).
+    pub ignore_eos: Option<bool>,
     /// llama-server's `t_max_predict_ms`
     /// ([`mlxcel_engine::GenerationRequest::predict_time_limit`]).
     pub predict_time_limit: Option<Duration>,

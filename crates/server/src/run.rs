@@ -49,6 +49,21 @@ pub fn run(args: &ServerArgs) -> Result<(), ServerError> {
         let (failed_tx, failed_rx) = tokio::sync::oneshot::channel();
         let loader_state = state.clone();
         tokio::task::spawn_blocking(move || match Engine::load(model.as_deref(), options) {
+            // `--logit-bias` names token ids: one outside the vocabulary stops the server.
+            Ok(engine)
+                if let Some(&(token, _)) = loader_state
+                    .config()
+                    .sampling_chain
+                    .logit_bias
+                    .iter()
+                    .find(|(t, _)| *t as usize >= engine.info().vocab_size) =>
+            {
+                let _ = failed_tx.send(mlxcel_engine::EngineError::InvalidSampling {
+                    field: "--logit-bias",
+                    value: token.to_string(),
+                    expected: "a token id of the model's vocabulary",
+                });
+            }
             Ok(engine) => {
                 let info = engine.info();
                 let buckets = loader_state.capacity_buckets(&engine);

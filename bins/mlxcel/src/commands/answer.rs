@@ -22,6 +22,8 @@ pub struct Session<'a> {
     pub engine: &'a Engine,
     pub options: &'a Options,
     pub sampling: SamplingParams,
+    /// `--grammar`, `-j` ...: what every answer must match.
+    pub constraint: Option<mlxcel_engine::Constraint>,
     pub max_new_tokens: MaxNewTokens,
     pub system: Option<String>,
     /// `-c`: most positions a request may use (capped at the window); `None`: the window.
@@ -182,6 +184,7 @@ impl Session<'_> {
         }
         let mut request = GenerationRequest::new(prompt, max_new_tokens);
         request.sampling = self.sampling.clone();
+        request.constraint = self.constraint.clone();
         request.stop = self.options.stops();
 
         let started = Instant::now();

@@ -7,7 +7,8 @@
 
 use anyhow::{Context, Result, bail};
 use mlxcel_engine::{
-    BackendKind, EngineOptions, MaxNewTokens, SamplingParams, SchedulerConfig, SpeculativeConfig,
+    BackendKind, Constraint, EngineOptions, MaxNewTokens, SamplingOverrides, SamplingParams,
+    SchedulerConfig, SpeculativeConfig,
 };
 
 /// The `--help` heading of llama-cli's conversation switches.
@@ -29,7 +30,7 @@ Spellings of other tools, accepted as the flag they name:
     --ignore-chat-template        --no-chat-template
     --draft-model FILE            --spec-draft-model
     --num-draft-tokens N          --spec-draft-n-max
-llama.cpp options mlxcel does not have (-hf, --lora, --grammar, --mirostat ...) are refused by
+llama.cpp options mlxcel does not have (-hf, --lora, --chat-template ...) are refused by
 name, with what to use instead.";
 
 #[derive(Debug, Clone, PartialEq, clap::Args)]
@@ -217,6 +218,19 @@ pub struct Options {
     #[arg(long = "no-escape", help_heading = LLAMA_CLI, overrides_with = "escape")]
     pub no_escape: bool,
 
+    /// llama.cpp's other sampling flags: the chain (`--samplers`), DRY, XTC, top-n-sigma,
+    /// dynamic temperature, mirostat, `-l/--logit-bias`, `--ignore-eos`.
+    #[command(flatten)]
+    pub chain: mlxcel_server::sampling_args::SamplingArgs,
+
+    /// Print special tokens (`<|im_end|>` ...) in the output (`-sp`).
+    #[arg(long = "special")]
+    pub special: bool,
+
+    /// `--grammar`, `--grammar-file`, `-j`, `-jf`: what every answer must match.
+    #[command(flatten)]
+    pub constraint: mlxcel_server::constraint_args::ConstraintArgs,
+
     #[command(flatten)]
     pub ignored: super::ignored::Ignored,
 }
@@ -245,23 +259,61 @@ impl Options {
         })
     }
 
-    /// The sampling parameters, validated.
+    /// The sampling parameters, validated. `--ignore-eos` and the range of `--logit-bias` ids
+    /// need the model: [`Options::for_model`].
     pub fn sampling(&self) -> Result<SamplingParams> {
-        let sampling = SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            typical_p: self.typical_p,
-            repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            seed: u64::try_from(self.seed).ok(),
-            ..SamplingParams::default()
-        };
+        let chain = self.chain.defaults()?;
+        let mut sampling =
+            self.chain
+                .overrides(SamplingOverrides::default())
+                .over(SamplingParams {
+                    temperature: self.temperature,
+                    top_k: self.top_k,
+                    top_p: self.top_p,
+                    min_p: self.min_p,
+                    typical_p: self.typical_p,
+                    repeat_penalty: self.repeat_penalty,
+                    repeat_last_n: self.repeat_last_n,
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    seed: u64::try_from(self.seed).ok(),
+                    ..SamplingParams::default()
+                });
+        if let Some(samplers) = chain.samplers {
+            sampling.samplers = samplers;
+        }
+        sampling.logit_bias = chain.logit_bias;
         sampling.validate()?;
         Ok(sampling)
+    }
+
+    /// `sampling` for a model of `vocab` tokens ending with `eos`: `--ignore-eos` bans the
+    /// end-of-sequence tokens (as llama.cpp's EOS bias); a `--logit-bias` id outside the
+    /// vocabulary is refused.
+    pub fn for_model(
+        &self,
+        mut sampling: SamplingParams,
+        vocab: usize,
+        eos: &[u32],
+    ) -> Result<SamplingParams> {
+        if let Some(&(token, _)) = sampling
+            .logit_bias
+            .iter()
+            .find(|(t, _)| *t as usize >= vocab)
+        {
+            bail!("--logit-bias: token id {token} is not in the model's vocabulary (0..{vocab})");
+        }
+        if self.chain.ignore_eos {
+            sampling
+                .logit_bias
+                .extend(eos.iter().map(|&t| (t, f32::NEG_INFINITY)));
+        }
+        Ok(sampling)
+    }
+
+    /// The output constraint `--grammar`, `--grammar-file`, `-j` or `-jf` gives.
+    pub fn constraint(&self) -> Result<Option<Constraint>> {
+        Ok(self.constraint.constraint()?)
     }
 
     /// How the engine is loaded: one request at a time.
@@ -295,6 +347,7 @@ impl Options {
             }
             None => options.use_application_activations(),
         }
+        options.special_tokens = self.special;
         Ok(options)
     }
 

@@ -14,6 +14,7 @@ use super::options::{Mode, Options};
 pub fn run(model: Option<&str>, options: &Options, mode: Mode) -> Result<()> {
     let max_new_tokens = options.max_new_tokens()?;
     let sampling = options.sampling()?;
+    let constraint = options.constraint()?;
     let system = options.system()?;
     if system.is_some() && !options.chat_template() {
         bail!("--system needs the chat template; drop --no-chat-template (or -no-cnv) or --system");
@@ -40,6 +41,7 @@ pub fn run(model: Option<&str>, options: &Options, mode: Mode) -> Result<()> {
         info.weight_bytes as f64 / 1e6,
         started.elapsed().as_secs_f64()
     );
+    let sampling = options.for_model(sampling, info.vocab_size, &info.eos_token_ids)?;
     let context = match options.ctx_size {
         0 => None,
         c => Some(c.min(info.window)),
@@ -48,6 +50,7 @@ pub fn run(model: Option<&str>, options: &Options, mode: Mode) -> Result<()> {
         engine: &engine,
         options,
         sampling,
+        constraint,
         max_new_tokens,
         system,
         context,

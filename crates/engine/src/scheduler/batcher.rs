@@ -10,7 +10,7 @@ use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, ShapePoli
 use crate::decode::TextDecoder;
 use crate::error::EngineError;
 use crate::request::{Event, GenerationRequest, RequestId, RequestStatus};
-use crate::sampling::Sampler;
+use crate::sampling::{BreakerVocabulary, Sampler};
 use crate::speculative::Proposer;
 use crate::stop::StopMatcher;
 
@@ -36,6 +36,9 @@ pub struct Scheduler<B: Backend> {
     /// Compiles structured-output constraints for the model's vocabulary (built on the first
     /// constrained request); `None` without a tokenizer (then such requests are refused).
     constraints: Option<Arc<ConstraintSource>>,
+    /// Resolves DRY's sequence breakers against the model's vocabulary; `None` without a
+    /// tokenizer (then DRY runs without breakers).
+    breakers: Option<Arc<BreakerVocabulary>>,
     /// Finished sequences' slots kept for requests that start with the same tokens.
     prefix: PrefixCache,
     /// The draft model, and what a verified position costs.
@@ -69,6 +72,7 @@ impl<B: Backend> Scheduler<B> {
             next_id: 1,
             stats: SchedulerStats::default(),
             constraints: None,
+            breakers: None,
             prefix: PrefixCache::default(),
             speculation: Speculation::default(),
         })
@@ -136,6 +140,12 @@ impl<B: Backend> Scheduler<B> {
     /// Lets requests carry structured-output constraints, compiled against this vocabulary.
     pub(crate) fn with_constraints(mut self, source: Arc<ConstraintSource>) -> Self {
         self.constraints = Some(source);
+        self
+    }
+
+    /// Resolves DRY's sequence breakers with `vocabulary` (the model's tokenizer).
+    pub(crate) fn with_breaker_vocabulary(mut self, vocabulary: Arc<BreakerVocabulary>) -> Self {
+        self.breakers = Some(vocabulary);
         self
     }
 
@@ -218,7 +228,13 @@ impl<B: Backend> Scheduler<B> {
             image_tokens: 0,
             max_new_tokens: request.max_new_tokens,
         })?;
-        let sampler = Sampler::new(request.sampling)?;
+        let dry_breakers = match &self.breakers {
+            Some(vocabulary) if request.sampling.dry_enabled() => {
+                vocabulary.resolve(&request.sampling.dry_sequence_breakers)
+            }
+            _ => Arc::default(),
+        };
+        let sampler = Sampler::new(request.sampling)?.with_dry_breakers(dry_breakers);
         if let Some(speculative) = &request.speculative {
             speculative.validate()?;
             if !self.backend.can_score() {
@@ -264,6 +280,7 @@ impl<B: Backend> Scheduler<B> {
             stops: StopMatcher::new(request.stop),
             stop_token_ids: request.stop_token_ids,
             logprobs: request.logprobs,
+            post_sampling_probs: request.post_sampling_probs,
             constraint,
             speculative: request.speculative,
             acceptance: crate::speculative::PRIOR_ACCEPTANCE,

@@ -25,16 +25,57 @@ pub(super) fn advance(
     if sequence.computed < sequence.tokens.len() {
         return;
     }
-    let (logprob, top_logprobs) = match sequence.logprobs {
-        Some(k) => log_probabilities(&logits, k),
-        None => (Vec::new(), Vec::new()),
-    };
+    let before = model_probabilities(sequence, &logits);
     if let Some(Err(message)) = masked {
         end_with_error(sequence, format!("structured output: {message}"), events);
         return;
     }
     let token = sequence.sampler.sample(&mut logits, &sequence.tokens);
-    emit(sequence, stats, token, (logprob, top_logprobs), events);
+    let reported = reported_probabilities(sequence, before, token);
+    emit(sequence, stats, token, reported, events);
+}
+
+/// The model's log-probabilities before sampling, when the request reports them (not the
+/// sampler's: [`reported_probabilities`] reads those after the draw).
+pub(super) fn model_probabilities(
+    sequence: &Sequence,
+    logits: &[f32],
+) -> Option<(Vec<f32>, Vec<TokenLogprob>)> {
+    match sequence.logprobs {
+        Some(k) if !sequence.post_sampling_probs => Some(log_probabilities(logits, k)),
+        _ => None,
+    }
+}
+
+/// What the request reports for a sampled `token`: its log-probability and the most likely
+/// alternatives, from the model's distribution (`before`) or, with post-sampling probabilities,
+/// from the distribution the sampler drew it from.
+pub(super) fn reported_probabilities(
+    sequence: &Sequence,
+    before: Option<(Vec<f32>, Vec<TokenLogprob>)>,
+    token: u32,
+) -> (f32, Vec<TokenLogprob>) {
+    match (sequence.logprobs, before) {
+        (Some(k), None) if sequence.post_sampling_probs => {
+            let (chosen, top) = sequence.sampler.post_sampling_probs(token, k);
+            let top = top
+                .into_iter()
+                .map(|(token, p)| TokenLogprob {
+                    token,
+                    logprob: p.ln() as f32,
+                })
+                .collect();
+            (chosen.ln() as f32, top)
+        }
+        (_, Some((logprobs, top))) => (
+            logprobs
+                .get(token as usize)
+                .copied()
+                .unwrap_or(f32::NEG_INFINITY),
+            top,
+        ),
+        _ => (f32::NEG_INFINITY, Vec::new()),
+    }
 }
 
 /// Records a sampled `token` for `sequence`: its text through the stop matcher, the end
@@ -44,7 +85,7 @@ pub(super) fn emit(
     sequence: &mut Sequence,
     stats: &mut SchedulerStats,
     token: u32,
-    (logprob, top_logprobs): (Vec<f32>, Vec<TokenLogprob>),
+    (logprob, top_logprobs): (f32, Vec<TokenLogprob>),
     events: &mut Vec<(RequestId, Event)>,
 ) -> bool {
     {
@@ -86,13 +127,7 @@ pub(super) fn emit(
                 sequence.status = RequestStatus::FinishedLength;
             }
         }
-        let logprob = sequence.logprobs.map(|_| TokenLogprob {
-            token,
-            logprob: logprob
-                .get(token as usize)
-                .copied()
-                .unwrap_or(f32::NEG_INFINITY),
-        });
+        let logprob = sequence.logprobs.map(|_| TokenLogprob { token, logprob });
         events.push((
             sequence.id,
             Event::Token {

@@ -29,6 +29,9 @@ pub(super) struct Sequence {
     pub(super) stops: StopMatcher,
     pub(super) stop_token_ids: Vec<u32>,
     pub(super) logprobs: Option<usize>,
+    /// Whether `logprobs` reports the sampler's distribution
+    /// ([`crate::GenerationRequest::post_sampling_probs`]).
+    pub(super) post_sampling_probs: bool,
     /// The structured-output constraint in progress, if any.
     pub(super) constraint: Option<ConstrainedOutput>,
     /// Prompt-lookup speculation, when the request (or the engine) asks for it.

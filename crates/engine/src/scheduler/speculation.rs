@@ -12,7 +12,7 @@ use crate::speculative::{
     PassCosts, Proposer, SpeculativeConfig, drifted_acceptance, updated_acceptance,
 };
 
-use super::emission::{emit, end_with_error, log_probabilities};
+use super::emission::{emit, end_with_error, model_probabilities, reported_probabilities};
 use super::sequence::Sequence;
 use super::stats::SchedulerStats;
 
@@ -237,10 +237,7 @@ pub(super) fn accept<B: Backend + ?Sized>(
     stats.drafted_tokens += proposals.len() as u64;
     let mut accepted_here = 0;
     for (i, mut logits) in rows.into_iter().enumerate() {
-        let logprobs = match sequence.logprobs {
-            Some(k) => log_probabilities(&logits, k),
-            None => (Vec::new(), Vec::new()),
-        };
+        let before = model_probabilities(sequence, &logits);
         // Structured output: this position's mask, from the constraint's state after the
         // tokens accepted so far (a proposal it forbids is rejected like any other).
         let Sequence {
@@ -263,7 +260,8 @@ pub(super) fn accept<B: Backend + ?Sized>(
                 false,
             ),
         };
-        let finished = emit(sequence, stats, token, logprobs, events);
+        let reported = reported_probabilities(sequence, before, token);
+        let finished = emit(sequence, stats, token, reported, events);
         if finished || !accepted {
             break;
         }

@@ -84,13 +84,13 @@ mod http {
         let neutral = server
             .post_json(
                 "/completion",
-                json!({"prompt": "Hi", "n_predict": 1, "typical_p": 1.0, "mirostat": 0, "ignore_eos": false}),
+                json!({"prompt": "Hi", "n_predict": 1, "typical_p": 1.0, "adaptive_target": -1, "ignore_eos": false}),
             )
             .await;
         assert_eq!(neutral.status, StatusCode::OK, "{}", neutral.body);
         for (path, field, value) in [
-            ("/completion", "mirostat", json!(2)),
-            ("/v1/completions", "dry_multiplier", json!(0.8)),
+            ("/completion", "adaptive_target", json!(0.5)),
+            ("/v1/completions", "n_indent", json!(4)),
             // The chat route acts on `chat_template_kwargs` (tests/server/reasoning.rs); the
             // others refuse it.
             (

@@ -7,7 +7,8 @@
 //! model names, per-request log lines), `auth`, `lifecycle` (loading,
 //! client disconnect, graceful shutdown), `concurrency` (parallel streams equal sequential runs),
 //! `infill` (llama-server's `/infill`), `webui` (the chat page at `/` and `--no-webui`), `slots`
-//! (saving, restoring and erasing slots with `--slot-save-path`).
+//! (saving, restoring and erasing slots with `--slot-save-path`), `sampler_chain` (DRY, XTC,
+//! mirostat ... and post-sampling probabilities, their flags).
 //! Tests on the default model are skipped with `MLXCEL_SKIP_MODEL_TESTS=1`.
 
 mod anthropic;
@@ -25,6 +26,7 @@ mod llama_fields;
 mod reasoning;
 mod responses;
 mod routes;
+mod sampler_chain;
 mod slots;
 mod support;
 mod webui;

@@ -19,6 +19,9 @@ pub(super) struct CompletionReply {
     pub return_tokens: bool,
     /// `n_probs` > 0: `completion_probabilities` (not streamed).
     pub n_probs: bool,
+    /// `post_sampling_probs`: those are probabilities after the sampler's chain, named `prob`
+    /// and `top_probs` as llama-server names them.
+    pub post_sampling: bool,
 }
 
 impl Reply for CompletionReply {
@@ -50,13 +53,12 @@ impl Reply for CompletionReply {
             body.tokens = outcome.tokens.iter().map(|t| t.token).collect();
         }
         if self.n_probs {
-            body.completion_probabilities = Some(
-                outcome
-                    .tokens
-                    .iter()
-                    .map(|t| TokenProbs::new(engine, t))
-                    .collect(),
-            );
+            let probs = outcome.tokens.iter().map(|t| TokenProbs::new(engine, t));
+            body.completion_probabilities = Some(if self.post_sampling {
+                probs.map(TokenProbs::post_sampling).collect()
+            } else {
+                probs.map(|p| serde_json::json!(p)).collect()
+            });
         }
         json(StatusCode::OK, &body)
     }
@@ -79,6 +81,22 @@ pub(super) struct TopProb {
 }
 
 impl TokenProbs {
+    /// The entry as llama-server writes post-sampling probabilities: `prob` and `top_probs`,
+    /// probabilities rather than their logarithms.
+    fn post_sampling(self) -> serde_json::Value {
+        let top: Vec<serde_json::Value> = self
+            .top_logprobs
+            .into_iter()
+            .map(|a| serde_json::json!({"id": a.id, "token": a.token, "prob": a.logprob.exp()}))
+            .collect();
+        serde_json::json!({
+            "id": self.id,
+            "token": self.token,
+            "prob": self.logprob.map(f32::exp),
+            "top_probs": top,
+        })
+    }
+
     fn new(engine: &Engine, t: &TokenRecord) -> Self {
         Self {
             id: t.token,
@@ -132,7 +150,7 @@ pub(super) struct CompletionResult {
     timings: Timings,
     /// With `n_probs` > 0, on a request that was not streamed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    completion_probabilities: Option<Vec<TokenProbs>>,
+    completion_probabilities: Option<Vec<serde_json::Value>>,
 }
 
 /// A `/completion` stream's chunk: a piece, then the result.

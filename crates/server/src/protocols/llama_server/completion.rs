@@ -380,6 +380,7 @@ async fn run(
         },
         return_tokens: llama.return_tokens(),
         n_probs,
+        post_sampling: params.post_sampling_probs,
     };
     let generation = Generation {
         prompt: Prompt::Input(prompt),
