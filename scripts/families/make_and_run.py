@@ -243,6 +243,15 @@ def variants():
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}),
          {"prompt_len": 100}),
+        # 4-bit groups of 32: every projection quantized (the convolution stays dense), untied.
+        ("qwen3_5-q4", "qwen3_5", base_config(
+            architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5", num_hidden_layers=4,
+            full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+            rms_norm_eps=1e-6, rope_theta=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5}),
+         {"prompt_len": 100, "quantize": (32, 4)}),
         # Qwen3.5-MoE: every layer routed (top-2 of 4, renormalised) beside a gated shared expert.
         ("qwen3_5_moe", "qwen3_5_moe", base_config(
             architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe",
