@@ -13,7 +13,7 @@ A variant is a tiny random model of one family built with mlx-lm's own classes
 (`mlx_lm.models.<module>.Model(ModelArgs(...))`), every feature of the family switched on, saved as
 mlx-lm saves a model (config.json in Hugging Face's keys, `model.safetensors` with mlx-lm's tensor
 names, metadata `format: mlx`), loaded back the way `mlx_lm.utils.load_model` does, and run: a
-24-token prefill through mlx-lm's KV caches (`make_prompt_cache`), then 8 greedy decode steps.
+24-token prefill (longer where a variant says) through mlx-lm's KV caches (`make_prompt_cache`), then 8 greedy decode steps.
 oracle.json holds the 9 last-position logit vectors (f32) and the 9 greedy tokens.
 
 Only the model modules are imported, never the `mlx_lm` package itself: its `__init__` pulls in
@@ -55,10 +55,11 @@ BOS, EOS = 257, 256
 NULLABLE = {"rope_scaling", "sliding_window", "final_logit_softcapping", "attn_logit_softcapping"}
 
 
-def prompt_tokens():
-    """24 deterministic, irregular byte-range ids (a linear congruential sequence)."""
+def prompt_tokens(length=PROMPT_LEN):
+    """`length` (24 unless a variant says) deterministic, irregular byte-range ids (a linear
+    congruential sequence)."""
     x, ids = 20261201, []
-    for _ in range(PROMPT_LEN):
+    for _ in range(length):
         x = (x * 1103515245 + 12345) % 2**31
         ids.append(x % 256)
     return ids
@@ -219,6 +220,49 @@ def variants():
             norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
             use_sliding_window=False, sliding_window=32768, max_window_layers=3,
             rope_theta=1000000.0), {}),
+        # Gated-DeltaNet hybrids: linear attention on layers 0 and 2 (full_attention_interval 2),
+        # gated softmax attention with q/k norms and partial RoPE (half of each head) on 1 and 3;
+        # a 100-token prompt, so that the chunked delta rule (chunks of 64) crosses a chunk. The
+        # OpenXLA backend refuses them by name.
+        # Qwen3-Next: fused, key-head-grouped projections (in_proj_qkvz, in_proj_ba); routed
+        # experts (top-2 of 4, renormalised) with a gated shared expert, layer 1 dense.
+        ("qwen3_next", "qwen3_next", base_config(
+            architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", num_hidden_layers=4,
+            full_attention_interval=2, partial_rotary_factor=0.5, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+            linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[1], rms_norm_eps=1e-6),
+         {"prompt_len": 100}),
+        # Qwen3.5 (dense): split projections; RoPE from rope_parameters.
+        ("qwen3_5", "qwen3_5", base_config(
+            architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5", num_hidden_layers=4,
+            full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+            rms_norm_eps=1e-6, rope_theta=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}),
+         {"prompt_len": 100}),
+        # 4-bit groups of 32: every projection quantized (the convolution stays dense), untied.
+        ("qwen3_5-q4", "qwen3_5", base_config(
+            architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5", num_hidden_layers=4,
+            full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+            rms_norm_eps=1e-6, rope_theta=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5}),
+         {"prompt_len": 100, "quantize": (32, 4)}),
+        # Qwen3.5-MoE: every layer routed (top-2 of 4, renormalised) beside a gated shared expert.
+        ("qwen3_5_moe", "qwen3_5_moe", base_config(
+            architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe",
+            num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+            linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=True,
+            rms_norm_eps=1e-6, rope_theta=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5}),
+         {"prompt_len": 100}),
     ]
 
 
@@ -329,7 +373,6 @@ def make_variants(out_dir, families):
     if unknown := set(families) - known:
         sys.exit(f"unknown families {sorted(unknown)}; known: "
                  f"{' '.join(dict.fromkeys(v[1] for v in variants()))} (or a variant's name)")
-    prompt = prompt_tokens()
     # The seed is the variant's place in the whole list, so that naming families never changes
     # a variant's weights.
     for seed, (name, family, config, options) in enumerate(variants()):
@@ -337,6 +380,7 @@ def make_variants(out_dir, families):
             continue
         directory = os.path.join(out_dir, name)
         os.makedirs(directory, exist_ok=True)
+        prompt = prompt_tokens(options.get("prompt_len", PROMPT_LEN))
         config = {k: v for k, v in config.items() if v is not None or k in NULLABLE}
         module = model_type_module(config)
         model = module.Model(module.ModelArgs.from_dict(config))

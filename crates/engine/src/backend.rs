@@ -188,6 +188,13 @@ pub trait Backend {
         false
     }
 
+    /// Whether the model keeps a recurrent state per sequence (a hybrid's linear-attention
+    /// layers), which cannot be rewound to a shorter prefix: speculative decoding, the prefix
+    /// cache and slot files are off for it ([`crate::speculative::HYBRID_STATE`]).
+    fn recurrent_state(&self) -> bool {
+        false
+    }
+
     /// Makes slot `to`'s first `len` positions a copy of slot `from`'s (the same tokens there),
     /// replacing whatever `to` held.
     fn copy_prefix(&mut self, from: SlotId, to: SlotId, len: usize) -> Result<(), EngineError> {
@@ -380,6 +387,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn can_copy_prefix(&self) -> bool {
         (**self).can_copy_prefix()
+    }
+
+    fn recurrent_state(&self) -> bool {
+        (**self).recurrent_state()
     }
 
     fn kv_bytes(&self, positions: usize) -> usize {

@@ -57,6 +57,14 @@ pub const NEEDS_SCORING: &str = "speculative decoding needs a backend that score
 of a pass: the OpenXLA backend's compiled programs return only the last position's logits (docs/xla.md \
 says why it compiles no verify program); use --backend mlx, or no --spec-type";
 
+/// Why a hybrid model (gated-DeltaNet linear attention: Qwen3-Next, Qwen3.5) runs without
+/// speculative decoding, the prefix cache and slot files: its layers keep a recurrent state per
+/// sequence, the state after every position it consumed, which mlxcel does not yet checkpoint
+/// per position (to roll back rejected proposals) or per block (to resume a cached prefix).
+pub const HYBRID_STATE: &str = "this is a hybrid model: its linear-attention layers keep a \
+recurrent state per sequence that mlxcel cannot yet roll back to an earlier position, so \
+speculative decoding, the prefix cache and slot save/restore are off for it (docs/mlx.md)";
+
 /// The acceptance rate a sequence starts from, and drifts back to while it does not speculate.
 pub const PRIOR_ACCEPTANCE: f32 = 0.5;
 /// How far an accepted proposal moves a sequence's acceptance rate towards 1, and a rejected one

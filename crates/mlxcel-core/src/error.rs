@@ -89,6 +89,16 @@ pub enum Error {
         /// Why, and what to use instead.
         reason: String,
     },
+    /// A sequence's linear-attention (recurrent) state cannot do what was asked: it holds the
+    /// state after exactly the positions it consumed, so it cannot be rewound, cut to a shorter
+    /// prefix, or saved and restored as keys and values.
+    #[error("the linear-attention state of a hybrid model ({operation}): {reason}")]
+    RecurrentState {
+        /// What was asked of it.
+        operation: &'static str,
+        /// Why it cannot, and what to do instead.
+        reason: String,
+    },
     /// An environment variable (or the option that overrides it) has a value this crate cannot use.
     #[error("{variable}={value:?} is invalid: expected {expected}")]
     InvalidEnv {

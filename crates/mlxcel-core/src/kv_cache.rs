@@ -8,6 +8,7 @@ pub use mlxcel_model::KvType;
 use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
+use crate::recurrent_state::{LayerStateShape, RecurrentState};
 
 /// The MLX dtype a cache of `kind` holds (q8_0: its rows' bytes).
 fn dtype_of(kind: KvType) -> Dtype {
@@ -108,6 +109,9 @@ pub struct KvCache {
     max_positions: usize,
     kv_heads: i32,
     head_dim: i32,
+    /// A hybrid model's linear-attention state (its layers hold no keys or values), `None` for
+    /// a model of softmax attention only.
+    recurrent: Option<RecurrentState>,
 }
 
 impl KvCache {
@@ -128,7 +132,58 @@ impl KvCache {
             max_positions,
             kv_heads: kv_heads as i32,
             head_dim: head_dim as i32,
+            recurrent: None,
         }
+    }
+
+    /// The cache with a new sequence's recurrent state for a hybrid model's linear-attention
+    /// layers (`shapes`, in layer order; none: no state).
+    pub(crate) fn with_recurrent(mut self, shapes: &[LayerStateShape]) -> Self {
+        if !shapes.is_empty() {
+            self.recurrent = Some(RecurrentState::new(shapes));
+        }
+        self
+    }
+
+    /// The linear-attention layers' state, for a hybrid model's cache.
+    pub fn recurrent(&self) -> Option<&RecurrentState> {
+        self.recurrent.as_ref()
+    }
+
+    /// The state a step reads and writes, checked to be the state after exactly the positions
+    /// the cache holds.
+    pub(crate) fn recurrent_mut(&mut self) -> Result<Option<&mut RecurrentState>> {
+        let len = self.len;
+        match &mut self.recurrent {
+            Some(state) if state.position() != len => Err(Error::RecurrentState {
+                operation: "step",
+                reason: format!(
+                    "the cache holds {len} positions but its state is not the state after them \
+                     (it was rewound or cut); start the sequence again"
+                ),
+            }),
+            other => Ok(other.as_mut()),
+        }
+    }
+
+    /// Bytes of the linear-attention state (0 for a model without linear layers): a fixed size
+    /// per sequence, whatever its length.
+    pub fn recurrent_bytes(&self) -> usize {
+        self.recurrent.as_ref().map_or(0, RecurrentState::bytes)
+    }
+
+    /// The refusal of an operation a cache with recurrent state cannot do, if this is one.
+    fn refuse_recurrent(&self, operation: &'static str) -> Result<()> {
+        if self.recurrent.is_some() {
+            return Err(Error::RecurrentState {
+                operation,
+                reason: "a hybrid model's linear-attention layers keep a recurrent state, not \
+                         keys and values per position; it is not saved, restored or shared \
+                         (docs/mlx.md)"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 
     /// Positions held.
@@ -369,6 +424,8 @@ impl KvCache {
     /// same tokens give the same keys and values), forgetting its own: the blocks `len` fills
     /// are shared with `source`, the partial last one is copied.
     pub fn copy_prefix_from(&mut self, source: &KvCache, len: usize) -> Result<()> {
+        self.refuse_recurrent("copy a prefix")?;
+        source.refuse_recurrent("copy a prefix")?;
         if source.types() != self.types() {
             return Err(Error::KvTypeMismatch {
                 from_k: source.k_type.as_str(),
@@ -411,6 +468,7 @@ impl KvCache {
     /// types), layer by layer, keys before values, each `[kv_heads, len, head_dim]`
     /// ([`KvCache::import`] reads this layout).
     pub fn export(&self, len: usize) -> Result<Vec<f32>> {
+        self.refuse_recurrent("export")?;
         if len > self.len {
             return Err(Error::CacheFull {
                 len: self.len,
@@ -441,6 +499,7 @@ impl KvCache {
     /// own; `data` must hold exactly `len` positions. Values are rounded to the cache's types as
     /// a step's writes are.
     pub fn import(&mut self, data: &[f32], len: usize) -> Result<()> {
+        self.refuse_recurrent("import")?;
         let per_side = len * self.kv_heads as usize * self.head_dim as usize;
         if data.len() != 2 * self.layer_count * per_side {
             return Err(Error::DataLength {
@@ -492,13 +551,25 @@ impl KvCache {
     /// Forgets every position from `len` on (speculative decoding's rejected proposals); their
     /// keys and values are overwritten by the next append (into a copy, if the block is
     /// shared).
+    ///
+    /// A hybrid model's recurrent state cannot be rewound: cut to fewer positions, the cache
+    /// refuses its next step (by name) rather than continue from the wrong state.
     pub fn truncate(&mut self, len: usize) {
+        if len < self.len
+            && let Some(state) = &mut self.recurrent
+        {
+            state.invalidate();
+        }
         self.len = self.len.min(len);
     }
 
-    /// Records that `n` positions were appended to every layer.
+    /// Records that `n` positions were appended to every layer (and consumed by the recurrent
+    /// state, if any).
     pub(crate) fn advance(&mut self, n: usize) {
         self.len += n;
+        if let Some(state) = &mut self.recurrent {
+            state.advance(n);
+        }
     }
 
     /// The arrays of the blocks a step writes (from the one holding position `len` on), for

@@ -12,6 +12,9 @@
 //! - [`LlamaModel`] is the llama-family forward pass over a validated `mlxcel_model::Checkpoint`;
 //!   each sequence keeps its keys and values in its own [`KvCache`], and one
 //!   [`LlamaModel::forward`] runs any mix of prefill chunks and decode tokens.
+//! - [`delta_rule`] holds the host kernels of hybrid models' linear attention (the gated delta
+//!   rule, recurrent and chunked, and its causal convolution); a hybrid model's cache carries
+//!   each sequence's [`RecurrentState`] beside its keys and values.
 //! - Every MLX exception becomes [`Error::Mlx`] carrying MLX's message.
 //!
 //! On CPU keep activations in f32: MLX's CPU kernels are 15–70× slower in f16.
@@ -30,6 +33,7 @@
 //! ```
 
 mod array;
+pub mod delta_rule;
 mod device;
 mod dtype;
 mod error;
@@ -41,6 +45,7 @@ mod layer;
 mod llama;
 pub mod pin;
 mod quantized;
+mod recurrent_state;
 mod sys;
 
 pub use array::{Array, eval};
@@ -57,3 +62,4 @@ pub use kernels::{
 pub use kv_cache::{KV_BLOCK, KV_CHUNK, KvCache, KvType, dequantize_q8_0, quantize_q8_0};
 pub use llama::{ForwardSeq, LlamaModel};
 pub use quantized::{Epilogue, QuantizedWeight};
+pub use recurrent_state::RecurrentState;

@@ -44,6 +44,15 @@ fn feed_forward(c: &ModelConfig) -> Result<(usize, bool)> {
 /// The program's dimensions for a checkpoint's config; an error names what the program cannot
 /// express (a mixture-of-experts block).
 pub fn llama_dims(c: &ModelConfig) -> Result<LlamaDims> {
+    let linear = c.layers.iter().filter(|l| l.linear.is_some()).count();
+    if linear > 0 || c.attention_output_gate {
+        return Err(Error::Unsupported(format!(
+            "{} is a hybrid model ({linear} of its {} layers are gated-DeltaNet linear attention, \
+             its softmax attention gated): the OpenXLA backend has no linear attention; run it \
+             with --backend mlx",
+            c.architecture, c.num_hidden_layers
+        )));
+    }
     let (intermediate, gelu) = feed_forward(c)?;
     if c.qk_norm_whole {
         return Err(Error::Unsupported(format!(
@@ -365,4 +374,34 @@ pub fn weight_bytes(
         _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
     };
     Ok((bytes, shape, element))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn a_hybrid_model_is_refused_by_name() {
+        let config = ModelConfig::from_json(
+            Path::new("config.json"),
+            r#"{"architectures": ["Qwen3_5ForCausalLM"], "hidden_size": 64,
+                "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 16, "intermediate_size": 128, "vocab_size": 384,
+                "max_position_embeddings": 1024, "full_attention_interval": 2,
+                "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                "linear_key_head_dim": 16, "linear_value_head_dim": 8}"#,
+        )
+        .unwrap();
+        let err = llama_dims(&config).unwrap_err().to_string();
+        assert!(
+            err.contains("qwen3_5 is a hybrid model (2 of its 4 layers"),
+            "{err}"
+        );
+        assert!(
+            err.contains("the OpenXLA backend has no linear attention"),
+            "{err}"
+        );
+    }
 }

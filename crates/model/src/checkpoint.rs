@@ -51,43 +51,71 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
     for layer in 0..config.num_hidden_layers {
         let p = format!("model.layers.{layer}");
         let qkv_bias = config.attention_qkv_bias;
-        modules.extend([
-            norm(format!("{p}.input_layernorm"), hidden),
-            linear(
-                format!("{p}.self_attn.q_proj"),
-                config.q_dim(),
-                hidden,
-                qkv_bias,
-            ),
-            linear(
-                format!("{p}.self_attn.k_proj"),
-                config.kv_dim(),
-                hidden,
-                qkv_bias,
-            ),
-            linear(
-                format!("{p}.self_attn.v_proj"),
-                config.kv_dim(),
-                hidden,
-                qkv_bias,
-            ),
-            linear(
-                format!("{p}.self_attn.o_proj"),
-                hidden,
-                config.q_dim(),
-                config.attention_out_bias,
-            ),
-        ]);
-        if config.qk_norm {
-            let (q, k) = if config.qk_norm_whole {
-                (config.q_dim(), config.kv_dim())
+        if let Some(net) = config.layers[layer].linear {
+            modules.push(norm(format!("{p}.input_layernorm"), hidden));
+            let a = format!("{p}.linear_attn");
+            let heads = net.value_heads;
+            if net.fused_projections {
+                modules.extend([
+                    linear(
+                        format!("{a}.in_proj_qkvz"),
+                        net.conv_dim() + net.value_dim(),
+                        hidden,
+                        false,
+                    ),
+                    linear(format!("{a}.in_proj_ba"), 2 * heads, hidden, false),
+                ]);
             } else {
-                (config.head_dim, config.head_dim)
+                modules.extend([
+                    linear(format!("{a}.in_proj_qkv"), net.conv_dim(), hidden, false),
+                    linear(format!("{a}.in_proj_z"), net.value_dim(), hidden, false),
+                    linear(format!("{a}.in_proj_b"), heads, hidden, false),
+                    linear(format!("{a}.in_proj_a"), heads, hidden, false),
+                ]);
+            }
+            modules.extend([
+                norm(format!("{a}.norm"), net.value_head_dim),
+                linear(format!("{a}.out_proj"), hidden, net.value_dim(), false),
+            ]);
+        } else {
+            let q_rows = if config.attention_output_gate {
+                2 * config.q_dim()
+            } else {
+                config.q_dim()
             };
             modules.extend([
-                norm(format!("{p}.self_attn.q_norm"), q),
-                norm(format!("{p}.self_attn.k_norm"), k),
+                norm(format!("{p}.input_layernorm"), hidden),
+                linear(format!("{p}.self_attn.q_proj"), q_rows, hidden, qkv_bias),
+                linear(
+                    format!("{p}.self_attn.k_proj"),
+                    config.kv_dim(),
+                    hidden,
+                    qkv_bias,
+                ),
+                linear(
+                    format!("{p}.self_attn.v_proj"),
+                    config.kv_dim(),
+                    hidden,
+                    qkv_bias,
+                ),
+                linear(
+                    format!("{p}.self_attn.o_proj"),
+                    hidden,
+                    config.q_dim(),
+                    config.attention_out_bias,
+                ),
             ]);
+            if config.qk_norm {
+                let (q, k) = if config.qk_norm_whole {
+                    (config.q_dim(), config.kv_dim())
+                } else {
+                    (config.head_dim, config.head_dim)
+                };
+                modules.extend([
+                    norm(format!("{p}.self_attn.q_norm"), q),
+                    norm(format!("{p}.self_attn.k_norm"), k),
+                ]);
+            }
         }
         if config.sandwich_norms {
             modules.push(norm(format!("{p}.pre_feedforward_layernorm"), hidden));
@@ -176,6 +204,30 @@ impl Checkpoint {
                     dropped[0]
                 );
             }
+        }
+        // mlx-lm saves a Qwen3.5 under its wrapper's names (`language_model.model.…`); the
+        // Hugging Face one is `model.language_model.…`. Read as the text model's.
+        if !config.multimodal
+            && files.info("model.embed_tokens.weight").is_none()
+            && (files
+                .info("language_model.model.embed_tokens.weight")
+                .is_some()
+                || files
+                    .info("model.language_model.embed_tokens.weight")
+                    .is_some())
+        {
+            let dropped = files.rename(text_model_name)?;
+            if !dropped.is_empty() {
+                eprintln!(
+                    "mlxcel: {}: skipping {} tensors outside the text model ({}, ...)",
+                    dir.display(),
+                    dropped.len(),
+                    dropped[0]
+                );
+            }
+        }
+        if config.layers.iter().any(|l| l.linear.is_some()) {
+            config.norm_weight_offset = linear_attention_tensors(&config, &files)?;
         }
         if config.feed_forward.iter().any(|f| f.routed().is_some()) {
             crate::experts::per_expert_views(&mut config, &mut files)?;
@@ -326,6 +378,55 @@ fn split_fused(
         }
     }
     Ok(())
+}
+
+/// Checks each linear-attention layer's tensors that are not modules (`conv1d.weight`, `A_log`,
+/// `dt_bias`) and returns whether the norms are stored zero-centred: a checkpoint in Hugging
+/// Face's layout (`conv1d.weight` `[channels, 1, taps]`) stores `w` and normalises by `1 + w`,
+/// as transformers does; mlx-lm's converted checkpoints (`[channels, taps, 1]`) store `1 + w`
+/// itself (its `sanitize` adds the one when it moves the axis). A mix of both is refused.
+fn linear_attention_tensors(config: &ModelConfig, files: &SafetensorsFiles) -> Result<bool> {
+    // The first linear layer's layout (Hugging Face's or mlx-lm's) and its tensor's name.
+    let mut layout: Option<(bool, String)> = None;
+    for (layer, attention) in config.layers.iter().enumerate() {
+        let Some(net) = attention.linear else {
+            continue;
+        };
+        let a = format!("model.layers.{layer}.linear_attn");
+        for name in ["A_log", "dt_bias"] {
+            float_tensor(files, &format!("{a}.{name}"), &[net.value_heads])?;
+        }
+        let name = format!("{a}.conv1d.weight");
+        let (channels, taps) = (net.conv_dim(), net.conv_kernel);
+        let t = tensor(files, &name)?;
+        let hugging_face = if t.shape == [channels, 1, taps] {
+            true
+        } else {
+            float_tensor(files, &name, &[channels, taps, 1])?;
+            false
+        };
+        if !t.dtype.is_float() {
+            float_tensor(files, &name, &[channels, 1, taps])?;
+        }
+        match &layout {
+            Some((other, _)) if *other != hugging_face => {
+                // Every layer in the first one's layout, or the norms' form is ambiguous.
+                return Err(ModelError::TensorShape {
+                    path: t.file.to_owned(),
+                    tensor: name.clone(),
+                    expected: if *other {
+                        vec![channels, 1, taps]
+                    } else {
+                        vec![channels, taps, 1]
+                    },
+                    actual: t.shape.to_vec(),
+                });
+            }
+            Some(_) => {}
+            None => layout = Some((hugging_face, name)),
+        }
+    }
+    Ok(layout.is_some_and(|(hf, _)| hf))
 }
 
 fn validate_module(

@@ -23,6 +23,9 @@ pub(crate) struct MlxBackend {
     /// Most sequences running at once: a request without a token limit may generate up to this
     /// share of the budget's positions ([`MlxBackend::unlimited_generation`]).
     running: usize,
+    /// Bytes of recurrent state every slot of a hybrid model holds whatever its length (0
+    /// otherwise), counted in the KV budget beside its blocks.
+    state_bytes: usize,
 }
 
 fn backend_error(err: mlxcel_core::Error) -> EngineError {
@@ -54,12 +57,14 @@ impl MlxBackend {
         }
         let mut model = LlamaModel::load_with(checkpoint, kernels).map_err(backend_error)?;
         model.set_kv_types(k_type, v_type).map_err(backend_error)?;
+        let state_bytes = model.recurrent_bytes_per_sequence();
         Ok(Self {
             model,
             slots: HashMap::new(),
             next_slot: 0,
             kv_budget_bytes,
             running: running.max(1),
+            state_bytes,
         })
     }
 
@@ -73,8 +78,12 @@ impl MlxBackend {
     /// refused.
     fn unlimited_generation(&self, prompt: usize) -> usize {
         let block = self.block_bytes().max(1);
-        let all = self.kv_budget_bytes / block * KV_BLOCK;
-        let share = (self.kv_budget_bytes / self.running / block).max(1) * KV_BLOCK;
+        // What the running sequences' recurrent states leave for positions.
+        let budget = self
+            .kv_budget_bytes
+            .saturating_sub(self.running * self.state_bytes);
+        let all = budget / block * KV_BLOCK;
+        let share = (budget / self.running / block).max(1) * KV_BLOCK;
         let wanted = if prompt < share {
             share - prompt
         } else {
@@ -93,16 +102,17 @@ impl MlxBackend {
         KV_BLOCK * self.bytes_per_position()
     }
 
-    /// KV bytes of `positions` positions in whole blocks (what a cache allocates).
+    /// KV bytes of `positions` positions in whole blocks (what a cache allocates), plus a
+    /// hybrid model's recurrent state (a fixed size per sequence).
     fn block_rounded_bytes(&self, positions: usize) -> usize {
-        positions.div_ceil(KV_BLOCK) * self.block_bytes()
+        positions.div_ceil(KV_BLOCK) * self.block_bytes() + self.state_bytes
     }
 
     /// The distinct blocks the slots hold (a shared block once), plus the blocks each slot may
     /// still allocate (up to its bound, and a copy of a shared block it would write into).
     fn reserved_bytes(&self) -> usize {
         let (held, _, growth) = self.block_counts();
-        (held + growth) * self.block_bytes()
+        (held + growth) * self.block_bytes() + self.slots.len() * self.state_bytes
     }
 
     /// (distinct blocks held by the slots, of those the ones more than one slot holds, blocks
@@ -316,12 +326,20 @@ impl Backend for MlxBackend {
             .map_err(backend_error)
     }
 
+    /// Speculative verification rolls rejected positions back ([`Backend::truncate`]), which a
+    /// hybrid model's recurrent state cannot.
     fn can_score(&self) -> bool {
-        true
+        !self.model.is_hybrid()
     }
 
+    /// A hybrid model's recurrent state is not shared or cut to a prefix: the prefix cache is
+    /// off for it.
     fn can_copy_prefix(&self) -> bool {
-        true
+        !self.model.is_hybrid()
+    }
+
+    fn recurrent_state(&self) -> bool {
+        self.model.is_hybrid()
     }
 
     /// A cache of `positions` positions holds whole blocks: what a kept slot costs the prefix

@@ -89,6 +89,12 @@ impl<B: Backend> Scheduler<B> {
                 self.backend.vocab_size()
             )));
         }
+        if draft.recurrent_state() {
+            return Err(EngineError::InvalidSpeculation(format!(
+                "the draft model: {}",
+                crate::speculative::HYBRID_STATE
+            )));
+        }
         self.speculation.set_draft(draft);
         Ok(self)
     }
@@ -99,6 +105,12 @@ impl<B: Backend> Scheduler<B> {
         let budget = if self.backend.can_copy_prefix() {
             bytes
         } else {
+            if bytes > 0 && self.backend.recurrent_state() {
+                eprintln!(
+                    "mlxcel: the prefix cache is off: {}",
+                    crate::speculative::HYBRID_STATE
+                );
+            }
             0
         };
         self.prefix.set_budget(budget);
@@ -237,6 +249,11 @@ impl<B: Backend> Scheduler<B> {
         let sampler = Sampler::new(request.sampling)?.with_dry_breakers(dry_breakers);
         if let Some(speculative) = &request.speculative {
             speculative.validate()?;
+            if self.backend.recurrent_state() {
+                return Err(EngineError::InvalidSpeculation(
+                    crate::speculative::HYBRID_STATE.into(),
+                ));
+            }
             if !self.backend.can_score() {
                 return Err(EngineError::InvalidSpeculation(
                     crate::speculative::NEEDS_SCORING.into(),

@@ -133,6 +133,30 @@ fn write_tiny_with(dir: &Path, family: &Value, seed: u64, group16: bool) -> Chec
             ));
         }
     }
+    // A hybrid's linear-attention layers carry tensors that are not modules: the convolution's
+    // taps (Hugging Face's `[channels, 1, taps]`), `A_log` and `dt_bias`.
+    for (layer, attention) in parsed.layers.iter().enumerate() {
+        if let Some(net) = attention.linear {
+            let a = format!("model.layers.{layer}.linear_attn");
+            let shape = vec![net.conv_dim(), 1, net.conv_kernel];
+            let values = random(net.conv_dim() * net.conv_kernel, &mut seed, 1.0, 0.0);
+            tensors.push((
+                format!("{a}.conv1d.weight"),
+                shape,
+                bytes(&values),
+                Dtype::F32,
+            ));
+            for (name, center) in [("A_log", 0.0), ("dt_bias", 0.5)] {
+                let values = random(net.value_heads, &mut seed, 1.0, center);
+                tensors.push((
+                    format!("{a}.{name}"),
+                    vec![net.value_heads],
+                    bytes(&values),
+                    Dtype::F32,
+                ));
+            }
+        }
+    }
     if group16 {
         // Norms stay dense; every quantized module names its own spec.
         for module in fused_for_phi3(&parsed) {
@@ -367,4 +391,95 @@ fn phi3_agrees_on_both_backends() {
                                 "short_factor": factors}}),
         7,
     );
+}
+
+/// A gated-DeltaNet hybrid (Qwen3.5: layers 0 and 2 linear attention) on the MLX backend: its
+/// slots carry a recurrent state that the KV budget counts, sequences batched get the logits
+/// they get alone, and the features that need to rewind or share sequence state are off (the
+/// OpenXLA backend refuses the model by name: `mlxcel-xla`'s `a_hybrid_model_is_refused_by_name`).
+#[test]
+fn a_hybrid_keeps_state_per_slot_and_batches_like_any_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let family = json!({
+        "architectures": ["Qwen3_5ForCausalLM"], "num_hidden_layers": 4,
+        "full_attention_interval": 2, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.5},
+    });
+    let checkpoint = write_tiny_with(dir.path(), &family, 77, false);
+    let prompts: [Vec<u32>; 2] = [
+        (0..90).map(|i| (i * 7 + 1) % VOCAB as u32).collect(),
+        (0..9).map(|i| (i * 5 + 2) % VOCAB as u32).collect(),
+    ];
+    let alone: Vec<Vec<Vec<f32>>> = prompts
+        .iter()
+        .map(|p| run(&checkpoint, BackendKind::Mlx, p, 3))
+        .collect();
+
+    let options = EngineOptions {
+        backend: BackendKind::Mlx,
+        ..EngineOptions::default()
+    };
+    let mut backend = load_backend(&checkpoint, &options).unwrap();
+    assert!(backend.recurrent_state());
+    assert!(!backend.can_copy_prefix() && !backend.can_score());
+    // Per linear layer: the convolution's last 3 rows of 2·32 + 32 channels, 4 heads of 8 × 16.
+    let state = 2 * 4 * (3 * 96 + 4 * 8 * 16);
+    // One block of 256 positions of the two attention layers' f32 keys and values.
+    let block = 256 * 2 * KV_HEADS * HEAD_DIM * 2 * 4;
+    let mut slots = Vec::new();
+    for p in &prompts {
+        let plan = backend
+            .create_session_for_request(&RequestShape {
+                prompt_len: p.len(),
+                image_tokens: 0,
+                max_new_tokens: MaxNewTokens::Limited(3),
+            })
+            .unwrap();
+        slots.push(backend.allocate_slot(&plan).unwrap());
+    }
+    assert_eq!(backend.kv_usage().unwrap().0, 2 * (block + state));
+    // Both prefills in one step, then decode steps of both.
+    let mut inputs: Vec<Vec<u32>> = prompts.to_vec();
+    let mut positions = [0usize; 2];
+    // Each step's rows alone, in sequence order.
+    let per_step: Vec<Vec<&Vec<f32>>> = (0..=3)
+        .map(|step| alone.iter().map(|steps| &steps[step]).collect())
+        .collect();
+    for (step, wants) in per_step.iter().enumerate() {
+        let batch: Vec<SequenceStep<'_>> = slots
+            .iter()
+            .zip(&inputs)
+            .zip(positions)
+            .map(|((&slot, tokens), start_position)| SequenceStep {
+                slot,
+                tokens,
+                start_position,
+            })
+            .collect();
+        let logits = backend.step(&batch).unwrap();
+        for (i, row) in logits.iter().enumerate() {
+            let want = wants[i];
+            let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+            let worst = row
+                .iter()
+                .zip(want)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(worst <= 1e-5 * scale, "sequence {i} step {step}: {worst}");
+            positions[i] += inputs[i].len();
+            inputs[i] = vec![argmax(row)];
+        }
+    }
+    // Slot files: refused by name.
+    let err = backend.export_kv(slots[0], 10).unwrap_err().to_string();
+    assert!(
+        err.contains("linear-attention state of a hybrid model"),
+        "{err}"
+    );
+    for slot in slots {
+        backend.release_slot(slot);
+    }
+    assert_eq!(backend.kv_usage().unwrap().0, 0);
 }

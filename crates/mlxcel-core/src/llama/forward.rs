@@ -1,7 +1,7 @@
 //! The forward pass: one step over any mix of sequences, each with its own cache and its own
 //! new tokens, through the fused decoder-layer node or a per-op graph per layer.
 
-use super::model::LlamaModel;
+use super::model::{LayerRef, LlamaModel};
 use super::weights::{Layer, Mlp, QkvWeights};
 use crate::array::{Array, eval};
 use crate::dtype::Dtype;
@@ -123,6 +123,9 @@ impl LlamaModel {
                     vocab_size: self.config.vocab_size,
                 });
             }
+            // A hybrid model's recurrent state must be the state after the positions the cache
+            // holds: checked for every sequence before any layer changes any of them.
+            seq.cache.recurrent_mut()?;
             seq.cache.reserve(seq.tokens.len())?;
             ids.extend_from_slice(seq.tokens);
         }
@@ -174,8 +177,21 @@ impl LlamaModel {
                 .collect::<Vec<_>>();
             x = decoder_stack(&x, &layers, &shape, kn)?;
         } else {
-            for (index, layer) in self.layers.iter().enumerate() {
-                x = self.layer_per_op(index, layer, x, seqs)?;
+            for layer in &self.order {
+                x = match *layer {
+                    LayerRef::Attention(index) => {
+                        self.layer_per_op(index, &self.layers[index], x, seqs)?
+                    }
+                    LayerRef::Linear(index) => {
+                        let linear = &self.linear_layers[index];
+                        let mut parts: Vec<(&mut KvCache, usize)> = seqs
+                            .iter_mut()
+                            .map(|seq| (&mut *seq.cache, seq.tokens.len()))
+                            .collect();
+                        let x = linear.attend(index, &x, &mut parts, c.rms_norm_eps, kn)?;
+                        self.feed_forward(x, &linear.post_norm, &linear.mlp)?
+                    }
+                };
             }
         }
 
@@ -438,17 +454,23 @@ impl LlamaModel {
             [one] => one.clone(),
             many => Array::concatenate(&many.iter().collect::<Vec<_>>(), 0)?,
         };
+        // A gated output (Qwen3-Next, Qwen3.5): times sigmoid(gate), the gate projected from the
+        // normed input; sigmoid(g) as (1 + tanh(g/2)) / 2, which MLX has the ops for.
+        let attended = match &layer.output_gate {
+            Some(gate) => {
+                let g = gate.forward(&rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?, kn)?;
+                let half = Array::scalar_f32(0.5);
+                let sigmoid = g.multiply(&half)?.tanh()?.multiply(&half)?.add(&half)?;
+                attended.multiply(&sigmoid)?
+            }
+            None => attended,
+        };
         let activation = self.features.activation;
         let eps = c.rms_norm_eps;
         match (&layer.sandwich, &layer.mlp) {
-            (None, Mlp::Dense { gate_up, down }) => {
+            (None, mlp) => {
                 x = layer.o.forward_add(&attended, &x, kn)?;
-                let gated = gate_up.forward_normed(&x, &layer.post_norm, eps, activation, kn)?;
-                x = down.forward_add(&gated, &x, kn)?;
-            }
-            (None, Mlp::Routed(moe)) => {
-                x = layer.o.forward_add(&attended, &x, kn)?;
-                x = x.add(&moe.forward(&x, &layer.post_norm, eps, kn)?)?;
+                x = self.feed_forward(x, &layer.post_norm, mlp)?;
             }
             (Some((post_attention, post_feedforward)), mlp) => {
                 let out = layer.o.forward(&attended, kn)?;
@@ -465,6 +487,22 @@ impl LlamaModel {
             }
         }
         Ok(x)
+    }
+}
+
+impl LlamaModel {
+    /// `x + mlp(norm(x))`: a layer's feed-forward block with its residual (the layers without
+    /// Gemma's sandwich norms).
+    fn feed_forward(&self, x: Array, post_norm: &Array, mlp: &Mlp) -> Result<Array> {
+        let (eps, kn) = (self.config.rms_norm_eps, &self.kernels);
+        match mlp {
+            Mlp::Dense { gate_up, down } => {
+                let gated =
+                    gate_up.forward_normed(&x, post_norm, eps, self.features.activation, kn)?;
+                down.forward_add(&gated, &x, kn)
+            }
+            Mlp::Routed(moe) => x.add(&moe.forward(&x, post_norm, eps, kn)?),
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use mlxcel_model::HiddenActivation;
 
 use crate::array::Array;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fast::rms_norm;
 use crate::kernels::{Int8Layout, Kernels};
 use crate::quantized::{Epilogue, QuantizedWeight};
@@ -51,6 +51,39 @@ impl Linear {
             }
             _ => self.forward(x, kernels)?.add(residual),
         }
+    }
+
+    /// The layer made of the output rows `rows` of this one, in that order (a gated `q_proj`'s
+    /// query rows, or its gate rows). Taken before any int8 rewrite: the checkpoint's layout
+    /// keeps each output row whole.
+    pub(super) fn rows(&self, rows: &[u32]) -> Result<Self> {
+        let index = Array::from_u32(rows, &[rows.len() as i32])?;
+        let bias = |b: &Option<Array>| b.as_ref().map(|b| b.take(&index, 0)).transpose();
+        Ok(match self {
+            Self::Dense { weight_t, bias: b } => Self::Dense {
+                weight_t: weight_t.take(&index, 1)?,
+                bias: bias(b)?,
+            },
+            Self::Quantized { weight, bias: b } => {
+                if weight.int8 {
+                    return Err(Error::Mlx {
+                        op: "rows",
+                        message: "a weight already in the int8 layout cannot be cut by rows".into(),
+                    });
+                }
+                Self::Quantized {
+                    weight: QuantizedWeight {
+                        weight: weight.weight.take(&index, 0)?,
+                        scales: weight.scales.take(&index, 0)?,
+                        biases: weight.biases.take(&index, 0)?,
+                        group_size: weight.group_size,
+                        bits: weight.bits,
+                        int8: false,
+                    },
+                    bias: bias(b)?,
+                }
+            }
+        })
     }
 
     /// Rewrites a quantized weight for the int8 kernels when they take its layout.

@@ -2,11 +2,14 @@
 //! kernels read (q/k/v and gate/up stacked, int8 rewrites), one decoder layer at a time
 //! ([`load_decoder_layer`]), then the RoPE tables.
 
-use mlxcel_model::{Checkpoint, FeedForward, ModelConfig, RoutedExperts, TensorView};
+use mlxcel_model::{
+    Checkpoint, FeedForward, GatedDeltaNet, ModelConfig, RoutedExperts, TensorView,
+};
 
+use super::delta_net::{DeltaNet, LinearLayer};
 use super::experts::{Expert, RoutedMlp};
 use super::linear::{GateUp, Linear};
-use super::model::LlamaModel;
+use super::model::{LayerRef, LlamaModel};
 use super::routing::Router;
 use super::weights::{Embedding, Layer, LayerFeatures, Mlp, QkvWeights};
 use crate::array::Array;
@@ -50,9 +53,19 @@ impl LlamaModel {
                 None => Embedding::Dense(loader.float("model.embed_tokens.weight")?),
             },
         };
-        let layers = (0..config.num_hidden_layers)
-            .map(|i| load_decoder_layer(&loader, &config, &kernels, i))
-            .collect::<Result<Vec<_>>>()?;
+        let (mut layers, mut linear_layers, mut order) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..config.num_hidden_layers {
+            match config.layers[i].linear {
+                Some(spec) => {
+                    order.push(LayerRef::Linear(linear_layers.len()));
+                    linear_layers.push(load_linear_layer(&loader, &config, &kernels, i, spec)?);
+                }
+                None => {
+                    order.push(LayerRef::Attention(layers.len()));
+                    layers.push(load_decoder_layer(&loader, &config, &kernels, i)?);
+                }
+            }
+        }
         let norm = loader.norm("model.norm.weight")?;
         let mut lm_head = if config.tie_word_embeddings {
             None
@@ -110,6 +123,8 @@ impl LlamaModel {
             config,
             embed,
             layers,
+            linear_layers,
+            order,
             norm,
             lm_head,
             rope,
@@ -147,7 +162,25 @@ fn load_decoder_layer(
     let p = format!("model.layers.{i}");
     let qkv_bias = config.attention_qkv_bias;
     let [q, k, v] = ["q_proj", "k_proj", "v_proj"].map(|m| format!("{p}.self_attn.{m}"));
-    let stacked = loader.int8_stack(&[&q, &k, &v])?;
+    // A gated q projection (Qwen3-Next, Qwen3.5) gives each head its queries, then as many gate
+    // values: cut into the queries, which then load as any q, and the output gate.
+    let (mut gated_q, output_gate) = if config.attention_output_gate {
+        let full = loader.linear(&q, qkv_bias)?;
+        let d = config.head_dim as u32;
+        let heads = config.num_attention_heads as u32;
+        let rows = |offset: u32| -> Vec<u32> {
+            (0..heads)
+                .flat_map(|h| (0..d).map(move |i| 2 * d * h + offset + i))
+                .collect()
+        };
+        (Some(full.rows(&rows(0))?), Some(full.rows(&rows(d))?))
+    } else {
+        (None, None)
+    };
+    let stacked = match gated_q {
+        Some(_) => None,
+        None => loader.int8_stack(&[&q, &k, &v])?,
+    };
     // Stacked when all three are quantized alike, with biases on all three or none;
     // the biases are stacked whenever the weights are quantized (the fused layer
     // takes q, k and v separately when their layouts differ).
@@ -160,7 +193,10 @@ fn load_decoder_layer(
         };
         (QkvWeights::Stacked(w), bias)
     } else {
-        let q = loader.linear(&q, qkv_bias)?;
+        let q = match gated_q.take() {
+            Some(q) => q,
+            None => loader.linear(&q, qkv_bias)?,
+        };
         let k = loader.linear(&k, qkv_bias)?;
         let v = loader.linear(&v, qkv_bias)?;
         match (&q, &k, &v) {
@@ -213,18 +249,7 @@ fn load_decoder_layer(
     };
     let input_norm = loader.norm(&format!("{p}.input_layernorm.weight"))?;
     let o = loader.linear(&format!("{p}.self_attn.o_proj"), config.attention_out_bias)?;
-    // The feed-forward block by its kind: where a new kind of block is loaded.
-    let mlp = match config.layer_spec(i).ffn {
-        FeedForward::Dense { .. } => {
-            let (gate_up, down) = loader.gated_mlp(&format!("{p}.mlp"))?;
-            Mlp::Dense { gate_up, down }
-        }
-        FeedForward::RoutedExperts(moe) => Mlp::Routed(Box::new(loader.routed(
-            &format!("{p}.mlp"),
-            config.hidden_size,
-            &moe,
-        )?)),
-    };
+    let mlp = load_mlp(loader, config, i)?;
     let mut layer = Layer {
         input_norm,
         qkv,
@@ -244,6 +269,7 @@ fn load_decoder_layer(
         },
         attention: config.layers[i],
         local_rope: config.has_local_rope() && config.layers[i].window.is_some(),
+        output_gate,
         sinks: if config.attention_sinks {
             Some(
                 loader
@@ -259,6 +285,86 @@ fn load_decoder_layer(
     // of the whole model, sits beside the rewritten weights.
     if kernels.int8_layout_weights() {
         layer.interleave_int8(kernels.int8_layout, kernels.threads)?;
+    }
+    Ok(layer)
+}
+
+/// Layer `i`'s feed-forward block by its kind: where a new kind of block is loaded.
+fn load_mlp(loader: &Loader<'_>, config: &ModelConfig, i: usize) -> Result<Mlp> {
+    let p = format!("model.layers.{i}.mlp");
+    Ok(match config.layer_spec(i).ffn {
+        FeedForward::Dense { .. } => {
+            let (gate_up, down) = loader.gated_mlp(&p)?;
+            Mlp::Dense { gate_up, down }
+        }
+        FeedForward::RoutedExperts(moe) => {
+            Mlp::Routed(Box::new(loader.routed(&p, config.hidden_size, &moe)?))
+        }
+    })
+}
+
+/// Linear-attention (gated DeltaNet) layer `i`: its norms and feed-forward block as any layer's,
+/// its input and output projections as linear layers, and the small per-channel and per-head
+/// tensors (convolution taps, decay rates, `dt_bias`, the gated norm's weight) on the host,
+/// where its delta rule runs. The gated norm's weight is not zero-centred in any checkpoint.
+fn load_linear_layer(
+    loader: &Loader<'_>,
+    config: &ModelConfig,
+    kernels: &Kernels,
+    i: usize,
+    spec: GatedDeltaNet,
+) -> Result<LinearLayer> {
+    let p = format!("model.layers.{i}");
+    let a = format!("{p}.linear_attn");
+    let modules: &[&str] = if spec.fused_projections {
+        &["in_proj_qkvz", "in_proj_ba"]
+    } else {
+        &["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"]
+    };
+    let projections = modules
+        .iter()
+        .map(|m| loader.linear(&format!("{a}.{m}"), false))
+        .collect::<Result<Vec<_>>>()?;
+    let host = |name: &str| loader.float(&format!("{a}.{name}"))?.to_vec_f32();
+    let conv = host("conv1d.weight")?;
+    if conv.len() != spec.conv_dim() * spec.conv_kernel {
+        return Err(Error::Mlx {
+            op: "conv1d",
+            message: format!(
+                "{a}.conv1d.weight holds {} values, expected {} channels of {} taps",
+                conv.len(),
+                spec.conv_dim(),
+                spec.conv_kernel
+            ),
+        });
+    }
+    let mut layer = LinearLayer {
+        input_norm: loader.norm(&format!("{p}.input_layernorm.weight"))?,
+        post_norm: loader.norm(&format!("{p}.post_attention_layernorm.weight"))?,
+        mlp: load_mlp(loader, config, i)?,
+        net: DeltaNet {
+            spec,
+            projections,
+            conv,
+            decay_rate: host("A_log")?.into_iter().map(f32::exp).collect(),
+            dt_bias: host("dt_bias")?,
+            norm: host("norm.weight")?,
+            out: loader.linear(&format!("{a}.out_proj"), false)?,
+        },
+    };
+    if kernels.int8_layout_weights() {
+        let (layout, threads) = (kernels.int8_layout, kernels.threads);
+        for linear in layer.net.projections.iter_mut() {
+            linear.interleave_int8(layout, threads)?;
+        }
+        layer.net.out.interleave_int8(layout, threads)?;
+        match &mut layer.mlp {
+            Mlp::Dense { gate_up, down } => {
+                gate_up.interleave_int8(layout, threads)?;
+                down.interleave_int8(layout, threads)?;
+            }
+            Mlp::Routed(moe) => moe.interleave_int8(layout, threads)?,
+        }
     }
     Ok(layer)
 }

@@ -19,11 +19,15 @@
 //! - `weights.rs` holds the packed weights' types: what loading builds and the forward pass reads;
 //!   `linear.rs` the linear layers they are made of; `experts.rs` a routed-expert MLP (a mixture
 //!   of experts), whose router and grouping of tokens by expert are in `routing.rs`.
+//! - `delta_net.rs` is a hybrid model's linear-attention layer (gated DeltaNet: Qwen3-Next,
+//!   Qwen3.5): its projections on MLX, its delta rule on the host against each sequence's
+//!   recurrent state ([`crate::delta_rule`]).
 //! - `model.rs` is [`LlamaModel`]: the weights, the RoPE tables and what the model reports about
 //!   itself.
 //! - `forward.rs` runs a step ([`ForwardSeq`] per sequence) through the fused decoder-layer node
 //!   or a per-op graph.
 
+mod delta_net;
 mod experts;
 mod forward;
 mod linear;

@@ -3,6 +3,7 @@
 
 use mlxcel_model::ModelConfig;
 
+use super::delta_net::LinearLayer;
 use super::linear::{Linear, linear_arrays};
 use super::weights::{Embedding, Layer, LayerFeatures, Mlp, QkvWeights};
 use crate::array::{Array, eval};
@@ -12,12 +13,26 @@ use crate::kernels::{KernelBackend, Kernels};
 use crate::kv_cache::{KvCache, KvType};
 use crate::layer::LayerTensors;
 
+/// Where a decoder layer's weights are: a softmax-attention layer or a linear-attention one.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum LayerRef {
+    Attention(usize),
+    Linear(usize),
+}
+
 /// A llama-family model with its weights in MLX arrays.
 #[derive(Debug)]
 pub struct LlamaModel {
     pub(super) config: ModelConfig,
     pub(super) embed: Embedding,
+    /// The softmax-attention layers, in order (layer `i` of these is layer `i` of each
+    /// sequence's KV cache).
     pub(super) layers: Vec<Layer>,
+    /// A hybrid model's linear-attention layers, in order (each sequence's recurrent state
+    /// holds one entry per layer here); empty for other models.
+    pub(super) linear_layers: Vec<LinearLayer>,
+    /// Every decoder layer in the model's order, as an index into `layers` or `linear_layers`.
+    pub(super) order: Vec<LayerRef>,
     pub(super) norm: Array,
     pub(super) lm_head: Option<Linear>,
     pub(super) rope: Rope,
@@ -62,6 +77,16 @@ impl LlamaModel {
                 }
             }
             arrays.extend(&layer.qkv_bias);
+            if let Some(gate) = &layer.output_gate {
+                linear_arrays(gate, &mut arrays);
+            }
+        }
+        for layer in &self.linear_layers {
+            arrays.extend([&layer.input_norm, &layer.post_norm]);
+            layer.mlp.arrays(&mut arrays);
+            for linear in layer.net.projections.iter().chain([&layer.net.out]) {
+                linear_arrays(linear, &mut arrays);
+            }
         }
         if let Some(head) = &self.lm_head {
             linear_arrays(head, &mut arrays);
@@ -88,9 +113,20 @@ impl LlamaModel {
         let routers: u64 = self
             .layers
             .iter()
-            .filter_map(|layer| match &layer.mlp {
+            .map(|layer| &layer.mlp)
+            .chain(self.linear_layers.iter().map(|layer| &layer.mlp))
+            .filter_map(|mlp| match mlp {
                 Mlp::Routed(moe) => Some(moe.host_bytes()),
                 Mlp::Dense { .. } => None,
+            })
+            .sum();
+        let linear: u64 = self
+            .linear_layers
+            .iter()
+            .map(|layer| {
+                let net = &layer.net;
+                4 * (net.conv.len() + net.decay_rate.len() + net.dt_bias.len() + net.norm.len())
+                    as u64
             })
             .sum();
         self.arrays()
@@ -98,6 +134,7 @@ impl LlamaModel {
             .map(|a| (a.size() * a.dtype().size_in_bytes()) as u64)
             .sum::<u64>()
             + routers
+            + linear
     }
 
     /// How a step runs: `fused layers` (the decoder layers as one MLX node on mlxcel's kernels), or
@@ -109,6 +146,8 @@ impl LlamaModel {
             "per-op graph (MLX kernels)"
         } else if !self.kernels.fused_layers {
             "per-op graph (MLXCEL_FUSED_LAYERS=off)"
+        } else if !self.linear_layers.is_empty() {
+            "per-op graph (hybrid model: its linear-attention layers run the delta rule on the host)"
         } else if self
             .layers
             .iter()
@@ -134,14 +173,41 @@ impl LlamaModel {
 
     /// An empty cache for a sequence of at most `max_positions` positions, its keys and values
     /// in the model's [`LlamaModel::kv_types`].
+    ///
+    /// A hybrid model's cache holds keys and values for its softmax-attention layers only, and
+    /// a new sequence's recurrent state for its linear-attention layers.
     pub fn new_cache(&self, max_positions: usize) -> KvCache {
+        let shapes: Vec<_> = self
+            .linear_layers
+            .iter()
+            .map(|layer| layer.net.state_shape())
+            .collect();
         KvCache::new(
-            self.config.num_hidden_layers,
+            self.layers.len(),
             self.config.num_key_value_heads,
             self.config.head_dim,
             max_positions.min(self.config.window()),
             self.kv_types,
         )
+        .with_recurrent(&shapes)
+    }
+
+    /// Whether the model has linear-attention layers (a hybrid: Qwen3-Next, Qwen3.5), whose
+    /// per-sequence state cannot be rewound, cut to a prefix, or saved as keys and values.
+    pub fn is_hybrid(&self) -> bool {
+        !self.linear_layers.is_empty()
+    }
+
+    /// Bytes of the recurrent state every sequence of this model carries, whatever its length
+    /// (0 unless the model is a hybrid).
+    pub fn recurrent_bytes_per_sequence(&self) -> usize {
+        self.linear_layers
+            .iter()
+            .map(|layer| {
+                let shape = layer.net.state_shape();
+                4 * (shape.conv + shape.matrix)
+            })
+            .sum()
     }
 
     /// The element types of the keys and values of caches from [`LlamaModel::new_cache`]
@@ -184,7 +250,7 @@ impl LlamaModel {
     /// KV bytes one position takes over all layers in caches from [`LlamaModel::new_cache`].
     pub fn kv_bytes_per_position(&self) -> usize {
         let c = &self.config;
-        c.num_hidden_layers
+        self.layers.len()
             * c.num_key_value_heads
             * (self.kv_types.0.row_bytes(c.head_dim) + self.kv_types.1.row_bytes(c.head_dim))
     }
@@ -195,6 +261,7 @@ impl LlamaModel {
         if self.kernels.backend != KernelBackend::Native
             || !self.kernels.fused_layers
             || !self.fusable
+            || !self.linear_layers.is_empty()
         {
             return None;
         }

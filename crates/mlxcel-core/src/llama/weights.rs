@@ -79,6 +79,9 @@ pub(super) struct Layer {
     /// Each head's attention-sink logit (`self_attn.sinks`, gpt-oss), f32, when the model has
     /// them.
     pub(super) sinks: Option<Vec<f32>>,
+    /// The output gate's projection (the gate rows of a gated `q_proj`, Qwen3-Next and
+    /// Qwen3.5): the attention's output is multiplied by `sigmoid(gate)` before `o`.
+    pub(super) output_gate: Option<Linear>,
 }
 
 /// A layer's feed-forward block.
@@ -108,6 +111,9 @@ impl Layer {
     /// copy is what the native path reads).
     pub(super) fn interleave_int8(&mut self, layout: Int8Layout, threads: usize) -> Result<()> {
         self.o.interleave_int8(layout, threads)?;
+        if let Some(gate) = &mut self.output_gate {
+            gate.interleave_int8(layout, threads)?;
+        }
         match &mut self.qkv {
             QkvWeights::Stacked(qkv) => interleave_in_place(qkv, layout, threads)?,
             QkvWeights::Separate(q, k, v) => {
@@ -165,7 +171,7 @@ impl Layer {
         inv_freq: &'a Array,
         features: LayerFeatures,
     ) -> Option<LayerTensors<'a>> {
-        if self.qk_norm_whole {
+        if self.qk_norm_whole || self.output_gate.is_some() {
             return None;
         }
         let qkv = self.qkv_matrices()?;

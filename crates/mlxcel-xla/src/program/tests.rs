@@ -32,7 +32,8 @@ pub(crate) fn tiny_dims(tied: bool, qkv_bias: bool) -> LlamaDims {
         layer_attention: vec![
             mlxcel_model::LayerAttention {
                 rope: true,
-                window: None
+                window: None,
+                linear: None
             };
             2
         ],

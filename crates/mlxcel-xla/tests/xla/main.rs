@@ -60,7 +60,8 @@ pub fn tiny_dims() -> mlxcel_xla::abi::LlamaDims {
         layer_attention: vec![
             mlxcel_model::LayerAttention {
                 rope: true,
-                window: None
+                window: None,
+                linear: None
             };
             2
         ],

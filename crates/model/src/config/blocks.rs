@@ -11,6 +11,72 @@ pub struct LayerAttention {
     /// `p - window + 1 ..= p` (itself and the `window - 1` before it), as Hugging Face, mlx-lm and
     /// llama.cpp mask them. `None`: every earlier position.
     pub window: Option<usize>,
+    /// `Some`: the layer is not softmax attention but linear attention, a gated DeltaNet
+    /// (Qwen3-Next, Qwen3.5): no keys or values are cached for it; each sequence carries its
+    /// recurrent state instead. `rope` and `window` do not apply then.
+    pub linear: Option<GatedDeltaNet>,
+}
+
+impl LayerAttention {
+    /// Softmax attention over every earlier position, rotated.
+    pub const FULL: Self = Self {
+        rope: true,
+        window: None,
+        linear: None,
+    };
+}
+
+/// A gated DeltaNet layer (linear attention, as Qwen3-Next and Qwen3.5 have it). Per token `t`,
+/// under `model.layers.{i}.linear_attn.`:
+///
+/// 1. projections of the normed input: `q`, `k` (`key_heads × key_head_dim` each), `v` and the
+///    output gate `z` (`value_heads × value_head_dim` each), and per value head `b` and `a`;
+///    stored as `in_proj_qkvz` and `in_proj_ba` (grouped by key head: per key head its q, k, its
+///    value heads' v, then z; its value heads' b, then a) when `fused_projections`, else as
+///    `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`;
+/// 2. a causal depthwise convolution over time (`conv1d.weight`, `conv_kernel` taps per channel
+///    of q‖k‖v, no bias; the sequence keeps the last `conv_kernel - 1` inputs), then SiLU;
+/// 3. q and k L2-normalised per head (eps 1e-6), q scaled by `1/√key_head_dim`;
+/// 4. the gated delta rule per value head (a value head reads key head `h / (value_heads /
+///    key_heads)`), with `β = sigmoid(b)` and decay `g = exp(-exp(A_log) · softplus(a +
+///    dt_bias))`: `S ← g·S; S ← S + k ⊗ β(v − S·k); y = S·q` (`S` is `value_head_dim ×
+///    key_head_dim`, f32, per sequence);
+/// 5. `y` RMS-normed per head with `norm.weight` (`[value_head_dim]`, not zero-centred), times
+///    `silu(z)`, through `out_proj`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatedDeltaNet {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_head_dim: usize,
+    pub value_head_dim: usize,
+    /// Taps of the causal convolution (`linear_conv_kernel_dim`).
+    pub conv_kernel: usize,
+    /// q, k, v, z and b, a stored as two projections grouped by key head (Qwen3-Next), not four.
+    pub fused_projections: bool,
+}
+
+impl GatedDeltaNet {
+    /// Width of q and of k (`key_heads × key_head_dim`).
+    pub fn key_dim(&self) -> usize {
+        self.key_heads * self.key_head_dim
+    }
+
+    /// Width of v and of z (`value_heads × value_head_dim`).
+    pub fn value_dim(&self) -> usize {
+        self.value_heads * self.value_head_dim
+    }
+
+    /// Channels of the convolution: q‖k‖v.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// f32 values a sequence keeps for the layer: the convolution's last `conv_kernel - 1`
+    /// inputs and the matrix state of every value head.
+    pub fn state_floats(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+            + self.value_heads * self.value_head_dim * self.key_head_dim
+    }
 }
 
 /// The MLP's gate activation.

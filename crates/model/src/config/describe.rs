@@ -39,6 +39,23 @@ impl ModelConfig {
                 self.num_hidden_layers
             ));
         }
+        let linear: Vec<_> = self.layers.iter().filter_map(|l| l.linear).collect();
+        if let Some(net) = linear.first() {
+            parts.push(format!(
+                "gated-DeltaNet linear attention on {} of {} layers ({}/{} key/value heads of \
+                 {}/{}, conv {})",
+                linear.len(),
+                self.num_hidden_layers,
+                net.key_heads,
+                net.value_heads,
+                net.key_head_dim,
+                net.value_head_dim,
+                net.conv_kernel
+            ));
+        }
+        if self.attention_output_gate {
+            parts.push("gated attention output".into());
+        }
         let routed: Vec<_> = self
             .feed_forward
             .iter()

@@ -59,8 +59,13 @@ pub struct ModelConfig {
     /// dropped. The sink is a logit as it stands (not scaled by `attention_scale`, not
     /// soft-capped). Set by the family; `false` for every family today.
     pub attention_sinks: bool,
-    /// Per layer, in order: RoPE or not, and its sliding window if any.
+    /// Per layer, in order: RoPE or not, and its sliding window if any; or a linear-attention
+    /// (gated DeltaNet) layer.
     pub layers: Vec<LayerAttention>,
+    /// The attention's output is gated (Qwen3-Next, Qwen3.5): `q_proj` has `2 · q_dim` rows,
+    /// per head its `head_dim` queries then `head_dim` gate values, and each head's output is
+    /// multiplied by `sigmoid(gate)` before `o_proj`.
+    pub attention_output_gate: bool,
     /// Per layer, in order: its feed-forward block, as its family builds it (the dense MLP of
     /// `intermediate_size` and `hidden_activation` for every family today).
     pub feed_forward: Vec<FeedForward>,
@@ -343,7 +348,11 @@ impl ModelConfig {
                 format!("{rms_norm_eps} is not a positive number"),
             ));
         }
-        let rope_theta = raw.rope_theta.unwrap_or(defaults.rope_theta);
+        let rope_parameters = rope_parameters(path, raw.rope_parameters.as_ref())?;
+        let rope_theta = raw
+            .rope_theta
+            .or(rope_parameters.rope_theta)
+            .unwrap_or(defaults.rope_theta);
         if !(rope_theta > 0.0 && rope_theta.is_finite()) {
             return Err(ModelError::invalid(
                 path,
@@ -408,7 +417,11 @@ impl ModelConfig {
                 "is not a positive number",
             ));
         }
-        let rotary_dim = match raw.partial_rotary_factor {
+        let partial_rotary_factor = raw
+            .partial_rotary_factor
+            .or(rope_parameters.partial_rotary_factor)
+            .or(defaults.partial_rotary_factor);
+        let rotary_dim = match partial_rotary_factor {
             None => head_dim,
             Some(f) if f > 0.0 && f <= 1.0 => ((head_dim as f64 * f) as usize) & !1,
             Some(f) => {
@@ -496,6 +509,7 @@ impl ModelConfig {
             qk_norm_whole: features.qk_norm_whole,
             attention_sinks: false,
             layers,
+            attention_output_gate: features.attention_output_gate,
             feed_forward,
             norm_weight_offset: features.norm_weight_offset,
             sandwich_norms: features.sandwich_norms,
@@ -548,6 +562,7 @@ fn layer_attention(
     layers: usize,
 ) -> Result<Vec<LayerAttention>> {
     let family = architecture.family();
+    let linear = family.linear_attention(path, raw, layers)?;
     let window = match raw.sliding_window.as_ref().filter(|v| !v.is_null()) {
         None => family.defaults().sliding_window,
         Some(v) => Some(v.as_u64().filter(|&w| w >= 1).ok_or_else(|| {
@@ -569,10 +584,22 @@ fn layer_attention(
             return match types[i].as_str() {
                 "full_attention" => Ok(false),
                 "sliding_attention" => Ok(true),
+                "linear_attention" if linear[i].is_some() => Ok(false),
+                "linear_attention" => Err(ModelError::invalid(
+                    path,
+                    "layer_types",
+                    format!(
+                        "`linear_attention` layers are not part of {architecture} (the \
+                         linear-attention families are qwen3_next, qwen3_5, qwen3_5_moe)"
+                    ),
+                )),
                 other => Err(ModelError::invalid(
                     path,
                     "layer_types",
-                    format!("`{other}` (supported: full_attention, sliding_attention)"),
+                    format!(
+                        "`{other}` (supported: full_attention, sliding_attention, and \
+                         linear_attention in the gated-DeltaNet families)"
+                    ),
                 )),
             };
         }
@@ -591,9 +618,57 @@ fn layer_attention(
             Ok(LayerAttention {
                 rope: family.rope(path, raw, layers, i)?,
                 window: if slides { window } else { None },
+                linear: linear[i],
             })
         })
         .collect()
+}
+
+/// What mlxcel reads of transformers 5's `rope_parameters` (Qwen3.5): the base and the rotated
+/// share, which the top-level keys override when present.
+#[derive(Debug, Default)]
+struct RopeParameters {
+    rope_theta: Option<f32>,
+    partial_rotary_factor: Option<f64>,
+}
+
+/// Reads `rope_parameters`; a RoPE type other than the plain one (`default`, or `mrope`'s
+/// sections, which rotate text positions as plain RoPE) is refused by name.
+fn rope_parameters(path: &Path, value: Option<&Value>) -> Result<RopeParameters> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(RopeParameters::default());
+    };
+    let Some(map) = value.as_object() else {
+        return Err(ModelError::invalid(
+            path,
+            "rope_parameters",
+            "expected an object",
+        ));
+    };
+    let kind = map
+        .get("rope_type")
+        .or_else(|| map.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    if kind != "default" {
+        return Err(ModelError::invalid(
+            path,
+            "rope_parameters",
+            format!("rope type `{kind}` is not supported there (supported: default)"),
+        ));
+    }
+    let number = |key: &str| -> Result<Option<f64>> {
+        match map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+                ModelError::invalid(path, "rope_parameters", format!("`{key}` is not a number"))
+            }),
+        }
+    };
+    Ok(RopeParameters {
+        rope_theta: number("rope_theta")?.map(|t| t as f32),
+        partial_rotary_factor: number("partial_rotary_factor")?,
+    })
 }
 
 /// Reads a token id field that may be a number or a list of numbers.

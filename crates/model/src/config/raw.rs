@@ -49,6 +49,14 @@ pub(crate) struct RawConfig {
     pub mlp_only_layers: Option<Vec<usize>>,
     pub clip_qkv: Option<Value>,
     pub qkv_bias: Option<bool>,
+    pub full_attention_interval: Option<usize>,
+    pub linear_num_key_heads: Option<usize>,
+    pub linear_num_value_heads: Option<usize>,
+    pub linear_key_head_dim: Option<usize>,
+    pub linear_value_head_dim: Option<usize>,
+    pub linear_conv_kernel_dim: Option<usize>,
+    /// transformers 5's home of `rope_theta`, `partial_rotary_factor` and the RoPE type (Qwen3.5).
+    pub rope_parameters: Option<Value>,
     #[serde(default)]
     pub vision_config: Option<Value>,
     pub quantization: Option<Value>,

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::config::blocks::{FeedForward, HiddenActivation};
+use crate::config::blocks::{FeedForward, GatedDeltaNet, HiddenActivation};
 use crate::config::raw::RawConfig;
 use crate::error::Result;
 use crate::gguf::header::GgufHeader;
@@ -101,6 +101,25 @@ pub(crate) trait Family: Sync {
         None
     }
 
+    /// Per layer, `Some` for a linear-attention (gated DeltaNet) layer, read from the family's
+    /// keys (`layer_types`, `full_attention_interval`, `linear_*`); every layer is softmax
+    /// attention in the families without them.
+    fn linear_attention(
+        &self,
+        path: &Path,
+        raw: &RawConfig,
+        layers: usize,
+    ) -> Result<Vec<Option<GatedDeltaNet>>> {
+        let _ = (path, raw);
+        Ok(vec![None; layers])
+    }
+
+    /// Whether mlxcel reads the family's GGUF files (a family whose GGUF tensors it does not
+    /// map is refused by name when a GGUF file of it is opened).
+    fn gguf_readable(&self) -> bool {
+        true
+    }
+
     /// Projections the checkpoint stores fused, which load as their parts.
     fn fused_projections(&self) -> &'static [FusedProjection] {
         &[]
@@ -143,6 +162,8 @@ pub(crate) struct Defaults {
     /// `Some(default)` when the family reads `rope_local_base_freq` (its sliding layers' own RoPE
     /// base); `None` when it ignores the key.
     pub rope_local_base_freq: Option<f32>,
+    /// The share of each head RoPE rotates when config.json does not say (`None`: all of it).
+    pub partial_rotary_factor: Option<f64>,
 }
 
 impl Defaults {
@@ -156,6 +177,7 @@ impl Defaults {
         attn_logit_softcapping: None,
         final_logit_softcapping: None,
         rope_local_base_freq: None,
+        partial_rotary_factor: None,
     };
 }
 
@@ -169,6 +191,10 @@ pub(crate) struct Features {
     pub sandwich_norms: bool,
     /// Token embeddings multiplied by √hidden_size.
     pub scaled_embeddings: bool,
+    /// The attention's output is gated: `q_proj` gives each head its queries and then as many
+    /// gate values, and the attention's output is multiplied by `sigmoid(gate)` before `o_proj`
+    /// (Qwen3-Next, Qwen3.5).
+    pub attention_output_gate: bool,
 }
 
 impl Features {
@@ -178,6 +204,7 @@ impl Features {
         norm_weight_offset: false,
         sandwich_norms: false,
         scaled_embeddings: false,
+        attention_output_gate: false,
     };
 }
 

@@ -4,6 +4,7 @@
 //! Everything else (config validation, checkpoint checks, GGUF conversion, the backends) asks a
 //! family through an [`Architecture`], never by its name.
 
+mod delta_net;
 mod family;
 mod gemma2;
 mod gemma3;
@@ -16,7 +17,9 @@ mod phi3;
 mod qwen2;
 mod qwen2_moe;
 mod qwen3;
+mod qwen3_5;
 mod qwen3_moe;
+mod qwen3_next;
 mod smollm3;
 
 use family::Family;
@@ -37,6 +40,9 @@ static FAMILIES: &[&dyn Family] = &[
     &gemma2::Gemma2,
     &gemma3::Gemma3,
     &phi3::Phi3,
+    &qwen3_next::Qwen3Next,
+    &qwen3_5::Qwen35,
+    &qwen3_5::Qwen35Moe,
 ];
 
 /// The model family of a checkpoint: a handle on its entry of [`FAMILIES`]. Backends read
@@ -110,7 +116,7 @@ impl Architecture {
     /// The GGUF `general.architecture` names mlxcel reads, for errors: `llama, qwen2, …`.
     pub fn supported_gguf_names() -> String {
         let mut names: Vec<&str> = Vec::new();
-        for family in FAMILIES {
+        for family in FAMILIES.iter().filter(|f| f.gguf_readable()) {
             if !names.contains(&family.gguf_name()) {
                 names.push(family.gguf_name());
             }

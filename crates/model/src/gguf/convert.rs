@@ -88,6 +88,17 @@ fn plan_checkpoint(
             ),
         }
     })?;
+    if !family.family().gguf_readable() {
+        return Err(ModelError::GgufMetadata {
+            path: gguf.path().to_owned(),
+            key: "general.architecture".into(),
+            reason: format!(
+                "`{arch}` ({}) GGUF files are not read by mlxcel yet (their linear-attention \
+                 tensors are not mapped); use its Hugging Face or MLX checkpoint",
+                family.model_type()
+            ),
+        });
+    }
     if experts && !family.family().has_experts() {
         return Err(ModelError::GgufMetadata {
             path: gguf.path().to_owned(),

@@ -785,3 +785,123 @@ fn yarn_mscale_ratio_and_defaults_match_mlx_lm() {
     .to_string();
     assert!(err.contains("rope_scaling.truncate"), "{err}");
 }
+
+fn qwen3_5() -> Value {
+    json!({
+        "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5", "hidden_size": 1024,
+        "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "head_dim": 256, "intermediate_size": 3584, "vocab_size": 248320,
+        "max_position_embeddings": 262144, "full_attention_interval": 4,
+        "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                            "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]}
+    })
+}
+
+#[test]
+fn qwen3_5_interleaves_gated_delta_net_with_gated_attention() {
+    let c = parse(&qwen3_5()).unwrap();
+    assert_eq!(c.architecture.model_type(), "qwen3_5");
+    let linear: Vec<bool> = c.layers.iter().map(|l| l.linear.is_some()).collect();
+    assert_eq!(linear, [true, true, true, false, true, true, true, false]);
+    let net = c.layers[0].linear.unwrap();
+    assert_eq!(
+        (net.key_dim(), net.value_dim(), net.conv_dim()),
+        (2048, 2048, 6144)
+    );
+    assert!(!net.fused_projections);
+    assert_eq!(net.state_floats(), 3 * 6144 + 16 * 128 * 128);
+    // RoPE from rope_parameters: a quarter of each 256-wide head, base 1e7.
+    assert_eq!((c.rotary_dim, c.rope_theta), (64, 1e7));
+    assert!(c.qk_norm && c.norm_weight_offset && c.attention_output_gate);
+    assert!(
+        c.describe()
+            .contains("gated-DeltaNet linear attention on 6 of 8 layers"),
+        "{}",
+        c.describe()
+    );
+}
+
+#[test]
+fn qwen3_next_reads_transformers_defaults_and_its_experts() {
+    let mut v = qwen3_5();
+    v["architectures"] = json!(["Qwen3NextForCausalLM"]);
+    v["model_type"] = json!("qwen3_next");
+    v.as_object_mut().unwrap().remove("rope_parameters");
+    v.as_object_mut().unwrap().remove("full_attention_interval");
+    v.as_object_mut().unwrap().remove("linear_conv_kernel_dim");
+    for (key, value) in [
+        ("num_experts", json!(8)),
+        ("num_experts_per_tok", json!(2)),
+        ("moe_intermediate_size", json!(64)),
+        ("shared_expert_intermediate_size", json!(128)),
+        ("mlp_only_layers", json!([0])),
+    ] {
+        v[key] = value;
+    }
+    let c = parse(&v).unwrap();
+    // full_attention_interval 4, conv 4, RoPE base 10000 on a quarter of each head.
+    assert_eq!(c.layers.iter().filter(|l| l.linear.is_some()).count(), 6);
+    assert_eq!(c.layers[0].linear.unwrap().conv_kernel, 4);
+    assert!(c.layers[0].linear.unwrap().fused_projections);
+    assert_eq!((c.rotary_dim, c.rope_theta), (64, 10000.0));
+    assert!(c.layer_spec(0).ffn.routed().is_none());
+    let moe = *c.layer_spec(1).ffn.routed().unwrap();
+    assert_eq!(moe.routing, Routing::SoftmaxTopK { renormalize: true });
+    assert_eq!(moe.shared_expert_intermediate_size, Some(128));
+}
+
+#[test]
+fn hybrid_configs_that_cannot_run_are_refused_by_name() {
+    let refused = |edit: &dyn Fn(&mut Value), needle: &str| {
+        let mut v = qwen3_5();
+        edit(&mut v);
+        let message = parse(&v).unwrap_err().to_string();
+        assert!(message.contains(needle), "{message}");
+    };
+    refused(
+        &|v| {
+            v["layer_types"] = json!(vec!["linear_attention"; 8]);
+        },
+        "field `layer_types`",
+    );
+    refused(
+        &|v| {
+            v.as_object_mut().unwrap().remove("linear_num_value_heads");
+        },
+        "linear_num_value_heads",
+    );
+    refused(
+        &|v| {
+            v["linear_num_value_heads"] = json!(24);
+        },
+        "is not a multiple of linear_num_key_heads",
+    );
+    refused(
+        &|v| {
+            v["rope_parameters"]["rope_type"] = json!("yarn");
+        },
+        "rope type `yarn`",
+    );
+    refused(
+        &|v| {
+            v["attention_bias"] = json!(true);
+        },
+        "field `attention_bias`",
+    );
+    refused(
+        &|v| {
+            v["num_experts"] = json!(8);
+        },
+        "field `num_experts`",
+    );
+    // A `linear_attention` layer in a family without them.
+    let mut v = qwen2_moe();
+    v["layer_types"] = json!(vec!["linear_attention"; 4]);
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(
+        message.contains("`linear_attention` layers are not part of"),
+        "{message}"
+    );
+}

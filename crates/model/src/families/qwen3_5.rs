@@ -1,0 +1,124 @@
+//! Qwen3.5 (`Qwen3_5ForCausalLM`, and `Qwen3_5MoeForCausalLM` with routed experts): Qwen3-Next's
+//! hybrid of gated-DeltaNet and gated softmax attention, with the linear layers' projections
+//! stored apart (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`) and RoPE read from
+//! `rope_parameters` (`rope_theta`, `partial_rotary_factor`; its `mrope_section` rotates text
+//! positions as plain RoPE). The MoE form routes every layer (softmax, top-k renormalised with
+//! `norm_topk_prob`) beside a gated shared expert.
+
+use std::path::Path;
+
+use super::delta_net::delta_net_layers;
+use super::family::{Defaults, Family, Features};
+use super::moe::ExpertKeys;
+use super::qwen3_next::{HYBRID_FEATURES, check_hybrid};
+use crate::config::blocks::{GatedDeltaNet, Routing};
+use crate::config::raw::RawConfig;
+use crate::error::Result;
+
+pub(super) struct Qwen35;
+
+pub(super) struct Qwen35Moe;
+
+/// mlx-lm's Qwen3.5 defaults for RoPE (`rope_parameters`' `rope_theta` 100000 and
+/// `partial_rotary_factor` 0.25).
+const QWEN35_DEFAULTS: Defaults = Defaults {
+    rope_theta: 100_000.0,
+    partial_rotary_factor: Some(0.25),
+    ..Defaults::LLAMA
+};
+
+impl Family for Qwen35 {
+    fn hf_name(&self) -> &'static str {
+        "Qwen3_5ForCausalLM"
+    }
+
+    fn model_type(&self) -> &'static str {
+        "qwen3_5"
+    }
+
+    fn gguf_name(&self) -> &'static str {
+        "qwen35"
+    }
+
+    fn gguf_readable(&self) -> bool {
+        false
+    }
+
+    fn defaults(&self) -> Defaults {
+        QWEN35_DEFAULTS
+    }
+
+    fn features(&self) -> Features {
+        HYBRID_FEATURES
+    }
+
+    fn check(&self, path: &Path, raw: &RawConfig) -> Result<()> {
+        check_hybrid(path, raw)
+    }
+
+    fn linear_attention(
+        &self,
+        path: &Path,
+        raw: &RawConfig,
+        layers: usize,
+    ) -> Result<Vec<Option<GatedDeltaNet>>> {
+        delta_net_layers(path, raw, layers, false)
+    }
+}
+
+impl Family for Qwen35Moe {
+    fn hf_name(&self) -> &'static str {
+        "Qwen3_5MoeForCausalLM"
+    }
+
+    fn model_type(&self) -> &'static str {
+        "qwen3_5_moe"
+    }
+
+    fn gguf_name(&self) -> &'static str {
+        "qwen35moe"
+    }
+
+    fn gguf_readable(&self) -> bool {
+        false
+    }
+
+    fn defaults(&self) -> Defaults {
+        QWEN35_DEFAULTS
+    }
+
+    fn features(&self) -> Features {
+        HYBRID_FEATURES
+    }
+
+    fn check(&self, path: &Path, raw: &RawConfig) -> Result<()> {
+        check_hybrid(path, raw)
+    }
+
+    fn linear_attention(
+        &self,
+        path: &Path,
+        raw: &RawConfig,
+        layers: usize,
+    ) -> Result<Vec<Option<GatedDeltaNet>>> {
+        delta_net_layers(path, raw, layers, false)
+    }
+
+    fn has_experts(&self) -> bool {
+        true
+    }
+
+    fn expert_keys(&self, raw: &RawConfig) -> Option<ExpertKeys> {
+        Some(ExpertKeys {
+            count: "num_experts",
+            count_alias: None,
+            intermediate: Some("moe_intermediate_size"),
+            // mlx-lm's Qwen3.5 defaults `norm_topk_prob` to true.
+            routing: Routing::SoftmaxTopK {
+                renormalize: raw.norm_topk_prob.unwrap_or(true),
+            },
+            shared_expert: true,
+            dense_layers: false,
+        })
+    }
+}
