@@ -143,6 +143,10 @@ pub(crate) struct Defaults {
     /// `Some(default)` when the family reads `rope_local_base_freq` (its sliding layers' own RoPE
     /// base); `None` when it ignores the key.
     pub rope_local_base_freq: Option<f32>,
+    /// `head_dim` when config.json leaves it out (`None`: hidden_size / heads).
+    pub head_dim: Option<usize>,
+    /// `rope_scaling` (JSON) when config.json leaves the key out; an explicit `null` means none.
+    pub rope_scaling: Option<&'static str>,
 }
 
 impl Defaults {
@@ -156,6 +160,8 @@ impl Defaults {
         attn_logit_softcapping: None,
         final_logit_softcapping: None,
         rope_local_base_freq: None,
+        head_dim: None,
+        rope_scaling: None,
     };
 }
 
@@ -169,6 +175,8 @@ pub(crate) struct Features {
     pub sandwich_norms: bool,
     /// Token embeddings multiplied by √hidden_size.
     pub scaled_embeddings: bool,
+    /// A learned logit per head in each attention softmax (`self_attn.sinks`, gpt-oss).
+    pub attention_sinks: bool,
 }
 
 impl Features {
@@ -178,6 +186,7 @@ impl Features {
         norm_weight_offset: false,
         sandwich_norms: false,
         scaled_embeddings: false,
+        attention_sinks: false,
     };
 }
 

@@ -31,6 +31,7 @@ pub(super) const GEMMA_FEATURES: Features = Features {
     norm_weight_offset: true,
     sandwich_norms: true,
     scaled_embeddings: true,
+    attention_sinks: false,
 };
 
 impl Family for Gemma2 {
