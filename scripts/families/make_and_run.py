@@ -263,6 +263,21 @@ def variants():
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "partial_rotary_factor": 0.5}),
          {"prompt_len": 100}),
+        # gpt-oss: a sink logit per head, biases on q/k/v/o, the router and every expert's three
+        # projections; layers 0 and 2 sliding (window 8 < the 24-token prompt); YaRN x4 over an
+        # original window of 16 (so that 32 positions feel it; `truncate: true` because mlx-lm
+        # always rounds the band's edges); top-4 of 8 by the softmax of the top-k logits; the
+        # clamped SwiGLU at mlx-lm's fixed limit 7, with the experts' gate and up weights scaled
+        # up so that a quarter of their outputs pass the clamp.
+        ("gpt_oss", "gpt_oss", base_config(
+            architectures=["GptOssForCausalLM"], model_type="gpt_oss", num_hidden_layers=4,
+            num_local_experts=8, num_experts_per_tok=4, experts_per_token=4,
+            intermediate_size=32, attention_bias=True, sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * 2, rope_theta=150000.0,
+            rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                          "beta_slow": 1.0, "original_max_position_embeddings": 16,
+                          "truncate": True},
+            swiglu_limit=7.0), {"expert_gain": 3.0}),
     ]
 
 
@@ -271,11 +286,12 @@ def model_type_module(config):
     return mlx_lm_module("models." + MODULE_OF_MODEL_TYPE.get(model_type, model_type))
 
 
-def randomize(model, seed, norm_neutral, embedding_std):
+def randomize(model, seed, norm_neutral, embedding_std, expert_gain=1.0):
     """Fresh weights: linears N(0, 4/in) (twice the usual gain, so that attention depends on the
     context and greedy decoding wanders instead of repeating one token), embeddings
     N(0, embedding_std²) (small: a tied output projection otherwise favours the token just fed),
-    norms neutral + N(0, 0.1²), biases N(0, 0.1²)."""
+    norms neutral + N(0, 0.1²), biases N(0, 0.1²); the stacked experts' gate and up weights
+    (`mlp.experts.{gate,up}_proj`) times `expert_gain`."""
     mx.random.seed(seed)
     fresh = []
     for name, value in tree_flatten(model.parameters()):
@@ -288,6 +304,8 @@ def randomize(model, seed, norm_neutral, embedding_std):
             value = embedding_std * noise
         else:
             value = 2 * noise / math.sqrt(value.shape[-1])
+            if "mlp.experts." in name and ("gate_proj" in name or "up_proj" in name):
+                value = expert_gain * value
         fresh.append((name, value))
     model.update(tree_unflatten(fresh))
 
@@ -385,7 +403,7 @@ def make_variants(out_dir, families):
         module = model_type_module(config)
         model = module.Model(module.ModelArgs.from_dict(config))
         randomize(model, 1000 + seed, options.get("norm_neutral", 1.0),
-                  options.get("embedding_std", 0.1))
+                  options.get("embedding_std", 0.1), options.get("expert_gain", 1.0))
         if config["tie_word_embeddings"] and "lm_head" in model:
             model.pop("lm_head")
         if (quantize := options.get("quantize")) is not None:

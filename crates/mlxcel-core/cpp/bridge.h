@@ -114,6 +114,8 @@ std::unique_ptr<MlxArray> matmul(const MlxArray& a, const MlxArray& b);
 std::unique_ptr<MlxArray> silu(const MlxArray& a);
 std::unique_ptr<MlxArray> tanh(const MlxArray& a);
 std::unique_ptr<MlxArray> gelu_tanh(const MlxArray& a);
+std::unique_ptr<MlxArray> clamped_swiglu(const MlxArray& gate, const MlxArray& up, float alpha,
+                                         float limit);
 std::unique_ptr<MlxArray> softmax(const MlxArray& a, int32_t axis, bool precise);
 std::unique_ptr<MlxArray> argmax(const MlxArray& a, int32_t axis, bool keepdims);
 

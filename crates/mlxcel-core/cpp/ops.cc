@@ -96,6 +96,18 @@ std::unique_ptr<MlxArray> gelu_tanh(const MlxArray& a) {
                            mx::add(mx::array(1.0f, dt), t, s), s));
 }
 
+// gpt-oss's experts, as mlx-lm's swiglu_oai: the gate clamped above at `limit`, the linear half
+// to [-limit, limit], then (up + 1) · gate · sigmoid(alpha · gate).
+std::unique_ptr<MlxArray> clamped_swiglu(const MlxArray& gate, const MlxArray& up, float alpha,
+                                         float limit) {
+  const auto s = mlxcel_stream();
+  const auto dt = gate.inner.dtype();
+  const auto g = mx::minimum(gate.inner, mx::array(limit, dt), s);
+  const auto x = mx::clip(up.inner, mx::array(-limit, dt), mx::array(limit, dt), s);
+  const auto glu = mx::multiply(g, mx::sigmoid(mx::multiply(mx::array(alpha, dt), g, s), s), s);
+  return wrap(mx::multiply(mx::add(x, mx::array(1.0f, dt), s), glu, s));
+}
+
 std::unique_ptr<MlxArray> softmax(const MlxArray& a, int32_t axis, bool precise) {
   return wrap(mx::softmax(a.inner, std::vector<int>{axis}, precise, mlxcel_stream()));
 }

@@ -334,6 +334,15 @@ impl Array {
         call("gelu_tanh", || ffi::gelu_tanh(self.raw()))
     }
 
+    /// gpt-oss's expert activation of gate `self` and linear half `up`:
+    /// `(clamp(up, −limit, limit) + 1) · g · sigmoid(alpha · g)` with `g = min(self, limit)`,
+    /// element-wise (mlx-lm's `swiglu_oai`).
+    pub fn clamped_swiglu(&self, up: &Array, alpha: f32, limit: f32) -> Result<Array> {
+        call("clamped_swiglu", || {
+            ffi::clamped_swiglu(self.raw(), up.raw(), alpha, limit)
+        })
+    }
+
     /// Softmax along `axis`. `precise` accumulates in f32 for lower-precision inputs.
     pub fn softmax(&self, axis: i32, precise: bool) -> Result<Array> {
         call("softmax", || ffi::softmax(self.raw(), axis, precise))

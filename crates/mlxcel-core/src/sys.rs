@@ -90,6 +90,12 @@ pub(crate) mod ffi {
         fn silu(a: &MlxArray) -> Result<UniquePtr<MlxArray>>;
         fn tanh(a: &MlxArray) -> Result<UniquePtr<MlxArray>>;
         fn gelu_tanh(a: &MlxArray) -> Result<UniquePtr<MlxArray>>;
+        fn clamped_swiglu(
+            gate: &MlxArray,
+            up: &MlxArray,
+            alpha: f32,
+            limit: f32,
+        ) -> Result<UniquePtr<MlxArray>>;
         fn softmax(a: &MlxArray, axis: i32, precise: bool) -> Result<UniquePtr<MlxArray>>;
         fn argmax(a: &MlxArray, axis: i32, keepdims: bool) -> Result<UniquePtr<MlxArray>>;
 

@@ -133,18 +133,19 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
             ]),
             FeedForward::RoutedExperts(moe) => {
                 let ffn = moe.expert_intermediate_size;
+                let bias = moe.biases;
                 modules.push(linear(
                     format!("{p}.mlp.gate"),
                     moe.num_experts,
                     hidden,
-                    false,
+                    bias,
                 ));
                 for j in 0..moe.num_experts {
                     let e = format!("{p}.mlp.experts.{j}");
                     modules.extend([
-                        linear(format!("{e}.gate_proj"), ffn, hidden, false),
-                        linear(format!("{e}.up_proj"), ffn, hidden, false),
-                        linear(format!("{e}.down_proj"), hidden, ffn, false),
+                        linear(format!("{e}.gate_proj"), ffn, hidden, bias),
+                        linear(format!("{e}.up_proj"), ffn, hidden, bias),
+                        linear(format!("{e}.down_proj"), hidden, ffn, bias),
                     ]);
                 }
                 if let Some(shared) = moe.shared_expert_intermediate_size {

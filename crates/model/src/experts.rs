@@ -2,10 +2,12 @@
 //! `mlp.experts.{j}.`, read as those canonical per-expert views without copying a byte: mlx-lm's
 //! stacked `mlp.switch_mlp.{gate,up,down}_proj` (`[num_experts, ...]`, dense or MLX-quantized), and
 //! Mixtral's Hugging Face names (`block_sparse_moe.gate`, `block_sparse_moe.experts.{j}.w1`/`w3`/
-//! `w2` for gate/up/down) and its mlx-lm form (`block_sparse_moe.switch_mlp.*`).
+//! `w2` for gate/up/down) and its mlx-lm form (`block_sparse_moe.switch_mlp.*`), and gpt-oss's
+//! mlx-lm form (the router `mlp.router`, the experts stacked as `mlp.experts.{gate,up,down}_proj`
+//! with their biases).
 
 use crate::config::ModelConfig;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::safetensors_files::SafetensorsFiles;
 
 /// The projections of an expert's gated MLP.
@@ -18,6 +20,17 @@ pub(crate) fn per_expert_views(
     config: &mut ModelConfig,
     files: &mut SafetensorsFiles,
 ) -> Result<()> {
+    if let Some(info) = files.infos().find(|i| hf_fused_experts(i.name)) {
+        return Err(ModelError::Safetensors {
+            path: info.file.to_owned(),
+            reason: format!(
+                "tensor `{}` is Hugging Face's fused gpt-oss expert layout (`gate_up_proj` with \
+                 gate and up interleaved, MXFP4 `_blocks`/`_scales`), which mlxcel does not \
+                 read: use mlx-lm's conversion of the checkpoint (`mlx_lm.convert`) or a GGUF",
+                info.name
+            ),
+        });
+    }
     files.rename(|name| Some(canonical(name)))?;
     for layer in 0..config.num_hidden_layers {
         let Some(moe) = config.layer_spec(layer).ffn.routed().copied() else {
@@ -25,7 +38,7 @@ pub(crate) fn per_expert_views(
         };
         let p = format!("model.layers.{layer}.mlp");
         for projection in PROJECTIONS {
-            for suffix in ["weight", "scales", "biases"] {
+            for suffix in ["weight", "scales", "biases", "bias"] {
                 let parts: Vec<String> = (0..moe.num_experts)
                     .map(|j| format!("{p}.experts.{j}.{projection}.{suffix}"))
                     .collect();
@@ -57,10 +70,35 @@ pub(crate) fn per_expert_views(
     Ok(())
 }
 
-/// A tensor or module name with Mixtral's names made canonical: `block_sparse_moe` is `mlp`, and
-/// an expert's `w1`, `w3`, `w2` are its `gate_proj`, `up_proj`, `down_proj`. Other names are
-/// returned as they are.
+/// Whether `name` is one of Hugging Face's fused gpt-oss expert tensors
+/// (`mlp.experts.gate_up_proj`, `…_bias`, `…_blocks`, `…_scales`, and `down_proj`'s).
+fn hf_fused_experts(name: &str) -> bool {
+    name.rsplit_once(".mlp.experts.").is_some_and(|(_, rest)| {
+        rest.starts_with("gate_up_proj") || rest.starts_with("down_proj_") || rest == "down_proj"
+    })
+}
+
+/// A tensor or module name with Mixtral's and gpt-oss's names made canonical:
+/// `block_sparse_moe` is `mlp`, an expert's `w1`, `w3`, `w2` are its `gate_proj`, `up_proj`,
+/// `down_proj`; gpt-oss's router `mlp.router` is `mlp.gate` and its stacked experts
+/// `mlp.experts.{projection}` are `mlp.switch_mlp.{projection}`. Other names are returned as they
+/// are.
 fn canonical(name: &str) -> String {
+    if let Some((stem, rest)) = name.split_once(".mlp.router")
+        && (rest.is_empty() || rest.starts_with('.'))
+    {
+        return format!("{stem}.mlp.gate{rest}");
+    }
+    if let Some((stem, rest)) = name.split_once(".mlp.experts.")
+        && let Some(projection) = PROJECTIONS
+            .iter()
+            .find(|p| rest == **p || rest.strip_prefix(**p).is_some_and(|s| s.starts_with('.')))
+    {
+        return format!(
+            "{stem}.mlp.switch_mlp.{projection}{}",
+            &rest[projection.len()..]
+        );
+    }
     if !name.contains("block_sparse_moe") {
         return name.to_owned();
     }

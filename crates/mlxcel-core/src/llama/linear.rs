@@ -134,7 +134,7 @@ impl GateUp {
     }
 
     /// `act(h · gateᵀ) · (h · upᵀ)` where `h = rms_norm(x, norm, eps)` and `act` is SiLU or
-    /// GELU-tanh.
+    /// GELU-tanh (or gpt-oss's clamped SwiGLU of the two halves).
     pub(super) fn forward_normed(
         &self,
         x: &Array,
@@ -143,11 +143,11 @@ impl GateUp {
         activation: HiddenActivation,
         kernels: &Kernels,
     ) -> Result<Array> {
-        match self {
-            Self::Stacked(w) => {
-                w.linear_normed_then(x, norm, eps, kernels, epilogue_of(activation))
+        match (self, epilogue_of(activation)) {
+            (Self::Stacked(w), Some(epilogue)) => {
+                w.linear_normed_then(x, norm, eps, kernels, epilogue)
             }
-            Self::Separate { .. } => self.forward(&rms_norm(x, norm, eps)?, activation, kernels),
+            _ => self.forward(&rms_norm(x, norm, eps)?, activation, kernels),
         }
     }
 
@@ -158,16 +158,22 @@ impl GateUp {
         activation: HiddenActivation,
         kernels: &Kernels,
     ) -> Result<Array> {
-        match self {
-            Self::Stacked(w) => w.linear_then(h, kernels, epilogue_of(activation)),
-            Self::Separate { gate, up } => {
-                let g = gate.forward(h, kernels)?;
-                let activated = match activation {
-                    HiddenActivation::Silu => g.silu()?,
-                    HiddenActivation::GeluTanh => g.gelu_tanh()?,
-                };
-                activated.multiply(&up.forward(h, kernels)?)
+        match (self, epilogue_of(activation)) {
+            (Self::Stacked(w), Some(epilogue)) => w.linear_then(h, kernels, epilogue),
+            // No epilogue computes the activation: the stacked product's halves are gate and up.
+            (Self::Stacked(w), None) => {
+                let y = w.linear(h, kernels)?;
+                let shape = y.shape();
+                let (rows, width) = (shape[0], shape[1] / 2);
+                let g = y.slice(&[0, 0], &[rows, width])?;
+                let u = y.slice(&[0, width], &[rows, 2 * width])?;
+                combine(&g, &u, activation)
             }
+            (Self::Separate { gate, up }, _) => combine(
+                &gate.forward(h, kernels)?,
+                &up.forward(h, kernels)?,
+                activation,
+            ),
         }
     }
 
@@ -194,11 +200,22 @@ impl GateUp {
     }
 }
 
-/// The matmul epilogue that applies `activation` to the gate half and multiplies by the up half.
-fn epilogue_of(activation: HiddenActivation) -> Epilogue<'static> {
+/// The matmul epilogue that applies `activation` to the gate half and multiplies by the up half;
+/// `None` for gpt-oss's clamped SwiGLU, which no epilogue computes.
+fn epilogue_of(activation: HiddenActivation) -> Option<Epilogue<'static>> {
     match activation {
-        HiddenActivation::Silu => Epilogue::Swiglu,
-        HiddenActivation::GeluTanh => Epilogue::Geglu,
+        HiddenActivation::Silu => Some(Epilogue::Swiglu),
+        HiddenActivation::GeluTanh => Some(Epilogue::Geglu),
+        HiddenActivation::ClampedSwiglu { .. } => None,
+    }
+}
+
+/// The gated activation of gate `g` and up `u` (rows of the two projections), as separate ops.
+fn combine(g: &Array, u: &Array, activation: HiddenActivation) -> Result<Array> {
+    match activation {
+        HiddenActivation::Silu => g.silu()?.multiply(u),
+        HiddenActivation::GeluTanh => g.gelu_tanh()?.multiply(u),
+        HiddenActivation::ClampedSwiglu { alpha, limit } => g.clamped_swiglu(u, alpha, limit),
     }
 }
 

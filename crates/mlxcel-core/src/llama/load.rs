@@ -536,15 +536,34 @@ impl Loader<'_> {
     }
 
     /// The routed-expert MLP under `prefix`: the router (`gate`, in f32 on the host, with
-    /// `shared_expert_gate`'s row after the experts' when there is a shared expert), every
-    /// expert's gated MLP (`experts.{j}`) and the shared expert's, each loaded as a dense
+    /// `shared_expert_gate`'s row after the experts' when there is a shared expert, and its
+    /// bias when the block has biases), every expert's gated MLP (`experts.{j}`, its three
+    /// projections apart when they have biases) and the shared expert's, each loaded as a dense
     /// layer's MLP is (so every weight format the dense MLP takes, experts take).
     fn routed(&self, prefix: &str, hidden: usize, moe: &RoutedExperts) -> Result<RoutedMlp> {
         let mut weights = self.matrix_f32(&format!("{prefix}.gate"))?;
+        let bias = if moe.biases {
+            Some(self.float(&format!("{prefix}.gate.bias"))?.to_vec_f32()?)
+        } else {
+            None
+        };
         let experts = (0..moe.num_experts)
             .map(|j| {
-                let (gate_up, down) = self.gated_mlp(&format!("{prefix}.experts.{j}"))?;
-                Ok(Expert { gate_up, down })
+                let e = format!("{prefix}.experts.{j}");
+                if !moe.biases {
+                    let (gate_up, down) = self.gated_mlp(&e)?;
+                    return Ok(Expert { gate_up, down });
+                }
+                // Biased projections stay apart: each adds its own bias after its product.
+                let [gate, up, down] = ["gate_proj", "up_proj", "down_proj"]
+                    .map(|m| self.linear(&format!("{e}.{m}"), true));
+                Ok(Expert {
+                    gate_up: GateUp::Separate {
+                        gate: gate?,
+                        up: up?,
+                    },
+                    down: down?,
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         let shared = match moe.shared_expert_intermediate_size {
@@ -556,12 +575,16 @@ impl Loader<'_> {
             None => None,
         };
         let rows = moe.num_experts + usize::from(shared.is_some());
-        if weights.len() != rows * hidden {
+        if weights.len() != rows * hidden
+            || bias.as_ref().is_some_and(|b| b.len() != moe.num_experts)
+        {
             return Err(Error::Mlx {
                 op: "routed experts",
                 message: format!(
-                    "{prefix}.gate (and shared_expert_gate) hold {} values, expected {rows} rows of {hidden}",
-                    weights.len()
+                    "{prefix}.gate (and shared_expert_gate) hold {} values, expected {rows} rows \
+                     of {hidden} (and a bias of {} values)",
+                    weights.len(),
+                    moe.num_experts
                 ),
             });
         }
@@ -573,6 +596,7 @@ impl Loader<'_> {
                 top_k: moe.top_k,
                 routing: moe.routing,
                 shared_gate: shared.is_some(),
+                bias,
             },
             experts,
             shared,

@@ -21,6 +21,8 @@ pub(super) struct Router {
     pub(super) routing: Routing,
     /// The last row is the shared expert's gate (`shared_expert_gate`, `[1, hidden]`).
     pub(super) shared_gate: bool,
+    /// One bias per row added to its logit (gpt-oss's `gate.bias`), when the router has them.
+    pub(super) bias: Option<Vec<f32>>,
 }
 
 /// The routes of a step's tokens.
@@ -102,6 +104,11 @@ impl Router {
         for (x, out) in h.chunks_exact(self.hidden).zip(out.chunks_exact_mut(rows)) {
             for (w, logit) in self.weights.chunks_exact(self.hidden).zip(out.iter_mut()) {
                 *logit = dot(x, w);
+            }
+            if let Some(bias) = &self.bias {
+                for (logit, b) in out.iter_mut().zip(bias) {
+                    *logit += b;
+                }
             }
         }
     }
@@ -213,6 +220,7 @@ mod tests {
             top_k,
             routing,
             shared_gate,
+            bias: None,
         }
     }
 
@@ -235,6 +243,16 @@ mod tests {
         assert_eq!(routes.experts, [0, 2]);
         assert_eq!(routes.scores, softmax(&[3.0, 2.0]));
         assert_eq!(routes.shared, Some(vec![sigmoid(2.0)]));
+    }
+
+    #[test]
+    fn the_router_bias_is_added_to_each_logit_before_routing() {
+        // Logits x0, x1, x0 + x1 = 3, -1, 2; biases move expert 1 to the top.
+        let mut r = router(Routing::TopKSoftmax, 2, false);
+        r.bias = Some(vec![0.0, 5.0, -0.5]);
+        let routes = r.route(&[3.0, -1.0], 1);
+        assert_eq!(routes.experts, [1, 0]);
+        assert_eq!(routes.scores, softmax(&[4.0, 3.0]));
     }
 
     #[test]
@@ -280,6 +298,7 @@ mod tests {
             top_k: 3,
             routing: Routing::SoftmaxTopK { renormalize: false },
             shared_gate: true,
+            bias: None,
         };
         let one = r.route_split(&h, 1, 1);
         let four = r.route_split(&h, 4, 1);

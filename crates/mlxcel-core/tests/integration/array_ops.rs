@@ -284,3 +284,32 @@ fn debug_shows_shape_and_dtype() {
     let a = Array::from_f32(&[0.0; 6], &[2, 3]).unwrap();
     assert_eq!(format!("{a:?}"), "Array { shape: [2, 3], dtype: F32 }");
 }
+
+/// gpt-oss's expert activation: the gate clamped above, the linear half on both sides, then
+/// `(u + 1) · g · sigmoid(alpha · g)`; values on both sides of each clamp.
+#[test]
+fn clamped_swiglu_clamps_the_gate_above_and_the_linear_half_both_ways() {
+    let (alpha, limit) = (1.702f32, 7.0f32);
+    let gate = [-9.0f32, -1.5, 0.0, 2.0, 6.99, 7.0, 12.0, 30.0];
+    let up = [-30.0f32, -7.5, -0.25, 1.0, 6.5, 8.0, -12.0, 3.0];
+    let g = Array::from_f32(&gate, &[2, 4]).unwrap();
+    let u = Array::from_f32(&up, &[2, 4]).unwrap();
+    let got = g
+        .clamped_swiglu(&u, alpha, limit)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    let want: Vec<f32> = gate
+        .iter()
+        .zip(&up)
+        .map(|(&g, &u)| {
+            let g = g.min(limit);
+            let u = u.clamp(-limit, limit);
+            (u + 1.0) * (g / (1.0 + (-alpha * g).exp()))
+        })
+        .collect();
+    assert_close(&got, &want, 1e-5);
+    // The clamp bites: gates of 12 and 30 both act as 7 (with up clamped to -7, and 3).
+    let glu7 = 7.0 / (1.0 + (-alpha * 7.0f32).exp());
+    assert_close(&[got[6], got[7]], &[-6.0 * glu7, 4.0 * glu7], 1e-5);
+}

@@ -79,18 +79,27 @@ impl GatedDeltaNet {
     }
 }
 
-/// The MLP's gate activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The MLP's gate activation: how a gated MLP combines its gate and up halves.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum HiddenActivation {
     /// `silu(gate) · up` (SwiGLU; `silu`).
     Silu,
     /// `gelu_tanh(gate) · up` (GeGLU with GELU's tanh approximation; `gelu_pytorch_tanh`).
     GeluTanh,
+    /// gpt-oss's experts: `g · sigmoid(alpha · g) · (u + 1)` with `g = min(gate, limit)` and
+    /// `u = clamp(up, −limit, limit)` (`swiglu_limit`; alpha is 1.702 in transformers and
+    /// mlx-lm alike). Only routed experts use it: config.json's `hidden_act` never names it.
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
+impl HiddenActivation {
+    /// gpt-oss's alpha, a constant of its transformers and mlx-lm code.
+    pub const GPT_OSS_ALPHA: f32 = 1.702;
 }
 
 /// One decoder layer as the backends build it: its attention, then its feed-forward block
 /// ([`crate::ModelConfig::layer_spec`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerSpec {
     pub attention: LayerAttention,
     pub ffn: FeedForward,
@@ -99,7 +108,7 @@ pub struct LayerSpec {
 /// A decoder layer's feed-forward block. Each backend builds every kind in one function (a
 /// `match` on this), so that a block that is not llama-shaped (a routed-expert MLP) is a new
 /// variant here, produced by its family and implemented once per backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FeedForward {
     /// The gated MLP: `down_proj(act(gate_proj(x)) · up_proj(x))`, gate and up
     /// `[intermediate_size, hidden]`, down `[hidden, intermediate_size]`.
@@ -115,7 +124,8 @@ pub enum FeedForward {
     /// `scales`/`biases`), `shared_expert.{gate_proj,up_proj,down_proj}` and
     /// `shared_expert_gate.weight` (`[1, hidden]`) when there is a shared expert. Checkpoints that
     /// store experts stacked (mlx-lm's `switch_mlp`, GGUF's `ffn_*_exps`) are read as these
-    /// per-expert views.
+    /// per-expert views. With [`RoutedExperts::biases`], the router and every expert's
+    /// projections also have a `bias`.
     RoutedExperts(RoutedExperts),
 }
 
@@ -130,15 +140,20 @@ impl FeedForward {
 }
 
 /// A mixture-of-experts feed-forward block ([`FeedForward::RoutedExperts`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RoutedExperts {
     pub num_experts: usize,
     /// Experts per token.
     pub top_k: usize,
     /// Each expert's gated MLP hidden size (`moe_intermediate_size`).
     pub expert_intermediate_size: usize,
+    /// How each expert combines its gate and up halves (gpt-oss's clamped SwiGLU).
     pub activation: HiddenActivation,
     pub routing: Routing,
+    /// The router (`gate.bias`, `[num_experts]`, added to its logits before routing) and each
+    /// expert's gate, up and down projections (`experts.{j}.{gate,up,down}_proj.bias`) carry
+    /// biases (gpt-oss).
+    pub biases: bool,
     /// Qwen2-MoE's shared expert: a gated MLP of this hidden size every token passes through,
     /// its output multiplied by `sigmoid(shared_expert_gate · x)`.
     pub shared_expert_intermediate_size: Option<usize>,

@@ -15,6 +15,9 @@ impl ModelConfig {
         if self.attention_out_bias {
             parts.push("output bias".into());
         }
+        if self.attention_sinks {
+            parts.push("attention sinks".into());
+        }
         if self.qk_norm {
             parts.push(if self.qk_norm_whole {
                 "whole q/k norm".into()
@@ -74,6 +77,12 @@ impl ModelConfig {
                 routed.len(),
                 self.num_hidden_layers
             ));
+            if moe.biases {
+                parts.push("router and expert biases".into());
+            }
+            if let HiddenActivation::ClampedSwiglu { limit, .. } = moe.activation {
+                parts.push(format!("clamped SwiGLU experts (limit {limit})"));
+            }
         }
         if let Some(RopeScaling::Llama3 { factor, .. }) = self.rope_scaling {
             parts.push(format!("llama3 rope scaling x{factor}"));

@@ -57,7 +57,7 @@ pub struct ModelConfig {
     /// `model.layers.{i}.self_attn.sinks[h]` (`[num_attention_heads]`) that joins its softmax's
     /// denominator and contributes no value: `softmax([scores, sink])` with the sink's column
     /// dropped. The sink is a logit as it stands (not scaled by `attention_scale`, not
-    /// soft-capped). Set by the family; `false` for every family today.
+    /// soft-capped). Set by the family (gpt-oss).
     pub attention_sinks: bool,
     /// Per layer, in order: RoPE or not, and its sliding window if any; or a linear-attention
     /// (gated DeltaNet) layer.
@@ -67,7 +67,7 @@ pub struct ModelConfig {
     /// multiplied by `sigmoid(gate)` before `o_proj`.
     pub attention_output_gate: bool,
     /// Per layer, in order: its feed-forward block, as its family builds it (the dense MLP of
-    /// `intermediate_size` and `hidden_activation` for every family today).
+    /// `intermediate_size` and `hidden_activation`, or routed experts).
     pub feed_forward: Vec<FeedForward>,
     /// RMSNorm weights are stored as offsets from one (Gemma): each norm multiplies by `1 + w`.
     pub norm_weight_offset: bool,
@@ -163,6 +163,23 @@ impl ModelConfig {
             }
             _ => value,
         };
+        // transformers' default `rope_scaling` when the key is absent (gpt-oss's YaRN); an
+        // explicit null stays null.
+        let mut value = value;
+        if value.is_object() && value.get("rope_scaling").is_none() {
+            let name = value
+                .get("architectures")
+                .and_then(|a| a.get(0))
+                .or_else(|| value.get("model_type"))
+                .and_then(Value::as_str);
+            if let Some(default) = name
+                .and_then(Architecture::named)
+                .and_then(|a| a.family().defaults().rope_scaling)
+                && let Ok(scaling) = serde_json::from_str::<Value>(default)
+            {
+                value["rope_scaling"] = scaling;
+            }
+        }
         let raw: RawConfig = serde_json::from_value(value).map_err(|e| ModelError::Json {
             path: path.to_owned(),
             source: e,
@@ -290,7 +307,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        let head_dim = match raw.head_dim {
+        let head_dim = match raw.head_dim.or(defaults.head_dim) {
             Some(d) => need(Some(d), "head_dim")?,
             None if hidden_size.is_multiple_of(num_attention_heads) => {
                 hidden_size / num_attention_heads
@@ -507,7 +524,7 @@ impl ModelConfig {
             attention_out_bias,
             qk_norm: features.qk_norm,
             qk_norm_whole: features.qk_norm_whole,
-            attention_sinks: false,
+            attention_sinks: features.attention_sinks,
             layers,
             attention_output_gate: features.attention_output_gate,
             feed_forward,

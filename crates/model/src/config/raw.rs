@@ -42,6 +42,8 @@ pub(crate) struct RawConfig {
     pub original_max_position_embeddings: Option<usize>,
     pub num_local_experts: Option<usize>,
     pub num_experts_per_tok: Option<usize>,
+    pub experts_per_token: Option<usize>,
+    pub swiglu_limit: Option<f64>,
     pub moe_intermediate_size: Option<usize>,
     pub shared_expert_intermediate_size: Option<usize>,
     pub norm_topk_prob: Option<bool>,

@@ -164,6 +164,10 @@ pub(crate) struct Defaults {
     pub rope_local_base_freq: Option<f32>,
     /// The share of each head RoPE rotates when config.json does not say (`None`: all of it).
     pub partial_rotary_factor: Option<f64>,
+    /// `head_dim` when config.json leaves it out (`None`: hidden_size / heads).
+    pub head_dim: Option<usize>,
+    /// `rope_scaling` (JSON) when config.json leaves the key out; an explicit `null` means none.
+    pub rope_scaling: Option<&'static str>,
 }
 
 impl Defaults {
@@ -178,6 +182,8 @@ impl Defaults {
         final_logit_softcapping: None,
         rope_local_base_freq: None,
         partial_rotary_factor: None,
+        head_dim: None,
+        rope_scaling: None,
     };
 }
 
@@ -195,6 +201,8 @@ pub(crate) struct Features {
     /// gate values, and the attention's output is multiplied by `sigmoid(gate)` before `o_proj`
     /// (Qwen3-Next, Qwen3.5).
     pub attention_output_gate: bool,
+    /// A learned logit per head in each attention softmax (`self_attn.sinks`, gpt-oss).
+    pub attention_sinks: bool,
 }
 
 impl Features {
@@ -205,6 +213,7 @@ impl Features {
         sandwich_norms: false,
         scaled_embeddings: false,
         attention_output_gate: false,
+        attention_sinks: false,
     };
 }
 

@@ -32,6 +32,7 @@ pub(super) const GEMMA_FEATURES: Features = Features {
     sandwich_norms: true,
     scaled_embeddings: true,
     attention_output_gate: false,
+    attention_sinks: false,
 };
 
 impl Family for Gemma2 {

@@ -55,6 +55,9 @@ impl Family for Mixtral {
             // the softmax of the top-k logits: the same weights.
             routing: Routing::TopKSoftmax,
             shared_expert: false,
+            top_k_alias: None,
+            activation: None,
+            biases: false,
             dense_layers: false,
         })
     }

@@ -8,6 +8,7 @@ mod delta_net;
 mod family;
 mod gemma2;
 mod gemma3;
+mod gpt_oss;
 mod llama;
 mod mistral;
 mod mixtral;
@@ -36,6 +37,7 @@ static FAMILIES: &[&dyn Family] = &[
     &qwen2_moe::Qwen2Moe,
     &mixtral::Mixtral,
     &olmoe::Olmoe,
+    &gpt_oss::GptOss,
     &smollm3::SmolLm3,
     &gemma2::Gemma2,
     &gemma3::Gemma3,

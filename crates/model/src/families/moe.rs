@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::config::blocks::{FeedForward, RoutedExperts, Routing};
+use crate::config::blocks::{FeedForward, HiddenActivation, RoutedExperts, Routing};
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::header::GgufHeader;
@@ -22,6 +22,10 @@ pub(crate) struct ExpertKeys {
     /// Another key transformers reads as the count for this family (its `attribute_map`:
     /// Mixtral's `num_experts`, OLMoE's `num_local_experts`); `None` when it reads no other.
     pub count_alias: Option<&'static str>,
+    /// Another key the family's config.json may hold the experts per token in (gpt-oss's
+    /// `experts_per_token`, which OpenAI's configs write beside `num_experts_per_tok`); both
+    /// and different is refused.
+    pub top_k_alias: Option<&'static str>,
     /// The key holding each expert's hidden size; `None`: `intermediate_size` (Mixtral).
     pub intermediate: Option<&'static str>,
     pub routing: Routing,
@@ -31,6 +35,10 @@ pub(crate) struct ExpertKeys {
     /// `decoder_sparse_step` (the Qwen MoE families); the others route every layer and refuse
     /// those keys rather than ignore them.
     pub dense_layers: bool,
+    /// The experts' activation when it is not the dense MLP's (gpt-oss's clamped SwiGLU).
+    pub activation: Option<HiddenActivation>,
+    /// Whether the router and the experts' projections carry biases (gpt-oss).
+    pub biases: bool,
 }
 
 /// Layer `layer`'s block for a family with experts: routed where transformers makes it sparse
@@ -102,7 +110,21 @@ pub(crate) fn routed_or_dense(
     if dense_only || !(layer + 1).is_multiple_of(step) {
         return Ok(dense);
     }
-    let top_k = positive(path, "num_experts_per_tok", raw.num_experts_per_tok)?;
+    let top_k = match (raw.num_experts_per_tok, keys.top_k_alias) {
+        (Some(n), Some(alias)) => match raw.experts_per_token {
+            Some(m) if m != n => {
+                return Err(ModelError::invalid(
+                    path,
+                    alias,
+                    format!("{m} contradicts num_experts_per_tok {n} (the same count)"),
+                ));
+            }
+            _ => Some(n),
+        },
+        (None, Some(_)) => raw.experts_per_token,
+        (n, None) => n,
+    };
+    let top_k = positive(path, "num_experts_per_tok", top_k)?;
     if top_k > num_experts {
         return Err(ModelError::invalid(
             path,
@@ -132,8 +154,9 @@ pub(crate) fn routed_or_dense(
         num_experts,
         top_k,
         expert_intermediate_size,
-        activation,
+        activation: keys.activation.unwrap_or(activation),
         routing: keys.routing,
+        biases: keys.biases,
         shared_expert_intermediate_size,
     }))
 }

@@ -73,6 +73,9 @@ impl Family for Olmoe {
                 renormalize: raw.norm_topk_prob.unwrap_or(false),
             },
             shared_expert: false,
+            top_k_alias: None,
+            activation: None,
+            biases: false,
             dense_layers: false,
         })
     }

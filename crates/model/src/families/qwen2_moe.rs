@@ -64,6 +64,9 @@ impl Family for Qwen2Moe {
                 renormalize: raw.norm_topk_prob.unwrap_or(false),
             },
             shared_expert: true,
+            top_k_alias: None,
+            activation: None,
+            biases: false,
             dense_layers: true,
         })
     }

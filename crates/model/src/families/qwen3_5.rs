@@ -118,6 +118,9 @@ impl Family for Qwen35Moe {
                 renormalize: raw.norm_topk_prob.unwrap_or(true),
             },
             shared_expert: true,
+            top_k_alias: None,
+            activation: None,
+            biases: false,
             dense_layers: false,
         })
     }

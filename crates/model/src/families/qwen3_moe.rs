@@ -51,6 +51,9 @@ impl Family for Qwen3Moe {
                 renormalize: raw.norm_topk_prob.unwrap_or(false),
             },
             shared_expert: false,
+            top_k_alias: None,
+            activation: None,
+            biases: false,
             dense_layers: true,
         })
     }

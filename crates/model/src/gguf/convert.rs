@@ -531,6 +531,25 @@ fn config_json(
     if let Some(factor) = header.rope_linear {
         config["rope_scaling"] = json!({"rope_type": "linear", "factor": factor});
     }
+    if let Some(factor) = header.rope_yarn {
+        // As llama.cpp computes it: the band's edges rounded to whole pairs, betas 32 and 1,
+        // the attention factor 0.1·ln(factor) + 1 times `rope.scaling.attn_factor`.
+        let mscale = if factor > 1.0 {
+            0.1 * factor.ln() + 1.0
+        } else {
+            1.0
+        };
+        config["rope_scaling"] = json!({
+            "rope_type": "yarn",
+            "factor": factor,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": true,
+            "original_max_position_embeddings":
+                header.rope_original_context.unwrap_or(header.context_length as u64),
+            "attention_factor": mscale * header.rope_attn_factor.unwrap_or(1.0),
+        });
+    }
     if header.rotary_dim < header.head_dim {
         config["partial_rotary_factor"] = json!(header.rotary_dim as f64 / header.head_dim as f64);
     }

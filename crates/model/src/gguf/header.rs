@@ -17,6 +17,9 @@ pub(crate) struct GgufHeader {
     pub(crate) rope_theta_swa: Option<f32>,
     /// `{arch}.rope.scaling.factor` of linear scaling.
     pub(crate) rope_linear: Option<f64>,
+    /// `{arch}.rope.scaling.factor` of YaRN scaling (`rope.scaling.type` `yarn`); its original
+    /// window is `rope_original_context`, else `context_length`, as llama.cpp reads it.
+    pub(crate) rope_yarn: Option<f64>,
     /// Features RoPE rotates (`rope.dimension_count`), and Phi-3's LongRoPE: the
     /// `rope_factors_long` tensor, `rope.scaling.attn_factor` and the original context length.
     pub(crate) rotary_dim: usize,
@@ -82,23 +85,55 @@ impl GgufHeader {
                     .ok_or_else(|| error(&k, format!("{v:?} is not a number")))
             })
         };
-        let mut rope_linear = None;
+        let (mut rope_linear, mut rope_yarn) = (None, None);
         if let Some(kind) = gguf
             .get(&key("rope.scaling.type"))
             .and_then(GgufValue::as_str)
             && kind != "none"
         {
-            if kind != "linear" {
-                return Err(error(
-                    &key("rope.scaling.type"),
-                    format!(
-                        "rope scaling `{kind}` is not supported for GGUF import (supported: linear)"
-                    ),
-                ));
-            }
             let factor = float("rope.scaling.factor", 1.0)?;
-            if factor != 1.0 {
-                rope_linear = Some(factor);
+            match kind {
+                "linear" if factor != 1.0 => rope_linear = Some(factor),
+                "linear" => {}
+                "yarn" => {
+                    // llama.cpp's YaRN for the architectures mlxcel imports reads none of these
+                    // keys (betas 32 and 1, full extrapolation mix, no log multiplier, its
+                    // attention factor 0.1·ln(factor) + 1): a file that sets one otherwise
+                    // describes a model llama.cpp does not compute, so it is refused by name.
+                    for (k, neutral) in [
+                        ("rope.scaling.yarn_beta_fast", 32.0),
+                        ("rope.scaling.yarn_beta_slow", 1.0),
+                        ("rope.scaling.yarn_ext_factor", 1.0),
+                        ("rope.scaling.yarn_log_multiplier", 0.0),
+                        ("rope.scaling.yarn_attn_factor", 1.0),
+                    ] {
+                        let value = float(k, neutral)?;
+                        if value != neutral {
+                            return Err(error(
+                                &key(k),
+                                format!(
+                                    "{value}: only {neutral} is imported (what llama.cpp computes)"
+                                ),
+                            ));
+                        }
+                    }
+                    if !(factor > 0.0 && factor.is_finite()) {
+                        return Err(error(
+                            &key("rope.scaling.factor"),
+                            format!("{factor} is not a positive number"),
+                        ));
+                    }
+                    rope_yarn = Some(factor);
+                }
+                other => {
+                    return Err(error(
+                        &key("rope.scaling.type"),
+                        format!(
+                            "rope scaling `{other}` is not supported for GGUF import (supported: \
+                             linear, yarn)"
+                        ),
+                    ));
+                }
             }
         }
         let block_count = need("block_count")?;
@@ -223,6 +258,7 @@ impl GgufHeader {
             final_softcap: optional_float("final_logit_softcapping")?,
             rope_theta_swa: optional_float("rope.freq_base_swa")?.map(|v| v as f32),
             rope_linear,
+            rope_yarn,
             block_count,
             context_length: need("context_length")? as usize,
             embedding_length,

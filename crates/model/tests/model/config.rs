@@ -186,6 +186,7 @@ fn qwen3_moe_layers_route_to_experts() {
             top_k: 8,
             expert_intermediate_size: 768,
             activation: HiddenActivation::Silu,
+            biases: false,
             routing: Routing::SoftmaxTopK { renormalize: true },
             shared_expert_intermediate_size: None,
         }
@@ -270,6 +271,7 @@ fn mixtral_routes_every_layer_by_the_softmax_of_the_top_logits() {
                 top_k: 2,
                 expert_intermediate_size: 14336,
                 activation: HiddenActivation::Silu,
+                biases: false,
                 routing: Routing::TopKSoftmax,
                 shared_expert_intermediate_size: None,
             })
@@ -346,6 +348,7 @@ fn olmoe_normalises_whole_q_and_k_and_routes_every_layer() {
             // OLMoE's experts are `intermediate_size` wide.
             expert_intermediate_size: 1024,
             activation: HiddenActivation::Silu,
+            biases: false,
             // transformers' OlmoeConfig: `norm_topk_prob` false unless set.
             routing: Routing::SoftmaxTopK { renormalize: false },
             shared_expert_intermediate_size: None,
@@ -393,6 +396,7 @@ fn qwen2_moe_has_a_gated_shared_expert_and_qkv_biases() {
             top_k: 4,
             expert_intermediate_size: 1408,
             activation: HiddenActivation::Silu,
+            biases: false,
             routing: Routing::SoftmaxTopK { renormalize: false },
             shared_expert_intermediate_size: Some(5632),
         }

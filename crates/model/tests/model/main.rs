@@ -9,6 +9,7 @@ mod experts;
 mod fixtures;
 mod gguf;
 mod gguf_experts;
+mod gpt_oss;
 mod mxfp4;
 mod properties;
 mod spm;
