@@ -79,6 +79,11 @@ pub(super) struct Layer {
     /// Each head's attention-sink logit (`self_attn.sinks`, gpt-oss), f32, when the model has
     /// them.
     pub(super) sinks: Option<Vec<f32>>,
+    /// Ones of `[head_dim]`: each head of v is RMS-normalised without weights (Gemma 4's
+    /// `v_norm`), on the per-op graph.
+    pub(super) value_norm: Option<Array>,
+    /// The factor on the layer's output (Gemma 4's `layer_scalar`, `[1]`), on the per-op graph.
+    pub(super) scalar: Option<Array>,
 }
 
 /// A layer's feed-forward block.
@@ -165,7 +170,8 @@ impl Layer {
         inv_freq: &'a Array,
         features: LayerFeatures,
     ) -> Option<LayerTensors<'a>> {
-        if self.qk_norm_whole {
+        // The fused node has no whole-projection q/k norms, no v norm and no output factor.
+        if self.qk_norm_whole || self.value_norm.is_some() || self.scalar.is_some() {
             return None;
         }
         let qkv = self.qkv_matrices()?;

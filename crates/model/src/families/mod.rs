@@ -7,6 +7,7 @@
 mod family;
 mod gemma2;
 mod gemma3;
+mod gemma4;
 mod llama;
 mod mistral;
 mod mixtral;
@@ -36,6 +37,7 @@ static FAMILIES: &[&dyn Family] = &[
     &smollm3::SmolLm3,
     &gemma2::Gemma2,
     &gemma3::Gemma3,
+    &gemma4::Gemma4,
     &phi3::Phi3,
 ];
 
@@ -142,6 +144,11 @@ impl Architecture {
     /// `gate_up_proj`), loaded as their parts.
     pub fn fused_projections(self) -> &'static [FusedProjection] {
         self.0.fused_projections()
+    }
+
+    /// Why a GGUF file of this architecture is refused, when mlxcel cannot import it yet.
+    pub fn gguf_refusal(self) -> Option<&'static str> {
+        self.0.gguf_refusal()
     }
 
     /// The family itself, for the code that reads and converts its files.

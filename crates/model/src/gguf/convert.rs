@@ -88,6 +88,13 @@ fn plan_checkpoint(
             ),
         }
     })?;
+    if let Some(reason) = family.gguf_refusal() {
+        return Err(ModelError::GgufMetadata {
+            path: gguf.path().to_owned(),
+            key: "general.architecture".into(),
+            reason: format!("`{arch}`: {reason}"),
+        });
+    }
     if experts && !family.family().has_experts() {
         return Err(ModelError::GgufMetadata {
             path: gguf.path().to_owned(),
