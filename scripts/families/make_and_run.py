@@ -278,6 +278,37 @@ def variants():
                           "beta_slow": 1.0, "original_max_position_embeddings": 16,
                           "truncate": True},
             swiglu_limit=7.0), {"expert_gain": 3.0}),
+        # A reported Gemma 3 case: every other layer sliding (`sliding_window_pattern: 2`, no
+        # `layer_types`), the window longer than the text, query_pre_attn_scalar = head_dim, no
+        # rope_scaling, and no `tie_word_embeddings` key over a checkpoint that stores its own
+        # `lm_head` (as mlx-lm's gemma3_text saves it unless told to tie). transformers' default
+        # ties, but both it (when the two tensors differ) and mlx-lm use the stored lm_head;
+        # mlxcel used the embeddings until it did the same.
+        ("gemma3_text-untied", "gemma3_text", base_config(
+            architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=4,
+            hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6, tie_word_embeddings=None, query_pre_attn_scalar=16,
+            rope_theta=1000000.0, rope_local_base_freq=10000.0, sliding_window=512,
+            sliding_window_pattern=2, final_logit_softcapping=None,
+            attn_logit_softcapping=None), {"norm_neutral": 0.0, "embedding_std": 0.05}),
+        # Gemma 4 (text) without what mlxcel refuses (per-layer inputs, shared KV layers, a
+        # larger head on the full layers, keys as values, experts): plain-weight norms, v norm,
+        # attention scale 1, layer scalars, RoPE per layer type (sliding: base 1e4; full:
+        # proportional, 2 of 8 pairs rotating, base 1e6), a window (8) shorter than the text,
+        # final soft-capping low enough to bend these logits.
+        ("gemma4_text", "gemma4_text", base_config(
+            architectures=["Gemma4ForCausalLM"], model_type="gemma4_text", num_hidden_layers=4,
+            hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=None, global_head_dim=16,
+            hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB,
+            num_kv_shared_layers=0, attention_k_eq_v=False, enable_moe_block=False,
+            use_double_wide_mlp=False, sliding_window=8, final_logit_softcapping=2.0,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            rope_parameters={
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+         {"embedding_std": 0.05}),
     ]
 
 
@@ -290,13 +321,15 @@ def randomize(model, seed, norm_neutral, embedding_std, expert_gain=1.0):
     """Fresh weights: linears N(0, 4/in) (twice the usual gain, so that attention depends on the
     context and greedy decoding wanders instead of repeating one token), embeddings
     N(0, embedding_std²) (small: a tied output projection otherwise favours the token just fed),
-    norms neutral + N(0, 0.1²), biases N(0, 0.1²); the stacked experts' gate and up weights
-    (`mlp.experts.{gate,up}_proj`) times `expert_gain`."""
+    norms neutral + N(0, 0.1²), biases N(0, 0.1²), Gemma 4's layer scalars 1 + N(0, 0.1²); the
+    stacked experts' gate and up weights (`mlp.experts.{gate,up}_proj`) times `expert_gain`."""
     mx.random.seed(seed)
     fresh = []
     for name, value in tree_flatten(model.parameters()):
         noise = mx.random.normal(value.shape, dtype=mx.float32)
-        if name.endswith("norm.weight"):
+        if name.endswith("layer_scalar"):
+            value = 1.0 + 0.1 * noise
+        elif name.endswith("norm.weight"):
             value = norm_neutral + 0.1 * noise
         elif name.endswith(".bias"):
             value = 0.1 * noise
@@ -312,7 +345,7 @@ def randomize(model, seed, norm_neutral, embedding_std, expert_gain=1.0):
 
 def save(directory, model, config):
     weights = dict(tree_flatten(model.parameters()))
-    if config["tie_word_embeddings"]:
+    if config.get("tie_word_embeddings"):
         for suffix in ("weight", "scales", "biases"):
             weights.pop(f"lm_head.{suffix}", None)
     mx.save_safetensors(os.path.join(directory, "model.safetensors"), weights,
@@ -404,7 +437,7 @@ def make_variants(out_dir, families):
         model = module.Model(module.ModelArgs.from_dict(config))
         randomize(model, 1000 + seed, options.get("norm_neutral", 1.0),
                   options.get("embedding_std", 0.1), options.get("expert_gain", 1.0))
-        if config["tie_word_embeddings"] and "lm_head" in model:
+        if config.get("tie_word_embeddings") and "lm_head" in model:
             model.pop("lm_head")
         if (quantize := options.get("quantize")) is not None:
             group_size, bits = quantize

@@ -67,6 +67,13 @@ pub fn llama_dims(c: &ModelConfig) -> Result<LlamaDims> {
             c.architecture
         )));
     }
+    if c.value_norm || c.layer_scalars {
+        return Err(Error::Unsupported(format!(
+            "{} normalises each head of v and scales each layer's output (Gemma 4's v_norm and \
+             layer_scalar); the OpenXLA program does neither: run it with --backend mlx",
+            c.architecture
+        )));
+    }
     Ok(LlamaDims {
         layers: c.num_hidden_layers,
         hidden: c.hidden_size,

@@ -230,6 +230,18 @@ impl Checkpoint {
         if config.layers.iter().any(|l| l.linear.is_some()) {
             config.norm_weight_offset = linear_attention_tensors(&config, &files)?;
         }
+        if config.tie_word_embeddings && own_output_projection(&files) {
+            // transformers ties only what the checkpoint leaves untied: a stored `lm_head` that
+            // differs from the embeddings is the output projection (mlx-lm, too, uses any
+            // `lm_head` it finds, whatever config.json says).
+            eprintln!(
+                "mlxcel: {}: config.json ties the output projection to the embeddings (or leaves \
+                 `tie_word_embeddings` to the family's default, true), but the checkpoint has its \
+                 own `lm_head`: using it, as transformers and mlx-lm do",
+                dir.display()
+            );
+            config.tie_word_embeddings = false;
+        }
         if config.feed_forward.iter().any(|f| f.routed().is_some()) {
             crate::experts::per_expert_views(&mut config, &mut files)?;
         }
@@ -260,6 +272,12 @@ impl Checkpoint {
             let spec = validate_module(&config, &files, &module)?;
             if !matches!(module.kind, ModuleKind::Norm { .. }) {
                 quant.insert(module.name, spec);
+            }
+        }
+        if config.layer_scalars {
+            for layer in 0..config.num_hidden_layers {
+                let name = format!("model.layers.{layer}.layer_scalar");
+                float_tensor(&files, &name, &[1])?;
             }
         }
         if config.attention_sinks {
@@ -335,6 +353,22 @@ impl Checkpoint {
     pub fn quantization_of(&self, module: &str) -> Option<QuantSpec> {
         self.quant.get(module).copied().flatten()
     }
+}
+
+/// Whether the checkpoint stores an `lm_head` that is not the embedding table itself (the
+/// same bytes, which tied PyTorch checkpoints may store twice).
+fn own_output_projection(files: &SafetensorsFiles) -> bool {
+    ["weight", "scales", "biases"].iter().any(|suffix| {
+        let head = files.get(&format!("lm_head.{suffix}"));
+        let table = files.get(&format!("model.embed_tokens.{suffix}"));
+        match (head, table) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(head), Some(table)) => {
+                head.dtype != table.dtype || head.shape != table.shape || head.data != table.data
+            }
+        }
+    })
 }
 
 /// A multimodal checkpoint's tensor under its text model's name (`language_model.model.…`,

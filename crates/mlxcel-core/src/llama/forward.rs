@@ -400,6 +400,11 @@ impl LlamaModel {
                     )
                 }
             };
+            // Gemma 4's v norm: each head of v RMS-normalised, without weights.
+            let vi = match &layer.value_norm {
+                Some(ones) => rms_norm(&vi, ones, c.rms_norm_eps)?,
+                None => vi,
+            };
             let sinks = layer.sinks.as_deref().unwrap_or_default();
             // Soft-capped scores exist on mlxcel's attention kernel only, which then serves
             // `MLXCEL_KERNELS=mlx` too.
@@ -485,6 +490,10 @@ impl LlamaModel {
                 };
                 x = x.add(&rms_norm(&out, post_feedforward, eps)?)?;
             }
+        }
+        // Gemma 4 scales each layer's output, residual included.
+        if let Some(scalar) = &layer.scalar {
+            x = x.multiply(scalar)?;
         }
         Ok(x)
     }

@@ -270,6 +270,19 @@ fn load_decoder_layer(
         attention: config.layers[i],
         local_rope: config.has_local_rope() && config.layers[i].window.is_some(),
         output_gate,
+        value_norm: if config.value_norm {
+            Some(Array::from_f32(
+                &vec![1.0; config.head_dim],
+                &[config.head_dim as i32],
+            )?)
+        } else {
+            None
+        },
+        scalar: if config.layer_scalars {
+            Some(loader.float(&format!("{p}.layer_scalar"))?)
+        } else {
+            None
+        },
         sinks: if config.attention_sinks {
             Some(
                 loader

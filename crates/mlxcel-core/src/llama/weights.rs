@@ -82,6 +82,11 @@ pub(super) struct Layer {
     /// The output gate's projection (the gate rows of a gated `q_proj`, Qwen3-Next and
     /// Qwen3.5): the attention's output is multiplied by `sigmoid(gate)` before `o`.
     pub(super) output_gate: Option<Linear>,
+    /// Ones of `[head_dim]`: each head of v is RMS-normalised without weights (Gemma 4's
+    /// `v_norm`), on the per-op graph.
+    pub(super) value_norm: Option<Array>,
+    /// The factor on the layer's output (Gemma 4's `layer_scalar`, `[1]`), on the per-op graph.
+    pub(super) scalar: Option<Array>,
 }
 
 /// A layer's feed-forward block.
@@ -171,7 +176,12 @@ impl Layer {
         inv_freq: &'a Array,
         features: LayerFeatures,
     ) -> Option<LayerTensors<'a>> {
-        if self.qk_norm_whole || self.output_gate.is_some() {
+        // The fused node has no whole-projection q/k norms, output gate, v norm or output factor.
+        if self.qk_norm_whole
+            || self.output_gate.is_some()
+            || self.value_norm.is_some()
+            || self.scalar.is_some()
+        {
             return None;
         }
         let qkv = self.qkv_matrices()?;

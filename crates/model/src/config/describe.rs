@@ -87,6 +87,12 @@ impl ModelConfig {
         if let Some(RopeScaling::Llama3 { factor, .. }) = self.rope_scaling {
             parts.push(format!("llama3 rope scaling x{factor}"));
         }
+        if self.value_norm {
+            parts.push("v norm".into());
+        }
+        if self.layer_scalars {
+            parts.push("layer scalars".into());
+        }
         if self.sandwich_norms {
             parts.push("pre/post norms".into());
         }

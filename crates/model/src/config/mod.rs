@@ -69,6 +69,12 @@ pub struct ModelConfig {
     /// Per layer, in order: its feed-forward block, as its family builds it (the dense MLP of
     /// `intermediate_size` and `hidden_activation`, or routed experts).
     pub feed_forward: Vec<FeedForward>,
+    /// Each head of v goes through an RMSNorm without weights before attention (Gemma 4's
+    /// `v_norm`; values are not rotated).
+    pub value_norm: bool,
+    /// Each layer's output (the residual stream after its MLP) is multiplied by the layer's own
+    /// scalar, `model.layers.{i}.layer_scalar` (`[1]`; Gemma 4).
+    pub layer_scalars: bool,
     /// RMSNorm weights are stored as offsets from one (Gemma): each norm multiplies by `1 + w`.
     pub norm_weight_offset: bool,
     /// Gemma's four norms per layer: the attention's output and the MLP's output each go
@@ -277,11 +283,12 @@ impl ModelConfig {
         self.num_key_value_heads * self.head_dim
     }
 
-    fn from_raw(path: &Path, raw: RawConfig) -> Result<Self> {
+    fn from_raw(path: &Path, mut raw: RawConfig) -> Result<Self> {
         let architecture = architecture(path, &raw)?;
         let family = architecture.family();
         let (defaults, features) = (family.defaults(), family.features());
         family.check(path, &raw)?;
+        rope::flat_rope_parameters(&mut raw);
         let need = |value: Option<usize>, field: &str| -> Result<usize> {
             match value {
                 None => Err(ModelError::MissingField {
@@ -292,10 +299,20 @@ impl ModelConfig {
                 Some(v) => Ok(v),
             }
         };
-        let hidden_size = need(raw.hidden_size, "hidden_size")?;
-        let num_attention_heads = need(raw.num_attention_heads, "num_attention_heads")?;
+        // Every size config.json leaves out is the family's transformers default.
+        let hidden_size = need(
+            raw.hidden_size.or(Some(defaults.hidden_size)),
+            "hidden_size",
+        )?;
+        let num_attention_heads = need(
+            raw.num_attention_heads
+                .or(Some(defaults.num_attention_heads)),
+            "num_attention_heads",
+        )?;
         let num_key_value_heads = need(
-            raw.num_key_value_heads.or(Some(num_attention_heads)),
+            raw.num_key_value_heads
+                .or(defaults.num_key_value_heads)
+                .or(Some(num_attention_heads)),
             "num_key_value_heads",
         )?;
         if !num_attention_heads.is_multiple_of(num_key_value_heads) {
@@ -341,11 +358,14 @@ impl ModelConfig {
             return Err(ModelError::invalid(
                 path,
                 "vision_config",
-                "multimodal checkpoints are supported for Gemma 3 only (its text model); use the \
+                "multimodal checkpoints are supported for Gemma 3 and Gemma 4 only (their text models); use the \
                  text model's own checkpoint",
             ));
         }
-        let num_hidden_layers = need(raw.num_hidden_layers, "num_hidden_layers")?;
+        let num_hidden_layers = need(
+            raw.num_hidden_layers.or(Some(defaults.num_hidden_layers)),
+            "num_hidden_layers",
+        )?;
         if num_hidden_layers > MAX_LAYERS {
             return Err(ModelError::invalid(
                 path,
@@ -365,11 +385,19 @@ impl ModelConfig {
                 format!("{rms_norm_eps} is not a positive number"),
             ));
         }
-        let rope_parameters = rope_parameters(path, raw.rope_parameters.as_ref())?;
-        let rope_theta = raw
-            .rope_theta
-            .or(rope_parameters.rope_theta)
-            .unwrap_or(defaults.rope_theta);
+        // `rope_parameters`' values were read into the old keys above (`flat_rope_parameters`).
+        if raw
+            .rope_parameters
+            .as_ref()
+            .is_some_and(|v| !v.is_null() && !v.is_object())
+        {
+            return Err(ModelError::invalid(
+                path,
+                "rope_parameters",
+                "expected an object",
+            ));
+        }
+        let rope_theta = raw.rope_theta.unwrap_or(defaults.rope_theta);
         if !(rope_theta > 0.0 && rope_theta.is_finite()) {
             return Err(ModelError::invalid(
                 path,
@@ -434,10 +462,7 @@ impl ModelConfig {
                 "is not a positive number",
             ));
         }
-        let partial_rotary_factor = raw
-            .partial_rotary_factor
-            .or(rope_parameters.partial_rotary_factor)
-            .or(defaults.partial_rotary_factor);
+        let partial_rotary_factor = raw.partial_rotary_factor.or(defaults.partial_rotary_factor);
         let rotary_dim = match partial_rotary_factor {
             None => head_dim,
             Some(f) if f > 0.0 && f <= 1.0 => ((head_dim as f64 * f) as usize) & !1,
@@ -456,13 +481,20 @@ impl ModelConfig {
                 format!("rotates {rotary_dim} of {head_dim} features; at least one pair must"),
             ));
         }
-        let max_position_embeddings = need(raw.max_position_embeddings, "max_position_embeddings")?;
+        let max_position_embeddings = need(
+            raw.max_position_embeddings
+                .or(Some(defaults.max_position_embeddings)),
+            "max_position_embeddings",
+        )?;
+        let original_max_position_embeddings = raw
+            .original_max_position_embeddings
+            .or(defaults.original_max_position_embeddings);
         let (rope_factors, long_rope_attention) = long_rope(
             path,
             raw.rope_scaling.as_ref(),
             rotary_dim,
             max_position_embeddings,
-            raw.original_max_position_embeddings,
+            original_max_position_embeddings,
         )?;
         let rope_scaling = if rope_factors.is_some() {
             None
@@ -470,14 +502,42 @@ impl ModelConfig {
             rope_scaling(
                 path,
                 raw.rope_scaling.as_ref(),
-                raw.original_max_position_embeddings,
+                original_max_position_embeddings,
                 max_position_embeddings,
             )?
         };
         // LongRoPE's or YaRN's factor on the rotated features (at most one of them is not 1).
-        let rope_attention_factor =
+        let mut rope_attention_factor =
             long_rope_attention * rope_scaling.map_or(1.0, |s| s.attention_factor());
-        let intermediate_size = need(raw.intermediate_size, "intermediate_size")?;
+        // A family's own schedule (Gemma 4's `rope_parameters` per layer type) replaces them.
+        let (mut rope_theta, mut rope_local_theta, mut rope_factors, mut rope_scaling) =
+            (rope_theta, rope_local_theta, rope_factors, rope_scaling);
+        let mut rotary_dim = rotary_dim;
+        match family.rope_schedule(path, &raw, head_dim)? {
+            Some(schedule) => {
+                rope_theta = schedule.theta;
+                rope_local_theta = schedule.local_theta;
+                rope_factors = schedule.factors;
+                rope_scaling = None;
+                rope_attention_factor = 1.0;
+                rotary_dim = head_dim;
+            }
+            None if rope::per_layer_type(raw.rope_parameters.as_ref()) => {
+                return Err(ModelError::invalid(
+                    path,
+                    "rope_parameters",
+                    format!(
+                        "one set per layer type is read for Gemma 4 only; {architecture} takes \
+                         one `{{rope_type, rope_theta, ...}}` object"
+                    ),
+                ));
+            }
+            None => {}
+        }
+        let intermediate_size = need(
+            raw.intermediate_size.or(Some(defaults.intermediate_size)),
+            "intermediate_size",
+        )?;
         let dense = FeedForward::Dense {
             intermediate_size,
             activation: hidden_activation,
@@ -519,12 +579,14 @@ impl ModelConfig {
                 .tie_word_embeddings
                 .unwrap_or(defaults.tie_word_embeddings),
             max_position_embeddings,
-            vocab_size: need(raw.vocab_size, "vocab_size")?,
+            vocab_size: need(raw.vocab_size.or(Some(defaults.vocab_size)), "vocab_size")?,
             attention_qkv_bias,
             attention_out_bias,
             qk_norm: features.qk_norm,
             qk_norm_whole: features.qk_norm_whole,
             attention_sinks: features.attention_sinks,
+            value_norm: features.value_norm,
+            layer_scalars: features.layer_scalars,
             layers,
             attention_output_gate: features.attention_output_gate,
             feed_forward,
@@ -533,10 +595,17 @@ impl ModelConfig {
             hidden_activation,
             // Hugging Face multiplies by √hidden in the weights' dtype (bf16 for every released
             // Gemma) and mlx-lm rounds it to bf16 explicitly.
-            embedding_scale: features
-                .scaled_embeddings
-                .then(|| round_bf16((hidden_size as f32).sqrt())),
-            attention_scale: 1.0 / query_pre_attn_scalar.unwrap_or(head_dim as f32).sqrt(),
+            embedding_scale: features.scaled_embeddings.then(|| {
+                let scale = (hidden_size as f32).sqrt();
+                if features.embedding_scale_bf16 {
+                    round_bf16(scale)
+                } else {
+                    scale
+                }
+            }),
+            attention_scale: features
+                .attention_scale
+                .unwrap_or(1.0 / query_pre_attn_scalar.unwrap_or(head_dim as f32).sqrt()),
             attn_logit_softcapping: positive("attn_logit_softcapping", attn_cap)?,
             final_logit_softcapping: positive("final_logit_softcapping", final_cap)?,
             rope_local_theta,
@@ -580,8 +649,10 @@ fn layer_attention(
 ) -> Result<Vec<LayerAttention>> {
     let family = architecture.family();
     let linear = family.linear_attention(path, raw, layers)?;
-    let window = match raw.sliding_window.as_ref().filter(|v| !v.is_null()) {
+    // An absent key is the family's default window; `null` is no window.
+    let window = match raw.sliding_window.as_ref() {
         None => family.defaults().sliding_window,
+        Some(Value::Null) => None,
         Some(v) => Some(v.as_u64().filter(|&w| w >= 1).ok_or_else(|| {
             ModelError::invalid(path, "sliding_window", "expected a positive integer")
         })? as usize),
@@ -639,53 +710,6 @@ fn layer_attention(
             })
         })
         .collect()
-}
-
-/// What mlxcel reads of transformers 5's `rope_parameters` (Qwen3.5): the base and the rotated
-/// share, which the top-level keys override when present.
-#[derive(Debug, Default)]
-struct RopeParameters {
-    rope_theta: Option<f32>,
-    partial_rotary_factor: Option<f64>,
-}
-
-/// Reads `rope_parameters`; a RoPE type other than the plain one (`default`, or `mrope`'s
-/// sections, which rotate text positions as plain RoPE) is refused by name.
-fn rope_parameters(path: &Path, value: Option<&Value>) -> Result<RopeParameters> {
-    let Some(value) = value.filter(|v| !v.is_null()) else {
-        return Ok(RopeParameters::default());
-    };
-    let Some(map) = value.as_object() else {
-        return Err(ModelError::invalid(
-            path,
-            "rope_parameters",
-            "expected an object",
-        ));
-    };
-    let kind = map
-        .get("rope_type")
-        .or_else(|| map.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    if kind != "default" {
-        return Err(ModelError::invalid(
-            path,
-            "rope_parameters",
-            format!("rope type `{kind}` is not supported there (supported: default)"),
-        ));
-    }
-    let number = |key: &str| -> Result<Option<f64>> {
-        match map.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-                ModelError::invalid(path, "rope_parameters", format!("`{key}` is not a number"))
-            }),
-        }
-    };
-    Ok(RopeParameters {
-        rope_theta: number("rope_theta")?.map(|t| t as f32),
-        partial_rotary_factor: number("partial_rotary_factor")?,
-    })
 }
 
 /// Reads a token id field that may be a number or a list of numbers.

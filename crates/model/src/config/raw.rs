@@ -24,6 +24,9 @@ pub(crate) struct RawConfig {
     pub vocab_size: Option<usize>,
     pub attention_bias: Option<bool>,
     pub mlp_bias: Option<bool>,
+    /// `Some(Value::Null)` when config.json says `null` (no window), `None` when it leaves the
+    /// key out (the family's default window).
+    #[serde(default, deserialize_with = "present")]
     pub sliding_window: Option<Value>,
     pub use_sliding_window: Option<bool>,
     pub max_window_layers: Option<usize>,
@@ -57,8 +60,15 @@ pub(crate) struct RawConfig {
     pub linear_key_head_dim: Option<usize>,
     pub linear_value_head_dim: Option<usize>,
     pub linear_conv_kernel_dim: Option<usize>,
-    /// transformers 5's home of `rope_theta`, `partial_rotary_factor` and the RoPE type (Qwen3.5).
+    /// transformers 5's RoPE keys (and Qwen3.5's `partial_rotary_factor`): one `{rope_type,
+    /// rope_theta, ...}` object, or one per layer type (`full_attention`, `sliding_attention`).
     pub rope_parameters: Option<Value>,
+    pub global_head_dim: Option<usize>,
+    pub attention_k_eq_v: Option<bool>,
+    pub num_kv_shared_layers: Option<usize>,
+    pub enable_moe_block: Option<bool>,
+    pub hidden_size_per_layer_input: Option<usize>,
+    pub use_bidirectional_attention: Option<Value>,
     #[serde(default)]
     pub vision_config: Option<Value>,
     pub quantization: Option<Value>,
@@ -66,4 +76,10 @@ pub(crate) struct RawConfig {
     pub bos_token_id: Option<u32>,
     #[serde(rename = "_name_or_path")]
     pub name_or_path: Option<String>,
+}
+
+/// A key that is present, `null` included: `Some(Value::Null)` for `null`, where serde's own
+/// `Option` would make it `None`, the same as an absent key.
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
 }

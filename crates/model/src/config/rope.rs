@@ -4,6 +4,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::raw::RawConfig;
 use crate::error::{ModelError, Result};
 
 /// Rotary-embedding frequency scaling (`rope_scaling`).
@@ -283,4 +284,43 @@ fn yarn(path: &Path, value: &Value, original: Option<usize>, max_positions: usiz
         truncate,
         attention_factor: attention_factor as f32,
     })
+}
+
+/// Whether transformers 5's `rope_parameters` holds one set per layer type (`full_attention`,
+/// `sliding_attention`) rather than one set for every layer.
+pub(crate) fn per_layer_type(value: Option<&Value>) -> bool {
+    value.and_then(Value::as_object).is_some_and(|map| {
+        map.contains_key("full_attention") || map.contains_key("sliding_attention")
+    })
+}
+
+/// transformers 5 writes `rope_theta`, the scaling and `partial_rotary_factor` into one
+/// `rope_parameters` object (and may leave the old keys out): its values fill the old keys that
+/// config.json leaves out, so that they are read as they always were. A per-layer-type
+/// `rope_parameters` is left to the family that reads it (the others refuse it).
+pub(crate) fn flat_rope_parameters(raw: &mut RawConfig) {
+    let Some(params) = raw.rope_parameters.as_ref().filter(|v| v.is_object()) else {
+        return;
+    };
+    if per_layer_type(Some(params)) {
+        return;
+    }
+    let params = params.clone();
+    if raw.rope_theta.is_none() {
+        raw.rope_theta = params
+            .get("rope_theta")
+            .and_then(Value::as_f64)
+            .map(|t| t as f32);
+    }
+    if raw.partial_rotary_factor.is_none() {
+        raw.partial_rotary_factor = params.get("partial_rotary_factor").and_then(Value::as_f64);
+    }
+    let kind = params
+        .get("rope_type")
+        .or_else(|| params.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    if kind != "default" && raw.rope_scaling.as_ref().is_none_or(Value::is_null) {
+        raw.rope_scaling = Some(params);
+    }
 }

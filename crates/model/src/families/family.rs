@@ -30,6 +30,12 @@ pub(crate) trait Family: Sync {
     /// reads it).
     fn gguf_name(&self) -> &'static str;
 
+    /// Why a GGUF file of the family is refused, when mlxcel cannot import it yet (`None`: it
+    /// reads the family's GGUF files).
+    fn gguf_refusal(&self) -> Option<&'static str> {
+        None
+    }
+
     /// A multimodal checkpoint (`architectures[0]`, `model_type`) whose `text_config` is a model
     /// of this family, read without its vision tower (Gemma 3's `Gemma3ForConditionalGeneration`).
     fn multimodal_wrapper(&self) -> Option<(&'static str, &'static str)> {
@@ -63,6 +69,18 @@ pub(crate) trait Family: Sync {
     fn rope(&self, path: &Path, raw: &RawConfig, layers: usize, layer: usize) -> Result<bool> {
         let _ = (path, raw, layers, layer);
         Ok(true)
+    }
+
+    /// The family's own RoPE schedule, when it reads one from keys of its own (an error names a
+    /// bad one); `None`: `rope_theta`, `rope_local_base_freq` and `rope_scaling` as usual.
+    fn rope_schedule(
+        &self,
+        path: &Path,
+        raw: &RawConfig,
+        head_dim: usize,
+    ) -> Result<Option<RopeSchedule>> {
+        let _ = (path, raw, head_dim);
+        Ok(None)
     }
 
     /// Refuses the keys of config.json the family's transformers model reads but mlxcel does not
@@ -114,12 +132,6 @@ pub(crate) trait Family: Sync {
         Ok(vec![None; layers])
     }
 
-    /// Whether mlxcel reads the family's GGUF files (a family whose GGUF tensors it does not
-    /// map is refused by name when a GGUF file of it is opened).
-    fn gguf_readable(&self) -> bool {
-        true
-    }
-
     /// Projections the checkpoint stores fused, which load as their parts.
     fn fused_projections(&self) -> &'static [FusedProjection] {
         &[]
@@ -148,9 +160,27 @@ pub(crate) trait Family: Sync {
     }
 }
 
-/// transformers' values for the keys a config.json may leave out.
+/// transformers' values for the keys a config.json may leave out (its config class's field
+/// defaults): a config.json transformers loads, mlxcel loads with the same numbers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Defaults {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    /// `None`: `num_attention_heads` (no grouping).
+    pub num_key_value_heads: Option<usize>,
+    /// `None`: `hidden_size / num_attention_heads`.
+    pub head_dim: Option<usize>,
+    pub max_position_embeddings: usize,
+    /// The RoPE scaling's pretraining window when neither config.json nor `rope_scaling` gives
+    /// one (Phi-3's `original_max_position_embeddings`, 4096); `None`: the family has no such
+    /// default.
+    pub original_max_position_embeddings: Option<usize>,
+    /// The first layer that slides when `use_sliding_window` is set (Qwen2's and Qwen3's
+    /// `max_window_layers`).
+    pub max_window_layers: usize,
     pub rope_theta: f32,
     pub rms_norm_eps: f32,
     pub tie_word_embeddings: bool,
@@ -164,14 +194,23 @@ pub(crate) struct Defaults {
     pub rope_local_base_freq: Option<f32>,
     /// The share of each head RoPE rotates when config.json does not say (`None`: all of it).
     pub partial_rotary_factor: Option<f64>,
-    /// `head_dim` when config.json leaves it out (`None`: hidden_size / heads).
-    pub head_dim: Option<usize>,
     /// `rope_scaling` (JSON) when config.json leaves the key out; an explicit `null` means none.
     pub rope_scaling: Option<&'static str>,
 }
 
 impl Defaults {
+    /// transformers' `LlamaConfig`.
     pub const LLAMA: Self = Self {
+        vocab_size: 32_000,
+        hidden_size: 4096,
+        intermediate_size: 11_008,
+        num_hidden_layers: 32,
+        num_attention_heads: 32,
+        num_key_value_heads: None,
+        head_dim: None,
+        max_position_embeddings: 2048,
+        original_max_position_embeddings: None,
+        max_window_layers: 28,
         rope_theta: 10_000.0,
         rms_norm_eps: 1e-6,
         tie_word_embeddings: false,
@@ -182,7 +221,6 @@ impl Defaults {
         final_logit_softcapping: None,
         rope_local_base_freq: None,
         partial_rotary_factor: None,
-        head_dim: None,
         rope_scaling: None,
     };
 }
@@ -203,6 +241,15 @@ pub(crate) struct Features {
     pub attention_output_gate: bool,
     /// A learned logit per head in each attention softmax (`self_attn.sinks`, gpt-oss).
     pub attention_sinks: bool,
+    /// That factor rounded to bf16 (Gemma 2 and 3, as Hugging Face and mlx-lm compute it).
+    pub embedding_scale_bf16: bool,
+    /// Each head of v goes through an RMSNorm without weights (Gemma 4's `v_norm`).
+    pub value_norm: bool,
+    /// Each layer's output is multiplied by its `layer_scalar` (Gemma 4).
+    pub layer_scalars: bool,
+    /// The attention's score scale when the family fixes it (Gemma 4: 1, its q and k normed);
+    /// `None`: `1/√query_pre_attn_scalar`, else `1/√head_dim`.
+    pub attention_scale: Option<f32>,
 }
 
 impl Features {
@@ -214,7 +261,24 @@ impl Features {
         scaled_embeddings: false,
         attention_output_gate: false,
         attention_sinks: false,
+        embedding_scale_bf16: false,
+        value_norm: false,
+        layer_scalars: false,
+        attention_scale: None,
     };
+}
+
+/// A family's own RoPE schedule, read from its own keys (Gemma 4's `rope_parameters` per layer
+/// type), in place of `rope_theta`, `rope_local_base_freq` and `rope_scaling`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RopeSchedule {
+    /// The base of the layers that do not slide.
+    pub theta: f32,
+    /// The base of the sliding layers, when it differs.
+    pub local_theta: Option<f32>,
+    /// A factor on each rotated pair's period of the layers that do not slide (infinite: the
+    /// pair does not rotate), `head_dim / 2` of them.
+    pub factors: Option<Vec<f32>>,
 }
 
 /// A projection stored fused in the checkpoint (per layer, e.g. `self_attn.qkv_proj`), and the
@@ -240,10 +304,15 @@ pub enum Rows {
     Intermediate,
 }
 
-/// Sliding layers as Qwen2, Qwen3 and SmolLM3 read them: with `use_sliding_window`, those from
-/// `max_window_layers` on.
-pub(crate) fn slides_from_max_window_layers(raw: &RawConfig, layer: usize) -> bool {
-    raw.use_sliding_window == Some(true) && layer >= raw.max_window_layers.unwrap_or(0)
+/// Sliding layers as Qwen2 and Qwen3 read them: with `use_sliding_window`, those from
+/// `max_window_layers` on (transformers' default 28).
+pub(crate) fn slides_from_max_window_layers(
+    raw: &RawConfig,
+    defaults: &Defaults,
+    layer: usize,
+) -> bool {
+    raw.use_sliding_window == Some(true)
+        && layer >= raw.max_window_layers.unwrap_or(defaults.max_window_layers)
 }
 
 /// A llama's GGUF tensor as its Hugging Face module and suffix: [`hf_name`], but for

@@ -15,6 +15,14 @@ pub(super) struct Gemma2;
 
 /// transformers' Gemma 2 defaults.
 pub(super) const GEMMA2_DEFAULTS: Defaults = Defaults {
+    vocab_size: 256_000,
+    hidden_size: 2304,
+    intermediate_size: 9216,
+    num_hidden_layers: 26,
+    num_attention_heads: 8,
+    num_key_value_heads: Some(4),
+    head_dim: Some(256),
+    max_position_embeddings: 8192,
     tie_word_embeddings: true,
     hidden_activation: HiddenActivation::GeluTanh,
     sliding_window: Some(4096),
@@ -33,6 +41,10 @@ pub(super) const GEMMA_FEATURES: Features = Features {
     scaled_embeddings: true,
     attention_output_gate: false,
     attention_sinks: false,
+    embedding_scale_bf16: true,
+    value_norm: false,
+    layer_scalars: false,
+    attention_scale: None,
 };
 
 impl Family for Gemma2 {

@@ -30,6 +30,8 @@ impl Family for Gemma3 {
 
     fn defaults(&self) -> Defaults {
         Defaults {
+            vocab_size: 262_208,
+            max_position_embeddings: 131_072,
             rope_theta: 1_000_000.0,
             // Gemma 3 caps nothing unless asked.
             attn_logit_softcapping: None,

@@ -29,6 +29,9 @@ impl Family for Mixtral {
     /// transformers' MixtralConfig.
     fn defaults(&self) -> Defaults {
         Defaults {
+            intermediate_size: 14_336,
+            num_key_value_heads: Some(8),
+            max_position_embeddings: 131_072,
             rope_theta: 1_000_000.0,
             rms_norm_eps: 1e-5,
             ..Defaults::LLAMA

@@ -8,6 +8,7 @@ mod delta_net;
 mod family;
 mod gemma2;
 mod gemma3;
+mod gemma4;
 mod gpt_oss;
 mod llama;
 mod mistral;
@@ -41,6 +42,7 @@ static FAMILIES: &[&dyn Family] = &[
     &smollm3::SmolLm3,
     &gemma2::Gemma2,
     &gemma3::Gemma3,
+    &gemma4::Gemma4,
     &phi3::Phi3,
     &qwen3_next::Qwen3Next,
     &qwen3_5::Qwen35,
@@ -118,7 +120,7 @@ impl Architecture {
     /// The GGUF `general.architecture` names mlxcel reads, for errors: `llama, qwen2, …`.
     pub fn supported_gguf_names() -> String {
         let mut names: Vec<&str> = Vec::new();
-        for family in FAMILIES.iter().filter(|f| f.gguf_readable()) {
+        for family in FAMILIES.iter().filter(|f| f.gguf_refusal().is_none()) {
             if !names.contains(&family.gguf_name()) {
                 names.push(family.gguf_name());
             }
@@ -150,6 +152,11 @@ impl Architecture {
     /// `gate_up_proj`), loaded as their parts.
     pub fn fused_projections(self) -> &'static [FusedProjection] {
         self.0.fused_projections()
+    }
+
+    /// Why a GGUF file of this architecture is refused, when mlxcel cannot import it yet.
+    pub fn gguf_refusal(self) -> Option<&'static str> {
+        self.0.gguf_refusal()
     }
 
     /// The family itself, for the code that reads and converts its files.

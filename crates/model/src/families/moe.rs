@@ -50,7 +50,11 @@ pub(crate) fn routed_or_dense(
     dense: FeedForward,
     keys: ExpertKeys,
 ) -> Result<FeedForward> {
-    let FeedForward::Dense { activation, .. } = dense else {
+    let FeedForward::Dense {
+        activation,
+        intermediate_size,
+    } = dense
+    else {
         return Ok(dense);
     };
     let value = |key: &str| match key {
@@ -134,7 +138,8 @@ pub(crate) fn routed_or_dense(
     }
     let expert_intermediate_size = match keys.intermediate {
         Some(key) => positive(path, key, raw.moe_intermediate_size)?,
-        None => positive(path, "intermediate_size", raw.intermediate_size)?,
+        // The dense block's size: config.json's `intermediate_size`, else the family default.
+        None => intermediate_size,
     };
     let shared_expert_intermediate_size = if keys.shared_expert {
         match raw.shared_expert_intermediate_size {

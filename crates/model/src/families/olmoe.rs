@@ -32,6 +32,12 @@ impl Family for Olmoe {
     /// transformers' OlmoeConfig.
     fn defaults(&self) -> Defaults {
         Defaults {
+            vocab_size: 50_304,
+            hidden_size: 2048,
+            intermediate_size: 2048,
+            num_hidden_layers: 16,
+            num_attention_heads: 16,
+            max_position_embeddings: 4096,
             rms_norm_eps: 1e-5,
             ..Defaults::LLAMA
         }

@@ -5,7 +5,7 @@
 //! as llama.cpp does (it disables Phi's window with a warning); Hugging Face applies it, which
 //! differs only past 2047 positions of the 4k model.
 
-use super::family::{Family, FusedProjection, Rows, llama_tensor_name};
+use super::family::{Defaults, Family, FusedProjection, Rows, llama_tensor_name};
 
 pub(super) struct Phi3;
 
@@ -37,6 +37,19 @@ impl Family for Phi3 {
 
     fn model_type(&self) -> &'static str {
         "phi3"
+    }
+
+    /// transformers' `Phi3Config` defaults.
+    fn defaults(&self) -> Defaults {
+        Defaults {
+            vocab_size: 32_064,
+            hidden_size: 3072,
+            intermediate_size: 8192,
+            max_position_embeddings: 4096,
+            original_max_position_embeddings: Some(4096),
+            rms_norm_eps: 1e-5,
+            ..Defaults::LLAMA
+        }
     }
 
     fn gguf_name(&self) -> &'static str {

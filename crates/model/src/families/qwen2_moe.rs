@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::family::Family;
+use super::family::{Defaults, Family};
 use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config};
 use crate::config::blocks::Routing;
 use crate::config::raw::RawConfig;
@@ -29,6 +29,21 @@ impl Family for Qwen2Moe {
 
     fn gguf_name(&self) -> &'static str {
         "qwen2moe"
+    }
+
+    /// transformers' `Qwen2MoeConfig` defaults.
+    fn defaults(&self) -> Defaults {
+        Defaults {
+            vocab_size: 151_936,
+            hidden_size: 2048,
+            intermediate_size: 5632,
+            num_hidden_layers: 24,
+            num_attention_heads: 16,
+            num_key_value_heads: Some(16),
+            max_position_embeddings: 32_768,
+            sliding_window: Some(4096),
+            ..Defaults::LLAMA
+        }
     }
 
     /// transformers' Qwen2MoeConfig: `qkv_bias`, default true; no bias on the output.

@@ -1,6 +1,6 @@
 //! Qwen3 (`Qwen3ForCausalLM`): no biases, RMSNorm on each head of q and k before RoPE.
 
-use super::family::{Family, Features, slides_from_max_window_layers};
+use super::family::{Defaults, Family, Features, slides_from_max_window_layers};
 use crate::config::raw::RawConfig;
 
 pub(super) struct Qwen3;
@@ -18,6 +18,19 @@ impl Family for Qwen3 {
         "qwen3"
     }
 
+    /// transformers' `Qwen3Config` defaults.
+    fn defaults(&self) -> Defaults {
+        Defaults {
+            vocab_size: 151_936,
+            intermediate_size: 22_016,
+            num_key_value_heads: Some(32),
+            head_dim: Some(128),
+            max_position_embeddings: 32_768,
+            sliding_window: Some(4096),
+            ..Defaults::LLAMA
+        }
+    }
+
     fn features(&self) -> Features {
         Features {
             qk_norm: true,
@@ -26,6 +39,6 @@ impl Family for Qwen3 {
     }
 
     fn slides(&self, raw: &RawConfig, _window: Option<usize>, layer: usize) -> bool {
-        slides_from_max_window_layers(raw, layer)
+        slides_from_max_window_layers(raw, &self.defaults(), layer)
     }
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 use super::delta_net::delta_net_layers;
 use super::family::{Defaults, Family, Features};
 use super::moe::ExpertKeys;
-use super::qwen3_next::{HYBRID_FEATURES, check_hybrid};
+use super::qwen3_next::{HYBRID_FEATURES, HYBRID_GGUF_REFUSAL, check_hybrid};
 use crate::config::blocks::{GatedDeltaNet, Routing};
 use crate::config::raw::RawConfig;
 use crate::error::Result;
@@ -40,8 +40,8 @@ impl Family for Qwen35 {
         "qwen35"
     }
 
-    fn gguf_readable(&self) -> bool {
-        false
+    fn gguf_refusal(&self) -> Option<&'static str> {
+        Some(HYBRID_GGUF_REFUSAL)
     }
 
     fn defaults(&self) -> Defaults {
@@ -79,8 +79,8 @@ impl Family for Qwen35Moe {
         "qwen35moe"
     }
 
-    fn gguf_readable(&self) -> bool {
-        false
+    fn gguf_refusal(&self) -> Option<&'static str> {
+        Some(HYBRID_GGUF_REFUSAL)
     }
 
     fn defaults(&self) -> Defaults {

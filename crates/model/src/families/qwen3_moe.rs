@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::family::{Family, Features, slides_from_max_window_layers};
+use super::family::{Defaults, Family, Features};
 use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config};
 use crate::config::blocks::Routing;
 use crate::config::raw::RawConfig;
@@ -26,6 +26,20 @@ impl Family for Qwen3Moe {
         "qwen3moe"
     }
 
+    /// transformers' `Qwen3MoeConfig` defaults.
+    fn defaults(&self) -> Defaults {
+        Defaults {
+            vocab_size: 151_936,
+            hidden_size: 2048,
+            intermediate_size: 6144,
+            num_hidden_layers: 24,
+            num_key_value_heads: Some(4),
+            max_position_embeddings: 32_768,
+            sliding_window: Some(4096),
+            ..Defaults::LLAMA
+        }
+    }
+
     fn features(&self) -> Features {
         Features {
             qk_norm: true,
@@ -33,8 +47,10 @@ impl Family for Qwen3Moe {
         }
     }
 
-    fn slides(&self, raw: &RawConfig, _window: Option<usize>, layer: usize) -> bool {
-        slides_from_max_window_layers(raw, layer)
+    /// transformers' Qwen3-MoE slides every layer when `use_sliding_window` is set (it has no
+    /// `max_window_layers`; mlx-lm slides none, and no released checkpoint sets it).
+    fn slides(&self, raw: &RawConfig, window: Option<usize>, _layer: usize) -> bool {
+        raw.use_sliding_window == Some(true) && window.is_some()
     }
 
     fn has_experts(&self) -> bool {

@@ -19,6 +19,12 @@ use crate::error::{ModelError, Result};
 pub(super) struct Qwen3Next;
 
 /// The features the gated-DeltaNet hybrids share: q/k norms, zero-centred norms, gated output.
+/// Why a GGUF file of a gated-DeltaNet hybrid is refused: llama.cpp's names for its
+/// linear-attention tensors are not mapped yet.
+pub(super) const HYBRID_GGUF_REFUSAL: &str = "GGUF files of the gated-DeltaNet hybrids are not \
+     read by mlxcel yet (their linear-attention tensors are not mapped); use the Hugging Face or \
+     MLX checkpoint";
+
 pub(super) const HYBRID_FEATURES: Features = Features {
     qk_norm: true,
     norm_weight_offset: true,
@@ -52,8 +58,8 @@ impl Family for Qwen3Next {
         "qwen3next"
     }
 
-    fn gguf_readable(&self) -> bool {
-        false
+    fn gguf_refusal(&self) -> Option<&'static str> {
+        Some(HYBRID_GGUF_REFUSAL)
     }
 
     /// transformers' Qwen3NextConfig.

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::family::{Family, slides_from_max_window_layers};
+use super::family::{Defaults, Family};
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::header::GgufHeader;
@@ -25,8 +25,34 @@ impl Family for SmolLm3 {
         "smollm3"
     }
 
-    fn slides(&self, raw: &RawConfig, _window: Option<usize>, layer: usize) -> bool {
-        slides_from_max_window_layers(raw, layer)
+    /// transformers' `SmolLM3Config` defaults.
+    fn defaults(&self) -> Defaults {
+        Defaults {
+            vocab_size: 128_256,
+            hidden_size: 2048,
+            intermediate_size: 11_008,
+            num_hidden_layers: 36,
+            num_attention_heads: 16,
+            num_key_value_heads: Some(4),
+            max_position_embeddings: 32_768,
+            rope_theta: 2_000_000.0,
+            tie_word_embeddings: true,
+            ..Defaults::LLAMA
+        }
+    }
+
+    /// transformers' SmolLM3 slides the layers without RoPE when `use_sliding_window` is set
+    /// and there is a window (no released checkpoint sets it; mlx-lm slides none).
+    fn slides(&self, raw: &RawConfig, window: Option<usize>, layer: usize) -> bool {
+        raw.use_sliding_window == Some(true)
+            && window.is_some()
+            && raw.no_rope_layers.as_ref().map_or_else(
+                || {
+                    let interval = raw.no_rope_layer_interval.unwrap_or(4);
+                    interval > 0 && (layer + 1).is_multiple_of(interval)
+                },
+                |list| list.get(layer) == Some(&0),
+            )
     }
 
     fn rope(&self, path: &Path, raw: &RawConfig, layers: usize, layer: usize) -> Result<bool> {

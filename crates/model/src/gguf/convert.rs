@@ -88,15 +88,11 @@ fn plan_checkpoint(
             ),
         }
     })?;
-    if !family.family().gguf_readable() {
+    if let Some(reason) = family.gguf_refusal() {
         return Err(ModelError::GgufMetadata {
             path: gguf.path().to_owned(),
             key: "general.architecture".into(),
-            reason: format!(
-                "`{arch}` ({}) GGUF files are not read by mlxcel yet (their linear-attention \
-                 tensors are not mapped); use its Hugging Face or MLX checkpoint",
-                family.model_type()
-            ),
+            reason: format!("`{arch}`: {reason}"),
         });
     }
     if experts && !family.family().has_experts() {

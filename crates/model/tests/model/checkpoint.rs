@@ -336,3 +336,34 @@ fn a_released_tensor_leaves_resident_memory_and_reads_back_the_same() {
         .unwrap();
     assert_eq!(&k.data[4..8], &1f32.to_le_bytes());
 }
+
+/// A config that ties the output projection (or leaves `tie_word_embeddings` to a family default
+/// of true, as Gemma's) over a checkpoint that stores its own `lm_head`: the stored projection is
+/// used, as transformers does when the two differ and mlx-lm does whenever it finds one. An
+/// `lm_head` that is the embedding table's bytes keeps the model tied.
+#[test]
+fn a_stored_lm_head_unties_a_tied_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut v = config(None);
+    v["architectures"] = json!(["Gemma3ForCausalLM"]);
+    v["head_dim"] = json!(16);
+    v.as_object_mut().unwrap().remove("tie_word_embeddings");
+    assert!(parsed(&v).tie_word_embeddings);
+    let mut files = tensors(&parsed(&v), false);
+    let mut head = f32s(&[40, 64]);
+    head.2.reverse();
+    files.insert("lm_head.weight".into(), head);
+    write_dir(dir.path(), &v, &files, 1);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    assert!(!ckpt.config().tie_word_embeddings);
+    // The same bytes as the table: still tied.
+    let dir = tempfile::tempdir().unwrap();
+    files.insert("lm_head.weight".into(), f32s(&[40, 64]));
+    write_dir(dir.path(), &v, &files, 1);
+    assert!(
+        Checkpoint::open(dir.path())
+            .unwrap()
+            .config()
+            .tie_word_embeddings
+    );
+}

@@ -474,7 +474,12 @@ fn errors_name_the_file_and_field() {
             json!(["GPT2LMHeadModel"]),
             "unsupported architecture `GPT2LMHeadModel`",
         ),
-        ("hidden_size", Value::Null, "missing field `hidden_size`"),
+        // An absent size is transformers' default; zero is refused.
+        (
+            "hidden_size",
+            json!(0),
+            "field `hidden_size`: must be at least 1",
+        ),
         (
             "num_key_value_heads",
             json!(4),
@@ -884,9 +889,11 @@ fn hybrid_configs_that_cannot_run_are_refused_by_name() {
     );
     refused(
         &|v| {
+            // `rope_parameters` fills the old keys: a YaRN there is read as `rope_scaling`, whose
+            // factor it lacks.
             v["rope_parameters"]["rope_type"] = json!("yarn");
         },
-        "rope type `yarn`",
+        "rope_scaling.factor",
     );
     refused(
         &|v| {
@@ -908,4 +915,287 @@ fn hybrid_configs_that_cannot_run_are_refused_by_name() {
         message.contains("`linear_attention` layers are not part of"),
         "{message}"
     );
+}
+
+/// A family's expected defaults: architecture, vocab, hidden, intermediate, layers, heads, kv
+/// heads, head_dim, window (max_position_embeddings), rms_norm_eps, rope_theta, tied, and the
+/// sliding window of layer 0.
+type Defaults = (
+    &'static str,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    f32,
+    f32,
+    bool,
+    Option<usize>,
+);
+
+/// Every family's config.json may leave out any key its transformers config class defaults: a
+/// config of nothing but the architecture loads with transformers' numbers (its `__init__`
+/// defaults, transformers 5.7.0), as `from_pretrained` would build it.
+#[test]
+fn every_family_defaults_what_transformers_defaults() {
+    // (architecture, vocab, hidden, intermediate, layers, heads, kv heads, head_dim, window
+    // (max_position_embeddings), rms_norm_eps, rope_theta, tied, sliding window of layer 0)
+    #[rustfmt::skip]
+    let cases: [Defaults; 12] = [
+        ("LlamaForCausalLM", 32_000, 4096, 11_008, 32, 32, 32, 128, 2048, 1e-6, 10_000.0, false, None),
+        ("MistralForCausalLM", 32_000, 4096, 14_336, 32, 32, 8, 128, 131_072, 1e-6, 10_000.0, false, Some(4096)),
+        ("Qwen2ForCausalLM", 151_936, 4096, 22_016, 32, 32, 32, 128, 32_768, 1e-6, 10_000.0, false, None),
+        ("Qwen3ForCausalLM", 151_936, 4096, 22_016, 32, 32, 32, 128, 32_768, 1e-6, 10_000.0, false, None),
+        ("SmolLM3ForCausalLM", 128_256, 2048, 11_008, 36, 16, 4, 128, 32_768, 1e-6, 2_000_000.0, true, None),
+        ("Gemma2ForCausalLM", 256_000, 2304, 9216, 26, 8, 4, 256, 8192, 1e-6, 10_000.0, true, Some(4096)),
+        ("Gemma3ForCausalLM", 262_208, 2304, 9216, 26, 8, 4, 256, 131_072, 1e-6, 1_000_000.0, true, Some(4096)),
+        ("Phi3ForCausalLM", 32_064, 3072, 8192, 32, 32, 32, 96, 4096, 1e-5, 10_000.0, false, None),
+        ("MixtralForCausalLM", 32_000, 4096, 14_336, 32, 32, 8, 128, 131_072, 1e-5, 1_000_000.0, false, None),
+        ("OlmoeForCausalLM", 50_304, 2048, 2048, 16, 16, 16, 128, 4096, 1e-5, 10_000.0, false, None),
+        ("Qwen2MoeForCausalLM", 151_936, 2048, 5632, 24, 16, 16, 128, 32_768, 1e-6, 10_000.0, false, None),
+        ("Qwen3MoeForCausalLM", 151_936, 2048, 6144, 24, 32, 4, 64, 32_768, 1e-6, 10_000.0, false, None),
+    ];
+    for (arch, vocab, hidden, ffn, layers, heads, kv, head_dim, window, eps, theta, tied, slide) in
+        cases
+    {
+        let mut v = json!({"architectures": [arch]});
+        // The mixtures of experts need their expert keys (refused by name when absent).
+        match arch {
+            "MixtralForCausalLM" => v["num_experts_per_tok"] = json!(2),
+            "OlmoeForCausalLM" | "Qwen2MoeForCausalLM" | "Qwen3MoeForCausalLM" => {
+                v["num_experts"] = json!(8);
+                v["num_experts_per_tok"] = json!(2);
+                v["moe_intermediate_size"] = json!(64);
+                v["shared_expert_intermediate_size"] = json!(64);
+            }
+            _ => {}
+        }
+        if arch == "MixtralForCausalLM" {
+            v["num_local_experts"] = json!(8);
+        }
+        let c = parse(&v).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        assert_eq!(
+            (
+                c.vocab_size,
+                c.hidden_size,
+                c.num_hidden_layers,
+                c.num_attention_heads,
+                c.num_key_value_heads,
+                c.head_dim,
+                c.window(),
+            ),
+            (vocab, hidden, layers, heads, kv, head_dim, window),
+            "{arch}"
+        );
+        assert_eq!(c.intermediate_size, ffn, "{arch}");
+        assert_eq!((c.rms_norm_eps, c.rope_theta), (eps, theta), "{arch}");
+        assert_eq!(c.tie_word_embeddings, tied, "{arch}");
+        assert_eq!(c.layers[0].window, slide, "{arch}");
+    }
+}
+
+/// A Gemma 2 config without `max_position_embeddings` loads with transformers' 8192 (it was
+/// refused as missing).
+#[test]
+fn gemma2_without_max_position_embeddings_has_transformers_window() {
+    let c = parse(&json!({
+        "architectures": ["Gemma2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "intermediate_size": 128, "vocab_size": 384
+    }))
+    .unwrap();
+    assert_eq!(c.window(), 8192);
+    assert_eq!(c.head_dim, 16);
+}
+
+/// An absent `sliding_window` is the family's default (Mistral's 4096 on every layer); `null`
+/// is no window.
+#[test]
+fn an_absent_window_is_the_default_and_null_is_none() {
+    let mut v = smollm2();
+    v["architectures"] = json!(["MistralForCausalLM"]);
+    v.as_object_mut().unwrap().remove("sliding_window");
+    let c = parse(&v).unwrap();
+    assert!(c.layers.iter().all(|l| l.window == Some(4096)));
+    v["sliding_window"] = Value::Null;
+    assert_eq!(parse(&v).unwrap().sliding_window(), None);
+}
+
+/// Qwen2's `use_sliding_window` without `max_window_layers` slides from transformers' layer 28.
+#[test]
+fn qwen2_slides_from_layer_28_by_default() {
+    let mut v = smollm2();
+    v["architectures"] = json!(["Qwen2ForCausalLM"]);
+    v["sliding_window"] = json!(64);
+    v["use_sliding_window"] = json!(true);
+    let c = parse(&v).unwrap();
+    let sliding: Vec<usize> = (0..30).filter(|&i| c.layers[i].window.is_some()).collect();
+    assert_eq!(sliding, [28, 29]);
+}
+
+/// Phi-3's LongRoPE without `original_max_position_embeddings` uses transformers' 4096.
+#[test]
+fn phi3_long_rope_defaults_its_original_window() {
+    let c = parse(&json!({
+        "architectures": ["Phi3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 384,
+        "max_position_embeddings": 131_072,
+        "rope_scaling": {"type": "longrope", "short_factor": vec![1.0; 8], "long_factor": vec![1.0; 8]}
+    }))
+    .unwrap();
+    let want = (1.0 + (32.0f64).ln() / (4096.0f64).ln()).sqrt() as f32;
+    assert_eq!(c.rope_attention_factor, want);
+}
+
+fn gemma4() -> Value {
+    json!({
+        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+        "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 16,
+        "intermediate_size": 128, "vocab_size": 384, "sliding_window": 8,
+        "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+        "final_logit_softcapping": 30.0,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                               "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}
+        }
+    })
+}
+
+/// Gemma 4's text model: plain-weight norms, v norm, layer scalars, attention scale 1,
+/// √hidden unrounded, RoPE per layer type (the full layers' proportional schedule: 2 of 8 pairs
+/// rotate with the whole head's periods, the rest not at all).
+#[test]
+fn gemma4_reads_its_blocks_and_rope_per_layer_type() {
+    let c = parse(&gemma4()).unwrap();
+    assert_eq!(c.architecture.model_type(), "gemma4_text");
+    assert!(c.qk_norm && c.sandwich_norms && c.value_norm && c.layer_scalars);
+    assert!(!c.norm_weight_offset && c.tie_word_embeddings);
+    assert_eq!(c.attention_scale, 1.0);
+    assert_eq!(c.embedding_scale, Some(8.0));
+    assert_eq!(c.final_logit_softcapping, Some(30.0));
+    assert_eq!(c.attn_logit_softcapping, None);
+    let windows: Vec<_> = c.layers.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [Some(8), None, Some(8), None]);
+    let full = c.layer_rope_periods(1);
+    assert_eq!(full.len(), 8);
+    assert_eq!(full[0], 1.0);
+    assert!((full[1] - 1e6f32.powf(2.0 / 16.0)).abs() < 1e-3, "{full:?}");
+    assert!(full[2..].iter().all(|p| p.is_infinite()), "{full:?}");
+    let local = c.layer_rope_periods(0);
+    assert!((local[7] - 1e4f32.powf(14.0 / 16.0)).abs() / local[7] < 1e-6);
+    assert!(c.describe().contains("v norm") && c.describe().contains("layer scalars"));
+    // Without `layer_types`: five sliding layers of six, the last one full (transformers).
+    let mut v = gemma4();
+    v["num_hidden_layers"] = json!(8);
+    v.as_object_mut().unwrap().remove("layer_types");
+    let windows: Vec<bool> = parse(&v)
+        .unwrap()
+        .layers
+        .iter()
+        .map(|l| l.window.is_some())
+        .collect();
+    assert_eq!(windows, [true, true, true, true, true, false, true, false]);
+}
+
+/// What Gemma 4's released models add beyond the blocks mlxcel runs is refused, naming the key
+/// (and transformers' default where the key is absent).
+#[test]
+fn gemma4_refuses_what_it_does_not_run_by_name() {
+    let cases: [(&str, Value, &str); 8] = [
+        (
+            "global_head_dim",
+            json!(32),
+            "layers of different head sizes",
+        ),
+        (
+            "hidden_size_per_layer_input",
+            json!(256),
+            "per-layer token inputs",
+        ),
+        (
+            "num_kv_shared_layers",
+            json!(2),
+            "reusing earlier layers' keys and values",
+        ),
+        ("attention_k_eq_v", json!(true), "keys used as values"),
+        ("enable_moe_block", json!(true), "mixture-of-experts block"),
+        (
+            "attn_logit_softcapping",
+            json!(50.0),
+            "no attention soft-capping",
+        ),
+        (
+            "layer_types",
+            json!([
+                "full_attention",
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention"
+            ]),
+            "the last layer must be `full_attention`",
+        ),
+        (
+            "rope_parameters",
+            json!({"full_attention": {"rope_type": "yarn", "factor": 2.0},
+                   "sliding_attention": {"rope_type": "default"}}),
+            "`yarn` (supported: proportional, default)",
+        ),
+    ];
+    for (field, value, expected) in cases {
+        let mut v = gemma4();
+        v[field] = value;
+        let message = parse(&v).unwrap_err().to_string();
+        assert!(
+            message.contains(field) && message.contains(expected),
+            "{field}: {message}"
+        );
+    }
+    // Absent keys take transformers' defaults, which the released models use: refused too.
+    for field in ["global_head_dim", "hidden_size_per_layer_input"] {
+        let mut v = gemma4();
+        v.as_object_mut().unwrap().remove(field);
+        let message = parse(&v).unwrap_err().to_string();
+        assert!(message.contains(field), "{field}: {message}");
+    }
+    let mut v = gemma4();
+    v.as_object_mut().unwrap().remove("layer_types");
+    v["sliding_window_pattern"] = json!(5);
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(message.contains("sliding_window_pattern"), "{message}");
+}
+
+/// Gemma 4's multimodal config (`Gemma4ForConditionalGeneration`) is read as its text model.
+#[test]
+fn gemma4_multimodal_config_reads_its_text_config() {
+    let mut text = gemma4();
+    text.as_object_mut().unwrap().remove("architectures");
+    let v = json!({
+        "architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+        "text_config": text, "vision_config": {"hidden_size": 32}, "eos_token_id": [1, 106]
+    });
+    let c = parse(&v).unwrap();
+    assert!(c.multimodal && c.value_norm);
+    assert_eq!(c.architecture.model_type(), "gemma4_text");
+    assert_eq!(c.eos_token_ids, [1, 106]);
+}
+
+/// transformers 5's `rope_parameters` (one object) fills `rope_theta` and the scaling where
+/// config.json leaves them out; one set per layer type is refused outside Gemma 4.
+#[test]
+fn flat_rope_parameters_fill_the_old_keys() {
+    let mut v = smollm2();
+    v.as_object_mut().unwrap().remove("rope_theta");
+    v["rope_parameters"] = json!({"rope_type": "linear", "factor": 2.0, "rope_theta": 500_000.0});
+    let c = parse(&v).unwrap();
+    assert_eq!(c.rope_theta, 500_000.0);
+    assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 2.0 }));
+    v["rope_parameters"] = json!({"full_attention": {"rope_type": "default"}});
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(message.contains("rope_parameters"), "{message}");
 }

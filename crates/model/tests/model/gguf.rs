@@ -703,3 +703,28 @@ fn fused_projections_read_on_demand_survive_releasing_a_part() {
         );
     }
 }
+
+/// A Gemma 4 GGUF (`general.architecture` `gemma4`) is refused by name, saying what to use
+/// instead, rather than converted as a Gemma 3 without its per-layer head sizes and shared
+/// layers.
+#[test]
+fn gemma4_gguf_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("gemma4.gguf");
+    let tiny = TinyLlama {
+        arch: "gemma4",
+        qk_norm: true,
+        sandwich: true,
+        ..TinyLlama::default()
+    };
+    tiny.write_with(tiny.metadata(), &gguf, 13);
+    let message = convert_gguf(&gguf, &dir.path().join("out"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("general.architecture")
+            && message.contains("`gemma4`")
+            && message.contains("use the Hugging Face checkpoint"),
+        "{message}"
+    );
+}

@@ -1,0 +1,263 @@
+//! Gemma 4 (`Gemma4ForCausalLM`, `gemma4_text`): Gemma 3's four norms per layer and q/k norms,
+//! but plain RMSNorm weights (not `1 + w`), an RMSNorm without weights on each head of v, an
+//! attention scale of 1 (q and k are normed), each layer's output multiplied by its
+//! `layer_scalar`, the embeddings scaled by √hidden unrounded (as mlx-lm does), RoPE per layer type
+//! (`rope_parameters`: the sliding layers a plain schedule, the full ones "proportional": the
+//! first `partial_rotary_factor` of each head's pairs rotate, with periods of the whole head's
+//! schedule, the rest not at all), and final logit soft-capping when configured. Its multimodal
+//! checkpoints (`Gemma4ForConditionalGeneration`) are read as their text model.
+//!
+//! What the released models add beyond that is refused by name: a larger head on the full
+//! layers (`global_head_dim`), keys shared as values (`attention_k_eq_v`), layers that reuse an
+//! earlier layer's keys and values (`num_kv_shared_layers`), per-layer token inputs
+//! (`hidden_size_per_layer_input`), the mixture-of-experts block (`enable_moe_block`).
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::family::{Defaults, Family, Features, RopeSchedule};
+use super::gemma2::{GEMMA_FEATURES, GEMMA2_DEFAULTS};
+use crate::config::raw::RawConfig;
+use crate::error::{ModelError, Result};
+
+pub(super) struct Gemma4;
+
+/// transformers' `Gemma4TextConfig` head size (`head_dim`) and that of the full layers
+/// (`global_head_dim`) when config.json leaves them out.
+const HEAD_DIM: usize = 256;
+const GLOBAL_HEAD_DIM: usize = 512;
+/// transformers' `hidden_size_per_layer_input` default.
+const PER_LAYER_INPUT: usize = 256;
+/// Every sixth layer is full when config.json has no `layer_types` (transformers' pattern).
+const PATTERN: usize = 6;
+
+impl Family for Gemma4 {
+    fn hf_name(&self) -> &'static str {
+        "Gemma4ForCausalLM"
+    }
+
+    fn model_type(&self) -> &'static str {
+        "gemma4_text"
+    }
+
+    fn gguf_name(&self) -> &'static str {
+        "gemma4"
+    }
+
+    fn gguf_refusal(&self) -> Option<&'static str> {
+        Some(
+            "Gemma 4 GGUF files are not read yet (their per-layer head sizes, shared KV layers \
+             and per-layer inputs have no import); use the Hugging Face checkpoint",
+        )
+    }
+
+    fn multimodal_wrapper(&self) -> Option<(&'static str, &'static str)> {
+        Some(("Gemma4ForConditionalGeneration", "gemma4"))
+    }
+
+    /// transformers' `Gemma4TextConfig` defaults. mlx-lm 0.32.2 differs where config.json is
+    /// silent: it soft-caps the logits at 30 (transformers: none) and slides four layers of
+    /// five (transformers: five of six, the last layer always full).
+    fn defaults(&self) -> Defaults {
+        Defaults {
+            vocab_size: 262_144,
+            num_hidden_layers: 30,
+            head_dim: Some(HEAD_DIM),
+            max_position_embeddings: 131_072,
+            sliding_window: Some(512),
+            query_pre_attn_scalar: None,
+            attn_logit_softcapping: None,
+            final_logit_softcapping: None,
+            ..GEMMA2_DEFAULTS
+        }
+    }
+
+    fn features(&self) -> Features {
+        Features {
+            qk_norm: true,
+            norm_weight_offset: false,
+            embedding_scale_bf16: false,
+            value_norm: true,
+            layer_scalars: true,
+            attention_scale: Some(1.0),
+            ..GEMMA_FEATURES
+        }
+    }
+
+    /// Five layers of six slide, the last always full (transformers' default `layer_types`).
+    fn slides(&self, raw: &RawConfig, window: Option<usize>, layer: usize) -> bool {
+        let last = raw.num_hidden_layers.map(|n| n.saturating_sub(1));
+        window.is_some() && !(layer + 1).is_multiple_of(PATTERN) && Some(layer) != last
+    }
+
+    fn check(&self, path: &Path, raw: &RawConfig) -> Result<()> {
+        let refuse = |field: &str, reason: String| Err(ModelError::invalid(path, field, reason));
+        let head_dim = raw.head_dim.unwrap_or(HEAD_DIM);
+        let global = raw.global_head_dim.unwrap_or(GLOBAL_HEAD_DIM);
+        if global != head_dim {
+            return refuse(
+                "global_head_dim",
+                format!(
+                    "{global} (the full layers' head) differs from head_dim {head_dim}: layers \
+                     of different head sizes are not implemented in mlxcel"
+                ),
+            );
+        }
+        if raw.attention_k_eq_v == Some(true) {
+            return refuse(
+                "attention_k_eq_v",
+                "keys used as values are not implemented in mlxcel".into(),
+            );
+        }
+        if let Some(n) = raw.num_kv_shared_layers.filter(|&n| n > 0) {
+            return refuse(
+                "num_kv_shared_layers",
+                format!(
+                    "{n} layers reusing earlier layers' keys and values are not implemented in \
+                     mlxcel (only 0 is accepted)"
+                ),
+            );
+        }
+        let per_layer = raw.hidden_size_per_layer_input.unwrap_or(PER_LAYER_INPUT);
+        if per_layer > 0 {
+            return refuse(
+                "hidden_size_per_layer_input",
+                format!(
+                    "{per_layer} (transformers' default when absent is {PER_LAYER_INPUT}): \
+                     per-layer token inputs are not implemented in mlxcel (only 0 is accepted)"
+                ),
+            );
+        }
+        if raw.enable_moe_block == Some(true) {
+            return refuse(
+                "enable_moe_block",
+                "Gemma 4's mixture-of-experts block is not implemented in mlxcel".into(),
+            );
+        }
+        if raw
+            .use_bidirectional_attention
+            .as_ref()
+            .is_some_and(|v| !v.is_null())
+        {
+            return refuse(
+                "use_bidirectional_attention",
+                "bidirectional attention is not implemented in mlxcel".into(),
+            );
+        }
+        if raw.attn_logit_softcapping.is_some() {
+            return refuse(
+                "attn_logit_softcapping",
+                "Gemma 4 has no attention soft-capping (transformers and mlx-lm ignore the key); \
+                 remove it"
+                    .into(),
+            );
+        }
+        if raw.sliding_window_pattern.is_some() && raw.layer_types.is_none() {
+            return refuse(
+                "sliding_window_pattern",
+                "transformers ignores it for Gemma 4 (five sliding layers of six) and mlx-lm \
+                 reads it (default five): give `layer_types` instead"
+                    .into(),
+            );
+        }
+        if let (Some(types), Some(n)) = (&raw.layer_types, raw.num_hidden_layers)
+            && types.len() == n
+            && types.last().is_some_and(|t| t != "full_attention")
+        {
+            return refuse(
+                "layer_types",
+                "the last layer must be `full_attention` (transformers forces it, mlx-lm does \
+                 not)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn rope_schedule(
+        &self,
+        path: &Path,
+        raw: &RawConfig,
+        head_dim: usize,
+    ) -> Result<Option<RopeSchedule>> {
+        let params = raw.rope_parameters.as_ref().filter(|v| !v.is_null());
+        let set = |layer_type: &str| params.and_then(|p| p.get(layer_type));
+        let field = |layer_type: &str| format!("rope_parameters.{layer_type}");
+        let kind = |layer_type: &str, default: &'static str| -> String {
+            set(layer_type)
+                .and_then(|s| s.get("rope_type").or_else(|| s.get("type")))
+                .and_then(Value::as_str)
+                .unwrap_or(default)
+                .to_owned()
+        };
+        let number = |layer_type: &str, key: &str, default: f64| -> Result<f64> {
+            match set(layer_type).and_then(|s| s.get(key)) {
+                None | Some(Value::Null) => Ok(default),
+                Some(v) => v
+                    .as_f64()
+                    .filter(|x| *x > 0.0 && x.is_finite())
+                    .ok_or_else(|| {
+                        ModelError::invalid(
+                            path,
+                            format!("{}.{key}", field(layer_type)),
+                            "expected a positive number",
+                        )
+                    }),
+            }
+        };
+        if params.is_some_and(|p| !p.is_object()) {
+            return Err(ModelError::invalid(
+                path,
+                "rope_parameters",
+                "expected one object per layer type (full_attention, sliding_attention)",
+            ));
+        }
+        let local = kind("sliding_attention", "default");
+        if local != "default" {
+            return Err(ModelError::invalid(
+                path,
+                format!("{}.rope_type", field("sliding_attention")),
+                format!("`{local}` (supported: default)"),
+            ));
+        }
+        let local_theta = number("sliding_attention", "rope_theta", 10_000.0)? as f32;
+        let global = kind("full_attention", "proportional");
+        let theta = number("full_attention", "rope_theta", 1_000_000.0)? as f32;
+        let factors = match global.as_str() {
+            "default" => None,
+            "proportional" => {
+                let proportion = number("full_attention", "partial_rotary_factor", 0.25)?;
+                let factor = number("full_attention", "factor", 1.0)? as f32;
+                if proportion > 1.0 {
+                    return Err(ModelError::invalid(
+                        path,
+                        format!("{}.partial_rotary_factor", field("full_attention")),
+                        format!("{proportion} is more than 1"),
+                    ));
+                }
+                // transformers: `int(proportion * head_dim // 2)` pairs rotate, each with the
+                // period of its place in the whole head's schedule; the rest keep their
+                // features (an infinite period).
+                let pairs = head_dim / 2;
+                let rotated = ((proportion * head_dim as f64) / 2.0).floor() as usize;
+                let factors: Vec<f32> = (0..pairs)
+                    .map(|i| if i < rotated { factor } else { f32::INFINITY })
+                    .collect();
+                (rotated < pairs || factor != 1.0).then_some(factors)
+            }
+            other => {
+                return Err(ModelError::invalid(
+                    path,
+                    format!("{}.rope_type", field("full_attention")),
+                    format!("`{other}` (supported: proportional, default)"),
+                ));
+            }
+        };
+        Ok(Some(RopeSchedule {
+            theta,
+            local_theta: Some(local_theta),
+            factors,
+        }))
+    }
+}
