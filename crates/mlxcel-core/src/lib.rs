@@ -39,6 +39,7 @@ pub mod kernels;
 mod kv_cache;
 mod layer;
 mod llama;
+mod moe;
 pub mod pin;
 mod quantized;
 mod sys;

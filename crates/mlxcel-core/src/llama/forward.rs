@@ -448,7 +448,7 @@ impl LlamaModel {
             }
             (None, Mlp::Routed(moe)) => {
                 x = layer.o.forward_add(&attended, &x, kn)?;
-                x = x.add(&moe.forward(&x, &layer.post_norm, eps, kn)?)?;
+                x = moe.forward_add(&x, &layer.post_norm, eps, kn)?;
             }
             (Some((post_attention, post_feedforward)), mlp) => {
                 let out = layer.o.forward(&attended, kn)?;
