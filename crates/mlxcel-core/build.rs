@@ -68,6 +68,8 @@ fn main() {
             "cpp/kernels/rowops.cc",
             "cpp/kernels/rowops_avx512.cc",
             "cpp/kernels/layer.cc",
+            "cpp/kernels/moe.cc",
+            "cpp/kernels/moe_node.cc",
             "cpp/kernels/attention.cc",
             "cpp/kernels/attention_scalar.cc",
             "cpp/kernels/attention_avx2.cc",

@@ -177,6 +177,12 @@ pub trait Backend {
         None
     }
 
+    /// Bytes of weights one decode token reads (a mixture of experts reads only its routed
+    /// experts); `None` where the backend does not say (then all of [`Backend::weight_bytes`]).
+    fn token_read_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// The KV blocks the slots hold, where the backend keeps its caches in shareable blocks;
     /// `None` otherwise.
     fn kv_blocks(&self) -> Option<KvBlockUsage> {
@@ -411,6 +417,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn weight_bytes(&self) -> Option<u64> {
         (**self).weight_bytes()
+    }
+
+    fn token_read_bytes(&self) -> Option<u64> {
+        (**self).token_read_bytes()
     }
 
     fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {

@@ -62,6 +62,15 @@ impl BackendBench {
             .unwrap_or(self.info.weight_bytes)
     }
 
+    /// Bytes of weights one decode token reads ([`Backend::token_read_bytes`]: a mixture of
+    /// experts' routed experts and the weights every token shares), else
+    /// [`BackendBench::weight_bytes`].
+    pub fn token_read_bytes(&self) -> u64 {
+        self.backend
+            .token_read_bytes()
+            .unwrap_or_else(|| self.weight_bytes())
+    }
+
     fn random_tokens(&mut self, n: usize) -> Vec<u32> {
         let vocab = self.backend.vocab_size() as u64;
         (0..n)

@@ -180,6 +180,29 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
                                                rust::Slice<const float> sinks, float eps,
                                                float scale, float rope_scale, float rope_mscale,
                                                uint8_t isa, int32_t threads);
+// A layer's routed experts checked and held for native_routed_experts (kernels/moe_node.cc),
+// made once at load: the plan (every expert's matrices, the router, the shape) is shared with
+// the nodes that run it, which keeps the matrices alive.
+struct RoutedExpertsPlan;
+struct RoutedExperts {
+  std::shared_ptr<const RoutedExpertsPlan> plan;
+};
+// `matrices`: per routed expert, then for the shared expert if any, gate/up stacked (w, scales,
+// biases; [2·intermediate, hidden]) and down (w, scales, biases; [hidden, intermediate]);
+// `quant`: per matrix (group, bits, int8 layout 0/1); `router`: [experts (+ 1), hidden] f32 rows,
+// the shared expert's gate last; `routing`: 0 softmax then top k, 1 the same renormalized,
+// 2 top k then softmax.
+std::unique_ptr<RoutedExperts> routed_experts_new(const ArrayList& matrices,
+                                                  rust::Slice<const int32_t> quant,
+                                                  rust::Slice<const float> router, int32_t hidden,
+                                                  int32_t experts, int32_t top_k, uint8_t routing,
+                                                  bool gelu, bool shared);
+// The routed-expert MLP of x [tokens, hidden] as one MLX node (kernels/moe.h): normed by `norm`,
+// plus x when `residual`; `int8x`: weights in the int8 layout multiply int8 activations.
+std::unique_ptr<MlxArray> native_routed_experts(const MlxArray& x, const MlxArray& norm,
+                                                const RoutedExperts& experts, float eps,
+                                                bool residual, bool int8x, uint8_t isa,
+                                                int32_t threads);
 // A quantized weight rewritten for the int8-activation kernels (kernels/qmatmul.h): the same
 // shapes and dtypes, interleaved 16 output rows at a time; with `compact`, 8-bit codes that fit
 // in 5 or 6 bits take that many, and f32 scales and biases that factor exactly are stored

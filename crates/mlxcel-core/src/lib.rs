@@ -43,6 +43,7 @@ pub mod kernels;
 mod kv_cache;
 mod layer;
 mod llama;
+mod moe;
 pub mod pin;
 mod quantized;
 mod recurrent_state;

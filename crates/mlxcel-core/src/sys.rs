@@ -32,6 +32,7 @@ pub(crate) mod ffi {
 
         type MlxArray;
         type ArrayList;
+        type RoutedExperts;
 
         fn array_from_bytes(bytes: &[u8], shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;
         fn array_alloc(shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;
@@ -213,6 +214,29 @@ pub(crate) mod ffi {
             isa: u8,
             threads: i32,
         ) -> Result<UniquePtr<MlxArray>>;
+        #[allow(clippy::too_many_arguments)]
+        fn routed_experts_new(
+            matrices: &ArrayList,
+            quant: &[i32],
+            router: &[f32],
+            hidden: i32,
+            experts: i32,
+            top_k: i32,
+            routing: u8,
+            gelu: bool,
+            shared: bool,
+        ) -> Result<UniquePtr<RoutedExperts>>;
+        #[allow(clippy::too_many_arguments)]
+        fn native_routed_experts(
+            x: &MlxArray,
+            norm: &MlxArray,
+            experts: &RoutedExperts,
+            eps: f32,
+            residual: bool,
+            int8x: bool,
+            isa: u8,
+            threads: i32,
+        ) -> Result<UniquePtr<MlxArray>>;
         fn int8_rows(
             ids: &MlxArray,
             w: &MlxArray,
@@ -294,6 +318,42 @@ impl Drop for Handle {
 unsafe impl Send for Handle {}
 // SAFETY: `&Handle` only allows calls that take the MLX lock (see the Send impl above).
 unsafe impl Sync for Handle {}
+
+/// A layer's routed experts prepared for the fused routed-expert node
+/// ([`ffi::routed_experts_new`]), released under the MLX lock (it holds the experts' arrays).
+pub(crate) struct ExpertsHandle(cxx::UniquePtr<ffi::RoutedExperts>);
+
+impl ExpertsHandle {
+    /// Wraps a pointer returned by the bridge (never null: the shim returns a new object or an
+    /// error).
+    pub(crate) fn new(ptr: cxx::UniquePtr<ffi::RoutedExperts>) -> ExpertsHandle {
+        assert!(
+            !ptr.is_null(),
+            "mlxcel-core shim returned null routed experts"
+        );
+        ExpertsHandle(ptr)
+    }
+
+    pub(crate) fn get(&self) -> &ffi::RoutedExperts {
+        self.0
+            .as_ref()
+            .expect("an ExpertsHandle is never null (checked in ExpertsHandle::new)")
+    }
+}
+
+impl Drop for ExpertsHandle {
+    fn drop(&mut self) {
+        let ptr = std::mem::replace(&mut self.0, cxx::UniquePtr::null());
+        with_lock(move || drop(ptr));
+    }
+}
+
+// SAFETY: the plan behind the handle is immutable after `routed_experts_new` returns; it holds
+// MLX array references whose release (in Drop) and every use (`native_routed_experts`, which
+// copies the plan's shared pointer into a node) happen inside `with_lock`, as for `Handle`.
+unsafe impl Send for ExpertsHandle {}
+// SAFETY: `&ExpertsHandle` only allows calls that take the MLX lock (see the Send impl above).
+unsafe impl Sync for ExpertsHandle {}
 
 /// Reinterprets a slice of plain numbers as its bytes, for [`ffi::array_from_bytes`].
 pub(crate) fn as_bytes<T: Plain>(data: &[T]) -> &[u8] {

@@ -190,8 +190,9 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         }
     }
     let info = bench.info();
-    // What a decode step reads: the weights as the loaded model holds them.
-    let weight_bytes = bench.weight_bytes();
+    // What a decode step reads: the weights as the loaded model holds them, of a mixture of
+    // experts only the routed experts a token goes to.
+    let weight_bytes = bench.token_read_bytes();
     let bandwidth = before.map(|before| before.max(measure_read_bandwidth(threads, 3)));
 
     let execution = bench.execution();

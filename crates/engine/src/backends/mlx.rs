@@ -262,6 +262,10 @@ impl Backend for MlxBackend {
         Some(self.model.weight_bytes())
     }
 
+    fn token_read_bytes(&self) -> Option<u64> {
+        Some(self.model.token_read_bytes())
+    }
+
     fn allocate_slot(&mut self, plan: &SessionPlan) -> Result<SlotId, EngineError> {
         let wanted = self.block_rounded_bytes(plan.max_positions);
         if self.reserved_bytes() + wanted > self.kv_budget_bytes {

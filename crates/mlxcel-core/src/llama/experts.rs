@@ -4,6 +4,11 @@
 //! step, however many tokens go to it: its tokens' rows are gathered, multiplied by its gate/up
 //! (with the activation as the matmul's epilogue) and down projections, scaled by their weights,
 //! and added into each token's output in the token's own route order.
+//!
+//! On mlxcel's kernels with fused layers, a layer whose experts the fused routed-expert node
+//! takes (`crate::moe`: stacked gate/up, down without biases, in the native kernels' layouts)
+//! runs as that one node instead, with the same numbers; this graph is its reference and the
+//! path for everything else.
 
 use mlxcel_model::HiddenActivation;
 
@@ -12,7 +17,8 @@ use super::routing::Router;
 use crate::array::Array;
 use crate::error::Result;
 use crate::fast::rms_norm;
-use crate::kernels::{Int8Layout, Kernels};
+use crate::kernels::{Int8Layout, KernelBackend, Kernels};
+use crate::moe::{ExpertMatrices, MoeNode, MoeShape};
 
 /// One expert: a gated MLP.
 #[derive(Debug)]
@@ -48,9 +54,61 @@ pub(super) struct RoutedMlp {
     /// row).
     pub(super) shared: Option<Expert>,
     pub(super) activation: HiddenActivation,
+    /// The layer as one fused node ([`RoutedMlp::prepare_node`]), when its experts allow it.
+    pub(super) node: Option<MoeNode>,
 }
 
 impl RoutedMlp {
+    /// Prepares the fused routed-expert node when `kernels` run it and every expert is in a
+    /// form it takes (after the weights reach their final layout: it holds them as they are).
+    pub(super) fn prepare_node(&mut self, kernels: &Kernels) -> Result<()> {
+        self.node = None;
+        if !runs_node(kernels) {
+            return Ok(());
+        }
+        let Some(experts) = self
+            .experts
+            .iter()
+            .map(matrices)
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Ok(());
+        };
+        let shared = match &self.shared {
+            Some(e) => match matrices(e) {
+                Some(m) => Some(m),
+                None => return Ok(()),
+            },
+            None => None,
+        };
+        self.node = Some(MoeNode::new(
+            &experts,
+            shared,
+            MoeShape {
+                hidden: self.router.hidden,
+                top_k: self.router.top_k,
+                routing: self.router.routing,
+                gelu: self.activation == HiddenActivation::GeluTanh,
+                router: &self.router.weights,
+            },
+        )?);
+        Ok(())
+    }
+
+    /// `x + forward(x, ..)`: one node when the fused routed-expert node runs.
+    pub(super) fn forward_add(
+        &self,
+        x: &Array,
+        norm: &Array,
+        eps: f32,
+        kernels: &Kernels,
+    ) -> Result<Array> {
+        match &self.node {
+            Some(node) if runs_node(kernels) => node.forward(x, norm, eps, true, kernels),
+            _ => x.add(&self.forward(x, norm, eps, kernels)?),
+        }
+    }
+
     /// The MLP's output for the step's rows `x` (`[tokens, hidden]`), normed by `norm` first:
     /// `Σ score_e · expert_e(h)` over each token's routed experts, plus the gated shared expert.
     /// Reads the normed rows back to route them (the graph so far is evaluated).
@@ -61,6 +119,9 @@ impl RoutedMlp {
         eps: f32,
         kernels: &Kernels,
     ) -> Result<Array> {
+        if let Some(node) = self.node.as_ref().filter(|_| runs_node(kernels)) {
+            return node.forward(x, norm, eps, false, kernels);
+        }
         let h = rms_norm(x, norm, eps)?;
         let rows = h.to_vec_f32()?;
         let tokens = rows.len() / self.router.hidden;
@@ -139,8 +200,52 @@ impl RoutedMlp {
         }
     }
 
+    /// Bytes of the routed experts' arrays a decode token does not read: all but `top_k` of
+    /// the experts' (every expert is the same size).
+    pub(super) fn unread_bytes(&self) -> u64 {
+        let mut arrays = Vec::new();
+        for expert in &self.experts {
+            expert.arrays(&mut arrays);
+        }
+        let all: u64 = arrays
+            .iter()
+            .map(|a| (a.size() * a.dtype().size_in_bytes()) as u64)
+            .sum();
+        let n = self.experts.len().max(1) as u64;
+        all - all * (self.router.top_k as u64).min(n) / n
+    }
+
+    /// Whether the layer runs as the fused routed-expert node.
+    pub(super) fn fused(&self) -> bool {
+        self.node.is_some()
+    }
+
     /// Bytes of the router's f32 weights, held on the host.
     pub(super) fn host_bytes(&self) -> u64 {
         (self.router.weights.len() * std::mem::size_of::<f32>()) as u64
     }
+}
+
+/// An expert's matrices as the fused node takes them: stacked gate/up and a down without bias,
+/// both in a layout mlxcel's kernels cover.
+fn matrices(e: &Expert) -> Option<ExpertMatrices<'_>> {
+    match e {
+        Expert {
+            gate_up: GateUp::Stacked(gate_up),
+            down:
+                Linear::Quantized {
+                    weight: down,
+                    bias: None,
+                },
+        } if gate_up.native_layout() && down.native_layout() => {
+            Some(ExpertMatrices { gate_up, down })
+        }
+        _ => None,
+    }
+}
+
+/// Whether `kernels` run the fused routed-expert node where a layer has one: mlxcel's kernels
+/// with fused layers (`MLXCEL_FUSED_LAYERS=off` keeps the per-op graph, the reference).
+fn runs_node(kernels: &Kernels) -> bool {
+    kernels.backend == KernelBackend::Native && kernels.fused_layers
 }

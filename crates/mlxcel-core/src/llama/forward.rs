@@ -510,7 +510,8 @@ impl LlamaModel {
                     gate_up.forward_normed(&x, post_norm, eps, self.features.activation, kn)?;
                 down.forward_add(&gated, &x, kn)
             }
-            Mlp::Routed(moe) => x.add(&moe.forward(&x, post_norm, eps, kn)?),
+            // The fused routed-expert node adds its output to the residual itself.
+            Mlp::Routed(moe) => moe.forward_add(&x, post_norm, eps, kn),
         }
     }
 }

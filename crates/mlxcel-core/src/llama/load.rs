@@ -299,6 +299,10 @@ fn load_decoder_layer(
     if kernels.int8_layout_weights() {
         layer.interleave_int8(kernels.int8_layout, kernels.threads)?;
     }
+    // The fused routed-expert node holds the experts in their final layout.
+    if let Mlp::Routed(moe) = &mut layer.mlp {
+        moe.prepare_node(kernels)?;
+    }
     Ok(layer)
 }
 
@@ -614,6 +618,7 @@ impl Loader<'_> {
             experts,
             shared,
             activation: moe.activation,
+            node: None,
         })
     }
 

@@ -137,6 +137,30 @@ impl LlamaModel {
             + linear
     }
 
+    /// Bytes of weights one decode token reads: [`LlamaModel::weight_bytes`] less the routed
+    /// experts it is not sent to (a mixture of experts reads `top_k` of them a layer) and, when
+    /// the output projection has its own matrix, the embedding table (a token reads one row).
+    pub fn token_read_bytes(&self) -> u64 {
+        let unread_experts: u64 = self
+            .layers
+            .iter()
+            .filter_map(|layer| match &layer.mlp {
+                Mlp::Routed(moe) => Some(moe.unread_bytes()),
+                Mlp::Dense { .. } => None,
+            })
+            .sum();
+        let unread_table = match (&self.lm_head, &self.embed) {
+            (None, _) => 0,
+            (Some(_), Embedding::Dense(table)) => table.size() * table.dtype().size_in_bytes(),
+            (Some(_), Embedding::Quantized(q)) => [&q.weight, &q.scales, &q.biases]
+                .iter()
+                .map(|a| a.size() * a.dtype().size_in_bytes())
+                .sum(),
+        } as u64;
+        self.weight_bytes()
+            .saturating_sub(unread_experts + unread_table)
+    }
+
     /// How a step runs: `fused layers` (the decoder layers as one MLX node on mlxcel's kernels), or
     /// the per-op graph and why (for `mlxcel bench`'s output).
     pub fn execution(&self) -> &'static str {
@@ -151,9 +175,15 @@ impl LlamaModel {
         } else if self
             .layers
             .iter()
-            .any(|layer| matches!(layer.mlp, Mlp::Routed(_)))
+            .any(|layer| matches!(&layer.mlp, Mlp::Routed(moe) if !moe.fused()))
         {
             "per-op graph (routed-expert MLP: the router's choice is read back each layer)"
+        } else if self
+            .layers
+            .iter()
+            .any(|layer| matches!(layer.mlp, Mlp::Routed(_)))
+        {
+            "per-op graph (routed-expert MLP as one fused node per layer)"
         } else if self.layers.iter().any(|layer| layer.qk_norm_whole) {
             "per-op graph (q/k norms over whole projections: the fused layer norms per head)"
         } else {

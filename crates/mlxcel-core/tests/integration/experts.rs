@@ -216,6 +216,142 @@ fn batched_steps_give_each_sequence_its_logits_alone() {
     }
 }
 
+/// The fused routed-expert node (mlxcel's kernels with fused layers) against the per-op graph
+/// it replaces (`fused_layers: false`, which routes on the host): the same bits for every
+/// routing, with a shared expert and a dense first layer, with int8 and f32 activations, over a
+/// prefill of three sequences together (several tokens per expert) and four decode steps.
+#[test]
+fn the_fused_node_gives_the_per_op_graphs_bits() {
+    let variants = [
+        (TOP2, 360),
+        (
+            Moe {
+                top_k: 4,
+                routing: Routing::SoftmaxTopK { renormalize: false },
+                ..TOP2
+            },
+            361,
+        ),
+        (
+            Moe {
+                routing: Routing::TopKSoftmax,
+                ..TOP2
+            },
+            362,
+        ),
+        (
+            Moe {
+                top_k: 4,
+                shared: Some(64),
+                dense_first: true,
+                routing: Routing::SoftmaxTopK { renormalize: false },
+                ..TOP2
+            },
+            363,
+        ),
+    ];
+    for (variant, seed) in variants {
+        let tiny = write_tiny(moe(variant, Q4), seed);
+        let checkpoint = open_tiny(&tiny);
+        for activations in [Activations::Int8, Activations::F32] {
+            let node = LlamaModel::load_with(&checkpoint, native(activations)).unwrap();
+            let graph = LlamaModel::load_with(
+                &checkpoint,
+                Kernels {
+                    fused_layers: false,
+                    ..native(activations)
+                },
+            )
+            .unwrap();
+            assert!(
+                node.execution().contains("one fused node"),
+                "{}",
+                node.execution()
+            );
+            assert!(
+                graph.execution().contains("FUSED_LAYERS=off"),
+                "{}",
+                graph.execution()
+            );
+            let run = |model: &LlamaModel| {
+                let prompts: [&[u32]; 3] = [&[1, 2, 3], &[5, 9, 2, 44, 61, 7, 8, 30], &[70]];
+                let mut caches: Vec<_> = (0..3).map(|_| model.new_cache(32)).collect();
+                let mut seqs: Vec<ForwardSeq<'_>> = caches
+                    .iter_mut()
+                    .zip(prompts)
+                    .map(|(cache, tokens)| ForwardSeq { cache, tokens })
+                    .collect();
+                let mut steps = vec![model.forward(&mut seqs).unwrap()];
+                drop(seqs);
+                for _ in 0..4 {
+                    let next: Vec<u32> = steps.last().unwrap().iter().map(|r| argmax(r)).collect();
+                    let mut seqs: Vec<ForwardSeq<'_>> = caches
+                        .iter_mut()
+                        .zip(&next)
+                        .map(|(cache, token)| ForwardSeq {
+                            cache,
+                            tokens: std::slice::from_ref(token),
+                        })
+                        .collect();
+                    steps.push(model.forward(&mut seqs).unwrap());
+                }
+                // One sequence alone: a decode step of one token (no gathering).
+                let mut cache = model.new_cache(32);
+                let mut alone = model
+                    .forward(&mut [ForwardSeq {
+                        cache: &mut cache,
+                        tokens: &[3, 4],
+                    }])
+                    .unwrap();
+                let next = argmax(&alone[0]);
+                alone.extend(
+                    model
+                        .forward(&mut [ForwardSeq {
+                            cache: &mut cache,
+                            tokens: &[next],
+                        }])
+                        .unwrap(),
+                );
+                steps.push(alone);
+                steps
+            };
+            let (fused, reference) = (run(&node), run(&graph));
+            for (step, (a, b)) in fused.iter().zip(&reference).enumerate() {
+                for (seq, (a, b)) in a.iter().zip(b).enumerate() {
+                    let differ = a
+                        .iter()
+                        .zip(b)
+                        .filter(|(x, y)| x.to_bits() != y.to_bits())
+                        .count();
+                    assert_eq!(
+                        differ, 0,
+                        "seed {seed} {activations:?} step {step} sequence {seq}: {differ} logits differ"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The bytes a decode token reads count `top_k` of each layer's routed experts: the same
+/// weights routed to 2, 4 or all 8 experts read 6/8, 4/8 and none of the experts' bytes less
+/// than all of them.
+#[test]
+fn a_token_reads_only_its_routed_experts_bytes() {
+    let read = |top_k: usize| {
+        let tiny = write_tiny(moe(Moe { top_k, ..TOP2 }, Q4), 370);
+        let model = LlamaModel::load_with(&open_tiny(&tiny), native(Activations::Int8)).unwrap();
+        (model.weight_bytes(), model.token_read_bytes())
+    };
+    let (all, every) = read(8);
+    let (same, two) = read(2);
+    let (_, four) = read(4);
+    assert_eq!(all, same, "top_k must not change the weights");
+    assert!(two < four && four < every, "{two} {four} {every}");
+    // every − two = 6/8 of the experts' bytes, every − four = 4/8.
+    assert_eq!((every - two) * 2, (every - four) * 3);
+}
+
 /// Decode speed on Qwen3-30B-A3B's layer shape (hidden 2048, 32 query and 4 key/value heads of
 /// 128, 128 experts of 768, eight per token), four layers of random 4-bit weights (groups of
 /// 64, f16 scales; an f32 router), int8 activations; beside it the same layers with one dense

@@ -1,0 +1,133 @@
+//! A routed-expert MLP as one MLX node on mlxcel's CPU kernels (`cpp/kernels/moe.cc`): the
+//! RMSNorm, the router and its top k in f32, every routed expert's stacked gate/up (with the
+//! activation) and down projections over the tokens routed to it, the weighted sum, a gated
+//! shared expert, and the residual, in one dispatched task.
+//!
+//! The per-op graph (`llama/experts.rs`) evaluates the graph at every MoE layer to read the
+//! normed rows back and route them on the host, then builds ~40 nodes per layer (per routed
+//! expert a gate/up matmul, a down matmul and a scaling, then the adds). This node routes on
+//! the kernel thread with the host's arithmetic and runs the experts' matmuls as one parallel
+//! region per projection, so a decode step no longer stops at each layer; the numbers are the
+//! per-op graph's (see `cpp/kernels/moe.h`).
+
+use mlxcel_model::Routing;
+
+use crate::array::Array;
+use crate::error::{Error, Result};
+use crate::kernels::{Activations, Kernels};
+use crate::quantized::QuantizedWeight;
+use crate::sys::{self, ExpertsHandle, ffi};
+
+/// One expert's matrices as the node takes them: gate and up stacked
+/// (`[2·intermediate, hidden]`) and down (`[hidden, intermediate]`).
+#[derive(Clone, Copy)]
+pub(crate) struct ExpertMatrices<'a> {
+    pub gate_up: &'a QuantizedWeight,
+    pub down: &'a QuantizedWeight,
+}
+
+/// What a layer's node is made of besides its experts.
+#[derive(Clone, Copy)]
+pub(crate) struct MoeShape<'a> {
+    pub hidden: usize,
+    pub top_k: usize,
+    pub routing: Routing,
+    /// GeGLU (GELU-tanh) instead of SwiGLU.
+    pub gelu: bool,
+    /// `[experts (+ 1), hidden]` f32 router rows, the shared expert's gate last.
+    pub router: &'a [f32],
+}
+
+/// A layer's routed experts checked and held for the node, made once (after the weights reach
+/// their final layout).
+pub(crate) struct MoeNode {
+    handle: ExpertsHandle,
+    experts: usize,
+}
+
+impl std::fmt::Debug for MoeNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MoeNode")
+            .field("experts", &self.experts)
+            .finish_non_exhaustive()
+    }
+}
+
+fn to_i32(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Mlx {
+        op: "routed_experts",
+        message: format!("{v} does not fit in i32"),
+    })
+}
+
+impl MoeNode {
+    /// Checks and holds `experts` (and `shared`) for the node. Errors name the expert and the
+    /// layout the kernel does not take.
+    pub(crate) fn new(
+        experts: &[ExpertMatrices<'_>],
+        shared: Option<ExpertMatrices<'_>>,
+        shape: MoeShape<'_>,
+    ) -> Result<MoeNode> {
+        let routing = match shape.routing {
+            Routing::SoftmaxTopK { renormalize: false } => 0,
+            Routing::SoftmaxTopK { renormalize: true } => 1,
+            Routing::TopKSoftmax => 2,
+        };
+        let mut quant = Vec::with_capacity(6 * (experts.len() + 1));
+        let handle = sys::with_lock(|| {
+            let mut list = ffi::array_list_new();
+            for e in experts.iter().chain(&shared) {
+                for w in [e.gate_up, e.down] {
+                    for a in [&w.weight, &w.scales, &w.biases] {
+                        ffi::array_list_push(list.pin_mut(), a.raw());
+                    }
+                    quant.extend([w.group_size, w.bits, i32::from(w.int8)]);
+                }
+            }
+            ffi::routed_experts_new(
+                &list,
+                &quant,
+                shape.router,
+                to_i32(shape.hidden)?,
+                to_i32(experts.len())?,
+                to_i32(shape.top_k)?,
+                routing,
+                shape.gelu,
+                shared.is_some(),
+            )
+            .map_err(Error::mlx("routed_experts"))
+        })?;
+        Ok(MoeNode {
+            handle: ExpertsHandle::new(handle),
+            experts: experts.len(),
+        })
+    }
+
+    /// The layer's MLP output of `x` (`[tokens, hidden]`), normed by `norm` first, plus `x`
+    /// when `residual`.
+    pub(crate) fn forward(
+        &self,
+        x: &Array,
+        norm: &Array,
+        eps: f32,
+        residual: bool,
+        kernels: &Kernels,
+    ) -> Result<Array> {
+        let threads = kernels.threads.min(i32::MAX as usize) as i32;
+        sys::with_lock(|| {
+            ffi::native_routed_experts(
+                x.raw(),
+                norm.raw(),
+                self.handle.get(),
+                eps,
+                residual,
+                kernels.activations == Activations::Int8,
+                kernels.isa as u8,
+                threads,
+            )
+            .map(sys::Handle::new)
+        })
+        .map(Array::from_handle)
+        .map_err(Error::mlx("routed_experts"))
+    }
+}
