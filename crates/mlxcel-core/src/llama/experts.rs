@@ -63,7 +63,13 @@ impl RoutedMlp {
     /// form it takes (after the weights reach their final layout: it holds them as they are).
     pub(super) fn prepare_node(&mut self, kernels: &Kernels) -> Result<()> {
         self.node = None;
-        if !runs_node(kernels) {
+        // The node computes SwiGLU or GeGLU from an unbiased router; anything else (gpt-oss's
+        // clamped SwiGLU and router bias) stays on the per-op graph.
+        let activation_in_node = matches!(
+            self.activation,
+            HiddenActivation::Silu | HiddenActivation::GeluTanh
+        );
+        if !runs_node(kernels) || !activation_in_node || self.router.bias.is_some() {
             return Ok(());
         }
         let Some(experts) = self
