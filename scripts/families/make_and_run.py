@@ -277,7 +277,7 @@ def variants():
             rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
                           "beta_slow": 1.0, "original_max_position_embeddings": 16,
                           "truncate": True},
-            swiglu_limit=7.0), {"expert_gain": 3.0}),
+            swiglu_limit=7.0), {"expert_gain": 3.0, "seed": 16}),
         # A reported Gemma 3 case: every other layer sliding (`sliding_window_pattern: 2`, no
         # `layer_types`), the window longer than the text, query_pre_attn_scalar = head_dim, no
         # rope_scaling, and no `tie_word_embeddings` key over a checkpoint that stores its own
@@ -290,7 +290,8 @@ def variants():
             rms_norm_eps=1e-6, tie_word_embeddings=None, query_pre_attn_scalar=16,
             rope_theta=1000000.0, rope_local_base_freq=10000.0, sliding_window=512,
             sliding_window_pattern=2, final_logit_softcapping=None,
-            attn_logit_softcapping=None), {"norm_neutral": 0.0, "embedding_std": 0.05}),
+            attn_logit_softcapping=None),
+         {"norm_neutral": 0.0, "embedding_std": 0.05, "seed": 16}),
         # Gemma 4 (text) without what mlxcel refuses (per-layer inputs, shared KV layers, a
         # larger head on the full layers, keys as values, experts): plain-weight norms, v norm,
         # attention scale 1, layer scalars, RoPE per layer type (sliding: base 1e4; full:
@@ -308,7 +309,7 @@ def variants():
                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                    "rope_theta": 1000000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
-         {"embedding_std": 0.05}),
+         {"embedding_std": 0.05, "seed": 17}),
     ]
 
 
@@ -425,10 +426,12 @@ def make_variants(out_dir, families):
         sys.exit(f"unknown families {sorted(unknown)}; known: "
                  f"{' '.join(dict.fromkeys(v[1] for v in variants()))} (or a variant's name)")
     # The seed is the variant's place in the whole list, so that naming families never changes
-    # a variant's weights.
+    # a variant's weights, unless the variant pins its own (`seed`): a variant added beside
+    # others keeps the weights it was checked with, away from near ties between greedy tokens.
     for seed, (name, family, config, options) in enumerate(variants()):
         if families and name not in families and family not in families:
             continue
+        seed = options.get("seed", seed)
         directory = os.path.join(out_dir, name)
         os.makedirs(directory, exist_ok=True)
         prompt = prompt_tokens(options.get("prompt_len", PROMPT_LEN))
