@@ -10,6 +10,7 @@ mod fixtures;
 mod gguf;
 mod gguf_experts;
 mod gpt_oss;
+mod lfm2;
 mod mxfp4;
 mod properties;
 mod spm;
