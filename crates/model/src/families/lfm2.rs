@@ -10,13 +10,14 @@
 
 use std::path::Path;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::family::{Defaults, Family, Features};
-use super::moe::{ExpertKeys, routed_or_dense};
+use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config, routed_or_dense};
 use crate::config::blocks::{FeedForward, Routing, ShortConv};
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
+use crate::gguf::header::GgufHeader;
 
 pub(super) struct Lfm2;
 
@@ -28,12 +29,6 @@ const CONV_KERNEL: usize = 3;
 /// The largest convolution mlxcel accepts (released models have 3 taps): a bound on the state a
 /// hostile config makes every sequence keep.
 const MAX_CONV_KERNEL: usize = 64;
-
-/// Why a GGUF file of these families is refused: llama.cpp's names for the short convolution
-/// and its per-layer `head_count_kv` are not read yet.
-const GGUF_REFUSAL: &str = "GGUF files of lfm2 and lfm2_moe are not read by mlxcel yet (their \
-     short-convolution tensors and per-layer head counts are not mapped); use the Hugging Face \
-     or MLX checkpoint";
 
 /// Per-head q/k norms; everything else as a llama.
 const FEATURES: Features = Features {
@@ -113,8 +108,12 @@ impl Family for Lfm2 {
         canonical(name)
     }
 
-    fn gguf_refusal(&self) -> Option<&'static str> {
-        Some(GGUF_REFUSAL)
+    fn gguf_tensor_name<'a>(&self, gguf_name: &'a str) -> Option<(String, &'a str)> {
+        gguf_tensor(gguf_name)
+    }
+
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        gguf_layers(header, config);
     }
 }
 
@@ -213,8 +212,26 @@ impl Family for Lfm2Moe {
         })
     }
 
-    fn gguf_refusal(&self) -> Option<&'static str> {
-        Some(GGUF_REFUSAL)
+    fn gguf_tensor_name<'a>(&self, gguf_name: &'a str) -> Option<(String, &'a str)> {
+        gguf_tensor(gguf_name)
+    }
+
+    /// llama.cpp's LFM2-MoE: sigmoid routing (its `expert_gating_func`), always picked with
+    /// `exp_probs_b` and renormalised.
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        gguf_layers(header, config);
+        gguf_expert_config(
+            header,
+            config,
+            GgufExpertKeys {
+                count: "num_experts",
+                moe_intermediate: true,
+                norm_topk_prob: Some(true),
+                shared_expert: false,
+            },
+        );
+        config["num_dense_layers"] = json!(header.leading_dense_layers.unwrap_or(0));
+        config["use_expert_bias"] = json!(true);
     }
 }
 
@@ -492,4 +509,49 @@ fn canonical(name: &str) -> Option<String> {
     }
     let canonical = parts.join(".");
     (canonical != name).then_some(canonical)
+}
+
+/// llama.cpp's LFM2 tensor names: llama's, but the final norm (`token_embd_norm`), the short
+/// convolution's (`shortconv.conv`, `in_proj`, `out_proj`) and LFM2-MoE's expert bias
+/// (`exp_probs_b.bias`, read as the tensor `mlp.expert_bias`).
+fn gguf_tensor(gguf_name: &str) -> Option<(String, &str)> {
+    let (stem, suffix) = gguf_name.rsplit_once('.')?;
+    if stem == "token_embd_norm" && suffix == "weight" {
+        return Some(("model.norm".to_owned(), suffix));
+    }
+    if let Some(rest) = stem.strip_prefix("blk.")
+        && let Some((layer, part)) = rest.split_once('.')
+        && let Ok(layer) = layer.parse::<usize>()
+    {
+        let p = format!("model.layers.{layer}");
+        match (part, suffix) {
+            ("shortconv.conv", "weight") => return Some((format!("{p}.conv.conv"), suffix)),
+            ("shortconv.in_proj", "weight") => return Some((format!("{p}.conv.in_proj"), suffix)),
+            ("shortconv.out_proj", "weight") => {
+                return Some((format!("{p}.conv.out_proj"), suffix));
+            }
+            // The bias is a tensor of its own, not a module's: its name is the module's plus
+            // `expert_bias`.
+            ("exp_probs_b", "bias") => return Some((format!("{p}.mlp"), "expert_bias")),
+            _ => {}
+        }
+    }
+    super::family::llama_tensor_name(gguf_name)
+}
+
+/// config.json's layer kinds from a GGUF header: a layer whose `attention.head_count_kv` is 0 is
+/// a short convolution (llama.cpp's reading), `shortconv.l_cache` its taps; the file's
+/// `feed_forward_length` is the MLP's own size, already adjusted.
+fn gguf_layers(header: &GgufHeader, config: &mut Value) {
+    if let Some(counts) = &header.head_count_kv_per_layer {
+        let types: Vec<&str> = counts
+            .iter()
+            .map(|&h| if h == 0 { "conv" } else { "full_attention" })
+            .collect();
+        config["layer_types"] = json!(types);
+    }
+    if let Some(taps) = header.shortconv_l_cache {
+        config["conv_L_cache"] = json!(taps);
+    }
+    config["block_auto_adjust_ff_dim"] = json!(false);
 }

@@ -9,6 +9,7 @@ mod experts;
 mod fixtures;
 mod gguf;
 mod gguf_experts;
+mod gguf_lfm2;
 mod gpt_oss;
 mod lfm2;
 mod mxfp4;
