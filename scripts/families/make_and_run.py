@@ -124,6 +124,28 @@ def qwen2_config(**overrides):
     })
 
 
+def lfm2_config(**overrides):
+    return base_config(**{
+        "architectures": ["Lfm2ForCausalLM"],
+        "model_type": "lfm2",
+        "num_hidden_layers": 4,
+        "layer_types": ["conv", "full_attention"] * 2,
+        "rms_norm_eps": None,
+        "norm_eps": 1e-5,
+        "tie_word_embeddings": None,
+        "tie_embedding": True,
+        "rope_theta": 1000000.0,
+        "conv_L_cache": 3,
+        "conv_bias": False,
+        "block_dim": 64,
+        "block_ff_dim": 200,
+        "block_multiple_of": 32,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": True,
+        **overrides,
+    })
+
+
 def variants():
     """Every variant: (name, family, config, options). `quantize` is (group_size, bits)."""
     return [
@@ -263,6 +285,20 @@ def variants():
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "partial_rotary_factor": 0.5}),
          {"prompt_len": 100}),
+        # LFM2: short-convolution layers (3 taps) at 0 and 2, attention with per-head q/k norms
+        # at 1 and 3 (`layer_types`), LFM2's own keys (`norm_eps`, `tie_embedding`), and the MLP
+        # sized from block_ff_dim 200 (two thirds, 133, rounded up to block_multiple_of 32: 160).
+        # The OpenXLA backend refuses it by name.
+        ("lfm2", "lfm2", lfm2_config(), {}),
+        # 4-bit groups of 32: every projection quantized (the convolution's taps stay dense).
+        ("lfm2-q4", "lfm2", lfm2_config(), {"quantize": (32, 4)}),
+        # LFM2-MoE: layer 0 dense (num_dense_layers 1), the others routed: top-2 of 4 by sigmoid
+        # scores, picked with a random expert bias, renormalised; layers placed by full_attn_idxs.
+        ("lfm2_moe", "lfm2_moe", lfm2_config(
+            architectures=["Lfm2MoeForCausalLM"], model_type="lfm2_moe", layer_types=None,
+            full_attn_idxs=[1, 3], intermediate_size=96, block_ff_dim=None, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=32, num_dense_layers=1,
+            norm_topk_prob=True, use_expert_bias=True, routed_scaling_factor=1.0), {}),
         # gpt-oss: a sink logit per head, biases on q/k/v/o, the router and every expert's three
         # projections; layers 0 and 2 sliding (window 8 < the 24-token prompt); YaRN x4 over an
         # original window of 16 (so that 32 positions feel it; `truncate: true` because mlx-lm

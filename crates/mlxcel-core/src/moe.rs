@@ -72,6 +72,14 @@ impl MoeNode {
             Routing::SoftmaxTopK { renormalize: false } => 0,
             Routing::SoftmaxTopK { renormalize: true } => 1,
             Routing::TopKSoftmax => 2,
+            Routing::SigmoidTopK { .. } => {
+                return Err(Error::Mlx {
+                    op: "routed_experts",
+                    message: "the fused node does not route by sigmoid scores (LFM2-MoE runs the \
+                              per-op graph)"
+                        .into(),
+                });
+            }
         };
         let mut quant = Vec::with_capacity(6 * (experts.len() + 1));
         let handle = sys::with_lock(|| {

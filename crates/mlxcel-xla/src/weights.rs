@@ -53,6 +53,14 @@ pub fn llama_dims(c: &ModelConfig) -> Result<LlamaDims> {
             c.architecture, c.num_hidden_layers
         )));
     }
+    let conv = c.layers.iter().filter(|l| l.conv.is_some()).count();
+    if conv > 0 {
+        return Err(Error::Unsupported(format!(
+            "{} is a hybrid model ({conv} of its {} layers are short convolutions): the OpenXLA \
+             backend has no convolution layers; run it with --backend mlx",
+            c.architecture, c.num_hidden_layers
+        )));
+    }
     let (intermediate, gelu) = feed_forward(c)?;
     if c.qk_norm_whole {
         return Err(Error::Unsupported(format!(

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::config::ModelConfig;
-use crate::config::blocks::FeedForward;
+use crate::config::blocks::{FeedForward, Routing};
 use crate::error::{ModelError, Result};
 use crate::families::{FusedProjection, Rows};
 use crate::gguf::{GgufWeights, open_gguf_weights};
@@ -51,7 +51,13 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
     for layer in 0..config.num_hidden_layers {
         let p = format!("model.layers.{layer}");
         let qkv_bias = config.attention_qkv_bias;
-        if let Some(net) = config.layers[layer].linear {
+        if config.layers[layer].conv.is_some() {
+            modules.extend([
+                norm(format!("{p}.input_layernorm"), hidden),
+                linear(format!("{p}.conv.in_proj"), 3 * hidden, hidden, false),
+                linear(format!("{p}.conv.out_proj"), hidden, hidden, false),
+            ]);
+        } else if let Some(net) = config.layers[layer].linear {
             modules.push(norm(format!("{p}.input_layernorm"), hidden));
             let a = format!("{p}.linear_attn");
             let heads = net.value_heads;
@@ -227,6 +233,31 @@ impl Checkpoint {
                 );
             }
         }
+        let family = config.architecture.family();
+        // Families that name their modules their own way (LFM2) are read under llama's names,
+        // the quantization's per-module overrides too.
+        if files
+            .infos()
+            .any(|info| family.canonical_name(info.name).is_some())
+        {
+            files.rename(|name| {
+                Some(
+                    family
+                        .canonical_name(name)
+                        .unwrap_or_else(|| name.to_owned()),
+                )
+            })?;
+            if let Some(q) = &mut config.quantization {
+                q.overrides = std::mem::take(&mut q.overrides)
+                    .into_iter()
+                    .map(|(m, s)| (family.canonical_name(&m).unwrap_or(m), s))
+                    .collect();
+            }
+        }
+        if config.layers.iter().any(|l| l.conv.is_some()) {
+            short_conv_tensors(&config, &files)?;
+        }
+        expert_bias_tensors(&config, &files)?;
         if config.layers.iter().any(|l| l.linear.is_some()) {
             config.norm_weight_offset = linear_attention_tensors(&config, &files)?;
         }
@@ -462,6 +493,43 @@ fn linear_attention_tensors(config: &ModelConfig, files: &SafetensorsFiles) -> R
         }
     }
     Ok(layout.is_some_and(|(hf, _)| hf))
+}
+
+/// Checks each short-convolution layer's taps (`conv.conv.weight`): `hidden` channels of
+/// `kernel` taps, stored `[channels, 1, taps]` (Hugging Face), `[channels, taps, 1]` (mlx-lm)
+/// or `[channels, taps]` (llama.cpp), the same values in the same order.
+fn short_conv_tensors(config: &ModelConfig, files: &SafetensorsFiles) -> Result<()> {
+    for (layer, attention) in config.layers.iter().enumerate() {
+        let Some(conv) = attention.conv else {
+            continue;
+        };
+        let name = format!("model.layers.{layer}.conv.conv.weight");
+        let (channels, taps) = (config.hidden_size, conv.kernel);
+        let t = tensor(files, &name)?;
+        let shape = [[channels, 1, taps], [channels, taps, 1]]
+            .into_iter()
+            .find(|s| t.shape == s)
+            .map_or_else(|| vec![channels, taps], |s| s.to_vec());
+        float_tensor(files, &name, &shape)?;
+    }
+    Ok(())
+}
+
+/// Checks the per-expert selection bias (`mlp.expert_bias`, `[num_experts]`) of each routed
+/// layer that picks its experts with one (LFM2-MoE).
+fn expert_bias_tensors(config: &ModelConfig, files: &SafetensorsFiles) -> Result<()> {
+    for (layer, ffn) in config.feed_forward.iter().enumerate() {
+        if let Some(moe) = ffn.routed()
+            && let Routing::SigmoidTopK {
+                selection_bias: true,
+                ..
+            } = moe.routing
+        {
+            let name = format!("model.layers.{layer}.mlp.expert_bias");
+            float_tensor(files, &name, &[moe.num_experts])?;
+        }
+    }
+    Ok(())
 }
 
 fn validate_module(

@@ -10,7 +10,7 @@
 //! runs as that one node instead, with the same numbers; this graph is its reference and the
 //! path for everything else.
 
-use mlxcel_model::HiddenActivation;
+use mlxcel_model::{HiddenActivation, Routing};
 
 use super::linear::{GateUp, Linear, linear_arrays};
 use super::routing::Router;
@@ -69,7 +69,13 @@ impl RoutedMlp {
             self.activation,
             HiddenActivation::Silu | HiddenActivation::GeluTanh
         );
-        if !runs_node(kernels) || !activation_in_node || self.router.bias.is_some() {
+        // Nor does it route by sigmoid scores (LFM2-MoE).
+        let routing_in_node = !matches!(self.router.routing, Routing::SigmoidTopK { .. });
+        if !runs_node(kernels)
+            || !activation_in_node
+            || !routing_in_node
+            || self.router.bias.is_some()
+        {
             return Ok(());
         }
         let Some(experts) = self

@@ -191,6 +191,17 @@ impl LlamaModel {
                         let x = linear.attend(index, &x, &mut parts, c.rms_norm_eps, kn)?;
                         self.feed_forward(x, &linear.post_norm, &linear.mlp)?
                     }
+                    LayerRef::Conv(index) => {
+                        let conv = &self.conv_layers[index];
+                        let mut parts: Vec<(&mut KvCache, usize)> = seqs
+                            .iter_mut()
+                            .map(|seq| (&mut *seq.cache, seq.tokens.len()))
+                            .collect();
+                        // Its state follows the linear-attention layers' in each sequence's.
+                        let state = self.linear_layers.len() + index;
+                        let x = conv.attend(state, &x, &mut parts, c.rms_norm_eps, kn)?;
+                        self.feed_forward(x, &conv.post_norm, &conv.mlp)?
+                    }
                 };
             }
         }

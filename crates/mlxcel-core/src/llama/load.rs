@@ -3,7 +3,8 @@
 //! ([`load_decoder_layer`]), then the RoPE tables.
 
 use mlxcel_model::{
-    Checkpoint, FeedForward, GatedDeltaNet, ModelConfig, RoutedExperts, TensorView,
+    Checkpoint, FeedForward, GatedDeltaNet, ModelConfig, RoutedExperts, Routing, ShortConv,
+    TensorView,
 };
 
 use super::delta_net::{DeltaNet, LinearLayer};
@@ -11,6 +12,7 @@ use super::experts::{Expert, RoutedMlp};
 use super::linear::{GateUp, Linear};
 use super::model::{LayerRef, LlamaModel};
 use super::routing::Router;
+use super::short_conv::ConvLayer;
 use super::weights::{Embedding, Layer, LayerFeatures, Mlp, QkvWeights};
 use crate::array::Array;
 use crate::dtype::Dtype;
@@ -54,7 +56,13 @@ impl LlamaModel {
             },
         };
         let (mut layers, mut linear_layers, mut order) = (Vec::new(), Vec::new(), Vec::new());
+        let mut conv_layers = Vec::new();
         for i in 0..config.num_hidden_layers {
+            if let Some(spec) = config.layers[i].conv {
+                order.push(LayerRef::Conv(conv_layers.len()));
+                conv_layers.push(load_conv_layer(&loader, &config, &kernels, i, spec)?);
+                continue;
+            }
             match config.layers[i].linear {
                 Some(spec) => {
                     order.push(LayerRef::Linear(linear_layers.len()));
@@ -124,6 +132,7 @@ impl LlamaModel {
             embed,
             layers,
             linear_layers,
+            conv_layers,
             order,
             norm,
             lm_head,
@@ -386,6 +395,55 @@ fn load_linear_layer(
     Ok(layer)
 }
 
+/// Short-convolution layer `i` (LFM2): its norms and feed-forward block as any layer's, its
+/// projections as linear layers, and its taps on the host, where its convolution runs.
+fn load_conv_layer(
+    loader: &Loader<'_>,
+    config: &ModelConfig,
+    kernels: &Kernels,
+    i: usize,
+    spec: ShortConv,
+) -> Result<ConvLayer> {
+    let p = format!("model.layers.{i}");
+    let taps = loader
+        .float(&format!("{p}.conv.conv.weight"))?
+        .to_vec_f32()?;
+    let channels = config.hidden_size;
+    if taps.len() != channels * spec.kernel {
+        return Err(Error::Mlx {
+            op: "short conv",
+            message: format!(
+                "{p}.conv.conv.weight holds {} values, expected {channels} channels of {} taps",
+                taps.len(),
+                spec.kernel
+            ),
+        });
+    }
+    let mut layer = ConvLayer {
+        input_norm: loader.norm(&format!("{p}.input_layernorm.weight"))?,
+        post_norm: loader.norm(&format!("{p}.post_attention_layernorm.weight"))?,
+        mlp: load_mlp(loader, config, i)?,
+        in_proj: loader.linear(&format!("{p}.conv.in_proj"), false)?,
+        taps,
+        out: loader.linear(&format!("{p}.conv.out_proj"), false)?,
+        channels,
+        kernel: spec.kernel,
+    };
+    if kernels.int8_layout_weights() {
+        let (layout, threads) = (kernels.int8_layout, kernels.threads);
+        layer.in_proj.interleave_int8(layout, threads)?;
+        layer.out.interleave_int8(layout, threads)?;
+        match &mut layer.mlp {
+            Mlp::Dense { gate_up, down } => {
+                gate_up.interleave_int8(layout, threads)?;
+                down.interleave_int8(layout, threads)?;
+            }
+            Mlp::Routed(moe) => moe.interleave_int8(layout, threads)?,
+        }
+    }
+    Ok(layer)
+}
+
 /// `1 / period` per rotated pair: `base^(-2i/dims)` (computed in f64, rounded once) or the
 /// reciprocal of llama3's custom periods.
 fn inverse_frequencies(rope: &Rope) -> Result<Array> {
@@ -591,9 +649,19 @@ impl Loader<'_> {
             }
             None => None,
         };
+        let selection_bias = match moe.routing {
+            Routing::SigmoidTopK {
+                selection_bias: true,
+                ..
+            } => Some(self.float(&format!("{prefix}.expert_bias"))?.to_vec_f32()?),
+            _ => None,
+        };
         let rows = moe.num_experts + usize::from(shared.is_some());
         if weights.len() != rows * hidden
             || bias.as_ref().is_some_and(|b| b.len() != moe.num_experts)
+            || selection_bias
+                .as_ref()
+                .is_some_and(|b| b.len() != moe.num_experts)
         {
             return Err(Error::Mlx {
                 op: "routed experts",
@@ -614,6 +682,7 @@ impl Loader<'_> {
                 routing: moe.routing,
                 shared_gate: shared.is_some(),
                 bias,
+                selection_bias,
             },
             experts,
             shared,

@@ -22,6 +22,8 @@
 //! - `delta_net.rs` is a hybrid model's linear-attention layer (gated DeltaNet: Qwen3-Next,
 //!   Qwen3.5): its projections on MLX, its delta rule on the host against each sequence's
 //!   recurrent state ([`crate::delta_rule`]).
+//! - `short_conv.rs` is LFM2's short-convolution layer: `in_proj` on MLX, the gated causal
+//!   convolution on the host against each sequence's tail of products.
 //! - `model.rs` is [`LlamaModel`]: the weights, the RoPE tables and what the model reports about
 //!   itself.
 //! - `forward.rs` runs a step ([`ForwardSeq`] per sequence) through the fused decoder-layer node
@@ -34,6 +36,7 @@ mod linear;
 mod load;
 mod model;
 mod routing;
+mod short_conv;
 mod weights;
 
 pub use forward::ForwardSeq;

@@ -5,6 +5,7 @@ use mlxcel_model::ModelConfig;
 
 use super::delta_net::LinearLayer;
 use super::linear::{Linear, linear_arrays};
+use super::short_conv::ConvLayer;
 use super::weights::{Embedding, Layer, LayerFeatures, Mlp, QkvWeights};
 use crate::array::{Array, eval};
 use crate::error::{Error, Result};
@@ -18,6 +19,8 @@ use crate::layer::LayerTensors;
 pub(super) enum LayerRef {
     Attention(usize),
     Linear(usize),
+    /// A short-convolution layer (LFM2), an index into `conv_layers`.
+    Conv(usize),
 }
 
 /// A llama-family model with its weights in MLX arrays.
@@ -31,7 +34,11 @@ pub struct LlamaModel {
     /// A hybrid model's linear-attention layers, in order (each sequence's recurrent state
     /// holds one entry per layer here); empty for other models.
     pub(super) linear_layers: Vec<LinearLayer>,
-    /// Every decoder layer in the model's order, as an index into `layers` or `linear_layers`.
+    /// LFM2's short-convolution layers, in order (each sequence's recurrent state holds one
+    /// entry per layer here, after the linear-attention layers'); empty for other models.
+    pub(super) conv_layers: Vec<ConvLayer>,
+    /// Every decoder layer in the model's order, as an index into `layers`, `linear_layers` or
+    /// `conv_layers`.
     pub(super) order: Vec<LayerRef>,
     pub(super) norm: Array,
     pub(super) lm_head: Option<Linear>,
@@ -88,6 +95,13 @@ impl LlamaModel {
                 linear_arrays(linear, &mut arrays);
             }
         }
+        for layer in &self.conv_layers {
+            arrays.extend([&layer.input_norm, &layer.post_norm]);
+            layer.mlp.arrays(&mut arrays);
+            for linear in [&layer.in_proj, &layer.out] {
+                linear_arrays(linear, &mut arrays);
+            }
+        }
         if let Some(head) = &self.lm_head {
             linear_arrays(head, &mut arrays);
         }
@@ -115,6 +129,7 @@ impl LlamaModel {
             .iter()
             .map(|layer| &layer.mlp)
             .chain(self.linear_layers.iter().map(|layer| &layer.mlp))
+            .chain(self.conv_layers.iter().map(|layer| &layer.mlp))
             .filter_map(|mlp| match mlp {
                 Mlp::Routed(moe) => Some(moe.host_bytes()),
                 Mlp::Dense { .. } => None,
@@ -128,7 +143,12 @@ impl LlamaModel {
                 4 * (net.conv.len() + net.decay_rate.len() + net.dt_bias.len() + net.norm.len())
                     as u64
             })
-            .sum();
+            .sum::<u64>()
+            + self
+                .conv_layers
+                .iter()
+                .map(|layer| 4 * layer.taps.len() as u64)
+                .sum::<u64>();
         self.arrays()
             .iter()
             .map(|a| (a.size() * a.dtype().size_in_bytes()) as u64)
@@ -144,7 +164,9 @@ impl LlamaModel {
         let unread_experts: u64 = self
             .layers
             .iter()
-            .filter_map(|layer| match &layer.mlp {
+            .map(|layer| &layer.mlp)
+            .chain(self.conv_layers.iter().map(|layer| &layer.mlp))
+            .filter_map(|mlp| match mlp {
                 Mlp::Routed(moe) => Some(moe.unread_bytes()),
                 Mlp::Dense { .. } => None,
             })
@@ -172,6 +194,8 @@ impl LlamaModel {
             "per-op graph (MLXCEL_FUSED_LAYERS=off)"
         } else if !self.linear_layers.is_empty() {
             "per-op graph (hybrid model: its linear-attention layers run the delta rule on the host)"
+        } else if !self.conv_layers.is_empty() {
+            "per-op graph (hybrid model: its short convolutions run on the host)"
         } else if self
             .layers
             .iter()
@@ -211,6 +235,7 @@ impl LlamaModel {
             .linear_layers
             .iter()
             .map(|layer| layer.net.state_shape())
+            .chain(self.conv_layers.iter().map(ConvLayer::state_shape))
             .collect();
         KvCache::new(
             self.layers.len(),
@@ -222,10 +247,11 @@ impl LlamaModel {
         .with_recurrent(&shapes)
     }
 
-    /// Whether the model has linear-attention layers (a hybrid: Qwen3-Next, Qwen3.5), whose
+    /// Whether the model has recurrent layers (a hybrid: Qwen3-Next and Qwen3.5 with linear
+    /// attention, LFM2 with short convolutions), whose
     /// per-sequence state cannot be rewound, cut to a prefix, or saved as keys and values.
     pub fn is_hybrid(&self) -> bool {
-        !self.linear_layers.is_empty()
+        !self.linear_layers.is_empty() || !self.conv_layers.is_empty()
     }
 
     /// Bytes of the recurrent state every sequence of this model carries, whatever its length
@@ -237,7 +263,12 @@ impl LlamaModel {
                 let shape = layer.net.state_shape();
                 4 * (shape.conv + shape.matrix)
             })
-            .sum()
+            .sum::<usize>()
+            + self
+                .conv_layers
+                .iter()
+                .map(|layer| 4 * layer.state_shape().conv)
+                .sum::<usize>()
     }
 
     /// The element types of the keys and values of caches from [`LlamaModel::new_cache`]
@@ -292,6 +323,7 @@ impl LlamaModel {
             || !self.kernels.fused_layers
             || !self.fusable
             || !self.linear_layers.is_empty()
+            || !self.conv_layers.is_empty()
         {
             return None;
         }

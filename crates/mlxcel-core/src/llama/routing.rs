@@ -23,6 +23,9 @@ pub(super) struct Router {
     pub(super) shared_gate: bool,
     /// One bias per row added to its logit (gpt-oss's `gate.bias`), when the router has them.
     pub(super) bias: Option<Vec<f32>>,
+    /// One value per expert added to its sigmoid to pick the experts, not to weight them
+    /// (LFM2-MoE's `expert_bias`, [`Routing::SigmoidTopK`]).
+    pub(super) selection_bias: Option<Vec<f32>>,
 }
 
 /// The routes of a step's tokens.
@@ -132,6 +135,23 @@ impl Router {
                 let picked: Vec<f32> = experts.iter().map(|&e| logits[e as usize]).collect();
                 (experts, softmax(&picked))
             }
+            Routing::SigmoidTopK { renormalize, .. } => {
+                let probs: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+                let experts = match &self.selection_bias {
+                    Some(bias) => {
+                        let biased: Vec<f32> = probs.iter().zip(bias).map(|(p, b)| p + b).collect();
+                        top_k(&biased, k)
+                    }
+                    None => top_k(&probs, k),
+                };
+                let mut scores: Vec<f32> = experts.iter().map(|&e| probs[e as usize]).collect();
+                if renormalize {
+                    // mlx-lm's and transformers' 1e-6 beside the sum.
+                    let total: f32 = scores.iter().sum::<f32>() + 1e-6;
+                    scores.iter_mut().for_each(|s| *s /= total);
+                }
+                (experts, scores)
+            }
         }
     }
 }
@@ -221,7 +241,27 @@ mod tests {
             routing,
             shared_gate,
             bias: None,
+            selection_bias: None,
         }
+    }
+
+    #[test]
+    fn sigmoid_scores_picked_with_the_selection_bias_and_weighted_without_it() {
+        // Logits 3, -1, 2: the bias lifts expert 1 above expert 2 for the pick only.
+        let routing = Routing::SigmoidTopK {
+            renormalize: true,
+            selection_bias: true,
+        };
+        let mut r = router(routing, 2, false);
+        r.selection_bias = Some(vec![0.0, 1.0, 0.0]);
+        let routes = r.route(&[3.0, -1.0], 1);
+        assert_eq!(routes.experts, [1, 0]);
+        let (a, b) = (sigmoid(-1.0), sigmoid(3.0));
+        let total = a + b + 1e-6;
+        assert_eq!(routes.scores, [a / total, b / total]);
+        r.selection_bias = None;
+        let plain = r.route(&[3.0, -1.0], 1);
+        assert_eq!(plain.experts, [0, 2]);
     }
 
     #[test]
@@ -299,6 +339,7 @@ mod tests {
             routing: Routing::SoftmaxTopK { renormalize: false },
             shared_gate: true,
             bias: None,
+            selection_bias: None,
         };
         let one = r.route_split(&h, 1, 1);
         let four = r.route_split(&h, 4, 1);

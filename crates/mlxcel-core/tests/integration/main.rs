@@ -9,6 +9,7 @@ mod experts;
 mod hybrid;
 mod int8_blocks;
 mod kernels;
+mod lfm2;
 mod llama;
 mod mxfp4;
 mod pin;

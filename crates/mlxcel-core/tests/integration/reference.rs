@@ -866,6 +866,11 @@ fn reference_moe(h: &[f32], p: &str, moe: Moe, weights: &HashMap<String, Vec<f32
                 let picked: Vec<f32> = chosen.iter().map(|&e| logits[e]).collect();
                 (chosen, softmax(&picked))
             }
+            Routing::SigmoidTopK { .. } => {
+                panic!(
+                    "the reference model routes by softmax only (LFM2-MoE is checked by the family oracle)"
+                )
+            }
         };
         let mut y = vec![0.0f32; HIDDEN];
         for (e, s) in chosen.iter().zip(&scores) {

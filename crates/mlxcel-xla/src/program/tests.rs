@@ -33,7 +33,8 @@ pub(crate) fn tiny_dims(tied: bool, qkv_bias: bool) -> LlamaDims {
             mlxcel_model::LayerAttention {
                 rope: true,
                 window: None,
-                linear: None
+                linear: None,
+                conv: None
             };
             2
         ],

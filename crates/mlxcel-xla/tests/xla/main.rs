@@ -61,7 +61,8 @@ pub fn tiny_dims() -> mlxcel_xla::abi::LlamaDims {
             mlxcel_model::LayerAttention {
                 rope: true,
                 window: None,
-                linear: None
+                linear: None,
+                conv: None
             };
             2
         ],

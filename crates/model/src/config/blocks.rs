@@ -15,6 +15,10 @@ pub struct LayerAttention {
     /// (Qwen3-Next, Qwen3.5): no keys or values are cached for it; each sequence carries its
     /// recurrent state instead. `rope` and `window` do not apply then.
     pub linear: Option<GatedDeltaNet>,
+    /// `Some`: the layer is not attention but LFM2's short convolution ([`ShortConv`]): no keys
+    /// or values are cached for it; each sequence carries the convolution's tail instead.
+    /// `rope` and `window` do not apply then.
+    pub conv: Option<ShortConv>,
 }
 
 impl LayerAttention {
@@ -23,7 +27,19 @@ impl LayerAttention {
         rope: true,
         window: None,
         linear: None,
+        conv: None,
     };
+}
+
+/// LFM2's short-convolution layer, in place of attention. Per token, under
+/// `model.layers.{i}.conv.`: `in_proj` (`[3 · hidden, hidden]`) gives `B`, `C` and `x` (each
+/// `hidden` wide, in that order); `B · x` goes through a causal depthwise convolution over time
+/// (`conv.weight`, `kernel` taps per channel, no bias; the sequence keeps the last `kernel - 1`
+/// products), and `C` times its output goes through `out_proj` (`[hidden, hidden]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShortConv {
+    /// Taps of the convolution (`conv_L_cache`).
+    pub kernel: usize,
 }
 
 /// A gated DeltaNet layer (linear attention, as Qwen3-Next and Qwen3.5 have it). Per token `t`,
@@ -167,4 +183,12 @@ pub enum Routing {
     SoftmaxTopK { renormalize: bool },
     /// The `top_k` largest logits, then a softmax over those (Mixtral, gpt-oss).
     TopKSoftmax,
+    /// A sigmoid of each logit; the `top_k` largest of those (plus `mlp.expert_bias`,
+    /// `[num_experts]` f32, when `selection_bias`: it picks the experts, it does not weight
+    /// them) are the experts, weighted by their sigmoids, divided by their sum plus 1e-6 when
+    /// `renormalize` (LFM2-MoE's `use_expert_bias` and `norm_topk_prob`).
+    SigmoidTopK {
+        renormalize: bool,
+        selection_bias: bool,
+    },
 }

@@ -56,6 +56,15 @@ impl ModelConfig {
                 net.conv_kernel
             ));
         }
+        let conv: Vec<_> = self.layers.iter().filter_map(|l| l.conv).collect();
+        if let Some(first) = conv.first() {
+            parts.push(format!(
+                "short convolutions on {} of {} layers ({} taps)",
+                conv.len(),
+                self.num_hidden_layers,
+                first.kernel
+            ));
+        }
         if self.attention_output_gate {
             parts.push("gated attention output".into());
         }

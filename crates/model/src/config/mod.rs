@@ -287,6 +287,7 @@ impl ModelConfig {
         let architecture = architecture(path, &raw)?;
         let family = architecture.family();
         let (defaults, features) = (family.defaults(), family.features());
+        family.adapt(path, &mut raw)?;
         family.check(path, &raw)?;
         rope::flat_rope_parameters(&mut raw);
         let need = |value: Option<usize>, field: &str| -> Result<usize> {
@@ -649,6 +650,7 @@ fn layer_attention(
 ) -> Result<Vec<LayerAttention>> {
     let family = architecture.family();
     let linear = family.linear_attention(path, raw, layers)?;
+    let conv = family.short_conv(path, raw, layers)?;
     // An absent key is the family's default window; `null` is no window.
     let window = match raw.sliding_window.as_ref() {
         None => family.defaults().sliding_window,
@@ -673,6 +675,7 @@ fn layer_attention(
                 "full_attention" => Ok(false),
                 "sliding_attention" => Ok(true),
                 "linear_attention" if linear[i].is_some() => Ok(false),
+                "conv" if conv[i].is_some() => Ok(false),
                 "linear_attention" => Err(ModelError::invalid(
                     path,
                     "layer_types",
@@ -685,8 +688,9 @@ fn layer_attention(
                     path,
                     "layer_types",
                     format!(
-                        "`{other}` (supported: full_attention, sliding_attention, and \
-                         linear_attention in the gated-DeltaNet families)"
+                        "`{other}` (supported: full_attention, sliding_attention, \
+                         linear_attention in the gated-DeltaNet families, and conv in lfm2 and \
+                         lfm2_moe)"
                     ),
                 )),
             };
@@ -707,6 +711,7 @@ fn layer_attention(
                 rope: family.rope(path, raw, layers, i)?,
                 window: if slides { window } else { None },
                 linear: linear[i],
+                conv: conv[i],
             })
         })
         .collect()

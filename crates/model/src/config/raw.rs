@@ -72,6 +72,29 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub vision_config: Option<Value>,
     pub quantization: Option<Value>,
+    /// LFM2's spellings and keys (`families/lfm2.rs` reads them into the ones above).
+    pub norm_eps: Option<f32>,
+    pub block_norm_eps: Option<f32>,
+    #[serde(rename = "conv_L_cache")]
+    pub conv_l_cache: Option<usize>,
+    pub conv_bias: Option<bool>,
+    pub conv_dim: Option<usize>,
+    pub conv_dim_out: Option<usize>,
+    pub block_dim: Option<usize>,
+    pub block_ff_dim: Option<usize>,
+    pub block_multiple_of: Option<usize>,
+    /// `Some(Value::Null)` for `null` (no multiplier), `None` when left out.
+    #[serde(default, deserialize_with = "present")]
+    pub block_ffn_dim_multiplier: Option<Value>,
+    pub block_auto_adjust_ff_dim: Option<bool>,
+    pub block_use_swiglu: Option<bool>,
+    pub use_pos_enc: Option<bool>,
+    pub full_attn_idxs: Option<Vec<usize>>,
+    pub tie_embedding: Option<bool>,
+    pub num_heads: Option<usize>,
+    pub num_dense_layers: Option<usize>,
+    pub use_expert_bias: Option<bool>,
+    pub routed_scaling_factor: Option<f64>,
     pub eos_token_id: Option<Value>,
     pub bos_token_id: Option<u32>,
     #[serde(rename = "_name_or_path")]

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::config::blocks::{FeedForward, GatedDeltaNet, HiddenActivation};
+use crate::config::blocks::{FeedForward, GatedDeltaNet, HiddenActivation, ShortConv};
 use crate::config::raw::RawConfig;
 use crate::error::Result;
 use crate::gguf::header::GgufHeader;
@@ -40,6 +40,14 @@ pub(crate) trait Family: Sync {
     /// of this family, read without its vision tower (Gemma 3's `Gemma3ForConditionalGeneration`).
     fn multimodal_wrapper(&self) -> Option<(&'static str, &'static str)> {
         None
+    }
+
+    /// Rewrites the family's own spellings of config.json's keys into the ones mlxcel reads
+    /// (LFM2's `norm_eps`, `block_ff_dim`, `full_attn_idxs`), and refuses by name what it
+    /// cannot honour; runs before anything else reads `raw`.
+    fn adapt(&self, path: &Path, raw: &mut RawConfig) -> Result<()> {
+        let _ = (path, raw);
+        Ok(())
     }
 
     /// What transformers assumes for the keys config.json may leave out.
@@ -130,6 +138,26 @@ pub(crate) trait Family: Sync {
     ) -> Result<Vec<Option<GatedDeltaNet>>> {
         let _ = (path, raw);
         Ok(vec![None; layers])
+    }
+
+    /// Per layer, `Some` for a short-convolution layer (LFM2's `conv` layers in `layer_types`);
+    /// every layer is attention in the families without them.
+    fn short_conv(
+        &self,
+        path: &Path,
+        raw: &RawConfig,
+        layers: usize,
+    ) -> Result<Vec<Option<ShortConv>>> {
+        let _ = (path, raw);
+        Ok(vec![None; layers])
+    }
+
+    /// A checkpoint's tensor or module name under mlxcel's (llama's) name, for a family whose
+    /// checkpoints name their modules their own way (LFM2's `operator_norm`,
+    /// `feed_forward.w1`); `None`: the name as it stands.
+    fn canonical_name(&self, name: &str) -> Option<String> {
+        let _ = name;
+        None
     }
 
     /// Projections the checkpoint stores fused, which load as their parts.

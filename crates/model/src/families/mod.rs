@@ -10,6 +10,7 @@ mod gemma2;
 mod gemma3;
 mod gemma4;
 mod gpt_oss;
+mod lfm2;
 mod llama;
 mod mistral;
 mod mixtral;
@@ -47,6 +48,8 @@ static FAMILIES: &[&dyn Family] = &[
     &qwen3_next::Qwen3Next,
     &qwen3_5::Qwen35,
     &qwen3_5::Qwen35Moe,
+    &lfm2::Lfm2,
+    &lfm2::Lfm2Moe,
 ];
 
 /// The model family of a checkpoint: a handle on its entry of [`FAMILIES`]. Backends read

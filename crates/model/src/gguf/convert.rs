@@ -256,7 +256,9 @@ fn check_weights_norm(gguf: &GgufFile, header: &GgufHeader, config: &ModelConfig
         return Ok(());
     };
     let renormalized = match moe.routing {
-        Routing::SoftmaxTopK { renormalize } => renormalize,
+        Routing::SoftmaxTopK { renormalize } | Routing::SigmoidTopK { renormalize, .. } => {
+            renormalize
+        }
         Routing::TopKSoftmax => true,
     };
     if said == renormalized {

@@ -34,6 +34,13 @@ pub(crate) struct GgufHeader {
     pub(crate) feed_forward_length: u64,
     pub(crate) head_count: u64,
     pub(crate) head_count_kv: u64,
+    /// `{arch}.attention.head_count_kv` when the file gives one count per layer (LFM2: 0 for
+    /// its short-convolution layers); `head_count_kv` is then the largest of them.
+    pub(crate) head_count_kv_per_layer: Option<Vec<u64>>,
+    /// `{arch}.shortconv.l_cache`: LFM2's convolution taps.
+    pub(crate) shortconv_l_cache: Option<u64>,
+    /// `{arch}.leading_dense_block_count`: the dense layers before the routed ones.
+    pub(crate) leading_dense_layers: Option<u64>,
     pub(crate) head_dim: usize,
     pub(crate) rope_theta: f32,
     pub(crate) rms_norm_eps: f32,
@@ -183,6 +190,26 @@ impl GgufHeader {
                 .transpose()
         };
         let head_count = need("attention.head_count")?;
+        let kv_key = key("attention.head_count_kv");
+        let (head_count_kv, head_count_kv_per_layer) =
+            match gguf.get(&kv_key).and_then(GgufValue::as_array) {
+                Some(items) => {
+                    let counts = items
+                        .iter()
+                        .map(|v| {
+                            v.as_u64().ok_or_else(|| {
+                                error(&kv_key, format!("{v:?} is not an unsigned integer"))
+                            })
+                        })
+                        .collect::<Result<Vec<u64>>>()?;
+                    let largest = counts.iter().copied().max().unwrap_or(0);
+                    (
+                        if largest == 0 { head_count } else { largest },
+                        Some(counts),
+                    )
+                }
+                None => (uint("attention.head_count_kv")?.unwrap_or(head_count), None),
+            };
         let embedding_length = need("embedding_length")?;
         // The head size is the key length; RoPE may rotate fewer features (Phi-3/Phi-4-mini's
         // partial rotary writes those as `rope.dimension_count`).
@@ -264,7 +291,10 @@ impl GgufHeader {
             embedding_length,
             feed_forward_length: need("feed_forward_length")?,
             head_count,
-            head_count_kv: uint("attention.head_count_kv")?.unwrap_or(head_count),
+            head_count_kv,
+            head_count_kv_per_layer,
+            shortconv_l_cache: uint("shortconv.l_cache")?,
+            leading_dense_layers: uint("leading_dense_block_count")?,
             head_dim,
             rope_theta: float("rope.freq_base", 10_000.0)? as f32,
             rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-5)? as f32,

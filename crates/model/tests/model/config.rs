@@ -944,7 +944,7 @@ fn every_family_defaults_what_transformers_defaults() {
     // (architecture, vocab, hidden, intermediate, layers, heads, kv heads, head_dim, window
     // (max_position_embeddings), rms_norm_eps, rope_theta, tied, sliding window of layer 0)
     #[rustfmt::skip]
-    let cases: [Defaults; 12] = [
+    let cases: [Defaults; 14] = [
         ("LlamaForCausalLM", 32_000, 4096, 11_008, 32, 32, 32, 128, 2048, 1e-6, 10_000.0, false, None),
         ("MistralForCausalLM", 32_000, 4096, 14_336, 32, 32, 8, 128, 131_072, 1e-6, 10_000.0, false, Some(4096)),
         ("Qwen2ForCausalLM", 151_936, 4096, 22_016, 32, 32, 32, 128, 32_768, 1e-6, 10_000.0, false, None),
@@ -957,6 +957,9 @@ fn every_family_defaults_what_transformers_defaults() {
         ("OlmoeForCausalLM", 50_304, 2048, 2048, 16, 16, 16, 128, 4096, 1e-5, 10_000.0, false, None),
         ("Qwen2MoeForCausalLM", 151_936, 2048, 5632, 24, 16, 16, 128, 32_768, 1e-6, 10_000.0, false, None),
         ("Qwen3MoeForCausalLM", 151_936, 2048, 6144, 24, 32, 4, 64, 32_768, 1e-6, 10_000.0, false, None),
+        // LFM2's MLP: two thirds of 12288, times 1.0, rounded up to 256.
+        ("Lfm2ForCausalLM", 65_536, 2560, 8192, 32, 32, 8, 80, 128_000, 1e-5, 1_000_000.0, true, None),
+        ("Lfm2MoeForCausalLM", 65_536, 2048, 7168, 32, 32, 8, 64, 128_000, 1e-5, 1_000_000.0, true, None),
     ];
     for (arch, vocab, hidden, ffn, layers, heads, kv, head_dim, window, eps, theta, tied, slide) in
         cases
