@@ -9,6 +9,7 @@ mod experts;
 mod fixtures;
 mod gguf;
 mod gguf_experts;
+mod gguf_hybrids;
 mod gpt_oss;
 mod mxfp4;
 mod properties;
