@@ -346,6 +346,43 @@ def variants():
                                    "rope_theta": 1000000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
          {"embedding_std": 0.05, "seed": 17}),
+        # The hybrids in the form llama.cpp can hold (scripts/check-families-gguf): its qwen35,
+        # qwen35moe and qwen3next graphs take value heads of the key heads' size (a square
+        # state) and route every layer, so these have key and value heads of 16 and no dense
+        # layers; more value heads than key heads, so that qwen35's tiled order is exercised.
+        ("qwen3_next-square", "qwen3_next", base_config(
+            architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", num_hidden_layers=4,
+            full_attention_interval=2, partial_rotary_factor=0.5, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6),
+         {"prompt_len": 100}),
+        ("qwen3_5-square", "qwen3_5", base_config(
+            architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5", num_hidden_layers=4,
+            full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+            rms_norm_eps=1e-6, rope_theta=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5}),
+         {"prompt_len": 100}),
+        ("qwen3_5_moe-square", "qwen3_5_moe", base_config(
+            architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe",
+            num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=True,
+            rms_norm_eps=1e-6, rope_theta=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5}),
+         {"prompt_len": 100, "seed": 41}),
+        # OLMoE as llama.cpp's olmoe holds it (OLMoE-1B-7B's form): its k norm is the hidden
+        # size wide, so as many key/value heads as query heads; no attention biases; the top-k
+        # weights not renormalised.
+        ("olmoe-mha", "olmoe", base_config(
+            architectures=["OlmoeForCausalLM"], model_type="olmoe", num_experts=8,
+            num_experts_per_tok=4, intermediate_size=32, norm_topk_prob=False, clip_qkv=None,
+            attention_bias=False, num_key_value_heads=4), {}),
     ]
 
 

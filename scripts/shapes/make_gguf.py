@@ -9,6 +9,10 @@ the pinned `gguf` venv of scripts/check-dequant).
                                          default layer count without --layers): the shape's name,
                                          then `-<N>of<L>` where N is less than its L layers
 
+The Qwen3.5 shapes (llama.cpp's qwen35, qwen35moe) write the linear-attention layers as
+llama.cpp's converter does (`attn_qkv`, `attn_gate`, `ssm_beta`/`ssm_alpha`, `ssm_conv1d`,
+`ssm_a`, `ssm_dt.bias`, `ssm_norm`, `ssm_out`, F32 where it keeps them so) with the `ssm.*` keys.
+
 Mixture-of-experts shapes (OLMoE, Qwen3-MoE) write their experts as llama.cpp's conversion does:
 per layer a router `ffn_gate_inp` (F32, as convert_hf_to_gguf.py keeps it) and the experts'
 stacked 3-D `ffn_{gate,up,down}_exps` in the type, with `expert_count`, `expert_used_count` and,
@@ -81,6 +85,29 @@ SHAPES = {
                         experts=32, experts_used=4, expert_ffn=2880, gpt_oss=True,
                         sliding_window=128, yarn=dict(factor=32.0, original_context=4096,
                                                       beta_fast=32.0, beta_slow=1.0)),
+    # The gated-DeltaNet hybrids (Qwen3.5's text models, llama.cpp's qwen35/qwen35moe): three
+    # linear-attention layers in four (`linear`: key and value heads, their sizes, the
+    # convolution's taps), every fourth layer gated softmax attention (q_proj twice as wide, for
+    # the output gate) with q/k norms per head, RoPE on a quarter of each 256-wide head, norms
+    # stored as 1 + w. Values from the released config.json files (text_config) as recalled when
+    # this was written, not fetched: check them against the checkpoints before quoting a size.
+    # Qwen/Qwen3.5-9B.
+    "qwen3.5-9b": dict(arch="qwen35", hidden=4096, layers=32, heads=16, kv_heads=4,
+                       ffn=12288, vocab=248320, tied=False, qkv_bias=False,
+                       rope_theta=10000000.0, eps=1e-6, context=262144, head_dim=256,
+                       qk_norm="head", rotary=64,
+                       linear=dict(key_heads=16, value_heads=32, key_dim=128, value_dim=128,
+                                   conv=4)),
+    # Qwen/Qwen3.5-35B-A3B: 256 experts 512 wide, top-8, beside a shared expert 512 wide; its
+    # first 20 of 40 layers by default (the whole file, ~21 GB at Q4_K_M, would not fit beside
+    # llama.cpp in 24 GB).
+    "qwen3.5-35b-a3b": dict(arch="qwen35moe", hidden=2048, layers=40, heads=16, kv_heads=2,
+                            ffn=512, vocab=248320, tied=False, qkv_bias=False,
+                            rope_theta=10000000.0, eps=1e-6, context=262144, head_dim=256,
+                            qk_norm="head", rotary=64, experts=256, experts_used=8,
+                            expert_ffn=512, shared_ffn=512, default_layers=20,
+                            linear=dict(key_heads=16, value_heads=32, key_dim=128,
+                                        value_dim=128, conv=4)),
 }
 
 # Block layouts written directly: (ggml type, values per block, bytes per block, file type).
@@ -178,6 +205,9 @@ def tensor_list(s):
     tensors = [("token_embd.weight", (s["vocab"], hidden), "q")]
     for i in range(s["layers"]):
         p = f"blk.{i}."
+        if "linear" in s:
+            tensors += hybrid_layer(s, i)
+            continue
         tensors += [
             (p + "attn_norm.weight", (hidden,), "norm"),
             (p + "attn_q.weight", (q_dim, hidden), "q"),
@@ -232,6 +262,53 @@ def tensor_list(s):
     return tensors
 
 
+def hybrid_layer(s, i):
+    """A Qwen3.5 layer's tensors (see tensor_list): linear attention on three layers in four,
+    gated softmax attention on every fourth, then the dense MLP or the routed experts beside a
+    gated shared expert."""
+    hidden, head_dim, lin = s["hidden"], s["head_dim"], s["linear"]
+    p = f"blk.{i}."
+    q_dim, kv = s["heads"] * head_dim, s["kv_heads"] * head_dim
+    key_dim, value_dim = lin["key_heads"] * lin["key_dim"], lin["value_heads"] * lin["value_dim"]
+    conv_dim, vh = 2 * key_dim + value_dim, lin["value_heads"]
+    tensors = [(p + "attn_norm.weight", (hidden,), "norm"),
+               (p + "post_attention_norm.weight", (hidden,), "norm")]
+    if (i + 1) % 4 == 0:
+        tensors += [(p + "attn_q.weight", (2 * q_dim, hidden), "q"),
+                    (p + "attn_k.weight", (kv, hidden), "q"),
+                    (p + "attn_v.weight", (kv, hidden), "q"),
+                    (p + "attn_output.weight", (hidden, q_dim), "q"),
+                    (p + "attn_q_norm.weight", (head_dim,), "norm"),
+                    (p + "attn_k_norm.weight", (head_dim,), "norm")]
+    else:
+        tensors += [(p + "attn_qkv.weight", (conv_dim, hidden), "q"),
+                    (p + "attn_gate.weight", (value_dim, hidden), "q"),
+                    (p + "ssm_beta.weight", (vh, hidden), "q"),
+                    (p + "ssm_alpha.weight", (vh, hidden), "q"),
+                    (p + "ssm_conv1d.weight", (conv_dim, lin["conv"]), "bias"),
+                    (p + "ssm_a", (vh,), "decay"),
+                    (p + "ssm_dt.bias", (vh,), "bias"),
+                    (p + "ssm_norm.weight", (lin["value_dim"],), "norm"),
+                    (p + "ssm_out.weight", (hidden, value_dim), "q")]
+    if "experts" in s:
+        n, width, shared = s["experts"], s["expert_ffn"], s["shared_ffn"]
+        tensors += [
+            (p + "ffn_gate_inp.weight", (n, hidden), "router"),
+            (p + "ffn_gate_exps.weight", (n, width, hidden), "experts"),
+            (p + "ffn_up_exps.weight", (n, width, hidden), "experts"),
+            (p + "ffn_down_exps.weight", (n, hidden, width), "experts"),
+            (p + "ffn_gate_inp_shexp.weight", (hidden,), "bias"),
+            (p + "ffn_gate_shexp.weight", (shared, hidden), "q"),
+            (p + "ffn_up_shexp.weight", (shared, hidden), "q"),
+            (p + "ffn_down_shexp.weight", (hidden, shared), "q"),
+        ]
+    else:
+        tensors += [(p + "ffn_gate.weight", (s["ffn"], hidden), "q"),
+                    (p + "ffn_up.weight", (s["ffn"], hidden), "q"),
+                    (p + "ffn_down.weight", (hidden, s["ffn"]), "q")]
+    return tensors
+
+
 def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "--label":
         layers, _, _ = options(sys.argv[3:])
@@ -267,7 +344,7 @@ def main():
     w.add_head_count_kv(s["kv_heads"])
     w.add_rope_freq_base(s["rope_theta"])
     w.add_layer_norm_rms_eps(s["eps"])
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(s.get("rotary", head_dim))
     if "head_dim" in s:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
@@ -276,6 +353,20 @@ def main():
         w.add_expert_used_count(s["experts_used"])
         if "expert_ffn" in s:
             w.add_expert_feed_forward_length(s["expert_ffn"])
+        if "shared_ffn" in s:
+            w.add_expert_shared_feed_forward_length(s["shared_ffn"])
+    if "linear" in s:
+        lin = s["linear"]
+        w.add_ssm_conv_kernel(lin["conv"])
+        w.add_ssm_state_size(lin["key_dim"])
+        w.add_ssm_group_count(lin["key_heads"])
+        w.add_ssm_time_step_rank(lin["value_heads"])
+        w.add_ssm_inner_size(lin["value_heads"] * lin["value_dim"])
+        w.add_full_attention_interval(4)
+        # Multi-axis RoPE's sections (llama.cpp's qwen35 requires them): the rotated pairs split
+        # as the released models split them; a text position is the same on every axis.
+        pairs = s["rotary"] // 2
+        w.add_rope_dimension_sections([pairs - 2 * (pairs // 3), pairs // 3, pairs // 3, 0])
     if "sliding_window" in s:
         w.add_sliding_window(s["sliding_window"])
     if "yarn" in s:
@@ -327,6 +418,9 @@ def main():
             rows = int(np.prod(dims[:-1]))
             w.write_tensor_data(blocks(kind_type[kind], rows, dims[-1], gen,
                                        damp if damped else 1.0))
+        elif kind == "decay":
+            # A_log's rate as llama.cpp stores it, -exp(A_log), for A_log in [-1, 2.5].
+            w.write_tensor_data(-np.exp(gen.uniform(-1.0, 2.5, dims)).astype(np.float32))
         elif kind in ("bias", "router"):
             # Router logits of the spread of trained ones: every token picks its own experts.
             w.write_tensor_data(gen.normal(0.0, 0.02, dims).astype(np.float32))

@@ -31,6 +31,9 @@ pub struct DeltaShape {
     pub key_dim: usize,
     /// Values per value head.
     pub value_dim: usize,
+    /// Value head `h` reads key head `h % key_heads` (llama.cpp's tiled order), not
+    /// `h / (value_heads / key_heads)` (Hugging Face's grouped order).
+    pub tiled: bool,
 }
 
 impl DeltaShape {
@@ -40,9 +43,13 @@ impl DeltaShape {
     }
 
     /// The key head value head `h` reads (each key head serves `value_heads / key_heads`
-    /// consecutive value heads).
+    /// consecutive value heads, or every `key_heads`-th one when tiled).
     fn key_head(&self, h: usize) -> usize {
-        h / (self.value_heads / self.key_heads)
+        if self.tiled {
+            h % self.key_heads
+        } else {
+            h / (self.value_heads / self.key_heads)
+        }
     }
 }
 
@@ -424,6 +431,7 @@ mod tests {
                 value_heads: 4,
                 key_dim: 32,
                 value_dim: 16,
+                tiled: false,
             };
             let mut rng = Lcg(seed);
             let keys = n * shape.key_heads * shape.key_dim;
@@ -526,6 +534,58 @@ mod tests {
         let y = chunked(&case.shape, &case.inputs(0, n), &mut state, 0, 4);
         let (cy, cs) = (relative(&y, &want_y), relative(&state, &want_state));
         assert!(cy < 1e-5 && cs < 1e-5, "chunked: y {cy:e}, state {cs:e}");
+    }
+
+    /// Rows of `per_head` values per value head of each of `rows`, moved from grouped order (head
+    /// `g·per + i` of key head `g`) to tiled order (`i·key_heads + g`).
+    fn tile(x: &[f32], shape: &DeltaShape, per_head: usize) -> Vec<f32> {
+        let (kh, vh) = (shape.key_heads, shape.value_heads);
+        let per = vh / kh;
+        let mut out = vec![0.0; x.len()];
+        for (src, dst) in x.chunks(vh * per_head).zip(out.chunks_mut(vh * per_head)) {
+            for h in 0..vh {
+                let t = (h % per) * kh + h / per;
+                dst[t * per_head..(t + 1) * per_head]
+                    .copy_from_slice(&src[h * per_head..(h + 1) * per_head]);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn tiled_value_heads_compute_the_grouped_rule_with_the_heads_moved() {
+        let n = 100;
+        let case = Case::new(n, 5);
+        let sh = case.shape;
+        let tiled_shape = DeltaShape { tiled: true, ..sh };
+        let v = tile(&case.v, &sh, sh.value_dim);
+        let log_decay = tile(&case.log_decay, &sh, 1);
+        let beta = tile(&case.beta, &sh, 1);
+        let tiled_inputs = DeltaInputs {
+            q: &case.q,
+            k: &case.k,
+            v: &v,
+            log_decay: &log_decay,
+            beta: &beta,
+        };
+        let state_len = sh.value_dim * sh.key_dim;
+        for chunk in [false, true] {
+            let mut grouped_state = case.state.clone();
+            let mut tiled_state = tile(&case.state, &sh, state_len);
+            let (grouped, tiled) = if chunk {
+                (
+                    chunked(&sh, &case.inputs(0, n), &mut grouped_state, 0, 2),
+                    chunked(&tiled_shape, &tiled_inputs, &mut tiled_state, 0, 2),
+                )
+            } else {
+                (
+                    recurrent(&sh, &case.inputs(0, n), &mut grouped_state, 2),
+                    recurrent(&tiled_shape, &tiled_inputs, &mut tiled_state, 2),
+                )
+            };
+            assert_eq!(tiled, tile(&grouped, &sh, sh.value_dim), "chunked: {chunk}");
+            assert_eq!(tiled_state, tile(&grouped_state, &sh, state_len));
+        }
     }
 
     #[test]

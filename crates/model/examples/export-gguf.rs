@@ -2,8 +2,9 @@
 //! that llama.cpp loads: the inverse of our importer (`mlxcel_model::convert_gguf`), for
 //! scripts/check-families-gguf. Weights are F32 (quantized ones dequantized), named, permuted and
 //! offset as llama.cpp's converter writes them (q/k rows permuted for llama, Mistral and SmolLM3;
-//! Gemma's norms as `1 + w`; Phi-3's q/k/v and gate/up fused); the vocabulary must be a byte-level
-//! BPE `tokenizer.json`.
+//! Gemma's and the hybrids' norms as `1 + w`; Phi-3's q/k/v and gate/up fused; experts stacked,
+//! `export_gguf/experts.rs`; the hybrids' linear attention, `export_gguf/delta_net.rs`); the
+//! vocabulary must be a byte-level BPE `tokenizer.json`.
 //!
 //! ```sh
 //! cargo run -p mlxcel-model --example export-gguf -- CHECKPOINT_DIR OUT.gguf [--import DIR]
@@ -28,6 +29,13 @@ use mlxcel_model::{
     dequantize_affine, expected_modules,
 };
 use serde_json::Value;
+
+#[path = "export_gguf/delta_net.rs"]
+mod delta_net;
+#[path = "export_gguf/experts.rs"]
+mod experts;
+#[path = "export_gguf/gpt_oss.rs"]
+mod gpt_oss;
 
 type Error = Box<dyn std::error::Error>;
 
@@ -100,25 +108,21 @@ fn gguf_architecture(architecture: Architecture) -> (&'static str, Architecture)
 
 fn export(checkpoint: &Checkpoint, out: &Path) -> Result<Vec<Lossy>, Error> {
     let c = checkpoint.config();
-    // llama.cpp's stacked expert tensors (`ffn_*_exps`) and `expert_*` keys are not written yet:
-    // refused by name rather than exported as a model without its experts.
-    if let Some(moe) = c.feed_forward.iter().find_map(|f| f.routed()) {
-        return Err(format!(
-            "{} is a mixture of experts ({} experts, {} per token): export-gguf does not write \
-             experts yet",
-            c.architecture, moe.num_experts, moe.top_k
-        )
-        .into());
-    }
+    let moe = experts::routed(c)?;
     let raw = read_json(&checkpoint.dir().join("config.json"))?;
     let (arch, import_arch) = gguf_architecture(c.architecture);
     let mut w = GgufWriter::new();
     let mut lossy = Vec::new();
     let key = |k: &str| format!("{arch}.{k}");
     write_hyperparameters(&mut w, c, arch);
+    if let Some(moe) = &moe {
+        experts::check(c, arch)?;
+        experts::write_metadata(&mut w, c, moe, arch, &mut lossy);
+    }
+    delta_net::write_metadata(&mut w, c, arch)?;
     let rope_tensors = write_rope_scaling(&mut w, c, &raw, &key, &mut lossy)?;
     write_layer_attention(&mut w, c, &raw, arch, &mut lossy);
-    if c.norm_weight_offset {
+    if c.norm_weight_offset && !is_hybrid(c) {
         write_gemma(&mut w, c, &key, &mut lossy);
     }
     write_vocabulary(&mut w, checkpoint, c)?;
@@ -162,10 +166,16 @@ fn write_hyperparameters(w: &mut GgufWriter, c: &ModelConfig, arch: &str) {
         .metadata(&key("rope.freq_base"), GgufValue::F32(c.rope_theta))
         .metadata(&key("rope.dimension_count"), u32v(c.rotary_dim));
     // llama.cpp's head size is hidden / heads unless the key length says otherwise.
-    if c.head_dim * c.num_attention_heads != c.hidden_size || c.norm_weight_offset {
+    if c.head_dim * c.num_attention_heads != c.hidden_size || c.norm_weight_offset || is_hybrid(c) {
         w.metadata(&key("attention.key_length"), u32v(c.head_dim))
             .metadata(&key("attention.value_length"), u32v(c.head_dim));
     }
+}
+
+/// A gated-DeltaNet hybrid (Qwen3-Next, Qwen3.5): norms as `1 + w` in the GGUF whatever the
+/// checkpoint's layout, and llama.cpp's `post_attention_norm` for the MLP's input norm.
+fn is_hybrid(c: &ModelConfig) -> bool {
+    c.layers.iter().any(|l| l.linear.is_some())
 }
 
 /// Rotary scaling: linear as keys; Llama 3.1's as llama.cpp's per-pair `rope_freqs` factors and
@@ -202,9 +212,7 @@ fn write_rope_scaling(
                 original_max_position_embeddings,
             ),
         )),
-        Some(RopeScaling::Yarn(_)) => {
-            return Err("YaRN rope scaling has no GGUF export in this example".into());
-        }
+        Some(RopeScaling::Yarn(_)) => gpt_oss::write_yarn(w, c, key, lossy)?,
         None => {}
     }
     let Some(long) = &c.rope_factors else {
@@ -258,7 +266,7 @@ fn write_layer_attention(
     let windows: Vec<Option<usize>> = c.layers.iter().map(|l| l.window).collect();
     let window = windows.iter().flatten().next().copied();
     match arch {
-        "gemma2" | "gemma3" => {
+        "gemma2" | "gemma3" | "gpt-oss" => {
             if let Some(window) = window {
                 let pattern = windows
                     .iter()
@@ -387,7 +395,9 @@ fn write_tensors(
     extra: Vec<(String, Vec<f32>)>,
 ) -> Result<usize, Error> {
     let c = checkpoint.config();
-    let gemma = c.norm_weight_offset;
+    let hybrid = is_hybrid(c);
+    let gemma = c.norm_weight_offset && !hybrid;
+    let moe = experts::routed(c)?;
     let mut tensors = Tensors {
         writer: w,
         architecture: import_arch,
@@ -402,6 +412,12 @@ fn write_tensors(
     let phi3 = c.architecture.gguf_name() == "phi3";
     for module in expected_modules(c) {
         let m = module.name.as_str();
+        if let Some(more) = family_tensors(checkpoint, c, moe.as_ref(), m)? {
+            for t in more {
+                tensors.add_tensor(t)?;
+            }
+            continue;
+        }
         if phi3 && (m.ends_with(".k_proj") || m.ends_with(".v_proj") || m.ends_with(".up_proj")) {
             continue; // written with q_proj and gate_proj, fused
         }
@@ -437,17 +453,65 @@ fn write_tensors(
                     .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                     .collect();
             }
-            if gemma && norm {
-                // llama.cpp stores Gemma's norms with the one added.
+            if c.norm_weight_offset && norm {
+                // llama.cpp stores Gemma's and the hybrids' norms with the one added (an mlx-lm
+                // hybrid checkpoint stores them so already).
                 values.iter_mut().for_each(|v| *v += 1.0);
             }
-            let dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-            let stem =
-                gguf_stem(gemma, &source).ok_or_else(|| format!("{source} has no GGUF name"))?;
+            let mut dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+            if m.ends_with(".mlp.shared_expert_gate") {
+                // llama.cpp's shared-expert gate is a vector.
+                dims.truncate(1);
+            }
+            let post_attention_norm = gemma || hybrid || c.attention_sinks;
+            let stem = gguf_stem(post_attention_norm, &source)
+                .ok_or_else(|| format!("{source} has no GGUF name"))?;
             tensors.add(&format!("{stem}.{suffix}"), Some(&source), &dims, &values)?;
+        }
+        if c.attention_sinks
+            && let Some(layer) = m
+                .strip_prefix("model.layers.")
+                .and_then(|rest| rest.strip_suffix(".self_attn.o_proj"))
+        {
+            tensors.add_tensor(gpt_oss::sinks(checkpoint, c, layer.parse()?)?)?;
         }
     }
     Ok(tensors.count)
+}
+
+/// The tensors that a family's own exporter writes for module `m` (`Some(empty)`: written with
+/// another module), or `None` for the generic path: a layer's stacked experts at its first
+/// expert's projections, a linear-attention layer's tensors at its `out_proj`.
+fn family_tensors(
+    checkpoint: &Checkpoint,
+    c: &ModelConfig,
+    moe: Option<&mlxcel_model::RoutedExperts>,
+    m: &str,
+) -> Result<Option<Vec<experts::Tensor>>, Error> {
+    let Some((layer, part)) = m
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.split_once('.'))
+    else {
+        return Ok(None);
+    };
+    let layer: usize = layer.parse()?;
+    if let (Some(moe), Some(expert)) = (moe, part.strip_prefix("mlp.experts.")) {
+        return match expert.split_once('.') {
+            Some(("0", proj)) => experts::stacked(checkpoint, moe, layer, proj).map(Some),
+            _ => Ok(Some(Vec::new())),
+        };
+    }
+    if let Some(linear) = part.strip_prefix("linear_attn.") {
+        let net = c.layers[layer]
+            .linear
+            .ok_or_else(|| format!("{m}: layer {layer} is not linear attention"))?;
+        let arch = c.architecture.gguf_name();
+        return match linear {
+            "out_proj" => delta_net::layer_tensors(checkpoint, c, arch, layer, &net).map(Some),
+            _ => Ok(Some(Vec::new())),
+        };
+    }
+    Ok(None)
 }
 
 /// Collects tensors for the writer, each checked against our importer's name mapping.
@@ -483,10 +547,26 @@ impl Tensors<'_> {
         self.count += 1;
         Ok(())
     }
+
+    /// Adds a tensor a family's exporter made, checking that our importer reads it back as
+    /// `imported_as`.
+    fn add_tensor(&mut self, t: experts::Tensor) -> Result<(), Error> {
+        let back = hf_name_in(self.architecture, &t.name).map(|(m, s)| format!("{m}.{s}"));
+        let expected = &t.imported_as;
+        if back.as_deref() != Some(expected.as_str()) {
+            return Err(format!(
+                "`{}` would be imported as {back:?}, not `{expected}`: export and import disagree",
+                t.name
+            )
+            .into());
+        }
+        self.add(&t.name, None, &t.dims, &t.values)
+    }
 }
 
 /// llama.cpp's tensor stem for a Hugging Face module (its `tensor_mapping`), as our importer's
-/// `hf_name_in` reads it back.
+/// `hf_name_in` reads it back; `gemma`: the MLP's input norm follows attention as
+/// `post_attention_norm` (Gemma, the hybrids).
 fn gguf_stem(gemma: bool, module: &str) -> Option<String> {
     match module {
         "model.embed_tokens" => return Some("token_embd".into()),
@@ -514,7 +594,7 @@ fn gguf_stem(gemma: bool, module: &str) -> Option<String> {
         // Phi-3's fused projections.
         "self_attn.qkv_proj" => "attn_qkv",
         "mlp.gate_up_proj" => "ffn_up",
-        _ => return None,
+        other => experts::stem(other)?,
     };
     Some(format!("blk.{layer}.{gguf}"))
 }
@@ -739,9 +819,12 @@ fn round_trip(
     let back = Checkpoint::open(dir)?;
     let (a, b) = (checkpoint.config(), back.config());
     let mut problems = Vec::new();
-    let gemma = a.norm_weight_offset;
     let mut compared = 0;
     for module in expected_modules(a) {
+        // A linear-attention layer's tensors are compared below, in the form the GGUF holds.
+        if module.name.contains(".linear_attn.") {
+            continue;
+        }
         let bias = matches!(module.kind, ModuleKind::Linear { bias: true, .. });
         let norm = matches!(module.kind, ModuleKind::Norm { .. });
         for suffix in ["weight", "bias"] {
@@ -757,23 +840,79 @@ fn round_trip(
                     continue;
                 }
             };
-            // Both sides compute Gemma's norms with 1 + w, which is what the GGUF holds.
-            let key = |v: f32| {
-                if gemma && norm {
+            // Norms compared as the weight each side multiplies by (`1 + w` where the layout
+            // stores `w`), which is what the GGUF holds.
+            let key = |v: f32, offset: bool| {
+                if offset && norm {
                     (1.0 + v).to_bits()
                 } else {
                     v.to_bits()
                 }
             };
             let differ = ours.len() != theirs.len()
-                || ours.iter().zip(&theirs).any(|(x, y)| key(*x) != key(*y));
+                || ours
+                    .iter()
+                    .zip(&theirs)
+                    .any(|(x, y)| key(*x, a.norm_weight_offset) != key(*y, b.norm_weight_offset));
             if differ {
                 problems.push(format!("{name}: values differ after import"));
             }
             compared += 1;
         }
     }
+    let arch = a.architecture.gguf_name();
+    for (layer, net) in a.layers.iter().enumerate() {
+        let (Some(net), Some(net_b)) = (net.linear, b.layers[layer].linear) else {
+            continue;
+        };
+        let ours = delta_net::layer_tensors(checkpoint, a, arch, layer, &net)?;
+        let theirs = match delta_net::layer_tensors(&back, b, arch, layer, &net_b) {
+            Ok(t) => t,
+            Err(e) => {
+                problems.push(format!("layer {layer}'s linear attention: {e}"));
+                continue;
+            }
+        };
+        for (x, y) in ours.iter().zip(&theirs) {
+            // `ssm_a` comes back through `ln(-ssm_a)` and `-exp` of it: within an ulp or two.
+            let close = |p: f32, q: f32| {
+                if x.name.ends_with(".ssm_a") {
+                    (p - q).abs() <= 4.0 * f32::EPSILON * p.abs()
+                } else {
+                    p.to_bits() == q.to_bits()
+                }
+            };
+            if x.name != y.name
+                || x.dims != y.dims
+                || x.values.iter().zip(&y.values).any(|(p, q)| !close(*p, *q))
+            {
+                problems.push(format!("{}: differs after import", x.name));
+            }
+            compared += 1;
+        }
+    }
     let mut lossy_fields: Vec<&str> = lossy.iter().map(|l| l.field).collect();
+    // A hybrid comes back in the GGUF's layout (projections apart, value heads as llama.cpp
+    // orders them, norms stored as `w`): compared above as what the GGUF holds.
+    if is_hybrid(a) {
+        lossy_fields.push("norm_weight_offset");
+        let layout = |c: &ModelConfig| -> Vec<_> {
+            c.layers
+                .iter()
+                .map(|l| {
+                    let mut l = *l;
+                    if let Some(net) = &mut l.linear {
+                        net.fused_projections = false;
+                        net.tiled_value_heads = false;
+                    }
+                    l
+                })
+                .collect()
+        };
+        if layout(a) == layout(b) {
+            lossy_fields.push("layers");
+        }
+    }
     // Llama 3.1's scaling comes back as llama.cpp stores it: per-pair factors on the periods
     // (`rope_freqs`). Compare what RoPE computes, the periods, instead of the spelling.
     if matches!(a.rope_scaling, Some(RopeScaling::Llama3 { .. })) && b.rope_factors.is_some() {
@@ -836,6 +975,7 @@ fn config_fields(a: &ModelConfig, b: &ModelConfig) -> Vec<(&'static str, String,
         qk_norm,
         attention_sinks,
         layers,
+        feed_forward,
         norm_weight_offset,
         sandwich_norms,
         hidden_activation,

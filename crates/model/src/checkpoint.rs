@@ -259,6 +259,7 @@ impl Checkpoint {
         }
         expert_bias_tensors(&config, &files)?;
         if config.layers.iter().any(|l| l.linear.is_some()) {
+            split_linear_projections(&mut config, &files);
             config.norm_weight_offset = linear_attention_tensors(&config, &files)?;
         }
         if config.tie_word_embeddings && own_output_projection(&files) {
@@ -444,6 +445,33 @@ fn split_fused(
         }
     }
     Ok(())
+}
+
+/// Reads a Qwen3-Next whose linear layers store their projections apart (`in_proj_qkv`,
+/// `in_proj_z`, `in_proj_b`, `in_proj_a`, as llama.cpp's files give them) as such: its family
+/// expects them fused, and the checkpoint's first linear layer tells which it has.
+fn split_linear_projections(config: &mut ModelConfig, files: &SafetensorsFiles) {
+    let Some((layer, net)) = config
+        .layers
+        .iter()
+        .enumerate()
+        .find_map(|(i, l)| l.linear.map(|net| (i, net)))
+    else {
+        return;
+    };
+    let a = format!("model.layers.{layer}.linear_attn");
+    let stored = |module: &str| {
+        ["weight", "scales"]
+            .iter()
+            .any(|suffix| files.info(&format!("{a}.{module}.{suffix}")).is_some())
+    };
+    if net.fused_projections && !stored("in_proj_qkvz") && stored("in_proj_qkv") {
+        for attention in &mut config.layers {
+            if let Some(net) = &mut attention.linear {
+                net.fused_projections = false;
+            }
+        }
+    }
 }
 
 /// Checks each linear-attention layer's tensors that are not modules (`conv1d.weight`, `A_log`,

@@ -59,6 +59,7 @@ impl DeltaNet {
             value_heads: self.spec.value_heads,
             key_dim: self.spec.key_head_dim,
             value_dim: self.spec.value_head_dim,
+            tiled: self.spec.tiled_value_heads,
         }
     }
 

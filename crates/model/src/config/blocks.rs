@@ -54,7 +54,7 @@ pub struct ShortConv {
 ///    of q‖k‖v, no bias; the sequence keeps the last `conv_kernel - 1` inputs), then SiLU;
 /// 3. q and k L2-normalised per head (eps 1e-6), q scaled by `1/√key_head_dim`;
 /// 4. the gated delta rule per value head (a value head reads key head `h / (value_heads /
-///    key_heads)`), with `β = sigmoid(b)` and decay `g = exp(-exp(A_log) · softplus(a +
+///    key_heads)`, or `h % key_heads` when `tiled_value_heads`), with `β = sigmoid(b)` and decay `g = exp(-exp(A_log) · softplus(a +
 ///    dt_bias))`: `S ← g·S; S ← S + k ⊗ β(v − S·k); y = S·q` (`S` is `value_head_dim ×
 ///    key_head_dim`, f32, per sequence);
 /// 5. `y` RMS-normed per head with `norm.weight` (`[value_head_dim]`, not zero-centred), times
@@ -69,6 +69,10 @@ pub struct GatedDeltaNet {
     pub conv_kernel: usize,
     /// q, k, v, z and b, a stored as two projections grouped by key head (Qwen3-Next), not four.
     pub fused_projections: bool,
+    /// The value heads (of v, z, b, a, `A_log`, `dt_bias` and `out_proj`'s columns) are in
+    /// llama.cpp's tiled order, each key head's first value head, then each one's second, ...
+    /// (its `qwen35` files), not grouped by key head (Hugging Face's).
+    pub tiled_value_heads: bool,
 }
 
 impl GatedDeltaNet {

@@ -60,6 +60,9 @@ pub(crate) struct RawConfig {
     pub linear_key_head_dim: Option<usize>,
     pub linear_value_head_dim: Option<usize>,
     pub linear_conv_kernel_dim: Option<usize>,
+    /// mlxcel's own key, written by GGUF import: `tiled` when the linear layers' value heads are
+    /// in llama.cpp's tiled order (`grouped`, the default, is Hugging Face's).
+    pub linear_value_head_order: Option<String>,
     /// transformers 5's RoPE keys (and Qwen3.5's `partial_rotary_factor`): one `{rope_type,
     /// rope_theta, ...}` object, or one per layer type (`full_attention`, `sliding_attention`).
     pub rope_parameters: Option<Value>,

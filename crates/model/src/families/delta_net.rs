@@ -3,9 +3,13 @@
 
 use std::path::Path;
 
+use serde_json::{Value, json};
+
 use crate::config::blocks::GatedDeltaNet;
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
+use crate::gguf::header::GgufHeader;
+use crate::gguf::names::hf_name;
 
 /// transformers' `full_attention_interval` when config.json leaves it out: every fourth layer
 /// is softmax attention.
@@ -94,6 +98,17 @@ pub(crate) fn delta_net_layers(
             "linear_conv_kernel_dim",
         )?,
         fused_projections,
+        tiled_value_heads: match raw.linear_value_head_order.as_deref() {
+            None | Some("grouped") => false,
+            Some("tiled") => true,
+            Some(other) => {
+                return Err(ModelError::invalid(
+                    path,
+                    "linear_value_head_order",
+                    format!("`{other}` is not `grouped` or `tiled`"),
+                ));
+            }
+        },
     };
     if !net.value_heads.is_multiple_of(net.key_heads) {
         return Err(ModelError::invalid(
@@ -116,4 +131,72 @@ pub(crate) fn delta_net_layers(
         ));
     }
     Ok(linear.into_iter().map(|l| l.then_some(net)).collect())
+}
+
+/// A hybrid's GGUF tensor as its Hugging Face module and suffix: llama.cpp's names for the
+/// linear-attention tensors (`attn_qkv`, `attn_gate`, `ssm_*`), else a llama's
+/// ([`hf_name`], whose `post_attention_norm` is these families' `post_attention_layernorm`).
+/// `ssm_a` (llama.cpp's `-exp(A_log)`, no suffix) becomes `A_log` and `ssm_dt.bias` `dt_bias`
+/// under `linear_attn`; the converter undoes what llama.cpp's converter did to their values
+/// and to `ssm_conv1d`'s and `ssm_ba`'s layout.
+pub(crate) fn gguf_tensor_name(gguf_name: &str) -> Option<(String, &str)> {
+    let Some((layer, part)) = gguf_name
+        .strip_prefix("blk.")
+        .and_then(|rest| rest.split_once('.'))
+    else {
+        return hf_name(gguf_name);
+    };
+    let layer: usize = layer.parse().ok()?;
+    let a = format!("model.layers.{layer}.linear_attn");
+    if part == "ssm_a" {
+        return Some((a, "A_log"));
+    }
+    let (stem, suffix) = part.rsplit_once('.')?;
+    let module = match (stem, suffix) {
+        ("ssm_dt", "bias") => return Some((a, "dt_bias")),
+        (_, "weight") => match stem {
+            "attn_qkv" => "in_proj_qkv",
+            "attn_gate" => "in_proj_z",
+            "ssm_conv1d" => "conv1d",
+            "ssm_beta" => "in_proj_b",
+            "ssm_alpha" => "in_proj_a",
+            "ssm_ba" => "in_proj_ba",
+            "ssm_norm" => "norm",
+            "ssm_out" => "out_proj",
+            _ => return hf_name(gguf_name),
+        },
+        _ => return hf_name(gguf_name),
+    };
+    Some((format!("{a}.{module}"), suffix))
+}
+
+/// Writes a hybrid GGUF file's linear-attention keys into its config.json: the heads' shape, the
+/// convolution's taps, `layer_types`, and (`tiled`: llama.cpp's `qwen35` converter moved the
+/// value heads to tiled order whenever they outnumber the key heads) `linear_value_head_order`.
+/// The rotated share of each head is always written: the families' default is a quarter.
+pub(crate) fn gguf_config(header: &GgufHeader, config: &mut Value, tiled: bool) {
+    config["partial_rotary_factor"] = json!(header.rotary_dim as f64 / header.head_dim as f64);
+    let Some(l) = &header.linear_attention else {
+        return;
+    };
+    config["linear_num_key_heads"] = json!(l.key_heads);
+    config["linear_num_value_heads"] = json!(l.value_heads);
+    config["linear_key_head_dim"] = json!(l.key_head_dim);
+    config["linear_value_head_dim"] = json!(l.value_head_dim);
+    config["linear_conv_kernel_dim"] = json!(l.conv_kernel);
+    let types: Vec<&str> = l
+        .linear_layers
+        .iter()
+        .map(|&linear| {
+            if linear {
+                "linear_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    config["layer_types"] = json!(types);
+    if tiled && l.key_heads != l.value_heads {
+        config["linear_value_head_order"] = json!("tiled");
+    }
 }

@@ -7,13 +7,16 @@
 
 use std::path::Path;
 
-use super::delta_net::delta_net_layers;
+use serde_json::Value;
+
+use super::delta_net::{self, delta_net_layers};
 use super::family::{Defaults, Family, Features};
-use super::moe::ExpertKeys;
-use super::qwen3_next::{HYBRID_FEATURES, HYBRID_GGUF_REFUSAL, check_hybrid};
+use super::moe::{ExpertKeys, gguf_expert_config};
+use super::qwen3_next::{HYBRID_FEATURES, HYBRID_GGUF_EXPERTS, check_hybrid};
 use crate::config::blocks::{GatedDeltaNet, Routing};
 use crate::config::raw::RawConfig;
 use crate::error::Result;
+use crate::gguf::header::GgufHeader;
 
 pub(super) struct Qwen35;
 
@@ -40,10 +43,6 @@ impl Family for Qwen35 {
         "qwen35"
     }
 
-    fn gguf_refusal(&self) -> Option<&'static str> {
-        Some(HYBRID_GGUF_REFUSAL)
-    }
-
     fn defaults(&self) -> Defaults {
         QWEN35_DEFAULTS
     }
@@ -64,6 +63,15 @@ impl Family for Qwen35 {
     ) -> Result<Vec<Option<GatedDeltaNet>>> {
         delta_net_layers(path, raw, layers, false)
     }
+
+    fn gguf_tensor_name<'a>(&self, gguf_name: &'a str) -> Option<(String, &'a str)> {
+        delta_net::gguf_tensor_name(gguf_name)
+    }
+
+    /// llama.cpp's `qwen35` converter moves the value heads to tiled order.
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        delta_net::gguf_config(header, config, true);
+    }
 }
 
 impl Family for Qwen35Moe {
@@ -77,10 +85,6 @@ impl Family for Qwen35Moe {
 
     fn gguf_name(&self) -> &'static str {
         "qwen35moe"
-    }
-
-    fn gguf_refusal(&self) -> Option<&'static str> {
-        Some(HYBRID_GGUF_REFUSAL)
     }
 
     fn defaults(&self) -> Defaults {
@@ -123,5 +127,20 @@ impl Family for Qwen35Moe {
             biases: false,
             dense_layers: false,
         })
+    }
+
+    fn gguf_tensor_name<'a>(&self, gguf_name: &'a str) -> Option<(String, &'a str)> {
+        delta_net::gguf_tensor_name(gguf_name)
+    }
+
+    /// llama.cpp's `qwen35moe` converter moves the value heads to tiled order; every layer
+    /// routes (Qwen3.5-MoE has no dense layers to list).
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        delta_net::gguf_config(header, config, true);
+        gguf_expert_config(header, config, HYBRID_GGUF_EXPERTS);
+        if let Some(object) = config.as_object_mut() {
+            object.remove("decoder_sparse_step");
+            object.remove("mlp_only_layers");
+        }
     }
 }

@@ -9,22 +9,28 @@
 
 use std::path::Path;
 
-use super::delta_net::delta_net_layers;
+use serde_json::Value;
+
+use super::delta_net::{self, delta_net_layers};
 use super::family::{Defaults, Family, Features};
-use super::moe::ExpertKeys;
+use super::moe::{ExpertKeys, GgufExpertKeys, gguf_expert_config};
 use crate::config::blocks::{GatedDeltaNet, Routing};
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
+use crate::gguf::header::GgufHeader;
+
+/// How llama.cpp's hybrid files write their experts: routed in every layer, the top-k weights
+/// always renormalised (its `qwen3next` and `qwen35moe` graphs), beside a gated shared expert.
+pub(super) const HYBRID_GGUF_EXPERTS: GgufExpertKeys = GgufExpertKeys {
+    count: "num_experts",
+    moe_intermediate: true,
+    norm_topk_prob: Some(true),
+    shared_expert: true,
+};
 
 pub(super) struct Qwen3Next;
 
 /// The features the gated-DeltaNet hybrids share: q/k norms, zero-centred norms, gated output.
-/// Why a GGUF file of a gated-DeltaNet hybrid is refused: llama.cpp's names for its
-/// linear-attention tensors are not mapped yet.
-pub(super) const HYBRID_GGUF_REFUSAL: &str = "GGUF files of the gated-DeltaNet hybrids are not \
-     read by mlxcel yet (their linear-attention tensors are not mapped); use the Hugging Face or \
-     MLX checkpoint";
-
 pub(super) const HYBRID_FEATURES: Features = Features {
     qk_norm: true,
     norm_weight_offset: true,
@@ -56,10 +62,6 @@ impl Family for Qwen3Next {
 
     fn gguf_name(&self) -> &'static str {
         "qwen3next"
-    }
-
-    fn gguf_refusal(&self) -> Option<&'static str> {
-        Some(HYBRID_GGUF_REFUSAL)
     }
 
     /// transformers' Qwen3NextConfig.
@@ -109,5 +111,17 @@ impl Family for Qwen3Next {
                 biases: false,
                 dense_layers: true,
             })
+    }
+
+    fn gguf_tensor_name<'a>(&self, gguf_name: &'a str) -> Option<(String, &'a str)> {
+        delta_net::gguf_tensor_name(gguf_name)
+    }
+
+    /// llama.cpp's `qwen3next` converter splits `in_proj_qkvz` into `attn_qkv` and `attn_gate`
+    /// (value heads still grouped by key head) and keeps `in_proj_ba` (`ssm_ba`), which the
+    /// converter splits into `in_proj_b` and `in_proj_a`.
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        delta_net::gguf_config(header, config, false);
+        gguf_expert_config(header, config, HYBRID_GGUF_EXPERTS);
     }
 }

@@ -16,7 +16,7 @@ use crate::error::{ModelError, Result};
 use crate::families::Architecture;
 use crate::gguf::header::{GgufHeader, shortest};
 use crate::gguf::reader::{GgufFile, GgufValue};
-use crate::gguf::tensors::{Destination, GgufBlocks, Output, plan};
+use crate::gguf::tensors::{Destination, GgufBlocks, Output, RowOrder, Values, plan};
 use crate::gguf::vocab::GgufVocab;
 use crate::quant::{GROUP16_AFFINE_MODE, QuantSpec, Quantization};
 use crate::safetensors_files::{ConvertedFrom, Dtype, PlannedBytes, SafetensorsFiles};
@@ -119,6 +119,11 @@ fn plan_checkpoint(
     let mut outputs = Vec::new();
     let mut module_specs: BTreeMap<String, Option<QuantSpec>> = BTreeMap::new();
     for info in &gguf.tensors {
+        // The multi-token-prediction layers after the model's own are not read.
+        if header.nextn_layers > 0 && layer_of(&info.name).is_some_and(|l| l >= header.block_count)
+        {
+            continue;
+        }
         // RoPE factors (Phi-3's LongRoPE, Llama 3.1's `rope_freqs`) are config, read into the
         // header, not weights.
         if header.long_factors.is_some()
@@ -132,32 +137,55 @@ fn plan_checkpoint(
                 tensor: info.name.clone(),
                 reason: "has no Hugging Face llama counterpart (not supported for import)".into(),
             })?;
-        let rows_per_head = match module.rsplit('.').next() {
-            Some("q_proj" | "k_proj") if family.gguf_permuted_qk() => Some(header.head_dim),
-            _ => None,
+        let row_order = match module.rsplit('.').next() {
+            Some("q_proj" | "k_proj") if family.gguf_permuted_qk() => RowOrder::PermutedHeads {
+                head_dim: header.head_dim,
+            },
+            _ => RowOrder::Same,
         };
-        // llama.cpp stores the norm weights of families whose norms multiply by `1 + w` (Gemma)
-        // with the one added.
-        let norm_offset = family.family().features().norm_weight_offset
+        // llama.cpp stores the norm weights of families whose norms multiply by `1 + w` (Gemma,
+        // the hybrids but for their linear layers' gated norm) with the one added, and a gated
+        // DeltaNet's `A_log` as `-exp(A_log)`.
+        let values = if family.family().features().norm_weight_offset
             && suffix == "weight"
-            && module.ends_with("norm");
+            && module.ends_with("norm")
+            && !module.ends_with(".linear_attn.norm")
+        {
+            Values::NormOffset
+        } else if suffix == "A_log" {
+            Values::NegatedExp
+        } else {
+            Values::Kept
+        };
         // A stack of experts (`ffn_*_exps`, `[experts, out, in]`) becomes one output per expert,
         // each a sub-range of the stack's rows; the scales' dtype is chosen once for the stack.
-        let experts: Vec<(String, Option<usize>)> = match module.split_once(".switch_mlp.") {
-            Some((stem, projection)) if info.dims.len() == 3 => (0..info.dims[2] as usize)
-                .map(|j| (format!("{stem}.experts.{j}.{projection}"), Some(j)))
-                .collect(),
-            _ => vec![(module.clone(), None)],
-        };
+        let experts: Vec<(String, Option<usize>, RowOrder)> =
+            match module.split_once(".switch_mlp.") {
+                Some((stem, projection)) if info.dims.len() == 3 => (0..info.dims[2] as usize)
+                    .map(|j| {
+                        (
+                            format!("{stem}.experts.{j}.{projection}"),
+                            Some(j),
+                            row_order,
+                        )
+                    })
+                    .collect(),
+                _ => match module.strip_suffix(".in_proj_ba") {
+                    // Qwen3-Next's `ssm_ba`: per key head its value heads' b, then their a; read
+                    // as the two projections Qwen3.5 stores apart.
+                    Some(stem) => ba_parts(stem, header.linear_attention.as_ref()),
+                    None => vec![(module.clone(), None, row_order)],
+                },
+            };
         let mut known =
             known_scales.and_then(|k| k.get(&format!("{}.scales", experts[0].0)).copied());
-        for (module, expert) in experts {
+        for (module, expert, row_order) in experts {
             let destination = Destination {
                 module: &module,
                 suffix,
                 expert,
             };
-            let mut planned = plan(&gguf, info, destination, rows_per_head, norm_offset, known)?;
+            let mut planned = plan(&gguf, info, destination, row_order, values, known)?;
             known = known.or_else(|| {
                 planned
                     .iter()
@@ -169,6 +197,14 @@ fn plan_checkpoint(
             if module.ends_with(".shared_expert_gate") && info.dims.len() == 1 {
                 for output in &mut planned {
                     output.planned.shape.insert(0, 1);
+                }
+            }
+            // llama.cpp's convolution taps are `[channels, taps]`; Hugging Face's
+            // `[channels, 1, taps]` (the layout that says the norms are zero-centred, as the
+            // one subtracted above leaves them).
+            if module.ends_with(".linear_attn.conv1d") && info.dims.len() == 2 {
+                for output in &mut planned {
+                    output.planned.shape.insert(1, 1);
                 }
             }
             if suffix == "weight" && (info.dims.len() == 2 || expert.is_some()) {
@@ -188,6 +224,40 @@ fn plan_checkpoint(
         outputs,
         module_specs,
     })
+}
+
+/// The layer of a tensor named `blk.{layer}.…`.
+fn layer_of(gguf_name: &str) -> Option<u64> {
+    gguf_name
+        .strip_prefix("blk.")?
+        .split_once('.')?
+        .0
+        .parse()
+        .ok()
+}
+
+/// The two projections of Qwen3-Next's fused `in_proj_ba` under `stem` (`…linear_attn`): per key
+/// head, its value heads' b rows, then their a rows. Without the file's linear-attention keys the
+/// tensor is left whole (and the checkpoint refuses the module it does not expect).
+fn ba_parts(
+    stem: &str,
+    linear: Option<&crate::gguf::linear_attention::GgufLinearAttention>,
+) -> Vec<(String, Option<usize>, RowOrder)> {
+    let Some(l) = linear.filter(|l| l.value_heads.is_multiple_of(l.key_heads)) else {
+        return vec![(format!("{stem}.in_proj_ba"), None, RowOrder::Same)];
+    };
+    let per = (l.value_heads / l.key_heads) as usize;
+    [("in_proj_b", 0), ("in_proj_a", per)]
+        .into_iter()
+        .map(|(part, offset)| {
+            let order = RowOrder::Runs {
+                run: per,
+                stride: 2 * per,
+                offset,
+            };
+            (format!("{stem}.{part}"), None, order)
+        })
+        .collect()
 }
 
 /// Writes everything of a checkpoint directory but the weights: config.json, the tokenizer's

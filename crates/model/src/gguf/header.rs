@@ -2,6 +2,7 @@
 //! the family that writes its config.json.
 
 use crate::error::{ModelError, Result};
+use crate::gguf::linear_attention::{self, GgufLinearAttention};
 use crate::gguf::reader::{GgufFile, GgufValue};
 use crate::gguf::types::GgmlType;
 
@@ -47,6 +48,11 @@ pub(crate) struct GgufHeader {
     pub(crate) vocab_size: usize,
     /// The mixture of experts, when `{arch}.expert_count` is above zero.
     pub(crate) experts: Option<GgufExperts>,
+    /// A gated-DeltaNet hybrid's linear attention, when the file has `{arch}.ssm.conv_kernel`.
+    pub(crate) linear_attention: Option<GgufLinearAttention>,
+    /// `{arch}.nextn_predict_layers`: multi-token-prediction layers after the model's own
+    /// (`block_count` counts only the model's; mlxcel does not read those layers' tensors).
+    pub(crate) nextn_layers: u64,
 }
 
 /// A mixture of experts' `{arch}.expert_*` keys, as llama.cpp writes them.
@@ -143,7 +149,17 @@ impl GgufHeader {
                 }
             }
         }
-        let block_count = need("block_count")?;
+        // llama.cpp counts the multi-token-prediction layers in `block_count`.
+        let nextn_layers = uint("nextn_predict_layers")?.unwrap_or(0);
+        let block_count = need("block_count")?
+            .checked_sub(nextn_layers)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                error(
+                    &key("nextn_predict_layers"),
+                    format!("{nextn_layers} is not fewer than block_count"),
+                )
+            })?;
         // llama.cpp's sliding layers: a per-layer list, else a period (every `period`-th layer
         // global): 2 for Gemma 2, 6 for Gemma 3.
         let sliding_window = uint("attention.sliding_window")?.filter(|&w| w > 0);
@@ -269,7 +285,21 @@ impl GgufHeader {
                     .transpose()?,
             }),
         };
+        // A mixture of experts' file may leave the dense size out (Qwen3.5-MoE): its experts'.
+        let feed_forward_length = match (uint("feed_forward_length")?, experts) {
+            (Some(n), _) => n,
+            (
+                None,
+                Some(GgufExperts {
+                    feed_forward_length: Some(n),
+                    ..
+                }),
+            ) => n,
+            (None, _) => need("feed_forward_length")?,
+        };
         Ok(Self {
+            linear_attention: linear_attention::read(gguf, arch, block_count)?,
+            nextn_layers,
             experts,
             attention_bias: gguf.tensor_info("blk.0.attn_q.bias").is_some(),
             rotary_dim,
@@ -289,7 +319,7 @@ impl GgufHeader {
             block_count,
             context_length: need("context_length")? as usize,
             embedding_length,
-            feed_forward_length: need("feed_forward_length")?,
+            feed_forward_length,
             head_count,
             head_count_kv,
             head_count_kv_per_layer,

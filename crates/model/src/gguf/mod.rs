@@ -3,6 +3,7 @@
 mod convert;
 pub mod dequant;
 pub(crate) mod header;
+mod linear_attention;
 pub(crate) mod names;
 pub mod permute;
 mod reader;

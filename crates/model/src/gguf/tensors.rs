@@ -25,10 +25,71 @@ enum Part {
     },
     Scales,
     Biases,
-    /// A Gemma norm weight, which llama.cpp stores as `1 + w`: written as f32 `w` again (the
-    /// Hugging Face form; exact whenever `1 + w ≥ 0.5`, so that adding one back at load gives
-    /// llama.cpp's weight).
+    /// A float tensor whose values llama.cpp's converter changed, written as f32 with the
+    /// change undone.
+    Values(Values),
+}
+
+/// What llama.cpp's converter did to a float tensor's values, undone on import.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Values {
+    /// Kept as they are.
+    Kept,
+    /// A norm weight of a family whose norms multiply by `1 + w` (Gemma, the gated-DeltaNet
+    /// hybrids), which llama.cpp stores as `1 + w`: written as `w` again (the Hugging Face form;
+    /// exact whenever `1 + w ≥ 0.5`, so that adding one back at load gives llama.cpp's weight).
     NormOffset,
+    /// A gated DeltaNet's `A_log`, which llama.cpp stores as `ssm_a = -exp(A_log)`: written as
+    /// `ln(-ssm_a)` (the loader's `exp` of it gives llama.cpp's rate back to within an ulp).
+    NegatedExp,
+}
+
+/// Which source row each output row is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowOrder {
+    /// Row `r` is source row `r`.
+    Same,
+    /// llama.cpp permuted the rows of each head of `head_dim` rows (llama q/k projections).
+    PermutedHeads { head_dim: usize },
+    /// Runs of `run` rows every `stride` rows, from `offset` into each stride: one part of a
+    /// tensor whose parts llama.cpp interleaves (Qwen3-Next's `ssm_ba`, per key head its value
+    /// heads' b, then their a).
+    Runs {
+        run: usize,
+        stride: usize,
+        offset: usize,
+    },
+}
+
+impl RowOrder {
+    /// The source row of output row `r`.
+    fn source(self, r: usize) -> usize {
+        match self {
+            Self::Same => r,
+            Self::PermutedHeads { head_dim } => gguf_row_of_hf_row(r, head_dim),
+            Self::Runs {
+                run,
+                stride,
+                offset,
+            } => r / run * stride + offset + r % run,
+        }
+    }
+
+    /// Output rows of `source_rows` source rows (`None`: not whole strides).
+    fn rows(self, source_rows: usize) -> Option<usize> {
+        match self {
+            Self::Same => Some(source_rows),
+            Self::PermutedHeads { head_dim } => (source_rows.is_multiple_of(head_dim)
+                && head_dim.is_multiple_of(2))
+            .then_some(source_rows),
+            Self::Runs {
+                run,
+                stride,
+                offset,
+            } => (stride > 0 && offset + run <= stride && source_rows.is_multiple_of(stride))
+                .then(|| source_rows / stride * run),
+        }
+    }
 }
 
 /// One output tensor and how to produce its bytes from the GGUF.
@@ -37,8 +98,8 @@ pub(crate) struct Output {
     pub planned: PlannedTensor,
     source: GgufTensorInfo,
     part: Part,
-    /// `Some(head_dim)` for llama q/k projections, whose rows llama.cpp permuted.
-    rows_per_head: Option<usize>,
+    /// Where each row comes from (llama q/k projections' rows were permuted).
+    row_order: RowOrder,
     /// The first row of the source this output starts at: one expert's rows of a stacked
     /// `[experts, out, in]` tensor (whose experts lie one after another), else 0.
     first_row: usize,
@@ -55,7 +116,8 @@ pub(crate) struct Destination<'a> {
 
 /// Plans the outputs of `info`, which becomes the Hugging Face `module` + `suffix`; with
 /// `expert` `Some(j)`, `info` is a stack of experts `[experts, out, in]` and this plans expert
-/// `j`'s `[out, in]` (its rows, a sub-range of the tensor's). A quantized
+/// `j`'s `[out, in]` (its rows, a sub-range of the tensor's); `row_order` picks the rows of the
+/// output from those, and `values` undoes what llama.cpp did to a float tensor's. A quantized
 /// tensor's scales and biases are f16 when every one of them is exact in f16 (else f32):
 /// `known_scales` gives that choice when an earlier plan of the same file made it, else the
 /// tensor's blocks are read to make it.
@@ -67,8 +129,8 @@ pub(crate) fn plan(
         suffix,
         expert,
     }: Destination<'_>,
-    rows_per_head: Option<usize>,
-    norm_offset: bool,
+    row_order: RowOrder,
+    values: Values,
     known_scales: Option<safetensors::Dtype>,
 ) -> Result<Vec<Output>> {
     let refuse = |reason: String| ModelError::GgufTensor {
@@ -82,7 +144,7 @@ pub(crate) fn plan(
             "has no elements (shape {whole:?}): a model's tensors are never empty"
         )));
     }
-    let (shape, first_row) = match (expert, &whole[..]) {
+    let (mut shape, first_row) = match (expert, &whole[..]) {
         (None, [_, _, _, ..]) => {
             return Err(refuse(format!(
                 "has {} dimensions (shape {whole:?}) where a matrix is expected",
@@ -97,19 +159,29 @@ pub(crate) fn plan(
             )));
         }
     };
-    let rows = rows(&shape);
-    if let Some(head_dim) = rows_per_head
-        && !(rows.is_multiple_of(head_dim) && head_dim.is_multiple_of(2))
-    {
+    let source_rows = rows(&shape);
+    let Some(out_rows) = row_order.rows(source_rows) else {
         return Err(refuse(format!(
-            "{rows} rows are not whole heads of {head_dim}"
+            "{source_rows} rows cannot be read as {row_order:?}"
         )));
+    };
+    if out_rows != source_rows {
+        // Only a matrix's rows are picked from (a vector's "rows" are its elements).
+        match shape.len() {
+            1 | 2 => shape[0] = shape[0] / source_rows * out_rows,
+            _ => {
+                return Err(refuse(format!(
+                    "{row_order:?} of a {}-D tensor",
+                    shape.len()
+                )));
+            }
+        }
     }
     let output = |name: String, dtype, shape: Vec<usize>, part| Output {
         planned: PlannedTensor { name, dtype, shape },
         source: info.clone(),
         part,
-        rows_per_head,
+        row_order,
         first_row,
     };
     let dense = |dtype| {
@@ -120,17 +192,24 @@ pub(crate) fn plan(
             Part::Dense,
         )])
     };
-    if norm_offset
-        && matches!(
+    if values != Values::Kept {
+        if !matches!(
             info.ggml_type,
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16
-        )
-    {
+        ) {
+            return Err(refuse(format!(
+                "is {}, where llama.cpp writes a float tensor",
+                info.ggml_type
+            )));
+        }
+        if row_order != RowOrder::Same {
+            return Err(refuse(format!("{values:?} values in {row_order:?}")));
+        }
         return Ok(vec![output(
             format!("{module}.{suffix}"),
             safetensors::Dtype::F32,
             shape.clone(),
-            Part::NormOffset,
+            Part::Values(values),
         )]);
     }
     match info.ggml_type {
@@ -258,10 +337,7 @@ impl Output {
         assert_eq!(out.len(), self.planned.byte_len(), "{}", self.planned.name);
         let ty = self.source.ggml_type;
         let source_rows = rows(&self.source.shape());
-        let row_of = |r: usize| match self.rows_per_head {
-            Some(head_dim) => gguf_row_of_hf_row(self.first_row + r, head_dim),
-            None => self.first_row + r,
-        };
+        let row_of = |r: usize| self.first_row + self.row_order.source(r);
         match self.part {
             Part::Dense => {
                 let row_bytes = raw.len() / source_rows;
@@ -271,10 +347,15 @@ impl Output {
                 });
                 return Ok(());
             }
-            Part::NormOffset => {
+            Part::Values(kind) => {
                 let values = dequantize_reference(ty, raw).expect("a float type");
                 for (dst, v) in out.chunks_exact_mut(4).zip(values) {
-                    dst.copy_from_slice(&(v - 1.0).to_le_bytes());
+                    let v = match kind {
+                        Values::Kept => v,
+                        Values::NormOffset => v - 1.0,
+                        Values::NegatedExp => (-v).ln(),
+                    };
+                    dst.copy_from_slice(&v.to_le_bytes());
                 }
                 return Ok(());
             }
@@ -317,7 +398,7 @@ impl Output {
                     }
                     debug_assert_eq!(at, dst.len());
                 }
-                Part::Dense | Part::NormOffset => unreachable!("handled above"),
+                Part::Dense | Part::Values(_) => unreachable!("handled above"),
             }
         });
         Ok(())
@@ -353,18 +434,17 @@ pub struct GgufBlocks<'a> {
     row_bytes: usize,
     /// Of a part split off a fused tensor: its first row in the whole.
     first_row: usize,
-    rows_per_head: Option<usize>,
+    /// The rows of the whole in the source tensor.
+    row_order: RowOrder,
+    /// Of one expert of a stack: its first row in the source.
+    source_first_row: usize,
 }
 
 impl<'a> GgufBlocks<'a> {
     /// Row `r`'s blocks (`cols / block_len` of them, back to back).
     pub fn row(&self, r: usize) -> &'a [u8] {
         assert!(r < self.rows, "row {r} of {}", self.rows);
-        let whole = self.first_row + r;
-        let source = match self.rows_per_head {
-            Some(head_dim) => gguf_row_of_hf_row(whole, head_dim),
-            None => whole,
-        };
+        let source = self.source_first_row + self.row_order.source(self.first_row + r);
         &self.data[source * self.row_bytes..(source + 1) * self.row_bytes]
     }
 }
@@ -385,8 +465,7 @@ impl Output {
         let shape = self.source.shape();
         self.source.ggml_type.layout()?;
         let (whole, &cols) = (self::rows(&shape), shape.last()?);
-        let first_row = self.first_row + first_row;
-        if first_row + rows > whole {
+        if first_row + rows > self::rows(&self.planned.shape) {
             return None;
         }
         Some(GgufBlocks {
@@ -396,7 +475,8 @@ impl Output {
             data,
             row_bytes: data.len() / whole,
             first_row,
-            rows_per_head: self.rows_per_head,
+            row_order: self.row_order,
+            source_first_row: self.first_row,
         })
     }
 }

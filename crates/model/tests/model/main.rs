@@ -10,6 +10,7 @@ mod fixtures;
 mod gguf;
 mod gguf_experts;
 mod gguf_lfm2;
+mod gguf_hybrids;
 mod gpt_oss;
 mod lfm2;
 mod mxfp4;
