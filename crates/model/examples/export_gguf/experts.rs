@@ -85,6 +85,15 @@ pub fn write_metadata(
     let renormalized = match moe.routing {
         Routing::SoftmaxTopK { renormalize } => renormalize,
         Routing::TopKSoftmax => true,
+        Routing::SigmoidTopK { renormalize, .. } => {
+            // LFM2-MoE's sigmoid routing and expert bias are not written yet: say so rather
+            // than let the file claim llama.cpp's softmax routing.
+            lossy.push(Lossy {
+                field: "feed_forward",
+                why: "sigmoid routing (LFM2-MoE) is not written by export-gguf".to_string(),
+            });
+            renormalize
+        }
     };
     if let Some(theirs) = llama_renormalizes(arch)
         && theirs != renormalized
