@@ -195,10 +195,54 @@ pub trait Backend {
     }
 
     /// Whether the model keeps a recurrent state per sequence (a hybrid's linear-attention
-    /// layers), which cannot be rewound to a shorter prefix: speculative decoding, the prefix
-    /// cache and slot files are off for it ([`crate::speculative::HYBRID_STATE`]).
+    /// layers): the state after every position consumed, which goes back to a shorter prefix
+    /// only where the backend kept a copy of it ([`Backend::resumable_prefix`]).
     fn recurrent_state(&self) -> bool {
         false
+    }
+
+    /// The most positions, at most `len`, that slot `slot` can give another slot
+    /// ([`Backend::copy_prefix`]) or be cut back to ([`Backend::adopt_slot`],
+    /// [`Backend::truncate`]) with the same logits after: `len` where every position's keys and
+    /// values are all a sequence's state; for a recurrent state, the longest prefix whose state
+    /// the slot keeps a copy of (its own, a speculative step's checkpoints, snapshots at block
+    /// boundaries when [`Backend::keep_state_snapshots`] asked for them).
+    fn resumable_prefix(&self, slot: SlotId, len: usize) -> usize {
+        let _ = slot;
+        len
+    }
+
+    /// Whether slots keep copies of their recurrent state at block boundaries from now on (the
+    /// prefix cache's snapshots, which cached prefixes of whole blocks resume from). A no-op
+    /// for a model without recurrent state.
+    fn keep_state_snapshots(&mut self, keep: bool) {
+        let _ = keep;
+    }
+
+    /// A slot's recurrent state after its first `len` positions on the host (empty for a model
+    /// without one): what a saved slot file holds beside [`Backend::export_kv`]'s keys and
+    /// values ([`Backend::import_state`] reads it back).
+    fn export_state(&mut self, slot: SlotId, len: usize) -> Result<Vec<f32>, EngineError> {
+        let _ = (slot, len);
+        Ok(Vec::new())
+    }
+
+    /// Sets slot `slot`'s recurrent state to `data` ([`Backend::export_state`]'s layout on the
+    /// same model) as the state after the positions [`Backend::import_kv`] gave it. Refused
+    /// when `data` is not this model's state (empty, for a model without one).
+    fn import_state(&mut self, slot: SlotId, data: &[f32]) -> Result<(), EngineError> {
+        let _ = slot;
+        if data.is_empty() {
+            return Ok(());
+        }
+        Err(EngineError::backend(
+            self.name(),
+            format!(
+                "the saved slot holds {} values of recurrent state (a hybrid model's), and this \
+                 model keeps none",
+                data.len()
+            ),
+        ))
     }
 
     /// Makes slot `to`'s first `len` positions a copy of slot `from`'s (the same tokens there),
@@ -397,6 +441,22 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn recurrent_state(&self) -> bool {
         (**self).recurrent_state()
+    }
+
+    fn resumable_prefix(&self, slot: SlotId, len: usize) -> usize {
+        (**self).resumable_prefix(slot, len)
+    }
+
+    fn keep_state_snapshots(&mut self, keep: bool) {
+        (**self).keep_state_snapshots(keep)
+    }
+
+    fn export_state(&mut self, slot: SlotId, len: usize) -> Result<Vec<f32>, EngineError> {
+        (**self).export_state(slot, len)
+    }
+
+    fn import_state(&mut self, slot: SlotId, data: &[f32]) -> Result<(), EngineError> {
+        (**self).import_state(slot, data)
     }
 
     fn kv_bytes(&self, positions: usize) -> usize {

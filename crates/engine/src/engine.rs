@@ -167,24 +167,6 @@ impl Engine {
         if let Some(speculative) = &options.speculative {
             speculative.validate()?;
         }
-        let mut options = options;
-        // A hybrid model's recurrent state cannot be rolled back to the last accepted token:
-        // speculation is switched off for it (said once, here), not run wrong.
-        if loaded
-            .checkpoint
-            .config()
-            .layers
-            .iter()
-            .any(|l| l.linear.is_some())
-            && (options.speculative.is_some() || options.draft_model.is_some())
-        {
-            eprintln!(
-                "mlxcel: speculative decoding is off: {}",
-                crate::speculative::HYBRID_STATE
-            );
-            options.speculative = None;
-            options.draft_model = None;
-        }
         let speculative = options.speculative;
         if speculative.is_some() && options.backend == crate::BackendKind::Xla {
             return Err(EngineError::InvalidSpeculation(
@@ -617,7 +599,11 @@ fn run_worker<B: Backend>(
                     let _ = reply.send(scheduler.export_cached(id));
                 }
                 Command::RestoreCached { prefix, reply } => {
-                    let _ = reply.send(scheduler.restore_cached(prefix.tokens, &prefix.kv));
+                    let _ = reply.send(scheduler.restore_cached_state(
+                        prefix.tokens,
+                        &prefix.kv,
+                        &prefix.state,
+                    ));
                     publish(&metrics, &mut local, &scheduler);
                 }
                 Command::EraseCached { id, reply } => {

@@ -57,13 +57,14 @@ pub const NEEDS_SCORING: &str = "speculative decoding needs a backend that score
 of a pass: the OpenXLA backend's compiled programs return only the last position's logits (docs/xla.md \
 says why it compiles no verify program); use --backend mlx, or no --spec-type";
 
-/// Why a hybrid model (gated-DeltaNet linear attention: Qwen3-Next, Qwen3.5) runs without
-/// speculative decoding, the prefix cache and slot files: its layers keep a recurrent state per
-/// sequence, the state after every position it consumed, which mlxcel does not yet checkpoint
-/// per position (to roll back rejected proposals) or per block (to resume a cached prefix).
-pub const HYBRID_STATE: &str = "this is a hybrid model: its linear-attention layers keep a \
-recurrent state per sequence that mlxcel cannot yet roll back to an earlier position, so \
-speculative decoding, the prefix cache and slot save/restore are off for it (docs/mlx.md)";
+/// Why a hybrid model (gated-DeltaNet linear attention: Qwen3-Next, Qwen3.5) is refused as a
+/// draft model: a draft proposes one token per step, and its recurrent state (the state after
+/// every position it consumed) keeps no copy per step to go back to after a rejected proposal. A
+/// hybrid *target* model speculates: its verification keeps the state after each position.
+pub const HYBRID_STATE: &str = "the draft model is a hybrid model: its linear-attention layers \
+keep a recurrent state per sequence that a draft's one-token steps do not checkpoint, so it \
+cannot be rolled back after a rejected proposal; use a transformer draft model, or prompt lookup \
+(docs/mlx.md)";
 
 /// The acceptance rate a sequence starts from, and drifts back to while it does not speculate.
 pub const PRIOR_ACCEPTANCE: f32 = 0.5;

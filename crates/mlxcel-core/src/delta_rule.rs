@@ -65,7 +65,21 @@ pub struct DeltaInputs<'a> {
     pub beta: &'a [f32],
 }
 
-impl DeltaInputs<'_> {
+impl<'a> DeltaInputs<'a> {
+    /// Tokens `start..end` of the run (a run cut where the state is recorded).
+    pub fn rows(&self, shape: &DeltaShape, start: usize, end: usize) -> DeltaInputs<'a> {
+        let key = shape.key_heads * shape.key_dim;
+        let value = shape.value_heads * shape.value_dim;
+        let heads = shape.value_heads;
+        DeltaInputs {
+            q: &self.q[start * key..end * key],
+            k: &self.k[start * key..end * key],
+            v: &self.v[start * value..end * value],
+            log_decay: &self.log_decay[start * heads..end * heads],
+            beta: &self.beta[start * heads..end * heads],
+        }
+    }
+
     /// Tokens in the run, after checking every slice against `shape`.
     fn tokens(&self, shape: &DeltaShape) -> usize {
         let n = self.beta.len() / shape.value_heads;

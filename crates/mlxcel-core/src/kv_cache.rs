@@ -137,10 +137,11 @@ impl KvCache {
     }
 
     /// The cache with a new sequence's recurrent state for a hybrid model's linear-attention
-    /// layers (`shapes`, in layer order; none: no state).
+    /// layers (`shapes`, in layer order; none: no state), its snapshots (when kept) at block
+    /// boundaries.
     pub(crate) fn with_recurrent(mut self, shapes: &[LayerStateShape]) -> Self {
         if !shapes.is_empty() {
-            self.recurrent = Some(RecurrentState::new(shapes));
+            self.recurrent = Some(RecurrentState::new(shapes, KV_BLOCK));
         }
         self
     }
@@ -159,7 +160,8 @@ impl KvCache {
                 operation: "step",
                 reason: format!(
                     "the cache holds {len} positions but its state is not the state after them \
-                     (it was rewound or cut); start the sequence again"
+                     (it was rewound or cut to a position it kept no copy of); start the \
+                     sequence again"
                 ),
             }),
             other => Ok(other.as_mut()),
@@ -172,18 +174,86 @@ impl KvCache {
         self.recurrent.as_ref().map_or(0, RecurrentState::bytes)
     }
 
-    /// The refusal of an operation a cache with recurrent state cannot do, if this is one.
-    fn refuse_recurrent(&self, operation: &'static str) -> Result<()> {
-        if self.recurrent.is_some() {
-            return Err(Error::RecurrentState {
-                operation,
-                reason: "a hybrid model's linear-attention layers keep a recurrent state, not \
-                         keys and values per position; it is not saved, restored or shared \
-                         (docs/mlx.md)"
-                    .into(),
-            });
+    /// Keeps (or stops keeping) a snapshot of the linear-attention state at every block
+    /// boundary a step crosses, so that a prefix of whole blocks can be given to another cache
+    /// ([`KvCache::copy_prefix_from`]) or this one cut back to it. No-op without linear layers.
+    pub fn set_keep_state_snapshots(&mut self, keep: bool) {
+        if let Some(state) = &mut self.recurrent {
+            state.set_keep_snapshots(keep);
         }
-        Ok(())
+    }
+
+    /// Makes the next step keep the linear-attention state after each of its positions (run
+    /// token by token, as decode steps run), so that [`KvCache::truncate`] can go back to any
+    /// of them until the step after: a speculative verification. No-op without linear layers.
+    pub fn checkpoint_next_step(&mut self) {
+        if let Some(state) = &mut self.recurrent {
+            state.checkpoint_next_step();
+        }
+    }
+
+    /// The most positions, at most `len` (and at most those held), that another cache can take
+    /// from this one ([`KvCache::copy_prefix_from`]): `len` itself without linear layers; with
+    /// them, the longest such prefix whose state this cache has (its own, a checkpoint, or a
+    /// snapshot at a block boundary), 0 if none.
+    pub fn resumable_prefix(&self, len: usize) -> usize {
+        let len = len.min(self.len);
+        match &self.recurrent {
+            Some(state) => state.resumable(len),
+            None => len,
+        }
+    }
+
+    /// The linear-attention state after the first `len` positions as f32 values (empty for a
+    /// model without linear layers): what a saved slot holds beside its keys and values
+    /// ([`KvCache::import_state`] reads it back).
+    pub fn export_state(&self, len: usize) -> Result<Vec<f32>> {
+        let Some(state) = &self.recurrent else {
+            return Ok(Vec::new());
+        };
+        state.export(len).ok_or_else(|| Error::RecurrentState {
+            operation: "export",
+            reason: format!(
+                "the cache keeps no copy of its state after {len} positions (it keeps its \
+                 state after {} and snapshots at multiples of {KV_BLOCK})",
+                self.len
+            ),
+        })
+    }
+
+    /// Sets the linear-attention state to `data` ([`KvCache::export_state`]'s layout) as the
+    /// state after the positions the cache holds (after [`KvCache::import`]). Refused when its
+    /// length is not this model's state's, or for a model without linear layers unless `data`
+    /// is empty.
+    pub fn import_state(&mut self, data: &[f32]) -> Result<()> {
+        let len = self.len;
+        match &mut self.recurrent {
+            None if data.is_empty() => Ok(()),
+            None => Err(Error::RecurrentState {
+                operation: "import",
+                reason: format!(
+                    "the data holds {} values of linear-attention state, and this model has no \
+                     linear-attention layers (it was saved from another model)",
+                    data.len()
+                ),
+            }),
+            Some(state) => {
+                let floats = state.floats();
+                if state.import(data, len) {
+                    Ok(())
+                } else {
+                    Err(Error::RecurrentState {
+                        operation: "import",
+                        reason: format!(
+                            "the data holds {} values of linear-attention state, and this \
+                             model's state is {floats} values (it was saved from another model \
+                             or shape)",
+                            data.len()
+                        ),
+                    })
+                }
+            }
+        }
     }
 
     /// Positions held.
@@ -424,8 +494,6 @@ impl KvCache {
     /// same tokens give the same keys and values), forgetting its own: the blocks `len` fills
     /// are shared with `source`, the partial last one is copied.
     pub fn copy_prefix_from(&mut self, source: &KvCache, len: usize) -> Result<()> {
-        self.refuse_recurrent("copy a prefix")?;
-        source.refuse_recurrent("copy a prefix")?;
         if source.types() != self.types() {
             return Err(Error::KvTypeMismatch {
                 from_k: source.k_type.as_str(),
@@ -448,6 +516,31 @@ impl KvCache {
                 max_positions: self.max_positions,
             });
         }
+        match (&mut self.recurrent, &source.recurrent) {
+            (None, None) => {}
+            (Some(state), Some(from)) => {
+                if !state.copy_from(from, len) {
+                    return Err(Error::RecurrentState {
+                        operation: "copy a prefix",
+                        reason: format!(
+                            "the source keeps no copy of its state after {len} positions (it \
+                             keeps its state after {} and snapshots at multiples of \
+                             {KV_BLOCK}: KvCache::resumable_prefix says which prefixes it can \
+                             give)",
+                            source.len
+                        ),
+                    });
+                }
+            }
+            _ => {
+                return Err(Error::RecurrentState {
+                    operation: "copy a prefix",
+                    reason: "one cache has linear-attention state and the other none: they \
+                             belong to different models"
+                        .into(),
+                });
+            }
+        }
         let full = len / KV_BLOCK;
         let mut blocks: Vec<Arc<KvBlock>> = source.blocks[..full].to_vec();
         if !len.is_multiple_of(KV_BLOCK) {
@@ -468,7 +561,6 @@ impl KvCache {
     /// types), layer by layer, keys before values, each `[kv_heads, len, head_dim]`
     /// ([`KvCache::import`] reads this layout).
     pub fn export(&self, len: usize) -> Result<Vec<f32>> {
-        self.refuse_recurrent("export")?;
         if len > self.len {
             return Err(Error::CacheFull {
                 len: self.len,
@@ -498,8 +590,10 @@ impl KvCache {
     /// Becomes `len` positions read from `data` in [`KvCache::export`]'s layout, forgetting its
     /// own; `data` must hold exactly `len` positions. Values are rounded to the cache's types as
     /// a step's writes are.
+    ///
+    /// A hybrid model's linear-attention state is not in `data`: until
+    /// [`KvCache::import_state`] sets it, the cache refuses to step.
     pub fn import(&mut self, data: &[f32], len: usize) -> Result<()> {
-        self.refuse_recurrent("import")?;
         let per_side = len * self.kv_heads as usize * self.head_dim as usize;
         if data.len() != 2 * self.layer_count * per_side {
             return Err(Error::DataLength {
@@ -545,6 +639,9 @@ impl KvCache {
             *block = Arc::new(private);
         }
         self.len = len;
+        if let Some(state) = &mut self.recurrent {
+            state.invalidate();
+        }
         Ok(())
     }
 
@@ -552,13 +649,15 @@ impl KvCache {
     /// keys and values are overwritten by the next append (into a copy, if the block is
     /// shared).
     ///
-    /// A hybrid model's recurrent state cannot be rewound: cut to fewer positions, the cache
-    /// refuses its next step (by name) rather than continue from the wrong state.
+    /// A hybrid model's recurrent state goes back to its copy after `len` positions (a
+    /// verification's checkpoint, a block boundary's snapshot, or zeros for 0); cut to a
+    /// position it kept no copy of, the cache refuses its next step (by name) rather than
+    /// continue from the wrong state.
     pub fn truncate(&mut self, len: usize) {
         if len < self.len
             && let Some(state) = &mut self.recurrent
         {
-            state.invalidate();
+            state.rewind(len);
         }
         self.len = self.len.min(len);
     }

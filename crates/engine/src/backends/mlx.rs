@@ -26,6 +26,9 @@ pub(crate) struct MlxBackend {
     /// Bytes of recurrent state every slot of a hybrid model holds whatever its length (0
     /// otherwise), counted in the KV budget beside its blocks.
     state_bytes: usize,
+    /// Whether slots keep a snapshot of their recurrent state at each block boundary (the
+    /// prefix cache is on, and the model is a hybrid): each block then costs a snapshot too.
+    snapshots: bool,
 }
 
 fn backend_error(err: mlxcel_core::Error) -> EngineError {
@@ -65,6 +68,7 @@ impl MlxBackend {
             kv_budget_bytes,
             running: running.max(1),
             state_bytes,
+            snapshots: false,
         })
     }
 
@@ -97,9 +101,11 @@ impl MlxBackend {
         self.model.kv_bytes_per_position()
     }
 
-    /// KV bytes of one block of positions.
+    /// KV bytes of one block of positions, plus the snapshot of a hybrid model's recurrent
+    /// state at its end where slots keep them.
     fn block_bytes(&self) -> usize {
-        KV_BLOCK * self.bytes_per_position()
+        let snapshot = if self.snapshots { self.state_bytes } else { 0 };
+        KV_BLOCK * self.bytes_per_position() + snapshot
     }
 
     /// KV bytes of `positions` positions in whole blocks (what a cache allocates), plus a
@@ -273,8 +279,9 @@ impl Backend for MlxBackend {
         }
         let slot = self.next_slot;
         self.next_slot += 1;
-        self.slots
-            .insert(slot, self.model.new_cache(plan.max_positions));
+        let mut cache = self.model.new_cache(plan.max_positions);
+        cache.set_keep_state_snapshots(self.snapshots);
+        self.slots.insert(slot, cache);
         Ok(slot)
     }
 
@@ -287,7 +294,16 @@ impl Backend for MlxBackend {
         batch: &[SequenceStep<'_>],
         firsts: &[usize],
     ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
-        self.run_batch(batch, |model, seqs| model.forward_scored(seqs, firsts))
+        self.run_batch(batch, |model, seqs| {
+            // A verification keeps a hybrid's recurrent state after each of its positions, so
+            // that `truncate` can roll rejected proposals back.
+            for (seq, &first) in seqs.iter_mut().zip(firsts) {
+                if first + 1 < seq.tokens.len() {
+                    seq.cache.checkpoint_next_step();
+                }
+            }
+            model.forward_scored(seqs, firsts)
+        })
     }
 
     fn release_slot(&mut self, slot: SlotId) {
@@ -330,20 +346,49 @@ impl Backend for MlxBackend {
             .map_err(backend_error)
     }
 
-    /// Speculative verification rolls rejected positions back ([`Backend::truncate`]), which a
-    /// hybrid model's recurrent state cannot.
+    /// A hybrid model's verification keeps its recurrent state after each position
+    /// ([`MlxBackend::step_scored`]), which [`Backend::truncate`] rolls back to.
     fn can_score(&self) -> bool {
-        !self.model.is_hybrid()
+        true
     }
 
-    /// A hybrid model's recurrent state is not shared or cut to a prefix: the prefix cache is
-    /// off for it.
+    /// A hybrid model's prefixes are given from the state snapshots at block boundaries (or a
+    /// slot's whole length): [`Backend::resumable_prefix`].
     fn can_copy_prefix(&self) -> bool {
-        !self.model.is_hybrid()
+        true
     }
 
     fn recurrent_state(&self) -> bool {
         self.model.is_hybrid()
+    }
+
+    fn resumable_prefix(&self, slot: SlotId, len: usize) -> usize {
+        self.slots
+            .get(&slot)
+            .map_or(0, |cache| cache.resumable_prefix(len))
+    }
+
+    fn keep_state_snapshots(&mut self, keep: bool) {
+        self.snapshots = keep && self.model.is_hybrid();
+        for cache in self.slots.values_mut() {
+            cache.set_keep_state_snapshots(self.snapshots);
+        }
+    }
+
+    fn export_state(&mut self, slot: SlotId, len: usize) -> Result<Vec<f32>, EngineError> {
+        let cache = self
+            .slots
+            .get(&slot)
+            .ok_or_else(|| EngineError::backend("mlx", format!("slot {slot} is not allocated")))?;
+        cache.export_state(len).map_err(backend_error)
+    }
+
+    fn import_state(&mut self, slot: SlotId, data: &[f32]) -> Result<(), EngineError> {
+        let cache = self
+            .slots
+            .get_mut(&slot)
+            .ok_or_else(|| EngineError::backend("mlx", format!("slot {slot} is not allocated")))?;
+        cache.import_state(data).map_err(backend_error)
     }
 
     /// A cache of `positions` positions holds whole blocks: what a kept slot costs the prefix
@@ -361,7 +406,7 @@ impl Backend for MlxBackend {
             && cache.len() == len
             && cache.set_max_positions(len).is_ok()
         {
-            return cache.reserved_blocks() * block;
+            return cache.reserved_blocks() * block + self.state_bytes;
         }
         self.kv_bytes(max_positions)
     }

@@ -105,20 +105,18 @@ impl<B: Backend> Scheduler<B> {
         let budget = if self.backend.can_copy_prefix() {
             bytes
         } else {
-            if bytes > 0 && self.backend.recurrent_state() {
-                eprintln!(
-                    "mlxcel: the prefix cache is off: {}",
-                    crate::speculative::HYBRID_STATE
-                );
-            }
             0
         };
+        // A hybrid model's cached prefixes resume from snapshots of its recurrent state at
+        // block boundaries, which slots keep only while there is a cache to use them.
+        self.backend.keep_state_snapshots(budget > 0);
         self.prefix.set_budget(budget);
         self
     }
 
     /// What the prefix cache holds for `id` (a finished request's id, or a restored entry's):
-    /// its tokens and their keys and values ([`Backend::export_kv`]'s layout); `None` when the
+    /// its tokens and their keys and values ([`Backend::export_kv`]'s layout, and a hybrid
+    /// model's recurrent state after them, [`Backend::export_state`]'s); `None` when the
     /// request's slot was not kept (the cache off, or too short a sequence) or has been evicted.
     /// An entry taken over by a later request reads from what holds its positions now.
     pub fn export_cached(&mut self, id: RequestId) -> Result<Option<CachedPrefix>, EngineError> {
@@ -133,11 +131,22 @@ impl<B: Backend> Scheduler<B> {
         tokens: Vec<u32>,
         kv: &[f32],
     ) -> Result<RequestId, EngineError> {
+        self.restore_cached_state(tokens, kv, &[])
+    }
+
+    /// [`Scheduler::restore_cached`] with the recurrent state after the tokens (a hybrid
+    /// model's: [`CachedPrefix::state`]; empty for a model without one).
+    pub fn restore_cached_state(
+        &mut self,
+        tokens: Vec<u32>,
+        kv: &[f32],
+        state: &[f32],
+    ) -> Result<RequestId, EngineError> {
         self.prefix.restore(
             &mut self.backend,
             &self.running,
             tokens,
-            kv,
+            (kv, state),
             &mut self.next_id,
         )
     }
@@ -249,11 +258,6 @@ impl<B: Backend> Scheduler<B> {
         let sampler = Sampler::new(request.sampling)?.with_dry_breakers(dry_breakers);
         if let Some(speculative) = &request.speculative {
             speculative.validate()?;
-            if self.backend.recurrent_state() {
-                return Err(EngineError::InvalidSpeculation(
-                    crate::speculative::HYBRID_STATE.into(),
-                ));
-            }
             if !self.backend.can_score() {
                 return Err(EngineError::InvalidSpeculation(
                     crate::speculative::NEEDS_SCORING.into(),
@@ -389,7 +393,13 @@ impl<B: Backend> Scheduler<B> {
             let sequence = &self.running[index];
             if sequence.computed < sequence.prompt_len && budget > 0 {
                 if self.prefix.is_on() && sequence.reuse_cached_prefix {
-                    if waits_for_sharer(&self.running, index) {
+                    // A hybrid model's prefixes are given from state snapshots at block
+                    // boundaries: waiting for a shorter shared prefix would gain nothing.
+                    let grain = match self.backend.kv_blocks() {
+                        Some(blocks) if self.backend.recurrent_state() => blocks.block_positions,
+                        _ => 1,
+                    };
+                    if waits_for_sharer(&self.running, index, grain) {
                         continue;
                     }
                     self.prefix
@@ -572,9 +582,11 @@ impl<B: Backend> Scheduler<B> {
             }
             let look_up = self.prefix.is_on() && head.reuse_cached_prefix;
             if look_up
-                && let Some(i) = self
-                    .prefix
-                    .takeover(&self.running, &head.tokens[..head.prompt_len])
+                && let Some(i) = self.prefix.takeover(
+                    &self.backend,
+                    &self.running,
+                    &head.tokens[..head.prompt_len],
+                )
             {
                 let (slot, len) = self.prefix.entry(i);
                 let adopted = self.backend.adopt_slot(slot, &head.plan, len);

@@ -31,12 +31,16 @@ pub struct PrefixCacheStats {
 }
 
 /// What the prefix cache holds for one entry: its tokens and, for each position, the keys and
-/// values of every layer in the backend's own layout (what a saved slot file stores; only the
-/// backend and model that exported it can read it back).
+/// values of every layer in the backend's own layout, and a hybrid model's recurrent state
+/// after them (what a saved slot file stores; only the backend and model that exported it can
+/// read it back).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CachedPrefix {
     pub tokens: Vec<u32>,
     pub kv: Vec<f32>,
+    /// The recurrent state after the tokens ([`Backend::export_state`]'s layout); empty for a
+    /// model without one.
+    pub state: Vec<f32>,
 }
 
 /// Where an entry's positions are held: a kept entry, or a running sequence that took it over
@@ -189,7 +193,8 @@ impl PrefixCache {
             }
         };
         let kv = backend.export_kv(slot, tokens.len())?;
-        Ok(Some(CachedPrefix { tokens, kv }))
+        let state = backend.export_state(slot, tokens.len())?;
+        Ok(Some(CachedPrefix { tokens, kv, state }))
     }
 
     /// Where `id`'s entry is held now, following take-overs, and how many of the holder's
@@ -237,7 +242,7 @@ impl PrefixCache {
         backend: &mut B,
         running: &[Sequence],
         tokens: Vec<u32>,
-        kv: &[f32],
+        (kv, state): (&[f32], &[f32]),
         next_id: &mut RequestId,
     ) -> Result<RequestId, EngineError> {
         let refuse = |reason: String| Err(EngineError::PrefixCache(reason));
@@ -303,7 +308,18 @@ impl PrefixCache {
                 Err(e) => return Err(e),
             }
         };
-        if let Err(e) = backend.import_kv(slot, tokens.len(), kv) {
+        if backend.recurrent_state() && state.is_empty() {
+            backend.release_slot(slot);
+            return refuse(
+                "the saved slot holds keys and values but no recurrent state, which this hybrid \
+                 model's linear-attention layers need (it was saved from another model)"
+                    .into(),
+            );
+        }
+        if let Err(e) = backend
+            .import_kv(slot, tokens.len(), kv)
+            .and_then(|()| backend.import_state(slot, state))
+        {
             backend.release_slot(slot);
             return Err(e);
         }
@@ -343,9 +359,12 @@ impl PrefixCache {
     }
 
     /// The longest cached prefix of `prompt` (at most `prompt.len() - 1` tokens: one is always
-    /// computed for its logits), among retained slots and running sequences: (slot, length).
-    fn longest_prefix(
+    /// computed for its logits), among retained slots and running sequences, cut to what the
+    /// slot can give ([`Backend::resumable_prefix`]: a hybrid model's state snapshots): (slot,
+    /// length).
+    fn longest_prefix<B: Backend + ?Sized>(
         &self,
+        backend: &B,
         running: &[Sequence],
         prompt: &[u32],
     ) -> Option<(SlotId, usize, Option<usize>)> {
@@ -366,8 +385,10 @@ impl PrefixCache {
             let slot = s.slot?;
             Some((slot, common(&s.tokens[..s.computed]), None))
         });
-        retained
+        let retained = retained
             .chain(running)
+            .map(|(slot, len, i)| (slot, backend.resumable_prefix(slot, len), i));
+        retained
             .filter(|&(_, len, _)| len >= MIN_REUSED_PREFIX)
             .max_by_key(|&(_, len, _)| len)
     }
@@ -375,7 +396,12 @@ impl PrefixCache {
     /// The kept entry a prompt can take over whole: the longest whose every token the prompt
     /// starts with (leaving at least one prompt token to compute), if no other source (a kept
     /// slot or a running sequence) holds a longer prefix of it. Its index in `retained`.
-    pub(super) fn takeover(&self, running: &[Sequence], prompt: &[u32]) -> Option<usize> {
+    pub(super) fn takeover<B: Backend + ?Sized>(
+        &self,
+        backend: &B,
+        running: &[Sequence],
+        prompt: &[u32],
+    ) -> Option<usize> {
         let (i, len) = self
             .retained
             .iter()
@@ -384,11 +410,12 @@ impl PrefixCache {
                 r.tokens.len() >= MIN_REUSED_PREFIX
                     && r.tokens.len() < prompt.len()
                     && prompt.starts_with(&r.tokens)
+                    && backend.resumable_prefix(r.slot, r.tokens.len()) == r.tokens.len()
             })
             .map(|(i, r)| (i, r.tokens.len()))
             .max_by_key(|&(_, len)| len)?;
         let best = self
-            .longest_prefix(running, prompt)
+            .longest_prefix(backend, running, prompt)
             .map_or(0, |(_, best, _)| best);
         (len >= best).then_some(i)
     }
@@ -435,7 +462,7 @@ impl PrefixCache {
         self.counters.lookups += 1;
         self.counters.queried_tokens += sequence.prompt_len as u64;
         if let Some((source, len, retained)) =
-            self.longest_prefix(running, &sequence.tokens[..sequence.prompt_len])
+            self.longest_prefix(&*backend, running, &sequence.tokens[..sequence.prompt_len])
             && backend.copy_prefix(source, slot, len).is_ok()
         {
             sequence.computed = len;
@@ -463,7 +490,7 @@ impl PrefixCache {
             return;
         };
         let Some((source, len, retained)) =
-            self.longest_prefix(running, &sequence.tokens[..sequence.prompt_len])
+            self.longest_prefix(&*backend, running, &sequence.tokens[..sequence.prompt_len])
         else {
             return;
         };
@@ -540,8 +567,9 @@ impl PrefixCache {
 /// is computing a prefix of its prompt (at least [`MIN_REUSED_PREFIX`] positions past its
 /// own), to copy that prefix once computed rather than compute it too: requests that arrive
 /// together with a shared system prompt compute it once. The first such sequence never
-/// waits, so every wait ends.
-pub(super) fn waits_for_sharer(running: &[Sequence], index: usize) -> bool {
+/// waits, so every wait ends. The shared prefix counts in whole multiples of `grain` positions
+/// (1, or a hybrid model's block: what a copy can resume from).
+pub(super) fn waits_for_sharer(running: &[Sequence], index: usize, grain: usize) -> bool {
     let sequence = &running[index];
     let prompt = &sequence.tokens[..sequence.prompt_len];
     running[..index].iter().any(|earlier| {
@@ -551,6 +579,7 @@ pub(super) fn waits_for_sharer(running: &[Sequence], index: usize) -> bool {
             .take_while(|(a, b)| a == b)
             .count()
             .min(prompt.len() - 1);
+        let shared = shared / grain.max(1) * grain.max(1);
         earlier.slot.is_some()
             && earlier.computed < shared
             && shared >= sequence.computed + MIN_REUSED_PREFIX

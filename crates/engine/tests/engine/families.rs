@@ -19,7 +19,7 @@ const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = 16;
 const FFN: usize = 64;
-const VOCAB: usize = 64;
+pub(crate) const VOCAB: usize = 64;
 
 /// Deterministic values in `[-0.5, 0.5)` scaled by `scale`, around `center`, on a grid of
 /// 2⁻¹⁰: every value below 2 in magnitude is then exact in f16, the OpenXLA backend's default
@@ -42,7 +42,7 @@ fn random(n: usize, seed: &mut u64, scale: f32, center: f32) -> Vec<f32> {
 /// (`group16`, as `mlxcel convert` writes GGUF Q6_K/Q3_K/Q2_K) when asked: 8-bit for the
 /// embedding and the attention, 4-bit for the MLP, f32 scales on a grid where every weight is
 /// exact in f16 (the OpenXLA backend's default format), so both backends use the same weights.
-fn write_tiny_with(dir: &Path, family: &Value, seed: u64, group16: bool) -> Checkpoint {
+pub(crate) fn write_tiny_with(dir: &Path, family: &Value, seed: u64, group16: bool) -> Checkpoint {
     let mut config = json!({
         "hidden_size": HIDDEN, "intermediate_size": FFN, "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "rms_norm_eps": 1e-5,
@@ -395,8 +395,9 @@ fn phi3_agrees_on_both_backends() {
 
 /// A gated-DeltaNet hybrid (Qwen3.5: layers 0 and 2 linear attention) on the MLX backend: its
 /// slots carry a recurrent state that the KV budget counts, sequences batched get the logits
-/// they get alone, and the features that need to rewind or share sequence state are off (the
-/// OpenXLA backend refuses the model by name: `mlxcel-xla`'s `a_hybrid_model_is_refused_by_name`).
+/// they get alone, and the features that rewind or share sequence state are on (tested in
+/// `hybrid_state`; the OpenXLA backend refuses the model by name: `mlxcel-xla`'s
+/// `a_hybrid_model_is_refused_by_name`).
 #[test]
 fn a_hybrid_keeps_state_per_slot_and_batches_like_any_model() {
     let dir = tempfile::tempdir().unwrap();
@@ -423,7 +424,7 @@ fn a_hybrid_keeps_state_per_slot_and_batches_like_any_model() {
     };
     let mut backend = load_backend(&checkpoint, &options).unwrap();
     assert!(backend.recurrent_state());
-    assert!(!backend.can_copy_prefix() && !backend.can_score());
+    assert!(backend.can_copy_prefix() && backend.can_score());
     // Per linear layer: the convolution's last 3 rows of 2·32 + 32 channels, 4 heads of 8 × 16.
     let state = 2 * 4 * (3 * 96 + 4 * 8 * 16);
     // One block of 256 positions of the two attention layers' f32 keys and values.
@@ -472,8 +473,18 @@ fn a_hybrid_keeps_state_per_slot_and_batches_like_any_model() {
             inputs[i] = vec![argmax(row)];
         }
     }
-    // Slot files: refused by name.
-    let err = backend.export_kv(slots[0], 10).unwrap_err().to_string();
+    // Slot files: the attention layers' keys and values, and the state after the positions
+    // held; a state the slot kept no copy of is refused by name.
+    let held = positions[0];
+    assert_eq!(
+        backend.export_kv(slots[0], held).unwrap().len(),
+        held * 2 * KV_HEADS * HEAD_DIM * 2
+    );
+    assert_eq!(
+        backend.export_state(slots[0], held).unwrap().len() * 4,
+        state
+    );
+    let err = backend.export_state(slots[0], 10).unwrap_err().to_string();
     assert!(
         err.contains("linear-attention state of a hybrid model"),
         "{err}"

@@ -4,7 +4,9 @@
 //! boundaries), `seam` (the backend trait's defaults), `scheduler` (continuous batching over a
 //! mock backend), `default_model` (the public `Engine` on the real default model; needs the `mlx`
 //! feature, and its OpenXLA tests the `xla` feature), `metrics` (histograms), `families` (tiny
-//! random checkpoints of each model family through both backends, compared with each other).
+//! random checkpoints of each model family through both backends, compared with each other),
+//! `hybrid_state` (a gated-DeltaNet hybrid's recurrent state through the prefix cache,
+//! speculative decoding, saved slots, cancellation and the KV budget).
 
 use mlxcel_engine::*;
 
@@ -12,6 +14,8 @@ use mlxcel_engine::*;
 mod default_model;
 #[cfg(all(feature = "mlx", feature = "xla"))]
 mod families;
+#[cfg(all(feature = "mlx", feature = "xla"))]
+mod hybrid_state;
 mod metrics;
 mod scheduler;
 

@@ -806,7 +806,10 @@ fn an_exported_prefix_restores_into_another_scheduler_and_is_reused() {
         .submit(greedy(prompt.clone(), MaxNewTokens::Limited(4)))
         .unwrap();
     let original = run_to_end(&mut s)[&first].clone();
-    let CachedPrefix { tokens, kv } = s.export_cached(first).unwrap().expect("the slot was kept");
+    let CachedPrefix { tokens, kv, state } =
+        s.export_cached(first).unwrap().expect("the slot was kept");
+    // A model without recurrent state saves none.
+    assert!(state.is_empty());
     // The prompt and the generated tokens but the last (never fed back).
     assert_eq!(tokens[..16], prompt[..]);
     assert_eq!(tokens[16..], original.tokens[..3]);
@@ -819,7 +822,8 @@ fn an_exported_prefix_restores_into_another_scheduler_and_is_reused() {
         t.export_cached(id).unwrap(),
         Some(CachedPrefix {
             tokens: tokens.clone(),
-            kv: kv.clone()
+            kv: kv.clone(),
+            state: Vec::new(),
         })
     );
     let mut follow_up = tokens.clone();

@@ -122,15 +122,19 @@ impl DeltaNet {
 
     /// One sequence's part of a step: `rows` projected rows (`[n, width]`) against its state
     /// (`position`: the first token's absolute position), returning the gated norm's output
-    /// `[n, value_dim]`.
+    /// `[n, value_dim]` and the layer's state after each of `cuts` tokens (ascending indices
+    /// into the run; [`crate::recurrent_state::RecurrentState::cuts`]). The run is cut there on
+    /// the delta rule's grid of absolute positions, so it computes the chunks an uncut run
+    /// does (`token_by_token`: every token alone, decode's arithmetic).
     fn sequence(
         &self,
         rows: &[f32],
         state: &mut LayerState,
         position: usize,
+        (cuts, token_by_token): (&[usize], bool),
         eps: f32,
         threads: usize,
-    ) -> Vec<f32> {
+    ) -> (Vec<f32>, Vec<(usize, LayerState)>) {
         let s = &self.spec;
         let n = rows.len() / self.width();
         let (mut qkv, mut z, mut b, mut a) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -138,6 +142,11 @@ impl DeltaNet {
             self.unpack(row, &mut qkv, &mut z, &mut b, &mut a);
         }
         let channels = s.conv_dim();
+        let tail_before = if cuts.is_empty() {
+            Vec::new()
+        } else {
+            state.conv.clone()
+        };
         let mixed = causal_conv_silu(&qkv, channels, &self.conv, s.conv_kernel, &mut state.conv);
         let (key_dim, dk) = (s.key_dim(), s.key_head_dim);
         let mut q = Vec::with_capacity(n * key_dim);
@@ -170,11 +179,34 @@ impl DeltaNet {
             beta: &beta,
         };
         let shape = self.shape();
-        let mut y = if n == 1 {
-            recurrent(&shape, &inputs, &mut state.matrix, threads)
-        } else {
-            chunked(&shape, &inputs, &mut state.matrix, position, threads)
+        // One token (a decode step), or every token alone, runs the recurrent form; a longer
+        // run the chunked form, cut or not.
+        let one_by_one = n == 1 || token_by_token;
+        let run = |from: usize, to: usize, matrix: &mut Vec<f32>| {
+            let part = inputs.rows(&shape, from, to);
+            if one_by_one {
+                recurrent(&shape, &part, matrix, threads)
+            } else {
+                chunked(&shape, &part, matrix, position + from, threads)
+            }
         };
+        let mut records = Vec::with_capacity(cuts.len());
+        let mut y = Vec::with_capacity(n * s.value_dim());
+        let mut from = 0;
+        for &cut in cuts {
+            y.extend(run(from, cut, &mut state.matrix));
+            from = cut;
+            records.push((
+                cut,
+                LayerState {
+                    conv: tail_after(&tail_before, &qkv, channels, cut),
+                    matrix: state.matrix.clone(),
+                },
+            ));
+        }
+        if from < n {
+            y.extend(run(from, n, &mut state.matrix));
+        }
         // The gated norm: RMS norm per value head with `norm`, times silu(z).
         let dv = s.value_head_dim;
         for (head, gate) in y.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
@@ -184,8 +216,24 @@ impl DeltaNet {
                 *x = silu(*g) * (*x * scale * w);
             }
         }
-        y
+        (y, records)
     }
+}
+
+/// The convolution's tail after the first `r` rows of `x` (`[n, channels]`): the last
+/// `taps - 1` rows of `tail ‖ x[..r]`, where `tail` is the tail before `x`.
+fn tail_after(tail: &[f32], x: &[f32], channels: usize, r: usize) -> Vec<f32> {
+    let keep = tail.len() / channels;
+    (r..r + keep)
+        .flat_map(|i| {
+            if i < keep {
+                &tail[i * channels..(i + 1) * channels]
+            } else {
+                &x[(i - keep) * channels..(i - keep + 1) * channels]
+            }
+        })
+        .copied()
+        .collect()
 }
 
 /// Rows of `dim` values RMS-normed (`x / √(mean x² + eps)`) and multiplied by `factor`, in place.
@@ -244,13 +292,19 @@ impl LinearLayer {
                             .into(),
                 })?;
             let rows = &projected[row * width..(row + n) * width];
-            gated.extend(net.sequence(
+            let cuts = state.cuts(position, n);
+            let (y, records) = net.sequence(
                 rows,
                 state.layer_mut(index),
                 position,
+                (&cuts.0, cuts.1),
                 eps,
                 kernels.threads,
-            ));
+            );
+            for (cut, layer) in records {
+                state.record(index, position + cut, layer);
+            }
+            gated.extend(y);
             row += n;
         }
         let gated = Array::from_f32(&gated, &[row as i32, net.spec.value_dim() as i32])?;

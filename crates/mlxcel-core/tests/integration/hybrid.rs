@@ -1,7 +1,8 @@
 //! A hybrid model (Qwen3.5: gated-DeltaNet linear attention beside gated softmax attention) on a
 //! tiny random checkpoint written here: its recurrent state is per sequence (batched or alone,
-//! the same logits), carried across prefill pieces and decode steps, counted, and refused by
-//! name where it cannot follow (rewound, exported).
+//! the same logits), carried across prefill pieces and decode steps, counted, rolled back to a
+//! verification's checkpoints, saved and restored, and refused by name where it kept no copy
+//! (rewound or cut elsewhere).
 
 use std::path::Path;
 
@@ -268,8 +269,83 @@ fn sequences_batched_get_the_logits_they_get_alone() {
     assert_eq!(model.kv_bytes_per_position(), 2 * 2 * 2 * 16 * 4);
 }
 
+/// A verification step that asked for checkpoints goes back to the state after any of its
+/// positions: the sequence then continues to the logits of one that never saw the rejected
+/// tokens, fed as decode steps are (token by token).
 #[test]
-fn a_rewound_or_exported_state_is_refused_by_name() {
+fn a_checkpointed_step_rolls_back_to_any_of_its_positions() {
+    let (_dir, model) = tiny();
+    let tokens = prompt(40, 4);
+    let proposals = prompt(6, 12);
+    // What decode computes: the prompt, then each token alone.
+    let mut want = model.new_cache(60);
+    model
+        .forward(&mut [ForwardSeq {
+            cache: &mut want,
+            tokens: &tokens,
+        }])
+        .unwrap();
+    for token in &proposals[..3] {
+        model
+            .forward(&mut [ForwardSeq {
+                cache: &mut want,
+                tokens: std::slice::from_ref(token),
+            }])
+            .unwrap();
+    }
+    let next = [proposals[5]];
+    let want_logits = model
+        .forward(&mut [ForwardSeq {
+            cache: &mut want,
+            tokens: &next,
+        }])
+        .unwrap()
+        .remove(0);
+    // Verified as one scored step, three of six accepted, rolled back, then the next token.
+    let mut cache = model.new_cache(60);
+    model
+        .forward(&mut [ForwardSeq {
+            cache: &mut cache,
+            tokens: &tokens,
+        }])
+        .unwrap();
+    cache.checkpoint_next_step();
+    let scored = model
+        .forward_scored(
+            &mut [ForwardSeq {
+                cache: &mut cache,
+                tokens: &proposals,
+            }],
+            &[0],
+        )
+        .unwrap();
+    assert_eq!(scored[0].len(), 6);
+    assert_eq!(cache.resumable_prefix(43), 43);
+    cache.truncate(43);
+    let got = model
+        .forward(&mut [ForwardSeq {
+            cache: &mut cache,
+            tokens: &next,
+        }])
+        .unwrap()
+        .remove(0);
+    assert_logits_close(&got, &want_logits, 1e-5, "rolled back to a checkpoint");
+    // The checkpoints last one step: rolled back again past it, the state is refused.
+    cache.truncate(42);
+    let err = model
+        .forward(&mut [ForwardSeq {
+            cache: &mut cache,
+            tokens: &next,
+        }])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("(step)") && err.contains("rewound"), "{err}");
+}
+
+/// The state goes into a saved slot beside the keys and values and comes back; a prefix or a
+/// rewind to a position the cache kept no copy of is refused by name.
+#[test]
+fn a_state_is_saved_and_restored_and_refused_where_no_copy_was_kept() {
     let (_dir, model) = tiny();
     let tokens = prompt(20, 9);
     let mut cache = model.new_cache(40);
@@ -279,15 +355,35 @@ fn a_rewound_or_exported_state_is_refused_by_name() {
             tokens: &tokens,
         }])
         .unwrap();
-    let err = cache.export(20).unwrap_err().to_string();
+    let (kv, state) = (cache.export(20).unwrap(), cache.export_state(20).unwrap());
+    assert_eq!(state.len() * 4, model.recurrent_bytes_per_sequence());
+    let err = cache.export_state(10).unwrap_err().to_string();
     assert!(
         err.contains("linear-attention state of a hybrid model (export)"),
         "{err}"
     );
+    let mut restored = model.new_cache(40);
+    restored.import(&kv, 20).unwrap();
+    restored.import_state(&state).unwrap();
+    let next = [tokens[3]];
+    let step = |cache: &mut mlxcel_core::KvCache| {
+        model
+            .forward(&mut [ForwardSeq {
+                cache,
+                tokens: &next,
+            }])
+            .unwrap()
+            .remove(0)
+    };
+    assert_eq!(step(&mut restored), step(&mut cache));
+    let err = restored.import_state(&state[1..]).unwrap_err().to_string();
+    assert!(err.contains("(import)"), "{err}");
+
     let mut other = model.new_cache(40);
     let err = other.copy_prefix_from(&cache, 10).unwrap_err().to_string();
     assert!(err.contains("(copy a prefix)"), "{err}");
-    // Rewound (a speculative rollback): the next step is refused, not run from the wrong state.
+    // Rewound (a speculative rollback without checkpoints): the next step is refused, not run
+    // from the wrong state.
     cache.truncate(15);
     let err = model
         .forward(&mut [ForwardSeq {

@@ -3,14 +3,19 @@
 //!
 //! ```text
 //! "MLXCSLOT"            8 bytes: magic
-//! u32                   format version (1)
+//! u32                   format version (1; 2 when the file holds a recurrent state)
 //! u32                   H: the header's length
 //! H bytes               the header, JSON: mlxcel version, model name and fingerprint, backend,
-//!                       n_tokens N, floats_per_position F, kv_dtype "f32"
+//!                       n_tokens N, floats_per_position F, kv_dtype "f32", and in version 2
+//!                       state_floats S
 //! N u32                 the token ids
 //! N·F f32               their keys and values, in the backend's layout
+//! S f32                 version 2: a hybrid model's recurrent state after the tokens
 //! 32 bytes              SHA-256 of every byte before it
 //! ```
+//!
+//! A model without recurrent state writes version 1, byte for byte what mlxcel wrote before
+//! hybrid models could save slots, so files of either age read back.
 
 use std::io::Read;
 use std::path::Path;
@@ -23,6 +28,8 @@ use crate::error::ApiError;
 
 const MAGIC: &[u8; 8] = b"MLXCSLOT";
 const VERSION: u32 = 1;
+/// The version of a file that holds a recurrent state (`state_floats` in its header).
+const VERSION_WITH_STATE: u32 = 2;
 /// The longest header read back: far over any real one, so a corrupt length is refused before
 /// anything is allocated for it.
 const MAX_HEADER: u32 = 64 * 1024;
@@ -43,6 +50,14 @@ pub struct SlotFileHeader {
     pub n_tokens: usize,
     pub floats_per_position: usize,
     pub kv_dtype: String,
+    /// f32 values of the recurrent state after the tokens (a hybrid model's linear-attention
+    /// layers); absent, 0, in a file of a model without one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub state_floats: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// The file name of `path`, as the answers and errors name it.
@@ -65,6 +80,7 @@ pub(super) fn header_for(
         n_tokens: n,
         floats_per_position: prefix.kv.len().checked_div(n).unwrap_or(0),
         kv_dtype: "f32".to_owned(),
+        state_floats: prefix.state.len(),
     }
 }
 
@@ -121,16 +137,23 @@ pub fn write_slot_file(
 ) -> std::io::Result<u64> {
     let header_json = serde_json::to_vec(header).map_err(std::io::Error::other)?;
     let mut bytes = Vec::with_capacity(
-        FRAME as usize + header_json.len() + 4 * (prefix.tokens.len() + prefix.kv.len()),
+        FRAME as usize
+            + header_json.len()
+            + 4 * (prefix.tokens.len() + prefix.kv.len() + prefix.state.len()),
     );
+    let version = if prefix.state.is_empty() {
+        VERSION
+    } else {
+        VERSION_WITH_STATE
+    };
     bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&VERSION.to_le_bytes());
+    bytes.extend_from_slice(&version.to_le_bytes());
     bytes.extend_from_slice(&(header_json.len() as u32).to_le_bytes());
     bytes.extend_from_slice(&header_json);
     for token in &prefix.tokens {
         bytes.extend_from_slice(&token.to_le_bytes());
     }
-    for value in &prefix.kv {
+    for value in prefix.kv.iter().chain(&prefix.state) {
         bytes.extend_from_slice(&value.to_le_bytes());
     }
     let digest = Sha256::digest(&bytes);
@@ -194,9 +217,10 @@ pub fn parse_slot_file(
         return Err(corrupt("it is not a slot file (wrong magic bytes)".into()));
     }
     let version = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
-    if version != VERSION {
+    if version != VERSION && version != VERSION_WITH_STATE {
         return Err(corrupt(format!(
-            "format version {version}; this mlxcel reads version {VERSION}"
+            "format version {version}; this mlxcel reads versions {VERSION} and \
+             {VERSION_WITH_STATE}"
         )));
     }
     let header_len = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes"));
@@ -211,14 +235,22 @@ pub fn parse_slot_file(
         .map_err(|e| corrupt(e.to_string()))?;
     let header: SlotFileHeader = serde_json::from_slice(&header_bytes)
         .map_err(|e| corrupt(format!("its header is not valid: {e}")))?;
+    if (version == VERSION_WITH_STATE) != (header.state_floats > 0) {
+        return Err(corrupt(format!(
+            "format version {version} with a header of {} recurrent-state floats: the file is \
+             corrupt",
+            header.state_floats
+        )));
+    }
     let expected = (header.n_tokens as u64)
         .checked_mul(4 * (1 + header.floats_per_position as u64))
+        .and_then(|body| body.checked_add(4 * header.state_floats as u64))
         .and_then(|body| body.checked_add(FRAME + u64::from(header_len)));
     if expected != Some(size) {
         return Err(corrupt(format!(
-            "its header describes {} tokens of {} floats each, which is not its size of {size} \
-             bytes: the file is truncated or corrupt",
-            header.n_tokens, header.floats_per_position
+            "its header describes {} tokens of {} floats each and {} floats of recurrent \
+             state, which is not its size of {size} bytes: the file is truncated or corrupt",
+            header.n_tokens, header.floats_per_position, header.state_floats
         )));
     }
     let remaining = size - 16 - u64::from(header_len);
@@ -240,16 +272,21 @@ pub fn parse_slot_file(
             "its checksum does not match its contents: the file is corrupt".into(),
         ));
     }
-    let (tokens, kv) = contents.split_at(4 * header.n_tokens);
+    let (tokens, values) = contents.split_at(4 * header.n_tokens);
+    let (kv, state) = values.split_at(values.len() - 4 * header.state_floats);
+    let floats = |bytes: &[u8]| -> Vec<f32> {
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect()
+    };
     let prefix = CachedPrefix {
         tokens: tokens
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
             .collect(),
-        kv: kv
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-            .collect(),
+        kv: floats(kv),
+        state: floats(state),
     };
     Ok((header, prefix))
 }
@@ -267,6 +304,7 @@ mod tests {
             n_tokens: n,
             floats_per_position: f,
             kv_dtype: "f32".into(),
+            state_floats: 0,
         }
     }
 
@@ -281,6 +319,7 @@ mod tests {
         let prefix = CachedPrefix {
             tokens: vec![1, 2, 70000],
             kv: (0..12).map(|i| i as f32 * 0.5 - 1.0).collect(),
+            state: Vec::new(),
         };
         let written = write_slot_file(&path, &header(3, 4), &prefix).unwrap();
         assert_eq!(written, std::fs::metadata(&path).unwrap().len());
@@ -297,6 +336,7 @@ mod tests {
         let prefix = CachedPrefix {
             tokens: vec![5, 6],
             kv: vec![0.25; 8],
+            state: Vec::new(),
         };
         write_slot_file(&path, &header(2, 4), &prefix).unwrap();
         let good = std::fs::read(&path).unwrap();
@@ -336,6 +376,42 @@ mod tests {
         // No such file names the directory.
         let err = message(read_slot_file(&dir.path().join("none"), "none").unwrap_err());
         assert!(err.contains("no such file in --slot-save-path"), "{err}");
+    }
+
+    #[test]
+    fn a_hybrid_slot_file_carries_its_state_and_a_dense_one_stays_version_1() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.bin");
+        let version = |path: &Path| {
+            let bytes = std::fs::read(path).unwrap();
+            let v = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+            (v, String::from_utf8_lossy(&bytes).contains("state_floats"))
+        };
+        let hybrid = CachedPrefix {
+            tokens: vec![3, 4],
+            kv: vec![0.5; 8],
+            state: (0..6).map(|i| i as f32 - 2.5).collect(),
+        };
+        let mut with_state = header(2, 4);
+        with_state.state_floats = 6;
+        write_slot_file(&path, &with_state, &hybrid).unwrap();
+        assert_eq!(version(&path), (2, true));
+        let (h, p, _) = read_slot_file(&path, "h.bin").unwrap();
+        assert_eq!((h, p), (with_state.clone(), hybrid));
+        // Without a state: version 1, the header without the key (what older mlxcel wrote and
+        // reads).
+        let dense = CachedPrefix {
+            tokens: vec![3, 4],
+            kv: vec![0.5; 8],
+            state: Vec::new(),
+        };
+        write_slot_file(&path, &header(2, 4), &dense).unwrap();
+        assert_eq!(version(&path), (1, false));
+        assert_eq!(read_slot_file(&path, "h.bin").unwrap().1, dense);
+        // A header that claims a state the version does not have is refused.
+        write_slot_file(&path, &with_state, &dense).unwrap();
+        let err = message(read_slot_file(&path, "h.bin").unwrap_err());
+        assert!(err.contains("6 recurrent-state floats"), "{err}");
     }
 
     /// The fuzz target's seeds (written by hand in Python, not by this code) parse as meant.

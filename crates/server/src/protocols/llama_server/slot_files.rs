@@ -198,6 +198,7 @@ pub async fn slot_action(
                 .unwrap_or(CachedPrefix {
                     tokens: Vec::new(),
                     kv: Vec::new(),
+                    state: Vec::new(),
                 });
                 let header = header_for(&engine, &fingerprint, &prefix);
                 let written = write_slot_file(&path, &header, &prefix)
