@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::fast::rms_norm;
 use crate::kernels::Kernels;
 use crate::kv_cache::KvCache;
-use crate::recurrent_state::LayerStateShape;
+use crate::recurrent_state::{LayerState, LayerStateShape};
 
 /// One short-convolution decoder layer: its norms and feed-forward block as any layer's, and the
 /// gated convolution in place of attention.
@@ -58,6 +58,7 @@ impl ConvLayer {
         let mut row = 0;
         for (cache, n) in seqs.iter_mut() {
             let n = *n;
+            let position = cache.len();
             let recurrent = cache
                 .recurrent_mut()?
                 .ok_or_else(|| Error::RecurrentState {
@@ -67,7 +68,15 @@ impl ConvLayer {
                         .into(),
                 })?;
             let rows = &projected[row * width..(row + n) * width];
-            gated.extend(self.sequence(rows, &mut recurrent.layer_mut(state).conv));
+            // The tail after each cut the state asks for (a prefix-cache snapshot or a
+            // speculative checkpoint), so that a resumed sequence starts from exact values.
+            let (cuts, _) = recurrent.cuts(position, n);
+            let (y, tails) = self.sequence(rows, &mut recurrent.layer_mut(state).conv, &cuts);
+            for (cut, conv) in tails {
+                let matrix = Vec::new();
+                recurrent.record(state, position + cut, LayerState { conv, matrix });
+            }
+            gated.extend(y);
             row += n;
         }
         let gated = Array::from_f32(&gated, &[row as i32, self.channels as i32])?;
@@ -75,9 +84,15 @@ impl ConvLayer {
     }
 
     /// One sequence's rows (`[n, 3 · channels]`: `B`, `C`, `x`) against its tail (`[kernel -
-    /// 1, channels]`, oldest first), returning `C · conv(B · x)` (`[n, channels]`) and leaving
-    /// the last `kernel - 1` products in the tail.
-    fn sequence(&self, rows: &[f32], tail: &mut [f32]) -> Vec<f32> {
+    /// 1, channels]`, oldest first), returning `C · conv(B · x)` (`[n, channels]`) and the tail
+    /// after each of `cuts` tokens (ascending), and leaving the last `kernel - 1` products in
+    /// the tail.
+    fn sequence(
+        &self,
+        rows: &[f32],
+        tail: &mut [f32],
+        cuts: &[usize],
+    ) -> (Vec<f32>, Vec<(usize, Vec<f32>)>) {
         let (c, k) = (self.channels, self.kernel);
         let n = rows.len() / (3 * c);
         let mut products = Vec::with_capacity(tail.len() + n * c);
@@ -98,8 +113,12 @@ impl ConvLayer {
                 out.push(g * sum);
             }
         }
+        let tails = cuts
+            .iter()
+            .map(|&cut| (cut, products[cut * c..cut * c + tail.len()].to_vec()))
+            .collect();
         tail.copy_from_slice(&products[n * c..]);
-        out
+        (out, tails)
     }
 }
 
@@ -153,12 +172,24 @@ mod tests {
             }
         }
         let mut tail = vec![0.0; (k - 1) * c];
-        let whole = l.sequence(&rows, &mut tail);
+        let (whole, cut_tails) = l.sequence(&rows, &mut tail, &[1, 2, 4]);
         let mut tail_steps = vec![0.0; (k - 1) * c];
-        let mut stepped = l.sequence(&rows[..2 * 3 * c], &mut tail_steps);
+        let mut tails_by_step = Vec::new();
+        let (mut stepped, _) = l.sequence(&rows[..2 * 3 * c], &mut tail_steps, &[]);
+        tails_by_step.push((2, tail_steps.clone()));
         for t in 2..n {
-            stepped.extend(l.sequence(&rows[t * 3 * c..(t + 1) * 3 * c], &mut tail_steps));
+            let (y, _) = l.sequence(&rows[t * 3 * c..(t + 1) * 3 * c], &mut tail_steps, &[]);
+            stepped.extend(y);
+            tails_by_step.push((t + 1, tail_steps.clone()));
         }
+        // A cut's tail is the tail of a run that stopped there (the snapshots and checkpoints
+        // a resumed sequence starts from).
+        for (cut, cut_tail) in &cut_tails[1..] {
+            let (_, stopped) = tails_by_step.iter().find(|(t, _)| t == cut).unwrap();
+            assert_eq!(cut_tail, stopped, "tail after {cut} tokens");
+        }
+        assert_eq!(cut_tails[0].1[..c], [0.0, 0.0]);
+        assert_eq!(cut_tails[0].1[c..], [product(0, 0), product(0, 1)]);
         for (got, want) in whole
             .iter()
             .zip(&expected)
