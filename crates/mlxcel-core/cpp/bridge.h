@@ -158,17 +158,37 @@ std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
 std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_freq, int32_t row0,
                                       int32_t n, int32_t col0, int32_t heads, int32_t dim,
                                       bool rope, int32_t offset, float scale);
+// A layer's routed experts checked and held for native_routed_experts (kernels/moe_node.cc),
+// made once at load: the plan (every expert's matrices, the router, the shape) is shared with
+// the nodes that run it, which keeps the matrices alive.
+struct RoutedExpertsPlan;
+struct RoutedExperts {
+  std::shared_ptr<const RoutedExpertsPlan> plan;
+};
+// The routed experts of a decoder stack's routed layers, in layer order.
+struct ExpertsList {
+  std::vector<std::shared_ptr<const RoutedExpertsPlan>> items;
+};
+std::unique_ptr<ExpertsList> experts_list_new();
+void experts_list_push(ExpertsList& list, const RoutedExperts& experts);
+namespace kernels {
+struct MoePlan;
+}
+// The kernel's plan inside (kernels/moe.h), for the decoder stack's routed layers.
+const kernels::MoePlan& routed_experts_kernel_plan(const RoutedExpertsPlan& plan);
 // The llama decoder layers of a model, one after the other, over every sequence of a step, as
 // one MLX node (kernels/layer.cc). `tensors`: x [tokens, hidden], then per layer: input norm,
-// qkv (w, scales, biases), o (3), post norm, gate/up (3), down (3), inv_freq, then the q and k
-// norms when `qk_norm`, the post-attention and post-MLP norms when `sandwich`, the stacked q/k/v
+// qkv (w, scales, biases), o (3), post norm, inv_freq, gate/up (3) and down (3) unless the
+// layer has routed experts, then the q and k norms when `qk_norm`, the post-attention and post-MLP norms when `sandwich`, the stacked q/k/v
 // biases when `qkv_bias`, k's and v's (w, scales, biases) when `split_qkv` (qkv then holds q);
 // `caches`: per layer, per sequence its key blocks then its value blocks, written in place at
 // the sequence's positions (each must be a buffer of its own); `dims`: per layer hidden, heads,
 // kv_heads, head_dim, intermediate, qk_norm (0/1), rope (0/1), sliding window (0: none),
 // sandwich (0/1), GeGLU (0/1), rotary width (RoPE's leading features per head), qkv_bias (0/1),
-// split_qkv (0/1), sinks (0/1); `quant`: per layer (group, bits, layout) of qkv (or q), o,
-// gate/up, down, then k and v when split; `seqs`: per layer, (n, position, blocks) per sequence
+// split_qkv (0/1), sinks (0/1), mlp (0: dense; 1 or 2: routed experts with x in f32 or
+// quantized to int8); `quant`: per layer (group, bits, layout) of qkv (or q), o, then gate/up
+// and down on a dense layer, then k and v when split; `experts`: per routed layer, in layer
+// order, its experts (the MLP of kernels/moe.h, which norms x1 and adds its residual); `seqs`: per layer, (n, position, blocks) per sequence
 // in x's row order; `softcaps`: per layer, the attention scores' soft-cap (0: none); `sinks`:
 // per layer with sinks, in layer order, its heads' sink logits (kernels/attention.h);
 // `rope_mscale`: the factor on the rotated features (1: none).
@@ -177,16 +197,10 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
                                                rust::Slice<const int32_t> quant,
                                                rust::Slice<const int32_t> seqs,
                                                rust::Slice<const float> softcaps,
-                                               rust::Slice<const float> sinks, float eps,
+                                               rust::Slice<const float> sinks,
+                                               const ExpertsList& experts, float eps,
                                                float scale, float rope_scale, float rope_mscale,
                                                uint8_t isa, int32_t threads);
-// A layer's routed experts checked and held for native_routed_experts (kernels/moe_node.cc),
-// made once at load: the plan (every expert's matrices, the router, the shape) is shared with
-// the nodes that run it, which keeps the matrices alive.
-struct RoutedExpertsPlan;
-struct RoutedExperts {
-  std::shared_ptr<const RoutedExpertsPlan> plan;
-};
 // `matrices`: per routed expert, then for the shared expert if any, gate/up stacked (w, scales,
 // biases; [2·intermediate, hidden]) and down (w, scales, biases; [hidden, intermediate]);
 // `quant`: per matrix (group, bits, int8 layout 0/1); `router`: [experts (+ 1), hidden] f32 rows,

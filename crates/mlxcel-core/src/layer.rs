@@ -2,8 +2,9 @@
 //! (`cpp/kernels/layer.cc`): RMSNorm, the q/k/v matmul (stacked, or three when q, k and v are
 //! quantized differently, as in llama.cpp's K-quant presets), the q/k norms (Qwen3), RoPE
 //! (skipped on NoPE layers), the KV-cache write, attention (within the window on layers that
-//! slide), the output projection with its residual, and the SwiGLU MLP with its residual,
-//! for every sequence of a step at once.
+//! slide), the output projection with its residual, and the SwiGLU MLP (or a mixture of
+//! experts: the routed-expert node's kernel, `crate::moe`) with its residual, for every
+//! sequence of a step at once.
 //!
 //! The per-op graph costs ~10 MLX nodes per layer for one sequence and grows by ~6 per extra
 //! sequence; each node has a fixed cost of ~15–20 µs here, which dominated decode and most of
@@ -11,7 +12,8 @@
 
 use crate::array::Array;
 use crate::error::{Error, Result};
-use crate::kernels::Kernels;
+use crate::kernels::{Activations, Kernels};
+use crate::moe::MoeNode;
 use crate::quantized::QuantizedWeight;
 use crate::sys::{self, Handle, ffi};
 
@@ -46,6 +48,18 @@ impl<'a> Qkv<'a> {
     }
 }
 
+/// A fused layer's feed-forward block.
+#[derive(Clone, Copy)]
+pub(crate) enum LayerMlp<'a> {
+    /// A gated MLP: gate and up stacked (`[2·intermediate, hidden]`), and down.
+    Dense {
+        gate_up: &'a QuantizedWeight,
+        down: &'a QuantizedWeight,
+    },
+    /// Routed experts, prepared for the routed-expert node.
+    Routed(&'a MoeNode),
+}
+
 /// A layer's tensors, all f32 except the packed weights.
 pub(crate) struct LayerTensors<'a> {
     pub input_norm: &'a Array,
@@ -55,9 +69,7 @@ pub(crate) struct LayerTensors<'a> {
     pub qkv_bias: Option<&'a Array>,
     pub o: &'a QuantizedWeight,
     pub post_norm: &'a Array,
-    /// gate and up stacked (`[2·intermediate, hidden]`).
-    pub gate_up: &'a QuantizedWeight,
-    pub down: &'a QuantizedWeight,
+    pub mlp: LayerMlp<'a>,
     /// RoPE's inverse frequencies, `[head_dim / 2]`.
     pub inv_freq: &'a Array,
     /// The per-head RMSNorm weights of q and k (`[head_dim]` each), when the model has them.
@@ -128,11 +140,12 @@ pub(crate) fn decoder_stack(
     };
     let mut tensors: Vec<&Array> = vec![x];
     let mut caches: Vec<&Array> = Vec::new();
-    let mut dims = Vec::with_capacity(14 * layers.len());
+    let mut dims = Vec::with_capacity(15 * layers.len());
     let mut quant = Vec::with_capacity(18 * layers.len());
     let mut spans = Vec::new();
     let mut softcaps = Vec::with_capacity(layers.len());
     let mut sinks = Vec::new();
+    let mut experts = Vec::new();
     for (t, seqs) in layers {
         let first = t.qkv.first();
         tensors.extend([
@@ -144,14 +157,31 @@ pub(crate) fn decoder_stack(
             &t.o.scales,
             &t.o.biases,
             t.post_norm,
-            &t.gate_up.weight,
-            &t.gate_up.scales,
-            &t.gate_up.biases,
-            &t.down.weight,
-            &t.down.scales,
-            &t.down.biases,
             t.inv_freq,
         ]);
+        let mut weights = vec![first, t.o];
+        let mlp = match t.mlp {
+            LayerMlp::Dense { gate_up, down } => {
+                tensors.extend([
+                    &gate_up.weight,
+                    &gate_up.scales,
+                    &gate_up.biases,
+                    &down.weight,
+                    &down.scales,
+                    &down.biases,
+                ]);
+                weights.extend([gate_up, down]);
+                0
+            }
+            LayerMlp::Routed(node) => {
+                experts.push(node);
+                if kernels.activations == Activations::Int8 {
+                    2
+                } else {
+                    1
+                }
+            }
+        };
         if let Some((q_norm, k_norm)) = t.qk_norm {
             tensors.extend([q_norm, k_norm]);
         }
@@ -161,7 +191,6 @@ pub(crate) fn decoder_stack(
         if let Some(bias) = t.qkv_bias {
             tensors.push(bias);
         }
-        let mut weights = vec![first, t.o, t.gate_up, t.down];
         if let Qkv::Split(_, k, v) = t.qkv {
             tensors.extend([
                 &k.weight, &k.scales, &k.biases, &v.weight, &v.scales, &v.biases,
@@ -190,6 +219,7 @@ pub(crate) fn decoder_stack(
             i32::from(t.qkv_bias.is_some()),
             i32::from(matches!(t.qkv, Qkv::Split(..))),
             i32::from(t.sinks.is_some()),
+            mlp,
         ]);
         softcaps.push(t.softcap.unwrap_or(0.0));
         sinks.extend_from_slice(t.sinks.unwrap_or_default());
@@ -218,6 +248,10 @@ pub(crate) fn decoder_stack(
         for block in caches {
             ffi::array_list_push(cache_list.pin_mut(), block.raw());
         }
+        let mut experts_list = ffi::experts_list_new();
+        for node in experts {
+            ffi::experts_list_push(experts_list.pin_mut(), node.experts());
+        }
         ffi::native_decoder_stack(
             &tensor_list,
             &cache_list,
@@ -226,6 +260,7 @@ pub(crate) fn decoder_stack(
             &spans,
             &softcaps,
             &sinks,
+            &experts_list,
             shape.eps,
             shape.scale,
             shape.rope_scale,
@@ -319,8 +354,10 @@ mod tests {
                 qkv_bias: None,
                 o: &l.o,
                 post_norm: &l.norm,
-                gate_up: &l.gate_up,
-                down: &l.down,
+                mlp: LayerMlp::Dense {
+                    gate_up: &l.gate_up,
+                    down: &l.down,
+                },
                 inv_freq: &l.inv_freq,
                 qk_norm: None,
                 rope: true,

@@ -111,6 +111,11 @@ impl MoeNode {
         })
     }
 
+    /// The prepared experts, for the decoder stack's routed layers (`crate::layer`).
+    pub(crate) fn experts(&self) -> &ffi::RoutedExperts {
+        self.handle.get()
+    }
+
     /// The layer's MLP output of `x` (`[tokens, hidden]`), normed by `norm` first, plus `x`
     /// when `residual`.
     pub(crate) fn forward(

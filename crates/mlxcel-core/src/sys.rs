@@ -33,6 +33,7 @@ pub(crate) mod ffi {
         type MlxArray;
         type ArrayList;
         type RoutedExperts;
+        type ExpertsList;
 
         fn array_from_bytes(bytes: &[u8], shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;
         fn array_alloc(shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;
@@ -207,6 +208,7 @@ pub(crate) mod ffi {
             seqs: &[i32],
             softcaps: &[f32],
             sinks: &[f32],
+            experts: &ExpertsList,
             eps: f32,
             scale: f32,
             rope_scale: f32,
@@ -214,6 +216,8 @@ pub(crate) mod ffi {
             isa: u8,
             threads: i32,
         ) -> Result<UniquePtr<MlxArray>>;
+        fn experts_list_new() -> UniquePtr<ExpertsList>;
+        fn experts_list_push(list: Pin<&mut ExpertsList>, experts: &RoutedExperts);
         #[allow(clippy::too_many_arguments)]
         fn routed_experts_new(
             matrices: &ArrayList,

@@ -11,7 +11,9 @@
 //   attention over the cache [within the layer's sliding window, soft-capped, with each head's
 //   sink logit in its softmax]; x1 = x + att·Woᵀ
 //   [Gemma: x + rms_norm(att·Woᵀ)]; out = x1 + swiglu(rms_norm(x1)·Wguᵀ)·Wdownᵀ [Gemma: GeGLU,
-//   and the MLP's output normed before the add]
+//   and the MLP's output normed before the add] or, on a layer with routed experts,
+//   out = x1 + the routed-expert MLP of rms_norm(x1) (kernels/moe.h, the routed-expert node's
+//   own kernel)
 //
 // with the same kernels (and so the same numbers) as the per-op graph.
 //
@@ -36,6 +38,7 @@
 #include "mlxcel-core/cpp/bridge.h"
 #include "mlxcel-core/cpp/kernels/attention.h"
 #include "mlxcel-core/cpp/kernels/dispatch.h"
+#include "mlxcel-core/cpp/kernels/moe.h"
 #include "mlxcel-core/cpp/kernels/pool.h"
 #include "mlxcel-core/cpp/kernels/qmatmul.h"
 #include "mlxcel-core/cpp/kernels/rowops.h"
@@ -57,10 +60,12 @@ enum Input : int {
   kQkvW, kQkvS, kQkvB,
   kOW, kOS, kOB,
   kPostNorm,
+  kInvFreq,
+  // Then, on a dense layer, gate/up's and down's (w, scales, biases) (a layer with routed
+  // experts has them in its RoutedExpertsPlan);
   kGuW, kGuS, kGuB,
   kDownW, kDownS, kDownB,
-  kInvFreq,
-  // Then, with a q/k norm, its two weights ([head_dim] each); with sandwich norms, the
+  // then, with a q/k norm, its two weights ([head_dim] each); with sandwich norms, the
   // post-attention and post-MLP norms ([hidden] each); with q/k/v biases, the three stacked
   // ([(heads + 2 kv_heads) head_dim]); with q, k and v split (kQkv* then hold q), k's and v's
   // weight, scales and biases; then the caches' blocks, per sequence its key blocks then its
@@ -82,6 +87,7 @@ struct Dims {
   float rope_mscale;  // factor on the rotated features (LongRoPE's attention factor)
   int window;  // 0: none
   float softcap;  // 0: none
+  int moe;  // 0: a dense MLP; routed experts with x in f32 (1) or quantized to int8 (2)
   int q_norm, post_norms, bias, split;  // input indices of the optional weights
   int first_cache;  // input index of the first cache
   float eps, scale, rope_scale;
@@ -196,6 +202,7 @@ struct Layer {
   std::vector<int32_t> seqs;
   int first;
   std::vector<float> sinks;  // [heads] sink logits, or empty: none
+  std::shared_ptr<const RoutedExpertsPlan> experts;  // the routed experts, when d.moe
 };
 
 // What run() takes for one layer, read from the stack's inputs.
@@ -203,6 +210,8 @@ struct LayerArgs {
   Dims d;
   std::vector<Seq> seqs;
   std::vector<float> sinks;  // a copy: the task may outlive the call that plans it
+  // Held (as the routed-expert node holds it) so that the plan outlives the task.
+  std::shared_ptr<const RoutedExpertsPlan> experts;
   const float *in_norm, *post_norm, *inv_freq, *q_norm, *k_norm, *post_attn, *post_ff, *bqkv;
   Weights wqkv, wk, wv, wo, wgu, wdown;
 };
@@ -234,7 +243,8 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
         float* dst = l + 1 == args.size()
                          ? y
                          : grow(l % 2 == 0 ? ping : pong, static_cast<size_t>(T) * a.d.hidden);
-        run(a.d, a.seqs, a.sinks, cur, a.in_norm, a.post_norm, a.inv_freq, a.q_norm, a.k_norm,
+        run(a.d, a.seqs, a.sinks,
+            a.experts ? &routed_experts_kernel_plan(*a.experts) : nullptr, cur, a.in_norm, a.post_norm, a.inv_freq, a.q_norm, a.k_norm,
             a.post_attn, a.post_ff, a.bqkv, a.wqkv, a.wk, a.wv, a.wo, a.wgu, a.wdown, dst, T, isa,
             threads);
         cur = dst;
@@ -320,9 +330,11 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
                      derived ? b.data<float>()[0] : 0.0f};
     };
     auto floats = [&](bool present, int i) { return present ? in(i).data<float>() : nullptr; };
+    const bool dense = d.moe == 0;
     return LayerArgs{d,
                      std::move(seqs),
                      layer.sinks,
+                     layer.experts,
                      in(kInputNorm).data<float>(),
                      in(kPostNorm).data<float>(),
                      in(kInvFreq).data<float>(),
@@ -335,12 +347,12 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
                      d.split_qkv ? weights(d.split) : Weights{},
                      d.split_qkv ? weights(d.split + 3) : Weights{},
                      weights(kOW),
-                     weights(kGuW),
-                     weights(kDownW)};
+                     dense ? weights(kGuW) : Weights{},
+                     dense ? weights(kDownW) : Weights{}};
   }
 
   static void run(const Dims& d, const std::vector<Seq>& seqs, const std::vector<float>& sinks,
-                  const float* x,
+                  const kernels::MoePlan* moe, const float* x,
                   const float* in_norm, const float* post_norm, const float* inv_freq,
                   const float* q_norm, const float* k_norm, const float* post_attn,
                   const float* post_ff, const float* bqkv, const Weights& wqkv,
@@ -349,7 +361,7 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
                   const Weights& wdown, float* y, int T, Isa isa, int threads) {
     const int D = d.head_dim, H = d.heads, KV = d.kv_heads, hidden = d.hidden;
     const int C = (H + 2 * KV) * D;
-    const int F = d.intermediate;
+    const int F = d.moe != 0 ? 0 : d.intermediate;
     static thread_local std::vector<float> b_h, b_qkv, b_att, b_x1, b_gu, b_split;
     float* h = grow(b_h, static_cast<size_t>(T) * std::max(hidden, F));
     float* qkv = grow(b_qkv, static_cast<size_t>(T) * C);
@@ -471,6 +483,15 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
     kernels::attention(problems.data(), static_cast<int>(problems.size()), isa, threads);
 
     matmul(att, wo, d.o, T, hidden, H * D, x1, isa, threads);
+    if (moe != nullptr) {
+      // The routed-expert MLP norms x1 and adds it back itself (no sandwich norms here).
+      for_rows(T, threads, [&](int t0, int t1) {
+        const int64_t at = static_cast<int64_t>(t0) * hidden;
+        add_into(x1 + at, x + at, static_cast<int64_t>(t1 - t0) * hidden);
+      });
+      kernels::routed_experts(*moe, x1, post_norm, d.eps, true, d.moe == 2, y, T, isa, threads);
+      return;
+    }
     for_rows(T, threads, [&](int t0, int t1) {
       const int64_t at = static_cast<int64_t>(t0) * hidden;
       if (post_attn != nullptr)
@@ -551,11 +572,11 @@ Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k,
   return Quant{group, bits, int8 != 0, int8 == 2};
 }
 
-constexpr size_t kDims = 14;  // per layer: see bridge.h
+constexpr size_t kDims = 15;  // per layer: see bridge.h
 
 // The tensors of one layer with these dims, x included.
 int tensor_count(const int32_t* dims) {
-  return kInvFreq + 1 + (dims[5] != 0 ? 2 : 0) + (dims[8] != 0 ? 2 : 0) + (dims[11] != 0 ? 1 : 0) +
+  return kInvFreq + 1 + (dims[14] != 0 ? 0 : 6) + (dims[5] != 0 ? 2 : 0) + (dims[8] != 0 ? 2 : 0) + (dims[11] != 0 ? 1 : 0) +
          (dims[12] != 0 ? 6 : 0);
 }
 
@@ -565,12 +586,23 @@ Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& ca
                  const int32_t* dims, rust::Slice<const int32_t> quant,
                  rust::Slice<const int32_t> seqs, float eps, float scale, float rope_scale,
                  float rope_mscale, float softcap, std::vector<float> sinks,
+                 std::shared_ptr<const RoutedExpertsPlan> experts,
                  std::vector<mx::array>& stack) {
   const bool split_qkv = dims[12] != 0;
-  if (quant.size() != (split_qkv ? 18u : 12u))
-    refuse(split_qkv ? "quant must be (group, bits, layout) for q, o, gate/up, down, k, v"
-                     : "quant must be (group, bits, layout) for qkv, o, gate/up, down");
+  const bool dense = dims[14] == 0;
+  // (group, bits, layout) of qkv (or q) and o, then gate/up and down on a dense layer, then k
+  // and v when split.
+  const size_t split_quant = dense ? 12u : 6u;
+  if (quant.size() != split_quant + (split_qkv ? 6u : 0u))
+    refuse(std::string("quant must be (group, bits, layout) for ") +
+           (split_qkv ? "q, o, " : "qkv, o, ") + (dense ? "gate/up, down, " : "") +
+           (split_qkv ? "k, v" : "in that order"));
+  if (dims[14] < 0 || dims[14] > 2)
+    refuse("the MLP code must be 0 (dense) or 1 or 2 (routed experts, x in f32 or int8)");
+  if (!dense && !experts) refuse("a layer with routed experts needs its experts' plan");
+  if (!dense && dims[8] != 0) refuse("a layer with routed experts cannot have sandwich norms");
   Dims d{};
+  d.moe = dims[14];
   d.hidden = dims[0];
   d.heads = dims[1];
   d.kv_heads = dims[2];
@@ -590,7 +622,7 @@ Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& ca
   d.softcap = softcap;
   if (d.window < 0) refuse("the window must be >= 0");
   if (!(softcap >= 0.0f)) refuse("the soft-cap must be >= 0");
-  d.q_norm = kInvFreq + 1;
+  d.q_norm = dense ? kDownB + 1 : kInvFreq + 1;
   d.post_norms = d.q_norm + (d.qk_norm ? 2 : 0);
   d.bias = d.post_norms + (d.sandwich ? 2 : 0);
   d.split = d.bias + (d.qkv_bias ? 1 : 0);
@@ -603,8 +635,10 @@ Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& ca
   d.rope_scale = rope_scale;
   const int D = d.head_dim, H = d.heads, KV = d.kv_heads;
   if (d.hidden < 1 || H < 1 || KV < 1 || H % KV != 0 || D < 2 || D % 2 != 0 ||
-      d.intermediate < 1)
+      (dense && d.intermediate < 1))
     refuse("bad dimensions");
+  if (!dense && routed_experts_kernel_plan(*experts).hidden != d.hidden)
+    refuse("the routed experts' hidden size differs from the layer's");
   const mx::array x = inputs[kX];  // a handle, not a reference: `inputs` grows below
   if (x.dtype() != mx::float32 || x.ndim() != 2 || x.shape(1) != d.hidden)
     refuse("x must be float32 [tokens, " + std::to_string(d.hidden) + "]");
@@ -622,19 +656,22 @@ Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& ca
   if (d.qkv_bias) check_float(inputs[d.bias], {(H + 2 * KV) * D}, "the q/k/v biases");
   if (d.split_qkv) {
     d.qkv = check_quantized(inputs, kQkvW, H * D, d.hidden, quant[0], quant[1], quant[2], "q");
-    d.k = check_quantized(inputs, d.split, KV * D, d.hidden, quant[12], quant[13], quant[14], "k");
-    d.v = check_quantized(inputs, d.split + 3, KV * D, d.hidden, quant[15], quant[16], quant[17],
-                          "v");
+    const size_t q = split_quant;
+    d.k = check_quantized(inputs, d.split, KV * D, d.hidden, quant[q], quant[q + 1], quant[q + 2],
+                          "k");
+    d.v = check_quantized(inputs, d.split + 3, KV * D, d.hidden, quant[q + 3], quant[q + 4],
+                          quant[q + 5], "v");
   } else {
     d.qkv = check_quantized(inputs, kQkvW, (H + 2 * KV) * D, d.hidden, quant[0], quant[1],
                             quant[2], "qkv");
   }
   d.o = check_quantized(inputs, kOW, d.hidden, H * D, quant[3], quant[4], quant[5], "o");
-  d.gate_up =
-      check_quantized(inputs, kGuW, 2 * d.intermediate, d.hidden, quant[6], quant[7],
+  if (dense) {
+    d.gate_up = check_quantized(inputs, kGuW, 2 * d.intermediate, d.hidden, quant[6], quant[7],
                                 quant[8], "gate/up");
-  d.down = check_quantized(inputs, kDownW, d.hidden, d.intermediate, quant[9], quant[10], quant[11],
-                           "down");
+    d.down = check_quantized(inputs, kDownW, d.hidden, d.intermediate, quant[9], quant[10],
+                             quant[11], "down");
+  }
 
   if (seqs.size() % 3 != 0 || seqs.empty()) refuse("seqs must be (n, position, blocks) triples");
   const size_t count = seqs.size() / 3;
@@ -675,7 +712,8 @@ Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& ca
            std::to_string(x.shape(0)) + " rows");
   const int first = static_cast<int>(stack.size());
   stack.insert(stack.end(), inputs.begin() + 1, inputs.end());
-  return Layer{d, std::vector<int32_t>(seqs.begin(), seqs.end()), first, std::move(sinks)};
+  return Layer{d, std::vector<int32_t>(seqs.begin(), seqs.end()), first, std::move(sinks),
+               std::move(experts)};
 }
 
 }  // namespace
@@ -685,13 +723,14 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
                                                rust::Slice<const int32_t> quant,
                                                rust::Slice<const int32_t> seqs,
                                                rust::Slice<const float> softcaps,
-                                               rust::Slice<const float> sinks, float eps,
+                                               rust::Slice<const float> sinks,
+                                               const ExpertsList& experts, float eps,
                                                float scale, float rope_scale, float rope_mscale,
                                                uint8_t isa, int32_t threads) {
   if (dims.empty() || dims.size() % kDims != 0)
     refuse(
         "dims must be, per layer, hidden, heads, kv_heads, head_dim, intermediate, qk_norm, "
-        "rope, window, sandwich, gelu, rotary, qkv_bias, split_qkv, sinks");
+        "rope, window, sandwich, gelu, rotary, qkv_bias, split_qkv, sinks, mlp");
   const size_t layers = dims.size() / kDims;
   if (softcaps.size() != layers) refuse("softcaps must hold one value per layer");
   if (seqs.size() % layers != 0) refuse("seqs must hold the same number of values per layer");
@@ -701,11 +740,11 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
   const mx::array& x = tensors.items[0];
   std::vector<mx::array> stack{x};
   std::vector<Layer> plan;
-  size_t next_tensor = 1, next_cache = 0, next_quant = 0, next_sink = 0;
+  size_t next_tensor = 1, next_cache = 0, next_quant = 0, next_sink = 0, next_experts = 0;
   for (size_t l = 0; l < layers; ++l) {
     const int32_t* ld = dims.data() + l * kDims;
     const size_t count = static_cast<size_t>(tensor_count(ld)) - 1;
-    const size_t quant_count = ld[12] != 0 ? 18 : 12;
+    const size_t quant_count = (ld[12] != 0 ? 18 : 12) - (ld[14] != 0 ? 6 : 0);
     const int32_t* ls = seqs.data() + l * per_layer_seqs;
     size_t blocks = 0;
     if (per_layer_seqs % 3 == 0)
@@ -729,12 +768,19 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
       layer_sinks.assign(sinks.begin() + next_sink, sinks.begin() + next_sink + heads);
       next_sink += heads;
     }
+    // A layer with routed experts takes its plan from `experts`, in layer order.
+    std::shared_ptr<const RoutedExpertsPlan> layer_experts;
+    if (ld[14] != 0) {
+      if (next_experts >= experts.items.size())
+        refuse("layer " + std::to_string(l) + ": fewer routed-expert plans than routed layers");
+      layer_experts = experts.items[next_experts++];
+    }
     try {
       plan.push_back(plan_layer(std::move(layer_inputs), layer_caches, ld,
                                 rust::Slice<const int32_t>(quant.data() + next_quant, quant_count),
                                 rust::Slice<const int32_t>(ls, per_layer_seqs), eps, scale,
                                 rope_scale, rope_mscale, softcaps[l], std::move(layer_sinks),
-                                stack));
+                                std::move(layer_experts), stack));
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument("layer " + std::to_string(l) + ": " + e.what());
     }
@@ -743,9 +789,10 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
     next_quant += quant_count;
   }
   if (next_tensor != tensors.items.size() || next_cache != caches.items.size() ||
-      next_quant != quant.size() || next_sink != sinks.size())
-    refuse("more tensors, cache blocks, quant values or sink logits than the layers' dims and "
-           "seqs name");
+      next_quant != quant.size() || next_sink != sinks.size() ||
+      next_experts != experts.items.size())
+    refuse("more tensors, cache blocks, quant values, sink logits or routed-expert plans than "
+           "the layers' dims and seqs name");
   auto prim = std::make_shared<DecoderStackCpu>(mlxcel_stream(), std::move(plan),
                                                 static_cast<Isa>(isa), threads < 1 ? 1 : threads);
   auto shape = x.shape();

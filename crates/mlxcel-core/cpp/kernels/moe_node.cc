@@ -193,6 +193,16 @@ std::unique_ptr<RoutedExperts> routed_experts_new(const ArrayList& matrices,
   return out;
 }
 
+std::unique_ptr<ExpertsList> experts_list_new() { return std::make_unique<ExpertsList>(); }
+
+void experts_list_push(ExpertsList& list, const RoutedExperts& experts) {
+  list.items.push_back(experts.plan);
+}
+
+const kernels::MoePlan& routed_experts_kernel_plan(const RoutedExpertsPlan& plan) {
+  return plan.kernel;
+}
+
 std::unique_ptr<MlxArray> native_routed_experts(const MlxArray& x, const MlxArray& norm,
                                                 const RoutedExperts& experts, float eps,
                                                 bool residual, bool int8x, uint8_t isa,

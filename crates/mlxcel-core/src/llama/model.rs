@@ -187,7 +187,15 @@ impl LlamaModel {
     /// the per-op graph and why (for `mlxcel bench`'s output).
     pub fn execution(&self) -> &'static str {
         if self.fused_layers().is_some() {
-            "fused layers"
+            if self
+                .layers
+                .iter()
+                .any(|layer| matches!(layer.mlp, Mlp::Routed(_)))
+            {
+                "fused layers (routed-expert MLPs inside the fused layer node)"
+            } else {
+                "fused layers"
+            }
         } else if self.kernels.backend != KernelBackend::Native {
             "per-op graph (MLX kernels)"
         } else if !self.kernels.fused_layers {

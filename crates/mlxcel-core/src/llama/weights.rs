@@ -11,7 +11,7 @@ use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::Result;
 use crate::kernels::{Int8Layout, Kernels};
-use crate::layer::{LayerTensors, Qkv};
+use crate::layer::{LayerMlp, LayerTensors, Qkv};
 use crate::quantized::QuantizedWeight;
 
 /// The token embedding, which doubles as the output projection when tied.
@@ -94,7 +94,8 @@ pub(super) struct Layer {
 pub(super) enum Mlp {
     /// The gated MLP.
     Dense { gate_up: GateUp, down: Linear },
-    /// A mixture of experts (the per-op graph runs it).
+    /// A mixture of experts (inside the fused layer when its routed-expert node was prepared,
+    /// else on the per-op graph).
     Routed(Box<RoutedMlp>),
 }
 
@@ -159,10 +160,16 @@ impl Layer {
     /// (each check reads dtypes and shapes through MLX: ~0.15 ms a step on a 30-layer model).
     pub(super) fn fusable(&self, inv_freq: &Array, features: LayerFeatures) -> bool {
         self.fused_tensors(inv_freq, features).is_some_and(|t| {
+            let mlp = match t.mlp {
+                LayerMlp::Dense { gate_up, down } => vec![gate_up, down],
+                // The routed-expert node checked its experts when it was made.
+                LayerMlp::Routed(_) => Vec::new(),
+            };
             t.qkv
                 .all()
                 .into_iter()
-                .chain([t.gate_up, t.o, t.down])
+                .chain([t.o])
+                .chain(mlp)
                 .all(QuantizedWeight::native_layout)
         })
     }
@@ -170,7 +177,8 @@ impl Layer {
     /// The layer's tensors for the fused decoder-layer node, when its structure allows it:
     /// stacked q/k/v (with their biases, if any) and gate/up, and o and down, all quantized, o,
     /// gate/up and down without biases ([`Layer::fusable`] also checks their layouts); q/k
-    /// norms, if any, per head. A routed-expert MLP runs on the per-op graph.
+    /// norms, if any, per head; routed experts when their node was prepared and the layer has
+    /// no sandwich norms.
     pub(super) fn fused_tensors<'a>(
         &'a self,
         inv_freq: &'a Array,
@@ -185,24 +193,24 @@ impl Layer {
             return None;
         }
         let qkv = self.qkv_matrices()?;
-        let Mlp::Dense {
-            gate_up: GateUp::Stacked(gate_up),
-            down,
-        } = &self.mlp
-        else {
-            return None;
+        let mlp = match &self.mlp {
+            Mlp::Dense {
+                gate_up: GateUp::Stacked(gate_up),
+                down:
+                    Linear::Quantized {
+                        weight: down,
+                        bias: None,
+                    },
+            } => LayerMlp::Dense { gate_up, down },
+            // Routed experts whose node was prepared (the node's kernel runs inside the layer),
+            // without Gemma's sandwich norms (the node adds its own residual).
+            Mlp::Routed(moe) if self.sandwich.is_none() => LayerMlp::Routed(moe.node.as_ref()?),
+            _ => return None,
         };
         let Linear::Quantized {
             weight: o,
             bias: None,
         } = &self.o
-        else {
-            return None;
-        };
-        let Linear::Quantized {
-            weight: down,
-            bias: None,
-        } = down
         else {
             return None;
         };
@@ -212,8 +220,7 @@ impl Layer {
             qkv_bias: self.qkv_bias.as_ref(),
             o,
             post_norm: &self.post_norm,
-            gate_up,
-            down,
+            mlp,
             inv_freq,
             qk_norm: self.qk_norm.as_ref().map(|(q, k)| (q, k)),
             rope: self.attention.rope,

@@ -98,6 +98,23 @@ fn a_shared_expert_and_a_dense_layer_match_the_reference() {
     check_everywhere(moe(shared, Q4), 331);
 }
 
+/// With per-head q/k norms an MoE model's layers, experts included, run as the fused
+/// decoder-layer node on mlxcel's kernels, and match the reference (f32 and int8 activations).
+#[test]
+fn routed_experts_run_inside_the_fused_layer_node() {
+    let variant = moe(TOP2, Q4);
+    check_everywhere(variant, 345);
+    let tiny = write_tiny(variant, 345);
+    let model = LlamaModel::load_with(&open_tiny(&tiny), Kernels::native()).unwrap();
+    assert!(
+        model
+            .execution()
+            .contains("routed-expert MLPs inside the fused layer node"),
+        "{}",
+        model.execution()
+    );
+}
+
 /// OLMoE's q and k norms, one RMSNorm over all heads, with experts and on a dense model (where
 /// the fused layer, which norms per head, must step aside).
 #[test]
@@ -220,6 +237,10 @@ fn batched_steps_give_each_sequence_its_logits_alone() {
 /// it replaces (`fused_layers: false`, which routes on the host): the same bits for every
 /// routing, with a shared expert and a dense first layer, with int8 and f32 activations, over a
 /// prefill of three sequences together (several tokens per expert) and four decode steps.
+/// OLMoE's whole-projection q/k norms keep the attention on the per-op graph, so that the two
+/// models differ only in the MoE block (with per-head norms the layers run as the fused
+/// decoder-layer node, whose attention is not the per-op graph's to the bit:
+/// `routed_experts_run_inside_the_fused_layer_node` checks that path).
 #[test]
 fn the_fused_node_gives_the_per_op_graphs_bits() {
     let variants = [
@@ -251,7 +272,13 @@ fn the_fused_node_gives_the_per_op_graphs_bits() {
         ),
     ];
     for (variant, seed) in variants {
-        let tiny = write_tiny(moe(variant, Q4), seed);
+        let tiny = write_tiny(
+            Variant {
+                qk_norm_whole: true,
+                ..moe(variant, Q4)
+            },
+            seed,
+        );
         let checkpoint = open_tiny(&tiny);
         for activations in [Activations::Int8, Activations::F32] {
             let node = LlamaModel::load_with(&checkpoint, native(activations)).unwrap();
