@@ -165,8 +165,10 @@ impl Session<'_> {
         })
     }
 
-    /// Streams one completion to stdout; statistics go to stderr.
-    pub fn generate(&self, prompt: Vec<u32>) -> Result<Answer> {
+    /// Streams one completion to stdout; statistics go to stderr. `rendered`: how long rendering
+    /// the conversation through the chat template and tokenizing it took (a chat turn renders
+    /// the whole conversation), said after the prefill's time, which it is not part of.
+    pub fn generate(&self, prompt: Vec<u32>, rendered: Option<Duration>) -> Result<Answer> {
         let prompt_len = prompt.len();
         let max_new_tokens = self.budget(prompt_len)?;
         if self.engine.info().backend == BackendKind::Xla {
@@ -245,16 +247,22 @@ impl Session<'_> {
         let decode_secs = (end - first).as_secs_f64();
         let decoded = usage.completion_tokens.saturating_sub(1);
         let reused = usage.cached_tokens;
+        let rendering = rendered.map_or_else(String::new, |time| {
+            format!(
+                "; conversation rendered and tokenized in {:.1} ms",
+                time.as_secs_f64() * 1e3
+            )
+        });
         if self.reuses_prefixes {
             let new = prompt_len.saturating_sub(reused);
             self.stats(&format!(
                 "prompt: {prompt_len} tokens, prefill {new} new tokens ({reused} reused) in \
-                 {prompt_secs:.2}s = {:.1} tok/s",
+                 {prompt_secs:.3}s = {:.1} tok/s{rendering}",
                 rate(new, prompt_secs)
             ));
         } else {
             self.stats(&format!(
-                "prompt: {prompt_len} tokens in {prompt_secs:.2}s = {:.1} tok/s",
+                "prompt: {prompt_len} tokens in {prompt_secs:.2}s = {:.1} tok/s{rendering}",
                 rate(prompt_len, prompt_secs)
             ));
         }

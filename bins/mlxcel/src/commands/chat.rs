@@ -10,6 +10,7 @@
 
 use std::io::BufRead;
 use std::path::Path;
+use std::time::Instant;
 
 use anyhow::{Result, bail};
 use mlxcel_engine::ChatMessage;
@@ -166,12 +167,14 @@ impl Chat<'_, '_> {
     /// turn (too long, say) leaves the conversation as it was.
     fn turn(&mut self, input: &str) -> Result<()> {
         self.history.push(ChatMessage::new("user", input));
+        let rendering = Instant::now();
         let answered = self
             .session
             .prompt_ids(input, &self.history)
             .and_then(|prompt| {
+                let rendered = rendering.elapsed();
                 self.note_rerendering(&prompt);
-                let answer = self.session.generate(prompt.clone())?;
+                let answer = self.session.generate(prompt.clone(), Some(rendered))?;
                 Ok((prompt, answer))
             });
         match answered {
@@ -264,7 +267,7 @@ impl Chat<'_, '_> {
             path.display()
         );
         self.session.stats(&format!(
-            "prompt: {} tokens, prefill {} new tokens ({} reused) in {:.2}s = {:.1} tok/s",
+            "prompt: {} tokens, prefill {} new tokens ({} reused) in {:.3}s = {:.1} tok/s",
             prefilled.tokens,
             prefilled.tokens - prefilled.reused,
             prefilled.reused,

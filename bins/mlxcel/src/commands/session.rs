@@ -63,7 +63,7 @@ pub fn run(model: Option<&str>, options: &Options, mode: Mode) -> Result<()> {
             let mut messages = session.system_messages();
             messages.push(ChatMessage::new("user", prompt.as_str()));
             let prompt_ids = session.prompt_ids(&prompt, &messages)?;
-            session.generate(prompt_ids)?;
+            session.generate(prompt_ids, None)?;
         }
         Mode::Chat { first, single_turn } => super::chat::chat(&session, first, single_turn)?,
     }
