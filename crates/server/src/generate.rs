@@ -96,6 +96,10 @@ fn slot_params(request: &GenerationRequest, ignore_eos: bool) -> serde_json::Val
         "n_probs": request.logprobs.unwrap_or(0),
         "post_sampling_probs": request.post_sampling_probs,
         "samplers": s.samplers.iter().map(|stage| stage.name()).collect::<Vec<_>>(),
+        // llama-server's adaptive-p sampler, which this engine does not have: reported off, as
+        // its inert values are the only ones a request may send (crate::inert).
+        "adaptive_target": -1.0,
+        "adaptive_decay": 0.9,
     })
 }
 
@@ -242,10 +246,11 @@ pub async fn submit(
         budget,
         generated: 0,
         text: String::new(),
-        params: slot_params,
+        params: slot_params.clone(),
         started: Instant::now(),
     });
     Ok(Tracked {
+        settings: slot_params,
         stream,
         state: state.clone(),
         key,
@@ -282,6 +287,8 @@ pub struct Tracked {
     finished: Option<FinishReason>,
     /// The request's log line, written when the request ends (or is dropped).
     log: Option<RequestLog>,
+    /// Its settings as `/slots` shows them (llama-server's `generation_settings`).
+    settings: serde_json::Value,
 }
 
 impl Tracked {
@@ -299,6 +306,12 @@ impl Tracked {
     /// it waits for one.
     pub fn slot_id(&self) -> i64 {
         self.state.id_slot(self.key)
+    }
+
+    /// The request's settings, in llama-server's names (`/slots`' `params`, `/completion`'s
+    /// `generation_settings`).
+    pub fn settings(&self) -> &serde_json::Value {
+        &self.settings
     }
 
     /// What [`Tracked::slot_id`] reads, for a format that outlives its borrow of the request.

@@ -49,6 +49,9 @@ pub struct AppState {
     slot_entries: Mutex<BTreeMap<usize, u64>>,
     /// The model's fingerprint for slot files, computed on first use.
     fingerprint: OnceLock<String>,
+    /// When the server started, in seconds since the Unix epoch (`/metrics`' header
+    /// `Process-Start-Time-Unix`, as llama-server sends it).
+    started_unix: u64,
 }
 
 impl AppState {
@@ -62,7 +65,15 @@ impl AppState {
             next_key: AtomicU64::new(0),
             slot_entries: Mutex::new(BTreeMap::new()),
             fingerprint: OnceLock::new(),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
         }
+    }
+
+    /// When the server started, in seconds since the Unix epoch.
+    pub fn started_unix(&self) -> u64 {
+        self.started_unix
     }
 
     /// The settings.

@@ -313,6 +313,21 @@ fn call_from_value(value: &Value, arguments_key: &str) -> Option<(String, Value)
     Some((name, arguments))
 }
 
+/// Calls the reply made in its own form (gpt-oss's harmony messages), each a function's name and
+/// its arguments as written, with ids as [`parse_calls`] gives them.
+pub(crate) fn named_calls(
+    calls: impl IntoIterator<Item = (String, String)>,
+    id_prefix: &str,
+) -> Vec<ToolCall> {
+    with_ids(
+        calls
+            .into_iter()
+            .map(|(name, arguments)| (name, Value::String(arguments)))
+            .collect(),
+        id_prefix,
+    )
+}
+
 fn with_ids(calls: Vec<(String, Value)>, id_prefix: &str) -> Vec<ToolCall> {
     calls
         .into_iter()

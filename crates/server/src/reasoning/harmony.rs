@@ -1,11 +1,14 @@
 //! gpt-oss's harmony form: the reply is a run of messages, each a header
 //! (`<|start|>assistant<|channel|>NAME …`) then `<|message|>` and a body ended by `<|end|>`,
 //! `<|return|>` or `<|call|>`. The `analysis` channel is the reasoning, `final` the answer, and
-//! `commentary` (the preambles gpt-oss writes around tool calls) the answer's text too. The
-//! markers are special tokens, which the engine's text leaves out; the server puts them back
-//! ([`super::marker_text`]) so that this splitter sees them.
+//! `commentary` (the preambles gpt-oss writes around tool calls) the answer's text too. A message
+//! addressed to a function (`to=functions.NAME` in its header, before or after the channel) is a
+//! tool call: its body, the arguments, is held until the message ends and then given back whole
+//! as a [`SplitCall`], which the routes return as `tool_calls`. The markers are special tokens,
+//! which the engine's text leaves out; the server puts them back ([`super::marker_text`]) so that
+//! this splitter sees them.
 
-use super::split::{Split, partial_tag};
+use super::split::{Split, SplitCall, partial_tag};
 
 const MESSAGE: &str = "<|message|>";
 const CHANNEL: &str = "<|channel|>";
@@ -25,6 +28,8 @@ enum State {
     Header,
     /// Inside a body; `reasoning` on the analysis channel.
     Body { reasoning: bool },
+    /// Inside the body of a message addressed to a function (the name is in `call`).
+    Call,
     /// A reply that did not begin with a harmony header: all of it is the answer.
     Plain,
 }
@@ -37,6 +42,8 @@ pub(super) struct HarmonySplitter {
     /// Whether a header has been read: until then, text that is not a marker means the reply is
     /// not in the harmony form.
     seen_header: bool,
+    /// The call whose arguments are being read.
+    call: Option<SplitCall>,
 }
 
 /// The channel a header names (`<|channel|>analysis`, `<|channel|>commentary to=functions.f`).
@@ -48,12 +55,24 @@ fn channel(header: &str) -> &str {
         .unwrap_or("")
 }
 
+/// The function a header addresses (`to=functions.get_weather` gives `get_weather`; a recipient
+/// outside the `functions` namespace keeps its full name).
+fn recipient(header: &str) -> Option<&str> {
+    let at = header.find("to=")?;
+    let name = header[at + 3..]
+        .split(|c: char| c.is_whitespace() || c == '<')
+        .next()
+        .filter(|n| !n.is_empty())?;
+    Some(name.strip_prefix("functions.").unwrap_or(name))
+}
+
 impl HarmonySplitter {
     pub(super) fn new() -> Self {
         Self {
             state: State::Header,
             held: String::new(),
             seen_header: false,
+            call: None,
         }
     }
 
@@ -63,10 +82,21 @@ impl HarmonySplitter {
             match self.state {
                 State::Header => {
                     if let Some(at) = self.held.find(MESSAGE) {
-                        let reasoning = channel(&self.held[..at]) == "analysis";
+                        let header = &self.held[..at];
+                        self.state = match recipient(header) {
+                            Some(name) => {
+                                self.call = Some(SplitCall {
+                                    name: name.to_owned(),
+                                    arguments: String::new(),
+                                });
+                                State::Call
+                            }
+                            None => State::Body {
+                                reasoning: channel(header) == "analysis",
+                            },
+                        };
                         self.held.drain(..at + MESSAGE.len());
                         self.seen_header = true;
-                        self.state = State::Body { reasoning };
                         continue;
                     }
                     let visible = self.held.trim_start();
@@ -106,6 +136,24 @@ impl HarmonySplitter {
                     self.held.drain(..sent);
                     return;
                 }
+                State::Call => {
+                    let end = BODY_ENDS
+                        .iter()
+                        .filter_map(|&(marker, consumed)| {
+                            self.held.find(marker).map(|at| (at, marker, consumed))
+                        })
+                        .min_by_key(|&(at, ..)| at);
+                    let Some((at, marker, consumed)) = end else {
+                        return;
+                    };
+                    if let Some(mut call) = self.call.take() {
+                        call.arguments = self.held[..at].trim().to_owned();
+                        out.calls.push(call);
+                    }
+                    let skip = if consumed { at + marker.len() } else { at };
+                    self.held.drain(..skip);
+                    self.state = State::Header;
+                }
                 State::Plain => {
                     out.content.push_str(&self.held);
                     self.held.clear();
@@ -123,6 +171,14 @@ impl HarmonySplitter {
         match self.state {
             State::Body { reasoning: true } => out.reasoning.push_str(&held),
             State::Body { reasoning: false } | State::Plain => out.content.push_str(&held),
+            // A call cut by the end of the reply (`<|call|>` is an end-of-generation token the
+            // engine leaves out of the text): its arguments are what was written.
+            State::Call => {
+                if let Some(mut call) = self.call.take() {
+                    call.arguments = held.trim().to_owned();
+                    out.calls.push(call);
+                }
+            }
             State::Header if !self.seen_header || !held.contains("<|") => {
                 out.content.push_str(&held)
             }

@@ -27,7 +27,7 @@ use mlxcel_engine::Engine;
 pub use fields::{ReasoningDefaults, ReasoningFields, thinking_of_budget};
 pub use format::{Form, ReasoningFormat};
 use harmony::HarmonySplitter;
-pub use split::Split;
+pub use split::{Split, SplitCall};
 use think::ThinkSplitter;
 
 #[derive(Debug)]

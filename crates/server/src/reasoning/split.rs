@@ -1,11 +1,20 @@
 //! What a splitter gives back, and the check every splitter makes for a marker cut by the end
 //! of a piece.
 
-/// Reasoning and answer text, as far as they are known.
+/// Reasoning and answer text, as far as they are known, and the tool calls the reply made in
+/// its own form (gpt-oss's harmony messages addressed `to=functions.NAME`), each whole.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Split {
     pub reasoning: String,
     pub content: String,
+    pub calls: Vec<SplitCall>,
+}
+
+/// One tool call of the reply: the function's name and its arguments as the model wrote them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitCall {
+    pub name: String,
+    pub arguments: String,
 }
 
 impl Split {
@@ -13,6 +22,7 @@ impl Split {
     pub fn extend(&mut self, other: Split) {
         self.reasoning.push_str(&other.reasoning);
         self.content.push_str(&other.content);
+        self.calls.extend(other.calls);
     }
 }
 

@@ -37,6 +37,7 @@ fn split(reasoning: &str, content: &str) -> Split {
     Split {
         reasoning: reasoning.into(),
         content: content.into(),
+        calls: Vec::new(),
     }
 }
 
@@ -132,6 +133,42 @@ fn harmony_channels_split_into_reasoning_and_answer() {
         split("", "Checking.")
     );
     assert_eq!(Form::of("{{ '<|channel|>' }}", ""), Form::Harmony);
+}
+
+#[test]
+fn harmony_function_messages_are_tool_calls() {
+    let call = |name: &str, arguments: &str| SplitCall {
+        name: name.into(),
+        arguments: arguments.into(),
+    };
+    // The recipient after the channel, with a `<|constrain|>` and the `<|call|>` end.
+    let text = "<|channel|>analysis<|message|>Need weather.<|end|>\
+                <|start|>assistant<|channel|>commentary to=functions.get_weather \
+                <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>";
+    let mut expected = split("Need weather.", "");
+    expected
+        .calls
+        .push(call("get_weather", r#"{"city": "Paris"}"#));
+    assert_eq!(
+        every_cut(ReasoningFormat::Auto, Form::Harmony, text),
+        expected
+    );
+    // The recipient before the channel, a preamble before it, and the reply ending at the call
+    // (`<|call|>` left out of the text as an end-of-generation token).
+    let text = "<|channel|>commentary<|message|>Looking it up.<|end|>\
+                <|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{\"q\": 1}";
+    let mut expected = split("", "Looking it up.");
+    expected.calls.push(call("lookup", r#"{"q": 1}"#));
+    assert_eq!(
+        every_cut(ReasoningFormat::Auto, Form::Harmony, text),
+        expected
+    );
+    // Two calls in one reply keep their order.
+    let text = "<|channel|>commentary to=functions.a<|message|>{}<|call|>\
+                <|start|>assistant<|channel|>commentary to=functions.b<|message|>{\"x\": 2}<|call|>";
+    let got = every_cut(ReasoningFormat::Auto, Form::Harmony, text);
+    assert_eq!(got.calls, vec![call("a", "{}"), call("b", r#"{"x": 2}"#)]);
+    assert_eq!(got.content, "");
 }
 
 #[test]

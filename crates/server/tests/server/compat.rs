@@ -183,7 +183,19 @@ mod http {
         assert!(busy["next_token"]["n_decoded"].is_u64(), "{busy}");
         drop(stream);
 
-        let metrics = server.get("/metrics").await.body;
+        let reply = server.get("/metrics").await;
+        // The server's start as llama-server sends it: Unix seconds, not in the future.
+        let start: u64 = reply.headers["process-start-time-unix"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(start > 1_700_000_000 && start <= now, "{start}");
+        let metrics = reply.body;
         for family in [
             "llamacpp:prompt_seconds_total",
             "llamacpp:tokens_predicted_seconds_total",

@@ -227,6 +227,19 @@ async fn llama_completion_plain_and_streamed() {
     assert_eq!(probs.len(), 2, "{body}");
     assert_eq!(probs[0]["token"], " Paris");
     assert_eq!(probs[0]["top_logprobs"].as_array().unwrap().len(), 3);
+    // Each entry and each candidate carry their text's bytes, as llama-server's do.
+    assert_eq!(probs[0]["bytes"], json!(" Paris".as_bytes()));
+    let top = &probs[0]["top_logprobs"][0];
+    assert_eq!(
+        top["bytes"],
+        json!(top["token"].as_str().unwrap().as_bytes())
+    );
+    // The request's settings ride on the answer as llama-server's `generation_settings`.
+    let settings = &body["generation_settings"];
+    assert_eq!(settings["n_predict"], 2, "{body}");
+    assert_eq!(settings["temperature"], 0.0, "{body}");
+    assert_eq!(settings["n_probs"], 3, "{body}");
+    assert_eq!(settings["adaptive_target"], -1.0, "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -64,11 +64,13 @@ impl Reply for CompletionReply {
     }
 }
 
-/// One token of llama-server's `completion_probabilities`.
+/// One token of llama-server's `completion_probabilities`; `bytes` are the token's text as
+/// UTF-8 bytes, as llama-server sends them beside `token`.
 #[derive(Debug, Serialize)]
 pub(super) struct TokenProbs {
     id: u32,
     token: String,
+    bytes: Vec<u8>,
     logprob: Option<f32>,
     top_logprobs: Vec<TopProb>,
 }
@@ -77,6 +79,7 @@ pub(super) struct TokenProbs {
 pub(super) struct TopProb {
     id: u32,
     token: String,
+    bytes: Vec<u8>,
     logprob: f32,
 }
 
@@ -87,28 +90,38 @@ impl TokenProbs {
         let top: Vec<serde_json::Value> = self
             .top_logprobs
             .into_iter()
-            .map(|a| serde_json::json!({"id": a.id, "token": a.token, "prob": a.logprob.exp()}))
+            .map(|a| {
+                serde_json::json!({"id": a.id, "token": a.token, "bytes": a.bytes,
+                                   "prob": a.logprob.exp()})
+            })
             .collect();
         serde_json::json!({
             "id": self.id,
             "token": self.token,
+            "bytes": self.bytes,
             "prob": self.logprob.map(f32::exp),
             "top_probs": top,
         })
     }
 
     fn new(engine: &Engine, t: &TokenRecord) -> Self {
+        let token = token_piece(engine, t.token);
         Self {
             id: t.token,
-            token: token_piece(engine, t.token),
+            bytes: token.as_bytes().to_vec(),
+            token,
             logprob: t.logprob.map(|l| l.logprob),
             top_logprobs: t
                 .top_logprobs
                 .iter()
-                .map(|a| TopProb {
-                    id: a.token,
-                    token: token_piece(engine, a.token),
-                    logprob: a.logprob,
+                .map(|a| {
+                    let token = token_piece(engine, a.token);
+                    TopProb {
+                        id: a.token,
+                        bytes: token.as_bytes().to_vec(),
+                        token,
+                        logprob: a.logprob,
+                    }
                 })
                 .collect(),
         }
@@ -148,6 +161,8 @@ pub(super) struct CompletionResult {
     stopping_word: String,
     tokens_cached: usize,
     timings: Timings,
+    /// The request's settings, as `/slots` shows them.
+    generation_settings: serde_json::Value,
     /// With `n_probs` > 0, on a request that was not streamed.
     #[serde(skip_serializing_if = "Option::is_none")]
     completion_probabilities: Option<Vec<serde_json::Value>>,
@@ -211,6 +226,7 @@ impl Final {
             // every generated token but the last, which was never fed back.
             tokens_cached: prompt_n + predicted.saturating_sub(1),
             timings: tracked.timings_object(predicted),
+            generation_settings: tracked.settings().clone(),
             completion_probabilities: None,
         }
     }

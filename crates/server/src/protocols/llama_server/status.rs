@@ -214,7 +214,8 @@ pub fn set_props(state: &AppState) -> Result<Response<Body>, ApiError> {
     Ok(json(StatusCode::OK, &SetPropsResponse { success: true }))
 }
 
-/// `GET /metrics` (with `--metrics`).
+/// `GET /metrics` (with `--metrics`), with llama-server's `Process-Start-Time-Unix` header (the
+/// server's start, in seconds since the Unix epoch, so that a scraper can tell a restart).
 pub fn metrics(state: &AppState) -> Result<Response<Body>, ApiError> {
     if !state.config().metrics {
         return Err(ApiError::NotImplemented(
@@ -222,7 +223,12 @@ pub fn metrics(state: &AppState) -> Result<Response<Body>, ApiError> {
         ));
     }
     let text = state.render_metrics();
-    Ok(full(StatusCode::OK, "text/plain; version=0.0.4", text))
+    let mut response = full(StatusCode::OK, "text/plain; version=0.0.4", text);
+    response.headers_mut().insert(
+        "process-start-time-unix",
+        hyper::header::HeaderValue::from(state.started_unix()),
+    );
+    Ok(response)
 }
 
 #[cfg(test)]

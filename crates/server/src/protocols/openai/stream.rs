@@ -11,8 +11,8 @@ use crate::body::Body;
 use crate::chat;
 use crate::generate::{Outcome, StreamFormat, TokenRecord, Tracked};
 use crate::handler::Reply;
-use crate::reasoning::{ReasoningPlan, Split, Splitter, marker_text, split_reply};
-use crate::tools::ToolFormat;
+use crate::reasoning::{ReasoningPlan, Split, SplitCall, Splitter, marker_text, split_reply};
+use crate::tools::{self, ToolCall, ToolFormat};
 
 use super::response::{CompletionBody, Envelope, Kind};
 
@@ -36,29 +36,35 @@ impl Reply for OpenAiReply {
             offset: 0,
             tools: self.tools.map(|format| (format, String::new())),
             splitter: self.reasoning.as_ref().and_then(ReasoningPlan::splitter),
+            split_calls: Vec::new(),
         }
     }
 
     /// The reasoning is split from the answer (with a reasoning format), the answer is searched
-    /// for calls when the request ends (with tools), and a reply that made some returns them as
-    /// `tool_calls`.
+    /// for calls when the request ends (with tools), and a reply that made some (in the tools'
+    /// format, or in the model's own form the splitter reads) returns them as `tool_calls`.
     fn whole(self, tracked: &Tracked, outcome: Outcome) -> Response<Body> {
         let timings = tracked.timings_object(outcome.usage.completion_tokens);
         let envelope = &self.envelope;
-        let (text, reasoning) = match self.reasoning.as_ref().and_then(ReasoningPlan::splitter) {
-            Some(splitter) => {
-                let split = split_reply(
-                    &self.engine,
-                    splitter,
-                    outcome.tokens.iter().map(|t| (t.token, t.text.as_str())),
-                    &outcome.text,
-                );
-                let reasoning = (!split.reasoning.is_empty()).then_some(split.reasoning);
-                (split.content, reasoning)
-            }
-            None => (outcome.text, None),
+        let (text, reasoning, split_calls) =
+            match self.reasoning.as_ref().and_then(ReasoningPlan::splitter) {
+                Some(splitter) => {
+                    let split = split_reply(
+                        &self.engine,
+                        splitter,
+                        outcome.tokens.iter().map(|t| (t.token, t.text.as_str())),
+                        &outcome.text,
+                    );
+                    let reasoning = (!split.reasoning.is_empty()).then_some(split.reasoning);
+                    (split.content, reasoning, split.calls)
+                }
+                None => (outcome.text, None, Vec::new()),
+            };
+        let calls = if split_calls.is_empty() {
+            chat::calls_in(&text, outcome.reason, self.tools, &envelope.id)
+        } else {
+            Some((text.clone(), split_tool_calls(split_calls, &envelope.id)))
         };
-        let calls = chat::calls_in(&text, outcome.reason, self.tools, &envelope.id);
         let body = match calls {
             Some((content, calls)) => envelope.whole_tool_calls(
                 &self.engine,
@@ -93,6 +99,13 @@ pub(super) struct OpenAiStream {
     tools: Option<(ToolFormat, String)>,
     /// With a reasoning format on a chat: the reply's splitter.
     splitter: Option<Splitter>,
+    /// The calls the splitter has found so far (sent as tool-call deltas at the end).
+    split_calls: Vec<SplitCall>,
+}
+
+/// The splitter's calls as OpenAI's.
+fn split_tool_calls(calls: Vec<SplitCall>, id_prefix: &str) -> Vec<ToolCall> {
+    tools::named_calls(calls.into_iter().map(|c| (c.name, c.arguments)), id_prefix)
 }
 
 impl StreamFormat for OpenAiStream {
@@ -153,7 +166,9 @@ impl OpenAiStream {
         let Split {
             reasoning,
             mut content,
+            calls,
         } = split;
+        self.split_calls.extend(calls);
         if let Some((_, held)) = &mut self.tools {
             held.push_str(&content);
             content.clear();
@@ -181,6 +196,7 @@ impl OpenAiStream {
         if let Some(mut splitter) = self.splitter.take() {
             let mut split = splitter.push(&text);
             split.extend(splitter.finish());
+            self.split_calls.append(&mut split.calls);
             if !split.reasoning.is_empty() {
                 chunks.push(self.envelope.split_chunk(
                     &self.engine,
@@ -192,6 +208,20 @@ impl OpenAiStream {
                 ));
             }
             text = split.content;
+        }
+        if !self.split_calls.is_empty() {
+            // Calls in the model's own form: whatever answer text was held comes first.
+            let calls = split_tool_calls(std::mem::take(&mut self.split_calls), &self.envelope.id);
+            let mut content = self.tools.take().map(|(_, held)| held).unwrap_or_default();
+            content.push_str(&text);
+            if !content.is_empty() {
+                chunks.push(self.envelope.chunk(&self.engine, &content, &[], 0, None));
+            }
+            chunks.extend(self.envelope.tool_call_chunks(&calls));
+            if self.envelope.include_usage {
+                chunks.push(self.envelope.usage_chunk(usage));
+            }
+            return chunks;
         }
         if let Some((format, mut held)) = self.tools.take() {
             held.push_str(&text);
