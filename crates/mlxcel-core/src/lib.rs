@@ -12,6 +12,10 @@
 //! - [`LlamaModel`] is the llama-family forward pass over a validated `mlxcel_model::Checkpoint`;
 //!   each sequence keeps its keys and values in its own [`KvCache`], and one
 //!   [`LlamaModel::forward`] runs any mix of prefill chunks and decode tokens.
+//! - [`Stage`] is one pipeline stage's part of a model (a range of its decoder layers), loaded by
+//!   [`LlamaModel::load_stage`] and run over another stage's hidden states by
+//!   [`LlamaModel::forward_stage`]; [`distributed::Group`] moves arrays between the stages over
+//!   MLX's ring backend.
 //! - Every MLX exception becomes [`Error::Mlx`] carrying MLX's message.
 //!
 //! On CPU keep activations in f32: MLX's CPU kernels are 15–70× slower in f16.
@@ -31,6 +35,7 @@
 
 mod array;
 mod device;
+pub mod distributed;
 mod dtype;
 mod error;
 pub mod fast;
@@ -55,5 +60,5 @@ pub use kernels::{
     Activations, F32Layout, Int8Layout, Isa, KernelBackend, Kernels, f16_cache_bits,
 };
 pub use kv_cache::{KV_BLOCK, KV_CHUNK, KvCache, KvType, dequantize_q8_0, quantize_q8_0};
-pub use llama::{ForwardSeq, LlamaModel};
+pub use llama::{ForwardSeq, LlamaModel, Stage};
 pub use quantized::{Epilogue, QuantizedWeight};

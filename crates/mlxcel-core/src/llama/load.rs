@@ -8,6 +8,7 @@ use super::experts::{Expert, RoutedMlp};
 use super::linear::{GateUp, Linear};
 use super::model::LlamaModel;
 use super::routing::Router;
+use super::stage::Stage;
 use super::weights::{Embedding, Layer, LayerFeatures, Mlp, QkvWeights};
 use crate::array::Array;
 use crate::dtype::Dtype;
@@ -28,7 +29,17 @@ impl LlamaModel {
 
     /// [`LlamaModel::load`] with an explicit choice of kernels.
     pub fn load_with(checkpoint: &Checkpoint, kernels: Kernels) -> Result<Self> {
+        let stage = Stage::whole(checkpoint.config());
+        Self::load_stage(checkpoint, kernels, stage)
+    }
+
+    /// The part of the model one pipeline stage holds ([`Stage`]): its decoder layers, plus the
+    /// embedding, the final norm and the output projection where the stage says. Only those
+    /// tensors are read from the checkpoint (the rest of a mapped file is never touched, and
+    /// no other tensor of a GGUF file is converted).
+    pub fn load_stage(checkpoint: &Checkpoint, kernels: Kernels, stage: Stage) -> Result<Self> {
         let config = checkpoint.config().clone();
+        stage.check(&config)?;
         let loader = Loader {
             checkpoint,
             norm_offset: config.norm_weight_offset,
@@ -43,18 +54,26 @@ impl LlamaModel {
         // take that layout and it is read from one: its lookups read rows back exactly
         // (`int8_rows`), and a tied table serves the output projection too. Otherwise a tied
         // table is interleaved below; an untied one stays in MLX's layout.
-        let embed = match loader.int8_stack(&["model.embed_tokens"])? {
-            Some(q) => Embedding::Quantized(q),
-            None => match loader.quantized("model.embed_tokens")? {
+        let embed = if stage.embeds || (stage.head && config.tie_word_embeddings) {
+            Some(match loader.int8_stack(&["model.embed_tokens"])? {
                 Some(q) => Embedding::Quantized(q),
-                None => Embedding::Dense(loader.float("model.embed_tokens.weight")?),
-            },
+                None => match loader.quantized("model.embed_tokens")? {
+                    Some(q) => Embedding::Quantized(q),
+                    None => Embedding::Dense(loader.float("model.embed_tokens.weight")?),
+                },
+            })
+        } else {
+            None
         };
-        let layers = (0..config.num_hidden_layers)
+        let layers = (stage.first..stage.end)
             .map(|i| load_decoder_layer(&loader, &config, &kernels, i))
             .collect::<Result<Vec<_>>>()?;
-        let norm = loader.norm("model.norm.weight")?;
-        let mut lm_head = if config.tie_word_embeddings {
+        let norm = if stage.norm {
+            Some(loader.norm("model.norm.weight")?)
+        } else {
+            None
+        };
+        let mut lm_head = if config.tie_word_embeddings || !stage.head {
             None
         } else {
             Some(loader.linear("lm_head", false)?)
@@ -65,7 +84,8 @@ impl LlamaModel {
                 head.interleave_int8(kernels.int8_layout, kernels.threads)?;
             }
             // A tied table: one copy in the int8 layout serves the projection and the lookups.
-            if let (None, Embedding::Quantized(table)) = (&lm_head, &mut embed)
+            if let (true, Some(Embedding::Quantized(table))) =
+                (config.tie_word_embeddings && stage.head, &mut embed)
                 && table.int8_capable()
             {
                 *table = table.interleave_int8_on(kernels.int8_layout, kernels.threads)?;
@@ -112,6 +132,7 @@ impl LlamaModel {
             layers,
             norm,
             lm_head,
+            stage,
             rope,
             inv_freq,
             local_rope,

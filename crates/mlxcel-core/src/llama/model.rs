@@ -12,14 +12,25 @@ use crate::kernels::{KernelBackend, Kernels};
 use crate::kv_cache::{KvCache, KvType};
 use crate::layer::LayerTensors;
 
+use super::stage::Stage;
+
 /// A llama-family model with its weights in MLX arrays.
 #[derive(Debug)]
 pub struct LlamaModel {
     pub(super) config: ModelConfig,
-    pub(super) embed: Embedding,
+    /// The token embedding: `None` on a pipeline stage that neither looks tokens up nor
+    /// projects with a tied table.
+    pub(super) embed: Option<Embedding>,
+    /// The stage's decoder layers (all of them outside a pipeline): `layers[i]` is the model's
+    /// layer `stage.first + i`.
     pub(super) layers: Vec<Layer>,
-    pub(super) norm: Array,
+    /// The final norm: `None` on a pipeline stage other than the last.
+    pub(super) norm: Option<Array>,
+    /// The untied output projection (`None` when tied to the embedding, or on a stage that does
+    /// not hold it).
     pub(super) lm_head: Option<Linear>,
+    /// Which part of the model this process holds.
+    pub(super) stage: Stage,
     pub(super) rope: Rope,
     /// RoPE's inverse frequencies for [`crate::fast::split_heads`] (`[head_dim / 2]`).
     pub(super) inv_freq: Array,
@@ -42,7 +53,7 @@ pub struct LlamaModel {
 impl LlamaModel {
     /// Every array the model holds: weights, norms, RoPE tables.
     fn arrays(&self) -> Vec<&Array> {
-        let mut arrays: Vec<&Array> = vec![&self.norm];
+        let mut arrays: Vec<&Array> = self.norm.iter().collect();
         for layer in &self.layers {
             arrays.extend([&layer.input_norm, &layer.post_norm]);
             if let Some((a, m)) = &layer.sandwich {
@@ -70,8 +81,9 @@ impl LlamaModel {
             arrays.push(inv);
         }
         match &self.embed {
-            Embedding::Dense(table) => arrays.push(table),
-            Embedding::Quantized(q) => arrays.extend([&q.weight, &q.scales, &q.biases]),
+            Some(Embedding::Dense(table)) => arrays.push(table),
+            Some(Embedding::Quantized(q)) => arrays.extend([&q.weight, &q.scales, &q.biases]),
+            None => {}
         }
         arrays
     }
@@ -136,7 +148,7 @@ impl LlamaModel {
     /// in the model's [`LlamaModel::kv_types`].
     pub fn new_cache(&self, max_positions: usize) -> KvCache {
         KvCache::new(
-            self.config.num_hidden_layers,
+            self.layers.len(),
             self.config.num_key_value_heads,
             self.config.head_dim,
             max_positions.min(self.config.window()),
@@ -181,10 +193,11 @@ impl LlamaModel {
         Ok(())
     }
 
-    /// KV bytes one position takes over all layers in caches from [`LlamaModel::new_cache`].
+    /// KV bytes one position takes over the layers this model holds (all of them outside a
+    /// pipeline) in caches from [`LlamaModel::new_cache`].
     pub fn kv_bytes_per_position(&self) -> usize {
         let c = &self.config;
-        c.num_hidden_layers
+        self.layers.len()
             * c.num_key_value_heads
             * (self.kv_types.0.row_bytes(c.head_dim) + self.kv_types.1.row_bytes(c.head_dim))
     }
