@@ -65,7 +65,7 @@ mod text;
 pub use backend::{
     Backend, Bucket, KvBlockUsage, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId,
 };
-pub use backends::{join_pipeline, load_backend, run_pipeline_stage};
+pub use backends::{PIPELINE_FAILURE, join_pipeline, load_backend, run_pipeline_stage};
 pub use bench::{BackendBench, measure_read_bandwidth};
 pub use constraint::{Constraint, with_json_options};
 pub use decode::{DecodeStream, TextDecoder};

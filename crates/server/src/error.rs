@@ -136,6 +136,18 @@ impl ApiError {
         }
     }
 
+    /// A generation the engine ended with `message`: a pipeline that lost a rank is
+    /// [`ApiError::BackendDown`] with the engine's reason (which rank, what MLX said), so that the
+    /// client learns the service is down rather than an internal error; anything else is
+    /// internal, its detail logged.
+    pub fn generation_failed(message: String) -> ApiError {
+        if message.contains(mlxcel_engine::PIPELINE_FAILURE) {
+            ApiError::BackendDown(message)
+        } else {
+            ApiError::Internal(message)
+        }
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {

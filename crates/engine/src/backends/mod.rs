@@ -15,7 +15,7 @@ mod stage_model;
 mod xla;
 
 #[cfg(feature = "mlx")]
-pub use pipeline::{join_pipeline, run_pipeline_stage};
+pub use pipeline::{PIPELINE_FAILURE, join_pipeline, run_pipeline_stage};
 
 use mlxcel_model::Checkpoint;
 
@@ -82,6 +82,10 @@ fn load_mlx(
         feature: "mlx",
     })
 }
+
+/// What every pipeline failure's message contains (there are none without the MLX backend).
+#[cfg(not(feature = "mlx"))]
+pub const PIPELINE_FAILURE: &str = "pipeline: ";
 
 /// [`join_pipeline`] where the MLX backend is compiled out.
 #[cfg(not(feature = "mlx"))]

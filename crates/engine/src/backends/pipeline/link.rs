@@ -9,8 +9,13 @@ use crate::error::EngineError;
 
 /// A pipeline failure: the ring lost a peer, or a peer said something this rank cannot read.
 pub(crate) fn pipe_error(message: impl std::fmt::Display) -> EngineError {
-    EngineError::backend("mlx", format!("pipeline: {message}"))
+    EngineError::backend("mlx", format!("{PIPELINE_FAILURE}{message}"))
 }
+
+/// What every pipeline failure's message contains (`mlx backend: pipeline: ...`), for callers
+/// that tell it from other failures by a request's error text (the server answers it as the
+/// service being down).
+pub const PIPELINE_FAILURE: &str = "pipeline: ";
 
 /// Sends `header` and `payload` (its length is the header's) to rank `dst`.
 pub(crate) fn send_message(

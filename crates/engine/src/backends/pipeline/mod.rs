@@ -17,6 +17,7 @@ mod ring;
 pub(crate) mod wire;
 mod worker;
 
+pub use link::PIPELINE_FAILURE;
 pub use worker::run_pipeline_stage;
 
 use crate::error::EngineError;
