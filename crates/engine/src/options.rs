@@ -114,6 +114,10 @@ pub struct PipelineOptions {
     pub layers: Option<Vec<usize>>,
     /// How long joining the ring waits for every rank to connect.
     pub connect_timeout: std::time::Duration,
+    /// Micro-batches a step of several sequences is split into, so that every rank works on
+    /// one while the others work on theirs (`None`: one per rank; 1: the whole step at once).
+    /// Read on rank 0.
+    pub micro_batches: Option<usize>,
 }
 
 /// How a static-shape backend (OpenXLA) sizes requests.

@@ -37,6 +37,11 @@ pub struct PipelineArgs {
     /// that did not answer.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub pipeline_timeout: u64,
+
+    /// Micro-batches a step of several sequences is split into, so that the ranks work at once
+    /// (each on its own part); read on rank 0. Default: one per rank; 1 runs each step whole.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub pipeline_micro_batches: Option<u64>,
 }
 
 impl PipelineArgs {
@@ -67,6 +72,12 @@ impl PipelineArgs {
                         "--pipeline-layers needs a pipeline: --pipeline, or --pipeline-hosts and --rank"
                     );
                 }
+                if self.pipeline_micro_batches.is_some() {
+                    bail!(
+                        "--pipeline-micro-batches needs a pipeline: --pipeline, or --pipeline-hosts \
+                         and --rank"
+                    );
+                }
                 return Ok(None);
             }
         };
@@ -75,6 +86,7 @@ impl PipelineArgs {
             rank,
             layers: self.pipeline_layers.clone(),
             connect_timeout: Duration::from_secs(self.pipeline_timeout.max(1)),
+            micro_batches: self.pipeline_micro_batches.map(|n| n as usize),
         }))
     }
 
@@ -114,6 +126,7 @@ mod tests {
             rank,
             pipeline_layers: None,
             pipeline_timeout: 60,
+            pipeline_micro_batches: None,
         }
     }
 
@@ -146,7 +159,18 @@ mod tests {
         assert!(err.contains("MLX_RANK=\"x\""), "{err}");
         let mut layers = args(false, None, None);
         layers.pipeline_layers = Some(vec![10, 20]);
-        let err = layers.options(none).unwrap_err().to_string();
+        let err = layers.options(none.clone()).unwrap_err().to_string();
         assert!(err.contains("--pipeline-layers needs a pipeline"), "{err}");
+        let mut micro = args(false, None, None);
+        micro.pipeline_micro_batches = Some(2);
+        let err = micro.options(none.clone()).unwrap_err().to_string();
+        assert!(
+            err.contains("--pipeline-micro-batches needs a pipeline"),
+            "{err}"
+        );
+        micro.pipeline_hosts = Some(PathBuf::from("h.json"));
+        micro.rank = Some(0);
+        let piped = micro.options(none).unwrap().unwrap();
+        assert_eq!(piped.micro_batches, Some(2));
     }
 }

@@ -2,12 +2,14 @@
 //! through every stage: its own layers, then the hidden states down the pipe, then the rows
 //! that leave the step back from the last rank.
 
+use std::ops::Range;
+
 use mlxcel_core::distributed::Group;
 use mlxcel_core::{Dtype, ForwardSeq, KvType, LlamaModel, Stage};
 use mlxcel_model::{Checkpoint, ModelConfig};
 
 use super::link::{pipe_error, recv_message, send_message};
-use super::plan::{WeightBytes, split_by_bytes, split_by_counts};
+use super::plan::{WeightBytes, split_by_bytes, split_by_counts, split_micro_batches};
 use super::ring::{fingerprint, join_pipeline};
 use super::wire::{FailReason, Header, Hello, Kind, SlotOp, Step, StepSeq, VERSION};
 use crate::error::EngineError;
@@ -25,6 +27,8 @@ pub(crate) struct Pipe {
     down: Option<String>,
     vocab: usize,
     hidden: usize,
+    /// Most micro-batches a step is split into.
+    micro_batches: usize,
 }
 
 impl Pipe {
@@ -61,6 +65,7 @@ impl Pipe {
             &hello.encode(),
             group.next(),
         )?;
+        let ranks = group.size();
         let pipe = Pipe {
             group,
             ends,
@@ -68,6 +73,7 @@ impl Pipe {
             down: None,
             vocab: config.vocab_size,
             hidden: config.hidden_size,
+            micro_batches: options.micro_batches.unwrap_or(ranks).max(1),
         };
         Ok((pipe, stage))
     }
@@ -135,6 +141,12 @@ impl Pipe {
     /// Runs one step through every stage: `seqs` are rank 0's caches and the step's tokens,
     /// `slots` their slots, `firsts` each sequence's first returned row. Returns the rows'
     /// logits in order. A lost rank fails this step and every later one.
+    ///
+    /// A step of several sequences goes down the pipe as micro-batches (about as many tokens
+    /// each, [`split_micro_batches`]): rank 0 sends the first and computes the second while
+    /// rank 1 computes the first, and so on, so that the ranks work at once instead of in turn.
+    /// Each micro-batch is a step of its own to the workers; the slot operations go with the
+    /// first.
     pub(crate) fn step(
         &mut self,
         model: &LlamaModel,
@@ -147,75 +159,91 @@ impl Pipe {
                 "the pipeline is down ({reason}); restart every rank"
             )));
         }
-        let step = Step {
-            ops: std::mem::take(&mut self.ops),
-            seqs: seqs
-                .iter()
-                .zip(slots)
-                .zip(firsts)
-                .map(|((s, &slot), &first)| StepSeq {
-                    slot,
-                    start: s.cache.len(),
-                    n: s.tokens.len(),
-                    first,
-                })
-                .collect(),
-            tokens: seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect(),
-        };
-        // The graph first: a step refused here (a token outside the vocabulary) sent nothing.
-        let hidden = match model.forward_stage(seqs, None, None) {
-            Ok(x) => x,
-            Err(e) => {
-                self.ops = step.ops;
-                return Err(EngineError::backend("mlx", e));
-            }
-        };
-        let result = self.exchange(model, seqs, &step, &hidden);
+        let tokens: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
+        let parts = split_micro_batches(&tokens, self.micro_batches);
+        let mut steps = Vec::with_capacity(parts.len());
+        let mut hiddens = Vec::with_capacity(parts.len());
+        // The graphs first: a step refused here (a token outside the vocabulary) sent nothing.
+        for (k, range) in parts.iter().enumerate() {
+            let part = &mut seqs[range.clone()];
+            steps.push(Step {
+                ops: if k == 0 { self.ops.clone() } else { Vec::new() },
+                seqs: part
+                    .iter()
+                    .zip(&slots[range.clone()])
+                    .zip(&firsts[range.clone()])
+                    .map(|((s, &slot), &first)| StepSeq {
+                        slot,
+                        start: s.cache.len(),
+                        n: s.tokens.len(),
+                        first,
+                    })
+                    .collect(),
+                tokens: part.iter().flat_map(|s| s.tokens.iter().copied()).collect(),
+            });
+            let hidden = model
+                .forward_stage(part, None, None)
+                .map_err(|e| EngineError::backend("mlx", e))?;
+            hiddens.push(hidden);
+        }
+        self.ops.clear();
+        let result = self.exchange(model, seqs, &parts, &steps, &hiddens);
         if let Err(e) = &result {
             self.down = Some(e.to_string());
         }
         result
     }
 
+    /// Sends every micro-batch down the pipe (the workers start on the first while this rank
+    /// computes the next), then gathers their rows from the last rank in order.
     fn exchange(
         &self,
         model: &LlamaModel,
         seqs: &mut [ForwardSeq<'_>],
-        step: &Step,
-        hidden: &mlxcel_core::Array,
+        parts: &[Range<usize>],
+        steps: &[Step],
+        hiddens: &[mlxcel_core::Array],
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let (next, prev) = (self.group.next(), self.group.prev());
-        let header = Header::new(Kind::Step, 0, step.tokens.len() as i32, 0);
-        send_message(&self.group, header, &step.encode(), next)?;
-        let send = self
-            .group
-            .send(hidden, next)
-            .map_err(|e| pipe_error(format!("sending to rank {next}: {e}")))?;
-        model
-            .finish_stage(seqs, &[&send])
-            .map_err(|e| pipe_error(format!("sending to rank {next}: {e}")))?;
-        let (answer, _) = recv_message(&self.group, prev)?;
-        let rows = step.rows();
+        for ((range, step), hidden) in parts.iter().zip(steps).zip(hiddens) {
+            let header = Header::new(Kind::Step, 0, step.tokens.len() as i32, 0);
+            send_message(&self.group, header, &step.encode(), next)?;
+            let send = self
+                .group
+                .send(hidden, next)
+                .map_err(|e| pipe_error(format!("sending to rank {next}: {e}")))?;
+            model
+                .finish_stage(&mut seqs[range.clone()], &[&send])
+                .map_err(|e| pipe_error(format!("sending to rank {next}: {e}")))?;
+        }
         // With a tied table rank 0 projects (the last rank sends normed rows), else logits come.
         let tied = model.stage().head;
         let width = if tied { self.hidden } else { self.vocab };
-        if answer.kind != Kind::Rows || answer.a as usize != rows || answer.b as usize != width {
-            return Err(pipe_error(format!(
-                "rank {prev} answered a step of {rows} rows of {width} with {answer:?}"
-            )));
+        let mut out = Vec::with_capacity(steps.iter().map(Step::rows).sum());
+        for step in steps {
+            let (answer, _) = recv_message(&self.group, prev)?;
+            let rows = step.rows();
+            if answer.kind != Kind::Rows || answer.a as usize != rows || answer.b as usize != width
+            {
+                return Err(pipe_error(format!(
+                    "rank {prev} answered a step of {rows} rows of {width} with {answer:?}"
+                )));
+            }
+            let io = |e: mlxcel_core::Error| pipe_error(format!("receiving from rank {prev}: {e}"));
+            let got = self
+                .group
+                .recv(&[rows as i32, width as i32], Dtype::F32, prev)
+                .map_err(io)?;
+            let logits = if tied {
+                model
+                    .project_rows(&got)
+                    .map_err(|e| EngineError::backend("mlx", e))?
+            } else {
+                got.to_rows_f32(self.vocab).map_err(io)?
+            };
+            out.extend(logits);
         }
-        let io = |e: mlxcel_core::Error| pipe_error(format!("receiving from rank {prev}: {e}"));
-        let out = self
-            .group
-            .recv(&[rows as i32, width as i32], Dtype::F32, prev)
-            .map_err(io)?;
-        if tied {
-            model
-                .project_rows(&out)
-                .map_err(|e| EngineError::backend("mlx", e))
-        } else {
-            out.to_rows_f32(self.vocab).map_err(io)
-        }
+        Ok(out)
     }
 }
 

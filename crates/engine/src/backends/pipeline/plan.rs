@@ -2,6 +2,8 @@
 //! so that the ranks hold about as many bytes of weights each (rank 0 also holds the embedding
 //! table, the last rank the final norm and an untied output projection), or as the user says.
 
+use std::ops::Range;
+
 use mlxcel_model::Checkpoint;
 
 /// Bytes of weights per decoder layer, and the bytes rank 0 and the last rank hold besides.
@@ -120,6 +122,30 @@ pub(crate) fn split_by_counts(
         .collect())
 }
 
+/// The sequences of a step (`tokens[i]`: sequence `i`'s new tokens) in at most `parts`
+/// contiguous, non-empty micro-batches of about as many tokens each, in order.
+pub(crate) fn split_micro_batches(tokens: &[usize], parts: usize) -> Vec<Range<usize>> {
+    let parts = parts.clamp(1, tokens.len().max(1));
+    let total: usize = tokens.iter().sum();
+    let mut ranges = Vec::with_capacity(parts);
+    let (mut start, mut sum) = (0, 0);
+    for (i, &n) in tokens.iter().enumerate() {
+        sum += n;
+        let left = parts - ranges.len() - 1;
+        // Cut once this part holds its share of the tokens, keeping a sequence for each part
+        // still to come.
+        let due = sum * parts >= total * (ranges.len() + 1);
+        if left > 0 && (due || tokens.len() - i - 1 == left) {
+            ranges.push(start..i + 1);
+            start = i + 1;
+        }
+    }
+    if start < tokens.len() {
+        ranges.push(start..tokens.len());
+    }
+    ranges
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +196,28 @@ mod tests {
                 .unwrap_err()
                 .contains("positive")
         );
+    }
+
+    #[test]
+    fn micro_batches_are_contiguous_and_hold_about_as_many_tokens() {
+        assert_eq!(split_micro_batches(&[1; 8], 2), [0..4, 4..8]);
+        assert_eq!(split_micro_batches(&[1; 8], 3), [0..3, 3..6, 6..8]);
+        assert_eq!(split_micro_batches(&[1; 3], 1), [0..3]);
+        // More parts than sequences: one sequence each.
+        assert_eq!(split_micro_batches(&[1, 1], 4), [0..1, 1..2]);
+        assert_eq!(split_micro_batches(&[7], 2), [0..1]);
+        // A long prefill chunk is a part of its own; the decode tokens share the other.
+        assert_eq!(split_micro_batches(&[64, 1, 1, 1], 2), [0..1, 1..4]);
+        assert_eq!(split_micro_batches(&[1, 1, 1, 64], 2), [0..3, 3..4]);
+        assert!(split_micro_batches(&[], 2).is_empty());
+        for parts in 1..6 {
+            let tokens = [3, 1, 4, 1, 5, 9, 2, 6];
+            let ranges = split_micro_batches(&tokens, parts);
+            assert_eq!(ranges.len(), parts);
+            assert_eq!(ranges.first().unwrap().start, 0);
+            assert_eq!(ranges.last().unwrap().end, tokens.len());
+            assert!(ranges.windows(2).all(|w| w[0].end == w[1].start));
+            assert!(ranges.iter().all(|r| !r.is_empty()));
+        }
     }
 }
