@@ -202,10 +202,13 @@ mod tests {
     fn micro_batches_are_contiguous_and_hold_about_as_many_tokens() {
         assert_eq!(split_micro_batches(&[1; 8], 2), [0..4, 4..8]);
         assert_eq!(split_micro_batches(&[1; 8], 3), [0..3, 3..6, 6..8]);
-        assert_eq!(split_micro_batches(&[1; 3], 1), [0..3]);
+        assert_eq!(
+            split_micro_batches(&[1; 3], 1),
+            [Range { start: 0, end: 3 }]
+        );
         // More parts than sequences: one sequence each.
         assert_eq!(split_micro_batches(&[1, 1], 4), [0..1, 1..2]);
-        assert_eq!(split_micro_batches(&[7], 2), [0..1]);
+        assert_eq!(split_micro_batches(&[7], 2), [Range { start: 0, end: 1 }]);
         // A long prefill chunk is a part of its own; the decode tokens share the other.
         assert_eq!(split_micro_batches(&[64, 1, 1, 1], 2), [0..1, 1..4]);
         assert_eq!(split_micro_batches(&[1, 1, 1, 64], 2), [0..3, 3..4]);
