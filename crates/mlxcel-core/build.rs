@@ -55,6 +55,7 @@ fn main() {
             "cpp/array.cc",
             "cpp/ops.cc",
             "cpp/fast.cc",
+            "cpp/distributed.cc",
             "cpp/kernels/primitive.cc",
             "cpp/kernels/qmatmul.cc",
             "cpp/kernels/qmatmul_scalar.cc",

@@ -132,6 +132,12 @@ pub trait Backend {
         0
     }
 
+    /// Why this backend can no longer run steps, once it cannot (a pipeline that lost a rank);
+    /// `None` while it can.
+    fn fault(&self) -> Option<String> {
+        None
+    }
+
     /// How this backend runs the model, for benchmark output (e.g. `fused layers`); empty when
     /// there is nothing to say.
     fn execution(&self) -> String {
@@ -410,6 +416,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn compilations(&self) -> u64 {
         (**self).compilations()
+    }
+
+    fn fault(&self) -> Option<String> {
+        (**self).fault()
     }
 
     fn execution(&self) -> String {

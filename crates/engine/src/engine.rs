@@ -706,6 +706,7 @@ fn publish<B: Backend>(
     local.kv_usage = scheduler.backend().kv_usage();
     local.kv_blocks = scheduler.backend().kv_blocks();
     local.running_requests = scheduler.running_progress().collect();
+    local.backend_fault = scheduler.backend().fault();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = local.clone();
 }
 

@@ -65,7 +65,7 @@ mod text;
 pub use backend::{
     Backend, Bucket, KvBlockUsage, RequestShape, SequenceStep, SessionPlan, ShapePolicy, SlotId,
 };
-pub use backends::load_backend;
+pub use backends::{PIPELINE_FAILURE, join_pipeline, load_backend, run_pipeline_stage};
 pub use bench::{BackendBench, measure_read_bandwidth};
 pub use constraint::{Constraint, with_json_options};
 pub use decode::{DecodeStream, TextDecoder};
@@ -77,7 +77,8 @@ pub use metrics::{EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, TTFT_BOUND
 pub use mlxcel_capacity::MaxNewTokens;
 pub use mlxcel_model::{ChatMessage, FimTokens};
 pub use options::{
-    Activations, BackendKind, EngineOptions, KvType, SMALL_MODEL_PARAMETERS, ShapeMode,
+    Activations, BackendKind, EngineOptions, KvType, PipelineOptions, SMALL_MODEL_PARAMETERS,
+    ShapeMode,
 };
 pub use perplexity::{PerplexityOptions, PerplexityReport, perplexity};
 pub use request::{

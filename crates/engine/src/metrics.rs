@@ -145,6 +145,9 @@ pub struct EngineMetrics {
     pub compilations: u64,
     /// Each request holding a slot: how far its prompt has got.
     pub running_requests: Vec<RequestProgress>,
+    /// Why the backend can no longer run steps, once it cannot (a pipeline that lost a rank:
+    /// [`crate::Backend::fault`]); `/health` reports it.
+    pub backend_fault: Option<String>,
 }
 
 impl Default for EngineMetrics {
@@ -165,6 +168,7 @@ impl Default for EngineMetrics {
             buckets: Vec::new(),
             compilations: 0,
             running_requests: Vec::new(),
+            backend_fault: None,
         }
     }
 }

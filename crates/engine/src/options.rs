@@ -95,6 +95,29 @@ pub struct EngineOptions {
     /// Whether generated text shows special tokens (`<|im_end|>` ...) as their text, as
     /// llama.cpp's `-sp/--special`; by default they are left out of the text.
     pub special_tokens: bool,
+    /// Pipeline-parallel running over MLX's ring backend (docs/distributed.md): this process is
+    /// one rank of a pipeline whose ranks each hold a contiguous range of the decoder layers.
+    /// `None`: the whole model in this process. The MLX backend only.
+    pub pipeline: Option<PipelineOptions>,
+}
+
+/// One rank of a pipeline of processes, each holding a contiguous range of the model's decoder
+/// layers (docs/distributed.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PipelineOptions {
+    /// MLX's ring hostfile: a JSON list with one entry per rank, each a list of `"ip:port"`.
+    pub hostfile: std::path::PathBuf,
+    /// This process's rank in it; rank 0 runs the engine, the others a stage worker.
+    pub rank: usize,
+    /// Decoder layers per rank, in rank order (rank 0's first); `None` splits them so that the
+    /// ranks hold about as many bytes of weights each. Read on rank 0, which tells the others.
+    pub layers: Option<Vec<usize>>,
+    /// How long joining the ring waits for every rank to connect.
+    pub connect_timeout: std::time::Duration,
+    /// Micro-batches a step of several sequences is split into, so that every rank works on
+    /// one while the others work on theirs (`None`: one per rank; 1: the whole step at once).
+    /// Read on rank 0.
+    pub micro_batches: Option<usize>,
 }
 
 /// How a static-shape backend (OpenXLA) sizes requests.
@@ -125,6 +148,7 @@ impl Default for EngineOptions {
             prefix_cache_bytes: 0,
             kv_types: (KvType::F32, KvType::F32),
             special_tokens: false,
+            pipeline: None,
         }
     }
 }

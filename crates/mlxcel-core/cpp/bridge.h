@@ -140,6 +140,15 @@ std::unique_ptr<MlxArray> dequantize(const MlxArray& w, const MlxArray& scales,
                                      const MlxArray& biases, int32_t group_size, int32_t bits);
 std::unique_ptr<ArrayList> quantize(const MlxArray& w, int32_t group_size, int32_t bits);
 
+// MLX's distributed layer, ring backend (distributed.cc). `dist_init_ring` joins the group
+// (blocking until every rank of the hostfile is connected) and returns [rank, size]; send and
+// recv are lazy ops that move an array to or from a neighbouring rank when evaluated, and throw
+// "[ring] connection to a peer was lost" when the peer's socket closes.
+rust::Vec<int32_t> dist_init_ring(rust::Str hostfile, int32_t rank);
+std::unique_ptr<MlxArray> dist_send(const MlxArray& a, int32_t dst);
+std::unique_ptr<MlxArray> dist_recv(rust::Slice<const int32_t> shape, uint8_t dtype,
+                                    int32_t src);
+
 // mlxcel's own CPU kernels (kernels/primitive.cc). `isa`: 0 scalar, 1 AVX2, 2 AVX-512 (capped
 // at what the CPU supports); `threads`: the most threads one call uses; `epilogue`: 0 none,
 // 1 add `residual` (ignored otherwise), 2 SwiGLU over the two halves of each output row;

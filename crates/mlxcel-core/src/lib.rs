@@ -15,6 +15,10 @@
 //! - [`delta_rule`] holds the host kernels of hybrid models' linear attention (the gated delta
 //!   rule, recurrent and chunked, and its causal convolution); a hybrid model's cache carries
 //!   each sequence's [`RecurrentState`] beside its keys and values.
+//! - [`Stage`] is one pipeline stage's part of a model (a range of its decoder layers), loaded by
+//!   [`LlamaModel::load_stage`] and run over another stage's hidden states by
+//!   [`LlamaModel::forward_stage`]; [`distributed::Group`] moves arrays between the stages over
+//!   MLX's ring backend.
 //! - Every MLX exception becomes [`Error::Mlx`] carrying MLX's message.
 //!
 //! On CPU keep activations in f32: MLX's CPU kernels are 15–70× slower in f16.
@@ -35,6 +39,7 @@
 mod array;
 pub mod delta_rule;
 mod device;
+pub mod distributed;
 mod dtype;
 mod error;
 pub mod fast;
@@ -61,6 +66,6 @@ pub use kernels::{
     Activations, F32Layout, Int8Layout, Isa, KernelBackend, Kernels, f16_cache_bits,
 };
 pub use kv_cache::{KV_BLOCK, KV_CHUNK, KvCache, KvType, dequantize_q8_0, quantize_q8_0};
-pub use llama::{ForwardSeq, LlamaModel};
+pub use llama::{ForwardSeq, LlamaModel, Stage};
 pub use quantized::{Epilogue, QuantizedWeight};
 pub use recurrent_state::RecurrentState;

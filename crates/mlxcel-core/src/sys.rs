@@ -154,6 +154,10 @@ pub(crate) mod ffi {
         ) -> Result<UniquePtr<MlxArray>>;
         fn quantize(w: &MlxArray, group_size: i32, bits: i32) -> Result<UniquePtr<ArrayList>>;
 
+        fn dist_init_ring(hostfile: &str, rank: i32) -> Result<Vec<i32>>;
+        fn dist_send(a: &MlxArray, dst: i32) -> Result<UniquePtr<MlxArray>>;
+        fn dist_recv(shape: &[i32], dtype: u8, src: i32) -> Result<UniquePtr<MlxArray>>;
+
         #[allow(clippy::too_many_arguments)]
         fn native_quantized_matmul(
             x: &MlxArray,

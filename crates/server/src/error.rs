@@ -55,6 +55,9 @@ pub enum ApiError {
     /// The server is shutting down or the engine has stopped.
     #[error("the server is shutting down")]
     Unavailable,
+    /// The backend can no longer run steps (a pipeline that lost a rank); the message says why.
+    #[error("{0}")]
+    BackendDown(String),
     /// A route turned off by configuration, or one the model cannot serve (`/infill` without
     /// fill-in-the-middle tokens).
     #[error("{0}")]
@@ -133,6 +136,18 @@ impl ApiError {
         }
     }
 
+    /// A generation the engine ended with `message`: a pipeline that lost a rank is
+    /// [`ApiError::BackendDown`] with the engine's reason (which rank, what MLX said), so that the
+    /// client learns the service is down rather than an internal error; anything else is
+    /// internal, its detail logged.
+    pub fn generation_failed(message: String) -> ApiError {
+        if message.contains(mlxcel_engine::PIPELINE_FAILURE) {
+            ApiError::BackendDown(message)
+        } else {
+            ApiError::Internal(message)
+        }
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
@@ -141,9 +156,11 @@ impl ApiError {
             Self::NotFound { .. } | Self::ModelNotFound { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Loading | Self::QueueFull { .. } | Self::Unavailable | Self::NoSlotAvailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::Loading
+            | Self::QueueFull { .. }
+            | Self::Unavailable
+            | Self::NoSlotAvailable
+            | Self::BackendDown(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -172,6 +189,7 @@ impl ApiError {
             Self::QueueFull { .. } => ("unavailable_error", Some("queue_full"), None),
             Self::NoSlotAvailable => ("unavailable_error", Some("no_slot_available"), None),
             Self::Unavailable => ("unavailable_error", Some("shutting_down"), None),
+            Self::BackendDown(_) => ("unavailable_error", Some("backend_down"), None),
             Self::NotImplemented(_) => ("not_supported_error", Some("not_implemented"), None),
             Self::Internal(_) => ("server_error", Some("internal_error"), None),
         };
@@ -194,9 +212,11 @@ impl ApiError {
             Self::Unauthorized => "authentication_error",
             Self::NotFound { .. } | Self::ModelNotFound { .. } => "not_found_error",
             Self::PayloadTooLarge { .. } => "request_too_large",
-            Self::Loading | Self::QueueFull { .. } | Self::Unavailable | Self::NoSlotAvailable => {
-                "overloaded_error"
-            }
+            Self::Loading
+            | Self::QueueFull { .. }
+            | Self::Unavailable
+            | Self::NoSlotAvailable
+            | Self::BackendDown(_) => "overloaded_error",
             Self::NotImplemented(_) | Self::Internal(_) => "api_error",
         };
         serde_json::to_value(AnthropicErrorBody {

@@ -503,7 +503,7 @@ pub async fn collect(tracked: &mut Tracked) -> Result<Outcome, ApiError> {
             } => {
                 text.push_str(&tail);
                 if reason == FinishReason::Error {
-                    return Err(ApiError::Internal(error.unwrap_or_default()));
+                    return Err(ApiError::generation_failed(error.unwrap_or_default()));
                 }
                 return Ok(Outcome {
                     text,
@@ -623,7 +623,7 @@ pub async fn stream<F: StreamFormat>(mut tracked: Tracked, sender: StreamSender,
             } => {
                 if reason == FinishReason::Error {
                     tracing::error!(id = tracked.id(), error = ?error, "generation failed mid-stream");
-                    let err = ApiError::Internal(error.unwrap_or_default());
+                    let err = ApiError::generation_failed(error.unwrap_or_default());
                     let (name, data) = format.error_event(&err);
                     let _ = sender.named_event(name, &data).await;
                 } else {

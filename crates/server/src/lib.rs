@@ -70,7 +70,7 @@ pub use llama_flags::{IgnoredOptions, normalize_llama_args};
 pub use logging::{LogFormat, init_logging, init_logging_as, init_logging_with, log_subscriber};
 pub use metrics::Metrics;
 pub use reasoning::{ReasoningDefaults, ReasoningFormat};
-pub use run::{init_server_logging, run};
+pub use run::{init_server_logging, run, run_with};
 pub use serve::{Server, shutdown_signal};
 pub use state::{ActiveRequest, AppState};
 /// The chat page's files under `/webui/` (name, content type, text), for tests that fetch each.

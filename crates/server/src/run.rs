@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use mlxcel_engine::Engine;
+use mlxcel_engine::{Engine, EngineOptions};
 
 use crate::args::ServerArgs;
 use crate::error::ServerError;
@@ -26,8 +26,13 @@ pub fn init_server_logging(args: &ServerArgs) {
 /// Binds, loads the model in the background (`/health` is 503 meanwhile), and serves until
 /// SIGINT or SIGTERM.
 pub fn run(args: &ServerArgs) -> Result<(), ServerError> {
+    run_with(args, args.engine_options()?)
+}
+
+/// [`run`] with the engine loaded under `options` (the flags' own, with what the caller adds:
+/// `mlxcel serve`'s pipeline).
+pub fn run_with(args: &ServerArgs, options: EngineOptions) -> Result<(), ServerError> {
     let config = args.server_config()?;
-    let options = args.engine_options()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

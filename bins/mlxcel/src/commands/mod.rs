@@ -12,6 +12,7 @@ pub mod ignored;
 pub mod list;
 pub mod options;
 pub mod perplexity;
+pub mod pipeline;
 pub mod pull;
 pub mod rm;
 pub mod run;

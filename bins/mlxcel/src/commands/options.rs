@@ -132,6 +132,9 @@ pub struct Options {
     #[command(flatten)]
     pub kv: super::KvTypeArgs,
 
+    #[command(flatten)]
+    pub pipeline: Box<super::pipeline::PipelineArgs>,
+
     /// A chat's KV memory kept between turns, in MiB (the engine's prefix cache, as `serve
     /// --cache-ram`): each turn prefills only itself. 0 prefills the whole conversation every
     /// turn. Defaults to --kv-budget's. A single answer (`-p` without `-cnv`) keeps nothing.

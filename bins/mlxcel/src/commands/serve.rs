@@ -9,6 +9,9 @@ use mlxcel_server::{ServerArgs, init_server_logging};
 pub struct Args {
     #[command(flatten)]
     server: ServerArgs,
+
+    #[command(flatten)]
+    pipeline: super::pipeline::PipelineArgs,
 }
 
 pub fn run(args: &Args) -> Result<ExitCode> {
@@ -19,6 +22,11 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         server.model = std::env::var("MLXCEL_MODEL").ok().filter(|m| !m.is_empty());
     }
     init_server_logging(&server);
-    mlxcel_server::run(&server)?;
+    let mut options = server.engine_options()?;
+    // A stage worker (pipeline rank > 0) serves no HTTP: it runs until rank 0 stops.
+    if args.pipeline.join(server.model.as_deref(), &mut options)? {
+        return Ok(ExitCode::SUCCESS);
+    }
+    mlxcel_server::run_with(&server, options)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -28,6 +28,10 @@ pub fn run(model: Option<&str>, options: &Options, mode: Mode) -> Result<()> {
     }
     let reuses_prefixes = engine_options.prefix_cache_bytes > 0;
     options.ignored.warn();
+    // A stage worker (pipeline rank > 0) answers nothing itself: it runs until rank 0 is done.
+    if options.pipeline.join(model, &mut engine_options)? {
+        return Ok(());
+    }
 
     let started = Instant::now();
     let engine = load(model, engine_options)?;

@@ -1,14 +1,19 @@
-//! The MLX backend adapter: slots are KV caches, a step is one `LlamaModel::forward`.
+//! The MLX backend adapter: slots are KV caches, a step is one `LlamaModel::forward`; in a
+//! pipeline (rank 0), a step runs this rank's layers and then the other ranks' through the
+//! pipe, and every change to a slot is sent to the other ranks with the next step.
 
 use std::collections::HashMap;
 
 use mlxcel_capacity::MaxNewTokens;
-use mlxcel_core::{ForwardSeq, KV_BLOCK, Kernels, KvCache, LlamaModel};
+use mlxcel_core::{ForwardSeq, KV_BLOCK, KvCache, LlamaModel, Stage};
 use mlxcel_model::Checkpoint;
 
+use super::pipeline::pipe::Pipe;
+use super::pipeline::wire::SlotOp;
+use super::stage_model::load_model;
 use crate::backend::{Backend, KvBlockUsage, RequestShape, SequenceStep, SessionPlan, SlotId};
 use crate::error::EngineError;
-use crate::options::{Activations, KvType};
+use crate::options::{EngineOptions, KvType};
 
 /// The llama-family model on MLX, with one KV cache per slot (caches copied from one another
 /// share their full blocks).
@@ -23,8 +28,14 @@ pub(crate) struct MlxBackend {
     /// Most sequences running at once: a request without a token limit may generate up to this
     /// share of the budget's positions ([`MlxBackend::unlimited_generation`]).
     running: usize,
+    /// Rank 0's end of a pipeline; `None`: the whole model is here.
+    pipe: Option<Pipe>,
+    /// KV bytes one position takes in the caches KV memory is budgeted by: this model's, or in
+    /// a pipeline the most any rank's take (so that no rank's caches outgrow the budget).
+    position_bytes: usize,
     /// Bytes of recurrent state every slot of a hybrid model holds whatever its length (0
-    /// otherwise), counted in the KV budget beside its blocks.
+    /// otherwise; in a pipeline the most any rank holds), counted in the KV budget beside its
+    /// blocks.
     state_bytes: usize,
     /// Whether slots keep a snapshot of their recurrent state at each block boundary (the
     /// prefix cache is on, and the model is a hybrid): each block then costs a snapshot too.
@@ -36,40 +47,61 @@ fn backend_error(err: mlxcel_core::Error) -> EngineError {
 }
 
 impl MlxBackend {
-    /// Loads the model; `threads` and `activations` override `MLXCEL_THREADS` and
-    /// `MLXCEL_ACTIVATIONS` for the CPU kernels; slots' caches hold keys and values as the KV
-    /// types say.
+    /// Loads the model (in a pipeline, rank 0's stage, after sending every other rank its
+    /// layers, and waits until they have loaded theirs); the options' threads and activations
+    /// override `MLXCEL_THREADS` and `MLXCEL_ACTIVATIONS` for the CPU kernels; slots' caches hold
+    /// keys and values as the KV types say.
     pub(crate) fn load(
         checkpoint: &Checkpoint,
-        kv_budget_bytes: usize,
-        running: usize,
-        threads: Option<usize>,
-        activations: Option<Activations>,
-        (k_type, v_type): (KvType, KvType),
+        options: &EngineOptions,
     ) -> Result<Self, EngineError> {
-        mlxcel_core::set_default_device_cpu().map_err(backend_error)?;
-        let mut kernels = Kernels::from_env().map_err(backend_error)?;
-        if let Some(threads) = threads {
-            kernels.threads = threads.max(1);
+        let (mut pipe, stage) = match &options.pipeline {
+            Some(pipeline) => {
+                let (pipe, stage) = Pipe::open(checkpoint, pipeline)?;
+                (Some(pipe), stage)
+            }
+            None => (None, Stage::whole(checkpoint.config())),
+        };
+        let model = load_model(checkpoint, stage, options)?;
+        let (mut position_bytes, mut state_bytes) = (
+            model.kv_bytes_per_position(),
+            model.recurrent_bytes_per_sequence(),
+        );
+        if let Some(pipe) = &mut pipe {
+            pipe.await_ready()?;
+            (position_bytes, state_bytes) =
+                pipe.most_cache_bytes(checkpoint.config(), model.kv_types());
+            eprintln!("mlxcel: pipeline ready: {}", pipe.describe());
         }
-        if let Some(activations) = activations {
-            kernels.activations = activations;
-            // The option, not the variable, set them: the error names the flag the command lines
-            // and the server spell it with.
-            kernels.check("--activations").map_err(backend_error)?;
-        }
-        let mut model = LlamaModel::load_with(checkpoint, kernels).map_err(backend_error)?;
-        model.set_kv_types(k_type, v_type).map_err(backend_error)?;
-        let state_bytes = model.recurrent_bytes_per_sequence();
         Ok(Self {
             model,
             slots: HashMap::new(),
             next_slot: 0,
-            kv_budget_bytes,
-            running: running.max(1),
+            kv_budget_bytes: options.kv_budget_bytes,
+            running: options.scheduler.max_batch.max(1),
+            pipe,
+            position_bytes,
             state_bytes,
             snapshots: false,
         })
+    }
+
+    /// Refuses what a pipeline cannot do yet, naming it.
+    fn refuse_in_pipeline(&self, what: &str) -> Result<(), EngineError> {
+        match self.pipe {
+            Some(_) => Err(EngineError::backend(
+                "mlx",
+                format!("{what} is not supported in a pipeline yet (docs/distributed.md)"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Queues a slot change for the pipeline's other ranks.
+    fn tell_pipe(&mut self, op: SlotOp) {
+        if let Some(pipe) = &mut self.pipe {
+            pipe.queue(op);
+        }
     }
 
     /// The most tokens a request without a token limit is planned to generate after `prompt`
@@ -98,7 +130,7 @@ impl MlxBackend {
 
     /// KV bytes one position takes across all layers (keys and values, in their types).
     fn bytes_per_position(&self) -> usize {
-        self.model.kv_bytes_per_position()
+        self.position_bytes
     }
 
     /// KV bytes of one block of positions, plus the snapshot of a hybrid model's recurrent
@@ -146,6 +178,21 @@ impl MlxBackend {
         batch: &[SequenceStep<'_>],
         forward: impl FnOnce(&LlamaModel, &mut [ForwardSeq<'_>]) -> mlxcel_core::Result<T>,
     ) -> Result<T, EngineError> {
+        self.run_batch_piped(batch, |model, _, seqs| {
+            forward(model, seqs).map_err(backend_error)
+        })
+    }
+
+    /// [`MlxBackend::run_batch`] whose `forward` also gets the pipe.
+    fn run_batch_piped<T>(
+        &mut self,
+        batch: &[SequenceStep<'_>],
+        forward: impl FnOnce(
+            &LlamaModel,
+            Option<&mut Pipe>,
+            &mut [ForwardSeq<'_>],
+        ) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
         let mut caches = Vec::with_capacity(batch.len());
         let mut failure = None;
         for entry in batch {
@@ -183,11 +230,42 @@ impl MlxBackend {
                         tokens: entry.tokens,
                     })
                     .collect();
-                forward(&self.model, &mut seqs).map_err(backend_error)
+                forward(&self.model, self.pipe.as_mut(), &mut seqs)
             }
         };
         self.slots.extend(caches);
         result
+    }
+
+    /// A step through the pipeline: rows from `firsts[i]` on for sequence `i`, grouped per
+    /// sequence.
+    fn pipeline_step(
+        &mut self,
+        batch: &[SequenceStep<'_>],
+        firsts: &[usize],
+    ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        if firsts.len() != batch.len()
+            || batch.iter().zip(firsts).any(|(e, &f)| f >= e.tokens.len())
+        {
+            return Err(EngineError::backend(
+                "mlx",
+                format!(
+                    "first rows {firsts:?} do not fit a batch of {}",
+                    batch.len()
+                ),
+            ));
+        }
+        let slots: Vec<usize> = batch.iter().map(|e| e.slot).collect();
+        let rows = self.run_batch_piped(batch, |model, pipe, seqs| match pipe {
+            Some(pipe) => pipe.step(model, seqs, &slots, firsts),
+            None => Err(EngineError::backend("mlx", "no pipeline")),
+        })?;
+        let mut rows = rows.into_iter();
+        Ok(batch
+            .iter()
+            .zip(firsts)
+            .map(|(e, &f)| rows.by_ref().take(e.tokens.len() - f).collect())
+            .collect())
     }
 }
 
@@ -206,12 +284,16 @@ impl Backend for MlxBackend {
 
     fn execution(&self) -> String {
         let kernels = self.model.kernels();
+        let piped = match &self.pipe {
+            Some(pipe) => format!(", pipeline ({})", pipe.describe()),
+            None => String::new(),
+        };
         let kv = match self.model.kv_types() {
             (KvType::F32, KvType::F32) => String::new(),
             (k, v) => format!(", {}/{} KV cache", k.as_str(), v.as_str()),
         };
         format!(
-            "{}, {:?} kernels, {:?} activations{kv}",
+            "{}, {:?} kernels, {:?} activations{kv}{piped}",
             self.model.execution(),
             kernels.isa,
             kernels.activations
@@ -253,6 +335,12 @@ impl Backend for MlxBackend {
         Some((self.reserved_bytes(), self.kv_budget_bytes))
     }
 
+    fn fault(&self) -> Option<String> {
+        let pipe = self.pipe.as_ref()?;
+        pipe.fault()
+            .map(|reason| format!("the pipeline is down: {reason}"))
+    }
+
     fn kv_blocks(&self) -> Option<KvBlockUsage> {
         let (held, shared, growth) = self.block_counts();
         let budget_blocks = self.kv_budget_bytes / self.block_bytes().max(1);
@@ -282,10 +370,22 @@ impl Backend for MlxBackend {
         let mut cache = self.model.new_cache(plan.max_positions);
         cache.set_keep_state_snapshots(self.snapshots);
         self.slots.insert(slot, cache);
+        self.tell_pipe(SlotOp::Alloc {
+            slot,
+            max: plan.max_positions,
+        });
         Ok(slot)
     }
 
     fn step(&mut self, batch: &[SequenceStep<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        if self.pipe.is_some() {
+            let lasts: Vec<usize> = batch
+                .iter()
+                .map(|e| e.tokens.len().saturating_sub(1))
+                .collect();
+            let rows = self.pipeline_step(batch, &lasts)?;
+            return Ok(rows.into_iter().flatten().collect());
+        }
         self.run_batch(batch, |model, seqs| model.forward(seqs))
     }
 
@@ -294,6 +394,9 @@ impl Backend for MlxBackend {
         batch: &[SequenceStep<'_>],
         firsts: &[usize],
     ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        if self.pipe.is_some() {
+            return self.pipeline_step(batch, firsts);
+        }
         self.run_batch(batch, |model, seqs| {
             // A verification keeps a hybrid's recurrent state after each of its positions, so
             // that `truncate` can roll rejected proposals back.
@@ -307,7 +410,9 @@ impl Backend for MlxBackend {
     }
 
     fn release_slot(&mut self, slot: SlotId) {
-        self.slots.remove(&slot);
+        if self.slots.remove(&slot).is_some() {
+            self.tell_pipe(SlotOp::Release { slot });
+        }
     }
 
     fn adopt_slot(
@@ -343,19 +448,31 @@ impl Backend for MlxBackend {
         cache.truncate(len);
         cache
             .set_max_positions(plan.max_positions)
-            .map_err(backend_error)
+            .map_err(backend_error)?;
+        self.tell_pipe(SlotOp::Bound {
+            slot,
+            len,
+            max: plan.max_positions,
+        });
+        Ok(())
     }
 
     /// A hybrid model's verification keeps its recurrent state after each position
     /// ([`MlxBackend::step_scored`]), which [`Backend::truncate`] rolls back to.
+    ///
+    /// In a pipeline, the other ranks' caches keep no such checkpoints: a hybrid model does not
+    /// verify there.
     fn can_score(&self) -> bool {
-        true
+        self.pipe.is_none() || !self.model.is_hybrid()
     }
 
     /// A hybrid model's prefixes are given from the state snapshots at block boundaries (or a
     /// slot's whole length): [`Backend::resumable_prefix`].
+    ///
+    /// In a pipeline, the other ranks' caches keep no snapshots: a hybrid model's prefix cache
+    /// is off there.
     fn can_copy_prefix(&self) -> bool {
-        true
+        self.pipe.is_none() || !self.model.is_hybrid()
     }
 
     fn recurrent_state(&self) -> bool {
@@ -369,7 +486,7 @@ impl Backend for MlxBackend {
     }
 
     fn keep_state_snapshots(&mut self, keep: bool) {
-        self.snapshots = keep && self.model.is_hybrid();
+        self.snapshots = keep && self.model.is_hybrid() && self.pipe.is_none();
         for cache in self.slots.values_mut() {
             cache.set_keep_state_snapshots(self.snapshots);
         }
@@ -406,7 +523,13 @@ impl Backend for MlxBackend {
             && cache.len() == len
             && cache.set_max_positions(len).is_ok()
         {
-            return cache.reserved_blocks() * block + self.state_bytes;
+            let bytes = cache.reserved_blocks() * block + self.state_bytes;
+            self.tell_pipe(SlotOp::Bound {
+                slot,
+                len,
+                max: len,
+            });
+            return bytes;
         }
         self.kv_bytes(max_positions)
     }
@@ -415,6 +538,7 @@ impl Backend for MlxBackend {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
+        self.refuse_in_pipeline("embeddings (the final hidden states)")?;
         let mut cache = self.model.new_cache(tokens.len());
         self.model
             .forward_hidden(ForwardSeq {
@@ -432,10 +556,14 @@ impl Backend for MlxBackend {
             None => Err(missing(from)),
         };
         self.slots.insert(to, target);
+        if result.is_ok() {
+            self.tell_pipe(SlotOp::CopyPrefix { from, to, len });
+        }
         result
     }
 
     fn export_kv(&mut self, slot: SlotId, len: usize) -> Result<Vec<f32>, EngineError> {
+        self.refuse_in_pipeline("saving a slot's keys and values")?;
         let cache = self
             .slots
             .get(&slot)
@@ -444,6 +572,7 @@ impl Backend for MlxBackend {
     }
 
     fn import_kv(&mut self, slot: SlotId, len: usize, data: &[f32]) -> Result<(), EngineError> {
+        self.refuse_in_pipeline("restoring a slot's keys and values")?;
         let cache = self
             .slots
             .get_mut(&slot)
@@ -457,6 +586,8 @@ impl Backend for MlxBackend {
             .get_mut(&slot)
             .ok_or_else(|| EngineError::backend("mlx", format!("slot {slot} is not allocated")))?;
         cache.truncate(len);
+        let max = cache.max_positions();
+        self.tell_pipe(SlotOp::Bound { slot, len, max });
         Ok(())
     }
 
@@ -465,6 +596,12 @@ impl Backend for MlxBackend {
         step: SequenceStep<'_>,
         first: usize,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
+        if self.pipe.is_some() {
+            return Ok(self
+                .pipeline_step(&[step], &[first])?
+                .pop()
+                .unwrap_or_default());
+        }
         let mut cache = self.slots.remove(&step.slot).ok_or_else(|| {
             EngineError::backend("mlx", format!("slot {} is not allocated", step.slot))
         })?;

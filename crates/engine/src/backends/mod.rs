@@ -7,8 +7,15 @@
 
 #[cfg(feature = "mlx")]
 mod mlx;
+#[cfg(feature = "mlx")]
+mod pipeline;
+#[cfg(feature = "mlx")]
+mod stage_model;
 #[cfg(feature = "xla")]
 mod xla;
+
+#[cfg(feature = "mlx")]
+pub use pipeline::{PIPELINE_FAILURE, join_pipeline, run_pipeline_stage};
 
 use mlxcel_model::Checkpoint;
 
@@ -50,6 +57,13 @@ pub(crate) fn load(
     // A small model under the applications' default runs exact activations (the backend's
     // description, which the applications print, names the ones it runs).
     let activations = options.activations_for(checkpoint.config().parameter_count());
+    if options.pipeline.is_some() && options.backend != BackendKind::Mlx {
+        return Err(EngineError::Unsupported {
+            what: "a pipeline of ranks (--pipeline, --pipeline-hosts)".into(),
+            backend: options.backend.as_str(),
+            reason: "stages pass hidden states over MLX's distributed layer; use the mlx backend",
+        });
+    }
     match options.backend {
         BackendKind::Mlx => load_mlx(checkpoint, options, activations),
         BackendKind::Xla => load_xla(checkpoint, options, activations),
@@ -62,14 +76,9 @@ fn load_mlx(
     options: &EngineOptions,
     activations: Option<Activations>,
 ) -> Result<Box<dyn Backend>, EngineError> {
-    let backend = mlx::MlxBackend::load(
-        checkpoint,
-        options.kv_budget_bytes,
-        options.scheduler.max_batch,
-        options.threads,
-        activations,
-        options.kv_types,
-    )?;
+    // The activations the options choose for this model are the loader's to apply.
+    let _ = activations;
+    let backend = mlx::MlxBackend::load(checkpoint, options)?;
     Ok(Box::new(backend))
 }
 
@@ -79,6 +88,28 @@ fn load_mlx(
     _: &EngineOptions,
     _: Option<Activations>,
 ) -> Result<Box<dyn Backend>, EngineError> {
+    Err(EngineError::BackendNotCompiled {
+        backend: BackendKind::Mlx.as_str(),
+        feature: "mlx",
+    })
+}
+
+/// What every pipeline failure's message contains (there are none without the MLX backend).
+#[cfg(not(feature = "mlx"))]
+pub const PIPELINE_FAILURE: &str = "pipeline: ";
+
+/// [`join_pipeline`] where the MLX backend is compiled out.
+#[cfg(not(feature = "mlx"))]
+pub fn join_pipeline(_: &crate::options::PipelineOptions) -> Result<usize, EngineError> {
+    Err(EngineError::BackendNotCompiled {
+        backend: BackendKind::Mlx.as_str(),
+        feature: "mlx",
+    })
+}
+
+/// [`run_pipeline_stage`] where the MLX backend is compiled out.
+#[cfg(not(feature = "mlx"))]
+pub fn run_pipeline_stage(_: Option<&str>, _: &EngineOptions) -> Result<(), EngineError> {
     Err(EngineError::BackendNotCompiled {
         backend: BackendKind::Mlx.as_str(),
         feature: "mlx",

@@ -706,15 +706,12 @@ mod tests {
         let loaded = LoadedModel::open(&resolve_model(None).unwrap()).unwrap();
         // int8 activations against the MLX backend's int8 activations.
         let activations = (format == WeightFormat::KernelInt8).then_some(Activations::Int8);
-        let mut mlx = MlxBackend::load(
-            &loaded.checkpoint,
-            1 << 30,
-            8,
-            None,
+        let mlx_options = crate::options::EngineOptions {
+            kv_budget_bytes: 1 << 30,
             activations,
-            Default::default(),
-        )
-        .unwrap();
+            ..Default::default()
+        };
+        let mut mlx = MlxBackend::load(&loaded.checkpoint, &mlx_options).unwrap();
         let options = XlaOptions {
             format,
             ..XlaOptions::default()

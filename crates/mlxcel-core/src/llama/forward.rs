@@ -108,6 +108,25 @@ impl LlamaModel {
         if seqs.is_empty() {
             return Ok(Vec::new());
         }
+        let ids = self.begin_step(seqs)?;
+        let x = self.embed_tokens(&ids)?;
+        let x = self.run_layers(x, seqs)?;
+        let last = self.final_rows(x, seqs, from)?;
+        if output == Output::Hidden {
+            let hidden = last.astype(Dtype::F32)?;
+            self.end_step(seqs, &[&hidden])?;
+            return hidden.to_rows_f32(self.config.hidden_size);
+        }
+        let logits = self.project(&last)?;
+        self.end_step(seqs, &[&logits])?;
+        // Each row read straight into its own vector: scoring a verification pass's 17 rows
+        // through one whole-array copy and a split cost 1.9 ms more on the default model.
+        logits.to_rows_f32(self.config.vocab_size)
+    }
+
+    /// Checks a step's sequences (new tokens, in the vocabulary) and makes room in their caches;
+    /// returns every sequence's new tokens in order.
+    pub(super) fn begin_step(&self, seqs: &mut [ForwardSeq<'_>]) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
         for seq in seqs.iter_mut() {
             if seq.tokens.is_empty() {
@@ -129,25 +148,35 @@ impl LlamaModel {
             seq.cache.reserve(seq.tokens.len())?;
             ids.extend_from_slice(seq.tokens);
         }
-        let total = ids.len() as i32;
-        let c = &self.config;
-        let (heads, kv_heads, head_dim) = (
-            c.num_attention_heads as i32,
-            c.num_key_value_heads as i32,
-            c.head_dim as i32,
-        );
+        Ok(ids)
+    }
 
-        let kn = &self.kernels;
-        let mut x = self.embed.lookup(&Array::from_u32(&ids, &[total])?)?;
+    /// The embeddings of `ids` (`[tokens, hidden]`), scaled where the model scales them.
+    pub(super) fn embed_tokens(&self, ids: &[u32]) -> Result<Array> {
+        let embed = self.embed.as_ref().ok_or_else(|| Error::Mlx {
+            op: "embed",
+            message: format!(
+                "this pipeline stage (layers {}..{}) holds no embedding table",
+                self.stage.first, self.stage.end
+            ),
+        })?;
+        let mut x = embed.lookup(&Array::from_u32(ids, &[ids.len() as i32])?)?;
         if let Some(scale) = &self.embedding_scale {
             x = x.multiply(scale)?;
         }
+        Ok(x)
+    }
+
+    /// The model's decoder layers (a stage's) over `x`, the step's rows in sequence order.
+    pub(super) fn run_layers(&self, mut x: Array, seqs: &mut [ForwardSeq<'_>]) -> Result<Array> {
+        let c = &self.config;
+        let kn = &self.kernels;
         if let Some(fused) = self.fused_layers() {
             let shape = LayerShape {
                 hidden: c.hidden_size as i32,
-                heads,
-                kv_heads,
-                head_dim,
+                heads: c.num_attention_heads as i32,
+                kv_heads: c.num_key_value_heads as i32,
+                head_dim: c.head_dim as i32,
                 intermediate: c.intermediate_size as i32,
                 eps: c.rms_norm_eps,
                 scale: self.attention_scale,
@@ -205,7 +234,24 @@ impl LlamaModel {
                 };
             }
         }
+        Ok(x)
+    }
 
+    /// The final norm over the rows that leave the step: each sequence's last row, or with
+    /// `from: Some(firsts)` its rows from `firsts[i]` on.
+    pub(super) fn final_rows(
+        &self,
+        x: Array,
+        seqs: &[ForwardSeq<'_>],
+        from: Option<&[usize]>,
+    ) -> Result<Array> {
+        let norm = self.norm.as_ref().ok_or_else(|| Error::Mlx {
+            op: "final norm",
+            message: format!(
+                "this pipeline stage (layers {}..{}) is not the last: it holds no final norm",
+                self.stage.first, self.stage.end
+            ),
+        })?;
         let mut last_rows = Vec::with_capacity(seqs.len());
         let mut start = 0u32;
         for (index, seq) in seqs.iter().enumerate() {
@@ -217,39 +263,45 @@ impl LlamaModel {
         let batch = last_rows.len() as i32;
         // Every row in order (a decode step: one new token per sequence) needs no gather node.
         let every_row =
-            last_rows.len() == ids.len() && (0u32..).zip(&last_rows).all(|(i, &r)| i == r);
+            last_rows.len() == start as usize && (0u32..).zip(&last_rows).all(|(i, &r)| i == r);
         let last = if every_row {
             x
         } else {
             x.take(&Array::from_u32(&last_rows, &[batch])?, 0)?
         };
-        let last = rms_norm(&last, &self.norm, c.rms_norm_eps)?;
-        if output == Output::Hidden {
-            let hidden = last.astype(Dtype::F32)?;
-            let mut to_eval: Vec<&Array> = vec![&hidden];
-            for seq in seqs.iter() {
-                to_eval.extend(seq.cache.pending_arrays());
+        rms_norm(&last, norm, self.config.rms_norm_eps)
+    }
+
+    /// Logits (f32, soft-capped where the model caps them) of normed final rows.
+    pub(super) fn project(&self, last: &Array) -> Result<Array> {
+        let kn = &self.kernels;
+        let logits = match (&self.lm_head, &self.embed) {
+            (Some(head), _) => head.forward(last, kn)?,
+            (None, Some(embed)) if self.config.tie_word_embeddings => embed.project(last, kn)?,
+            _ => {
+                return Err(Error::Mlx {
+                    op: "output projection",
+                    message: format!(
+                        "this pipeline stage (layers {}..{}) holds no output projection",
+                        self.stage.first, self.stage.end
+                    ),
+                });
             }
-            eval(&to_eval)?;
-            for seq in seqs.iter_mut() {
-                seq.cache.advance(seq.tokens.len());
-            }
-            return hidden.to_rows_f32(self.config.hidden_size);
-        }
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(&last, kn)?,
-            None => self.embed.project(&last, kn)?,
         }
         .astype(Dtype::F32)?;
-        let logits = match self.config.final_logit_softcapping {
+        Ok(match self.config.final_logit_softcapping {
             Some(cap) => {
                 let cap = Array::scalar_f32(cap);
                 logits.divide(&cap)?.tanh()?.multiply(&cap)?
             }
             None => logits,
-        };
+        })
+    }
 
-        let mut to_eval: Vec<&Array> = vec![&logits];
+    /// Evaluates a step's `outputs` with the keys and values it wrote, then counts the new
+    /// positions in every cache.
+    pub(super) fn end_step(&self, seqs: &mut [ForwardSeq<'_>], outputs: &[&Array]) -> Result<()> {
+        let mut to_eval: Vec<&Array> = outputs.to_vec();
         for seq in seqs.iter() {
             to_eval.extend(seq.cache.pending_arrays());
         }
@@ -257,9 +309,7 @@ impl LlamaModel {
         for seq in seqs.iter_mut() {
             seq.cache.advance(seq.tokens.len());
         }
-        // Each row read straight into its own vector: scoring a verification pass's 17 rows
-        // through one whole-array copy and a split cost 1.9 ms more on the default model.
-        logits.to_rows_f32(self.config.vocab_size)
+        Ok(())
     }
 
     /// One decoder layer as a graph of per-op nodes (MLX's kernels, or mlxcel's where a

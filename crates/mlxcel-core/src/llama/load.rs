@@ -13,6 +13,7 @@ use super::linear::{GateUp, Linear};
 use super::model::{LayerRef, LlamaModel};
 use super::routing::Router;
 use super::short_conv::ConvLayer;
+use super::stage::Stage;
 use super::weights::{Embedding, Layer, LayerFeatures, Mlp, QkvWeights};
 use crate::array::Array;
 use crate::dtype::Dtype;
@@ -33,7 +34,17 @@ impl LlamaModel {
 
     /// [`LlamaModel::load`] with an explicit choice of kernels.
     pub fn load_with(checkpoint: &Checkpoint, kernels: Kernels) -> Result<Self> {
+        let stage = Stage::whole(checkpoint.config());
+        Self::load_stage(checkpoint, kernels, stage)
+    }
+
+    /// The part of the model one pipeline stage holds ([`Stage`]): its decoder layers, plus the
+    /// embedding, the final norm and the output projection where the stage says. Only those
+    /// tensors are read from the checkpoint (the rest of a mapped file is never touched, and
+    /// no other tensor of a GGUF file is converted).
+    pub fn load_stage(checkpoint: &Checkpoint, kernels: Kernels, stage: Stage) -> Result<Self> {
         let config = checkpoint.config().clone();
+        stage.check(&config)?;
         let loader = Loader {
             checkpoint,
             norm_offset: config.norm_weight_offset,
@@ -48,16 +59,23 @@ impl LlamaModel {
         // take that layout and it is read from one: its lookups read rows back exactly
         // (`int8_rows`), and a tied table serves the output projection too. Otherwise a tied
         // table is interleaved below; an untied one stays in MLX's layout.
-        let embed = match loader.int8_stack(&["model.embed_tokens"])? {
-            Some(q) => Embedding::Quantized(q),
-            None => match loader.quantized("model.embed_tokens")? {
+        let embed = if stage.embeds || (stage.head && config.tie_word_embeddings) {
+            Some(match loader.int8_stack(&["model.embed_tokens"])? {
                 Some(q) => Embedding::Quantized(q),
-                None => Embedding::Dense(loader.float("model.embed_tokens.weight")?),
-            },
+                None => match loader.quantized("model.embed_tokens")? {
+                    Some(q) => Embedding::Quantized(q),
+                    None => Embedding::Dense(loader.float("model.embed_tokens.weight")?),
+                },
+            })
+        } else {
+            None
         };
+        // A stage holds the model's layers `first..end` in the model's order; `layers`,
+        // `linear_layers` and `order` index the stage's own, so a sequence's cache (keys and
+        // values, recurrent state) covers exactly the layers this process runs.
         let (mut layers, mut linear_layers, mut order) = (Vec::new(), Vec::new(), Vec::new());
         let mut conv_layers = Vec::new();
-        for i in 0..config.num_hidden_layers {
+        for i in stage.first..stage.end {
             if let Some(spec) = config.layers[i].conv {
                 order.push(LayerRef::Conv(conv_layers.len()));
                 conv_layers.push(load_conv_layer(&loader, &config, &kernels, i, spec)?);
@@ -74,8 +92,12 @@ impl LlamaModel {
                 }
             }
         }
-        let norm = loader.norm("model.norm.weight")?;
-        let mut lm_head = if config.tie_word_embeddings {
+        let norm = if stage.norm {
+            Some(loader.norm("model.norm.weight")?)
+        } else {
+            None
+        };
+        let mut lm_head = if config.tie_word_embeddings || !stage.head {
             None
         } else {
             Some(loader.linear("lm_head", false)?)
@@ -86,7 +108,8 @@ impl LlamaModel {
                 head.interleave_int8(kernels.int8_layout, kernels.threads)?;
             }
             // A tied table: one copy in the int8 layout serves the projection and the lookups.
-            if let (None, Embedding::Quantized(table)) = (&lm_head, &mut embed)
+            if let (true, Some(Embedding::Quantized(table))) =
+                (config.tie_word_embeddings && stage.head, &mut embed)
                 && table.int8_capable()
             {
                 *table = table.interleave_int8_on(kernels.int8_layout, kernels.threads)?;
@@ -136,6 +159,7 @@ impl LlamaModel {
             order,
             norm,
             lm_head,
+            stage,
             rope,
             inv_freq,
             local_rope,

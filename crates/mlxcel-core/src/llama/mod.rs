@@ -26,6 +26,9 @@
 //!   convolution on the host against each sequence's tail of products.
 //! - `model.rs` is [`LlamaModel`]: the weights, the RoPE tables and what the model reports about
 //!   itself.
+//! - `stage.rs` is a pipeline stage's part of the model ([`Stage`]: a range of decoder layers,
+//!   and which of the embedding, final norm and output projection it holds); `stage_step.rs` its
+//!   step over hidden states another stage computed.
 //! - `forward.rs` runs a step ([`ForwardSeq`] per sequence) through the fused decoder-layer node
 //!   or a per-op graph.
 
@@ -37,7 +40,10 @@ mod load;
 mod model;
 mod routing;
 mod short_conv;
+mod stage;
+mod stage_step;
 mod weights;
 
 pub use forward::ForwardSeq;
 pub use model::LlamaModel;
+pub use stage::Stage;

@@ -6,6 +6,7 @@ use mlxcel_model::ModelConfig;
 use super::delta_net::LinearLayer;
 use super::linear::{Linear, linear_arrays};
 use super::short_conv::ConvLayer;
+use super::stage::Stage;
 use super::weights::{Embedding, Layer, LayerFeatures, Mlp, QkvWeights};
 use crate::array::{Array, eval};
 use crate::error::{Error, Result};
@@ -27,21 +28,29 @@ pub(super) enum LayerRef {
 #[derive(Debug)]
 pub struct LlamaModel {
     pub(super) config: ModelConfig,
-    pub(super) embed: Embedding,
-    /// The softmax-attention layers, in order (layer `i` of these is layer `i` of each
-    /// sequence's KV cache).
+    /// The token embedding: `None` on a pipeline stage that neither looks tokens up nor
+    /// projects with a tied table.
+    pub(super) embed: Option<Embedding>,
+    /// The stage's softmax-attention layers (all of the model's outside a pipeline), in order
+    /// (layer `i` of these is layer `i` of each sequence's KV cache).
     pub(super) layers: Vec<Layer>,
-    /// A hybrid model's linear-attention layers, in order (each sequence's recurrent state
-    /// holds one entry per layer here); empty for other models.
+    /// A hybrid model's linear-attention layers this stage holds, in order (each sequence's
+    /// recurrent state holds one entry per layer here); empty for other models.
     pub(super) linear_layers: Vec<LinearLayer>,
-    /// LFM2's short-convolution layers, in order (each sequence's recurrent state holds one
-    /// entry per layer here, after the linear-attention layers'); empty for other models.
+    /// LFM2's short-convolution layers this stage holds, in order (each sequence's recurrent
+    /// state holds one entry per layer here, after the linear-attention layers'); empty for
+    /// other models.
     pub(super) conv_layers: Vec<ConvLayer>,
-    /// Every decoder layer in the model's order, as an index into `layers`, `linear_layers` or
-    /// `conv_layers`.
+    /// The stage's decoder layers (the model's `stage.first..stage.end`) in the model's order,
+    /// as an index into `layers`, `linear_layers` or `conv_layers`.
     pub(super) order: Vec<LayerRef>,
-    pub(super) norm: Array,
+    /// The final norm: `None` on a pipeline stage other than the last.
+    pub(super) norm: Option<Array>,
+    /// The untied output projection (`None` when tied to the embedding, or on a stage that does
+    /// not hold it).
     pub(super) lm_head: Option<Linear>,
+    /// Which part of the model this process holds.
+    pub(super) stage: Stage,
     pub(super) rope: Rope,
     /// RoPE's inverse frequencies for [`crate::fast::split_heads`] (`[head_dim / 2]`).
     pub(super) inv_freq: Array,
@@ -64,7 +73,7 @@ pub struct LlamaModel {
 impl LlamaModel {
     /// Every array the model holds: weights, norms, RoPE tables.
     fn arrays(&self) -> Vec<&Array> {
-        let mut arrays: Vec<&Array> = vec![&self.norm];
+        let mut arrays: Vec<&Array> = self.norm.iter().collect();
         for layer in &self.layers {
             arrays.extend([&layer.input_norm, &layer.post_norm]);
             if let Some((a, m)) = &layer.sandwich {
@@ -109,8 +118,9 @@ impl LlamaModel {
             arrays.push(inv);
         }
         match &self.embed {
-            Embedding::Dense(table) => arrays.push(table),
-            Embedding::Quantized(q) => arrays.extend([&q.weight, &q.scales, &q.biases]),
+            Some(Embedding::Dense(table)) => arrays.push(table),
+            Some(Embedding::Quantized(q)) => arrays.extend([&q.weight, &q.scales, &q.biases]),
+            None => {}
         }
         arrays
     }
@@ -172,9 +182,11 @@ impl LlamaModel {
             })
             .sum();
         let unread_table = match (&self.lm_head, &self.embed) {
-            (None, _) => 0,
-            (Some(_), Embedding::Dense(table)) => table.size() * table.dtype().size_in_bytes(),
-            (Some(_), Embedding::Quantized(q)) => [&q.weight, &q.scales, &q.biases]
+            (None, _) | (Some(_), None) => 0,
+            (Some(_), Some(Embedding::Dense(table))) => {
+                table.size() * table.dtype().size_in_bytes()
+            }
+            (Some(_), Some(Embedding::Quantized(q))) => [&q.weight, &q.scales, &q.biases]
                 .iter()
                 .map(|a| a.size() * a.dtype().size_in_bytes())
                 .sum(),
@@ -256,10 +268,14 @@ impl LlamaModel {
     }
 
     /// Whether the model has recurrent layers (a hybrid: Qwen3-Next and Qwen3.5 with linear
-    /// attention, LFM2 with short convolutions), whose
-    /// per-sequence state cannot be rewound, cut to a prefix, or saved as keys and values.
+    /// attention, LFM2 with short convolutions), whose per-sequence state is kept beside the
+    /// keys and values. A pipeline stage answers for the whole model: its other stages may hold
+    /// those layers.
     pub fn is_hybrid(&self) -> bool {
-        !self.linear_layers.is_empty() || !self.conv_layers.is_empty()
+        self.config
+            .layers
+            .iter()
+            .any(|l| l.linear.is_some() || l.conv.is_some())
     }
 
     /// Bytes of the recurrent state every sequence of this model carries, whatever its length
@@ -316,7 +332,8 @@ impl LlamaModel {
         Ok(())
     }
 
-    /// KV bytes one position takes over all layers in caches from [`LlamaModel::new_cache`].
+    /// KV bytes one position takes over the layers this model holds (all of them outside a
+    /// pipeline) in caches from [`LlamaModel::new_cache`].
     pub fn kv_bytes_per_position(&self) -> usize {
         let c = &self.config;
         self.layers.len()

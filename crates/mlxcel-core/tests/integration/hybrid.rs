@@ -394,3 +394,86 @@ fn a_state_is_saved_and_restored_and_refused_where_no_copy_was_kept() {
         .to_string();
     assert!(err.contains("(step)") && err.contains("rewound"), "{err}");
 }
+
+/// Each step's last-row logits of `steps` (per step, each sequence's new tokens) run through a
+/// pipeline of `stages`, the first stage's hidden states handed on as the pipe would carry them.
+fn run_pipeline(stages: &[LlamaModel], steps: &[Vec<Vec<u32>>]) -> Vec<Vec<Vec<f32>>> {
+    let sequences = steps[0].len();
+    let mut caches: Vec<Vec<_>> = stages
+        .iter()
+        .map(|stage| (0..sequences).map(|_| stage.new_cache(256)).collect())
+        .collect();
+    let vocab = stages[0].config().vocab_size;
+    steps
+        .iter()
+        .map(|step| {
+            let mut carried = None;
+            for (stage, caches) in stages.iter().zip(caches.iter_mut()) {
+                let mut seqs: Vec<ForwardSeq<'_>> = caches
+                    .iter_mut()
+                    .zip(step)
+                    .map(|(cache, tokens)| ForwardSeq { cache, tokens })
+                    .collect();
+                let out = stage
+                    .forward_stage(&mut seqs, carried.take(), None)
+                    .unwrap();
+                stage.finish_stage(&mut seqs, &[&out]).unwrap();
+                carried = Some(out);
+            }
+            carried.unwrap().to_rows_f32(vocab).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn pipeline_stages_of_a_hybrid_give_the_whole_models_logits_bit_for_bit() {
+    let (dir, whole) = tiny();
+    let checkpoint = Checkpoint::open(dir.path()).unwrap();
+    let config = checkpoint.config().clone();
+    let prompts = [prompt(70, 11), prompt(9, 12)];
+    let steps: Vec<Vec<Vec<u32>>> = std::iter::once(prompts.to_vec())
+        .chain((0..3).map(|i| vec![vec![3 + i], vec![40 + i]]))
+        .collect();
+    let expected = run_pipeline(std::slice::from_ref(&whole), &steps);
+    let bits = |steps: &[Vec<Vec<f32>>]| -> Vec<Vec<Vec<u32>>> {
+        steps
+            .iter()
+            .map(|rows| {
+                rows.iter()
+                    .map(|r| r.iter().map(|x| x.to_bits()).collect())
+                    .collect()
+            })
+            .collect()
+    };
+    // Layers 0 and 2 are linear, 1 and 3 attention: the splits put the recurrent state and the
+    // keys and values on whichever rank holds each layer.
+    for ends in [&[1, 4][..], &[2, 4], &[3, 4], &[1, 2, 4]] {
+        let stages: Vec<LlamaModel> = (0..ends.len())
+            .map(|rank| {
+                let stage = mlxcel_core::Stage::of_pipeline(&config, ends, rank).unwrap();
+                LlamaModel::load_stage(&checkpoint, Kernels::from_env().unwrap(), stage).unwrap()
+            })
+            .collect();
+        let (mut per_position, mut per_sequence) = (0, 0);
+        for stage in &stages {
+            assert!(stage.is_hybrid(), "every stage answers for the whole model");
+            let (p, s) = stage.stage().cache_bytes(&config, stage.kv_types());
+            assert_eq!(p, stage.kv_bytes_per_position(), "{ends:?}");
+            assert_eq!(s, stage.recurrent_bytes_per_sequence(), "{ends:?}");
+            assert_eq!(stage.new_cache(8).recurrent_bytes(), s, "{ends:?}");
+            per_position += p;
+            per_sequence += s;
+        }
+        assert_eq!(per_position, whole.kv_bytes_per_position(), "{ends:?}");
+        assert_eq!(
+            per_sequence,
+            whole.recurrent_bytes_per_sequence(),
+            "{ends:?}"
+        );
+        assert_eq!(
+            bits(&run_pipeline(&stages, &steps)),
+            bits(&expected),
+            "stages ending at {ends:?} differ from the whole model"
+        );
+    }
+}

@@ -18,6 +18,7 @@ mod quantized;
 mod reference;
 mod rms_rope;
 mod rpath;
+mod stages;
 mod threads;
 
 /// Deterministic pseudo-random f32s in `[-1, 1)` (a 64-bit LCG; no dependency needed).

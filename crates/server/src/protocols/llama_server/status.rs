@@ -17,6 +17,10 @@ struct HealthResponse {
 /// bodies are llama-server's (the status as a number in `code`).
 pub fn health(state: &AppState) -> Result<Response<Body>, ApiError> {
     let engine = state.engine()?;
+    // A pipeline that lost a rank answers nothing any more: say so, and why.
+    if let Some(fault) = engine.metrics().backend_fault {
+        return Err(ApiError::BackendDown(fault));
+    }
     let waiting = engine.metrics().waiting;
     let depth = engine.scheduler_config().max_waiting;
     if waiting >= depth {

@@ -1,0 +1,109 @@
+//! MLX's distributed layer with its ring backend (TCP between hosts): the process's [`Group`]
+//! and send/recv of arrays between neighbouring ranks, what a pipeline of stages passes its
+//! hidden states over (see docs/distributed.md).
+//!
+//! MLX's ring backend reads its hosts from the JSON file `MLX_HOSTFILE` names (one entry per
+//! rank, each a list of `"ip:port"`) and this process's rank from `MLX_RANK`; `mlx.launch` sets
+//! both. [`Group::init_ring`] either keeps those (under `mlx.launch`) or sets them from a hostfile
+//! and rank given on the command line, then joins the ring, which blocks until every rank has
+//! connected. `send` and `recv` are lazy ops like any other: the bytes move when the array is
+//! evaluated. On a closed peer socket (the peer exited or was killed) MLX's ring retries for
+//! about a second, then fails the pending operation with "[ring] connection to a peer was lost",
+//! which reaches Rust as [`Error::Mlx`]; a silent partition (no FIN, no RST) is not detected
+//! by MLX and blocks until TCP gives up.
+
+use std::path::Path;
+
+use crate::array::{Array, call};
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::sys::{self, ffi};
+
+/// The ranks of the process's MLX ring, as MLX reports them after joining.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Group {
+    rank: usize,
+    size: usize,
+}
+
+impl Group {
+    /// Joins MLX's ring. With `hosts: Some((hostfile, rank))` the ring reads that hostfile and
+    /// rank (MLX reads them from `MLX_HOSTFILE` and `MLX_RANK` only, which this sets for the
+    /// process before MLX starts); with `None` it reads the environment `mlx.launch` sets. Blocks
+    /// until every rank of the hostfile has connected; MLX's own error (a malformed hostfile, a
+    /// rank past the group's size) otherwise. Joining twice returns the group joined first.
+    pub fn init_ring(hosts: Option<(&Path, usize)>) -> Result<Group> {
+        let (hostfile, rank) = match hosts {
+            Some((file, rank)) => {
+                let file = file.to_str().ok_or_else(|| Error::Mlx {
+                    op: "distributed init",
+                    message: format!("hostfile path {} is not UTF-8", file.display()),
+                })?;
+                let rank = i32::try_from(rank).map_err(|_| Error::Mlx {
+                    op: "distributed init",
+                    message: format!("rank {rank} is too large"),
+                })?;
+                (file, rank)
+            }
+            None => ("", 0),
+        };
+        let ids = sys::with_lock(|| ffi::dist_init_ring(hostfile, rank))
+            .map_err(Error::mlx("distributed init"))?;
+        match ids.as_slice() {
+            &[rank, size] if rank >= 0 && size > 0 && rank < size => Ok(Group {
+                rank: rank as usize,
+                size: size as usize,
+            }),
+            other => Err(Error::Mlx {
+                op: "distributed init",
+                message: format!("MLX reported rank and size {other:?}"),
+            }),
+        }
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// How many ranks the ring has.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The rank after this one around the ring (the last rank's is rank 0).
+    pub fn next(&self) -> usize {
+        (self.rank + 1) % self.size
+    }
+
+    /// The rank before this one around the ring (rank 0's is the last rank).
+    pub fn prev(&self) -> usize {
+        (self.rank + self.size - 1) % self.size
+    }
+
+    /// An op that sends `a` to rank `dst` when evaluated (MLX's ring reaches its neighbours:
+    /// [`Group::next`] and [`Group::prev`]).
+    pub fn send(&self, a: &Array, dst: usize) -> Result<Array> {
+        let dst = self.peer(dst)?;
+        call("send", || ffi::dist_send(a.raw(), dst))
+    }
+
+    /// An op that receives an array of `shape` and `dtype` from rank `src` when evaluated.
+    pub fn recv(&self, shape: &[i32], dtype: Dtype, src: usize) -> Result<Array> {
+        let src = self.peer(src)?;
+        call("recv", || ffi::dist_recv(shape, dtype as u8, src))
+    }
+
+    fn peer(&self, rank: usize) -> Result<i32> {
+        if rank >= self.size || rank == self.rank {
+            return Err(Error::Mlx {
+                op: "distributed",
+                message: format!(
+                    "rank {} cannot exchange arrays with rank {rank} in a group of {}",
+                    self.rank, self.size
+                ),
+            });
+        }
+        Ok(rank as i32)
+    }
+}

@@ -1,0 +1,111 @@
+//! A pipeline stage's part of the model: a contiguous range of decoder layers, plus the
+//! embedding (the first stage), the final norm (the last stage) and the output projection (the
+//! last stage when untied; the first, which holds the table anyway, when tied to the embedding).
+//! Its step is `stage_step.rs`'s.
+
+use mlxcel_model::ModelConfig;
+
+use super::delta_net::state_shape;
+use crate::error::{Error, Result};
+use crate::kv_cache::KvType;
+
+/// Which part of a model one process holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stage {
+    /// The first decoder layer this stage runs.
+    pub first: usize,
+    /// One past the last decoder layer this stage runs.
+    pub end: usize,
+    /// Looks the step's tokens up in the embedding table (the first stage).
+    pub embeds: bool,
+    /// Holds the final norm (the last stage).
+    pub norm: bool,
+    /// Holds the output projection: `lm_head` when untied (then on the last stage), the
+    /// embedding table when tied (then on the first).
+    pub head: bool,
+}
+
+impl Stage {
+    /// The whole model in one process.
+    pub fn whole(config: &ModelConfig) -> Stage {
+        Stage {
+            first: 0,
+            end: config.num_hidden_layers,
+            embeds: true,
+            norm: true,
+            head: true,
+        }
+    }
+
+    /// Stage `rank` of `ends.len()` whose layers end where `ends` says (`ends[r]` is one past
+    /// stage `r`'s last layer, ascending, the last one the model's layer count): the first stage
+    /// embeds, the last one norms, and the projection sits on the last stage, or on the first
+    /// when it is the (tied) embedding table.
+    pub fn of_pipeline(config: &ModelConfig, ends: &[usize], rank: usize) -> Result<Stage> {
+        let bad = |message: String| Error::Mlx {
+            op: "pipeline stage",
+            message,
+        };
+        let layers = config.num_hidden_layers;
+        let ascending = ends.windows(2).all(|w| w[0] < w[1]);
+        if ends.is_empty() || !ascending || ends.last() != Some(&layers) || ends[0] == 0 {
+            return Err(bad(format!(
+                "stage ends {ends:?} do not split {layers} layers into non-empty ranges"
+            )));
+        }
+        if rank >= ends.len() {
+            return Err(bad(format!(
+                "rank {rank} is outside a pipeline of {}",
+                ends.len()
+            )));
+        }
+        let last = rank + 1 == ends.len();
+        Ok(Stage {
+            first: if rank == 0 { 0 } else { ends[rank - 1] },
+            end: ends[rank],
+            embeds: rank == 0,
+            norm: last,
+            head: if config.tie_word_embeddings {
+                rank == 0
+            } else {
+                last
+            },
+        })
+    }
+
+    /// What one sequence's cache costs on this stage, counted from the model's description (the
+    /// stage need not be loaded here): `(bytes per position, bytes per sequence)`, the keys and
+    /// values of its softmax-attention layers in `kv_types`, and the recurrent state of its
+    /// linear-attention layers (a hybrid's; 0 otherwise). Rank 0 budgets every rank's caches by
+    /// these.
+    pub fn cache_bytes(&self, config: &ModelConfig, kv_types: (KvType, KvType)) -> (usize, usize) {
+        let layers = &config.layers[self.first.min(self.end)..self.end.min(config.layers.len())];
+        let attention = layers.iter().filter(|l| l.linear.is_none()).count();
+        let per_position = attention
+            * config.num_key_value_heads
+            * (kv_types.0.row_bytes(config.head_dim) + kv_types.1.row_bytes(config.head_dim));
+        let per_sequence = layers
+            .iter()
+            .filter_map(|l| l.linear.as_ref())
+            .map(|spec| {
+                let shape = state_shape(spec);
+                4 * (shape.conv + shape.matrix)
+            })
+            .sum();
+        (per_position, per_sequence)
+    }
+
+    /// Whether this stage's layers fit the model.
+    pub(super) fn check(&self, config: &ModelConfig) -> Result<()> {
+        if self.first >= self.end || self.end > config.num_hidden_layers {
+            return Err(Error::Mlx {
+                op: "pipeline stage",
+                message: format!(
+                    "layers {}..{} are not a non-empty range of the model's {}",
+                    self.first, self.end, config.num_hidden_layers
+                ),
+            });
+        }
+        Ok(())
+    }
+}
