@@ -9,6 +9,10 @@
 //! the kernel thread with the host's arithmetic and runs the experts' matmuls as one parallel
 //! region per projection, so a decode step no longer stops at each layer; the numbers are the
 //! per-op graph's (see `cpp/kernels/moe.h`).
+//!
+//! When every layer of a model passes the fused-layer checks, the same kernel runs inside the
+//! fused decoder-layer node instead (`layer.rs`, with the plan `MoeNode::experts` gives), so a
+//! whole step is one node; this per-layer node serves the MoE models that are not fused.
 
 use mlxcel_model::Routing;
 
