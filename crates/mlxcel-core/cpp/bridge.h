@@ -148,6 +148,10 @@ rust::Vec<int32_t> dist_init_ring(rust::Str hostfile, int32_t rank);
 std::unique_ptr<MlxArray> dist_send(const MlxArray& a, int32_t dst);
 std::unique_ptr<MlxArray> dist_recv(rust::Slice<const int32_t> shape, uint8_t dtype,
                                     int32_t src);
+// Sleeps until one of the ring's sockets has bytes to read (1) or `timeout_ms` passes (0;
+// negative waits without limit); throws when a peer closed its connection. Touches no MLX state,
+// so it is called without the MLX lock.
+int32_t dist_wait_readable(int32_t timeout_ms);
 
 // mlxcel's own CPU kernels (kernels/primitive.cc). `isa`: 0 scalar, 1 AVX2, 2 AVX-512 (capped
 // at what the CPU supports); `threads`: the most threads one call uses; `epilogue`: 0 none,

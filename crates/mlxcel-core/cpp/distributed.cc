@@ -1,9 +1,18 @@
 // MLX's distributed layer (mlx/distributed): the ring backend's group, and send/recv of arrays
 // between ranks, for pipeline-parallel stages (src/distributed.rs).
+#include <dirent.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "mlxcel-core/cpp/bridge.h"
 
@@ -32,6 +41,49 @@ const dist::Group& group_or_throw() {
   if (!world()) throw std::runtime_error("mlxcel: the distributed group is not initialised");
   return *world();
 }
+
+// The ring's own connections to its neighbours: the connected stream sockets that joining the
+// ring opened. Written once by dist_init_ring, before any dist_wait_readable reads it.
+std::vector<int>& ring_sockets() {
+  static std::vector<int> fds;
+  return fds;
+}
+
+// This process's connected stream sockets (listening ones excluded), read from /proc/self/fd.
+std::vector<int> connected_stream_sockets() {
+  std::vector<int> out;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return out;
+  while (struct dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    struct stat st;
+    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int type = 0, listening = 0;
+    socklen_t len = sizeof(type);
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
+        type != SOCK_STREAM) {
+      continue;
+    }
+    len = sizeof(listening);
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+        listening != 0) {
+      continue;
+    }
+    struct sockaddr_storage peer;
+    socklen_t peer_len = sizeof(peer);
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<struct sockaddr*>(&peer),
+                    &peer_len) != 0) {
+      continue;
+    }
+    if (peer.ss_family != AF_INET && peer.ss_family != AF_INET6) continue;
+    out.push_back(static_cast<int>(fd));
+  }
+  closedir(dir);
+  std::sort(out.begin(), out.end());
+  return out;
+}
 }  // namespace
 
 // MLX's ring backend reads its hosts and this process's rank from MLX_HOSTFILE and MLX_RANK
@@ -45,8 +97,14 @@ rust::Vec<int32_t> dist_init_ring(rust::Str hostfile, int32_t rank) {
       throw std::runtime_error("mlxcel: cannot set MLX_HOSTFILE/MLX_RANK for MLX's ring backend");
     }
   }
+  std::vector<int> before = connected_stream_sockets();
   dist::Group group = dist::init(true, "ring");
   world() = group;
+  std::vector<int> after = connected_stream_sockets();
+  std::vector<int>& ring = ring_sockets();
+  ring.clear();
+  std::set_difference(after.begin(), after.end(), before.begin(), before.end(),
+                      std::back_inserter(ring));
   rust::Vec<int32_t> out;
   out.push_back(group.rank());
   out.push_back(group.size());
@@ -61,6 +119,41 @@ std::unique_ptr<MlxArray> dist_recv(rust::Slice<const int32_t> shape, uint8_t dt
                                     int32_t src) {
   return wrap(
       dist::recv(to_shape(shape), dtype_from_code(dtype), src, group_or_throw(), mlxcel_stream()));
+}
+
+// MLX's ring reads a pending recv by polling its non-blocking socket in a loop, so a rank that
+// posts a recv before its peer has sent keeps a core busy for the whole wait (on a machine that
+// runs two ranks, the core the computing rank needs). Callers wait here first, asleep in poll(2),
+// until one of the ring's sockets has bytes to read; the recv they post then finds its data.
+// Returns 1 when bytes are waiting and 0 after `timeout_ms` (negative: no limit); throws when a
+// peer closed its connection or the socket failed, since the pipeline cannot go on without it.
+int32_t dist_wait_readable(int32_t timeout_ms) {
+  const std::vector<int>& ring = ring_sockets();
+  if (ring.empty()) return 1;
+  std::vector<struct pollfd> fds;
+  for (int fd : ring) fds.push_back({fd, POLLIN, 0});
+  for (;;) {
+    int ready = poll(fds.data(), fds.size(), timeout_ms);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) {
+      throw std::runtime_error(std::string("mlxcel: waiting on the ring's sockets: ") +
+                               std::strerror(errno));
+    }
+    if (ready == 0) return 0;
+    for (const struct pollfd& p : fds) {
+      if (p.revents == 0) continue;
+      char byte;
+      ssize_t n = recv(p.fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n > 0) return 1;
+      if (n == 0) {
+        throw std::runtime_error("[ring] connection to a peer was lost (it closed its socket)");
+      }
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        throw std::runtime_error(std::string("[ring] connection to a peer was lost: ") +
+                                 std::strerror(errno));
+      }
+    }
+  }
 }
 
 }  // namespace mlxcel

@@ -94,6 +94,20 @@ impl Group {
         call("recv", || ffi::dist_recv(shape, dtype as u8, src))
     }
 
+    /// Sleeps until a neighbour's bytes are waiting on one of the ring's sockets (`Ok(true)`) or
+    /// `timeout` passes (`Ok(false)`; `None` waits without limit). MLX's ring reads a pending
+    /// recv by polling its socket in a busy loop, so evaluating a recv whose data has not come
+    /// yet keeps a core busy for the whole wait, the core a computing rank on the same machine
+    /// needs; waiting here first and then evaluating the recv costs no CPU while the peer
+    /// works. A peer that closed its connection is an error ("[ring] connection to a peer was
+    /// lost"), as the recv itself would report. Runs without the MLX lock.
+    pub fn wait_readable(&self, timeout: Option<std::time::Duration>) -> Result<bool> {
+        let ms = timeout.map_or(-1, |t| i32::try_from(t.as_millis()).unwrap_or(i32::MAX));
+        ffi::dist_wait_readable(ms)
+            .map(|ready| ready != 0)
+            .map_err(Error::mlx("distributed wait"))
+    }
+
     fn peer(&self, rank: usize) -> Result<i32> {
         if rank >= self.size || rank == self.rank {
             return Err(Error::Mlx {

@@ -37,6 +37,7 @@ pub(crate) fn send_message(
 
 /// Receives a header and its payload from rank `src`.
 pub(crate) fn recv_message(group: &Group, src: usize) -> Result<(Header, Vec<i32>), EngineError> {
+    wait_for(group, src)?;
     let header = Header::decode(&recv_ints(group, HEADER, src)?)
         .map_err(|e| pipe_error(format!("rank {src} sent {e}")))?;
     let payload = if header.payload == 0 {
@@ -45,6 +46,16 @@ pub(crate) fn recv_message(group: &Group, src: usize) -> Result<(Header, Vec<i32
         recv_ints(group, header.payload, src)?
     };
     Ok((header, payload))
+}
+
+/// Sleeps until bytes from a neighbour (rank `src`: rings carry data one way, so the bytes that
+/// come are its) are waiting, so that the recv evaluated next does not spin a core while `src`
+/// computes ([`Group::wait_readable`]).
+pub(crate) fn wait_for(group: &Group, src: usize) -> Result<(), EngineError> {
+    group
+        .wait_readable(None)
+        .map(|_| ())
+        .map_err(|e| pipe_error(format!("receiving from rank {src}: {e}")))
 }
 
 fn send_ints(group: &Group, ints: &[i32], dst: usize) -> Result<(), EngineError> {

@@ -8,7 +8,7 @@ use mlxcel_core::distributed::Group;
 use mlxcel_core::{Dtype, ForwardSeq, KvType, LlamaModel, Stage};
 use mlxcel_model::{Checkpoint, ModelConfig};
 
-use super::link::{pipe_error, recv_message, send_message};
+use super::link::{pipe_error, recv_message, send_message, wait_for};
 use super::plan::{WeightBytes, split_by_bytes, split_by_counts, split_micro_batches};
 use super::ring::{fingerprint, join_pipeline};
 use super::wire::{FailReason, Header, Hello, Kind, SlotOp, Step, StepSeq, VERSION};
@@ -230,6 +230,7 @@ impl Pipe {
                 )));
             }
             let io = |e: mlxcel_core::Error| pipe_error(format!("receiving from rank {prev}: {e}"));
+            wait_for(&self.group, prev)?;
             let got = self
                 .group
                 .recv(&[rows as i32, width as i32], Dtype::F32, prev)

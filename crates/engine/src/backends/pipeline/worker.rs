@@ -9,7 +9,7 @@ use mlxcel_core::distributed::Group;
 use mlxcel_core::{Dtype, ForwardSeq, KvCache, LlamaModel, Stage};
 use mlxcel_model::{Checkpoint, resolve_model};
 
-use super::link::{pipe_error, recv_message, send_message};
+use super::link::{pipe_error, recv_message, send_message, wait_for};
 use super::ring::{fingerprint, join_pipeline};
 use super::wire::{FailReason, Header, Hello, Kind, SlotOp, Step, VERSION};
 use crate::backends::stage_model::load_model;
@@ -218,6 +218,7 @@ impl Worker {
             pipe_error(format!("exchanging with rank {prev} or {next}: {e}"))
         };
         let hidden = self.model.config().hidden_size;
+        wait_for(&self.group, prev)?;
         let input = self
             .group
             .recv(&[step.tokens.len() as i32, hidden as i32], Dtype::F32, prev)
