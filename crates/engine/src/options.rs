@@ -118,6 +118,14 @@ pub struct PipelineOptions {
     /// one while the others work on theirs (`None`: one per rank; 1: the whole step at once).
     /// Read on rank 0.
     pub micro_batches: Option<usize>,
+    /// How long a ring connection may stay unanswered (unacknowledged bytes, or keepalive
+    /// probes of an idle link) before TCP drops it and the pipeline goes down: what detects a
+    /// silent partition. Set on every rank.
+    pub link_timeout: std::time::Duration,
+    /// What rank 0's server does once the pipeline is down: exit with status 1 (`true`, for a
+    /// supervisor that restarts every rank), or keep answering 503 (`false`). A lost rank cannot
+    /// rejoin either way (docs/distributed.md).
+    pub exit_on_failure: bool,
 }
 
 /// How a static-shape backend (OpenXLA) sizes requests.

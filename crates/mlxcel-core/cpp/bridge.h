@@ -152,6 +152,10 @@ std::unique_ptr<MlxArray> dist_recv(rust::Slice<const int32_t> shape, uint8_t dt
 // negative waits without limit); throws when a peer closed its connection. Touches no MLX state,
 // so it is called without the MLX lock.
 int32_t dist_wait_readable(int32_t timeout_ms);
+// TCP keepalive (after 1 s idle, 1 s apart, dropped after about `timeout_ms`) and
+// TCP_USER_TIMEOUT `timeout_ms` on the ring's sockets, so that a silent partition fails them;
+// returns how many sockets took them.
+int32_t dist_set_link_timeout(int32_t timeout_ms);
 
 // mlxcel's own CPU kernels (kernels/primitive.cc). `isa`: 0 scalar, 1 AVX2, 2 AVX-512 (capped
 // at what the CPU supports); `threads`: the most threads one call uses; `epilogue`: 0 none,

@@ -1,6 +1,8 @@
 // MLX's distributed layer (mlx/distributed): the ring backend's group, and send/recv of arrays
 // between ranks, for pipeline-parallel stages (src/distributed.rs).
 #include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -119,6 +121,30 @@ std::unique_ptr<MlxArray> dist_recv(rust::Slice<const int32_t> shape, uint8_t dt
                                     int32_t src) {
   return wrap(
       dist::recv(to_shape(shape), dtype_from_code(dtype), src, group_or_throw(), mlxcel_stream()));
+}
+
+// A silent partition (a host gone or a link cut: no FIN, no RST) leaves a socket open and quiet.
+// TCP's keepalive probes the idle connection every second after one idle second and drops it
+// after about `timeout_ms` of unanswered probes; TCP_USER_TIMEOUT drops it when sent bytes stay
+// unacknowledged for `timeout_ms`. Either way the socket then fails, and the wait below or MLX's recv reports
+// the peer lost. Returns how many of the ring's sockets took the settings.
+int32_t dist_set_link_timeout(int32_t timeout_ms) {
+  int32_t set = 0;
+  const int on = 1, idle = 1, interval = 1;
+  const int probes = std::max(1, timeout_ms / 1000 - idle);
+  const unsigned int user_timeout = static_cast<unsigned int>(std::max(timeout_ms, 1));
+  for (int fd : ring_sockets()) {
+    if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout)) != 0) {
+      throw std::runtime_error(std::string("mlxcel: setting the ring's link timeout: ") +
+                               std::strerror(errno));
+    }
+    ++set;
+  }
+  return set;
 }
 
 // MLX's ring reads a pending recv by polling its non-blocking socket in a loop, so a rank that

@@ -9,8 +9,8 @@
 //! connected. `send` and `recv` are lazy ops like any other: the bytes move when the array is
 //! evaluated. On a closed peer socket (the peer exited or was killed) MLX's ring retries for
 //! about a second, then fails the pending operation with "[ring] connection to a peer was lost",
-//! which reaches Rust as [`Error::Mlx`]; a silent partition (no FIN, no RST) is not detected
-//! by MLX and blocks until TCP gives up.
+//! which reaches Rust as [`Error::Mlx`]. A silent partition (no FIN, no RST) is not detected
+//! by MLX; [`Group::set_link_timeout`] has TCP detect it within seconds.
 
 use std::path::Path;
 
@@ -106,6 +106,19 @@ impl Group {
         ffi::dist_wait_readable(ms)
             .map(|ready| ready != 0)
             .map_err(Error::mlx("distributed wait"))
+    }
+
+    /// Has TCP drop a connection of the ring whose peer stopped answering for about `timeout`:
+    /// keepalive probes on an idle connection (after 1 s idle, 1 s apart) and a limit on how
+    /// long sent bytes may stay unacknowledged. A silent partition (a host gone,
+    /// a link cut) then fails the waiting recv or send like a closed peer does, instead of
+    /// blocking until TCP's defaults give up (minutes to hours). Returns how many of the ring's
+    /// sockets took the settings.
+    pub fn set_link_timeout(&self, timeout: std::time::Duration) -> Result<usize> {
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        let set = sys::with_lock(|| ffi::dist_set_link_timeout(ms))
+            .map_err(Error::mlx("distributed link timeout"))?;
+        Ok(set.max(0) as usize)
     }
 
     fn peer(&self, rank: usize) -> Result<i32> {

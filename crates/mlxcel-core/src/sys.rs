@@ -158,6 +158,7 @@ pub(crate) mod ffi {
         fn dist_send(a: &MlxArray, dst: i32) -> Result<UniquePtr<MlxArray>>;
         fn dist_recv(shape: &[i32], dtype: u8, src: i32) -> Result<UniquePtr<MlxArray>>;
         fn dist_wait_readable(timeout_ms: i32) -> Result<i32>;
+        fn dist_set_link_timeout(timeout_ms: i32) -> Result<i32>;
 
         #[allow(clippy::too_many_arguments)]
         fn native_quantized_matmul(

@@ -23,6 +23,19 @@ pub fn init_server_logging(args: &ServerArgs) {
     }
 }
 
+/// Returns once the loaded engine reports its backend down (a pipeline that lost a rank), with
+/// the reason; checked four times a second.
+async fn pipeline_down(state: &crate::state::AppState) -> String {
+    loop {
+        if let Ok(engine) = state.engine()
+            && let Some(fault) = engine.metrics().backend_fault
+        {
+            return fault;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
 /// Binds, loads the model in the background (`/health` is 503 meanwhile), and serves until
 /// SIGINT or SIGTERM.
 pub fn run(args: &ServerArgs) -> Result<(), ServerError> {
@@ -50,6 +63,7 @@ pub fn run_with(args: &ServerArgs, options: EngineOptions) -> Result<(), ServerE
             "listening on http://{}; loading the model",
             server.local_addr()
         );
+        let exit_on_failure = options.pipeline.as_ref().is_some_and(|p| p.exit_on_failure);
         let model = args.model.clone();
         let (failed_tx, failed_rx) = tokio::sync::oneshot::channel();
         let loader_state = state.clone();
@@ -95,10 +109,15 @@ pub fn run_with(args: &ServerArgs, options: EngineOptions) -> Result<(), ServerE
             }
         });
         let mut load_error = None;
+        let watched = state.clone();
         let shutdown = async {
             tokio::select! {
                 () = shutdown_signal() => {}
                 Ok(err) = failed_rx => load_error = Some(err),
+                fault = pipeline_down(&watched), if exit_on_failure => {
+                    tracing::error!(%fault, "the pipeline is down; exiting (--pipeline-exit-on-failure)");
+                    load_error = Some(mlxcel_engine::EngineError::backend("mlx", fault));
+                }
             }
         };
         server.run(shutdown).await?;

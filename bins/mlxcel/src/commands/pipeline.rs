@@ -42,6 +42,17 @@ pub struct PipelineArgs {
     /// (each on its own part); read on rank 0. Default: one per rank; 1 runs each step whole.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub pipeline_micro_batches: Option<u64>,
+
+    /// Seconds a ring connection may stay unanswered before the pipeline is declared down (a
+    /// silent partition: a host gone or a link cut); idle links are probed every second. Set
+    /// on every rank.
+    #[arg(long, value_name = "SECS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub pipeline_link_timeout: u64,
+
+    /// Once the pipeline is down (a rank lost), rank 0's server exits with status 1, for a
+    /// supervisor that restarts every rank; by default it keeps answering 503 with the reason.
+    #[arg(long)]
+    pub pipeline_exit_on_failure: bool,
 }
 
 impl PipelineArgs {
@@ -72,6 +83,12 @@ impl PipelineArgs {
                         "--pipeline-layers needs a pipeline: --pipeline, or --pipeline-hosts and --rank"
                     );
                 }
+                if self.pipeline_exit_on_failure {
+                    bail!(
+                        "--pipeline-exit-on-failure needs a pipeline: --pipeline, or \
+                         --pipeline-hosts and --rank"
+                    );
+                }
                 if self.pipeline_micro_batches.is_some() {
                     bail!(
                         "--pipeline-micro-batches needs a pipeline: --pipeline, or --pipeline-hosts \
@@ -87,6 +104,8 @@ impl PipelineArgs {
             layers: self.pipeline_layers.clone(),
             connect_timeout: Duration::from_secs(self.pipeline_timeout.max(1)),
             micro_batches: self.pipeline_micro_batches.map(|n| n as usize),
+            link_timeout: Duration::from_secs(self.pipeline_link_timeout),
+            exit_on_failure: self.pipeline_exit_on_failure,
         }))
     }
 
@@ -127,6 +146,8 @@ mod tests {
             pipeline_layers: None,
             pipeline_timeout: 60,
             pipeline_micro_batches: None,
+            pipeline_link_timeout: 5,
+            pipeline_exit_on_failure: false,
         }
     }
 
@@ -170,7 +191,23 @@ mod tests {
         );
         micro.pipeline_hosts = Some(PathBuf::from("h.json"));
         micro.rank = Some(0);
-        let piped = micro.options(none).unwrap().unwrap();
+        let piped = micro.options(none.clone()).unwrap().unwrap();
         assert_eq!(piped.micro_batches, Some(2));
+        assert!(!piped.exit_on_failure);
+        assert_eq!(piped.link_timeout, Duration::from_secs(5));
+
+        let mut exit = args(false, None, None);
+        exit.pipeline_exit_on_failure = true;
+        let err = exit.options(none.clone()).unwrap_err().to_string();
+        assert!(
+            err.contains("--pipeline-exit-on-failure needs a pipeline"),
+            "{err}"
+        );
+        exit.pipeline_hosts = Some(PathBuf::from("h.json"));
+        exit.rank = Some(1);
+        exit.pipeline_link_timeout = 9;
+        let piped = exit.options(none).unwrap().unwrap();
+        assert!(piped.exit_on_failure);
+        assert_eq!(piped.link_timeout, Duration::from_secs(9));
     }
 }

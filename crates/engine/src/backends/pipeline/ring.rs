@@ -60,6 +60,9 @@ pub(crate) fn join_pipeline(options: &PipelineOptions) -> Result<Group, EngineEr
             group.size()
         )));
     }
+    group
+        .set_link_timeout(options.link_timeout)
+        .map_err(|e| pipe_error(format!("rank {rank}: {e}")))?;
     *joined = Some(group);
     Ok(group)
 }
