@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mlxcel_model::{ChatMessage, ChatTemplate, FimTokens, LoadedModel, Tokenizer, resolve_model};
 use tokio::sync::mpsc as events;
@@ -531,11 +531,6 @@ struct Timing {
     last_token: Option<Instant>,
 }
 
-/// How long the worker steps before it hands freed memory back to the system
-/// ([`backends::release_unused_memory`]) while it stays busy; it also does when it goes idle.
-/// One release costs a step's worth of page faults afterwards, a few milliseconds.
-const RELEASE_EVERY: Duration = Duration::from_secs(30);
-
 fn run_worker<B: Backend>(
     mut scheduler: Scheduler<B>,
     inbox: mpsc::Receiver<Command>,
@@ -544,7 +539,9 @@ fn run_worker<B: Backend>(
     let mut streams: HashMap<RequestId, (events::UnboundedSender<Event>, Timing)> = HashMap::new();
     let mut local = EngineMetrics::default();
     let mut released = Instant::now();
-    let mut stepped = false;
+    // What loading freed (the checkpoint read and rewritten) counts as a step's: the first time
+    // the engine is idle, it goes back to the system too.
+    let mut stepped = true;
     loop {
         // Block for a command while idle; otherwise take what has arrived and keep stepping.
         let first = if scheduler.has_work() {
@@ -621,7 +618,7 @@ fn run_worker<B: Backend>(
             publish(&metrics, &mut local, &scheduler);
             continue;
         }
-        if released.elapsed() >= RELEASE_EVERY {
+        if released.elapsed() >= backends::RELEASE_EVERY {
             backends::release_unused_memory();
             released = Instant::now();
         }

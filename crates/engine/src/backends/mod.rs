@@ -34,6 +34,11 @@ pub(crate) fn release_unused_memory() {
     mlxcel_core::release_unused_memory();
 }
 
+/// How long a worker (the engine's, or a pipeline stage's) steps before it hands freed memory
+/// back to the system ([`release_unused_memory`]) while it stays busy; it also does when it goes
+/// idle. One release costs a step's worth of page faults afterwards, a few milliseconds.
+pub(crate) const RELEASE_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Builds the backend `options.backend` names over `checkpoint`, as the engine does: for tools
 /// and tests that drive a backend's [`Backend::step`] directly (logits, below the scheduler and
 /// the sampler). Programs that generate text want [`crate::Engine`].
