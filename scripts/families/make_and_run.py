@@ -234,12 +234,6 @@ def variants():
             architectures=["OlmoeForCausalLM"], model_type="olmoe", num_experts=8,
             num_experts_per_tok=4, intermediate_size=32, norm_topk_prob=True, clip_qkv=None,
             attention_bias=True), {}),
-        # The same, 4-bit groups of 32: the fused decoder-layer node's path (q/k norms over the
-        # whole projections inside the layer node).
-        ("olmoe-q4", "olmoe", base_config(
-            architectures=["OlmoeForCausalLM"], model_type="olmoe", num_experts=8,
-            num_experts_per_tok=4, intermediate_size=32, norm_topk_prob=True, clip_qkv=None,
-            attention_bias=True), {"quantize": (32, 4)}),
         # Qwen2-MoE: q/k/v biases, top-4 not renormalised (mlx-lm never renormalises it), and a
         # shared expert behind its sigmoid gate.
         ("qwen2_moe", "qwen2_moe", base_config(
@@ -401,6 +395,12 @@ def variants():
             architectures=["OlmoeForCausalLM"], model_type="olmoe", num_experts=8,
             num_experts_per_tok=4, intermediate_size=32, norm_topk_prob=False, clip_qkv=None,
             attention_bias=False, num_key_value_heads=4), {}),
+        # The same in 4-bit groups of 32: the fused decoder-layer node's path (q/k norms over the
+        # whole projections inside the layer node), and a GGUF form llama.cpp can hold.
+        ("olmoe-mha-q4", "olmoe", base_config(
+            architectures=["OlmoeForCausalLM"], model_type="olmoe", num_experts=8,
+            num_experts_per_tok=4, intermediate_size=32, norm_topk_prob=False, clip_qkv=None,
+            attention_bias=False, num_key_value_heads=4), {"quantize": (32, 4)}),
     ]
 
 
