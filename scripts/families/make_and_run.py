@@ -314,6 +314,18 @@ def variants():
                           "beta_slow": 1.0, "original_max_position_embeddings": 16,
                           "truncate": True},
             swiglu_limit=7.0), {"expert_gain": 3.0, "seed": 16}),
+        # The same, 4-bit groups of 32 (the router and every projection quantized; the biases and
+        # sinks stay f32): the fused decoder-layer node's path (o's bias, the routed experts'
+        # biases, router bias and clamped SwiGLU inside the layer node).
+        ("gpt_oss-q4", "gpt_oss", base_config(
+            architectures=["GptOssForCausalLM"], model_type="gpt_oss", num_hidden_layers=4,
+            num_local_experts=8, num_experts_per_tok=4, experts_per_token=4,
+            intermediate_size=32, attention_bias=True, sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * 2, rope_theta=150000.0,
+            rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                          "beta_slow": 1.0, "original_max_position_embeddings": 16,
+                          "truncate": True},
+            swiglu_limit=7.0), {"expert_gain": 3.0, "seed": 16, "quantize": (32, 4)}),
         # A reported Gemma 3 case: every other layer sliding (`sliding_window_pattern: 2`, no
         # `layer_types`), the window longer than the text, query_pre_attn_scalar = head_dim, no
         # rope_scaling, and no `tie_word_embeddings` key over a checkpoint that stores its own
@@ -383,6 +395,12 @@ def variants():
             architectures=["OlmoeForCausalLM"], model_type="olmoe", num_experts=8,
             num_experts_per_tok=4, intermediate_size=32, norm_topk_prob=False, clip_qkv=None,
             attention_bias=False, num_key_value_heads=4), {}),
+        # The same in 4-bit groups of 32: the fused decoder-layer node's path (q/k norms over the
+        # whole projections inside the layer node), and a GGUF form llama.cpp can hold.
+        ("olmoe-mha-q4", "olmoe", base_config(
+            architectures=["OlmoeForCausalLM"], model_type="olmoe", num_experts=8,
+            num_experts_per_tok=4, intermediate_size=32, norm_topk_prob=False, clip_qkv=None,
+            attention_bias=False, num_key_value_heads=4), {"quantize": (32, 4)}),
     ]
 
 

@@ -197,13 +197,15 @@ const kernels::MoePlan& routed_experts_kernel_plan(const RoutedExpertsPlan& plan
 // one MLX node (kernels/layer.cc). `tensors`: x [tokens, hidden], then per layer: input norm,
 // qkv (w, scales, biases), o (3), post norm, inv_freq, gate/up (3) and down (3) unless the
 // layer has routed experts, then the q and k norms when `qk_norm`, the post-attention and post-MLP norms when `sandwich`, the stacked q/k/v
-// biases when `qkv_bias`, k's and v's (w, scales, biases) when `split_qkv` (qkv then holds q);
+// biases when `qkv_bias`, k's and v's (w, scales, biases) when `split_qkv` (qkv then holds q), o's bias ([hidden])
+// when `o_bias`;
 // `caches`: per layer, per sequence its key blocks then its value blocks, written in place at
 // the sequence's positions (each must be a buffer of its own); `dims`: per layer hidden, heads,
-// kv_heads, head_dim, intermediate, qk_norm (0/1), rope (0/1), sliding window (0: none),
+// kv_heads, head_dim, intermediate, qk_norm (0: none, 1: per head, 2: over the whole q
+// and k projections), rope (0/1), sliding window (0: none),
 // sandwich (0/1), GeGLU (0/1), rotary width (RoPE's leading features per head), qkv_bias (0/1),
 // split_qkv (0/1), sinks (0/1), mlp (0: dense; 1 or 2: routed experts with x in f32 or
-// quantized to int8); `quant`: per layer (group, bits, layout) of qkv (or q), o, then gate/up
+// quantized to int8), o_bias (0/1); `quant`: per layer (group, bits, layout) of qkv (or q), o, then gate/up
 // and down on a dense layer, then k and v when split; `experts`: per routed layer, in layer
 // order, its experts (the MLP of kernels/moe.h, which norms x1 and adds its residual); `seqs`: per layer, (n, position, blocks) per sequence
 // in x's row order; `softcaps`: per layer, the attention scores' soft-cap (0: none); `sinks`:
@@ -219,15 +221,22 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
                                                float scale, float rope_scale, float rope_mscale,
                                                uint8_t isa, int32_t threads);
 // `matrices`: per routed expert, then for the shared expert if any, gate/up stacked (w, scales,
-// biases; [2·intermediate, hidden]) and down (w, scales, biases; [hidden, intermediate]);
-// `quant`: per matrix (group, bits, int8 layout 0/1); `router`: [experts (+ 1), hidden] f32 rows,
-// the shared expert's gate last; `routing`: 0 softmax then top k, 1 the same renormalized,
-// 2 top k then softmax.
+// biases; [2·intermediate, hidden]) and down (w, scales, biases; [hidden, intermediate]), or
+// with `split` each routed expert's gate, up and down apart (the shared expert stays stacked);
+// `quant`: per matrix (group, bits, int8 layout 0/1); `biases`: empty, or (split only) per routed
+// expert its gate's, up's and down's f32 biases; `router`: [experts (+ 1), hidden] f32 rows,
+// the shared expert's gate last; `router_bias`: empty or one f32 per routed expert, added to its
+// logit; `routing`: 0 softmax then top k, 1 the same renormalized, 2 top k then softmax;
+// `activation`: 0 SwiGLU, 1 GeGLU, 2 gpt-oss's clamped SwiGLU with `alpha` and `limit`.
 std::unique_ptr<RoutedExperts> routed_experts_new(const ArrayList& matrices,
                                                   rust::Slice<const int32_t> quant,
-                                                  rust::Slice<const float> router, int32_t hidden,
-                                                  int32_t experts, int32_t top_k, uint8_t routing,
-                                                  bool gelu, bool shared);
+                                                  const ArrayList& biases,
+                                                  rust::Slice<const float> router,
+                                                  rust::Slice<const float> router_bias,
+                                                  int32_t hidden, int32_t experts, int32_t top_k,
+                                                  uint8_t routing, uint8_t activation,
+                                                  float alpha, float limit, bool shared,
+                                                  bool split);
 // The routed-expert MLP of x [tokens, hidden] as one MLX node (kernels/moe.h): normed by `norm`,
 // plus x when `residual`; `int8x`: weights in the int8 layout multiply int8 activations.
 std::unique_ptr<MlxArray> native_routed_experts(const MlxArray& x, const MlxArray& norm,

@@ -2,7 +2,8 @@
 //! (`cpp/kernels/layer.cc`): RMSNorm, the q/k/v matmul (stacked, or three when q, k and v are
 //! quantized differently, as in llama.cpp's K-quant presets), the q/k norms (Qwen3), RoPE
 //! (skipped on NoPE layers), the KV-cache write, attention (within the window on layers that
-//! slide), the output projection with its residual, and the SwiGLU MLP (or a mixture of
+//! slide, with attention sinks where the model has them), the output projection (with its bias,
+//! if any) and its residual, and the SwiGLU MLP (or a mixture of
 //! experts: the routed-expert node's kernel, `crate::moe`) with its residual, for every
 //! sequence of a step at once.
 //!
@@ -68,12 +69,18 @@ pub(crate) struct LayerTensors<'a> {
     /// The q, k and v biases stacked as the rows of `qkv` (f32), when the model has them.
     pub qkv_bias: Option<&'a Array>,
     pub o: &'a QuantizedWeight,
+    /// o's bias (`[hidden]`, f32), when the model has one (gpt-oss).
+    pub o_bias: Option<&'a Array>,
     pub post_norm: &'a Array,
     pub mlp: LayerMlp<'a>,
     /// RoPE's inverse frequencies, `[head_dim / 2]`.
     pub inv_freq: &'a Array,
-    /// The per-head RMSNorm weights of q and k (`[head_dim]` each), when the model has them.
+    /// The RMSNorm weights of q and k, when the model has them: per head (`[head_dim]` each),
+    /// or with `qk_norm_whole` over the whole projections (`[heads·head_dim]` and
+    /// `[kv_heads·head_dim]`, OLMoE).
     pub qk_norm: Option<(&'a Array, &'a Array)>,
+    /// `qk_norm` normalizes the whole q and k projections before the heads are split.
+    pub qk_norm_whole: bool,
     /// Whether the layer rotates q and k (false: a NoPE layer).
     pub rope: bool,
     /// The layer's sliding window, if it slides.
@@ -140,7 +147,7 @@ pub(crate) fn decoder_stack(
     };
     let mut tensors: Vec<&Array> = vec![x];
     let mut caches: Vec<&Array> = Vec::new();
-    let mut dims = Vec::with_capacity(15 * layers.len());
+    let mut dims = Vec::with_capacity(16 * layers.len());
     let mut quant = Vec::with_capacity(18 * layers.len());
     let mut spans = Vec::new();
     let mut softcaps = Vec::with_capacity(layers.len());
@@ -197,6 +204,9 @@ pub(crate) fn decoder_stack(
             ]);
             weights.extend([k, v]);
         }
+        if let Some(bias) = t.o_bias {
+            tensors.push(bias);
+        }
         quant.extend(weights.iter().flat_map(|w| {
             [
                 w.group_size,
@@ -210,7 +220,11 @@ pub(crate) fn decoder_stack(
             shape.kv_heads,
             shape.head_dim,
             shape.intermediate,
-            i32::from(t.qk_norm.is_some()),
+            match (t.qk_norm.is_some(), t.qk_norm_whole) {
+                (false, _) => 0,
+                (true, false) => 1,
+                (true, true) => 2,
+            },
             i32::from(t.rope),
             to_i32(t.window.unwrap_or(0))?,
             i32::from(t.sandwich.is_some()),
@@ -220,6 +234,7 @@ pub(crate) fn decoder_stack(
             i32::from(matches!(t.qkv, Qkv::Split(..))),
             i32::from(t.sinks.is_some()),
             mlp,
+            i32::from(t.o_bias.is_some()),
         ]);
         softcaps.push(t.softcap.unwrap_or(0.0));
         sinks.extend_from_slice(t.sinks.unwrap_or_default());
@@ -353,6 +368,7 @@ mod tests {
                 qkv: Qkv::Stacked(&l.qkv),
                 qkv_bias: None,
                 o: &l.o,
+                o_bias: None,
                 post_norm: &l.norm,
                 mlp: LayerMlp::Dense {
                     gate_up: &l.gate_up,
@@ -360,6 +376,7 @@ mod tests {
                 },
                 inv_freq: &l.inv_freq,
                 qk_norm: None,
+                qk_norm_whole: false,
                 rope: true,
                 window: None,
                 sandwich: None,

@@ -228,13 +228,18 @@ pub(crate) mod ffi {
         fn routed_experts_new(
             matrices: &ArrayList,
             quant: &[i32],
+            biases: &ArrayList,
             router: &[f32],
+            router_bias: &[f32],
             hidden: i32,
             experts: i32,
             top_k: i32,
             routing: u8,
-            gelu: bool,
+            activation: u8,
+            alpha: f32,
+            limit: f32,
             shared: bool,
+            split: bool,
         ) -> Result<UniquePtr<RoutedExperts>>;
         #[allow(clippy::too_many_arguments)]
         fn native_routed_experts(

@@ -6,10 +6,10 @@
 // dispatched task (each layer's output the next one's x, in scratch rows); per layer:
 //
 //   h = rms_norm(x); qkv = h·Wqkvᵀ (or h·Wqᵀ, h·Wkᵀ, h·Wvᵀ side by side when their layouts
-//   differ) [+ the q/k/v biases]; [per-head RMSNorm of q and k;] RoPE(q, k) per sequence at
+//   differ) [+ the q/k/v biases]; [RMSNorm of q and k, per head or over the whole projections;] RoPE(q, k) per sequence at
 //   its positions [unless the layer has none]; k, v written into that sequence's cache in place;
 //   attention over the cache [within the layer's sliding window, soft-capped, with each head's
-//   sink logit in its softmax]; x1 = x + att·Woᵀ
+//   sink logit in its softmax]; x1 = x + (att·Woᵀ [+ o's bias])
 //   [Gemma: x + rms_norm(att·Woᵀ)]; out = x1 + swiglu(rms_norm(x1)·Wguᵀ)·Wdownᵀ [Gemma: GeGLU,
 //   and the MLP's output normed before the add] or, on a layer with routed experts,
 //   out = x1 + the routed-expert MLP of rms_norm(x1) (kernels/moe.h, the routed-expert node's
@@ -65,11 +65,12 @@ enum Input : int {
   // experts has them in its RoutedExpertsPlan);
   kGuW, kGuS, kGuB,
   kDownW, kDownS, kDownB,
-  // then, with a q/k norm, its two weights ([head_dim] each); with sandwich norms, the
+  // then, with a q/k norm, its two weights ([head_dim] each, or [heads·head_dim] and
+  // [kv_heads·head_dim] over the whole projections); with sandwich norms, the
   // post-attention and post-MLP norms ([hidden] each); with q/k/v biases, the three stacked
   // ([(heads + 2 kv_heads) head_dim]); with q, k and v split (kQkv* then hold q), k's and v's
-  // weight, scales and biases; then the caches' blocks, per sequence its key blocks then its
-  // value blocks.
+  // weight, scales and biases; with an o bias, it ([hidden]); then the caches' blocks, per
+  // sequence its key blocks then its value blocks.
 };
 
 // A quantized matrix's layout.
@@ -82,13 +83,15 @@ struct Quant {
 struct Dims {
   int hidden, heads, kv_heads, head_dim, intermediate;
   bool qk_norm, rope, sandwich, gelu, qkv_bias;
+  bool qk_norm_whole;  // the q/k norms span the whole projections (OLMoE), not each head
   bool split_qkv;  // q, k and v as three matrices (their layouts differ)
+  bool o_bias;     // o adds a bias after its product (gpt-oss)
   int rotary;  // leading features of each head RoPE rotates (head_dim unless partial)
   float rope_mscale;  // factor on the rotated features (LongRoPE's attention factor)
   int window;  // 0: none
   float softcap;  // 0: none
   int moe;  // 0: a dense MLP; routed experts with x in f32 (1) or quantized to int8 (2)
-  int q_norm, post_norms, bias, split;  // input indices of the optional weights
+  int q_norm, post_norms, bias, split, o_bias_at;  // input indices of the optional weights
   int first_cache;  // input index of the first cache
   float eps, scale, rope_scale;
   Quant qkv, o, gate_up, down;  // qkv: the stacked matrix, or q's when split
@@ -212,7 +215,7 @@ struct LayerArgs {
   std::vector<float> sinks;  // a copy: the task may outlive the call that plans it
   // Held (as the routed-expert node holds it) so that the plan outlives the task.
   std::shared_ptr<const RoutedExpertsPlan> experts;
-  const float *in_norm, *post_norm, *inv_freq, *q_norm, *k_norm, *post_attn, *post_ff, *bqkv;
+  const float *in_norm, *post_norm, *inv_freq, *q_norm, *k_norm, *post_attn, *post_ff, *bqkv, *bo;
   Weights wqkv, wk, wv, wo, wgu, wdown;
 };
 
@@ -245,7 +248,7 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
                          : grow(l % 2 == 0 ? ping : pong, static_cast<size_t>(T) * a.d.hidden);
         run(a.d, a.seqs, a.sinks,
             a.experts ? &routed_experts_kernel_plan(*a.experts) : nullptr, cur, a.in_norm, a.post_norm, a.inv_freq, a.q_norm, a.k_norm,
-            a.post_attn, a.post_ff, a.bqkv, a.wqkv, a.wk, a.wv, a.wo, a.wgu, a.wdown, dst, T, isa,
+            a.post_attn, a.post_ff, a.bqkv, a.bo, a.wqkv, a.wk, a.wv, a.wo, a.wgu, a.wdown, dst, T, isa,
             threads);
         cur = dst;
       }
@@ -343,6 +346,7 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
                      floats(d.sandwich, d.post_norms),
                      floats(d.sandwich, d.post_norms + 1),
                      floats(d.qkv_bias, d.bias),
+                     floats(d.o_bias, d.o_bias_at),
                      weights(kQkvW),
                      d.split_qkv ? weights(d.split) : Weights{},
                      d.split_qkv ? weights(d.split + 3) : Weights{},
@@ -355,7 +359,8 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
                   const kernels::MoePlan* moe, const float* x,
                   const float* in_norm, const float* post_norm, const float* inv_freq,
                   const float* q_norm, const float* k_norm, const float* post_attn,
-                  const float* post_ff, const float* bqkv, const Weights& wqkv,
+                  const float* post_ff, const float* bqkv, const float* bo,
+                  const Weights& wqkv,
                   const Weights& wk, const Weights& wv, const Weights& wo,
                   const Weights& wgu,
                   const Weights& wdown, float* y, int T, Isa isa, int threads) {
@@ -415,7 +420,11 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
         float* r = qkv + static_cast<int64_t>(t) * C;
         if (bqkv != nullptr)
           for (int c = 0; c < C; ++c) r[c] += bqkv[c];
-        if (d.qk_norm) {
+        if (d.qk_norm_whole) {
+          // OLMoE: q's and k's whole rows normed before the heads are split.
+          kernels::rms_norm_rows(r, 1, H * D, q_norm, d.eps, r);
+          kernels::rms_norm_rows(r + H * D, 1, KV * D, k_norm, d.eps, r + H * D);
+        } else if (d.qk_norm) {
           kernels::rms_norm_rows(r, H, D, q_norm, d.eps, r);
           kernels::rms_norm_rows(r + H * D, KV, D, k_norm, d.eps, r + H * D);
         }
@@ -483,6 +492,15 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
     kernels::attention(problems.data(), static_cast<int>(problems.size()), isa, threads);
 
     matmul(att, wo, d.o, T, hidden, H * D, x1, isa, threads);
+    if (bo != nullptr) {
+      // o's bias, added to the product before the residual, as the per-op graph adds it.
+      for_rows(T, threads, [&](int t0, int t1) {
+        for (int t = t0; t < t1; ++t) {
+          float* r = x1 + static_cast<int64_t>(t) * hidden;
+          for (int c = 0; c < hidden; ++c) r[c] += bo[c];
+        }
+      });
+    }
     if (moe != nullptr) {
       // The routed-expert MLP norms x1 and adds it back itself (no sandwich norms here).
       for_rows(T, threads, [&](int t0, int t1) {
@@ -572,12 +590,12 @@ Quant check_quantized(const std::vector<mx::array>& in, int first, int n, int k,
   return Quant{group, bits, int8 != 0, int8 == 2};
 }
 
-constexpr size_t kDims = 15;  // per layer: see bridge.h
+constexpr size_t kDims = 16;  // per layer: see bridge.h
 
 // The tensors of one layer with these dims, x included.
 int tensor_count(const int32_t* dims) {
   return kInvFreq + 1 + (dims[14] != 0 ? 0 : 6) + (dims[5] != 0 ? 2 : 0) + (dims[8] != 0 ? 2 : 0) + (dims[11] != 0 ? 1 : 0) +
-         (dims[12] != 0 ? 6 : 0);
+         (dims[12] != 0 ? 6 : 0) + (dims[15] != 0 ? 1 : 0);
 }
 
 // One layer checked: `inputs` holds x and the layer's tensors, `caches` its cache blocks. Appends
@@ -609,6 +627,9 @@ Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& ca
   d.head_dim = dims[3];
   d.intermediate = dims[4];
   d.qk_norm = dims[5] != 0;
+  d.qk_norm_whole = dims[5] == 2;
+  if (dims[5] < 0 || dims[5] > 2)
+    refuse("the q/k norm code must be 0 (none), 1 (per head) or 2 (over the whole projections)");
   d.rope = dims[6] != 0;
   d.window = dims[7];
   d.sandwich = dims[8] != 0;
@@ -616,6 +637,7 @@ Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& ca
   d.rotary = dims[10];
   d.qkv_bias = dims[11] != 0;
   d.split_qkv = split_qkv;
+  d.o_bias = dims[15] != 0;
   d.rope_mscale = rope_mscale;
   if (d.rotary < 2 || d.rotary % 2 != 0 || d.rotary > dims[3])
     refuse("the rotary width must be even, at least 2 and at most head_dim");
@@ -626,7 +648,8 @@ Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& ca
   d.post_norms = d.q_norm + (d.qk_norm ? 2 : 0);
   d.bias = d.post_norms + (d.sandwich ? 2 : 0);
   d.split = d.bias + (d.qkv_bias ? 1 : 0);
-  d.first_cache = d.split + (d.split_qkv ? 6 : 0);
+  d.o_bias_at = d.split + (d.split_qkv ? 6 : 0);
+  d.first_cache = d.o_bias_at + (d.o_bias ? 1 : 0);
   if (static_cast<int>(inputs.size()) != d.first_cache)
     refuse("expected " + std::to_string(d.first_cache) + " tensors, got " +
            std::to_string(inputs.size()));
@@ -646,14 +669,15 @@ Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& ca
   check_float(inputs[kPostNorm], {d.hidden}, "the post-attention norm");
   check_float(inputs[kInvFreq], {d.rotary / 2}, "inv_freq");
   if (d.qk_norm) {
-    check_float(inputs[d.q_norm], {D}, "the q norm");
-    check_float(inputs[d.q_norm + 1], {D}, "the k norm");
+    check_float(inputs[d.q_norm], {d.qk_norm_whole ? H * D : D}, "the q norm");
+    check_float(inputs[d.q_norm + 1], {d.qk_norm_whole ? KV * D : D}, "the k norm");
   }
   if (d.sandwich) {
     check_float(inputs[d.post_norms], {d.hidden}, "the post-attention norm");
     check_float(inputs[d.post_norms + 1], {d.hidden}, "the post-MLP norm");
   }
   if (d.qkv_bias) check_float(inputs[d.bias], {(H + 2 * KV) * D}, "the q/k/v biases");
+  if (d.o_bias) check_float(inputs[d.o_bias_at], {d.hidden}, "the o bias");
   if (d.split_qkv) {
     d.qkv = check_quantized(inputs, kQkvW, H * D, d.hidden, quant[0], quant[1], quant[2], "q");
     const size_t q = split_quant;
@@ -730,7 +754,7 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
   if (dims.empty() || dims.size() % kDims != 0)
     refuse(
         "dims must be, per layer, hidden, heads, kv_heads, head_dim, intermediate, qk_norm, "
-        "rope, window, sandwich, gelu, rotary, qkv_bias, split_qkv, sinks, mlp");
+        "rope, window, sandwich, gelu, rotary, qkv_bias, split_qkv, sinks, mlp, o_bias");
   const size_t layers = dims.size() / kDims;
   if (softcaps.size() != layers) refuse("softcaps must hold one value per layer");
   if (seqs.size() % layers != 0) refuse("seqs must hold the same number of values per layer");

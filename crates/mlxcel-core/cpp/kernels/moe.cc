@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "mlxcel-core/cpp/kernels/pool.h"
@@ -246,6 +247,29 @@ void grouped_qmatmul(const std::vector<QProblem>& ps, Isa isa, int threads) {
   });
 }
 
+// gpt-oss's clamped SwiGLU of `n` gate and up values, as the per-op graph's ops compute it
+// (ops.cc clamped_swiglu: the gate clamped above, the up half to [-limit, limit], then
+// (up + 1) · (gate · sigmoid(alpha · gate))), each step rounded to f32.
+void clamped_swiglu(const float* gate, const float* up, int n, float alpha, float limit,
+                    float* out) {
+  for (int i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::min(std::max(up[i], -limit), limit);
+    const float z = alpha * g;
+    const float sig = 1.0f / (1.0f + std::exp(-z));
+    const float glu = g * sig;
+    out[i] = (u + 1.0f) * glu;
+  }
+}
+
+// Adds `bias` ([n]) to each of `rows` rows of `y` (row stride n).
+void add_bias_rows(float* y, int rows, int n, const float* bias) {
+  for (int r = 0; r < rows; ++r) {
+    float* row = y + static_cast<int64_t>(r) * n;
+    for (int j = 0; j < n; ++j) row[j] += bias[j];
+  }
+}
+
 // Scratch of the calling thread (MLX's stream thread), reused from step to step.
 struct Scratch {
   std::vector<float> h, logits, scores, gathered, gate_up, act, down, shared_gu, shared_act,
@@ -274,9 +298,13 @@ void routed_experts(const MoePlan& plan, const float* x, const float* norm, floa
   const int row_tasks = (R + 15) / 16;
   auto route_task = [&](int task) {
     const int t = task / row_tasks, r0 = task % row_tasks * 16;
-    for (int r = r0; r < std::min(R, r0 + 16); ++r)
-      logits[static_cast<int64_t>(t) * R + r] =
+    for (int r = r0; r < std::min(R, r0 + 16); ++r) {
+      float logit =
           dot(h + static_cast<int64_t>(t) * H, plan.router.data() + static_cast<int64_t>(r) * H, H);
+      // The host adds the router's bias after the dot product (routing.rs `logits`).
+      if (!plan.router_bias.empty() && r < E) logit += plan.router_bias[r];
+      logits[static_cast<int64_t>(t) * R + r] = logit;
+    }
   };
   if (static_cast<int64_t>(T) * R * H < kParallelRouter || threads <= 1) {
     for (int task = 0; task < T * row_tasks; ++task) route_task(task);
@@ -329,9 +357,12 @@ void routed_experts(const MoePlan& plan, const float* x, const float* norm, floa
     return p;
   };
   const MoeExpert* shared = plan.shared ? &plan.weights[E] : nullptr;
-  int I = 0;
-  for (int e = 0; e < E; ++e) I = std::max(I, plan.weights[e].gate_up.N / 2);
+  // Every routed expert has the same intermediate size (moe_node.cc checks).
+  const bool split = plan.weights[0].split;
+  const int I = split ? plan.weights[0].gate_up.N : plan.weights[0].gate_up.N / 2;
+  // Stacked: each routed row's [gate | up]; split: every row's gate, then every row's up.
   float* gu = grow(s.gate_up, static_cast<size_t>(routed) * 2 * I);
+  float* up_rows = gu + static_cast<int64_t>(routed) * I;
   float* act = grow(s.act, static_cast<size_t>(routed) * I);
   float* dn = grow(s.down, static_cast<size_t>(routed) * H);
   const int SI = shared != nullptr ? shared->gate_up.N / 2 : 0;
@@ -343,15 +374,48 @@ void routed_experts(const MoePlan& plan, const float* x, const float* norm, floa
     const MoeExpert& w = plan.weights[e];
     const float* xe = gathered != nullptr ? gathered + static_cast<int64_t>(off[e]) * H : h;
     ps.push_back(with(w.gate_up, xe, cnt[e], gu + static_cast<int64_t>(off[e]) * w.gate_up.N));
+    if (split) ps.push_back(with(w.up, xe, cnt[e], up_rows + static_cast<int64_t>(off[e]) * I));
   }
   if (shared != nullptr) ps.push_back(with(shared->gate_up, h, T, sgu));
   grouped_qmatmul(ps, isa, threads);
 
+  // Each projection's bias added after its product, as the per-op graph's add nodes.
+  auto expert_rows = [&](const std::function<void(const MoeExpert&, int first, int rows)>& body) {
+    for (int e = 0; e < E; ++e)
+      if (cnt[e] != 0) body(plan.weights[e], static_cast<int>(off[e]), static_cast<int>(cnt[e]));
+  };
+  if (split) {
+    expert_rows([&](const MoeExpert& w, int first, int rows) {
+      if (w.gate_bias != nullptr)
+        add_bias_rows(gu + static_cast<int64_t>(first) * I, rows, I, w.gate_bias);
+      if (w.up_bias != nullptr)
+        add_bias_rows(up_rows + static_cast<int64_t>(first) * I, rows, I, w.up_bias);
+    });
+  }
+
   // The activation row by row (the routed rows lie end to end, each expert's N the same).
-  const auto glu = plan.gelu ? geglu_rows : swiglu_rows;
+  const auto glu = plan.activation == MoeActivation::GeluTanh ? geglu_rows : swiglu_rows;
   for_rows(routed, threads, [&](int first, int end) {
-    glu(gu + static_cast<int64_t>(first) * 2 * I, end - first, 2 * I,
-        act + static_cast<int64_t>(first) * I, isa);
+    if (split && plan.activation == MoeActivation::ClampedSwiglu) {
+      const int64_t at = static_cast<int64_t>(first) * I;
+      clamped_swiglu(gu + at, up_rows + at, (end - first) * I, plan.alpha, plan.limit, act + at);
+    } else if (split) {
+      // SiLU or GELU over separate halves: each row's [gate | up] put side by side first.
+      std::vector<float> pair(2 * static_cast<size_t>(I));
+      for (int r = first; r < end; ++r) {
+        std::memcpy(pair.data(), gu + static_cast<int64_t>(r) * I, sizeof(float) * I);
+        std::memcpy(pair.data() + I, up_rows + static_cast<int64_t>(r) * I, sizeof(float) * I);
+        glu(pair.data(), 1, 2 * I, act + static_cast<int64_t>(r) * I, isa);
+      }
+    } else if (plan.activation == MoeActivation::ClampedSwiglu) {
+      for (int r = first; r < end; ++r) {
+        const float* row = gu + static_cast<int64_t>(r) * 2 * I;
+        clamped_swiglu(row, row + I, I, plan.alpha, plan.limit, act + static_cast<int64_t>(r) * I);
+      }
+    } else {
+      glu(gu + static_cast<int64_t>(first) * 2 * I, end - first, 2 * I,
+          act + static_cast<int64_t>(first) * I, isa);
+    }
   });
   if (shared != nullptr) glu(sgu, T, 2 * SI, sact, isa);
 
@@ -363,6 +427,10 @@ void routed_experts(const MoePlan& plan, const float* x, const float* norm, floa
   }
   if (shared != nullptr) ps.push_back(with(shared->down, sact, T, sy));
   grouped_qmatmul(ps, isa, threads);
+  expert_rows([&](const MoeExpert& w, int first, int rows) {
+    if (w.down_bias != nullptr)
+      add_bias_rows(dn + static_cast<int64_t>(first) * H, rows, H, w.down_bias);
+  });
 
   // Each token's outputs, scaled and summed in its route order, then the gated shared expert,
   // then the residual: each a product rounded, then an add rounded, as the per-op graph's

@@ -30,20 +30,38 @@ enum class MoeRouting : uint8_t {
   TopKSoftmax = 2,
 };
 
-// One expert's two matrices as QProblems whose x, y and M the kernel fills in: gate and up
-// stacked ([2·intermediate, hidden], the activation applied to the first half, times the
-// second) and down ([hidden, intermediate]).
+// The gated activation of an expert's gate and up halves.
+enum class MoeActivation : uint8_t {
+  Silu = 0,      // silu(gate) · up
+  GeluTanh = 1,  // gelu_tanh(gate) · up
+  // gpt-oss: g · sigmoid(alpha · g) · (u + 1), g = min(gate, limit), u = clamp(up, ±limit).
+  ClampedSwiglu = 2,
+};
+
+// One expert's matrices as QProblems whose x, y and M the kernel fills in: gate and up stacked
+// ([2·intermediate, hidden], the activation applied to the first half, times the second) or,
+// when `split`, gate_up holds the gate ([intermediate, hidden]) and `up` the up projection;
+// and down ([hidden, intermediate]). With biases (gpt-oss; split only), each projection adds
+// its own after its product: [intermediate], [intermediate] and [hidden] f32.
 struct MoeExpert {
   QProblem gate_up, down;
+  bool split = false;
+  QProblem up{};
+  const float* gate_bias = nullptr;
+  const float* up_bias = nullptr;
+  const float* down_bias = nullptr;
 };
 
 struct MoePlan {
   int hidden = 0, experts = 0, top_k = 0;
   MoeRouting routing = MoeRouting::SoftmaxTopK;
-  bool gelu = false;  // GELU-tanh instead of SiLU
+  MoeActivation activation = MoeActivation::Silu;
+  float alpha = 0.0f, limit = 0.0f;  // the clamped SwiGLU's
   // [experts, hidden] router rows, then with a shared expert its gate's row.
   std::vector<float> router;
-  // The routed experts, then the shared expert if any.
+  // [experts] biases added to the routed experts' logits (gpt-oss), or empty: none.
+  std::vector<float> router_bias;
+  // The routed experts, then the shared expert if any (stacked and unbiased).
   std::vector<MoeExpert> weights;
   bool shared = false;
 };

@@ -148,43 +148,92 @@ class RoutedExpertsCpu : public mx::UnaryPrimitive {
 
 std::unique_ptr<RoutedExperts> routed_experts_new(const ArrayList& matrices,
                                                   rust::Slice<const int32_t> quant,
-                                                  rust::Slice<const float> router, int32_t hidden,
-                                                  int32_t experts, int32_t top_k, uint8_t routing,
-                                                  bool gelu, bool shared) {
+                                                  const ArrayList& biases,
+                                                  rust::Slice<const float> router,
+                                                  rust::Slice<const float> router_bias,
+                                                  int32_t hidden, int32_t experts, int32_t top_k,
+                                                  uint8_t routing, uint8_t activation,
+                                                  float alpha, float limit, bool shared,
+                                                  bool split) {
   if (hidden < 32 || experts < 1 || top_k < 1 || top_k > experts)
     refuse("need hidden >= 32 and 1 <= top_k <= experts");
   if (routing > static_cast<uint8_t>(kernels::MoeRouting::TopKSoftmax))
     refuse("unknown routing code " + std::to_string(routing));
+  if (activation > static_cast<uint8_t>(kernels::MoeActivation::ClampedSwiglu))
+    refuse("unknown activation code " + std::to_string(activation));
+  const auto act = static_cast<kernels::MoeActivation>(activation);
+  if (act == kernels::MoeActivation::ClampedSwiglu && (shared || !(limit > 0.0f)))
+    refuse("the clamped SwiGLU needs a limit > 0 and no shared expert");
   const size_t count = static_cast<size_t>(experts) + (shared ? 1 : 0);
-  if (matrices.items.size() != 6 * count || quant.size() != 6 * count)
-    refuse("expected 6 arrays and 6 quant values per expert (gate/up, then down)");
+  // Per routed expert: gate/up then down (3 arrays each), or gate, up, down when split; the
+  // shared expert stacked.
+  const size_t per = split ? 9 : 6;
+  const size_t expected = per * experts + (shared ? 6 : 0);
+  if (matrices.items.size() != expected || quant.size() != expected)
+    refuse("expected " + std::to_string(per) + " arrays and quant values per routed expert (" +
+           (split ? "gate, up, down" : "gate/up, down") +
+           ") and 6 for a shared expert (gate/up, down)");
+  const bool biased = !biases.items.empty();
+  if (biased && (!split || biases.items.size() != 3 * static_cast<size_t>(experts)))
+    refuse("biases must be, per routed expert, its gate's, up's and down's (split experts only)");
   // The router's rows: the experts', then the shared gate's.
   const size_t rows = count;
   if (router.size() != rows * static_cast<size_t>(hidden))
     refuse("the router must hold " + std::to_string(rows) + " rows of " +
            std::to_string(hidden));
+  if (!router_bias.empty() && router_bias.size() != static_cast<size_t>(experts))
+    refuse("the router's bias must hold one value per routed expert");
   auto plan = std::make_shared<RoutedExpertsPlan>();
   plan->arrays = matrices.items;
+  plan->arrays.insert(plan->arrays.end(), biases.items.begin(), biases.items.end());
   mx::eval(plan->arrays);
   auto& k = plan->kernel;
   k.hidden = hidden;
   k.experts = experts;
   k.top_k = top_k;
   k.routing = static_cast<kernels::MoeRouting>(routing);
-  k.gelu = gelu;
+  k.activation = act;
+  k.alpha = alpha;
+  k.limit = limit;
   k.shared = shared;
   k.router.assign(router.begin(), router.end());
+  k.router_bias.assign(router_bias.begin(), router_bias.end());
+  auto bias = [&](size_t index, int n, const std::string& what) {
+    const auto& b = plan->arrays[expected + index];
+    if (b.dtype() != mx::float32 || b.ndim() != 1 || b.shape(0) != n || !b.flags().row_contiguous)
+      refuse(what + " must be float32 [" + std::to_string(n) + "]");
+    return b.data<float>();
+  };
+  int inter = 0;
   for (size_t e = 0; e < count; ++e) {
-    const std::string what = e < static_cast<size_t>(experts) ? "expert " + std::to_string(e)
-                                                             : std::string("the shared expert");
-    const auto& gu = plan->arrays[6 * e];
-    if (gu.ndim() != 2 || gu.shape(0) % 2 != 0) refuse(what + ": gate/up must have 2·n rows");
-    const int inter = gu.shape(0) / 2;
-    const int32_t* q = quant.data() + 6 * e;
+    const bool routed = e < static_cast<size_t>(experts);
+    const std::string what = routed ? "expert " + std::to_string(e) : std::string("the shared expert");
+    const bool split_e = split && routed;
+    const size_t first = routed ? per * e : per * experts;
+    const int32_t* q = quant.data() + first;
+    const auto& gu = plan->arrays[first];
     kernels::MoeExpert m;
-    m.gate_up = matrix(plan->arrays, 6 * e, 2 * inter, hidden, q[0], q[1], q[2], what + " gate/up");
-    m.down = matrix(plan->arrays, 6 * e + 3, hidden, inter, q[3], q[4], q[5], what + " down");
-    if (e > 0 && e < static_cast<size_t>(experts) && inter != k.weights[0].gate_up.N / 2)
+    m.split = split_e;
+    int n;
+    if (split_e) {
+      if (gu.ndim() != 2) refuse(what + ": gate must be 2-D");
+      n = gu.shape(0);
+      m.gate_up = matrix(plan->arrays, first, n, hidden, q[0], q[1], q[2], what + " gate");
+      m.up = matrix(plan->arrays, first + 3, n, hidden, q[3], q[4], q[5], what + " up");
+      m.down = matrix(plan->arrays, first + 6, hidden, n, q[6], q[7], q[8], what + " down");
+      if (biased) {
+        m.gate_bias = bias(3 * e, n, what + " gate bias");
+        m.up_bias = bias(3 * e + 1, n, what + " up bias");
+        m.down_bias = bias(3 * e + 2, hidden, what + " down bias");
+      }
+    } else {
+      if (gu.ndim() != 2 || gu.shape(0) % 2 != 0) refuse(what + ": gate/up must have 2·n rows");
+      n = gu.shape(0) / 2;
+      m.gate_up = matrix(plan->arrays, first, 2 * n, hidden, q[0], q[1], q[2], what + " gate/up");
+      m.down = matrix(plan->arrays, first + 3, hidden, n, q[3], q[4], q[5], what + " down");
+    }
+    if (e == 0) inter = n;
+    if (routed && n != inter)
       refuse(what + ": every routed expert must have the same intermediate size");
     k.weights.push_back(m);
   }

@@ -6,7 +6,8 @@
 //! and added into each token's output in the token's own route order.
 //!
 //! On mlxcel's kernels with fused layers, a layer whose experts the fused routed-expert node
-//! takes (`crate::moe`: stacked gate/up, down without biases, in the native kernels' layouts)
+//! takes (`crate::moe`: stacked gate/up and an unbiased down, or the three apart, all biased or
+//! none, in the native kernels' layouts; any router but LFM2-MoE's sigmoid one)
 //! runs as that one node instead, with the same numbers; this graph is its reference and the
 //! path for everything else.
 
@@ -18,7 +19,8 @@ use crate::array::Array;
 use crate::error::Result;
 use crate::fast::rms_norm;
 use crate::kernels::{Int8Layout, KernelBackend, Kernels};
-use crate::moe::{ExpertMatrices, MoeNode, MoeShape};
+use crate::moe::{ExpertMatrices, GateUpMatrices, MoeNode, MoeShape};
+use crate::quantized::QuantizedWeight;
 
 /// One expert: a gated MLP.
 #[derive(Debug)]
@@ -63,19 +65,9 @@ impl RoutedMlp {
     /// form it takes (after the weights reach their final layout: it holds them as they are).
     pub(super) fn prepare_node(&mut self, kernels: &Kernels) -> Result<()> {
         self.node = None;
-        // The node computes SwiGLU or GeGLU from an unbiased router; anything else (gpt-oss's
-        // clamped SwiGLU and router bias) stays on the per-op graph.
-        let activation_in_node = matches!(
-            self.activation,
-            HiddenActivation::Silu | HiddenActivation::GeluTanh
-        );
-        // Nor does it route by sigmoid scores (LFM2-MoE).
+        // The node does not route by sigmoid scores (LFM2-MoE: the per-op graph).
         let routing_in_node = !matches!(self.router.routing, Routing::SigmoidTopK { .. });
-        if !runs_node(kernels)
-            || !activation_in_node
-            || !routing_in_node
-            || self.router.bias.is_some()
-        {
+        if !runs_node(kernels) || !routing_in_node {
             return Ok(());
         }
         let Some(experts) = self
@@ -100,8 +92,9 @@ impl RoutedMlp {
                 hidden: self.router.hidden,
                 top_k: self.router.top_k,
                 routing: self.router.routing,
-                gelu: self.activation == HiddenActivation::GeluTanh,
+                activation: self.activation,
                 router: &self.router.weights,
+                router_bias: self.router.bias.as_deref(),
             },
         )?);
         Ok(())
@@ -238,22 +231,51 @@ impl RoutedMlp {
     }
 }
 
-/// An expert's matrices as the fused node takes them: stacked gate/up and a down without bias,
-/// both in a layout mlxcel's kernels cover.
+/// An expert's matrices as the fused node takes them, each in a layout mlxcel's kernels cover:
+/// stacked gate/up and a down without bias, or gate, up and down apart, all three biased
+/// (gpt-oss) or none.
 fn matrices(e: &Expert) -> Option<ExpertMatrices<'_>> {
-    match e {
-        Expert {
-            gate_up: GateUp::Stacked(gate_up),
-            down:
+    let Linear::Quantized {
+        weight: down,
+        bias: down_bias,
+    } = &e.down
+    else {
+        return None;
+    };
+    let (gate_up, biases) = match &e.gate_up {
+        GateUp::Stacked(gate_up) if down_bias.is_none() => (GateUpMatrices::Stacked(gate_up), None),
+        GateUp::Separate {
+            gate:
                 Linear::Quantized {
-                    weight: down,
-                    bias: None,
+                    weight: gate,
+                    bias: gate_bias,
                 },
-        } if gate_up.native_layout() && down.native_layout() => {
-            Some(ExpertMatrices { gate_up, down })
+            up:
+                Linear::Quantized {
+                    weight: up,
+                    bias: up_bias,
+                },
+        } => {
+            let biases = match (gate_bias, up_bias, down_bias) {
+                (Some(g), Some(u), Some(d)) => Some([g, u, d]),
+                (None, None, None) => None,
+                _ => return None,
+            };
+            (GateUpMatrices::Split { gate, up }, biases)
         }
-        _ => None,
-    }
+        _ => return None,
+    };
+    let all = match gate_up {
+        GateUpMatrices::Stacked(w) => vec![w, down],
+        GateUpMatrices::Split { gate, up } => vec![gate, up, down],
+    };
+    all.into_iter()
+        .all(QuantizedWeight::native_layout)
+        .then_some(ExpertMatrices {
+            gate_up,
+            down,
+            biases,
+        })
 }
 
 /// Whether `kernels` run the fused routed-expert node where a layer has one: mlxcel's kernels

@@ -228,8 +228,6 @@ impl LlamaModel {
             .any(|layer| matches!(layer.mlp, Mlp::Routed(_)))
         {
             "per-op graph (routed-expert MLP as one fused node per layer)"
-        } else if self.layers.iter().any(|layer| layer.qk_norm_whole) {
-            "per-op graph (q/k norms over whole projections: the fused layer norms per head)"
         } else {
             "per-op graph (dense weights, or biases on o or the MLP: the fused layer takes quantized weights, biased only on q/k/v)"
         }

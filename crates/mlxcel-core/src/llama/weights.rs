@@ -175,21 +175,17 @@ impl Layer {
     }
 
     /// The layer's tensors for the fused decoder-layer node, when its structure allows it:
-    /// stacked q/k/v (with their biases, if any) and gate/up, and o and down, all quantized, o,
-    /// gate/up and down without biases ([`Layer::fusable`] also checks their layouts); q/k
-    /// norms, if any, per head; routed experts when their node was prepared and the layer has
+    /// stacked q/k/v (with their biases, if any) and gate/up, and o (with its bias, if any) and
+    /// down, all quantized, gate/up and down without biases ([`Layer::fusable`] also checks their layouts); q/k
+    /// norms, if any, per head or over the whole projections; routed experts when their node was prepared and the layer has
     /// no sandwich norms.
     pub(super) fn fused_tensors<'a>(
         &'a self,
         inv_freq: &'a Array,
         features: LayerFeatures,
     ) -> Option<LayerTensors<'a>> {
-        // The fused node has no whole-projection q/k norms, output gate, v norm or output factor.
-        if self.qk_norm_whole
-            || self.output_gate.is_some()
-            || self.value_norm.is_some()
-            || self.scalar.is_some()
-        {
+        // The fused node has no output gate, v norm or output factor.
+        if self.output_gate.is_some() || self.value_norm.is_some() || self.scalar.is_some() {
             return None;
         }
         let qkv = self.qkv_matrices()?;
@@ -209,7 +205,7 @@ impl Layer {
         };
         let Linear::Quantized {
             weight: o,
-            bias: None,
+            bias: o_bias,
         } = &self.o
         else {
             return None;
@@ -219,10 +215,12 @@ impl Layer {
             qkv,
             qkv_bias: self.qkv_bias.as_ref(),
             o,
+            o_bias: o_bias.as_ref(),
             post_norm: &self.post_norm,
             mlp,
             inv_freq,
             qk_norm: self.qk_norm.as_ref().map(|(q, k)| (q, k)),
+            qk_norm_whole: self.qk_norm_whole,
             rope: self.attention.rope,
             window: self.attention.window,
             sandwich: self.sandwich.as_ref().map(|(a, m)| (a, m)),

@@ -115,8 +115,9 @@ fn routed_experts_run_inside_the_fused_layer_node() {
     );
 }
 
-/// OLMoE's q and k norms, one RMSNorm over all heads, with experts and on a dense model (where
-/// the fused layer, which norms per head, must step aside).
+/// OLMoE's q and k norms, one RMSNorm over all heads, with experts and on a dense model; with
+/// quantized weights both run as the fused decoder-layer node, which norms the whole
+/// projections as the per-op graph does.
 #[test]
 fn whole_q_k_norms_match_the_reference() {
     let olmoe = Variant {
@@ -124,6 +125,20 @@ fn whole_q_k_norms_match_the_reference() {
         ..moe(TOP2, Storage::F32)
     };
     check_everywhere(olmoe, 340);
+    let olmoe_q4 = Variant {
+        qk_norm_whole: true,
+        ..moe(TOP2, Q4)
+    };
+    check_everywhere(olmoe_q4, 342);
+    let tiny = write_tiny(olmoe_q4, 342);
+    let model = LlamaModel::load_with(&open_tiny(&tiny), Kernels::native()).unwrap();
+    assert!(
+        model
+            .execution()
+            .contains("routed-expert MLPs inside the fused layer node"),
+        "{}",
+        model.execution()
+    );
     let dense = Variant {
         storage: Q4,
         qk_norm: true,
@@ -133,11 +148,7 @@ fn whole_q_k_norms_match_the_reference() {
     check_everywhere(dense, 341);
     let tiny = write_tiny(dense, 341);
     let model = LlamaModel::load_with(&open_tiny(&tiny), Kernels::native()).unwrap();
-    assert!(
-        model.execution().contains("whole projections"),
-        "{}",
-        model.execution()
-    );
+    assert_eq!(model.execution(), "fused layers");
 }
 
 /// Sequences prefilled and decoded together get the logits they get alone: with int8
@@ -237,10 +248,10 @@ fn batched_steps_give_each_sequence_its_logits_alone() {
 /// it replaces (`fused_layers: false`, which routes on the host): the same bits for every
 /// routing, with a shared expert and a dense first layer, with int8 and f32 activations, over a
 /// prefill of three sequences together (several tokens per expert) and four decode steps.
-/// OLMoE's whole-projection q/k norms keep the attention on the per-op graph, so that the two
-/// models differ only in the MoE block (with per-head norms the layers run as the fused
-/// decoder-layer node, whose attention is not the per-op graph's to the bit:
-/// `routed_experts_run_inside_the_fused_layer_node` checks that path).
+/// A dense v projection beside the quantized weights keeps the attention on the per-op graph,
+/// so that the two models differ only in the MoE block (with every projection quantized the
+/// layers run as the fused decoder-layer node, whose attention is not the per-op graph's to the
+/// bit: `routed_experts_run_inside_the_fused_layer_node` checks that path).
 #[test]
 fn the_fused_node_gives_the_per_op_graphs_bits() {
     let variants = [
@@ -274,7 +285,7 @@ fn the_fused_node_gives_the_per_op_graphs_bits() {
     for (variant, seed) in variants {
         let tiny = write_tiny(
             Variant {
-                qk_norm_whole: true,
+                v_storage: Some(Storage::F32),
                 ..moe(variant, Q4)
             },
             seed,

@@ -58,8 +58,8 @@ pub(crate) struct Variant {
     pub(crate) gemma: Option<u8>,
     /// Phi-3: fused `qkv_proj`/`gate_up_proj` in the file, half the head rotated, LongRoPE.
     pub(crate) phi3: bool,
-    /// v stored otherwise than q and k (llama.cpp's Q4_K_M keeps v in Q6_K beside Q4_K q and k):
-    /// a per-module entry in the config's `quantization`.
+    /// v stored otherwise than q and k (llama.cpp's Q4_K_M keeps v in Q6_K beside Q4_K q and k;
+    /// or dense beside quantized weights): a per-module entry in the config's `quantization`.
     pub(crate) v_storage: Option<Storage>,
     /// OLMoE: `qk_norm` spans the whole q and k projections (`[q_dim]`, `[kv_dim]`).
     pub(crate) qk_norm_whole: bool,
@@ -529,15 +529,25 @@ fn write_config(dir: &Path, variant: Variant) {
     {
         config["quantization"] = serde_json::json!({"bits": bits, "group_size": group_size});
         let mut group16 = group_size == 16;
-        if let Some(Storage::Quantized {
-            bits, group_size, ..
-        }) = variant.v_storage
-        {
-            for layer in 0..LAYERS {
-                config["quantization"][format!("model.layers.{layer}.self_attn.v_proj")] =
-                    serde_json::json!({"bits": bits, "group_size": group_size});
+        match variant.v_storage {
+            Some(Storage::Quantized {
+                bits, group_size, ..
+            }) => {
+                for layer in 0..LAYERS {
+                    config["quantization"][format!("model.layers.{layer}.self_attn.v_proj")] =
+                        serde_json::json!({"bits": bits, "group_size": group_size});
+                }
+                group16 |= group_size == 16;
             }
-            group16 |= group_size == 16;
+            // A dense v beside quantized weights: left out of the quantization, as mlx-lm
+            // writes a module it did not quantize.
+            Some(_) => {
+                for layer in 0..LAYERS {
+                    config["quantization"][format!("model.layers.{layer}.self_attn.v_proj")] =
+                        serde_json::json!(false);
+                }
+            }
+            None => {}
         }
         if group16 {
             // Groups of 16 (GGUF Q6_K/Q3_K/Q2_K) are mlxcel's extension of MLX's format.
@@ -960,12 +970,11 @@ pub(crate) fn check_variant_on(variant: Variant, seed: u64, kernels: Option<Kern
         Activations::F32 => 1e-4,
     };
     // Quantized weights on mlxcel's kernels with fused layers on take the fused node (q/k/v
-    // biases included); the other paths say why not.
+    // biases and OLMoE's whole-projection q/k norms included); the other paths say why not.
     if matches!(variant.storage, Storage::Quantized { .. })
         && model.kernels().backend == KernelBackend::Native
         && model.kernels().fused_layers
         && variant.moe.is_none()
-        && !variant.qk_norm_whole
     {
         assert_eq!(model.execution(), "fused layers", "{what}");
     }
