@@ -46,6 +46,9 @@ pub(crate) struct Chat {
     /// The reasoning options (`reasoning_format`, `chat_template_kwargs` ...); only
     /// `/v1/chat/completions` reads them, others leave them at their defaults.
     pub reasoning: Box<ReasoningFields>,
+    /// How the prompt ends: with the generation prompt, or continuing a final assistant message
+    /// (only `/v1/chat/completions` reads the fields; every route prefills).
+    pub continuation: crate::chat::Continuation,
 }
 
 /// One turn of a conversation in the terms of Hugging Face's chat templates.
@@ -217,6 +220,33 @@ pub struct Params {
     /// llama-server's `cache_prompt` (`None`: true): whether the prompt may reuse a cached
     /// prefix.
     pub cache_prompt: Option<bool>,
+    /// llama-server's `timings_per_token`: each streamed token carries the request's timings.
+    pub timings_per_token: bool,
+    /// llama-server's `return_progress`: a stream reports the prompt's processing
+    /// (`prompt_progress`) before the first token.
+    pub return_progress: bool,
+}
+
+impl Params {
+    /// Refuses `timings_per_token` and `return_progress` on a route whose stream does not
+    /// report them (`route` names it).
+    pub fn refuse_stream_reports(&self, route: &str) -> Result<(), ApiError> {
+        for (name, on) in [
+            ("timings_per_token", self.timings_per_token),
+            ("return_progress", self.return_progress),
+        ] {
+            if on {
+                return Err(ApiError::unsupported(
+                    name,
+                    format!(
+                        "{name}=true is not supported on {route}; llama-server's /completion and \
+                         the OpenAI routes report it (docs/server.md)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Reads a signed token budget (`-1` unlimited) of field `param`.

@@ -7,6 +7,7 @@ use mlxcel_engine::SamplingOverrides;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::chat::Continuation;
 use crate::error::ApiError;
 use crate::read::GenerationBody;
 use crate::reasoning::ReasoningFields;
@@ -211,6 +212,9 @@ openai_request!(ChatRequest {
     reasoning_effort: Option<String>,
     reasoning_budget_tokens: Option<i64>,
     thinking_budget_tokens: Option<i64>,
+    // How the prompt ends (crate::chat::Continuation).
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<Value>,
 });
 
 #[derive(Debug, Deserialize)]
@@ -407,11 +411,16 @@ impl ChatRequest {
             thinking_budget_tokens: this.thinking_budget_tokens,
         };
         reasoning.check()?;
+        let continuation = Continuation::from_fields(
+            this.add_generation_prompt,
+            this.continue_final_message.as_ref(),
+        )?;
         let generation = Generation {
             prompt: Prompt::Chat(Chat {
                 turns,
                 tools,
                 reasoning: Box::new(reasoning),
+                continuation,
             }),
             params,
             stream,

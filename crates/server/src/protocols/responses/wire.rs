@@ -381,6 +381,7 @@ impl ResponsesRequest {
             turns,
             tools,
             reasoning: Default::default(),
+            continuation: Default::default(),
         })
     }
 
@@ -409,6 +410,7 @@ impl ResponsesRequest {
             ..Params::default()
         };
         llama.apply(&mut params)?;
+        params.refuse_stream_reports("/v1/responses")?;
         Ok(Generation {
             prompt: Prompt::Chat(chat),
             params,
