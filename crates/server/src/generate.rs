@@ -471,6 +471,17 @@ impl Timings {
         }
     }
 
+    /// The request's timings at a prompt-progress report: the prompt computed so far (beyond
+    /// the cache), nothing generated.
+    pub fn at_progress(progress: &PromptProgress) -> Self {
+        Self::new(
+            progress.processed,
+            progress.cache,
+            0,
+            (progress.time_ms, 0.0),
+        )
+    }
+
     /// With the request's speculative proposals (`drafted`) and accepted ones, when it had any.
     pub fn with_drafts(mut self, drafted: usize, accepted: usize) -> Self {
         if drafted > 0 {

@@ -11,8 +11,6 @@ use std::time::Instant;
 use mlxcel_engine::RequestProgress;
 use serde::Serialize;
 
-use crate::generate::Timings;
-
 /// One report, in llama-server's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PromptProgress {
@@ -24,13 +22,6 @@ pub struct PromptProgress {
     pub processed: usize,
     /// Milliseconds from submission to this report (0 for the first).
     pub time_ms: f64,
-}
-
-impl PromptProgress {
-    /// The request's timings at this report: the prompt computed so far, nothing generated.
-    pub fn timings(&self) -> Timings {
-        Timings::new(self.processed, self.cache, 0, (self.time_ms, 0.0))
-    }
 }
 
 /// What one stream has reported so far.
@@ -127,10 +118,8 @@ mod tests {
         assert_eq!(reports.len(), 2);
         assert_eq!((reports[0].cache, reports[0].processed), (10, 10));
         assert_eq!(reports[0].time_ms, 0.0);
-        assert_eq!(reports[0].timings().prompt_n, 0);
         assert_eq!(reports[1].processed, 40);
         assert!((reports[1].time_ms - 20.0).abs() < 1e-6);
-        assert_eq!(reports[1].timings().prompt_n, 30);
         // No advance, no report.
         assert!(reporter.observe(&seen(10, 30), later).is_empty());
         let last = reporter.finish(Some(&seen(10, 90)), later + Duration::from_millis(5));

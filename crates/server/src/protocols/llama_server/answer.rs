@@ -298,7 +298,7 @@ impl StreamFormat for CompletionStream {
             stop: false,
             id_slot: self.slot.0.id_slot(self.slot.1),
             index: 0,
-            timings: Some(progress.timings()),
+            timings: Some(Timings::at_progress(&progress)),
             prompt_progress: Some(progress),
             completion_probabilities: None,
         })))

@@ -20,7 +20,6 @@ pub use models::{model, models};
 pub(crate) use wire::{MessageField, StopField, turns};
 
 use crate::body::Body;
-use crate::chat::CONTINUATION_FIELDS;
 use crate::error::ApiError;
 use crate::generate::{rand_id, unix_now};
 use crate::handler::{count_tokens, generate};
@@ -29,6 +28,7 @@ use crate::read::{
     read_generation_handling,
 };
 use crate::reasoning::ReasoningFields;
+use crate::request::CONTINUATION_FIELDS;
 use crate::request::Prompt;
 use crate::state::AppState;
 use response::{Envelope, Kind};

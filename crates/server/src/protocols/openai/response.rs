@@ -67,7 +67,7 @@ impl Envelope {
     pub fn progress_chunk(&self, progress: PromptProgress) -> CompletionBody {
         let mut chunk = self
             .body(true, Vec::new(), None)
-            .with_timings(progress.timings());
+            .with_timings(Timings::at_progress(&progress));
         chunk.prompt_progress = Some(progress);
         chunk
     }

@@ -7,12 +7,12 @@ use mlxcel_engine::SamplingOverrides;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::chat::Continuation;
 use crate::error::ApiError;
 use crate::read::GenerationBody;
 use crate::reasoning::ReasoningFields;
 use crate::request::{
-    Call, Chat, Generation, Params, Prompt, PromptInput, ToolRequest, Turn, budget, function_tool,
+    Call, Chat, Continuation, Generation, Params, Prompt, PromptInput, ToolRequest, Turn, budget,
+    function_tool,
 };
 use crate::structured::{ConstraintFields, ResponseFormat};
 use crate::tools::read_tools;
@@ -212,7 +212,7 @@ openai_request!(ChatRequest {
     reasoning_effort: Option<String>,
     reasoning_budget_tokens: Option<i64>,
     thinking_budget_tokens: Option<i64>,
-    // How the prompt ends (crate::chat::Continuation).
+    // How the prompt ends (crate::request::Continuation).
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<Value>,
 });
