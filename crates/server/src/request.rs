@@ -347,8 +347,8 @@ impl Params {
                 return Err(ApiError::unsupported(
                     name,
                     format!(
-                        "{name}=true is not supported on {route}; llama-server's /completion and \
-                         the OpenAI routes report it (docs/server.md)"
+                        "{name}=true is not supported on {route}; llama-server's /completion, \
+                         the OpenAI routes and /v1/responses report it (docs/server.md)"
                     ),
                 ));
             }

@@ -495,7 +495,34 @@ async fn streams_report_prompt_progress_and_per_token_timings() {
             .all(|c| c["choices"].as_array().unwrap().is_empty())
     );
 
-    // The routes whose streams do not report them refuse them.
+    // The Responses stream: reports as `response.in_progress` events, timings on the deltas and
+    // on the last event.
+    let events = named_events(
+        &server
+            .post_json(
+                "/v1/responses",
+                json!({"input": "Say hello.", "max_output_tokens": 3, "stream": true,
+                       "return_progress": true, "timings_per_token": true}),
+            )
+            .await
+            .body,
+    );
+    let reports: Vec<&Value> = events
+        .iter()
+        .filter(|(_, data)| data.get("prompt_progress").is_some())
+        .map(|(_, data)| data)
+        .collect();
+    assert!(reports.len() >= 2, "{events:?}");
+    assert!(reports.iter().all(|d| d["type"] == "response.in_progress"));
+    assert!(
+        events
+            .iter()
+            .filter(|(name, _)| name == "response.output_text.delta")
+            .all(|(_, d)| d["timings"]["predicted_per_second"].is_number())
+    );
+    assert!(events.last().unwrap().1["timings"].is_object());
+
+    // The route whose stream does not report them refuses them.
     let error = server
         .post_json(
             "/v1/messages",

@@ -410,7 +410,6 @@ impl ResponsesRequest {
             ..Params::default()
         };
         llama.apply(&mut params)?;
-        params.refuse_stream_reports("/v1/responses")?;
         Ok(Generation {
             prompt: Prompt::Chat(chat),
             params,
