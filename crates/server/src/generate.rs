@@ -95,8 +95,9 @@ fn slot_params(request: &GenerationRequest, ignore_eos: bool) -> serde_json::Val
         "min_keep": s.min_keep,
         "stop": request.stop,
         "ignore_eos": ignore_eos,
+        // llama-server's shape: `{"bias", "token"}`, -infinity (a forbidden token) as null.
         "logit_bias": s.logit_bias.iter().map(|&(t, b)| {
-            serde_json::json!([t, if b == f32::NEG_INFINITY { serde_json::Value::Bool(false) } else { b.into() }])
+            serde_json::json!({"bias": if b.is_finite() { b.into() } else { serde_json::Value::Null }, "token": t})
         }).collect::<Vec<_>>(),
         "n_probs": request.logprobs.unwrap_or(0),
         "post_sampling_probs": request.post_sampling_probs,

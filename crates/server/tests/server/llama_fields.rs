@@ -61,6 +61,17 @@ async fn ignore_eos_generates_past_the_end_of_sequence() {
     assert_eq!(native["stopped_eos"], false, "{native}");
     assert_eq!(native["stop_type"], "limit", "{native}");
     assert_eq!(native["tokens_predicted"], 48, "{native}");
+    // Its settings list the end-of-sequence tokens' biases in llama-server's shape (-inf: null).
+    let biases = native["generation_settings"]["logit_bias"]
+        .as_array()
+        .unwrap();
+    assert!(!biases.is_empty(), "{native}");
+    for entry in biases {
+        assert!(
+            entry["bias"].is_null() && entry["token"].is_u64(),
+            "{entry}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
