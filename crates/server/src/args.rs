@@ -41,7 +41,22 @@ pub struct ServerArgs {
     )]
     pub parallel: i64,
 
-    /// Address or host name to listen on.
+    /// Every request may use all of `--ctx-size` (`-kvu`), as llama-server's unified KV buffer
+    /// lets a slot. Without it, an explicit `--parallel N` divides `--ctx-size` among the N
+    /// slots, as llama-server sizes a slot; with `--parallel` auto it is on, as there.
+    #[arg(
+        long = "kv-unified",
+        env = "LLAMA_ARG_KV_UNIFIED",
+        overrides_with = "no_kv_unified"
+    )]
+    pub kv_unified: bool,
+
+    /// Turns `--kv-unified` off (`-no-kvu`).
+    #[arg(long = "no-kv-unified", overrides_with = "kv_unified")]
+    pub no_kv_unified: bool,
+
+    /// Address or host name to listen on; a comma-separated list listens on each
+    /// (`127.0.0.1,::1`).
     #[arg(long, env = "LLAMA_ARG_HOST", default_value = "127.0.0.1")]
     pub host: String,
 
@@ -124,10 +139,15 @@ pub struct ServerArgs {
     pub spm_infill: bool,
 
     /// Names of the model clients see and may send (default: the checkpoint directory's name):
-    /// repeatable or comma-separated, as llama-server; the first is the name replies carry, all
-    /// are listed by `/v1/models`.
+    /// repeatable or comma-separated, as llama-server; as there (a set), the first in sorted
+    /// order is the name replies carry and `/v1/models`' `id`, all are its `aliases`.
     #[arg(short = 'a', long, env = "LLAMA_ARG_ALIAS", value_delimiter = ',')]
     pub alias: Vec<String>,
+
+    /// Tags of the model, repeatable or comma-separated: informational, listed by `/v1/models`
+    /// (`tags`), as llama-server lists them.
+    #[arg(long, env = "LLAMA_ARG_TAGS", value_delimiter = ',')]
+    pub tags: Vec<String>,
 
     /// Refuse a request whose `model` is not a name of the loaded model (404 `model_not_found`);
     /// by default any name is served by the one model, as llama-server does.
@@ -347,15 +367,13 @@ pub struct ServerArgs {
     )]
     pub spec_draft_p_min: f32,
 
-    /// Origins allowed by CORS: `localhost` (the default: only an origin on this machine,
+    /// Origins allowed by CORS: `localhost` (only an origin on this machine,
     /// `http(s)://localhost`, `127.0.0.1` or `[::1]` on any port), a comma-separated list of
     /// origins (which may include `localhost`), or `*` (any origin, never with credentials).
-    #[arg(
-        long = "cors-origins",
-        env = "LLAMA_ARG_CORS_ORIGINS",
-        default_value = "localhost"
-    )]
-    pub cors_origins: String,
+    /// Unset: `localhost`, or, when an API key is required (which a page cannot send without
+    /// being given it), any origin, as llama-server allows.
+    #[arg(long = "cors-origins", env = "LLAMA_ARG_CORS_ORIGINS")]
+    pub cors_origins: Option<String>,
 
     /// Methods a CORS preflight answer allows.
     #[arg(
@@ -555,13 +573,32 @@ impl ServerArgs {
         }
     }
 
-    /// The address `--host` and `--port` name (a host name is resolved; the first address wins).
-    fn addr(&self) -> Result<SocketAddr, ServerError> {
-        (self.host.as_str(), self.port)
-            .to_socket_addrs()
-            .map_err(|err| ServerError::Flag(format!("--host {}: {err}", self.host)))?
-            .next()
-            .ok_or_else(|| ServerError::Flag(format!("--host {}: no address", self.host)))
+    /// The addresses `--host` and `--port` name: `--host` is one host or a comma-separated list
+    /// (`127.0.0.1,::1`, as llama-server takes it), each a literal address (IPv6 with or without
+    /// brackets) or a name resolved to its first address.
+    fn addrs(&self) -> Result<Vec<SocketAddr>, ServerError> {
+        let mut addrs = Vec::new();
+        for host in self.host.split(',').map(str::trim) {
+            let bare = host
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .unwrap_or(host);
+            if bare.is_empty() {
+                return Err(ServerError::Flag(format!(
+                    "--host {}: an empty address in the list",
+                    self.host
+                )));
+            }
+            let addr = (bare, self.port)
+                .to_socket_addrs()
+                .map_err(|err| ServerError::Flag(format!("--host {host}: {err}")))?
+                .next()
+                .ok_or_else(|| ServerError::Flag(format!("--host {host}: no address")))?;
+            if !addrs.contains(&addr) {
+                addrs.push(addr);
+            }
+        }
+        Ok(addrs)
     }
 
     /// The server's settings under these flags (reads `--api-key-file`).
@@ -645,18 +682,17 @@ impl ServerArgs {
                     .map(str::to_owned),
             );
         }
+        let addrs = self.addrs()?;
+        let kv_unified = self.kv_unified && !self.no_kv_unified;
         Ok(ServerConfig {
-            addr: self.addr()?,
+            addr: addrs[0],
+            extra_addrs: addrs[1..].to_vec(),
             model_arg: self.model.clone(),
-            aliases: self
-                .alias
-                .iter()
-                .map(|a| a.trim())
-                .filter(|a| !a.is_empty())
-                .map(str::to_owned)
-                .collect(),
+            aliases: name_set(&self.alias),
+            tags: name_set(&self.tags),
             strict_model_names: self.strict_model_names,
             ctx_size: (self.ctx_size > 0).then_some(self.ctx_size),
+            ctx_per_slot: self.parallel != -1 && !kv_unified,
             parallel: self.parallel()?,
             default_max_new_tokens,
             default_temperature: self.temperature,
@@ -677,7 +713,7 @@ impl ServerArgs {
             props: self.props,
             default_seed: u64::try_from(self.seed).ok(),
             threads: (self.threads > 0).then_some(self.threads as usize),
-            api_keys: ApiKeys::new(keys),
+            api_keys: ApiKeys::new(keys.clone()),
             metrics: self.metrics,
             header_timeout: Duration::from_secs(self.timeout.max(1)),
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
@@ -689,7 +725,11 @@ impl ServerArgs {
             spm_infill: self.spm_infill,
             webui: self.webui && !self.no_webui,
             cors: crate::cors::CorsConfig {
-                origins: self.cors_origins.clone(),
+                origins: self
+                    .cors_origins
+                    .clone()
+                    .unwrap_or_else(|| crate::cors::CorsConfig::default().origins),
+                any_origin: self.cors_origins.is_none() && !keys.is_empty(),
                 methods: self.cors_methods.clone(),
                 headers: self.cors_headers.clone(),
                 credentials: self.cors_credentials && !self.no_cors_credentials,
@@ -699,4 +739,17 @@ impl ServerArgs {
             ..ServerConfig::default()
         })
     }
+}
+
+/// Comma-separated names as llama-server keeps them: trimmed, empty ones dropped, sorted and
+/// without repeats (a set).
+fn name_set(values: &[String]) -> Vec<String> {
+    values
+        .iter()
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
 }

@@ -8,8 +8,32 @@ use mlxcel_engine::{ChatMessage, Engine, FinishReason};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::request::{Params, Turn};
+use crate::request::{Continuation, Params, Turn};
+
 use crate::tools::{self, Tool, ToolCall, ToolChoice, ToolFormat};
+
+/// [`render`], ending as `continuation` says: a continued final message follows the generation
+/// prompt of the turns before it; without the generation prompt, the template is told so.
+pub(crate) fn render_ending(
+    engine: &Engine,
+    turns: &[Turn],
+    continuation: Continuation,
+    tools: Vec<Value>,
+    variables: &Map<String, Value>,
+) -> Result<String, ApiError> {
+    let (turns, continued) = continuation.split(turns)?;
+    let mut text = if !continuation.generation_prompt && continued.is_none() {
+        let mut variables = variables.clone();
+        variables.insert("add_generation_prompt".into(), false.into());
+        render(engine, turns, tools, &variables)?
+    } else {
+        render(engine, turns, tools, variables)?
+    };
+    if let Some(continued) = continued {
+        text.push_str(continued);
+    }
+    Ok(text)
+}
 
 /// Renders `turns` with the generation prompt; `tools` are the function tools in OpenAI's shape
 /// (`{"type": "function", "function": {"name", "description", "parameters"}}`), as Hugging Face

@@ -47,16 +47,24 @@ impl std::fmt::Debug for ApiKeys {
 pub struct ServerConfig {
     /// Where to listen; port 0 picks a free port.
     pub addr: SocketAddr,
+    /// Further addresses to listen on (`--host 127.0.0.1,::1`: one listener each, all serving the
+    /// same server).
+    pub extra_addrs: Vec<SocketAddr>,
     /// The `-m` value as given (accepted as a model name).
     pub model_arg: Option<String>,
-    /// The model's names clients see (`--alias`): the first is the one replies carry, all are
-    /// listed by `/v1/models`; empty, the checkpoint directory's name.
+    /// The model's names clients see (`--alias`, sorted): the first is the one replies carry and
+    /// `/v1/models`' `id`, all are its `aliases`; empty, the checkpoint directory's name.
     pub aliases: Vec<String>,
+    /// The model's tags (`--tags`), listed by `/v1/models`.
+    pub tags: Vec<String>,
     /// Whether a request naming another model is refused (`--strict-model-names`); by default
     /// the one model serves any name, as llama-server does.
     pub strict_model_names: bool,
     /// Per-request context cap (prompt + budget), further capped by the window.
     pub ctx_size: Option<usize>,
+    /// Whether `ctx_size` is divided among the `parallel` slots (an explicit `--parallel`
+    /// without `--kv-unified`, as llama-server sizes a slot) rather than each request's own.
+    pub ctx_per_slot: bool,
     /// The scheduler's batch (`--parallel`), reported by `/props` and `/slots`.
     pub parallel: usize,
     /// Budget of requests that give none.
@@ -112,10 +120,13 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 8080)),
+            extra_addrs: Vec::new(),
             model_arg: None,
             aliases: Vec::new(),
+            tags: Vec::new(),
             strict_model_names: false,
             ctx_size: None,
+            ctx_per_slot: false,
             parallel: 8,
             default_max_new_tokens: MaxNewTokens::Unlimited,
             default_temperature: SamplingParams::default().temperature,

@@ -1,9 +1,12 @@
 //! CORS (`--cors-origins`, `--cors-methods`, `--cors-headers`, `--cors-credentials`, llama-server's
 //! flags), with a safe default: only web pages served from this machine (`http(s)://localhost`,
 //! `127.0.0.1`, `[::1]`, any port) may call the API from a browser, as ollama allows, so that a
-//! page on the web cannot drive a server started without a key. `--cors-origins` lists other
-//! origins, or `*` for any. Credentials are allowed only for an origin that is local or listed,
-//! never with `*`. A browser's preflight `OPTIONS` on any path is answered before authentication
+//! page on the web cannot drive a server started without a key. A server that requires a key
+//! (and has no `--cors-origins`) echoes any origin, as llama-server does: a page gets nothing
+//! without the key, which it has only if its user gave it (keys travel in headers, never in
+//! cookies, so a browser's credentials add nothing). `--cors-origins` lists other origins, or `*`
+//! for any. Credentials are allowed only for an origin that is local, listed or echoed, never
+//! with `*`. A browser's preflight `OPTIONS` on any path is answered before authentication
 //! (browsers send no key with it).
 
 use hyper::HeaderMap;
@@ -22,8 +25,11 @@ pub struct CorsConfig {
     pub methods: String,
     /// `Access-Control-Allow-Headers` of preflight answers.
     pub headers: String,
-    /// Whether credentials are allowed (for a local or listed origin only).
+    /// Whether credentials are allowed (for a local, listed or echoed origin only).
     pub credentials: bool,
+    /// Every origin is echoed, whatever `origins` says: the server requires a key and no
+    /// `--cors-origins` was given.
+    pub any_origin: bool,
 }
 
 impl Default for CorsConfig {
@@ -33,6 +39,7 @@ impl Default for CorsConfig {
             methods: "GET, POST, DELETE, OPTIONS".into(),
             headers: "*".into(),
             credentials: true,
+            any_origin: false,
         }
     }
 }
@@ -87,6 +94,9 @@ impl CorsConfig {
             return Some(Allowed::Any);
         }
         let origin = origin?;
+        if self.any_origin {
+            return Some(Allowed::Origin(origin.to_owned()));
+        }
         origins
             .split(',')
             .map(str::trim)
@@ -208,6 +218,19 @@ mod tests {
         };
         assert_eq!(any.allowed(Some("https://c.example")), Some(Allowed::Any));
         assert_eq!(any.allowed(None), Some(Allowed::Any));
+    }
+
+    #[test]
+    fn a_keyed_server_echoes_any_origin() {
+        let keyed = CorsConfig {
+            any_origin: true,
+            ..CorsConfig::default()
+        };
+        assert_eq!(
+            keyed.allowed(Some("web.mydomain.fr")),
+            echoed("web.mydomain.fr")
+        );
+        assert_eq!(keyed.allowed(None), None);
     }
 
     #[test]

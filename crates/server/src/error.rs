@@ -3,6 +3,7 @@
 
 use hyper::header::{ALLOW, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use hyper::{Response, StatusCode};
+use mlxcel_capacity::CapacityError;
 use mlxcel_engine::EngineError;
 use serde::Serialize;
 
@@ -18,6 +19,14 @@ pub enum ApiError {
         message: String,
         param: Option<String>,
         code: &'static str,
+    },
+    /// The prompt and its budget do not fit the request's context (`--ctx-size`, the window):
+    /// llama-server's `exceed_context_size_error`, with its numbers (`n_prompt_tokens`, `n_ctx`).
+    #[error("{message}")]
+    ContextExceeded {
+        message: String,
+        n_prompt_tokens: usize,
+        n_ctx: usize,
     },
     /// No or wrong API key.
     #[error("invalid API key")]
@@ -151,7 +160,7 @@ impl ApiError {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::BadRequest { .. } | Self::ContextExceeded { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::NotFound { .. } | Self::ModelNotFound { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -172,6 +181,11 @@ impl ApiError {
             Self::BadRequest { code, param, .. } => {
                 ("invalid_request_error", Some(*code), param.as_deref())
             }
+            Self::ContextExceeded { .. } => (
+                "exceed_context_size_error",
+                Some("context_length_exceeded"),
+                Some("max_tokens"),
+            ),
             Self::Unauthorized => ("authentication_error", Some("invalid_api_key"), None),
             Self::NotFound { .. } => ("not_found_error", Some("not_found"), None),
             Self::MethodNotAllowed { .. } => {
@@ -193,7 +207,7 @@ impl ApiError {
             Self::NotImplemented(_) => ("not_supported_error", Some("not_implemented"), None),
             Self::Internal(_) => ("server_error", Some("internal_error"), None),
         };
-        serde_json::to_value(ErrorBody {
+        let mut body = serde_json::to_value(ErrorBody {
             error: ErrorDetail {
                 message: self.to_string(),
                 kind,
@@ -201,14 +215,29 @@ impl ApiError {
                 code,
             },
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+        if let (
+            Self::ContextExceeded {
+                n_prompt_tokens,
+                n_ctx,
+                ..
+            },
+            Some(error),
+        ) = (self, body.get_mut("error").and_then(|e| e.as_object_mut()))
+        {
+            error.insert("n_prompt_tokens".into(), (*n_prompt_tokens).into());
+            error.insert("n_ctx".into(), (*n_ctx).into());
+        }
+        body
     }
 
     /// The body of the Anthropic shape, for bodies and mid-stream `error` events; the `type`s are
     /// Anthropic's for the same statuses.
     pub fn anthropic_body(&self) -> serde_json::Value {
         let kind = match self {
-            Self::BadRequest { .. } | Self::MethodNotAllowed { .. } => "invalid_request_error",
+            Self::BadRequest { .. }
+            | Self::ContextExceeded { .. }
+            | Self::MethodNotAllowed { .. } => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
             Self::NotFound { .. } | Self::ModelNotFound { .. } => "not_found_error",
             Self::PayloadTooLarge { .. } => "request_too_large",
@@ -289,6 +318,22 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidSampling { field, .. } => {
                 Self::invalid_param(field, err.to_string())
             }
+            EngineError::Capacity(
+                CapacityError::ExceedsCapacity {
+                    effective_prompt_len,
+                    context_capacity: n_ctx,
+                    ..
+                }
+                | CapacityError::ExceedsWindow {
+                    effective_prompt_len,
+                    window: n_ctx,
+                    ..
+                },
+            ) => Self::ContextExceeded {
+                message: err.to_string(),
+                n_prompt_tokens: effective_prompt_len,
+                n_ctx,
+            },
             EngineError::Capacity(_) | EngineError::KvBudget { .. } => Self::BadRequest {
                 message: err.to_string(),
                 param: Some("max_tokens".into()),
@@ -335,6 +380,25 @@ pub enum ServerError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prompt_past_the_context_is_llama_servers_exceed_context_size_error() {
+        let err = ApiError::from(EngineError::Capacity(CapacityError::ExceedsCapacity {
+            effective_prompt_len: 300,
+            max_new_tokens: 1,
+            context_capacity: 256,
+        }));
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        let body = err.body();
+        assert_eq!(body["error"]["type"], "exceed_context_size_error");
+        assert_eq!(body["error"]["code"], "context_length_exceeded");
+        assert_eq!(body["error"]["n_prompt_tokens"], 300);
+        assert_eq!(body["error"]["n_ctx"], 256);
+        assert_eq!(
+            err.anthropic_body()["error"]["type"],
+            "invalid_request_error"
+        );
+    }
 
     /// body.rs answers an unserializable response with this body without knowing `ApiError`.
     #[test]

@@ -7,17 +7,22 @@ use std::time::{Duration, Instant};
 
 use mlxcel_engine::{
     Engine, EngineError, Event, FinishReason, GenerationRequest, GenerationStream, MaxNewTokens,
-    SamplingParams, TokenLogprob, Usage,
+    RequestProgress, SamplingParams, TokenLogprob, Usage,
 };
 
 use crate::body::StreamSender;
 use crate::error::ApiError;
+use crate::progress::{ProgressReporter, PromptProgress};
 use crate::request::{BiasTarget, Params, PromptInput};
 use crate::request_log::{GenerationSummary, RequestLog};
 use crate::state::{ActiveRequest, AppState};
 
 /// How long a cancelled request may take to report its end before the server stops waiting.
 const CANCEL_DRAIN: Duration = Duration::from_secs(30);
+
+/// How often a `return_progress` stream reads its prefill's progress while it waits for the first
+/// token (the engine publishes it after each step).
+const PROGRESS_POLL: Duration = Duration::from_millis(5);
 
 /// The request's sampling settings over the server's defaults (`--temp`, `--seed`, `--top-k`
 /// ...) over the engine's.
@@ -90,8 +95,9 @@ fn slot_params(request: &GenerationRequest, ignore_eos: bool) -> serde_json::Val
         "min_keep": s.min_keep,
         "stop": request.stop,
         "ignore_eos": ignore_eos,
+        // llama-server's shape: `{"bias", "token"}`, -infinity (a forbidden token) as null.
         "logit_bias": s.logit_bias.iter().map(|&(t, b)| {
-            serde_json::json!([t, if b == f32::NEG_INFINITY { serde_json::Value::Bool(false) } else { b.into() }])
+            serde_json::json!({"bias": if b.is_finite() { b.into() } else { serde_json::Value::Null }, "token": t})
         }).collect::<Vec<_>>(),
         "n_probs": request.logprobs.unwrap_or(0),
         "post_sampling_probs": request.post_sampling_probs,
@@ -180,6 +186,7 @@ pub async fn submit(
     let limit = state.context_limit(engine.info());
     let default_constraint = state.config().default_constraint.clone();
     let cap_by_ctx = limit < engine.info().window;
+    let (timings_per_token, return_progress) = (params.timings_per_token, params.return_progress);
     // Tokenizing (and templating) is CPU work, done off the async threads; the submission itself
     // is awaited without holding a thread.
     let request = tokio::task::spawn_blocking({
@@ -251,6 +258,9 @@ pub async fn submit(
     });
     Ok(Tracked {
         settings: slot_params,
+        engine: engine.clone(),
+        timings_per_token,
+        return_progress,
         stream,
         state: state.clone(),
         key,
@@ -289,6 +299,11 @@ pub struct Tracked {
     log: Option<RequestLog>,
     /// Its settings as `/slots` shows them (llama-server's `generation_settings`).
     settings: serde_json::Value,
+    /// The engine it runs on (a stream reads its prefill's progress there).
+    engine: Arc<Engine>,
+    /// llama-server's `timings_per_token` and `return_progress`, for a stream.
+    timings_per_token: bool,
+    return_progress: bool,
 }
 
 impl Tracked {
@@ -339,6 +354,16 @@ impl Tracked {
             self.timings(),
         )
         .with_drafts(self.drafted_tokens, self.accepted_tokens)
+    }
+
+    /// How far the engine has got with this request's prompt, while it runs there.
+    fn engine_progress(&self) -> Option<RequestProgress> {
+        let id = self.id();
+        self.engine
+            .metrics()
+            .running_requests
+            .into_iter()
+            .find(|p| p.id == id)
     }
 
     /// The next event; `None` after the end.
@@ -445,6 +470,17 @@ impl Timings {
             draft_n: None,
             draft_n_accepted: None,
         }
+    }
+
+    /// The request's timings at a prompt-progress report: the prompt computed so far (beyond
+    /// the cache), nothing generated.
+    pub fn at_progress(progress: &PromptProgress) -> Self {
+        Self::new(
+            progress.processed,
+            progress.cache,
+            0,
+            (progress.time_ms, 0.0),
+        )
     }
 
     /// With the request's speculative proposals (`drafted`) and accepted ones, when it had any.
@@ -571,6 +607,18 @@ pub trait StreamFormat: Send + 'static {
     /// The chunk for one generated token, or `None` to send nothing for it.
     fn token(&mut self, token: TokenRecord) -> Option<Self::Chunk>;
 
+    /// A `return_progress` report (with the request's timings at it), or `None` where the format
+    /// sends none (its route refuses the field).
+    fn progress(&mut self, _progress: PromptProgress) -> Option<Self::Chunk> {
+        None
+    }
+
+    /// A token's chunk with the request's timings so far (`timings_per_token`); unchanged where
+    /// the format carries none (its route refuses the field).
+    fn with_timings(chunk: Self::Chunk, _timings: Timings) -> Self::Chunk {
+        chunk
+    }
+
     /// The chunks that end a stream that finished without error; `text` is the held-back tail.
     fn finish(
         &mut self,
@@ -588,14 +636,46 @@ pub async fn stream<F: StreamFormat>(mut tracked: Tracked, sender: StreamSender,
             return tracked.cancel().await;
         }
     }
+    let mut reporter = tracked
+        .return_progress
+        .then(|| ProgressReporter::new(tracked.prompt_tokens, tracked.submitted));
     loop {
+        let reporting = reporter.as_ref().is_some_and(|r| !r.done());
         let event = tokio::select! {
             _ = sender.closed() => return tracked.cancel().await,
             event = tracked.next() => match event {
                 Some(event) => event,
                 None => return,
             },
+            () = tokio::time::sleep(PROGRESS_POLL), if reporting => {
+                let reports = match (&mut reporter, tracked.engine_progress()) {
+                    (Some(reporter), Some(seen)) => reporter.observe(&seen, Instant::now()),
+                    _ => Vec::new(),
+                };
+                for report in reports {
+                    if let Some(chunk) = format.progress(report)
+                        && !sender.named_event(F::event_name(&chunk), &chunk).await
+                    {
+                        return tracked.cancel().await;
+                    }
+                }
+                continue;
+            }
         };
+        // The first token: the prompt is processed whole.
+        if let Some(reporter) = reporter
+            .as_mut()
+            .filter(|r| !r.done() && matches!(event, Event::Token { .. }))
+        {
+            let seen = tracked.engine_progress();
+            for report in reporter.finish(seen.as_ref(), Instant::now()) {
+                if let Some(chunk) = format.progress(report)
+                    && !sender.named_event(F::event_name(&chunk), &chunk).await
+                {
+                    return tracked.cancel().await;
+                }
+            }
+        }
         match event {
             Event::Token {
                 token,
@@ -609,7 +689,14 @@ pub async fn stream<F: StreamFormat>(mut tracked: Tracked, sender: StreamSender,
                     logprob,
                     top_logprobs,
                 };
-                if let Some(chunk) = format.token(record)
+                let chunk = format.token(record).map(|chunk| {
+                    if tracked.timings_per_token {
+                        F::with_timings(chunk, tracked.timings_object(tracked.generated))
+                    } else {
+                        chunk
+                    }
+                });
+                if let Some(chunk) = chunk
                     && !sender.named_event(F::event_name(&chunk), &chunk).await
                 {
                     return tracked.cancel().await;

@@ -86,7 +86,13 @@ fn prepare(
         Prompt::Chat(chat) => chat,
     };
     let options = chat.reasoning.resolve(defaults)?;
-    let mut templated = chat::render(engine, &chat.turns, chat.tools.listed, &options.variables)?;
+    let mut templated = chat::render_ending(
+        engine,
+        &chat.turns,
+        chat.continuation,
+        chat.tools.listed,
+        &options.variables,
+    )?;
     let source = engine.chat_template_source().unwrap_or_default();
     let mut form = Form::of(&source, &templated);
     if options.close_thinking && form == (Form::Think { open: true }) {
@@ -114,9 +120,10 @@ fn prepare(
 /// The tokens of the templated prompt a chat would generate from (its usage's input tokens), for
 /// the token-counting routes.
 pub(crate) async fn count_tokens(engine: Arc<Engine>, chat: Chat) -> Result<usize, ApiError> {
-    let prompt = chat::render(
+    let prompt = chat::render_ending(
         &engine,
         &chat.turns,
+        chat.continuation,
         chat.tools.listed,
         &serde_json::Map::new(),
     )?;

@@ -14,8 +14,6 @@ use crate::error::ApiError;
 /// manifest lists each with its reason).
 pub const INERT_FIELDS: &[(&str, &[&str])] = &[
     ("verbose", &["false"]),
-    ("timings_per_token", &["false"]),
-    ("return_progress", &["false"]),
     ("sse_ping_interval", &["-1"]),
     ("n_indent", &["0"]),
     ("n_keep", &["0", "-1"]),

@@ -48,6 +48,7 @@ mod llama_fields;
 mod llama_flags;
 mod logging;
 mod metrics;
+mod progress;
 mod protocols;
 mod read;
 mod reasoning;

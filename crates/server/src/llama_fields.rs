@@ -34,6 +34,10 @@ pub struct LlamaFields {
     /// `n_probs` reports the distribution the sampler drew from, after its chain, instead of
     /// the model's.
     pub post_sampling_probs: Option<bool>,
+    /// Each streamed token carries the request's timings so far.
+    pub timings_per_token: Option<bool>,
+    /// A stream reports the prompt's processing before the first token.
+    pub return_progress: Option<bool>,
 }
 
 /// Reads `logit_bias` as llama-server does, on every generating route (OpenAI's object of
@@ -207,6 +211,8 @@ impl LlamaFields {
         params.ignore_eos = self.ignore_eos;
         params.post_sampling_probs = self.post_sampling_probs.unwrap_or(false);
         params.cache_prompt = self.cache_prompt;
+        params.timings_per_token = self.timings_per_token.unwrap_or(false);
+        params.return_progress = self.return_progress.unwrap_or(false);
         if let Some(bias) = &self.logit_bias {
             params.logit_bias = read_logit_bias(bias)?;
         }

@@ -354,12 +354,6 @@ pub const NO_OP_OPTIONS: &[NoOpOption] = &[
         reason: "no prompt cache yet: every prompt is computed afresh (docs/server.md)",
     },
     NoOpOption {
-        names: &["-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"],
-        env: Some("LLAMA_ARG_KV_UNIFIED"),
-        values: 0,
-        reason: "every sequence has its own KV cache; there is no shared buffer to unify",
-    },
-    NoOpOption {
         names: &["--cache-idle-slots", "--no-cache-idle-slots"],
         env: Some("LLAMA_ARG_CACHE_IDLE_SLOTS"),
         values: 0,
@@ -568,12 +562,6 @@ pub const NO_OP_OPTIONS: &[NoOpOption] = &[
         env: None,
         values: 0,
         reason: "device placement and offload: the MLX backend runs where MLX runs (CPU here), the OpenXLA backend where IREE compiles for; nothing to place",
-    },
-    NoOpOption {
-        names: &["--tags"],
-        env: Some("LLAMA_ARG_TAGS"),
-        values: 1,
-        reason: "tags describe a model to llama-server's router; mlxcel-server serves one model",
     },
     NoOpOption {
         names: &["--ui-config", "--webui-config"],

@@ -46,6 +46,117 @@ pub(crate) struct Chat {
     /// The reasoning options (`reasoning_format`, `chat_template_kwargs` ...); only
     /// `/v1/chat/completions` reads them, others leave them at their defaults.
     pub reasoning: Box<ReasoningFields>,
+    /// How the prompt ends: with the generation prompt, or continuing a final assistant message
+    /// (only `/v1/chat/completions` reads the fields; every route prefills).
+    pub continuation: Continuation,
+}
+
+/// How a chat prompt ends, as llama-server decides it: with the generation prompt (the model
+/// starts a new reply), or continuing the final assistant message (the model carries on the text
+/// the client put in its mouth, an "assistant prefill"). A final assistant message is continued
+/// unless `continue_final_message` says otherwise; `add_generation_prompt: false` renders the
+/// conversation without the generation prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Continuation {
+    /// `add_generation_prompt` (default true).
+    pub generation_prompt: bool,
+    /// `continue_final_message: true`: the final message must be continued.
+    pub explicit: bool,
+}
+
+impl Default for Continuation {
+    fn default() -> Self {
+        Self {
+            generation_prompt: true,
+            explicit: false,
+        }
+    }
+}
+
+/// The fields that set a [`Continuation`], which the inert-field check leaves to the chat route.
+pub(crate) const CONTINUATION_FIELDS: &[&str] =
+    &["add_generation_prompt", "continue_final_message"];
+
+impl Continuation {
+    /// Reads `add_generation_prompt` and `continue_final_message` (`true` or `"content"`; `false`
+    /// or `null` is off) as llama-server does: continuing needs `add_generation_prompt: false`.
+    pub fn from_fields(
+        add_generation_prompt: Option<bool>,
+        continue_final_message: Option<&Value>,
+    ) -> Result<Self, ApiError> {
+        let explicit = match continue_final_message {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(Value::String(part)) if part == "content" => true,
+            Some(Value::String(part)) if part == "reasoning_content" => {
+                return Err(ApiError::unsupported(
+                    "continue_final_message",
+                    "continue_final_message=\"reasoning_content\" (continuing the reasoning) is \
+                     not supported; continue the content (true or \"content\")",
+                ));
+            }
+            Some(other) => {
+                return Err(ApiError::invalid_param(
+                    "continue_final_message",
+                    format!(
+                        "continue_final_message: expected true, false or \"content\"; got {other}"
+                    ),
+                ));
+            }
+        };
+        let generation_prompt = add_generation_prompt.unwrap_or(true);
+        if explicit && generation_prompt {
+            return Err(ApiError::invalid_param(
+                "continue_final_message",
+                "Cannot set both add_generation_prompt and continue_final_message to true: send \
+                 add_generation_prompt: false to continue the final message",
+            ));
+        }
+        Ok(Self {
+            generation_prompt,
+            explicit,
+        })
+    }
+
+    /// The turns to render and, when the final assistant message is continued, its text (which
+    /// follows the generation prompt of the turns before it).
+    pub fn split<'a>(&self, turns: &'a [Turn]) -> Result<(&'a [Turn], Option<&'a str>), ApiError> {
+        let Some((last, before)) = turns.split_last() else {
+            return Ok((turns, None));
+        };
+        let last_is_assistant = last.role == "assistant";
+        if !self.explicit && !last_is_assistant {
+            return Ok((turns, None));
+        }
+        let param = "messages";
+        if !last_is_assistant {
+            return Err(ApiError::invalid_param(
+                param,
+                format!(
+                    "continue_final_message: the last message is the {}'s; only an assistant \
+                     message can be continued",
+                    last.role
+                ),
+            ));
+        }
+        if last
+            .tool_calls
+            .as_ref()
+            .is_some_and(|calls| !calls.is_empty())
+        {
+            return Err(ApiError::invalid_param(
+                param,
+                "Cannot continue an assistant message that contains tool calls",
+            ));
+        }
+        if !self.explicit && before.last().is_some_and(|t| t.role == "assistant") {
+            return Err(ApiError::invalid_param(
+                param,
+                "Cannot have 2 or more assistant messages at the end of the list",
+            ));
+        }
+        Ok((before, Some(last.content.as_str())))
+    }
 }
 
 /// One turn of a conversation in the terms of Hugging Face's chat templates.
@@ -217,6 +328,33 @@ pub struct Params {
     /// llama-server's `cache_prompt` (`None`: true): whether the prompt may reuse a cached
     /// prefix.
     pub cache_prompt: Option<bool>,
+    /// llama-server's `timings_per_token`: each streamed token carries the request's timings.
+    pub timings_per_token: bool,
+    /// llama-server's `return_progress`: a stream reports the prompt's processing
+    /// (`prompt_progress`) before the first token.
+    pub return_progress: bool,
+}
+
+impl Params {
+    /// Refuses `timings_per_token` and `return_progress` on a route whose stream does not
+    /// report them (`route` names it).
+    pub fn refuse_stream_reports(&self, route: &str) -> Result<(), ApiError> {
+        for (name, on) in [
+            ("timings_per_token", self.timings_per_token),
+            ("return_progress", self.return_progress),
+        ] {
+            if on {
+                return Err(ApiError::unsupported(
+                    name,
+                    format!(
+                        "{name}=true is not supported on {route}; llama-server's /completion, \
+                         the OpenAI routes and /v1/responses report it (docs/server.md)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Reads a signed token budget (`-1` unlimited) of field `param`.

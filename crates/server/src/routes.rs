@@ -156,6 +156,16 @@ static ROUTES: &[Route] = &[
         openai::check_chat_body,
     ),
     post(
+        "/v1/chat/completions/input_tokens",
+        |c| Box::pin(async move { openai::chat_input_tokens(&c.state, c.body).await }),
+        openai::check_chat_body,
+    ),
+    post(
+        "/chat/completions/input_tokens",
+        |c| Box::pin(async move { openai::chat_input_tokens(&c.state, c.body).await }),
+        openai::check_chat_body,
+    ),
+    post(
         "/v1/responses",
         |c| Box::pin(async move { responses::create(&c.state, c.body).await }),
         responses::check_body,

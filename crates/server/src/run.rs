@@ -56,12 +56,17 @@ pub fn run_with(args: &ServerArgs, options: EngineOptions) -> Result<(), ServerE
     runtime.block_on(async {
         let server = Server::bind(config).await?;
         let state = server.state().clone();
+        let urls: Vec<String> = server
+            .local_addrs()
+            .iter()
+            .map(|addr| format!("http://{addr}"))
+            .collect();
         tracing::info!(
             addr = %server.local_addr(),
             auth = state.config().api_keys.required(),
             metrics = state.config().metrics,
-            "listening on http://{}; loading the model",
-            server.local_addr()
+            "listening on {}; loading the model",
+            urls.join(", ")
         );
         let exit_on_failure = options.pipeline.as_ref().is_some_and(|p| p.exit_on_failure);
         let model = args.model.clone();

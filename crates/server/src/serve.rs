@@ -20,32 +20,46 @@ use crate::state::AppState;
 /// A bound server, not yet accepting. Built apart from `main` so tests can run it on port 0.
 #[derive(Debug)]
 pub struct Server {
-    listener: TcpListener,
+    /// One listener per address (`config.addr`, then `config.extra_addrs`).
+    listeners: Vec<TcpListener>,
     state: Arc<AppState>,
 }
 
 impl Server {
-    /// Binds `config.addr` (port 0 picks a free port). The model is set later with
-    /// [`AppState::set_engine`]; until then `/health` answers 503.
+    /// Binds `config.addr` and each of `config.extra_addrs` (port 0 picks a free port). The
+    /// model is set later with [`AppState::set_engine`]; until then `/health` answers 503.
     pub async fn bind(config: ServerConfig) -> Result<Self, ServerError> {
-        let listener = TcpListener::bind(config.addr)
-            .await
-            .map_err(|source| ServerError::Io {
-                context: format!("cannot listen on {}", config.addr),
-                source,
-            })?;
+        let mut listeners = Vec::with_capacity(1 + config.extra_addrs.len());
+        for addr in std::iter::once(config.addr).chain(config.extra_addrs.iter().copied()) {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Io {
+                    context: format!("cannot listen on {addr}"),
+                    source,
+                })?;
+            listeners.push(listener);
+        }
         Ok(Self {
-            listener,
+            listeners,
             state: Arc::new(AppState::new(config)),
         })
     }
 
-    /// The address actually bound.
+    /// The first address actually bound.
     pub fn local_addr(&self) -> SocketAddr {
+        self.local_addrs()[0]
+    }
+
+    /// Every address actually bound, `config.addr`'s first.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
         // A bound listener always has a local address.
-        self.listener
-            .local_addr()
-            .expect("a bound TCP listener has a local address")
+        self.listeners
+            .iter()
+            .map(|l| {
+                l.local_addr()
+                    .expect("a bound TCP listener has a local address")
+            })
+            .collect()
     }
 
     /// The state handlers share (to set the engine, read metrics).
@@ -57,18 +71,22 @@ impl Server {
     /// up to `config.shutdown_timeout`, and cancels what remains (dropping a connection drops its
     /// response bodies, and each generation task cancels its engine request when its body goes).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
-        let Self { listener, state } = self;
+        let Self { listeners, state } = self;
         let graceful = GracefulShutdown::new();
         let mut connections = JoinSet::new();
         let mut builder = http1::Builder::new();
+        // Header names go out in title case (`Access-Control-Allow-Origin`), as llama-server
+        // writes them: HTTP says names are case-insensitive, but clients that copy headers into
+        // a plain map (llama.cpp's own server tests among them) look them up by that spelling.
         builder
             .keep_alive(true)
+            .title_case_headers(true)
             .timer(TokioTimer::new())
             .header_read_timeout(state.config().header_timeout);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
-                accepted = listener.accept() => {
+                accepted = accept_any(&listeners) => {
                     let (stream, peer) = match accepted {
                         Ok(accepted) => accepted,
                         Err(err) => {
@@ -96,7 +114,7 @@ impl Server {
                 () = &mut shutdown => break,
             }
         }
-        drop(listener);
+        drop(listeners);
         let deadline = state.config().shutdown_timeout;
         tracing::info!(
             in_flight = state.active_requests().len(),
@@ -122,6 +140,21 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// The next connection on any of `listeners`.
+async fn accept_any(
+    listeners: &[TcpListener],
+) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    std::future::poll_fn(|cx| {
+        for listener in listeners {
+            if let std::task::Poll::Ready(accepted) = listener.poll_accept(cx) {
+                return std::task::Poll::Ready(accepted);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

@@ -111,7 +111,8 @@ impl AppState {
             .unwrap_or_else(|| info.name.clone())
     }
 
-    /// The names `/v1/models` lists: every `--alias`, else the model's own name.
+    /// The names the model answers to (`/v1/models`' `aliases`): every `--alias`, else the
+    /// model's own name.
     pub fn model_names(&self, info: &ModelInfo) -> Vec<String> {
         if self.config.aliases.is_empty() {
             vec![info.name.clone()]
@@ -145,11 +146,17 @@ impl AppState {
         }
     }
 
-    /// The most positions (prompt + budget) one request may use: `--ctx-size` capped by the window.
+    /// The most positions (prompt + budget) one request may use: `--ctx-size` (a `--parallel`-th
+    /// of it when the slots share it, llama-server's `n_ctx_slot`) capped by the window.
     pub fn context_limit(&self, info: &ModelInfo) -> usize {
-        self.config
-            .ctx_size
-            .map_or(info.window, |ctx| ctx.min(info.window))
+        self.config.ctx_size.map_or(info.window, |ctx| {
+            let per_request = if self.config.ctx_per_slot {
+                (ctx / self.config.parallel.max(1)).max(1)
+            } else {
+                ctx
+            };
+            per_request.min(info.window)
+        })
     }
 
     /// Static capacity buckets of the engine's backend, from its metrics; empty for dynamic

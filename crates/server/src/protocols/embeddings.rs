@@ -83,7 +83,8 @@ fn inputs(
         ApiError::invalid_param(
             field,
             format!(
-                "{field} must be a string, a list of strings, token ids, or lists of token ids"
+                "{field} must be a string, a list of strings, token ids, lists of token ids, or \
+                 {{\"content\": [text parts]}} objects"
             ),
         )
     };
@@ -109,6 +110,25 @@ fn inputs(
             .map(|item| match item {
                 Value::String(s) => text(&s),
                 Value::Array(inner) => ids(&inner).ok_or_else(bad),
+                // llama-server's prompt object: `{"content": [{"type": "text", "text"}, ...]}`,
+                // the texts joined (another part type, an image, is refused).
+                Value::Object(object) => match object.get("content") {
+                    Some(Value::Array(parts)) => parts
+                        .iter()
+                        .map(|part| match (part["type"].as_str(), part["text"].as_str()) {
+                            (Some("text"), Some(t)) => Some(t),
+                            _ => None,
+                        })
+                        .collect::<Option<String>>()
+                        .ok_or_else(|| {
+                            ApiError::invalid_param(
+                                field,
+                                format!("{field}: content parts must be of type `text` (this model takes text only)"),
+                            )
+                        })
+                        .and_then(|joined| text(&joined)),
+                    _ => Err(bad()),
+                },
                 _ => Err(bad()),
             })
             .collect::<Result<_, _>>()?,

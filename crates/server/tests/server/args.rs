@@ -411,9 +411,11 @@ fn multi_letter_short_options_are_not_letter_clusters() {
     let args = parse(&["-ngl", "99", "-fa", "on", "-ctk", "f16", "-kvu", "-cb"]).unwrap();
     assert_eq!(args.n_predict, -1);
     assert_eq!(args.cache_type_k, KvType::F16);
+    // `-kvu` now keeps llama-server's slot sizing (it was ignored with a warning before).
+    assert!(args.kv_unified);
     assert_eq!(
         args.ignored.warnings.len(),
-        4,
+        3,
         "{:?}",
         args.ignored.warnings
     );
@@ -443,4 +445,55 @@ fn cpu_has(flag: &str) -> bool {
     std::fs::read_to_string("/proc/cpuinfo")
         .map(|info| info.split_whitespace().any(|word| word == flag))
         .unwrap_or(false)
+}
+
+#[test]
+fn a_host_list_aliases_and_tags() {
+    // llama-server's `--host a,b` listens on each; `--alias` and `--tags` are sets: sorted,
+    // trimmed, without repeats, the first alias the model's name.
+    let args = parse(&[
+        "--host",
+        "127.0.0.1, ::1,[::1]",
+        "--port",
+        "9000",
+        "--alias",
+        "tinyllama-2,fim, code,fim",
+        "--tags",
+        "chat,fim,small",
+    ])
+    .unwrap();
+    let config = args.server_config().unwrap();
+    assert_eq!(config.addr.to_string(), "127.0.0.1:9000");
+    let extra: Vec<String> = config.extra_addrs.iter().map(|a| a.to_string()).collect();
+    assert_eq!(extra, ["[::1]:9000"]);
+    assert_eq!(config.aliases, ["code", "fim", "tinyllama-2"]);
+    assert_eq!(config.tags, ["chat", "fim", "small"]);
+    let accepted = mlxcel_server::accepted_spellings();
+    assert!(accepted.iter().any(|a| a == "LLAMA_ARG_TAGS"));
+    let empty = parse(&["--host", "127.0.0.1,"]).unwrap();
+    let error = empty.server_config().unwrap_err().to_string();
+    assert!(error.contains("--host"), "{error}");
+}
+
+#[test]
+fn an_explicit_parallel_divides_the_context_unless_unified() {
+    // llama-server: `-c 512 -np 2` gives each slot 256 positions; `-kvu` (and `-np` auto) each
+    // slot all 512.
+    let per_slot = |argv: &[&str]| parse(argv).unwrap().server_config().unwrap().ctx_per_slot;
+    assert!(per_slot(&["-c", "512", "-np", "2"]));
+    assert!(per_slot(&["-c", "512", "--parallel", "2", "-no-kvu"]));
+    assert!(!per_slot(&["-c", "512", "-np", "2", "-kvu"]));
+    assert!(!per_slot(&["-c", "512", "-np", "2", "--kv-unified"]));
+    assert!(!per_slot(&["-c", "512"]));
+    assert!(!per_slot(&["-c", "512", "-np", "-1"]));
+    assert!(per_slot(&[
+        "-c",
+        "512",
+        "-np",
+        "2",
+        "-kvu",
+        "--no-kv-unified"
+    ]));
+    let accepted = mlxcel_server::accepted_spellings();
+    assert!(accepted.iter().any(|a| a == "LLAMA_ARG_KV_UNIFIED"));
 }

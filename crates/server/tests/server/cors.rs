@@ -113,6 +113,7 @@ async fn configured_origins_methods_headers_and_credentials() {
             methods: "GET, POST".into(),
             headers: "content-type".into(),
             credentials: false,
+            any_origin: false,
         },
         ..ServerConfig::default()
     };
@@ -166,6 +167,7 @@ async fn configured_origins_methods_headers_and_credentials() {
             methods: "GET".into(),
             headers: "x-custom".into(),
             credentials: false,
+            any_origin: false,
         }
     );
     let argv = ["mlxcel-server", "--cors-credentials"];
@@ -211,4 +213,78 @@ async fn configured_origins_methods_headers_and_credentials() {
     ] {
         assert!(accepted.iter().any(|a| a == env), "{env}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_requires_a_key_echoes_any_origin_unless_origins_are_given() {
+    // llama-server's default (any origin) where a page gains nothing without the key; an
+    // explicit `--cors-origins` still decides.
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        server: ServerArgs,
+    }
+    let config = |argv: &[&str]| {
+        let argv = std::iter::once("mlxcel-server").chain(argv.iter().copied());
+        Cli::try_parse_from(normalize_llama_args(argv))
+            .unwrap()
+            .server
+            .server_config()
+            .unwrap()
+    };
+    let keyed = TestServer::start(config(&["--api-key", "k"]), None).await;
+    let reply = send(
+        keyed.addr,
+        "OPTIONS",
+        "/completions",
+        &preflight_from("web.mydomain.fr"),
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.headers["access-control-allow-origin"],
+        "web.mydomain.fr"
+    );
+    assert_eq!(reply.headers["access-control-allow-credentials"], "true");
+    assert_eq!(
+        reply.headers["access-control-allow-methods"],
+        "GET, POST, DELETE, OPTIONS"
+    );
+    // The key is still required for the request itself.
+    let reply = send(
+        keyed.addr,
+        "GET",
+        "/v1/models",
+        &[("origin", FOREIGN)],
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(reply.headers["access-control-allow-origin"], FOREIGN);
+
+    let listed = TestServer::start(
+        config(&["--api-key", "k", "--cors-origins", "localhost"]),
+        None,
+    )
+    .await;
+    let reply = send(
+        listed.addr,
+        "OPTIONS",
+        "/completions",
+        &preflight_from(FOREIGN),
+        None,
+    )
+    .await;
+    assert!(reply.headers.get("access-control-allow-origin").is_none());
+    let open = TestServer::start(config(&[]), None).await;
+    let reply = send(
+        open.addr,
+        "OPTIONS",
+        "/completions",
+        &preflight_from(FOREIGN),
+        None,
+    )
+    .await;
+    assert!(reply.headers.get("access-control-allow-origin").is_none());
 }

@@ -132,3 +132,25 @@ async fn pooling_none_gives_a_vector_per_token() {
         .await;
     assert_eq!(reply.error(StatusCode::BAD_REQUEST)["param"], "input");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_objects_of_text_parts_embed_as_their_joined_text() {
+    if skip_model_tests() {
+        return;
+    }
+    let server = TestServer::with_model(ServerConfig::default()).await;
+    let parts =
+        json!({"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]});
+    let reply = server
+        .post_json("/v1/embeddings", json!({"input": ["hello world", parts]}))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let data = reply.json()["data"].clone();
+    assert_eq!(data[0]["embedding"], data[1]["embedding"]);
+    let image = json!({"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]});
+    let error = server
+        .post_json("/v1/embeddings", json!({"input": [image]}))
+        .await
+        .error(StatusCode::BAD_REQUEST);
+    assert_eq!(error["param"], "input", "{error}");
+}

@@ -256,6 +256,12 @@ async fn prompts_too_long_for_the_context_name_the_numbers() {
         "effective_prompt_len=60 + max_new_tokens=10 > context_capacity=64"
     );
     assert_eq!(error["code"], "context_length_exceeded");
+    // llama-server's type and numbers.
+    assert_eq!(error["type"], "exceed_context_size_error");
+    assert_eq!(
+        (error["n_prompt_tokens"].clone(), error["n_ctx"].clone()),
+        (json!(60), json!(64))
+    );
     // An unlimited budget is clamped to what the context leaves.
     let body = server
         .post_json(

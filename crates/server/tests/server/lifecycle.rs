@@ -214,3 +214,76 @@ async fn one_keep_alive_connection_serves_several_requests() {
         response.into_body().collect().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_listens_on_every_address_of_its_host_list() {
+    // `--host 127.0.0.1,::1`: one listener per address, one server behind them.
+    let v6 = match std::net::TcpListener::bind("[::1]:0") {
+        Ok(probe) => probe.local_addr().is_ok(),
+        Err(_) => false,
+    };
+    let mut extra_addrs = vec!["127.0.0.1:0".parse().unwrap()];
+    if v6 {
+        extra_addrs.push("[::1]:0".parse().unwrap());
+    }
+    let server = mlxcel_server::Server::bind(ServerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        extra_addrs,
+        ..ServerConfig::default()
+    })
+    .await
+    .unwrap();
+    let addrs = server.local_addrs();
+    assert_eq!(addrs.len(), if v6 { 3 } else { 2 });
+    assert_eq!(addrs[0], server.local_addr());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.run(async {
+        let _ = rx.await;
+    }));
+    for addr in &addrs {
+        // Loading: every listener answers, with the same server's 503 and its liveness.
+        assert_eq!(
+            send(*addr, "GET", "/health", &[], None).await.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{addr}"
+        );
+        assert_eq!(
+            send(*addr, "GET", "/live", &[], None).await.status,
+            StatusCode::OK
+        );
+    }
+    let _ = tx.send(());
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_names_go_out_in_title_case() {
+    // Clients that copy headers into a case-sensitive map (llama.cpp's server tests) look up
+    // `Access-Control-Allow-Origin`, as llama-server writes it.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = TestServer::start(ServerConfig::default(), None).await;
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    stream
+        .write_all(
+            b"OPTIONS /completion HTTP/1.1\r\nHost: x\r\nOrigin: http://localhost:8080\r\n\
+              Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let names: Vec<&str> = raw
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(':').map(|(name, _)| name))
+        .collect();
+    for name in [
+        "Access-Control-Allow-Origin",
+        "Access-Control-Allow-Methods",
+        "Access-Control-Allow-Headers",
+        "Access-Control-Allow-Credentials",
+    ] {
+        assert!(names.contains(&name), "{name} not in {names:?}");
+    }
+}

@@ -61,6 +61,17 @@ async fn ignore_eos_generates_past_the_end_of_sequence() {
     assert_eq!(native["stopped_eos"], false, "{native}");
     assert_eq!(native["stop_type"], "limit", "{native}");
     assert_eq!(native["tokens_predicted"], 48, "{native}");
+    // Its settings list the end-of-sequence tokens' biases in llama-server's shape (-inf: null).
+    let biases = native["generation_settings"]["logit_bias"]
+        .as_array()
+        .unwrap();
+    assert!(!biases.is_empty(), "{native}");
+    for entry in biases {
+        assert!(
+            entry["bias"].is_null() && entry["token"].is_u64(),
+            "{entry}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -375,5 +386,243 @@ async fn logit_bias_in_llama_server_and_openai_forms() {
         );
         let error: Value = serde_json::from_str(&refused.body).unwrap();
         assert_eq!(error["error"]["param"], "logit_bias", "{bad}: {error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_report_prompt_progress_and_per_token_timings() {
+    let Some(server) = server().await else {
+        return;
+    };
+    let prompt = "the quick brown fox jumps over the lazy dog ".repeat(8);
+    let request = json!({
+        "prompt": prompt,
+        "n_predict": 4,
+        "temperature": 0,
+        "stream": true,
+        "timings_per_token": true,
+        "return_progress": true,
+    });
+    let events = server.post_json("/completion", request).await.events();
+    let chunks: Vec<Value> = events
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let progress: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c.get("prompt_progress").is_some())
+        .collect();
+    assert!(progress.len() >= 2, "{chunks:?}");
+    // The start: only the cache processed, no time spent.
+    let first = &progress[0]["prompt_progress"];
+    assert_eq!(first["processed"], first["cache"]);
+    assert_eq!(first["time_ms"], 0.0);
+    assert_eq!(progress[0]["timings"]["prompt_n"], 0);
+    assert_eq!(progress[0]["content"], "");
+    // Each report advances, and the last has the whole prompt, before any text.
+    for pair in progress.windows(2) {
+        let (a, b) = (&pair[0]["prompt_progress"], &pair[1]["prompt_progress"]);
+        assert!(b["processed"].as_u64() > a["processed"].as_u64(), "{a} {b}");
+        assert!(b["time_ms"].as_f64() >= a["time_ms"].as_f64());
+    }
+    let last = &progress[progress.len() - 1]["prompt_progress"];
+    assert_eq!(last["processed"], last["total"]);
+    assert!(last["time_ms"].as_f64().unwrap() > 0.0);
+    let first_text = chunks
+        .iter()
+        .position(|c| c["content"].as_str().is_some_and(|t| !t.is_empty()))
+        .unwrap();
+    let last_report = chunks
+        .iter()
+        .rposition(|c| c.get("prompt_progress").is_some())
+        .unwrap();
+    assert!(last_report < first_text);
+    // Every token's chunk carries the timings so far.
+    for chunk in chunks
+        .iter()
+        .filter(|c| c["stop"] == false && c.get("prompt_progress").is_none())
+    {
+        assert!(
+            chunk["timings"]["predicted_n"].as_u64().unwrap() >= 1,
+            "{chunk}"
+        );
+    }
+
+    // Without them: neither.
+    let plain = json!({"prompt": "Hello", "n_predict": 3, "temperature": 0, "stream": true});
+    for event in server.post_json("/completion", plain).await.events() {
+        let chunk: Value = serde_json::from_str(&event).unwrap();
+        assert!(chunk.get("prompt_progress").is_none());
+        assert!(
+            chunk["stop"] == true || chunk.get("timings").is_none(),
+            "{chunk}"
+        );
+    }
+
+    // `n_probs` in a stream: each piece carries its token's probabilities.
+    let probs =
+        json!({"prompt": "Hello", "n_predict": 3, "temperature": 0, "stream": true, "n_probs": 2});
+    let pieces: Vec<Value> = server
+        .post_json("/completion", probs)
+        .await
+        .events()
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter(|c| c["stop"] == false)
+        .collect();
+    assert!(!pieces.is_empty() && pieces.len() <= 3, "{pieces:?}");
+    for piece in &pieces {
+        let entries = piece["completion_probabilities"].as_array().unwrap();
+        assert_eq!(entries.len(), 1, "{piece}");
+        assert_eq!(entries[0]["id"], piece["tokens"][0]);
+        assert!(entries[0]["bytes"].is_array());
+        assert_eq!(entries[0]["top_logprobs"].as_array().unwrap().len(), 2);
+    }
+
+    // The chat stream: the role delta's content is null (llama-server's), the reports come as
+    // chunks without choices.
+    let events = server
+        .post_json(
+            "/v1/chat/completions",
+            chat(json!({"stream": true, "max_tokens": 3, "return_progress": true, "timings_per_token": true})),
+        )
+        .await
+        .events();
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks[0]["choices"][0]["delta"]["content"].is_null());
+    assert!(chunks[0].get("timings").is_none());
+    let reports: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c.get("prompt_progress").is_some())
+        .collect();
+    assert!(reports.len() >= 2, "{chunks:?}");
+    assert!(
+        reports
+            .iter()
+            .all(|c| c["choices"].as_array().unwrap().is_empty())
+    );
+
+    // The Responses stream: reports as `response.in_progress` events, timings on the deltas and
+    // on the last event.
+    let events = named_events(
+        &server
+            .post_json(
+                "/v1/responses",
+                json!({"input": "Say hello.", "max_output_tokens": 3, "stream": true,
+                       "return_progress": true, "timings_per_token": true}),
+            )
+            .await
+            .body,
+    );
+    let reports: Vec<&Value> = events
+        .iter()
+        .filter(|(_, data)| data.get("prompt_progress").is_some())
+        .map(|(_, data)| data)
+        .collect();
+    assert!(reports.len() >= 2, "{events:?}");
+    assert!(reports.iter().all(|d| d["type"] == "response.in_progress"));
+    assert!(
+        events
+            .iter()
+            .filter(|(name, _)| name == "response.output_text.delta")
+            .all(|(_, d)| d["timings"]["predicted_per_second"].is_number())
+    );
+    assert!(events.last().unwrap().1["timings"].is_object());
+
+    // The route whose stream does not report them refuses them.
+    let error = server
+        .post_json(
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "return_progress": true}),
+        )
+        .await;
+    assert_eq!(error.status, StatusCode::BAD_REQUEST, "{}", error.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_assistant_message_is_continued() {
+    let Some(server) = server().await else {
+        return;
+    };
+    let user = json!({"role": "user", "content": "What is the best book?"});
+    let prefill = json!({"role": "assistant", "content": "Whill"});
+    // The prompt of the user's turn with the generation prompt, then the prefill.
+    let templated = server
+        .post_json("/apply-template", json!({"messages": [user]}))
+        .await
+        .json()["prompt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let count = |text: String| {
+        let server = &server;
+        async move {
+            server
+                .post_json("/tokenize", json!({"content": text}))
+                .await
+                .json()["tokens"]
+                .as_array()
+                .unwrap()
+                .len()
+        }
+    };
+    let continued = count(format!("{templated}Whill")).await;
+    let prompt_tokens = |body: Value| {
+        let server = &server;
+        async move {
+            let reply = server.post_json("/v1/chat/completions", body).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            reply.json()["usage"]["prompt_tokens"].as_u64().unwrap() as usize
+        }
+    };
+    // llama-server's prefill: a final assistant message is continued by default ...
+    let base = json!({"messages": [user, prefill], "max_tokens": 1, "temperature": 0});
+    assert_eq!(prompt_tokens(base.clone()).await, continued);
+    // llama-server's token count of a chat request agrees, under both paths.
+    for path in [
+        "/v1/chat/completions/input_tokens",
+        "/chat/completions/input_tokens",
+    ] {
+        let reply = server.post_json(path, base.clone()).await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.body);
+        assert_eq!(reply.json()["input_tokens"], continued, "{path}");
+    }
+    // ... and on request (vLLM's and transformers' spelling), which needs no generation prompt.
+    let mut explicit = base.clone();
+    explicit["add_generation_prompt"] = json!(false);
+    explicit["continue_final_message"] = json!(true);
+    assert_eq!(prompt_tokens(explicit).await, continued);
+    // Without the generation prompt, a conversation ending with the user is rendered as is.
+    let with_prompt = prompt_tokens(json!({"messages": [user], "max_tokens": 1})).await;
+    let bare =
+        prompt_tokens(json!({"messages": [user], "max_tokens": 1, "add_generation_prompt": false}))
+            .await;
+    assert!(bare < with_prompt, "{bare} {with_prompt}");
+    assert_eq!(with_prompt, count(templated).await);
+    // Refused: both at once, continuing a user message, two assistant messages at the end.
+    for (body, param) in [
+        (
+            json!({"messages": [user, prefill], "add_generation_prompt": true, "continue_final_message": true}),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": [user, prefill], "continue_final_message": true}),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": [user], "add_generation_prompt": false, "continue_final_message": true}),
+            "messages",
+        ),
+        (json!({"messages": [user, prefill, prefill]}), "messages"),
+    ] {
+        let error = server
+            .post_json("/v1/chat/completions", body.clone())
+            .await
+            .error(StatusCode::BAD_REQUEST);
+        assert_eq!(error["param"], param, "{body}: {error}");
     }
 }

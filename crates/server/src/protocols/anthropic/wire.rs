@@ -288,6 +288,7 @@ impl MessagesRequest {
             turns,
             tools,
             reasoning: Default::default(),
+            continuation: Default::default(),
         })
     }
 
@@ -322,6 +323,7 @@ impl MessagesRequest {
             ..Params::default()
         };
         llama.apply(&mut params)?;
+        params.refuse_stream_reports("/v1/messages")?;
         Ok(Generation {
             prompt: Prompt::Chat(chat),
             params,

@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::body::{Body, json};
 use crate::generate::{Outcome, StreamFormat, Timings, TokenRecord, Tracked, token_piece};
 use crate::handler::Reply;
+use crate::progress::PromptProgress;
 use crate::state::AppState;
 
 /// The reply to one `/completion` or `/infill` request.
@@ -17,7 +18,7 @@ pub(super) struct CompletionReply {
     pub end: Final,
     /// `return_tokens`: the generated ids in `tokens` (not streamed).
     pub return_tokens: bool,
-    /// `n_probs` > 0: `completion_probabilities` (not streamed).
+    /// `n_probs` > 0: `completion_probabilities` (a stream's pieces carry their token's).
     pub n_probs: bool,
     /// `post_sampling_probs`: those are probabilities after the sampler's chain, named `prob`
     /// and `top_probs` as llama-server names them.
@@ -32,6 +33,8 @@ impl Reply for CompletionReply {
             end: self.end,
             last_token: None,
             slot: tracked.slot_handle(),
+            n_probs: self.n_probs,
+            post_sampling: self.post_sampling,
         }
     }
 
@@ -53,12 +56,13 @@ impl Reply for CompletionReply {
             body.tokens = outcome.tokens.iter().map(|t| t.token).collect();
         }
         if self.n_probs {
-            let probs = outcome.tokens.iter().map(|t| TokenProbs::new(engine, t));
-            body.completion_probabilities = Some(if self.post_sampling {
-                probs.map(TokenProbs::post_sampling).collect()
-            } else {
-                probs.map(|p| serde_json::json!(p)).collect()
-            });
+            body.completion_probabilities = Some(
+                outcome
+                    .tokens
+                    .iter()
+                    .map(|t| TokenProbs::new(engine, t).value(self.post_sampling))
+                    .collect(),
+            );
         }
         json(StatusCode::OK, &body)
     }
@@ -84,6 +88,16 @@ pub(super) struct TopProb {
 }
 
 impl TokenProbs {
+    /// The entry in llama-server's shape: log-probabilities, or with `post_sampling` the
+    /// probabilities after the sampler's chain.
+    fn value(self, post_sampling: bool) -> serde_json::Value {
+        if post_sampling {
+            self.post_sampling()
+        } else {
+            serde_json::json!(self)
+        }
+    }
+
     /// The entry as llama-server writes post-sampling probabilities: `prob` and `top_probs`,
     /// probabilities rather than their logarithms.
     fn post_sampling(self) -> serde_json::Value {
@@ -137,6 +151,15 @@ pub(super) struct PartialCompletion {
     stop: bool,
     id_slot: i64,
     index: u32,
+    /// The request's timings so far, with `timings_per_token` (and on a progress report).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timings: Option<Timings>,
+    /// A `return_progress` report (with no text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_progress: Option<PromptProgress>,
+    /// With `n_probs` > 0: this piece's token, as the whole answer lists each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completion_probabilities: Option<Vec<serde_json::Value>>,
 }
 
 /// The last (or only) object of a `/completion`.
@@ -172,7 +195,7 @@ pub(super) struct CompletionResult {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub(super) enum CompletionChunk {
-    Partial(PartialCompletion),
+    Partial(Box<PartialCompletion>),
     Result(Box<CompletionResult>),
 }
 
@@ -239,6 +262,9 @@ pub(super) struct CompletionStream {
     last_token: Option<u32>,
     /// Where its `/slots` id is read ([`Tracked::slot_handle`]).
     slot: (Arc<AppState>, u64),
+    /// `n_probs` > 0, and whether after the sampler's chain ([`CompletionReply`]).
+    n_probs: bool,
+    post_sampling: bool,
 }
 
 impl StreamFormat for CompletionStream {
@@ -247,16 +273,45 @@ impl StreamFormat for CompletionStream {
 
     fn token(&mut self, record: TokenRecord) -> Option<CompletionChunk> {
         self.last_token = Some(record.token);
-        if record.text.is_empty() {
+        if record.text.is_empty() && !self.n_probs {
             return None;
         }
-        Some(CompletionChunk::Partial(PartialCompletion {
+        let completion_probabilities = self
+            .n_probs
+            .then(|| vec![TokenProbs::new(&self.end.engine, &record).value(self.post_sampling)]);
+        Some(CompletionChunk::Partial(Box::new(PartialCompletion {
             content: record.text,
             tokens: vec![record.token],
             stop: false,
             id_slot: self.slot.0.id_slot(self.slot.1),
             index: 0,
-        }))
+            timings: None,
+            prompt_progress: None,
+            completion_probabilities,
+        })))
+    }
+
+    fn progress(&mut self, progress: PromptProgress) -> Option<CompletionChunk> {
+        Some(CompletionChunk::Partial(Box::new(PartialCompletion {
+            content: String::new(),
+            tokens: Vec::new(),
+            stop: false,
+            id_slot: self.slot.0.id_slot(self.slot.1),
+            index: 0,
+            timings: Some(Timings::at_progress(&progress)),
+            prompt_progress: Some(progress),
+            completion_probabilities: None,
+        })))
+    }
+
+    fn with_timings(chunk: CompletionChunk, timings: Timings) -> CompletionChunk {
+        match chunk {
+            CompletionChunk::Partial(mut partial) => {
+                partial.timings = Some(timings);
+                CompletionChunk::Partial(partial)
+            }
+            result => result,
+        }
     }
 
     fn finish(

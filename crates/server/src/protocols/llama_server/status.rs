@@ -44,6 +44,8 @@ pub fn live() -> Response<Body> {
 struct Props {
     default_generation_settings: GenerationSettings,
     total_slots: usize,
+    /// The `-m` value as given (a GGUF file, a directory, a Hugging Face id), as llama-server
+    /// reports its `--model`; the checkpoint's directory when none was given.
     model_path: std::path::PathBuf,
     model_alias: String,
     n_ctx: usize,
@@ -178,7 +180,10 @@ pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
             },
         },
         total_slots: config.parallel,
-        model_path: info.dir.clone(),
+        model_path: config
+            .model_arg
+            .as_ref()
+            .map_or_else(|| info.dir.clone(), std::path::PathBuf::from),
         model_alias: state.model_name(info),
         n_ctx,
         n_ctx_train: info.window,

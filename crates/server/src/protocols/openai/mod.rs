@@ -22,12 +22,14 @@ pub(crate) use wire::{MessageField, StopField, turns};
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::generate::{rand_id, unix_now};
-use crate::handler::generate;
+use crate::handler::{count_tokens, generate};
 use crate::read::{
     GenerationBody, SamplingRanges, parse_generation, parse_generation_handling, read_generation,
     read_generation_handling,
 };
 use crate::reasoning::ReasoningFields;
+use crate::request::CONTINUATION_FIELDS;
+use crate::request::Prompt;
 use crate::state::AppState;
 use response::{Envelope, Kind};
 use stream::OpenAiReply;
@@ -45,9 +47,47 @@ pub(crate) fn check_chat_body(bytes: &[u8]) -> Result<(), ApiError> {
     ChatRequest::into_generation(parse_generation_handling(
         bytes,
         &SamplingRanges::OPENAI,
-        ReasoningFields::NAMES,
+        &chat_fields(),
     )?)
     .map(drop)
+}
+
+/// The llama-server fields the chat route acts on itself: the reasoning fields and how the prompt
+/// ends, which the inert-field check leaves to it.
+fn chat_fields() -> Vec<&'static str> {
+    ReasoningFields::NAMES
+        .iter()
+        .chain(CONTINUATION_FIELDS)
+        .copied()
+        .collect()
+}
+
+/// `POST /v1/chat/completions/input_tokens` (also without `/v1`): the tokens of the templated
+/// prompt `/v1/chat/completions` would generate from (its `usage.prompt_tokens`), as llama-server
+/// answers it: `{"input_tokens"}`.
+pub async fn chat_input_tokens(
+    state: &Arc<AppState>,
+    body: Incoming,
+) -> Result<Response<Body>, ApiError> {
+    let body: GenerationBody<ChatRequest> = read_generation_handling(
+        body,
+        state.config().body_limit,
+        &SamplingRanges::OPENAI,
+        &chat_fields(),
+    )
+    .await?;
+    let model = body.request.model.clone();
+    let (generation, _) = ChatRequest::into_generation(body)?;
+    let engine = state.engine()?.clone();
+    state.check_model(engine.info(), model.as_deref())?;
+    let Prompt::Chat(chat) = generation.prompt else {
+        return Err(ApiError::Internal("a chat request without a chat".into()));
+    };
+    let input_tokens = count_tokens(engine, chat).await?;
+    Ok(crate::body::json(
+        hyper::StatusCode::OK,
+        &serde_json::json!({ "input_tokens": input_tokens }),
+    ))
 }
 
 /// `POST /v1/completions`.
@@ -82,7 +122,7 @@ pub async fn chat_completions(
         body,
         state.config().body_limit,
         &SamplingRanges::OPENAI,
-        ReasoningFields::NAMES,
+        &chat_fields(),
     )
     .await?;
     let model = body.request.model.clone();

@@ -1,5 +1,6 @@
-//! `GET /v1/models`: the one model this server runs under each of its names, with llama-server's
-//! `meta` extension; `GET /v1/models/{id}`: one of them, in OpenAI's retrieve shape.
+//! `GET /v1/models`: the one model this server runs, under its first name with every name in
+//! `aliases` and its `tags`, as llama-server lists it, with llama-server's `meta` extension;
+//! `GET /v1/models/{id}`: it under that name, in OpenAI's retrieve shape.
 
 use hyper::{Response, StatusCode};
 use serde::Serialize;
@@ -21,6 +22,10 @@ struct ModelCard {
     object: &'static str,
     created: u64,
     owned_by: &'static str,
+    /// llama-server's extension: every name the model answers to (`--alias`).
+    aliases: Vec<String>,
+    /// llama-server's extension: `--tags`.
+    tags: Vec<String>,
     /// llama-server's extension: what the model is.
     meta: ModelMeta,
 }
@@ -42,6 +47,8 @@ fn card(state: &AppState, id: String) -> Result<ModelCard, ApiError> {
         object: "model",
         created: unix_now(),
         owned_by: "mlxcel",
+        aliases: state.config().aliases.clone(),
+        tags: state.config().tags.clone(),
         meta: ModelMeta {
             n_ctx_train: info.window,
             n_vocab: info.vocab_size,
@@ -52,15 +59,13 @@ fn card(state: &AppState, id: String) -> Result<ModelCard, ApiError> {
     })
 }
 
-/// `GET /v1/models`: one card per name of the model (`--alias`, else its own name).
+/// `GET /v1/models`: one card, under the name replies carry (the first `--alias`, else the
+/// model's own name).
 pub fn models(state: &AppState) -> Result<Response<Body>, ApiError> {
-    let names = state.model_names(state.engine()?.info());
+    let name = state.model_name(state.engine()?.info());
     let list = ModelList {
         object: "list",
-        data: names
-            .into_iter()
-            .map(|name| card(state, name))
-            .collect::<Result<_, _>>()?,
+        data: vec![card(state, name)?],
     };
     Ok(crate::body::json(StatusCode::OK, &list))
 }

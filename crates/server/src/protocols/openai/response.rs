@@ -8,6 +8,7 @@ use mlxcel_engine::{Engine, FinishReason, TokenLogprob, Usage};
 use serde::Serialize;
 
 use crate::generate::{Timings, TokenRecord, token_piece};
+use crate::progress::PromptProgress;
 use crate::tools::ToolCall;
 
 /// `system_fingerprint` of every body: the server build.
@@ -44,9 +45,12 @@ pub struct CompletionBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<Option<UsageBody>>,
     /// llama-server's extension: the request's timings, on a whole body and on a stream's last
-    /// chunk.
+    /// chunk (and on every token's with `timings_per_token`, and on a progress report).
     #[serde(skip_serializing_if = "Option::is_none")]
     timings: Option<Timings>,
+    /// llama-server's extension: a `return_progress` report, on a chunk without choices.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_progress: Option<PromptProgress>,
 }
 
 impl CompletionBody {
@@ -54,6 +58,18 @@ impl CompletionBody {
     pub fn with_timings(mut self, timings: Timings) -> Self {
         self.timings = Some(timings);
         self
+    }
+}
+
+impl Envelope {
+    /// A stream's chunk reporting the prompt's processing (`return_progress`): no choices, the
+    /// report and the timings at it.
+    pub fn progress_chunk(&self, progress: PromptProgress) -> CompletionBody {
+        let mut chunk = self
+            .body(true, Vec::new(), None)
+            .with_timings(Timings::at_progress(&progress));
+        chunk.prompt_progress = Some(progress);
+        chunk
     }
 }
 
@@ -118,8 +134,9 @@ struct FunctionDelta {
 struct Delta {
     #[serde(skip_serializing_if = "Option::is_none")]
     role: Option<&'static str>,
+    /// Absent, `null` (the role delta, as llama-server sends it) or a piece of text.
     #[serde(skip_serializing_if = "Option::is_none")]
-    content: Option<String>,
+    content: Option<Option<String>>,
     /// A piece of the reasoning (llama-server's `reasoning_format`).
     #[serde(skip_serializing_if = "Option::is_none")]
     reasoning_content: Option<String>,
@@ -280,6 +297,7 @@ impl Envelope {
             choices,
             usage,
             timings: None,
+            prompt_progress: None,
         }
     }
 
@@ -363,7 +381,7 @@ impl Envelope {
                 delta: Delta {
                     role: None,
                     content: ((finish.is_none() && reasoning.is_none()) || !text.is_empty())
-                        .then(|| text.to_owned()),
+                        .then(|| Some(text.to_owned())),
                     reasoning_content: reasoning.map(str::to_owned),
                     tool_calls: None,
                 },
@@ -386,7 +404,7 @@ impl Envelope {
             index: 0,
             delta: Delta {
                 role: Some("assistant"),
-                content: Some(String::new()),
+                content: Some(None),
                 reasoning_content: None,
                 tool_calls: None,
             },

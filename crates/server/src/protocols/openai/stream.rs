@@ -9,8 +9,9 @@ use mlxcel_engine::{Engine, FinishReason, Usage};
 
 use crate::body::Body;
 use crate::chat;
-use crate::generate::{Outcome, StreamFormat, TokenRecord, Tracked};
+use crate::generate::{Outcome, StreamFormat, Timings, TokenRecord, Tracked};
 use crate::handler::Reply;
+use crate::progress::PromptProgress;
 use crate::reasoning::{ReasoningPlan, Split, SplitCall, Splitter, marker_text, split_reply};
 use crate::tools::{self, ToolCall, ToolFormat};
 
@@ -117,6 +118,14 @@ impl StreamFormat for OpenAiStream {
             .then(|| self.envelope.role_chunk())
             .into_iter()
             .collect()
+    }
+
+    fn progress(&mut self, progress: PromptProgress) -> Option<CompletionBody> {
+        Some(self.envelope.progress_chunk(progress))
+    }
+
+    fn with_timings(chunk: CompletionBody, timings: Timings) -> CompletionBody {
+        chunk.with_timings(timings)
     }
 
     fn token(&mut self, record: TokenRecord) -> Option<CompletionBody> {

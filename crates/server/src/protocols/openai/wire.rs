@@ -11,7 +11,8 @@ use crate::error::ApiError;
 use crate::read::GenerationBody;
 use crate::reasoning::ReasoningFields;
 use crate::request::{
-    Call, Chat, Generation, Params, Prompt, PromptInput, ToolRequest, Turn, budget, function_tool,
+    Call, Chat, Continuation, Generation, Params, Prompt, PromptInput, ToolRequest, Turn, budget,
+    function_tool,
 };
 use crate::structured::{ConstraintFields, ResponseFormat};
 use crate::tools::read_tools;
@@ -211,6 +212,9 @@ openai_request!(ChatRequest {
     reasoning_effort: Option<String>,
     reasoning_budget_tokens: Option<i64>,
     thinking_budget_tokens: Option<i64>,
+    // How the prompt ends (crate::request::Continuation).
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<Value>,
 });
 
 #[derive(Debug, Deserialize)]
@@ -407,11 +411,16 @@ impl ChatRequest {
             thinking_budget_tokens: this.thinking_budget_tokens,
         };
         reasoning.check()?;
+        let continuation = Continuation::from_fields(
+            this.add_generation_prompt,
+            this.continue_final_message.as_ref(),
+        )?;
         let generation = Generation {
             prompt: Prompt::Chat(Chat {
                 turns,
                 tools,
                 reasoning: Box::new(reasoning),
+                continuation,
             }),
             params,
             stream,

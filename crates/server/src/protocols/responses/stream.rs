@@ -7,7 +7,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::generate::{StreamFormat, TokenRecord, Tracked};
+use crate::generate::{StreamFormat, Timings, TokenRecord, Tracked};
+use crate::progress::PromptProgress;
 
 use super::reply::{OutputItem, OutputText, ReplyMeta, ResponseObject};
 
@@ -20,6 +21,13 @@ pub(super) struct StreamEvent {
     #[serde(flatten)]
     event: Event,
     sequence_number: u64,
+    /// llama-server's extension: the request's timings (on a delta with `timings_per_token`, on
+    /// a progress report, on the last event).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timings: Option<Timings>,
+    /// llama-server's extension: a `return_progress` report, on a `response.in_progress` event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_progress: Option<PromptProgress>,
 }
 
 /// The events of the Responses API's stream; `type` is also the SSE event's name.
@@ -136,6 +144,8 @@ impl ResponsesStream {
         StreamEvent {
             event,
             sequence_number,
+            timings: None,
+            prompt_progress: None,
         }
     }
 
@@ -223,6 +233,21 @@ impl StreamFormat for ResponsesStream {
         (Some("error"), data)
     }
 
+    fn progress(&mut self, progress: PromptProgress) -> Option<StreamEvent> {
+        let event = Event::InProgress {
+            response: self.reply.skeleton.clone(),
+        };
+        let mut event = self.numbered(event);
+        event.timings = Some(Timings::at_progress(&progress));
+        event.prompt_progress = Some(progress);
+        Some(event)
+    }
+
+    fn with_timings(mut chunk: StreamEvent, timings: Timings) -> StreamEvent {
+        chunk.timings = Some(timings);
+        chunk
+    }
+
     fn token(&mut self, record: TokenRecord) -> Option<StreamEvent> {
         self.text.push_str(&record.text);
         if self.reply.tools.is_some() || record.text.is_empty() {
@@ -234,7 +259,7 @@ impl StreamFormat for ResponsesStream {
 
     fn finish(
         &mut self,
-        _: &Tracked,
+        tracked: &Tracked,
         reason: FinishReason,
         tail: String,
         usage: Usage,
@@ -297,11 +322,17 @@ impl StreamFormat for ResponsesStream {
                 item: item.clone(),
             });
         }
+        let timings = tracked.timings_object(usage.completion_tokens);
         events.push(if response.status == "incomplete" {
             Event::Incomplete { response }
         } else {
             Event::Completed { response }
         });
-        events.into_iter().map(|e| self.numbered(e)).collect()
+        let mut events: Vec<StreamEvent> = events.into_iter().map(|e| self.numbered(e)).collect();
+        // As llama-server: the timings ride on the stream's last event.
+        if let Some(last) = events.last_mut() {
+            last.timings = Some(timings);
+        }
+        events
     }
 }

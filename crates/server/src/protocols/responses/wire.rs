@@ -381,6 +381,7 @@ impl ResponsesRequest {
             turns,
             tools,
             reasoning: Default::default(),
+            continuation: Default::default(),
         })
     }
 
