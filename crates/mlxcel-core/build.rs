@@ -75,6 +75,10 @@ fn main() {
             "cpp/kernels/attention_scalar.cc",
             "cpp/kernels/attention_avx2.cc",
             "cpp/kernels/attention_avx512.cc",
+            "cpp/kernels/delta_rule.cc",
+            "cpp/kernels/delta_rule_scalar.cc",
+            "cpp/kernels/delta_rule_avx2.cc",
+            "cpp/kernels/delta_rule_avx512.cc",
         ])
         // No -march: the SIMD kernels carry function-level target attributes and are chosen at
         // run time (cpp/kernels/dispatch.h), so one build runs on any x86-64.

@@ -89,8 +89,13 @@ SHAPES = {
     # linear-attention layers in four (`linear`: key and value heads, their sizes, the
     # convolution's taps), every fourth layer gated softmax attention (q_proj twice as wide, for
     # the output gate) with q/k norms per head, RoPE on a quarter of each 256-wide head, norms
-    # stored as 1 + w. Values from the released config.json files (text_config) as recalled when
-    # this was written, not fetched: check them against the checkpoints before quoting a size.
+    # stored as 1 + w. Values from the released config.json files (text_config), checked against
+    # public copies of them: every value below (hidden size, layers, heads, KV heads, head_dim,
+    # MLP and expert widths, experts and top-k, vocabulary, untied output, rope theta 1e7 on a
+    # quarter of each head, eps, the linear heads 16 key and 32 value of 128, conv 4, one
+    # full-attention layer in four, context 262144) matches the text_config dicts that public
+    # test fixtures copy from the checkpoints and THUDM/slime's launch scripts
+    # (scripts/models/qwen3.5-35B-A3B.sh) give.
     # Qwen/Qwen3.5-9B.
     "qwen3.5-9b": dict(arch="qwen35", hidden=4096, layers=32, heads=16, kv_heads=4,
                        ffn=12288, vocab=248320, tied=False, qkv_bias=False,

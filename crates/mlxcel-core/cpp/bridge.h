@@ -266,6 +266,21 @@ bool kernels_has_vnni();
 // The IEEE halves the fused layer writes into f16 caches for `values` (round to nearest even).
 void kernels_float_to_half(rust::Slice<const float> values, rust::Slice<uint16_t> out);
 uint8_t kernels_best_isa();
+// The gated delta rule over a run of tokens (kernels/delta_rule.h): q and k [n, key_heads,
+// key_dim], v and y [n, value_heads, value_dim], log_decay and beta [n, value_heads], state
+// [value_heads, value_dim, key_dim] updated in place; the chunked form on the grid of absolute
+// positions from `position`, else token by token.
+void kernels_delta_rule(rust::Slice<const float> q, rust::Slice<const float> k,
+                        rust::Slice<const float> v, rust::Slice<const float> log_decay,
+                        rust::Slice<const float> beta, rust::Slice<float> state,
+                        rust::Slice<float> y, int32_t key_heads, int32_t value_heads,
+                        int32_t key_dim, int32_t value_dim, bool tiled, int64_t position,
+                        bool chunked, uint8_t isa, int32_t threads);
+// The causal depthwise convolution then SiLU of x [n, channels] after the `taps - 1` rows of
+// `tail`, weight [channels, taps], into out [n, channels].
+void kernels_causal_conv_silu(rust::Slice<const float> x, rust::Slice<const float> tail,
+                              rust::Slice<const float> weight, int32_t channels, int32_t taps,
+                              rust::Slice<float> out, uint8_t isa, int32_t threads);
 int32_t kernels_available_cores();
 
 }  // namespace mlxcel

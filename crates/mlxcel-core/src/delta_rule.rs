@@ -7,8 +7,9 @@
 //! S ← g_t · S;   u_t = β_t · (v_t − S·k_t);   S ← S + u_t ⊗ k_t;   y_t = S·q_t
 //! ```
 //!
-//! ([`recurrent`], one token after another: decode). [`chunked`] gives the same outputs for a
-//! run of tokens in chunks of [`CHUNK`] (prefill), as the reference implementations (the
+//! ([`recurrent`], one token after another: decode, and by default prefill too, see
+//! [`PrefillForm`]). [`chunked`] gives the same outputs for a run of tokens in chunks of
+//! [`CHUNK`], as the reference implementations (the
 //! flash-linear-attention kernels, transformers' `torch_chunk_gated_delta_rule`) do: within a
 //! chunk the deltas `u` are one triangular solve (the UT transform of the WY representation,
 //! `T = (I + A)⁻¹` with `A` strictly lower triangular), split into the part that does not depend
@@ -17,10 +18,48 @@
 //! chunk starts at a multiple of [`CHUNK`]), so a prompt prefilled in pieces that are multiples
 //! of [`CHUNK`] long computes the same chunks as one prefilled whole.
 //!
-//! Every head is independent: the kernels split the value heads over threads.
+//! Every head is independent: the kernels (`cpp/kernels/delta_rule.inc`, compiled for the
+//! scalar, AVX2 and AVX-512 paths and chosen by [`Kernels::isa`]) share the value heads out over
+//! the kernel pool's threads.
+
+use crate::error::{Error, Result};
+use crate::kernels::Kernels;
+use crate::sys::ffi;
 
 /// Tokens per chunk of [`chunked`] (the reference implementations' 64).
 pub const CHUNK: usize = 64;
+
+/// The form a run of several tokens (a prefill) takes (`MLXCEL_DELTA_PREFILL`). A single token
+/// always takes the recurrent form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillForm {
+    /// [`recurrent`], token by token: on the CPU the faster form at Qwen3.5's head sizes
+    /// (128 × 128 states, which stay in the core's L2 cache), with half the multiply-adds of
+    /// the chunked form, and bitwise the same wherever a run is cut.
+    Recurrent,
+    /// [`chunked`], the reference implementations' form for parallel hardware.
+    Chunked,
+}
+
+impl PrefillForm {
+    /// From `MLXCEL_DELTA_PREFILL` (`recurrent` or `chunked`); unset means recurrent.
+    pub fn from_env() -> Result<PrefillForm> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`PrefillForm::from_env`] over any variable lookup (for tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<PrefillForm> {
+        match lookup("MLXCEL_DELTA_PREFILL").as_deref() {
+            None | Some("recurrent") => Ok(PrefillForm::Recurrent),
+            Some("chunked") => Ok(PrefillForm::Chunked),
+            Some(other) => Err(Error::InvalidEnv {
+                variable: "MLXCEL_DELTA_PREFILL",
+                value: other.to_owned(),
+                expected: "recurrent or chunked",
+            }),
+        }
+    }
+}
 
 /// The sizes of one gated-DeltaNet layer's heads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +82,9 @@ impl DeltaShape {
     }
 
     /// The key head value head `h` reads (each key head serves `value_heads / key_heads`
-    /// consecutive value heads, or every `key_heads`-th one when tiled).
+    /// consecutive value heads, or every `key_heads`-th one when tiled; the kernels compute the
+    /// same, this is the tests' reference).
+    #[cfg(test)]
     fn key_head(&self, h: usize) -> usize {
         if self.tiled {
             h % self.key_heads
@@ -110,36 +151,28 @@ pub fn causal_conv_silu(
     weight: &[f32],
     taps: usize,
     tail: &mut [f32],
-) -> Vec<f32> {
+    kernels: &Kernels,
+) -> Result<Vec<f32>> {
     let n = x.len() / channels;
-    assert_eq!(x.len(), n * channels, "x's length");
-    assert_eq!(weight.len(), channels * taps, "weight's length");
-    assert_eq!(tail.len(), (taps - 1) * channels, "tail's length");
     let keep = taps - 1;
-    // Row r of `tail ‖ x`.
-    let row = |r: usize| -> &[f32] {
-        if r < keep {
-            &tail[r * channels..(r + 1) * channels]
-        } else {
-            &x[(r - keep) * channels..(r - keep + 1) * channels]
-        }
-    };
-    let mut out = vec![0f32; n * channels];
-    for t in 0..n {
-        let o = &mut out[t * channels..(t + 1) * channels];
-        for j in 0..taps {
-            let input = row(t + j);
-            for c in 0..channels {
-                o[c] += weight[c * taps + j] * input[c];
-            }
-        }
-        for value in o.iter_mut() {
-            *value = silu(*value);
-        }
-    }
-    let rows: Vec<f32> = (n..n + keep).flat_map(|r| row(r).to_vec()).collect();
-    tail.copy_from_slice(&rows);
-    out
+    let mut out = vec![0f32; x.len()];
+    ffi::kernels_causal_conv_silu(
+        x,
+        &*tail,
+        weight,
+        channels as i32,
+        taps as i32,
+        &mut out,
+        kernels.isa as u8,
+        kernels.threads as i32,
+    )
+    .map_err(Error::mlx("causal_conv_silu"))?;
+    // The new tail: the last `keep` rows of `tail ‖ x`.
+    let from_x = n.min(keep);
+    tail.copy_within(from_x * channels.., 0);
+    let at = (keep - from_x) * channels;
+    tail[at..].copy_from_slice(&x[(n - from_x) * channels..]);
+    Ok(out)
 }
 
 /// `x · sigmoid(x)`.
@@ -158,12 +191,9 @@ pub fn recurrent(
     shape: &DeltaShape,
     inputs: &DeltaInputs<'_>,
     state: &mut [f32],
-    threads: usize,
-) -> Vec<f32> {
-    let n = inputs.tokens(shape);
-    per_head(shape, n, state, threads, |h, s, y| {
-        recurrent_head(shape, inputs, n, h, s, y)
-    })
+    kernels: &Kernels,
+) -> Result<Vec<f32>> {
+    run(shape, inputs, state, None, kernels)
 }
 
 /// [`recurrent`]'s result computed in chunks of [`CHUNK`] tokens on the grid of absolute
@@ -173,232 +203,75 @@ pub fn chunked(
     inputs: &DeltaInputs<'_>,
     state: &mut [f32],
     position: usize,
-    threads: usize,
-) -> Vec<f32> {
-    let n = inputs.tokens(shape);
-    per_head(shape, n, state, threads, |h, s, y| {
-        let mut start = 0;
-        while start < n {
-            let end = n.min(start + CHUNK - (position + start) % CHUNK);
-            chunk_head(
-                shape,
-                inputs,
-                start,
-                end,
-                h,
-                s,
-                &mut y[start * shape.value_dim..],
-            );
-            start = end;
-        }
-    })
+    kernels: &Kernels,
+) -> Result<Vec<f32>> {
+    run(shape, inputs, state, Some(position), kernels)
 }
 
-/// Runs `head(h, state of h, y of h as [n, value_dim])` for every value head, on up to `threads`
-/// threads, and interleaves the heads' outputs into `[n, value_heads, value_dim]`.
-fn per_head(
+/// Either form over every value head (`chunked_from`: the chunked form's first position).
+fn run(
     shape: &DeltaShape,
-    n: usize,
+    inputs: &DeltaInputs<'_>,
     state: &mut [f32],
-    threads: usize,
-    head: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
-) -> Vec<f32> {
+    chunked_from: Option<usize>,
+    kernels: &Kernels,
+) -> Result<Vec<f32>> {
+    let n = inputs.tokens(shape);
     assert_eq!(state.len(), shape.state_len(), "state's length");
-    let (heads, dv) = (shape.value_heads, shape.value_dim);
-    let mut outputs = vec![0f32; heads * n * dv];
-    let per_state = dv * shape.key_dim;
-    let mut work: Vec<(usize, &mut [f32], &mut [f32])> = state
-        .chunks_mut(per_state)
-        .zip(outputs.chunks_mut(n * dv))
-        .enumerate()
-        .map(|(h, (s, y))| (h, s, y))
-        .collect();
-    let threads = threads.clamp(1, heads.max(1));
-    if threads == 1 || n * per_state < 1 << 16 {
-        for (h, s, y) in work.iter_mut() {
-            head(*h, s, y);
-        }
-    } else {
-        let per_thread = heads.div_ceil(threads);
-        std::thread::scope(|scope| {
-            for group in work.chunks_mut(per_thread) {
-                let head = &head;
-                scope.spawn(move || {
-                    for (h, s, y) in group.iter_mut() {
-                        head(*h, s, y);
-                    }
-                });
-            }
-        });
-    }
-    let mut y = vec![0f32; n * heads * dv];
-    for (h, out) in outputs.chunks(n * dv).enumerate() {
-        for t in 0..n {
-            y[(t * heads + h) * dv..(t * heads + h + 1) * dv]
-                .copy_from_slice(&out[t * dv..(t + 1) * dv]);
-        }
-    }
-    y
-}
-
-/// Token `t`'s key-head row (`[key_dim]`) of `q` or `k` for value head `h`.
-fn key_row<'a>(shape: &DeltaShape, x: &'a [f32], t: usize, h: usize) -> &'a [f32] {
-    let at = (t * shape.key_heads + shape.key_head(h)) * shape.key_dim;
-    &x[at..at + shape.key_dim]
-}
-
-/// Token `t`'s value row (`[value_dim]`) of value head `h`.
-fn value_row<'a>(shape: &DeltaShape, v: &'a [f32], t: usize, h: usize) -> &'a [f32] {
-    let at = (t * shape.value_heads + h) * shape.value_dim;
-    &v[at..at + shape.value_dim]
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// One value head, token by token (the state `s` is `[value_dim, key_dim]`; `y` `[n,
-/// value_dim]`).
-fn recurrent_head(
-    shape: &DeltaShape,
-    inputs: &DeltaInputs<'_>,
-    n: usize,
-    h: usize,
-    s: &mut [f32],
-    y: &mut [f32],
-) {
-    let (dk, dv) = (shape.key_dim, shape.value_dim);
-    for t in 0..n {
-        let (q, k) = (
-            key_row(shape, inputs.q, t, h),
-            key_row(shape, inputs.k, t, h),
-        );
-        let v = value_row(shape, inputs.v, t, h);
-        let g = inputs.log_decay[t * shape.value_heads + h].exp();
-        let beta = inputs.beta[t * shape.value_heads + h];
-        for i in 0..dv {
-            let row = &mut s[i * dk..(i + 1) * dk];
-            for x in row.iter_mut() {
-                *x *= g;
-            }
-            let delta = (v[i] - dot(row, k)) * beta;
-            for (x, kj) in row.iter_mut().zip(k) {
-                *x += kj * delta;
-            }
-            y[t * dv + i] = dot(row, q);
-        }
-    }
-}
-
-/// One value head over tokens `start..end` (one chunk, at most [`CHUNK`]); `y` starts at the
-/// chunk's first row.
-///
-/// With `Γ_i = exp(Σ_{j≤i} ln g_j)` (the decay from the chunk's start through token `i`) and
-/// `S₀` the incoming state, the deltas satisfy `u_i + Σ_{j<i} A_ij u_j = β_i v_i − β_i Γ_i S₀
-/// k_i` with `A_ij = β_i (Γ_i/Γ_j) k_i·k_j`; with `T = (I + A)⁻¹` that is `U = T(βV) −
-/// T(βΓK) S₀ᵀ`. Then `y_i = Γ_i S₀ q_i + Σ_{j≤i} (Γ_i/Γ_j)(k_j·q_i) u_j` and the outgoing state
-/// is `Γ_L S₀ + Σ_j (Γ_L/Γ_j) u_j ⊗ k_j`. Ratios of `Γ` are taken as exponentials of
-/// differences of the log sums, so no factor overflows.
-fn chunk_head(
-    shape: &DeltaShape,
-    inputs: &DeltaInputs<'_>,
-    start: usize,
-    end: usize,
-    h: usize,
-    s: &mut [f32],
-    y: &mut [f32],
-) {
-    let (dk, dv, len) = (shape.key_dim, shape.value_dim, end - start);
-    let heads = shape.value_heads;
-    let mut log_gamma = vec![0f32; len];
-    let mut sum = 0f32;
-    for (i, lg) in log_gamma.iter_mut().enumerate() {
-        sum += inputs.log_decay[(start + i) * heads + h];
-        *lg = sum;
-    }
-    let beta: Vec<f32> = (0..len)
-        .map(|i| inputs.beta[(start + i) * heads + h])
-        .collect();
-    let q = |i: usize| key_row(shape, inputs.q, start + i, h);
-    let k = |i: usize| key_row(shape, inputs.k, start + i, h);
-    let v = |i: usize| value_row(shape, inputs.v, start + i, h);
-    // T = (I + A)⁻¹, lower triangular with a unit diagonal, by forward substitution row by row:
-    // T_ij = −Σ_{j≤m<i} A_im T_mj.
-    let mut a = vec![0f32; len * len];
-    for i in 0..len {
-        for j in 0..i {
-            a[i * len + j] = beta[i] * (log_gamma[i] - log_gamma[j]).exp() * dot(k(i), k(j));
-        }
-    }
-    let mut t = vec![0f32; len * len];
-    for i in 0..len {
-        t[i * len + i] = 1.0;
-        for j in 0..i {
-            let mut acc = 0f32;
-            for m in j..i {
-                acc += a[i * len + m] * t[m * len + j];
-            }
-            t[i * len + j] = -acc;
-        }
-    }
-    // U = T(βV) − T(βΓK) S₀ᵀ, row by row.
-    let mut u = vec![0f32; len * dv];
-    let mut kc = vec![0f32; dk];
-    for i in 0..len {
-        let ui = &mut u[i * dv..(i + 1) * dv];
-        kc.fill(0.0);
-        for j in 0..=i {
-            let w = t[i * len + j] * beta[j];
-            if w == 0.0 {
-                continue;
-            }
-            for (x, vj) in ui.iter_mut().zip(v(j)) {
-                *x += w * vj;
-            }
-            let wk = w * log_gamma[j].exp();
-            for (x, kj) in kc.iter_mut().zip(k(j)) {
-                *x += wk * kj;
-            }
-        }
-        for (r, x) in ui.iter_mut().enumerate() {
-            *x -= dot(&s[r * dk..(r + 1) * dk], &kc);
-        }
-    }
-    // y_i = Γ_i S₀ q_i + Σ_{j≤i} (Γ_i/Γ_j)(k_j·q_i) u_j.
-    for i in 0..len {
-        let gamma = log_gamma[i].exp();
-        let yi = &mut y[i * dv..(i + 1) * dv];
-        for (r, x) in yi.iter_mut().enumerate() {
-            *x = gamma * dot(&s[r * dk..(r + 1) * dk], q(i));
-        }
-        for j in 0..=i {
-            let w = (log_gamma[i] - log_gamma[j]).exp() * dot(k(j), q(i));
-            for (x, uj) in yi.iter_mut().zip(&u[j * dv..(j + 1) * dv]) {
-                *x += w * uj;
-            }
-        }
-    }
-    // S ← Γ_L S₀ + Σ_j (Γ_L/Γ_j) u_j ⊗ k_j.
-    let last = log_gamma[len - 1];
-    let gamma = last.exp();
-    for x in s.iter_mut() {
-        *x *= gamma;
-    }
-    for j in 0..len {
-        let w = (last - log_gamma[j]).exp();
-        let kj = k(j);
-        for r in 0..dv {
-            let coefficient = w * u[j * dv + r];
-            for (x, kv) in s[r * dk..(r + 1) * dk].iter_mut().zip(kj) {
-                *x += coefficient * kv;
-            }
-        }
-    }
+    let mut y = vec![0f32; n * shape.value_heads * shape.value_dim];
+    ffi::kernels_delta_rule(
+        inputs.q,
+        inputs.k,
+        inputs.v,
+        inputs.log_decay,
+        inputs.beta,
+        state,
+        &mut y,
+        shape.key_heads as i32,
+        shape.value_heads as i32,
+        shape.key_dim as i32,
+        shape.value_dim as i32,
+        shape.tiled,
+        chunked_from.unwrap_or(0) as i64,
+        chunked_from.is_some(),
+        kernels.isa as u8,
+        kernels.threads as i32,
+    )
+    .map_err(Error::mlx("delta_rule"))?;
+    Ok(y)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::Isa;
+
+    /// Each path this CPU has, on `threads` threads.
+    fn paths(threads: usize) -> Vec<Kernels> {
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|&isa| isa <= Isa::best())
+            .map(|isa| Kernels {
+                isa,
+                threads,
+                ..Kernels::native()
+            })
+            .collect()
+    }
+
+    fn key_row<'a>(shape: &DeltaShape, x: &'a [f32], t: usize, h: usize) -> &'a [f32] {
+        let at = (t * shape.key_heads + shape.key_head(h)) * shape.key_dim;
+        &x[at..at + shape.key_dim]
+    }
+
+    fn value_row<'a>(shape: &DeltaShape, v: &'a [f32], t: usize, h: usize) -> &'a [f32] {
+        let at = (t * shape.value_heads + h) * shape.value_dim;
+        &v[at..at + shape.value_dim]
+    }
+
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
 
     /// A deterministic stream of values in [-1, 1).
     struct Lcg(u64);
@@ -539,15 +412,27 @@ mod tests {
         let case = Case::new(n, 7);
         let (want_y, want_state) = reference(&case, n);
 
-        let mut state = case.state.clone();
-        let y = recurrent(&case.shape, &case.inputs(0, n), &mut state, 4);
-        let (ry, rs) = (relative(&y, &want_y), relative(&state, &want_state));
-        assert!(ry < 1e-5 && rs < 1e-5, "recurrent: y {ry:e}, state {rs:e}");
+        for kernels in paths(4) {
+            let isa = kernels.isa;
+            let mut state = case.state.clone();
+            let y = recurrent(&case.shape, &case.inputs(0, n), &mut state, &kernels).unwrap();
+            let (ry, rs) = (relative(&y, &want_y), relative(&state, &want_state));
+            assert!(
+                ry < 1e-5 && rs < 1e-5,
+                "recurrent {isa:?}: y {ry:e}, state {rs:e}"
+            );
 
-        let mut state = case.state.clone();
-        let y = chunked(&case.shape, &case.inputs(0, n), &mut state, 0, 4);
-        let (cy, cs) = (relative(&y, &want_y), relative(&state, &want_state));
-        assert!(cy < 1e-5 && cs < 1e-5, "chunked: y {cy:e}, state {cs:e}");
+            let mut state = case.state.clone();
+            let y = chunked(&case.shape, &case.inputs(0, n), &mut state, 0, &kernels).unwrap();
+            let (cy, cs) = (relative(&y, &want_y), relative(&state, &want_state));
+            eprintln!(
+                "{isa:?}: recurrent y {ry:.1e} state {rs:.1e}, chunked y {cy:.1e} state {cs:.1e}"
+            );
+            assert!(
+                cy < 1e-5 && cs < 1e-5,
+                "chunked {isa:?}: y {cy:e}, state {cs:e}"
+            );
+        }
     }
 
     /// Rows of `per_head` values per value head of each of `rows`, moved from grouped order (head
@@ -583,22 +468,25 @@ mod tests {
             beta: &beta,
         };
         let state_len = sh.value_dim * sh.key_dim;
-        for chunk in [false, true] {
-            let mut grouped_state = case.state.clone();
-            let mut tiled_state = tile(&case.state, &sh, state_len);
-            let (grouped, tiled) = if chunk {
-                (
-                    chunked(&sh, &case.inputs(0, n), &mut grouped_state, 0, 2),
-                    chunked(&tiled_shape, &tiled_inputs, &mut tiled_state, 0, 2),
-                )
-            } else {
-                (
-                    recurrent(&sh, &case.inputs(0, n), &mut grouped_state, 2),
-                    recurrent(&tiled_shape, &tiled_inputs, &mut tiled_state, 2),
-                )
-            };
-            assert_eq!(tiled, tile(&grouped, &sh, sh.value_dim), "chunked: {chunk}");
-            assert_eq!(tiled_state, tile(&grouped_state, &sh, state_len));
+        for kernels in paths(2) {
+            for chunk in [false, true] {
+                let mut grouped_state = case.state.clone();
+                let mut tiled_state = tile(&case.state, &sh, state_len);
+                let (grouped, tiled) = if chunk {
+                    (
+                        chunked(&sh, &case.inputs(0, n), &mut grouped_state, 0, &kernels),
+                        chunked(&tiled_shape, &tiled_inputs, &mut tiled_state, 0, &kernels),
+                    )
+                } else {
+                    (
+                        recurrent(&sh, &case.inputs(0, n), &mut grouped_state, &kernels),
+                        recurrent(&tiled_shape, &tiled_inputs, &mut tiled_state, &kernels),
+                    )
+                };
+                let (grouped, tiled) = (grouped.unwrap(), tiled.unwrap());
+                assert_eq!(tiled, tile(&grouped, &sh, sh.value_dim), "chunked: {chunk}");
+                assert_eq!(tiled_state, tile(&grouped_state, &sh, state_len));
+            }
         }
     }
 
@@ -609,35 +497,68 @@ mod tests {
         let (want_y, want_state) = reference(&case, n);
         // Prefilled in uneven pieces (a partial chunk first, then pieces across the grid), with
         // a decode step between: the same outputs as the whole run.
-        let mut state = case.state.clone();
-        let mut y = Vec::new();
-        let mut at = 0;
-        for piece in [37, 1, 90, 128, 44] {
-            let inputs = case.inputs(at, at + piece);
-            y.extend(if piece == 1 {
-                recurrent(&case.shape, &inputs, &mut state, 2)
-            } else {
-                chunked(&case.shape, &inputs, &mut state, at, 2)
-            });
-            at += piece;
+        for kernels in paths(2) {
+            let one = Kernels {
+                threads: 1,
+                ..kernels
+            };
+            let three = Kernels {
+                threads: 3,
+                ..kernels
+            };
+            let mut state = case.state.clone();
+            let mut y = Vec::new();
+            let mut at = 0;
+            for piece in [37, 1, 90, 128, 44] {
+                let inputs = case.inputs(at, at + piece);
+                y.extend(if piece == 1 {
+                    recurrent(&case.shape, &inputs, &mut state, &kernels).unwrap()
+                } else {
+                    chunked(&case.shape, &inputs, &mut state, at, &kernels).unwrap()
+                });
+                at += piece;
+            }
+            assert_eq!(at, n);
+            let (ry, rs) = (relative(&y, &want_y), relative(&state, &want_state));
+            assert!(ry < 1e-5 && rs < 1e-5, "pieces: y {ry:e}, state {rs:e}");
+            // Aligned pieces compute the very chunks the whole run does: the same bits.
+            let mut whole_state = case.state.clone();
+            let whole =
+                chunked(&case.shape, &case.inputs(0, 256), &mut whole_state, 0, &one).unwrap();
+            let mut split_state = case.state.clone();
+            let mut split =
+                chunked(&case.shape, &case.inputs(0, 128), &mut split_state, 0, &one).unwrap();
+            split.extend(
+                chunked(
+                    &case.shape,
+                    &case.inputs(128, 256),
+                    &mut split_state,
+                    128,
+                    &three,
+                )
+                .unwrap(),
+            );
+            assert_eq!(whole, split);
+            assert_eq!(whole_state, split_state);
         }
-        assert_eq!(at, n);
-        let (ry, rs) = (relative(&y, &want_y), relative(&state, &want_state));
-        assert!(ry < 1e-5 && rs < 1e-5, "pieces: y {ry:e}, state {rs:e}");
-        // Aligned pieces compute the very chunks the whole run does: the same bits.
-        let mut whole_state = case.state.clone();
-        let whole = chunked(&case.shape, &case.inputs(0, 256), &mut whole_state, 0, 1);
-        let mut split_state = case.state.clone();
-        let mut split = chunked(&case.shape, &case.inputs(0, 128), &mut split_state, 0, 1);
-        split.extend(chunked(
-            &case.shape,
-            &case.inputs(128, 256),
-            &mut split_state,
-            128,
-            3,
-        ));
-        assert_eq!(whole, split);
-        assert_eq!(whole_state, split_state);
+    }
+
+    #[test]
+    fn the_prefill_form_comes_from_its_variable() {
+        let form = |value: Option<&str>| {
+            PrefillForm::from_lookup(|name| {
+                assert_eq!(name, "MLXCEL_DELTA_PREFILL");
+                value.map(str::to_owned)
+            })
+        };
+        assert_eq!(form(None).unwrap(), PrefillForm::Recurrent);
+        assert_eq!(form(Some("recurrent")).unwrap(), PrefillForm::Recurrent);
+        assert_eq!(form(Some("chunked")).unwrap(), PrefillForm::Chunked);
+        let err = form(Some("wy")).unwrap_err().to_string();
+        assert!(
+            err.contains("MLXCEL_DELTA_PREFILL") && err.contains("wy"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -646,33 +567,42 @@ mod tests {
         let mut rng = Lcg(3);
         let x = rng.vec(n * channels);
         let weight = rng.vec(channels * taps);
-        // Whole, from zeros.
-        let mut tail = vec![0f32; (taps - 1) * channels];
-        let whole = causal_conv_silu(&x, channels, &weight, taps, &mut tail);
-        // The definition: out[t][c] = silu(Σ_j w[c][j] · x[t + j − (taps − 1)][c]).
-        for t in 0..n {
-            for c in 0..channels {
-                let mut acc = 0f32;
-                for j in 0..taps {
-                    if let Some(r) = (t + j).checked_sub(taps - 1) {
-                        acc += weight[c * taps + j] * x[r * channels + c];
+        for kernels in paths(2) {
+            // Whole, from zeros.
+            let mut tail = vec![0f32; (taps - 1) * channels];
+            let whole = causal_conv_silu(&x, channels, &weight, taps, &mut tail, &kernels).unwrap();
+            // The definition: out[t][c] = silu(Σ_j w[c][j] · x[t + j − (taps − 1)][c]).
+            for t in 0..n {
+                for c in 0..channels {
+                    let mut acc = 0f32;
+                    for j in 0..taps {
+                        if let Some(r) = (t + j).checked_sub(taps - 1) {
+                            acc += weight[c * taps + j] * x[r * channels + c];
+                        }
                     }
+                    assert!((whole[t * channels + c] - silu(acc)).abs() < 1e-6);
                 }
-                assert!((whole[t * channels + c] - silu(acc)).abs() < 1e-6);
             }
+            // In steps (one shorter than the tail, then one, then the rest), the tail carried:
+            // the same values.
+            let mut tail2 = vec![0f32; (taps - 1) * channels];
+            let mut parts = Vec::new();
+            for (from, to) in [(0, 2), (2, 3), (3, n)] {
+                parts.extend(
+                    causal_conv_silu(
+                        &x[from * channels..to * channels],
+                        channels,
+                        &weight,
+                        taps,
+                        &mut tail2,
+                        &kernels,
+                    )
+                    .unwrap(),
+                );
+            }
+            assert_eq!(whole, parts);
+            assert_eq!(tail, tail2);
+            assert_eq!(&tail[..], &x[(n - 3) * channels..]);
         }
-        // In two steps, the tail carried: the same values.
-        let mut tail2 = vec![0f32; (taps - 1) * channels];
-        let mut parts = causal_conv_silu(&x[..2 * channels], channels, &weight, taps, &mut tail2);
-        parts.extend(causal_conv_silu(
-            &x[2 * channels..],
-            channels,
-            &weight,
-            taps,
-            &mut tail2,
-        ));
-        assert_eq!(whole, parts);
-        assert_eq!(tail, tail2);
-        assert_eq!(&tail[..], &x[(n - 3) * channels..]);
     }
 }

@@ -280,6 +280,36 @@ pub(crate) mod ffi {
         fn kernels_has_vnni() -> bool;
         fn kernels_float_to_half(values: &[f32], out: &mut [u16]);
         fn kernels_best_isa() -> u8;
+        #[allow(clippy::too_many_arguments)]
+        fn kernels_delta_rule(
+            q: &[f32],
+            k: &[f32],
+            v: &[f32],
+            log_decay: &[f32],
+            beta: &[f32],
+            state: &mut [f32],
+            y: &mut [f32],
+            key_heads: i32,
+            value_heads: i32,
+            key_dim: i32,
+            value_dim: i32,
+            tiled: bool,
+            position: i64,
+            chunked: bool,
+            isa: u8,
+            threads: i32,
+        ) -> Result<()>;
+        #[allow(clippy::too_many_arguments)]
+        fn kernels_causal_conv_silu(
+            x: &[f32],
+            tail: &[f32],
+            weight: &[f32],
+            channels: i32,
+            taps: i32,
+            out: &mut [f32],
+            isa: u8,
+            threads: i32,
+        ) -> Result<()>;
         fn kernels_available_cores() -> i32;
     }
 }

@@ -11,13 +11,17 @@ use super::linear::Linear;
 use super::weights::Mlp;
 use crate::array::Array;
 use crate::delta_rule::{
-    DeltaInputs, DeltaShape, causal_conv_silu, chunked, recurrent, silu, softplus,
+    DeltaInputs, DeltaShape, PrefillForm, causal_conv_silu, chunked, recurrent, silu, softplus,
 };
 use crate::error::{Error, Result};
 use crate::fast::rms_norm;
 use crate::kernels::Kernels;
 use crate::kv_cache::KvCache;
 use crate::recurrent_state::{LayerState, LayerStateShape};
+
+/// One sequence's part of a linear-attention step: the gated norm's output and the layer's
+/// state after each cut (its index into the run).
+type SequenceOutput = (Vec<f32>, Vec<(usize, LayerState)>);
 
 /// The eps of the L2 normalisation of q and k (the reference implementations' 1e-6).
 const QK_L2_EPS: f32 = 1e-6;
@@ -133,8 +137,8 @@ impl DeltaNet {
         position: usize,
         (cuts, token_by_token): (&[usize], bool),
         eps: f32,
-        threads: usize,
-    ) -> (Vec<f32>, Vec<(usize, LayerState)>) {
+        kernels: &Kernels,
+    ) -> Result<SequenceOutput> {
         let s = &self.spec;
         let n = rows.len() / self.width();
         let (mut qkv, mut z, mut b, mut a) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -147,7 +151,14 @@ impl DeltaNet {
         } else {
             state.conv.clone()
         };
-        let mixed = causal_conv_silu(&qkv, channels, &self.conv, s.conv_kernel, &mut state.conv);
+        let mixed = causal_conv_silu(
+            &qkv,
+            channels,
+            &self.conv,
+            s.conv_kernel,
+            &mut state.conv,
+            kernels,
+        )?;
         let (key_dim, dk) = (s.key_dim(), s.key_head_dim);
         let mut q = Vec::with_capacity(n * key_dim);
         let mut k = Vec::with_capacity(n * key_dim);
@@ -180,21 +191,22 @@ impl DeltaNet {
         };
         let shape = self.shape();
         // One token (a decode step), or every token alone, runs the recurrent form; a longer
-        // run the chunked form, cut or not.
-        let one_by_one = n == 1 || token_by_token;
+        // run the form MLXCEL_DELTA_PREFILL names (the chunked one cut on its grid).
+        let one_by_one =
+            n == 1 || token_by_token || PrefillForm::from_env()? == PrefillForm::Recurrent;
         let run = |from: usize, to: usize, matrix: &mut Vec<f32>| {
             let part = inputs.rows(&shape, from, to);
             if one_by_one {
-                recurrent(&shape, &part, matrix, threads)
+                recurrent(&shape, &part, matrix, kernels)
             } else {
-                chunked(&shape, &part, matrix, position + from, threads)
+                chunked(&shape, &part, matrix, position + from, kernels)
             }
         };
         let mut records = Vec::with_capacity(cuts.len());
         let mut y = Vec::with_capacity(n * s.value_dim());
         let mut from = 0;
         for &cut in cuts {
-            y.extend(run(from, cut, &mut state.matrix));
+            y.extend(run(from, cut, &mut state.matrix)?);
             from = cut;
             records.push((
                 cut,
@@ -205,7 +217,7 @@ impl DeltaNet {
             ));
         }
         if from < n {
-            y.extend(run(from, n, &mut state.matrix));
+            y.extend(run(from, n, &mut state.matrix)?);
         }
         // The gated norm: RMS norm per value head with `norm`, times silu(z).
         let dv = s.value_head_dim;
@@ -216,7 +228,7 @@ impl DeltaNet {
                 *x = silu(*g) * (*x * scale * w);
             }
         }
-        (y, records)
+        Ok((y, records))
     }
 }
 
@@ -299,8 +311,8 @@ impl LinearLayer {
                 position,
                 (&cuts.0, cuts.1),
                 eps,
-                kernels.threads,
-            );
+                kernels,
+            )?;
             for (cut, layer) in records {
                 state.record(index, position + cut, layer);
             }

@@ -198,7 +198,7 @@ fn load_decoder_layer(
     // A gated q projection (Qwen3-Next, Qwen3.5) gives each head its queries, then as many gate
     // values: cut into the queries, which then load as any q, and the output gate.
     let (mut gated_q, output_gate) = if config.attention_output_gate {
-        let full = loader.linear(&q, qkv_bias)?;
+        let full = loader.linear_from(&q, qkv_bias, false)?;
         let d = config.head_dim as u32;
         let heads = config.num_attention_heads as u32;
         let rows = |offset: u32| -> Vec<u32> {
@@ -731,12 +731,19 @@ impl Loader<'_> {
     }
 
     fn linear(&self, module: &str, has_bias: bool) -> Result<Linear> {
+        self.linear_from(module, has_bias, true)
+    }
+
+    /// `module` as a [`Linear`]; `int8_blocks`: whether a GGUF weight may go straight into the
+    /// int8 layout (not for one cut by rows afterwards, which [`Linear::rows`] takes in the
+    /// checkpoint's layout; the layer's int8 rewrite converts the parts).
+    fn linear_from(&self, module: &str, has_bias: bool, int8_blocks: bool) -> Result<Linear> {
         let bias = if has_bias {
             Some(self.float(&format!("{module}.bias"))?)
         } else {
             None
         };
-        if let Some(weight) = self.int8_stack(&[module])? {
+        if int8_blocks && let Some(weight) = self.int8_stack(&[module])? {
             return Ok(Linear::Quantized { weight, bias });
         }
         Ok(match self.quantized(module)? {
