@@ -2,24 +2,23 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mlxcel_model::{ChatMessage, ChatTemplate, FimTokens, LoadedModel, Tokenizer, resolve_model};
 use tokio::sync::mpsc as events;
 use tokio::sync::oneshot;
 
-use crate::backend::Backend;
 use crate::backends;
 use crate::error::EngineError;
 use crate::metrics::EngineMetrics;
 use crate::options::{BackendKind, EngineOptions};
 use crate::request::{Event, FinishReason, GenerationRequest, RequestId, Usage};
+use crate::resident::{Loaded, Loader, Resident, open_draft};
 use crate::sampling::BreakerVocabulary;
-use crate::scheduler::{
-    CachedPrefix, ConstraintSource, Scheduler, SchedulerConfig, SchedulerStats,
-};
+use crate::scheduler::{CachedPrefix, ConstraintSource, SchedulerConfig, SchedulerStats};
 use crate::text::TokenizerDecoder;
 
 /// What the engine knows about its model.
@@ -109,6 +108,16 @@ enum Command {
         id: RequestId,
         reply: mpsc::Sender<Option<crate::SessionPlan>>,
     },
+    /// Load the model again if it sleeps, and start its idle time again ([`Engine::wake`]).
+    Wake {
+        reply: oneshot::Sender<Result<(), EngineError>>,
+    },
+    /// Unload the model now ([`Engine::sleep`]), or once idle for a while
+    /// ([`Engine::sleep_when_idle`]).
+    Sleep {
+        reply: mpsc::Sender<()>,
+    },
+    SleepWhenIdle(Option<Duration>),
     Shutdown,
 }
 
@@ -142,6 +151,10 @@ pub struct Engine {
     speculative: Option<crate::SpeculativeConfig>,
     /// The scheduler's limits ([`EngineOptions::scheduler`]).
     scheduler: SchedulerConfig,
+    /// Whether the model is unloaded ([`Engine::sleep_when_idle`]); the worker sets it.
+    sleeping: Arc<AtomicBool>,
+    /// Why the engine cannot sleep, if it cannot (a pipeline's ranks hold their stages).
+    cannot_sleep: Option<&'static str>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -205,31 +218,38 @@ impl Engine {
         let vocab_size = loaded.checkpoint.config().vocab_size;
         let worker_metrics = metrics.clone();
         let backend_name = options.backend.as_str();
+        let sleeping = Arc::new(AtomicBool::new(false));
+        let worker_sleeping = sleeping.clone();
+        let cannot_sleep = options
+            .pipeline
+            .is_some()
+            .then_some("a pipeline's ranks hold their stages of the model");
+        let loader_tokenizer = tokenizer.clone();
         let worker = std::thread::Builder::new()
             .name("mlxcel-engine".into())
             .spawn(move || {
-                // The backend is built on the thread that runs it.
-                let backend = backends::load(&loaded.checkpoint, &options);
-                let constraints =
-                    Arc::new(ConstraintSource::new(constraint_tokenizer, eos, vocab_size));
-                let scheduler = backend.and_then(|b| {
-                    let scheduler = Scheduler::new(b, decoder, options.scheduler)?
-                        .with_constraints(constraints)
-                        .with_breaker_vocabulary(breakers)
-                        .with_prefix_cache(options.prefix_cache_bytes);
-                    match &draft {
-                        Some(draft) => {
-                            scheduler.with_draft(backends::load(&draft.checkpoint, &options)?)
-                        }
-                        None => Ok(scheduler),
-                    }
-                });
+                // The backend is built on the thread that runs it; the loader is kept to build
+                // it again when the engine wakes from sleep.
+                let loader = Loader {
+                    dir: loaded.dir().to_owned(),
+                    options,
+                    tokenizer: loader_tokenizer,
+                    decoder,
+                    constraints: Arc::new(ConstraintSource::new(
+                        constraint_tokenizer,
+                        eos,
+                        vocab_size,
+                    )),
+                    breakers,
+                };
+                let scheduler = loader.build(&loaded.checkpoint, draft.as_ref());
                 drop(draft);
                 match scheduler {
                     Ok(scheduler) => {
                         let _ = ready_tx.send(Ok(()));
                         drop(loaded);
-                        run_worker(scheduler, inbox, worker_metrics);
+                        let resident = Resident::new(scheduler, loader, worker_sleeping);
+                        run_worker(resident, inbox, worker_metrics);
                     }
                     Err(err) => {
                         let _ = ready_tx.send(Err(err));
@@ -252,7 +272,66 @@ impl Engine {
             metrics,
             speculative,
             scheduler: scheduler_config,
+            sleeping,
+            cannot_sleep,
         })
+    }
+
+    /// Unloads the model once nothing has needed it for `after` (`None`: never, the default),
+    /// as llama-server's `--sleep-idle-seconds` does: the weights, the KV memory and the prefix
+    /// cache are dropped and their memory handed back, and the first request that needs the
+    /// model loads it again from the checkpoint with the same options (it waits for the load).
+    /// What needs only the tokenizer, the chat template or [`Engine::metrics`] (the snapshot
+    /// taken before sleeping) never wakes it. Refused for a pipeline of ranks.
+    pub fn sleep_when_idle(&self, after: Option<Duration>) -> Result<(), EngineError> {
+        if let (Some(reason), Some(_)) = (self.cannot_sleep, after) {
+            return Err(EngineError::Unsupported {
+                what: "unloading the model when idle (--sleep-idle-seconds)".into(),
+                backend: self.info.backend.as_str(),
+                reason,
+            });
+        }
+        self.commands
+            .send(Command::SleepWhenIdle(after))
+            .map_err(|_| EngineError::Stopped)
+    }
+
+    /// Unloads the model now if no request is queued or running (else it stays loaded); returns
+    /// once the worker has handled it.
+    pub fn sleep(&self) -> Result<(), EngineError> {
+        if let Some(reason) = self.cannot_sleep {
+            return Err(EngineError::Unsupported {
+                what: "unloading the model (sleep)".into(),
+                backend: self.info.backend.as_str(),
+                reason,
+            });
+        }
+        self.ask(|reply| Command::Sleep { reply })
+    }
+
+    /// Whether the model is unloaded ([`Engine::sleep_when_idle`]).
+    pub fn is_sleeping(&self) -> bool {
+        self.sleeping.load(Ordering::SeqCst)
+    }
+
+    /// Loads the model again if it sleeps, waiting for the load, and starts its idle time again
+    /// (callers that use the model without the engine's thread, such as a tokenizer route, call
+    /// it so that the engine counts them as activity).
+    pub fn wake(&self) -> Result<(), EngineError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Wake { reply })
+            .map_err(|_| EngineError::Stopped)?;
+        answer.blocking_recv().map_err(|_| EngineError::Stopped)?
+    }
+
+    /// [`Engine::wake`] for async callers.
+    pub async fn wake_async(&self) -> Result<(), EngineError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Wake { reply })
+            .map_err(|_| EngineError::Stopped)?;
+        answer.await.map_err(|_| EngineError::Stopped)?
     }
 
     /// The speculative decoding a request that does not choose gets (`None`: plain decoding).
@@ -531,8 +610,8 @@ struct Timing {
     last_token: Option<Instant>,
 }
 
-fn run_worker<B: Backend>(
-    mut scheduler: Scheduler<B>,
+fn run_worker(
+    mut resident: Resident,
     inbox: mpsc::Receiver<Command>,
     metrics: Arc<Mutex<EngineMetrics>>,
 ) {
@@ -543,8 +622,9 @@ fn run_worker<B: Backend>(
     // the engine is idle, it goes back to the system too.
     let mut stepped = true;
     loop {
-        // Block for a command while idle; otherwise take what has arrived and keep stepping.
-        let first = if scheduler.has_work() {
+        // Block for a command while idle (until the model's idle time runs out, when it sleeps
+        // after a while); otherwise take what has arrived and keep stepping.
+        let first = if resident.get().is_some_and(|s| s.has_work()) {
             inbox.try_recv().ok()
         } else {
             // Going idle: hand back what the steps freed before blocking.
@@ -553,7 +633,22 @@ fn run_worker<B: Backend>(
                 released = Instant::now();
                 stepped = false;
             }
-            match inbox.recv() {
+            let received = match resident.sleep_deadline() {
+                Some(deadline) => {
+                    match inbox.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                        Ok(command) => Ok(command),
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            // The metrics keep the snapshot published before: what a reader
+                            // sees while the model sleeps is what it saw last while awake.
+                            resident.sleep();
+                            continue;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+                None => inbox.recv(),
+            };
+            match received {
                 Ok(command) => Some(command),
                 Err(_) => return,
             }
@@ -566,7 +661,7 @@ fn run_worker<B: Backend>(
                     events,
                     reply,
                 } => {
-                    let result = scheduler.submit(*request);
+                    let result = resident.wake().and_then(|s| s.submit(*request));
                     let accepted = result.as_ref().ok().copied();
                     if let Some(id) = accepted {
                         let timing = Timing {
@@ -582,40 +677,75 @@ fn run_worker<B: Backend>(
                     // with: cancel for it, so that no slot runs for nobody.
                     if !reply.send(result)
                         && let Some(id) = accepted
+                        && let Some(scheduler) = resident.get_mut()
                     {
                         scheduler.cancel(id);
                     }
                 }
                 Command::Cancel(id) => {
-                    scheduler.cancel(id);
+                    if let Some(scheduler) = resident.get_mut() {
+                        scheduler.cancel(id);
+                    }
                 }
                 Command::Hidden { tokens, reply } => {
-                    let _ = reply.send(scheduler.backend_mut().hidden_states(&tokens));
+                    let _ = reply.send(
+                        resident
+                            .wake()
+                            .and_then(|s| s.backend_mut().hidden_states(&tokens)),
+                    );
                 }
                 Command::ExportCached { id, reply } => {
-                    let _ = reply.send(scheduler.export_cached(id));
+                    // A sleeping engine's prefix cache went with its backend.
+                    let _ =
+                        reply.send(resident.get_mut().map_or(Ok(None), |s| s.export_cached(id)));
                 }
-                Command::RestoreCached { prefix, reply } => {
-                    let _ = reply.send(scheduler.restore_cached_state(
-                        prefix.tokens,
-                        &prefix.kv,
-                        &prefix.state,
-                    ));
-                    publish(&metrics, &mut local, &scheduler);
-                }
-                Command::EraseCached { id, reply } => {
-                    let _ = reply.send(scheduler.erase_cached(id));
-                    publish(&metrics, &mut local, &scheduler);
-                }
+                Command::RestoreCached { prefix, reply } => match resident.wake() {
+                    Ok(scheduler) => {
+                        let _ = reply.send(scheduler.restore_cached_state(
+                            prefix.tokens,
+                            &prefix.kv,
+                            &prefix.state,
+                        ));
+                        publish(&metrics, &mut local, scheduler);
+                    }
+                    Err(err) => {
+                        let _ = reply.send(Err(err));
+                    }
+                },
+                Command::EraseCached { id, reply } => match resident.get_mut() {
+                    Some(scheduler) => {
+                        let _ = reply.send(scheduler.erase_cached(id));
+                        publish(&metrics, &mut local, scheduler);
+                    }
+                    None => {
+                        let _ = reply.send(0);
+                    }
+                },
                 Command::Plan { id, reply } => {
-                    let _ = reply.send(scheduler.plan(id));
+                    let _ = reply.send(resident.get().and_then(|s| s.plan(id)));
                 }
+                Command::Wake { reply } => {
+                    let woken = resident.wake().map(|scheduler| {
+                        publish(&metrics, &mut local, scheduler);
+                    });
+                    let _ = reply.send(woken);
+                }
+                Command::Sleep { reply } => {
+                    if !resident.get().is_some_and(|s| s.has_work()) {
+                        resident.sleep();
+                    }
+                    let _ = reply.send(());
+                }
+                Command::SleepWhenIdle(after) => resident.set_idle_after(after),
                 Command::Shutdown => return,
             }
             next = inbox.try_recv().ok();
         }
+        let Some(scheduler) = resident.get_mut() else {
+            continue;
+        };
         if !scheduler.has_work() {
-            publish(&metrics, &mut local, &scheduler);
+            publish(&metrics, &mut local, scheduler);
             continue;
         }
         if released.elapsed() >= backends::RELEASE_EVERY {
@@ -665,7 +795,7 @@ fn run_worker<B: Backend>(
                 }
             }
         }
-        publish(&metrics, &mut local, &scheduler);
+        publish(&metrics, &mut local, scheduler);
         for (id, event) in events {
             let Some((sender, _)) = streams.get(&id) else {
                 continue;
@@ -679,6 +809,8 @@ fn run_worker<B: Backend>(
                 scheduler.cancel(id);
             }
         }
+        // The idle time before sleeping counts from the end of the last step.
+        resident.touch();
     }
 }
 
@@ -692,11 +824,7 @@ fn admit(local: &mut EngineMetrics, timing: &mut Timing, step_start: Instant) {
 }
 
 /// Copies the worker's metrics, with the scheduler's current counters, where readers see them.
-fn publish<B: Backend>(
-    shared: &Mutex<EngineMetrics>,
-    local: &mut EngineMetrics,
-    scheduler: &Scheduler<B>,
-) {
+fn publish(shared: &Mutex<EngineMetrics>, local: &mut EngineMetrics, scheduler: &Loaded) {
     local.scheduler = scheduler.stats();
     local.buckets = scheduler.bucket_occupancy();
     local.compilations = scheduler.backend().compilations();
@@ -807,32 +935,4 @@ pub struct Completion {
     pub finish_reason: Option<FinishReason>,
     /// Token counts.
     pub usage: Usage,
-}
-
-/// Opens the draft model at `path` and checks that its tokenizer is the model's: the same
-/// vocabulary, token for token (proposals are token ids, so they must mean the same text).
-fn open_draft(path: &str, tokenizer: &Tokenizer) -> Result<LoadedModel, EngineError> {
-    let dir = resolve_model(Some(path))?;
-    let draft = LoadedModel::open(&dir)?;
-    let refuse = |what: String| {
-        EngineError::InvalidSpeculation(format!(
-            "the draft model {} does not share the model's tokenizer ({what}); give a draft \
-             model of the same family and tokenizer",
-            dir.display()
-        ))
-    };
-    let (ours, theirs) = (tokenizer.vocab_size(), draft.tokenizer.vocab_size());
-    if ours != theirs {
-        return Err(refuse(format!("{theirs} tokens against {ours}")));
-    }
-    if let Some(id) =
-        (0..ours as u32).find(|&id| tokenizer.id_to_token(id) != draft.tokenizer.id_to_token(id))
-    {
-        return Err(refuse(format!(
-            "token {id} is {:?} in the draft, {:?} in the model",
-            draft.tokenizer.id_to_token(id).unwrap_or_default(),
-            tokenizer.id_to_token(id).unwrap_or_default()
-        )));
-    }
-    Ok(draft)
 }

@@ -55,6 +55,7 @@ mod metrics;
 mod options;
 mod perplexity;
 mod request;
+mod resident;
 mod rng;
 mod sampling;
 mod scheduler;

@@ -22,6 +22,13 @@ use super::sequence::{DraftState, Sequence};
 use super::speculation::{self, Speculation};
 use super::stats::{BucketOccupancy, RequestProgress, SchedulerStats};
 
+/// What a replaced scheduler hands its successor ([`Scheduler::carried`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Carried {
+    next_id: RequestId,
+    stats: SchedulerStats,
+}
+
 /// The continuous batcher over one backend.
 pub struct Scheduler<B: Backend> {
     backend: B,
@@ -156,6 +163,27 @@ impl<B: Backend> Scheduler<B> {
     /// positions).
     pub fn erase_cached(&mut self, id: RequestId) -> usize {
         self.prefix.erase(&mut self.backend, &self.running, id)
+    }
+
+    /// What a scheduler built to replace this one carries on (the engine's, when it wakes from
+    /// sleep): the next request id, so that ids stay unique across the two, and the counters, so
+    /// that its metrics continue rather than restart.
+    pub(crate) fn carried(&self) -> Carried {
+        Carried {
+            next_id: self.next_id,
+            stats: self.stats(),
+        }
+    }
+
+    /// Continues from `carried` (a replaced scheduler's [`Scheduler::carried`]): request ids
+    /// after its, its counters as the start of this one's. What it held (requests, kept slots)
+    /// is not carried: it went with its backend.
+    pub(crate) fn carry_on(mut self, carried: Carried) -> Self {
+        self.next_id = self.next_id.max(carried.next_id);
+        self.prefix
+            .carry_counters(carried.stats.prefix, carried.stats.reused_tokens);
+        self.stats = carried.stats;
+        self
     }
 
     /// Lets requests carry structured-output constraints, compiled against this vocabulary.

@@ -27,6 +27,7 @@ mod sequence;
 mod speculation;
 mod stats;
 
+pub(crate) use batcher::Carried;
 pub use batcher::Scheduler;
 pub use config::SchedulerConfig;
 pub(crate) use constraints::ConstraintSource;

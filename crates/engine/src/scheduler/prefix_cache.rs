@@ -112,6 +112,19 @@ impl PrefixCache {
         }
     }
 
+    /// Continues the counters of a cache this one replaces (`counters` its
+    /// [`PrefixCache::stats`], `reused_tokens` its [`PrefixCache::reused_tokens`]); what it held
+    /// now is not carried.
+    pub(super) fn carry_counters(&mut self, counters: PrefixCacheStats, reused_tokens: u64) {
+        self.counters = PrefixCacheStats {
+            entries: 0,
+            bytes: 0,
+            budget: 0,
+            ..counters
+        };
+        self.reused_tokens = reused_tokens;
+    }
+
     /// Prompt tokens not computed because a cached prefix held them, so far.
     pub(super) fn reused_tokens(&self) -> u64 {
         self.reused_tokens

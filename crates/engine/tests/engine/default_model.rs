@@ -1486,3 +1486,65 @@ fn an_unlimited_request_is_planned_for_its_share_of_the_kv_budget() {
     let err = limited(2100).expect_err("past the budget").to_string();
     assert!(err.contains("--kv-budget"), "{err}");
 }
+
+#[test]
+fn a_sleeping_engine_frees_the_model_and_reloads_it_on_demand() {
+    if skip() {
+        return;
+    }
+    let options = EngineOptions {
+        prefix_cache_bytes: 1 << 28,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::load(None, options).unwrap();
+    let first = engine
+        .submit(greedy("The capital of France is", 8))
+        .unwrap();
+    let first_id = first.id();
+    let first = first.collect_completion().unwrap();
+    assert_eq!(first.text, " Paris.\n\nThe answer is:");
+    let before = engine.metrics();
+    assert!(before.prefix.entries > 0, "{:?}", before.prefix);
+
+    engine.sleep().unwrap();
+    assert!(engine.is_sleeping());
+    // Asleep, the metrics are the snapshot taken before, and the prefix cache is gone with the
+    // backend: nothing can be exported from it, and asking does not wake the engine.
+    assert_eq!(engine.metrics(), before);
+    assert_eq!(engine.cached_prefix(first_id).unwrap(), None);
+    assert!(engine.is_sleeping());
+
+    // A request wakes it: the model is loaded again and answers as before, the ids and the
+    // counters go on from where they were.
+    let again = engine
+        .submit(greedy("The capital of France is", 8))
+        .unwrap();
+    assert!(again.id() > first_id);
+    let again = again.collect_completion().unwrap();
+    assert!(!engine.is_sleeping());
+    assert_eq!(again.text, first.text);
+    assert_eq!(again.usage.cached_tokens, 0, "the prefix cache was dropped");
+    let after = engine.metrics();
+    assert_eq!(after.generated_tokens, before.generated_tokens + 8);
+    assert_eq!(after.prefix.lookups, before.prefix.lookups + 1);
+
+    // An idle time puts it to sleep by itself; `wake` loads it without a request.
+    engine
+        .sleep_when_idle(Some(std::time::Duration::from_millis(200)))
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !engine.is_sleeping() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(30));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    engine.wake().unwrap();
+    assert!(!engine.is_sleeping());
+    let embedded = engine
+        .embed(
+            engine.tokenize("Hello").unwrap(),
+            Pooling::Mean,
+            Normalize::default(),
+        )
+        .unwrap();
+    assert_eq!(embedded[0].len(), engine.info().hidden_size);
+}
