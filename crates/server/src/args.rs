@@ -263,6 +263,33 @@ pub struct ServerArgs {
     )]
     pub cache_ram: i64,
 
+    /// When a request takes a slot, the idle slots leave their last request's KV to the prefix
+    /// cache (`--cache-ram`), and with `--kv-unified` forget it, so that only running requests
+    /// hold KV of their own (on by default; needs `--cache-ram` above 0).
+    #[arg(
+        long = "cache-idle-slots",
+        env = "LLAMA_ARG_CACHE_IDLE_SLOTS",
+        value_parser = llama_bool,
+        num_args = 0..=1,
+        default_value = "true",
+        default_missing_value = "true",
+        overrides_with = "no_cache_idle_slots"
+    )]
+    pub cache_idle_slots: bool,
+
+    /// Idle slots keep their last request's KV as their own (`/slots/{id}?action=save` saves it).
+    #[arg(long = "no-cache-idle-slots", overrides_with = "cache_idle_slots")]
+    pub no_cache_idle_slots: bool,
+
+    /// Unload the model after this many seconds without a request that needs it, and load it
+    /// again on the next one (-1: never; 0 is refused, as llama-server refuses it).
+    #[arg(
+        long = "sleep-idle-seconds",
+        default_value_t = -1,
+        allow_negative_numbers = true
+    )]
+    pub sleep_idle_seconds: i64,
+
     /// The KV memory the running requests may reserve, in MiB (the MLX backend; each request
     /// reserves its prompt plus its token budget up front): a request that needs more than all
     /// of it is refused with the numbers; one without a token limit may generate up to a
@@ -576,7 +603,7 @@ impl ServerArgs {
     /// The addresses `--host` and `--port` name: `--host` is one host or a comma-separated list
     /// (`127.0.0.1,::1`, as llama-server takes it), each a literal address (IPv6 with or without
     /// brackets) or a name resolved to its first address.
-    fn addrs(&self) -> Result<Vec<SocketAddr>, ServerError> {
+    fn addrs(&self, port: u16) -> Result<Vec<SocketAddr>, ServerError> {
         let mut addrs = Vec::new();
         for host in self.host.split(',').map(str::trim) {
             let bare = host
@@ -589,7 +616,7 @@ impl ServerArgs {
                     self.host
                 )));
             }
-            let addr = (bare, self.port)
+            let addr = (bare, port)
                 .to_socket_addrs()
                 .map_err(|err| ServerError::Flag(format!("--host {host}: {err}")))?
                 .next()
@@ -682,8 +709,50 @@ impl ServerArgs {
                     .map(str::to_owned),
             );
         }
-        let addrs = self.addrs()?;
+        let gcp = crate::gcp::GcpConfig::from_vars(|name| std::env::var(name).ok())
+            .map_err(ServerError::Flag)?;
+        let port = match &gcp {
+            Some(gcp) => {
+                if crate::routes::has_path(&gcp.predict_route) {
+                    return Err(ServerError::Flag(format!(
+                        "AIP_PREDICT_ROUTE={}: that is one of the server's own routes;                          choose another path",
+                        gcp.predict_route
+                    )));
+                }
+                if gcp.port != self.port {
+                    tracing::warn!(
+                        "Vertex AI mode (AIP_MODE=PREDICTION): listening on AIP_HTTP_PORT {} \
+                         instead of --port {}",
+                        gcp.port,
+                        self.port
+                    );
+                }
+                gcp.port
+            }
+            None => self.port,
+        };
+        let addrs = self.addrs(port)?;
         let kv_unified = self.kv_unified && !self.no_kv_unified;
+        let sleep_idle = match self.sleep_idle_seconds {
+            -1 => None,
+            seconds if seconds > 0 => Some(Duration::from_secs(seconds as u64)),
+            other => {
+                return Err(ServerError::Flag(format!(
+                    "--sleep-idle-seconds {other}: expected -1 (never) or a count of seconds"
+                )));
+            }
+        };
+        let cache_idle_slots = self.cache_idle_slots && !self.no_cache_idle_slots;
+        if cache_idle_slots && self.cache_ram == 0 {
+            tracing::debug!("--cache-idle-slots needs --cache-ram above 0; off");
+        }
+        let cache_idle_slots = cache_idle_slots && self.cache_ram != 0;
+        if cache_idle_slots {
+            tracing::debug!(
+                "__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__ idle slots leave their KV to the prefix \
+                 cache when a request takes a slot"
+            );
+        }
         Ok(ServerConfig {
             addr: addrs[0],
             extra_addrs: addrs[1..].to_vec(),
@@ -736,6 +805,10 @@ impl ServerArgs {
             },
             slot_save_path: self.slot_save_path()?,
             reasoning: self.reasoning()?,
+            sleep_idle,
+            cache_idle_slots,
+            kv_unified: kv_unified || self.parallel == -1,
+            gcp,
             ..ServerConfig::default()
         })
     }

@@ -114,6 +114,17 @@ pub struct ServerConfig {
     /// Reasoning models (`--reasoning-format`, `--chat-template-kwargs`, `--reasoning-budget`,
     /// `--reasoning-effort`): how chat replies split, and the template's extra variables.
     pub reasoning: crate::reasoning::ReasoningDefaults,
+    /// Unload the model after this long without a request that needs it
+    /// (`--sleep-idle-seconds`; `None`: never).
+    pub sleep_idle: Option<Duration>,
+    /// When a request takes a slot, the idle slots give up their last request's KV to the prefix
+    /// cache (`--cache-idle-slots`, on unless `--no-cache-idle-slots` or `--cache-ram 0`).
+    pub cache_idle_slots: bool,
+    /// llama-server's `--kv-unified` (on with `--parallel` auto): idle slots cached by
+    /// `--cache-idle-slots` are also cleared.
+    pub kv_unified: bool,
+    /// Google Vertex AI's prediction protocol (`AIP_MODE=PREDICTION`; `None`: off).
+    pub gcp: Option<crate::gcp::GcpConfig>,
 }
 
 impl Default for ServerConfig {
@@ -149,6 +160,10 @@ impl Default for ServerConfig {
             cors: crate::cors::CorsConfig::default(),
             slot_save_path: None,
             reasoning: crate::reasoning::ReasoningDefaults::new(),
+            sleep_idle: None,
+            cache_idle_slots: false,
+            kv_unified: false,
+            gcp: None,
         }
     }
 }

@@ -175,7 +175,20 @@ pub async fn submit(
     prompt: PromptInput,
     params: Params,
 ) -> Result<Tracked, ApiError> {
-    let engine = state.engine()?.clone();
+    let pinned = params.id_slot;
+    if let Some(slot) = pinned
+        && slot >= state.config().parallel
+    {
+        return Err(ApiError::invalid_param(
+            "id_slot",
+            format!(
+                "id_slot={slot}: this server has {} slots (ids 0 to {}; --parallel)",
+                state.config().parallel,
+                state.config().parallel.saturating_sub(1)
+            ),
+        ));
+    }
+    let engine = state.awake_engine().await?;
     let sampling = sampling(state, &params, &engine.info().eos_token_ids);
     let ignore_eos = params
         .ignore_eos
@@ -232,6 +245,19 @@ pub async fn submit(
         MaxNewTokens::Unlimited => None,
     };
     let prompt = request.prompt.clone();
+    if request.reuse_cached_prefix && engine.metrics().prefix.budget > 0 {
+        tracing::debug!(
+            prompt_tokens = prompt_len,
+            "updating prompt cache: the prompt is looked up in the prefix cache (--cache-ram)"
+        );
+    }
+    // As llama-server defers a task pinned to a busy slot until the slot's task ends: wait
+    // while a request holds it (a client that gives up drops this future).
+    if let Some(slot) = pinned {
+        while state.slot_is_busy(slot) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
     let stream = engine
         .submit_async(request)
         .await
@@ -255,6 +281,7 @@ pub async fn submit(
         text: String::new(),
         params: slot_params.clone(),
         started: Instant::now(),
+        pinned,
     });
     Ok(Tracked {
         settings: slot_params,

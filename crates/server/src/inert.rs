@@ -37,7 +37,6 @@ pub const INERT_FIELDS: &[(&str, &[&str])] = &[
     ("reasoning_budget_message", &["\"\""]),
     ("reasoning_budget_end_tag", &["\"\""]),
     ("grammar_type", &["\"gbnf\""]),
-    ("id_slot", &["-1"]),
     ("add_generation_prompt", &["true"]),
     ("chat_template_kwargs", &["{}"]),
     ("reasoning_effort", &["null"]),

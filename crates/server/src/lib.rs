@@ -41,6 +41,7 @@ mod error;
 mod fingerprint;
 #[doc(hidden)]
 pub mod fuzzing;
+mod gcp;
 mod generate;
 mod handler;
 mod inert;
@@ -67,6 +68,7 @@ pub use args::{ServerArgs, accepted_spellings};
 pub use config::{ApiKeys, ServerConfig};
 pub use cors::CorsConfig;
 pub use error::{ApiError, ErrorShape, ServerError};
+pub use gcp::GcpConfig;
 pub use llama_flags::{IgnoredOptions, normalize_llama_args};
 pub use logging::{LogFormat, init_logging, init_logging_as, init_logging_with, log_subscriber};
 pub use metrics::Metrics;

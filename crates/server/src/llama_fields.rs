@@ -38,6 +38,8 @@ pub struct LlamaFields {
     pub timings_per_token: Option<bool>,
     /// A stream reports the prompt's processing before the first token.
     pub return_progress: Option<bool>,
+    /// The `/slots` id the request must run in (`-1`: any).
+    pub id_slot: Option<i64>,
 }
 
 /// Reads `logit_bias` as llama-server does, on every generating route (OpenAI's object of
@@ -219,6 +221,16 @@ impl LlamaFields {
         if let Some(samplers) = &self.samplers {
             params.samplers = Some(samplers.stages()?);
         }
+        params.id_slot = match self.id_slot {
+            None | Some(-1) => None,
+            Some(id) if id >= 0 => Some(id as usize),
+            Some(id) => {
+                return Err(ApiError::invalid_param(
+                    "id_slot",
+                    format!("id_slot={id}: expected -1 (any slot) or a slot id of /slots"),
+                ));
+            }
+        };
         params.predict_time_limit = match self.t_max_predict_ms {
             None | Some(-1..=0) => None,
             Some(ms) if ms > 0 => Some(Duration::from_millis(ms as u64)),

@@ -354,12 +354,6 @@ pub const NO_OP_OPTIONS: &[NoOpOption] = &[
         reason: "no prompt cache yet: every prompt is computed afresh (docs/server.md)",
     },
     NoOpOption {
-        names: &["--cache-idle-slots", "--no-cache-idle-slots"],
-        env: Some("LLAMA_ARG_CACHE_IDLE_SLOTS"),
-        values: 0,
-        reason: "no prompt cache yet: every prompt is computed afresh (docs/server.md)",
-    },
-    NoOpOption {
         names: &["--context-shift", "--no-context-shift"],
         env: Some("LLAMA_ARG_CONTEXT_SHIFT"),
         values: 0,

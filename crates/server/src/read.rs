@@ -14,6 +14,20 @@ use serde::de::DeserializeOwned;
 use crate::error::ApiError;
 use crate::llama_fields::LlamaFields;
 
+/// A request body as a handler receives it: from the connection, or already read (an instance
+/// of a Vertex AI prediction request, [`crate::gcp`], dispatched to the route it names).
+#[derive(Debug)]
+pub enum RequestBody {
+    Incoming(Incoming),
+    Bytes(bytes::Bytes),
+}
+
+impl From<Incoming> for RequestBody {
+    fn from(body: Incoming) -> Self {
+        Self::Incoming(body)
+    }
+}
+
 /// A generating route's body, read and checked.
 #[derive(Debug)]
 pub struct GenerationBody<T> {
@@ -90,13 +104,16 @@ impl SamplingRanges {
 }
 
 /// Reads a JSON request body of at most `limit` bytes into `T`; errors name the field.
-pub async fn read_json<T: DeserializeOwned>(body: Incoming, limit: usize) -> Result<T, ApiError> {
+pub async fn read_json<T: DeserializeOwned>(
+    body: RequestBody,
+    limit: usize,
+) -> Result<T, ApiError> {
     parse_json(&read_bytes(body, limit).await?)
 }
 
 /// Reads a generating route's body ([`parse_generation`]) of at most `limit` bytes.
 pub async fn read_generation<T: DeserializeOwned>(
-    body: Incoming,
+    body: RequestBody,
     limit: usize,
     ranges: &SamplingRanges,
 ) -> Result<GenerationBody<T>, ApiError> {
@@ -106,7 +123,7 @@ pub async fn read_generation<T: DeserializeOwned>(
 /// [`read_generation`] for a route that acts on the llama-server fields `handled` itself
 /// (the chat route's reasoning fields), which the inert-field check then leaves to it.
 pub async fn read_generation_handling<T: DeserializeOwned>(
-    body: Incoming,
+    body: RequestBody,
     limit: usize,
     ranges: &SamplingRanges,
     handled: &[&str],
@@ -144,7 +161,14 @@ pub fn parse_generation_handling<T: DeserializeOwned>(
 }
 
 /// The body's bytes, within `limit`.
-pub(crate) async fn read_bytes(body: Incoming, limit: usize) -> Result<bytes::Bytes, ApiError> {
+pub(crate) async fn read_bytes(body: RequestBody, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    let body = match body {
+        RequestBody::Incoming(body) => body,
+        RequestBody::Bytes(bytes) if bytes.len() > limit => {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        RequestBody::Bytes(bytes) => return Ok(bytes),
+    };
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(err) if err.is::<http_body_util::LengthLimitError>() => {

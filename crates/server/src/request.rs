@@ -333,6 +333,9 @@ pub struct Params {
     /// llama-server's `return_progress`: a stream reports the prompt's processing
     /// (`prompt_progress`) before the first token.
     pub return_progress: bool,
+    /// llama-server's `id_slot`: the `/slots` id the request must run in (`None`: the lowest
+    /// free one).
+    pub id_slot: Option<usize>,
 }
 
 impl Params {

@@ -15,8 +15,10 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use crate::body::{Body, full};
 use crate::error::{ApiError, ErrorShape};
+use crate::gcp;
 use crate::protocols::llama_server::{self, slot_files};
 use crate::protocols::{anthropic, embeddings, openai, responses};
+use crate::read::{RequestBody, read_bytes};
 use crate::request_log::RequestLog;
 use crate::state::AppState;
 use crate::webui;
@@ -25,7 +27,7 @@ use crate::webui;
 /// segments.
 struct Call {
     state: Arc<AppState>,
-    body: Incoming,
+    body: RequestBody,
     path: String,
     query: String,
     params: PathParams,
@@ -354,6 +356,11 @@ fn match_path(pattern: &'static str, path: &str) -> Option<PathParams> {
     }
 }
 
+/// Whether a route has exactly `path` (a Vertex AI route must not shadow one).
+pub fn has_path(path: &str) -> bool {
+    ROUTES.iter().any(|r| r.path == path)
+}
+
 /// The paths of the routes that take a request body (`POST`), in [`ROUTES`]'s order.
 pub fn post_paths() -> Vec<&'static str> {
     ROUTES
@@ -466,10 +473,76 @@ fn preflight(state: &AppState, path: &str, origin: Option<&str>) -> Response<Bod
     response
 }
 
+/// Runs one instance of a Vertex AI prediction request as a request to the POST route `path`
+/// (its errors become the route's error replies).
+async fn run_instance(
+    state: Arc<AppState>,
+    path: &'static str,
+    payload: bytes::Bytes,
+) -> Response<Body> {
+    let Some(route) = ROUTES
+        .iter()
+        .find(|r| r.method == Method::POST && r.path == path)
+    else {
+        return ApiError::NotFound {
+            method: "POST".into(),
+            path: path.into(),
+        }
+        .response_as(ErrorShape::OpenAi);
+    };
+    let call = Call {
+        state,
+        body: RequestBody::Bytes(payload),
+        path: path.to_owned(),
+        query: String::new(),
+        params: PathParams::default(),
+    };
+    match (route.handler)(call).await {
+        Ok(response) => response,
+        Err(err) => err.response_as(route.errors),
+    }
+}
+
+/// Google Vertex AI's routes (`AIP_MODE=PREDICTION`, [`crate::gcp`]), when the request is for
+/// one: `AIP_HEALTH_ROUTE` as `/health`, and `AIP_PREDICT_ROUTE`'s instances run through the
+/// POST routes.
+async fn dispatch_gcp(
+    state: &Arc<AppState>,
+    request: Request<Incoming>,
+) -> Result<Result<Response<Body>, ApiError>, Request<Incoming>> {
+    let Some(config) = &state.config().gcp else {
+        return Err(request);
+    };
+    let path = request.uri().path();
+    if request.method() == Method::GET && config.health_route.as_deref() == Some(path) {
+        return Ok(llama_server::health(state));
+    }
+    if request.method() != Method::POST || path != config.predict_route {
+        return Err(request);
+    }
+    if !authorized(state, &request) {
+        return Ok(Err(ApiError::Unauthorized));
+    }
+    let body = match read_bytes(request.into_body().into(), state.config().body_limit).await {
+        Ok(body) => body,
+        Err(err) => return Ok(Err(err)),
+    };
+    let paths = post_paths();
+    let state = state.clone();
+    Ok(gcp::predict(&body, &paths, move |path, payload| {
+        run_instance(state.clone(), path, payload)
+    })
+    .await)
+}
+
 async fn dispatch(
     state: &Arc<AppState>,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
+    let request = match dispatch_gcp(state, request).await {
+        Ok(answer) => return answer,
+        Err(request) => request,
+    };
     let path = request.uri().path().to_owned();
     let query = request.uri().query().unwrap_or_default().to_owned();
     let method = request.method().clone();
@@ -489,7 +562,7 @@ async fn dispatch(
     if let Some((route, params)) = found {
         let call = Call {
             state: state.clone(),
-            body: request.into_body(),
+            body: request.into_body().into(),
             path,
             query,
             params,

@@ -34,6 +34,8 @@ pub struct ActiveRequest {
     pub params: serde_json::Value,
     /// When it was submitted.
     pub started: Instant,
+    /// The `/slots` id it asked for (llama-server's `id_slot`); it waits for that one.
+    pub pinned: Option<usize>,
 }
 
 /// Shared state of one server.
@@ -86,14 +88,40 @@ impl AppState {
         &self.metrics
     }
 
-    /// Makes the server ready. A second engine is ignored.
+    /// Makes the server ready, and lets the engine sleep after `--sleep-idle-seconds`. A
+    /// second engine is ignored.
     pub fn set_engine(&self, engine: Arc<Engine>) {
+        if let Some(after) = self.config.sleep_idle
+            && let Err(err) = engine.sleep_when_idle(Some(after))
+        {
+            tracing::warn!("--sleep-idle-seconds: {err}; the model stays loaded");
+        }
         let _ = self.engine.set(engine);
     }
 
-    /// The engine, or 503 while it loads.
+    /// The engine, or 503 while it loads. For what needs no model weights (its description,
+    /// its tokenizer's metadata, the metrics snapshot): it does not wake a sleeping engine;
+    /// routes that run the model or count as activity use [`AppState::awake_engine`].
     pub fn engine(&self) -> Result<&Arc<Engine>, ApiError> {
         self.engine.get().ok_or(ApiError::Loading)
+    }
+
+    /// The engine, woken first if it sleeps (`--sleep-idle-seconds`: the caller waits for the
+    /// model to load again), with its idle time started again; 503 while it first loads.
+    pub async fn awake_engine(&self) -> Result<Arc<Engine>, ApiError> {
+        let engine = self.engine()?.clone();
+        if self.config.sleep_idle.is_some() {
+            if engine.is_sleeping() {
+                tracing::info!("waking the model: loading it again");
+            }
+            engine.wake_async().await?;
+        }
+        Ok(engine)
+    }
+
+    /// Whether the model is unloaded for idleness (`/props`' `is_sleeping`).
+    pub fn is_sleeping(&self) -> bool {
+        self.engine.get().is_some_and(|e| e.is_sleeping())
     }
 
     /// Whether the model has loaded.
@@ -194,12 +222,53 @@ impl AppState {
     /// Starts tracking `request`: it takes the lowest free slot, if one of the `--parallel`
     /// slots is free (the engine admits in submission order, so the requests holding slots are
     /// the ones it runs).
+    /// A request pinned to a slot (`id_slot`) waits for that one.
     pub(crate) fn register(&self, mut request: ActiveRequest) -> u64 {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
         let mut active = self.lock_active();
-        request.slot = free_slot(&active, self.config.parallel);
+        request.slot = match request.pinned {
+            Some(slot) => (!active.values().any(|r| r.slot == Some(slot))).then_some(slot),
+            None => free_slot(&active, self.config.parallel),
+        };
+        let launched = request.slot;
         active.insert(key, request);
+        if let Some(slot) = launched {
+            self.cache_idle_slots(&active, slot);
+        }
         key
+    }
+
+    /// A request launched in `slot`: with `--cache-idle-slots`, every idle slot whose last
+    /// request's KV is still its own gives it up to the prefix cache, so that only the running
+    /// requests hold KV of their own. In this engine a finished request's KV already is a
+    /// prefix-cache entry (kept within `--cache-ram`, evicted least recently used first, and
+    /// reused by any prompt that starts the same way), so what the slot gives up is its claim on
+    /// the entry: with `--kv-unified` it is cleared (llama-server clears the slot there too), and
+    /// `POST /slots/{id}?action=save` on it then saves an empty slot. The debug lines carry
+    /// llama-server's test tags, which its own test suite looks for (docs/server.md).
+    fn cache_idle_slots(&self, active: &BTreeMap<u64, ActiveRequest>, launched: usize) {
+        if !self.config.cache_idle_slots {
+            return;
+        }
+        let mut entries = self.slot_entries.lock().unwrap_or_else(|e| e.into_inner());
+        let idle: Vec<usize> = entries
+            .keys()
+            .copied()
+            .filter(|&slot| slot != launched && !active.values().any(|r| r.slot == Some(slot)))
+            .collect();
+        for slot in idle {
+            let entry = if self.config.kv_unified {
+                entries.remove(&slot)
+            } else {
+                entries.get(&slot).copied()
+            };
+            tracing::debug!(
+                slot,
+                entry,
+                cleared = self.config.kv_unified,
+                "__TEST_TAG_CACHE_IDLE_SLOT__ idle slot {slot}: its KV is left to the prefix cache"
+            );
+        }
     }
 
     pub(crate) fn note_generated(&self, key: u64, generated: usize, text: &str) {
@@ -221,8 +290,12 @@ impl AppState {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(slot, request.request_id);
-            if let Some(next) = active.values_mut().find(|r| r.slot.is_none()) {
+            if let Some(next) = active
+                .values_mut()
+                .find(|r| r.slot.is_none() && r.pinned.is_none_or(|p| p == slot))
+            {
                 next.slot = Some(slot);
+                self.cache_idle_slots(&active, slot);
             }
         }
     }
@@ -294,6 +367,7 @@ mod tests {
             text: String::new(),
             params: serde_json::Value::Null,
             started: Instant::now(),
+            pinned: None,
         }
     }
 

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use hyper::body::Incoming;
 use hyper::{Response, StatusCode};
 use mlxcel_engine::{Normalize, Pooling};
 use serde::{Deserialize, Serialize};
@@ -14,6 +13,7 @@ use serde_json::Value;
 
 use crate::body::Body;
 use crate::error::ApiError;
+use crate::read::RequestBody;
 use crate::read::read_json;
 use crate::state::AppState;
 
@@ -157,11 +157,11 @@ pub(crate) fn check_body(bytes: &[u8]) -> Result<(), ApiError> {
 /// `POST /v1/embeddings`, `POST /embedding`, `POST /embeddings`.
 pub async fn embeddings(
     state: &Arc<AppState>,
-    body: Incoming,
+    body: RequestBody,
     shape: Shape,
 ) -> Result<Response<Body>, ApiError> {
     let request: EmbeddingRequest = read_json(body, state.config().body_limit).await?;
-    let engine = state.engine()?.clone();
+    let engine = state.awake_engine().await?;
     state.check_model(engine.info(), request.model.as_deref())?;
     // llama-server answers `content` in its own shape whatever the route.
     let (value, field, shape) = match (request.input, request.content) {

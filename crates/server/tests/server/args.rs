@@ -497,3 +497,43 @@ fn an_explicit_parallel_divides_the_context_unless_unified() {
     let accepted = mlxcel_server::accepted_spellings();
     assert!(accepted.iter().any(|a| a == "LLAMA_ARG_KV_UNIFIED"));
 }
+
+#[test]
+fn idle_flags_parse_as_llama_server_spells_them() {
+    let config = |argv: &[&str]| parse(argv).unwrap().server_config().unwrap();
+    // --sleep-idle-seconds: -1 (the default) never, N seconds, 0 and below -1 refused.
+    assert_eq!(config(&[]).sleep_idle, None);
+    assert_eq!(
+        config(&["--sleep-idle-seconds", "5"]).sleep_idle,
+        Some(std::time::Duration::from_secs(5))
+    );
+    assert_eq!(config(&["--sleep-idle-seconds", "-1"]).sleep_idle, None);
+    for bad in ["0", "-2"] {
+        let err = parse(&["--sleep-idle-seconds", bad])
+            .unwrap()
+            .server_config()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--sleep-idle-seconds"), "{err}");
+    }
+    // --cache-idle-slots: on by default, off with --no-cache-idle-slots or --cache-ram 0; the
+    // slots are also cleared with --kv-unified (or --parallel auto).
+    let idle = |argv: &[&str]| {
+        let c = config(argv);
+        (c.cache_idle_slots, c.kv_unified)
+    };
+    assert_eq!(idle(&[]), (true, true));
+    assert_eq!(idle(&["-np", "2"]), (true, false));
+    assert_eq!(
+        idle(&["-np", "2", "-kvu", "--cache-idle-slots"]),
+        (true, true)
+    );
+    assert_eq!(idle(&["--no-cache-idle-slots"]), (false, true));
+    assert_eq!(idle(&["--cache-ram", "0"]), (false, true));
+    assert_eq!(
+        idle(&["--no-cache-idle-slots", "--cache-idle-slots"]),
+        (true, true)
+    );
+    let accepted = mlxcel_server::accepted_spellings();
+    assert!(accepted.iter().any(|a| a == "LLAMA_ARG_CACHE_IDLE_SLOTS"));
+}

@@ -8,7 +8,8 @@
 //! client disconnect, graceful shutdown), `concurrency` (parallel streams equal sequential runs),
 //! `infill` (llama-server's `/infill`), `webui` (the chat page at `/` and `--no-webui`), `slots`
 //! (saving, restoring and erasing slots with `--slot-save-path`), `sampler_chain` (DRY, XTC,
-//! mirostat ... and post-sampling probabilities, their flags).
+//! mirostat ... and post-sampling probabilities, their flags), `idle` (`--sleep-idle-seconds`,
+//! `--cache-idle-slots` with `id_slot`, Vertex AI's prediction route).
 //! Tests on the default model are skipped with `MLXCEL_SKIP_MODEL_TESTS=1`.
 
 mod anthropic;
@@ -20,6 +21,7 @@ mod cors;
 mod edges;
 mod embeddings;
 mod errors;
+mod idle;
 mod infill;
 mod lifecycle;
 mod llama_fields;

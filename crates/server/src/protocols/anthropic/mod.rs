@@ -10,7 +10,6 @@ mod wire;
 
 use std::sync::Arc;
 
-use hyper::body::Incoming;
 use hyper::{Response, StatusCode};
 use serde::Serialize;
 
@@ -18,6 +17,7 @@ use crate::body::Body;
 use crate::error::ApiError;
 use crate::generate::rand_id;
 use crate::handler::{count_tokens as count_prompt_tokens, generate};
+use crate::read::RequestBody;
 use crate::read::{GenerationBody, SamplingRanges, parse_generation, read_generation, read_json};
 use crate::state::AppState;
 use reply::{MessagesReply, ReplyMeta};
@@ -40,13 +40,16 @@ pub(crate) fn check_count_body(bytes: &[u8]) -> Result<(), ApiError> {
 }
 
 /// `POST /v1/messages`.
-pub async fn messages(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
+pub async fn messages(
+    state: &Arc<AppState>,
+    body: RequestBody,
+) -> Result<Response<Body>, ApiError> {
     let body: GenerationBody<MessagesRequest> =
         read_generation(body, state.config().body_limit, &SamplingRanges::ANTHROPIC).await?;
     let model = body.request.model.clone();
     // Checked whole before the model is asked for (a bad request is a 400 while it loads too).
     let generation = MessagesRequest::into_generation(body)?;
-    let engine = state.engine()?.clone();
+    let engine = state.awake_engine().await?;
     state.check_model(engine.info(), model.as_deref())?;
     let stops = generation.params.stop.clone();
     let model = state.model_name(engine.info());
@@ -71,10 +74,10 @@ struct TokenCount {
 /// generate from (its `usage.input_tokens`).
 pub async fn count_tokens(
     state: &Arc<AppState>,
-    body: Incoming,
+    body: RequestBody,
 ) -> Result<Response<Body>, ApiError> {
     let mut request: MessagesRequest = read_json(body, state.config().body_limit).await?;
-    let engine = state.engine()?.clone();
+    let engine = state.awake_engine().await?;
     state.check_model(engine.info(), request.model.as_deref())?;
     let input_tokens = count_prompt_tokens(engine, request.chat()?).await?;
     Ok(crate::body::json(

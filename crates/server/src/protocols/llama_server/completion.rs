@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use hyper::Response;
-use hyper::body::Incoming;
 use mlxcel_engine::{Engine, SamplingOverrides};
 use serde::Deserialize;
 
@@ -13,6 +12,7 @@ use crate::error::ApiError;
 use crate::handler::generate;
 use crate::llama_fields::LlamaFields;
 use crate::protocols::openai::StopField;
+use crate::read::RequestBody;
 use crate::read::{GenerationBody, SamplingRanges, parse_generation, read_generation};
 use crate::request::{Generation, Params, Prompt, PromptInput, budget};
 use crate::state::AppState;
@@ -176,7 +176,10 @@ impl CompletionRequest {
 }
 
 /// `POST /completion`.
-pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
+pub async fn completion(
+    state: &Arc<AppState>,
+    body: RequestBody,
+) -> Result<Response<Body>, ApiError> {
     let mut body: GenerationBody<CompletionRequest> = read_generation(
         body,
         state.config().body_limit,
@@ -184,7 +187,7 @@ pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Respons
     )
     .await?;
     let request = &mut body.request;
-    let engine = state.engine()?.clone();
+    let engine = state.awake_engine().await?;
     for (field, given) in [
         ("input_prefix", request.input_prefix.is_some()),
         ("input_suffix", request.input_suffix.is_some()),
@@ -213,8 +216,8 @@ pub async fn completion(state: &Arc<AppState>, body: Incoming) -> Result<Respons
 /// `POST /infill`: the prefix, suffix and extra files arranged around the model's
 /// fill-in-the-middle tokens as llama-server does (`fim.rs`), then generated and answered
 /// as `/completion`. A model without those tokens is answered 501, as llama-server answers.
-pub async fn infill(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
-    let engine = state.engine()?.clone();
+pub async fn infill(state: &Arc<AppState>, body: RequestBody) -> Result<Response<Body>, ApiError> {
+    let engine = state.awake_engine().await?;
     let (pre, suf, mid) = engine.info().fim_tokens.infill().map_err(|missing| {
         ApiError::NotImplemented(
             format!(

@@ -12,13 +12,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use hyper::body::Incoming;
 use hyper::{Response, StatusCode};
 use mlxcel_engine::{CachedPrefix, EngineError};
 use serde::{Deserialize, Serialize};
 
 use crate::body::{Body, json};
 use crate::error::ApiError;
+use crate::read::RequestBody;
 use crate::state::AppState;
 
 use super::slot_file::{check_header, filename_of, header_for, read_slot_file, write_slot_file};
@@ -139,7 +139,7 @@ fn check_filename(name: &str) -> Result<(), ApiError> {
 /// `POST /slots/{id}?action=...`.
 pub async fn slot_action(
     state: &Arc<AppState>,
-    body: Incoming,
+    body: RequestBody,
     id: Option<&str>,
     query: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -177,7 +177,7 @@ pub async fn slot_action(
             ));
         }
     };
-    let engine = Arc::clone(state.engine()?);
+    let engine = state.awake_engine().await?;
     // As llama-server defers a slot action until the slot's task ends: wait while a request
     // holds the slot (a client that gives up drops this future).
     while state.slot_is_busy(id_slot) {

@@ -194,7 +194,7 @@ pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
             vision: false,
             audio: false,
         },
-        is_sleeping: false,
+        is_sleeping: state.is_sleeping(),
         build_info: concat!("mlxcel-", env!("CARGO_PKG_VERSION")),
         endpoint_slots: config.slots,
         endpoint_props: config.props,

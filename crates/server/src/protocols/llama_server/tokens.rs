@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use hyper::body::Incoming;
 use hyper::{Response, StatusCode};
 use mlxcel_engine::ChatMessage;
 use serde::{Deserialize, Serialize};
@@ -11,6 +10,7 @@ use crate::body::{Body, json};
 use crate::error::ApiError;
 use crate::generate::token_piece;
 use crate::protocols::openai::{MessageField, turns};
+use crate::read::RequestBody;
 use crate::read::{parse_json, read_json};
 use crate::state::AppState;
 
@@ -46,7 +46,10 @@ struct TokenizeRequest {
 }
 
 /// `POST /tokenize`.
-pub async fn tokenize(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
+pub async fn tokenize(
+    state: &Arc<AppState>,
+    body: RequestBody,
+) -> Result<Response<Body>, ApiError> {
     let request: TokenizeRequest = read_json(body, state.config().body_limit).await?;
     if request.parse_special == Some(false) {
         return Err(ApiError::unsupported(
@@ -54,7 +57,7 @@ pub async fn tokenize(state: &Arc<AppState>, body: Incoming) -> Result<Response<
             "parse_special=false is not supported: special tokens in the text are always parsed",
         ));
     }
-    let engine = state.engine()?.clone();
+    let engine = state.awake_engine().await?;
     let tokens = engine
         .tokenizer()
         .encode(&request.content, request.add_special, true)
@@ -110,9 +113,12 @@ struct DetokenizeRequest {
 }
 
 /// `POST /detokenize`.
-pub async fn detokenize(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
+pub async fn detokenize(
+    state: &Arc<AppState>,
+    body: RequestBody,
+) -> Result<Response<Body>, ApiError> {
     let request: DetokenizeRequest = read_json(body, state.config().body_limit).await?;
-    let engine = state.engine()?.clone();
+    let engine = state.awake_engine().await?;
     engine
         .check_tokens(&request.tokens)
         .map_err(|err| ApiError::invalid_param("tokens", err.to_string()))?;
@@ -131,10 +137,10 @@ struct ApplyTemplateRequest {
 /// `POST /apply-template`.
 pub async fn apply_template(
     state: &Arc<AppState>,
-    body: Incoming,
+    body: RequestBody,
 ) -> Result<Response<Body>, ApiError> {
     let request: ApplyTemplateRequest = read_json(body, state.config().body_limit).await?;
-    let engine = state.engine()?.clone();
+    let engine = state.awake_engine().await?;
     let prompt = engine.apply_chat_template(&chat_messages(request.messages)?)?;
     Ok(json(StatusCode::OK, &PromptResponse { prompt }))
 }

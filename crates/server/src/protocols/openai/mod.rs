@@ -13,7 +13,6 @@ mod wire;
 use std::sync::Arc;
 
 use hyper::Response;
-use hyper::body::Incoming;
 use mlxcel_engine::Engine;
 
 pub use models::{model, models};
@@ -23,6 +22,7 @@ use crate::body::Body;
 use crate::error::ApiError;
 use crate::generate::{rand_id, unix_now};
 use crate::handler::{count_tokens, generate};
+use crate::read::RequestBody;
 use crate::read::{
     GenerationBody, SamplingRanges, parse_generation, parse_generation_handling, read_generation,
     read_generation_handling,
@@ -67,7 +67,7 @@ fn chat_fields() -> Vec<&'static str> {
 /// answers it: `{"input_tokens"}`.
 pub async fn chat_input_tokens(
     state: &Arc<AppState>,
-    body: Incoming,
+    body: RequestBody,
 ) -> Result<Response<Body>, ApiError> {
     let body: GenerationBody<ChatRequest> = read_generation_handling(
         body,
@@ -78,7 +78,7 @@ pub async fn chat_input_tokens(
     .await?;
     let model = body.request.model.clone();
     let (generation, _) = ChatRequest::into_generation(body)?;
-    let engine = state.engine()?.clone();
+    let engine = state.awake_engine().await?;
     state.check_model(engine.info(), model.as_deref())?;
     let Prompt::Chat(chat) = generation.prompt else {
         return Err(ApiError::Internal("a chat request without a chat".into()));
@@ -93,7 +93,7 @@ pub async fn chat_input_tokens(
 /// `POST /v1/completions`.
 pub async fn completions(
     state: &Arc<AppState>,
-    body: Incoming,
+    body: RequestBody,
 ) -> Result<Response<Body>, ApiError> {
     let body: GenerationBody<CompletionRequest> =
         read_generation(body, state.config().body_limit, &SamplingRanges::OPENAI).await?;
@@ -101,7 +101,7 @@ pub async fn completions(
     // The body is checked whole before the model is asked for, as OpenAI answers a bad request
     // 400 whatever the state of the model.
     let (generation, asked) = CompletionRequest::into_generation(body)?;
-    let engine = state.engine()?.clone();
+    let engine = state.awake_engine().await?;
     state.check_model(engine.info(), model.as_deref())?;
     let envelope = envelope(state, &engine, Kind::Completion, "cmpl", &asked);
     generate(state, &engine, generation, |_| OpenAiReply {
@@ -116,7 +116,7 @@ pub async fn completions(
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     state: &Arc<AppState>,
-    body: Incoming,
+    body: RequestBody,
 ) -> Result<Response<Body>, ApiError> {
     let body: GenerationBody<ChatRequest> = read_generation_handling(
         body,
@@ -129,7 +129,7 @@ pub async fn chat_completions(
     // The body is checked whole before the model is asked for, as OpenAI answers a bad request
     // 400 whatever the state of the model.
     let (generation, asked) = ChatRequest::into_generation(body)?;
-    let engine = state.engine()?.clone();
+    let engine = state.awake_engine().await?;
     state.check_model(engine.info(), model.as_deref())?;
     let envelope = envelope(state, &engine, Kind::Chat, "chatcmpl", &asked);
     // Calls in the output are looked for unless the request said `none`.

@@ -12,7 +12,6 @@ mod wire;
 
 use std::sync::Arc;
 
-use hyper::body::Incoming;
 use hyper::{Response, StatusCode};
 use serde::Serialize;
 use serde_json::json;
@@ -21,6 +20,7 @@ use crate::body::Body;
 use crate::error::ApiError;
 use crate::generate::{Outcome, Tracked, rand_id, unix_now};
 use crate::handler::{Reply, count_tokens, generate};
+use crate::read::RequestBody;
 use crate::read::{GenerationBody, SamplingRanges, parse_generation, read_generation, read_json};
 use crate::state::AppState;
 use reply::{ReplyMeta, ResponseObject};
@@ -50,7 +50,7 @@ pub(crate) fn check_body(bytes: &[u8]) -> Result<(), ApiError> {
 }
 
 /// `POST /v1/responses`.
-pub async fn create(state: &Arc<AppState>, body: Incoming) -> Result<Response<Body>, ApiError> {
+pub async fn create(state: &Arc<AppState>, body: RequestBody) -> Result<Response<Body>, ApiError> {
     let GenerationBody {
         mut request,
         sampling,
@@ -63,7 +63,7 @@ pub async fn create(state: &Arc<AppState>, body: Incoming) -> Result<Response<Bo
     .await?;
     // Checked whole before the model is asked for (a bad request is a 400 while it loads too).
     let generation = request.generation(sampling, &llama)?;
-    let engine = state.engine()?.clone();
+    let engine = state.awake_engine().await?;
     state.check_model(engine.info(), request.model.as_deref())?;
     let sampling = &generation.params.sampling;
     let text = request.text.take().unwrap_or_default();
@@ -117,10 +117,10 @@ struct InputTokens {
 /// generate from (its `usage.input_tokens`).
 pub async fn input_tokens(
     state: &Arc<AppState>,
-    body: Incoming,
+    body: RequestBody,
 ) -> Result<Response<Body>, ApiError> {
     let mut request: ResponsesRequest = read_json(body, state.config().body_limit).await?;
-    let engine = state.engine()?.clone();
+    let engine = state.awake_engine().await?;
     state.check_model(engine.info(), request.model.as_deref())?;
     let input_tokens = count_tokens(engine, request.chat()?).await?;
     Ok(crate::body::json(
