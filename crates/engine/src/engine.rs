@@ -117,6 +117,7 @@ enum Command {
     Sleep {
         reply: mpsc::Sender<()>,
     },
+    /// Sleep after this long without a command that needs the model (`None`: never).
     SleepWhenIdle(Option<Duration>),
     Shutdown,
 }

@@ -12,7 +12,9 @@
 //!
 //! [`Engine`] is the embedding API: it loads a checkpoint, runs the scheduler on its own thread,
 //! and hands out a [`GenerationStream`] per request (an `Iterator` of [`Event`]s, or
-//! `next_event().await` in async code); dropping a stream cancels its request.
+//! `next_event().await` in async code); dropping a stream cancels its request. With
+//! [`Engine::sleep_when_idle`] it unloads the model after an idle time and loads it again on the
+//! next request that needs it.
 //!
 //! ```no_run
 //! use mlxcel_engine::{ChatMessage, Engine, EngineOptions, GenerationRequest, MaxNewTokens};
