@@ -103,8 +103,14 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
                 ),
             ]);
             if own_kv {
+                // Keys as values: no v projection.
+                let own = if config.layer_keys_as_values(layer) {
+                    &["k_proj"][..]
+                } else {
+                    &["k_proj", "v_proj"][..]
+                };
                 modules.extend(
-                    ["k_proj", "v_proj"]
+                    own.iter()
                         .map(|m| linear(format!("{p}.self_attn.{m}"), kv_dim, hidden, qkv_bias)),
                 );
             }

@@ -59,7 +59,8 @@ pub(super) struct VariedLayers {
 #[derive(Debug)]
 pub(super) struct OwnKv {
     k: Linear,
-    v: Linear,
+    /// `None` where the values are the keys' projection (`keys_as_values`).
+    v: Option<Linear>,
     k_norm: Array,
 }
 
@@ -83,6 +84,7 @@ pub(super) struct VariedLayer {
     /// Ones of `[head_dim]` when each head of v is RMS-normed without weights.
     value_norm: Option<Array>,
     head_dim: usize,
+    kv_heads: usize,
     window: Option<usize>,
     /// The cache layer the layer writes (its own keys and values) or reads (another's).
     cache_layer: usize,
@@ -157,7 +159,9 @@ impl VariedLayers {
             linear_arrays(&layer.o, arrays);
             if let Some(own) = &layer.kv {
                 linear_arrays(&own.k, arrays);
-                linear_arrays(&own.v, arrays);
+                if let Some(v) = &own.v {
+                    linear_arrays(v, arrays);
+                }
                 arrays.push(&own.k_norm);
             }
             layer.mlp.arrays(arrays);
@@ -202,7 +206,11 @@ fn load_layer(
         Some(_) => None,
         None => Some(OwnKv {
             k: loader.linear(&format!("{a}.k_proj"))?,
-            v: loader.linear(&format!("{a}.v_proj"))?,
+            v: if config.layer_keys_as_values(i) {
+                None
+            } else {
+                Some(loader.linear(&format!("{a}.v_proj"))?)
+            },
             k_norm: loader.norm(&format!("{a}.k_norm.weight"))?,
         }),
     };
@@ -241,6 +249,7 @@ fn load_layer(
             None
         },
         head_dim,
+        kv_heads: config.layer_kv_heads(i),
         window,
         cache_layer,
         local_rope: config.has_local_rope() && window.is_some(),
@@ -249,7 +258,8 @@ fn load_layer(
         let (layout, threads) = (kernels.int8_layout, kernels.threads);
         let mut linears = vec![&mut layer.q, &mut layer.o];
         if let Some(own) = &mut layer.kv {
-            linears.extend([&mut own.k, &mut own.v]);
+            linears.push(&mut own.k);
+            linears.extend(own.v.as_mut());
         }
         if let Some(gate) = &mut layer.per_layer {
             linears.extend([&mut gate.gate, &mut gate.projection]);
@@ -308,13 +318,20 @@ impl VariedLayers {
         let eps = c.rms_norm_eps;
         let (heads, kv_heads, d) = (
             c.num_attention_heads as i32,
-            c.num_key_value_heads as i32,
+            layer.kv_heads as i32,
             layer.head_dim as i32,
         );
         let h = rms_norm(&x, &layer.input_norm, eps)?;
         let q_all = layer.q.forward(&h, kn)?;
         let kv_all = match &layer.kv {
-            Some(own) => Some((own.k.forward(&h, kn)?, own.v.forward(&h, kn)?)),
+            Some(own) => {
+                let k = own.k.forward(&h, kn)?;
+                let v = match &own.v {
+                    Some(v) => v.forward(&h, kn)?,
+                    None => k.clone(),
+                };
+                Some((k, v))
+            }
             None => None,
         };
         let rope = match (cx.local_rope, layer.local_rope) {

@@ -227,4 +227,6 @@ pub(crate) struct AttentionLayout {
     pub global_head_dim: Option<usize>,
     pub kv_shared_layers: usize,
     pub per_layer_input: Option<PerLayerInput>,
+    pub keys_as_values: bool,
+    pub global_key_value_heads: Option<usize>,
 }

@@ -23,9 +23,24 @@ impl ModelConfig {
         self.num_attention_heads * self.layer_head_dim(layer)
     }
 
+    /// Whether layer `layer`'s values are its keys' projection (a full layer of a model with
+    /// `keys_as_values`): it has no `v_proj`.
+    pub fn layer_keys_as_values(&self, layer: usize) -> bool {
+        self.keys_as_values && self.layers[layer].window.is_none()
+    }
+
+    /// Layer `layer`'s key/value heads: `global_key_value_heads` on a layer whose keys are its
+    /// values, when the model gives them, else `num_key_value_heads`.
+    pub fn layer_kv_heads(&self, layer: usize) -> usize {
+        match self.global_key_value_heads {
+            Some(heads) if self.layer_keys_as_values(layer) => heads,
+            _ => self.num_key_value_heads,
+        }
+    }
+
     /// Rows of each of layer `layer`'s k and v projections.
     pub fn layer_kv_dim(&self, layer: usize) -> usize {
-        self.num_key_value_heads * self.layer_head_dim(layer)
+        self.layer_kv_heads(layer) * self.layer_head_dim(layer)
     }
 
     /// The features RoPE rotates on the sliding layers that rotate with the local base:
@@ -67,7 +82,7 @@ impl ModelConfig {
     pub fn kv_shapes(&self, layers: Range<usize>) -> Vec<(usize, usize)> {
         layers
             .filter(|&i| self.holds_kv(i))
-            .map(|i| (self.num_key_value_heads, self.layer_head_dim(i)))
+            .map(|i| (self.layer_kv_heads(i), self.layer_head_dim(i)))
             .collect()
     }
 
@@ -87,5 +102,6 @@ impl ModelConfig {
         self.global_head_dim.is_some()
             || self.kv_shared_layers > 0
             || self.per_layer_input.is_some()
+            || self.keys_as_values
     }
 }

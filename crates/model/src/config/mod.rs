@@ -80,6 +80,12 @@ pub struct ModelConfig {
     pub kv_shared_layers: usize,
     /// Gemma 4's per-layer token inputs ([`PerLayerInput`]), when the model has them.
     pub per_layer_input: Option<PerLayerInput>,
+    /// The full (not sliding) layers have no `v_proj`: their values are the k projection's
+    /// output before k's norm and RoPE, through the v norm (Gemma 4's `attention_k_eq_v`).
+    pub keys_as_values: bool,
+    /// With `keys_as_values`, the full layers' key/value heads when they differ from
+    /// `num_key_value_heads` (`num_global_key_value_heads`; [`ModelConfig::layer_kv_heads`]).
+    pub global_key_value_heads: Option<usize>,
     /// Each head of v goes through an RMSNorm without weights before attention (Gemma 4's
     /// `v_norm`; values are not rotated).
     pub value_norm: bool,
@@ -603,6 +609,8 @@ impl ModelConfig {
             global_head_dim: layout.global_head_dim,
             kv_shared_layers: layout.kv_shared_layers,
             per_layer_input: layout.per_layer_input,
+            keys_as_values: layout.keys_as_values,
+            global_key_value_heads: layout.global_key_value_heads,
             value_norm: features.value_norm,
             layer_scalars: features.layer_scalars,
             layers,

@@ -44,7 +44,8 @@ impl ModelConfig {
                 // A layer reusing another's keys and values has no k, v or k norm.
                 let own_kv = u64::from(self.kv_source(i).is_none());
                 let (q_dim, kv_dim) = (n(self.layer_q_dim(i)), n(self.layer_kv_dim(i)));
-                let attention = hidden * (2 * q_dim + 2 * own_kv * kv_dim);
+                let kv_projections = if self.layer_keys_as_values(i) { 1 } else { 2 };
+                let attention = hidden * (2 * q_dim + kv_projections * own_kv * kv_dim);
                 let qk_norms = match (self.qk_norm, self.qk_norm_whole) {
                     (false, _) => 0,
                     (true, false) => (1 + own_kv) * n(self.layer_head_dim(i)),

@@ -10,8 +10,9 @@
 //! The released models' larger head on the full layers (`global_head_dim`), layers that reuse an
 //! earlier layer's keys and values (`num_kv_shared_layers`, with twice as wide an MLP there when
 //! `use_double_wide_mlp`) and per-layer token inputs (`hidden_size_per_layer_input`) are read
-//! here ([`Family::attention_layout`]); keys shared as values (`attention_k_eq_v`) and the
-//! mixture-of-experts block (`enable_moe_block`) are refused by name.
+//! here ([`Family::attention_layout`]), and so are the full layers' keys used as values
+//! (`attention_k_eq_v`, with `num_global_key_value_heads`); the mixture-of-experts block
+//! (`enable_moe_block`) is refused by name.
 
 use std::path::Path;
 
@@ -96,12 +97,6 @@ impl Family for Gemma4 {
 
     fn check(&self, path: &Path, raw: &RawConfig) -> Result<()> {
         let refuse = |field: &str, reason: String| Err(ModelError::invalid(path, field, reason));
-        if raw.attention_k_eq_v == Some(true) {
-            return refuse(
-                "attention_k_eq_v",
-                "keys used as values are not implemented in mlxcel".into(),
-            );
-        }
         if raw.enable_moe_block == Some(true) {
             return refuse(
                 "enable_moe_block",
@@ -201,10 +196,28 @@ impl Family for Gemma4 {
                 vocab: vocab.unwrap_or(PER_LAYER_VOCAB),
             }),
         };
+        let keys_as_values = raw.attention_k_eq_v == Some(true);
+        let heads = raw
+            .num_attention_heads
+            .unwrap_or(self.defaults().num_attention_heads);
+        let global_key_value_heads = match raw.num_global_key_value_heads {
+            Some(n) if n == 0 || !heads.is_multiple_of(n) => {
+                return Err(ModelError::invalid(
+                    path,
+                    "num_global_key_value_heads",
+                    format!("{n} does not divide num_attention_heads {heads}"),
+                ));
+            }
+            // Read only where keys are values (as mlx-lm and transformers read it).
+            Some(n) if keys_as_values => Some(n),
+            _ => None,
+        };
         Ok(AttentionLayout {
             global_head_dim: (global != head_dim).then_some(global),
             kv_shared_layers: shared,
             per_layer_input,
+            keys_as_values,
+            global_key_value_heads,
         })
     }
 

@@ -1106,13 +1106,12 @@ fn gemma4_reads_its_blocks_and_rope_per_layer_type() {
     assert_eq!(windows, [true, true, true, true, true, false, true, false]);
 }
 
-/// What Gemma 4's models have beyond the blocks mlxcel runs (keys as values, experts) and what
+/// What Gemma 4's models have beyond the blocks mlxcel runs (experts) and what
 /// neither reference reads is refused, naming the key; so are shared layers without an earlier
 /// layer of their kind.
 #[test]
 fn gemma4_refuses_what_it_does_not_run_by_name() {
-    let cases: [(&str, Value, &str); 5] = [
-        ("attention_k_eq_v", json!(true), "keys used as values"),
+    let cases: [(&str, Value, &str); 4] = [
         ("enable_moe_block", json!(true), "mixture-of-experts block"),
         (
             "attn_logit_softcapping",
@@ -1220,6 +1219,17 @@ fn gemma4_reads_the_released_models_layout() {
         "{}",
         c.describe()
     );
+    // The 31B's keys as values: no v on the full layers, one key/value head there.
+    let mut v = gemma4();
+    v["attention_k_eq_v"] = json!(true);
+    v["num_global_key_value_heads"] = json!(1);
+    let c = parse(&v).unwrap();
+    assert!(c.layer_keys_as_values(1) && !c.layer_keys_as_values(0));
+    assert_eq!(c.kv_shapes(0..4), [(2, 16), (1, 16), (2, 16), (1, 16)]);
+    assert!(c.has_varied_layers());
+    v["num_global_key_value_heads"] = json!(3);
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(message.contains("num_global_key_value_heads"), "{message}");
     // Absent keys: transformers' defaults.
     let mut v = gemma4();
     for field in ["global_head_dim", "hidden_size_per_layer_input", "head_dim"] {
