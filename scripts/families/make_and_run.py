@@ -146,6 +146,25 @@ def lfm2_config(**overrides):
     })
 
 
+def gemma4_config(**overrides):
+    """The gemma4_text variant's config (below), with `overrides`."""
+    return base_config(**{
+        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+        "num_hidden_layers": 4, "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True, "rope_theta": None, "global_head_dim": 16,
+        "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": VOCAB,
+        "num_kv_shared_layers": 0, "attention_k_eq_v": False, "enable_moe_block": False,
+        "use_double_wide_mlp": False, "sliding_window": 8, "final_logit_softcapping": 2.0,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                               "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        **overrides,
+    })
+
+
 def variants():
     """Every variant: (name, family, config, options). `quantize` is (group_size, bits)."""
     return [
@@ -401,6 +420,36 @@ def variants():
             architectures=["OlmoeForCausalLM"], model_type="olmoe", num_experts=8,
             num_experts_per_tok=4, intermediate_size=32, norm_topk_prob=False, clip_qkv=None,
             attention_bias=False, num_key_value_heads=4), {"quantize": (32, 4)}),
+        # (Variants are added at the end: a variant's place is its seed unless it pins one.)
+        # Gemma 4 as its released models are built: the full layers' head (32) twice the
+        # sliding layers' (16), proportional RoPE over it (4 of 16 pairs rotate), and the rest
+        # of the gemma4_text variant above.
+        ("gemma4_text-global", "gemma4_text", gemma4_config(global_head_dim=32),
+         {"embedding_std": 0.05, "seed": 17}),
+        # Per-layer token inputs (8 per layer and token), as Gemma 4 E2B and E4B have them.
+        ("gemma4_text-per-layer", "gemma4_text", gemma4_config(
+            hidden_size_per_layer_input=8), {"embedding_std": 0.05, "seed": 17}),
+        # Six layers, the last two reusing the keys and values of layers 2 (sliding) and 3
+        # (full), with twice as wide an MLP there (`use_double_wide_mlp`).
+        ("gemma4_text-shared", "gemma4_text", gemma4_config(
+            num_hidden_layers=6, num_kv_shared_layers=2, use_double_wide_mlp=True,
+            layer_types=["sliding_attention", "sliding_attention", "sliding_attention",
+                         "full_attention", "sliding_attention", "full_attention"]),
+         {"embedding_std": 0.05, "seed": 17}),
+        # The 31B's form: the full layers' keys are their values (no v_proj; the v norm over
+        # the unnormed, unrotated k projection) with one key/value head where the sliding
+        # layers have two (`num_global_key_value_heads`), and their head of 32.
+        ("gemma4_text-k-eq-v", "gemma4_text", gemma4_config(
+            global_head_dim=32, attention_k_eq_v=True, num_global_key_value_heads=1),
+         {"embedding_std": 0.05, "seed": 17}),
+        # E2B's form: all three at once, in 4-bit groups of 32 (the per-layer table and
+        # projection quantized too).
+        ("gemma4_text-e2b-q4", "gemma4_text", gemma4_config(
+            global_head_dim=32, hidden_size_per_layer_input=8, num_hidden_layers=6,
+            num_kv_shared_layers=2, use_double_wide_mlp=True,
+            layer_types=["sliding_attention", "sliding_attention", "sliding_attention",
+                         "full_attention", "sliding_attention", "full_attention"]),
+         {"embedding_std": 0.05, "seed": 18, "quantize": (32, 4)}),
     ]
 
 

@@ -86,7 +86,8 @@ pub const KV_BLOCK: usize = 256;
 pub const KV_CHUNK: usize = KV_BLOCK;
 
 /// [`KV_BLOCK`] positions of keys and values for every layer: `(keys, values)` per layer, each
-/// `[1, kv_heads, KV_BLOCK, row]` and a materialized buffer of its own.
+/// `[1, kv_heads, KV_BLOCK, row]` (the layer's own heads and head size) and a materialized
+/// buffer of its own.
 #[derive(Debug)]
 struct KvBlock {
     layers: Vec<(Array, Array)>,
@@ -104,21 +105,21 @@ pub struct KvCache {
     blocks: Vec<Arc<KvBlock>>,
     k_type: KvType,
     v_type: KvType,
-    layer_count: usize,
     len: usize,
     max_positions: usize,
-    kv_heads: i32,
-    head_dim: i32,
+    /// Per layer: `(kv_heads, head_dim)` of its keys and values (the same for every layer but
+    /// in Gemma 4, whose full layers have a larger head).
+    shapes: Vec<(i32, i32)>,
     /// A hybrid model's linear-attention state (its layers hold no keys or values), `None` for
     /// a model of softmax attention only.
     recurrent: Option<RecurrentState>,
 }
 
 impl KvCache {
+    /// An empty cache of `shapes.len()` layers, layer `i`'s keys and values of `shapes[i] =
+    /// (kv_heads, head_dim)`.
     pub(crate) fn new(
-        layers: usize,
-        kv_heads: usize,
-        head_dim: usize,
+        shapes: &[(usize, usize)],
         max_positions: usize,
         (k_type, v_type): (KvType, KvType),
     ) -> Self {
@@ -127,11 +128,12 @@ impl KvCache {
             blocks: Vec::new(),
             k_type,
             v_type,
-            layer_count: layers,
             len: 0,
             max_positions,
-            kv_heads: kv_heads as i32,
-            head_dim: head_dim as i32,
+            shapes: shapes
+                .iter()
+                .map(|&(heads, dim)| (heads as i32, dim as i32))
+                .collect(),
             recurrent: None,
         }
     }
@@ -329,10 +331,13 @@ impl KvCache {
 
     /// Bytes one position takes over all layers, keys and values.
     pub fn bytes_per_position(&self) -> usize {
-        let d = self.head_dim as usize;
-        self.layer_count
-            * self.kv_heads as usize
-            * (self.k_type.row_bytes(d) + self.v_type.row_bytes(d))
+        self.shapes
+            .iter()
+            .map(|&(heads, dim)| {
+                let d = dim as usize;
+                heads as usize * (self.k_type.row_bytes(d) + self.v_type.row_bytes(d))
+            })
+            .sum()
     }
 
     /// Bytes of one block over all layers, keys and values.
@@ -347,19 +352,15 @@ impl KvCache {
 
     /// Every layer's `(keys, values)` of a block of zeros, not yet evaluated.
     fn zero_layers(&self) -> Result<Vec<(Array, Array)>> {
-        let zeros = |kind: KvType| {
+        let zeros = |kind: KvType, (heads, dim): (i32, i32)| {
             Array::zeros(
-                &[
-                    1,
-                    self.kv_heads,
-                    KV_BLOCK as i32,
-                    row_len(kind, self.head_dim),
-                ],
+                &[1, heads, KV_BLOCK as i32, row_len(kind, dim)],
                 dtype_of(kind),
             )
         };
-        (0..self.layer_count)
-            .map(|_| Ok((zeros(self.k_type)?, zeros(self.v_type)?)))
+        self.shapes
+            .iter()
+            .map(|&shape| Ok((zeros(self.k_type, shape)?, zeros(self.v_type, shape)?)))
             .collect()
     }
 
@@ -416,7 +417,8 @@ impl KvCache {
     /// `[1, kv_heads, len, row]` (the blocks concatenated; one block is sliced, not copied).
     fn contiguous(&self, layer: usize, side: usize, len: usize) -> Result<Array> {
         let kind = if side == 0 { self.k_type } else { self.v_type };
-        let hi = [1, self.kv_heads, len as i32, row_len(kind, self.head_dim)];
+        let (heads, dim) = self.shapes[layer];
+        let hi = [1, heads, len as i32, row_len(kind, dim)];
         let count = len.div_ceil(KV_BLOCK);
         let parts: Vec<&Array> = self.blocks[..count]
             .iter()
@@ -437,10 +439,10 @@ impl KvCache {
     /// at positions `len..len + n`, block by block.
     fn write(&mut self, layer: usize, k: &Array, v: &Array, n: usize) -> Result<()> {
         let (start, stop) = (self.len, self.len + n);
-        let kv_heads = self.kv_heads;
+        let (kv_heads, head_dim) = self.shapes[layer];
         let dims = (
-            row_len(self.k_type, self.head_dim),
-            row_len(self.v_type, self.head_dim),
+            row_len(self.k_type, head_dim),
+            row_len(self.v_type, head_dim),
         );
         let mut at = start;
         while at < stop {
@@ -475,6 +477,16 @@ impl KvCache {
         Ok((
             self.contiguous(layer, 0, stop)?,
             self.contiguous(layer, 1, stop)?,
+        ))
+    }
+
+    /// `layer`'s keys and values of positions `0..upto` (this step's included, once written),
+    /// without writing: what a layer that reuses another layer's keys and values attends over
+    /// (Gemma 4's shared layers).
+    pub(crate) fn fetch(&self, layer: usize, upto: usize) -> Result<(Array, Array)> {
+        Ok((
+            self.contiguous(layer, 0, upto)?,
+            self.contiguous(layer, 1, upto)?,
         ))
     }
 
@@ -554,12 +566,15 @@ impl KvCache {
     /// Elements each position holds over all layers: keys and values of every head (the f32
     /// values [`KvCache::export`] gives per position).
     pub fn floats_per_position(&self) -> usize {
-        2 * self.layer_count * self.kv_heads as usize * self.head_dim as usize
+        self.shapes
+            .iter()
+            .map(|&(heads, dim)| 2 * heads as usize * dim as usize)
+            .sum()
     }
 
     /// The first `len` positions' keys and values on the host as f32 (whatever the cache's
-    /// types), layer by layer, keys before values, each `[kv_heads, len, head_dim]`
-    /// ([`KvCache::import`] reads this layout).
+    /// types), layer by layer, keys before values, each `[kv_heads, len, head_dim]` (the layer's
+    /// own) ([`KvCache::import`] reads this layout).
     pub fn export(&self, len: usize) -> Result<Vec<f32>> {
         if len > self.len {
             return Err(Error::CacheFull {
@@ -572,7 +587,7 @@ impl KvCache {
         if len == 0 {
             return Ok(out);
         }
-        for layer in 0..self.layer_count {
+        for layer in 0..self.shapes.len() {
             for (side, kind) in [(0, self.k_type), (1, self.v_type)] {
                 let part = self.contiguous(layer, side, len)?;
                 if kind == KvType::Q8_0 {
@@ -594,18 +609,14 @@ impl KvCache {
     /// A hybrid model's linear-attention state is not in `data`: until
     /// [`KvCache::import_state`] sets it, the cache refuses to step.
     pub fn import(&mut self, data: &[f32], len: usize) -> Result<()> {
-        let per_side = len * self.kv_heads as usize * self.head_dim as usize;
-        if data.len() != 2 * self.layer_count * per_side {
+        let expected = len * self.floats_per_position();
+        if data.len() != expected {
+            let (heads, dim) = self.shapes.first().copied().unwrap_or((0, 0));
             return Err(Error::DataLength {
                 op: "KvCache::import",
                 len: data.len(),
-                shape: vec![
-                    2 * self.layer_count as i32,
-                    self.kv_heads,
-                    len as i32,
-                    self.head_dim,
-                ],
-                expected: len * self.floats_per_position(),
+                shape: vec![2 * self.shapes.len() as i32, heads, len as i32, dim],
+                expected,
             });
         }
         self.blocks.clear();
@@ -614,13 +625,15 @@ impl KvCache {
         if len == 0 {
             return Ok(());
         }
-        let mut sides = data.chunks_exact(per_side);
-        let (k_type, v_type, kv_heads, head_dim) =
-            (self.k_type, self.v_type, self.kv_heads, self.head_dim);
-        for layer in 0..self.layer_count {
+        let mut rest = data;
+        let (k_type, v_type) = (self.k_type, self.v_type);
+        for layer in 0..self.shapes.len() {
+            let (kv_heads, head_dim) = self.shapes[layer];
+            let per_side = len * kv_heads as usize * head_dim as usize;
             let mut pair = Vec::with_capacity(2);
             for kind in [k_type, v_type] {
-                let part = sides.next().expect("length checked above");
+                let (part, tail) = rest.split_at(per_side);
+                rest = tail;
                 let shape = [1, kv_heads, len as i32, row_len(kind, head_dim)];
                 // Rounded as a write rounds: data read back from a cache of the same type is
                 // unchanged (f16: exactly; q8_0: each block's maximum is 127 · d, so d and every

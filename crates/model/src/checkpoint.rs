@@ -84,42 +84,63 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
                 linear(format!("{a}.out_proj"), hidden, net.value_dim(), false),
             ]);
         } else {
+            let (q_dim, kv_dim) = (config.layer_q_dim(layer), config.layer_kv_dim(layer));
             let q_rows = if config.attention_output_gate {
-                2 * config.q_dim()
+                2 * q_dim
             } else {
-                config.q_dim()
+                q_dim
             };
+            // A layer that reuses an earlier layer's keys and values has no k or v of its own.
+            let own_kv = config.kv_source(layer).is_none();
             modules.extend([
                 norm(format!("{p}.input_layernorm"), hidden),
                 linear(format!("{p}.self_attn.q_proj"), q_rows, hidden, qkv_bias),
                 linear(
-                    format!("{p}.self_attn.k_proj"),
-                    config.kv_dim(),
-                    hidden,
-                    qkv_bias,
-                ),
-                linear(
-                    format!("{p}.self_attn.v_proj"),
-                    config.kv_dim(),
-                    hidden,
-                    qkv_bias,
-                ),
-                linear(
                     format!("{p}.self_attn.o_proj"),
                     hidden,
-                    config.q_dim(),
+                    q_dim,
                     config.attention_out_bias,
                 ),
             ]);
-            if config.qk_norm {
-                let (q, k) = if config.qk_norm_whole {
-                    (config.q_dim(), config.kv_dim())
+            if own_kv {
+                // Keys as values: no v projection.
+                let own = if config.layer_keys_as_values(layer) {
+                    &["k_proj"][..]
                 } else {
-                    (config.head_dim, config.head_dim)
+                    &["k_proj", "v_proj"][..]
                 };
+                modules.extend(
+                    own.iter()
+                        .map(|m| linear(format!("{p}.self_attn.{m}"), kv_dim, hidden, qkv_bias)),
+                );
+            }
+            if config.qk_norm {
+                let head_dim = config.layer_head_dim(layer);
+                let (q, k) = if config.qk_norm_whole {
+                    (q_dim, kv_dim)
+                } else {
+                    (head_dim, head_dim)
+                };
+                modules.push(norm(format!("{p}.self_attn.q_norm"), q));
+                if own_kv {
+                    modules.push(norm(format!("{p}.self_attn.k_norm"), k));
+                }
+            }
+            if let Some(per_layer) = config.per_layer_input {
                 modules.extend([
-                    norm(format!("{p}.self_attn.q_norm"), q),
-                    norm(format!("{p}.self_attn.k_norm"), k),
+                    linear(
+                        format!("{p}.per_layer_input_gate"),
+                        per_layer.hidden,
+                        hidden,
+                        false,
+                    ),
+                    linear(
+                        format!("{p}.per_layer_projection"),
+                        hidden,
+                        per_layer.hidden,
+                        false,
+                    ),
+                    norm(format!("{p}.post_per_layer_input_norm"), hidden),
                 ]);
             }
         }
@@ -167,6 +188,25 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
         }
     }
     modules.push(norm("model.norm".into(), hidden));
+    if let Some(per_layer) = config.per_layer_input {
+        let width = config.num_hidden_layers * per_layer.hidden;
+        modules.extend([
+            Module {
+                name: "model.embed_tokens_per_layer".into(),
+                kind: ModuleKind::Embedding {
+                    vocab: per_layer.vocab,
+                    hidden: width,
+                },
+            },
+            linear(
+                "model.per_layer_model_projection".into(),
+                width,
+                hidden,
+                false,
+            ),
+            norm("model.per_layer_projection_norm".into(), per_layer.hidden),
+        ]);
+    }
     if !config.tie_word_embeddings {
         modules.push(linear("lm_head".into(), config.vocab_size, hidden, false));
     }

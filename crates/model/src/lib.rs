@@ -48,8 +48,8 @@ pub use activations::{Activations, KvType};
 pub use chat::{ChatMessage, ChatTemplate, MAX_RENDER_BYTES, MAX_RENDER_TIME};
 pub use checkpoint::{Checkpoint, Module, ModuleKind, expected_modules};
 pub use config::blocks::{
-    FeedForward, GatedDeltaNet, HiddenActivation, LayerAttention, LayerSpec, RoutedExperts,
-    Routing, ShortConv,
+    FeedForward, GatedDeltaNet, HiddenActivation, LayerAttention, LayerSpec, PerLayerInput,
+    RoutedExperts, Routing, ShortConv,
 };
 pub use config::rope::{RopeScaling, Yarn};
 pub use config::{MAX_LAYERS, ModelConfig};

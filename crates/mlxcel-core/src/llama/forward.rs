@@ -3,6 +3,7 @@
 
 use super::model::{LayerRef, LlamaModel};
 use super::weights::{Layer, Mlp, QkvWeights};
+use super::window::window_mask;
 use crate::array::{Array, eval};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
@@ -206,8 +207,23 @@ impl LlamaModel {
                 .collect::<Vec<_>>();
             x = decoder_stack(&x, &layers, &shape, kn)?;
         } else {
+            // Gemma 4's per-layer token inputs, made once per step for every layer.
+            let per_layer_inputs = match &self.varied {
+                Some(varied) => {
+                    let ids: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.to_vec()).collect();
+                    varied.per_layer_inputs(&ids, &x, &self.varied_context())?
+                }
+                None => None,
+            };
             for layer in &self.order {
                 x = match *layer {
+                    LayerRef::Varied(index) => {
+                        let mut parts: Vec<(&mut KvCache, usize)> = seqs
+                            .iter_mut()
+                            .map(|seq| (&mut *seq.cache, seq.tokens.len()))
+                            .collect();
+                        self.varied_step(index, x, &mut parts, per_layer_inputs.as_ref())?
+                    }
                     LayerRef::Attention(index) => {
                         self.layer_per_op(index, &self.layers[index], x, seqs)?
                     }
@@ -575,19 +591,6 @@ impl LlamaModel {
             Mlp::Routed(moe) => moe.forward_add(&x, post_norm, eps, kn),
         }
     }
-}
-
-/// The additive mask (`0` keeps, `-inf` drops) of `n` queries at positions `position..` over the
-/// `position + n` keys of their cache, causal and within a sliding `window`.
-fn window_mask(position: usize, n: usize, window: usize) -> Result<Array> {
-    let keys = position + n;
-    let mut mask = vec![f32::NEG_INFINITY; n * keys];
-    for i in 0..n {
-        let query = position + i;
-        let first = (query + 1).saturating_sub(window);
-        mask[i * keys + first..=i * keys + query].fill(0.0);
-    }
-    Array::from_f32(&mask, &[n as i32, keys as i32])
 }
 
 /// A layer's q, k and v projections of the step's tokens: stacked side by side, or three.

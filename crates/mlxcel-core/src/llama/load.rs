@@ -14,6 +14,7 @@ use super::model::{LayerRef, LlamaModel};
 use super::routing::Router;
 use super::short_conv::ConvLayer;
 use super::stage::Stage;
+use super::varied_layer::{VariedLayers, WeightSource};
 use super::weights::{Embedding, Layer, LayerFeatures, Mlp, QkvWeights};
 use crate::array::Array;
 use crate::dtype::Dtype;
@@ -75,7 +76,16 @@ impl LlamaModel {
         // values, recurrent state) covers exactly the layers this process runs.
         let (mut layers, mut linear_layers, mut order) = (Vec::new(), Vec::new(), Vec::new());
         let mut conv_layers = Vec::new();
-        for i in stage.first..stage.end {
+        // Layers of varied shapes (Gemma 4's released models) are built apart.
+        let varied = if config.has_varied_layers() {
+            let range = (stage.first, stage.end);
+            let varied = VariedLayers::load(&loader, &config, &kernels, range, stage.embeds)?;
+            order.extend((0..varied.layers.len()).map(LayerRef::Varied));
+            Some(varied)
+        } else {
+            None
+        };
+        for i in (stage.first..stage.end).filter(|_| varied.is_none()) {
             if let Some(spec) = config.layers[i].conv {
                 order.push(LayerRef::Conv(conv_layers.len()));
                 conv_layers.push(load_conv_layer(&loader, &config, &kernels, i, spec)?);
@@ -120,7 +130,7 @@ impl LlamaModel {
         let local_rope = match config.rope_local_theta {
             Some(base) if config.has_local_rope() => {
                 let local = Rope {
-                    dims: config.rotary_dim as i32,
+                    dims: config.local_rotary_dim() as i32,
                     traditional: false,
                     scale: 1.0,
                     frequencies: RopeFrequencies::Base(base),
@@ -156,6 +166,7 @@ impl LlamaModel {
             layers,
             linear_layers,
             conv_layers,
+            varied,
             order,
             norm,
             lm_head,
@@ -171,10 +182,11 @@ impl LlamaModel {
             kv_types: (KvType::F32, KvType::F32),
             fusable: false,
         };
-        model.fusable = model
-            .layers
-            .iter()
-            .all(|layer| layer.fusable(model.rope_of(layer).1, model.features));
+        model.fusable = model.varied.is_none()
+            && model
+                .layers
+                .iter()
+                .all(|layer| layer.fusable(model.rope_of(layer).1, model.features));
         model.materialize()?;
         // Loading read the checkpoint and, for int8, rewrote it: hand back what that freed.
         crate::device::release_unused_memory();
@@ -755,5 +767,31 @@ impl Loader<'_> {
                 bias,
             },
         })
+    }
+}
+
+/// The loader as a varied layer's source of weights (`varied_layer.rs`).
+impl WeightSource for Loader<'_> {
+    fn linear(&self, module: &str) -> Result<Linear> {
+        Loader::linear(self, module, false)
+    }
+
+    fn norm(&self, name: &str) -> Result<Array> {
+        Loader::norm(self, name)
+    }
+
+    fn float(&self, name: &str) -> Result<Array> {
+        Loader::float(self, name)
+    }
+
+    fn embedding(&self, module: &str) -> Result<Embedding> {
+        Ok(match self.quantized(module)? {
+            Some(q) => Embedding::Quantized(q),
+            None => Embedding::Dense(Loader::float(self, &format!("{module}.weight"))?),
+        })
+    }
+
+    fn mlp(&self, config: &ModelConfig, layer: usize) -> Result<Mlp> {
+        load_mlp(self, config, layer)
     }
 }

@@ -24,6 +24,9 @@
 //!   recurrent state ([`crate::delta_rule`]).
 //! - `short_conv.rs` is LFM2's short-convolution layer: `in_proj` on MLX, the gated causal
 //!   convolution on the host against each sequence's tail of products.
+//! - `varied_layer.rs` is a layer of a model whose layers vary in shape (Gemma 4's released
+//!   models: a larger head on the full layers, layers that reuse an earlier layer's keys and
+//!   values), with `per_layer_inputs.rs` its per-layer token inputs.
 //! - `model.rs` is [`LlamaModel`]: the weights, the RoPE tables and what the model reports about
 //!   itself.
 //! - `stage.rs` is a pipeline stage's part of the model ([`Stage`]: a range of decoder layers,
@@ -38,11 +41,14 @@ mod forward;
 mod linear;
 mod load;
 mod model;
+mod per_layer_inputs;
 mod routing;
 mod short_conv;
 mod stage;
 mod stage_step;
+mod varied_layer;
 mod weights;
+mod window;
 
 pub use forward::ForwardSeq;
 pub use model::LlamaModel;

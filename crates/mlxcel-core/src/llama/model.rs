@@ -7,6 +7,7 @@ use super::delta_net::LinearLayer;
 use super::linear::{Linear, linear_arrays};
 use super::short_conv::ConvLayer;
 use super::stage::Stage;
+use super::varied_layer::{StepContext, VariedLayers};
 use super::weights::{Embedding, Layer, LayerFeatures, Mlp, QkvWeights};
 use crate::array::{Array, eval};
 use crate::error::{Error, Result};
@@ -22,6 +23,8 @@ pub(super) enum LayerRef {
     Linear(usize),
     /// A short-convolution layer (LFM2), an index into `conv_layers`.
     Conv(usize),
+    /// A layer of a model whose layers vary in shape (Gemma 4), an index into `varied`'s.
+    Varied(usize),
 }
 
 /// A llama-family model with its weights in MLX arrays.
@@ -41,6 +44,9 @@ pub struct LlamaModel {
     /// state holds one entry per layer here, after the linear-attention layers'); empty for
     /// other models.
     pub(super) conv_layers: Vec<ConvLayer>,
+    /// The decoder layers and per-layer inputs of a model whose layers vary in shape (Gemma
+    /// 4's released models: `varied_layer.rs`); `layers` is empty then.
+    pub(super) varied: Option<VariedLayers>,
     /// The stage's decoder layers (the model's `stage.first..stage.end`) in the model's order,
     /// as an index into `layers`, `linear_layers` or `conv_layers`.
     pub(super) order: Vec<LayerRef>,
@@ -110,6 +116,9 @@ impl LlamaModel {
             for linear in [&layer.in_proj, &layer.out] {
                 linear_arrays(linear, &mut arrays);
             }
+        }
+        if let Some(varied) = &self.varied {
+            varied.arrays(&mut arrays);
         }
         if let Some(head) = &self.lm_head {
             linear_arrays(head, &mut arrays);
@@ -191,8 +200,9 @@ impl LlamaModel {
                 .map(|a| a.size() * a.dtype().size_in_bytes())
                 .sum(),
         } as u64;
+        let unread_per_layer_table = self.varied.as_ref().map_or(0, VariedLayers::table_bytes);
         self.weight_bytes()
-            .saturating_sub(unread_experts + unread_table)
+            .saturating_sub(unread_experts + unread_table + unread_per_layer_table)
     }
 
     /// How a step runs: `fused layers` (the decoder layers as one MLX node on mlxcel's kernels), or
@@ -212,6 +222,8 @@ impl LlamaModel {
             "per-op graph (MLX kernels)"
         } else if !self.kernels.fused_layers {
             "per-op graph (MLXCEL_FUSED_LAYERS=off)"
+        } else if self.varied.is_some() {
+            "per-op graph (layers of varied head sizes, shared keys and values or per-layer inputs)"
         } else if !self.linear_layers.is_empty() {
             "per-op graph (hybrid model: its linear-attention layers run the delta rule on the host)"
         } else if !self.conv_layers.is_empty() {
@@ -256,9 +268,7 @@ impl LlamaModel {
             .chain(self.conv_layers.iter().map(ConvLayer::state_shape))
             .collect();
         KvCache::new(
-            self.layers.len(),
-            self.config.num_key_value_heads,
-            self.config.head_dim,
+            &self.config.kv_shapes(self.stage.first..self.stage.end),
             max_positions.min(self.config.window()),
             self.kv_types,
         )
@@ -333,10 +343,8 @@ impl LlamaModel {
     /// KV bytes one position takes over the layers this model holds (all of them outside a
     /// pipeline) in caches from [`LlamaModel::new_cache`].
     pub fn kv_bytes_per_position(&self) -> usize {
-        let c = &self.config;
-        self.layers.len()
-            * c.num_key_value_heads
-            * (self.kv_types.0.row_bytes(c.head_dim) + self.kv_types.1.row_bytes(c.head_dim))
+        self.config
+            .kv_bytes_per_position(self.stage.first..self.stage.end, self.kv_types)
     }
 
     /// Per-layer tensors for the fused decoder-layer node, when the kernels and every layer's
@@ -362,5 +370,34 @@ impl LlamaModel {
             (Some((rope, inv)), true) => (rope, inv),
             _ => (&self.rope, &self.inv_freq),
         }
+    }
+}
+
+impl LlamaModel {
+    /// What a varied layer's step reads of the model beside its own weights.
+    pub(super) fn varied_context(&self) -> StepContext<'_> {
+        StepContext {
+            config: &self.config,
+            kernels: &self.kernels,
+            rope: &self.rope,
+            local_rope: self.local_rope.as_ref().map(|(rope, _)| rope),
+            attention_scale: self.attention_scale,
+            activation: self.features.activation,
+        }
+    }
+
+    /// Varied layer `index` over the step's rows `x` ([`VariedLayers::step`]).
+    pub(super) fn varied_step(
+        &self,
+        index: usize,
+        x: Array,
+        parts: &mut [(&mut KvCache, usize)],
+        per_layer_inputs: Option<&Array>,
+    ) -> Result<Array> {
+        let varied = self.varied.as_ref().ok_or_else(|| Error::Mlx {
+            op: "varied layer",
+            message: format!("layer {index} is a varied layer of a model that has none"),
+        })?;
+        varied.step(index, x, parts, per_layer_inputs, &self.varied_context())
     }
 }

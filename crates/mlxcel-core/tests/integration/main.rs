@@ -6,6 +6,7 @@ mod attention;
 mod device;
 mod errors;
 mod experts;
+mod gemma4;
 mod hybrid;
 mod int8_blocks;
 mod kernels;

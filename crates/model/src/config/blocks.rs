@@ -196,3 +196,37 @@ pub enum Routing {
         selection_bias: bool,
     },
 }
+
+/// Gemma 4's per-layer token inputs (`hidden_size_per_layer_input`): besides the hidden state,
+/// each layer receives a vector of `hidden` values per token, made once per step from two
+/// sources and mixed into the layer's output through a gate. Tensors:
+///
+/// - `model.embed_tokens_per_layer` (`[vocab, layers · hidden]`): each token's row, times
+///   `√hidden`, cut into one `hidden`-wide part per layer;
+/// - `model.per_layer_model_projection` (`[layers · hidden, hidden_size]`) of the scaled
+///   embeddings, times `1/√hidden_size`, cut per layer and RMS-normed per part with
+///   `model.per_layer_projection_norm` (`[hidden]`);
+/// - the two added and multiplied by `1/√2`: layer `i`'s input is part `i`.
+///
+/// In layer `i`, after the MLP's residual add: `h + norm(per_layer_projection(gelu_tanh(
+/// per_layer_input_gate(h)) · input_i))` with `per_layer_input_gate` (`[hidden, hidden_size]`),
+/// `per_layer_projection` (`[hidden_size, hidden]`) and `post_per_layer_input_norm`
+/// (`[hidden_size]`), before the layer scalar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerLayerInput {
+    /// Values per layer and token (`hidden_size_per_layer_input`).
+    pub hidden: usize,
+    /// Rows of `embed_tokens_per_layer` (`vocab_size_per_layer_input`).
+    pub vocab: usize,
+}
+
+/// How a family's attention layers differ from one another ([`crate::ModelConfig`]'s
+/// `global_head_dim`, `kv_shared_layers`, `per_layer_input`); the default: not at all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct AttentionLayout {
+    pub global_head_dim: Option<usize>,
+    pub kv_shared_layers: usize,
+    pub per_layer_input: Option<PerLayerInput>,
+    pub keys_as_values: bool,
+    pub global_key_value_heads: Option<usize>,
+}

@@ -102,6 +102,18 @@ impl ModelConfig {
         if self.layer_scalars {
             parts.push("layer scalars".into());
         }
+        if let Some(global) = self.global_head_dim {
+            parts.push(format!("full layers' head {global}"));
+        }
+        if self.kv_shared_layers > 0 {
+            parts.push(format!(
+                "last {} layers reuse earlier keys and values",
+                self.kv_shared_layers
+            ));
+        }
+        if let Some(per_layer) = self.per_layer_input {
+            parts.push(format!("per-layer token inputs of {}", per_layer.hidden));
+        }
         if self.sandwich_norms {
             parts.push("pre/post norms".into());
         }

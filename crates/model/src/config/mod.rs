@@ -6,6 +6,7 @@
 
 pub(crate) mod blocks;
 mod describe;
+pub(crate) mod layout;
 pub(crate) mod raw;
 pub(crate) mod rope;
 mod size;
@@ -14,7 +15,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use blocks::{FeedForward, HiddenActivation, LayerAttention, LayerSpec};
+use blocks::{FeedForward, HiddenActivation, LayerAttention, LayerSpec, PerLayerInput};
 use raw::RawConfig;
 use rope::{RopeScaling, long_rope, rope_scaling};
 
@@ -69,6 +70,22 @@ pub struct ModelConfig {
     /// Per layer, in order: its feed-forward block, as its family builds it (the dense MLP of
     /// `intermediate_size` and `hidden_activation`, or routed experts).
     pub feed_forward: Vec<FeedForward>,
+    /// The head size of the full-attention (not sliding) layers when it differs from `head_dim`
+    /// (Gemma 4's `global_head_dim`): their q, k, v, o and q/k norms are sized by it, and RoPE's
+    /// `rotary_dim` is theirs ([`ModelConfig::layer_head_dim`]).
+    pub global_head_dim: Option<usize>,
+    /// The last this-many layers compute no keys or values (no `k_proj`, `v_proj`, `k_norm`):
+    /// each attends over those of the last earlier layer of its kind (Gemma 4's
+    /// `num_kv_shared_layers`; [`ModelConfig::kv_source`]).
+    pub kv_shared_layers: usize,
+    /// Gemma 4's per-layer token inputs ([`PerLayerInput`]), when the model has them.
+    pub per_layer_input: Option<PerLayerInput>,
+    /// The full (not sliding) layers have no `v_proj`: their values are the k projection's
+    /// output before k's norm and RoPE, through the v norm (Gemma 4's `attention_k_eq_v`).
+    pub keys_as_values: bool,
+    /// With `keys_as_values`, the full layers' key/value heads when they differ from
+    /// `num_key_value_heads` (`num_global_key_value_heads`; [`ModelConfig::layer_kv_heads`]).
+    pub global_key_value_heads: Option<usize>,
     /// Each head of v goes through an RMSNorm without weights before attention (Gemma 4's
     /// `v_norm`; values are not rotated).
     pub value_norm: bool,
@@ -256,7 +273,7 @@ impl ModelConfig {
     pub fn layer_rope_periods(&self, layer: usize) -> Vec<f32> {
         match (self.rope_local_theta, self.layers[layer].window) {
             (Some(base), Some(_)) => {
-                let dims = self.rotary_dim;
+                let dims = self.local_rotary_dim();
                 (0..dims / 2)
                     .map(|i| base.powf((2 * i) as f32 / dims as f32))
                     .collect()
@@ -514,14 +531,17 @@ impl ModelConfig {
         let (mut rope_theta, mut rope_local_theta, mut rope_factors, mut rope_scaling) =
             (rope_theta, rope_local_theta, rope_factors, rope_scaling);
         let mut rotary_dim = rotary_dim;
-        match family.rope_schedule(path, &raw, head_dim)? {
+        let layout = family.attention_layout(path, &raw, head_dim, &layers)?;
+        // The full layers' head is RoPE's width where a family schedules it per layer type.
+        let full_head_dim = layout.global_head_dim.unwrap_or(head_dim);
+        match family.rope_schedule(path, &raw, full_head_dim)? {
             Some(schedule) => {
                 rope_theta = schedule.theta;
                 rope_local_theta = schedule.local_theta;
                 rope_factors = schedule.factors;
                 rope_scaling = None;
                 rope_attention_factor = 1.0;
-                rotary_dim = head_dim;
+                rotary_dim = full_head_dim;
             }
             None if rope::per_layer_type(raw.rope_parameters.as_ref()) => {
                 return Err(ModelError::invalid(
@@ -586,6 +606,11 @@ impl ModelConfig {
             qk_norm: features.qk_norm,
             qk_norm_whole: features.qk_norm_whole,
             attention_sinks: features.attention_sinks,
+            global_head_dim: layout.global_head_dim,
+            kv_shared_layers: layout.kv_shared_layers,
+            per_layer_input: layout.per_layer_input,
+            keys_as_values: layout.keys_as_values,
+            global_key_value_heads: layout.global_key_value_heads,
             value_norm: features.value_norm,
             layer_scalars: features.layer_scalars,
             layers,

@@ -68,9 +68,12 @@ pub(crate) struct RawConfig {
     pub rope_parameters: Option<Value>,
     pub global_head_dim: Option<usize>,
     pub attention_k_eq_v: Option<bool>,
+    pub num_global_key_value_heads: Option<usize>,
     pub num_kv_shared_layers: Option<usize>,
     pub enable_moe_block: Option<bool>,
     pub hidden_size_per_layer_input: Option<usize>,
+    pub vocab_size_per_layer_input: Option<usize>,
+    pub use_double_wide_mlp: Option<bool>,
     pub use_bidirectional_attention: Option<Value>,
     #[serde(default)]
     pub vision_config: Option<Value>,

@@ -28,15 +28,31 @@ impl ModelConfig {
         } else {
             embeddings
         };
-        let attention = hidden * (2 * n(self.q_dim()) + 2 * n(self.kv_dim()));
-        let qk_norms = match (self.qk_norm, self.qk_norm_whole) {
-            (false, _) => 0,
-            (true, false) => 2 * n(self.head_dim),
-            (true, true) => n(self.q_dim()) + n(self.kv_dim()),
+        // Per-layer token inputs: their table and projection, and each layer's gate.
+        let (per_layer_model, per_layer_each) = match self.per_layer_input {
+            Some(p) => {
+                let width = n(self.num_hidden_layers) * n(p.hidden);
+                (
+                    width * (n(p.vocab) + hidden) + n(p.hidden),
+                    2 * hidden * n(p.hidden) + hidden,
+                )
+            }
+            None => (0, 0),
         };
-        let norms = hidden * if self.sandwich_norms { 4 } else { 2 } + qk_norms;
         let layers: u64 = (0..self.num_hidden_layers)
             .map(|i| {
+                // A layer reusing another's keys and values has no k, v or k norm.
+                let own_kv = u64::from(self.kv_source(i).is_none());
+                let (q_dim, kv_dim) = (n(self.layer_q_dim(i)), n(self.layer_kv_dim(i)));
+                let kv_projections = if self.layer_keys_as_values(i) { 1 } else { 2 };
+                let attention = hidden * (2 * q_dim + kv_projections * own_kv * kv_dim);
+                let qk_norms = match (self.qk_norm, self.qk_norm_whole) {
+                    (false, _) => 0,
+                    (true, false) => (1 + own_kv) * n(self.layer_head_dim(i)),
+                    (true, true) => q_dim + own_kv * kv_dim,
+                };
+                let norms =
+                    hidden * if self.sandwich_norms { 4 } else { 2 } + qk_norms + per_layer_each;
                 let ffn = match self.layer_spec(i).ffn {
                     FeedForward::Dense {
                         intermediate_size, ..
@@ -58,6 +74,6 @@ impl ModelConfig {
                 attention + norms + ffn
             })
             .sum();
-        embeddings + head + layers + hidden
+        embeddings + head + layers + hidden + per_layer_model
     }
 }

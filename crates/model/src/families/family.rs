@@ -7,7 +7,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::config::blocks::{FeedForward, GatedDeltaNet, HiddenActivation, ShortConv};
+use crate::config::blocks::{
+    AttentionLayout, FeedForward, GatedDeltaNet, HiddenActivation, LayerAttention, ShortConv,
+};
 use crate::config::raw::RawConfig;
 use crate::error::Result;
 use crate::gguf::header::GgufHeader;
@@ -89,6 +91,20 @@ pub(crate) trait Family: Sync {
     ) -> Result<Option<RopeSchedule>> {
         let _ = (path, raw, head_dim);
         Ok(None)
+    }
+
+    /// How the family's attention layers differ from one another in shape (Gemma 4's larger
+    /// full-layer head, shared keys and values, per-layer inputs), read from its keys once
+    /// `layers` (each layer's window) is known; an error names a bad key. Default: they do not.
+    fn attention_layout(
+        &self,
+        path: &Path,
+        raw: &RawConfig,
+        head_dim: usize,
+        layers: &[LayerAttention],
+    ) -> Result<AttentionLayout> {
+        let _ = (path, raw, head_dim, layers);
+        Ok(AttentionLayout::default())
     }
 
     /// Refuses the keys of config.json the family's transformers model reads but mlxcel does not

@@ -7,10 +7,12 @@
 //! schedule, the rest not at all), and final logit soft-capping when configured. Its multimodal
 //! checkpoints (`Gemma4ForConditionalGeneration`) are read as their text model.
 //!
-//! What the released models add beyond that is refused by name: a larger head on the full
-//! layers (`global_head_dim`), keys shared as values (`attention_k_eq_v`), layers that reuse an
-//! earlier layer's keys and values (`num_kv_shared_layers`), per-layer token inputs
-//! (`hidden_size_per_layer_input`), the mixture-of-experts block (`enable_moe_block`).
+//! The released models' larger head on the full layers (`global_head_dim`), layers that reuse an
+//! earlier layer's keys and values (`num_kv_shared_layers`, with twice as wide an MLP there when
+//! `use_double_wide_mlp`) and per-layer token inputs (`hidden_size_per_layer_input`) are read
+//! here ([`Family::attention_layout`]), and so are the full layers' keys used as values
+//! (`attention_k_eq_v`, with `num_global_key_value_heads`); the mixture-of-experts block
+//! (`enable_moe_block`) is refused by name.
 
 use std::path::Path;
 
@@ -18,6 +20,7 @@ use serde_json::Value;
 
 use super::family::{Defaults, Family, Features, RopeSchedule};
 use super::gemma2::{GEMMA_FEATURES, GEMMA2_DEFAULTS};
+use crate::config::blocks::{AttentionLayout, FeedForward, LayerAttention, PerLayerInput};
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
 
@@ -27,8 +30,9 @@ pub(super) struct Gemma4;
 /// (`global_head_dim`) when config.json leaves them out.
 const HEAD_DIM: usize = 256;
 const GLOBAL_HEAD_DIM: usize = 512;
-/// transformers' `hidden_size_per_layer_input` default.
+/// transformers' `hidden_size_per_layer_input` and `vocab_size_per_layer_input` defaults.
 const PER_LAYER_INPUT: usize = 256;
+const PER_LAYER_VOCAB: usize = 262_144;
 /// Every sixth layer is full when config.json has no `layer_types` (transformers' pattern).
 const PATTERN: usize = 6;
 
@@ -93,42 +97,6 @@ impl Family for Gemma4 {
 
     fn check(&self, path: &Path, raw: &RawConfig) -> Result<()> {
         let refuse = |field: &str, reason: String| Err(ModelError::invalid(path, field, reason));
-        let head_dim = raw.head_dim.unwrap_or(HEAD_DIM);
-        let global = raw.global_head_dim.unwrap_or(GLOBAL_HEAD_DIM);
-        if global != head_dim {
-            return refuse(
-                "global_head_dim",
-                format!(
-                    "{global} (the full layers' head) differs from head_dim {head_dim}: layers \
-                     of different head sizes are not implemented in mlxcel"
-                ),
-            );
-        }
-        if raw.attention_k_eq_v == Some(true) {
-            return refuse(
-                "attention_k_eq_v",
-                "keys used as values are not implemented in mlxcel".into(),
-            );
-        }
-        if let Some(n) = raw.num_kv_shared_layers.filter(|&n| n > 0) {
-            return refuse(
-                "num_kv_shared_layers",
-                format!(
-                    "{n} layers reusing earlier layers' keys and values are not implemented in \
-                     mlxcel (only 0 is accepted)"
-                ),
-            );
-        }
-        let per_layer = raw.hidden_size_per_layer_input.unwrap_or(PER_LAYER_INPUT);
-        if per_layer > 0 {
-            return refuse(
-                "hidden_size_per_layer_input",
-                format!(
-                    "{per_layer} (transformers' default when absent is {PER_LAYER_INPUT}): \
-                     per-layer token inputs are not implemented in mlxcel (only 0 is accepted)"
-                ),
-            );
-        }
         if raw.enable_moe_block == Some(true) {
             return refuse(
                 "enable_moe_block",
@@ -173,6 +141,111 @@ impl Family for Gemma4 {
             );
         }
         Ok(())
+    }
+
+    /// The full layers' head (`global_head_dim`, transformers' default 512), the layers that
+    /// reuse keys and values (`num_kv_shared_layers`), and the per-layer token inputs
+    /// (`hidden_size_per_layer_input`, default 256; `vocab_size_per_layer_input`, default
+    /// 262144; 0 turns them off).
+    fn attention_layout(
+        &self,
+        path: &Path,
+        raw: &RawConfig,
+        head_dim: usize,
+        layers: &[LayerAttention],
+    ) -> Result<AttentionLayout> {
+        let global = raw.global_head_dim.unwrap_or(GLOBAL_HEAD_DIM);
+        if global == 0 || !global.is_multiple_of(2) {
+            return Err(ModelError::invalid(
+                path,
+                "global_head_dim",
+                format!("{global} is not a positive even number"),
+            ));
+        }
+        let shared = raw.num_kv_shared_layers.unwrap_or(0);
+        if shared > 0 {
+            let first = layers.len().saturating_sub(shared);
+            let slides = |i: usize| layers[i].window.is_some();
+            if let Some(orphan) =
+                (first..layers.len()).find(|&i| !(0..first).any(|j| slides(j) == slides(i)))
+            {
+                return Err(ModelError::invalid(
+                    path,
+                    "num_kv_shared_layers",
+                    format!(
+                        "{shared} of {} layers reuse earlier layers' keys and values, but layer \
+                         {orphan} ({}) has no earlier layer of its kind to reuse",
+                        layers.len(),
+                        if slides(orphan) { "sliding" } else { "full" }
+                    ),
+                ));
+            }
+        }
+        let per_layer = raw.hidden_size_per_layer_input.unwrap_or(PER_LAYER_INPUT);
+        let per_layer_input = match (per_layer, raw.vocab_size_per_layer_input) {
+            (0, _) => None,
+            (_, Some(0)) => {
+                return Err(ModelError::invalid(
+                    path,
+                    "vocab_size_per_layer_input",
+                    "must be at least 1 when hidden_size_per_layer_input is not 0",
+                ));
+            }
+            (hidden, vocab) => Some(PerLayerInput {
+                hidden,
+                vocab: vocab.unwrap_or(PER_LAYER_VOCAB),
+            }),
+        };
+        let keys_as_values = raw.attention_k_eq_v == Some(true);
+        let heads = raw
+            .num_attention_heads
+            .unwrap_or(self.defaults().num_attention_heads);
+        let global_key_value_heads = match raw.num_global_key_value_heads {
+            Some(n) if n == 0 || !heads.is_multiple_of(n) => {
+                return Err(ModelError::invalid(
+                    path,
+                    "num_global_key_value_heads",
+                    format!("{n} does not divide num_attention_heads {heads}"),
+                ));
+            }
+            // Read only where keys are values (as mlx-lm and transformers read it).
+            Some(n) if keys_as_values => Some(n),
+            _ => None,
+        };
+        Ok(AttentionLayout {
+            global_head_dim: (global != head_dim).then_some(global),
+            kv_shared_layers: shared,
+            per_layer_input,
+            keys_as_values,
+            global_key_value_heads,
+        })
+    }
+
+    /// The dense MLP, twice as wide on the layers that reuse keys and values when
+    /// `use_double_wide_mlp` (mlx-lm's default, true, when the key is absent).
+    fn feed_forward(
+        &self,
+        _path: &Path,
+        raw: &RawConfig,
+        layer: usize,
+        dense: FeedForward,
+    ) -> Result<FeedForward> {
+        let layers = raw
+            .num_hidden_layers
+            .unwrap_or(self.defaults().num_hidden_layers);
+        let first_shared = layers.saturating_sub(raw.num_kv_shared_layers.unwrap_or(0));
+        let wide =
+            raw.use_double_wide_mlp.unwrap_or(true) && first_shared > 0 && layer >= first_shared;
+        Ok(match dense {
+            FeedForward::Dense {
+                intermediate_size,
+                activation,
+            } if wide => FeedForward::Dense {
+                intermediate_size: 2 * intermediate_size,
+                activation,
+            },
+            other => other,
+        })
     }
 
     fn rope_schedule(

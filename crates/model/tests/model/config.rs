@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use mlxcel_model::{
-    FeedForward, HiddenActivation, ModelConfig, ModelError, QuantSpec, RopeScaling, RoutedExperts,
-    Routing,
+    FeedForward, HiddenActivation, ModelConfig, ModelError, PerLayerInput, QuantSpec, RopeScaling,
+    RoutedExperts, Routing,
 };
 use serde_json::{Value, json};
 
@@ -1106,27 +1106,12 @@ fn gemma4_reads_its_blocks_and_rope_per_layer_type() {
     assert_eq!(windows, [true, true, true, true, true, false, true, false]);
 }
 
-/// What Gemma 4's released models add beyond the blocks mlxcel runs is refused, naming the key
-/// (and transformers' default where the key is absent).
+/// What Gemma 4's models have beyond the blocks mlxcel runs (experts) and what
+/// neither reference reads is refused, naming the key; so are shared layers without an earlier
+/// layer of their kind.
 #[test]
 fn gemma4_refuses_what_it_does_not_run_by_name() {
-    let cases: [(&str, Value, &str); 8] = [
-        (
-            "global_head_dim",
-            json!(32),
-            "layers of different head sizes",
-        ),
-        (
-            "hidden_size_per_layer_input",
-            json!(256),
-            "per-layer token inputs",
-        ),
-        (
-            "num_kv_shared_layers",
-            json!(2),
-            "reusing earlier layers' keys and values",
-        ),
-        ("attention_k_eq_v", json!(true), "keys used as values"),
+    let cases: [(&str, Value, &str); 4] = [
         ("enable_moe_block", json!(true), "mixture-of-experts block"),
         (
             "attn_logit_softcapping",
@@ -1159,18 +1144,106 @@ fn gemma4_refuses_what_it_does_not_run_by_name() {
             "{field}: {message}"
         );
     }
-    // Absent keys take transformers' defaults, which the released models use: refused too.
-    for field in ["global_head_dim", "hidden_size_per_layer_input"] {
+    // A shared layer needs an earlier layer of its kind; every layer shared is refused.
+    for shared in [3, 4] {
         let mut v = gemma4();
-        v.as_object_mut().unwrap().remove(field);
+        v["num_kv_shared_layers"] = json!(shared);
         let message = parse(&v).unwrap_err().to_string();
-        assert!(message.contains(field), "{field}: {message}");
+        assert!(
+            message.contains("num_kv_shared_layers") && message.contains("no earlier layer"),
+            "{shared}: {message}"
+        );
     }
     let mut v = gemma4();
     v.as_object_mut().unwrap().remove("layer_types");
     v["sliding_window_pattern"] = json!(5);
     let message = parse(&v).unwrap_err().to_string();
     assert!(message.contains("sliding_window_pattern"), "{message}");
+}
+
+/// What Gemma 4's released models add: a larger head on the full layers (its RoPE rotating the
+/// first quarter of its pairs over the whole head's schedule), shared keys and values with a
+/// double-wide MLP there, and per-layer token inputs; transformers' defaults where keys are
+/// absent (a 512 head, 256 per-layer values from a table of 262144 rows).
+#[test]
+fn gemma4_reads_the_released_models_layout() {
+    let mut v = gemma4();
+    v["global_head_dim"] = json!(32);
+    v["num_hidden_layers"] = json!(6);
+    v["layer_types"] = json!([
+        "sliding_attention",
+        "sliding_attention",
+        "sliding_attention",
+        "full_attention",
+        "sliding_attention",
+        "full_attention"
+    ]);
+    v["num_kv_shared_layers"] = json!(2);
+    v["use_double_wide_mlp"] = json!(true);
+    v["hidden_size_per_layer_input"] = json!(8);
+    v["vocab_size_per_layer_input"] = json!(384);
+    let c = parse(&v).unwrap();
+    assert_eq!(c.global_head_dim, Some(32));
+    let dims: Vec<_> = (0..6).map(|i| c.layer_head_dim(i)).collect();
+    assert_eq!(dims, [16, 16, 16, 32, 16, 32]);
+    assert_eq!(c.rotary_dim, 32);
+    assert_eq!(c.local_rotary_dim(), 16);
+    let full = c.layer_rope_periods(3);
+    assert_eq!(full.len(), 16);
+    assert!((full[1] - 1e6f32.powf(2.0 / 32.0)).abs() < 1e-3, "{full:?}");
+    assert!(full[3].is_finite() && full[4..].iter().all(|p| p.is_infinite()));
+    assert_eq!(c.layer_rope_periods(0).len(), 8);
+    let sources: Vec<_> = (0..6).map(|i| c.kv_source(i)).collect();
+    assert_eq!(sources, [None, None, None, None, Some(2), Some(3)]);
+    assert_eq!(c.kv_shapes(0..6), [(2, 16), (2, 16), (2, 16), (2, 32)]);
+    let widths: Vec<_> = c
+        .feed_forward
+        .iter()
+        .map(|f| match f {
+            FeedForward::Dense {
+                intermediate_size, ..
+            } => *intermediate_size,
+            FeedForward::RoutedExperts(_) => 0,
+        })
+        .collect();
+    assert_eq!(widths, [128, 128, 128, 128, 256, 256]);
+    assert_eq!(
+        c.per_layer_input,
+        Some(PerLayerInput {
+            hidden: 8,
+            vocab: 384
+        })
+    );
+    assert!(
+        c.describe().contains("per-layer token inputs of 8"),
+        "{}",
+        c.describe()
+    );
+    // The 31B's keys as values: no v on the full layers, one key/value head there.
+    let mut v = gemma4();
+    v["attention_k_eq_v"] = json!(true);
+    v["num_global_key_value_heads"] = json!(1);
+    let c = parse(&v).unwrap();
+    assert!(c.layer_keys_as_values(1) && !c.layer_keys_as_values(0));
+    assert_eq!(c.kv_shapes(0..4), [(2, 16), (1, 16), (2, 16), (1, 16)]);
+    assert!(c.has_varied_layers());
+    v["num_global_key_value_heads"] = json!(3);
+    let message = parse(&v).unwrap_err().to_string();
+    assert!(message.contains("num_global_key_value_heads"), "{message}");
+    // Absent keys: transformers' defaults.
+    let mut v = gemma4();
+    for field in ["global_head_dim", "hidden_size_per_layer_input", "head_dim"] {
+        v.as_object_mut().unwrap().remove(field);
+    }
+    let c = parse(&v).unwrap();
+    assert_eq!((c.head_dim, c.global_head_dim), (256, Some(512)));
+    assert_eq!(
+        c.per_layer_input,
+        Some(PerLayerInput {
+            hidden: 256,
+            vocab: 262_144
+        })
+    );
 }
 
 /// Gemma 4's multimodal config (`Gemma4ForConditionalGeneration`) is read as its text model.
