@@ -172,6 +172,13 @@ std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
                                            int32_t window, float softcap, int32_t keys,
                                            bool tokens_major, rust::Slice<const float> sinks,
                                            uint8_t isa, int32_t threads);
+// native_attention over a KV cache's blocks ([1, kv_heads, 256, D] each; the first `keys`
+// positions are read) instead of whole arrays; the output is tokens-major, [n, heads·D].
+std::unique_ptr<MlxArray> native_attention_blocks(const MlxArray& q, const ArrayList& k_blocks,
+                                                  const ArrayList& v_blocks, float scale,
+                                                  bool causal, int32_t window, float softcap,
+                                                  int32_t keys, rust::Slice<const float> sinks,
+                                                  uint8_t isa, int32_t threads);
 std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_freq, int32_t row0,
                                       int32_t n, int32_t col0, int32_t heads, int32_t dim,
                                       bool rope, int32_t offset, float scale);

@@ -224,6 +224,53 @@ pub fn attention_native_scored(
     })
 }
 
+/// [`attention_native_scored`] over a KV cache's blocks (`k_blocks`, `v_blocks`: the same
+/// number of `[1, kv_heads, 256, D]` arrays, block `b` holding positions `256·b..`), of which the
+/// first `keys` positions are read where they lie: no concatenation into one array, whose copy
+/// of every position each step cost more than the attention itself at long contexts. The same
+/// kernel and the same key ranges (one block each) as over whole arrays, so the same bits.
+/// Returns `[n, heads · D]`.
+pub fn attention_native_blocks(
+    q: &Array,
+    (k_blocks, v_blocks): (&[&Array], &[&Array]),
+    keys: usize,
+    scores: Scores<'_>,
+    isa: crate::Isa,
+    threads: usize,
+) -> Result<Array> {
+    let Scores {
+        scale,
+        causal,
+        window,
+        softcap,
+        sinks,
+    } = scores;
+    call("native_attention_blocks", || {
+        let list = |blocks: &[&Array]| {
+            let mut list = ffi::array_list_new();
+            for block in blocks {
+                ffi::array_list_push(list.pin_mut(), block.raw());
+            }
+            list
+        };
+        // Both lists are built and dropped inside `call`, under the MLX lock.
+        let (k_list, v_list) = (list(k_blocks), list(v_blocks));
+        ffi::native_attention_blocks(
+            q.raw(),
+            &k_list,
+            &v_list,
+            scale,
+            causal,
+            window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+            softcap.unwrap_or(0.0),
+            keys.min(i32::MAX as usize) as i32,
+            sinks,
+            isa as u8,
+            threads.min(i32::MAX as usize) as i32,
+        )
+    })
+}
+
 /// Where [`split_heads`] finds its heads, and whether it rotates them.
 #[derive(Debug, Clone, Copy)]
 pub struct HeadSlice<'a> {

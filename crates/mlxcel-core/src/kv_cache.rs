@@ -490,6 +490,21 @@ impl KvCache {
         ))
     }
 
+    /// Writes `k`, `v` (`[1, kv_heads, n, head_dim]`) of `layer` at the current end and returns
+    /// the key and value blocks holding every position so far, including the new ones (the
+    /// per-op graph's path on mlxcel's attention kernel, which reads the blocks where they lie).
+    pub(crate) fn append_blocks(
+        &mut self,
+        layer: usize,
+        k: &Array,
+        v: &Array,
+        n: usize,
+    ) -> Result<(Vec<&Array>, Vec<&Array>)> {
+        let (k, v) = (rounded(k, self.k_type)?, rounded(v, self.v_type)?);
+        self.write(layer, &k, &v, n)?;
+        Ok(self.layer_blocks(layer, self.len + n))
+    }
+
     /// `layer`'s key and value blocks holding positions `0..upto`, for the fused decoder
     /// layer, which writes the step's positions into them in place.
     pub(crate) fn layer_blocks(&self, layer: usize, upto: usize) -> (Vec<&Array>, Vec<&Array>) {

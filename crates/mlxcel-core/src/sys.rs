@@ -193,6 +193,20 @@ pub(crate) mod ffi {
             threads: i32,
         ) -> Result<UniquePtr<MlxArray>>;
         #[allow(clippy::too_many_arguments)]
+        fn native_attention_blocks(
+            q: &MlxArray,
+            k_blocks: &ArrayList,
+            v_blocks: &ArrayList,
+            scale: f32,
+            causal: bool,
+            window: i32,
+            softcap: f32,
+            keys: i32,
+            sinks: &[f32],
+            isa: u8,
+            threads: i32,
+        ) -> Result<UniquePtr<MlxArray>>;
+        #[allow(clippy::too_many_arguments)]
         fn split_heads(
             qkv: &MlxArray,
             inv_freq: &MlxArray,

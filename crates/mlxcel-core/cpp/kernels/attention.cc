@@ -113,8 +113,15 @@ void attention(const AttentionProblem* problems, int count, Isa isa, int threads
     if (p->k_blocks != nullptr) {
       in_block = *p;
       const int b = task.j0 / kRangeKeys;
-      in_block.k = block_base(p->k_blocks[b], task.j0, p->k_row, p->k_dtype);
-      in_block.v = block_base(p->v_blocks[b], task.j0, p->v_row, p->v_dtype);
+      if (p->block_strides != nullptr) {
+        const int64_t* strides = p->block_strides + 4 * b;
+        in_block.k_head = strides[0];
+        in_block.k_row = strides[1];
+        in_block.v_head = strides[2];
+        in_block.v_row = strides[3];
+      }
+      in_block.k = block_base(p->k_blocks[b], task.j0, in_block.k_row, p->k_dtype);
+      in_block.v = block_base(p->v_blocks[b], task.j0, in_block.v_row, p->v_dtype);
       p = &in_block;
     }
     attend(*p, task.kvh, task.r0, task.r1, task.j0, task.j1, part + task.part,

@@ -41,6 +41,10 @@ struct AttentionProblem {
   // (`k` unused; k_head is a head's stride within a block), and likewise for values.
   const void* const* k_blocks = nullptr;
   const void* const* v_blocks = nullptr;
+  // With block tables, optionally each block's own strides (4 per block: k_head, k_row, v_head,
+  // v_row), for blocks laid out differently (a block a step wrote whole may be a view of that
+  // step's keys); none: every block has the problem's.
+  const int64_t* block_strides = nullptr;
 };
 
 // Positions per KV-cache block: the key ranges attention() splits a problem into are these

@@ -232,13 +232,15 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
   float eps_;
 };
 
-// Attention for one sequence: inputs q [1, heads, n, D], k and v [1, kv_heads, L, D] (usually
-// slices of the KV cache: strided, read in place), with each head's sink logit if any (kept in
+// Attention for one sequence: inputs q [1, heads, n, D], then either k and v [1, kv_heads, L, D]
+// (usually slices of the KV cache: strided, read in place) or, with `blocks` > 0, the KV cache's
+// blocks themselves ([1, kv_heads, kKvBlock, D] each: `blocks` key blocks, then as many value
+// blocks), read where they are with no concatenation; with each head's sink logit if any (kept in
 // the primitive: a layer's few constants).
 class AttentionCpu : public mx::UnaryPrimitive {
  public:
   AttentionCpu(mx::Stream stream, float scale, bool causal, int window, float softcap, int keys,
-               bool tokens_major, std::vector<float> sinks, Isa isa, int threads)
+               bool tokens_major, std::vector<float> sinks, Isa isa, int threads, int blocks = 0)
       : mx::UnaryPrimitive(stream),
         scale_(scale),
         softcap_(softcap),
@@ -248,15 +250,28 @@ class AttentionCpu : public mx::UnaryPrimitive {
         keys_(keys),
         tokens_major_(tokens_major),
         isa_(isa),
-        threads_(threads) {}
+        threads_(threads),
+        blocks_(blocks) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& q = inputs[0];
     const auto& k = inputs[1];
-    const auto& v = inputs[2];
-    for (const auto* a : {&q, &k, &v}) {
-      if (a->strides().back() != 1 && a->shape(-1) != 1)
+    const auto& v = inputs[blocks_ > 0 ? 1 + blocks_ : 2];
+    for (const auto& a : inputs) {
+      if (a.strides().back() != 1 && a.shape(-1) != 1)
         throw std::runtime_error("mlxcel attention: the head dimension must be contiguous");
+    }
+    // Each block is read with its own strides: a block that a step's write covered whole is
+    // that step's keys (values) themselves, a strided view, not a buffer of the block's shape.
+    std::vector<const void*> k_blocks, v_blocks;
+    std::vector<int64_t> block_strides;
+    for (int b = 0; b < blocks_; ++b) {
+      const auto& kb = inputs[1 + b];
+      const auto& vb = inputs[1 + blocks_ + b];
+      k_blocks.push_back(kb.data<uint8_t>());
+      v_blocks.push_back(vb.data<uint8_t>());
+      block_strides.insert(block_strides.end(),
+                           {kb.strides()[1], kb.strides()[2], vb.strides()[1], vb.strides()[2]});
     }
     out.set_data(mx::allocator::malloc(out.nbytes()));
     kernels::AttentionProblem p{};
@@ -296,13 +311,18 @@ class AttentionCpu : public mx::UnaryPrimitive {
     p.window = window_;
     p.softcap = softcap_;
     auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(q);
-    encoder.set_input_array(k);
-    encoder.set_input_array(v);
+    for (const auto& a : inputs) encoder.set_input_array(a);
     encoder.set_output_array(out);
-    // The task owns its copy of the sinks: it may run after this call returns.
-    encoder.dispatch([p, sinks = sinks_, isa = isa_, threads = threads_]() mutable {
+    // The task owns its copies of the sinks and block tables: it may run after this call returns.
+    encoder.dispatch([p, sinks = sinks_, k_blocks = std::move(k_blocks),
+                      v_blocks = std::move(v_blocks), block_strides = std::move(block_strides),
+                      isa = isa_, threads = threads_]() mutable {
       p.sinks = sinks.empty() ? nullptr : sinks.data();
+      if (!k_blocks.empty()) {
+        p.k_blocks = k_blocks.data();
+        p.v_blocks = v_blocks.data();
+        p.block_strides = block_strides.data();
+      }
       kernels::attention(&p, 1, isa, threads);
     });
   }
@@ -319,7 +339,8 @@ class AttentionCpu : public mx::UnaryPrimitive {
            causal_ == o.causal_ &&
            window_ == o.window_ &&
            keys_ == o.keys_ &&
-           tokens_major_ == o.tokens_major_ && isa_ == o.isa_ && threads_ == o.threads_;
+           tokens_major_ == o.tokens_major_ && isa_ == o.isa_ && threads_ == o.threads_ &&
+           blocks_ == o.blocks_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -338,6 +359,7 @@ class AttentionCpu : public mx::UnaryPrimitive {
   bool tokens_major_;
   Isa isa_;
   int threads_;
+  int blocks_;  // 0: k and v are whole arrays; else how many cache blocks each side has
 };
 
 // One sequence's heads out of the stacked q/k/v projection: rows [row0, row0 + n) and columns
@@ -613,6 +635,65 @@ std::unique_ptr<MlxArray> native_attention(const MlxArray& q, const MlxArray& k,
                                              threads < 1 ? 1 : threads);
   auto shape = tokens_major ? mx::Shape{qa.shape(2), qa.shape(1) * qa.shape(3)} : qa.shape();
   return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), {qa, ka, va}));
+}
+
+std::unique_ptr<MlxArray> native_attention_blocks(const MlxArray& q, const ArrayList& k_blocks,
+                                                  const ArrayList& v_blocks, float scale,
+                                                  bool causal, int32_t window, float softcap,
+                                                  int32_t keys, rust::Slice<const float> sinks,
+                                                  uint8_t isa, int32_t threads) {
+  const auto& qa = q.inner;
+  if (qa.dtype() != mx::float32 || qa.ndim() != 4 || qa.shape(0) != 1)
+    throw std::invalid_argument("mlxcel attention: q must be float32 [1, heads, n, D]");
+  const int D = qa.shape(3);
+  const size_t blocks = k_blocks.items.size();
+  if (blocks == 0 || v_blocks.items.size() != blocks)
+    throw std::invalid_argument(
+        "mlxcel attention: the keys and the values need the same number of cache blocks, at "
+        "least one");
+  // Every block of a side has the first's type and shape [1, kv_heads, kKvBlock, row]: f32 or
+  // f16 rows of D values, or uint8 rows of D / 32 q8_0 blocks.
+  for (const auto* side : {&k_blocks.items, &v_blocks.items}) {
+    const auto& first = side->front();
+    const bool f32 = first.dtype() == mx::float32, f16 = first.dtype() == mx::float16;
+    const bool q8 = first.dtype() == mx::uint8 && D % kernels::kQ8Block == 0 &&
+                    first.ndim() == 4 &&
+                    first.shape(3) == D / kernels::kQ8Block * kernels::kQ8BlockBytes;
+    if (!(f32 || f16 || q8) || first.ndim() != 4 || first.shape(0) != 1 ||
+        first.shape(2) != kernels::kKvBlock || ((f32 || f16) && first.shape(3) != D) ||
+        first.shape(1) != k_blocks.items.front().shape(1))
+      throw std::invalid_argument(
+          "mlxcel attention: cache blocks must be float32 or float16 [1, kv_heads, " +
+          std::to_string(kernels::kKvBlock) +
+          ", D] (or uint8 q8_0 rows of D / 32 · 34 bytes), keys and values of the same heads");
+    for (const auto& b : *side) {
+      if (b.dtype() != first.dtype() || b.shape() != first.shape())
+        throw std::invalid_argument("mlxcel attention: a side's cache blocks differ in type or shape");
+    }
+  }
+  const int kv_heads = k_blocks.items.front().shape(1);
+  if (qa.shape(1) % kv_heads != 0 || keys < qa.shape(2) ||
+      static_cast<int64_t>(keys) > static_cast<int64_t>(blocks) * kernels::kKvBlock ||
+      static_cast<int64_t>(keys) <= static_cast<int64_t>(blocks - 1) * kernels::kKvBlock)
+    throw std::invalid_argument(
+        "mlxcel attention: the kv heads must divide q's heads, and the blocks hold the keys "
+        "(at least q's positions), the last one partly at least");
+  if (isa > static_cast<uint8_t>(Isa::Avx512))
+    throw std::invalid_argument("mlxcel attention: unknown ISA code " + std::to_string(isa));
+  if (window < 0) throw std::invalid_argument("mlxcel attention: the window must be >= 0");
+  if (!(softcap >= 0.0f)) throw std::invalid_argument("mlxcel attention: softcap must be >= 0");
+  if (!sinks.empty() && sinks.size() != static_cast<size_t>(qa.shape(1)))
+    throw std::invalid_argument("mlxcel attention: sinks must hold one logit per query head (" +
+                                std::to_string(qa.shape(1)) + "), or none");
+  std::vector<mx::array> inputs{qa};
+  inputs.insert(inputs.end(), k_blocks.items.begin(), k_blocks.items.end());
+  inputs.insert(inputs.end(), v_blocks.items.begin(), v_blocks.items.end());
+  auto prim = std::make_shared<AttentionCpu>(
+      mlxcel_stream(), scale, causal, window, softcap, keys, true,
+      std::vector<float>(sinks.begin(), sinks.end()), static_cast<Isa>(isa),
+      threads < 1 ? 1 : threads, static_cast<int>(blocks));
+  return wrap(mx::array(mx::Shape{qa.shape(2), qa.shape(1) * D}, mx::float32, std::move(prim),
+                        std::move(inputs)));
 }
 
 std::unique_ptr<MlxArray> split_heads(const MlxArray& qkv, const MlxArray& inv_freq, int32_t row0,

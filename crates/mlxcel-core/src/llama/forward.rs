@@ -8,7 +8,7 @@ use crate::array::{Array, eval};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::fast::{
-    AttentionMask, HeadSlice, Scores, attention_native_scored, rms_norm,
+    AttentionMask, HeadSlice, Scores, attention_native_blocks, rms_norm,
     scaled_dot_product_attention_with_sinks, split_heads,
 };
 use crate::kernels::KernelBackend;
@@ -487,8 +487,8 @@ impl LlamaModel {
             // `MLXCEL_KERNELS=mlx` too.
             let attended = if kn.backend == KernelBackend::Native || self.features.softcap.is_some()
             {
-                let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
                 let len = seq.cache.len() + n as usize;
+                let blocks = seq.cache.append_blocks(index, &ki, &vi, n as usize)?;
                 let scores = Scores {
                     scale: self.attention_scale,
                     causal: n > 1,
@@ -496,7 +496,8 @@ impl LlamaModel {
                     softcap: self.features.softcap,
                     sinks,
                 };
-                attention_native_scored(&qi, &keys, &values, len, scores, kn.isa, kn.threads)?
+                let blocks = (blocks.0.as_slice(), blocks.1.as_slice());
+                attention_native_blocks(&qi, blocks, len, scores, kn.isa, kn.threads)?
             } else {
                 let (keys, values) = seq.cache.append(index, &ki, &vi, n as usize)?;
                 // MLX's attention takes one dtype: f16 caches are widened (exactly) for it.

@@ -812,3 +812,132 @@ fn sdpa_with_sinks_matches_the_reference() {
     let expected = attention_ref_sinks(&s, &q, &k, &v, 0.25, None, &sinks, window);
     assert_close(&got.to_vec_f32().unwrap(), &expected, 1e-5);
 }
+
+/// Attention over a KV cache's blocks (the per-op graph's path) gives the bits of the same
+/// kernel over the blocks concatenated, for decode and a causal prefill chunk, with f32 and f16
+/// caches, and with a block that is a strided view (what a step that writes a block whole
+/// leaves in it: a slice of that step's keys, laid out `[1, kv_heads, n, D]`).
+#[test]
+fn native_attention_over_cache_blocks_matches_the_concatenated_cache() {
+    use mlxcel_core::fast::{Scores, attention_native_blocks, attention_native_scored};
+    use mlxcel_core::{Dtype, Isa, KV_BLOCK};
+    let (h, kh, d) = (8, 2, 64);
+    let block = KV_BLOCK as i32;
+    for dtype in [Dtype::F32, Dtype::F16] {
+        for (n, keys) in [(1usize, 700usize), (5, 520), (3, 256)] {
+            let blocks = keys.div_ceil(KV_BLOCK);
+            let whole = |seed: u64, strided: bool| -> Vec<Array> {
+                (0..blocks)
+                    .map(|b| {
+                        let shape = [1, kh as i32, block, d as i32];
+                        let values = pseudo_random(kh * KV_BLOCK * d, seed + b as u64);
+                        if strided && b == 0 {
+                            // Block 0 as a slice of a longer `[1, kh, 2·block, d]` array.
+                            let mut longer = pseudo_random(2 * kh * KV_BLOCK * d, 99);
+                            for head in 0..kh {
+                                let to = head * 2 * KV_BLOCK * d;
+                                let from = head * KV_BLOCK * d;
+                                longer[to..to + KV_BLOCK * d]
+                                    .copy_from_slice(&values[from..from + KV_BLOCK * d]);
+                            }
+                            Array::from_f32(&longer, &[1, kh as i32, 2 * block, d as i32])
+                                .unwrap()
+                                .astype(dtype)
+                                .unwrap()
+                                .slice(&[0, 0, 0, 0], &shape)
+                                .unwrap()
+                        } else {
+                            Array::from_f32(&values, &shape)
+                                .unwrap()
+                                .astype(dtype)
+                                .unwrap()
+                        }
+                    })
+                    .collect()
+            };
+            let q = Array::from_f32(
+                &pseudo_random(h * n * d, 7),
+                &[1, h as i32, n as i32, d as i32],
+            )
+            .unwrap();
+            let scores = Scores {
+                scale: 0.125,
+                causal: n > 1,
+                window: None,
+                softcap: None,
+                sinks: &[],
+            };
+            let (k, v) = (whole(10, false), whole(50, false));
+            let cat =
+                |parts: &[Array]| Array::concatenate(&parts.iter().collect::<Vec<_>>(), 2).unwrap();
+            for isa in [Isa::Scalar, Isa::best()] {
+                let expected =
+                    attention_native_scored(&q, &cat(&k), &cat(&v), keys, scores, isa, 2)
+                        .unwrap()
+                        .to_vec_f32()
+                        .unwrap();
+                for strided in [false, true] {
+                    let (k, v) = (whole(10, strided), whole(50, strided));
+                    let (k, v): (Vec<&Array>, Vec<&Array>) =
+                        (k.iter().collect(), v.iter().collect());
+                    let got = attention_native_blocks(&q, (&k, &v), keys, scores, isa, 2).unwrap();
+                    assert_eq!(got.shape(), [n as i32, (h * d) as i32]);
+                    assert_eq!(
+                        got.to_vec_f32().unwrap(),
+                        expected,
+                        "{dtype:?} n={n} keys={keys}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The block form refuses blocks that do not hold the keys, by what is wrong.
+#[test]
+fn native_attention_over_cache_blocks_refuses_blocks_that_do_not_fit() {
+    use mlxcel_core::fast::{Scores, attention_native_blocks};
+    use mlxcel_core::{Isa, KV_BLOCK};
+    let q = Array::from_f32(&pseudo_random(4 * 16, 1), &[1, 4, 1, 16]).unwrap();
+    let full = Array::from_f32(
+        &pseudo_random(2 * KV_BLOCK * 16, 2),
+        &[1, 2, KV_BLOCK as i32, 16],
+    )
+    .unwrap();
+    let scores = Scores {
+        scale: 0.25,
+        causal: false,
+        window: None,
+        softcap: None,
+        sinks: &[],
+    };
+    // Two blocks for 100 keys: the second holds none of them.
+    let err = attention_native_blocks(
+        &q,
+        (&[&full, &full], &[&full, &full]),
+        100,
+        scores,
+        Isa::Scalar,
+        1,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("blocks hold the keys"), "{err}");
+    // More keys than the blocks hold.
+    let err = attention_native_blocks(
+        &q,
+        (&[&full], &[&full]),
+        KV_BLOCK + 1,
+        scores,
+        Isa::Scalar,
+        1,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("blocks hold the keys"), "{err}");
+    // Unequal sides.
+    let err = attention_native_blocks(&q, (&[&full], &[&full, &full]), 10, scores, Isa::Scalar, 1)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("same number of cache blocks"),
+        "{err}"
+    );
+}
