@@ -62,10 +62,12 @@ pub struct EngineOptions {
     /// kernels, unless `MLXCEL_XLA_WEIGHTS` names a weight format); `None` takes
     /// `MLXCEL_ACTIVATIONS`, else f32.
     pub activations: Option<Activations>,
-    /// With int8 `activations`, a model with fewer parameters than this runs f32 activations
-    /// instead: what the applications' default sets ([`EngineOptions::use_application_activations`],
-    /// [`SMALL_MODEL_PARAMETERS`]) so that a small model, whose decode is fast either way, answers
-    /// as the exact path does. `None`: `activations` as given.
+    /// With int8 `activations`, a model with fewer parameters than this runs the small-model
+    /// activations instead ([`EngineOptions::activations_for`]: `mixed` on the MLX backend, f32
+    /// on OpenXLA): what the applications' default sets
+    /// ([`EngineOptions::use_application_activations`], [`SMALL_MODEL_PARAMETERS`]) so that a
+    /// small model, which int8 rounding costs answers, answers as the exact path does. `None`:
+    /// `activations` as given.
     pub exact_below_parameters: Option<u64>,
     /// How a static-shape backend picks its shapes.
     pub shapes: ShapeMode,
@@ -161,18 +163,21 @@ impl Default for EngineOptions {
     }
 }
 
-/// Below this many parameters the applications' default activations are f32, not int8: on the
-/// default model (SmolLM2-135M, Q4_1) int8 activations answer 38 of the 62 questions of
-/// scripts/questions/factual.tsv and f32 ones 41, and f32 decode is still about 1.25x llama.cpp's
-/// there (int8 about 1.6x); at the Llama-3.2-1B shape f32 decode falls to about llama.cpp's, so
-/// int8 stays from 0.5 B on (docs/benchmarks.md, "A right first answer").
+/// Below this many parameters the applications' default activations are `mixed` (int8 for the
+/// MLPs' gate and up projections and the output head, f32 for the rest:
+/// `mlxcel_core::Matrix::MIXED_INT8`) on the MLX backend, not int8: on the default model
+/// (SmolLM2-135M, Q4_1) int8 activations answer 38 of the 62 questions of
+/// scripts/questions/factual.tsv, f32 ones 41 and `mixed` 45, and `mixed` decodes faster than
+/// f32 (docs/benchmarks.md has the speeds against llama.cpp's). At the Llama-3.2-1B shape
+/// int8 answers as f32 does and prefills 2x faster, so int8 stays from 0.5 B on
+/// (docs/benchmarks.md, "A right first answer").
 pub const SMALL_MODEL_PARAMETERS: u64 = 500_000_000;
 
 impl EngineOptions {
     /// The applications' default when neither `--activations` nor `MLXCEL_ACTIVATIONS` chooses:
-    /// [`EngineOptions::application_activations`], and exact f32 activations for a model under
-    /// [`SMALL_MODEL_PARAMETERS`] (decided at load, when the model's size is known). With the
-    /// variable set, it alone decides.
+    /// [`EngineOptions::application_activations`], and the small-model activations for a model
+    /// under [`SMALL_MODEL_PARAMETERS`] ([`EngineOptions::activations_for`], decided at load,
+    /// when the model's size is known). With the variable set, it alone decides.
     pub fn use_application_activations(&mut self) {
         self.activations = Some(Self::application_activations(self.backend));
         self.exact_below_parameters = std::env::var_os("MLXCEL_ACTIVATIONS")
@@ -180,10 +185,18 @@ impl EngineOptions {
             .then_some(SMALL_MODEL_PARAMETERS);
     }
 
-    /// The activations a model of `parameters` weights runs under these options.
+    /// The activations a model of `parameters` weights runs under these options: for a model
+    /// under `exact_below_parameters` whose default was int8, `mixed` on the MLX backend (int8
+    /// where it costs no answers) and f32 on OpenXLA (whose program multiplies every matrix
+    /// alike).
     pub fn activations_for(&self, parameters: u64) -> Option<Activations> {
         match (self.activations, self.exact_below_parameters) {
-            (Some(Activations::Int8), Some(limit)) if parameters < limit => Some(Activations::F32),
+            (Some(Activations::Int8), Some(limit)) if parameters < limit => {
+                Some(match self.backend {
+                    BackendKind::Mlx => Activations::Mixed,
+                    BackendKind::Xla => Activations::F32,
+                })
+            }
             (activations, _) => activations,
         }
     }
@@ -231,26 +244,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn small_models_run_exact_activations_only_under_the_application_default() {
+    fn small_models_run_mixed_activations_only_under_the_application_default() {
         let mut options = EngineOptions {
             activations: Some(Activations::Int8),
             exact_below_parameters: Some(SMALL_MODEL_PARAMETERS),
             ..EngineOptions::default()
         };
+        assert_eq!(
+            options.activations_for(134_515_008),
+            Some(Activations::Mixed)
+        );
+        assert_eq!(
+            options.activations_for(SMALL_MODEL_PARAMETERS),
+            Some(Activations::Int8)
+        );
+        // The OpenXLA program has no per-matrix choice: a small model runs f32 there.
+        options.backend = BackendKind::Xla;
         assert_eq!(options.activations_for(134_515_008), Some(Activations::F32));
         assert_eq!(
             options.activations_for(SMALL_MODEL_PARAMETERS),
             Some(Activations::Int8)
         );
+        options.backend = BackendKind::Mlx;
         // A choice made by flag (no limit set) is kept whatever the size.
         options.exact_below_parameters = None;
         assert_eq!(
             options.activations_for(134_515_008),
             Some(Activations::Int8)
         );
-        // f32 stays f32.
-        options.activations = Some(Activations::F32);
+        // f32 stays f32 and mixed stays mixed, whatever the size.
         options.exact_below_parameters = Some(SMALL_MODEL_PARAMETERS);
-        assert_eq!(options.activations_for(1), Some(Activations::F32));
+        for kept in [Activations::F32, Activations::Mixed] {
+            options.activations = Some(kept);
+            assert_eq!(options.activations_for(1), Some(kept));
+            assert_eq!(options.activations_for(u64::MAX), Some(kept));
+        }
+    }
+
+    #[test]
+    fn mixed_parses_by_name_and_reads_back() {
+        for name in Activations::NAMES {
+            let parsed: Activations = name.parse().unwrap();
+            assert_eq!(parsed.as_str(), name);
+        }
+        assert_eq!(" Mixed ".parse::<Activations>(), Ok(Activations::Mixed));
+        let err = "half".parse::<Activations>().unwrap_err();
+        assert!(err.contains("f32, int8, mixed"), "{err}");
     }
 }

@@ -46,6 +46,7 @@ fn weight(n: usize, k: usize, bits: usize, mask: u32, group: usize, seed: u64) -
         group_size: group as i32,
         bits: bits as i32,
         int8: false,
+        activations: None,
     }
 }
 
@@ -102,7 +103,7 @@ fn main() -> Result<(), mlxcel_core::Error> {
         )?;
         let layouts: &[Option<Int8Layout>] = match activations {
             Activations::Int8 => &[Some(Int8Layout::Wide), Some(Int8Layout::Compact)],
-            Activations::F32 => &[None, Some(Int8Layout::Compact)],
+            Activations::F32 | Activations::Mixed => &[None, Some(Int8Layout::Compact)],
         };
         for &layout in layouts {
             let ws: Vec<QuantizedWeight> = match layout {

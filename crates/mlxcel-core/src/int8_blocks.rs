@@ -180,6 +180,7 @@ impl QuantizedWeight {
             group_size: form.group as i32,
             bits: form.out_bits as i32,
             int8: true,
+            activations: None,
         }))
     }
 }

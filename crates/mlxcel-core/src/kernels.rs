@@ -94,12 +94,16 @@ pub struct Kernels {
     /// Whether a step's llama decoder layers run as one MLX node over all of its sequences
     /// (native kernels, quantized layers, biased only on q/k/v) rather than the per-op graph.
     pub fused_layers: bool,
-    /// f32 or int8 activations in the quantized matmuls (native kernels only).
+    /// f32 or int8 activations in the quantized matmuls (native kernels only), or a
+    /// per-matrix choice between them ([`Kernels::matrix_activations`]).
     pub activations: Activations,
     /// The form of the int8 layout (for int8 activations, and for f32 activations over it).
     pub int8_layout: Int8Layout,
     /// How weights are stored for f32 activations.
     pub f32_layout: F32Layout,
+    /// Under [`Activations::Mixed`], the matrices that multiply int8 activations (the rest
+    /// multiply f32): [`Matrix::MIXED_INT8`] unless a caller chooses.
+    pub int8_matrices: &'static [Matrix],
 }
 
 impl Kernels {
@@ -113,26 +117,50 @@ impl Kernels {
             activations: Activations::F32,
             int8_layout: Int8Layout::default(),
             f32_layout: F32Layout::default(),
+            int8_matrices: Matrix::MIXED_INT8,
         }
     }
 
-    /// Whether a model loads its quantized weights in the int8 layout (`int8_layout`'s form):
-    /// always for int8 activations; for f32 activations with [`F32Layout::Int8`] where its
-    /// kernel runs (mlxcel's kernels on the AVX-512 path: elsewhere only the scalar reference
-    /// reads it, so MLX's layout is kept).
+    /// Whether a model loads every quantized weight in the int8 layout (`int8_layout`'s form):
+    /// always for int8 activations; for f32 activations, and for a per-matrix choice, where
+    /// f32 activations read that layout ([`Kernels::int8_layout_for`]). Under
+    /// [`Activations::Mixed`] without it, the matrices the policy multiplies with int8 are
+    /// rewritten one by one as they load.
     pub fn int8_layout_weights(&self) -> bool {
+        match self.activations {
+            Activations::Int8 => self.int8_layout_for(Activations::Int8),
+            Activations::F32 | Activations::Mixed => self.int8_layout_for(Activations::F32),
+        }
+    }
+
+    /// Whether a matrix multiplying `activations` (f32 or int8) is kept in the int8 layout:
+    /// for int8, on mlxcel's kernels; for f32, with [`F32Layout::Int8`] where its kernel runs
+    /// (mlxcel's kernels on the AVX-512 path: elsewhere only the scalar reference reads it, so
+    /// MLX's layout is kept).
+    pub fn int8_layout_for(&self, activations: Activations) -> bool {
         self.backend == KernelBackend::Native
-            && match self.activations {
+            && match activations {
                 Activations::Int8 => true,
-                Activations::F32 => {
+                Activations::F32 | Activations::Mixed => {
                     self.f32_layout == F32Layout::Int8 && self.isa.min(Isa::best()) == Isa::Avx512
                 }
             }
     }
 
+    /// The activations `matrix` multiplies: the kernels' own choice, or under
+    /// [`Activations::Mixed`] int8 for the matrices of [`Kernels::int8_matrices`] and f32 for
+    /// the rest.
+    pub fn matrix_activations(&self, matrix: Matrix) -> Activations {
+        match self.activations {
+            Activations::Mixed if self.int8_matrices.contains(&matrix) => Activations::Int8,
+            Activations::Mixed => Activations::F32,
+            activations => activations,
+        }
+    }
+
     /// From `MLXCEL_KERNELS` (`native` or `mlx`), `MLXCEL_KERNEL_ISA` (`avx512`, `avx2` or
     /// `scalar`), `MLXCEL_THREADS` (a positive integer), `MLXCEL_FUSED_LAYERS` (`on` or
-    /// `off`), `MLXCEL_ACTIVATIONS` (`f32` or `int8`), `MLXCEL_INT8_LAYOUT` (`compact` or
+    /// `off`), `MLXCEL_ACTIVATIONS` (`f32`, `int8` or `mixed`), `MLXCEL_INT8_LAYOUT` (`compact` or
     /// `wide`) and `MLXCEL_F32_LAYOUT` (`int8` or `mlx`); unset means [`Kernels::native`].
     pub fn from_env() -> Result<Kernels> {
         Self::from_lookup(|name| std::env::var(name).ok())
@@ -177,7 +205,8 @@ impl Kernels {
             kernels.activations = match value.as_str() {
                 "f32" => Activations::F32,
                 "int8" => Activations::Int8,
-                _ => return Err(invalid("MLXCEL_ACTIVATIONS", &value, "f32 or int8")),
+                "mixed" => Activations::Mixed,
+                _ => return Err(invalid("MLXCEL_ACTIVATIONS", &value, "f32, int8 or mixed")),
             };
         }
         if let Some(value) = lookup("MLXCEL_INT8_LAYOUT") {
@@ -198,19 +227,51 @@ impl Kernels {
         Ok(kernels)
     }
 
-    /// Refuses combinations that cannot run: int8 activations exist on mlxcel's kernels only.
-    /// The error names `activations_setting`, whatever set the activations: the variable
-    /// (`MLXCEL_ACTIVATIONS`) or the caller's own option or flag (`--activations`).
+    /// Refuses combinations that cannot run: int8 activations (all, or some matrices' under
+    /// `mixed`) exist on mlxcel's kernels only. The error names `activations_setting`,
+    /// whatever set the activations: the variable (`MLXCEL_ACTIVATIONS`) or the caller's own
+    /// option or flag (`--activations`).
     pub fn check(&self, activations_setting: &'static str) -> Result<()> {
-        if self.activations == Activations::Int8 && self.backend != KernelBackend::Native {
+        if self.activations != Activations::F32 && self.backend != KernelBackend::Native {
             return Err(Error::InvalidEnv {
                 variable: activations_setting,
-                value: "int8".to_owned(),
+                value: self.activations.as_str().to_owned(),
                 expected: "f32 with MLXCEL_KERNELS=mlx (int8 activations run on mlxcel's kernels only)",
             });
         }
         Ok(())
     }
+}
+
+/// A quantized matrix's part in the model, which a per-matrix activation policy
+/// ([`Activations::Mixed`]) decides by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Matrix {
+    /// An attention layer's q, k and v projections (stacked or apart, and a gated query's
+    /// gate), and its output projection.
+    Attention,
+    /// A dense MLP's gate and up projections.
+    GateUp,
+    /// A dense MLP's down projection, which multiplies the SwiGLU outputs.
+    Down,
+    /// The output projection over the vocabulary (`lm_head`, or the tied embedding table).
+    Head,
+    /// Anything else: routed experts, linear-attention and short-convolution projections.
+    Other,
+}
+
+impl Matrix {
+    /// The matrices `mixed` multiplies with int8 activations (the rest f32) unless a caller
+    /// sets [`Kernels::int8_matrices`]: the dense MLPs' gate and up projections and the output
+    /// head, about two thirds of the bytes a token of the default model reads; the attention
+    /// projections and the down projections (whose input, the SwiGLU outputs, carries the
+    /// outliers int8 rounding loses) stay f32. Chosen by the 62 questions of
+    /// scripts/questions/factual.tsv on the default model (SmolLM2-135M, Q4_1): this set
+    /// answers 45 (f32: 41, int8: 38; int8 in both the attention and the down projections is
+    /// what costs answers) and the quick start's question right, which the int8 head alone, or
+    /// int8 for all but the down projections, does not (docs/benchmarks.md, "A right first
+    /// answer").
+    pub const MIXED_INT8: &'static [Matrix] = &[Matrix::GateUp, Matrix::Head];
 }
 
 /// Whether this CPU has AVX-512 VNNI (the int8-activation kernels' fastest path).

@@ -63,7 +63,7 @@ pub use device::{
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use kernels::{
-    Activations, F32Layout, Int8Layout, Isa, KernelBackend, Kernels, f16_cache_bits,
+    Activations, F32Layout, Int8Layout, Isa, KernelBackend, Kernels, Matrix, f16_cache_bits,
 };
 pub use kv_cache::{KV_BLOCK, KV_CHUNK, KvCache, KvType, dequantize_q8_0, quantize_q8_0};
 pub use llama::{ForwardSeq, LlamaModel, Stage};

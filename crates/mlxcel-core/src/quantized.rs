@@ -65,6 +65,10 @@ pub struct QuantizedWeight {
     /// The arrays are in the interleaved layout of mlxcel's int8-activation kernels
     /// ([`QuantizedWeight::interleave_int8`]), which only those kernels read.
     pub int8: bool,
+    /// What this matrix multiplies when a per-matrix policy ([`Activations::Mixed`]) chose for
+    /// it at load (a weight in the int8 layout only); `None`: what the caller passes, the
+    /// kernels' choice.
+    pub activations: Option<Activations>,
 }
 
 impl QuantizedWeight {
@@ -79,6 +83,7 @@ impl QuantizedWeight {
             group_size,
             bits,
             int8: false,
+            activations: None,
         })
     }
 
@@ -156,6 +161,7 @@ impl QuantizedWeight {
             group_size: self.group_size,
             bits,
             int8: true,
+            activations: self.activations,
         })
     }
 
@@ -288,13 +294,15 @@ impl QuantizedWeight {
     }
 
     /// The layout code the native kernels take: 0 for MLX's layout; for the int8 layout, 1
-    /// when `activations` is int8 (x quantized per block of 32), 2 when it is f32 (x multiplied
-    /// as it is, over the same compact codes).
+    /// when this matrix multiplies int8 activations (x quantized per block of 32), 2 when f32
+    /// (x multiplied as it is, over the same compact codes). The matrix's own choice
+    /// ([`QuantizedWeight::activations`]) comes before `activations`; `mixed` with none of its
+    /// own (a weight the load did not assign) multiplies f32.
     pub fn layout_code(&self, activations: Activations) -> u8 {
-        match (self.int8, activations) {
+        match (self.int8, self.activations.unwrap_or(activations)) {
             (false, _) => 0,
             (true, Activations::Int8) => 1,
-            (true, Activations::F32) => 2,
+            (true, Activations::F32 | Activations::Mixed) => 2,
         }
     }
 
@@ -489,6 +497,7 @@ impl QuantizedWeight {
             group_size: first.group_size,
             bits: first.bits,
             int8: false,
+            activations: None,
         })
     }
 

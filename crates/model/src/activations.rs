@@ -14,17 +14,23 @@ pub enum Activations {
     /// (docs/kernels.md). A row's result never depends on the other rows: a sequence gets the same
     /// bits batched or alone.
     Int8,
+    /// A per-matrix policy: int8 activations for the matrices where they cost no answers and
+    /// save the most time, f32 for the rest (which matrices: `mlxcel_core::Kernels`'s
+    /// `matrix_activations`; docs/cli.md, `--activations`). Matrices the policy does not name
+    /// multiply f32, bit for bit as under [`Activations::F32`].
+    Mixed,
 }
 
 impl Activations {
     /// The names `from_str` accepts.
-    pub const NAMES: [&'static str; 2] = ["f32", "int8"];
+    pub const NAMES: [&'static str; 3] = ["f32", "int8", "mixed"];
 
     /// The name `from_str` reads back.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::F32 => "f32",
             Self::Int8 => "int8",
+            Self::Mixed => "mixed",
         }
     }
 }
@@ -32,14 +38,15 @@ impl Activations {
 impl std::str::FromStr for Activations {
     type Err = String;
 
-    /// `f32` or `int8` (case and surrounding spaces ignored); the error lists the choices.
+    /// `f32`, `int8` or `mixed` (case and surrounding spaces ignored); the error lists the choices.
     fn from_str(name: &str) -> Result<Self, String> {
         match name.trim().to_ascii_lowercase().as_str() {
             "f32" => Ok(Self::F32),
             "int8" => Ok(Self::Int8),
+            "mixed" => Ok(Self::Mixed),
             _ => Err(format!(
                 "unknown activations {name:?}: expected {}",
-                Self::NAMES.join(" or ")
+                Self::NAMES.join(", ")
             )),
         }
     }

@@ -137,9 +137,11 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         kv_budget_bytes: args.kv.kv_budget_bytes(),
         ..EngineOptions::default()
     };
-    // The MLX rows say which activations ran ("mlx int8"); f32 is unmarked.
+    // The MLX rows say which activations ran ("mlx int8", "mlx mixed"); f32 is unmarked.
     let label = match (backend, activations) {
-        (BackendKind::Mlx, Activations::Int8) => "mlx int8".to_owned(),
+        (BackendKind::Mlx, Activations::Int8 | Activations::Mixed) => {
+            format!("mlx {}", activations.as_str())
+        }
         _ => backend.as_str().to_owned(),
     };
     // …and which KV cache types, when not the default f32.

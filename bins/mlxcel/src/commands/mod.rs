@@ -21,7 +21,7 @@ pub mod session;
 pub mod show;
 pub mod tokenize;
 
-/// `--activations` (`f32` or `int8`; the error names the flag), else the application default
+/// `--activations` (`f32`, `int8` or `mixed`; the error names the flag), else the application default
 /// for `backend` ([`mlxcel_engine::EngineOptions::application_activations`]: int8 on the MLX
 /// backend with AVX2 or AVX-512 VNNI unless `MLXCEL_ACTIVATIONS` says otherwise).
 pub fn parse_activations(

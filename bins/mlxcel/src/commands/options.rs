@@ -121,11 +121,13 @@ pub struct Options {
     pub backend: String,
 
     /// What the quantized matmuls multiply the weights with: `f32` (the reference numbers, the
-    /// exact path) or `int8` (~3× faster batched decode, perplexity within 0.3% of f32's on the
-    /// default model). On the OpenXLA backend it picks its kernels' arithmetic unless
-    /// `MLXCEL_XLA_WEIGHTS` names a format. Defaults to `MLXCEL_ACTIVATIONS`, else int8 on the
-    /// MLX backend where the CPU has AVX2 or AVX-512 VNNI and on the OpenXLA backend where it has
-    /// AVX-512 VNNI, else `f32`.
+    /// exact path), `int8` (~3× faster batched decode, perplexity within 0.3% of f32's on the
+    /// default model) or `mixed` (the MLX backend only: int8 for the MLPs' gate and up
+    /// projections and the output head, f32 for the rest). On the OpenXLA backend it picks its kernels' arithmetic
+    /// unless `MLXCEL_XLA_WEIGHTS` names a format. Defaults to `MLXCEL_ACTIVATIONS`, else int8 on
+    /// the MLX backend where the CPU has AVX2 or AVX-512 VNNI (`mixed` for a model under 500 M
+    /// parameters where the command runs it: docs/cli.md) and on the OpenXLA backend where it
+    /// has AVX-512 VNNI, else `f32`.
     #[arg(long)]
     pub activations: Option<String>,
 

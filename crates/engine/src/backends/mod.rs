@@ -59,8 +59,8 @@ pub(crate) fn load(
 ) -> Result<Box<dyn Backend>, EngineError> {
     #[cfg(feature = "mlx")]
     mlxcel_core::keep_freed_heap_memory();
-    // A small model under the applications' default runs exact activations (the backend's
-    // description, which the applications print, names the ones it runs).
+    // A small model under the applications' default runs the small-model activations (the
+    // backend's description, which the applications print, names the ones it runs).
     let activations = options.activations_for(checkpoint.config().parameter_count());
     if options.pipeline.is_some() && options.backend != BackendKind::Mlx {
         return Err(EngineError::Unsupported {

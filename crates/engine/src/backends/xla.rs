@@ -91,6 +91,15 @@ impl XlaBackend {
                     Err(_) => Activations::F32,
                 },
             };
+            // The OpenXLA program multiplies every matrix the same way (one weight format).
+            if activations == Activations::Mixed {
+                return Err(EngineError::backend(
+                    "xla",
+                    "activations `mixed` (int8 for some matrices, f32 for the rest) runs on the \
+                     MLX backend only: choose --activations f32 or int8 (MLXCEL_ACTIVATIONS) \
+                     on the OpenXLA backend",
+                ));
+            }
             let dims = mlxcel_xla::weights::checkpoint_dims(checkpoint).map_err(backend_error)?;
             options.format = default_format(&dims, activations == Activations::Int8)
                 .map_err(|e| EngineError::backend("xla", e))?;

@@ -7,7 +7,7 @@ use mlxcel_model::HiddenActivation;
 use crate::array::Array;
 use crate::error::{Error, Result};
 use crate::fast::rms_norm;
-use crate::kernels::{Int8Layout, Kernels};
+use crate::kernels::{Activations, Int8Layout, Kernels};
 use crate::quantized::{Epilogue, QuantizedWeight};
 
 /// A linear layer, dense or affine-quantized, with an optional bias.
@@ -79,6 +79,7 @@ impl Linear {
                         group_size: weight.group_size,
                         bits: weight.bits,
                         int8: false,
+                        activations: None,
                     },
                     bias: bias(b)?,
                 }
@@ -93,6 +94,37 @@ impl Linear {
         }
         Ok(())
     }
+
+    /// Readies a quantized weight to multiply `activations` ([`prepare_in_place`]).
+    pub(super) fn prepare_for(
+        &mut self,
+        kernels: &Kernels,
+        activations: Activations,
+    ) -> Result<()> {
+        if let Self::Quantized { weight, .. } = self {
+            prepare_in_place(weight, kernels, activations)?;
+        }
+        Ok(())
+    }
+}
+
+/// Readies `weight` to multiply `activations` (f32 or int8, the kernels' choice for its
+/// matrix): rewritten into the int8 layout where that is what such a matrix reads
+/// ([`Kernels::int8_layout_for`]), and under a per-matrix policy ([`Activations::Mixed`]) told
+/// what it multiplies, so that every path through the model (the fused layer node, the per-op
+/// graph) runs the policy's choice for it.
+pub(super) fn prepare_in_place(
+    weight: &mut QuantizedWeight,
+    kernels: &Kernels,
+    activations: Activations,
+) -> Result<()> {
+    if kernels.int8_layout_for(activations) {
+        interleave_in_place(weight, kernels.int8_layout, kernels.threads)?;
+    }
+    if weight.int8 && kernels.activations == Activations::Mixed {
+        weight.activations = Some(activations);
+    }
+    Ok(())
 }
 
 pub(super) fn interleave_in_place(
@@ -184,6 +216,21 @@ impl GateUp {
             Self::Separate { gate, up } => {
                 gate.interleave_int8(layout, threads)?;
                 up.interleave_int8(layout, threads)
+            }
+        }
+    }
+
+    /// Readies the quantized matrices to multiply `activations` ([`prepare_in_place`]).
+    pub(super) fn prepare_for(
+        &mut self,
+        kernels: &Kernels,
+        activations: Activations,
+    ) -> Result<()> {
+        match self {
+            Self::Stacked(w) => prepare_in_place(w, kernels, activations),
+            Self::Separate { gate, up } => {
+                gate.prepare_for(kernels, activations)?;
+                up.prepare_for(kernels, activations)
             }
         }
     }

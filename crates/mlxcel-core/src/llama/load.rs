@@ -9,7 +9,7 @@ use mlxcel_model::{
 
 use super::delta_net::{DeltaNet, LinearLayer};
 use super::experts::{Expert, RoutedMlp};
-use super::linear::{GateUp, Linear};
+use super::linear::{GateUp, Linear, prepare_in_place};
 use super::model::{LayerRef, LlamaModel};
 use super::routing::Router;
 use super::short_conv::ConvLayer;
@@ -20,7 +20,7 @@ use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::fast::{Rope, RopeFrequencies};
-use crate::kernels::{Int8Layout, KernelBackend, Kernels};
+use crate::kernels::{Int8Layout, KernelBackend, Kernels, Matrix};
 use crate::kv_cache::KvType;
 use crate::quantized::QuantizedWeight;
 use crate::sys::copy_tensor_then_release;
@@ -113,17 +113,15 @@ impl LlamaModel {
             Some(loader.linear("lm_head", false)?)
         };
         let mut embed = embed;
-        if kernels.int8_layout_weights() {
-            if let Some(head) = &mut lm_head {
-                head.interleave_int8(kernels.int8_layout, kernels.threads)?;
-            }
-            // A tied table: one copy in the int8 layout serves the projection and the lookups.
-            if let (true, Some(Embedding::Quantized(table))) =
-                (config.tie_word_embeddings && stage.head, &mut embed)
-                && table.int8_capable()
-            {
-                *table = table.interleave_int8_on(kernels.int8_layout, kernels.threads)?;
-            }
+        let head_activations = kernels.matrix_activations(Matrix::Head);
+        if let Some(head) = &mut lm_head {
+            head.prepare_for(&kernels, head_activations)?;
+        }
+        // A tied table: one copy in the int8 layout serves the projection and the lookups.
+        if let (true, Some(Embedding::Quantized(table))) =
+            (config.tie_word_embeddings && stage.head, &mut embed)
+        {
+            prepare_in_place(table, &kernels, head_activations)?;
         }
         let rope = rope_for(&config)?;
         let inv_freq = inverse_frequencies(&rope)?;
@@ -341,9 +339,7 @@ fn load_decoder_layer(
     // Rewritten into the int8 layout as each layer loads (int8 activations, or f32
     // ones on AVX-512), so that the checkpoint's form of one layer at a time, not
     // of the whole model, sits beside the rewritten weights.
-    if kernels.int8_layout_weights() {
-        layer.interleave_int8(kernels.int8_layout, kernels.threads)?;
-    }
+    layer.prepare_matrices(kernels)?;
     // The fused routed-expert node holds the experts in their final layout.
     if let Mlp::Routed(moe) = &mut layer.mlp {
         moe.prepare_node(kernels)?;
@@ -632,6 +628,7 @@ impl Loader<'_> {
             group_size: spec.group_size as i32,
             bits: spec.bits as i32,
             int8: false,
+            activations: None,
         }))
     }
 

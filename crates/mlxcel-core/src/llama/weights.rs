@@ -6,11 +6,11 @@
 use mlxcel_model::{HiddenActivation, LayerAttention};
 
 use super::experts::RoutedMlp;
-use super::linear::{GateUp, Linear, interleave_in_place};
+use super::linear::{GateUp, Linear, prepare_in_place};
 use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::Result;
-use crate::kernels::{Int8Layout, Kernels};
+use crate::kernels::{Kernels, Matrix};
 use crate::layer::{LayerMlp, LayerTensors, Qkv};
 use crate::quantized::QuantizedWeight;
 
@@ -37,6 +37,7 @@ impl Embedding {
                 group_size: q.group_size,
                 bits: q.bits,
                 int8: false,
+                activations: None,
             }
             .dequantize()?
             .astype(Dtype::F32),
@@ -112,28 +113,34 @@ pub(super) enum QkvWeights {
 }
 
 impl Layer {
-    /// Every quantized weight the native kernels read, rewritten for the int8 kernels where
-    /// they take its layout (separate q, k and v only when they are not stacked: the stacked
-    /// copy is what the native path reads).
-    pub(super) fn interleave_int8(&mut self, layout: Int8Layout, threads: usize) -> Result<()> {
-        self.o.interleave_int8(layout, threads)?;
+    /// Every quantized weight the native kernels read, readied for the activations it
+    /// multiplies ([`Kernels::matrix_activations`]): rewritten for the int8 kernels where its
+    /// activations read that layout, and told its own under a per-matrix policy (separate q, k
+    /// and v only when they are not stacked: the stacked copy is what the native path reads).
+    pub(super) fn prepare_matrices(&mut self, kernels: &Kernels) -> Result<()> {
+        let attention = kernels.matrix_activations(Matrix::Attention);
+        self.o.prepare_for(kernels, attention)?;
         if let Some(gate) = &mut self.output_gate {
-            gate.interleave_int8(layout, threads)?;
+            gate.prepare_for(kernels, attention)?;
         }
         match &mut self.qkv {
-            QkvWeights::Stacked(qkv) => interleave_in_place(qkv, layout, threads)?,
+            QkvWeights::Stacked(qkv) => prepare_in_place(qkv, kernels, attention)?,
             QkvWeights::Separate(q, k, v) => {
                 for linear in [q, k, v] {
-                    linear.interleave_int8(layout, threads)?;
+                    linear.prepare_for(kernels, attention)?;
                 }
             }
         }
         match &mut self.mlp {
             Mlp::Dense { gate_up, down } => {
-                gate_up.interleave_int8(layout, threads)?;
-                down.interleave_int8(layout, threads)
+                gate_up.prepare_for(kernels, kernels.matrix_activations(Matrix::GateUp))?;
+                down.prepare_for(kernels, kernels.matrix_activations(Matrix::Down))
             }
-            Mlp::Routed(moe) => moe.interleave_int8(layout, threads),
+            // Routed experts multiply what the kernels' own choice says (f32 under `mixed`).
+            Mlp::Routed(moe) if kernels.int8_layout_weights() => {
+                moe.interleave_int8(kernels.int8_layout, kernels.threads)
+            }
+            Mlp::Routed(_) => Ok(()),
         }
     }
 

@@ -105,6 +105,7 @@ fn general(ckpt: &Checkpoint, modules: &[String]) -> QuantizedWeight {
                 group_size: spec.group_size as i32,
                 bits: spec.bits as i32,
                 int8: false,
+                activations: None,
             }
         })
         .collect();

@@ -67,6 +67,7 @@ impl Case {
             group_size: self.group as i32,
             bits: self.bits as i32,
             int8: false,
+            activations: None,
         }
     }
 

@@ -12,6 +12,7 @@ mod int8_blocks;
 mod kernels;
 mod lfm2;
 mod llama;
+mod mixed;
 mod mxfp4;
 mod pin;
 mod properties;

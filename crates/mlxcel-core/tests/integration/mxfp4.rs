@@ -89,6 +89,7 @@ fn mlx_layout(ckpt: &Checkpoint) -> QuantizedWeight {
         group_size: 32,
         bits: 8,
         int8: false,
+        activations: None,
     }
 }
 

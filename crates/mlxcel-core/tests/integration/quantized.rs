@@ -76,6 +76,7 @@ fn hand_packed_4_and_8_bit_weights_dequantize_and_multiply_as_expected() {
             group_size: group as i32,
             bits: bits as i32,
             int8: false,
+            activations: None,
         };
         assert_close(
             &qw.dequantize().unwrap().to_vec_f32().unwrap(),

@@ -138,12 +138,15 @@ fn threads_reach_the_engine() {
     );
     if std::env::var_os("MLXCEL_ACTIVATIONS").is_none() && cpu_has("avx2") {
         assert_eq!(default.activations, Some(Activations::Int8));
-        // ...and a model under 500 M parameters runs f32 (the default model's 134.5 M).
+        // ...and a model under 500 M parameters runs `mixed` (the default model's 134.5 M).
         assert_eq!(
             default.exact_below_parameters,
             Some(mlxcel_engine::SMALL_MODEL_PARAMETERS)
         );
-        assert_eq!(default.activations_for(134_515_008), Some(Activations::F32));
+        assert_eq!(
+            default.activations_for(134_515_008),
+            Some(Activations::Mixed)
+        );
     }
     // A chosen activation is kept whatever the model's size.
     let chosen = parse(&["--activations", "int8"])
@@ -168,6 +171,10 @@ fn threads_reach_the_engine() {
     }
     let int8 = parse(&["--activations", "int8"]).unwrap().engine_options();
     assert_eq!(int8.unwrap().activations, Some(Activations::Int8));
+    let mixed = parse(&["--activations", "mixed"]).unwrap().engine_options();
+    let mixed = mixed.unwrap();
+    assert_eq!(mixed.activations, Some(Activations::Mixed));
+    assert_eq!(mixed.activations_for(1), Some(Activations::Mixed));
     let err = parse(&["--activations", "int4"])
         .unwrap()
         .engine_options()
