@@ -8,6 +8,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -153,31 +156,83 @@ int32_t dist_set_link_timeout(int32_t timeout_ms) {
 // until one of the ring's sockets has bytes to read; the recv they post then finds its data.
 // Returns 1 when bytes are waiting and 0 after `timeout_ms` (negative: no limit); throws when a
 // peer closed its connection or the socket failed, since the pipeline cannot go on without it.
+namespace {
+using Clock = std::chrono::steady_clock;
+
+// How long a closed peer socket is tolerated while another of the ring's sockets may still
+// bring bytes: when a pipeline ends, rank 0 closes its sockets as soon as it has sent the end,
+// and a rank further down the ring, still waiting for that end from its other neighbour, sees
+// rank 0's socket close first. A peer that died is reported this much later than its close.
+constexpr auto kClosedGrace = std::chrono::milliseconds(1000);
+
+// When each ring socket was first seen closed (or failed), with the error to report.
+std::mutex closed_mutex;
+std::map<int, std::pair<Clock::time_point, std::string>>& closed_sockets() {
+  static std::map<int, std::pair<Clock::time_point, std::string>> closed;
+  return closed;
+}
+}  // namespace
+
 int32_t dist_wait_readable(int32_t timeout_ms) {
   const std::vector<int>& ring = ring_sockets();
   if (ring.empty()) return 1;
-  std::vector<struct pollfd> fds;
-  for (int fd : ring) fds.push_back({fd, POLLIN, 0});
+  const Clock::time_point start = Clock::now();
   for (;;) {
-    int ready = poll(fds.data(), fds.size(), timeout_ms);
+    // The sockets still open; the earliest close among the others, and its error.
+    std::vector<struct pollfd> fds;
+    std::optional<std::pair<Clock::time_point, std::string>> first_closed;
+    {
+      std::lock_guard<std::mutex> lock(closed_mutex);
+      for (int fd : ring) {
+        auto closed = closed_sockets().find(fd);
+        if (closed == closed_sockets().end()) {
+          fds.push_back({fd, POLLIN, 0});
+        } else if (!first_closed || closed->second.first < first_closed->first) {
+          first_closed = closed->second;
+        }
+      }
+    }
+    const Clock::time_point now = Clock::now();
+    if (first_closed && (fds.empty() || now - first_closed->first >= kClosedGrace)) {
+      throw std::runtime_error(first_closed->second);
+    }
+    int wait = timeout_ms;
+    if (timeout_ms >= 0) {
+      auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count();
+      wait = spent >= timeout_ms ? 0 : static_cast<int>(timeout_ms - spent);
+    }
+    if (first_closed) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      kClosedGrace - (now - first_closed->first))
+                      .count() +
+                  1;
+      if (wait < 0 || wait > left) wait = static_cast<int>(left);
+    }
+    int ready = poll(fds.data(), fds.size(), wait);
     if (ready < 0 && errno == EINTR) continue;
     if (ready < 0) {
       throw std::runtime_error(std::string("mlxcel: waiting on the ring's sockets: ") +
                                std::strerror(errno));
     }
-    if (ready == 0) return 0;
+    if (ready == 0) {
+      // The caller's time is up (a socket seen closed is judged again on its next call), or
+      // only the grace ran out: judged at the top.
+      if (timeout_ms >= 0 && Clock::now() - start >= std::chrono::milliseconds(timeout_ms)) {
+        return 0;
+      }
+      continue;
+    }
     for (const struct pollfd& p : fds) {
       if (p.revents == 0) continue;
       char byte;
       ssize_t n = recv(p.fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
       if (n > 0) return 1;
-      if (n == 0) {
-        throw std::runtime_error("[ring] connection to a peer was lost (it closed its socket)");
-      }
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        throw std::runtime_error(std::string("[ring] connection to a peer was lost: ") +
-                                 std::strerror(errno));
-      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+      std::string error =
+          n == 0 ? std::string("[ring] connection to a peer was lost (it closed its socket)")
+                 : std::string("[ring] connection to a peer was lost: ") + std::strerror(errno);
+      std::lock_guard<std::mutex> lock(closed_mutex);
+      closed_sockets().emplace(p.fd, std::make_pair(Clock::now(), error));
     }
   }
 }

@@ -100,7 +100,10 @@ impl Group {
     /// yet keeps a core busy for the whole wait, the core a computing rank on the same machine
     /// needs; waiting here first and then evaluating the recv costs no CPU while the peer
     /// works. A peer that closed its connection is an error ("[ring] connection to a peer was
-    /// lost"), as the recv itself would report. Runs without the MLX lock.
+    /// lost"), as the recv itself would report: at once when every ring socket is closed,
+    /// else once one has stayed closed for a second with no bytes on the others (when a
+    /// pipeline ends, rank 0 closes its sockets while a rank further on still waits for the
+    /// end from its other neighbour). Runs without the MLX lock.
     pub fn wait_readable(&self, timeout: Option<std::time::Duration>) -> Result<bool> {
         let ms = timeout.map_or(-1, |t| i32::try_from(t.as_millis()).unwrap_or(i32::MAX));
         ffi::dist_wait_readable(ms)
