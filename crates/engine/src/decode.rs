@@ -17,4 +17,10 @@ pub trait DecodeStream: Send {
     fn flush(&mut self) -> String {
         String::new()
     }
+
+    /// Whether the tokens pushed so far end in the middle of a character (its bytes still
+    /// arriving): a reasoning budget waits for the character before it ends the block.
+    fn holds_partial_character(&self) -> bool {
+        false
+    }
 }

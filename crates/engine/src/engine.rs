@@ -15,6 +15,7 @@ use crate::backends;
 use crate::error::EngineError;
 use crate::metrics::EngineMetrics;
 use crate::options::{BackendKind, EngineOptions};
+use crate::reasoning_budget::ReasoningEnd;
 use crate::request::{Event, FinishReason, GenerationRequest, RequestId, Usage};
 use crate::resident::{Loaded, Loader, Resident, open_draft};
 use crate::sampling::BreakerVocabulary;
@@ -83,6 +84,11 @@ enum Command {
         reply: Reply,
     },
     Cancel(RequestId),
+    /// Ends a running request's reasoning block now ([`Engine::end_reasoning`]).
+    EndReasoning {
+        id: RequestId,
+        reply: mpsc::Sender<ReasoningEnd>,
+    },
     /// Embeddings: the hidden states of `tokens`, computed between steps.
     Hidden {
         tokens: Vec<u32>,
@@ -469,6 +475,13 @@ impl Engine {
         self.ask(|reply| Command::RestoreCached { prefix, reply })?
     }
 
+    /// Ends running request `id`'s reasoning block now: the request's reasoning budget
+    /// ([`crate::GenerationRequest::reasoning_budget`]) writes the block's end next, and the
+    /// reply goes on to its answer (llama-server's `reasoning_end` control action).
+    pub fn end_reasoning(&self, id: RequestId) -> Result<ReasoningEnd, EngineError> {
+        self.ask(|reply| Command::EndReasoning { id, reply })
+    }
+
     /// Drops entry `id` (a finished request's or a restored one's) from the prefix cache;
     /// returns the tokens it held (0 when there was none).
     pub fn erase_prefix(&self, id: RequestId) -> Result<usize, EngineError> {
@@ -687,6 +700,14 @@ fn run_worker(
                     if let Some(scheduler) = resident.get_mut() {
                         scheduler.cancel(id);
                     }
+                }
+                Command::EndReasoning { id, reply } => {
+                    // A sleeping engine runs no request.
+                    let _ = reply.send(
+                        resident
+                            .get_mut()
+                            .map_or(ReasoningEnd::UnknownRequest, |s| s.end_reasoning(id)),
+                    );
                 }
                 Command::Hidden { tokens, reply } => {
                     let _ = reply.send(

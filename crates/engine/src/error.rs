@@ -100,6 +100,10 @@ pub enum EngineError {
     #[error("speculative decoding: {0}")]
     InvalidSpeculation(String),
 
+    /// A reasoning budget that cannot work (a tag without tokens, nothing to force).
+    #[error("invalid reasoning budget: {0}")]
+    InvalidReasoningBudget(String),
+
     /// The prefix cache cannot take what was asked of it (a restored slot: the cache is off, or
     /// smaller than the entry).
     #[error("prefix cache: {0}")]

@@ -56,6 +56,7 @@ mod gbnf;
 mod metrics;
 mod options;
 mod perplexity;
+mod reasoning_budget;
 mod request;
 mod resident;
 mod rng;
@@ -84,6 +85,7 @@ pub use options::{
     ShapeMode,
 };
 pub use perplexity::{PerplexityOptions, PerplexityReport, perplexity};
+pub use reasoning_budget::{ReasoningBudget, ReasoningEnd};
 pub use request::{
     Event, FinishReason, GenerationRequest, RequestId, RequestStatus, TokenLogprob, Usage,
 };

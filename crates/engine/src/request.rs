@@ -1,6 +1,7 @@
 //! What a caller submits, and what comes back.
 
 use crate::constraint::Constraint;
+use crate::reasoning_budget::ReasoningBudget;
 use crate::sampling::SamplingParams;
 use crate::speculative::SpeculativeConfig;
 use mlxcel_capacity::MaxNewTokens;
@@ -40,6 +41,9 @@ pub struct GenerationRequest {
     /// Whether the prompt may start from a prefix the prefix cache holds (llama-server's
     /// `cache_prompt`); `false` computes every prompt token. Default `true`.
     pub reuse_cached_prefix: bool,
+    /// A limit on the reply's reasoning block: past it the engine writes the block's end
+    /// itself ([`ReasoningBudget`]); `None` leaves reasoning to the model.
+    pub reasoning_budget: Option<ReasoningBudget>,
 }
 
 impl GenerationRequest {
@@ -57,6 +61,7 @@ impl GenerationRequest {
             speculative: None,
             predict_time_limit: None,
             reuse_cached_prefix: true,
+            reasoning_budget: None,
         }
     }
 }

@@ -49,4 +49,8 @@ impl DecodeStream for TokenizerStream {
     fn flush(&mut self) -> String {
         self.0.flush().ok().flatten().unwrap_or_default()
     }
+
+    fn holds_partial_character(&self) -> bool {
+        self.0.holds_partial_character()
+    }
 }

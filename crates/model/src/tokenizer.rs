@@ -199,6 +199,7 @@ impl Tokenizer {
             prefix_offset: 0,
             read_offset: 0,
             skip_special,
+            partial: false,
         }
     }
 }
@@ -239,6 +240,7 @@ pub fn shared_detokenizer(tokenizer: Arc<Tokenizer>, skip_special: bool) -> Deto
         prefix_offset: 0,
         read_offset: 0,
         skip_special,
+        partial: false,
     }
 }
 
@@ -283,6 +285,8 @@ pub struct Detokenizer<'a> {
     /// End (in `window`) of what has already been emitted.
     read_offset: usize,
     skip_special: bool,
+    /// The last push left a character unfinished (its text so far ends in U+FFFD).
+    partial: bool,
 }
 
 /// Tokens held back (not yet emitted) before the detokenizer looks for text it can emit early, or
@@ -311,6 +315,12 @@ impl Detokenizer<'_> {
         self.pending(true)
     }
 
+    /// Whether the ids pushed so far end in the middle of a character: its bytes are still
+    /// arriving, so its text is held back.
+    pub fn holds_partial_character(&self) -> bool {
+        self.partial
+    }
+
     /// Every id pushed so far.
     pub fn ids(&self) -> &[u32] {
         &self.ids
@@ -324,6 +334,7 @@ impl Detokenizer<'_> {
         )?;
         let full = tok.decode(&self.window[self.prefix_offset..], self.skip_special)?;
         let held = self.window.len() - self.read_offset;
+        self.partial = false;
         if full.len() <= prefix.len() {
             if held > MAX_PENDING {
                 // The held tokens add no text to their context (empty pieces, or a decoder that
@@ -336,6 +347,7 @@ impl Detokenizer<'_> {
             if held > MAX_PENDING {
                 return self.emit_settled(&prefix, &full);
             }
+            self.partial = true;
             return Ok(None);
         }
         let end = self.window.len();

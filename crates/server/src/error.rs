@@ -343,9 +343,9 @@ impl From<EngineError> for ApiError {
                 Self::invalid_param("prompt", err.to_string())
             }
             EngineError::NoChatTemplate => Self::invalid_param("messages", err.to_string()),
-            EngineError::InvalidConstraint { .. } | EngineError::InvalidSpeculation(_) => {
-                Self::bad_request(err.to_string())
-            }
+            EngineError::InvalidConstraint { .. }
+            | EngineError::InvalidSpeculation(_)
+            | EngineError::InvalidReasoningBudget(_) => Self::bad_request(err.to_string()),
             EngineError::Model(_) => Self::bad_request(err.to_string()),
             EngineError::QueueFull { .. } | EngineError::NoFreeSlot => Self::QueueFull {
                 message: err.to_string(),

@@ -210,6 +210,11 @@ pub async fn submit(
                 .logit_bias
                 .extend(resolve_logit_bias(&engine, &params.logit_bias)?);
             let prompt = tokenize(&engine, prompt)?;
+            let reasoning_budget = params
+                .reasoning_budget
+                .as_ref()
+                .map(|budget| budget.tokenize(&engine))
+                .transpose()?;
             // `--ctx-size` below the window: refuse what it cannot hold, clamp an unlimited budget to
             // it. At the window the engine decides, so a static-shape backend still sees the budget.
             let max_new_tokens = if cap_by_ctx {
@@ -233,6 +238,7 @@ pub async fn submit(
                 speculative: None,
                 predict_time_limit: params.predict_time_limit,
                 reuse_cached_prefix: params.cache_prompt.unwrap_or(true),
+                reasoning_budget,
             })
         }
     })
@@ -282,6 +288,7 @@ pub async fn submit(
         params: slot_params.clone(),
         started: Instant::now(),
         pinned,
+        completion_id: None,
     });
     Ok(Tracked {
         settings: slot_params,
@@ -337,6 +344,11 @@ impl Tracked {
     /// The engine's request id.
     pub fn id(&self) -> u64 {
         self.stream.id()
+    }
+
+    /// Names this request by the id its reply carries ([`AppState::name_request`]).
+    pub(crate) fn name(&self, completion_id: &str) {
+        self.state.name_request(self.key, completion_id);
     }
 
     /// Prompt tokens.

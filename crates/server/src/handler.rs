@@ -13,7 +13,7 @@ use crate::body::{Body, event_stream};
 use crate::chat::{self, ToolPlan};
 use crate::error::ApiError;
 use crate::generate::{Outcome, StreamFormat, Tracked, collect, stream, submit, tokenize};
-use crate::reasoning::{Form, ReasoningDefaults, ReasoningPlan};
+use crate::reasoning::{Form, ReasoningDefaults, ReasoningPlan, chat_budget, completion_budget};
 use crate::request::{Chat, Generation, Params, Prompt, PromptInput};
 use crate::state::AppState;
 use crate::tools::ToolFormat;
@@ -38,6 +38,12 @@ pub(crate) trait Reply: Send + 'static {
 
     /// The whole answer of a request that was not streamed.
     fn whole(self, tracked: &Tracked, outcome: Outcome) -> Response<Body>;
+
+    /// The id the reply carries, for a protocol whose requests can be named by it while they
+    /// run (`POST /v1/chat/completions/control`).
+    fn completion_id(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Runs `request` and answers it in the [`Reply`] that `reply` builds from what preparing the
@@ -56,6 +62,9 @@ pub(crate) async fn generate<R: Reply>(
     let (prompt, prepared) = prepare(engine, &state.config().reasoning, prompt, &mut params)?;
     let reply = reply(prepared);
     let mut tracked = submit(state, prompt, params).await?;
+    if let Some(id) = reply.completion_id() {
+        tracked.name(id);
+    }
     if streamed {
         let (response, sender) = event_stream();
         let format = reply.stream(&tracked);
@@ -77,6 +86,7 @@ fn prepare(
 ) -> Result<(PromptInput, Prepared), ApiError> {
     let chat = match prompt {
         Prompt::Input(input) => {
+            params.reasoning_budget = completion_budget(&params.budget_fields)?;
             let prepared = Prepared {
                 tools: None,
                 reasoning: None,
@@ -99,7 +109,13 @@ fn prepare(
         templated.push_str("\n\n</think>\n\n");
         form = Form::Think { open: false };
     }
-    let reasoning = Some(ReasoningPlan {
+    params.reasoning_budget = chat_budget(
+        &params.budget_fields,
+        options.budget_tokens,
+        &defaults.budget_message,
+        form,
+    );
+    let reasoning = (!defaults.skip_parsing).then_some(ReasoningPlan {
         format: options.format,
         form,
     });
@@ -111,7 +127,7 @@ fn prepare(
     );
     plan.constrain(params, "tool_choice", chat.tools.other_constraint)?;
     let prepared = Prepared {
-        tools: plan.parsing(),
+        tools: plan.parsing().filter(|_| !defaults.skip_parsing),
         reasoning,
     };
     Ok((PromptInput::Templated(templated), prepared))

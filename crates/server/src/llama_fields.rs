@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::reasoning::BudgetFields;
 use crate::request::{BiasTarget, Params};
 
 /// The fields, as sent; `null` is absent.
@@ -40,6 +41,9 @@ pub struct LlamaFields {
     pub return_progress: Option<bool>,
     /// The `/slots` id the request must run in (`-1`: any).
     pub id_slot: Option<i64>,
+    /// The reasoning budget's fields ([`crate::reasoning::BudgetFields`]).
+    #[serde(flatten)]
+    pub budget: BudgetFields,
 }
 
 /// Reads `logit_bias` as llama-server does, on every generating route (OpenAI's object of
@@ -215,6 +219,7 @@ impl LlamaFields {
         params.cache_prompt = self.cache_prompt;
         params.timings_per_token = self.timings_per_token.unwrap_or(false);
         params.return_progress = self.return_progress.unwrap_or(false);
+        params.budget_fields = self.budget.clone();
         if let Some(bias) = &self.logit_bias {
             params.logit_bias = read_logit_bias(bias)?;
         }

@@ -9,7 +9,7 @@ use mlxcel_engine::{Constraint, MaxNewTokens, SamplerStage, SamplingOverrides};
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-use crate::reasoning::ReasoningFields;
+use crate::reasoning::{BudgetFields, BudgetText, ReasoningFields};
 use crate::tools::{Tool, ToolChoice};
 
 /// What a generating route asks the handler to run.
@@ -336,6 +336,10 @@ pub struct Params {
     /// llama-server's `id_slot`: the `/slots` id the request must run in (`None`: the lowest
     /// free one).
     pub id_slot: Option<usize>,
+    /// llama-server's reasoning budget fields, as sent (read by the route's prompt preparation).
+    pub budget_fields: BudgetFields,
+    /// The reasoning budget the reply runs under, once the route has decided it.
+    pub reasoning_budget: Option<BudgetText>,
 }
 
 impl Params {

@@ -158,6 +158,11 @@ static ROUTES: &[Route] = &[
         openai::check_chat_body,
     ),
     post(
+        "/v1/chat/completions/control",
+        |c| Box::pin(async move { openai::control(&c.state, c.body).await }),
+        no_body,
+    ),
+    post(
         "/v1/chat/completions/input_tokens",
         |c| Box::pin(async move { openai::chat_input_tokens(&c.state, c.body).await }),
         openai::check_chat_body,

@@ -36,6 +36,9 @@ pub struct ActiveRequest {
     pub started: Instant,
     /// The `/slots` id it asked for (llama-server's `id_slot`); it waits for that one.
     pub pinned: Option<usize>,
+    /// The id its reply carries (`chatcmpl-…`), by which `POST /v1/chat/completions/control`
+    /// names it.
+    pub completion_id: Option<String>,
 }
 
 /// Shared state of one server.
@@ -219,6 +222,21 @@ impl AppState {
         self.active.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Names tracked request `key` by the id its reply carries.
+    pub(crate) fn name_request(&self, key: u64, completion_id: &str) {
+        if let Some(request) = self.lock_active().get_mut(&key) {
+            request.completion_id = Some(completion_id.to_owned());
+        }
+    }
+
+    /// The engine's id of the request in flight whose reply carries `completion_id`.
+    pub(crate) fn request_named(&self, completion_id: &str) -> Option<u64> {
+        self.lock_active()
+            .values()
+            .find(|r| r.completion_id.as_deref() == Some(completion_id))
+            .map(|r| r.request_id)
+    }
+
     /// Starts tracking `request`: it takes the lowest free slot, if one of the `--parallel`
     /// slots is free (the engine admits in submission order, so the requests holding slots are
     /// the ones it runs).
@@ -368,6 +386,7 @@ mod tests {
             params: serde_json::Value::Null,
             started: Instant::now(),
             pinned: None,
+            completion_id: None,
         }
     }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, ShapePolicy};
 use crate::decode::TextDecoder;
 use crate::error::EngineError;
+use crate::reasoning_budget::{BudgetTracker, ReasoningEnd};
 use crate::request::{Event, GenerationRequest, RequestId, RequestStatus};
 use crate::sampling::{BreakerVocabulary, Sampler};
 use crate::speculative::Proposer;
@@ -284,6 +285,11 @@ impl<B: Backend> Scheduler<B> {
             _ => Arc::default(),
         };
         let sampler = Sampler::new(request.sampling)?.with_dry_breakers(dry_breakers);
+        if let Some(budget) = &request.reasoning_budget {
+            budget
+                .check()
+                .map_err(EngineError::InvalidReasoningBudget)?;
+        }
         if let Some(speculative) = &request.speculative {
             speculative.validate()?;
             if !self.backend.can_score() {
@@ -312,6 +318,9 @@ impl<B: Backend> Scheduler<B> {
                 Some(source.get()?.matcher(c)?)
             }
         };
+        let budget = request
+            .reasoning_budget
+            .map(|budget| BudgetTracker::new(budget, &request.prompt));
         let id = self.next_id;
         self.next_id += 1;
         self.waiting.push_back(Sequence {
@@ -340,6 +349,8 @@ impl<B: Backend> Scheduler<B> {
             cancel_requested: false,
             predict_time_limit: request.predict_time_limit,
             first_token_at: None,
+            budget,
+            forced_last: false,
         });
         Ok(id)
     }
@@ -367,6 +378,28 @@ impl<B: Backend> Scheduler<B> {
                 true
             }
             None => false,
+        }
+    }
+
+    /// Ends running request `id`'s reasoning block now ([`ReasoningEnd`] says whether it could).
+    pub fn end_reasoning(&mut self, id: RequestId) -> ReasoningEnd {
+        let Some(sequence) = self
+            .waiting
+            .iter_mut()
+            .chain(self.running.iter_mut())
+            .find(|s| s.id == id && !s.status.is_finished())
+        else {
+            return ReasoningEnd::UnknownRequest;
+        };
+        match &mut sequence.budget {
+            None => ReasoningEnd::NoBudget,
+            Some(budget) => {
+                if budget.force() {
+                    ReasoningEnd::Ended
+                } else {
+                    ReasoningEnd::NotReasoning
+                }
+            }
         }
     }
 

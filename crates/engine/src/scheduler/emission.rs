@@ -30,9 +30,28 @@ pub(super) fn advance(
         end_with_error(sequence, format!("structured output: {message}"), events);
         return;
     }
-    let token = sequence.sampler.sample(&mut logits, &sequence.tokens);
+    let (token, _) = draw(sequence, &mut logits, None);
     let reported = reported_probabilities(sequence, before, token);
     emit(sequence, stats, token, reported, events);
+}
+
+/// The next token of `sequence` from `logits`: the one its reasoning budget forces, if it forces
+/// one, else the sampler's draw; with a `proposed` token (speculation), also whether it is
+/// accepted (a forced token accepts only itself).
+pub(super) fn draw(
+    sequence: &mut Sequence,
+    logits: &mut [f32],
+    proposed: Option<u32>,
+) -> (u32, bool) {
+    if let Some(forced) = sequence.budget.as_ref().and_then(|b| b.forced()) {
+        sequence.forced_last = true;
+        return (forced, proposed == Some(forced));
+    }
+    sequence.forced_last = false;
+    match proposed {
+        Some(proposed) => sequence.sampler.verify(logits, &sequence.tokens, proposed),
+        None => (sequence.sampler.sample(logits, &sequence.tokens), false),
+    }
 }
 
 /// The model's log-probabilities before sampling, when the request reports them (not the
@@ -56,6 +75,14 @@ pub(super) fn reported_probabilities(
     token: u32,
 ) -> (f32, Vec<TokenLogprob>) {
     match (sequence.logprobs, before) {
+        // A forced token was the only candidate.
+        (Some(_), None) if sequence.post_sampling_probs && sequence.forced_last => (
+            0.0,
+            vec![TokenLogprob {
+                token,
+                logprob: 0.0,
+            }],
+        ),
         (Some(k), None) if sequence.post_sampling_probs => {
             let (chosen, top) = sequence.sampler.post_sampling_probs(token, k);
             let top = top
@@ -112,6 +139,9 @@ pub(super) fn emit(
             sequence.status = RequestStatus::FinishedStopped;
         } else {
             let piece = sequence.decoder.push(token);
+            if let Some(budget) = &mut sequence.budget {
+                budget.observe(token, !sequence.decoder.holds_partial_character());
+            }
             let scan = sequence.stops.push(&piece);
             text = scan.text;
             // llama-server's t_max_predict_ms: past the limit, the next newline ends the output.

@@ -3,6 +3,7 @@
 use crate::backend::{SessionPlan, SlotId};
 use crate::constraint::ConstrainedOutput;
 use crate::decode::DecodeStream;
+use crate::reasoning_budget::BudgetTracker;
 use crate::request::{RequestId, RequestStatus, Usage};
 use crate::sampling::Sampler;
 use crate::speculative::SpeculativeConfig;
@@ -50,6 +51,10 @@ pub(super) struct Sequence {
     /// `GenerationRequest::predict_time_limit`, and when the first token was generated.
     pub(super) predict_time_limit: Option<std::time::Duration>,
     pub(super) first_token_at: Option<std::time::Instant>,
+    /// The reply's reasoning budget in progress ([`crate::GenerationRequest::reasoning_budget`]).
+    pub(super) budget: Option<BudgetTracker>,
+    /// Whether the last token was forced by `budget` rather than sampled.
+    pub(super) forced_last: bool,
 }
 
 impl Sequence {

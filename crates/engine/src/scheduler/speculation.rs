@@ -12,7 +12,7 @@ use crate::speculative::{
     PassCosts, Proposer, SpeculativeConfig, drifted_acceptance, updated_acceptance,
 };
 
-use super::emission::{emit, end_with_error, model_probabilities, reported_probabilities};
+use super::emission::{draw, emit, end_with_error, model_probabilities, reported_probabilities};
 use super::sequence::Sequence;
 use super::stats::SchedulerStats;
 
@@ -251,15 +251,7 @@ pub(super) fn accept<B: Backend + ?Sized>(
             end_with_error(sequence, format!("structured output: {message}"), events);
             return;
         }
-        let (token, accepted) = match proposals.get(i) {
-            Some(&proposed) => sequence
-                .sampler
-                .verify(&mut logits, &sequence.tokens, proposed),
-            None => (
-                sequence.sampler.sample(&mut logits, &sequence.tokens),
-                false,
-            ),
-        };
+        let (token, accepted) = draw(sequence, &mut logits, proposals.get(i).copied());
         let reported = reported_probabilities(sequence, before, token);
         let finished = emit(sequence, stats, token, reported, events);
         if finished || !accepted {

@@ -1309,3 +1309,100 @@ fn failing_speculation_backs_off_and_probes() {
         "{verifying} verification passes: {stats:?}"
     );
 }
+
+/// A budget that opens on token 3 ("d"), closes on 20 ("u"), and forces 25 then 20 after
+/// `tokens` tokens of reasoning.
+fn reasoning_budget(tokens: Option<usize>, inside: bool) -> ReasoningBudget {
+    ReasoningBudget {
+        start: vec![3],
+        ends: vec![vec![20]],
+        forced: vec![25, 20],
+        tokens,
+        inside,
+    }
+}
+
+/// The mock's greedy reply to [0, 1, 2] is the alphabet on from 3 (the budget's start tag): four
+/// tokens of reasoning after it, then the forced end, then the model's own reply to that end;
+/// with speculation on (proposals from the repeating prompt), the same tokens.
+#[test]
+fn a_reasoning_budget_forces_the_end_of_the_block_and_the_reply_goes_on() {
+    let prompt: Vec<u32> = (0..26).chain(0..3).collect();
+    for speculate in [false, true] {
+        let mut mock = Mock::new(200);
+        mock.scores = true;
+        let mut s = scheduler(mock, SchedulerConfig::default());
+        let mut request = greedy(prompt.clone(), MaxNewTokens::Limited(12));
+        request.reasoning_budget = Some(reasoning_budget(Some(4), false));
+        request.speculative = speculate.then(SpeculativeConfig::default);
+        let id = s.submit(request).unwrap();
+        let outcome = run_to_end(&mut s).remove(&id).unwrap();
+        assert_eq!(
+            outcome.tokens,
+            [3, 4, 5, 6, 7, 25, 20, 21, 22, 23, 24, 25],
+            "speculate {speculate}"
+        );
+        assert_eq!(outcome.text, "defghzuvwxyz");
+        if speculate {
+            assert!(s.stats().drafts > 0, "{:?}", s.stats());
+        }
+    }
+}
+
+/// `end_reasoning` forces the end of a running request's block at once, only inside a block
+/// and only for a request that carries a budget; unknown and finished requests are told apart.
+#[test]
+fn end_reasoning_forces_the_end_of_a_running_block() {
+    let mut s = scheduler(Mock::new(200), SchedulerConfig::default());
+    let mut request = greedy(vec![10, 11], MaxNewTokens::Limited(10));
+    request.reasoning_budget = Some(reasoning_budget(None, true));
+    let id = s.submit(request).unwrap();
+    let plain = s
+        .submit(greedy(vec![10, 11], MaxNewTokens::Limited(10)))
+        .unwrap();
+    let mut outcomes = HashMap::new();
+    for step in 1..=3 {
+        collect(&mut outcomes, s.step(), step);
+    }
+    assert_eq!(s.end_reasoning(plain), ReasoningEnd::NoBudget);
+    assert_eq!(s.end_reasoning(id + 100), ReasoningEnd::UnknownRequest);
+    let before = outcomes[&id].tokens.len();
+    assert_eq!(s.end_reasoning(id), ReasoningEnd::Ended);
+    assert_eq!(
+        s.end_reasoning(id),
+        ReasoningEnd::NotReasoning,
+        "already ending"
+    );
+    let mut step = 3;
+    while s.has_work() {
+        step += 1;
+        collect(&mut outcomes, s.step(), step);
+    }
+    let tokens = &outcomes[&id].tokens;
+    assert_eq!(
+        tokens[..before],
+        (12..12 + before as u32).collect::<Vec<_>>()
+    );
+    assert_eq!(tokens[before..before + 2], [25, 20]);
+    assert_eq!(tokens[before + 2], 21, "the model's own reply to the end");
+    assert_eq!(
+        s.end_reasoning(id),
+        ReasoningEnd::UnknownRequest,
+        "finished"
+    );
+}
+
+/// A budget that could not work is refused at submission, naming what is missing.
+#[test]
+fn a_reasoning_budget_without_tags_is_refused() {
+    let mut s = scheduler(Mock::new(200), SchedulerConfig::default());
+    let mut request = greedy(vec![1], MaxNewTokens::Limited(4));
+    let mut budget = reasoning_budget(Some(2), false);
+    budget.ends.clear();
+    request.reasoning_budget = Some(budget);
+    let err = s.submit(request).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "invalid reasoning budget: the reasoning budget has no end tag"
+    );
+}

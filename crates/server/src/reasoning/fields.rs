@@ -3,9 +3,8 @@
 //! (`--reasoning-effort`, which gpt-oss's template reads), and the reasoning budget
 //! (`--reasoning-budget`, `reasoning_budget_tokens`, `thinking_budget_tokens`): `-1` leaves
 //! thinking alone, `0` switches it off (the template's `enable_thinking` is false, and a prompt
-//! the template left inside `<think>` has the block closed). A budget of N > 0 tokens is refused:
-//! it needs the end of thinking forced in the middle of a generation, which this server does not
-//! do yet.
+//! the template left inside `<think>` has the block closed), and N > 0 lets the reply reason
+//! for N tokens before the engine ends the block itself (`budget.rs`).
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -24,6 +23,13 @@ pub struct ReasoningDefaults {
     pub thinking: bool,
     /// `--reasoning-effort` (none: the template's default).
     pub effort: Option<String>,
+    /// `--reasoning-budget` N > 0: the tokens a reply may reason for.
+    pub budget: Option<usize>,
+    /// `--reasoning-budget-message`: written before the end of a block the budget ends.
+    pub budget_message: String,
+    /// `--skip-chat-parsing`: chat replies stay whole in `content` (no reasoning split, no tool
+    /// calls parsed).
+    pub skip_parsing: bool,
 }
 
 impl ReasoningDefaults {
@@ -36,20 +42,14 @@ impl ReasoningDefaults {
     }
 }
 
-/// A reasoning budget as llama-server reads it: `-1` unlimited, `0` no thinking; `field` names
-/// the field or flag in the refusal. Returns whether thinking stays on.
+/// A reasoning budget as llama-server reads it: `-1` unlimited, `0` no thinking, N > 0 that
+/// many tokens of thinking; `field` names the field or flag in the refusal. Returns whether
+/// thinking stays on.
 pub fn thinking_of_budget(field: &str, budget: i64) -> Result<bool, ApiError> {
     match budget {
         -1 => Ok(true),
         0 => Ok(false),
-        n if n > 0 => Err(ApiError::unsupported(
-            field,
-            format!(
-                "{field}={n}: a budget of thinking tokens is not supported yet (the end of \
-                 thinking would have to be forced mid-generation); send -1 (unlimited) or 0 \
-                 (no thinking)"
-            ),
-        )),
+        n if n > 0 => Ok(true),
         n => Err(ApiError::invalid_param(
             field,
             format!("{field}={n}: expected -1 (unlimited), 0 (no thinking) or a count"),
@@ -76,6 +76,8 @@ pub struct TemplateOptions {
     pub variables: Map<String, Value>,
     /// Thinking switched off by a budget of 0: a prompt left inside `<think>` is closed.
     pub close_thinking: bool,
+    /// The tokens the reply may reason for (a budget above 0), from the request or the server.
+    pub budget_tokens: Option<usize>,
 }
 
 impl ReasoningFields {
@@ -124,11 +126,13 @@ impl ReasoningFields {
                 .or_insert_with(|| Value::String(effort.clone()));
         }
         let mut thinking = defaults.thinking;
+        let mut budget_tokens = defaults.budget;
         for budget in [self.reasoning_budget_tokens, self.thinking_budget_tokens]
             .into_iter()
             .flatten()
         {
             thinking = budget != 0;
+            budget_tokens = usize::try_from(budget).ok().filter(|&n| n > 0);
         }
         if !thinking {
             variables
@@ -140,6 +144,7 @@ impl ReasoningFields {
             format,
             variables,
             close_thinking,
+            budget_tokens,
         })
     }
 }

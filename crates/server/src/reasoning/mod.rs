@@ -9,11 +9,14 @@
 //! - `fields.rs`: the request fields and server flags (`reasoning_format`,
 //!   `chat_template_kwargs`, `reasoning_effort`, the reasoning budget) and the variables they
 //!   give the chat template.
+//! - `budget.rs`: the reasoning budget's count, tags and message, for the engine to force the
+//!   end of a reasoning block with.
 //!
 //! A [`Splitter`] takes the reply's text piece by piece (a marker may be cut anywhere between
 //! pieces) and gives back what is certain to be reasoning and answer so far; a whole reply is
 //! the same pieces fed at once, so streamed and whole replies agree by construction.
 
+mod budget;
 mod fields;
 mod format;
 mod harmony;
@@ -24,6 +27,7 @@ use std::borrow::Cow;
 
 use mlxcel_engine::Engine;
 
+pub use budget::{BudgetFields, BudgetText, chat_budget, completion_budget};
 pub use fields::{ReasoningDefaults, ReasoningFields, thinking_of_budget};
 pub use format::{Form, ReasoningFormat};
 use harmony::HarmonySplitter;

@@ -98,7 +98,8 @@ mod http {
                 "chat_template_kwargs",
                 json!({"enable_thinking": false}),
             ),
-            ("/v1/chat/completions", "reasoning_control", json!(true)),
+            // (`reasoning_control` is acted on now: tests/server/reasoning.rs.)
+            ("/v1/chat/completions", "preserved_tokens", json!(["<x>"])),
         ] {
             let mut body = json!({"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1});
             body[field] = value;

@@ -4,7 +4,9 @@
 //! - `response.rs`: the response bodies (whole, chunks, logprobs, usage) and their [`Envelope`].
 //! - `stream.rs`: the [`crate::handler::Reply`] of both routes, whole or streamed.
 //! - `models.rs`: `GET /v1/models` and `GET /v1/models/{id}`.
+//! - `control.rs`: `POST /v1/chat/completions/control` (ending a running reply's reasoning).
 
+mod control;
 mod models;
 mod response;
 mod stream;
@@ -15,6 +17,7 @@ use std::sync::Arc;
 use hyper::Response;
 use mlxcel_engine::Engine;
 
+pub use control::control;
 pub use models::{model, models};
 pub(crate) use wire::{MessageField, StopField, turns};
 

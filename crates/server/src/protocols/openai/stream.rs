@@ -44,6 +44,10 @@ impl Reply for OpenAiReply {
     /// The reasoning is split from the answer (with a reasoning format), the answer is searched
     /// for calls when the request ends (with tools), and a reply that made some (in the tools'
     /// format, or in the model's own form the splitter reads) returns them as `tool_calls`.
+    fn completion_id(&self) -> Option<&str> {
+        Some(&self.envelope.id)
+    }
+
     fn whole(self, tracked: &Tracked, outcome: Outcome) -> Response<Body> {
         let timings = tracked.timings_object(outcome.usage.completion_tokens);
         let envelope = &self.envelope;
