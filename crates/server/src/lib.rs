@@ -12,6 +12,9 @@
 //!   is 503 before), metrics, and requests in flight.
 //! - Each request gets one log line when it ends (with its tokens and timings for a
 //!   generation), as text or, with `--log-format json`, JSON ([`log_subscriber`], [`LogFormat`]).
+//! - Router mode (`--models-dir`, `--models-preset`: [`RouterArgs`]) serves many models from one
+//!   server, each loaded model with its own engine and state, the request's `model` picking one;
+//!   [`build_router`] reads the catalog and [`AppState::set_router`] makes a server route by it.
 //! - Every failure of a request is an [`ApiError`], turned into a response in one place, in the
 //!   route's [`ErrorShape`] (OpenAI's, or Anthropic's on its routes). [`run`] is the whole
 //!   program both binaries call.

@@ -75,6 +75,11 @@ where
         .acquire(&name, autoload)
         .await
         .map_err(|err| refusal(&name, err))?;
+    if fake_timing() {
+        // llama-server's test hook: the model stays busy 2 s longer, so that its suite can
+        // watch a queue form behind a busy model.
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
     // The model's own route sees the query without the router's parameters.
     let rest: Vec<&str> = query
         .split('&')
@@ -90,6 +95,15 @@ where
     )
     .await?;
     Ok(hold(response, lease))
+}
+
+/// `LLAMA_SERVER_DEBUG_FAKE_TIMING` set (to anything): each routed request and each load takes
+/// 2 s longer, as in llama-server (docs/environment.md).
+pub fn fake_timing() -> bool {
+    static SET: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| {
+        std::env::var_os("LLAMA_SERVER_DEBUG_FAKE_TIMING").is_some_and(|v| !v.is_empty())
+    })
 }
 
 /// What the client is told when the model cannot be had.

@@ -38,8 +38,12 @@ pub fn router(args: &ServerArgs, argv: Vec<OsString>) -> Result<Arc<Router>, Ser
             .join(", ")
     );
     let base = args.clone();
-    let loader: Loader<AppState> =
-        Arc::new(move |spec| crate::router::child::load(&base, &argv, spec));
+    let loader: Loader<AppState> = Arc::new(move |spec| {
+        if crate::router::http::fake_timing() {
+            std::thread::sleep(std::time::Duration::from_secs(2));
+        }
+        crate::router::child::load(&base, &argv, spec)
+    });
     let rescan: Rescan = Box::new(move || catalog::load(dir.as_deref(), preset.as_deref()));
     Ok(Registry::with_settings(
         specs,
