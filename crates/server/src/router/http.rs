@@ -348,10 +348,12 @@ pub async fn unload(state: &AppState, body: RequestBody) -> Result<Response<Body
 pub fn sse(state: &AppState) -> Result<Response<Body>, ApiError> {
     let router = state.router().ok_or_else(not_router("/models/sse"))?;
     let mut events = router.subscribe();
+    let mut closing = router.closing();
     let (response, sender) = event_stream();
     tokio::spawn(async move {
         loop {
             tokio::select! {
+                _ = async { closing.wait_for(|closed| *closed).await.is_ok() } => break,
                 event = events.recv() => match event {
                     Ok(event) => if !sender.raw(format!("data: {event}\n\n")).await { break },
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}

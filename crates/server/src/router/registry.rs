@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{Notify, broadcast, watch};
 
 use crate::router::spec::ModelSpec;
 
@@ -96,6 +96,8 @@ pub struct Registry<C> {
     max: usize,
     autoload: bool,
     rescan: Option<Rescan>,
+    /// `true` once the server shuts down: open status streams end.
+    closing: watch::Sender<bool>,
     runtime: tokio::runtime::Handle,
 }
 
@@ -133,6 +135,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             max,
             autoload,
             rescan,
+            closing: watch::Sender::new(false),
             runtime: tokio::runtime::Handle::current(),
         });
         registry.replace_specs(specs);
@@ -159,6 +162,16 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
     fn lock(&self) -> MutexGuard<'_, Inner<C>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ends the status streams (the server shuts down: they would hold their connections open).
+    pub fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Changes to `true` when the server shuts down.
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
     }
 
     /// Status events (JSON text), from now on.

@@ -77,8 +77,13 @@ pub fn run(args: &ServerArgs) -> Result<(), ServerError> {
     runtime.block_on(async {
         let router = router(args, own_argv())?;
         let server = Server::bind(config).await?;
-        server.state().set_router(router);
+        server.state().set_router(router.clone());
         tracing::info!(addr = %server.local_addr(), "listening; router mode");
-        server.run(shutdown_signal()).await
+        server
+            .run(async move {
+                shutdown_signal().await;
+                router.close();
+            })
+            .await
     })
 }

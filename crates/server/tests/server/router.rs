@@ -439,6 +439,43 @@ async fn a_preset_names_models_with_their_own_options() {
     assert_eq!(small["default_generation_settings"]["n_ctx"], 256);
     let large = server.get("/props?model=large-ctx").await.json();
     assert_eq!(large["default_generation_settings"]["n_ctx"], 1024);
+
+    // `?reload=1` reads the preset again: a removed model goes (unloaded), a new one comes, a
+    // kept one keeps its state; a model that cannot load says why.
+    std::fs::write(
+        &preset,
+        format!(
+            "[small]\nmodel = {}\nctx-size = 256\n\n[broken]\nmodel = /no/such/model.gguf\n",
+            gguf().display()
+        ),
+    )
+    .unwrap();
+    let reloaded = server.get("/models?reload=1").await.json();
+    let ids: Vec<&str> = reloaded["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["broken", "small"]);
+    assert_eq!(reloaded["data"][1]["status"]["value"], "loaded");
+    let failed = server
+        .post_json("/tokenize", json!({ "model": "broken", "content": "x" }))
+        .await;
+    assert_eq!(
+        failed.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        failed.body
+    );
+    assert!(
+        failed.body.contains("/no/such/model.gguf"),
+        "{}",
+        failed.body
+    );
+    let listed = server.get("/models").await.json();
+    assert_eq!(listed["data"][0]["status"]["failed"], true);
+    assert_eq!(listed["data"][0]["status"]["value"], "unloaded");
 }
 
 #[tokio::test]
