@@ -3,7 +3,7 @@
 //! options its own engine and slots are built with.
 //!
 //! A models directory holds GGUF files (named by the file name without `.gguf`; multimodal
-//! projectors, whose names hold `mmproj`, are not models) and directories (named by the
+//! projectors, whose names hold `mmproj`, and draft sidecars are not models) and directories (named by the
 //! directory's name): an MLX or Hugging Face checkpoint (a `config.json`), or a folder holding a
 //! GGUF (its first shard `-00001-of-` when split). A preset section is a model name; its keys are
 //! mlxcel-server's long options without the dashes (`ctx-size = 4096`), their short letters, or
@@ -84,9 +84,14 @@ pub fn scan_dir(dir: &Path) -> Result<Vec<ModelSpec>, String> {
     Ok(models)
 }
 
-/// A GGUF that is a model of its own (not a projector).
+/// A GGUF that is a model of its own: not a multimodal projector, and not one of the draft
+/// sidecars llama-server pairs with a model (`mtp-`, `dspark-`, `dflash-`).
 fn is_model_gguf(name: &str) -> bool {
-    name.ends_with(".gguf") && !name.contains("mmproj")
+    name.ends_with(".gguf")
+        && !name.contains("mmproj")
+        && !["mtp-", "dspark-", "dflash-"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
 }
 
 /// The checkpoint a directory of the models directory holds: itself when it has a

@@ -18,10 +18,11 @@ fn spec(name: &str) -> ModelSpec {
     }
 }
 
-/// A registry of models `a`, `b`, `c` whose loads take 20 ms, counting live models.
+/// A registry of models `a`, `b`, `c` whose loads take 20 ms (`c`: 400 ms), counting live models.
 fn registry(max: usize, live: Arc<AtomicUsize>) -> Arc<Registry<Live>> {
     let loader: Loader<Live> = Arc::new(move |spec: &ModelSpec| {
-        std::thread::sleep(Duration::from_millis(20));
+        let slow = if spec.name == "c" { 400 } else { 20 };
+        std::thread::sleep(Duration::from_millis(slow));
         if spec.name == "broken" {
             return Err("no such file".to_owned());
         }
@@ -164,4 +165,23 @@ async fn refusals_name_the_model() {
     assert_eq!(status(&registry, "a"), Status::Loaded);
     assert!(registry.unload("a").unwrap());
     assert!(!registry.unload("a").unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loading_model_does_not_hold_up_a_loaded_one() {
+    let live = Arc::new(AtomicUsize::new(0));
+    let registry = registry(0, live);
+    drop(registry.acquire("a", true).await.unwrap());
+    assert!(registry.load("c").unwrap());
+    let start = std::time::Instant::now();
+    for _ in 0..10 {
+        drop(registry.acquire("a", true).await.unwrap());
+    }
+    assert!(
+        start.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(status(&registry, "c"), Status::Loading);
+    drop(registry.acquire("c", true).await.unwrap());
 }
