@@ -588,6 +588,9 @@ impl Drop for Engine {
         let _ = self.commands.send(Command::Shutdown);
         if let Some(worker) = self.worker.take() {
             let _ = worker.join();
+            // The model's buffers are free now; give them back to the system, as sleeping does
+            // (a router unloads one model while the others keep serving).
+            backends::release_unused_memory();
         }
     }
 }

@@ -525,6 +525,10 @@ pub struct ServerArgs {
     /// llama-server options without effect here (accepted, one warning line each).
     #[command(flatten)]
     pub ignored: IgnoredOptions,
+
+    /// Router mode: many models behind one server (`--models-dir`, `--models-preset` ...).
+    #[command(flatten)]
+    pub router: crate::router::args::RouterArgs,
 }
 
 /// llama.cpp's booleans: `on`/`enabled`/`true`/`1` and `off`/`disabled`/`false`/`0`.

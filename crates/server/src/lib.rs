@@ -12,6 +12,9 @@
 //!   is 503 before), metrics, and requests in flight.
 //! - Each request gets one log line when it ends (with its tokens and timings for a
 //!   generation), as text or, with `--log-format json`, JSON ([`log_subscriber`], [`LogFormat`]).
+//! - Router mode (`--models-dir`, `--models-preset`: [`RouterArgs`]) serves many models from one
+//!   server, each loaded model with its own engine and state, the request's `model` picking one;
+//!   [`build_router`] reads the catalog and [`AppState::set_router`] makes a server route by it.
 //! - Every failure of a request is an [`ApiError`], turned into a response in one place, in the
 //!   route's [`ErrorShape`] (OpenAI's, or Anthropic's on its routes). [`run`] is the whole
 //!   program both binaries call.
@@ -55,6 +58,7 @@ mod read;
 mod reasoning;
 mod request;
 mod request_log;
+mod router;
 mod routes;
 mod run;
 pub mod sampling_args;
@@ -73,6 +77,8 @@ pub use llama_flags::{IgnoredOptions, normalize_llama_args};
 pub use logging::{LogFormat, init_logging, init_logging_as, init_logging_with, log_subscriber};
 pub use metrics::Metrics;
 pub use reasoning::{ReasoningDefaults, ReasoningFormat};
+pub use router::args::RouterArgs;
+pub use router::start::router as build_router;
 pub use run::{init_server_logging, run, run_with};
 pub use serve::{Server, shutdown_signal};
 pub use state::{ActiveRequest, AppState};

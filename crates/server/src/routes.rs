@@ -208,6 +208,21 @@ static ROUTES: &[Route] = &[
     get("/models", |c| {
         Box::pin(async move { openai::models(&c.state) })
     }),
+    // Router mode's own routes (router/http.rs), before `/models/{id}`; without --models-dir or
+    // --models-preset they answer 404.
+    post(
+        "/models/load",
+        |c| Box::pin(async move { crate::router::http::load(&c.state, c.body).await }),
+        no_body,
+    ),
+    post(
+        "/models/unload",
+        |c| Box::pin(async move { crate::router::http::unload(&c.state, c.body).await }),
+        no_body,
+    ),
+    get("/models/sse", |c| {
+        Box::pin(async move { crate::router::http::sse(&c.state) })
+    }),
     get("/v1/models/{id}", |c| {
         Box::pin(async move { openai::model(&c.state, c.params.get("id").unwrap_or_default()) })
     }),
@@ -565,6 +580,30 @@ async fn dispatch(
         return Err(ApiError::Unauthorized);
     }
     if let Some((route, params)) = found {
+        if let Some(router) = state.router() {
+            let (pattern, full_path, full_query) = (route.path, path.clone(), query.clone());
+            let body = request.into_body().into();
+            let run = move |state, body, query| {
+                (route.handler)(Call {
+                    state,
+                    body,
+                    path,
+                    query,
+                    params,
+                })
+            };
+            return crate::router::http::serve(
+                state,
+                router,
+                &method,
+                pattern,
+                &full_path,
+                &full_query,
+                body,
+                run,
+            )
+            .await;
+        }
         let call = Call {
             state: state.clone(),
             body: request.into_body().into(),

@@ -45,6 +45,9 @@ pub fn run(args: &ServerArgs) -> Result<(), ServerError> {
 /// [`run`] with the engine loaded under `options` (the flags' own, with what the caller adds:
 /// `mlxcel serve`'s pipeline).
 pub fn run_with(args: &ServerArgs, options: EngineOptions) -> Result<(), ServerError> {
+    if args.router.enabled() {
+        return crate::router::start::run(args);
+    }
     let config = args.server_config()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

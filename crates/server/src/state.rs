@@ -57,6 +57,8 @@ pub struct AppState {
     /// When the server started, in seconds since the Unix epoch (`/metrics`' header
     /// `Process-Start-Time-Unix`, as llama-server sends it).
     started_unix: u64,
+    /// Router mode: the models this server routes to, each with a state of its own.
+    router: OnceLock<Arc<crate::router::registry::Registry<AppState>>>,
 }
 
 impl AppState {
@@ -73,7 +75,18 @@ impl AppState {
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            router: OnceLock::new(),
         }
+    }
+
+    /// Makes this server a router over `router`'s models (a second router is ignored).
+    pub fn set_router(&self, router: Arc<crate::router::registry::Registry<AppState>>) {
+        let _ = self.router.set(router);
+    }
+
+    /// The router, in router mode.
+    pub fn router(&self) -> Option<&Arc<crate::router::registry::Registry<AppState>>> {
+        self.router.get()
     }
 
     /// When the server started, in seconds since the Unix epoch.

@@ -9,7 +9,8 @@
 //! `infill` (llama-server's `/infill`), `webui` (the chat page at `/` and `--no-webui`), `slots`
 //! (saving, restoring and erasing slots with `--slot-save-path`), `sampler_chain` (DRY, XTC,
 //! mirostat ... and post-sampling probabilities, their flags), `idle` (`--sleep-idle-seconds`,
-//! `--cache-idle-slots` with `id_slot`, Vertex AI's prediction route).
+//! `--cache-idle-slots` with `id_slot`, Vertex AI's prediction route), `router` (many models
+//! behind one server: `--models-dir`, `--models-preset`, `--models-max`).
 //! Tests on the default model are skipped with `MLXCEL_SKIP_MODEL_TESTS=1`.
 
 mod anthropic;
@@ -27,6 +28,7 @@ mod lifecycle;
 mod llama_fields;
 mod reasoning;
 mod responses;
+mod router;
 mod routes;
 mod sampler_chain;
 mod slots;
