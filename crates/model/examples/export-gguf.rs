@@ -128,7 +128,12 @@ fn export(checkpoint: &Checkpoint, out: &Path) -> Result<Vec<Lossy>, Error> {
         experts::write_metadata(&mut w, c, moe, arch, &mut lossy);
     }
     delta_net::write_metadata(&mut w, c, arch)?;
-    let rope_tensors = write_rope_scaling(&mut w, c, &raw, &key, &mut lossy)?;
+    let rope_tensors = if arch == "gemma4" {
+        gemma::write_gemma4(&mut w, c, &key, &mut lossy)?;
+        vec![("rope_freqs.weight".to_owned(), gemma::gemma4_rope_freqs(c))]
+    } else {
+        write_rope_scaling(&mut w, c, &raw, &key, &mut lossy)?
+    };
     write_layer_attention(&mut w, c, &raw, arch, &mut lossy);
     if c.norm_weight_offset && !is_hybrid(c) {
         gemma::write_gemma(&mut w, c, &key, &mut lossy);
@@ -164,7 +169,6 @@ fn write_hyperparameters(w: &mut GgufWriter, c: &ModelConfig, arch: &str) {
         .metadata(&key("context_length"), u32v(c.max_position_embeddings))
         .metadata(&key("embedding_length"), u32v(c.hidden_size))
         .metadata(&key("block_count"), u32v(c.num_hidden_layers))
-        .metadata(&key("feed_forward_length"), u32v(c.intermediate_size))
         .metadata(&key("attention.head_count"), u32v(c.num_attention_heads))
         .metadata(
             &key("attention.layer_norm_rms_epsilon"),
@@ -172,12 +176,19 @@ fn write_hyperparameters(w: &mut GgufWriter, c: &ModelConfig, arch: &str) {
         )
         .metadata(&key("rope.freq_base"), GgufValue::F32(c.rope_theta))
         .metadata(&key("rope.dimension_count"), u32v(c.rotary_dim));
-    // LFM2's are per layer (`export_gguf/lfm2.rs`).
-    if !lfm2::is_lfm2(c) {
+    // LFM2's key/value heads are per layer (`export_gguf/lfm2.rs`), and Gemma 4's may be, with
+    // its MLP widths (`export_gguf/gemma.rs`).
+    if !lfm2::is_lfm2(c) && arch != "gemma4" {
         w.metadata(&key("attention.head_count_kv"), u32v(c.num_key_value_heads));
     }
+    if arch != "gemma4" {
+        w.metadata(&key("feed_forward_length"), u32v(c.intermediate_size));
+    }
     // llama.cpp's head size is hidden / heads unless the key length says otherwise.
-    if c.head_dim * c.num_attention_heads != c.hidden_size || c.norm_weight_offset || is_hybrid(c) {
+    // Gemma 4's head sizes per layer type: `export_gguf/gemma.rs`.
+    if (c.head_dim * c.num_attention_heads != c.hidden_size || c.norm_weight_offset || is_hybrid(c))
+        && arch != "gemma4"
+    {
         w.metadata(&key("attention.key_length"), u32v(c.head_dim))
             .metadata(&key("attention.value_length"), u32v(c.head_dim));
     }
@@ -277,7 +288,7 @@ fn write_layer_attention(
     let windows: Vec<Option<usize>> = c.layers.iter().map(|l| l.window).collect();
     let window = windows.iter().flatten().next().copied();
     match arch {
-        "gemma2" | "gemma3" | "gpt-oss" => {
+        "gemma2" | "gemma3" | "gemma4" | "gpt-oss" => {
             if let Some(window) = window {
                 let pattern = windows
                     .iter()
@@ -352,7 +363,8 @@ fn write_tensors(
 ) -> Result<usize, Error> {
     let c = checkpoint.config();
     let hybrid = is_hybrid(c);
-    let gemma = c.norm_weight_offset && !hybrid;
+    // Gemma's four norms per layer (Gemma 4's are stored as `w`, not `1 + w`).
+    let gemma = (c.norm_weight_offset && !hybrid) || c.sandwich_norms;
     let moe = experts::routed(c)?;
     let mut tensors = Tensors {
         writer: w,
@@ -435,6 +447,13 @@ fn write_tensors(
                 .and_then(|rest| rest.strip_suffix(".self_attn.o_proj"))
         {
             tensors.add_tensor(gpt_oss::sinks(checkpoint, c, layer.parse()?)?)?;
+        }
+    }
+    if c.architecture.gguf_name() == "gemma4" {
+        for layer in 0..c.num_hidden_layers {
+            for t in gemma::gemma4_layer_tensors(checkpoint, c, layer)? {
+                tensors.add_tensor(t)?;
+            }
         }
     }
     if lfm2 {
@@ -538,6 +557,10 @@ impl Tensors<'_> {
 fn gguf_stem(gemma: bool, module: &str) -> Option<String> {
     match module {
         "model.embed_tokens" => return Some("token_embd".into()),
+        // Gemma 4's per-layer inputs.
+        "model.embed_tokens_per_layer" => return Some("per_layer_token_embd".into()),
+        "model.per_layer_model_projection" => return Some("per_layer_model_proj".into()),
+        "model.per_layer_projection_norm" => return Some("per_layer_proj_norm".into()),
         "model.norm" => return Some("output_norm".into()),
         "lm_head" => return Some("output".into()),
         _ => {}
@@ -562,6 +585,13 @@ fn gguf_stem(gemma: bool, module: &str) -> Option<String> {
         // Phi-3's fused projections.
         "self_attn.qkv_proj" => "attn_qkv",
         "mlp.gate_up_proj" => "ffn_up",
+        // Gemma 4's per-layer inputs and the norms of its experts' block.
+        "per_layer_input_gate" => "inp_gate",
+        "per_layer_projection" => "proj",
+        "post_per_layer_input_norm" => "post_norm",
+        "post_feedforward_layernorm_1" => "post_ffw_norm_1",
+        "pre_feedforward_layernorm_2" => "pre_ffw_norm_2",
+        "post_feedforward_layernorm_2" => "post_ffw_norm_2",
         // LFM2's short convolution.
         "conv.in_proj" => "shortconv.in_proj",
         "conv.out_proj" => "shortconv.out_proj",

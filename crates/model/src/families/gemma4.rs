@@ -23,12 +23,14 @@ use serde_json::Value;
 
 use super::family::{Defaults, Family, Features, RopeSchedule};
 use super::gemma2::{GEMMA_FEATURES, GEMMA2_DEFAULTS};
+use super::gemma4_gguf;
 use super::moe::{MAX_EXPERTS, positive};
 use crate::config::blocks::{
     AttentionLayout, FeedForward, LayerAttention, PerLayerInput, RoutedExperts, Routing,
 };
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
+use crate::gguf::header::GgufHeader;
 
 pub(super) struct Gemma4;
 
@@ -55,11 +57,17 @@ impl Family for Gemma4 {
         "gemma4"
     }
 
-    fn gguf_refusal(&self) -> Option<&'static str> {
-        Some(
-            "Gemma 4 GGUF files are not read yet (their per-layer head sizes, shared KV layers \
-             and per-layer inputs have no import); use the Hugging Face checkpoint",
-        )
+    fn gguf_tensor_name<'a>(&self, gguf_name: &'a str) -> Option<(String, &'a str)> {
+        gemma4_gguf::gguf_tensor(gguf_name)
+    }
+
+    /// llama.cpp's `gemma4` lists its sliding layers (`sliding_window_pattern`).
+    fn gguf_sliding_period(&self) -> Option<u64> {
+        Some(PATTERN as u64)
+    }
+
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        gemma4_gguf::gguf_config(header, config);
     }
 
     fn multimodal_wrapper(&self) -> Option<(&'static str, &'static str)> {
