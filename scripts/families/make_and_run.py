@@ -450,6 +450,12 @@ def variants():
             layer_types=["sliding_attention", "sliding_attention", "sliding_attention",
                          "full_attention", "sliding_attention", "full_attention"]),
          {"embedding_std": 0.05, "seed": 18, "quantize": (32, 4)}),
+        # The 26B-A4B's block (`enable_moe_block`): four experts of 32, two per token, beside
+        # the dense MLP, each side with its own norms; the router's input norm and scale and
+        # its per-expert scales (randomized near 1 below, so that each matters).
+        ("gemma4_text-moe", "gemma4_text", gemma4_config(
+            enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
+         {"embedding_std": 0.05, "seed": 17}),
     ]
 
 
@@ -462,7 +468,8 @@ def randomize(model, seed, norm_neutral, embedding_std, expert_gain=1.0):
     """Fresh weights: linears N(0, 4/in) (twice the usual gain, so that attention depends on the
     context and greedy decoding wanders instead of repeating one token), embeddings
     N(0, embedding_std²) (small: a tied output projection otherwise favours the token just fed),
-    norms neutral + N(0, 0.1²), biases N(0, 0.1²), Gemma 4's layer scalars 1 + N(0, 0.1²); the
+    norms neutral + N(0, 0.1²), biases N(0, 0.1²), Gemma 4's layer scalars 1 + N(0, 0.1²) and
+    its router's input and per-expert scales 1 + N(0, 0.3²); the
     stacked experts' gate and up weights (`mlp.experts.{gate,up}_proj`) times `expert_gain`."""
     mx.random.seed(seed)
     fresh = []
@@ -470,6 +477,8 @@ def randomize(model, seed, norm_neutral, embedding_std, expert_gain=1.0):
         noise = mx.random.normal(value.shape, dtype=mx.float32)
         if name.endswith("layer_scalar"):
             value = 1.0 + 0.1 * noise
+        elif name.endswith("router.scale") or name.endswith("router.per_expert_scale"):
+            value = 1.0 + 0.3 * noise
         elif name.endswith("norm.weight"):
             value = norm_neutral + 0.1 * noise
         elif name.endswith(".bias"):

@@ -3,7 +3,8 @@
 //! scripts/check-families-gguf. Weights are F32 (quantized ones dequantized), named, permuted and
 //! offset as llama.cpp's converter writes them (q/k rows permuted for llama, Mistral and SmolLM3;
 //! Gemma's and the hybrids' norms as `1 + w`; Phi-3's q/k/v and gate/up fused; experts stacked,
-//! `export_gguf/experts.rs`; the hybrids' linear attention, `export_gguf/delta_net.rs`); the
+//! `export_gguf/experts.rs`; the hybrids' linear attention, `export_gguf/delta_net.rs`; LFM2's
+//! short convolutions, `export_gguf/lfm2.rs`); the
 //! vocabulary must be a byte-level BPE `tokenizer.json`.
 //!
 //! ```sh
@@ -34,8 +35,12 @@ use serde_json::Value;
 mod delta_net;
 #[path = "export_gguf/experts.rs"]
 mod experts;
+#[path = "export_gguf/gemma.rs"]
+mod gemma;
 #[path = "export_gguf/gpt_oss.rs"]
 mod gpt_oss;
+#[path = "export_gguf/lfm2.rs"]
+mod lfm2;
 
 type Error = Box<dyn std::error::Error>;
 
@@ -115,15 +120,23 @@ fn export(checkpoint: &Checkpoint, out: &Path) -> Result<Vec<Lossy>, Error> {
     let mut lossy = Vec::new();
     let key = |k: &str| format!("{arch}.{k}");
     write_hyperparameters(&mut w, c, arch);
+    if lfm2::is_lfm2(c) {
+        lfm2::write_metadata(&mut w, c, arch)?;
+    }
     if let Some(moe) = &moe {
         experts::check(c, arch)?;
         experts::write_metadata(&mut w, c, moe, arch, &mut lossy);
     }
     delta_net::write_metadata(&mut w, c, arch)?;
-    let rope_tensors = write_rope_scaling(&mut w, c, &raw, &key, &mut lossy)?;
+    let rope_tensors = if arch == "gemma4" {
+        gemma::write_gemma4(&mut w, c, &key, &mut lossy)?;
+        vec![("rope_freqs.weight".to_owned(), gemma::gemma4_rope_freqs(c))]
+    } else {
+        write_rope_scaling(&mut w, c, &raw, &key, &mut lossy)?
+    };
     write_layer_attention(&mut w, c, &raw, arch, &mut lossy);
     if c.norm_weight_offset && !is_hybrid(c) {
-        write_gemma(&mut w, c, &key, &mut lossy);
+        gemma::write_gemma(&mut w, c, &key, &mut lossy);
     }
     write_vocabulary(&mut w, checkpoint, c)?;
     let count = write_tensors(&mut w, checkpoint, import_arch, rope_tensors)?;
@@ -156,17 +169,26 @@ fn write_hyperparameters(w: &mut GgufWriter, c: &ModelConfig, arch: &str) {
         .metadata(&key("context_length"), u32v(c.max_position_embeddings))
         .metadata(&key("embedding_length"), u32v(c.hidden_size))
         .metadata(&key("block_count"), u32v(c.num_hidden_layers))
-        .metadata(&key("feed_forward_length"), u32v(c.intermediate_size))
         .metadata(&key("attention.head_count"), u32v(c.num_attention_heads))
-        .metadata(&key("attention.head_count_kv"), u32v(c.num_key_value_heads))
         .metadata(
             &key("attention.layer_norm_rms_epsilon"),
             GgufValue::F32(c.rms_norm_eps),
         )
         .metadata(&key("rope.freq_base"), GgufValue::F32(c.rope_theta))
         .metadata(&key("rope.dimension_count"), u32v(c.rotary_dim));
+    // LFM2's key/value heads are per layer (`export_gguf/lfm2.rs`), and Gemma 4's may be, with
+    // its MLP widths (`export_gguf/gemma.rs`).
+    if !lfm2::is_lfm2(c) && arch != "gemma4" {
+        w.metadata(&key("attention.head_count_kv"), u32v(c.num_key_value_heads));
+    }
+    if arch != "gemma4" {
+        w.metadata(&key("feed_forward_length"), u32v(c.intermediate_size));
+    }
     // llama.cpp's head size is hidden / heads unless the key length says otherwise.
-    if c.head_dim * c.num_attention_heads != c.hidden_size || c.norm_weight_offset || is_hybrid(c) {
+    // Gemma 4's head sizes per layer type: `export_gguf/gemma.rs`.
+    if (c.head_dim * c.num_attention_heads != c.hidden_size || c.norm_weight_offset || is_hybrid(c))
+        && arch != "gemma4"
+    {
         w.metadata(&key("attention.key_length"), u32v(c.head_dim))
             .metadata(&key("attention.value_length"), u32v(c.head_dim));
     }
@@ -266,7 +288,7 @@ fn write_layer_attention(
     let windows: Vec<Option<usize>> = c.layers.iter().map(|l| l.window).collect();
     let window = windows.iter().flatten().next().copied();
     match arch {
-        "gemma2" | "gemma3" | "gpt-oss" => {
+        "gemma2" | "gemma3" | "gemma4" | "gpt-oss" => {
             if let Some(window) = window {
                 let pattern = windows
                     .iter()
@@ -331,61 +353,6 @@ fn write_layer_attention(
     }
 }
 
-/// Gemma's soft-caps, and what llama.cpp computes differently: the query scale (GGUF has no
-/// `query_pre_attn_scalar`) and the embedding scale.
-fn write_gemma(
-    w: &mut GgufWriter,
-    c: &ModelConfig,
-    key: &dyn Fn(&str) -> String,
-    lossy: &mut Vec<Lossy>,
-) {
-    let caps = [
-        ("attn_logit_softcapping", c.attn_logit_softcapping),
-        ("final_logit_softcapping", c.final_logit_softcapping),
-    ];
-    for (name, cap) in caps {
-        if let Some(cap) = cap {
-            w.metadata(&key(name), GgufValue::F32(cap));
-        }
-    }
-    if c.architecture.gguf_name() == "gemma3" && c.attn_logit_softcapping.is_some() {
-        lossy.push(Lossy {
-            field: "attn_logit_softcapping",
-            why: "llama.cpp's gemma3 does not soft-cap attention scores".into(),
-        });
-    }
-    // llama.cpp scales queries by 1/√head_dim, except for the 27B models (by layer count), which
-    // use hidden / heads.
-    let big = match c.architecture.gguf_name() {
-        "gemma2" => c.num_hidden_layers == 46,
-        _ => c.num_hidden_layers == 62,
-    };
-    let denominator = if big {
-        (c.hidden_size / c.num_attention_heads) as f32
-    } else {
-        c.head_dim as f32
-    };
-    if 1.0 / denominator.sqrt() != c.attention_scale {
-        lossy.push(Lossy {
-            field: "attention_scale",
-            why: format!(
-                "1/√{:.2} (query_pre_attn_scalar): GGUF has no key for it; llama.cpp scales by \
-                 1/√{denominator}",
-                1.0 / (c.attention_scale * c.attention_scale)
-            ),
-        });
-    }
-    if c.embedding_scale != Some((c.hidden_size as f32).sqrt()) {
-        lossy.push(Lossy {
-            field: "embedding_scale",
-            why: format!(
-                "{:?} (√hidden rounded to bf16); llama.cpp multiplies by √hidden unrounded",
-                c.embedding_scale
-            ),
-        });
-    }
-}
-
 /// Every weight as F32, named, permuted and offset as llama.cpp's converter writes it, after
 /// `extra` (RoPE factors); returns the number of tensors.
 fn write_tensors(
@@ -396,7 +363,8 @@ fn write_tensors(
 ) -> Result<usize, Error> {
     let c = checkpoint.config();
     let hybrid = is_hybrid(c);
-    let gemma = c.norm_weight_offset && !hybrid;
+    // Gemma's four norms per layer (Gemma 4's are stored as `w`, not `1 + w`).
+    let gemma = (c.norm_weight_offset && !hybrid) || c.sandwich_norms;
     let moe = experts::routed(c)?;
     let mut tensors = Tensors {
         writer: w,
@@ -410,6 +378,7 @@ fn write_tensors(
     // llama.cpp's converter permutes q and k for the families it converts as llamas.
     let permuted = c.architecture.gguf_permuted_qk();
     let phi3 = c.architecture.gguf_name() == "phi3";
+    let lfm2 = lfm2::is_lfm2(c);
     for module in expected_modules(c) {
         let m = module.name.as_str();
         if let Some(more) = family_tensors(checkpoint, c, moe.as_ref(), m)? {
@@ -464,8 +433,12 @@ fn write_tensors(
                 dims.truncate(1);
             }
             let post_attention_norm = gemma || hybrid || c.attention_sinks;
-            let stem = gguf_stem(post_attention_norm, &source)
-                .ok_or_else(|| format!("{source} has no GGUF name"))?;
+            let stem = match gguf_stem(post_attention_norm, &source) {
+                // llama.cpp's LFM2 names its final norm so.
+                Some(stem) if lfm2 && stem == "output_norm" => "token_embd_norm".to_owned(),
+                Some(stem) => stem,
+                None => return Err(format!("{source} has no GGUF name").into()),
+            };
             tensors.add(&format!("{stem}.{suffix}"), Some(&source), &dims, &values)?;
         }
         if c.attention_sinks
@@ -474,6 +447,20 @@ fn write_tensors(
                 .and_then(|rest| rest.strip_suffix(".self_attn.o_proj"))
         {
             tensors.add_tensor(gpt_oss::sinks(checkpoint, c, layer.parse()?)?)?;
+        }
+    }
+    if c.architecture.gguf_name() == "gemma4" {
+        for layer in 0..c.num_hidden_layers {
+            for t in gemma::gemma4_layer_tensors(checkpoint, c, layer)? {
+                tensors.add_tensor(t)?;
+            }
+        }
+    }
+    if lfm2 {
+        for layer in 0..c.num_hidden_layers {
+            for t in lfm2::layer_tensors(checkpoint, c, layer)? {
+                tensors.add_tensor(t)?;
+            }
         }
     }
     Ok(tensors.count)
@@ -570,6 +557,10 @@ impl Tensors<'_> {
 fn gguf_stem(gemma: bool, module: &str) -> Option<String> {
     match module {
         "model.embed_tokens" => return Some("token_embd".into()),
+        // Gemma 4's per-layer inputs.
+        "model.embed_tokens_per_layer" => return Some("per_layer_token_embd".into()),
+        "model.per_layer_model_projection" => return Some("per_layer_model_proj".into()),
+        "model.per_layer_projection_norm" => return Some("per_layer_proj_norm".into()),
         "model.norm" => return Some("output_norm".into()),
         "lm_head" => return Some("output".into()),
         _ => {}
@@ -594,6 +585,16 @@ fn gguf_stem(gemma: bool, module: &str) -> Option<String> {
         // Phi-3's fused projections.
         "self_attn.qkv_proj" => "attn_qkv",
         "mlp.gate_up_proj" => "ffn_up",
+        // Gemma 4's per-layer inputs and the norms of its experts' block.
+        "per_layer_input_gate" => "inp_gate",
+        "per_layer_projection" => "proj",
+        "post_per_layer_input_norm" => "post_norm",
+        "post_feedforward_layernorm_1" => "post_ffw_norm_1",
+        "pre_feedforward_layernorm_2" => "pre_ffw_norm_2",
+        "post_feedforward_layernorm_2" => "post_ffw_norm_2",
+        // LFM2's short convolution.
+        "conv.in_proj" => "shortconv.in_proj",
+        "conv.out_proj" => "shortconv.out_proj",
         other => experts::stem(other)?,
     };
     Some(format!("blk.{layer}.{gguf}"))

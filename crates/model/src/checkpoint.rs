@@ -175,6 +175,16 @@ pub fn expected_modules(config: &ModelConfig) -> Vec<Module> {
                         linear(format!("{e}.down_proj"), hidden, ffn, bias),
                     ]);
                 }
+                if let Some(dense) = moe.parallel_dense {
+                    modules.extend([
+                        linear(format!("{p}.mlp.gate_proj"), dense, hidden, false),
+                        linear(format!("{p}.mlp.up_proj"), dense, hidden, false),
+                        linear(format!("{p}.mlp.down_proj"), hidden, dense, false),
+                        norm(format!("{p}.post_feedforward_layernorm_1"), hidden),
+                        norm(format!("{p}.pre_feedforward_layernorm_2"), hidden),
+                        norm(format!("{p}.post_feedforward_layernorm_2"), hidden),
+                    ]);
+                }
                 if let Some(shared) = moe.shared_expert_intermediate_size {
                     let e = format!("{p}.mlp.shared_expert");
                     modules.extend([
@@ -584,7 +594,8 @@ fn short_conv_tensors(config: &ModelConfig, files: &SafetensorsFiles) -> Result<
 }
 
 /// Checks the per-expert selection bias (`mlp.expert_bias`, `[num_experts]`) of each routed
-/// layer that picks its experts with one (LFM2-MoE).
+/// layer that picks its experts with one (LFM2-MoE), and Gemma 4's router scales
+/// (`router.scale`, `[hidden]`; `router.per_expert_scale`, `[num_experts]`).
 fn expert_bias_tensors(config: &ModelConfig, files: &SafetensorsFiles) -> Result<()> {
     for (layer, ffn) in config.feed_forward.iter().enumerate() {
         if let Some(moe) = ffn.routed()
@@ -595,6 +606,12 @@ fn expert_bias_tensors(config: &ModelConfig, files: &SafetensorsFiles) -> Result
         {
             let name = format!("model.layers.{layer}.mlp.expert_bias");
             float_tensor(files, &name, &[moe.num_experts])?;
+        }
+        // Gemma 4's router scales its normed input and each expert's weight.
+        if let Some(moe) = ffn.routed().filter(|m| m.parallel_dense.is_some()) {
+            let p = format!("model.layers.{layer}.router");
+            float_tensor(files, &format!("{p}.scale"), &[config.hidden_size])?;
+            float_tensor(files, &format!("{p}.per_expert_scale"), &[moe.num_experts])?;
         }
     }
     Ok(())

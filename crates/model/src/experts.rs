@@ -4,7 +4,8 @@
 //! Mixtral's Hugging Face names (`block_sparse_moe.gate`, `block_sparse_moe.experts.{j}.w1`/`w3`/
 //! `w2` for gate/up/down) and its mlx-lm form (`block_sparse_moe.switch_mlp.*`), and gpt-oss's
 //! mlx-lm form (the router `mlp.router`, the experts stacked as `mlp.experts.{gate,up,down}_proj`
-//! with their biases).
+//! with their biases), and Hugging Face's Gemma 4 (`mlp.switch_mlp.gate_up_proj` after its
+//! family's renaming: each expert's gate rows, then its up rows).
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -44,6 +45,17 @@ pub(crate) fn per_expert_views(
                     .collect();
                 files.unstack(&format!("{p}.switch_mlp.{projection}.{suffix}"), &parts)?;
             }
+        }
+        // Hugging Face's Gemma 4 stacks each expert's gate and up rows as one
+        // `[num_experts, 2 · size, hidden]` tensor (gate first; not interleaved as gpt-oss's).
+        let fused: Vec<String> = (0..moe.num_experts)
+            .map(|j| format!("{p}.experts.{j}.gate_up_proj.weight"))
+            .collect();
+        files.unstack(&format!("{p}.switch_mlp.gate_up_proj.weight"), &fused)?;
+        let rows = moe.expert_intermediate_size;
+        for (j, name) in fused.iter().enumerate() {
+            let part = |projection: &str| (format!("{p}.experts.{j}.{projection}.weight"), rows);
+            files.split_rows(name, &[part("gate_proj"), part("up_proj")])?;
         }
     }
     if let Some(q) = &mut config.quantization {

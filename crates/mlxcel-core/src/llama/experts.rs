@@ -1,5 +1,5 @@
 //! The routed-expert MLP (a mixture of experts: Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE's shared
-//! expert) on the per-op graph. The router runs on the host in f32 (`routing.rs`); the step's
+//! expert, Gemma 4's experts beside a dense MLP) on the per-op graph. The router runs on the host in f32 (`routing.rs`); the step's
 //! tokens are then grouped by expert, so that each routed expert's weights are read once per
 //! step, however many tokens go to it: its tokens' rows are gathered, multiplied by its gate/up
 //! (with the activation as the matmul's epilogue) and down projections, scaled by their weights,
@@ -58,6 +58,38 @@ pub(super) struct RoutedMlp {
     pub(super) activation: HiddenActivation,
     /// The layer as one fused node ([`RoutedMlp::prepare_node`]), when its experts allow it.
     pub(super) node: Option<MoeNode>,
+    /// Gemma 4's dense MLP beside the experts, with the norms of each side and the router's
+    /// own ([`mlxcel_model::RoutedExperts::parallel_dense`]).
+    pub(super) parallel: Option<Box<ParallelDense>>,
+}
+
+/// Gemma 4's block around its experts: a dense MLP every token passes through, and a norm
+/// of its own for the dense MLP's output, the experts' input, their output and the router's
+/// input.
+#[derive(Debug)]
+pub(super) struct ParallelDense {
+    /// The dense gated MLP, on the block's input normed by the layer's MLP norm.
+    pub(super) mlp: Expert,
+    /// `post_feedforward_layernorm_1`, on the dense MLP's output.
+    pub(super) dense_post_norm: Array,
+    /// `pre_feedforward_layernorm_2`, the experts' input norm.
+    pub(super) experts_norm: Array,
+    /// `post_feedforward_layernorm_2`, on the experts' weighted sum.
+    pub(super) experts_post_norm: Array,
+    /// The router's input norm: `router.scale` × `1/√hidden`.
+    pub(super) router_norm: Array,
+}
+
+impl ParallelDense {
+    fn arrays<'a>(&'a self, arrays: &mut Vec<&'a Array>) {
+        self.mlp.arrays(arrays);
+        arrays.extend([
+            &self.dense_post_norm,
+            &self.experts_norm,
+            &self.experts_post_norm,
+            &self.router_norm,
+        ]);
+    }
 }
 
 impl RoutedMlp {
@@ -66,7 +98,10 @@ impl RoutedMlp {
     pub(super) fn prepare_node(&mut self, kernels: &Kernels) -> Result<()> {
         self.node = None;
         // The node does not route by sigmoid scores (LFM2-MoE: the per-op graph).
-        let routing_in_node = !matches!(self.router.routing, Routing::SigmoidTopK { .. });
+        // Nor does it scale its experts' weights or norm its router's input apart (Gemma 4).
+        let routing_in_node = !matches!(self.router.routing, Routing::SigmoidTopK { .. })
+            && self.parallel.is_none()
+            && self.router.expert_scales.is_none();
         if !runs_node(kernels) || !routing_in_node {
             return Ok(());
         }
@@ -116,7 +151,9 @@ impl RoutedMlp {
 
     /// The MLP's output for the step's rows `x` (`[tokens, hidden]`), normed by `norm` first:
     /// `Σ score_e · expert_e(h)` over each token's routed experts, plus the gated shared expert.
-    /// Reads the normed rows back to route them (the graph so far is evaluated).
+    /// Reads the normed rows back to route them (the graph so far is evaluated). With Gemma 4's
+    /// dense MLP beside the experts: `post_1(mlp(h)) + post_2(Σ score_e · expert_e(norm_2(x)))`,
+    /// routed by `x` normed with the router's own norm.
     pub(super) fn forward(
         &self,
         x: &Array,
@@ -128,10 +165,26 @@ impl RoutedMlp {
             return node.forward(x, norm, eps, false, kernels);
         }
         let h = rms_norm(x, norm, eps)?;
-        let rows = h.to_vec_f32()?;
+        let Some(p) = &self.parallel else {
+            let rows = h.to_vec_f32()?;
+            return self.routed(&h, &rows, kernels);
+        };
+        let dense = rms_norm(
+            &p.mlp.forward(&h, self.activation, kernels)?,
+            &p.dense_post_norm,
+            eps,
+        )?;
+        let rows = rms_norm(x, &p.router_norm, eps)?.to_vec_f32()?;
+        let experts = self.routed(&rms_norm(x, &p.experts_norm, eps)?, &rows, kernels)?;
+        dense.add(&rms_norm(&experts, &p.experts_post_norm, eps)?)
+    }
+
+    /// `Σ score_e · expert_e(h)` over each token's routed experts of the rows `h`, plus the
+    /// gated shared expert, routed by `rows` (the router's input, on the host).
+    fn routed(&self, h: &Array, rows: &[f32], kernels: &Kernels) -> Result<Array> {
         let tokens = rows.len() / self.router.hidden;
         let k = self.router.top_k;
-        let routes = self.router.route(&rows, kernels.threads);
+        let routes = self.router.route(rows, kernels.threads);
         // Each expert's outputs, scaled by their weights, one after another; `row_of[route]` is
         // where a route's output landed.
         let mut outputs = Vec::new();
@@ -182,7 +235,7 @@ impl RoutedMlp {
             None => h.multiply(&Array::scalar_f32(0.0))?,
         };
         if let (Some(shared), Some(gates)) = (&self.shared, &routes.shared) {
-            let y = shared.forward(&h, self.activation, kernels)?;
+            let y = shared.forward(h, self.activation, kernels)?;
             out = out.add(&y.multiply(&Array::from_f32(gates, &[tokens as i32, 1])?)?)?;
         }
         Ok(out)
@@ -194,6 +247,9 @@ impl RoutedMlp {
         for expert in self.experts.iter_mut().chain(&mut self.shared) {
             expert.interleave_int8(layout, threads)?;
         }
+        if let Some(p) = &mut self.parallel {
+            p.mlp.interleave_int8(layout, threads)?;
+        }
         Ok(())
     }
 
@@ -202,6 +258,9 @@ impl RoutedMlp {
     pub(super) fn arrays<'a>(&'a self, arrays: &mut Vec<&'a Array>) {
         for expert in self.experts.iter().chain(&self.shared) {
             expert.arrays(arrays);
+        }
+        if let Some(p) = &self.parallel {
+            p.arrays(arrays);
         }
     }
 

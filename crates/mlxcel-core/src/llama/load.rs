@@ -8,7 +8,7 @@ use mlxcel_model::{
 };
 
 use super::delta_net::{DeltaNet, LinearLayer};
-use super::experts::{Expert, RoutedMlp};
+use super::experts::{Expert, ParallelDense, RoutedMlp};
 use super::linear::{GateUp, Linear, prepare_in_place};
 use super::model::{LayerRef, LlamaModel};
 use super::routing::Router;
@@ -689,6 +689,13 @@ impl Loader<'_> {
             } => Some(self.float(&format!("{prefix}.expert_bias"))?.to_vec_f32()?),
             _ => None,
         };
+        let (parallel, expert_scales) = match moe.parallel_dense {
+            Some(_) => {
+                let (parallel, scales) = self.parallel_dense(prefix, hidden, moe)?;
+                (Some(parallel), Some(scales))
+            }
+            None => (None, None),
+        };
         let rows = moe.num_experts + usize::from(shared.is_some());
         if weights.len() != rows * hidden
             || bias.as_ref().is_some_and(|b| b.len() != moe.num_experts)
@@ -716,12 +723,54 @@ impl Loader<'_> {
                 shared_gate: shared.is_some(),
                 bias,
                 selection_bias,
+                expert_scales,
             },
             experts,
             shared,
             activation: moe.activation,
             node: None,
+            parallel,
         })
+    }
+
+    /// Gemma 4's dense MLP beside the experts of the layer whose MLP is `prefix`
+    /// (`model.layers.{i}.mlp`), with its norms and the router's input norm (`router.scale`
+    /// times `1/√hidden`, in f32 as mlx-lm multiplies them), and the router's per-expert scales.
+    fn parallel_dense(
+        &self,
+        prefix: &str,
+        hidden: usize,
+        moe: &RoutedExperts,
+    ) -> Result<(Box<ParallelDense>, Vec<f32>)> {
+        let layer = prefix.strip_suffix(".mlp").unwrap_or(prefix);
+        let (gate_up, down) = self.gated_mlp(prefix)?;
+        let router_norm = self
+            .float(&format!("{layer}.router.scale"))?
+            .multiply(&Array::scalar_f32((hidden as f32).powf(-0.5)))?;
+        let scales = self
+            .float(&format!("{layer}.router.per_expert_scale"))?
+            .to_vec_f32()?;
+        if scales.len() != moe.num_experts {
+            return Err(Error::Mlx {
+                op: "routed experts",
+                message: format!(
+                    "{layer}.router.per_expert_scale holds {} values, expected {}",
+                    scales.len(),
+                    moe.num_experts
+                ),
+            });
+        }
+        let norm = |name: &str| self.norm(&format!("{layer}.{name}.weight"));
+        Ok((
+            Box::new(ParallelDense {
+                mlp: Expert { gate_up, down },
+                dense_post_norm: norm("post_feedforward_layernorm_1")?,
+                experts_norm: norm("pre_feedforward_layernorm_2")?,
+                experts_post_norm: norm("post_feedforward_layernorm_2")?,
+                router_norm,
+            }),
+            scales,
+        ))
     }
 
     /// `module`'s weight as f32 values on the host, row-major (dequantized if stored quantized).

@@ -26,6 +26,9 @@ pub(super) struct Router {
     /// One value per expert added to its sigmoid to pick the experts, not to weight them
     /// (LFM2-MoE's `expert_bias`, [`Routing::SigmoidTopK`]).
     pub(super) selection_bias: Option<Vec<f32>>,
+    /// One factor per expert that its weight is multiplied by once the experts are picked
+    /// (Gemma 4's `router.per_expert_scale`).
+    pub(super) expert_scales: Option<Vec<f32>>,
 }
 
 /// The routes of a step's tokens.
@@ -91,7 +94,12 @@ impl Router {
             shared: self.shared_gate.then(|| Vec::with_capacity(tokens)),
         };
         for row in logits.chunks_exact(rows) {
-            let (experts, scores) = self.pick(&row[..self.num_experts]);
+            let (experts, mut scores) = self.pick(&row[..self.num_experts]);
+            if let Some(scales) = &self.expert_scales {
+                for (score, &e) in scores.iter_mut().zip(&experts) {
+                    *score *= scales[e as usize];
+                }
+            }
             routes.experts.extend(experts);
             routes.scores.extend(scores);
             if let Some(shared) = &mut routes.shared {
@@ -242,6 +250,7 @@ mod tests {
             shared_gate,
             bias: None,
             selection_bias: None,
+            expert_scales: None,
         }
     }
 
@@ -283,6 +292,17 @@ mod tests {
         assert_eq!(routes.experts, [0, 2]);
         assert_eq!(routes.scores, softmax(&[3.0, 2.0]));
         assert_eq!(routes.shared, Some(vec![sigmoid(2.0)]));
+    }
+
+    #[test]
+    fn per_expert_scales_weight_the_picked_experts_but_do_not_pick_them() {
+        // Logits 3, -1, 2: experts 0 and 2, whatever their scales say.
+        let mut r = router(Routing::TopKSoftmax, 2, false);
+        r.expert_scales = Some(vec![0.5, 100.0, 3.0]);
+        let routes = r.route(&[3.0, -1.0], 1);
+        assert_eq!(routes.experts, [0, 2]);
+        let p = softmax(&[3.0, 2.0]);
+        assert_eq!(routes.scores, [p[0] * 0.5, p[1] * 3.0]);
     }
 
     #[test]
@@ -340,6 +360,7 @@ mod tests {
             shared_gate: true,
             bias: None,
             selection_bias: None,
+            expert_scales: None,
         };
         let one = r.route_split(&h, 1, 1);
         let four = r.route_split(&h, 4, 1);

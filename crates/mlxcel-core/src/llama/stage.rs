@@ -75,16 +75,20 @@ impl Stage {
 
     /// What one sequence's cache costs on this stage, counted from the model's description (the
     /// stage need not be loaded here): `(bytes per position, bytes per sequence)`, the keys and
-    /// values of its softmax-attention layers in `kv_types`, and the recurrent state of its
-    /// linear-attention layers (a hybrid's; 0 otherwise). Rank 0 budgets every rank's caches by
-    /// these.
+    /// values of its softmax-attention layers in `kv_types`, and the recurrent state (f32) of
+    /// its linear-attention layers and short convolutions (a hybrid's; 0 otherwise): a
+    /// convolution keeps its last `kernel - 1` products of `hidden` channels, and no keys or
+    /// values. Rank 0 budgets every rank's caches by these.
     pub fn cache_bytes(&self, config: &ModelConfig, kv_types: (KvType, KvType)) -> (usize, usize) {
         let layers = &config.layers[self.first.min(self.end)..self.end.min(config.layers.len())];
-        let attention = layers.iter().filter(|l| l.linear.is_none()).count();
+        let attention = layers
+            .iter()
+            .filter(|l| l.linear.is_none() && l.conv.is_none())
+            .count();
         let per_position = attention
             * config.num_key_value_heads
             * (kv_types.0.row_bytes(config.head_dim) + kv_types.1.row_bytes(config.head_dim));
-        let per_sequence = layers
+        let linear: usize = layers
             .iter()
             .filter_map(|l| l.linear.as_ref())
             .map(|spec| {
@@ -92,7 +96,12 @@ impl Stage {
                 4 * (shape.conv + shape.matrix)
             })
             .sum();
-        (per_position, per_sequence)
+        let conv: usize = layers
+            .iter()
+            .filter_map(|l| l.conv.as_ref())
+            .map(|spec| 4 * spec.kernel.saturating_sub(1) * config.hidden_size)
+            .sum();
+        (per_position, linear + conv)
     }
 
     /// Whether this stage's layers fit the model.
@@ -107,5 +116,44 @@ impl Stage {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// LFM2: layers 0 and 2 convolutions of 3 taps over 64 channels, 1 and 3 attention with 2
+    /// key/value heads of 16.
+    fn lfm2() -> ModelConfig {
+        let json = r#"{
+            "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "hidden_size": 64,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 384, "block_ff_dim": 128, "block_auto_adjust_ff_dim": false,
+            "conv_L_cache": 3, "layer_types": ["conv", "full_attention", "conv", "full_attention"]
+        }"#;
+        ModelConfig::from_json(Path::new("config.json"), json).unwrap()
+    }
+
+    #[test]
+    fn convolution_layers_count_their_state_not_keys_and_values() {
+        let config = lfm2();
+        let f32s = (KvType::F32, KvType::F32);
+        // Two attention layers: 2 heads × (16 keys + 16 values) × 4 bytes each.
+        let kv = 2 * 2 * 2 * KvType::F32.row_bytes(16);
+        assert_eq!(kv, 2 * 2 * 2 * 16 * 4);
+        // Two convolutions: (3 - 1) products of 64 f32 channels each.
+        let state = 2 * 2 * 64 * 4;
+        assert_eq!(
+            Stage::whole(&config).cache_bytes(&config, f32s),
+            (kv, state)
+        );
+        // Split after layer 1: each rank one convolution and one attention layer.
+        for rank in 0..2 {
+            let stage = Stage::of_pipeline(&config, &[2, 4], rank).unwrap();
+            assert_eq!(stage.cache_bytes(&config, f32s), (kv / 2, state / 2));
+        }
     }
 }

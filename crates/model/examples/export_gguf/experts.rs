@@ -23,6 +23,8 @@ fn llama_renormalizes(arch: &str) -> Option<bool> {
     match arch {
         "qwen3moe" | "llama" | "qwen3next" | "qwen35moe" => Some(true),
         "qwen2moe" | "olmoe" => Some(false),
+        // LFM2-MoE: the sigmoids of the picked experts over their sum.
+        "lfm2moe" => Some(true),
         // gpt-oss: a softmax over the top-k logits, which sum to one.
         "gpt-oss" => Some(true),
         _ => None,
@@ -35,7 +37,21 @@ pub fn routed(c: &ModelConfig) -> Result<Option<RoutedExperts>, Error> {
     let Some(first) = c.feed_forward.iter().find_map(|f| f.routed()).copied() else {
         return Ok(None);
     };
-    if let Some(dense) = c.feed_forward.iter().position(|f| f.routed().is_none()) {
+    // LFM2-MoE's leading dense layers are llama.cpp's `leading_dense_block_count`
+    // (`export_gguf/lfm2.rs`, which refuses a dense layer after a routed one).
+    let lead = if c.architecture.gguf_name() == "lfm2moe" {
+        c.feed_forward
+            .iter()
+            .position(|f| f.routed().is_some())
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    if let Some(dense) = c.feed_forward[lead..]
+        .iter()
+        .position(|f| f.routed().is_none())
+        .map(|i| i + lead)
+    {
         return Err(format!(
             "layer {dense} is a dense MLP in a mixture of experts: llama.cpp's `{}` routes every \
              layer",
@@ -43,7 +59,10 @@ pub fn routed(c: &ModelConfig) -> Result<Option<RoutedExperts>, Error> {
         )
         .into());
     }
-    if c.feed_forward.iter().any(|f| f.routed() != Some(&first)) {
+    if c.feed_forward[lead..]
+        .iter()
+        .any(|f| f.routed() != Some(&first))
+    {
         return Err("the layers' experts differ in shape: GGUF has one set of expert keys".into());
     }
     Ok(Some(first))
@@ -85,13 +104,18 @@ pub fn write_metadata(
     let renormalized = match moe.routing {
         Routing::SoftmaxTopK { renormalize } => renormalize,
         Routing::TopKSoftmax => true,
-        Routing::SigmoidTopK { renormalize, .. } => {
-            // LFM2-MoE's sigmoid routing and expert bias are not written yet: say so rather
-            // than let the file claim llama.cpp's softmax routing.
-            lossy.push(Lossy {
-                field: "feed_forward",
-                why: "sigmoid routing (LFM2-MoE) is not written by export-gguf".to_string(),
-            });
+        Routing::SigmoidTopK {
+            renormalize,
+            selection_bias,
+        } => {
+            // LFM2-MoE (`export_gguf/lfm2.rs` writes the sigmoid gating and the bias).
+            if !selection_bias {
+                lossy.push(Lossy {
+                    field: "feed_forward",
+                    why: "experts picked without a bias (`use_expert_bias: false`): llama.cpp's                           lfm2moe always adds `exp_probs_b`, written as zeros"
+                        .to_string(),
+                });
+            }
             renormalize
         }
     };

@@ -177,6 +177,19 @@ pub struct RoutedExperts {
     /// Qwen2-MoE's shared expert: a gated MLP of this hidden size every token passes through,
     /// its output multiplied by `sigmoid(shared_expert_gate · x)`.
     pub shared_expert_intermediate_size: Option<usize>,
+    /// Gemma 4's block (`enable_moe_block`): a dense gated MLP of this hidden size beside the
+    /// experts, each with norms of its own, under `model.layers.{i}.`:
+    ///
+    /// - the dense MLP (`mlp.{gate,up,down}_proj`) on `pre_feedforward_layernorm(x)`, its
+    ///   output through `post_feedforward_layernorm_1`;
+    /// - the router's logits (`mlp.gate`, Gemma 4's `router.proj`) of `rms_norm(x)` times
+    ///   `router.scale` (`[hidden]`) times `1/√hidden`, routed by [`Routing`], each picked
+    ///   expert's weight then times its `router.per_expert_scale` (`[num_experts]`);
+    /// - the experts on `pre_feedforward_layernorm_2(x)`, their weighted sum through
+    ///   `post_feedforward_layernorm_2`;
+    /// - the two outputs added (the layer's `post_feedforward_layernorm` follows as in every
+    ///   Gemma layer).
+    pub parallel_dense: Option<usize>,
 }
 
 /// How the router's logits become the routed experts' weights.

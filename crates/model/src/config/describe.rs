@@ -76,6 +76,8 @@ impl ModelConfig {
         if let Some(moe) = routed.first() {
             let shared = if moe.shared_expert_intermediate_size.is_some() {
                 " and a shared expert"
+            } else if moe.parallel_dense.is_some() {
+                " beside the dense MLP"
             } else {
                 ""
             };

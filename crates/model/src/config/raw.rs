@@ -71,6 +71,7 @@ pub(crate) struct RawConfig {
     pub num_global_key_value_heads: Option<usize>,
     pub num_kv_shared_layers: Option<usize>,
     pub enable_moe_block: Option<bool>,
+    pub top_k_experts: Option<usize>,
     pub hidden_size_per_layer_input: Option<usize>,
     pub vocab_size_per_layer_input: Option<usize>,
     pub use_double_wide_mlp: Option<bool>,

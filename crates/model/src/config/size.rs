@@ -66,9 +66,15 @@ impl ModelConfig {
                         let shared = moe
                             .shared_expert_intermediate_size
                             .map_or(0, |s| 3 * hidden * n(s) + hidden);
+                        // Gemma 4's dense MLP beside the experts, its three norms and the
+                        // router's two scales.
+                        let parallel = moe
+                            .parallel_dense
+                            .map_or(0, |d| 3 * hidden * n(d) + 4 * hidden + n(moe.num_experts));
                         n(moe.num_experts) * hidden
                             + n(experts) * 3 * hidden * n(moe.expert_intermediate_size)
                             + shared
+                            + parallel
                     }
                 };
                 attention + norms + ffn

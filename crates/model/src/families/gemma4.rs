@@ -11,8 +11,11 @@
 //! earlier layer's keys and values (`num_kv_shared_layers`, with twice as wide an MLP there when
 //! `use_double_wide_mlp`) and per-layer token inputs (`hidden_size_per_layer_input`) are read
 //! here ([`Family::attention_layout`]), and so are the full layers' keys used as values
-//! (`attention_k_eq_v`, with `num_global_key_value_heads`); the mixture-of-experts block
-//! (`enable_moe_block`) is refused by name.
+//! (`attention_k_eq_v`, with `num_global_key_value_heads`), and the 26B-A4B's
+//! mixture-of-experts block (`enable_moe_block`: routed experts beside the dense MLP,
+//! [`RoutedExperts::parallel_dense`]), whose router and experts are read under the shared
+//! expert names (`router.proj` as `mlp.gate`, mlx-lm's `experts.switch_glu.*` and Hugging
+//! Face's `experts.gate_up_proj`/`down_proj` as the stacked `mlp.switch_mlp.*`).
 
 use std::path::Path;
 
@@ -20,9 +23,14 @@ use serde_json::Value;
 
 use super::family::{Defaults, Family, Features, RopeSchedule};
 use super::gemma2::{GEMMA_FEATURES, GEMMA2_DEFAULTS};
-use crate::config::blocks::{AttentionLayout, FeedForward, LayerAttention, PerLayerInput};
+use super::gemma4_gguf;
+use super::moe::{MAX_EXPERTS, positive};
+use crate::config::blocks::{
+    AttentionLayout, FeedForward, LayerAttention, PerLayerInput, RoutedExperts, Routing,
+};
 use crate::config::raw::RawConfig;
 use crate::error::{ModelError, Result};
+use crate::gguf::header::GgufHeader;
 
 pub(super) struct Gemma4;
 
@@ -49,11 +57,17 @@ impl Family for Gemma4 {
         "gemma4"
     }
 
-    fn gguf_refusal(&self) -> Option<&'static str> {
-        Some(
-            "Gemma 4 GGUF files are not read yet (their per-layer head sizes, shared KV layers \
-             and per-layer inputs have no import); use the Hugging Face checkpoint",
-        )
+    fn gguf_tensor_name<'a>(&self, gguf_name: &'a str) -> Option<(String, &'a str)> {
+        gemma4_gguf::gguf_tensor(gguf_name)
+    }
+
+    /// llama.cpp's `gemma4` lists its sliding layers (`sliding_window_pattern`).
+    fn gguf_sliding_period(&self) -> Option<u64> {
+        Some(PATTERN as u64)
+    }
+
+    fn gguf_config(&self, header: &GgufHeader, config: &mut Value) {
+        gemma4_gguf::gguf_config(header, config);
     }
 
     fn multimodal_wrapper(&self) -> Option<(&'static str, &'static str)> {
@@ -97,12 +111,6 @@ impl Family for Gemma4 {
 
     fn check(&self, path: &Path, raw: &RawConfig) -> Result<()> {
         let refuse = |field: &str, reason: String| Err(ModelError::invalid(path, field, reason));
-        if raw.enable_moe_block == Some(true) {
-            return refuse(
-                "enable_moe_block",
-                "Gemma 4's mixture-of-experts block is not implemented in mlxcel".into(),
-            );
-        }
         if raw
             .use_bidirectional_attention
             .as_ref()
@@ -221,11 +229,41 @@ impl Family for Gemma4 {
         })
     }
 
+    fn has_experts(&self) -> bool {
+        true
+    }
+
+    /// Gemma 4 keeps its mixture of experts out of the stacked-expert renaming of the other
+    /// families: its router is `router.proj`, its experts `experts.switch_glu.*` (mlx-lm) or
+    /// `experts.gate_up_proj`/`experts.down_proj` (Hugging Face, no `.weight`), read as
+    /// `mlp.gate` and the stacked `mlp.switch_mlp.*` that become one tensor per expert.
+    fn canonical_name(&self, name: &str) -> Option<String> {
+        let (stem, rest) = [".router.proj", ".experts.switch_glu.", ".experts."]
+            .iter()
+            .find_map(|marker| {
+                let (stem, rest) = name.split_once(marker)?;
+                Some((stem, (*marker, rest)))
+            })?;
+        match rest {
+            (".router.proj", rest) if rest.is_empty() || rest.starts_with('.') => {
+                Some(format!("{stem}.mlp.gate{rest}"))
+            }
+            (".experts.switch_glu.", rest) => Some(format!("{stem}.mlp.switch_mlp.{rest}")),
+            (".experts.", projection @ ("gate_up_proj" | "down_proj")) => {
+                Some(format!("{stem}.mlp.switch_mlp.{projection}.weight"))
+            }
+            _ => None,
+        }
+    }
+
     /// The dense MLP, twice as wide on the layers that reuse keys and values when
-    /// `use_double_wide_mlp` (mlx-lm's default, true, when the key is absent).
+    /// `use_double_wide_mlp` (mlx-lm's default, true, when the key is absent); with
+    /// `enable_moe_block`, every layer's routed experts beside it (`num_experts`,
+    /// `top_k_experts`, `moe_intermediate_size`; the top-k logits' softmax, as mlx-lm and
+    /// transformers route it).
     fn feed_forward(
         &self,
-        _path: &Path,
+        path: &Path,
         raw: &RawConfig,
         layer: usize,
         dense: FeedForward,
@@ -236,7 +274,7 @@ impl Family for Gemma4 {
         let first_shared = layers.saturating_sub(raw.num_kv_shared_layers.unwrap_or(0));
         let wide =
             raw.use_double_wide_mlp.unwrap_or(true) && first_shared > 0 && layer >= first_shared;
-        Ok(match dense {
+        let dense = match dense {
             FeedForward::Dense {
                 intermediate_size,
                 activation,
@@ -245,7 +283,47 @@ impl Family for Gemma4 {
                 activation,
             },
             other => other,
-        })
+        };
+        let FeedForward::Dense {
+            intermediate_size,
+            activation,
+        } = dense
+        else {
+            return Ok(dense);
+        };
+        if raw.enable_moe_block != Some(true) {
+            return Ok(dense);
+        }
+        let num_experts = positive(path, "num_experts", raw.num_experts)?;
+        if num_experts > MAX_EXPERTS {
+            return Err(ModelError::invalid(
+                path,
+                "num_experts",
+                format!("{num_experts} experts is more than the {MAX_EXPERTS} mlxcel accepts"),
+            ));
+        }
+        let top_k = positive(path, "top_k_experts", raw.top_k_experts)?;
+        if top_k > num_experts {
+            return Err(ModelError::invalid(
+                path,
+                "top_k_experts",
+                format!("{top_k} experts per token, but the layer has {num_experts}"),
+            ));
+        }
+        Ok(FeedForward::RoutedExperts(RoutedExperts {
+            num_experts,
+            top_k,
+            expert_intermediate_size: positive(
+                path,
+                "moe_intermediate_size",
+                raw.moe_intermediate_size,
+            )?,
+            activation,
+            routing: Routing::TopKSoftmax,
+            biases: false,
+            shared_expert_intermediate_size: None,
+            parallel_dense: Some(intermediate_size),
+        }))
     }
 
     fn rope_schedule(

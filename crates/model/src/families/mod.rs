@@ -9,6 +9,7 @@ mod family;
 mod gemma2;
 mod gemma3;
 mod gemma4;
+mod gemma4_gguf;
 mod gpt_oss;
 mod lfm2;
 mod llama;

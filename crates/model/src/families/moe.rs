@@ -163,10 +163,11 @@ pub(crate) fn routed_or_dense(
         routing: keys.routing,
         biases: keys.biases,
         shared_expert_intermediate_size,
+        parallel_dense: None,
     }))
 }
 
-fn positive(path: &Path, field: &str, value: Option<usize>) -> Result<usize> {
+pub(crate) fn positive(path: &Path, field: &str, value: Option<usize>) -> Result<usize> {
     match value {
         None => Err(ModelError::MissingField {
             path: path.to_owned(),

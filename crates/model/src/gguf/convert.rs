@@ -621,7 +621,13 @@ fn config_json(
     if header.rotary_dim < header.head_dim {
         config["partial_rotary_factor"] = json!(header.rotary_dim as f64 / header.head_dim as f64);
     }
-    if let Some(factors) = &header.long_factors {
+    // Gemma 4's `rope_freqs` are its proportional RoPE, which its family writes as
+    // `rope_parameters`.
+    if let Some(factors) = header
+        .long_factors
+        .as_ref()
+        .filter(|_| config["rope_parameters"].is_null())
+    {
         let factors: Vec<f64> = factors.iter().map(|&f| shortest(f)).collect();
         let mut scaling = json!({"rope_type": "longrope", "long_factor": factors});
         if let Some(f) = header.rope_attn_factor {

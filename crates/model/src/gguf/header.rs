@@ -53,6 +53,18 @@ pub(crate) struct GgufHeader {
     /// `{arch}.nextn_predict_layers`: multi-token-prediction layers after the model's own
     /// (`block_count` counts only the model's; mlxcel does not read those layers' tensors).
     pub(crate) nextn_layers: u64,
+    /// Gemma 4's keys: the sliding layers' head size (`attention.key_length_swa`; the full
+    /// layers' is `head_dim`), the layers that reuse keys and values
+    /// (`attention.shared_kv_layers`) and the per-layer inputs' width
+    /// (`embedding_length_per_layer_input`).
+    pub(crate) key_length_swa: Option<u64>,
+    pub(crate) shared_kv_layers: Option<u64>,
+    pub(crate) embedding_length_per_layer: Option<u64>,
+    /// `{arch}.feed_forward_length` when the file gives one width per layer (Gemma 4's
+    /// double-wide MLP on its shared layers); `feed_forward_length` is then the first.
+    pub(crate) feed_forward_length_per_layer: Option<Vec<u64>>,
+    /// Some layer has `attn_k` but no `attn_v` (Gemma 4's keys used as values).
+    pub(crate) keys_as_values: bool,
 }
 
 /// A mixture of experts' `{arch}.expert_*` keys, as llama.cpp writes them.
@@ -285,8 +297,27 @@ impl GgufHeader {
                     .transpose()?,
             }),
         };
+        // One width per layer (Gemma 4): the first is the model's, the list its family's.
+        let ffn_key = key("feed_forward_length");
+        let feed_forward_length_per_layer = match gguf.get(&ffn_key).and_then(GgufValue::as_array) {
+            Some(items) => Some(
+                items
+                    .iter()
+                    .map(|v| {
+                        v.as_u64().ok_or_else(|| {
+                            error(&ffn_key, format!("{v:?} is not an unsigned integer"))
+                        })
+                    })
+                    .collect::<Result<Vec<u64>>>()?,
+            ),
+            None => None,
+        };
+        let first_width = match &feed_forward_length_per_layer {
+            Some(widths) => widths.first().copied(),
+            None => uint("feed_forward_length")?,
+        };
         // A mixture of experts' file may leave the dense size out (Qwen3.5-MoE): its experts'.
-        let feed_forward_length = match (uint("feed_forward_length")?, experts) {
+        let feed_forward_length = match (first_width, experts) {
             (Some(n), _) => n,
             (
                 None,
@@ -300,6 +331,17 @@ impl GgufHeader {
         Ok(Self {
             linear_attention: linear_attention::read(gguf, arch, block_count)?,
             nextn_layers,
+            feed_forward_length_per_layer,
+            keys_as_values: (0..block_count).any(|i| {
+                gguf.tensor_info(&format!("blk.{i}.attn_k.weight"))
+                    .is_some()
+                    && gguf
+                        .tensor_info(&format!("blk.{i}.attn_v.weight"))
+                        .is_none()
+            }),
+            key_length_swa: uint("attention.key_length_swa")?,
+            shared_kv_layers: uint("attention.shared_kv_layers")?,
+            embedding_length_per_layer: uint("embedding_length_per_layer_input")?,
             experts,
             attention_bias: gguf.tensor_info("blk.0.attn_q.bias").is_some(),
             rotary_dim,

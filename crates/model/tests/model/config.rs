@@ -189,6 +189,7 @@ fn qwen3_moe_layers_route_to_experts() {
             biases: false,
             routing: Routing::SoftmaxTopK { renormalize: true },
             shared_expert_intermediate_size: None,
+            parallel_dense: None,
         }
     );
     // `mlp_only_layers` and `decoder_sparse_step` keep layers dense, as transformers reads them.
@@ -274,6 +275,7 @@ fn mixtral_routes_every_layer_by_the_softmax_of_the_top_logits() {
                 biases: false,
                 routing: Routing::TopKSoftmax,
                 shared_expert_intermediate_size: None,
+                parallel_dense: None,
             })
         );
     }
@@ -352,6 +354,7 @@ fn olmoe_normalises_whole_q_and_k_and_routes_every_layer() {
             // transformers' OlmoeConfig: `norm_topk_prob` false unless set.
             routing: Routing::SoftmaxTopK { renormalize: false },
             shared_expert_intermediate_size: None,
+            parallel_dense: None,
         }
     );
     assert!(c.describe().contains("whole q/k norm"), "{}", c.describe());
@@ -399,6 +402,7 @@ fn qwen2_moe_has_a_gated_shared_expert_and_qkv_biases() {
             biases: false,
             routing: Routing::SoftmaxTopK { renormalize: false },
             shared_expert_intermediate_size: Some(5632),
+            parallel_dense: None,
         }
     );
     assert!(
@@ -1106,13 +1110,76 @@ fn gemma4_reads_its_blocks_and_rope_per_layer_type() {
     assert_eq!(windows, [true, true, true, true, true, false, true, false]);
 }
 
-/// What Gemma 4's models have beyond the blocks mlxcel runs (experts) and what
-/// neither reference reads is refused, naming the key; so are shared layers without an earlier
-/// layer of their kind.
+/// Gemma 4's mixture-of-experts block (`enable_moe_block`, the 26B-A4B's): every layer's
+/// experts beside its dense MLP (`intermediate_size`), routed by the top-k logits' softmax;
+/// the keys it needs are named when missing or wrong.
+#[test]
+fn gemma4_reads_its_mixture_of_experts_block() {
+    let mut v = gemma4();
+    v["enable_moe_block"] = json!(true);
+    v["num_experts"] = json!(4);
+    v["top_k_experts"] = json!(2);
+    v["moe_intermediate_size"] = json!(32);
+    let c = parse(&v).unwrap();
+    let want = FeedForward::RoutedExperts(RoutedExperts {
+        num_experts: 4,
+        top_k: 2,
+        expert_intermediate_size: 32,
+        activation: HiddenActivation::GeluTanh,
+        routing: Routing::TopKSoftmax,
+        biases: false,
+        shared_expert_intermediate_size: None,
+        parallel_dense: Some(128),
+    });
+    assert!((0..4).all(|i| c.layer_spec(i).ffn == want));
+    assert!(
+        c.describe()
+            .contains("4 experts, top-2 beside the dense MLP on 4 of 4 layers")
+    );
+    // Per layer beside the dense model: the router (4 × 64), the experts (4 × 3 × 64 × 32;
+    // two of them active), three norms and the router's scale (4 × 64), per-expert scales (4).
+    let mut dense = gemma4();
+    dense["enable_moe_block"] = json!(false);
+    let base = parse(&dense).unwrap();
+    let extra = |experts: u64| 4 * (4 * 64 + experts * 3 * 64 * 32 + 4 * 64 + 4);
+    assert_eq!(c.parameter_count(), base.parameter_count() + extra(4));
+    assert_eq!(
+        c.active_parameter_count(),
+        base.active_parameter_count() + extra(2)
+    );
+    // Off (or absent), the same keys leave the dense model as it is (transformers ignores them).
+    v["enable_moe_block"] = json!(false);
+    assert_eq!(parse(&v).unwrap().layer_spec(0).ffn, base.layer_spec(0).ffn);
+    for (field, value, expected) in [
+        ("top_k_experts", Value::Null, "top_k_experts"),
+        (
+            "top_k_experts",
+            json!(5),
+            "5 experts per token, but the layer has 4",
+        ),
+        ("num_experts", Value::Null, "num_experts"),
+        ("moe_intermediate_size", json!(0), "must be at least 1"),
+    ] {
+        let mut v = gemma4();
+        v["enable_moe_block"] = json!(true);
+        v["num_experts"] = json!(4);
+        v["top_k_experts"] = json!(2);
+        v["moe_intermediate_size"] = json!(32);
+        v[field] = value;
+        let message = parse(&v).unwrap_err().to_string();
+        assert!(
+            message.contains(field) && message.contains(expected),
+            "{field}: {message}"
+        );
+    }
+}
+
+/// What neither reference reads is refused, naming the key; so are shared layers without an
+/// earlier layer of their kind. (The mixture-of-experts block, refused here before, is read:
+/// `gemma4_reads_its_mixture_of_experts_block`.)
 #[test]
 fn gemma4_refuses_what_it_does_not_run_by_name() {
-    let cases: [(&str, Value, &str); 4] = [
-        ("enable_moe_block", json!(true), "mixture-of-experts block"),
+    let cases: [(&str, Value, &str); 3] = [
         (
             "attn_logit_softcapping",
             json!(50.0),

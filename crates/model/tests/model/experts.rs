@@ -227,6 +227,67 @@ fn mixtral_hugging_face_and_mlx_lm_names_are_read_as_the_canonical_experts() {
     assert_same_experts(&ckpt, &canonical);
 }
 
+/// A one-layer Gemma 4 with its mixture-of-experts block (`enable_moe_block`).
+fn gemma4_moe() -> Value {
+    json!({
+        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+        "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 16,
+        "intermediate_size": 96, "vocab_size": 40, "sliding_window": 8,
+        "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+        "layer_types": ["full_attention"], "enable_moe_block": true, "num_experts": EXPERTS,
+        "top_k_experts": 2, "moe_intermediate_size": 32
+    })
+}
+
+/// Gemma 4's router (`router.proj`) and experts in mlx-lm's form (`experts.switch_glu.*`,
+/// stacked) and Hugging Face's (`experts.gate_up_proj`, each expert's gate rows then its up
+/// rows, and `experts.down_proj`, without `.weight`) are read as the canonical per-expert
+/// views; its dense MLP keeps `mlp.{gate,up,down}_proj`.
+#[test]
+fn gemma4_hugging_face_and_mlx_lm_expert_names_are_read_as_the_canonical_experts() {
+    let v = gemma4_moe();
+    let mut canonical = distinct(tensors(&parsed(&v), false));
+    let p = "model.layers.0";
+    canonical.insert(format!("{p}.layer_scalar"), f32s(&[1]));
+    canonical.insert(format!("{p}.router.scale"), f32s(&[64]));
+    canonical.insert(format!("{p}.router.per_expert_scale"), f32s(&[EXPERTS]));
+    assert!(canonical.contains_key(&format!("{p}.post_feedforward_layernorm_2.weight")));
+    let router = |mut t: BTreeMap<String, T>| {
+        let r = t.remove(&format!("{p}.mlp.gate.weight")).unwrap();
+        t.insert(format!("{p}.router.proj.weight"), r);
+        t
+    };
+    let mlx = router(stack(canonical.clone_tensors(), &[0], |l, p, s| {
+        format!("model.layers.{l}.experts.switch_glu.{p}.{s}")
+    }));
+    let ckpt = open(&v, &mlx).unwrap();
+    assert_same_experts(&ckpt, &canonical);
+    let dense = format!("{p}.mlp.gate_proj.weight");
+    assert_eq!(ckpt.tensor(&dense).unwrap().data, &canonical[&dense].2[..]);
+    let gate = format!("{p}.mlp.gate.weight");
+    assert_eq!(ckpt.tensor(&gate).unwrap().data, &canonical[&gate].2[..]);
+
+    let mut hf = router(canonical.clone_tensors());
+    let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+    for j in 0..EXPERTS {
+        let e = |m: &str| format!("{p}.mlp.experts.{j}.{m}.weight");
+        gate_up.extend(hf.remove(&e("gate_proj")).unwrap().2);
+        gate_up.extend(hf.remove(&e("up_proj")).unwrap().2);
+        down.extend(hf.remove(&e("down_proj")).unwrap().2);
+    }
+    hf.insert(
+        format!("{p}.experts.gate_up_proj"),
+        T(StDtype::F32, vec![EXPERTS, 64, 64], gate_up),
+    );
+    hf.insert(
+        format!("{p}.experts.down_proj"),
+        T(StDtype::F32, vec![EXPERTS, 64, 32], down),
+    );
+    let ckpt = open(&v, &hf).unwrap();
+    assert_same_experts(&ckpt, &canonical);
+}
+
 #[test]
 fn a_missing_or_misshapen_expert_is_named() {
     let v = qwen3_moe(None);

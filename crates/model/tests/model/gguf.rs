@@ -704,11 +704,13 @@ fn fused_projections_read_on_demand_survive_releasing_a_part() {
     }
 }
 
-/// A Gemma 4 GGUF (`general.architecture` `gemma4`) is refused by name, saying what to use
-/// instead, rather than converted as a Gemma 3 without its per-layer head sizes and shared
-/// layers.
+/// A Gemma 4 GGUF (`general.architecture` `gemma4`, as llama.cpp's converter writes it) is
+/// read as Gemma 4: its sliding layers from `sliding_window_pattern`, the sliding layers' head
+/// from `key_length_swa`, the full layers' proportional RoPE from `rope_freqs` (1 on the pairs
+/// that rotate, 1e30 on the others), the layer scalars from `layer_output_scale`, its norms as
+/// plain weights. (Before, such a file was refused by name.)
 #[test]
-fn gemma4_gguf_is_refused_by_name() {
+fn gemma4_gguf_reads_its_layer_types_heads_and_proportional_rope() {
     let dir = tempfile::tempdir().unwrap();
     let gguf = dir.path().join("gemma4.gguf");
     let tiny = TinyLlama {
@@ -717,14 +719,46 @@ fn gemma4_gguf_is_refused_by_name() {
         sandwich: true,
         ..TinyLlama::default()
     };
-    tiny.write_with(tiny.metadata(), &gguf, 13);
-    let message = convert_gguf(&gguf, &dir.path().join("out"))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        message.contains("general.architecture")
-            && message.contains("`gemma4`")
-            && message.contains("use the Hugging Face checkpoint"),
-        "{message}"
-    );
+    let mut w = tiny.metadata();
+    let u32v = GgufValue::U32;
+    let pattern = GgufValue::Array(vec![GgufValue::Bool(true), GgufValue::Bool(false)]);
+    w.metadata("gemma4.attention.sliding_window", u32v(8))
+        .metadata("gemma4.attention.sliding_window_pattern", pattern)
+        .metadata("gemma4.attention.key_length", u32v(16))
+        .metadata("gemma4.attention.key_length_swa", u32v(16))
+        .metadata("gemma4.rope.freq_base_swa", GgufValue::F32(10_000.0))
+        .metadata("gemma4.attention.shared_kv_layers", u32v(0))
+        .metadata("gemma4.embedding_length_per_layer_input", u32v(0))
+        .metadata("gemma4.final_logit_softcapping", GgufValue::F32(30.0));
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let freqs = [1.0, 1.0, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30];
+    w.tensor("rope_freqs.weight", &[8], GgmlType::F32, f32s(&freqs));
+    for l in 0..2 {
+        let name = format!("blk.{l}.layer_output_scale.weight");
+        w.tensor(&name, &[1], GgmlType::F32, f32s(&[0.5 + l as f32]));
+    }
+    tiny.write_with(w, &gguf, 13);
+    let out = dir.path().join("out");
+    convert_gguf(&gguf, &out).unwrap();
+    let ckpt = Checkpoint::open(&out).unwrap();
+    let c = ckpt.config();
+    assert_eq!(c.architecture.model_type(), "gemma4_text");
+    let windows: Vec<_> = c.layers.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [Some(8), None]);
+    assert!(!c.norm_weight_offset && c.layer_scalars && c.value_norm);
+    assert_eq!(c.final_logit_softcapping, Some(30.0));
+    // The full layer rotates 2 of its 8 pairs over the whole head's schedule at 100000.
+    let full = c.layer_rope_periods(1);
+    assert_eq!(full[0], 1.0);
+    assert!((full[1] - 1e5f32.powf(2.0 / 16.0)).abs() < 1e-3, "{full:?}");
+    assert!(full[2..].iter().all(|p| p.is_infinite()), "{full:?}");
+    let local = c.layer_rope_periods(0);
+    assert!((local[7] - 1e4f32.powf(14.0 / 16.0)).abs() / local[7] < 1e-6);
+    let scalar = ckpt.tensor("model.layers.1.layer_scalar").unwrap();
+    assert_eq!(scalar.data, &1.5f32.to_le_bytes());
+    // Norms are stored as `w` (no one added or subtracted).
+    let norm = ckpt
+        .tensor("model.layers.0.pre_feedforward_layernorm.weight")
+        .unwrap();
+    assert_eq!(norm.shape, &[64]);
 }

@@ -61,6 +61,7 @@ fn gpt_oss_experts(limit: f32) -> RoutedExperts {
         routing: Routing::TopKSoftmax,
         biases: true,
         shared_expert_intermediate_size: None,
+        parallel_dense: None,
     }
 }
 
