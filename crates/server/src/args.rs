@@ -279,6 +279,24 @@ pub struct ServerArgs {
     )]
     pub cache_idle_slots: bool,
 
+    /// A conversation whose last message is the assistant's is continued from it (on by
+    /// default, as llama-server; `--no-prefill-assistant`: it is a finished turn, and the model
+    /// answers after it unless the request sends `continue_final_message`).
+    #[arg(
+        long = "prefill-assistant",
+        env = "LLAMA_ARG_PREFILL_ASSISTANT",
+        value_parser = llama_bool,
+        num_args = 0..=1,
+        default_value = "true",
+        default_missing_value = "true",
+        overrides_with = "no_prefill_assistant"
+    )]
+    pub prefill_assistant: bool,
+
+    /// A final assistant message is a finished turn unless a request asks to continue it.
+    #[arg(long = "no-prefill-assistant", overrides_with = "prefill_assistant")]
+    pub no_prefill_assistant: bool,
+
     /// Idle slots keep their last request's KV as their own (`/slots/{id}?action=save` saves it).
     #[arg(long = "no-cache-idle-slots", overrides_with = "cache_idle_slots")]
     pub no_cache_idle_slots: bool,
@@ -334,6 +352,15 @@ pub struct ServerArgs {
         default_value = "auto"
     )]
     pub reasoning_format: String,
+
+    /// The chat template instead of the checkpoint's: a built-in name (`chatml`, `llama3`,
+    /// `command-r` ...; crate::chat_templates) or a Jinja template.
+    #[arg(long = "chat-template", env = "LLAMA_ARG_CHAT_TEMPLATE")]
+    pub chat_template: Option<String>,
+
+    /// The chat template instead of the checkpoint's, read from a Jinja file.
+    #[arg(long = "chat-template-file", env = "LLAMA_ARG_CHAT_TEMPLATE_FILE")]
+    pub chat_template_file: Option<std::path::PathBuf>,
 
     /// Extra variables of every chat template render, as a JSON object
     /// (`{"enable_thinking": false}`); a request's `chat_template_kwargs` go over them.
@@ -395,6 +422,16 @@ pub struct ServerArgs {
         default_value_t = 0.0
     )]
     pub spec_draft_p_min: f32,
+
+    /// `--spec-type ngram-simple`: the length of the n-gram looked up in the request's tokens
+    /// (1 to 1024; default: the longest of 4 down to 2 that matches).
+    #[arg(long = "spec-ngram-simple-size-n")]
+    pub spec_ngram_simple_size_n: Option<usize>,
+
+    /// `--spec-type ngram-simple`: the most tokens proposed after a match (1 to 1024; default
+    /// `--spec-draft-n-max`).
+    #[arg(long = "spec-ngram-simple-size-m")]
+    pub spec_ngram_simple_size_m: Option<usize>,
 
     /// Origins allowed by CORS: `localhost` (only an origin on this machine,
     /// `http(s)://localhost`, `127.0.0.1` or `[::1]` on any port), a comma-separated list of
@@ -574,9 +611,14 @@ impl ServerArgs {
             self.spec_draft_p_min,
         )
         .map_err(|err| ServerError::Flag(err.to_string()))?;
+        self.ngram_simple_sizes(options.speculative.as_mut())?;
         options.draft_model = self.spec_draft_model.clone();
         options.kv_types = (self.cache_type_k, self.cache_type_v);
         options.special_tokens = self.special;
+        options.chat_template = crate::chat_templates::template_override(
+            self.chat_template.as_deref(),
+            self.chat_template_file.as_deref(),
+        )?;
         options.kv_budget_bytes =
             usize::try_from(self.kv_budget.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         options.prefix_cache_bytes = match self.cache_ram {
@@ -589,6 +631,44 @@ impl ServerArgs {
             }
         };
         Ok(options)
+    }
+
+    /// llama.cpp's ngram-simple sizes on the prompt-lookup proposer: the n-gram looked up
+    /// (`--spec-ngram-simple-size-n`: only that length) and the tokens proposed after it
+    /// (`--spec-ngram-simple-size-m`). Refused without `--spec-type ngram-simple`.
+    fn ngram_simple_sizes(
+        &self,
+        speculative: Option<&mut SpeculativeConfig>,
+    ) -> Result<(), ServerError> {
+        let sizes = [
+            ("--spec-ngram-simple-size-n", self.spec_ngram_simple_size_n),
+            ("--spec-ngram-simple-size-m", self.spec_ngram_simple_size_m),
+        ];
+        for (flag, size) in sizes {
+            if let Some(size) = size.filter(|s| !(1..=1024).contains(s)) {
+                return Err(ServerError::Flag(format!(
+                    "{flag} {size}: expected 1 to 1024"
+                )));
+            }
+        }
+        let Some(config) = speculative.filter(|c| c.proposer == mlxcel_engine::Proposer::Ngram)
+        else {
+            if let Some((flag, _)) = sizes.iter().find(|(_, size)| size.is_some()) {
+                return Err(ServerError::Flag(format!(
+                    "{flag} sets the prompt-lookup proposer: it needs --spec-type ngram-simple"
+                )));
+            }
+            return Ok(());
+        };
+        if let Some(n) = self.spec_ngram_simple_size_n {
+            config.ngram_max = n;
+            config.ngram_min = n;
+        }
+        if let Some(m) = self.spec_ngram_simple_size_m {
+            config.draft_max = m;
+            config.draft_min = config.draft_min.min(m);
+        }
+        Ok(())
     }
 
     /// `--parallel`, with -1 (auto) as [`AUTO_PARALLEL`].
@@ -809,6 +889,7 @@ impl ServerArgs {
             reasoning: self.reasoning()?,
             sleep_idle,
             cache_idle_slots,
+            prefill_assistant: self.prefill_assistant && !self.no_prefill_assistant,
             kv_unified: kv_unified || self.parallel == -1,
             gcp,
             ..ServerConfig::default()

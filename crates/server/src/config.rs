@@ -120,6 +120,9 @@ pub struct ServerConfig {
     /// When a request takes a slot, the idle slots give up their last request's KV to the prefix
     /// cache (`--cache-idle-slots`, on unless `--no-cache-idle-slots` or `--cache-ram 0`).
     pub cache_idle_slots: bool,
+    /// A final assistant message is continued unless the request says otherwise
+    /// (`--prefill-assistant`, on; `--no-prefill-assistant`).
+    pub prefill_assistant: bool,
     /// llama-server's `--kv-unified` (on with `--parallel` auto): idle slots cached by
     /// `--cache-idle-slots` are also cleared.
     pub kv_unified: bool,
@@ -162,6 +165,7 @@ impl Default for ServerConfig {
             reasoning: crate::reasoning::ReasoningDefaults::new(),
             sleep_idle: None,
             cache_idle_slots: false,
+            prefill_assistant: true,
             kv_unified: false,
             gcp: None,
         }

@@ -13,7 +13,7 @@ use mlxcel_engine::{
 use crate::body::StreamSender;
 use crate::error::ApiError;
 use crate::progress::{ProgressReporter, PromptProgress};
-use crate::request::{BiasTarget, Params, PromptInput};
+use crate::request::{BiasTarget, Params, PromptInput, PromptPiece};
 use crate::request_log::{GenerationSummary, RequestLog};
 use crate::state::{ActiveRequest, AppState};
 
@@ -158,6 +158,22 @@ pub(crate) fn tokenize(engine: &Engine, prompt: PromptInput) -> Result<Vec<u32>,
             .encode(&text, false, true)
             .map_err(EngineError::from)?,
         PromptInput::Tokens(tokens) => {
+            engine.check_tokens(&tokens)?;
+            tokens
+        }
+        PromptInput::Mixed(pieces) => {
+            let mut tokens = Vec::new();
+            for (i, piece) in pieces.into_iter().enumerate() {
+                match piece {
+                    PromptPiece::Text(text) => tokens.extend(
+                        engine
+                            .tokenizer()
+                            .encode(&text, i == 0, true)
+                            .map_err(EngineError::from)?,
+                    ),
+                    PromptPiece::Token(id) => tokens.push(id),
+                }
+            }
             engine.check_tokens(&tokens)?;
             tokens
         }

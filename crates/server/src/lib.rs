@@ -12,6 +12,10 @@
 //!   is 503 before), metrics, and requests in flight.
 //! - Each request gets one log line when it ends (with its tokens and timings for a
 //!   generation), as text or, with `--log-format json`, JSON ([`log_subscriber`], [`LogFormat`]).
+//! - A `prompt` is read in llama-server's forms (`prompts.rs`: text, token ids, both mixed, its
+//!   JSON prompt object, a list of prompts); several prompts or `n` > 1 completions run as
+//!   several generations joined into one answer (`fanout.rs`). `--chat-template` names a
+//!   built-in template or gives a Jinja one (`chat_templates.rs`).
 //! - Every failure of a request is an [`ApiError`], turned into a response in one place, in the
 //!   route's [`ErrorShape`] (OpenAI's, or Anthropic's on its routes). [`run`] is the whole
 //!   program both binaries call.
@@ -34,10 +38,12 @@
 mod args;
 mod body;
 mod chat;
+mod chat_templates;
 mod config;
 pub mod constraint_args;
 mod cors;
 mod error;
+mod fanout;
 mod fingerprint;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -50,6 +56,7 @@ mod llama_flags;
 mod logging;
 mod metrics;
 mod progress;
+mod prompts;
 mod protocols;
 mod read;
 mod reasoning;

@@ -40,6 +40,16 @@ pub struct LlamaFields {
     pub return_progress: Option<bool>,
     /// The `/slots` id the request must run in (`-1`: any).
     pub id_slot: Option<i64>,
+    /// The OpenAI routes' answer carries `__verbose` (the prompt after the template ...).
+    pub verbose: Option<bool>,
+    /// llama-server samples inside the backend's graph; this engine always samples on the host
+    /// after the forward, with the same chain, so either value gives the same tokens and
+    /// probabilities (accepted, no effect; docs/server.md).
+    #[expect(
+        dead_code,
+        reason = "accepted for llama-server's clients; no effect here"
+    )]
+    pub backend_sampling: Option<bool>,
 }
 
 /// Reads `logit_bias` as llama-server does, on every generating route (OpenAI's object of
@@ -215,6 +225,7 @@ impl LlamaFields {
         params.cache_prompt = self.cache_prompt;
         params.timings_per_token = self.timings_per_token.unwrap_or(false);
         params.return_progress = self.return_progress.unwrap_or(false);
+        params.verbose = self.verbose.unwrap_or(false);
         if let Some(bias) = &self.logit_bias {
             params.logit_bias = read_logit_bias(bias)?;
         }

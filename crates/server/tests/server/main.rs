@@ -30,5 +30,6 @@ mod responses;
 mod routes;
 mod sampler_chain;
 mod slots;
+mod suite_parity;
 mod support;
 mod webui;
