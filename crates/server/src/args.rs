@@ -293,6 +293,16 @@ pub struct ServerArgs {
     )]
     pub prefill_assistant: bool,
 
+    /// Seconds a stream may stay silent (a long prefill) before it sends an SSE comment line,
+    /// which keeps proxies and clients with idle timeouts from closing it (-1: never).
+    #[arg(
+        long = "sse-ping-interval",
+        env = "LLAMA_ARG_SSE_PING_INTERVAL",
+        default_value_t = 30,
+        allow_negative_numbers = true
+    )]
+    pub sse_ping_interval: i64,
+
     /// A final assistant message is a finished turn unless a request asks to continue it.
     #[arg(long = "no-prefill-assistant", overrides_with = "prefill_assistant")]
     pub no_prefill_assistant: bool,
@@ -497,6 +507,11 @@ pub struct ServerArgs {
     /// How log lines are written: `text`, or `json` (one JSON object per line).
     #[arg(long = "log-format", value_enum, default_value = "text")]
     pub log_format: crate::logging::LogFormat,
+
+    /// Also write the log to this file (appended; created if missing), as llama-server's
+    /// `--log-file`; a file that cannot be opened stops the server, naming it.
+    #[arg(long = "log-file", env = "LLAMA_ARG_LOG_FILE")]
+    pub log_file: Option<PathBuf>,
 
     /// The constraint of requests that bring none (`--grammar`, `-j` ...).
     #[command(flatten)]
@@ -765,6 +780,14 @@ impl ServerArgs {
     }
 
     pub fn server_config(&self) -> Result<ServerConfig, ServerError> {
+        if let Some(path) = &self.log_file {
+            crate::logging::open_log_file(path).map_err(|err| {
+                ServerError::Flag(format!(
+                    "--log-file {}: cannot open it: {err}",
+                    path.display()
+                ))
+            })?;
+        }
         let default_max_new_tokens =
             MaxNewTokens::from_signed(self.n_predict).ok_or_else(|| {
                 ServerError::Flag(format!(
@@ -890,6 +913,14 @@ impl ServerArgs {
             sleep_idle,
             cache_idle_slots,
             prefill_assistant: self.prefill_assistant && !self.no_prefill_assistant,
+            sse_ping_interval: match self.sse_ping_interval {
+                seconds if seconds >= -1 => seconds,
+                seconds => {
+                    return Err(ServerError::Flag(format!(
+                        "--sse-ping-interval {seconds}: expected -1 (never) or seconds"
+                    )));
+                }
+            },
             kv_unified: kv_unified || self.parallel == -1,
             gcp,
             ..ServerConfig::default()

@@ -123,6 +123,9 @@ pub struct ServerConfig {
     /// A final assistant message is continued unless the request says otherwise
     /// (`--prefill-assistant`, on; `--no-prefill-assistant`).
     pub prefill_assistant: bool,
+    /// Seconds a stream may stay silent before it sends an SSE comment
+    /// (`--sse-ping-interval`, 30; -1 or 0: never).
+    pub sse_ping_interval: i64,
     /// llama-server's `--kv-unified` (on with `--parallel` auto): idle slots cached by
     /// `--cache-idle-slots` are also cleared.
     pub kv_unified: bool,
@@ -166,6 +169,7 @@ impl Default for ServerConfig {
             sleep_idle: None,
             cache_idle_slots: false,
             prefill_assistant: true,
+            sse_ping_interval: 30,
             kv_unified: false,
             gcp: None,
         }

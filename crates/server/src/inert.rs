@@ -13,7 +13,6 @@ use crate::error::ApiError;
 /// refused with a 400 naming it, never silently served without it (the compatibility
 /// manifest lists each with its reason).
 pub const INERT_FIELDS: &[(&str, &[&str])] = &[
-    ("sse_ping_interval", &["-1"]),
     ("n_indent", &["0"]),
     ("n_keep", &["0", "-1"]),
     ("n_discard", &["0"]),

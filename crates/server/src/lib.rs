@@ -77,7 +77,10 @@ pub use cors::CorsConfig;
 pub use error::{ApiError, ErrorShape, ServerError};
 pub use gcp::GcpConfig;
 pub use llama_flags::{IgnoredOptions, normalize_llama_args};
-pub use logging::{LogFormat, init_logging, init_logging_as, init_logging_with, log_subscriber};
+pub use logging::{
+    LogFormat, init_logging, init_logging_as, init_logging_with, log_subscriber, open_log_file,
+    tee_writer,
+};
 pub use metrics::Metrics;
 pub use reasoning::{ReasoningDefaults, ReasoningFormat};
 pub use run::{init_server_logging, run, run_with};

@@ -42,6 +42,8 @@ pub struct LlamaFields {
     pub id_slot: Option<i64>,
     /// The OpenAI routes' answer carries `__verbose` (the prompt after the template ...).
     pub verbose: Option<bool>,
+    /// Seconds of silence after which a stream sends an SSE comment (-1: none).
+    pub sse_ping_interval: Option<i64>,
     /// llama-server samples inside the backend's graph; this engine always samples on the host
     /// after the forward, with the same chain, so either value gives the same tokens and
     /// probabilities (accepted, no effect; docs/server.md).
@@ -226,6 +228,15 @@ impl LlamaFields {
         params.timings_per_token = self.timings_per_token.unwrap_or(false);
         params.return_progress = self.return_progress.unwrap_or(false);
         params.verbose = self.verbose.unwrap_or(false);
+        params.sse_ping_interval = match self.sse_ping_interval {
+            Some(seconds) if seconds < -1 => {
+                return Err(ApiError::invalid_param(
+                    "sse_ping_interval",
+                    format!("sse_ping_interval={seconds}: expected -1 (no pings) or seconds"),
+                ));
+            }
+            other => other,
+        };
         if let Some(bias) = &self.logit_bias {
             params.logit_bias = read_logit_bias(bias)?;
         }

@@ -353,6 +353,8 @@ pub struct Params {
     pub id_slot: Option<usize>,
     /// llama-server's `verbose`: the OpenAI routes' answer carries `__verbose`.
     pub verbose: bool,
+    /// llama-server's `sse_ping_interval` (seconds; -1 or 0: no pings; `None`: the server's).
+    pub sse_ping_interval: Option<i64>,
 }
 
 impl Params {

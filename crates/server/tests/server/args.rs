@@ -590,3 +590,29 @@ fn ngram_simple_sizes_set_the_prompt_lookup_proposer() {
         assert!(parse(&[removed, "4"]).is_err(), "{removed}");
     }
 }
+
+#[test]
+fn log_file_receives_the_log_lines_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("server.log");
+    let args = parse(&["--log-file", path.to_str().unwrap()]).unwrap();
+    args.server_config().unwrap();
+    assert!(path.is_file(), "the file is created at start");
+    let file = mlxcel_server::open_log_file(args.log_file.as_deref().unwrap()).unwrap();
+    let subscriber = mlxcel_server::log_subscriber(
+        "info",
+        mlxcel_server::LogFormat::Text,
+        true,
+        mlxcel_server::tee_writer(file),
+    );
+    tracing::subscriber::with_default(subscriber, || tracing::info!("a line for the file"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("a line for the file"), "{text}");
+    let err = parse(&["--log-file", "/no/such/dir/server.log"])
+        .unwrap()
+        .server_config()
+        .unwrap_err();
+    assert!(err.to_string().contains("--log-file"), "{err}");
+    let accepted = mlxcel_server::accepted_spellings();
+    assert!(accepted.iter().any(|a| a == "LLAMA_ARG_LOG_FILE"));
+}

@@ -361,3 +361,73 @@ async fn prefill_assistant_decides_how_a_final_assistant_message_ends() {
         .await;
     assert!(prompt(answer.json()).ends_with("Whill"), "{}", answer.body);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_stream_sends_sse_comment_pings() {
+    if skip_model_tests() {
+        return;
+    }
+    let config = parse(&["--sse-ping-interval", "7"])
+        .unwrap()
+        .server_config()
+        .unwrap();
+    assert_eq!(config.sse_ping_interval, 7);
+    assert_eq!(ServerConfig::default().sse_ping_interval, 30);
+    assert!(
+        parse(&["--sse-ping-interval", "-5"])
+            .unwrap()
+            .server_config()
+            .is_err()
+    );
+    let accepted = mlxcel_server::accepted_spellings();
+    assert!(accepted.iter().any(|a| a == "LLAMA_ARG_SSE_PING_INTERVAL"));
+    // One sequence at a time: a second stream waits, silent, while the first runs.
+    let mut options = mlxcel_engine::EngineOptions::default();
+    options.scheduler.max_batch = 1;
+    let engine = tokio::task::spawn_blocking(move || Engine::load(None, options))
+        .await
+        .unwrap()
+        .unwrap();
+    let server = TestServer::start(ServerConfig::default(), Some(Arc::new(engine))).await;
+    let mut blocker = server
+        .open(
+            "/completion",
+            json!({"prompt": PROMPT, "n_predict": 4000, "ignore_eos": true, "stream": true}),
+        )
+        .await;
+    assert!(
+        next_chunk(&mut blocker).await.is_some(),
+        "the first stream runs"
+    );
+    let mut waiting = server
+        .open(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                   "stream": true, "sse_ping_interval": 1}),
+        )
+        .await;
+    let mut seen = String::new();
+    let found = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Some(chunk) = next_chunk(&mut waiting).await {
+            seen.push_str(&chunk);
+            if seen.contains("\n:\n\n") || seen.starts_with(":\n\n") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(found, Ok(true), "no ping in {seen:?}");
+    drop(blocker);
+    // A request's own value below -1 is refused by name.
+    let bad = server
+        .post_json(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "Hi"}], "sse_ping_interval": -3}),
+        )
+        .await;
+    assert_eq!(
+        bad.error(StatusCode::BAD_REQUEST)["param"],
+        "sse_ping_interval"
+    );
+}
