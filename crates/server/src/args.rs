@@ -303,6 +303,11 @@ pub struct ServerArgs {
     )]
     pub sse_ping_interval: i64,
 
+    /// SO_REUSEPORT on the listeners: several processes may listen on the same port, and the
+    /// system spreads connections among them.
+    #[arg(long = "reuse-port", env = "LLAMA_ARG_REUSE_PORT", value_parser = llama_bool, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub reuse_port: bool,
+
     /// A final assistant message is a finished turn unless a request asks to continue it.
     #[arg(long = "no-prefill-assistant", overrides_with = "prefill_assistant")]
     pub no_prefill_assistant: bool,
@@ -507,6 +512,19 @@ pub struct ServerArgs {
     /// How log lines are written: `text`, or `json` (one JSON object per line).
     #[arg(long = "log-format", value_enum, default_value = "text")]
     pub log_format: crate::logging::LogFormat,
+
+    /// Log JSON lines (as `--log-format json`) on stdout, as llama-server's `--log-jsonl`.
+    #[arg(long = "log-jsonl", env = "LLAMA_ARG_LOG_JSONL", value_parser = llama_bool, num_args = 0..=1, default_value = "false", default_missing_value = "true", overrides_with = "no_log_jsonl")]
+    pub log_jsonl: bool,
+
+    /// Log as `--log-format` says, on stderr.
+    #[arg(long = "no-log-jsonl", overrides_with = "log_jsonl")]
+    pub no_log_jsonl: bool,
+
+    /// Write each generation's prompt (after the chat template) to a file of this directory,
+    /// named by the time in ms (created if missing), as llama-server's debugging aid.
+    #[arg(long = "log-prompts-dir")]
+    pub log_prompts_dir: Option<PathBuf>,
 
     /// Also write the log to this file (appended; created if missing), as llama-server's
     /// `--log-file`; a file that cannot be opened stops the server, naming it.
@@ -913,6 +931,19 @@ impl ServerArgs {
             sleep_idle,
             cache_idle_slots,
             prefill_assistant: self.prefill_assistant && !self.no_prefill_assistant,
+            reuse_port: self.reuse_port,
+            prompts_log_dir: match &self.log_prompts_dir {
+                Some(dir) => {
+                    std::fs::create_dir_all(dir).map_err(|err| {
+                        ServerError::Flag(format!(
+                            "--log-prompts-dir {}: cannot create it: {err}",
+                            dir.display()
+                        ))
+                    })?;
+                    Some(dir.clone())
+                }
+                None => None,
+            },
             sse_ping_interval: match self.sse_ping_interval {
                 seconds if seconds >= -1 => seconds,
                 seconds => {

@@ -123,6 +123,10 @@ pub struct ServerConfig {
     /// A final assistant message is continued unless the request says otherwise
     /// (`--prefill-assistant`, on; `--no-prefill-assistant`).
     pub prefill_assistant: bool,
+    /// SO_REUSEPORT on the listeners (`--reuse-port`): several servers may listen on one port.
+    pub reuse_port: bool,
+    /// Where each generation's prompt is written (`--log-prompts-dir`; `None`: nowhere).
+    pub prompts_log_dir: Option<std::path::PathBuf>,
     /// Seconds a stream may stay silent before it sends an SSE comment
     /// (`--sse-ping-interval`, 30; -1 or 0: never).
     pub sse_ping_interval: i64,
@@ -169,6 +173,8 @@ impl Default for ServerConfig {
             sleep_idle: None,
             cache_idle_slots: false,
             prefill_assistant: true,
+            reuse_port: false,
+            prompts_log_dir: None,
             sse_ping_interval: 30,
             kv_unified: false,
             gcp: None,

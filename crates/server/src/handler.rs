@@ -60,6 +60,9 @@ pub(crate) async fn generate<R: Reply>(
         chat.continuation.prefill = state.config().prefill_assistant;
     }
     let (prompt, prepared) = prepare(engine, &state.config().reasoning, prompt, &mut params)?;
+    if let Some(dir) = &state.config().prompts_log_dir {
+        crate::prompt_log::write_prompt(dir, &prompt);
+    }
     let reply = reply(prepared);
     let mut tracked = submit(state, prompt, params).await?;
     if streamed {

@@ -17,7 +17,6 @@ pub const INERT_FIELDS: &[(&str, &[&str])] = &[
     ("n_keep", &["0", "-1"]),
     ("n_discard", &["0"]),
     ("n_cache_reuse", &["0"]),
-    ("response_fields", &["[]"]),
     ("adaptive_target", &["-1"]),
     ("adaptive_decay", &["0.9"]),
     ("lora", &["[]"]),

@@ -56,6 +56,7 @@ mod llama_flags;
 mod logging;
 mod metrics;
 mod progress;
+mod prompt_log;
 mod prompts;
 mod protocols;
 mod read;

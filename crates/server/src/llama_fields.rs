@@ -24,6 +24,9 @@ pub struct LlamaFields {
     pub samplers: Option<SamplersField>,
     /// `/completion`: the generated token ids in `tokens`.
     pub return_tokens: Option<bool>,
+    /// `/completion` and `/infill`: the answer holds only these fields, each a path of keys
+    /// separated by `/` (`generation_settings/n_predict`), keyed by its path.
+    pub response_fields: Option<Vec<String>>,
     /// Log-probabilities of this many alternatives per token (on the OpenAI routes, read when
     /// their own `logprobs` does not ask).
     pub n_probs: Option<usize>,
@@ -269,6 +272,11 @@ impl LlamaFields {
     /// Whether `/completion` returns the token ids.
     pub fn return_tokens(&self) -> bool {
         self.return_tokens.unwrap_or(false)
+    }
+
+    /// `response_fields`, empty when absent (the whole answer).
+    pub fn response_fields(&self) -> Vec<String> {
+        self.response_fields.clone().unwrap_or_default()
     }
 }
 

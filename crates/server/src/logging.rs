@@ -64,12 +64,21 @@ pub fn init_logging_as(default: &str, format: LogFormat) {
     init(default, format, true);
 }
 
-/// As [`init_logging_as`], writing each line to `file` too (`--log-file`).
-pub fn init_logging_to(default: &str, format: LogFormat, file: Option<std::fs::File>) {
-    match file {
-        Some(file) => install(default, format, true, tee_writer(file)),
-        None => init(default, format, true),
-    }
+/// As [`init_logging_as`], on stdout instead of stderr with `stdout` (llama-server's
+/// `--log-jsonl`), and writing each line to `file` too (`--log-file`).
+pub fn init_logging_to(
+    default: &str,
+    format: LogFormat,
+    stdout: bool,
+    file: Option<std::fs::File>,
+) {
+    let writer = match (stdout, file) {
+        (false, None) => BoxMakeWriter::new(std::io::stderr),
+        (false, Some(file)) => tee_writer(file),
+        (true, None) => BoxMakeWriter::new(std::io::stdout),
+        (true, Some(file)) => BoxMakeWriter::new(std::io::stdout.and(std::sync::Mutex::new(file))),
+    };
+    install(default, format, true, writer);
 }
 
 /// Opens a log file for appending, created if missing (`--log-file`).

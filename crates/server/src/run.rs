@@ -23,7 +23,14 @@ pub fn init_server_logging(args: &ServerArgs) {
         .log_file
         .as_deref()
         .and_then(|path| open_log_file(path).ok());
-    init_logging_to(filter, args.log_format, file);
+    // `--log-jsonl`, as llama-server: JSON lines on stdout.
+    let jsonl = args.log_jsonl && !args.no_log_jsonl;
+    let format = if jsonl {
+        crate::logging::LogFormat::Json
+    } else {
+        args.log_format
+    };
+    init_logging_to(filter, format, jsonl, file);
     for warning in &args.ignored.warnings {
         tracing::warn!("{warning}");
     }

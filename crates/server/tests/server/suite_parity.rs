@@ -431,3 +431,108 @@ async fn a_silent_stream_sends_sse_comment_pings() {
         "sse_ping_interval"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_fields_select_paths_of_the_completion_answer() {
+    let Some(server) = server().await else {
+        return;
+    };
+    let fields = json!(["content", "generation_settings/n_predict", "no/such/field"]);
+    let answer = server
+        .post_json(
+            "/completion",
+            json!({"prompt": PROMPT, "n_predict": 2, "response_fields": fields}),
+        )
+        .await
+        .json();
+    let keys: Vec<&String> = answer.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        ["content", "generation_settings/n_predict"],
+        "{answer}"
+    );
+    assert_eq!(answer["generation_settings/n_predict"], 2);
+    assert!(answer["content"].is_string());
+    // Streamed, the last object is selected; the pieces before it are whole.
+    let streamed = server
+        .post_json(
+            "/completion",
+            json!({"prompt": PROMPT, "n_predict": 2, "stream": true,
+                   "response_fields": ["stop_type"]}),
+        )
+        .await;
+    let last: Value = serde_json::from_str(streamed.events().last().unwrap()).unwrap();
+    assert_eq!(last, json!({"stop_type": "limit"}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reuse_port_lets_two_servers_listen_on_one_port() {
+    let reusing = parse(&["--reuse-port"]).unwrap().server_config().unwrap();
+    assert!(reusing.reuse_port && !ServerConfig::default().reuse_port);
+    let accepted = mlxcel_server::accepted_spellings();
+    assert!(accepted.iter().any(|a| a == "LLAMA_ARG_REUSE_PORT"));
+    let config = |reuse_port: bool, port: u16| ServerConfig {
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        reuse_port,
+        ..ServerConfig::default()
+    };
+    let first = mlxcel_server::Server::bind(config(true, 0)).await.unwrap();
+    let port = first.local_addr().port();
+    let second = mlxcel_server::Server::bind(config(true, port)).await;
+    assert_eq!(second.unwrap().local_addr().port(), port);
+    // Without it on both, the port is taken.
+    let plain = mlxcel_server::Server::bind(config(false, 0)).await.unwrap();
+    let taken = mlxcel_server::Server::bind(config(false, plain.local_addr().port())).await;
+    let Err(err) = taken else {
+        panic!("the port is in use: binding it again must fail");
+    };
+    assert!(err.to_string().contains("cannot listen"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_prompts_dir_keeps_each_prompt_and_log_jsonl_selects_json_lines() {
+    let jsonl = parse(&["--log-jsonl"]).unwrap();
+    assert!(jsonl.log_jsonl && !jsonl.no_log_jsonl);
+    assert!(
+        parse(&["--log-jsonl", "--no-log-jsonl"])
+            .unwrap()
+            .no_log_jsonl
+    );
+    let accepted = mlxcel_server::accepted_spellings();
+    assert!(accepted.iter().any(|a| a == "LLAMA_ARG_LOG_JSONL"));
+    if skip_model_tests() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts");
+    let config = parse(&["--log-prompts-dir", prompts.to_str().unwrap()])
+        .unwrap()
+        .server_config()
+        .unwrap();
+    assert!(prompts.is_dir(), "created at start");
+    let server = TestServer::with_model(config).await;
+    let chat =
+        json!({"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 1});
+    assert_eq!(
+        server.post_json("/v1/chat/completions", chat).await.status,
+        StatusCode::OK
+    );
+    let ids = json!({"prompt": [1, 2, 3], "n_predict": 1});
+    assert_eq!(
+        server.post_json("/completion", ids).await.status,
+        StatusCode::OK
+    );
+    let mut texts: Vec<String> = std::fs::read_dir(&prompts)
+        .unwrap()
+        .map(|entry| std::fs::read_to_string(entry.unwrap().path()).unwrap())
+        .collect();
+    texts.sort();
+    assert_eq!(texts.len(), 2, "{texts:?}");
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("<|im_start|>user\nName a colour.")),
+        "{texts:?}"
+    );
+    assert!(texts.iter().any(|t| t == "[1,2,3]"), "{texts:?}");
+}

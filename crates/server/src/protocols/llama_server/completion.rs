@@ -378,6 +378,7 @@ async fn run(
     let params = request.params(sampling, &llama)?;
     let (model, stop_words) = (state.model_name(engine.info()), params.stop.clone());
     let (return_tokens, post_sampling) = (llama.return_tokens(), params.post_sampling_probs);
+    let response_fields = llama.response_fields();
     let (inputs, texts): (Vec<PromptInput>, Vec<String>) = prompts.into_iter().unzip();
     let generations = inputs
         .into_iter()
@@ -398,6 +399,7 @@ async fn run(
         return_tokens,
         n_probs,
         post_sampling,
+        response_fields: response_fields.clone(),
     };
     generate_all(state, &engine, parts(generations, n), Join::List, reply).await
 }
