@@ -308,6 +308,11 @@ pub struct ServerArgs {
     #[arg(long = "reuse-port", env = "LLAMA_ARG_REUSE_PORT", value_parser = llama_bool, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub reuse_port: bool,
 
+    /// Serve every route under this path prefix (`/api`: `/api/health` ...), as behind a
+    /// reverse proxy's sub-path.
+    #[arg(long = "api-prefix", env = "LLAMA_ARG_API_PREFIX")]
+    pub api_prefix: Option<String>,
+
     /// A final assistant message is a finished turn unless a request asks to continue it.
     #[arg(long = "no-prefill-assistant", overrides_with = "prefill_assistant")]
     pub no_prefill_assistant: bool,
@@ -932,6 +937,14 @@ impl ServerArgs {
             cache_idle_slots,
             prefill_assistant: self.prefill_assistant && !self.no_prefill_assistant,
             reuse_port: self.reuse_port,
+            api_prefix: match self.api_prefix.as_deref() {
+                // llama-server's default is the empty prefix: the root.
+                None | Some("") => None,
+                Some(prefix) => {
+                    crate::api_prefix::check(prefix)?;
+                    Some(prefix.to_owned())
+                }
+            },
             prompts_log_dir: match &self.log_prompts_dir {
                 Some(dir) => {
                     std::fs::create_dir_all(dir).map_err(|err| {

@@ -125,6 +125,8 @@ pub struct ServerConfig {
     pub prefill_assistant: bool,
     /// SO_REUSEPORT on the listeners (`--reuse-port`): several servers may listen on one port.
     pub reuse_port: bool,
+    /// The path prefix every route is served under (`--api-prefix`; `None`: the root).
+    pub api_prefix: Option<String>,
     /// Where each generation's prompt is written (`--log-prompts-dir`; `None`: nowhere).
     pub prompts_log_dir: Option<std::path::PathBuf>,
     /// Seconds a stream may stay silent before it sends an SSE comment
@@ -174,6 +176,7 @@ impl Default for ServerConfig {
             cache_idle_slots: false,
             prefill_assistant: true,
             reuse_port: false,
+            api_prefix: None,
             prompts_log_dir: None,
             sse_ping_interval: 30,
             kv_unified: false,

@@ -35,6 +35,7 @@
 //! # }
 //! ```
 
+mod api_prefix;
 mod args;
 mod body;
 mod chat;

@@ -536,3 +536,33 @@ async fn log_prompts_dir_keeps_each_prompt_and_log_jsonl_selects_json_lines() {
     );
     assert!(texts.iter().any(|t| t == "[1,2,3]"), "{texts:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_prefix_serves_every_route_under_it_and_nothing_outside() {
+    let config = parse(&["--api-prefix", "/api"])
+        .unwrap()
+        .server_config()
+        .unwrap();
+    assert_eq!(config.api_prefix.as_deref(), Some("/api"));
+    assert!(
+        parse(&["--api-prefix", "api/"])
+            .unwrap()
+            .server_config()
+            .is_err()
+    );
+    let accepted = mlxcel_server::accepted_spellings();
+    assert!(accepted.iter().any(|a| a == "LLAMA_ARG_API_PREFIX"));
+    // No model: /health is 503 (loading) under the prefix, and not found outside it.
+    let server = TestServer::start(config, None).await;
+    assert_eq!(
+        server.get("/api/health").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(server.get("/health").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(server.get("/apihealth").await.status, StatusCode::NOT_FOUND);
+    // The chat page and its files, whose links are relative to the page.
+    let page = server.get("/api/").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("src=\"webui/app.js\""), "{}", page.body);
+    assert_eq!(server.get("/api/webui/app.js").await.status, StatusCode::OK);
+}
