@@ -308,6 +308,11 @@ pub struct ServerArgs {
     #[arg(long = "reuse-port", env = "LLAMA_ARG_REUSE_PORT", value_parser = llama_bool, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub reuse_port: bool,
 
+    /// Serve the files of this directory at the root (its `index.html` at `/`, over the chat
+    /// page); a path that is no file of it goes to the routes.
+    #[arg(long = "path", env = "LLAMA_ARG_STATIC_PATH")]
+    pub static_path: Option<PathBuf>,
+
     /// Serve every route under this path prefix (`/api`: `/api/health` ...), as behind a
     /// reverse proxy's sub-path.
     #[arg(long = "api-prefix", env = "LLAMA_ARG_API_PREFIX")]
@@ -937,6 +942,15 @@ impl ServerArgs {
             cache_idle_slots,
             prefill_assistant: self.prefill_assistant && !self.no_prefill_assistant,
             reuse_port: self.reuse_port,
+            static_path: match &self.static_path {
+                Some(dir) if !dir.is_dir() => {
+                    return Err(ServerError::Flag(format!(
+                        "--path {}: not a directory",
+                        dir.display()
+                    )));
+                }
+                other => other.clone(),
+            },
             api_prefix: match self.api_prefix.as_deref() {
                 // llama-server's default is the empty prefix: the root.
                 None | Some("") => None,

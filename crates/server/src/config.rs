@@ -127,6 +127,8 @@ pub struct ServerConfig {
     pub reuse_port: bool,
     /// The path prefix every route is served under (`--api-prefix`; `None`: the root).
     pub api_prefix: Option<String>,
+    /// The directory whose files are served at the root (`--path`; `None`: none).
+    pub static_path: Option<std::path::PathBuf>,
     /// Where each generation's prompt is written (`--log-prompts-dir`; `None`: nowhere).
     pub prompts_log_dir: Option<std::path::PathBuf>,
     /// Seconds a stream may stay silent before it sends an SSE comment
@@ -177,6 +179,7 @@ impl Default for ServerConfig {
             prefill_assistant: true,
             reuse_port: false,
             api_prefix: None,
+            static_path: None,
             prompts_log_dir: None,
             sse_ping_interval: 30,
             kv_unified: false,

@@ -69,6 +69,7 @@ mod run;
 pub mod sampling_args;
 mod serve;
 mod state;
+mod static_files;
 mod structured;
 mod tools;
 mod webui;

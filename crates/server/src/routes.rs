@@ -566,6 +566,15 @@ async fn dispatch(
             .flatten()
             .map(|params| (r, params))
     });
+    // `--path`: the directory's files, public like the chat page; its `index.html` over the
+    // chat page at `/`, and no file over a route.
+    if let Some(dir) = &state.config().static_path
+        && method == Method::GET
+        && (path == "/" || found.is_none())
+        && let Some(response) = crate::static_files::serve(dir, &path).await
+    {
+        return Ok(response);
+    }
     // A public path is public under every method (a wrong method there is a 405, not a 401).
     let public = ROUTES
         .iter()

@@ -566,3 +566,46 @@ async fn api_prefix_serves_every_route_under_it_and_nothing_outside() {
     assert!(page.body.contains("src=\"webui/app.js\""), "{}", page.body);
     assert_eq!(server.get("/api/webui/app.js").await.status, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_serves_a_directorys_files_and_nothing_outside_it() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("site");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("index.html"), "<p>my own page</p>").unwrap();
+    std::fs::write(dir.join("style.css"), "p {}").unwrap();
+    std::fs::write(dir.join("health"), "a file named like a route").unwrap();
+    std::fs::write(root.path().join("secret.txt"), "outside").unwrap();
+    let config = parse(&["--path", dir.to_str().unwrap()])
+        .unwrap()
+        .server_config()
+        .unwrap();
+    assert!(
+        parse(&["--path", "/no/such/dir"])
+            .unwrap()
+            .server_config()
+            .is_err()
+    );
+    let accepted = mlxcel_server::accepted_spellings();
+    assert!(accepted.iter().any(|a| a == "LLAMA_ARG_STATIC_PATH"));
+    let server = TestServer::start(config, None).await;
+    let page = server.get("/").await;
+    assert_eq!(page.body, "<p>my own page</p>");
+    let style = server.get("/style.css").await;
+    assert_eq!(style.headers["content-type"], "text/css; charset=utf-8");
+    // A route wins over a file of its name; nothing outside the directory is read.
+    assert_eq!(
+        server.get("/health").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    for outside in [
+        "/../secret.txt",
+        "/%2e%2e/secret.txt",
+        "//secret.txt",
+        "/./style.css",
+    ] {
+        let reply = server.get(outside).await;
+        assert!(!reply.body.contains("outside"), "{outside}: {}", reply.body);
+        assert_ne!(reply.status, StatusCode::OK, "{outside}");
+    }
+}
