@@ -654,7 +654,11 @@ impl ServerArgs {
             self.spec_draft_p_min,
         )
         .map_err(|err| ServerError::Flag(err.to_string()))?;
-        self.ngram_simple_sizes(options.speculative.as_mut())?;
+        crate::spec_args::ngram_simple_sizes(
+            self.spec_ngram_simple_size_n,
+            self.spec_ngram_simple_size_m,
+            options.speculative.as_mut(),
+        )?;
         options.draft_model = self.spec_draft_model.clone();
         options.kv_types = (self.cache_type_k, self.cache_type_v);
         options.special_tokens = self.special;
@@ -674,44 +678,6 @@ impl ServerArgs {
             }
         };
         Ok(options)
-    }
-
-    /// llama.cpp's ngram-simple sizes on the prompt-lookup proposer: the n-gram looked up
-    /// (`--spec-ngram-simple-size-n`: only that length) and the tokens proposed after it
-    /// (`--spec-ngram-simple-size-m`). Refused without `--spec-type ngram-simple`.
-    fn ngram_simple_sizes(
-        &self,
-        speculative: Option<&mut SpeculativeConfig>,
-    ) -> Result<(), ServerError> {
-        let sizes = [
-            ("--spec-ngram-simple-size-n", self.spec_ngram_simple_size_n),
-            ("--spec-ngram-simple-size-m", self.spec_ngram_simple_size_m),
-        ];
-        for (flag, size) in sizes {
-            if let Some(size) = size.filter(|s| !(1..=1024).contains(s)) {
-                return Err(ServerError::Flag(format!(
-                    "{flag} {size}: expected 1 to 1024"
-                )));
-            }
-        }
-        let Some(config) = speculative.filter(|c| c.proposer == mlxcel_engine::Proposer::Ngram)
-        else {
-            if let Some((flag, _)) = sizes.iter().find(|(_, size)| size.is_some()) {
-                return Err(ServerError::Flag(format!(
-                    "{flag} sets the prompt-lookup proposer: it needs --spec-type ngram-simple"
-                )));
-            }
-            return Ok(());
-        };
-        if let Some(n) = self.spec_ngram_simple_size_n {
-            config.ngram_max = n;
-            config.ngram_min = n;
-        }
-        if let Some(m) = self.spec_ngram_simple_size_m {
-            config.draft_max = m;
-            config.draft_min = config.draft_min.min(m);
-        }
-        Ok(())
     }
 
     /// `--parallel`, with -1 (auto) as [`AUTO_PARALLEL`].
