@@ -209,7 +209,16 @@ impl Engine {
         };
         let info = ModelInfo::from_loaded(&loaded, options.backend);
         let tokenizer = Arc::new(loaded.tokenizer.clone());
-        let chat_template = loaded.chat_template.take();
+        let chat_template = match &options.chat_template {
+            Some(source) => {
+                let (bos, eos) = loaded
+                    .chat_template
+                    .as_ref()
+                    .map_or(("", ""), |t| (t.bos_token(), t.eos_token()));
+                Some(mlxcel_model::ChatTemplate::new(source, bos, eos)?)
+            }
+            None => loaded.chat_template.take(),
+        };
         let metrics = Arc::new(Mutex::new(EngineMetrics::default()));
 
         let (commands, inbox) = mpsc::channel();

@@ -101,6 +101,10 @@ pub struct EngineOptions {
     /// one rank of a pipeline whose ranks each hold a contiguous range of the decoder layers.
     /// `None`: the whole model in this process. The MLX backend only.
     pub pipeline: Option<PipelineOptions>,
+    /// A chat template (Jinja source) that replaces the checkpoint's, as llama-server's
+    /// `--chat-template`; it sees the checkpoint template's `bos_token`/`eos_token` texts (empty
+    /// where the checkpoint has none). `None`: the checkpoint's.
+    pub chat_template: Option<String>,
 }
 
 /// One rank of a pipeline of processes, each holding a contiguous range of the model's decoder
@@ -159,6 +163,7 @@ impl Default for EngineOptions {
             kv_types: (KvType::F32, KvType::F32),
             special_tokens: false,
             pipeline: None,
+            chat_template: None,
         }
     }
 }

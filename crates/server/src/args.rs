@@ -279,6 +279,49 @@ pub struct ServerArgs {
     )]
     pub cache_idle_slots: bool,
 
+    /// A conversation whose last message is the assistant's is continued from it (on by
+    /// default, as llama-server; `--no-prefill-assistant`: it is a finished turn, and the model
+    /// answers after it unless the request sends `continue_final_message`).
+    #[arg(
+        long = "prefill-assistant",
+        env = "LLAMA_ARG_PREFILL_ASSISTANT",
+        value_parser = llama_bool,
+        num_args = 0..=1,
+        default_value = "true",
+        default_missing_value = "true",
+        overrides_with = "no_prefill_assistant"
+    )]
+    pub prefill_assistant: bool,
+
+    /// Seconds a stream may stay silent (a long prefill) before it sends an SSE comment line,
+    /// which keeps proxies and clients with idle timeouts from closing it (-1: never).
+    #[arg(
+        long = "sse-ping-interval",
+        env = "LLAMA_ARG_SSE_PING_INTERVAL",
+        default_value_t = 30,
+        allow_negative_numbers = true
+    )]
+    pub sse_ping_interval: i64,
+
+    /// SO_REUSEPORT on the listeners: several processes may listen on the same port, and the
+    /// system spreads connections among them.
+    #[arg(long = "reuse-port", env = "LLAMA_ARG_REUSE_PORT", value_parser = llama_bool, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub reuse_port: bool,
+
+    /// Serve the files of this directory at the root (its `index.html` at `/`, over the chat
+    /// page); a path that is no file of it goes to the routes.
+    #[arg(long = "path", env = "LLAMA_ARG_STATIC_PATH")]
+    pub static_path: Option<PathBuf>,
+
+    /// Serve every route under this path prefix (`/api`: `/api/health` ...), as behind a
+    /// reverse proxy's sub-path.
+    #[arg(long = "api-prefix", env = "LLAMA_ARG_API_PREFIX")]
+    pub api_prefix: Option<String>,
+
+    /// A final assistant message is a finished turn unless a request asks to continue it.
+    #[arg(long = "no-prefill-assistant", overrides_with = "prefill_assistant")]
+    pub no_prefill_assistant: bool,
+
     /// Idle slots keep their last request's KV as their own (`/slots/{id}?action=save` saves it).
     #[arg(long = "no-cache-idle-slots", overrides_with = "cache_idle_slots")]
     pub no_cache_idle_slots: bool,
@@ -334,6 +377,15 @@ pub struct ServerArgs {
         default_value = "auto"
     )]
     pub reasoning_format: String,
+
+    /// The chat template instead of the checkpoint's: a built-in name (`chatml`, `llama3`,
+    /// `command-r` ...; crate::chat_templates) or a Jinja template.
+    #[arg(long = "chat-template", env = "LLAMA_ARG_CHAT_TEMPLATE")]
+    pub chat_template: Option<String>,
+
+    /// The chat template instead of the checkpoint's, read from a Jinja file.
+    #[arg(long = "chat-template-file", env = "LLAMA_ARG_CHAT_TEMPLATE_FILE")]
+    pub chat_template_file: Option<std::path::PathBuf>,
 
     /// Extra variables of every chat template render, as a JSON object
     /// (`{"enable_thinking": false}`); a request's `chat_template_kwargs` go over them.
@@ -445,6 +497,16 @@ pub struct ServerArgs {
     )]
     pub spec_draft_p_min: f32,
 
+    /// `--spec-type ngram-simple`: the length of the n-gram looked up in the request's tokens
+    /// (1 to 1024; default: the longest of 4 down to 2 that matches).
+    #[arg(long = "spec-ngram-simple-size-n")]
+    pub spec_ngram_simple_size_n: Option<usize>,
+
+    /// `--spec-type ngram-simple`: the most tokens proposed after a match (1 to 1024; default
+    /// `--spec-draft-n-max`).
+    #[arg(long = "spec-ngram-simple-size-m")]
+    pub spec_ngram_simple_size_m: Option<usize>,
+
     /// Origins allowed by CORS: `localhost` (only an origin on this machine,
     /// `http(s)://localhost`, `127.0.0.1` or `[::1]` on any port), a comma-separated list of
     /// origins (which may include `localhost`), or `*` (any origin, never with credentials).
@@ -509,6 +571,24 @@ pub struct ServerArgs {
     /// How log lines are written: `text`, or `json` (one JSON object per line).
     #[arg(long = "log-format", value_enum, default_value = "text")]
     pub log_format: crate::logging::LogFormat,
+
+    /// Log JSON lines (as `--log-format json`) on stdout, as llama-server's `--log-jsonl`.
+    #[arg(long = "log-jsonl", env = "LLAMA_ARG_LOG_JSONL", value_parser = llama_bool, num_args = 0..=1, default_value = "false", default_missing_value = "true", overrides_with = "no_log_jsonl")]
+    pub log_jsonl: bool,
+
+    /// Log as `--log-format` says, on stderr.
+    #[arg(long = "no-log-jsonl", overrides_with = "log_jsonl")]
+    pub no_log_jsonl: bool,
+
+    /// Write each generation's prompt (after the chat template) to a file of this directory,
+    /// named by the time in ms (created if missing), as llama-server's debugging aid.
+    #[arg(long = "log-prompts-dir")]
+    pub log_prompts_dir: Option<PathBuf>,
+
+    /// Also write the log to this file (appended; created if missing), as llama-server's
+    /// `--log-file`; a file that cannot be opened stops the server, naming it.
+    #[arg(long = "log-file", env = "LLAMA_ARG_LOG_FILE")]
+    pub log_file: Option<PathBuf>,
 
     /// The constraint of requests that bring none (`--grammar`, `-j` ...).
     #[command(flatten)]
@@ -627,9 +707,18 @@ impl ServerArgs {
             self.spec_draft_p_min,
         )
         .map_err(|err| ServerError::Flag(err.to_string()))?;
+        crate::spec_args::ngram_simple_sizes(
+            self.spec_ngram_simple_size_n,
+            self.spec_ngram_simple_size_m,
+            options.speculative.as_mut(),
+        )?;
         options.draft_model = self.spec_draft_model.clone();
         options.kv_types = (self.cache_type_k, self.cache_type_v);
         options.special_tokens = self.special;
+        options.chat_template = crate::chat_templates::template_override(
+            self.chat_template.as_deref(),
+            self.chat_template_file.as_deref(),
+        )?;
         options.kv_budget_bytes =
             usize::try_from(self.kv_budget.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         options.prefix_cache_bytes = match self.cache_ram {
@@ -764,6 +853,14 @@ impl ServerArgs {
     }
 
     pub fn server_config(&self) -> Result<ServerConfig, ServerError> {
+        if let Some(path) = &self.log_file {
+            crate::logging::open_log_file(path).map_err(|err| {
+                ServerError::Flag(format!(
+                    "--log-file {}: cannot open it: {err}",
+                    path.display()
+                ))
+            })?;
+        }
         let default_max_new_tokens =
             MaxNewTokens::from_signed(self.n_predict).ok_or_else(|| {
                 ServerError::Flag(format!(
@@ -888,6 +985,45 @@ impl ServerArgs {
             reasoning: self.reasoning()?,
             sleep_idle,
             cache_idle_slots,
+            prefill_assistant: self.prefill_assistant && !self.no_prefill_assistant,
+            reuse_port: self.reuse_port,
+            static_path: match &self.static_path {
+                Some(dir) if !dir.is_dir() => {
+                    return Err(ServerError::Flag(format!(
+                        "--path {}: not a directory",
+                        dir.display()
+                    )));
+                }
+                other => other.clone(),
+            },
+            api_prefix: match self.api_prefix.as_deref() {
+                // llama-server's default is the empty prefix: the root.
+                None | Some("") => None,
+                Some(prefix) => {
+                    crate::api_prefix::check(prefix)?;
+                    Some(prefix.to_owned())
+                }
+            },
+            prompts_log_dir: match &self.log_prompts_dir {
+                Some(dir) => {
+                    std::fs::create_dir_all(dir).map_err(|err| {
+                        ServerError::Flag(format!(
+                            "--log-prompts-dir {}: cannot create it: {err}",
+                            dir.display()
+                        ))
+                    })?;
+                    Some(dir.clone())
+                }
+                None => None,
+            },
+            sse_ping_interval: match self.sse_ping_interval {
+                seconds if seconds >= -1 => seconds,
+                seconds => {
+                    return Err(ServerError::Flag(format!(
+                        "--sse-ping-interval {seconds}: expected -1 (never) or seconds"
+                    )));
+                }
+            },
             kv_unified: kv_unified || self.parallel == -1,
             gcp,
             ..ServerConfig::default()

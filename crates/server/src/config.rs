@@ -120,6 +120,20 @@ pub struct ServerConfig {
     /// When a request takes a slot, the idle slots give up their last request's KV to the prefix
     /// cache (`--cache-idle-slots`, on unless `--no-cache-idle-slots` or `--cache-ram 0`).
     pub cache_idle_slots: bool,
+    /// A final assistant message is continued unless the request says otherwise
+    /// (`--prefill-assistant`, on; `--no-prefill-assistant`).
+    pub prefill_assistant: bool,
+    /// SO_REUSEPORT on the listeners (`--reuse-port`): several servers may listen on one port.
+    pub reuse_port: bool,
+    /// The path prefix every route is served under (`--api-prefix`; `None`: the root).
+    pub api_prefix: Option<String>,
+    /// The directory whose files are served at the root (`--path`; `None`: none).
+    pub static_path: Option<std::path::PathBuf>,
+    /// Where each generation's prompt is written (`--log-prompts-dir`; `None`: nowhere).
+    pub prompts_log_dir: Option<std::path::PathBuf>,
+    /// Seconds a stream may stay silent before it sends an SSE comment
+    /// (`--sse-ping-interval`, 30; -1 or 0: never).
+    pub sse_ping_interval: i64,
     /// llama-server's `--kv-unified` (on with `--parallel` auto): idle slots cached by
     /// `--cache-idle-slots` are also cleared.
     pub kv_unified: bool,
@@ -162,6 +176,12 @@ impl Default for ServerConfig {
             reasoning: crate::reasoning::ReasoningDefaults::new(),
             sleep_idle: None,
             cache_idle_slots: false,
+            prefill_assistant: true,
+            reuse_port: false,
+            api_prefix: None,
+            static_path: None,
+            prompts_log_dir: None,
+            sse_ping_interval: 30,
             kv_unified: false,
             gcp: None,
         }

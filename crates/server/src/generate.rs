@@ -13,7 +13,7 @@ use mlxcel_engine::{
 use crate::body::StreamSender;
 use crate::error::ApiError;
 use crate::progress::{ProgressReporter, PromptProgress};
-use crate::request::{BiasTarget, Params, PromptInput};
+use crate::request::{BiasTarget, Params, PromptInput, PromptPiece};
 use crate::request_log::{GenerationSummary, RequestLog};
 use crate::state::{ActiveRequest, AppState};
 
@@ -161,6 +161,22 @@ pub(crate) fn tokenize(engine: &Engine, prompt: PromptInput) -> Result<Vec<u32>,
             engine.check_tokens(&tokens)?;
             tokens
         }
+        PromptInput::Mixed(pieces) => {
+            let mut tokens = Vec::new();
+            for (i, piece) in pieces.into_iter().enumerate() {
+                match piece {
+                    PromptPiece::Text(text) => tokens.extend(
+                        engine
+                            .tokenizer()
+                            .encode(&text, i == 0, true)
+                            .map_err(EngineError::from)?,
+                    ),
+                    PromptPiece::Token(id) => tokens.push(id),
+                }
+            }
+            engine.check_tokens(&tokens)?;
+            tokens
+        }
     };
     if tokens.is_empty() {
         return Err(EngineError::EmptyPrompt.into());
@@ -200,6 +216,14 @@ pub async fn submit(
     let default_constraint = state.config().default_constraint.clone();
     let cap_by_ctx = limit < engine.info().window;
     let (timings_per_token, return_progress) = (params.timings_per_token, params.return_progress);
+    // The request's `sse_ping_interval`, else `--sse-ping-interval`; 0 or -1: no pings.
+    let ping = params
+        .sse_ping_interval
+        .unwrap_or(state.config().sse_ping_interval)
+        .try_into()
+        .ok()
+        .filter(|&seconds: &u64| seconds > 0)
+        .map(Duration::from_secs);
     // Tokenizing (and templating) is CPU work, done off the async threads; the submission itself
     // is awaited without holding a thread.
     let request = tokio::task::spawn_blocking({
@@ -295,6 +319,7 @@ pub async fn submit(
         engine: engine.clone(),
         timings_per_token,
         return_progress,
+        ping,
         stream,
         state: state.clone(),
         key,
@@ -338,6 +363,9 @@ pub struct Tracked {
     /// llama-server's `timings_per_token` and `return_progress`, for a stream.
     timings_per_token: bool,
     return_progress: bool,
+    /// A stream silent this long sends an SSE comment (`:`), as llama-server's
+    /// `sse_ping_interval` keeps idle connections alive; `None`: never.
+    ping: Option<Duration>,
 }
 
 impl Tracked {
@@ -678,6 +706,7 @@ pub async fn stream<F: StreamFormat>(mut tracked: Tracked, sender: StreamSender,
     let mut reporter = tracked
         .return_progress
         .then(|| ProgressReporter::new(tracked.prompt_tokens, tracked.submitted));
+    let ping = tracked.ping;
     loop {
         let reporting = reporter.as_ref().is_some_and(|r| !r.done());
         let event = tokio::select! {
@@ -686,6 +715,14 @@ pub async fn stream<F: StreamFormat>(mut tracked: Tracked, sender: StreamSender,
                 Some(event) => event,
                 None => return,
             },
+            () = tokio::time::sleep(ping.unwrap_or(PROGRESS_POLL)), if ping.is_some() && !reporting => {
+                // As llama-server: an SSE comment line, which clients skip, so that proxies and
+                // clients with idle timeouts keep a silent stream (a long prefill) open.
+                if !sender.raw(":\n\n".into()).await {
+                    return tracked.cancel().await;
+                }
+                continue;
+            }
             () = tokio::time::sleep(PROGRESS_POLL), if reporting => {
                 let reports = match (&mut reporter, tracked.engine_progress()) {
                     (Some(reporter), Some(seen)) => reporter.observe(&seen, Instant::now()),

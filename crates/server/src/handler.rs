@@ -19,13 +19,16 @@ use crate::state::AppState;
 use crate::tools::ToolFormat;
 
 /// What the handler learned while preparing a request that its reply needs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Prepared {
     /// The format tool calls are looked for in (`None` without tools or with the choice
     /// `none`).
     pub tools: Option<ToolFormat>,
     /// How a chat's reply splits into reasoning and answer (`None` for a prompt given as is).
     pub reasoning: Option<ReasoningPlan>,
+    /// The prompt as text (the chat template's output on a chat; empty for token ids), as
+    /// llama-server's `verbose` reports it.
+    pub prompt: String,
 }
 
 /// How one protocol answers a request: as a stream of its events, or as one body.
@@ -55,11 +58,17 @@ pub(crate) async fn generate<R: Reply>(
     reply: impl FnOnce(Prepared) -> R,
 ) -> Result<Response<Body>, ApiError> {
     let Generation {
-        prompt,
+        mut prompt,
         mut params,
         stream: streamed,
     } = request;
+    if let Prompt::Chat(chat) = &mut prompt {
+        chat.continuation.prefill = state.config().prefill_assistant;
+    }
     let (prompt, prepared) = prepare(engine, &state.config().reasoning, prompt, &mut params)?;
+    if let Some(dir) = &state.config().prompts_log_dir {
+        crate::prompt_log::write_prompt(dir, &prompt);
+    }
     let reply = reply(prepared);
     let mut tracked = submit(state, prompt, params).await?;
     if let Some(id) = reply.completion_id() {
@@ -87,9 +96,14 @@ fn prepare(
     let chat = match prompt {
         Prompt::Input(input) => {
             params.reasoning_budget = completion_budget(&params.budget_fields)?;
+            let prompt = match &input {
+                PromptInput::Text(text) | PromptInput::Templated(text) => text.clone(),
+                PromptInput::Tokens(_) | PromptInput::Mixed(_) => String::new(),
+            };
             let prepared = Prepared {
                 tools: None,
                 reasoning: None,
+                prompt,
             };
             return Ok((input, prepared));
         }
@@ -129,13 +143,19 @@ fn prepare(
     let prepared = Prepared {
         tools: plan.parsing().filter(|_| !defaults.skip_parsing),
         reasoning,
+        prompt: templated.clone(),
     };
     Ok((PromptInput::Templated(templated), prepared))
 }
 
 /// The tokens of the templated prompt a chat would generate from (its usage's input tokens), for
 /// the token-counting routes.
-pub(crate) async fn count_tokens(engine: Arc<Engine>, chat: Chat) -> Result<usize, ApiError> {
+pub(crate) async fn count_tokens(
+    state: &AppState,
+    engine: Arc<Engine>,
+    mut chat: Chat,
+) -> Result<usize, ApiError> {
+    chat.continuation.prefill = state.config().prefill_assistant;
     let prompt = chat::render_ending(
         &engine,
         &chat.turns,

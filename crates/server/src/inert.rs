@@ -13,16 +13,12 @@ use crate::error::ApiError;
 /// refused with a 400 naming it, never silently served without it (the compatibility
 /// manifest lists each with its reason).
 pub const INERT_FIELDS: &[(&str, &[&str])] = &[
-    ("verbose", &["false"]),
-    ("sse_ping_interval", &["-1"]),
     ("n_indent", &["0"]),
     ("n_keep", &["0", "-1"]),
     ("n_discard", &["0"]),
     ("n_cache_reuse", &["0"]),
-    ("response_fields", &["[]"]),
     ("adaptive_target", &["-1"]),
     ("adaptive_decay", &["0.9"]),
-    ("backend_sampling", &["false"]),
     ("lora", &["[]"]),
     ("grammar_lazy", &["false"]),
     ("reasoning_format", &["\"none\"", "\"auto\""]),

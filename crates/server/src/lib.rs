@@ -15,6 +15,10 @@
 //! - Router mode (`--models-dir`, `--models-preset`: [`RouterArgs`]) serves many models from one
 //!   server, each loaded model with its own engine and state, the request's `model` picking one;
 //!   [`build_router`] reads the catalog and [`AppState::set_router`] makes a server route by it.
+//! - A `prompt` is read in llama-server's forms (`prompts.rs`: text, token ids, both mixed, its
+//!   JSON prompt object, a list of prompts); several prompts or `n` > 1 completions run as
+//!   several generations joined into one answer (`fanout.rs`). `--chat-template` names a
+//!   built-in template or gives a Jinja one (`chat_templates.rs`).
 //! - Every failure of a request is an [`ApiError`], turned into a response in one place, in the
 //!   route's [`ErrorShape`] (OpenAI's, or Anthropic's on its routes). [`run`] is the whole
 //!   program both binaries call.
@@ -34,13 +38,16 @@
 //! # }
 //! ```
 
+mod api_prefix;
 mod args;
 mod body;
 mod chat;
+mod chat_templates;
 mod config;
 pub mod constraint_args;
 mod cors;
 mod error;
+mod fanout;
 mod fingerprint;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -53,6 +60,8 @@ mod llama_flags;
 mod logging;
 mod metrics;
 mod progress;
+mod prompt_log;
+mod prompts;
 mod protocols;
 mod read;
 mod reasoning;
@@ -63,7 +72,9 @@ mod routes;
 mod run;
 pub mod sampling_args;
 mod serve;
+mod spec_args;
 mod state;
+mod static_files;
 mod structured;
 mod tools;
 mod webui;
@@ -74,7 +85,10 @@ pub use cors::CorsConfig;
 pub use error::{ApiError, ErrorShape, ServerError};
 pub use gcp::GcpConfig;
 pub use llama_flags::{IgnoredOptions, normalize_llama_args};
-pub use logging::{LogFormat, init_logging, init_logging_as, init_logging_with, log_subscriber};
+pub use logging::{
+    LogFormat, init_logging, init_logging_as, init_logging_with, log_subscriber, open_log_file,
+    tee_writer,
+};
 pub use metrics::Metrics;
 pub use reasoning::{ReasoningDefaults, ReasoningFormat};
 pub use router::args::RouterArgs;

@@ -25,6 +25,9 @@ pub struct LlamaFields {
     pub samplers: Option<SamplersField>,
     /// `/completion`: the generated token ids in `tokens`.
     pub return_tokens: Option<bool>,
+    /// `/completion` and `/infill`: the answer holds only these fields, each a path of keys
+    /// separated by `/` (`generation_settings/n_predict`), keyed by its path.
+    pub response_fields: Option<Vec<String>>,
     /// Log-probabilities of this many alternatives per token (on the OpenAI routes, read when
     /// their own `logprobs` does not ask).
     pub n_probs: Option<usize>,
@@ -44,6 +47,18 @@ pub struct LlamaFields {
     /// The reasoning budget's fields ([`crate::reasoning::BudgetFields`]).
     #[serde(flatten)]
     pub budget: BudgetFields,
+    /// The OpenAI routes' answer carries `__verbose` (the prompt after the template ...).
+    pub verbose: Option<bool>,
+    /// Seconds of silence after which a stream sends an SSE comment (-1: none).
+    pub sse_ping_interval: Option<i64>,
+    /// llama-server samples inside the backend's graph; this engine always samples on the host
+    /// after the forward, with the same chain, so either value gives the same tokens and
+    /// probabilities (accepted, no effect; docs/server.md).
+    #[expect(
+        dead_code,
+        reason = "accepted for llama-server's clients; no effect here"
+    )]
+    pub backend_sampling: Option<bool>,
 }
 
 /// Reads `logit_bias` as llama-server does, on every generating route (OpenAI's object of
@@ -220,6 +235,16 @@ impl LlamaFields {
         params.timings_per_token = self.timings_per_token.unwrap_or(false);
         params.return_progress = self.return_progress.unwrap_or(false);
         params.budget_fields = self.budget.clone();
+        params.verbose = self.verbose.unwrap_or(false);
+        params.sse_ping_interval = match self.sse_ping_interval {
+            Some(seconds) if seconds < -1 => {
+                return Err(ApiError::invalid_param(
+                    "sse_ping_interval",
+                    format!("sse_ping_interval={seconds}: expected -1 (no pings) or seconds"),
+                ));
+            }
+            other => other,
+        };
         if let Some(bias) = &self.logit_bias {
             params.logit_bias = read_logit_bias(bias)?;
         }
@@ -252,6 +277,11 @@ impl LlamaFields {
     /// Whether `/completion` returns the token ids.
     pub fn return_tokens(&self) -> bool {
         self.return_tokens.unwrap_or(false)
+    }
+
+    /// `response_fields`, empty when absent (the whole answer).
+    pub fn response_fields(&self) -> Vec<String> {
+        self.response_fields.clone().unwrap_or_default()
     }
 }
 

@@ -125,7 +125,8 @@ impl clap::Args for IgnoredOptions {
 
 /// Rewrites llama-server's multi-letter short options, which clap would read as clusters of
 /// one-letter ones (`-ngl 99` as `-n gl`, `-hf` as `-h`), to their long forms:
-/// `-np 4` → `--parallel 4`, `-ngl=99` → `--n-gpu-layers=99`; and `--usage` to `--help`.
+/// `-np 4` → `--parallel 4`, `-ngl=99` → `--n-gpu-layers=99`; `--usage` to `--help`; and
+/// underscores in a long option's name to dashes (`--backend_sampling`), as llama.cpp reads them.
 /// Everything else passes through unchanged.
 pub fn normalize_llama_args<I, T>(args: I) -> Vec<OsString>
 where
@@ -145,13 +146,22 @@ where
                 Some((name, value)) => (name, Some(value)),
                 None => (text, None),
             };
-            match MULTI_LETTER_SHORTS.iter().find(|(short, _)| *short == name) {
-                Some((_, long)) => match value {
+            if let Some((_, long)) = MULTI_LETTER_SHORTS.iter().find(|(short, _)| *short == name) {
+                return match value {
                     Some(value) => OsString::from(format!("{long}={value}")),
                     None => OsString::from(*long),
-                },
-                None => arg,
+                };
             }
+            // As llama.cpp's parser: a long option may spell its dashes as underscores
+            // (`--backend_sampling`); the value after `=` is kept as given.
+            if name.starts_with("--") && name.contains('_') {
+                let name = name.replace('_', "-");
+                return match value {
+                    Some(value) => OsString::from(format!("{name}={value}")),
+                    None => OsString::from(name),
+                };
+            }
+            arg
         })
         .collect()
 }
@@ -639,5 +649,156 @@ pub const NO_OP_OPTIONS: &[NoOpOption] = &[
         env: Some("LLAMA_ARG_LOG_TIMESTAMPS"),
         values: 0,
         reason: "log lines always carry timestamps",
+    },
+    NoOpOption {
+        names: &["--spec-draft-threads", "-td", "--threads-draft"],
+        env: None,
+        values: 1,
+        reason: "the draft model runs in the engine beside the model, on the same threads and placement (--threads sizes mlxcel's CPU kernels for both); nothing to place separately",
+    },
+    NoOpOption {
+        names: &[
+            "--spec-draft-threads-batch",
+            "-tbd",
+            "--threads-batch-draft",
+        ],
+        env: None,
+        values: 1,
+        reason: "the draft model runs in the engine beside the model, on the same threads and placement (--threads sizes mlxcel's CPU kernels for both); nothing to place separately",
+    },
+    NoOpOption {
+        names: &["--spec-draft-cpu-mask", "-Cd", "--cpu-mask-draft"],
+        env: None,
+        values: 1,
+        reason: "the draft model runs in the engine beside the model, on the same threads and placement (--threads sizes mlxcel's CPU kernels for both); nothing to place separately",
+    },
+    NoOpOption {
+        names: &["--spec-draft-cpu-range", "-Crd", "--cpu-range-draft"],
+        env: None,
+        values: 1,
+        reason: "the draft model runs in the engine beside the model, on the same threads and placement (--threads sizes mlxcel's CPU kernels for both); nothing to place separately",
+    },
+    NoOpOption {
+        names: &["--spec-draft-cpu-strict", "--cpu-strict-draft"],
+        env: None,
+        values: 1,
+        reason: "the draft model runs in the engine beside the model, on the same threads and placement (--threads sizes mlxcel's CPU kernels for both); nothing to place separately",
+    },
+    NoOpOption {
+        names: &["--spec-draft-prio", "--prio-draft"],
+        env: None,
+        values: 1,
+        reason: "the draft model runs in the engine beside the model, on the same threads and placement (--threads sizes mlxcel's CPU kernels for both); nothing to place separately",
+    },
+    NoOpOption {
+        names: &["--spec-draft-poll", "--poll-draft"],
+        env: None,
+        values: 1,
+        reason: "the draft model runs in the engine beside the model, on the same threads and placement (--threads sizes mlxcel's CPU kernels for both); nothing to place separately",
+    },
+    NoOpOption {
+        names: &[
+            "--spec-draft-cpu-mask-batch",
+            "-Cbd",
+            "--cpu-mask-batch-draft",
+        ],
+        env: None,
+        values: 1,
+        reason: "the draft model runs in the engine beside the model, on the same threads and placement (--threads sizes mlxcel's CPU kernels for both); nothing to place separately",
+    },
+    NoOpOption {
+        names: &["--spec-draft-cpu-strict-batch", "--cpu-strict-batch-draft"],
+        env: None,
+        values: 1,
+        reason: "the draft model runs in the engine beside the model, on the same threads and placement (--threads sizes mlxcel's CPU kernels for both); nothing to place separately",
+    },
+    NoOpOption {
+        names: &["--spec-draft-prio-batch", "--prio-batch-draft"],
+        env: None,
+        values: 1,
+        reason: "the draft model runs in the engine beside the model, on the same threads and placement (--threads sizes mlxcel's CPU kernels for both); nothing to place separately",
+    },
+    NoOpOption {
+        names: &["--spec-draft-poll-batch", "--poll-batch-draft"],
+        env: None,
+        values: 1,
+        reason: "the draft model runs in the engine beside the model, on the same threads and placement (--threads sizes mlxcel's CPU kernels for both); nothing to place separately",
+    },
+    NoOpOption {
+        names: &[
+            "--spec-draft-override-tensor",
+            "-otd",
+            "--override-tensor-draft",
+        ],
+        env: None,
+        values: 1,
+        reason: "device placement of the draft model's tensors: the MLX backend runs where MLX runs (CPU here); nothing to place",
+    },
+    NoOpOption {
+        names: &["--spec-draft-cpu-moe", "-cmoed", "--cpu-moe-draft"],
+        env: Some("LLAMA_ARG_SPEC_DRAFT_CPU_MOE"),
+        values: 0,
+        reason: "device placement of the draft model's experts: the MLX backend runs where MLX runs (CPU here); nothing to place",
+    },
+    NoOpOption {
+        names: &[
+            "--spec-draft-n-cpu-moe",
+            "--spec-draft-ncmoe",
+            "-ncmoed",
+            "--n-cpu-moe-draft",
+        ],
+        env: Some("LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE"),
+        values: 1,
+        reason: "device placement of the draft model's experts: the MLX backend runs where MLX runs (CPU here); nothing to place",
+    },
+    NoOpOption {
+        names: &["--spec-draft-device", "-devd", "--device-draft"],
+        env: None,
+        values: 1,
+        reason: "device placement of the draft model: it runs on the model's backend; nothing to place",
+    },
+    NoOpOption {
+        names: &[
+            "--spec-draft-ngl",
+            "-ngld",
+            "--gpu-layers-draft",
+            "--n-gpu-layers-draft",
+        ],
+        env: Some("LLAMA_ARG_N_GPU_LAYERS_DRAFT"),
+        values: 1,
+        reason: "device placement of the draft model: it runs on the model's backend; nothing to place",
+    },
+    NoOpOption {
+        names: &[
+            "--spec-draft-backend-sampling",
+            "--no-spec-draft-backend-sampling",
+        ],
+        env: Some("LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING"),
+        values: 0,
+        reason: "the draft model's proposals are sampled in the engine, on the host, after its logits (as every sample here)",
+    },
+    NoOpOption {
+        names: &["--spec-draft-type-k", "-ctkd", "--cache-type-k-draft"],
+        env: Some("LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K"),
+        values: 1,
+        reason: "the draft model's KV cache takes the model's key and value types (--cache-type-k, --cache-type-v)",
+    },
+    NoOpOption {
+        names: &["--spec-draft-type-v", "-ctvd", "--cache-type-v-draft"],
+        env: Some("LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V"),
+        values: 1,
+        reason: "the draft model's KV cache takes the model's key and value types (--cache-type-k, --cache-type-v)",
+    },
+    NoOpOption {
+        names: &["--spec-draft-p-split", "--draft-p-split"],
+        env: Some("LLAMA_ARG_SPEC_DRAFT_P_SPLIT"),
+        values: 1,
+        reason: "the split probability of llama.cpp's draft trees; the draft model here proposes one chain per pass, so there is nothing to split",
+    },
+    NoOpOption {
+        names: &["--spec-ngram-simple-min-hits"],
+        env: None,
+        values: 1,
+        reason: "llama.cpp's ngram-simple proposer does not read it either (only its ngram-map types count hits)",
     },
 ];

@@ -9,6 +9,7 @@ use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -63,17 +64,53 @@ pub fn init_logging_as(default: &str, format: LogFormat) {
     init(default, format, true);
 }
 
+/// As [`init_logging_as`], on stdout instead of stderr with `stdout` (llama-server's
+/// `--log-jsonl`), and writing each line to `file` too (`--log-file`).
+pub fn init_logging_to(
+    default: &str,
+    format: LogFormat,
+    stdout: bool,
+    file: Option<std::fs::File>,
+) {
+    let writer = match (stdout, file) {
+        (false, None) => BoxMakeWriter::new(std::io::stderr),
+        (false, Some(file)) => tee_writer(file),
+        (true, None) => BoxMakeWriter::new(std::io::stdout),
+        (true, Some(file)) => BoxMakeWriter::new(std::io::stdout.and(std::sync::Mutex::new(file))),
+    };
+    install(default, format, true, writer);
+}
+
+/// Opens a log file for appending, created if missing (`--log-file`).
+pub fn open_log_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+/// A writer that writes every line to stderr and to `file`.
+pub fn tee_writer(file: std::fs::File) -> BoxMakeWriter {
+    BoxMakeWriter::new(std::io::stderr.and(std::sync::Mutex::new(file)))
+}
+
 fn init(default: &str, format: LogFormat, timestamps: bool) {
+    install(
+        default,
+        format,
+        timestamps,
+        BoxMakeWriter::new(std::io::stderr),
+    );
+}
+
+fn install(default: &str, format: LogFormat, timestamps: bool, writer: BoxMakeWriter) {
     // A `RUST_LOG` tracing cannot read is passed over for the default, as before.
     let filter = std::env::var("RUST_LOG")
         .ok()
         .filter(|f| tracing_subscriber::EnvFilter::try_new(f).is_ok())
         .unwrap_or_else(|| default.to_owned());
     let _ = tracing::subscriber::set_global_default(log_subscriber(
-        &filter,
-        format,
-        timestamps,
-        std::io::stderr,
+        &filter, format, timestamps, writer,
     ));
 }
 

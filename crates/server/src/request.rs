@@ -13,7 +13,7 @@ use crate::reasoning::{BudgetFields, BudgetText, ReasoningFields};
 use crate::tools::{Tool, ToolChoice};
 
 /// What a generating route asks the handler to run.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Generation {
     pub prompt: Prompt,
     pub params: Params,
@@ -21,7 +21,7 @@ pub(crate) struct Generation {
 }
 
 /// The prompt of a request: a conversation for the chat template, or a prompt as given.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Prompt {
     Chat(Chat),
     Input(PromptInput),
@@ -36,10 +36,20 @@ pub enum PromptInput {
     Templated(String),
     /// Token ids as given.
     Tokens(Vec<u32>),
+    /// Texts and token ids in one sequence (llama-server's "mixed" prompt): the texts are
+    /// tokenized in place, the first piece with the tokenizer's leading special tokens.
+    Mixed(Vec<PromptPiece>),
+}
+
+/// One piece of a [`PromptInput::Mixed`] prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptPiece {
+    Text(String),
+    Token(u32),
 }
 
 /// A conversation with the tools the model may call.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Chat {
     pub turns: Vec<Turn>,
     pub tools: ToolRequest,
@@ -62,6 +72,9 @@ pub(crate) struct Continuation {
     pub generation_prompt: bool,
     /// `continue_final_message: true`: the final message must be continued.
     pub explicit: bool,
+    /// Without `continue_final_message`, a final assistant message is continued (the server's
+    /// `--prefill-assistant`, on by default); off, it is a finished turn.
+    pub prefill: bool,
 }
 
 impl Default for Continuation {
@@ -69,6 +82,7 @@ impl Default for Continuation {
         Self {
             generation_prompt: true,
             explicit: false,
+            prefill: true,
         }
     }
 }
@@ -115,6 +129,7 @@ impl Continuation {
         Ok(Self {
             generation_prompt,
             explicit,
+            prefill: true,
         })
     }
 
@@ -125,7 +140,7 @@ impl Continuation {
             return Ok((turns, None));
         };
         let last_is_assistant = last.role == "assistant";
-        if !self.explicit && !last_is_assistant {
+        if !self.explicit && (!last_is_assistant || !self.prefill) {
             return Ok((turns, None));
         }
         let param = "messages";
@@ -253,7 +268,7 @@ impl Call {
 
 /// The tools of a request: as the template shows them, and as the server constrains and parses
 /// calls to them.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ToolRequest {
     /// Function tools in OpenAI's chat shape (`{"type": "function", "function": {...}}`), as
     /// Hugging Face passes them to templates.
@@ -340,6 +355,10 @@ pub struct Params {
     pub budget_fields: BudgetFields,
     /// The reasoning budget the reply runs under, once the route has decided it.
     pub reasoning_budget: Option<BudgetText>,
+    /// llama-server's `verbose`: the OpenAI routes' answer carries `__verbose`.
+    pub verbose: bool,
+    /// llama-server's `sse_ping_interval` (seconds; -1 or 0: no pings; `None`: the server's).
+    pub sse_ping_interval: Option<i64>,
 }
 
 impl Params {

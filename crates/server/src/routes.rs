@@ -405,6 +405,20 @@ pub fn check_request_body(path: &str, bytes: &[u8]) -> Result<(), ApiError> {
 /// Answers one request. Every failure becomes a response here, so the connection keeps serving;
 /// each request gets one log line ([`RequestLog`]).
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<Body> {
+    // `--api-prefix`: the routes are served under it, and nothing outside it.
+    let request = match &state.config().api_prefix {
+        Some(prefix) => {
+            let (method, path) = (
+                request.method().to_string(),
+                request.uri().path().to_owned(),
+            );
+            match crate::api_prefix::strip(prefix, request) {
+                Some(request) => request,
+                None => return ApiError::NotFound { method, path }.response_as(ErrorShape::OpenAi),
+            }
+        }
+        None => request,
+    };
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let origin = crate::cors::origin(request.headers());
@@ -572,6 +586,15 @@ async fn dispatch(
             .flatten()
             .map(|params| (r, params))
     });
+    // `--path`: the directory's files, public like the chat page; its `index.html` over the
+    // chat page at `/`, and no file over a route.
+    if let Some(dir) = &state.config().static_path
+        && method == Method::GET
+        && (path == "/" || found.is_none())
+        && let Some(response) = crate::static_files::serve(dir, &path).await
+    {
+        return Ok(response);
+    }
     // A public path is public under every method (a wrong method there is a 405, not a 401).
     let public = ROUTES
         .iter()

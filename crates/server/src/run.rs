@@ -6,7 +6,7 @@ use mlxcel_engine::{Engine, EngineOptions};
 
 use crate::args::ServerArgs;
 use crate::error::ServerError;
-use crate::logging::init_logging_as;
+use crate::logging::{init_logging_to, open_log_file};
 use crate::serve::{Server, shutdown_signal};
 
 /// Sets up logging under the flags (`-v`, `--log-disable`, `--log-format`), then logs one warning line per
@@ -17,7 +17,20 @@ pub fn init_server_logging(args: &ServerArgs) {
         (false, true) => "debug",
         (false, false) => "info",
     };
-    init_logging_as(filter, args.log_format);
+    // A file that cannot be opened is reported by `run` (ServerArgs::server_config), which
+    // stops the server naming it; until then the log goes to stderr alone.
+    let file = args
+        .log_file
+        .as_deref()
+        .and_then(|path| open_log_file(path).ok());
+    // `--log-jsonl`, as llama-server: JSON lines on stdout.
+    let jsonl = args.log_jsonl && !args.no_log_jsonl;
+    let format = if jsonl {
+        crate::logging::LogFormat::Json
+    } else {
+        args.log_format
+    };
+    init_logging_to(filter, format, jsonl, file);
     for warning in &args.ignored.warnings {
         tracing::warn!("{warning}");
     }

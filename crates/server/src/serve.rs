@@ -9,7 +9,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinSet;
 
 use crate::config::ServerConfig;
@@ -25,18 +25,44 @@ pub struct Server {
     state: Arc<AppState>,
 }
 
+/// Connections a listener queues before accepting them (tokio's own default).
+const BACKLOG: u32 = 1024;
+
+/// A listener on `addr`, with SO_REUSEADDR as tokio sets it and, with `reuse_port`
+/// (`--reuse-port`), SO_REUSEPORT: other sockets may bind the same port and the system spreads
+/// connections among them (Unix only).
+fn listen(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    #[cfg(unix)]
+    {
+        socket.set_reuseaddr(true)?;
+        socket.set_reuseport(reuse_port)?;
+    }
+    #[cfg(not(unix))]
+    if reuse_port {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "--reuse-port needs SO_REUSEPORT, which this system lacks",
+        ));
+    }
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 impl Server {
     /// Binds `config.addr` and each of `config.extra_addrs` (port 0 picks a free port). The
     /// model is set later with [`AppState::set_engine`]; until then `/health` answers 503.
     pub async fn bind(config: ServerConfig) -> Result<Self, ServerError> {
         let mut listeners = Vec::with_capacity(1 + config.extra_addrs.len());
         for addr in std::iter::once(config.addr).chain(config.extra_addrs.iter().copied()) {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|source| ServerError::Io {
-                    context: format!("cannot listen on {addr}"),
-                    source,
-                })?;
+            let listener = listen(addr, config.reuse_port).map_err(|source| ServerError::Io {
+                context: format!("cannot listen on {addr}"),
+                source,
+            })?;
             listeners.push(listener);
         }
         Ok(Self {

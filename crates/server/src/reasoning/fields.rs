@@ -58,7 +58,7 @@ pub fn thinking_of_budget(field: &str, budget: i64) -> Result<bool, ApiError> {
 }
 
 /// The reasoning fields of a chat request (`/v1/chat/completions`).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct ReasoningFields {
     pub reasoning_format: Option<String>,
     pub chat_template_kwargs: Option<Map<String, Value>>,

@@ -15,7 +15,7 @@ export async function errorText(response) {
 
 /** The ids `/v1/models` lists; throws with `status` 401 when the server wants a key. */
 export async function models() {
-  const response = await fetch("/v1/models", { headers: headers() });
+  const response = await fetch("v1/models", { headers: headers() });
   if (!response.ok) {
     const err = new Error(await errorText(response));
     err.status = response.status;
@@ -52,7 +52,7 @@ async function readEvents(response, onData) {
  * (`content`, `reasoning_content`), `onStats(timings, usage)` the final numbers. Aborting
  * `signal` closes the connection, which the server takes as a cancellation (it frees the slot). */
 export async function streamChat(body, signal, onDelta, onStats) {
-  const response = await fetch("/v1/chat/completions", {
+  const response = await fetch("v1/chat/completions", {
     method: "POST",
     headers: headers(),
     body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),

@@ -544,3 +544,75 @@ fn idle_flags_parse_as_llama_server_spells_them() {
     let accepted = mlxcel_server::accepted_spellings();
     assert!(accepted.iter().any(|a| a == "LLAMA_ARG_CACHE_IDLE_SLOTS"));
 }
+
+#[test]
+fn ngram_simple_sizes_set_the_prompt_lookup_proposer() {
+    let options = parse(&[
+        "--spec-type",
+        "ngram-simple",
+        "--spec-ngram-simple-size-n",
+        "3",
+        "--spec-ngram-simple-size-m",
+        "8",
+    ])
+    .unwrap()
+    .engine_options()
+    .unwrap();
+    let config = options.speculative.unwrap();
+    assert_eq!((config.ngram_min, config.ngram_max), (3, 3));
+    assert_eq!((config.draft_min, config.draft_max), (1, 8));
+    // Without the prompt-lookup proposer, or out of llama.cpp's range, they are refused by name.
+    for bad in [
+        &["--spec-ngram-simple-size-n", "3"][..],
+        &[
+            "--spec-type",
+            "ngram-simple",
+            "--spec-ngram-simple-size-m",
+            "0",
+        ],
+        &[
+            "--spec-type",
+            "ngram-simple",
+            "--spec-ngram-simple-size-n",
+            "2000",
+        ],
+    ] {
+        let err = parse(bad).unwrap().engine_options().unwrap_err();
+        assert!(
+            err.to_string().contains("--spec-ngram-simple-size"),
+            "{err}"
+        );
+    }
+    // The draft model's placement options are accepted (it runs beside the model), and the
+    // options llama.cpp itself removed are refused.
+    assert!(parse(&["-td", "4", "--spec-draft-ngl", "99", "-ctkd", "f16"]).is_ok());
+    for removed in ["--draft", "--draft-min", "--spec-ngram-size-n"] {
+        assert!(parse(&[removed, "4"]).is_err(), "{removed}");
+    }
+}
+
+#[test]
+fn log_file_receives_the_log_lines_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("server.log");
+    let args = parse(&["--log-file", path.to_str().unwrap()]).unwrap();
+    args.server_config().unwrap();
+    assert!(path.is_file(), "the file is created at start");
+    let file = mlxcel_server::open_log_file(args.log_file.as_deref().unwrap()).unwrap();
+    let subscriber = mlxcel_server::log_subscriber(
+        "info",
+        mlxcel_server::LogFormat::Text,
+        true,
+        mlxcel_server::tee_writer(file),
+    );
+    tracing::subscriber::with_default(subscriber, || tracing::info!("a line for the file"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("a line for the file"), "{text}");
+    let err = parse(&["--log-file", "/no/such/dir/server.log"])
+        .unwrap()
+        .server_config()
+        .unwrap_err();
+    assert!(err.to_string().contains("--log-file"), "{err}");
+    let accepted = mlxcel_server::accepted_spellings();
+    assert!(accepted.iter().any(|a| a == "LLAMA_ARG_LOG_FILE"));
+}

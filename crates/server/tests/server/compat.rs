@@ -74,10 +74,10 @@ mod http {
             assert_eq!(body["tokens_predicted"], 1, "{field}: {body}");
         }
         let refused = server
-            .post_json("/completion", json!({"prompt": "Hello", "n": 2}))
+            .post_json("/completion", json!({"prompt": "Hello", "n": 0}))
             .await;
         assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
-        assert!(refused.body.contains("\"n\"") || refused.body.contains("n=2"));
+        assert!(refused.body.contains("\"n\"") || refused.body.contains("n=0"));
 
         // Fields this server does not act on pass at llama-server's neutral value and are
         // refused, by name, at any other; never silently dropped.
@@ -355,5 +355,27 @@ mod http {
             "{props}"
         );
         assert!(props["bos_token"].is_string(), "{props}");
+        // With parse_special false the same text is plain text: several tokens, none of them
+        // the special one.
+        let plain = server
+            .post_json("/tokenize", json!({"content": eos, "parse_special": false}))
+            .await
+            .json();
+        let plain = plain["tokens"].as_array().unwrap();
+        assert!(
+            plain.len() > 1 && !plain.contains(&ids["tokens"][0]),
+            "{plain:?}"
+        );
+        // The web UI's fields, as llama-server reports them.
+        assert_eq!(props["ui"], true, "{props}");
+        assert_eq!(props["ui_settings"], json!({}));
+        assert_eq!(props["media_marker"], "<__media__>");
+        assert_eq!(props["cors_proxy_enabled"], false);
+        let no_ui = TestServer::with_model(ServerConfig {
+            webui: false,
+            ..ServerConfig::default()
+        })
+        .await;
+        assert_eq!(no_ui.get("/props").await.json()["ui"], false);
     }
 }

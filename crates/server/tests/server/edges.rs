@@ -75,7 +75,7 @@ const BAD_INPUT: &[Row] = &[
     ),
     (
         CHAT,
-        r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#,
+        r#"{"messages": [{"role": "user", "content": "x"}], "n": 500}"#,
         BAD,
         Names::Param("n"),
     ),

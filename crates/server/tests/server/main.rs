@@ -32,5 +32,6 @@ mod router;
 mod routes;
 mod sampler_chain;
 mod slots;
+mod suite_parity;
 mod support;
 mod webui;

@@ -46,8 +46,8 @@ async fn the_page_is_served_without_a_key_and_its_api_calls_need_one() {
         "id=\"export\"",
         "id=\"import-file\"",
         "id=\"attach\"",
-        "type=\"module\" src=\"/webui/app.js\"",
-        "href=\"/webui/app.css\"",
+        "type=\"module\" src=\"webui/app.js\"",
+        "href=\"webui/app.css\"",
     ] {
         assert!(page.body.contains(id), "the page lacks {id}");
     }
@@ -68,7 +68,7 @@ async fn the_page_is_served_without_a_key_and_its_api_calls_need_one() {
     // Text from the server reaches the page as text, never as HTML.
     assert!(scripts.contains("textContent"));
     assert!(!scripts.contains("innerHTML"));
-    assert!(scripts.contains("/v1/chat/completions"));
+    assert!(scripts.contains("fetch(\"v1/chat/completions\""));
     assert_eq!(
         server.get("/webui/nothing.js").await.status,
         StatusCode::NOT_FOUND

@@ -79,7 +79,7 @@ pub async fn count_tokens(
     let mut request: MessagesRequest = read_json(body, state.config().body_limit).await?;
     let engine = state.awake_engine().await?;
     state.check_model(engine.info(), request.model.as_deref())?;
-    let input_tokens = count_prompt_tokens(engine, request.chat()?).await?;
+    let input_tokens = count_prompt_tokens(state, engine, request.chat()?).await?;
     Ok(crate::body::json(
         StatusCode::OK,
         &TokenCount { input_tokens },

@@ -23,6 +23,23 @@ pub(super) struct CompletionReply {
     /// `post_sampling_probs`: those are probabilities after the sampler's chain, named `prob`
     /// and `top_probs` as llama-server names them.
     pub post_sampling: bool,
+    /// `response_fields`: the final answer holds only these paths (empty: all of it).
+    pub response_fields: Vec<String>,
+}
+
+/// The values at `paths` of `answer` (each a path of keys separated by `/`), keyed by the path,
+/// as llama-server selects `response_fields`; a path that leads nowhere is left out.
+pub(super) fn select_fields(paths: &[String], answer: &serde_json::Value) -> serde_json::Value {
+    let mut selected = serde_json::Map::new();
+    for path in paths {
+        let found = path
+            .split('/')
+            .try_fold(answer, |value, key| value.as_object()?.get(key));
+        if let Some(value) = found {
+            selected.insert(path.clone(), value.clone());
+        }
+    }
+    serde_json::Value::Object(selected)
 }
 
 impl Reply for CompletionReply {
@@ -35,6 +52,7 @@ impl Reply for CompletionReply {
             slot: tracked.slot_handle(),
             n_probs: self.n_probs,
             post_sampling: self.post_sampling,
+            response_fields: self.response_fields,
         }
     }
 
@@ -64,7 +82,14 @@ impl Reply for CompletionReply {
                     .collect(),
             );
         }
-        json(StatusCode::OK, &body)
+        if self.response_fields.is_empty() {
+            return json(StatusCode::OK, &body);
+        }
+        let whole = serde_json::to_value(&body).unwrap_or_default();
+        json(
+            StatusCode::OK,
+            &select_fields(&self.response_fields, &whole),
+        )
     }
 }
 
@@ -197,6 +222,8 @@ pub(super) struct CompletionResult {
 pub(super) enum CompletionChunk {
     Partial(Box<PartialCompletion>),
     Result(Box<CompletionResult>),
+    /// The result's `response_fields` only.
+    Selected(serde_json::Value),
 }
 
 /// What the last object of a `/completion` reports.
@@ -265,6 +292,8 @@ pub(super) struct CompletionStream {
     /// `n_probs` > 0, and whether after the sampler's chain ([`CompletionReply`]).
     n_probs: bool,
     post_sampling: bool,
+    /// `response_fields` of the last object ([`CompletionReply`]).
+    response_fields: Vec<String>,
 }
 
 impl StreamFormat for CompletionStream {
@@ -327,6 +356,13 @@ impl StreamFormat for CompletionStream {
         let result = self
             .end
             .body(tracked, reason, stopped_eos, usage.completion_tokens, text);
+        if !self.response_fields.is_empty() {
+            let whole = serde_json::to_value(&result).unwrap_or_default();
+            return vec![CompletionChunk::Selected(select_fields(
+                &self.response_fields,
+                &whole,
+            ))];
+        }
         vec![CompletionChunk::Result(Box::new(result))]
     }
 }

@@ -9,8 +9,9 @@ use serde::Deserialize;
 
 use crate::body::Body;
 use crate::error::ApiError;
-use crate::handler::generate;
+use crate::fanout::{Join, generate_all, parts};
 use crate::llama_fields::LlamaFields;
+use crate::prompts::read_prompts;
 use crate::protocols::openai::StopField;
 use crate::read::RequestBody;
 use crate::read::{GenerationBody, SamplingRanges, parse_generation, read_generation};
@@ -20,14 +21,6 @@ use crate::structured::{ConstraintFields, ResponseFormat};
 
 use super::answer::{CompletionReply, Final};
 use super::fim;
-
-/// A llama-server prompt: text, or token ids (llama-server also mixes them; ids only here).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum LlamaPrompt {
-    Text(String),
-    Tokens(Vec<u32>),
-}
 
 /// A text llama-server tokenizes "mixed": a string, or a list of strings and token ids.
 #[derive(Debug, Deserialize)]
@@ -60,9 +53,9 @@ fn default_filename() -> String {
 /// The body of `/completion` and `/infill` (which reads every `/completion` field too).
 #[derive(Debug, Deserialize)]
 struct CompletionRequest {
-    /// `/completion`: the prompt (required). `/infill`: text typed right before the cursor,
-    /// after `input_prefix` (optional, a string).
-    prompt: Option<LlamaPrompt>,
+    /// `/completion`: the prompt or prompts (required; `crate::prompts`). `/infill`: text typed
+    /// right before the cursor, after `input_prefix` (optional, a string).
+    prompt: Option<serde_json::Value>,
     /// `/infill` only: the text before the cursor, and after it.
     input_prefix: Option<MixedText>,
     input_suffix: Option<MixedText>,
@@ -72,7 +65,7 @@ struct CompletionRequest {
     /// llama-server's aliases of `n_predict`, read when it is absent.
     max_completion_tokens: Option<i64>,
     max_tokens: Option<i64>,
-    /// One completion per request (llama-server's `n_cmpl`, alias `n`).
+    /// Completions of each prompt (llama-server's `n_cmpl`, alias `n`; `crate::fanout`).
     n_cmpl: Option<u32>,
     n: Option<u32>,
     #[serde(default)]
@@ -110,24 +103,22 @@ pub(crate) fn check_body(endpoint: &str, bytes: &[u8]) -> Result<(), ApiError> {
                         "input_prefix and input_suffix are required",
                     ));
                 }
-                if let Some(LlamaPrompt::Tokens(_)) = prompt {
+                if prompt.as_ref().is_some_and(|p| !p.is_string()) {
                     return Err(ApiError::invalid_param(
                         "prompt",
                         "prompt must be a string on /infill",
                     ));
                 }
-            } else if prompt.is_none()
-                || request.input_prefix.is_some()
+            } else if request.input_prefix.is_some()
                 || request.input_suffix.is_some()
                 || request.input_extra.is_some()
             {
                 return Err(ApiError::invalid_param("prompt", "refused by /completion"));
+            } else {
+                let prompt = prompt.ok_or_else(|| ApiError::invalid_param("prompt", "missing"))?;
+                read_prompts("prompt", &prompt)?;
             }
-            for n in [request.n_cmpl, request.n].into_iter().flatten() {
-                if n != 1 {
-                    return Ok(());
-                }
-            }
+            request.completions()?;
             request.params(sampling, &llama).map(drop)
         }
         _ => super::tokens::check_body(endpoint, bytes),
@@ -135,17 +126,22 @@ pub(crate) fn check_body(endpoint: &str, bytes: &[u8]) -> Result<(), ApiError> {
 }
 
 impl CompletionRequest {
+    /// The completions asked of each prompt: `n_cmpl`, else its alias `n` (at least 1).
+    fn completions(&self) -> Result<usize, ApiError> {
+        match (self.n_cmpl, self.n) {
+            (Some(0), _) => Err(ApiError::invalid_param(
+                "n_cmpl",
+                "n_cmpl=0: expected at least 1",
+            )),
+            (None, Some(0)) => Err(ApiError::invalid_param("n", "n=0: expected at least 1")),
+            (Some(n), _) | (None, Some(n)) => Ok(n as usize),
+            (None, None) => Ok(1),
+        }
+    }
+
     /// The sampling and stopping parameters, with `llama` (llama-server's task fields of the same
     /// body) applied.
     fn params(self, sampling: SamplingOverrides, llama: &LlamaFields) -> Result<Params, ApiError> {
-        for (field, value) in [("n_cmpl", self.n_cmpl), ("n", self.n)] {
-            if let Some(n) = value.filter(|&n| n != 1) {
-                return Err(ApiError::unsupported(
-                    field,
-                    format!("{field}={n} is not supported: one completion per request"),
-                ));
-            }
-        }
         let (budget_field, budget_value) = [
             ("n_predict", self.n_predict),
             ("max_completion_tokens", self.max_completion_tokens),
@@ -200,17 +196,23 @@ pub async fn completion(
             ));
         }
     }
-    let (prompt, prompt_text) = match request.prompt.take() {
-        Some(LlamaPrompt::Text(text)) => (PromptInput::Text(text.clone()), text),
-        Some(LlamaPrompt::Tokens(tokens)) => (PromptInput::Tokens(tokens), String::new()),
-        None => {
-            return Err(ApiError::invalid_param(
-                "prompt",
-                "prompt is required: text or token ids",
-            ));
-        }
+    let Some(prompt) = request.prompt.take() else {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            "prompt is required: text, token ids, or a list of prompts",
+        ));
     };
-    run(state, engine, body, prompt, prompt_text).await
+    let prompts = read_prompts("prompt", &prompt)?
+        .into_iter()
+        .map(|input| {
+            let text = match &input {
+                PromptInput::Text(text) | PromptInput::Templated(text) => text.clone(),
+                PromptInput::Tokens(_) | PromptInput::Mixed(_) => String::new(),
+            };
+            (input, text)
+        })
+        .collect();
+    run(state, engine, body, prompts).await
 }
 
 /// `POST /infill`: the prefix, suffix and extra files arranged around the model's
@@ -247,8 +249,8 @@ pub async fn infill(state: &Arc<AppState>, body: RequestBody) -> Result<Response
         .ok_or_else(|| ApiError::invalid_param("input_suffix", "input_suffix is required"))?;
     let typed = match request.prompt.take() {
         None => String::new(),
-        Some(LlamaPrompt::Text(text)) => text,
-        Some(LlamaPrompt::Tokens(_)) => {
+        Some(serde_json::Value::String(text)) => text,
+        Some(_) => {
             return Err(ApiError::invalid_param(
                 "prompt",
                 "prompt must be a string on /infill",
@@ -351,20 +353,19 @@ pub async fn infill(state: &Arc<AppState>, body: RequestBody) -> Result<Response
         state,
         engine,
         body,
-        PromptInput::Tokens(tokens),
-        prompt_text,
+        vec![(PromptInput::Tokens(tokens), prompt_text)],
     )
     .await
 }
 
-/// `/completion`'s generation and answer, shared with `/infill`: `prompt_text` is what the
-/// answer's `prompt` reports; `llama` the task fields every generating route reads.
+/// `/completion`'s generations and answer, shared with `/infill`: each prompt with the text the
+/// answer's `prompt` reports. Several prompts, or `n_cmpl` > 1, are answered as a list
+/// ([`crate::fanout`]).
 async fn run(
     state: &Arc<AppState>,
     engine: Arc<Engine>,
     body: GenerationBody<CompletionRequest>,
-    prompt: PromptInput,
-    prompt_text: String,
+    prompts: Vec<(PromptInput, String)>,
 ) -> Result<Response<Body>, ApiError> {
     let GenerationBody {
         request,
@@ -372,23 +373,33 @@ async fn run(
         llama,
     } = body;
     let stream = request.stream;
+    let n = request.completions()?;
     let n_probs = request.n_probs.is_some_and(|n| n > 0);
     let params = request.params(sampling, &llama)?;
-    let reply = CompletionReply {
+    let (model, stop_words) = (state.model_name(engine.info()), params.stop.clone());
+    let (return_tokens, post_sampling) = (llama.return_tokens(), params.post_sampling_probs);
+    let response_fields = llama.response_fields();
+    let (inputs, texts): (Vec<PromptInput>, Vec<String>) = prompts.into_iter().unzip();
+    let generations = inputs
+        .into_iter()
+        .map(|input| Generation {
+            prompt: Prompt::Input(input),
+            params: params.clone(),
+            stream,
+        })
+        .collect();
+    let reply_engine = engine.clone();
+    let reply = move |i: usize, _| CompletionReply {
         end: Final {
-            model: state.model_name(engine.info()),
-            prompt: prompt_text,
-            stop_words: params.stop.clone(),
-            engine: engine.clone(),
+            model: model.clone(),
+            prompt: texts.get(i / n).cloned().unwrap_or_default(),
+            stop_words: stop_words.clone(),
+            engine: reply_engine.clone(),
         },
-        return_tokens: llama.return_tokens(),
+        return_tokens,
         n_probs,
-        post_sampling: params.post_sampling_probs,
+        post_sampling,
+        response_fields: response_fields.clone(),
     };
-    let generation = Generation {
-        prompt: Prompt::Input(prompt),
-        params,
-        stream,
-    };
-    generate(state, &engine, generation, |_| reply).await
+    generate_all(state, &engine, parts(generations, n), Join::List, reply).await
 }

@@ -68,7 +68,20 @@ struct Props {
     threads: usize,
     /// The static-shape buckets; `null` on a dynamic backend.
     capacity_buckets: Option<Vec<usize>>,
+    /// Whether `GET /` serves the chat page (`--no-webui` turns it off).
+    ui: bool,
+    /// The chat page's settings the server imposes: none (its settings are the browser's own).
+    ui_settings: serde_json::Map<String, serde_json::Value>,
+    /// The text that stands for an image or audio clip in a multimodal prompt, as llama.cpp
+    /// names it; no media is accepted here (`modalities` are all false).
+    media_marker: &'static str,
+    /// The web UI's CORS proxy (`/cors-proxy`), which this server does not run.
+    cors_proxy_enabled: bool,
 }
+
+/// llama.cpp's media marker (it draws a random one per process unless `LLAMA_MEDIA_MARKER` pins
+/// it; with no media accepted here, the fixed text its templates document).
+const MEDIA_MARKER: &str = "<__media__>";
 
 #[derive(Debug, Serialize)]
 struct Modalities {
@@ -202,6 +215,10 @@ pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
         backend: info.backend.as_str(),
         threads: kernel_threads(config.threads),
         capacity_buckets: (!buckets.is_empty()).then_some(buckets),
+        ui: config.webui,
+        ui_settings: serde_json::Map::new(),
+        media_marker: MEDIA_MARKER,
+        cors_proxy_enabled: false,
     };
     Ok(json(StatusCode::OK, &props))
 }

@@ -41,7 +41,8 @@ struct TokenizeRequest {
     add_special: bool,
     #[serde(default)]
     with_pieces: bool,
-    /// Special tokens in the text are always parsed; `false` is refused, not ignored.
+    /// Whether special-token texts (`<|im_start|>`) become their special tokens (default true,
+    /// as llama-server); `false` tokenizes them as plain text.
     parse_special: Option<bool>,
 }
 
@@ -51,16 +52,14 @@ pub async fn tokenize(
     body: RequestBody,
 ) -> Result<Response<Body>, ApiError> {
     let request: TokenizeRequest = read_json(body, state.config().body_limit).await?;
-    if request.parse_special == Some(false) {
-        return Err(ApiError::unsupported(
-            "parse_special",
-            "parse_special=false is not supported: special tokens in the text are always parsed",
-        ));
-    }
     let engine = state.awake_engine().await?;
     let tokens = engine
         .tokenizer()
-        .encode(&request.content, request.add_special, true)
+        .encode(
+            &request.content,
+            request.add_special,
+            request.parse_special.unwrap_or(true),
+        )
         .map_err(mlxcel_engine::EngineError::from)?;
     let tokens = if request.with_pieces {
         TokenList::WithPieces(

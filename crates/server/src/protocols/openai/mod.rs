@@ -10,6 +10,7 @@ mod control;
 mod models;
 mod response;
 mod stream;
+mod verbose;
 mod wire;
 
 use std::sync::Arc;
@@ -23,8 +24,9 @@ pub(crate) use wire::{MessageField, StopField, turns};
 
 use crate::body::Body;
 use crate::error::ApiError;
+use crate::fanout::{Join, generate_all, parts};
 use crate::generate::{rand_id, unix_now};
-use crate::handler::{count_tokens, generate};
+use crate::handler::count_tokens;
 use crate::read::RequestBody;
 use crate::read::{
     GenerationBody, SamplingRanges, parse_generation, parse_generation_handling, read_generation,
@@ -41,7 +43,7 @@ use wire::{Asked, ChatRequest, CompletionRequest};
 /// `POST /v1/completions`'s body through the checks [`completions`] makes before it needs the
 /// model (for the fuzz targets; see `crate::fuzzing`).
 pub(crate) fn check_completions_body(bytes: &[u8]) -> Result<(), ApiError> {
-    CompletionRequest::into_generation(parse_generation(bytes, &SamplingRanges::OPENAI)?).map(drop)
+    CompletionRequest::into_generations(parse_generation(bytes, &SamplingRanges::OPENAI)?).map(drop)
 }
 
 /// `POST /v1/chat/completions`'s body through the checks [`chat_completions`] makes before it
@@ -86,7 +88,7 @@ pub async fn chat_input_tokens(
     let Prompt::Chat(chat) = generation.prompt else {
         return Err(ApiError::Internal("a chat request without a chat".into()));
     };
-    let input_tokens = count_tokens(engine, chat).await?;
+    let input_tokens = count_tokens(state, engine, chat).await?;
     Ok(crate::body::json(
         hyper::StatusCode::OK,
         &serde_json::json!({ "input_tokens": input_tokens }),
@@ -103,15 +105,20 @@ pub async fn completions(
     let model = body.request.model.clone();
     // The body is checked whole before the model is asked for, as OpenAI answers a bad request
     // 400 whatever the state of the model.
-    let (generation, asked) = CompletionRequest::into_generation(body)?;
+    let (generations, asked) = CompletionRequest::into_generations(body)?;
     let engine = state.awake_engine().await?;
     state.check_model(engine.info(), model.as_deref())?;
     let envelope = envelope(state, &engine, Kind::Completion, "cmpl", &asked);
-    generate(state, &engine, generation, |_| OpenAiReply {
-        envelope,
-        engine: engine.clone(),
-        tools: None,
-        reasoning: None,
+    let (reply_engine, verbose) = (engine.clone(), asked.verbose);
+    let parts = parts(generations, asked.n);
+    generate_all(state, &engine, parts, Join::Choices, move |_, prepared| {
+        OpenAiReply {
+            envelope: envelope.clone(),
+            engine: reply_engine.clone(),
+            tools: None,
+            reasoning: None,
+            verbose: verbose.then_some(prepared.prompt),
+        }
     })
     .await
 }
@@ -135,12 +142,17 @@ pub async fn chat_completions(
     let engine = state.awake_engine().await?;
     state.check_model(engine.info(), model.as_deref())?;
     let envelope = envelope(state, &engine, Kind::Chat, "chatcmpl", &asked);
+    let (reply_engine, verbose) = (engine.clone(), asked.verbose);
     // Calls in the output are looked for unless the request said `none`.
-    generate(state, &engine, generation, |prepared| OpenAiReply {
-        envelope,
-        engine: engine.clone(),
-        tools: prepared.tools,
-        reasoning: prepared.reasoning,
+    let parts = parts(vec![generation], asked.n);
+    generate_all(state, &engine, parts, Join::Choices, move |_, prepared| {
+        OpenAiReply {
+            envelope: envelope.clone(),
+            engine: reply_engine.clone(),
+            tools: prepared.tools,
+            reasoning: prepared.reasoning,
+            verbose: verbose.then_some(prepared.prompt),
+        }
     })
     .await
 }

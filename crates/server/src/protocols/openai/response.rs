@@ -51,12 +51,22 @@ pub struct CompletionBody {
     /// llama-server's extension: a `return_progress` report, on a chunk without choices.
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_progress: Option<PromptProgress>,
+    /// llama-server's `verbose` request field: the answer as `/completion` would give it, with
+    /// the prompt the model ran (a whole body, and a stream's last chunk).
+    #[serde(rename = "__verbose", skip_serializing_if = "Option::is_none")]
+    verbose: Option<serde_json::Value>,
 }
 
 impl CompletionBody {
     /// This body with llama-server's `timings`.
     pub fn with_timings(mut self, timings: Timings) -> Self {
         self.timings = Some(timings);
+        self
+    }
+
+    /// This body with llama-server's `__verbose` object.
+    pub fn with_verbose(mut self, verbose: Option<serde_json::Value>) -> Self {
+        self.verbose = verbose;
         self
     }
 }
@@ -269,7 +279,7 @@ impl Logprobs {
 }
 
 /// The per-request constants of every body, and the builders of those bodies.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Envelope {
     pub id: String,
     pub created: u64,
@@ -298,6 +308,7 @@ impl Envelope {
             usage,
             timings: None,
             prompt_progress: None,
+            verbose: None,
         }
     }
 

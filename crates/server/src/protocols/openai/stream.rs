@@ -16,6 +16,7 @@ use crate::reasoning::{ReasoningPlan, Split, SplitCall, Splitter, marker_text, s
 use crate::tools::{self, ToolCall, ToolFormat};
 
 use super::response::{CompletionBody, Envelope, Kind};
+use super::verbose::{Verbose, last_token};
 
 /// An OpenAI reply: its envelope, and with tools the format calls are looked for in.
 pub(super) struct OpenAiReply {
@@ -25,6 +26,8 @@ pub(super) struct OpenAiReply {
     pub tools: Option<ToolFormat>,
     /// How a chat reply splits into reasoning and answer (`None` on `/v1/completions`).
     pub reasoning: Option<ReasoningPlan>,
+    /// With llama-server's `verbose`: the prompt the model ran, for the answer's `__verbose`.
+    pub verbose: Option<String>,
 }
 
 impl Reply for OpenAiReply {
@@ -38,6 +41,7 @@ impl Reply for OpenAiReply {
             tools: self.tools.map(|format| (format, String::new())),
             splitter: self.reasoning.as_ref().and_then(ReasoningPlan::splitter),
             split_calls: Vec::new(),
+            verbose: self.verbose.map(|prompt| (prompt, String::new(), None)),
         }
     }
 
@@ -51,6 +55,17 @@ impl Reply for OpenAiReply {
     fn whole(self, tracked: &Tracked, outcome: Outcome) -> Response<Body> {
         let timings = tracked.timings_object(outcome.usage.completion_tokens);
         let envelope = &self.envelope;
+        let verbose = self.verbose.as_ref().map(|prompt| {
+            Verbose {
+                prompt,
+                content: &outcome.text,
+                last_token: last_token(&outcome.tokens),
+                reason: outcome.reason,
+                completion_tokens: outcome.usage.completion_tokens,
+                model: &envelope.model,
+            }
+            .value(&self.engine, tracked)
+        });
         let (text, reasoning, split_calls) =
             match self.reasoning.as_ref().and_then(ReasoningPlan::splitter) {
                 Some(splitter) => {
@@ -88,7 +103,8 @@ impl Reply for OpenAiReply {
                 outcome.usage,
             ),
         }
-        .with_timings(timings);
+        .with_timings(timings)
+        .with_verbose(verbose);
         crate::body::json(StatusCode::OK, &body)
     }
 }
@@ -106,6 +122,9 @@ pub(super) struct OpenAiStream {
     splitter: Option<Splitter>,
     /// The calls the splitter has found so far (sent as tool-call deltas at the end).
     split_calls: Vec<SplitCall>,
+    /// With `verbose`: the prompt, the text so far and the last token, for the last chunk's
+    /// `__verbose`.
+    verbose: Option<(String, String, Option<u32>)>,
 }
 
 /// The splitter's calls as OpenAI's.
@@ -133,6 +152,10 @@ impl StreamFormat for OpenAiStream {
     }
 
     fn token(&mut self, record: TokenRecord) -> Option<CompletionBody> {
+        if let Some((_, content, last)) = &mut self.verbose {
+            content.push_str(&record.text);
+            *last = Some(record.token);
+        }
         if let Some(splitter) = &mut self.splitter {
             let split = splitter.push(&marker_text(&self.engine, record.token, &record.text));
             return self.split_token(split, record);
@@ -163,10 +186,21 @@ impl StreamFormat for OpenAiStream {
         usage: Usage,
     ) -> Vec<CompletionBody> {
         let timings = tracked.timings_object(usage.completion_tokens);
+        let verbose = self.verbose.take().map(|(prompt, content, last_token)| {
+            Verbose {
+                prompt: &prompt,
+                content: &content,
+                last_token,
+                reason,
+                completion_tokens: usage.completion_tokens,
+                model: &self.envelope.model,
+            }
+            .value(&self.engine, tracked)
+        });
         let mut chunks = self.closing(reason, text, usage);
-        // As llama-server: the timings ride on the stream's last chunk.
+        // As llama-server: the timings (and `__verbose`) ride on the stream's last chunk.
         if let Some(last) = chunks.pop() {
-            chunks.push(last.with_timings(timings));
+            chunks.push(last.with_timings(timings).with_verbose(verbose));
         }
         chunks
     }

@@ -8,11 +8,11 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::prompts::read_prompts;
 use crate::read::GenerationBody;
 use crate::reasoning::ReasoningFields;
 use crate::request::{
-    Call, Chat, Continuation, Generation, Params, Prompt, PromptInput, ToolRequest, Turn, budget,
-    function_tool,
+    Call, Chat, Continuation, Generation, Params, Prompt, ToolRequest, Turn, budget, function_tool,
 };
 use crate::structured::{ConstraintFields, ResponseFormat};
 use crate::tools::read_tools;
@@ -34,43 +34,6 @@ impl StopField {
             Self::One(s) => vec![s],
             Self::Many(v) => v,
         }
-    }
-}
-
-/// A prompt: text, token ids, or a batch of either (only batches of one are served).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum PromptField {
-    Text(String),
-    Tokens(Vec<u32>),
-    Texts(Vec<String>),
-    TokenLists(Vec<Vec<u32>>),
-}
-
-impl PromptField {
-    pub fn into_input(self) -> Result<PromptInput, ApiError> {
-        let one = |len: usize| {
-            if len == 1 {
-                Ok(())
-            } else {
-                Err(ApiError::unsupported(
-                    "prompt",
-                    format!("a batch of {len} prompts was sent; send one prompt per request"),
-                ))
-            }
-        };
-        Ok(match self {
-            Self::Text(text) => PromptInput::Text(text),
-            Self::Tokens(tokens) => PromptInput::Tokens(tokens),
-            Self::Texts(mut texts) => {
-                one(texts.len())?;
-                PromptInput::Text(texts.remove(0))
-            }
-            Self::TokenLists(mut lists) => {
-                one(lists.len())?;
-                PromptInput::Tokens(lists.remove(0))
-            }
-        })
     }
 }
 
@@ -148,15 +111,7 @@ impl Common {
         logprobs: Option<usize>,
         sampling: SamplingOverrides,
     ) -> Result<Params, ApiError> {
-        if self.n == Some(0) {
-            return Err(ApiError::invalid_param("n", "n=0: expected at least 1"));
-        }
-        if let Some(n) = self.n.filter(|&n| n != 1) {
-            return Err(ApiError::unsupported(
-                "n",
-                format!("n={n} is not supported: this server returns one choice per request (n=1)"),
-            ));
-        }
+        choices(self.n)?;
         let param = if max_tokens.is_some() {
             "max_completion_tokens"
         } else {
@@ -179,6 +134,11 @@ impl Common {
         })
     }
 
+    /// The choices asked for (`n`).
+    pub(super) fn n(&self) -> usize {
+        self.n.map_or(1, |n| n as usize)
+    }
+
     /// Whether a stream ends with a usage chunk.
     pub(super) fn include_usage(&self) -> bool {
         self.stream_options
@@ -188,7 +148,8 @@ impl Common {
 }
 
 openai_request!(CompletionRequest {
-    prompt: PromptField,
+    /// One prompt or a list, in llama-server's forms (`crate::prompts`).
+    prompt: Value,
     logprobs: Option<u32>,
     echo: Option<bool>,
     best_of: Option<u32>,
@@ -343,6 +304,25 @@ fn check_messages(messages: &[MessageField]) -> Result<(), ApiError> {
 pub(super) struct Asked {
     pub logprobs: bool,
     pub include_usage: bool,
+    /// Choices per prompt (`n`; `crate::fanout`).
+    pub n: usize,
+    /// llama-server's `verbose`: the answer carries `__verbose`.
+    pub verbose: bool,
+}
+
+/// The most choices one request may ask for (`n`): each is a generation of its own.
+pub(super) const MAX_CHOICES: u32 = 128;
+
+/// Checks `n`: from 1 to [`MAX_CHOICES`].
+fn choices(n: Option<u32>) -> Result<(), ApiError> {
+    match n {
+        Some(0) => Err(ApiError::invalid_param("n", "n=0: expected at least 1")),
+        Some(n) if n > MAX_CHOICES => Err(ApiError::invalid_param(
+            "n",
+            format!("n={n}: at most {MAX_CHOICES} choices per request"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 impl ChatRequest {
@@ -389,13 +369,17 @@ impl ChatRequest {
         });
         check_messages(&this.messages)?;
         let turns = turns(std::mem::take(&mut this.messages))?;
-        let asked = Asked {
-            logprobs: logprobs.is_some(),
-            include_usage: common.include_usage(),
-        };
         let stream = common.stream;
+        let n = common.n();
+        let include_usage = common.include_usage();
         let mut params = common.params(this.max_completion_tokens, logprobs, sampling)?;
         llama.apply(&mut params)?;
+        let asked = Asked {
+            logprobs: logprobs.is_some(),
+            include_usage,
+            n,
+            verbose: params.verbose,
+        };
         let tools = ToolRequest {
             listed,
             tools,
@@ -431,9 +415,9 @@ impl ChatRequest {
 
 impl CompletionRequest {
     /// The one request, with the body's sampling fields and llama-server's fields applied.
-    pub(super) fn into_generation(
+    pub(super) fn into_generations(
         body: GenerationBody<Self>,
-    ) -> Result<(Generation, Asked), ApiError> {
+    ) -> Result<(Vec<Generation>, Asked), ApiError> {
         let GenerationBody {
             request: mut this,
             sampling,
@@ -469,19 +453,26 @@ impl CompletionRequest {
             Some(n) => (n > 0).then_some(n),
             None => logprobs,
         };
-        let prompt = this.prompt.into_input()?;
-        let asked = Asked {
-            logprobs: logprobs.is_some(),
-            include_usage: common.include_usage(),
-        };
+        let prompts = read_prompts("prompt", &this.prompt)?;
         let stream = common.stream;
+        let n = common.n();
+        let include_usage = common.include_usage();
         let mut params = common.params(None, logprobs, sampling)?;
         llama.apply(&mut params)?;
-        let generation = Generation {
-            prompt: Prompt::Input(prompt),
-            params,
-            stream,
+        let asked = Asked {
+            logprobs: logprobs.is_some(),
+            include_usage,
+            n,
+            verbose: params.verbose,
         };
-        Ok((generation, asked))
+        let generations = prompts
+            .into_iter()
+            .map(|prompt| Generation {
+                prompt: Prompt::Input(prompt),
+                params: params.clone(),
+                stream,
+            })
+            .collect();
+        Ok((generations, asked))
     }
 }

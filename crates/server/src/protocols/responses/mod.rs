@@ -122,7 +122,7 @@ pub async fn input_tokens(
     let mut request: ResponsesRequest = read_json(body, state.config().body_limit).await?;
     let engine = state.awake_engine().await?;
     state.check_model(engine.info(), request.model.as_deref())?;
-    let input_tokens = count_tokens(engine, request.chat()?).await?;
+    let input_tokens = count_tokens(state, engine, request.chat()?).await?;
     Ok(crate::body::json(
         StatusCode::OK,
         &InputTokens {
