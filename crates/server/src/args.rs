@@ -452,6 +452,14 @@ pub struct ServerArgs {
     #[arg(long = "reasoning-effort", env = "LLAMA_ARG_REASONING_EFFORT")]
     pub reasoning_effort: Option<String>,
 
+    /// A PEM certificate chain: the server speaks HTTPS (with `--ssl-key-file`).
+    #[arg(long = "ssl-cert-file", env = "LLAMA_ARG_SSL_CERT_FILE")]
+    pub ssl_cert_file: Option<std::path::PathBuf>,
+
+    /// The certificate's PEM private key (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long = "ssl-key-file", env = "LLAMA_ARG_SSL_KEY_FILE")]
+    pub ssl_key_file: Option<std::path::PathBuf>,
+
     /// The directory of slot files: turns on `POST /slots/{id}?action=save|restore|erase`
     /// (created at start if missing).
     #[arg(long = "slot-save-path")]
@@ -1026,6 +1034,10 @@ impl ServerArgs {
             },
             kv_unified: kv_unified || self.parallel == -1,
             gcp,
+            tls: crate::tls::TlsFiles::from_flags(
+                self.ssl_cert_file.as_deref(),
+                self.ssl_key_file.as_deref(),
+            )?,
             ..ServerConfig::default()
         })
     }

@@ -139,6 +139,8 @@ pub struct ServerConfig {
     pub kv_unified: bool,
     /// Google Vertex AI's prediction protocol (`AIP_MODE=PREDICTION`; `None`: off).
     pub gcp: Option<crate::gcp::GcpConfig>,
+    /// HTTPS on every listener (`--ssl-cert-file`, `--ssl-key-file`; `None`: plain HTTP).
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 impl Default for ServerConfig {
@@ -184,6 +186,7 @@ impl Default for ServerConfig {
             sse_ping_interval: 30,
             kv_unified: false,
             gcp: None,
+            tls: None,
         }
     }
 }

@@ -76,6 +76,7 @@ mod spec_args;
 mod state;
 mod static_files;
 mod structured;
+mod tls;
 mod tools;
 mod webui;
 
@@ -96,5 +97,6 @@ pub use router::start::router as build_router;
 pub use run::{init_server_logging, run, run_with};
 pub use serve::{Server, shutdown_signal};
 pub use state::{ActiveRequest, AppState};
+pub use tls::TlsFiles;
 /// The chat page's files under `/webui/` (name, content type, text), for tests that fetch each.
 pub use webui::FILES as WEBUI_FILES;

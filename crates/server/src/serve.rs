@@ -1,4 +1,5 @@
-//! The transport: a TCP listener, HTTP/1.1 connections with keep-alive, and graceful shutdown.
+//! The transport: a TCP listener (with TLS when configured), HTTP/1.1 connections with
+//! keep-alive, and graceful shutdown.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -11,17 +12,20 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
 
 use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::routes::handle;
 use crate::state::AppState;
+use crate::tls::TlsFiles;
 
 /// A bound server, not yet accepting. Built apart from `main` so tests can run it on port 0.
-#[derive(Debug)]
 pub struct Server {
     /// One listener per address (`config.addr`, then `config.extra_addrs`).
     listeners: Vec<TcpListener>,
+    /// With `config.tls`: the TLS handshake each connection starts with.
+    tls: Option<TlsAcceptor>,
     state: Arc<AppState>,
 }
 
@@ -53,10 +57,22 @@ fn listen(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
     socket.listen(BACKLOG)
 }
 
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("listeners", &self.listeners)
+            .field("tls", &self.tls.is_some())
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
 impl Server {
     /// Binds `config.addr` and each of `config.extra_addrs` (port 0 picks a free port). The
     /// model is set later with [`AppState::set_engine`]; until then `/health` answers 503.
     pub async fn bind(config: ServerConfig) -> Result<Self, ServerError> {
+        // The certificate and key are read before anything listens: a bad file stops the start.
+        let tls = config.tls.as_ref().map(TlsFiles::acceptor).transpose()?;
         let mut listeners = Vec::with_capacity(1 + config.extra_addrs.len());
         for addr in std::iter::once(config.addr).chain(config.extra_addrs.iter().copied()) {
             let listener = listen(addr, config.reuse_port).map_err(|source| ServerError::Io {
@@ -67,6 +83,7 @@ impl Server {
         }
         Ok(Self {
             listeners,
+            tls,
             state: Arc::new(AppState::new(config)),
         })
     }
@@ -97,7 +114,11 @@ impl Server {
     /// up to `config.shutdown_timeout`, and cancels what remains (dropping a connection drops its
     /// response bodies, and each generation task cancels its engine request when its body goes).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
-        let Self { listeners, state } = self;
+        let Self {
+            listeners,
+            tls,
+            state,
+        } = self;
         let graceful = GracefulShutdown::new();
         let mut connections = JoinSet::new();
         let mut builder = http1::Builder::new();
@@ -123,15 +144,39 @@ impl Server {
                             continue;
                         }
                     };
+                    let limit = state.config().header_timeout;
                     let state = state.clone();
                     let service = service_fn(move |request| {
                         let state = state.clone();
                         async move { Ok::<_, std::convert::Infallible>(handle(state, request).await) }
                     });
-                    let connection = builder.serve_connection(TokioIo::new(stream), service);
-                    let watched = graceful.watch(connection);
+                    let Some(tls) = tls.clone() else {
+                        let connection = builder.serve_connection(TokioIo::new(stream), service);
+                        let watched = graceful.watch(connection);
+                        connections.spawn(async move {
+                            if let Err(err) = watched.await {
+                                tracing::debug!(%peer, error = %err, "connection ended with an error");
+                            }
+                        });
+                        continue;
+                    };
+                    // The handshake runs in the connection's task, bounded as a client's headers
+                    // are, so that a slow or silent client holds up no one else.
+                    let (builder, watcher) = (builder.clone(), graceful.watcher());
                     connections.spawn(async move {
-                        if let Err(err) = watched.await {
+                        let stream = match tokio::time::timeout(limit, tls.accept(stream)).await {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(err)) => {
+                                tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::debug!(%peer, "TLS handshake timed out");
+                                return;
+                            }
+                        };
+                        let connection = builder.serve_connection(TokioIo::new(stream), service);
+                        if let Err(err) = watcher.watch(connection).await {
                             tracing::debug!(%peer, error = %err, "connection ended with an error");
                         }
                     });

@@ -34,4 +34,5 @@ mod sampler_chain;
 mod slots;
 mod suite_parity;
 mod support;
+mod tls;
 mod webui;
