@@ -92,13 +92,16 @@ MLXCEL_TARGET inline __m512 load16(const uint8_t* row, int c) {
 // Query heads per kv head that part_fast takes.
 constexpr int kFastGroupMax = 8;
 
-// Σ w·v over keys [lo, lo + keys) for GN heads of a group, the sums in registers: each value
-// vector is loaded (and widened) once for the GN heads, whose weights for the key are broadcast
-// first. GN·DC sums + GN weights + one value vector: GN ≤ 4 at D = 64 (21 registers), ≤ 3 at
-// D = 128 (28). Every output element is one FMA chain in key order, whoever computes it.
+// Σ w·v over keys [lo, lo + keys) for GN heads of a group and the DC vectors of each value row
+// from vector c0 on, the sums in registers: each value vector is loaded (and widened) once for
+// the GN heads, whose weights for the key are broadcast first. GN·DC sums + GN weights + one
+// value vector: GN ≤ 4 at DC = 4 (21 registers), ≤ 3 at DC = 8 (28); D = 256 is taken as two
+// column halves of DC = 8. Every output element is one FMA chain in key order, whoever computes
+// it and whichever columns it is taken with.
 template <int GN, int DC, typename VT>
 MLXCEL_TARGET inline void weighted_values(const VT* v, int64_t v_row, int lo, int keys,
-                                          const float* ws, int W, float* const* entry) {
+                                          const float* ws, int W, float* const* entry,
+                                          int c0 = 0) {
   __m512 o[GN][DC];
   for (int g = 0; g < GN; ++g)
     for (int c = 0; c < DC; ++c) o[g][c] = _mm512_setzero_ps();
@@ -107,12 +110,41 @@ MLXCEL_TARGET inline void weighted_values(const VT* v, int64_t v_row, int lo, in
     __m512 w[GN];
     for (int g = 0; g < GN; ++g) w[g] = _mm512_set1_ps(ws[g * W + j]);
     for (int c = 0; c < DC; ++c) {
-      const __m512 vv = load16(vj, c);
+      const __m512 vv = load16(vj, c0 + c);
       for (int g = 0; g < GN; ++g) o[g][c] = _mm512_fmadd_ps(w[g], vv, o[g][c]);
     }
   }
   for (int g = 0; g < GN; ++g)
-    for (int c = 0; c < DC; ++c) _mm512_storeu_ps(entry[g] + 2 + 16 * c, o[g][c]);
+    for (int c = 0; c < DC; ++c) _mm512_storeu_ps(entry[g] + 2 + 16 * (c0 + c), o[g][c]);
+}
+
+// Sixteen keys' dot products with one query row, acc[jj] for key jj (row kj + jj·kstride):
+// each a chain of D/16 multiply-adds in vector order, then sum16. Up to D = 128 the query stays
+// in registers beside the sixteen sums; at D = 256 (DC = 16) the query and the sums would fill
+// all 32, so the loop runs vector by vector over all sixteen keys, the query's vector loaded once
+// each: the same chains in the same order, so the same bits.
+template <int DC>
+MLXCEL_TARGET inline void dot16(const float* q, const float* kbase, int64_t kstride,
+                                __m512 (&acc)[16]) {
+  if constexpr (DC <= 8) {
+    __m512 qv[DC];
+    for (int c = 0; c < DC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+    for (int jj = 0; jj < 16; ++jj) {
+      const float* kj = kbase + jj * kstride;
+      acc[jj] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+      for (int c = 1; c < DC; ++c)
+        acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc[jj]);
+    }
+  } else {
+    const __m512 q0 = _mm512_loadu_ps(q);
+    for (int jj = 0; jj < 16; ++jj)
+      acc[jj] = _mm512_mul_ps(q0, _mm512_loadu_ps(kbase + jj * kstride));
+    for (int c = 1; c < DC; ++c) {
+      const __m512 qc = _mm512_loadu_ps(q + 16 * c);
+      for (int jj = 0; jj < 16; ++jj)
+        acc[jj] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kbase + jj * kstride + 16 * c), acc[jj]);
+    }
+  }
 }
 
 // Up to this many query rows share one pass over a task's keys (the rows a task has in
@@ -181,25 +213,19 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
         if (a >= b) continue;
         for (int g = 0; g < G; ++g) {
           const float* q = p.q + (kvh * G + g) * p.q_head + i * p.q_row;
-          __m512 qv[DC];
-          for (int c = 0; c < DC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
           float* sc = scores + (static_cast<int64_t>(i - rg) * G + g) * W - lo;
           if (a == kb && b - a == 16) {
             __m512 acc[16];
-            for (int jj = 0; jj < 16; ++jj) {
-              const float* kj = kbase + jj * kstride;
-              acc[jj] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
-              for (int c = 1; c < DC; ++c)
-                acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc[jj]);
-            }
+            dot16<DC>(q, kbase, kstride, acc);
             _mm512_storeu_ps(sc + kb, _mm512_permutexvar_ps(in_key_order,
                                                             _mm512_mul_ps(sum16(acc), scale)));
           } else {
             for (int j = a; j < b; ++j) {
               const float* kj = kbase + (j - kb) * kstride;
-              __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+              __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(kj));
               for (int c = 1; c < DC; ++c)
-                acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc);
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), _mm512_loadu_ps(kj + 16 * c),
+                                      acc);
               sc[j] = _mm512_reduce_add_ps(acc) * p.scale;
             }
           }
@@ -247,16 +273,20 @@ MLXCEL_TARGET void part_fast(const AttentionProblem& p, int kvh, int r0, int r1,
       }
       // Σ w·v for every head of the group, kPass heads a pass (the heads' counts as template
       // arguments: with a run-time count GCC kept the sums in memory, a store per head, key and
-      // vector). A second pass reads the block's values again, from cache.
-      constexpr int kPass = DC <= 4 ? 4 : 3;
-      for (int g0 = 0; g0 < G; g0 += kPass) {
-        const int gn = G - g0 < kPass ? G - g0 : kPass;
-        const float* ws = row_scores + static_cast<int64_t>(g0) * W;
-        float* const* e = entry + g0;
-        if (gn == 1) weighted_values<1, DC>(v, p.v_row, lo, keys, ws, W, e);
-        else if (gn == 2) weighted_values<2, DC>(v, p.v_row, lo, keys, ws, W, e);
-        else if (gn == 3) weighted_values<3, DC>(v, p.v_row, lo, keys, ws, W, e);
-        else weighted_values<kPass, DC>(v, p.v_row, lo, keys, ws, W, e);
+      // vector), over column runs of at most eight vectors (D = 256: two halves). A second pass
+      // reads the block's values again, from cache.
+      constexpr int kCols = DC <= 8 ? DC : 8;
+      constexpr int kPass = kCols <= 4 ? 4 : 3;
+      for (int c0 = 0; c0 < DC; c0 += kCols) {
+        for (int g0 = 0; g0 < G; g0 += kPass) {
+          const int gn = G - g0 < kPass ? G - g0 : kPass;
+          const float* ws = row_scores + static_cast<int64_t>(g0) * W;
+          float* const* e = entry + g0;
+          if (gn == 1) weighted_values<1, kCols>(v, p.v_row, lo, keys, ws, W, e, c0);
+          else if (gn == 2) weighted_values<2, kCols>(v, p.v_row, lo, keys, ws, W, e, c0);
+          else if (gn == 3) weighted_values<3, kCols>(v, p.v_row, lo, keys, ws, W, e, c0);
+          else weighted_values<kPass, kCols>(v, p.v_row, lo, keys, ws, W, e, c0);
+        }
       }
     }
   }
@@ -292,6 +322,7 @@ MLXCEL_TARGET void attention_part_avx512(const AttentionProblem& p, int kvh, int
   if (G <= kFastGroupMax) {
     if (p.D == 64) return part_fast_typed<4>(p, kvh, r0, r1, j0, j1, part, scores);
     if (p.D == 128) return part_fast_typed<8>(p, kvh, r0, r1, j0, j1, part, scores);
+    if (p.D == 256) return part_fast_typed<16>(p, kvh, r0, r1, j0, j1, part, scores);
   }
   attention_part_avx512_loops(p, kvh, r0, r1, j0, j1, part, scores);
 }

@@ -42,7 +42,8 @@ pub(super) struct DeltaNet {
     pub(super) spec: GatedDeltaNet,
     /// The input projections, their outputs side by side: `in_proj_qkvz` and `in_proj_ba`
     /// (grouped by key head) when the spec says fused, else `in_proj_qkv`, `in_proj_z`,
-    /// `in_proj_b`, `in_proj_a`.
+    /// `in_proj_b`, `in_proj_a`; one matrix of their rows stacked in that order where the
+    /// loader could stack them (the same columns from one matmul).
     pub(super) projections: Vec<Linear>,
     /// The convolution's taps, `[channels, taps]` (host).
     pub(super) conv: Vec<f32>,
@@ -287,7 +288,10 @@ impl LinearLayer {
             .iter()
             .map(|p| p.forward(&h, kernels))
             .collect::<Result<Vec<_>>>()?;
-        let projected = Array::concatenate(&outputs.iter().collect::<Vec<_>>(), 1)?.to_vec_f32()?;
+        let projected = match outputs.as_slice() {
+            [one] => one.to_vec_f32()?,
+            many => Array::concatenate(&many.iter().collect::<Vec<_>>(), 1)?.to_vec_f32()?,
+        };
         let width = net.width();
         let mut gated = Vec::with_capacity(projected.len() / width * net.spec.value_dim());
         let mut row = 0;

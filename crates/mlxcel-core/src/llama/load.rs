@@ -379,10 +379,8 @@ fn load_linear_layer(
     } else {
         &["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"]
     };
-    let projections = modules
-        .iter()
-        .map(|m| loader.linear(&format!("{a}.{m}"), false))
-        .collect::<Result<Vec<_>>>()?;
+    let names: Vec<String> = modules.iter().map(|m| format!("{a}.{m}")).collect();
+    let projections = delta_projections(loader, kernels, &names)?;
     let host = |name: &str| loader.float(&format!("{a}.{name}"))?.to_vec_f32();
     let conv = host("conv1d.weight")?;
     if conv.len() != spec.conv_dim() * spec.conv_kernel {
@@ -425,6 +423,58 @@ fn load_linear_layer(
         }
     }
     Ok(layer)
+}
+
+/// A linear-attention layer's input projections (`names`, in the order their outputs sit side
+/// by side): stacked into one matrix when mlxcel's kernels run and all are quantized alike, so
+/// that one matmul (one quantisation of the normed input, one tile loop) computes the same
+/// columns four (or two) would; apart otherwise. Each output column is the same product either
+/// way, so the stack changes no value; it is made only where every part would take the same
+/// kernel alone (the int8 layout wants whole tiles of 16 rows: `in_proj_b` and `in_proj_a` of a
+/// tiny model may have fewer, and then stay apart rather than switch kernels).
+fn delta_projections(
+    loader: &Loader<'_>,
+    kernels: &Kernels,
+    names: &[String],
+) -> Result<Vec<Linear>> {
+    let modules: Vec<&str> = names.iter().map(String::as_str).collect();
+    let tile = QuantizedWeight::INT8_TILE_ROWS as usize;
+    let whole_tiles = modules.iter().all(|m| {
+        loader
+            .checkpoint
+            .gguf_blocks(&format!("{m}.weight"))
+            .is_some_and(|b| b.rows.is_multiple_of(tile))
+    });
+    if whole_tiles && let Some(weight) = loader.int8_stack(&modules)? {
+        return Ok(vec![Linear::Quantized { weight, bias: None }]);
+    }
+    let parts = modules
+        .iter()
+        .map(|m| loader.linear(m, false))
+        .collect::<Result<Vec<_>>>()?;
+    if kernels.backend != KernelBackend::Native {
+        return Ok(parts);
+    }
+    let weights: Option<Vec<&QuantizedWeight>> = parts
+        .iter()
+        .map(|p| match p {
+            Linear::Quantized { weight, bias: None } if !weight.int8 => Some(weight),
+            _ => None,
+        })
+        .collect();
+    let Some(weights) = weights else {
+        return Ok(parts);
+    };
+    match QuantizedWeight::concat_rows(&weights) {
+        Ok(weight)
+            if weights
+                .iter()
+                .all(|w| w.int8_capable() == weight.int8_capable()) =>
+        {
+            Ok(vec![Linear::Quantized { weight, bias: None }])
+        }
+        _ => Ok(parts),
+    }
 }
 
 /// Short-convolution layer `i` (LFM2): its norms and feed-forward block as any layer's, its

@@ -3,6 +3,7 @@
 
 mod array_ops;
 mod attention;
+mod attention_head256;
 mod device;
 mod errors;
 mod experts;
