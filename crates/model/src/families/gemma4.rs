@@ -111,15 +111,20 @@ impl Family for Gemma4 {
 
     fn check(&self, path: &Path, raw: &RawConfig) -> Result<()> {
         let refuse = |field: &str, reason: String| Err(ModelError::invalid(path, field, reason));
-        if raw
-            .use_bidirectional_attention
-            .as_ref()
-            .is_some_and(|v| !v.is_null())
-        {
-            return refuse(
-                "use_bidirectional_attention",
-                "bidirectional attention is not implemented in mlxcel".into(),
-            );
+        // `"vision"` (the released configs) makes image tokens attend to each other both ways;
+        // text is causal under it, and this model reads text only. `false` is causal too.
+        match raw.use_bidirectional_attention.as_ref() {
+            None | Some(Value::Null | Value::Bool(false)) => {}
+            Some(Value::String(s)) if s == "vision" => {}
+            Some(other) => {
+                return refuse(
+                    "use_bidirectional_attention",
+                    format!(
+                        "{other}: bidirectional attention over text is not implemented in mlxcel \
+                         (\"vision\", which concerns image tokens only, and false are accepted)"
+                    ),
+                );
+            }
         }
         if raw.attn_logit_softcapping.is_some() {
             return refuse(

@@ -1226,6 +1226,25 @@ fn gemma4_refuses_what_it_does_not_run_by_name() {
     v["sliding_window_pattern"] = json!(5);
     let message = parse(&v).unwrap_err().to_string();
     assert!(message.contains("sliding_window_pattern"), "{message}");
+    // Bidirectional attention over text is refused; the released configs' "vision" (image
+    // tokens only) and false read as the causal text model they are for text.
+    for (value, refused) in [
+        (json!(true), true),
+        (json!("all"), true),
+        (json!("vision"), false),
+        (json!(false), false),
+    ] {
+        let mut v = gemma4();
+        v["use_bidirectional_attention"] = value.clone();
+        match parse(&v) {
+            Ok(_) => assert!(!refused, "{value} was accepted"),
+            Err(err) => {
+                let message = err.to_string();
+                assert!(refused, "{value}: {message}");
+                assert!(message.contains("use_bidirectional_attention"), "{message}");
+            }
+        }
+    }
 }
 
 /// What Gemma 4's released models add: a larger head on the full layers (its RoPE rotating the
