@@ -203,8 +203,14 @@ fn budgets_and_kwargs_become_template_variables() {
     assert_eq!(kwargs.variables["custom"], 1);
     assert_eq!(kwargs.variables["reasoning_effort"], "high");
     assert!(!kwargs.close_thinking);
-    // A positive budget is refused, naming the field.
-    let err = fields(serde_json::json!({"reasoning_budget_tokens": 100}))
+    // A positive budget keeps thinking on and becomes the reply's budget (the engine ends the
+    // block after it, budget.rs); a negative one other than -1 is refused, naming the field.
+    let budget = fields(serde_json::json!({"reasoning_budget_tokens": 100}))
+        .resolve(&defaults)
+        .unwrap();
+    assert_eq!(budget.budget_tokens, Some(100));
+    assert!(!budget.variables.contains_key("enable_thinking"));
+    let err = fields(serde_json::json!({"reasoning_budget_tokens": -3}))
         .check()
         .unwrap_err();
     assert!(
