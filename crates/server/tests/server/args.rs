@@ -1,19 +1,9 @@
 //! llama-server's spellings and environment twins reach the same settings.
 
-use clap::Parser;
 use mlxcel_engine::{Activations, KvType, MaxNewTokens};
-use mlxcel_server::{ServerArgs, normalize_llama_args};
+use mlxcel_server::ServerArgs;
 
-#[derive(Debug, Parser)]
-struct Cli {
-    #[command(flatten)]
-    server: ServerArgs,
-}
-
-fn parse(args: &[&str]) -> Result<ServerArgs, clap::Error> {
-    let argv = std::iter::once("mlxcel-server").chain(args.iter().copied());
-    Cli::try_parse_from(normalize_llama_args(argv)).map(|c| c.server)
-}
+use crate::support::parse_server_args as parse;
 
 #[test]
 fn defaults_match_llama_server() {

@@ -3,9 +3,8 @@
 //! reach the server's settings. The default model does not think, so a grammar makes it write a
 //! `<think>` block (its tokenizer cuts the tags into several tokens, as a stream would).
 
-use clap::Parser;
 use hyper::StatusCode;
-use mlxcel_server::{ReasoningFormat, ServerArgs, ServerConfig, normalize_llama_args};
+use mlxcel_server::{ReasoningFormat, ServerConfig};
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -170,15 +169,7 @@ async fn reasoning_fields_are_checked_and_template_kwargs_reach_the_render() {
     assert!(completion.status.is_client_error());
 }
 
-fn parse(args: &[&str]) -> Result<ServerArgs, clap::Error> {
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        server: ServerArgs,
-    }
-    let argv = std::iter::once("mlxcel-server").chain(args.iter().copied());
-    Cli::try_parse_from(normalize_llama_args(argv)).map(|c| c.server)
-}
+use crate::support::parse_server_args as parse;
 
 #[test]
 fn reasoning_flags_reach_the_settings() {

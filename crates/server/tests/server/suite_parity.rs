@@ -6,10 +6,9 @@
 
 use std::sync::Arc;
 
-use clap::Parser;
 use hyper::StatusCode;
 use mlxcel_engine::Engine;
-use mlxcel_server::{ServerArgs, ServerConfig, normalize_llama_args};
+use mlxcel_server::ServerConfig;
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -224,16 +223,7 @@ async fn backend_sampling_gives_the_same_tokens_and_probabilities() {
     assert!(off["completion_probabilities"].as_array().unwrap().len() == 8);
 }
 
-#[derive(Debug, Parser)]
-struct Cli {
-    #[command(flatten)]
-    server: ServerArgs,
-}
-
-fn parse(args: &[&str]) -> Result<ServerArgs, clap::Error> {
-    let argv = std::iter::once("mlxcel-server").chain(args.iter().copied());
-    Cli::try_parse_from(normalize_llama_args(argv)).map(|c| c.server)
-}
+use crate::support::parse_server_args as parse;
 
 #[test]
 fn backend_sampling_is_accepted_in_llama_cpps_spellings() {

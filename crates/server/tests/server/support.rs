@@ -246,3 +246,15 @@ pub async fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool
     }
     done()
 }
+
+/// `args` parsed as mlxcel-server's command line (llama-server's spellings normalized first).
+pub fn parse_server_args(args: &[&str]) -> Result<mlxcel_server::ServerArgs, clap::Error> {
+    use clap::Parser;
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        server: mlxcel_server::ServerArgs,
+    }
+    let argv = std::iter::once("mlxcel-server").chain(args.iter().copied());
+    Cli::try_parse_from(mlxcel_server::normalize_llama_args(argv)).map(|c| c.server)
+}

@@ -146,19 +146,7 @@ async fn bad_certificate_files_stop_the_start_naming_the_file() {
 /// the other; the environment twins are accepted.
 #[test]
 fn the_ssl_flags_come_together() {
-    use clap::Parser;
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        server: mlxcel_server::ServerArgs,
-    }
-    let parse = |args: &[&str]| {
-        let argv = std::iter::once("mlxcel-server").chain(args.iter().copied());
-        Cli::try_parse_from(mlxcel_server::normalize_llama_args(argv))
-            .unwrap()
-            .server
-            .server_config()
-    };
+    let parse = |args: &[&str]| parse_server_args(args).unwrap().server_config();
     let config = parse(&["--ssl-cert-file", "c.pem", "--ssl-key-file", "k.pem"]).unwrap();
     assert_eq!(
         config.tls,
