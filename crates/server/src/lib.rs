@@ -65,6 +65,7 @@ mod prompts;
 mod protocols;
 mod read;
 mod reasoning;
+mod reasoning_args;
 mod request;
 mod request_log;
 mod router;

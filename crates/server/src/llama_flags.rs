@@ -802,3 +802,14 @@ pub const NO_OP_OPTIONS: &[NoOpOption] = &[
         reason: "llama.cpp's ngram-simple proposer does not read it either (only its ngram-map types count hits)",
     },
 ];
+
+/// llama.cpp's booleans: `on`/`enabled`/`true`/`1` and `off`/`disabled`/`false`/`0`.
+pub(crate) fn llama_bool(value: &str) -> Result<bool, String> {
+    match value {
+        "on" | "enabled" | "true" | "1" => Ok(true),
+        "off" | "disabled" | "false" | "0" => Ok(false),
+        other => Err(format!(
+            "`{other}`: expected on, enabled, true, 1, off, disabled, false or 0"
+        )),
+    }
+}

@@ -62,7 +62,7 @@ pub fn run_with(args: &ServerArgs, options: EngineOptions) -> Result<(), ServerE
         return crate::router::start::run(args);
     }
     let config = args.server_config()?;
-    let runtime = runtime()?;
+    let runtime = crate::serve::runtime()?;
     runtime.block_on(async {
         let server = Server::bind(config).await?;
         let state = server.state().clone();
@@ -141,15 +141,4 @@ pub fn run_with(args: &ServerArgs, options: EngineOptions) -> Result<(), ServerE
             None => Ok(()),
         }
     })
-}
-
-/// The server's async runtime (one per process: the single-model server's or the router's).
-pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, ServerError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| ServerError::Io {
-            context: "cannot start the async runtime".into(),
-            source,
-        })
 }

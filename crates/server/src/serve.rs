@@ -255,3 +255,14 @@ pub async fn shutdown_signal() {
         () = terminate => tracing::info!("SIGTERM received"),
     }
 }
+
+/// The server's async runtime (one per process: the single-model server's or the router's).
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, ServerError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| ServerError::Io {
+            context: "cannot start the async runtime".into(),
+            source,
+        })
+}

@@ -67,7 +67,7 @@ fn own_argv() -> Vec<OsString> {
 /// The router program: binds, serves every model of the catalog, until SIGINT or SIGTERM.
 pub fn run(args: &ServerArgs) -> Result<(), ServerError> {
     let config = args.server_config()?;
-    let runtime = crate::run::runtime()?;
+    let runtime = crate::serve::runtime()?;
     runtime.block_on(async {
         let router = router(args, own_argv())?;
         let server = Server::bind(config).await?;
