@@ -271,7 +271,6 @@ fn every_spelling_without_effect_is_accepted_with_its_warning() {
 fn missing_llama_options_are_refused_by_name() {
     for args in [
         &["generate", "-hf", "user/model"][..],
-        &["serve", "-hf", "user/model"],
         &["bench", "--hf-repo=user/model"],
         &["run", "m", "-hfr", "user/model"],
     ] {

@@ -74,8 +74,9 @@ pub struct Refused {
     pub instead: &'static str,
 }
 
-const NO_DOWNLOADS: &str = "models are not downloaded by name; give -m a local .gguf file or \
-                            checkpoint directory (`mlxcel pull` installs the default model)";
+const NO_DOWNLOADS: &str = "this subcommand does not download models by name; give -m a local \
+                            .gguf file or checkpoint directory (`mlxcel serve` fetches with -hf, \
+                            -mu and -dr as llama-server; `mlxcel pull` installs the default model)";
 const NO_ADAPTERS: &str = "adapters are not applied at load: merge them into the checkpoint \
                            first and give -m the merged model";
 const ROPE: &str = "RoPE and its scaling come from the checkpoint's config.json";

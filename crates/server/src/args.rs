@@ -546,6 +546,10 @@ pub struct ServerArgs {
     /// Router mode: many models behind one server (`--models-dir`, `--models-preset` ...).
     #[command(flatten)]
     pub router: crate::router::args::RouterArgs,
+
+    /// Models fetched at start (`-hf`, `-hff`, `-hft`, `-mu`, `-dr`, `-hfd`, `--offline`).
+    #[command(flatten)]
+    pub download: crate::download::DownloadArgs,
 }
 
 /// A KV cache type (`f32`, `f16`, `q8_0`); the error names llama.cpp's types mlxcel does not
@@ -599,6 +603,44 @@ impl ServerArgs {
         self.backend
             .parse()
             .map_err(|err| ServerError::Backend(format!("--backend {}: {err}", self.backend)))
+    }
+
+    /// These flags with the models `-hf`, `-mu`, `-dr` and `-hfd` name fetched (blocking until
+    /// they are) and put in place of `-m` and `--spec-draft-model`; unchanged when none does.
+    pub fn with_downloads(&self) -> Result<ServerArgs, ServerError> {
+        self.with_downloads_in(
+            &crate::download::Env::process(),
+            &crate::download::DockerHub::default(),
+        )
+    }
+
+    /// [`ServerArgs::with_downloads`] reading `env` and asking `docker_hub` (tests point both at
+    /// a local server).
+    pub fn with_downloads_in(
+        &self,
+        env: &crate::download::Env,
+        docker_hub: &crate::download::DockerHub,
+    ) -> Result<ServerArgs, ServerError> {
+        if !self.download.any() {
+            self.download.validate(self.model.as_deref())?;
+            return Ok(self.clone());
+        }
+        if self.router.enabled() {
+            return Err(ServerError::Flag(
+                "router mode (--models-dir, --models-preset) serves the models it lists: -hf, -mu, -dr and -hfd name one model; give one or the other".into(),
+            ));
+        }
+        let resolved = self.download.resolve_in(
+            env,
+            docker_hub,
+            self.model.as_deref(),
+            self.spec_draft_model.as_deref(),
+        )?;
+        let mut args = self.clone();
+        args.model = resolved.model;
+        args.spec_draft_model = resolved.draft;
+        args.download = crate::download::DownloadArgs::default();
+        Ok(args)
     }
 
     /// How the engine is loaded under these flags.

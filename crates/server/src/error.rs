@@ -369,6 +369,9 @@ pub enum ServerError {
     /// The engine failed to load.
     #[error("cannot load the model: {0}")]
     Engine(#[from] EngineError),
+    /// A model the flags fetch (`-hf`, `-mu`, `-dr`) could not be fetched.
+    #[error("cannot fetch the model: {0}")]
+    Download(#[from] crate::download::DownloadError),
     /// Binding or serving failed.
     #[error("{context}: {source}")]
     Io {

@@ -627,12 +627,6 @@ pub const NO_OP_OPTIONS: &[NoOpOption] = &[
         reason: "logs are plain text on stderr",
     },
     NoOpOption {
-        names: &["--offline"],
-        env: Some("LLAMA_ARG_OFFLINE"),
-        values: 0,
-        reason: "mlxcel-server never downloads at start, so it is always offline",
-    },
-    NoOpOption {
         names: &["-lv", "--verbosity", "--log-verbosity"],
         env: Some("LLAMA_ARG_LOG_VERBOSITY"),
         values: 1,

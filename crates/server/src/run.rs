@@ -52,7 +52,8 @@ async fn pipeline_down(state: &crate::state::AppState) -> String {
 /// Binds, loads the model in the background (`/health` is 503 meanwhile), and serves until
 /// SIGINT or SIGTERM.
 pub fn run(args: &ServerArgs) -> Result<(), ServerError> {
-    run_with(args, args.engine_options()?)
+    let args = args.with_downloads()?;
+    run_with(&args, args.engine_options()?)
 }
 
 /// [`run`] with the engine loaded under `options` (the flags' own, with what the caller adds:

@@ -424,9 +424,10 @@ fn multi_letter_short_options_are_not_letter_clusters() {
         "{:?}",
         args.ignored.warnings
     );
-    let err = parse(&["-hf", "user/model"]).unwrap_err();
-    assert_ne!(err.kind(), clap::error::ErrorKind::DisplayHelp);
-    assert!(err.to_string().contains("--hf-repo"), "{err}");
+    // `-hf` is `--hf-repo`, not `-h` with `f`.
+    let args = parse(&["-hf", "user/model", "-hfd", "user/draft"]).unwrap();
+    assert_eq!(args.download.hf_repo.as_deref(), Some("user/model"));
+    assert_eq!(args.download.spec_draft_hf.as_deref(), Some("user/draft"));
     assert_eq!(
         parse(&["--usage"]).unwrap_err().kind(),
         clap::error::ErrorKind::DisplayHelp

@@ -19,6 +19,7 @@ mod auth;
 mod compat;
 mod concurrency;
 mod cors;
+mod downloads;
 mod edges;
 mod embeddings;
 mod errors;
