@@ -6,7 +6,7 @@
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::process::{self, ExecResult, RunOptions, shell_quote_join};
+use super::process::{self, ExecResult, RunOptions};
 use super::runtime::Transport;
 
 /// Output kept from `git ls-files` or `find`.
@@ -443,11 +443,6 @@ fn walk(base: &str, max_depth: usize, kind: ListKind, out: &mut Listing) {
 
 pub fn sv(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
-}
-
-/// [`shell_quote_join`] re-exported for the transports.
-pub fn quote(argv: &[String]) -> String {
-    shell_quote_join(argv)
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use crate::body::Body;
 use crate::outbound::{Client, Timeouts};
 
-use super::llama_error;
+use super::reply::llama_error;
 
 const PREFIX: &str = "x-llama-server-proxy-header-";
 const MAX_REDIRECTS: usize = 10;

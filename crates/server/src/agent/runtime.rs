@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::io::quote;
+use super::process::shell_quote_join;
 
 /// The container engines (same verbs, same argument order).
 const ENGINES: &[&str] = &["docker", "podman"];
@@ -57,7 +57,7 @@ impl Transport {
                     argv.push("-n".into());
                 }
                 argv.push(target.clone());
-                argv.push(quote(inner));
+                argv.push(shell_quote_join(inner));
                 argv
             }
         }
