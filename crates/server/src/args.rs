@@ -550,6 +550,10 @@ pub struct ServerArgs {
     /// Models fetched at start (`-hf`, `-hff`, `-hft`, `-mu`, `-dr`, `-hfd`, `--offline`).
     #[command(flatten)]
     pub download: crate::download::DownloadArgs,
+
+    /// The agent features (`--tools`, MCP servers, the CORS proxy, `-ag`).
+    #[command(flatten)]
+    pub agent: crate::agent::args::AgentArgs,
 }
 
 /// A KV cache type (`f32`, `f16`, `q8_0`); the error names llama.cpp's types mlxcel does not
@@ -799,6 +803,12 @@ impl ServerArgs {
                     .map(str::to_owned),
             );
         }
+        let agent = self.agent.config();
+        if agent.tools_or_mcp() && self.cors_origins.is_none() {
+            tracing::warn!(
+                "server tools or MCP servers are enabled, using localhost as default CORS origin (change via --cors-origins)"
+            );
+        }
         let gcp = crate::gcp::GcpConfig::from_vars(|name| std::env::var(name).ok())
             .map_err(ServerError::Flag)?;
         let port = match &gcp {
@@ -888,7 +898,11 @@ impl ServerArgs {
                     .cors_origins
                     .clone()
                     .unwrap_or_else(|| crate::cors::CorsConfig::default().origins),
-                any_origin: self.cors_origins.is_none() && !keys.is_empty(),
+                // With tools or MCP servers on, no `--cors-origins` means local origins only,
+                // key or not (llama-server's narrowing).
+                any_origin: self.cors_origins.is_none()
+                    && !keys.is_empty()
+                    && !agent.tools_or_mcp(),
                 methods: self.cors_methods.clone(),
                 headers: self.cors_headers.clone(),
                 credentials: self.cors_credentials && !self.no_cors_credentials,
@@ -942,6 +956,7 @@ impl ServerArgs {
                 self.ssl_cert_file.as_deref(),
                 self.ssl_key_file.as_deref(),
             )?,
+            agent,
             ..ServerConfig::default()
         })
     }

@@ -141,6 +141,8 @@ pub struct ServerConfig {
     pub gcp: Option<crate::gcp::GcpConfig>,
     /// HTTPS on every listener (`--ssl-cert-file`, `--ssl-key-file`; `None`: plain HTTP).
     pub tls: Option<crate::tls::TlsFiles>,
+    /// The agent features (`--tools`, MCP servers, the CORS proxy; all off by default).
+    pub agent: crate::agent::AgentConfig,
 }
 
 impl Default for ServerConfig {
@@ -187,6 +189,7 @@ impl Default for ServerConfig {
             kv_unified: false,
             gcp: None,
             tls: None,
+            agent: crate::agent::AgentConfig::default(),
         }
     }
 }

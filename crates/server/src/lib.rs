@@ -38,6 +38,7 @@
 //! # }
 //! ```
 
+pub mod agent;
 mod api_prefix;
 mod args;
 mod body;

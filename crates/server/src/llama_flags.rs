@@ -580,17 +580,6 @@ pub const NO_OP_OPTIONS: &[NoOpOption] = &[
         reason: "the built-in chat page (GET /) has no settings to load or MCP proxy",
     },
     NoOpOption {
-        names: &[
-            "--ui-mcp-proxy",
-            "--webui-mcp-proxy",
-            "--no-ui-mcp-proxy",
-            "--no-webui-mcp-proxy",
-        ],
-        env: Some("LLAMA_ARG_UI_MCP_PROXY"),
-        values: 0,
-        reason: "the built-in chat page (GET /) has no settings to load or MCP proxy",
-    },
-    NoOpOption {
         names: &["--threads-http"],
         env: Some("LLAMA_ARG_THREADS_HTTP"),
         values: 1,

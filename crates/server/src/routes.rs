@@ -13,6 +13,7 @@ use hyper::body::Incoming;
 use hyper::header::{ALLOW, AUTHORIZATION, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
+use crate::agent;
 use crate::body::{Body, full};
 use crate::error::{ApiError, ErrorShape};
 use crate::gcp;
@@ -31,6 +32,8 @@ struct Call {
     path: String,
     query: String,
     params: PathParams,
+    /// The request's headers (read by `/tools` and `/cors-proxy`).
+    headers: hyper::HeaderMap,
 }
 
 /// A handler's answer, boxed so that every route's handler has one type.
@@ -341,6 +344,45 @@ static ROUTES: &[Route] = &[
     public_get("/webui/{file}", |c| {
         Box::pin(async move { webui::serve(&c.state, c.params.get("file"), &c.path) })
     }),
+    // The agent features (agent/): 403 while off, as llama-server.
+    get("/tools", |c| {
+        Box::pin(async move { Ok(agent::get_tools(c.state.agent())) })
+    }),
+    post(
+        "/tools",
+        |c| {
+            Box::pin(async move {
+                let body = read_bytes(c.body, c.state.config().body_limit).await?;
+                Ok(agent::post_tools(c.state.agent(), &c.headers, &body).await)
+            })
+        },
+        no_body,
+    ),
+    get("/cors-proxy", |c| {
+        Box::pin(async move {
+            Ok(agent::cors_proxy(
+                c.state.agent(),
+                Method::GET,
+                &c.query,
+                &c.headers,
+                Default::default(),
+            )
+            .await)
+        })
+    }),
+    post(
+        "/cors-proxy",
+        |c| {
+            Box::pin(async move {
+                let body = read_bytes(c.body, c.state.config().body_limit).await?;
+                Ok(
+                    agent::cors_proxy(c.state.agent(), Method::POST, &c.query, &c.headers, body)
+                        .await,
+                )
+            })
+        },
+        no_body,
+    ),
 ];
 
 /// The values of a route's `{name}` segments, in order.
@@ -530,6 +572,7 @@ async fn run_instance(
         path: path.to_owned(),
         query: String::new(),
         params: PathParams::default(),
+        headers: hyper::HeaderMap::new(),
     };
     match (route.handler)(call).await {
         Ok(response) => response,
@@ -603,6 +646,7 @@ async fn dispatch(
         return Err(ApiError::Unauthorized);
     }
     if let Some((route, params)) = found {
+        let headers = request.headers().clone();
         if let Some(router) = state.router() {
             let (pattern, full_path, full_query) = (route.path, path.clone(), query.clone());
             let body = request.into_body().into();
@@ -613,6 +657,7 @@ async fn dispatch(
                     path,
                     query,
                     params,
+                    headers,
                 })
             };
             return crate::router::http::serve(
@@ -633,6 +678,7 @@ async fn dispatch(
             path,
             query,
             params,
+            headers,
         };
         return (route.handler)(call).await;
     }

@@ -81,10 +81,18 @@ impl Server {
             })?;
             listeners.push(listener);
         }
+        let agent = crate::agent::Agent::start(&config.agent)
+            .await
+            .map_err(ServerError::Flag)?;
+        if let Some(warning) = agent.warning(&config.agent) {
+            tracing::warn!("{warning}");
+        }
+        let state = Arc::new(AppState::new(config));
+        state.set_agent(Arc::new(agent));
         Ok(Self {
             listeners,
             tls,
-            state: Arc::new(AppState::new(config)),
+            state,
         })
     }
 
@@ -202,6 +210,10 @@ impl Server {
             }
         }
         connections.shutdown().await;
+        // MCP servers and a tools container this server started end with it.
+        if let Some(agent) = state.agent() {
+            agent.shutdown().await;
+        }
         // Generation tasks notice their closed bodies and cancel; give them a moment to do so.
         for _ in 0..100 {
             if state.active_requests().is_empty() {

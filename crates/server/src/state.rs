@@ -59,6 +59,8 @@ pub struct AppState {
     started_unix: u64,
     /// Router mode: the models this server routes to, each with a state of its own.
     router: OnceLock<Arc<crate::router::registry::Registry<AppState>>>,
+    /// The agent features (`/tools`, `/cors-proxy`), set once at start; unset: all off.
+    agent: OnceLock<Arc<crate::agent::Agent>>,
 }
 
 impl AppState {
@@ -76,7 +78,18 @@ impl AppState {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             router: OnceLock::new(),
+            agent: OnceLock::new(),
         }
+    }
+
+    /// Sets the agent features (a second set is ignored).
+    pub fn set_agent(&self, agent: Arc<crate::agent::Agent>) {
+        let _ = self.agent.set(agent);
+    }
+
+    /// The agent features, once started.
+    pub fn agent(&self) -> Option<&Arc<crate::agent::Agent>> {
+        self.agent.get()
     }
 
     /// Makes this server a router over `router`'s models (a second router is ignored).

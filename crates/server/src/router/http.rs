@@ -49,7 +49,8 @@ where
         }
         "/props" if get && query_param(query, "model").is_none() => return props(router),
         "/metrics" if get => return metrics(state, router),
-        "/models/load" | "/models/unload" | "/models/sse" | "/live" | "/" | "/webui/{file}" => {
+        "/models/load" | "/models/unload" | "/models/sse" | "/live" | "/" | "/webui/{file}"
+        | "/tools" | "/cors-proxy" => {
             return handler(state.clone(), body, query.to_owned()).await;
         }
         _ => {}

@@ -13,6 +13,7 @@
 //! behind one server: `--models-dir`, `--models-preset`, `--models-max`).
 //! Tests on the default model are skipped with `MLXCEL_SKIP_MODEL_TESTS=1`.
 
+mod agent;
 mod anthropic;
 mod args;
 mod auth;

@@ -218,7 +218,7 @@ pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
         ui: config.webui,
         ui_settings: serde_json::Map::new(),
         media_marker: MEDIA_MARKER,
-        cors_proxy_enabled: false,
+        cors_proxy_enabled: config.agent.proxy,
     };
     Ok(json(StatusCode::OK, &props))
 }
