@@ -2,9 +2,9 @@
 
 CARGO ?= cargo
 
-.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates check-samplers test test-mlx-only check-package e2e check-webui soak
+.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates check-samplers check-ngram-proposers test test-mlx-only check-package e2e check-webui soak
 
-verify: fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates check-samplers test test-mlx-only check-package e2e check-webui
+verify: fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates check-samplers check-ngram-proposers test test-mlx-only check-package e2e check-webui
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -51,6 +51,11 @@ check-chat-templates:
 # reference build scripts/bench-references makes; skipped without it; docs/server.md).
 check-samplers:
 	scripts/check-samplers
+
+# The hashed n-gram proposers' fixture against llama.cpp's own common_speculative (the reference
+# build; skipped without it; docs/cli.md#speculative-decoding).
+check-ngram-proposers:
+	scripts/check-ngram-proposers
 
 test:
 	$(CARGO) test --workspace --locked

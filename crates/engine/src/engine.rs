@@ -194,9 +194,7 @@ impl Engine {
             ));
         }
         let scheduler_config = options.scheduler;
-        if speculative.is_some_and(|s| s.proposer == crate::Proposer::DraftModel)
-            && options.draft_model.is_none()
-        {
+        if speculative.is_some_and(|s| s.proposer.uses_draft()) && options.draft_model.is_none() {
             return Err(EngineError::InvalidSpeculation(
                 "the draft-model proposer needs a draft model (EngineOptions::draft_model, \
                  --spec-draft-model)"

@@ -53,7 +53,10 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gbnf;
+mod hashed_chain;
 mod metrics;
+mod ngram_map;
+mod ngram_mod;
 mod options;
 mod perplexity;
 mod reasoning_budget;
@@ -62,6 +65,7 @@ mod resident;
 mod rng;
 mod sampling;
 mod scheduler;
+mod spec_types;
 mod speculative;
 mod stop;
 mod text;
@@ -77,9 +81,12 @@ pub use embedding::{Normalize, Pooling, pool};
 pub use engine::{Completion, Engine, GenerationStream, ModelInfo};
 pub use error::{BackendSource, EngineError};
 pub use gbnf::gbnf_to_lark;
+pub use hashed_chain::{HashedDraft, Source as HashedSource, hashed_drafts};
 pub use metrics::{EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, TTFT_BOUNDS};
 pub use mlxcel_capacity::MaxNewTokens;
 pub use mlxcel_model::{ChatMessage, FimTokens};
+pub use ngram_map::{NgramMap, NgramMapConfig};
+pub use ngram_mod::{NgramModConfig, NgramModState, NgramModTable};
 pub use options::{
     Activations, BackendKind, EngineOptions, KvType, PipelineOptions, SMALL_MODEL_PARAMETERS,
     ShapeMode,

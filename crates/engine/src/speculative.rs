@@ -17,8 +17,18 @@
 //! activations, whose logits do not depend on how a sequence is chunked); sampled output keeps its
 //! distribution (the acceptance rule of [`crate::Sampler::verify`], exact for any proposer whose
 //! guess is a function of the tokens so far, as both are).
+//!
+//! Besides them, llama.cpp's hashed n-gram proposers (`ngram-map-k`, `ngram-map-k4v`,
+//! `ngram-mod`: [`crate::ngram_map`], [`crate::ngram_mod`]), tried in llama.cpp's order when
+//! `--spec-type` lists several ([`SpeculativeConfig::from_flags`]).
 
-/// Where proposals come from.
+use crate::ngram_map::NgramMapConfig;
+use crate::ngram_mod::NgramModConfig;
+
+/// Where proposals come from besides llama.cpp's hashed n-gram proposers
+/// ([`SpeculativeConfig::ngram_map_k`], [`SpeculativeConfig::ngram_map_k4v`],
+/// [`SpeculativeConfig::ngram_mod`]), which are tried after prompt lookup and before the draft
+/// model, llama.cpp's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Proposer {
     /// Prompt lookup (`ngram-simple`).
@@ -26,6 +36,22 @@ pub enum Proposer {
     Ngram,
     /// The engine's draft model ([`crate::EngineOptions::draft_model`]).
     DraftModel,
+    /// Prompt lookup, then the draft model where it finds nothing (`ngram-simple,draft-simple`).
+    NgramThenDraft,
+    /// Neither: only the hashed proposers (`ngram-map-k`, `ngram-map-k4v`, `ngram-mod`).
+    Hashed,
+}
+
+impl Proposer {
+    /// Whether prompt lookup (`ngram-simple`) proposes.
+    pub fn looks_up(self) -> bool {
+        matches!(self, Self::Ngram | Self::NgramThenDraft)
+    }
+
+    /// Whether the draft model proposes.
+    pub fn uses_draft(self) -> bool {
+        matches!(self, Self::DraftModel | Self::NgramThenDraft)
+    }
 }
 
 /// Speculative decoding's settings.
@@ -43,6 +69,12 @@ pub struct SpeculativeConfig {
     /// The draft model stops proposing at a token whose probability (its softmax's top) is below
     /// this (`--draft-p-min`; 0 never stops early).
     pub p_min: f32,
+    /// llama.cpp's `ngram-map-k` proposer ([`crate::ngram_map`]), when its type is on.
+    pub ngram_map_k: Option<NgramMapConfig>,
+    /// llama.cpp's `ngram-map-k4v` proposer, when its type is on.
+    pub ngram_map_k4v: Option<NgramMapConfig>,
+    /// llama.cpp's `ngram-mod` proposer ([`crate::ngram_mod`]), when its type is on.
+    pub ngram_mod: Option<NgramModConfig>,
     /// What one more verified position costs, as a fraction of a one-token decode step, until the
     /// scheduler has measured it ([`PassCosts`]): the price [`SpeculativeConfig::draft_length`]
     /// weighs proposals against. 0.3 is what a pass over 1 + 15 positions measured against a
@@ -99,6 +131,9 @@ impl Default for SpeculativeConfig {
             ngram_max: 4,
             ngram_min: 2,
             p_min: 0.0,
+            ngram_map_k: None,
+            ngram_map_k4v: None,
+            ngram_mod: None,
             row_cost: 0.3,
         }
     }
@@ -135,7 +170,38 @@ impl SpeculativeConfig {
                 self.row_cost
             )));
         }
+        let maps = [
+            ("--spec-ngram-map-k", self.ngram_map_k),
+            ("--spec-ngram-map-k4v", self.ngram_map_k4v),
+        ];
+        for (prefix, map) in maps {
+            if let Some(map) = map {
+                map.validate(prefix)
+                    .map_err(crate::EngineError::InvalidSpeculation)?;
+            }
+        }
+        if let Some(ngram_mod) = self.ngram_mod {
+            ngram_mod
+                .validate()
+                .map_err(crate::EngineError::InvalidSpeculation)?;
+        }
+        if self.proposer == Proposer::Hashed && !self.hashed() {
+            return Err(crate::EngineError::InvalidSpeculation(
+                "no proposer: give --spec-type ngram-map-k, ngram-map-k4v or ngram-mod".into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// Whether any of llama.cpp's hashed n-gram proposers is on.
+    pub fn hashed(&self) -> bool {
+        self.ngram_map_k.is_some() || self.ngram_map_k4v.is_some() || self.ngram_mod.is_some()
+    }
+
+    /// Whether proposals come from a chain of proposers tried in llama.cpp's order (a hashed
+    /// one, or prompt lookup then the draft model) rather than from one of mlxcel's own.
+    pub fn is_chain(&self) -> bool {
+        self.hashed() || self.proposer == Proposer::NgramThenDraft
     }
 
     /// How many proposals to verify next (at most `limit`) for a sequence whose proposals have
@@ -196,10 +262,10 @@ impl SpeculativeConfig {
         output: &[u32],
         row_cost: f32,
     ) -> Result<Replay, crate::EngineError> {
-        if self.proposer != Proposer::Ngram {
+        if self.proposer != Proposer::Ngram || self.hashed() {
             return Err(crate::EngineError::InvalidSpeculation(
-                "replay needs prompt lookup (ngram-simple): a draft model's proposals need its \
-                 model"
+                "replay needs prompt lookup (ngram-simple) alone: a draft model's proposals need \
+                 its model, and the hashed proposers their acceptance feedback"
                     .into(),
             ));
         }
@@ -324,65 +390,6 @@ impl SpeculativeConfig {
             }
         }
         Vec::new()
-    }
-
-    /// The settings llama.cpp's flags ask for (`--spec-type`, whether `--spec-draft-model` is
-    /// given, `--spec-draft-n-max`, `--spec-draft-n-min`, `--spec-draft-p-min`), `None` without
-    /// speculation. Types: `none`, `ngram-simple`, `draft-simple`; as in llama.cpp, a draft model
-    /// without a type selects `draft-simple`. Contradictions are refused naming the flags.
-    pub fn from_flags(
-        spec_type: Option<&str>,
-        draft_model: bool,
-        n_max: usize,
-        n_min: usize,
-        p_min: f32,
-    ) -> Result<Option<Self>, crate::EngineError> {
-        let refuse = |m: &str| Err(crate::EngineError::InvalidSpeculation(m.to_owned()));
-        let proposer = match (spec_type, draft_model) {
-            (None | Some("none"), false) => return Ok(None),
-            (Some("none"), true) => {
-                return refuse(
-                    "--spec-draft-model needs --spec-type draft-simple (or no --spec-type)",
-                );
-            }
-            (Some("ngram-simple"), false) => Proposer::Ngram,
-            (Some("ngram-simple"), true) => {
-                return refuse(
-                    "--spec-draft-model is for --spec-type draft-simple, not ngram-simple",
-                );
-            }
-            (Some("draft-simple"), false) => {
-                return refuse("--spec-type draft-simple needs --spec-draft-model FILE");
-            }
-            (None | Some("draft-simple"), true) => Proposer::DraftModel,
-            (Some(other), _) => {
-                return Err(crate::EngineError::InvalidSpeculation(format!(
-                    "--spec-type {other}: expected none, ngram-simple or draft-simple"
-                )));
-            }
-        };
-        if n_max == 0 {
-            return refuse("--spec-draft-n-max 0: propose at least 1 token");
-        }
-        if n_min > n_max {
-            return Err(crate::EngineError::InvalidSpeculation(format!(
-                "--spec-draft-n-min {n_min} is above --spec-draft-n-max {n_max}"
-            )));
-        }
-        if !(0.0..=1.0).contains(&p_min) {
-            return Err(crate::EngineError::InvalidSpeculation(format!(
-                "--spec-draft-p-min {p_min} is not a probability: give a value in [0, 1]"
-            )));
-        }
-        let config = Self {
-            proposer,
-            draft_max: n_max,
-            draft_min: n_min,
-            p_min,
-            ..Self::default()
-        };
-        config.validate()?;
-        Ok(Some(config))
     }
 }
 
@@ -689,7 +696,7 @@ mod tests {
             .validate()
             .is_err()
         );
-        let flags = |t, d| SpeculativeConfig::from_flags(t, d, 8, 1, 0.5);
+        let flags = |t, d| SpeculativeConfig::from_flags(t, false, d, 8, 1, 0.5);
         assert_eq!(flags(None, false).unwrap(), None);
         assert_eq!(flags(Some("none"), false).unwrap(), None);
         assert_eq!(

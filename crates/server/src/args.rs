@@ -394,10 +394,12 @@ pub struct ServerArgs {
     #[arg(long = "slot-save-path")]
     pub slot_save_path: Option<std::path::PathBuf>,
 
-    /// Speculative decoding: `ngram-simple` (prompt lookup), `draft-simple` (a draft model; the
-    /// default with `--spec-draft-model`) or `none`. Greedy output is unchanged; the MLX backend
-    /// only (OpenXLA decodes one token a pass).
-    #[arg(long = "spec-type", env = "LLAMA_ARG_SPEC_TYPE", value_parser = ["none", "ngram-simple", "draft-simple"])]
+    /// Speculative decoding: a comma-separated list of `ngram-simple` (prompt lookup),
+    /// `ngram-map-k`, `ngram-map-k4v`, `ngram-mod` (llama.cpp's hashed n-gram proposers),
+    /// `draft-simple` (a draft model; the default with `--spec-draft-model`), tried in that order,
+    /// or `none`. Greedy output is unchanged; the MLX backend only (OpenXLA decodes one token a
+    /// pass).
+    #[arg(long = "spec-type", env = "LLAMA_ARG_SPEC_TYPE")]
     pub spec_type: Option<String>,
 
     /// The draft model of `--spec-type draft-simple` (`-md`): a checkpoint directory or `.gguf`
@@ -443,6 +445,10 @@ pub struct ServerArgs {
     /// `--spec-draft-n-max`).
     #[arg(long = "spec-ngram-simple-size-m")]
     pub spec_ngram_simple_size_m: Option<usize>,
+
+    /// llama.cpp's hashed n-gram proposers' flags (`--spec-default`, `--spec-ngram-mod-*` ...).
+    #[command(flatten)]
+    pub hashed_spec: crate::spec_args::HashedSpecArgs,
 
     /// Origins allowed by CORS: `localhost` (only an origin on this machine,
     /// `http(s)://localhost`, `127.0.0.1` or `[::1]` on any port), a comma-separated list of
@@ -673,6 +679,7 @@ impl ServerArgs {
         options.scheduler.max_waiting = usize::try_from(self.max_queue_depth).unwrap_or(usize::MAX);
         options.speculative = SpeculativeConfig::from_flags(
             self.spec_type.as_deref(),
+            self.hashed_spec.spec_default,
             self.spec_draft_model.is_some(),
             self.spec_draft_n_max,
             self.spec_draft_n_min,
@@ -684,6 +691,9 @@ impl ServerArgs {
             self.spec_ngram_simple_size_m,
             options.speculative.as_mut(),
         )?;
+        self.hashed_spec
+            .apply(options.speculative.as_mut())
+            .map_err(ServerError::Flag)?;
         options.draft_model = self.spec_draft_model.clone();
         options.kv_types = (self.cache_type_k, self.cache_type_v);
         options.special_tokens = self.special;

@@ -76,7 +76,7 @@ mod routes;
 mod run;
 pub mod sampling_args;
 mod serve;
-mod spec_args;
+pub mod spec_args;
 mod state;
 mod static_files;
 mod structured;

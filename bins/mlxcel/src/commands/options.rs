@@ -143,11 +143,13 @@ pub struct Options {
     #[arg(long = "cache-ram", value_parser = clap::value_parser!(u64))]
     pub cache_ram: Option<u64>,
 
-    /// Speculative decoding: `ngram-simple` (prompt lookup: propose what followed the last
-    /// n-gram's earlier occurrence), `draft-simple` (a draft model's greedy continuation; the
-    /// default when `--spec-draft-model` is given), or `none`. Proposals are verified in one pass
-    /// of the model; greedy output is unchanged. The MLX backend only.
-    #[arg(long = "spec-type", value_parser = ["none", "ngram-simple", "draft-simple"])]
+    /// Speculative decoding: a comma-separated list of `ngram-simple` (prompt lookup: propose
+    /// what followed the last n-gram's earlier occurrence), `ngram-map-k`, `ngram-map-k4v`,
+    /// `ngram-mod` (llama.cpp's hashed n-gram proposers), `draft-simple` (a draft model's greedy
+    /// continuation; the default when `--spec-draft-model` is given), tried in that order, or
+    /// `none`. Proposals are verified in one pass of the model; greedy output is unchanged. The
+    /// MLX backend only.
+    #[arg(long = "spec-type")]
     pub spec_type: Option<String>,
 
     /// The draft model for `--spec-type draft-simple`: a checkpoint directory or `.gguf` file
@@ -179,6 +181,11 @@ pub struct Options {
         default_value_t = 0.0
     )]
     pub draft_p_min: f32,
+
+    /// llama.cpp's hashed n-gram proposers' flags (`--spec-default`, `--spec-ngram-mod-*`,
+    /// `--spec-ngram-map-k-*`, `--spec-ngram-map-k4v-*`), as `serve` reads them.
+    #[command(flatten)]
+    pub hashed_spec: mlxcel_server::spec_args::HashedSpecArgs,
 
     /// Chat (`-cnv`): after the prompt's answer (if a prompt is given), keep reading turns.
     #[arg(
@@ -329,6 +336,7 @@ impl Options {
             threads: self.threads.and_then(|t| usize::try_from(t).ok()),
             speculative: SpeculativeConfig::from_flags(
                 self.spec_type.as_deref(),
+                self.hashed_spec.spec_default,
                 self.spec_draft_model.is_some(),
                 self.draft_max,
                 self.draft_min,
@@ -352,6 +360,9 @@ impl Options {
             }
             None => options.use_application_activations(),
         }
+        self.hashed_spec
+            .apply(options.speculative.as_mut())
+            .map_err(anyhow::Error::msg)?;
         options.special_tokens = self.special;
         Ok(options)
     }

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use crate::backend::{Backend, RequestShape, SequenceStep, SessionPlan, ShapePolicy};
 use crate::decode::TextDecoder;
 use crate::error::EngineError;
+use crate::hashed_chain::HashedState;
 use crate::reasoning_budget::{BudgetTracker, ReasoningEnd};
 use crate::request::{Event, GenerationRequest, RequestId, RequestStatus};
 use crate::sampling::{BreakerVocabulary, Sampler};
-use crate::speculative::Proposer;
 use crate::stop::StopMatcher;
 
 use super::config::SchedulerConfig;
@@ -297,7 +297,7 @@ impl<B: Backend> Scheduler<B> {
                     crate::speculative::NEEDS_SCORING.into(),
                 ));
             }
-            if speculative.proposer == Proposer::DraftModel && !self.speculation.has_draft() {
+            if speculative.proposer.uses_draft() && !self.speculation.has_draft() {
                 return Err(EngineError::InvalidSpeculation(
                     "the request asks for the draft model, but none is loaded (start the engine \
                      with a draft model: --spec-draft-model)"
@@ -346,6 +346,7 @@ impl<B: Backend> Scheduler<B> {
             drafted: 0,
             accepted: 0,
             draft: DraftState::default(),
+            hashed: HashedState::default(),
             cancel_requested: false,
             predict_time_limit: request.predict_time_limit,
             first_token_at: None,
@@ -574,7 +575,7 @@ impl<B: Backend> Scheduler<B> {
                     );
                 }
                 for ((index, proposals), rows) in speculations.into_iter().zip(rows) {
-                    speculation::accept(
+                    let accepted = speculation::accept(
                         &mut self.backend,
                         &mut self.running[index],
                         &mut self.stats,
@@ -582,6 +583,8 @@ impl<B: Backend> Scheduler<B> {
                         rows,
                         &mut events,
                     );
+                    self.speculation
+                        .feedback(&mut self.running[index], accepted);
                 }
             }
             Ok(rows) => {

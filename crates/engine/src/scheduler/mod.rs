@@ -13,8 +13,8 @@
 //! - [`emission`]: a sampled token recorded for its sequence (stop strings, end conditions) and
 //!   the events a step reports.
 //! - [`constraints`]: structured output's token masks, applied after the forward pass.
-//! - [`speculation`]: speculative decoding's drive: proposals (prompt lookup or the draft model)
-//!   and their verification.
+//! - [`speculation`]: speculative decoding's drive: proposals (prompt lookup, the hashed
+//!   proposers, the draft model, alone or chained in llama.cpp's order) and their verification.
 //! - [`batcher`]: the [`Scheduler`] itself: admission and the step, the one place scheduler and
 //!   backend meet.
 

@@ -47,6 +47,8 @@ pub(super) struct Sequence {
     pub(super) accepted: usize,
     /// The draft model's view of this sequence (draft-model speculation only).
     pub(super) draft: DraftState,
+    /// Its state in llama.cpp's hashed n-gram proposers (when its types include them).
+    pub(super) hashed: crate::hashed_chain::HashedState,
     pub(super) cancel_requested: bool,
     /// `GenerationRequest::predict_time_limit`, and when the first token was generated.
     pub(super) predict_time_limit: Option<std::time::Duration>,

@@ -7,6 +7,7 @@ use mlxcel_capacity::MaxNewTokens;
 
 use crate::backend::{Backend, RequestShape, SequenceStep};
 use crate::error::EngineError;
+use crate::hashed_chain::{ModTables, Source};
 use crate::request::{Event, RequestId};
 use crate::speculative::{
     PassCosts, Proposer, SpeculativeConfig, drifted_acceptance, updated_acceptance,
@@ -23,7 +24,12 @@ pub(super) struct Speculation {
     draft: Option<Box<dyn Backend>>,
     /// What a verified position costs here, measured from the steps as they run.
     pass_costs: PassCosts,
+    /// The ngram-mod proposer's tables, shared by every sequence and kept across requests.
+    mod_tables: ModTables,
 }
+
+/// A sequence's draft for this step and the proposer it came from.
+pub(super) type Drafted = Option<(Source, Vec<u32>)>;
 
 impl Speculation {
     /// Lets sequences speculate with the draft model `draft`.
@@ -36,32 +42,81 @@ impl Speculation {
         self.draft.is_some()
     }
 
-    /// The draft model's proposals, asked for first in a step (it runs a pass per proposed
-    /// token, per sequence): for each running sequence that decodes with the draft model now,
-    /// its proposals; `None` for the others.
+    /// The drafts asked for first in a step: for each running sequence that decodes now, the
+    /// draft model's proposals (it runs a pass per proposed token, per sequence) or, for a
+    /// sequence whose types form a chain ([`SpeculativeConfig::is_chain`]), the first draft of
+    /// its proposers in llama.cpp's order (prompt lookup, `ngram-map-k`, `ngram-map-k4v`,
+    /// `ngram-mod`, the draft model); `None` for the others (prompt lookup alone proposes in
+    /// [`Speculation::proposals`]) and where no proposer drafted.
     pub(super) fn draft_proposals(
         &mut self,
         running: &mut [Sequence],
         can_score: bool,
         prefill_chunk: usize,
         stats: &mut SchedulerStats,
-    ) -> Vec<Option<Vec<u32>>> {
-        let mut drafted: Vec<Option<Vec<u32>>> = vec![None; running.len()];
-        if let (true, Some(draft)) = (can_score, self.draft.as_deref_mut()) {
-            for (sequence, proposals) in running.iter_mut().zip(drafted.iter_mut()) {
-                if sequence.speculative.map(|c| c.proposer) == Some(Proposer::DraftModel)
-                    && sequence.computed >= sequence.prompt_len
-                    && sequence.tokens.len() - sequence.computed == 1
+    ) -> Vec<Drafted> {
+        let mut drafted: Vec<Drafted> = vec![None; running.len()];
+        if !can_score {
+            return drafted;
+        }
+        for (sequence, out) in running.iter_mut().zip(drafted.iter_mut()) {
+            let Some(config) = sequence.speculative else {
+                continue;
+            };
+            if sequence.computed < sequence.prompt_len
+                || sequence.tokens.len() - sequence.computed != 1
+            {
+                continue;
+            }
+            if !config.is_chain() {
+                if config.proposer == Proposer::DraftModel
+                    && let Some(draft) = self.draft.as_deref_mut()
                 {
                     let limit = speculation_limit(sequence, &self.pass_costs);
-                    *proposals = Some(propose_with_draft(
-                        draft,
-                        sequence,
-                        limit,
-                        prefill_chunk,
-                        stats,
-                    ));
+                    let proposals =
+                        propose_with_draft(draft, sequence, limit, prefill_chunk, stats);
+                    *out = Some((Source::Draft, proposals));
                 }
+                continue;
+            }
+            sequence.hashed.begin(
+                &config,
+                &sequence.tokens[..sequence.prompt_len],
+                &mut self.mod_tables,
+            );
+            // As in llama.cpp, the proposers are asked at every step with room for a proposal,
+            // whatever the adaptive draft length, so that their state is llama.cpp's.
+            let room = room_left(sequence);
+            sequence.hashed.pending = None;
+            if room == 0 {
+                continue;
+            }
+            let mut found = None;
+            if config.proposer.looks_up() {
+                let proposals = config.propose(&sequence.tokens, room);
+                if !proposals.is_empty() {
+                    found = Some((Source::Lookup, proposals));
+                }
+            }
+            if found.is_none() {
+                found = sequence
+                    .hashed
+                    .draft(&config, &sequence.tokens, &mut self.mod_tables);
+            }
+            if found.is_none()
+                && config.proposer.uses_draft()
+                && let Some(draft) = self.draft.as_deref_mut()
+            {
+                let limit = speculation_limit(sequence, &self.pass_costs);
+                let proposals = propose_with_draft(draft, sequence, limit, prefill_chunk, stats);
+                if !proposals.is_empty() {
+                    found = Some((Source::Draft, proposals));
+                }
+            }
+            if let Some((source, mut proposals)) = found {
+                proposals.truncate(room);
+                sequence.hashed.pending = Some(source);
+                *out = Some((source, proposals));
             }
         }
         drafted
@@ -69,22 +124,49 @@ impl Speculation {
 
     /// The proposals decoding `sequence` (speculating under `config`) verifies in this step,
     /// with `room` positions left in the step's token budget besides its pending token (the
-    /// draft model's, taken from `drafted`, or prompt lookup's); and whether its limit came out
-    /// 0 (not worth a pass now, or no room), so that it drifts back towards trying again.
+    /// draft taken from `drafted`, or prompt lookup's); and whether its adaptive limit came out
+    /// 0 (not worth a pass now, or no room), so that it drifts back towards trying again. A
+    /// hashed proposer's draft is verified whole (as far as `room` goes), as llama.cpp does;
+    /// prompt lookup's and the draft model's are cut to the adaptive draft length.
     pub(super) fn proposals(
         &self,
         sequence: &Sequence,
         config: SpeculativeConfig,
-        drafted: &mut Option<Vec<u32>>,
+        drafted: &mut Drafted,
         room: usize,
     ) -> (Vec<u32>, bool) {
         let limit = speculation_limit(sequence, &self.pass_costs).min(room);
-        let mut proposals = match config.proposer {
-            Proposer::Ngram => config.propose(&sequence.tokens, limit),
-            Proposer::DraftModel => drafted.take().unwrap_or_default(),
+        let mut proposals = match drafted.take() {
+            Some((source, mut proposals)) if source.verified_whole() => {
+                proposals.truncate(room);
+                return (proposals, false);
+            }
+            Some((Source::Lookup, mut proposals)) => {
+                proposals.truncate(limit);
+                if proposals.len() < config.draft_min.max(1) {
+                    proposals.clear();
+                }
+                proposals
+            }
+            Some((_, proposals)) => proposals,
+            None if config.proposer == Proposer::Ngram && !config.is_chain() => {
+                config.propose(&sequence.tokens, limit)
+            }
+            None => Vec::new(),
         };
         proposals.truncate(room);
         (proposals, limit == 0)
+    }
+
+    /// Tells the proposer of the draft `sequence` just verified how many of its proposals were
+    /// accepted (llama.cpp's hashed proposers size their next drafts by it).
+    pub(super) fn feedback(&mut self, sequence: &mut Sequence, accepted: usize) {
+        if let (Some(source), Some(config)) = (sequence.hashed.pending.take(), sequence.speculative)
+        {
+            sequence
+                .hashed
+                .accept(&config, source, accepted, &mut self.mod_tables);
+        }
     }
 
     /// Learns what a verified position costs from a one-sequence step without prefill over
@@ -229,7 +311,7 @@ pub(super) fn accept<B: Backend + ?Sized>(
     proposals: &[u32],
     rows: Vec<Vec<f32>>,
     events: &mut Vec<(RequestId, Event)>,
-) {
+) -> usize {
     let slot = sequence.slot.expect("running sequences hold a slot");
     // The pending token's position is now cached.
     sequence.computed += 1;
@@ -249,7 +331,7 @@ pub(super) fn accept<B: Backend + ?Sized>(
             && let Err(message) = constraint.mask(&mut logits, stop_token_ids)
         {
             end_with_error(sequence, format!("structured output: {message}"), events);
-            return;
+            return accepted_here;
         }
         let (token, accepted) = draw(sequence, &mut logits, proposals.get(i).copied());
         let reported = reported_probabilities(sequence, before, token);
@@ -271,11 +353,12 @@ pub(super) fn accept<B: Backend + ?Sized>(
     {
         end_with_error(sequence, err.to_string(), events);
     }
+    accepted_here
 }
 
-/// How many proposals `sequence` may verify in its next pass: room for them and the token after
-/// them within its budget and its shape, and its adaptive draft length.
-fn speculation_limit(sequence: &Sequence, costs: &PassCosts) -> usize {
+/// Room for proposals in `sequence`: for them and the token after them within its budget and
+/// its shape (llama.cpp's `n_draft_max`).
+fn room_left(sequence: &Sequence) -> usize {
     let budget_left = sequence
         .plan
         .admitted_max_new_tokens
@@ -284,7 +367,13 @@ fn speculation_limit(sequence: &Sequence, costs: &PassCosts) -> usize {
         .plan
         .max_positions
         .saturating_sub(sequence.tokens.len() + 1);
-    let limit = budget_left.min(room);
+    budget_left.min(room)
+}
+
+/// How many proposals `sequence` may verify in its next pass: its [`room_left`], and its
+/// adaptive draft length.
+fn speculation_limit(sequence: &Sequence, costs: &PassCosts) -> usize {
+    let limit = room_left(sequence);
     sequence.speculative.map_or(0, |config| {
         config.next_draft(
             sequence.acceptance,

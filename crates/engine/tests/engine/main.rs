@@ -6,7 +6,9 @@
 //! feature, and its OpenXLA tests the `xla` feature), `metrics` (histograms), `families` (tiny
 //! random checkpoints of each model family through both backends, compared with each other),
 //! `hybrid_state` (a gated-DeltaNet hybrid's recurrent state through the prefix cache,
-//! speculative decoding, saved slots, cancellation and the KV budget).
+//! speculative decoding, saved slots, cancellation and the KV budget), `hashed_speculation`
+//! (llama.cpp's hashed n-gram proposers on the default model), `ngram_oracle` (their drafts
+//! against llama.cpp's own, from a fixture its code wrote).
 
 use mlxcel_engine::*;
 
@@ -14,9 +16,12 @@ use mlxcel_engine::*;
 mod default_model;
 #[cfg(all(feature = "mlx", feature = "xla"))]
 mod families;
+#[cfg(feature = "mlx")]
+mod hashed_speculation;
 #[cfg(all(feature = "mlx", feature = "xla"))]
 mod hybrid_state;
 mod metrics;
+mod ngram_oracle;
 mod scheduler;
 
 mod sampling {

@@ -1406,3 +1406,115 @@ fn a_reasoning_budget_without_tags_is_refused() {
         "invalid reasoning budget: the reasoning budget has no end tag"
     );
 }
+
+/// llama.cpp's hashed proposers, each alone and chained in its order: every sequence's tokens are
+/// those it gets without speculation, batched with a sequence that does not speculate, whether
+/// the proposals are accepted (the alphabet continues: many accepted) or rolled back (a
+/// continuation hashed from the whole slot, where keys seldom recur).
+#[test]
+fn hashed_proposers_keep_the_tokens() {
+    let alphabet: Vec<u32> = (0..26).chain(0..6).collect();
+    let map = NgramMapConfig {
+        size_n: 2,
+        size_m: 8,
+        min_hits: 1,
+    };
+    let ngram_mod = NgramModConfig {
+        n_match: 2,
+        n_min: 1,
+        n_max: 8,
+    };
+    let hashed = |k: bool, k4v: bool, m: bool| SpeculativeConfig {
+        proposer: Proposer::Hashed,
+        ngram_map_k: k.then_some(map),
+        ngram_map_k4v: k4v.then_some(map),
+        ngram_mod: m.then_some(ngram_mod),
+        ..SpeculativeConfig::default()
+    };
+    let run = |config: Option<SpeculativeConfig>, hash: bool| {
+        let mut mock = Mock::new(200);
+        mock.scores = true;
+        mock.hash_contents = hash;
+        let mut s = scheduler(mock, SchedulerConfig::default());
+        let mut ids = Vec::new();
+        for (prompt, spec) in [
+            (alphabet.clone(), config),
+            (alphabet.clone(), None),
+            (vec![5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5], config),
+        ] {
+            let mut request = greedy(prompt, MaxNewTokens::Limited(40));
+            request.speculative = spec;
+            ids.push(s.submit(request).unwrap());
+        }
+        let outcomes = run_to_end(&mut s);
+        let tokens: Vec<Vec<u32>> = ids.iter().map(|id| outcomes[id].tokens.clone()).collect();
+        (tokens, s.stats())
+    };
+    for hash in [false, true] {
+        let (plain, _) = run(None, hash);
+        for (k, k4v, m) in [
+            (true, false, false),
+            (false, true, false),
+            (false, false, true),
+            (true, true, true),
+        ] {
+            let (speculative, stats) = run(Some(hashed(k, k4v, m)), hash);
+            let which = (k, k4v, m, hash);
+            assert_eq!(speculative, plain, "{which:?}");
+            assert!(stats.accepted_tokens <= stats.drafted_tokens, "{stats:?}");
+            if !hash {
+                assert!(stats.drafts > 0, "{which:?}: {stats:?}");
+                assert!(stats.accepted_tokens > 20, "{which:?}: {stats:?}");
+            }
+        }
+    }
+}
+
+/// ngram-mod's table outlives a request, as llama.cpp's lives as long as the server: a request
+/// whose own tokens never repeat gets proposals from what an earlier request's prompt taught it,
+/// and none on a fresh scheduler.
+#[test]
+fn ngram_mod_remembers_earlier_requests() {
+    let config = SpeculativeConfig {
+        proposer: Proposer::Hashed,
+        ngram_mod: Some(NgramModConfig {
+            n_match: 3,
+            n_min: 1,
+            n_max: 8,
+        }),
+        ..SpeculativeConfig::default()
+    };
+    let later = || {
+        let mut request = greedy(vec![7, 8, 9], MaxNewTokens::Limited(12));
+        request.speculative = Some(config);
+        request
+    };
+    let scheduler_with_scores = || {
+        let mut mock = Mock::new(200);
+        mock.scores = true;
+        scheduler(mock, SchedulerConfig::default())
+    };
+    let mut fresh = scheduler_with_scores();
+    fresh.submit(later()).unwrap();
+    let alone = run_to_end(&mut fresh);
+    assert_eq!(fresh.stats().drafted_tokens, 0, "{:?}", fresh.stats());
+
+    let mut s = scheduler_with_scores();
+    let mut earlier = greedy((0..26).collect(), MaxNewTokens::Limited(2));
+    earlier.speculative = Some(config);
+    s.submit(earlier).unwrap();
+    run_to_end(&mut s);
+    let before = s.stats();
+    let id = s.submit(later()).unwrap();
+    let taught = run_to_end(&mut s);
+    let after = s.stats();
+    assert!(
+        after.accepted_tokens - before.accepted_tokens >= 8,
+        "{before:?} {after:?}"
+    );
+    assert_eq!(
+        taught[&id].tokens,
+        alone.values().next().unwrap().tokens,
+        "same tokens either way"
+    );
+}

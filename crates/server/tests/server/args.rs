@@ -221,7 +221,13 @@ fn nonsense_values_are_refused() {
             .to_string();
         assert!(err.contains("speculative decoding"), "{argv:?}: {err}");
     }
-    assert!(parse(&["--spec-type", "eagle"]).is_err());
+    // An unknown type in the list is refused when the engine's options are read, naming it.
+    let err = parse(&["--spec-type", "ngram-mod,eagle"])
+        .unwrap()
+        .engine_options()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--spec-type eagle"), "{err}");
 }
 
 /// Every supported spelling of the compatibility manifest reaches its setting, alone.
@@ -606,4 +612,81 @@ fn log_file_receives_the_log_lines_too() {
     assert!(err.to_string().contains("--log-file"), "{err}");
     let accepted = mlxcel_server::accepted_spellings();
     assert!(accepted.iter().any(|a| a == "LLAMA_ARG_LOG_FILE"));
+}
+
+/// The hashed types' size flags set their proposer; without their type, or out of llama.cpp's
+/// range, they are refused by name; `--spec-default` is ngram-mod at llama.cpp's sizes, which
+/// explicit flags still change.
+#[test]
+fn hashed_spec_flags_set_their_proposers() {
+    let config = |flags: &[&str]| {
+        parse(flags)
+            .unwrap()
+            .engine_options()
+            .unwrap()
+            .speculative
+            .unwrap()
+    };
+    let c = config(&[
+        "--spec-type",
+        "ngram-map-k,ngram-map-k4v",
+        "--spec-ngram-map-k-size-n",
+        "3",
+        "--spec-ngram-map-k4v-size-m",
+        "7",
+        "--spec-ngram-map-k4v-min-hits",
+        "2",
+    ]);
+    let (k, k4v) = (c.ngram_map_k.unwrap(), c.ngram_map_k4v.unwrap());
+    assert_eq!((k.size_n, k.size_m, k.min_hits), (3, 48, 1));
+    assert_eq!((k4v.size_n, k4v.size_m, k4v.min_hits), (12, 7, 2));
+    assert!(c.ngram_mod.is_none());
+    let m = config(&["--spec-default", "--spec-ngram-mod-n-max", "32"])
+        .ngram_mod
+        .unwrap();
+    assert_eq!((m.n_match, m.n_min, m.n_max), (24, 48, 32));
+    for (bad, named) in [
+        (
+            &["--spec-ngram-mod-n-min", "3"][..],
+            "--spec-ngram-mod-n-match/-n-min/-n-max",
+        ),
+        (
+            &["--spec-type", "ngram-mod", "--spec-ngram-map-k-size-n", "3"],
+            "--spec-ngram-map-k-size-n",
+        ),
+        (
+            &[
+                "--spec-type",
+                "ngram-map-k",
+                "--spec-ngram-map-k4v-min-hits",
+                "3",
+            ],
+            "--spec-ngram-map-k4v-size-n",
+        ),
+        (
+            &["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "0"],
+            "--spec-ngram-mod-n-match 0",
+        ),
+        (
+            &["--spec-default", "--spec-ngram-mod-n-max", "2000"],
+            "--spec-ngram-mod-n-max 2000",
+        ),
+        (
+            &[
+                "--spec-type",
+                "ngram-map-k",
+                "--spec-ngram-map-k-min-hits",
+                "0",
+            ],
+            "--spec-ngram-map-k-min-hits 0",
+        ),
+        (&["--spec-type", "ngram-cache"], "ngram-cache"),
+        (
+            &["--spec-type", "ngram-mod", "-md", "/d"],
+            "--spec-draft-model",
+        ),
+    ] {
+        let err = parse(bad).unwrap().engine_options().unwrap_err();
+        assert!(err.to_string().contains(named), "{bad:?}: {err}");
+    }
 }

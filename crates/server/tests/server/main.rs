@@ -10,7 +10,8 @@
 //! (saving, restoring and erasing slots with `--slot-save-path`), `sampler_chain` (DRY, XTC,
 //! mirostat ... and post-sampling probabilities, their flags), `idle` (`--sleep-idle-seconds`,
 //! `--cache-idle-slots` with `id_slot`, Vertex AI's prediction route), `router` (many models
-//! behind one server: `--models-dir`, `--models-preset`, `--models-max`).
+//! behind one server: `--models-dir`, `--models-preset`, `--models-max`), `speculation`
+//! (llama.cpp's hashed n-gram speculative types from its flags).
 //! Tests on the default model are skipped with `MLXCEL_SKIP_MODEL_TESTS=1`.
 
 mod agent;
@@ -34,6 +35,7 @@ mod router;
 mod routes;
 mod sampler_chain;
 mod slots;
+mod speculation;
 mod suite_parity;
 mod support;
 mod tls;
