@@ -53,6 +53,7 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gbnf;
+mod lora;
 mod metrics;
 mod options;
 mod perplexity;
@@ -77,6 +78,7 @@ pub use embedding::{Normalize, Pooling, pool};
 pub use engine::{Completion, Engine, GenerationStream, ModelInfo};
 pub use error::{BackendSource, EngineError};
 pub use gbnf::gbnf_to_lark;
+pub use lora::LoraInfo;
 pub use metrics::{EngineMetrics, FinishCounts, Histogram, ITL_BOUNDS, TTFT_BOUNDS};
 pub use mlxcel_capacity::MaxNewTokens;
 pub use mlxcel_model::{ChatMessage, FimTokens};

@@ -141,6 +141,10 @@ pub struct ServerConfig {
     pub gcp: Option<crate::gcp::GcpConfig>,
     /// HTTPS on every listener (`--ssl-cert-file`, `--ssl-key-file`; `None`: plain HTTP).
     pub tls: Option<crate::tls::TlsFiles>,
+    /// The LoRA adapters' scales at start, by id (`--lora`, `--lora-scaled`; 0 with
+    /// `--lora-init-without-apply`): what requests without `lora` run with until
+    /// `POST /lora-adapters` sets others.
+    pub lora_scales: Vec<f32>,
 }
 
 impl Default for ServerConfig {
@@ -148,6 +152,7 @@ impl Default for ServerConfig {
         Self {
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 8080)),
             extra_addrs: Vec::new(),
+            lora_scales: Vec::new(),
             model_arg: None,
             aliases: Vec::new(),
             tags: Vec::new(),

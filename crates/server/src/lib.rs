@@ -58,6 +58,8 @@ mod inert;
 mod llama_fields;
 mod llama_flags;
 mod logging;
+mod lora;
+pub mod lora_args;
 mod metrics;
 mod progress;
 mod prompt_log;
