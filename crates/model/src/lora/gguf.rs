@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 
-use super::{LoraAdapter, LoraTarget, checked_weight, refusal};
+use super::types::{LoraAdapter, LoraTarget, checked_weight, refusal};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::dequant::dequantize_reference;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use half::{bf16, f16};
 use serde_json::Value;
 
-use super::{LoraAdapter, LoraTarget, checked_weight, refusal};
+use super::types::{LoraAdapter, LoraTarget, checked_weight, refusal};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::safetensors_files::{Dtype, SafetensorsFiles, TensorView};

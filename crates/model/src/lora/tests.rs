@@ -2,7 +2,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use super::*;
+use super::types::{LoraAdapter, LoraTarget};
+use crate::config::ModelConfig;
 use crate::gguf::permute::permute_rows;
 use crate::gguf::{GgmlType, GgufValue, GgufWriter};
 
