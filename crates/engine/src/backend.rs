@@ -421,6 +421,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
         (**self).release_slot(slot)
     }
 
+    fn set_slot_adapters(&mut self, slot: SlotId, scales: Vec<f32>) {
+        (**self).set_slot_adapters(slot, scales)
+    }
+
     fn compilations(&self) -> u64 {
         (**self).compilations()
     }

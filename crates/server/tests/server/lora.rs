@@ -51,13 +51,13 @@ fn write_adapter(path: &Path, seed: u64, task: &str) {
                 &format!("{base}.lora_a"),
                 &[inp as u64, rank],
                 GgmlType::F32,
-                noise(inp * 8, s, 0.08),
+                noise(inp * 8, s, 0.5),
             );
             w.tensor(
                 &format!("{base}.lora_b"),
                 &[rank, out as u64],
                 GgmlType::F32,
-                noise(out * 8, s + 50, 0.08),
+                noise(out * 8, s + 50, 0.5),
             );
         }
     }
