@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates check-samplers check-ngram-proposers test test-mlx-only check-package e2e check-webui soak
+.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates check-samplers check-ngram-proposers test test-mlx-only check-package e2e check-webui soak check-lora
 
 verify: fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates check-samplers check-ngram-proposers test test-mlx-only check-package e2e check-webui
 
@@ -41,6 +41,12 @@ check-dequant:
 # tiny random checkpoints (docs/model.md).
 check-families:
 	scripts/check-families
+
+# LoRA adapters (GGUF and PEFT forms) against llama.cpp's own adapter loader and graph, on the
+# tiny random checkpoints of check-families (docs/model.md). Not part of verify, like
+# scripts/check-families-gguf, whose cached libllama build it shares.
+check-lora:
+	scripts/check-lora
 
 # The chat-template corpus against jinja2 with Hugging Face's settings (pinned, cached venv); the
 # mlxcel-model tests hold minijinja to the same expected files (docs/model.md).

@@ -287,7 +287,6 @@ fn missing_llama_options_are_refused_by_name() {
         ("--chat-template", "--no-chat-template"),
         ("--control-vector", "merge them"),
         ("--in-prefix", "--no-chat-template"),
-        ("--lora", "merge them"),
     ] {
         let err = parse(&["generate", flag, "x"]).expect_err(flag);
         let text = spellings::explain(&err).unwrap_or_else(|| panic!("{flag}: {err}"));

@@ -113,16 +113,6 @@ pub const REFUSED: &[Refused] = &[
         instead: NO_DOWNLOADS,
     },
     Refused {
-        names: &["--lora"],
-        does: "applies a LoRA adapter",
-        instead: NO_ADAPTERS,
-    },
-    Refused {
-        names: &["--lora-scaled"],
-        does: "applies a scaled LoRA adapter",
-        instead: NO_ADAPTERS,
-    },
-    Refused {
         names: &["--control-vector"],
         does: "adds a control vector",
         instead: NO_ADAPTERS,

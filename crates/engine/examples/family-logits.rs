@@ -5,8 +5,12 @@
 //!
 //! ```sh
 //! cargo run -p mlxcel-engine --example family-logits -- \
-//!     --model DIR --backend mlx --prompt 1,2,3 --steps 8 [--activations f32|int8]
+//!     --model DIR --backend mlx --prompt 1,2,3 --steps 8 [--activations f32|int8] \
+//!     [--lora ADAPTER --lora-scale S]
 //! ```
+//!
+//! `--lora` applies one LoRA adapter (GGUF or PEFT) at `--lora-scale` (default 1), as
+//! `scripts/check-lora` compares it with llama.cpp.
 //!
 //! The backend is driven directly, below the scheduler and the sampler, so the logits are the
 //! backend's own.
@@ -30,14 +34,16 @@ struct Args {
     prompt: Vec<u32>,
     steps: usize,
     activations: Option<Activations>,
+    lora: Option<(PathBuf, f32)>,
 }
 
 const USAGE: &str = "usage: family-logits --model DIR --backend mlx|xla --prompt ID,ID,... \
-                     [--steps N] [--activations f32|int8]";
+                     [--steps N] [--activations f32|int8] [--lora ADAPTER [--lora-scale S]]";
 
 fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, Error> {
     let (mut model, mut backend, mut prompt) = (None, BackendKind::Mlx, None);
     let (mut steps, mut activations) = (8, None);
+    let (mut lora, mut lora_scale) = (None, 1.0f32);
     while let Some(flag) = argv.next() {
         let mut value = || {
             argv.next()
@@ -56,6 +62,8 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, Error> {
             }
             "--steps" => steps = value()?.parse()?,
             "--activations" => activations = Some(value()?.parse::<Activations>()?),
+            "--lora" => lora = Some(PathBuf::from(value()?)),
+            "--lora-scale" => lora_scale = value()?.parse()?,
             _ => return Err(format!("unknown argument {flag:?}; {USAGE}").into()),
         }
     }
@@ -66,6 +74,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, Error> {
         prompt: prompt.ok_or(format!("--prompt is required; {USAGE}"))?,
         steps,
         activations,
+        lora: lora.map(|path| (path, lora_scale)),
     })
 }
 
@@ -76,6 +85,7 @@ fn run(args: &Args) -> Result<(Vec<Vec<f32>>, Vec<u32>), Error> {
     let options = EngineOptions {
         backend: args.backend,
         activations: args.activations,
+        lora_adapters: args.lora.iter().map(|(path, _)| path.clone()).collect(),
         ..EngineOptions::default()
     };
     let mut backend = load_backend(&checkpoint, &options)?;
@@ -85,6 +95,9 @@ fn run(args: &Args) -> Result<(Vec<Vec<f32>>, Vec<u32>), Error> {
         max_new_tokens: MaxNewTokens::Limited(args.steps),
     })?;
     let slot = backend.allocate_slot(&plan)?;
+    if let Some((_, scale)) = args.lora {
+        backend.set_slot_adapters(slot, vec![scale]);
+    }
     let mut all_logits = Vec::with_capacity(args.steps + 1);
     let mut tokens = Vec::with_capacity(args.steps + 1);
     let mut position = 0;

@@ -127,6 +127,13 @@ pub trait Backend {
     /// Frees a slot's KV memory. Releasing an unknown slot is a no-op.
     fn release_slot(&mut self, slot: SlotId);
 
+    /// Sets the LoRA scales slot `slot`'s steps run with, one per adapter the backend loaded
+    /// ([`crate::EngineOptions::lora_adapters`]); empty: none. The engine checks them against the
+    /// adapters at submission; a backend that loads none is only ever given empty scales.
+    fn set_slot_adapters(&mut self, slot: SlotId, scales: Vec<f32>) {
+        let _ = (slot, scales);
+    }
+
     /// Executables compiled so far (static-shape backends); nothing compiles after warm-up.
     fn compilations(&self) -> u64 {
         0
@@ -412,6 +419,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn release_slot(&mut self, slot: SlotId) {
         (**self).release_slot(slot)
+    }
+
+    fn set_slot_adapters(&mut self, slot: SlotId, scales: Vec<f32>) {
+        (**self).set_slot_adapters(slot, scales)
     }
 
     fn compilations(&self) -> u64 {

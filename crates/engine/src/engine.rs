@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 
 use crate::backends;
 use crate::error::EngineError;
+use crate::lora::LoraInfo;
 use crate::metrics::EngineMetrics;
 use crate::options::{BackendKind, EngineOptions};
 use crate::reasoning_budget::ReasoningEnd;
@@ -162,6 +163,8 @@ pub struct Engine {
     sleeping: Arc<AtomicBool>,
     /// Why the engine cannot sleep, if it cannot (a pipeline's ranks hold their stages).
     cannot_sleep: Option<&'static str>,
+    /// The LoRA adapters loaded beside the model, by id ([`EngineOptions::lora_adapters`]).
+    lora: Vec<LoraInfo>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -205,6 +208,8 @@ impl Engine {
             Some(path) => Some(open_draft(path, &loaded.tokenizer)?),
             None => None,
         };
+        // Each adapter is checked against the model here, before the backend loads it.
+        let lora = crate::lora::open_adapters(&options.lora_adapters, loaded.config())?;
         let info = ModelInfo::from_loaded(&loaded, options.backend);
         let tokenizer = Arc::new(loaded.tokenizer.clone());
         let chat_template = match &options.chat_template {
@@ -288,7 +293,18 @@ impl Engine {
             scheduler: scheduler_config,
             sleeping,
             cannot_sleep,
+            lora,
         })
+    }
+
+    /// The LoRA adapters loaded beside the model, by id.
+    pub fn lora_adapters(&self) -> &[LoraInfo] {
+        &self.lora
+    }
+
+    /// Checks a request's LoRA scales against the loaded adapters.
+    pub fn check_lora(&self, scales: &[f32]) -> Result<(), EngineError> {
+        crate::lora::check_scales(scales, self.lora.len())
     }
 
     /// Unloads the model once nothing has needed it for `after` (`None`: never, the default),
@@ -556,6 +572,7 @@ impl Engine {
         reply: Reply,
     ) -> Result<events::UnboundedReceiver<Event>, EngineError> {
         self.check_tokens(&request.prompt)?;
+        self.check_lora(&request.lora)?;
         if request.speculative.is_none() {
             request.speculative = self.speculative;
         }

@@ -109,6 +109,11 @@ pub enum EngineError {
     #[error("prefix cache: {0}")]
     PrefixCache(String),
 
+    /// LoRA scales the engine's adapters cannot take (more scales than adapters, a scale that
+    /// is not finite), or adapters the model cannot load.
+    #[error("lora: {0}")]
+    InvalidLora(String),
+
     /// A perplexity setting the text or the model cannot satisfy (`mlxcel perplexity`).
     #[error("perplexity: invalid {setting} {value}: {reason}")]
     InvalidPerplexity {

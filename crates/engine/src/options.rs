@@ -105,6 +105,10 @@ pub struct EngineOptions {
     /// `--chat-template`; it sees the checkpoint template's `bos_token`/`eos_token` texts (empty
     /// where the checkpoint has none). `None`: the checkpoint's.
     pub chat_template: Option<String>,
+    /// LoRA adapters to load beside the model (llama-server's `--lora`), GGUF or PEFT
+    /// safetensors ([`mlxcel_model::LoraAdapter`]); an adapter's id is its place here. Requests
+    /// choose their scales ([`crate::GenerationRequest::lora`]). The MLX backend only.
+    pub lora_adapters: Vec<std::path::PathBuf>,
 }
 
 /// One rank of a pipeline of processes, each holding a contiguous range of the model's decoder
@@ -164,6 +168,7 @@ impl Default for EngineOptions {
             special_tokens: false,
             pipeline: None,
             chat_template: None,
+            lora_adapters: Vec::new(),
         }
     }
 }

@@ -44,6 +44,10 @@ pub struct GenerationRequest {
     /// A limit on the reply's reasoning block: past it the engine writes the block's end
     /// itself ([`ReasoningBudget`]); `None` leaves reasoning to the model.
     pub reasoning_budget: Option<ReasoningBudget>,
+    /// The scale of each LoRA adapter the engine loaded ([`crate::EngineOptions::lora_adapters`],
+    /// by id) for this request; missing ids are 0, so empty runs the model alone. A request with
+    /// an adapter at a non-zero scale neither reuses nor feeds the prefix cache.
+    pub lora: Vec<f32>,
 }
 
 impl GenerationRequest {
@@ -62,6 +66,7 @@ impl GenerationRequest {
             predict_time_limit: None,
             reuse_cached_prefix: true,
             reasoning_budget: None,
+            lora: Vec::new(),
         }
     }
 }

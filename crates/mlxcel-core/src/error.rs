@@ -3,6 +3,12 @@
 /// Errors from mlxcel-core.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// LoRA adapters that do not fit the model or the step (`reason` says which and why).
+    #[error("LoRA adapters: {reason}")]
+    Adapter {
+        /// What is wrong, naming the adapter or the step.
+        reason: String,
+    },
     /// MLX rejected an operation (shape mismatch, bad axis, unsupported dtype, ...).
     /// `message` is MLX's own exception text.
     #[error("MLX {op} failed: {message}")]

@@ -135,6 +135,10 @@ pub enum ModelError {
          GGUF file"
     )]
     NotAModel { path: PathBuf, found: String },
+
+    // Adapters.
+    #[error("{path}: LoRA adapter: {reason}")]
+    Adapter { path: PathBuf, reason: String },
 }
 
 impl ModelError {

@@ -545,6 +545,10 @@ pub struct ServerArgs {
     #[command(flatten)]
     pub sampling: crate::sampling_args::SamplingArgs,
 
+    /// LoRA adapters (`--lora`, `--lora-scaled`, `--lora-init-without-apply`).
+    #[command(flatten)]
+    pub lora: crate::lora_args::LoraArgs,
+
     /// llama-server options without effect here (accepted, one warning line each).
     #[command(flatten)]
     pub ignored: IgnoredOptions,
@@ -663,6 +667,7 @@ impl ServerArgs {
         };
         let parallel = self.parallel()?;
         options.scheduler.max_batch = parallel;
+        options.lora_adapters = self.lora.paths();
         options.threads = (self.threads > 0).then_some(self.threads as usize);
         // `--activations`, else the application default: int8 where the kernels are fast, f32
         // for a model under 500 M parameters (decided at load, once its size is known).
@@ -864,6 +869,7 @@ impl ServerArgs {
             );
         }
         Ok(ServerConfig {
+            lora_scales: self.lora.initial_scales(),
             addr: addrs[0],
             extra_addrs: addrs[1..].to_vec(),
             model_arg: self.model.clone(),

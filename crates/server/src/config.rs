@@ -143,6 +143,10 @@ pub struct ServerConfig {
     pub tls: Option<crate::tls::TlsFiles>,
     /// The agent features (`--tools`, MCP servers, the CORS proxy; all off by default).
     pub agent: crate::agent::AgentConfig,
+    /// The LoRA adapters' scales at start, by id (`--lora`, `--lora-scaled`; 0 with
+    /// `--lora-init-without-apply`): what requests without `lora` run with until
+    /// `POST /lora-adapters` sets others.
+    pub lora_scales: Vec<f32>,
 }
 
 impl Default for ServerConfig {
@@ -150,6 +154,7 @@ impl Default for ServerConfig {
         Self {
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 8080)),
             extra_addrs: Vec::new(),
+            lora_scales: Vec::new(),
             model_arg: None,
             aliases: Vec::new(),
             tags: Vec::new(),

@@ -346,6 +346,7 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidConstraint { .. }
             | EngineError::InvalidSpeculation(_)
             | EngineError::InvalidReasoningBudget(_) => Self::bad_request(err.to_string()),
+            EngineError::InvalidLora(_) => Self::invalid_param("lora", err.to_string()),
             EngineError::Model(_) => Self::bad_request(err.to_string()),
             EngineError::QueueFull { .. } | EngineError::NoFreeSlot => Self::QueueFull {
                 message: err.to_string(),

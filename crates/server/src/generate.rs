@@ -106,6 +106,10 @@ fn slot_params(request: &GenerationRequest, ignore_eos: bool) -> serde_json::Val
         // its inert values are the only ones a request may send (crate::inert).
         "adaptive_target": -1.0,
         "adaptive_decay": 0.9,
+        // The LoRA scales the request ran with, by adapter id.
+        "lora": request.lora.iter().enumerate().map(|(id, &scale)| {
+            serde_json::json!({"id": id, "scale": scale})
+        }).collect::<Vec<_>>(),
     })
 }
 
@@ -215,6 +219,11 @@ pub async fn submit(
     let limit = state.context_limit(engine.info());
     let default_constraint = state.config().default_constraint.clone();
     let cap_by_ctx = limit < engine.info().window;
+    // The request's `lora`, else the server's scales (`--lora`, `POST /lora-adapters`).
+    let lora = match &params.lora {
+        Some(list) => crate::lora::scales_of(list, engine.lora_adapters().len(), "lora")?,
+        None => state.lora_scales(),
+    };
     let (timings_per_token, return_progress) = (params.timings_per_token, params.return_progress);
     // The request's `sse_ping_interval`, else `--sse-ping-interval`; 0 or -1: no pings.
     let ping = params
@@ -263,6 +272,7 @@ pub async fn submit(
                 predict_time_limit: params.predict_time_limit,
                 reuse_cached_prefix: params.cache_prompt.unwrap_or(true),
                 reasoning_budget,
+                lora,
             })
         }
     })

@@ -19,7 +19,6 @@ pub const INERT_FIELDS: &[(&str, &[&str])] = &[
     ("n_cache_reuse", &["0"]),
     ("adaptive_target", &["-1"]),
     ("adaptive_decay", &["0.9"]),
-    ("lora", &["[]"]),
     ("grammar_lazy", &["false"]),
     ("reasoning_format", &["\"none\"", "\"auto\""]),
     ("continue_final_message", &["false"]),
@@ -76,11 +75,11 @@ mod tests {
 
     #[test]
     fn neutral_values_pass_and_others_are_named() {
-        assert!(refuse_inert_fields(br#"{"adaptive_target": -1, "lora": null}"#, &[]).is_ok());
+        assert!(refuse_inert_fields(br#"{"adaptive_target": -1, "n_keep": null}"#, &[]).is_ok());
         let err = refuse_inert_fields(br#"{"adaptive_target": 0.5}"#, &[]).unwrap_err();
         assert!(format!("{err:?}").contains("adaptive_target"), "{err:?}");
         assert!(refuse_inert_fields(br#"{"n_indent": 4}"#, &[]).is_err());
-        assert!(refuse_inert_fields(br#"{"lora": []}"#, &[]).is_ok());
+        assert!(refuse_inert_fields(br#"{"preserved_tokens": []}"#, &[]).is_ok());
         // A field a route handles itself passes there and is refused elsewhere.
         let thinking = br#"{"reasoning_format": "deepseek"}"#;
         assert!(refuse_inert_fields(thinking, &[]).is_err());

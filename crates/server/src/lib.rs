@@ -60,6 +60,8 @@ mod inert;
 mod llama_fields;
 mod llama_flags;
 mod logging;
+mod lora;
+pub mod lora_args;
 mod metrics;
 pub mod outbound;
 mod progress;

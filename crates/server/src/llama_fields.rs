@@ -35,6 +35,9 @@ pub struct LlamaFields {
     pub logit_bias: Option<Value>,
     /// `false`: the prompt is computed whole, never from the prefix cache.
     pub cache_prompt: Option<bool>,
+    /// The LoRA adapters' scales for this request (`[{"id", "scale"}]`; adapters left out are
+    /// at 0); absent, the server's (`POST /lora-adapters`).
+    pub lora: Option<Value>,
     /// `n_probs` reports the distribution the sampler drew from, after its chain, instead of
     /// the model's.
     pub post_sampling_probs: Option<bool>,
@@ -232,6 +235,11 @@ impl LlamaFields {
         params.ignore_eos = self.ignore_eos;
         params.post_sampling_probs = self.post_sampling_probs.unwrap_or(false);
         params.cache_prompt = self.cache_prompt;
+        params.lora = self
+            .lora
+            .as_ref()
+            .map(|v| crate::lora::parse_lora_list(v, "lora"))
+            .transpose()?;
         params.timings_per_token = self.timings_per_token.unwrap_or(false);
         params.return_progress = self.return_progress.unwrap_or(false);
         params.budget_fields = self.budget.clone();

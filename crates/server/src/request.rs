@@ -343,6 +343,9 @@ pub struct Params {
     /// llama-server's `cache_prompt` (`None`: true): whether the prompt may reuse a cached
     /// prefix.
     pub cache_prompt: Option<bool>,
+    /// llama-server's `lora`: the adapters' scales for this request, `(id, scale)` as listed
+    /// (the others at 0); `None`: the server's global scales.
+    pub lora: Option<crate::lora::LoraList>,
     /// llama-server's `timings_per_token`: each streamed token carries the request's timings.
     pub timings_per_token: bool,
     /// llama-server's `return_progress`: a stream reports the prompt's processing

@@ -17,7 +17,7 @@ use crate::agent;
 use crate::body::{Body, full};
 use crate::error::{ApiError, ErrorShape};
 use crate::gcp;
-use crate::protocols::llama_server::{self, slot_files};
+use crate::protocols::llama_server::{self, lora_adapters, slot_files};
 use crate::protocols::{anthropic, embeddings, openai, responses};
 use crate::read::{RequestBody, read_bytes};
 use crate::request_log::RequestLog;
@@ -333,6 +333,14 @@ static ROUTES: &[Route] = &[
         slot_files::check_body,
         false,
         ErrorShape::LlamaServer,
+    ),
+    get("/lora-adapters", |c| {
+        Box::pin(async move { lora_adapters::get_lora_adapters(&c.state) })
+    }),
+    post(
+        "/lora-adapters",
+        |c| Box::pin(async move { lora_adapters::post_lora_adapters(&c.state, c.body).await }),
+        lora_adapters::check_body,
     ),
     get("/metrics", |c| {
         Box::pin(async move { llama_server::metrics(&c.state) })

@@ -61,12 +61,16 @@ pub struct AppState {
     router: OnceLock<Arc<crate::router::registry::Registry<AppState>>>,
     /// The agent features (`/tools`, `/cors-proxy`), set once at start; unset: all off.
     agent: OnceLock<Arc<crate::agent::Agent>>,
+    /// The LoRA adapters' scales requests without `lora` run with, by id
+    /// (`POST /lora-adapters` sets them).
+    lora_scales: Mutex<Vec<f32>>,
 }
 
 impl AppState {
     /// State with no engine yet: `/health` answers 503 until [`AppState::set_engine`].
     pub fn new(config: ServerConfig) -> Self {
         Self {
+            lora_scales: Mutex::new(config.lora_scales.clone()),
             config,
             engine: OnceLock::new(),
             metrics: Metrics::default(),
@@ -105,6 +109,22 @@ impl AppState {
     /// When the server started, in seconds since the Unix epoch.
     pub fn started_unix(&self) -> u64 {
         self.started_unix
+    }
+
+    /// The LoRA adapters' global scales, by id.
+    pub fn lora_scales(&self) -> Vec<f32> {
+        self.lora_scales
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Sets the LoRA adapters' global scales (`POST /lora-adapters`).
+    pub fn set_lora_scales(&self, scales: Vec<f32>) {
+        *self
+            .lora_scales
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = scales;
     }
 
     /// The settings.

@@ -152,6 +152,7 @@ impl Session<'_> {
             temperature: 0.0,
             ..SamplingParams::default()
         };
+        request.lora = self.options.lora.initial_scales();
         let started = Instant::now();
         let completion = self
             .engine
@@ -188,6 +189,7 @@ impl Session<'_> {
         request.sampling = self.sampling.clone();
         request.constraint = self.constraint.clone();
         request.stop = self.options.stops();
+        request.lora = self.options.lora.initial_scales();
 
         let started = Instant::now();
         let mut stream = self.engine.submit(request)?;

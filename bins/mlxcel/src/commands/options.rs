@@ -30,7 +30,7 @@ Spellings of other tools, accepted as the flag they name:
     --ignore-chat-template        --no-chat-template
     --draft-model FILE            --spec-draft-model
     --num-draft-tokens N          --spec-draft-n-max
-llama.cpp options mlxcel does not have (-hf, --lora, --chat-template ...) are refused by
+llama.cpp options mlxcel does not have (-hf, --control-vector, --chat-template ...) are refused by
 name, with what to use instead.";
 
 #[derive(Debug, Clone, PartialEq, clap::Args)]
@@ -133,6 +133,10 @@ pub struct Options {
 
     #[command(flatten)]
     pub kv: super::KvTypeArgs,
+
+    /// LoRA adapters, as llama-cli takes them (`--lora`, `--lora-scaled`).
+    #[command(flatten)]
+    pub lora: mlxcel_server::lora_args::LoraArgs,
 
     #[command(flatten)]
     pub pipeline: Box<super::pipeline::PipelineArgs>,
@@ -345,6 +349,7 @@ impl Options {
             draft_model: self.spec_draft_model.clone(),
             kv_types: self.kv.kv_types(),
             kv_budget_bytes: self.kv.kv_budget_bytes(),
+            lora_adapters: self.lora.paths(),
             // One request at a time: one without a token limit may use the whole KV budget.
             scheduler: SchedulerConfig {
                 max_batch: 1,

@@ -40,6 +40,8 @@ pub(crate) struct MlxBackend {
     /// Whether slots keep a snapshot of their recurrent state at each block boundary (the
     /// prefix cache is on, and the model is a hybrid): each block then costs a snapshot too.
     snapshots: bool,
+    /// Each slot's LoRA scales ([`Backend::set_slot_adapters`]); a slot not here runs none.
+    adapter_scales: HashMap<SlotId, Vec<f32>>,
 }
 
 fn backend_error(err: mlxcel_core::Error) -> EngineError {
@@ -62,7 +64,23 @@ impl MlxBackend {
             }
             None => (None, Stage::whole(checkpoint.config())),
         };
-        let model = load_model(checkpoint, stage, options)?;
+        let mut model = load_model(checkpoint, stage, options)?;
+        if !options.lora_adapters.is_empty() {
+            if pipe.is_some() {
+                return Err(EngineError::InvalidLora(
+                    "LoRA adapters are not supported in a pipeline yet (docs/distributed.md)"
+                        .into(),
+                ));
+            }
+            let adapters = options
+                .lora_adapters
+                .iter()
+                .map(|path| mlxcel_model::LoraAdapter::open(path, checkpoint.config()))
+                .collect::<Result<Vec<_>, _>>()?;
+            model
+                .set_adapters(&adapters)
+                .map_err(|e| EngineError::InvalidLora(e.to_string()))?;
+        }
         let (mut position_bytes, mut state_bytes) = (
             model.kv_bytes_per_position(),
             model.recurrent_bytes_per_sequence(),
@@ -83,6 +101,7 @@ impl MlxBackend {
             position_bytes,
             state_bytes,
             snapshots: false,
+            adapter_scales: HashMap::new(),
         })
     }
 
@@ -170,6 +189,27 @@ impl MlxBackend {
 }
 
 impl MlxBackend {
+    /// The LoRA scales of `batch`'s slots in order, when any slot has some.
+    fn batch_adapter_scales(&self, batch: &[SequenceStep<'_>]) -> Option<Vec<Vec<f32>>> {
+        if !batch
+            .iter()
+            .any(|e| self.adapter_scales.contains_key(&e.slot))
+        {
+            return None;
+        }
+        Some(
+            batch
+                .iter()
+                .map(|e| {
+                    self.adapter_scales
+                        .get(&e.slot)
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .collect(),
+        )
+    }
+
     /// Runs `forward` over the caches of `batch`'s slots (taken out of the map so that each can
     /// be borrowed mutably, and put back whatever happens), after checking that each slot exists
     /// once and holds the positions its entry starts at.
@@ -386,6 +426,14 @@ impl Backend for MlxBackend {
             let rows = self.pipeline_step(batch, &lasts)?;
             return Ok(rows.into_iter().flatten().collect());
         }
+        if let Some(scales) = self.batch_adapter_scales(batch) {
+            let lasts: Vec<usize> = batch.iter().map(|e| e.tokens.len() - 1).collect();
+            let rows = self.run_batch(batch, |model, seqs| {
+                let scales: Vec<&[f32]> = scales.iter().map(Vec::as_slice).collect();
+                model.forward_scored_with_adapters(seqs, &lasts, &scales)
+            })?;
+            return Ok(rows.into_iter().flatten().collect());
+        }
         self.run_batch(batch, |model, seqs| model.forward(seqs))
     }
 
@@ -397,6 +445,7 @@ impl Backend for MlxBackend {
         if self.pipe.is_some() {
             return self.pipeline_step(batch, firsts);
         }
+        let adapter_scales = self.batch_adapter_scales(batch);
         self.run_batch(batch, |model, seqs| {
             // A verification keeps a hybrid's recurrent state after each of its positions, so
             // that `truncate` can roll rejected proposals back.
@@ -405,11 +454,26 @@ impl Backend for MlxBackend {
                     seq.cache.checkpoint_next_step();
                 }
             }
-            model.forward_scored(seqs, firsts)
+            match &adapter_scales {
+                Some(scales) => {
+                    let scales: Vec<&[f32]> = scales.iter().map(Vec::as_slice).collect();
+                    model.forward_scored_with_adapters(seqs, firsts, &scales)
+                }
+                None => model.forward_scored(seqs, firsts),
+            }
         })
     }
 
+    fn set_slot_adapters(&mut self, slot: SlotId, scales: Vec<f32>) {
+        if scales.iter().all(|&s| s == 0.0) {
+            self.adapter_scales.remove(&slot);
+        } else {
+            self.adapter_scales.insert(slot, scales);
+        }
+    }
+
     fn release_slot(&mut self, slot: SlotId) {
+        self.adapter_scales.remove(&slot);
         if self.slots.remove(&slot).is_some() {
             self.tell_pipe(SlotOp::Release { slot });
         }

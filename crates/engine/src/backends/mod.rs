@@ -69,6 +69,13 @@ pub(crate) fn load(
             reason: "stages pass hidden states over MLX's distributed layer; use the mlx backend",
         });
     }
+    if !options.lora_adapters.is_empty() && options.backend != BackendKind::Mlx {
+        return Err(EngineError::Unsupported {
+            what: "LoRA adapters (--lora, --lora-scaled)".into(),
+            backend: options.backend.as_str(),
+            reason: "its compiled programs hold no low-rank deltas; use the mlx backend",
+        });
+    }
     match options.backend {
         BackendKind::Mlx => load_mlx(checkpoint, options, activations),
         BackendKind::Xla => load_xla(checkpoint, options, activations),

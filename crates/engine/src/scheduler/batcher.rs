@@ -321,6 +321,10 @@ impl<B: Backend> Scheduler<B> {
         let budget = request
             .reasoning_budget
             .map(|budget| BudgetTracker::new(budget, &request.prompt));
+        let mut lora = request.lora;
+        while lora.last() == Some(&0.0) {
+            lora.pop();
+        }
         let id = self.next_id;
         self.next_id += 1;
         self.waiting.push_back(Sequence {
@@ -333,7 +337,8 @@ impl<B: Backend> Scheduler<B> {
             tokens: request.prompt,
             computed: 0,
             cached: 0,
-            reuse_cached_prefix: request.reuse_cached_prefix,
+            reuse_cached_prefix: request.reuse_cached_prefix && lora.is_empty(),
+            lora,
             sampler,
             stops: StopMatcher::new(request.stop),
             stop_token_ids: request.stop_token_ids,
@@ -657,6 +662,7 @@ impl<B: Backend> Scheduler<B> {
                 match adopted {
                     Ok(()) => {
                         let mut sequence = self.waiting.pop_front().expect("head exists");
+                        self.backend.set_slot_adapters(slot, sequence.lora.clone());
                         self.prefix.hand_over(i, &sequence);
                         sequence.slot = Some(slot);
                         sequence.status = RequestStatus::Running;
@@ -686,6 +692,7 @@ impl<B: Backend> Scheduler<B> {
             match self.backend.allocate_slot(&plan) {
                 Ok(slot) => {
                     let mut sequence = self.waiting.pop_front().expect("head exists");
+                    self.backend.set_slot_adapters(slot, sequence.lora.clone());
                     sequence.slot = Some(slot);
                     sequence.status = RequestStatus::Running;
                     if look_up {

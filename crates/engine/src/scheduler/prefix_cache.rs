@@ -394,10 +394,14 @@ impl PrefixCache {
             .iter()
             .enumerate()
             .map(|(i, r)| (r.slot, common(&r.tokens), Some(i)));
-        let running = running.iter().filter_map(|s| {
-            let slot = s.slot?;
-            Some((slot, common(&s.tokens[..s.computed]), None))
-        });
+        // A sequence with LoRA adapters computed the adapted model's keys and values.
+        let running = running
+            .iter()
+            .filter(|s| s.lora.is_empty())
+            .filter_map(|s| {
+                let slot = s.slot?;
+                Some((slot, common(&s.tokens[..s.computed]), None))
+            });
         let retained = retained
             .chain(running)
             .map(|(slot, len, i)| (slot, backend.resumable_prefix(slot, len), i));
@@ -544,6 +548,7 @@ impl PrefixCache {
         slot: SlotId,
     ) {
         let keep = self.budget > 0
+            && sequence.lora.is_empty()
             && sequence.computed >= MIN_REUSED_PREFIX
             && matches!(
                 sequence.status,
@@ -594,6 +599,7 @@ pub(super) fn waits_for_sharer(running: &[Sequence], index: usize, grain: usize)
             .min(prompt.len() - 1);
         let shared = shared / grain.max(1) * grain.max(1);
         earlier.slot.is_some()
+            && earlier.lora.is_empty()
             && earlier.computed < shared
             && shared >= sequence.computed + MIN_REUSED_PREFIX
     })

@@ -25,6 +25,10 @@ pub(super) struct Sequence {
     pub(super) cached: usize,
     /// Whether it may start from a cached prefix ([`crate::GenerationRequest::reuse_cached_prefix`]).
     pub(super) reuse_cached_prefix: bool,
+    /// Its LoRA scales ([`crate::GenerationRequest::lora`]), trailing zeros dropped: empty when
+    /// it runs the model alone. A sequence with some neither reuses nor feeds the prefix cache
+    /// (its keys and values are the adapted model's).
+    pub(super) lora: Vec<f32>,
     pub(super) sampler: Sampler,
     pub(super) decoder: Box<dyn DecodeStream>,
     pub(super) stops: StopMatcher,

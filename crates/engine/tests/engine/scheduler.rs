@@ -59,6 +59,8 @@ struct Mock {
     /// Prefixes copied between slots, and kept slots given to new sequences (with `prefix`).
     copies: usize,
     adoptions: usize,
+    /// The LoRA scales each slot was last given (`Backend::set_slot_adapters`).
+    adapters: HashMap<SlotId, Vec<f32>>,
 }
 
 impl Mock {
@@ -185,6 +187,9 @@ impl Backend for Mock {
             out.push(rows);
         }
         Ok(out)
+    }
+    fn set_slot_adapters(&mut self, slot: SlotId, scales: Vec<f32>) {
+        self.adapters.insert(slot, scales);
     }
     fn release_slot(&mut self, slot: SlotId) {
         self.slots.remove(&slot);
@@ -1517,4 +1522,44 @@ fn ngram_mod_remembers_earlier_requests() {
         alone.values().next().unwrap().tokens,
         "same tokens either way"
     );
+/// A request with LoRA scales runs its slot with them (trailing zeros dropped: all zeros is the
+/// model alone), and neither reuses nor feeds the prefix cache, whose keys and values are the
+/// model's alone; requests without adapters keep sharing it.
+#[test]
+fn requests_with_adapters_stay_out_of_the_prefix_cache() {
+    let mock = Mock {
+        prefix: true,
+        ..Mock::new(64)
+    };
+    let mut s = scheduler(mock, SchedulerConfig::default()).with_prefix_cache(1 << 20);
+    let prompt: Vec<u32> = (0..16).collect();
+    let base = s
+        .submit(greedy(prompt.clone(), MaxNewTokens::Limited(2)))
+        .unwrap();
+    run_to_end(&mut s);
+    let kept = s.backend().slots.len();
+    assert_eq!(kept, 1, "the base request's slot is kept");
+
+    let mut adapted = greedy(prompt.clone(), MaxNewTokens::Limited(2));
+    adapted.lora = vec![0.0, 0.5, 0.0];
+    let id = s.submit(adapted).unwrap();
+    let outcome = run_to_end(&mut s)[&id].clone();
+    assert_eq!(
+        outcome.finish.unwrap().1.cached_tokens,
+        0,
+        "an adapted request reuses nothing"
+    );
+    assert_eq!(s.backend().slots.len(), kept, "and its slot is not kept");
+    assert!(s.backend().adapters.values().any(|v| v == &[0.0, 0.5]));
+
+    let mut zeros = greedy(prompt.clone(), MaxNewTokens::Limited(2));
+    zeros.lora = vec![0.0, 0.0];
+    let id = s.submit(zeros).unwrap();
+    let outcome = run_to_end(&mut s)[&id].clone();
+    assert_eq!(
+        outcome.finish.unwrap().1.cached_tokens,
+        15,
+        "all-zero scales are the model alone"
+    );
+    assert_ne!(base, id);
 }

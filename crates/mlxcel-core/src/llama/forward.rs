@@ -1,6 +1,10 @@
 //! The forward pass: one step over any mix of sequences, each with its own cache and its own
 //! new tokens, through the fused decoder-layer node or a per-op graph per layer.
 
+use mlxcel_model::LoraTarget;
+
+use super::linear::{GateUp, Linear, combine};
+use super::lora::{SeqScales, StepAdapters};
 use super::model::{LayerRef, LlamaModel};
 use super::weights::{Layer, Mlp, QkvWeights};
 use super::window::window_mask;
@@ -87,7 +91,7 @@ impl LlamaModel {
     /// position of one sequence's step: what embeddings pool. The cache grows as with
     /// [`LlamaModel::forward`].
     pub fn forward_hidden(&self, seq: ForwardSeq<'_>) -> Result<Vec<Vec<f32>>> {
-        self.forward_rows_as(&mut [seq], Some(&[0]), Output::Hidden)
+        self.forward_rows_as(&mut [seq], Some(&[0]), Output::Hidden, None)
     }
 
     /// [`LlamaModel::forward`], or with `from: Some(firsts)` the logits of every row of
@@ -97,7 +101,75 @@ impl LlamaModel {
         seqs: &mut [ForwardSeq<'_>],
         from: Option<&[usize]>,
     ) -> Result<Vec<Vec<f32>>> {
-        self.forward_rows_as(seqs, from, Output::Logits)
+        self.forward_rows_as(seqs, from, Output::Logits, None)
+    }
+
+    /// [`LlamaModel::forward_scored`] with LoRA adapters: `scales[i][j]` is sequence `i`'s scale
+    /// for adapter `j` ([`LlamaModel::set_adapters`]'s order; missing entries are 0), so that
+    /// sequences with different adapters share the step.
+    pub fn forward_scored_with_adapters(
+        &self,
+        seqs: &mut [ForwardSeq<'_>],
+        firsts: &[usize],
+        scales: &[&[f32]],
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        if scales.len() != seqs.len() || firsts.len() != seqs.len() {
+            return Err(Error::Adapter {
+                reason: format!(
+                    "{} scale lists and {} first rows for {} sequences",
+                    scales.len(),
+                    firsts.len(),
+                    seqs.len()
+                ),
+            });
+        }
+        if let Some(bad) = scales.iter().find(|s| s.len() > self.adapters.len()) {
+            return Err(Error::Adapter {
+                reason: format!(
+                    "{} scales given, the model holds {} adapters",
+                    bad.len(),
+                    self.adapters.len()
+                ),
+            });
+        }
+        let seq_scales: Vec<SeqScales<'_>> = seqs
+            .iter()
+            .zip(scales)
+            .map(|(seq, &scales)| SeqScales {
+                rows: seq.tokens.len(),
+                scales,
+            })
+            .collect();
+        let step = StepAdapters {
+            adapters: &self.adapters,
+            seqs: &seq_scales,
+        };
+        if !step.active() {
+            return self.forward_scored(seqs, firsts);
+        }
+        for (seq, &first) in seqs.iter().zip(firsts) {
+            if first >= seq.tokens.len() {
+                return Err(Error::Mlx {
+                    op: "forward_scored",
+                    message: format!(
+                        "first row {first} is past the step's {} tokens",
+                        seq.tokens.len()
+                    ),
+                });
+            }
+        }
+        let counts: Vec<usize> = seqs
+            .iter()
+            .zip(firsts)
+            .map(|(seq, &first)| seq.tokens.len() - first)
+            .collect();
+        let mut rows = self
+            .forward_rows_as(seqs, Some(firsts), Output::Logits, Some(&step))?
+            .into_iter();
+        Ok(counts
+            .into_iter()
+            .map(|count| rows.by_ref().take(count).collect())
+            .collect())
     }
 
     fn forward_rows_as(
@@ -105,13 +177,14 @@ impl LlamaModel {
         seqs: &mut [ForwardSeq<'_>],
         from: Option<&[usize]>,
         output: Output,
+        lora: Option<&StepAdapters<'_>>,
     ) -> Result<Vec<Vec<f32>>> {
         if seqs.is_empty() {
             return Ok(Vec::new());
         }
         let ids = self.begin_step(seqs)?;
         let x = self.embed_tokens(&ids)?;
-        let x = self.run_layers(x, seqs)?;
+        let x = self.run_layers_with(x, seqs, lora)?;
         let last = self.final_rows(x, seqs, from)?;
         if output == Output::Hidden {
             let hidden = last.astype(Dtype::F32)?;
@@ -169,10 +242,27 @@ impl LlamaModel {
     }
 
     /// The model's decoder layers (a stage's) over `x`, the step's rows in sequence order.
-    pub(super) fn run_layers(&self, mut x: Array, seqs: &mut [ForwardSeq<'_>]) -> Result<Array> {
+    pub(super) fn run_layers(&self, x: Array, seqs: &mut [ForwardSeq<'_>]) -> Result<Array> {
+        self.run_layers_with(x, seqs, None)
+    }
+
+    /// [`LlamaModel::run_layers`] adding LoRA deltas where `lora` has an adapter at a non-zero
+    /// scale (then through the per-op graph: the fused node has no place for them).
+    fn run_layers_with(
+        &self,
+        mut x: Array,
+        seqs: &mut [ForwardSeq<'_>],
+        lora: Option<&StepAdapters<'_>>,
+    ) -> Result<Array> {
         let c = &self.config;
         let kn = &self.kernels;
-        if let Some(fused) = self.fused_layers() {
+        let lora = lora.filter(|l| l.active());
+        let fused = if lora.is_some() {
+            None
+        } else {
+            self.fused_layers()
+        };
+        if let Some(fused) = fused {
             let shape = LayerShape {
                 hidden: c.hidden_size as i32,
                 heads: c.num_attention_heads as i32,
@@ -225,7 +315,7 @@ impl LlamaModel {
                         self.varied_step(index, x, &mut parts, per_layer_inputs.as_ref())?
                     }
                     LayerRef::Attention(index) => {
-                        self.layer_per_op(index, &self.layers[index], x, seqs)?
+                        self.layer_per_op(index, &self.layers[index], x, seqs, lora)?
                     }
                     LayerRef::Linear(index) => {
                         let linear = &self.linear_layers[index];
@@ -336,6 +426,7 @@ impl LlamaModel {
         layer: &Layer,
         mut x: Array,
         seqs: &mut [ForwardSeq<'_>],
+        lora: Option<&StepAdapters<'_>>,
     ) -> Result<Array> {
         let c = &self.config;
         let kn = &self.kernels;
@@ -365,6 +456,16 @@ impl LlamaModel {
                 let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
                 Projections::Separate(q.forward(&h, kn)?, k.forward(&h, kn)?, v.forward(&h, kn)?)
             }
+        };
+        let projections = match lora {
+            Some(l)
+                if [LoraTarget::Q, LoraTarget::K, LoraTarget::V]
+                    .into_iter()
+                    .any(|t| l.applies(index, t)) =>
+            {
+                self.qkv_deltas(index, l, &x, &layer.input_norm, projections)?
+            }
+            _ => projections,
         };
         // OLMoE's q/k norms span the whole projections: q and k are normed before the heads are
         // split, and the per-head norms below are skipped.
@@ -553,12 +654,29 @@ impl LlamaModel {
         match (&layer.sandwich, &layer.mlp) {
             (None, mlp) => {
                 x = layer.o.forward_add(&attended, &x, kn)?;
-                x = self.feed_forward(x, &layer.post_norm, mlp)?;
+                if let Some(l) = lora {
+                    x = l.add_to(index, LoraTarget::O, &attended, x)?;
+                }
+                x = match (lora, mlp) {
+                    (Some(l), Mlp::Dense { gate_up, down }) if mlp_applies(l, index) => {
+                        let out =
+                            self.dense_mlp_with(index, l, &x, &layer.post_norm, (gate_up, down))?;
+                        x.add(&out)?
+                    }
+                    _ => self.feed_forward(x, &layer.post_norm, mlp)?,
+                };
             }
             (Some((post_attention, post_feedforward)), mlp) => {
-                let out = layer.o.forward(&attended, kn)?;
+                let mut out = layer.o.forward(&attended, kn)?;
+                if let Some(l) = lora {
+                    out = l.add_to(index, LoraTarget::O, &attended, out)?;
+                }
                 x = x.add(&rms_norm(&out, post_attention, eps)?)?;
                 let out = match mlp {
+                    Mlp::Dense { gate_up, down } if lora.is_some_and(|l| mlp_applies(l, index)) => {
+                        let l = lora.expect("checked");
+                        self.dense_mlp_with(index, l, &x, &layer.post_norm, (gate_up, down))?
+                    }
                     Mlp::Dense { gate_up, down } => {
                         let gated =
                             gate_up.forward_normed(&x, &layer.post_norm, eps, activation, kn)?;
@@ -592,6 +710,75 @@ impl LlamaModel {
             Mlp::Routed(moe) => moe.forward_add(&x, post_norm, eps, kn),
         }
     }
+}
+
+impl LlamaModel {
+    /// `projections` plus the adapters' q/k/v deltas of the normed rows.
+    fn qkv_deltas(
+        &self,
+        index: usize,
+        l: &StepAdapters<'_>,
+        x: &Array,
+        norm: &Array,
+        projections: Projections,
+    ) -> Result<Projections> {
+        let c = &self.config;
+        let h = rms_norm(x, norm, c.rms_norm_eps)?;
+        Ok(match projections {
+            Projections::Separate(q, k, v) => Projections::Separate(
+                l.add_to(index, LoraTarget::Q, &h, q)?,
+                l.add_to(index, LoraTarget::K, &h, k)?,
+                l.add_to(index, LoraTarget::V, &h, v)?,
+            ),
+            Projections::Stacked(y) => {
+                let rows = y.shape()[0];
+                let q_dim = (c.num_attention_heads * c.head_dim) as i32;
+                let kv_dim = (c.num_key_value_heads * c.head_dim) as i32;
+                let part = |target: LoraTarget, width: i32| -> Result<Array> {
+                    match l.delta(index, target, &h)? {
+                        Some(d) => Ok(d),
+                        None => Array::zeros(&[rows, width], Dtype::F32),
+                    }
+                };
+                let d = Array::concatenate(
+                    &[
+                        &part(LoraTarget::Q, q_dim)?,
+                        &part(LoraTarget::K, kv_dim)?,
+                        &part(LoraTarget::V, kv_dim)?,
+                    ],
+                    1,
+                )?;
+                Projections::Stacked(y.add(&d)?)
+            }
+        })
+    }
+
+    /// A dense MLP's output (without the residual) with the adapters' gate, up and down
+    /// deltas: the gate and up projections apart, each with its delta, then the activation.
+    fn dense_mlp_with(
+        &self,
+        index: usize,
+        l: &StepAdapters<'_>,
+        x: &Array,
+        norm: &Array,
+        (gate_up, down): (&GateUp, &Linear),
+    ) -> Result<Array> {
+        let kn = &self.kernels;
+        let h = rms_norm(x, norm, self.config.rms_norm_eps)?;
+        let (g, u) = gate_up.projections(&h, kn)?;
+        let g = l.add_to(index, LoraTarget::Gate, &h, g)?;
+        let u = l.add_to(index, LoraTarget::Up, &h, u)?;
+        let gated = combine(&g, &u, self.features.activation)?;
+        let y = down.forward(&gated, kn)?;
+        l.add_to(index, LoraTarget::Down, &gated, y)
+    }
+}
+
+/// Whether any of the MLP's projections in layer `index` gets a delta this step.
+fn mlp_applies(l: &StepAdapters<'_>, index: usize) -> bool {
+    [LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down]
+        .into_iter()
+        .any(|t| l.applies(index, t))
 }
 
 /// A layer's q, k and v projections of the step's tokens: stacked side by side, or three.

@@ -209,6 +209,22 @@ impl GateUp {
         }
     }
 
+    /// `(h · gateᵀ, h · upᵀ)` before the activation (where a LoRA delta joins each).
+    pub(super) fn projections(&self, h: &Array, kernels: &Kernels) -> Result<(Array, Array)> {
+        match self {
+            Self::Stacked(w) => {
+                let y = w.linear(h, kernels)?;
+                let shape = y.shape();
+                let (rows, width) = (shape[0], shape[1] / 2);
+                Ok((
+                    y.slice(&[0, 0], &[rows, width])?,
+                    y.slice(&[0, width], &[rows, 2 * width])?,
+                ))
+            }
+            Self::Separate { gate, up } => Ok((gate.forward(h, kernels)?, up.forward(h, kernels)?)),
+        }
+    }
+
     /// Rewrites the quantized matrices for the int8 kernels where they take their layout.
     pub(super) fn interleave_int8(&mut self, layout: Int8Layout, threads: usize) -> Result<()> {
         match self {
@@ -258,7 +274,7 @@ fn epilogue_of(activation: HiddenActivation) -> Option<Epilogue<'static>> {
 }
 
 /// The gated activation of gate `g` and up `u` (rows of the two projections), as separate ops.
-fn combine(g: &Array, u: &Array, activation: HiddenActivation) -> Result<Array> {
+pub(super) fn combine(g: &Array, u: &Array, activation: HiddenActivation) -> Result<Array> {
     match activation {
         HiddenActivation::Silu => g.silu()?.multiply(u),
         HiddenActivation::GeluTanh => g.gelu_tanh()?.multiply(u),

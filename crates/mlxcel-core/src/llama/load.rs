@@ -179,6 +179,7 @@ impl LlamaModel {
             kernels,
             kv_types: (KvType::F32, KvType::F32),
             fusable: false,
+            adapters: Default::default(),
         };
         model.fusable = model.varied.is_none()
             && model

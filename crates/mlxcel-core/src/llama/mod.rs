@@ -32,6 +32,8 @@
 //! - `stage.rs` is a pipeline stage's part of the model ([`Stage`]: a range of decoder layers,
 //!   and which of the embedding, final norm and output projection it holds); `stage_step.rs` its
 //!   step over hidden states another stage computed.
+//! - `lora.rs` holds LoRA adapters' low-rank pairs and adds their deltas to a step's
+//!   projections, each sequence at its own scales.
 //! - `forward.rs` runs a step ([`ForwardSeq`] per sequence) through the fused decoder-layer node
 //!   or a per-op graph.
 
@@ -40,6 +42,7 @@ mod experts;
 mod forward;
 mod linear;
 mod load;
+mod lora;
 mod model;
 mod per_layer_inputs;
 mod routing;

@@ -5,6 +5,7 @@ use mlxcel_model::ModelConfig;
 
 use super::delta_net::LinearLayer;
 use super::linear::{Linear, linear_arrays};
+use super::lora::Adapters;
 use super::short_conv::ConvLayer;
 use super::stage::Stage;
 use super::varied_layer::{StepContext, VariedLayers};
@@ -74,6 +75,8 @@ pub struct LlamaModel {
     pub(super) kv_types: (KvType, KvType),
     /// Every layer is [`Layer::fusable`] (decided at load).
     pub(super) fusable: bool,
+    /// The LoRA adapters a step may apply ([`LlamaModel::set_adapters`]); none at load.
+    pub(super) adapters: Adapters,
 }
 
 impl LlamaModel {
@@ -399,5 +402,37 @@ impl LlamaModel {
             message: format!("layer {index} is a varied layer of a model that has none"),
         })?;
         varied.step(index, x, parts, per_layer_inputs, &self.varied_context())
+    }
+}
+
+impl LlamaModel {
+    /// Holds `adapters` (their ids are their places in the slice) for steps to apply
+    /// ([`LlamaModel::forward_scored_with_adapters`]), replacing any held before. Refused on
+    /// the models whose layers the LoRA path does not cover, saying which.
+    pub fn set_adapters(&mut self, adapters: &[mlxcel_model::LoraAdapter]) -> Result<()> {
+        let c = &self.config;
+        let refusal = if self.varied.is_some() {
+            Some("its layers vary in shape (Gemma 4)")
+        } else if !self.linear_layers.is_empty() || !self.conv_layers.is_empty() {
+            Some("it has linear-attention or convolution layers (a hybrid)")
+        } else if self.stage.first != 0 || self.stage.end != c.num_hidden_layers {
+            Some("this process holds one pipeline stage of it")
+        } else if c.attention_output_gate {
+            Some("its attention output is gated (q_proj holds the gate)")
+        } else {
+            None
+        };
+        if let (Some(why), false) = (refusal, adapters.is_empty()) {
+            return Err(Error::Adapter {
+                reason: format!("LoRA adapters are not supported on this model: {why}"),
+            });
+        }
+        self.adapters = Adapters::new(adapters, self.layers.len())?;
+        Ok(())
+    }
+
+    /// How many LoRA adapters the model holds.
+    pub fn adapter_count(&self) -> usize {
+        self.adapters.len()
     }
 }

@@ -13,6 +13,7 @@ mod int8_blocks;
 mod kernels;
 mod lfm2;
 mod llama;
+mod lora;
 mod mixed;
 mod mxfp4;
 mod pin;

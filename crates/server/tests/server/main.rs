@@ -29,6 +29,7 @@ mod idle;
 mod infill;
 mod lifecycle;
 mod llama_fields;
+mod lora;
 mod reasoning;
 mod responses;
 mod router;

@@ -1,12 +1,13 @@
 //! llama-server's routes: `/completion` and `/infill` (`completion.rs`, answered in
 //! `answer.rs`, the fill-in-the-middle prompt in `fim.rs`), `/tokenize`, `/detokenize`,
 //! `/apply-template` (`tokens.rs`), `/health`, `/live`, `/props`, `/metrics` (`status.rs`),
-//! `GET /slots` (`slots.rs`) and `POST /slots/{id}` (`slot_files.rs`, the file in
+//! `GET/POST /lora-adapters` (`lora_adapters.rs`), `GET /slots` (`slots.rs`) and `POST /slots/{id}` (`slot_files.rs`, the file in
 //! `slot_file.rs`).
 
 mod answer;
 mod completion;
 mod fim;
+pub(crate) mod lora_adapters;
 mod slot_file;
 pub(crate) mod slot_files;
 mod slots;

@@ -1,0 +1,173 @@
+//! LoRA adapters on the decoder layers' projections: per adapter and projection the low-rank
+//! pair `A` (`[rank, in]`) and `B` (`[out, rank]`), applied per sequence as
+//! `y = W x + s · B (A x)` with each sequence's own scale `s` (its scale for the adapter times
+//! `alpha / rank`), so that sequences with different adapters, or none, share a step.
+//!
+//! The deltas run as MLX matmuls in f32 beside the layer's own kernels; a step with any adapter
+//! at a non-zero scale runs the per-op graph (`forward.rs`), whose projections they join.
+
+use mlxcel_model::{LoraAdapter, LoraTarget};
+
+use crate::array::Array;
+use crate::error::{Error, Result};
+
+/// One projection's pair, transposed for `x · Aᵀ · Bᵀ`.
+#[derive(Debug)]
+struct Pair {
+    /// `[in, rank]`.
+    a_t: Array,
+    /// `[rank, out]`.
+    b_t: Array,
+    /// `alpha / rank`, or 1 where alpha is 0: the user's scale times this multiplies the delta.
+    factor: f32,
+}
+
+/// One adapter's pairs: `layers[i][target]`.
+#[derive(Debug)]
+struct AdapterPairs {
+    layers: Vec<[Option<Pair>; 7]>,
+}
+
+/// The adapters a model holds, in the order they were given (their ids).
+#[derive(Debug, Default)]
+pub(super) struct Adapters {
+    adapters: Vec<AdapterPairs>,
+}
+
+/// Each sequence of a step: its row count and its scale per adapter (missing entries are 0).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SeqScales<'a> {
+    pub rows: usize,
+    pub scales: &'a [f32],
+}
+
+/// What a step's layers need to add the adapters' deltas.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepAdapters<'a> {
+    pub adapters: &'a Adapters,
+    pub seqs: &'a [SeqScales<'a>],
+}
+
+fn target_index(target: LoraTarget) -> usize {
+    LoraTarget::ALL
+        .iter()
+        .position(|&t| t == target)
+        .unwrap_or_default()
+}
+
+impl Adapters {
+    /// Builds the pairs of `adapters` for a model of `layers` decoder layers.
+    pub(super) fn new(adapters: &[LoraAdapter], layers: usize) -> Result<Self> {
+        let mut out = Vec::with_capacity(adapters.len());
+        for adapter in adapters {
+            let mut pairs = AdapterPairs {
+                layers: (0..layers).map(|_| Default::default()).collect(),
+            };
+            for w in &adapter.weights {
+                let slot = pairs
+                    .layers
+                    .get_mut(w.layer)
+                    .ok_or_else(|| Error::Adapter {
+                        reason: format!(
+                            "{}: layer {} is past the model's {layers}",
+                            adapter.path.display(),
+                            w.layer
+                        ),
+                    })?;
+                let (rank, din, dout) = (w.rank as i32, w.in_dim as i32, w.out_dim as i32);
+                let a_t = Array::from_f32(&w.a, &[rank, din])?.transpose(&[1, 0])?;
+                let b_t = Array::from_f32(&w.b, &[dout, rank])?.transpose(&[1, 0])?;
+                // Contiguous copies, so that each step reads them as they are.
+                let (a_t, b_t) = (a_t.deep_copy()?, b_t.deep_copy()?);
+                crate::array::eval(&[&a_t, &b_t])?;
+                slot[target_index(w.target)] = Some(Pair {
+                    a_t,
+                    b_t,
+                    factor: adapter.weight_scale(w, 1.0),
+                });
+            }
+            out.push(pairs);
+        }
+        Ok(Self { adapters: out })
+    }
+
+    /// How many adapters there are.
+    pub(super) fn len(&self) -> usize {
+        self.adapters.len()
+    }
+}
+
+impl StepAdapters<'_> {
+    /// Whether any sequence has a non-zero scale for an adapter.
+    pub(super) fn active(&self) -> bool {
+        self.seqs.iter().any(|s| s.scales.iter().any(|&x| x != 0.0))
+    }
+
+    /// Whether layer `layer`'s `target` gets a delta this step.
+    pub(super) fn applies(&self, layer: usize, target: LoraTarget) -> bool {
+        let t = target_index(target);
+        self.adapters.adapters.iter().enumerate().any(|(j, a)| {
+            a.layers.get(layer).is_some_and(|l| l[t].is_some())
+                && self
+                    .seqs
+                    .iter()
+                    .any(|s| s.scales.get(j).copied().unwrap_or(0.0) != 0.0)
+        })
+    }
+
+    /// The delta of layer `layer`'s `target` for the step's rows `x` (`[rows, in]`, the
+    /// sequences' rows in order): `Σ_j s_j(row) · (x Aⱼᵀ) Bⱼᵀ`, `None` when no adapter at a
+    /// non-zero scale has a pair there.
+    pub(super) fn delta(
+        &self,
+        layer: usize,
+        target: LoraTarget,
+        x: &Array,
+    ) -> Result<Option<Array>> {
+        let t = target_index(target);
+        let total: usize = self.seqs.iter().map(|s| s.rows).sum();
+        let mut sum: Option<Array> = None;
+        for (j, adapter) in self.adapters.adapters.iter().enumerate() {
+            let Some(pair) = adapter.layers.get(layer).and_then(|l| l[t].as_ref()) else {
+                continue;
+            };
+            let scale_of =
+                |s: &SeqScales<'_>| s.scales.get(j).copied().unwrap_or(0.0) * pair.factor;
+            if self.seqs.iter().all(|s| scale_of(s) == 0.0) {
+                continue;
+            }
+            let low = x.matmul(&pair.a_t)?;
+            // One scale for every row when the sequences agree (a scalar), else one per row.
+            let first = scale_of(&self.seqs[0]);
+            let low = if self.seqs.iter().all(|s| scale_of(s) == first) {
+                low.multiply(&Array::scalar_f32(first))?
+            } else {
+                let mut rows = Vec::with_capacity(total);
+                for s in self.seqs {
+                    rows.extend(std::iter::repeat_n(scale_of(s), s.rows));
+                }
+                low.multiply(&Array::from_f32(&rows, &[total as i32, 1])?)?
+            };
+            let d = low.matmul(&pair.b_t)?;
+            sum = Some(match sum {
+                Some(acc) => acc.add(&d)?,
+                None => d,
+            });
+        }
+        Ok(sum)
+    }
+
+    /// `y + delta` (or `y`).
+    pub(super) fn add_to(
+        &self,
+        layer: usize,
+        target: LoraTarget,
+        x: &Array,
+        y: Array,
+    ) -> Result<Array> {
+        match self.delta(layer, target, x)? {
+            Some(d) => y.add(&d),
+            None => Ok(y),
+        }
+    }
+}
