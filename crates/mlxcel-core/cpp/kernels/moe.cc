@@ -2,6 +2,8 @@
 // parallel region per projection, and the weighted sum.
 #include "mlxcel-core/cpp/kernels/moe.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -47,6 +49,37 @@ __attribute__((target("avx2"))) float dot_avx2(const float* x, const float* w, i
   MOE_DOT_BODY
 }
 #undef MOE_DOT_BODY
+
+// Tokens whose router logits one pass over a router row computes (dot_group).
+constexpr int kRouterTokens = 4;
+
+// dot_plain of each of kRouterTokens rows of x (`stride` floats apart) with w into out: each the
+// same operations in the same order as dot_plain's, token by token.
+void dot_group_plain(const float* x, int64_t stride, const float* w, int n, float* out) {
+  for (int t = 0; t < kRouterTokens; ++t) out[t] = dot_plain(x + t * stride, w, n);
+}
+
+// dot_avx2 of kRouterTokens rows at once, each w value loaded once for them all: per token the
+// eight partial sums as the lanes of one register (a product, then an add), the tree
+// ((0 + 4) + (1 + 5)) + ((2 + 6) + (3 + 7)), then the tail in order — dot_avx2's operations.
+__attribute__((target("avx2"))) void dot_group_avx2(const float* x, int64_t stride,
+                                                    const float* w, int n, float* out) {
+  __m256 acc[kRouterTokens];
+  for (int t = 0; t < kRouterTokens; ++t) acc[t] = _mm256_setzero_ps();
+  const int chunks = n / 8;
+  for (int c = 0; c < chunks; ++c) {
+    const __m256 wc = _mm256_loadu_ps(w + 8 * c);
+    for (int t = 0; t < kRouterTokens; ++t)
+      acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_loadu_ps(x + t * stride + 8 * c), wc));
+  }
+  for (int t = 0; t < kRouterTokens; ++t) {
+    alignas(32) float a[8];
+    _mm256_store_ps(a, acc[t]);
+    float total = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+    for (int i = 8 * chunks; i < n; ++i) total += x[t * stride + i] * w[i];
+    out[t] = total;
+  }
+}
 
 // Rust's f32::max fold from -inf: a NaN is skipped.
 float max_of(const float* v, int n) {
@@ -197,12 +230,16 @@ void grouped_qmatmul(const std::vector<QProblem>& ps, Isa isa, int threads) {
     const int64_t row0 = static_cast<int64_t>(m) * p.K;
     if (p.factored) {
       const int64_t step0 = static_cast<int64_t>(m) * (p.K / kSuperBlock);
-      (vnni ? quantize_x_int8_sb_avx512 : quantize_x_int8_sb)(
+      (vnni                ? quantize_x_int8_sb_avx512
+       : isa >= Isa::Avx2 ? quantize_x_int8_sb_avx2
+                           : quantize_x_int8_sb)(
           p.x + row0, in_block, p.K, q + part.codes + row0, dx + part.supers + step0,
           sums + (part.supers + step0) * kInt8SbSums);
     } else {
       const int64_t block0 = static_cast<int64_t>(m) * (p.K / kInt8Block);
-      (vnni ? quantize_x_int8_avx512 : quantize_x_int8)(
+      (vnni                ? quantize_x_int8_avx512
+       : isa >= Isa::Avx2 ? quantize_x_int8_avx2
+                           : quantize_x_int8)(
           p.x + row0, in_block, p.K, q + part.codes + row0, dx + part.blocks + block0,
           sx + part.blocks + block0, sh + 2 * (part.blocks + block0));
     }
@@ -292,24 +329,37 @@ void routed_experts(const MoePlan& plan, const float* x, const float* norm, floa
                   h + static_cast<int64_t>(first) * H);
   });
 
-  // The router's logits, a task per (token, 16 router rows).
+  // The router's logits, a task per (16 router rows, group of kRouterTokens tokens), the groups
+  // of one run of rows one after another: the run's rows stay in cache while the tokens pass
+  // (a task per token streamed the whole router, 2 MB for 256 experts of width 2,048, once per
+  // token), and a group reads each row once. Each logit is the same dot product either way.
   float* logits = grow(s.logits, static_cast<size_t>(T) * R);
   const auto dot = isa >= Isa::Avx2 ? dot_avx2 : dot_plain;
+  const auto dot_group = isa >= Isa::Avx2 ? dot_group_avx2 : dot_group_plain;
   const int row_tasks = (R + 15) / 16;
+  const int groups = (T + kRouterTokens - 1) / kRouterTokens;
   auto route_task = [&](int task) {
-    const int t = task / row_tasks, r0 = task % row_tasks * 16;
+    const int t0 = task % groups * kRouterTokens, r0 = task / groups * 16;
+    const int tokens = std::min(kRouterTokens, T - t0);
     for (int r = r0; r < std::min(R, r0 + 16); ++r) {
-      float logit =
-          dot(h + static_cast<int64_t>(t) * H, plan.router.data() + static_cast<int64_t>(r) * H, H);
-      // The host adds the router's bias after the dot product (routing.rs `logits`).
-      if (!plan.router_bias.empty() && r < E) logit += plan.router_bias[r];
-      logits[static_cast<int64_t>(t) * R + r] = logit;
+      const float* w = plan.router.data() + static_cast<int64_t>(r) * H;
+      float logit[kRouterTokens];
+      if (tokens == kRouterTokens) {
+        dot_group(h + static_cast<int64_t>(t0) * H, H, w, H, logit);
+      } else {
+        for (int t = 0; t < tokens; ++t) logit[t] = dot(h + static_cast<int64_t>(t0 + t) * H, w, H);
+      }
+      for (int t = 0; t < tokens; ++t) {
+        // The host adds the router's bias after the dot product (routing.rs `logits`).
+        if (!plan.router_bias.empty() && r < E) logit[t] += plan.router_bias[r];
+        logits[static_cast<int64_t>(t0 + t) * R + r] = logit[t];
+      }
     }
   };
   if (static_cast<int64_t>(T) * R * H < kParallelRouter || threads <= 1) {
-    for (int task = 0; task < T * row_tasks; ++task) route_task(task);
+    for (int task = 0; task < groups * row_tasks; ++task) route_task(task);
   } else {
-    parallel_for(threads, T * row_tasks, route_task);
+    parallel_for(threads, groups * row_tasks, route_task);
   }
 
   uint32_t* picked = grow(s.picked, static_cast<size_t>(T) * k);

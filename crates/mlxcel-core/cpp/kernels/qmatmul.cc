@@ -52,18 +52,21 @@ struct QuantizedX {
   // Row block b of x (rows [8b, 8b + 8) ∩ [0, M)) into the forms asked for. Each row block's
   // codes, steps and sums are contiguous and depend on its rows only.
   void quantize(const float* x, int M, int K, int b, bool per_block, bool per_superblock,
-                bool vnni) {
+                bool vnni, bool avx2) {
     const int m = b * kInt8RowBlock, in_block = std::min(kInt8RowBlock, M - m);
     const int64_t codes = static_cast<int64_t>(b) * kInt8RowBlock * K;
     const int64_t blocks = static_cast<int64_t>(b) * kInt8RowBlock * (K / kInt8Block);
     const int64_t steps = static_cast<int64_t>(b) * kInt8RowBlock * (K / kSuperBlock);
     x += static_cast<int64_t>(m) * K;
     if (per_block)
-      (vnni ? quantize_x_int8_avx512 : quantize_x_int8)(x, in_block, K, bq.data() + codes,
-                                                        dx.data() + blocks, sx.data() + blocks,
-                                                        sh.data() + 2 * blocks);
+      (vnni   ? quantize_x_int8_avx512
+       : avx2 ? quantize_x_int8_avx2
+              : quantize_x_int8)(x, in_block, K, bq.data() + codes, dx.data() + blocks,
+                                 sx.data() + blocks, sh.data() + 2 * blocks);
     if (per_superblock)
-      (vnni ? quantize_x_int8_sb_avx512 : quantize_x_int8_sb)(
+      (vnni   ? quantize_x_int8_sb_avx512
+       : avx2 ? quantize_x_int8_sb_avx2
+              : quantize_x_int8_sb)(
           x, in_block, K, sq.data() + codes, sd.data() + steps,
           sums.data() + steps * kInt8SbSums);
   }
@@ -85,6 +88,7 @@ void qmatmul_int8(const QProblem* ps, int count, Isa isa, int threads) {
   bool per_block = false, per_superblock = false;
   for (int i = 0; i < count; ++i) (ps[i].factored ? per_superblock : per_block) = true;
   const bool vnni = isa == Isa::Avx512 && has_vnni();
+  const bool avx2 = isa >= Isa::Avx2;
   const int row_blocks = int8_rows(p.M) / kInt8RowBlock;
   const bool each_thread = row_blocks == 1 && threads > 1;
   static thread_local QuantizedX mine;
@@ -98,7 +102,7 @@ void qmatmul_int8(const QProblem* ps, int count, Isa isa, int threads) {
   if (!each_thread) {
     shared.size(p.M, p.K, per_block, per_superblock);
     parallel_for(threads, row_blocks, [&](int b) {
-      shared.quantize(p.x, p.M, p.K, b, per_block, per_superblock, vnni);
+      shared.quantize(p.x, p.M, p.K, b, per_block, per_superblock, vnni, avx2);
     });
   }
   const auto kernel = vnni ? int8_avx512 : isa >= Isa::Avx2 ? int8_avx2 : int8_scalar;
@@ -132,7 +136,7 @@ void qmatmul_int8(const QProblem* ps, int count, Isa isa, int threads) {
     if (each_thread) {
       if (held != call) {
         mine.size(p.M, p.K, per_block, per_superblock);
-        mine.quantize(p.x, p.M, p.K, 0, per_block, per_superblock, vnni);
+        mine.quantize(p.x, p.M, p.K, 0, per_block, per_superblock, vnni, avx2);
         held = call;
       }
       x = &mine;

@@ -207,6 +207,8 @@ struct Int8X {
 void quantize_x_int8(const float* x, int M, int K, int8_t* xq, float* dx, float* sx, float* sh);
 void quantize_x_int8_avx512(const float* x, int M, int K, int8_t* xq, float* dx, float* sx,
                             float* sh);
+void quantize_x_int8_avx2(const float* x, int M, int K, int8_t* xq, float* dx, float* sx,
+                          float* sh);
 // Per superblock (K a multiple of kSuperBlock): codes round(x / dx) to nearest even with
 // dx = max|x| / 127 over the superblock; a superblock holding a NaN or an infinity gets a NaN
 // step and zero codes (the output turns NaN, as the f32 path's would). Both forms give the same
@@ -214,6 +216,8 @@ void quantize_x_int8_avx512(const float* x, int M, int K, int8_t* xq, float* dx,
 void quantize_x_int8_sb(const float* x, int M, int K, int8_t* xq, float* dx, int16_t* sums);
 void quantize_x_int8_sb_avx512(const float* x, int M, int K, int8_t* xq, float* dx,
                                int16_t* sums);
+void quantize_x_int8_sb_avx2(const float* x, int M, int K, int8_t* xq, float* dx,
+                             int16_t* sums);
 
 // Output tiles [t0, t1) of kInt8TileRows rows for x rows [m0, m1); x in the form p's weights
 // take (per superblock when p.factored).

@@ -109,14 +109,41 @@ impl Router {
         routes
     }
 
-    /// Every row's logits of the tokens in `h` into `out` (`[tokens, rows]`).
+    /// Every row's logits of the tokens in `h` into `out` (`[tokens, rows]`). Blocked for the
+    /// caches (a 256-expert router of width 2,048 is 2 MB, streamed once per token when every
+    /// token took every row in turn): rows in runs of [`ROW_RUN`] (kept in L2 while every token
+    /// passes over them), tokens [`TOKEN_GROUP`] at a time (each row read once for the group).
+    /// Each logit is [`dot`]'s arithmetic whatever the blocking, so the bits are the same.
     fn logits(&self, h: &[f32], out: &mut [f32]) {
         let rows = self.weights.len() / self.hidden;
-        for (x, out) in h.chunks_exact(self.hidden).zip(out.chunks_exact_mut(rows)) {
-            for (w, logit) in self.weights.chunks_exact(self.hidden).zip(out.iter_mut()) {
-                *logit = dot(x, w);
+        let tokens = h.len() / self.hidden;
+        for first_row in (0..rows).step_by(ROW_RUN) {
+            let run = first_row..(first_row + ROW_RUN).min(rows);
+            for first in (0..tokens).step_by(TOKEN_GROUP) {
+                let group = first..(first + TOKEN_GROUP).min(tokens);
+                if group.len() == TOKEN_GROUP {
+                    let xs: [&[f32]; TOKEN_GROUP] = std::array::from_fn(|i| {
+                        &h[(first + i) * self.hidden..(first + i + 1) * self.hidden]
+                    });
+                    for row in run.clone() {
+                        let w = &self.weights[row * self.hidden..(row + 1) * self.hidden];
+                        for (i, logit) in dot_group(&xs, w).into_iter().enumerate() {
+                            out[(first + i) * rows + row] = logit;
+                        }
+                    }
+                } else {
+                    for token in group {
+                        let x = &h[token * self.hidden..(token + 1) * self.hidden];
+                        for row in run.clone() {
+                            let w = &self.weights[row * self.hidden..(row + 1) * self.hidden];
+                            out[token * rows + row] = dot(x, w);
+                        }
+                    }
+                }
             }
-            if let Some(bias) = &self.bias {
+        }
+        if let Some(bias) = &self.bias {
+            for out in out.chunks_exact_mut(rows) {
                 for (logit, b) in out.iter_mut().zip(bias) {
                     *logit += b;
                 }
@@ -185,6 +212,36 @@ impl Routes {
         groups.retain(|g| !g.tokens.is_empty());
         groups
     }
+}
+
+/// Router rows one run of [`Router::logits`] covers (256 KB of weights at width 2,048).
+const ROW_RUN: usize = 32;
+/// Tokens that share each read of a router row in [`Router::logits`].
+const TOKEN_GROUP: usize = 4;
+
+/// [`dot`] of each of `xs` with `w`: the same operations per token in the same order (so the
+/// same bits), the tokens' partial sums side by side so that each `w` value is loaded once.
+fn dot_group(xs: &[&[f32]; TOKEN_GROUP], w: &[f32]) -> [f32; TOKEN_GROUP] {
+    let mut acc = [[0.0f32; 8]; TOKEN_GROUP];
+    let full = w.len() / 8 * 8;
+    for c in (0..full).step_by(8) {
+        let b = &w[c..c + 8];
+        for (acc, x) in acc.iter_mut().zip(xs) {
+            let a = &x[c..c + 8];
+            for i in 0..8 {
+                acc[i] += a[i] * b[i];
+            }
+        }
+    }
+    std::array::from_fn(|t| {
+        let acc = &acc[t];
+        let mut total =
+            ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (a, b) in xs[t][full..].iter().zip(&w[full..]) {
+            total += a * b;
+        }
+        total
+    })
 }
 
 /// `x · w` in f32, summed in eight interleaved partial sums (a fixed order the compiler can
@@ -366,5 +423,60 @@ mod tests {
         let four = r.route_split(&h, 4, 1);
         assert_eq!(one, four);
         assert_eq!(one.experts.len(), 300 * 3);
+    }
+
+    #[test]
+    fn blocked_logits_are_each_tokens_own_dot_products_bit_for_bit() {
+        // A width with a remainder past the eight-wide chunks, more rows than one run, and a
+        // token count that leaves a partial group.
+        let hidden = 8 * 9 + 5;
+        let rows = ROW_RUN + 7;
+        let tokens = 3 * TOKEN_GROUP + 2;
+        let mut state = 11u32;
+        let mut next = || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1 << 24) as f32 - 0.5
+        };
+        let weights: Vec<f32> = (0..rows * hidden).map(|_| next()).collect();
+        let h: Vec<f32> = (0..tokens * hidden).map(|_| next()).collect();
+        let bias: Vec<f32> = (0..rows).map(|_| next()).collect();
+        let r = Router {
+            weights,
+            hidden,
+            num_experts: rows,
+            top_k: 2,
+            routing: Routing::SoftmaxTopK { renormalize: false },
+            shared_gate: false,
+            bias: Some(bias),
+            selection_bias: None,
+            expert_scales: None,
+        };
+        let mut out = vec![0.0f32; tokens * rows];
+        r.logits(&h, &mut out);
+        let bias = r.bias.as_ref().expect("a bias");
+        for t in 0..tokens {
+            for row in 0..rows {
+                let x = &h[t * hidden..(t + 1) * hidden];
+                let w = &r.weights[row * hidden..(row + 1) * hidden];
+                let want = dot(x, w) + bias[row];
+                assert_eq!(
+                    out[t * rows + row].to_bits(),
+                    want.to_bits(),
+                    "token {t} row {row}"
+                );
+            }
+        }
+        // Alone, a token gets the same bits as in the group.
+        for t in 0..tokens {
+            let mut alone = vec![0.0f32; rows];
+            r.logits(&h[t * hidden..(t + 1) * hidden], &mut alone);
+            let batched = &out[t * rows..(t + 1) * rows];
+            assert!(
+                alone
+                    .iter()
+                    .zip(batched)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
+        }
     }
 }
