@@ -105,6 +105,14 @@ pub struct EngineOptions {
     /// `--chat-template`; it sees the checkpoint template's `bos_token`/`eos_token` texts (empty
     /// where the checkpoint has none). `None`: the checkpoint's.
     pub chat_template: Option<String>,
+    /// llama.cpp's RoPE overrides (`--rope-scaling`, `--rope-freq-base`, `--yarn-*` ...),
+    /// applied to the model's config before a backend builds its rotary tables (both backends
+    /// read the same periods). Default: none.
+    pub rope: mlxcel_model::RopeOverrides,
+    /// llama.cpp's `--override-kv`: typed replacements of a GGUF model's metadata, applied by
+    /// the importer before the config and tokenizer are derived (`mlxcel_model::KvOverride`); a
+    /// checkpoint directory refuses them. Default: none.
+    pub kv_overrides: Vec<mlxcel_model::KvOverride>,
 }
 
 /// One rank of a pipeline of processes, each holding a contiguous range of the model's decoder
@@ -164,6 +172,8 @@ impl Default for EngineOptions {
             special_tokens: false,
             pipeline: None,
             chat_template: None,
+            rope: mlxcel_model::RopeOverrides::default(),
+            kv_overrides: Vec::new(),
         }
     }
 }

@@ -135,6 +135,10 @@ pub enum ModelError {
          GGUF file"
     )]
     NotAModel { path: PathBuf, found: String },
+    /// A command-line override of the model (`--rope-freq-base`, `--override-kv` ...) that
+    /// cannot apply, naming the flag.
+    #[error("{flag}: {reason}")]
+    Override { flag: String, reason: String },
 }
 
 impl ModelError {

@@ -59,6 +59,7 @@ mod llama_fields;
 mod llama_flags;
 mod logging;
 mod metrics;
+pub mod model_args;
 mod progress;
 mod prompt_log;
 mod prompts;

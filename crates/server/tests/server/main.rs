@@ -26,6 +26,7 @@ mod idle;
 mod infill;
 mod lifecycle;
 mod llama_fields;
+mod model_overrides;
 mod reasoning;
 mod responses;
 mod router;
