@@ -3,7 +3,12 @@
 // mlxcel-engine's family-logits example: the last position's logits after the prefill and after
 // each decode step (steps + 1 vectors) and the greedy token of each (the last one not fed back).
 //
-//   llama-greedy MODEL.gguf ID,ID,... STEPS
+//   llama-greedy MODEL.gguf ID,ID,... STEPS [NAME=VALUE...]
+//
+// NAME=VALUE sets one of llama_context_params' RoPE fields, as llama.cpp's --rope-*/--yarn-* flags
+// set them (scripts/check-rope-overrides): rope_scaling_type (none, linear or yarn),
+// rope_freq_base, rope_freq_scale, yarn_orig_ctx, yarn_ext_factor, yarn_attn_factor,
+// yarn_beta_slow, yarn_beta_fast.
 //
 // Token ids go in as they are (no tokenizer, no BOS added), so only the forward pass is compared.
 // The KV cache is f32 and flash attention off, so that llama.cpp computes in f32 throughout (its
@@ -48,6 +53,53 @@ static bool parse_ids(const char * text, std::vector<llama_token> & ids) {
     return !ids.empty();
 }
 
+static bool set_rope(llama_context_params & cparams, const std::string & arg) {
+    size_t eq = arg.find('=');
+    if (eq == std::string::npos) {
+        return false;
+    }
+    std::string name = arg.substr(0, eq);
+    std::string value = arg.substr(eq + 1);
+    char * stop = nullptr;
+    if (name == "rope_scaling_type") {
+        if (value == "none") {
+            cparams.rope_scaling_type = LLAMA_ROPE_SCALING_TYPE_NONE;
+        } else if (value == "linear") {
+            cparams.rope_scaling_type = LLAMA_ROPE_SCALING_TYPE_LINEAR;
+        } else if (value == "yarn") {
+            cparams.rope_scaling_type = LLAMA_ROPE_SCALING_TYPE_YARN;
+        } else {
+            return false;
+        }
+        return true;
+    }
+    if (name == "yarn_orig_ctx") {
+        long n = std::strtol(value.c_str(), &stop, 10);
+        cparams.yarn_orig_ctx = (uint32_t) n;
+        return *stop == '\0' && n >= 0;
+    }
+    float v = std::strtof(value.c_str(), &stop);
+    if (value.empty() || *stop != '\0') {
+        return false;
+    }
+    if (name == "rope_freq_base") {
+        cparams.rope_freq_base = v;
+    } else if (name == "rope_freq_scale") {
+        cparams.rope_freq_scale = v;
+    } else if (name == "yarn_ext_factor") {
+        cparams.yarn_ext_factor = v;
+    } else if (name == "yarn_attn_factor") {
+        cparams.yarn_attn_factor = v;
+    } else if (name == "yarn_beta_slow") {
+        cparams.yarn_beta_slow = v;
+    } else if (name == "yarn_beta_fast") {
+        cparams.yarn_beta_fast = v;
+    } else {
+        return false;
+    }
+    return true;
+}
+
 static int argmax(const float * logits, int n) {
     int best = 0;
     for (int i = 1; i < n; i++) {
@@ -60,8 +112,8 @@ static int argmax(const float * logits, int n) {
 
 int main(int argc, char ** argv) {
     std::vector<llama_token> prompt;
-    if (argc != 4 || !parse_ids(argv[2], prompt)) {
-        fprintf(stderr, "usage: llama-greedy MODEL.gguf ID,ID,... STEPS\n");
+    if (argc < 4 || !parse_ids(argv[2], prompt)) {
+        fprintf(stderr, "usage: llama-greedy MODEL.gguf ID,ID,... STEPS [NAME=VALUE...]\n");
         return 2;
     }
     const int steps = std::atoi(argv[3]);
@@ -94,6 +146,12 @@ int main(int argc, char ** argv) {
     cparams.type_k = GGML_TYPE_F32;
     cparams.type_v = GGML_TYPE_F32;
     cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    for (int i = 4; i < argc; i++) {
+        if (!set_rope(cparams, argv[i])) {
+            fprintf(stderr, "llama-greedy: `%s` is not a RoPE setting NAME=VALUE\n", argv[i]);
+            return 2;
+        }
+    }
     if ((int) prompt.size() + steps > (int) cparams.n_ctx) {
         fprintf(stderr, "llama-greedy: %zu prompt tokens + %d steps exceed the context of %u\n",
                 prompt.size(), steps, cparams.n_ctx);

@@ -79,7 +79,7 @@ const NO_DOWNLOADS: &str = "this subcommand does not download models by name; gi
                             -mu and -dr as llama-server; `mlxcel pull` installs the default model)";
 const NO_ADAPTERS: &str = "adapters are not applied at load: merge them into the checkpoint \
                            first and give -m the merged model";
-const ROPE: &str = "RoPE and its scaling come from the checkpoint's config.json";
+const ROPE: &str = "self-extend is not implemented; --rope-scaling/--rope-scale and the --yarn-* flags stretch the context instead";
 const NO_PROMPT_CACHE: &str = "there is no prompt-cache file; `mlxcel serve` keeps a prefix cache \
                                in memory (--cache-ram)";
 const TEMPLATE: &str = "the chat template is the checkpoint's own; --no-chat-template sends the \
@@ -198,57 +198,6 @@ pub const REFUSED: &[Refused] = &[
         names: &["-gaw", "--grp-attn-w"],
         does: "sets self-extend's group width",
         instead: ROPE,
-    },
-    Refused {
-        names: &["--rope-scaling"],
-        does: "overrides the RoPE scaling method",
-        instead: ROPE,
-    },
-    Refused {
-        names: &["--rope-scale"],
-        does: "overrides the RoPE scaling factor",
-        instead: ROPE,
-    },
-    Refused {
-        names: &["--rope-freq-base"],
-        does: "overrides the RoPE base",
-        instead: ROPE,
-    },
-    Refused {
-        names: &["--rope-freq-scale"],
-        does: "overrides the RoPE frequency scale",
-        instead: ROPE,
-    },
-    Refused {
-        names: &["--yarn-orig-ctx"],
-        does: "overrides YaRN's original context",
-        instead: ROPE,
-    },
-    Refused {
-        names: &["--yarn-ext-factor"],
-        does: "overrides YaRN's extrapolation factor",
-        instead: ROPE,
-    },
-    Refused {
-        names: &["--yarn-attn-factor"],
-        does: "overrides YaRN's attention factor",
-        instead: ROPE,
-    },
-    Refused {
-        names: &["--yarn-beta-slow"],
-        does: "overrides YaRN's beta-slow",
-        instead: ROPE,
-    },
-    Refused {
-        names: &["--yarn-beta-fast"],
-        does: "overrides YaRN's beta-fast",
-        instead: ROPE,
-    },
-    Refused {
-        names: &["--override-kv"],
-        does: "overrides GGUF metadata",
-        instead: "the model's metadata is read as the file has it; edit the GGUF (or the \
-                  checkpoint's config.json) instead",
     },
     Refused {
         names: &["-ptc", "--print-token-count"],

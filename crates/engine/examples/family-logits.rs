@@ -6,11 +6,19 @@
 //! ```sh
 //! cargo run -p mlxcel-engine --example family-logits -- \
 //!     --model DIR --backend mlx --prompt 1,2,3 --steps 8 [--activations f32|int8] \
-//!     [--lora ADAPTER --lora-scale S]
+//!     [--lora ADAPTER --lora-scale S] [--rope NAME=VALUE]...
 //! ```
 //!
 //! `--lora` applies one LoRA adapter (GGUF or PEFT) at `--lora-scale` (default 1), as
 //! `scripts/check-lora` compares it with llama.cpp.
+//!
+//! `--model` is a checkpoint directory or a GGUF file (converted by the importer, as `-m`).
+//!
+//! `--rope NAME=VALUE` is one of llama.cpp's RoPE overrides under its `llama_context_params` name
+//! (`rope_scaling_type`, `rope_freq_base`, `rope_freq_scale`, `yarn_orig_ctx`, `yarn_ext_factor`,
+//! `yarn_attn_factor`, `yarn_beta_slow`, `yarn_beta_fast`), as scripts/check-rope-overrides
+//! passes the same settings to llama.cpp; they are applied to the checkpoint's config as the
+//! engine applies `--rope-*`/`--yarn-*` (`mlxcel_model::RopeOverrides`).
 //!
 //! The backend is driven directly, below the scheduler and the sampler, so the logits are the
 //! backend's own.
@@ -24,7 +32,7 @@ use mlxcel_engine::{
     Activations, BackendKind, EngineOptions, MaxNewTokens, RequestShape, SequenceStep, argmax,
     load_backend,
 };
-use mlxcel_model::Checkpoint;
+use mlxcel_model::{Checkpoint, RopeOverrides};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -35,15 +43,38 @@ struct Args {
     steps: usize,
     activations: Option<Activations>,
     lora: Option<(PathBuf, f32)>,
+    rope: RopeOverrides,
 }
 
 const USAGE: &str = "usage: family-logits --model DIR --backend mlx|xla --prompt ID,ID,... \
-                     [--steps N] [--activations f32|int8] [--lora ADAPTER [--lora-scale S]]";
+                     [--steps N] [--activations f32|int8] [--lora ADAPTER [--lora-scale S]] \
+                     [--rope NAME=VALUE]...";
+
+/// One `--rope NAME=VALUE` into `rope`.
+fn set_rope(rope: &mut RopeOverrides, setting: &str) -> Result<(), Error> {
+    let (name, value) = setting
+        .split_once('=')
+        .ok_or_else(|| format!("--rope takes NAME=VALUE, not {setting:?}"))?;
+    let number = || -> Result<f32, Error> { Ok(value.parse::<f32>()?) };
+    match name {
+        "rope_scaling_type" => rope.scaling = Some(value.parse()?),
+        "rope_freq_base" => rope.freq_base = Some(number()?),
+        "rope_freq_scale" => rope.freq_scale = Some(number()?),
+        "yarn_orig_ctx" => rope.yarn_orig_ctx = Some(value.parse()?),
+        "yarn_ext_factor" => rope.yarn_ext_factor = Some(number()?),
+        "yarn_attn_factor" => rope.yarn_attn_factor = Some(number()?),
+        "yarn_beta_slow" => rope.yarn_beta_slow = Some(number()?),
+        "yarn_beta_fast" => rope.yarn_beta_fast = Some(number()?),
+        _ => return Err(format!("--rope: `{name}` is not a RoPE setting").into()),
+    }
+    Ok(())
+}
 
 fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, Error> {
     let (mut model, mut backend, mut prompt) = (None, BackendKind::Mlx, None);
     let (mut steps, mut activations) = (8, None);
     let (mut lora, mut lora_scale) = (None, 1.0f32);
+    let mut rope = RopeOverrides::default();
     while let Some(flag) = argv.next() {
         let mut value = || {
             argv.next()
@@ -64,6 +95,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, Error> {
             "--activations" => activations = Some(value()?.parse::<Activations>()?),
             "--lora" => lora = Some(PathBuf::from(value()?)),
             "--lora-scale" => lora_scale = value()?.parse()?,
+            "--rope" => set_rope(&mut rope, &value()?)?,
             _ => return Err(format!("unknown argument {flag:?}; {USAGE}").into()),
         }
     }
@@ -75,13 +107,17 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, Error> {
         steps,
         activations,
         lora: lora.map(|path| (path, lora_scale)),
+        rope,
     })
 }
 
 /// The logits after the prefill and after each of `steps` greedy decode steps, and the greedy
 /// token of each.
 fn run(args: &Args) -> Result<(Vec<Vec<f32>>, Vec<u32>), Error> {
-    let checkpoint = Checkpoint::open(&args.model)?;
+    // A directory as it is, a GGUF file through the importer (as `-m` takes it).
+    let dir = mlxcel_model::resolve_model(args.model.to_str())?;
+    let mut checkpoint = Checkpoint::open(&dir)?;
+    checkpoint.apply_rope_overrides(&args.rope)?;
     let options = EngineOptions {
         backend: args.backend,
         activations: args.activations,

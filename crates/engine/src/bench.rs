@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use mlxcel_capacity::MaxNewTokens;
-use mlxcel_model::{LoadedModel, resolve_model};
+use mlxcel_model::{LoadedModel, resolve_model_with};
 
 use crate::backend::{Backend, RequestShape, SequenceStep};
 use crate::backends;
@@ -34,7 +34,8 @@ impl std::fmt::Debug for BackendBench {
 impl BackendBench {
     /// Loads `model` (`None` for the default model) on the backend `options` name.
     pub fn load(model: Option<&str>, options: &EngineOptions) -> Result<Self, EngineError> {
-        let loaded = LoadedModel::open(&resolve_model(model)?)?;
+        let mut loaded = LoadedModel::open(&resolve_model_with(model, &options.kv_overrides)?)?;
+        loaded.checkpoint.apply_rope_overrides(&options.rope)?;
         let info = ModelInfo::from_loaded(&loaded, options.backend);
         let backend = backends::load(&loaded.checkpoint, options)?;
         Ok(Self {

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mlxcel_model::{ChatMessage, ChatTemplate, FimTokens, LoadedModel, Tokenizer, resolve_model};
+use mlxcel_model::{
+    ChatMessage, ChatTemplate, FimTokens, LoadedModel, Tokenizer, resolve_model_with,
+};
 use tokio::sync::mpsc as events;
 use tokio::sync::oneshot;
 
@@ -50,6 +52,10 @@ pub struct ModelInfo {
     /// The family and the features detected in its config, e.g.
     /// `qwen3: 28 layers, q/k norm, tied embeddings` ([`mlxcel_model::ModelConfig::describe`]).
     pub features: String,
+    /// The weight format as llama-server's `/props` `model_ftype` names it: a GGUF's file type
+    /// in llama.cpp's words (`Q4_1`), an MLX checkpoint's bits and group size, a dense one's
+    /// dtype (`mlxcel_model::Checkpoint::ftype_name`).
+    pub model_ftype: String,
 }
 
 impl ModelInfo {
@@ -74,6 +80,10 @@ impl ModelInfo {
             fim_tokens: loaded.fim_tokens,
             weight_bytes,
             parameters,
+            model_ftype: loaded
+                .checkpoint
+                .ftype_name()
+                .unwrap_or_else(|err| format!("unknown ({err})")),
         }
     }
 }
@@ -176,7 +186,7 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     /// Loads a model: `None` is the default model, else a checkpoint directory or a `.gguf` file.
     pub fn load(model: Option<&str>, options: EngineOptions) -> Result<Self, EngineError> {
-        let dir = resolve_model(model)?;
+        let dir = resolve_model_with(model, &options.kv_overrides)?;
         let loaded = LoadedModel::open(&dir)?;
         Self::from_loaded(loaded, options)
     }
@@ -187,6 +197,7 @@ impl Engine {
         options: EngineOptions,
     ) -> Result<Self, EngineError> {
         options.scheduler.validate()?;
+        loaded.checkpoint.apply_rope_overrides(&options.rope)?;
         if let Some(speculative) = &options.speculative {
             speculative.validate()?;
         }

@@ -109,6 +109,14 @@ pub struct EngineOptions {
     /// safetensors ([`mlxcel_model::LoraAdapter`]); an adapter's id is its place here. Requests
     /// choose their scales ([`crate::GenerationRequest::lora`]). The MLX backend only.
     pub lora_adapters: Vec<std::path::PathBuf>,
+    /// llama.cpp's RoPE overrides (`--rope-scaling`, `--rope-freq-base`, `--yarn-*` ...),
+    /// applied to the model's config before a backend builds its rotary tables (both backends
+    /// read the same periods). Default: none.
+    pub rope: mlxcel_model::RopeOverrides,
+    /// llama.cpp's `--override-kv`: typed replacements of a GGUF model's metadata, applied by
+    /// the importer before the config and tokenizer are derived (`mlxcel_model::KvOverride`); a
+    /// checkpoint directory refuses them. Default: none.
+    pub kv_overrides: Vec<mlxcel_model::KvOverride>,
 }
 
 /// One rank of a pipeline of processes, each holding a contiguous range of the model's decoder
@@ -169,6 +177,8 @@ impl Default for EngineOptions {
             pipeline: None,
             chat_template: None,
             lora_adapters: Vec::new(),
+            rope: mlxcel_model::RopeOverrides::default(),
+            kv_overrides: Vec::new(),
         }
     }
 }

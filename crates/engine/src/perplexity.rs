@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use mlxcel_capacity::MaxNewTokens;
-use mlxcel_model::{LoadedModel, resolve_model};
+use mlxcel_model::{LoadedModel, resolve_model_with};
 
 use crate::backend::{Backend, RequestShape, SequenceStep};
 use crate::backends;
@@ -65,7 +65,8 @@ pub fn perplexity(
     settings: &PerplexityOptions,
     mut progress: impl FnMut(usize, f64),
 ) -> Result<PerplexityReport, EngineError> {
-    let loaded = LoadedModel::open(&resolve_model(model)?)?;
+    let mut loaded = LoadedModel::open(&resolve_model_with(model, &options.kv_overrides)?)?;
+    loaded.checkpoint.apply_rope_overrides(&options.rope)?;
     let tokens = loaded.tokenizer.encode(text, true, false)?;
     let plain = loaded.tokenizer.encode(text, false, false)?;
     // The BOS the tokenizer adds (llama.cpp's add_bos), if it adds one.

@@ -57,7 +57,8 @@ impl Loader {
 
     /// Opens the checkpoint (and the draft model) again and builds the scheduler over them.
     fn reload(&self) -> Result<Loaded, EngineError> {
-        let checkpoint = Checkpoint::open(&self.dir)?;
+        let mut checkpoint = Checkpoint::open(&self.dir)?;
+        checkpoint.apply_rope_overrides(&self.options.rope)?;
         let draft = match &self.options.draft_model {
             Some(path) => Some(open_draft(path, &self.tokenizer)?),
             None => None,

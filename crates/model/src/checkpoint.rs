@@ -380,6 +380,12 @@ impl Checkpoint {
         &self.dir
     }
 
+    /// Applies llama.cpp's RoPE overrides to the config, before a backend reads it
+    /// ([`crate::RopeOverrides::apply`]).
+    pub fn apply_rope_overrides(&mut self, overrides: &crate::RopeOverrides) -> Result<()> {
+        overrides.apply(&mut self.config)
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }

@@ -34,6 +34,7 @@ mod error;
 mod experts;
 mod families;
 mod fim;
+mod ftype;
 pub mod gguf;
 mod lora;
 mod mmap;
@@ -46,6 +47,7 @@ mod safetensors_writer;
 mod tokenizer;
 
 pub use activations::{Activations, KvType};
+pub use chat::caps::TemplateCaps;
 pub use chat::{ChatMessage, ChatTemplate, MAX_RENDER_BYTES, MAX_RENDER_TIME};
 pub use checkpoint::{Checkpoint, Module, ModuleKind, expected_modules};
 pub use config::blocks::{
@@ -53,6 +55,7 @@ pub use config::blocks::{
     RoutedExperts, Routing, ShortConv,
 };
 pub use config::rope::{RopeScaling, Yarn};
+pub use config::rope_override::{RopeOverrides, RopeScalingType};
 pub use config::{MAX_LAYERS, ModelConfig};
 pub use default_model::{
     CACHE_DIR_ENV, DEFAULT_MODEL_PIN, DefaultModel, PYTHON_ENV, cache_dir, sha256_file,
@@ -60,11 +63,16 @@ pub use default_model::{
 pub use error::{ModelError, Result};
 pub use families::{Architecture, FusedProjection, Rows};
 pub use fim::{FIM_CONFIG_KEY, FIM_GGUF_KEYS, FIM_TEXTS, FimRole, FimTokens};
-pub use gguf::{GGUF_WEIGHTS_FILE, GgufWeights, convert_gguf, prepare_gguf};
+pub use ftype::llama_ftype_name;
 pub use lora::{LoraAdapter, LoraTarget, LoraWeight};
+pub use gguf::{
+    GGUF_WEIGHTS_FILE, GgufWeights, KvOverride, convert_gguf, prepare_gguf, prepare_gguf_with,
+};
 pub use model::{LoadedModel, eos_token_ids};
 pub use partial::{partial_name, sweep_partials};
 pub use quant::{GROUP16_AFFINE_MODE, QuantSpec, Quantization, dequantize_affine, pack, unpack};
-pub use resolve::{CONVERTER_VERSION, converted, resolve_model};
+pub use resolve::{
+    CONVERTER_VERSION, converted, converted_with, resolve_model, resolve_model_with,
+};
 pub use safetensors_files::{Dtype, SafetensorsFiles, TensorInfo, TensorView};
 pub use tokenizer::{Detokenizer, TokenBytes, Tokenizer, shared_detokenizer};

@@ -4,27 +4,45 @@ use std::path::{Path, PathBuf};
 
 use crate::default_model::{DefaultModel, cache_dir, sha256_file};
 use crate::error::{ModelError, Result};
-use crate::gguf::{GgufWeights, prepare_gguf};
+use crate::gguf::overrides::{KvOverride, OVERRIDE_KV_FLAG, fingerprint};
+use crate::gguf::{GgufWeights, prepare_gguf_with};
 use crate::partial::{partial_name, sweep_partials};
 
 /// The checkpoint directory for a `-m` argument: `None` is the default model (downloaded and
 /// converted on first use), a directory with `config.json` is used as is, and a GGUF file is
 /// converted into `<cache>/converted/<version>/<sha256>` once.
 pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
+    resolve_model_with(arg, &[])
+}
+
+/// [`resolve_model`] with `--override-kv`'s `overrides` applied to a GGUF file's metadata (the
+/// checkpoint prepared under them in a directory of its own, `<sha256>-kv-<fingerprint>`); a
+/// checkpoint directory refuses them, naming the flag.
+pub fn resolve_model_with(arg: Option<&str>, overrides: &[KvOverride]) -> Result<PathBuf> {
     let cache = cache_dir()?;
     match arg {
         None => {
             let pin = DefaultModel::pinned();
             let gguf = pin.ensure_gguf(&cache)?;
-            converted(&cache, &gguf, &pin.gguf_sha256)
+            converted_with(&cache, &gguf, &pin.gguf_sha256, overrides)
         }
         Some(arg) => {
             let path = Path::new(arg);
             if path.join("config.json").is_file() {
+                if let Some(first) = overrides.first() {
+                    return Err(ModelError::Override {
+                        flag: format!("{OVERRIDE_KV_FLAG} {first}"),
+                        reason: format!(
+                            "{} is a checkpoint directory; metadata overrides apply to GGUF \
+                             files (edit its config.json instead)",
+                            path.display()
+                        ),
+                    });
+                }
                 Ok(path.to_owned())
             } else if path.is_file() {
                 match gguf_magic(path)? {
-                    Ok(()) => converted(&cache, path, &gguf_sha256(&cache, path)?),
+                    Ok(()) => converted_with(&cache, path, &gguf_sha256(&cache, path)?, overrides),
                     Err(found) => Err(ModelError::NotAModel {
                         path: path.to_owned(),
                         found,
@@ -56,8 +74,38 @@ pub const CONVERTER_VERSION: &str = "v5";
 /// and tokenizer files, and [`crate::GGUF_WEIGHTS_FILE`] pointing at the GGUF file, whose tensors
 /// are converted as the model loads (no second copy of the weights on disk).
 pub fn converted(cache: &Path, gguf: &Path, sha256: &str) -> Result<PathBuf> {
+    converted_with(cache, gguf, sha256, &[])
+}
+
+/// [`converted`] under `--override-kv`'s `overrides`: in `<sha256>-kv-<fingerprint>` when there
+/// are any. Each call names the overrides whose key the importer does not read, on stderr.
+pub fn converted_with(
+    cache: &Path,
+    gguf: &Path,
+    sha256: &str,
+    overrides: &[KvOverride],
+) -> Result<PathBuf> {
+    let dir = prepared(cache, gguf, sha256, overrides)?;
+    if !overrides.is_empty()
+        && let Some(weights) = GgufWeights::read(&dir)?
+    {
+        for key in &weights.kv_overrides_unread {
+            eprintln!(
+                "mlxcel: {OVERRIDE_KV_FLAG}: the GGUF importer does not read `{key}`; its \
+                 override changes nothing"
+            );
+        }
+    }
+    Ok(dir)
+}
+
+fn prepared(cache: &Path, gguf: &Path, sha256: &str, overrides: &[KvOverride]) -> Result<PathBuf> {
     let parent = cache.join("converted").join(CONVERTER_VERSION);
-    let dir = parent.join(sha256);
+    let name = match overrides {
+        [] => sha256.to_owned(),
+        _ => format!("{sha256}-kv-{}", fingerprint(overrides)),
+    };
+    let dir = parent.join(&name);
     let gguf = std::fs::canonicalize(gguf).map_err(|e| ModelError::io(gguf, e))?;
     // What a killed conversion left goes first, whether or not this one is already done.
     sweep_partials(&parent);
@@ -68,10 +116,10 @@ pub fn converted(cache: &Path, gguf: &Path, sha256: &str) -> Result<PathBuf> {
     }
     std::fs::create_dir_all(&parent).map_err(|e| ModelError::io(&parent, e))?;
     // Convert beside the destination and rename, so an interrupted conversion is never used.
-    let partial = parent.join(partial_name(sha256));
+    let partial = parent.join(partial_name(&name));
     let _ = std::fs::remove_dir_all(&partial);
     eprintln!("mlxcel: preparing {} in {}", gguf.display(), dir.display());
-    let summary = prepare_gguf(&gguf, &partial, sha256)?;
+    let summary = prepare_gguf_with(&gguf, &partial, sha256, overrides)?;
     if let Some(note) = summary.group16_note() {
         eprintln!("mlxcel: {note}");
     }

@@ -377,6 +377,10 @@ pub struct ServerArgs {
     #[arg(long = "chat-template-file", env = "LLAMA_ARG_CHAT_TEMPLATE_FILE")]
     pub chat_template_file: Option<std::path::PathBuf>,
 
+    /// The flags that change the model as it loads (`--rope-freq-base`, `--yarn-*` ...).
+    #[command(flatten)]
+    pub model_overrides: crate::model_args::ModelOverrideArgs,
+
     /// The reasoning flags (`--reasoning-format`, `--reasoning-budget` ...).
     #[command(flatten)]
     pub reasoning: crate::reasoning_args::ReasoningArgs,
@@ -702,6 +706,8 @@ impl ServerArgs {
         options.draft_model = self.spec_draft_model.clone();
         options.kv_types = (self.cache_type_k, self.cache_type_v);
         options.special_tokens = self.special;
+        options.rope = self.model_overrides.rope()?;
+        options.kv_overrides = self.model_overrides.kv_overrides()?;
         options.chat_template = crate::chat_templates::template_override(
             self.chat_template.as_deref(),
             self.chat_template_file.as_deref(),

@@ -64,6 +64,7 @@ mod lora;
 pub mod lora_args;
 mod metrics;
 pub mod outbound;
+pub mod model_args;
 mod progress;
 mod prompt_log;
 mod prompts;

@@ -247,6 +247,11 @@ pub struct Options {
     #[command(flatten)]
     pub constraint: mlxcel_server::constraint_args::ConstraintArgs,
 
+    /// llama.cpp's RoPE overrides (`--rope-scaling`, `--rope-freq-base`, `--yarn-*` ...) and
+    /// `--override-kv`, as `mlxcel serve` takes them.
+    #[command(flatten)]
+    pub model_overrides: mlxcel_server::model_args::ModelOverrideArgs,
+
     #[command(flatten)]
     pub ignored: super::ignored::Ignored,
 }
@@ -369,6 +374,8 @@ impl Options {
             .apply(options.speculative.as_mut())
             .map_err(anyhow::Error::msg)?;
         options.special_tokens = self.special;
+        options.rope = self.model_overrides.rope()?;
+        options.kv_overrides = self.model_overrides.kv_overrides()?;
         Ok(options)
     }
 

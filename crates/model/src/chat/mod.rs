@@ -10,6 +10,7 @@
 //! methods from `minijinja-contrib` plus the few it lacks. `scripts/check-chat-templates` proves a
 //! corpus of templates against jinja2 itself; docs/model.md lists what still differs.
 
+pub(crate) mod caps;
 mod environment;
 mod limits;
 mod python;
@@ -59,6 +60,9 @@ pub struct ChatTemplate {
     eos_token: String,
     /// The longest one render may take.
     time_limit: Duration,
+    /// The checkpoint's separate template for requests with tools (the `tool_use` entry of
+    /// `tokenizer_config.json`'s named templates), if it has one.
+    tool_use: Option<Box<ChatTemplate>>,
 }
 
 const TEMPLATE_NAME: &str = "chat_template";
@@ -114,6 +118,7 @@ impl ChatTemplate {
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
             time_limit: MAX_RENDER_TIME,
+            tool_use: None,
         };
         if let Err(e) = template
             .env
@@ -142,16 +147,32 @@ impl ChatTemplate {
                 format!("{} `chat_template`", path.display()),
             )
         };
-        source
+        let (bos, eos) = (
+            config.bos_token.as_deref().unwrap_or(""),
+            config.eos_token.as_deref().unwrap_or(""),
+        );
+        let tool_use = config
+            .chat_template_tool_use
             .map(|s| {
-                Self::compile(
-                    &s,
-                    Some(origin),
-                    config.bos_token.as_deref().unwrap_or(""),
-                    config.eos_token.as_deref().unwrap_or(""),
-                )
+                let origin = format!(
+                    "{} `chat_template` `tool_use`",
+                    dir.join("tokenizer_config.json").display()
+                );
+                Self::compile(&s, Some(origin), bos, eos)
+            })
+            .transpose()?;
+        source
+            .map(|s| -> Result<Self> {
+                let mut template = Self::compile(&s, Some(origin), bos, eos)?;
+                template.tool_use = tool_use.map(Box::new);
+                Ok(template)
             })
             .transpose()
+    }
+
+    /// The checkpoint's separate template for requests with tools, if it has one.
+    pub fn tool_use(&self) -> Option<&ChatTemplate> {
+        self.tool_use.as_deref()
     }
 
     /// Pins the clock `strftime_now` reads to `local`, a date and time as Python's

@@ -10,6 +10,9 @@ use crate::error::{ModelError, Result};
 #[derive(Debug, Default)]
 pub(crate) struct TokenizerConfig {
     pub chat_template: Option<String>,
+    /// The `tool_use` entry of a named list of templates (what llama.cpp renders requests with
+    /// tools with, and shows in `/props` as `chat_template_tool_use`).
+    pub chat_template_tool_use: Option<String>,
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
 }
@@ -25,15 +28,22 @@ impl TokenizerConfig {
             path: path.clone(),
             source,
         })?;
+        let named = |named: &[Json], name: &str| {
+            named
+                .iter()
+                .find(|t| t.get("name").and_then(Json::as_str) == Some(name))
+                .and_then(|t| t.get("template"))
+                .and_then(Json::as_str)
+                .map(str::to_owned)
+        };
+        let chat_template_tool_use = match json.get("chat_template") {
+            Some(Json::Array(list)) => named(list, "tool_use"),
+            _ => None,
+        };
         let chat_template = match json.get("chat_template") {
             None | Some(Json::Null) => None,
             Some(Json::String(s)) => Some(s.clone()),
-            Some(Json::Array(named)) => named
-                .iter()
-                .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
-                .and_then(|t| t.get("template"))
-                .and_then(Json::as_str)
-                .map(str::to_owned),
+            Some(Json::Array(list)) => named(list, "default"),
             Some(_) => {
                 return Err(ModelError::invalid(
                     &path,
@@ -44,6 +54,7 @@ impl TokenizerConfig {
         };
         Ok(Self {
             chat_template,
+            chat_template_tool_use,
             bos_token: special_token(json.get("bos_token")),
             eos_token: special_token(json.get("eos_token")),
         })

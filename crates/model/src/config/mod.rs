@@ -9,6 +9,7 @@ mod describe;
 pub(crate) mod layout;
 pub(crate) mod raw;
 pub(crate) mod rope;
+pub(crate) mod rope_override;
 mod size;
 
 use std::path::Path;
@@ -229,9 +230,14 @@ impl ModelConfig {
         let dims = self.rotary_dim;
         let base = self.rope_theta;
         let plain = (0..dims / 2).map(move |i| base.powf((2 * i) as f32 / dims as f32));
-        if let Some(factors) = &self.rope_factors {
-            return plain.zip(factors).map(|(p, f)| p * f).collect();
-        }
+        // Per-pair factors (LongRoPE, llama.cpp's `rope_freqs`) first, then the scaling (only a
+        // RoPE override sets both: llama.cpp divides the frequencies by the factors before its
+        // linear or YaRN scaling).
+        let plain: Vec<f32> = match &self.rope_factors {
+            Some(factors) => plain.zip(factors).map(|(p, f)| p * f).collect(),
+            None => plain.collect(),
+        };
+        let plain = plain.into_iter();
         match self.rope_scaling {
             None => plain.collect(),
             Some(RopeScaling::Linear { factor }) => plain.map(|p| p * factor).collect(),

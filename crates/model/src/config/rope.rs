@@ -39,6 +39,11 @@ pub struct Yarn {
     /// The factor on the rotated features of q and k (`attention_factor`, else
     /// `m(factor, mscale) / m(factor, mscale_all_dim)` with m(s, k) = 0.1·k·ln s + 1, 1 for s ≤ 1).
     pub attention_factor: f32,
+    /// How much of the extrapolation the band's ramp mixes in (llama.cpp's `yarn_ext_factor`):
+    /// 1, what every checkpoint's YaRN is, keeps the fast pairs' periods; 0 stretches every pair
+    /// by `factor` (linear scaling); between, a pair's inverse period is the ramp's mix scaled
+    /// by it. Only `--yarn-ext-factor` sets another value ([`super::rope_override`]).
+    pub ext_factor: f32,
 }
 
 impl Yarn {
@@ -65,13 +70,16 @@ impl Yarn {
             high += 0.001;
         }
         let factor = f64::from(self.factor);
+        let ext = f64::from(self.ext_factor);
         plain
             .enumerate()
             .map(|(i, period)| {
                 // 0 keeps the period (extrapolation), 1 stretches it by `factor` (interpolation).
                 let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                // The share of extrapolation, as llama.cpp's `ramp_mix`.
+                let mix = (1.0 - ramp) * ext;
                 let period = f64::from(period);
-                let inverse = (1.0 - ramp) / period + ramp / (factor * period);
+                let inverse = mix / period + (1.0 - mix) / (factor * period);
                 (1.0 / inverse) as f32
             })
             .collect()
@@ -283,6 +291,7 @@ fn yarn(path: &Path, value: &Value, original: Option<usize>, max_positions: usiz
         original_max_position_embeddings: original,
         truncate,
         attention_factor: attention_factor as f32,
+        ext_factor: 1.0,
     })
 }
 

@@ -15,6 +15,7 @@ use crate::config::blocks::Routing;
 use crate::error::{ModelError, Result};
 use crate::families::Architecture;
 use crate::gguf::header::{GgufHeader, shortest};
+use crate::gguf::overrides::KvOverride;
 use crate::gguf::reader::{GgufFile, GgufValue};
 use crate::gguf::tensors::{Destination, GgufBlocks, Output, RowOrder, Values, plan};
 use crate::gguf::vocab::GgufVocab;
@@ -62,8 +63,10 @@ struct Planned {
 fn plan_checkpoint(
     gguf_path: &Path,
     known_scales: Option<&BTreeMap<String, safetensors::Dtype>>,
+    overrides: &[KvOverride],
 ) -> Result<Planned> {
-    let gguf = GgufFile::open(gguf_path)?;
+    let mut gguf = GgufFile::open(gguf_path)?;
+    crate::gguf::overrides::apply(&mut gguf, overrides)?;
     let arch = gguf
         .get("general.architecture")
         .and_then(GgufValue::as_str)
@@ -365,7 +368,7 @@ fn summary(planned: &Planned, out_dir: &Path, config: ModelConfig) -> ConvertSum
 
 /// Converts `gguf_path` into an MLX checkpoint in `out_dir` (created if needed; files overwritten).
 pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<ConvertSummary> {
-    let planned = plan_checkpoint(gguf_path, None)?;
+    let planned = plan_checkpoint(gguf_path, None, &[])?;
     let config = write_checkpoint_files(gguf_path, &planned, out_dir)?;
     let tensors: Vec<PlannedTensor> = planned.outputs.iter().map(|o| o.planned.clone()).collect();
     let metadata = BTreeMap::from([("format".to_owned(), "mlx".to_owned())]);
@@ -392,8 +395,21 @@ pub const GGUF_WEIGHTS_FILE: &str = "gguf-weights.json";
 /// quantized tensor's scales. No weight is written: [`Checkpoint::open`](crate::Checkpoint::open)
 /// converts each tensor from the GGUF when a loader asks for it.
 pub fn prepare_gguf(gguf_path: &Path, out_dir: &Path, sha256: &str) -> Result<ConvertSummary> {
-    let planned = plan_checkpoint(gguf_path, None)?;
+    prepare_gguf_with(gguf_path, out_dir, sha256, &[])
+}
+
+/// [`prepare_gguf`] with `--override-kv`'s `overrides` applied to the file's metadata first;
+/// [`GGUF_WEIGHTS_FILE`] records them (the tensors are planned under them again at each load)
+/// and the keys among them that the importer never read ([`GgufWeights::kv_overrides_unread`]).
+pub fn prepare_gguf_with(
+    gguf_path: &Path,
+    out_dir: &Path,
+    sha256: &str,
+    overrides: &[KvOverride],
+) -> Result<ConvertSummary> {
+    let planned = plan_checkpoint(gguf_path, None, overrides)?;
     let config = write_checkpoint_files(gguf_path, &planned, out_dir)?;
+    let unread = crate::gguf::overrides::unread(&planned.gguf, overrides);
     let scales: BTreeMap<&str, String> = planned
         .outputs
         .iter()
@@ -403,15 +419,18 @@ pub fn prepare_gguf(gguf_path: &Path, out_dir: &Path, sha256: &str) -> Result<Co
     let size = std::fs::metadata(gguf_path)
         .map_err(|e| ModelError::io(gguf_path, e))?
         .len();
-    write_json(
-        &out_dir.join(GGUF_WEIGHTS_FILE),
-        &json!({
-            "gguf": gguf_path,
-            "size": size,
-            "sha256": sha256,
-            "scales": scales,
-        }),
-    )?;
+    let mut weights = json!({
+        "gguf": gguf_path,
+        "size": size,
+        "sha256": sha256,
+        "scales": scales,
+    });
+    if !overrides.is_empty() {
+        let specs: Vec<&str> = overrides.iter().map(|o| o.spec.as_str()).collect();
+        weights["kv_overrides"] = json!(specs);
+        weights["kv_overrides_unread"] = json!(unread);
+    }
+    write_json(&out_dir.join(GGUF_WEIGHTS_FILE), &weights)?;
     Ok(summary(&planned, out_dir, config))
 }
 
@@ -427,6 +446,13 @@ pub struct GgufWeights {
     pub size: u64,
     pub sha256: String,
     scales: BTreeMap<String, String>,
+    /// `--override-kv` overrides the checkpoint was prepared with (`KEY=TYPE:VALUE`), applied
+    /// again when its tensors are planned at load.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kv_overrides: Vec<String>,
+    /// The keys of `kv_overrides` that the importer never read: they changed nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kv_overrides_unread: Vec<String>,
 }
 
 impl GgufWeights {
@@ -493,7 +519,12 @@ pub(crate) fn open_gguf_weights(dir: &Path, weights: &GgufWeights) -> Result<Saf
         };
         known.insert(name.clone(), dtype);
     }
-    let planned = plan_checkpoint(&weights.gguf, Some(&known))?;
+    let overrides = weights
+        .kv_overrides
+        .iter()
+        .map(|spec| KvOverride::parse(spec))
+        .collect::<Result<Vec<_>>>()?;
+    let planned = plan_checkpoint(&weights.gguf, Some(&known), &overrides)?;
     let tensors: Vec<PlannedBytes> = planned
         .outputs
         .iter()

@@ -114,6 +114,9 @@ pub struct GgufFile {
     pub metadata: BTreeMap<String, GgufValue>,
     pub tensors: Vec<GgufTensorInfo>,
     data_start: u64,
+    /// The metadata keys [`GgufFile::get`] was asked for (present or not): what `--override-kv`
+    /// reports as unread is the rest.
+    read_keys: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -189,6 +192,7 @@ impl GgufFile {
             metadata,
             tensors,
             data_start,
+            read_keys: Default::default(),
         };
         for info in &this.tensors {
             if info.ggml_type.is_supported() {
@@ -204,7 +208,20 @@ impl GgufFile {
 
     /// The metadata value at `key`.
     pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        if let Ok(mut read) = self.read_keys.lock()
+            && !read.contains(key)
+        {
+            read.insert(key.to_owned());
+        }
         self.metadata.get(key)
+    }
+
+    /// The metadata keys read through [`GgufFile::get`] so far.
+    pub(crate) fn read_keys(&self) -> std::collections::BTreeSet<String> {
+        self.read_keys
+            .lock()
+            .map(|read| read.clone())
+            .unwrap_or_default()
     }
 
     /// The tensor called `name`.

@@ -30,6 +30,7 @@ mod infill;
 mod lifecycle;
 mod llama_fields;
 mod lora;
+mod model_overrides;
 mod reasoning;
 mod responses;
 mod router;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use mlxcel_core::distributed::Group;
 use mlxcel_core::{Dtype, ForwardSeq, KvCache, LlamaModel, Stage};
-use mlxcel_model::{Checkpoint, resolve_model};
+use mlxcel_model::{Checkpoint, resolve_model_with};
 
 use super::link::{pipe_error, recv_message, send_message, wait_for};
 use super::ring::{fingerprint, join_pipeline};
@@ -26,7 +26,8 @@ pub fn run_pipeline_stage(model: Option<&str>, options: &EngineOptions) -> Resul
         .pipeline
         .as_ref()
         .ok_or_else(|| pipe_error("a stage worker needs pipeline options"))?;
-    let checkpoint = Checkpoint::open(&resolve_model(model)?)?;
+    let mut checkpoint = Checkpoint::open(&resolve_model_with(model, &options.kv_overrides)?)?;
+    checkpoint.apply_rope_overrides(&options.rope)?;
     // As the engine's backends do: each step's buffers stay mapped for the next step.
     mlxcel_core::keep_freed_heap_memory();
     let group = join_pipeline(pipeline)?;

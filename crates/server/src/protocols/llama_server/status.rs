@@ -48,10 +48,20 @@ struct Props {
     /// reports its `--model`; the checkpoint's directory when none was given.
     model_path: std::path::PathBuf,
     model_alias: String,
+    /// The weight format, as llama.cpp names file types (`Q4_1`; an MLX checkpoint's bits and
+    /// group size).
+    model_ftype: String,
     n_ctx: usize,
     n_ctx_train: usize,
     /// The checkpoint's chat template, as written (empty when it has none).
     chat_template: String,
+    /// What the template renders, by trial renders under llama.cpp's names (of the tool-use
+    /// template where the checkpoint has one, as llama-server); absent without a template.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chat_template_caps: Option<mlxcel_model::TemplateCaps>,
+    /// The checkpoint's separate template for requests with tools; absent when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chat_template_tool_use: Option<String>,
     /// The texts of the beginning- and end-of-sequence tokens (empty when there is none).
     bos_token: String,
     eos_token: String,
@@ -198,9 +208,17 @@ pub fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
             .as_ref()
             .map_or_else(|| info.dir.clone(), std::path::PathBuf::from),
         model_alias: state.model_name(info),
+        model_ftype: info.model_ftype.clone(),
         n_ctx,
         n_ctx_train: info.window,
         chat_template: engine.chat_template_source().unwrap_or_default(),
+        chat_template_caps: engine
+            .chat_template()
+            .map(|t| t.tool_use().unwrap_or(t).capabilities()),
+        chat_template_tool_use: engine
+            .chat_template()
+            .and_then(|t| t.tool_use())
+            .map(|t| t.source()),
         bos_token: special_token_text(engine, true),
         eos_token: special_token_text(engine, false),
         modalities: Modalities {
