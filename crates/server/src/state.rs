@@ -59,6 +59,8 @@ pub struct AppState {
     started_unix: u64,
     /// Router mode: the models this server routes to, each with a state of its own.
     router: OnceLock<Arc<crate::router::registry::Registry<AppState>>>,
+    /// Resumable streams, by conversation id (`X-Conversation-Id`; [`crate::streams`]).
+    streams: crate::streams::StreamSessions,
 }
 
 impl AppState {
@@ -76,6 +78,7 @@ impl AppState {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             router: OnceLock::new(),
+            streams: crate::streams::StreamSessions::default(),
         }
     }
 
@@ -102,6 +105,11 @@ impl AppState {
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The resumable streams.
+    pub(crate) fn streams(&self) -> &crate::streams::StreamSessions {
+        &self.streams
     }
 
     /// Makes the server ready, and lets the engine sleep after `--sleep-idle-seconds`. A
