@@ -550,11 +550,17 @@ impl ConstrainedOutput {
             let piece = bytes
                 .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
                 .unwrap_or(bytes);
-            match awaiting.observe(token, piece) {
-                None => return Some(Ok(false)),
-                Some(Replay::Token(token)) => vec![token],
-                Some(Replay::Text(text)) => env.tokenize_bytes(&text),
+            let Some(parts) = awaiting.observe(token, piece) else {
+                return Some(Ok(false));
+            };
+            let mut tokens = Vec::new();
+            for part in parts {
+                match part {
+                    Replay::Token(token) => tokens.push(token),
+                    Replay::Text(text) => tokens.extend(env.tokenize_bytes(&text)),
+                }
             }
+            tokens
         };
         self.awaiting = None;
         let stopped = {

@@ -42,6 +42,8 @@ pub(crate) struct AwaitingTrigger {
     tokens: Vec<u32>,
     patterns: Vec<Regex>,
     text: Vec<u8>,
+    /// Each token read so far with the byte range of its text in `text`.
+    positions: Vec<(u32, usize, usize)>,
 }
 
 impl AwaitingTrigger {
@@ -76,17 +78,21 @@ impl AwaitingTrigger {
             tokens,
             patterns,
             text: Vec::new(),
+            positions: Vec::new(),
         })
     }
 
     /// Reads the next generated `token` (whose text is `piece`): what the constraint starts
     /// with if it fires a trigger, else `None` (still waiting).
-    pub(crate) fn observe(&mut self, token: u32, piece: &[u8]) -> Option<Replay> {
+    pub(crate) fn observe(&mut self, token: u32, piece: &[u8]) -> Option<Vec<Replay>> {
         if self.tokens.contains(&token) {
             self.text.clear();
-            return Some(Replay::Token(token));
+            self.positions.clear();
+            return Some(vec![Replay::Token(token)]);
         }
+        let at = self.text.len();
         self.text.extend_from_slice(piece);
+        self.positions.push((token, at, self.text.len()));
         let text = String::from_utf8_lossy(&self.text).into_owned();
         for regex in &self.patterns {
             let Some(captures) = regex.captures(&text) else {
@@ -99,9 +105,23 @@ impl AwaitingTrigger {
                 .find(|group| !group.is_empty())
                 .or_else(|| captures.get(0))
                 .map_or(0, |m| m.start());
-            let replay = text.as_bytes()[start..].to_vec();
+            // The tokens that overlap the text from `start`: whole, and the first one's part
+            // from `start` when it begins before it.
+            let replay = self
+                .positions
+                .iter()
+                .filter(|(_, _, end)| *end > start)
+                .map(|&(token, from, end)| {
+                    if from >= start {
+                        Replay::Token(token)
+                    } else {
+                        Replay::Text(self.text[start.min(end)..end].to_vec())
+                    }
+                })
+                .collect();
             self.text.clear();
-            return Some(Replay::Text(replay));
+            self.positions.clear();
+            return Some(replay);
         }
         None
     }
@@ -119,7 +139,7 @@ mod tests {
     fn a_token_trigger_fires_on_its_token_alone() {
         let mut lazy = awaiting(&[ConstraintTrigger::Token(7)]);
         assert_eq!(lazy.observe(3, b"<tool"), None);
-        assert_eq!(lazy.observe(7, b"<call>"), Some(Replay::Token(7)));
+        assert_eq!(lazy.observe(7, b"<call>"), Some(vec![Replay::Token(7)]));
     }
 
     #[test]
@@ -128,14 +148,14 @@ mod tests {
         assert_eq!(lazy.observe(1, b"Sure. <to"), None);
         assert_eq!(
             lazy.observe(2, b"ol_call>{\""),
-            Some(Replay::Text(b"<tool_call>{\"".to_vec()))
+            Some(vec![Replay::Text(b"<to".to_vec()), Replay::Token(2)])
         );
         // A word's special characters are literal.
         let mut dots = awaiting(&[ConstraintTrigger::Word("a.b".into())]);
         assert_eq!(dots.observe(1, b"axb"), None);
         assert_eq!(
-            dots.observe(1, b" a.b"),
-            Some(Replay::Text(b"a.b".to_vec()))
+            dots.observe(2, b" a.b"),
+            Some(vec![Replay::Text(b"a.b".to_vec())])
         );
     }
 
@@ -146,7 +166,7 @@ mod tests {
         )]);
         assert_eq!(
             lazy.observe(1, b"text [TOOL_CALLS][{"),
-            Some(Replay::Text(b"[TOOL_CALLS][{".to_vec()))
+            Some(vec![Replay::Text(b"[TOOL_CALLS][{".to_vec())])
         );
     }
 
@@ -155,7 +175,10 @@ mod tests {
         let mut lazy = awaiting(&[ConstraintTrigger::PatternFull(r"\s*(\{)".into())]);
         assert_eq!(lazy.observe(1, b"x {"), None);
         let mut lazy = awaiting(&[ConstraintTrigger::PatternFull(r"\s*(\{)".into())]);
-        assert_eq!(lazy.observe(1, b"  {"), Some(Replay::Text(b"{".to_vec())));
+        assert_eq!(
+            lazy.observe(1, b"  {"),
+            Some(vec![Replay::Text(b"{".to_vec())])
+        );
         let err = AwaitingTrigger::new(&[ConstraintTrigger::Pattern("(?=x)".into())]).unwrap_err();
         assert!(err.contains("(?=x)"), "{err}");
     }
