@@ -15,6 +15,7 @@ use mlxcel_model::Tokenizer;
 use serde_json::Value;
 use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
+use crate::constraint_trigger::{AwaitingTrigger, ConstraintTrigger, Replay};
 use crate::error::EngineError;
 
 /// What the output must match.
@@ -444,6 +445,8 @@ pub(crate) struct ConstrainedOutput {
     digits: Option<DigitBound>,
     /// The mask for the current state, being computed by a worker.
     next: Option<mpsc::Receiver<MaskOutcome>>,
+    /// A lazy constraint before its trigger: no mask until then.
+    awaiting: Option<AwaitingTrigger>,
 }
 
 /// The tokens a state allows, and whether the output so far is complete.
@@ -507,9 +510,77 @@ impl ConstrainedOutput {
             matcher: Arc::new(Mutex::new(matcher)),
             digits,
             next: None,
+            awaiting: None,
         };
         output.prepare();
         output
+    }
+
+    /// Makes the constraint lazy: it applies once one of `triggers` appears in the output
+    /// ([`crate::constraint_trigger`]); no triggers keep it applying from the start.
+    pub(crate) fn lazy(mut self, triggers: &[ConstraintTrigger]) -> Result<Self, EngineError> {
+        if triggers.is_empty() {
+            return Ok(self);
+        }
+        let awaiting =
+            AwaitingTrigger::new(triggers).map_err(|message| EngineError::InvalidConstraint {
+                kind: "grammar trigger",
+                message,
+            })?;
+        // The mask computed ahead for the start is not needed before the trigger.
+        if let Some(pending) = self.next.take() {
+            let _ = pending.recv();
+        }
+        self.awaiting = Some(awaiting);
+        Ok(self)
+    }
+
+    /// Before the trigger, `token` goes to the trigger search; once it fires, the constraint
+    /// consumes what the trigger replays. `Some(done)` while waiting (not done) and when the
+    /// trigger fires; `None` when the constraint was already applying.
+    fn observe_trigger(&mut self, token: u32) -> Option<Result<bool, String>> {
+        let awaiting = self.awaiting.as_mut()?;
+        let replay = {
+            let matcher = self.matcher.lock().unwrap_or_else(|e| e.into_inner());
+            let env = match matcher.tok_env() {
+                Ok(env) => env,
+                Err(e) => return Some(Err(e.to_string())),
+            };
+            let bytes = env.tok_trie().token(token);
+            let piece = bytes
+                .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
+                .unwrap_or(bytes);
+            let Some(parts) = awaiting.observe(token, piece) else {
+                return Some(Ok(false));
+            };
+            let mut tokens = Vec::new();
+            for part in parts {
+                match part {
+                    Replay::Token(token) => tokens.push(token),
+                    Replay::Text(text) => tokens.extend(env.tokenize_bytes(&text)),
+                }
+            }
+            tokens
+        };
+        self.awaiting = None;
+        let stopped = {
+            let mut matcher = self.matcher.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = matcher.consume_tokens(&replay) {
+                return Some(Err(e.to_string()));
+            }
+            matcher.is_stopped()
+        };
+        if let Some(digits) = &mut self.digits {
+            for token in &replay {
+                if let Some(word) = digits.vocabulary.words.get(*token as usize) {
+                    digits.state = digits.state.advance(word).0;
+                }
+            }
+        }
+        if !stopped {
+            self.prepare();
+        }
+        Some(Ok(stopped))
     }
 
     /// Starts computing the current state's mask on a worker.
@@ -536,6 +607,9 @@ impl ConstrainedOutput {
     /// Sets every logit the constraint forbids to −∞; `stop_tokens` (the model's end tokens)
     /// are allowed exactly when the output so far is complete.
     pub(crate) fn mask(&mut self, logits: &mut [f32], stop_tokens: &[u32]) -> Result<(), String> {
+        if self.awaiting.is_some() {
+            return Ok(());
+        }
         // The mask computed ahead, or (no worker could take it) computed here.
         let outcome = match self.next.take().map(|r| r.recv()) {
             Some(Ok(outcome)) => outcome,
@@ -573,6 +647,9 @@ impl ConstrainedOutput {
     /// Advances past the sampled `token` (not a stop token); `true` when the constraint can
     /// take nothing more (the output is complete). Otherwise the next mask starts computing.
     pub(crate) fn accept(&mut self, token: u32) -> Result<bool, String> {
+        if let Some(decided) = self.observe_trigger(token) {
+            return decided;
+        }
         // A mask still being computed for the old state must end before the state moves on.
         if let Some(pending) = self.next.take() {
             let _ = pending.recv();
@@ -635,6 +712,42 @@ mod tests {
         let mut logits = vec![0.0; VOCABULARY];
         output.mask(&mut logits, &[END]).unwrap();
         logits[token as usize] == 0.0
+    }
+
+    #[test]
+    fn a_lazy_constraint_applies_from_its_trigger_on() {
+        let constraints = constraints();
+        // Triggered by the `{` token: before it, nothing is masked and nothing is consumed.
+        let mut output = constraints
+            .matcher(&Constraint::JsonObject)
+            .unwrap()
+            .lazy(&[ConstraintTrigger::Token(0)])
+            .unwrap();
+        assert!(allows(&mut output, ONE) && allows(&mut output, QUOTE));
+        assert_eq!(output.accept(ONE), Ok(false));
+        assert_eq!(output.accept(1), Ok(false)); // `}`: free text before the trigger
+        assert_eq!(output.accept(0), Ok(false)); // `{`: the object starts here
+        assert!(!allows(&mut output, ONE) && allows(&mut output, 4));
+        assert_eq!(output.accept(1), Ok(true), "`{{}}` is a complete object");
+        // Triggered by a word: the text from the word on is the constraint's first input.
+        let mut output = constraints
+            .matcher(&Constraint::JsonObject)
+            .unwrap()
+            .lazy(&[ConstraintTrigger::Word("{\"a\"".into())])
+            .unwrap();
+        assert_eq!(output.accept(0), Ok(false)); // `{`
+        assert_eq!(output.accept(4), Ok(false)); // `"a"`: fires on `{"a"`
+        assert!(
+            allows(&mut output, 5) && !allows(&mut output, 1),
+            "`:` next"
+        );
+        // A pattern that does not compile is refused, named.
+        let err = constraints
+            .matcher(&Constraint::JsonObject)
+            .unwrap()
+            .lazy(&[ConstraintTrigger::Pattern("(".into())])
+            .unwrap_err();
+        assert!(err.to_string().contains("`(`"), "{err}");
     }
 
     #[test]

@@ -46,6 +46,7 @@ mod backend;
 mod backends;
 mod bench;
 mod constraint;
+mod constraint_trigger;
 mod decode;
 mod embedding;
 mod engine;
@@ -77,6 +78,7 @@ pub use backend::{
 pub use backends::{PIPELINE_FAILURE, join_pipeline, load_backend, run_pipeline_stage};
 pub use bench::{BackendBench, measure_read_bandwidth};
 pub use constraint::{Constraint, with_json_options};
+pub use constraint_trigger::ConstraintTrigger;
 pub use decode::{DecodeStream, TextDecoder};
 pub use embedding::{Normalize, Pooling, pool};
 pub use engine::{Completion, Engine, GenerationStream, ModelInfo};

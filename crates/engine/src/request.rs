@@ -31,6 +31,9 @@ pub struct GenerationRequest {
     pub post_sampling_probs: bool,
     /// What the output must match (structured output); `None` for free text.
     pub constraint: Option<Constraint>,
+    /// With a constraint: the triggers that start it (llama-server's lazy grammars); empty, it
+    /// applies from the start ([`crate::ConstraintTrigger`]).
+    pub constraint_triggers: Vec<crate::constraint_trigger::ConstraintTrigger>,
     /// Prompt-lookup speculative decoding for this request; `None` for the engine's default
     /// ([`crate::EngineOptions::speculative`]).
     pub speculative: Option<SpeculativeConfig>,
@@ -38,6 +41,10 @@ pub struct GenerationRequest {
     /// passed since the first generated token, the request ends ([`FinishReason::Length`]) at
     /// the next token whose text holds a newline. `None`: no limit.
     pub predict_time_limit: Option<std::time::Duration>,
+    /// llama-server's `n_indent`: once the output has a newline, a new line indented by fewer
+    /// than this many spaces or tabs ends it ([`FinishReason::Length`]), cut where that line's
+    /// indentation ends. `0`: no rule.
+    pub min_indent: usize,
     /// Whether the prompt may start from a prefix the prefix cache holds (llama-server's
     /// `cache_prompt`); `false` computes every prompt token. Default `true`.
     pub reuse_cached_prefix: bool,
@@ -62,8 +69,10 @@ impl GenerationRequest {
             logprobs: None,
             post_sampling_probs: false,
             constraint: None,
+            constraint_triggers: Vec::new(),
             speculative: None,
             predict_time_limit: None,
+            min_indent: 0,
             reuse_cached_prefix: true,
             reasoning_budget: None,
             lora: Vec::new(),

@@ -102,10 +102,8 @@ fn slot_params(request: &GenerationRequest, ignore_eos: bool) -> serde_json::Val
         "n_probs": request.logprobs.unwrap_or(0),
         "post_sampling_probs": request.post_sampling_probs,
         "samplers": s.samplers.iter().map(|stage| stage.name()).collect::<Vec<_>>(),
-        // llama-server's adaptive-p sampler, which this engine does not have: reported off, as
-        // its inert values are the only ones a request may send (crate::inert).
-        "adaptive_target": -1.0,
-        "adaptive_decay": 0.9,
+        "adaptive_target": s.adaptive_target,
+        "adaptive_decay": s.adaptive_decay,
         // The LoRA scales the request ran with, by adapter id.
         "lora": request.lora.iter().enumerate().map(|(id, &scale)| {
             serde_json::json!({"id": id, "scale": scale})
@@ -243,6 +241,10 @@ pub async fn submit(
                 .logit_bias
                 .extend(resolve_logit_bias(&engine, &params.logit_bias)?);
             let prompt = tokenize(&engine, prompt)?;
+            let constraint_triggers = match &params.lazy_grammar {
+                Some(lazy) => lazy.resolve(&engine)?,
+                None => Vec::new(),
+            };
             let reasoning_budget = params
                 .reasoning_budget
                 .as_ref()
@@ -267,9 +269,11 @@ pub async fn submit(
                 logprobs: params.logprobs,
                 post_sampling_probs: params.post_sampling_probs,
                 constraint: params.constraint.or(default_constraint),
+                constraint_triggers,
                 // The engine's default (`EngineOptions::speculative`).
                 speculative: None,
                 predict_time_limit: params.predict_time_limit,
+                min_indent: params.min_indent,
                 reuse_cached_prefix: params.cache_prompt.unwrap_or(true),
                 reasoning_budget,
                 lora,

@@ -13,18 +13,12 @@ use crate::error::ApiError;
 /// refused with a 400 naming it, never silently served without it (the compatibility
 /// manifest lists each with its reason).
 pub const INERT_FIELDS: &[(&str, &[&str])] = &[
-    ("n_indent", &["0"]),
     ("n_keep", &["0", "-1"]),
     ("n_discard", &["0"]),
     ("n_cache_reuse", &["0"]),
-    ("adaptive_target", &["-1"]),
-    ("adaptive_decay", &["0.9"]),
-    ("grammar_lazy", &["false"]),
     ("reasoning_format", &["\"none\"", "\"auto\""]),
     ("continue_final_message", &["false"]),
     ("echo", &["false"]),
-    ("preserved_tokens", &["[]"]),
-    ("grammar_triggers", &["[]"]),
     ("grammar_type", &["\"gbnf\""]),
     ("add_generation_prompt", &["true"]),
     ("chat_template_kwargs", &["{}"]),
@@ -75,11 +69,11 @@ mod tests {
 
     #[test]
     fn neutral_values_pass_and_others_are_named() {
-        assert!(refuse_inert_fields(br#"{"adaptive_target": -1, "n_keep": null}"#, &[]).is_ok());
-        let err = refuse_inert_fields(br#"{"adaptive_target": 0.5}"#, &[]).unwrap_err();
-        assert!(format!("{err:?}").contains("adaptive_target"), "{err:?}");
-        assert!(refuse_inert_fields(br#"{"n_indent": 4}"#, &[]).is_err());
-        assert!(refuse_inert_fields(br#"{"preserved_tokens": []}"#, &[]).is_ok());
+        assert!(refuse_inert_fields(br#"{"n_keep": -1, "lora": null}"#, &[]).is_ok());
+        let err = refuse_inert_fields(br#"{"n_discard": 5}"#, &[]).unwrap_err();
+        assert!(format!("{err:?}").contains("n_discard"), "{err:?}");
+        assert!(refuse_inert_fields(br#"{"n_cache_reuse": 4}"#, &[]).is_err());
+        assert!(refuse_inert_fields(br#"{"lora": []}"#, &[]).is_ok());
         // A field a route handles itself passes there and is refused elsewhere.
         let thinking = br#"{"reasoning_format": "deepseek"}"#;
         assert!(refuse_inert_fields(thinking, &[]).is_err());

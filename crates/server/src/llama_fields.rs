@@ -1,6 +1,6 @@
 //! llama-server's generation fields that every generating route reads (llama-server hands the
 //! body of its OpenAI, Responses and Anthropic routes to the same task schema as `/completion`):
-//! `ignore_eos`, `t_max_predict_ms`, `samplers`, `logit_bias`, `cache_prompt`, and the output
+//! `ignore_eos`, `t_max_predict_ms`, `n_indent`, `samplers`, `logit_bias`, `cache_prompt`, and the output
 //! fields `n_probs` and `return_tokens`, which each route answers in its own shape. The sampling
 //! fields (`temperature`, `top_p` ...) are read beside them ([`crate::read::GenerationBody`]).
 
@@ -21,6 +21,9 @@ pub struct LlamaFields {
     pub ignore_eos: Option<bool>,
     /// After this many ms since the first token, stop at the next newline (`-1`/`0`: no limit).
     pub t_max_predict_ms: Option<i64>,
+    /// Once the output has a newline, a line indented by fewer spaces or tabs ends it (`0`:
+    /// no rule).
+    pub n_indent: Option<i64>,
     /// The sampler chain's order and subset: names, or one character per sampler.
     pub samplers: Option<SamplersField>,
     /// `/completion`: the generated token ids in `tokens`.
@@ -47,6 +50,15 @@ pub struct LlamaFields {
     pub return_progress: Option<bool>,
     /// The `/slots` id the request must run in (`-1`: any).
     pub id_slot: Option<i64>,
+    /// llama-server's chat-parser fields: on the routes that answer raw text (`/completion`,
+    /// `/infill`, `/v1/completions`) llama-server reads them into a parser whose result those
+    /// answers never show, so there they are checked and have no effect ([`PARSER_FIELDS`]);
+    /// the chat route acts on them itself.
+    pub reasoning_format: Option<String>,
+    pub continue_final_message: Option<Value>,
+    /// Lazy grammars' fields ([`crate::lazy_grammar`]).
+    #[serde(flatten)]
+    pub lazy: crate::lazy_grammar::LazyFields,
     /// The reasoning budget's fields ([`crate::reasoning::BudgetFields`]).
     #[serde(flatten)]
     pub budget: BudgetFields,
@@ -126,6 +138,11 @@ pub fn read_logit_bias(value: &Value) -> Result<Vec<(BiasTarget, f32)>, ApiError
     }
 }
 
+/// The chat-parser fields the raw-text routes (`/completion`, `/infill`, `/v1/completions`)
+/// accept at any valid value, as llama-server does: it parses their output for a chat message
+/// that those routes' answers never show, so neither field changes what they answer.
+pub const PARSER_FIELDS: &[&str] = &["reasoning_format", "continue_final_message"];
+
 /// llama-server's `samplers`: a list of names, or a string of sampler characters.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -137,7 +154,7 @@ pub enum SamplersField {
 /// A sampler name or character: a stage of the engine's chain, or one it does not have.
 enum Known {
     Stage(SamplerStage),
-    /// `infill`, `adaptive_p`: not implemented.
+    /// `infill`: not implemented.
     Missing,
 }
 
@@ -157,7 +174,7 @@ const SAMPLERS: &[(&str, char)] = &[
 ];
 
 fn known(canonical: &str) -> Known {
-    SamplerStage::DEFAULT_ORDER
+    SamplerStage::ALL
         .into_iter()
         .find(|stage| stage.name() == canonical)
         .map_or(Known::Missing, Known::Stage)
@@ -232,6 +249,8 @@ impl LlamaFields {
     /// Sets the fields of `params` these fields steer (the sampler chain, biases, stopping, the
     /// prefix cache).
     pub fn apply(&self, params: &mut Params) -> Result<(), ApiError> {
+        self.check_parser_fields()?;
+        params.lazy_grammar = self.lazy.read()?;
         params.ignore_eos = self.ignore_eos;
         params.post_sampling_probs = self.post_sampling_probs.unwrap_or(false);
         params.cache_prompt = self.cache_prompt;
@@ -269,6 +288,16 @@ impl LlamaFields {
                 ));
             }
         };
+        params.min_indent = match self.n_indent {
+            None => 0,
+            Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+            Some(n) => {
+                return Err(ApiError::invalid_param(
+                    "n_indent",
+                    format!("n_indent={n}: expected 0 (no rule) or a count of spaces or tabs"),
+                ));
+            }
+        };
         params.predict_time_limit = match self.t_max_predict_ms {
             None | Some(-1..=0) => None,
             Some(ms) if ms > 0 => Some(Duration::from_millis(ms as u64)),
@@ -280,6 +309,26 @@ impl LlamaFields {
             }
         };
         Ok(())
+    }
+
+    /// `reasoning_format` must name a format llama-server knows (it refuses others too);
+    /// `continue_final_message` must be a value its parser reads (`true`, `false`, `"content"`,
+    /// `"reasoning_content"`; llama-server takes any other as `false`, here it is a 400).
+    fn check_parser_fields(&self) -> Result<(), ApiError> {
+        if let Some(name) = &self.reasoning_format {
+            crate::reasoning::ReasoningFormat::parse("reasoning_format", name)?;
+        }
+        match &self.continue_final_message {
+            None | Some(Value::Null | Value::Bool(_)) => Ok(()),
+            Some(Value::String(s)) if s == "content" || s == "reasoning_content" => Ok(()),
+            Some(other) => Err(ApiError::invalid_param(
+                "continue_final_message",
+                format!(
+                    "continue_final_message: expected true, false, \"content\" or \
+                     \"reasoning_content\"; got {other}"
+                ),
+            )),
+        }
     }
 
     /// Whether `/completion` returns the token ids.

@@ -360,6 +360,18 @@ impl Metrics {
                 );
             }
         }
+        // llama-server's one labelled counter: a series per draft position, once any sequence
+        // has verified a draft.
+        if !e.accepted_per_position.is_empty() {
+            let name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Accepted tokens per draft position\n# TYPE {name} counter"
+            );
+            for (position, count) in e.accepted_per_position.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{position=\"{position}\"}} {count}");
+            }
+        }
         let _ = writeln!(
             out,
             "# HELP mlxcel_http_requests_finished_total This server's requests, by finish reason.\n\
@@ -599,6 +611,21 @@ mod tests {
         assert_eq!(retry_after_at(&old, 5, now), 1);
         let slow: VecDeque<Instant> = [now - Duration::from_secs(59)].into();
         assert_eq!(retry_after_at(&slow, 1000, now), MAX_RETRY_AFTER);
+    }
+
+    #[test]
+    fn accepted_tokens_per_draft_position_are_one_series_each() {
+        let metrics = Metrics::default();
+        let mut e = EngineMetrics::default();
+        let name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total";
+        assert!(!metrics.render(Some(&e), 0, "m").contains(name));
+        e.scheduler.accepted_per_position = vec![5, 2, 0];
+        let text = metrics.render(Some(&e), 0, "m");
+        let expected = format!(
+            "# HELP {name} Accepted tokens per draft position\n# TYPE {name} counter\n\
+             {name}{{position=\"0\"}} 5\n{name}{{position=\"1\"}} 2\n{name}{{position=\"2\"}} 0\n"
+        );
+        assert!(text.contains(&expected), "{text}");
     }
 
     #[test]

@@ -338,6 +338,10 @@ pub struct Params {
     /// llama-server's `t_max_predict_ms`
     /// ([`mlxcel_engine::GenerationRequest::predict_time_limit`]).
     pub predict_time_limit: Option<Duration>,
+    /// llama-server's lazy grammar fields, resolved at submission.
+    pub lazy_grammar: Option<crate::lazy_grammar::LazyGrammar>,
+    /// llama-server's `n_indent` ([`mlxcel_engine::GenerationRequest::min_indent`]).
+    pub min_indent: usize,
     /// `logit_bias`, resolved to token ids at submission.
     pub logit_bias: Vec<(BiasTarget, f32)>,
     /// llama-server's `cache_prompt` (`None`: true): whether the prompt may reuse a cached

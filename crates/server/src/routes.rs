@@ -342,6 +342,32 @@ static ROUTES: &[Route] = &[
         |c| Box::pin(async move { lora_adapters::post_lora_adapters(&c.state, c.body).await }),
         lora_adapters::check_body,
     ),
+    // Resumable streams (streams.rs): a streamed generation sent with `X-Conversation-Id`.
+    status(
+        Method::GET,
+        "/v1/stream",
+        |c| Box::pin(async move { crate::streams::get(c.state.streams(), &c.query) }),
+        false,
+    ),
+    status(
+        Method::DELETE,
+        "/v1/stream",
+        |c| Box::pin(async move { crate::streams::delete(c.state.streams(), &c.query) }),
+        false,
+    ),
+    route(
+        Method::POST,
+        "/v1/streams/lookup",
+        |c| {
+            Box::pin(async move {
+                let bytes = read_bytes(c.body, c.state.config().body_limit).await?;
+                crate::streams::lookup(c.state.streams(), &bytes)
+            })
+        },
+        no_body,
+        false,
+        ErrorShape::LlamaServer,
+    ),
     get("/metrics", |c| {
         Box::pin(async move { llama_server::metrics(&c.state) })
     }),
@@ -450,6 +476,36 @@ pub fn check_request_body(path: &str, bytes: &[u8]) -> Result<(), ApiError> {
         Some(route) => (route.check)(bytes),
         None => Ok(()),
     }
+}
+
+/// The generating routes whose streamed answers a request can name with `X-Conversation-Id`
+/// (llama-server's completion handler's routes).
+const STREAMED_PATHS: &[&str] = &[
+    "/completion",
+    "/completions",
+    "/infill",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/chat/completions",
+    "/v1/responses",
+    "/responses",
+    "/v1/messages",
+];
+
+/// A generating route's `response` to a request that named stream `id`: a streamed answer is
+/// kept under it (and read back from there); any other answer leaves no stream under it.
+fn resumable(state: &AppState, id: &str, response: Response<Body>) -> Response<Body> {
+    let streamed = matches!(response.body(), Body::Channel(_))
+        && response
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !streamed {
+        state.streams().remove(id);
+        return response;
+    }
+    crate::streams::tee(state.streams().create(id), response)
 }
 
 /// Answers one request. Every failure becomes a response here, so the connection keeps serving;
@@ -680,6 +736,13 @@ async fn dispatch(
             )
             .await;
         }
+        // `X-Conversation-Id` on a generating route names a resumable stream (streams.rs).
+        let conversation = (method == Method::POST && STREAMED_PATHS.contains(&route.path))
+            .then(|| request.headers().get(crate::streams::HEADER))
+            .flatten()
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned);
         let call = Call {
             state: state.clone(),
             body: request.into_body().into(),
@@ -688,7 +751,17 @@ async fn dispatch(
             params,
             headers,
         };
-        return (route.handler)(call).await;
+        let answer = (route.handler)(call).await;
+        return match conversation {
+            Some(id) => match answer {
+                Ok(response) => Ok(resumable(state, &id, response)),
+                Err(err) => {
+                    state.streams().remove(&id);
+                    Err(err)
+                }
+            },
+            None => answer,
+        };
     }
     match allowed_methods(&path) {
         Some(allow) => Err(ApiError::MethodNotAllowed {

@@ -12,7 +12,7 @@ use crate::error::ServerError;
 #[derive(Debug, Clone, Default, PartialEq, Args)]
 pub struct SamplingArgs {
     /// The chain's stages in order, separated by `;` (llama.cpp's names: penalties, dry,
-    /// top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature).
+    /// top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature, adaptive_p).
     #[arg(long = "samplers")]
     pub samplers: Option<String>,
 
@@ -80,6 +80,15 @@ pub struct SamplingArgs {
     #[arg(long = "mirostat-ent")]
     pub mirostat_tau: Option<f32>,
 
+    /// Default adaptive-p target probability (negative: off); the stage runs when the chain
+    /// names `adaptive_p`.
+    #[arg(long = "adaptive-target", allow_negative_numbers = true)]
+    pub adaptive_target: Option<f32>,
+
+    /// Default adaptive-p decay, in [0, 0.99].
+    #[arg(long = "adaptive-decay")]
+    pub adaptive_decay: Option<f32>,
+
     /// A bias on one token for every request, `TOKEN_ID+BIAS` or `TOKEN_ID-BIAS` (`-inf` bans
     /// it); repeatable.
     #[arg(short = 'l', long = "logit-bias", action = clap::ArgAction::Append, allow_hyphen_values = true)]
@@ -120,6 +129,8 @@ impl SamplingArgs {
             mirostat: self.mirostat,
             mirostat_eta: self.mirostat_eta,
             mirostat_tau: self.mirostat_tau,
+            adaptive_target: self.adaptive_target,
+            adaptive_decay: self.adaptive_decay,
             ..base
         }
     }

@@ -64,6 +64,8 @@ pub struct AppState {
     /// The LoRA adapters' scales requests without `lora` run with, by id
     /// (`POST /lora-adapters` sets them).
     lora_scales: Mutex<Vec<f32>>,
+    /// Resumable streams, by conversation id (`X-Conversation-Id`; [`crate::streams`]).
+    streams: crate::streams::StreamSessions,
 }
 
 impl AppState {
@@ -83,6 +85,7 @@ impl AppState {
                 .map_or(0, |d| d.as_secs()),
             router: OnceLock::new(),
             agent: OnceLock::new(),
+            streams: crate::streams::StreamSessions::default(),
         }
     }
 
@@ -135,6 +138,11 @@ impl AppState {
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The resumable streams.
+    pub(crate) fn streams(&self) -> &crate::streams::StreamSessions {
+        &self.streams
     }
 
     /// Makes the server ready, and lets the engine sleep after `--sleep-idle-seconds`. A

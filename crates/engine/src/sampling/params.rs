@@ -26,6 +26,9 @@ pub enum SamplerStage {
     /// Temperature, dynamic when `dynatemp_range` > 0 (`temperature`); at zero or below, only
     /// the most likely survivor is kept.
     Temperature,
+    /// Adaptive-p (`adaptive_p`): not in the default order; named anywhere in the chain, it
+    /// replaces the draw at its end, as in llama.cpp (it picks the token, as the draw does).
+    AdaptiveP,
 }
 
 impl SamplerStage {
@@ -42,6 +45,20 @@ impl SamplerStage {
         Self::Temperature,
     ];
 
+    /// Every stage, the default order's then adaptive-p.
+    pub const ALL: [SamplerStage; 10] = [
+        Self::Penalties,
+        Self::Dry,
+        Self::TopNSigma,
+        Self::TopK,
+        Self::TypicalP,
+        Self::TopP,
+        Self::MinP,
+        Self::Xtc,
+        Self::Temperature,
+        Self::AdaptiveP,
+    ];
+
     /// llama.cpp's canonical name (`common_sampler_type_to_str`).
     pub fn name(self) -> &'static str {
         match self {
@@ -54,6 +71,7 @@ impl SamplerStage {
             Self::MinP => "min_p",
             Self::Xtc => "xtc",
             Self::Temperature => "temperature",
+            Self::AdaptiveP => "adaptive_p",
         }
     }
 
@@ -68,7 +86,7 @@ impl SamplerStage {
             "typ" => return Some(Self::TypicalP),
             _ => {}
         }
-        Self::DEFAULT_ORDER.into_iter().find(|stage| {
+        Self::ALL.into_iter().find(|stage| {
             let n = stage.name();
             n == lower
                 || n.replace('_', "-") == lower
@@ -84,7 +102,7 @@ impl SamplerStage {
                 .map(|c| {
                     (
                         c.to_string(),
-                        Self::DEFAULT_ORDER.into_iter().find(|s| s.letter() == c),
+                        Self::ALL.into_iter().find(|s| s.letter() == c),
                     )
                 })
                 .unzip()
@@ -101,7 +119,7 @@ impl SamplerStage {
             .map(|(i, _)| format!("`{i}`"))
             .collect();
         if !unknown.is_empty() {
-            let known: Vec<String> = Self::DEFAULT_ORDER
+            let known: Vec<String> = Self::ALL
                 .iter()
                 .map(|s| format!("{} ({})", s.name(), s.letter()))
                 .collect();
@@ -126,6 +144,7 @@ impl SamplerStage {
             Self::MinP => 'm',
             Self::Xtc => 'x',
             Self::Temperature => 't',
+            Self::AdaptiveP => 'a',
         }
     }
 }
@@ -186,6 +205,12 @@ pub struct SamplingParams {
     pub mirostat_tau: f32,
     /// Mirostat's learning rate (`eta`).
     pub mirostat_eta: f32,
+    /// Adaptive-p's target probability (negative: the stage does not reshape); the stage runs
+    /// only when [`SamplingParams::samplers`] names [`SamplerStage::AdaptiveP`], as in llama.cpp.
+    pub adaptive_target: f32,
+    /// Adaptive-p's decay of its average of the drawn tokens' probabilities, in [0, 0.99]
+    /// (a history of about `1 / (1 - decay)` tokens).
+    pub adaptive_decay: f32,
     /// Added to tokens' logits before anything else (`f32::NEG_INFINITY` bans a token, as
     /// llama-server's `ignore_eos` does with the end-of-sequence tokens).
     pub logit_bias: Vec<(u32, f32)>,
@@ -224,6 +249,8 @@ impl Default for SamplingParams {
             mirostat: 0,
             mirostat_tau: 5.0,
             mirostat_eta: 0.1,
+            adaptive_target: -1.0,
+            adaptive_decay: 0.9,
             logit_bias: Vec::new(),
             samplers: SamplerStage::DEFAULT_ORDER.to_vec(),
             seed: None,
@@ -284,6 +311,10 @@ pub struct SamplingOverrides {
     pub mirostat_tau: Option<f32>,
     /// [`SamplingParams::mirostat_eta`].
     pub mirostat_eta: Option<f32>,
+    /// [`SamplingParams::adaptive_target`].
+    pub adaptive_target: Option<f32>,
+    /// [`SamplingParams::adaptive_decay`].
+    pub adaptive_decay: Option<f32>,
     /// [`SamplingParams::seed`]; a negative seed draws a fresh one.
     pub seed: Option<i64>,
 }
@@ -322,6 +353,8 @@ impl SamplingOverrides {
             mirostat: self.mirostat.unwrap_or(base.mirostat),
             mirostat_tau: self.mirostat_tau.unwrap_or(base.mirostat_tau),
             mirostat_eta: self.mirostat_eta.unwrap_or(base.mirostat_eta),
+            adaptive_target: self.adaptive_target.unwrap_or(base.adaptive_target),
+            adaptive_decay: self.adaptive_decay.unwrap_or(base.adaptive_decay),
             seed: match self.seed {
                 Some(seed) => u64::try_from(seed).ok(),
                 None => base.seed,
@@ -372,6 +405,12 @@ impl SamplingParams {
     /// Whether XTC can remove anything.
     pub(crate) fn xtc_enabled(&self) -> bool {
         self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5
+    }
+
+    /// Whether adaptive-p picks the token: the chain names it and mirostat is off (mirostat
+    /// replaces the chain, adaptive-p included, as in llama.cpp).
+    pub(crate) fn adaptive_p_enabled(&self) -> bool {
+        self.mirostat == 0 && self.samplers.contains(&SamplerStage::AdaptiveP)
     }
 
     /// Whether a temperature of zero or below is the argmax after bias, penalties and DRY: the
@@ -496,6 +535,20 @@ impl SamplingParams {
         }
         if !(finite(self.mirostat_eta) && self.mirostat_eta >= 0.0) {
             return invalid("mirostat_eta", self.mirostat_eta, "a number >= 0");
+        }
+        if !(finite(self.adaptive_target) && self.adaptive_target <= 1.0) {
+            return invalid(
+                "adaptive_target",
+                self.adaptive_target,
+                "a number <= 1 (0 to 1; negative disables)",
+            );
+        }
+        if !(0.0..=0.99).contains(&self.adaptive_decay) {
+            return invalid(
+                "adaptive_decay",
+                self.adaptive_decay,
+                "a number in [0, 0.99]",
+            );
         }
         Ok(())
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::error::EngineError;
 use crate::rng::{Rng, fresh_seed};
 
+use super::adaptive::AdaptiveP;
 use super::dry::{self, DryBreakers, DrySettings};
 use super::filters::{
     Candidate, argmax, by_logit_desc, dynamic_temperature, materialize, min_p_filter,
@@ -29,6 +30,7 @@ pub struct Sampler {
     scale: f64,
     dry_breakers: Arc<DryBreakers>,
     mirostat: Option<Mirostat>,
+    adaptive: Option<AdaptiveP>,
 }
 
 impl Sampler {
@@ -39,6 +41,9 @@ impl Sampler {
         let seed = params.seed.unwrap_or_else(fresh_seed);
         let mirostat = (params.mirostat != 0)
             .then(|| Mirostat::new(params.mirostat, params.mirostat_tau, params.mirostat_eta));
+        let adaptive = params
+            .adaptive_p_enabled()
+            .then(|| AdaptiveP::new(params.adaptive_target, params.adaptive_decay));
         Ok(Self {
             params,
             seed,
@@ -47,6 +52,7 @@ impl Sampler {
             scale: 1.0,
             dry_breakers: Arc::default(),
             mirostat,
+            adaptive,
         })
     }
 
@@ -78,7 +84,28 @@ impl Sampler {
             return token;
         }
         self.run_chain(logits, history);
-        self.draw()
+        self.adapt();
+        let token = self.draw();
+        self.adaptive_accept(token);
+        token
+    }
+
+    /// Adaptive-p's reshaping of the chain's survivors, when the chain names it: their logits
+    /// become the transformed ones, read at scale 1.
+    fn adapt(&mut self) {
+        if let Some(adaptive) = self.adaptive.as_mut()
+            && adaptive.active()
+        {
+            adaptive.reshape(&mut self.candidates, self.scale);
+            self.scale = 1.0;
+        }
+    }
+
+    /// Enters the chosen token into adaptive-p's average.
+    fn adaptive_accept(&mut self, token: u32) {
+        if let Some(adaptive) = self.adaptive.as_mut() {
+            adaptive.accept(token);
+        }
     }
 
     /// The argmax after bias, penalties and DRY, when the chain is one where that is what a
@@ -138,6 +165,14 @@ impl Sampler {
             return (token, token == proposed);
         }
         self.run_chain(logits, history);
+        self.adapt();
+        let (token, accepted) = self.verify_drawn(proposed);
+        self.adaptive_accept(token);
+        (token, accepted)
+    }
+
+    /// The speculative rule over the chain's survivors (see [`Sampler::verify`]).
+    fn verify_drawn(&mut self, proposed: u32) -> (u32, bool) {
         let Some(&(first, _)) = self.candidates.first() else {
             return (0, false);
         };
@@ -198,6 +233,21 @@ impl Sampler {
     #[cfg(test)]
     pub(super) fn mirostat_mu(&self) -> Option<f32> {
         self.mirostat.as_ref().map(Mirostat::mu)
+    }
+
+    /// Adaptive-p's target for the next step.
+    #[cfg(test)]
+    pub(super) fn adaptive_target_now(&self) -> Option<f32> {
+        self.adaptive.as_ref().map(AdaptiveP::adapted_target)
+    }
+
+    /// Runs the chain and adaptive-p's reshaping without drawing, then enters `token` as the
+    /// chosen one (the oracle test, which follows llama.cpp's draws).
+    #[cfg(test)]
+    pub(super) fn step_with(&mut self, logits: &mut [f32], history: &[u32], token: u32) {
+        self.run_chain(logits, history);
+        self.adapt();
+        self.adaptive_accept(token);
     }
 
     /// `token`'s probability among the last candidates.
@@ -347,6 +397,8 @@ impl Sampler {
                 SamplerStage::TopP if top_p >= 1.0 => {}
                 SamplerStage::MinP if min_p <= 0.0 => {}
                 SamplerStage::Xtc if !xtc_on => {}
+                // Adaptive-p runs after the chain, in the draw's place (`Sampler::adapt`).
+                SamplerStage::AdaptiveP => {}
                 SamplerStage::Temperature if temperature > 0.0 && dynatemp_range <= 0.0 => {
                     scale *= 1.0 / f64::from(temperature);
                 }

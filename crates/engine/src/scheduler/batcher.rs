@@ -18,13 +18,14 @@ use crate::stop::StopMatcher;
 use super::config::SchedulerConfig;
 use super::constraints::{ConstraintSource, mask_constrained};
 use super::emission::{advance, end_with_error, finished_event, report_end};
+use super::indent::IndentStop;
 use super::prefix_cache::{CachedPrefix, PrefixCache, waits_for_sharer};
 use super::sequence::{DraftState, Sequence};
 use super::speculation::{self, Speculation};
 use super::stats::{BucketOccupancy, RequestProgress, SchedulerStats};
 
 /// What a replaced scheduler hands its successor ([`Scheduler::carried`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Carried {
     next_id: RequestId,
     stats: SchedulerStats,
@@ -216,7 +217,7 @@ impl<B: Backend> Scheduler<B> {
             running: self.running.len(),
             reused_tokens: self.prefix.reused_tokens(),
             prefix: self.prefix.stats(),
-            ..self.stats
+            ..self.stats.clone()
         }
     }
 
@@ -315,7 +316,12 @@ impl<B: Backend> Scheduler<B> {
                         kind: "constraint",
                         message: "structured output needs the model's tokenizer".into(),
                     })?;
-                Some(source.get()?.matcher(c)?)
+                Some(
+                    source
+                        .get()?
+                        .matcher(c)?
+                        .lazy(&request.constraint_triggers)?,
+                )
             }
         };
         let budget = request
@@ -355,6 +361,8 @@ impl<B: Backend> Scheduler<B> {
             cancel_requested: false,
             predict_time_limit: request.predict_time_limit,
             first_token_at: None,
+            indent: IndentStop::new(request.min_indent),
+            indent_stopped: false,
             budget,
             forced_last: false,
         });

@@ -138,9 +138,15 @@ pub(super) fn emit(
         if is_stop_token {
             sequence.status = RequestStatus::FinishedStopped;
         } else {
-            let piece = sequence.decoder.push(token);
+            let mut piece = sequence.decoder.push(token);
             if let Some(budget) = &mut sequence.budget {
                 budget.observe(token, !sequence.decoder.holds_partial_character());
+            }
+            // llama-server's n_indent: a line indented too little ends the output where its
+            // indentation ends.
+            if let Some(at) = sequence.indent.as_mut().and_then(|rule| rule.cut(&piece)) {
+                piece.truncate(at);
+                sequence.indent_stopped = true;
             }
             let scan = sequence.stops.push(&piece);
             text = scan.text;
@@ -153,6 +159,7 @@ pub(super) fn emit(
             } else if sequence.generated() >= sequence.plan.admitted_max_new_tokens
                 || sequence.tokens.len() > sequence.plan.max_positions
                 || out_of_time
+                || sequence.indent_stopped
             {
                 sequence.status = RequestStatus::FinishedLength;
             }
@@ -194,7 +201,12 @@ pub(super) fn report_end(sequence: &mut Sequence, events: &mut Vec<(RequestId, E
             RequestStatus::FinishedStopped if sequence.stops.is_stopped() => String::new(),
             RequestStatus::FinishedCancelled => String::new(),
             _ => {
-                let tail = sequence.decoder.flush();
+                // Past an indentation cut, what the decoder holds is past it too.
+                let tail = if sequence.indent_stopped {
+                    String::new()
+                } else {
+                    sequence.decoder.flush()
+                };
                 let mut text = sequence.stops.push(&tail).text;
                 text.push_str(&sequence.stops.finish());
                 text

@@ -4,6 +4,7 @@
 //! One file per concern; each uses only files listed above it:
 //!
 //! - [`config`]: the limits a scheduler runs under ([`SchedulerConfig`]).
+//! - [`indent`]: llama-server's `n_indent`, a line indented too little ending the output.
 //! - [`sequence`]: one request's state from submission to its end.
 //! - [`prefix_cache`]: finished sequences' slots kept for later requests that start with the
 //!   same tokens, and prefixes shared between sequences running together; its own type with
@@ -22,6 +23,7 @@ mod batcher;
 mod config;
 mod constraints;
 mod emission;
+mod indent;
 mod prefix_cache;
 mod sequence;
 mod speculation;

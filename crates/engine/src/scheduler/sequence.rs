@@ -9,6 +9,8 @@ use crate::sampling::Sampler;
 use crate::speculative::SpeculativeConfig;
 use crate::stop::StopMatcher;
 
+use super::indent::IndentStop;
+
 /// One sequence in the scheduler.
 pub(super) struct Sequence {
     pub(super) id: RequestId,
@@ -57,6 +59,9 @@ pub(super) struct Sequence {
     /// `GenerationRequest::predict_time_limit`, and when the first token was generated.
     pub(super) predict_time_limit: Option<std::time::Duration>,
     pub(super) first_token_at: Option<std::time::Instant>,
+    /// `GenerationRequest::min_indent`'s rule in progress, and whether it ended the output.
+    pub(super) indent: Option<IndentStop>,
+    pub(super) indent_stopped: bool,
     /// The reply's reasoning budget in progress ([`crate::GenerationRequest::reasoning_budget`]).
     pub(super) budget: Option<BudgetTracker>,
     /// Whether the last token was forced by `budget` rather than sampled.

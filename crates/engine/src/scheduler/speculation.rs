@@ -347,6 +347,8 @@ pub(super) fn accept<B: Backend + ?Sized>(
     sequence.quiet_steps = 0;
     sequence.drafted += proposals.len();
     sequence.accepted += accepted_here;
+    let positions = sequence.speculative.map_or(0, |c| c.draft_max);
+    count_per_position(&mut stats.accepted_per_position, positions, accepted_here);
     sequence.acceptance = updated_acceptance(sequence.acceptance, proposals.len(), accepted_here);
     if !sequence.status.is_finished()
         && let Err(err) = backend.truncate(slot, sequence.computed)
@@ -354,6 +356,17 @@ pub(super) fn accept<B: Backend + ?Sized>(
         end_with_error(sequence, err.to_string(), events);
     }
     accepted_here
+}
+
+/// Counts one accepted proposal at each of positions `0..accepted` in `per_position`, first
+/// grown to `positions` entries (the sequence's most proposals per pass).
+fn count_per_position(per_position: &mut Vec<u64>, positions: usize, accepted: usize) {
+    if per_position.len() < positions.max(accepted) {
+        per_position.resize(positions.max(accepted), 0);
+    }
+    for count in &mut per_position[..accepted] {
+        *count += 1;
+    }
 }
 
 /// Room for proposals in `sequence`: for them and the token after them within its budget and

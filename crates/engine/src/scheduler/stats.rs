@@ -6,7 +6,7 @@ use crate::request::RequestId;
 use super::prefix_cache::PrefixCacheStats;
 
 /// Counters a caller can read cheaply after each step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SchedulerStats {
     /// Requests waiting for a slot.
     pub waiting: usize,
@@ -21,6 +21,11 @@ pub struct SchedulerStats {
     /// Speculative decoding: tokens proposed, and of those accepted, so far.
     pub drafted_tokens: u64,
     pub accepted_tokens: u64,
+    /// Speculative decoding: by draft position (0 the first proposal of a pass), how many
+    /// proposals at that position were accepted (a pass that accepted `n` counts one at each of
+    /// positions `0..n`, as llama-server counts them). As long as the largest
+    /// `draft_max` of the sequences that have verified a draft; empty before any.
+    pub accepted_per_position: Vec<u64>,
     /// Sequences the draft model could not serve (no room in its window or memory, or it
     /// failed), which decoded without it.
     pub draft_fallbacks: u64,

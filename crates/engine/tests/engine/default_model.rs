@@ -654,6 +654,15 @@ fn speculative_decoding_keeps_greedy_output() {
             "{stats:?}"
         );
         assert!(stats.accepted_tokens <= stats.drafted_tokens);
+        // Per draft position: a pass that accepted n counts one at each of 0..n, so the counts
+        // sum to the accepted tokens and never grow with the position.
+        let per_position = &stats.accepted_per_position;
+        assert_eq!(
+            per_position.iter().sum::<u64>(),
+            stats.accepted_tokens,
+            "{stats:?}"
+        );
+        assert!(per_position.windows(2).all(|w| w[0] >= w[1]), "{stats:?}");
     }
 }
 

@@ -84,13 +84,13 @@ mod http {
         let neutral = server
             .post_json(
                 "/completion",
-                json!({"prompt": "Hi", "n_predict": 1, "typical_p": 1.0, "adaptive_target": -1, "ignore_eos": false}),
+                json!({"prompt": "Hi", "n_predict": 1, "typical_p": 1.0, "n_keep": -1, "ignore_eos": false}),
             )
             .await;
         assert_eq!(neutral.status, StatusCode::OK, "{}", neutral.body);
         for (path, field, value) in [
-            ("/completion", "adaptive_target", json!(0.5)),
-            ("/v1/completions", "n_indent", json!(4)),
+            ("/completion", "n_discard", json!(5)),
+            ("/v1/completions", "n_cache_reuse", json!(4)),
             // The chat route acts on `chat_template_kwargs` (tests/server/reasoning.rs); the
             // others refuse it.
             (
@@ -99,7 +99,11 @@ mod http {
                 json!({"enable_thinking": false}),
             ),
             // (`reasoning_control` is acted on now: tests/server/reasoning.rs.)
-            ("/v1/chat/completions", "preserved_tokens", json!(["<x>"])),
+            (
+                "/v1/chat/completions",
+                "lora",
+                json!([{"id": 0, "scale": 1.0}]),
+            ),
         ] {
             let mut body = json!({"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1});
             body[field] = value;

@@ -8,7 +8,9 @@
 //! client disconnect, graceful shutdown), `concurrency` (parallel streams equal sequential runs),
 //! `infill` (llama-server's `/infill`), `webui` (the chat page at `/` and `--no-webui`), `slots`
 //! (saving, restoring and erasing slots with `--slot-save-path`), `sampler_chain` (DRY, XTC,
-//! mirostat ... and post-sampling probabilities, their flags), `idle` (`--sleep-idle-seconds`,
+//! mirostat ... and post-sampling probabilities, their flags), `parity_fields` (adaptive-p,
+//! `n_indent`, the parser fields on raw-text routes, accepted tokens per draft position),
+//! `streams` (resumable streams: `X-Conversation-Id`, `/v1/stream`, `/v1/streams/lookup`), `idle` (`--sleep-idle-seconds`,
 //! `--cache-idle-slots` with `id_slot`, Vertex AI's prediction route), `router` (many models
 //! behind one server: `--models-dir`, `--models-preset`, `--models-max`), `speculation`
 //! (llama.cpp's hashed n-gram speculative types from its flags).
@@ -31,6 +33,7 @@ mod lifecycle;
 mod llama_fields;
 mod lora;
 mod model_overrides;
+mod parity_fields;
 mod reasoning;
 mod responses;
 mod router;
@@ -38,6 +41,7 @@ mod routes;
 mod sampler_chain;
 mod slots;
 mod speculation;
+mod streams;
 mod suite_parity;
 mod support;
 mod tls;

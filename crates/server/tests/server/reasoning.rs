@@ -159,11 +159,12 @@ async fn reasoning_fields_are_checked_and_template_kwargs_reach_the_render() {
         "{}",
         budget.body
     );
-    // A completion has no chat parser: the field stays refused there.
+    // A completion's answer is the raw text: the field is checked there and has no effect
+    // (tests/server/parity_fields.rs), as in llama-server.
     let completion = server
         .post_json(
             "/v1/completions",
-            json!({"prompt": "Hi", "max_tokens": 2, "reasoning_format": "deepseek"}),
+            json!({"prompt": "Hi", "max_tokens": 2, "reasoning_format": "r1"}),
         )
         .await;
     assert!(completion.status.is_client_error());

@@ -10,11 +10,13 @@ use serde::Deserialize;
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::fanout::{Join, generate_all, parts};
-use crate::llama_fields::LlamaFields;
+use crate::llama_fields::{LlamaFields, PARSER_FIELDS};
 use crate::prompts::read_prompts;
 use crate::protocols::openai::StopField;
 use crate::read::RequestBody;
-use crate::read::{GenerationBody, SamplingRanges, parse_generation, read_generation};
+use crate::read::{
+    GenerationBody, SamplingRanges, parse_generation_handling, read_generation_handling,
+};
 use crate::request::{Generation, Params, Prompt, PromptInput, budget};
 use crate::state::AppState;
 use crate::structured::{ConstraintFields, ResponseFormat};
@@ -94,7 +96,11 @@ pub(crate) fn check_body(endpoint: &str, bytes: &[u8]) -> Result<(), ApiError> {
                 mut request,
                 sampling,
                 llama,
-            } = parse_generation::<CompletionRequest>(bytes, &SamplingRanges::LLAMA_SERVER)?;
+            } = parse_generation_handling::<CompletionRequest>(
+                bytes,
+                &SamplingRanges::LLAMA_SERVER,
+                PARSER_FIELDS,
+            )?;
             let prompt = request.prompt.take();
             if endpoint == "infill" {
                 if request.input_prefix.is_none() || request.input_suffix.is_none() {
@@ -176,10 +182,11 @@ pub async fn completion(
     state: &Arc<AppState>,
     body: RequestBody,
 ) -> Result<Response<Body>, ApiError> {
-    let mut body: GenerationBody<CompletionRequest> = read_generation(
+    let mut body: GenerationBody<CompletionRequest> = read_generation_handling(
         body,
         state.config().body_limit,
         &SamplingRanges::LLAMA_SERVER,
+        PARSER_FIELDS,
     )
     .await?;
     let request = &mut body.request;
@@ -232,10 +239,11 @@ pub async fn infill(state: &Arc<AppState>, body: RequestBody) -> Result<Response
             .into(),
         )
     })?;
-    let mut body: GenerationBody<CompletionRequest> = read_generation(
+    let mut body: GenerationBody<CompletionRequest> = read_generation_handling(
         body,
         state.config().body_limit,
         &SamplingRanges::LLAMA_SERVER,
+        PARSER_FIELDS,
     )
     .await?;
     let request = &mut body.request;

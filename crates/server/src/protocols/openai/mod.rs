@@ -29,8 +29,7 @@ use crate::generate::{rand_id, unix_now};
 use crate::handler::count_tokens;
 use crate::read::RequestBody;
 use crate::read::{
-    GenerationBody, SamplingRanges, parse_generation, parse_generation_handling, read_generation,
-    read_generation_handling,
+    GenerationBody, SamplingRanges, parse_generation_handling, read_generation_handling,
 };
 use crate::reasoning::ReasoningFields;
 use crate::request::CONTINUATION_FIELDS;
@@ -43,7 +42,12 @@ use wire::{Asked, ChatRequest, CompletionRequest};
 /// `POST /v1/completions`'s body through the checks [`completions`] makes before it needs the
 /// model (for the fuzz targets; see `crate::fuzzing`).
 pub(crate) fn check_completions_body(bytes: &[u8]) -> Result<(), ApiError> {
-    CompletionRequest::into_generations(parse_generation(bytes, &SamplingRanges::OPENAI)?).map(drop)
+    CompletionRequest::into_generations(parse_generation_handling(
+        bytes,
+        &SamplingRanges::OPENAI,
+        crate::llama_fields::PARSER_FIELDS,
+    )?)
+    .map(drop)
 }
 
 /// `POST /v1/chat/completions`'s body through the checks [`chat_completions`] makes before it
@@ -100,8 +104,13 @@ pub async fn completions(
     state: &Arc<AppState>,
     body: RequestBody,
 ) -> Result<Response<Body>, ApiError> {
-    let body: GenerationBody<CompletionRequest> =
-        read_generation(body, state.config().body_limit, &SamplingRanges::OPENAI).await?;
+    let body: GenerationBody<CompletionRequest> = read_generation_handling(
+        body,
+        state.config().body_limit,
+        &SamplingRanges::OPENAI,
+        crate::llama_fields::PARSER_FIELDS,
+    )
+    .await?;
     let model = body.request.model.clone();
     // The body is checked whole before the model is asked for, as OpenAI answers a bad request
     // 400 whatever the state of the model.
