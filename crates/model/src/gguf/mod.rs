@@ -6,6 +6,7 @@ pub(crate) mod header;
 mod linear_attention;
 pub(crate) mod names;
 pub mod permute;
+mod rank;
 mod reader;
 mod spm;
 pub(crate) mod tensors;
