@@ -161,6 +161,7 @@ fn environment_twins_reach_their_flags() {
         ("LLAMA_ARG_SPEC_DRAFT_P_MIN", "--spec-draft-p-min"),
         ("LLAMA_ARG_POOLING", "--pooling"),
         ("LLAMA_ARG_EMBEDDINGS", "--embedding"),
+        ("LLAMA_ARG_RERANKING", "--rerank"),
         ("LLAMA_ARG_ENDPOINT_METRICS", "--metrics"),
         ("LLAMA_ARG_ENDPOINT_PROPS", "--props"),
         ("LLAMA_ARG_ENDPOINT_SLOTS", "--slots"),

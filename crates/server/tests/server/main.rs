@@ -9,7 +9,8 @@
 //! `infill` (llama-server's `/infill`), `webui` (the chat page at `/` and `--no-webui`), `slots`
 //! (saving, restoring and erasing slots with `--slot-save-path`), `sampler_chain` (DRY, XTC,
 //! mirostat ... and post-sampling probabilities, their flags), `idle` (`--sleep-idle-seconds`,
-//! `--cache-idle-slots` with `id_slot`, Vertex AI's prediction route), `router` (many models
+//! `--cache-idle-slots` with `id_slot`, Vertex AI's prediction route), `rerank` (`--reranking`
+//! and the rerank routes on a reranker made from the default model), `router` (many models
 //! behind one server: `--models-dir`, `--models-preset`, `--models-max`).
 //! Tests on the default model are skipped with `MLXCEL_SKIP_MODEL_TESTS=1`.
 
@@ -27,6 +28,7 @@ mod infill;
 mod lifecycle;
 mod llama_fields;
 mod reasoning;
+mod rerank;
 mod responses;
 mod router;
 mod routes;
