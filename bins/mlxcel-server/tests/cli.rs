@@ -170,6 +170,7 @@ fn environment_twins_reach_their_flags() {
         ("LLAMA_ARG_YARN_BETA_SLOW", "--yarn-beta-slow"),
         ("LLAMA_ARG_YARN_BETA_FAST", "--yarn-beta-fast"),
         ("LLAMA_ARG_EMBEDDINGS", "--embedding"),
+        ("LLAMA_ARG_RERANKING", "--rerank"),
         ("LLAMA_ARG_ENDPOINT_METRICS", "--metrics"),
         ("LLAMA_ARG_ENDPOINT_PROPS", "--props"),
         ("LLAMA_ARG_ENDPOINT_SLOTS", "--slots"),

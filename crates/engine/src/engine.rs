@@ -175,6 +175,8 @@ pub struct Engine {
     cannot_sleep: Option<&'static str>,
     /// The LoRA adapters loaded beside the model, by id ([`EngineOptions::lora_adapters`]).
     lora: Vec<LoraInfo>,
+    /// A reranker's classification head ([`Engine::rank`]).
+    rank_head: Option<Arc<mlxcel_model::RankHead>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -234,6 +236,7 @@ impl Engine {
             None => loaded.chat_template.take(),
         };
         let metrics = Arc::new(Mutex::new(EngineMetrics::default()));
+        let rank_head = loaded.rank_head.take().map(Arc::new);
 
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
@@ -305,6 +308,7 @@ impl Engine {
             sleeping,
             cannot_sleep,
             lora,
+            rank_head,
         })
     }
 
@@ -461,6 +465,13 @@ impl Engine {
         pooling: crate::Pooling,
         normalize: crate::Normalize,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let states = self.hidden_states(tokens)?;
+        Ok(crate::embedding::pool(states, pooling, normalize))
+    }
+
+    /// The final hidden state of every position of `tokens`, on the engine's thread between
+    /// generation steps; an empty or too long input is refused with the numbers.
+    fn hidden_states(&self, tokens: Vec<u32>) -> Result<Vec<Vec<f32>>, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -471,8 +482,30 @@ impl Engine {
                 window: self.info.window,
             });
         }
-        let states = self.ask(|reply| Command::Hidden { tokens, reply })??;
-        Ok(crate::embedding::pool(states, pooling, normalize))
+        self.ask(|reply| Command::Hidden { tokens, reply })?
+    }
+
+    /// A reranker's classification head ([`mlxcel_model::RankHead`]); `None` for other models.
+    pub fn rank_head(&self) -> Option<&mlxcel_model::RankHead> {
+        self.rank_head.as_deref()
+    }
+
+    /// A reranker's relevance score of `tokens` (a query and a document put together, e.g. by
+    /// [`mlxcel_model::RankHead::prompt`]): its classification head over the final hidden
+    /// states, as llama.cpp's rank pooling computes it. Refused for a model without a head and
+    /// on a backend without hidden states.
+    pub fn rank(&self, tokens: Vec<u32>) -> Result<f64, EngineError> {
+        let head = self.rank_head.clone().ok_or(EngineError::NotAReranker)?;
+        if self.info.backend == crate::BackendKind::Xla {
+            return Err(EngineError::Unsupported {
+                what: "reranking".into(),
+                backend: self.info.backend.as_str(),
+                reason: "its programs return logits only, not the hidden states a \
+                         classification head reads: use the mlx backend",
+            });
+        }
+        let states = self.hidden_states(tokens)?;
+        head.score(&states).ok_or(EngineError::EmptyPrompt)
     }
 
     /// Sends the worker a command that carries a reply channel, and waits for the answer

@@ -83,6 +83,13 @@ pub enum EngineError {
     /// A token id the model does not have (a prompt given as ids, or ids to detokenize).
     #[error("token id {token} is outside the vocabulary (size {vocab_size})")]
     TokenOutOfVocabulary { token: u32, vocab_size: usize },
+    /// Reranking asked of a model without a classification head.
+    #[error(
+        "this model is not a reranker: it has no classification head (a GGUF with \
+         `cls.output.weight`, such as a Qwen3-Reranker converted by llama.cpp)"
+    )]
+    NotAReranker,
+
     /// An empty prompt: there is no position to predict from.
     #[error("the prompt is empty: give at least one token of input")]
     EmptyPrompt,

@@ -41,6 +41,8 @@ mod mmap;
 mod model;
 mod partial;
 mod quant;
+mod rank;
+mod rank_head;
 mod resolve;
 mod safetensors_files;
 mod safetensors_writer;
@@ -71,6 +73,8 @@ pub use gguf::{
 pub use model::{LoadedModel, eos_token_ids};
 pub use partial::{partial_name, sweep_partials};
 pub use quant::{GROUP16_AFFINE_MODE, QuantSpec, Quantization, dequantize_affine, pack, unpack};
+pub use rank::{RANK_HEAD_FILE, RANK_HEAD_MODULE, RankHeadFile, RankToken};
+pub use rank_head::RankHead;
 pub use resolve::{
     CONVERTER_VERSION, converted, converted_with, resolve_model, resolve_model_with,
 };

@@ -9,6 +9,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::{ModelConfig, token_ids};
 use crate::error::{ModelError, Result};
 use crate::fim::FimTokens;
+use crate::rank_head::RankHead;
 use crate::tokenizer::Tokenizer;
 
 /// A validated checkpoint with its tokenizer, chat template and stop tokens.
@@ -21,6 +22,8 @@ pub struct LoadedModel {
     pub eos_token_ids: Vec<u32>,
     /// The fill-in-the-middle tokens (GGUF metadata, else llama.cpp's texts).
     pub fim_tokens: FimTokens,
+    /// A reranker's classification head ([`crate::RANK_HEAD_FILE`]); `None` for other models.
+    pub rank_head: Option<RankHead>,
 }
 
 impl LoadedModel {
@@ -31,12 +34,14 @@ impl LoadedModel {
         let chat_template = ChatTemplate::from_dir(dir)?;
         let eos_token_ids = eos_token_ids(dir, checkpoint.config(), &tokenizer)?;
         let fim_tokens = FimTokens::read(dir, &tokenizer)?;
+        let rank_head = RankHead::read(&checkpoint)?;
         Ok(Self {
             checkpoint,
             tokenizer,
             chat_template,
             eos_token_ids,
             fim_tokens,
+            rank_head,
         })
     }
 

@@ -244,6 +244,11 @@ pub struct ServerArgs {
     #[arg(long = "embedding", alias = "embeddings", env = "LLAMA_ARG_EMBEDDINGS")]
     pub embedding: bool,
 
+    /// Serve the reranking routes (`/rerank`, `/reranking`, `/v1/rerank`, `/v1/reranking`);
+    /// the model must be a reranker (a classification head), checked when it loads.
+    #[arg(long = "rerank", alias = "reranking", env = "LLAMA_ARG_RERANKING")]
+    pub rerank: bool,
+
     /// Most requests waiting for a slot (beyond the `--parallel` running); past it a request is
     /// answered 503 with `Retry-After` (the measured drain time of the queue), and `/health`
     /// answers 503 until the queue has room.
@@ -913,6 +918,7 @@ impl ServerArgs {
                 .parse()
                 .map_err(|err: String| ServerError::Flag(format!("--pooling: {err}")))?,
             embd_normalize: self.embd_normalize,
+            reranking: self.rerank,
             spm_infill: self.spm_infill,
             webui: self.webui && !self.no_webui,
             cors: crate::cors::CorsConfig {

@@ -102,6 +102,8 @@ pub struct ServerConfig {
     pub pooling: mlxcel_engine::Pooling,
     /// How they normalize (`--embd-normalize`: -1 none, 0 max-abs, 1 taxicab, 2 euclidean, p).
     pub embd_normalize: i32,
+    /// Whether the reranking routes are served (`--reranking`; they need a reranker model).
+    pub reranking: bool,
     /// `/infill` puts the suffix before the prefix (`--spm-infill`).
     pub spm_infill: bool,
     /// Whether `GET /` serves the chat page (`--no-webui` turns it off).
@@ -178,6 +180,7 @@ impl Default for ServerConfig {
             shutdown_timeout: Duration::from_secs(30),
             pooling: mlxcel_engine::Pooling::Mean,
             embd_normalize: 2,
+            reranking: false,
             spm_infill: false,
             webui: true,
             cors: crate::cors::CorsConfig::default(),

@@ -101,6 +101,7 @@ pub use logging::{
     tee_writer,
 };
 pub use metrics::Metrics;
+pub use protocols::rerank::can_rerank;
 pub use reasoning::{ReasoningDefaults, ReasoningFormat};
 pub use router::args::RouterArgs;
 pub use router::start::router as build_router;

@@ -18,7 +18,7 @@ use crate::body::{Body, full};
 use crate::error::{ApiError, ErrorShape};
 use crate::gcp;
 use crate::protocols::llama_server::{self, lora_adapters, slot_files};
-use crate::protocols::{anthropic, embeddings, openai, responses};
+use crate::protocols::{anthropic, embeddings, openai, rerank, responses};
 use crate::read::{RequestBody, read_bytes};
 use crate::request_log::RequestLog;
 use crate::state::AppState;
@@ -279,6 +279,26 @@ static ROUTES: &[Route] = &[
             })
         },
         embeddings::check_body,
+    ),
+    post(
+        "/rerank",
+        |c| Box::pin(async move { rerank::rerank(&c.state, c.body).await }),
+        rerank::check_body,
+    ),
+    post(
+        "/reranking",
+        |c| Box::pin(async move { rerank::rerank(&c.state, c.body).await }),
+        rerank::check_body,
+    ),
+    post(
+        "/v1/rerank",
+        |c| Box::pin(async move { rerank::rerank(&c.state, c.body).await }),
+        rerank::check_body,
+    ),
+    post(
+        "/v1/reranking",
+        |c| Box::pin(async move { rerank::rerank(&c.state, c.body).await }),
+        rerank::check_body,
     ),
     post(
         "/detokenize",

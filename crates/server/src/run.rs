@@ -99,6 +99,13 @@ pub fn run_with(args: &ServerArgs, options: EngineOptions) -> Result<(), ServerE
                     expected: "a token id of the model's vocabulary",
                 });
             }
+            // `--reranking` needs a reranker: another model stops the server at start.
+            Ok(engine)
+                if loader_state.config().reranking
+                    && let Err(err) = crate::protocols::rerank::can_rerank(&engine) =>
+            {
+                let _ = failed_tx.send(err);
+            }
             Ok(engine) => {
                 let info = engine.info();
                 let buckets = loader_state.capacity_buckets(&engine);

@@ -16,6 +16,7 @@ use crate::error::{ModelError, Result};
 use crate::families::Architecture;
 use crate::gguf::header::{GgufHeader, shortest};
 use crate::gguf::overrides::KvOverride;
+use crate::gguf::rank::write_rank_head;
 use crate::gguf::reader::{GgufFile, GgufValue};
 use crate::gguf::tensors::{Destination, GgufBlocks, Output, RowOrder, Values, plan};
 use crate::gguf::vocab::GgufVocab;
@@ -314,6 +315,11 @@ fn write_checkpoint_files(
         &out_dir.join("generation_config.json"),
         &json!({"bos_token_id": vocab.bos, "eos_token_id": vocab.eos_token_ids()}),
     )?;
+    let arch = gguf
+        .get("general.architecture")
+        .and_then(GgufValue::as_str)
+        .unwrap_or_default();
+    write_rank_head(gguf, arch, out_dir)?;
     Ok(config)
 }
 

@@ -7,6 +7,7 @@ mod linear_attention;
 pub(crate) mod names;
 pub mod overrides;
 pub mod permute;
+mod rank;
 mod reader;
 mod spm;
 pub(crate) mod tensors;

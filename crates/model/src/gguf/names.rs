@@ -12,6 +12,8 @@ pub fn hf_name(gguf_name: &str) -> Option<(String, &str)> {
         "token_embd" => "model.embed_tokens".to_owned(),
         "output_norm" => "model.norm".to_owned(),
         "output" => "lm_head".to_owned(),
+        // A reranker's classification head (llama.cpp's rank pooling; `crate::RankHead`).
+        "cls.output" => crate::RANK_HEAD_MODULE.to_owned(),
         _ => {
             let rest = stem.strip_prefix("blk.")?;
             let (layer, part) = rest.split_once('.')?;

@@ -15,5 +15,6 @@ mod gpt_oss;
 mod lfm2;
 mod mxfp4;
 mod properties;
+mod rank;
 mod spm;
 mod tokenizer;

@@ -8,9 +8,11 @@
 //! - `anthropic/`: Anthropic's Messages API.
 //! - `llama_server/`: llama-server's native routes (completion, infill, tokens, status, slots).
 //! - `embeddings.rs`: `/v1/embeddings` and llama-server's `/embedding(s)`.
+//! - `rerank.rs`: llama-server's `/rerank` and its other spellings (`--reranking`).
 
 pub mod anthropic;
 pub mod embeddings;
 pub mod llama_server;
 pub mod openai;
+pub mod rerank;
 pub mod responses;

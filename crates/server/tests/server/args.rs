@@ -255,6 +255,8 @@ fn every_llama_server_spelling_reaches_its_setting() {
         }),
         (&["--embedding"], |a| a.embedding),
         (&["--embeddings"], |a| a.embedding),
+        (&["--rerank"], |a| a.server_config().unwrap().reranking),
+        (&["--reranking"], |a| a.server_config().unwrap().reranking),
         (&["--max-queue-depth", "5"], |a| {
             a.engine_options().unwrap().scheduler.max_waiting == 5
         }),

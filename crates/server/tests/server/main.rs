@@ -11,7 +11,8 @@
 //! mirostat ... and post-sampling probabilities, their flags), `parity_fields` (adaptive-p,
 //! `n_indent`, the parser fields on raw-text routes, accepted tokens per draft position),
 //! `streams` (resumable streams: `X-Conversation-Id`, `/v1/stream`, `/v1/streams/lookup`), `idle` (`--sleep-idle-seconds`,
-//! `--cache-idle-slots` with `id_slot`, Vertex AI's prediction route), `router` (many models
+//! `--cache-idle-slots` with `id_slot`, Vertex AI's prediction route), `rerank` (`--reranking`
+//! and the rerank routes on a reranker made from the default model), `router` (many models
 //! behind one server: `--models-dir`, `--models-preset`, `--models-max`), `speculation`
 //! (llama.cpp's hashed n-gram speculative types from its flags).
 //! Tests on the default model are skipped with `MLXCEL_SKIP_MODEL_TESTS=1`.
@@ -35,6 +36,7 @@ mod lora;
 mod model_overrides;
 mod parity_fields;
 mod reasoning;
+mod rerank;
 mod responses;
 mod router;
 mod routes;
