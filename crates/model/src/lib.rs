@@ -66,10 +66,10 @@ pub use error::{ModelError, Result};
 pub use families::{Architecture, FusedProjection, Rows};
 pub use fim::{FIM_CONFIG_KEY, FIM_GGUF_KEYS, FIM_TEXTS, FimRole, FimTokens};
 pub use ftype::llama_ftype_name;
-pub use lora::{LoraAdapter, LoraTarget, LoraWeight};
 pub use gguf::{
     GGUF_WEIGHTS_FILE, GgufWeights, KvOverride, convert_gguf, prepare_gguf, prepare_gguf_with,
 };
+pub use lora::{LoraAdapter, LoraTarget, LoraWeight};
 pub use model::{LoadedModel, eos_token_ids};
 pub use partial::{partial_name, sweep_partials};
 pub use quant::{GROUP16_AFFINE_MODE, QuantSpec, Quantization, dequantize_affine, pack, unpack};

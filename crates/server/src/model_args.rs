@@ -9,7 +9,7 @@ use mlxcel_model::{KvOverride, RopeOverrides, RopeScalingType};
 
 use crate::error::ServerError;
 
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Clone, PartialEq, Args)]
 pub struct ModelOverrideArgs {
     /// RoPE frequency scaling: `none`, `linear` or `yarn` (default: the model's; linear with
     /// factor 1 where it has none).

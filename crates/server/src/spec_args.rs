@@ -46,7 +46,7 @@ pub(crate) fn ngram_simple_sizes(
 
 /// llama.cpp's hashed n-gram proposers' flags (`--spec-default`, `--spec-ngram-mod-*`,
 /// `--spec-ngram-map-k-*`, `--spec-ngram-map-k4v-*`), shared by `serve` and the CLI.
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, Default, PartialEq, clap::Args)]
 pub struct HashedSpecArgs {
     /// llama.cpp's default speculation: adds `ngram-mod` to `--spec-type` at n-match 24, n-min
     /// 48, n-max 64 (its defaults; the `--spec-ngram-mod-*` flags still set them, wherever

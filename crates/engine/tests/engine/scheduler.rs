@@ -1522,6 +1522,8 @@ fn ngram_mod_remembers_earlier_requests() {
         alone.values().next().unwrap().tokens,
         "same tokens either way"
     );
+}
+
 /// A request with LoRA scales runs its slot with them (trailing zeros dropped: all zeros is the
 /// model alone), and neither reuses nor feeds the prefix cache, whose keys and values are the
 /// model's alone; requests without adapters keep sharing it.

@@ -4,9 +4,10 @@
 
 use std::path::PathBuf;
 
+use super::env::{Env, url_cache_dir};
+use super::error::DownloadError;
 use super::file::{FetchOptions, fetch};
 use super::transport::{Transport, get_json};
-use super::{DownloadError, Env, url_cache_dir};
 
 /// Docker Hub's token service and registry.
 pub const AUTH: &str = "https://auth.docker.io/token";

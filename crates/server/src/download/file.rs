@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use super::DownloadError;
+use super::error::DownloadError;
 use super::transport::{Head, Sink, Transport};
 
 /// How a file is fetched.

@@ -7,10 +7,11 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use super::env::Env;
+use super::error::DownloadError;
 use super::file::{FetchOptions, fetch};
 use super::names::{best_model, is_valid_repo_id, split_parts};
 use super::transport::{Transport, get_json};
-use super::{DownloadError, Env};
 
 /// The Hub's base URL, with a trailing `/`: `MODEL_ENDPOINT`, else `HF_ENDPOINT`, else
 /// `https://huggingface.co/`.

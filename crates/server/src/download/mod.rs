@@ -5,13 +5,19 @@
 //! then loads the fetched file as if `-m` had named it.
 
 mod docker;
+mod env;
+mod error;
 mod file;
 mod hf;
 mod names;
 mod transport;
 mod via_outbound;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+pub use env::Env;
+use env::url_cache_dir;
+pub use error::DownloadError;
 
 use transport::Transport;
 
@@ -67,114 +73,6 @@ pub struct DownloadArgs {
     /// Use only what the caches hold; never ask the network.
     #[arg(long = "offline", env = "LLAMA_ARG_OFFLINE")]
     pub offline: bool,
-}
-
-/// A download that could not be done, saying what to change.
-#[derive(Debug, thiserror::Error)]
-pub enum DownloadError {
-    #[error("`{reference}` is not a valid reference: expected {expected}")]
-    BadReference {
-        reference: String,
-        expected: &'static str,
-    },
-    #[error("{0}")]
-    Conflict(String),
-    #[error(
-        "no cache directory: set LLAMA_CACHE, HF_HOME, XDG_CACHE_HOME or HOME to say where downloads go"
-    )]
-    NoCacheDir,
-    #[error("{what} is not in the cache ({}); run once without --offline to fetch it", path.display())]
-    NotCached { what: String, path: PathBuf },
-    #[error("repository {repo}: {detail}")]
-    NothingFound { repo: String, detail: String },
-    #[error("{url}: HTTP {status} ({detail})")]
-    Status {
-        url: String,
-        status: u16,
-        detail: String,
-    },
-    #[error("{url}: {detail}")]
-    Protocol { url: String, detail: String },
-    #[error(
-        "{url}: the file's SHA-256 is {actual}, not the {expected} its source names; it was removed, try again"
-    )]
-    Checksum {
-        url: String,
-        expected: String,
-        actual: String,
-    },
-    #[error("{url}: {detail}")]
-    Network { url: String, detail: String },
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(
-        "{path}: a GGUF split in {count} parts; mlxcel loads one-file GGUFs: merge the parts with llama.cpp's `llama-gguf-split --merge {path} merged.gguf` and pass -m merged.gguf"
-    )]
-    Split { path: String, count: u32 },
-}
-
-impl DownloadError {
-    fn bad_reference(reference: &str) -> Self {
-        Self::BadReference {
-            reference: reference.to_owned(),
-            expected: "<user>/<model>[:quant], e.g. ggml-org/gemma-3-1b-it-GGUF:Q4_K_M",
-        }
-    }
-
-    fn io(path: &Path, source: std::io::Error) -> Self {
-        Self::Io {
-            path: path.to_owned(),
-            source,
-        }
-    }
-}
-
-/// The environment variables the downloads read (the process's, or a test's).
-#[derive(Debug, Clone, Default)]
-pub struct Env {
-    pairs: Vec<(String, String)>,
-}
-
-impl Env {
-    /// The process's environment (empty values count as unset).
-    pub fn process() -> Self {
-        Self {
-            pairs: std::env::vars().filter(|(_, v)| !v.is_empty()).collect(),
-        }
-    }
-
-    pub fn from_pairs(pairs: &[(&str, &str)]) -> Self {
-        Self {
-            pairs: pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        }
-    }
-
-    fn get(&self, name: &str) -> Option<String> {
-        self.pairs
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-    }
-}
-
-/// Where `-mu` and `-dr` files go: `LLAMA_CACHE`, else `XDG_CACHE_HOME/llama.cpp`, else
-/// `HOME/.cache/llama.cpp` (llama.cpp's own cache).
-fn url_cache_dir(env: &Env) -> Result<PathBuf, DownloadError> {
-    if let Some(dir) = env.get("LLAMA_CACHE") {
-        return Ok(PathBuf::from(dir));
-    }
-    if let Some(dir) = env.get("XDG_CACHE_HOME") {
-        return Ok(PathBuf::from(dir).join("llama.cpp"));
-    }
-    env.get("HOME")
-        .map(|home| PathBuf::from(home).join(".cache/llama.cpp"))
-        .ok_or(DownloadError::NoCacheDir)
 }
 
 /// What the flags resolved to: the paths to load in place of `-m` and `--spec-draft-model`.
@@ -235,16 +133,16 @@ impl DownloadArgs {
             ));
         }
         if let Some(reference) = &self.hf_repo {
-            names::split_repo_tag(reference)?;
+            names::split_repo_tag(reference).map_err(|e| e.of("-hf/--hf-repo"))?;
         }
         if let Some(reference) = &self.spec_draft_hf {
-            names::split_repo_tag(reference)?;
+            names::split_repo_tag(reference).map_err(|e| e.of("-hfd/--spec-draft-hf"))?;
         }
         if let Some(reference) = &self.docker_repo {
-            docker::parse(reference)?;
+            docker::parse(reference).map_err(|e| e.of("-dr/--docker-repo"))?;
         }
         if let Some(url) = &self.model_url {
-            check_url(url)?;
+            check_url(url).map_err(|e| e.of("-mu/--model-url"))?;
         }
         Ok(())
     }

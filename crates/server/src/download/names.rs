@@ -2,7 +2,7 @@
 //! of a GGUF's name, its split parts (`-00001-of-00003.gguf`), and which file of a repository
 //! `-hf` loads when no `-hff` names one. Pure functions of strings, as llama-server reads them.
 
-use super::DownloadError;
+use super::error::DownloadError;
 
 /// A `<user>/<model>[:quant]` reference split into the repository and the tag (empty: none).
 pub fn split_repo_tag(reference: &str) -> Result<(String, String), DownloadError> {

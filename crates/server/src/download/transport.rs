@@ -2,7 +2,7 @@
 //! written against this trait; the server's outbound client implements it, and the tests run the
 //! same code against a local server.
 
-use super::DownloadError;
+use super::error::DownloadError;
 
 /// A response's status and headers (names lower-cased).
 #[derive(Debug, Clone, Default)]

@@ -4,7 +4,7 @@
 use hyper::Method;
 use hyper::header::LOCATION;
 
-use super::DownloadError;
+use super::error::DownloadError;
 use super::transport::{Head, Sink, Transport};
 use crate::outbound::{Client, OutboundError, Response, Timeouts, join_url};
 

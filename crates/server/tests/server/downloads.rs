@@ -543,3 +543,72 @@ fn the_default_model_fetched_with_hf_loads_and_generates() {
     assert_eq!(ours.tokens, theirs.tokens);
     assert!(!ours.text.is_empty());
 }
+
+/// Every spelling of the download flags, and their environment twins, reaches its setting
+/// (`LLAMA_ARG_HF_REPO`, `LLAMA_ARG_HF_FILE`, `HF_TOKEN`, `LLAMA_ARG_MODEL_URL`,
+/// `LLAMA_ARG_DOCKER_REPO`, `LLAMA_ARG_SPEC_DRAFT_HF_REPO` and `LLAMA_ARG_OFFLINE` are read by
+/// clap as the flags' `env`; bins/mlxcel-server/tests/cli.rs sets them on the real binary).
+#[test]
+fn every_download_spelling_reaches_its_setting() {
+    for flag in ["-hf", "-hfr", "--hf-repo"] {
+        let args = parse_server_args(&[flag, "a/b:Q8_0"]).unwrap();
+        assert_eq!(args.download.hf_repo.as_deref(), Some("a/b:Q8_0"), "{flag}");
+    }
+    for flag in ["-hff", "--hf-file"] {
+        let args = parse_server_args(&[flag, "x.gguf"]).unwrap();
+        assert_eq!(args.download.hf_file.as_deref(), Some("x.gguf"), "{flag}");
+    }
+    for flag in ["-hft", "--hf-token"] {
+        let args = parse_server_args(&[flag, "hf_t"]).unwrap();
+        assert_eq!(args.download.hf_token.as_deref(), Some("hf_t"), "{flag}");
+    }
+    for flag in ["-mu", "--model-url"] {
+        let args = parse_server_args(&[flag, "https://h/x.gguf"]).unwrap();
+        assert_eq!(
+            args.download.model_url.as_deref(),
+            Some("https://h/x.gguf"),
+            "{flag}"
+        );
+    }
+    for flag in ["-dr", "--docker-repo"] {
+        let args = parse_server_args(&[flag, "gemma3"]).unwrap();
+        assert_eq!(
+            args.download.docker_repo.as_deref(),
+            Some("gemma3"),
+            "{flag}"
+        );
+    }
+    for flag in ["-hfd", "-hfrd", "--spec-draft-hf", "--hf-repo-draft"] {
+        let args = parse_server_args(&[flag, "a/d"]).unwrap();
+        assert_eq!(
+            args.download.spec_draft_hf.as_deref(),
+            Some("a/d"),
+            "{flag}"
+        );
+    }
+    assert!(parse_server_args(&["--offline"]).unwrap().download.offline);
+    let accepted = mlxcel_server::accepted_spellings();
+    for env in [
+        "LLAMA_ARG_HF_REPO",
+        "LLAMA_ARG_HF_FILE",
+        "HF_TOKEN",
+        "LLAMA_ARG_MODEL_URL",
+        "LLAMA_ARG_DOCKER_REPO",
+        "LLAMA_ARG_SPEC_DRAFT_HF_REPO",
+        "LLAMA_ARG_OFFLINE",
+    ] {
+        assert!(accepted.iter().any(|a| a == env), "{env}");
+    }
+    // A bad value names the flag it came from.
+    let home = tempfile::tempdir().unwrap();
+    let e = env(home.path(), None);
+    for (args, flag) in [
+        (&["-hf", "nope"][..], "-hf/--hf-repo"),
+        (&["-hfd", "nope"][..], "-hfd/--spec-draft-hf"),
+        (&["-mu", "nope"][..], "-mu/--model-url"),
+        (&["-dr", "a/b/c"][..], "-dr/--docker-repo"),
+    ] {
+        let m = resolve(args, &e).unwrap_err().to_string();
+        assert!(m.contains(flag), "{m}");
+    }
+}
