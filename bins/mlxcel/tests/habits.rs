@@ -74,9 +74,14 @@ fn missing_options_are_named_not_misparsed() {
         ),
         "{err}"
     );
-    let output = mlxcel(&["serve", "-hf", "user/model"]);
-    assert_eq!(output.status.code(), Some(2));
-    assert!(stderr(&output).contains("-hf/-hfr/--hf-repo"));
+    // `serve` fetches with -hf as llama-server; offline, a repository never fetched is named.
+    let output = mlxcel(&["serve", "-hf", "user/model", "--offline"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("repository user/model: offline, and nothing of it is cached"),
+        "{}",
+        stderr(&output)
+    );
     let output = mlxcel(&["generate", "-mli"]);
     assert!(
         stderr(&output).contains("end a line with \\ to continue"),
