@@ -133,10 +133,16 @@ fn help_usage_and_version_exit_zero() {
         assert!(output.status.success(), "{flag}");
         assert!(!output.stdout.is_empty(), "{flag}");
     }
-    // `-hf` was read as `-h f` and printed the help; it is llama-server's --hf-repo (deferred).
-    let output = server(&["-hf", "user/model"], &[]);
+    // `-hf` was read as `-h f` and printed the help; it is llama-server's --hf-repo: offline, a
+    // repository never fetched is named, and the help is not printed.
+    let output = server(&["-hf", "user/model", "--offline"], &[]);
     assert!(!output.status.success());
-    assert!(stderr(&output).contains("--hf-repo"), "{}", stderr(&output));
+    assert!(output.stdout.is_empty());
+    assert!(
+        stderr(&output).contains("repository user/model: offline"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 /// Each `LLAMA_ARG_*` twin is read: a value its flag refuses is refused, naming the flag.

@@ -151,7 +151,11 @@ async fn metrics_count_accepted_tokens_per_draft_position() {
     })
     .await
     .unwrap();
-    let server = TestServer::start(ServerConfig::default(), Some(Arc::new(engine))).await;
+    let config = ServerConfig {
+        metrics: true,
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start(config, Some(Arc::new(engine))).await;
     let name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total";
     let before = server.get("/metrics").await;
     assert!(!before.body.contains(name), "{}", before.body);
