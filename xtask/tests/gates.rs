@@ -257,13 +257,16 @@ mod compat {
         let tree = copy_of_tree();
         edit(tree.path(), MANIFEST, |t| {
             t.replacen(
-                "key = \"POST /rerank\"\nstate = \"deferred\"",
-                "key = \"POST /rerank\"\nstate = \"supported\"",
+                "key = \"POST /audio/transcriptions\"\nstate = \"deferred\"",
+                "key = \"POST /audio/transcriptions\"\nstate = \"supported\"",
                 1,
             )
         });
-        fails_with(&tree, "route `POST /rerank` is supported but no test");
-        fails_with(&tree, "has no route `/rerank`");
+        fails_with(
+            &tree,
+            "route `POST /audio/transcriptions` is supported but no test",
+        );
+        fails_with(&tree, "has no route `/audio/transcriptions`");
     }
 
     #[test]
@@ -288,10 +291,10 @@ mod compat {
     #[test]
     fn a_deferred_flag_the_binary_accepts_fails() {
         let tree = copy_of_tree();
-        edit(tree.path(), ACCEPTED, |t| t + "--lora\n");
+        edit(tree.path(), ACCEPTED, |t| t + "--mmproj\n");
         fails_with(
             &tree,
-            "option `--lora` is deferred but mlxcel-server accepts `--lora`",
+            "option `-mm` is deferred but mlxcel-server accepts `--mmproj`",
         );
     }
 }
