@@ -18,7 +18,7 @@ use crate::body::{Body, full};
 use crate::error::{ApiError, ErrorShape};
 use crate::gcp;
 use crate::protocols::llama_server::{self, lora_adapters, slot_files};
-use crate::protocols::{anthropic, embeddings, openai, rerank, responses};
+use crate::protocols::{anthropic, embeddings, openai, rerank, responses, transcriptions};
 use crate::read::{RequestBody, read_bytes};
 use crate::request_log::RequestLog;
 use crate::state::AppState;
@@ -299,6 +299,22 @@ static ROUTES: &[Route] = &[
         "/v1/reranking",
         |c| Box::pin(async move { rerank::rerank(&c.state, c.body).await }),
         rerank::check_body,
+    ),
+    route(
+        Method::POST,
+        "/v1/audio/transcriptions",
+        |_| Box::pin(transcriptions::transcriptions()),
+        no_body,
+        false,
+        ErrorShape::OpenAi,
+    ),
+    route(
+        Method::POST,
+        "/audio/transcriptions",
+        |_| Box::pin(transcriptions::transcriptions()),
+        no_body,
+        false,
+        ErrorShape::OpenAi,
     ),
     post(
         "/detokenize",

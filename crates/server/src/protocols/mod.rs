@@ -9,6 +9,7 @@
 //! - `llama_server/`: llama-server's native routes (completion, infill, tokens, status, slots).
 //! - `embeddings.rs`: `/v1/embeddings` and llama-server's `/embedding(s)`.
 //! - `rerank.rs`: llama-server's `/rerank` and its other spellings (`--reranking`).
+//! - `transcriptions.rs`: the speech-to-text routes, answered as llama-server does for a text model.
 
 pub mod anthropic;
 pub mod embeddings;
@@ -16,3 +17,4 @@ pub mod llama_server;
 pub mod openai;
 pub mod rerank;
 pub mod responses;
+pub mod transcriptions;

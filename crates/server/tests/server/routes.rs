@@ -665,3 +665,30 @@ async fn speculative_proposals_are_reported_in_timings() {
         "{plain}"
     );
 }
+
+/// OpenAI's speech-to-text routes answer as llama-server does for a model without audio input:
+/// 501 `not_supported_error`, whatever the body (an upload is never read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speech_to_text_is_answered_as_llama_server_answers_a_text_model() {
+    let server = TestServer::start(ServerConfig::default(), None).await;
+    for path in ["/v1/audio/transcriptions", "/audio/transcriptions"] {
+        for body in [
+            "",
+            "--x\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nRIFF\r\n--x--",
+        ] {
+            let reply = server.post(path, body).await;
+            let error = reply.error(StatusCode::NOT_IMPLEMENTED);
+            assert_eq!(error["type"], "not_supported_error", "{}", reply.body);
+            assert!(
+                error["message"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("The current model does not support audio input."),
+                "{}",
+                reply.body
+            );
+        }
+    }
+    let get = server.get("/v1/audio/transcriptions").await;
+    assert_eq!(get.status, StatusCode::METHOD_NOT_ALLOWED, "{}", get.body);
+}
