@@ -6,24 +6,23 @@
 //! failed: the URL itself, connecting, TLS, a timeout, or the peer's reply.
 
 use std::fmt;
-use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, LOCATION};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, StatusCode, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tokio::io::AsyncWriteExt;
 use tokio_rustls::rustls;
 
-/// Redirects [`Client::download`] follows before it gives up.
-const MAX_REDIRECTS: usize = 10;
+/// Redirects a caller that follows them (the model downloads, the CORS proxy) follows before it
+/// gives up.
+pub const MAX_REDIRECTS: usize = 10;
 
 /// What went wrong with one outbound request.
 #[derive(Debug)]
@@ -216,85 +215,6 @@ impl Client {
             url: redact(url),
         })
     }
-
-    /// Downloads `url` to `path` (written to `path` plus `.part`, then renamed), following up to
-    /// ten redirects; `progress(done, total)` is called after each chunk (`total` from
-    /// `Content-Length`, when the server sent one). A status other than 2xx is an error naming
-    /// it. Returns the bytes written.
-    pub async fn download(
-        &self,
-        url: &str,
-        headers: &[(&str, &str)],
-        path: &Path,
-        mut progress: impl FnMut(u64, Option<u64>),
-    ) -> Result<u64, OutboundError> {
-        let mut current = url.to_owned();
-        let mut response = self.get(&current, headers).await?;
-        let mut hops = 0;
-        while response.status.is_redirection() {
-            let location = response
-                .headers
-                .get(LOCATION)
-                .and_then(|v| v.to_str().ok())
-                .ok_or_else(|| response.error(format!("{} without Location", response.status)))?;
-            hops += 1;
-            if hops > MAX_REDIRECTS {
-                return Err(response.error(format!("more than {MAX_REDIRECTS} redirects")));
-            }
-            current = join_url(&current, location);
-            response = self.get(&current, headers).await?;
-        }
-        if !response.status.is_success() {
-            let status = response.status;
-            let text = response.bytes(4096).await.unwrap_or_default();
-            let text = String::from_utf8_lossy(&text);
-            return Err(response_error(
-                "GET",
-                &current,
-                format!("{status}: {}", text.trim()),
-            ));
-        }
-        let total = response
-            .headers
-            .get(hyper::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse().ok());
-        let part = {
-            let mut name = path.as_os_str().to_owned();
-            name.push(".part");
-            std::path::PathBuf::from(name)
-        };
-        let file_err = |what: &str, p: &Path, e: std::io::Error| {
-            response_error("GET", &current, format!("{what} {}: {e}", p.display()))
-        };
-        let mut file = tokio::fs::File::create(&part)
-            .await
-            .map_err(|e| file_err("cannot create", &part, e))?;
-        let mut done = 0u64;
-        while let Some(chunk) = response.chunk().await? {
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| file_err("cannot write", &part, e))?;
-            done += chunk.len() as u64;
-            progress(done, total);
-        }
-        if let Some(total) = total
-            && total != done
-        {
-            return Err(response_error(
-                "GET",
-                &current,
-                format!("body ended after {done} of {total} bytes"),
-            ));
-        }
-        file.flush()
-            .await
-            .map_err(|e| file_err("cannot write", &part, e))?;
-        drop(file);
-        tokio::fs::rename(&part, path)
-            .await
-            .map_err(|e| file_err("cannot rename to", path, e))?;
-        Ok(done)
-    }
 }
 
 impl Default for Client {
@@ -412,11 +332,11 @@ impl Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncReadExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     /// A one-request-per-connection HTTP server on 127.0.0.1: `/echo` answers with the request's
-    /// method, headers and body; `/redirect` sends to `/file`; `/file` is 100 000 bytes.
+    /// method, headers and body; any other path is a 404.
     async fn serve() -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -459,12 +379,6 @@ mod tests {
                             text.push_str(&String::from_utf8_lossy(body));
                             ("200 OK", String::new(), text.into_bytes())
                         }
-                        "/redirect" => ("302 Found", "Location: /file\r\n".into(), Vec::new()),
-                        "/file" => (
-                            "200 OK",
-                            String::new(),
-                            (0..100_000u32).map(|i| i as u8).collect(),
-                        ),
                         _ => ("404 Not Found", String::new(), b"no such thing".to_vec()),
                     };
                     let reply = format!(
@@ -496,46 +410,6 @@ mod tests {
         assert!(text.starts_with("POST /echo HTTP/1.1\r\n"), "{text}");
         assert!(text.to_ascii_lowercase().contains("x-test: yes"), "{text}");
         assert!(text.ends_with("hello body"), "{text}");
-    }
-
-    #[tokio::test]
-    async fn download_follows_a_redirect_and_reports_progress() {
-        let base = serve().await;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("out.bin");
-        let mut calls = Vec::new();
-        let n = Client::default()
-            .download(&format!("{base}/redirect"), &[], &path, |done, total| {
-                calls.push((done, total))
-            })
-            .await
-            .unwrap();
-        assert_eq!(n, 100_000);
-        let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(bytes, (0..100_000u32).map(|i| i as u8).collect::<Vec<_>>());
-        assert_eq!(calls.last(), Some(&(100_000, Some(100_000))));
-        assert!(!dir.path().join("out.bin.part").exists());
-    }
-
-    #[tokio::test]
-    async fn a_failed_download_names_the_url_and_status() {
-        let base = serve().await;
-        let dir = tempfile::tempdir().unwrap();
-        let err = Client::default()
-            .download(
-                &format!("{base}/missing"),
-                &[],
-                &dir.path().join("x"),
-                |_, _| {},
-            )
-            .await
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains(&format!("{base}/missing")), "{err}");
-        assert!(
-            err.contains("404") && err.contains("no such thing"),
-            "{err}"
-        );
     }
 
     #[tokio::test]

@@ -12,12 +12,11 @@ use hyper::{HeaderMap, Method, Response, StatusCode};
 use tokio::sync::mpsc;
 
 use crate::body::Body;
-use crate::outbound::{Client, Timeouts};
+use crate::outbound::{Client, MAX_REDIRECTS, Timeouts};
 
 use super::reply::llama_error;
 
 const PREFIX: &str = "x-llama-server-proxy-header-";
-const MAX_REDIRECTS: usize = 10;
 
 /// The target of `?url=`, checked; errors are llama-server's messages.
 pub fn target(query: &str) -> Result<String, String> {

@@ -6,10 +6,7 @@ use hyper::header::LOCATION;
 
 use super::error::DownloadError;
 use super::transport::{Head, Sink, Transport};
-use crate::outbound::{Client, OutboundError, Response, Timeouts, join_url};
-
-/// Redirects followed before giving up (the Hub sends a file's request to its CDN).
-const MAX_REDIRECTS: usize = 10;
+use crate::outbound::{Client, MAX_REDIRECTS, OutboundError, Response, Timeouts, join_url};
 
 pub struct OutboundTransport {
     client: Client,
