@@ -21,7 +21,7 @@ use mlxcel_model::gguf::GgmlType;
 use mlxcel_model::gguf::GgufBlocks;
 use mlxcel_model::gguf::dequant::{
     ExactScales, MXFP4_MAX_AFFINE_SCALE_BYTE, affine_bits, affine_group_size, bias_multiple,
-    exact_scales, pack_block,
+    exact_scales, half_scale_at, mxfp4_scale, pack_row,
 };
 
 use crate::array::Array;
@@ -243,7 +243,6 @@ fn write_run(
     mut b: Option<&mut [MaybeUninit<u8>]>,
 ) -> Result<bool> {
     let row_code_bytes = k * form.bits / 8;
-    let block_code_bytes = form.block_len * form.bits / 8;
     let (code_tile, scale_tile) = (form.code_tile_bytes(k), form.scale_tile_bytes(k));
     let mut codes = vec![0u32; TILE_ROWS * row_code_bytes / 4];
     let mut tile = vec![0u8; code_tile];
@@ -254,19 +253,13 @@ fn write_run(
             .map(|b| &mut b[t * scale_tile..(t + 1) * scale_tile]);
         let code_bytes = sys::as_bytes_mut(&mut codes);
         for (j, row) in tile_rows.iter().enumerate() {
-            let row_codes = &mut code_bytes[j * row_code_bytes..(j + 1) * row_code_bytes];
-            for (i, (block, out)) in row
-                .chunks_exact(form.block_bytes)
-                .zip(row_codes.chunks_exact_mut(block_code_bytes))
-                .enumerate()
-            {
-                pack_block(form.ty, block, out);
-                let Some(exact) = exact_scales(form.ty, block) else {
-                    return Ok(false);
-                };
-                if !write_scales(form, exact, i, j, scales, biases.as_deref_mut()) {
-                    return Ok(false);
-                }
+            pack_row(
+                form.ty,
+                row,
+                &mut code_bytes[j * row_code_bytes..(j + 1) * row_code_bytes],
+            );
+            if !write_row_scales(form, row, j, scales, biases.as_deref_mut()) {
+                return Ok(false);
             }
         }
         // A kernel of mlxcel's own (no MLX state): no lock, so the runs interleave in parallel.
@@ -283,6 +276,78 @@ fn write_run(
         }
     }
     Ok(true)
+}
+
+/// Tile row `j`'s scales (and stored biases), every block of `row`: false when some block's
+/// scales have no exact form. The types whose scales are f16 in the block and MXFP4 are copied
+/// with their branch taken once per row (a load's hot loop); the others block by block through
+/// [`exact_scales`] and [`write_scales`], which give the same bytes for every type.
+fn write_row_scales(
+    form: &Form,
+    row: &[u8],
+    j: usize,
+    scales: &mut [MaybeUninit<u8>],
+    mut biases: Option<&mut [MaybeUninit<u8>]>,
+) -> bool {
+    let blocks = row.chunks_exact(form.block_bytes).enumerate();
+    let half = half_scale_at(form.ty).filter(|_| !form.factored);
+    match (half, biases.as_deref_mut()) {
+        // [tile, group, row] f16, as the block stores it.
+        (Some((s, None)), None) => {
+            for (i, block) in blocks {
+                let at = (i * TILE_ROWS + j) * 2;
+                scales[at].write(block[s]);
+                scales[at + 1].write(block[s + 1]);
+            }
+            return true;
+        }
+        (Some((s, Some(b))), Some(dst)) => {
+            for (i, block) in blocks {
+                let at = (i * TILE_ROWS + j) * 2;
+                scales[at].write(block[s]);
+                scales[at + 1].write(block[s + 1]);
+                dst[at].write(block[b]);
+                dst[at + 1].write(block[b + 1]);
+            }
+            return true;
+        }
+        (Some(_), _) => return false,
+        (None, _) => {}
+    }
+    if form.ty == GgmlType::MXFP4 && !form.factored && form.bias_multiple.is_some() {
+        // [tile, group, row], f32 or f16 (the f16 exact: checked for the whole weight).
+        if biases.is_some() {
+            return false;
+        }
+        let bytes = form.scale_bytes();
+        for (i, block) in blocks {
+            if block[0] > MXFP4_MAX_AFFINE_SCALE_BYTE {
+                return false;
+            }
+            let scale = mxfp4_scale(block[0]);
+            let at = (i * TILE_ROWS + j) * bytes;
+            let dst = &mut scales[at..at + bytes];
+            if form.f32_scales {
+                for (d, v) in dst.iter_mut().zip(scale.to_le_bytes()) {
+                    d.write(v);
+                }
+            } else {
+                for (d, v) in dst.iter_mut().zip(half::f16::from_f32(scale).to_le_bytes()) {
+                    d.write(v);
+                }
+            }
+        }
+        return true;
+    }
+    for (i, block) in blocks {
+        let Some(exact) = exact_scales(form.ty, block) else {
+            return false;
+        };
+        if !write_scales(form, exact, i, j, scales, biases.as_deref_mut()) {
+            return false;
+        }
+    }
+    true
 }
 
 /// The factoring the general path finds for the products `d · c` (`factor_int8_scales`): the

@@ -635,6 +635,17 @@ pub enum ExactScales {
     },
 }
 
+/// Where a block of `ty` keeps its [`ExactScales::Half`] scales: the byte offset of its f16
+/// scale and, for the types with a stored bias (Q4_1, Q5_1), of its f16 bias; `None` for the
+/// types whose scales take another form.
+pub fn half_scale_at(ty: GgmlType) -> Option<(usize, Option<usize>)> {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => Some((0, None)),
+        GgmlType::Q4_1 | GgmlType::Q5_1 => Some((0, Some(2))),
+        _ => None,
+    }
+}
+
 /// [`ExactScales`] of one block of `ty`; `None` for a type without an affine form, for a
 /// Q4_K/Q5_K/Q2_K block whose `dmin` is not finite (a NaN's sign would then depend on where the
 /// negation is applied), and for an MXFP4 block without an affine form ([`affine_form_refusal`]).
@@ -645,15 +656,13 @@ pub fn exact_scales(ty: GgmlType, block: &[u8]) -> Option<ExactScales> {
     let bits = |at: usize| u16::from_le_bytes([block[at], block[at + 1]]);
     let mut c = [0i8; MAX_GROUPS_PER_BLOCK];
     let mut m = [0i8; MAX_GROUPS_PER_BLOCK];
+    if let Some((scale, bias)) = half_scale_at(ty) {
+        return Some(ExactScales::Half {
+            scale: bits(scale),
+            bias: bias.map(bits),
+        });
+    }
     Some(match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => ExactScales::Half {
-            scale: bits(0),
-            bias: None,
-        },
-        GgmlType::Q4_1 | GgmlType::Q5_1 => ExactScales::Half {
-            scale: bits(0),
-            bias: Some(bits(2)),
-        },
         GgmlType::MXFP4 if block[0] <= MXFP4_MAX_AFFINE_SCALE_BYTE => ExactScales::Single {
             scale: mxfp4_scale(block[0]),
         },
@@ -723,6 +732,62 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// Q4_0's and Q4_1's 16 bytes of nibbles: values 0..16 are the low nibbles, 16..32 the high ones.
+#[inline]
+fn pack_q4_legacy(qs: &[u8], out: &mut [u8]) {
+    for w in 0..4 {
+        let x = u64_at(qs, 8 * (w % 2)) >> (4 * (w / 2) as u32);
+        out[4 * w..4 * w + 4].copy_from_slice(&pack_nibbles(x).to_le_bytes());
+    }
+}
+
+/// Q8_0: the signed values stored as `q + 128`.
+#[inline]
+fn pack_q8_0(block: &[u8], out: &mut [u8]) {
+    for (o, &b) in out[..32].iter_mut().zip(&block[2..34]) {
+        *o = b ^ 0x80;
+    }
+}
+
+/// MXFP4's codes by 4-bit E2M1 code: the doubled value plus [`MXFP4_OFFSET`].
+const MXFP4_CODES: [u8; 16] = {
+    let mut codes = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        codes[i] = (MXFP4_VALUES[i] + MXFP4_OFFSET) as u8;
+        i += 1;
+    }
+    codes
+};
+
+/// MXFP4, 8-bit: the packed bytes are the doubled values plus 16 ([`mxfp4_values`]' order).
+#[inline]
+fn pack_mxfp4(block: &[u8], out: &mut [u8]) {
+    let (low, high) = out[..32].split_at_mut(16);
+    for ((l, h), &byte) in low.iter_mut().zip(high.iter_mut()).zip(&block[1..17]) {
+        *l = MXFP4_CODES[usize::from(byte & 0x0F)];
+        *h = MXFP4_CODES[usize::from(byte >> 4)];
+    }
+}
+
+/// [`pack_block`] for each block of a row of `ty` (`out` holds the row's packed bytes), the
+/// type's branch taken once rather than per block: a load's hot loop for the common types.
+pub fn pack_row(ty: GgmlType, row: &[u8], out: &mut [u8]) {
+    let (Some((len, block_bytes)), Some(bits)) = (ty.layout(), affine_bits(ty)) else {
+        return;
+    };
+    let blocks = row
+        .chunks_exact(block_bytes)
+        .zip(out.chunks_exact_mut(len * bits as usize / 8));
+    match ty {
+        GgmlType::Q4_0 => blocks.for_each(|(b, o)| pack_q4_legacy(&b[2..18], o)),
+        GgmlType::Q4_1 => blocks.for_each(|(b, o)| pack_q4_legacy(&b[4..20], o)),
+        GgmlType::Q8_0 => blocks.for_each(|(b, o)| pack_q8_0(b, o)),
+        GgmlType::MXFP4 => blocks.for_each(|(b, o)| pack_mxfp4(b, o)),
+        _ => blocks.for_each(|(b, o)| pack_block(ty, b, o)),
+    }
+}
+
 /// Writes one block's values packed as its affine form's weight ([`affine_bits`] bits per value,
 /// groups in order, packed as [`crate::pack`] packs them) to `out`, which holds exactly
 /// `values × bits / 8` bytes: the same bytes as packing [`affine_groups`]' values, straight from
@@ -741,30 +806,10 @@ pub fn pack_block(ty: GgmlType, block: &[u8], out: &mut [u8]) {
                 }
             }
         }
-        GgmlType::Q4_0 | GgmlType::Q4_1 => {
-            // Values 0..16 are the low nibbles of the 16 bytes, 16..32 the high ones.
-            let qs = if ty == GgmlType::Q4_0 {
-                &block[2..18]
-            } else {
-                &block[4..20]
-            };
-            for w in 0..4 {
-                let x = u64_at(qs, 8 * (w % 2)) >> (4 * (w / 2) as u32);
-                out[4 * w..4 * w + 4].copy_from_slice(&pack_nibbles(x).to_le_bytes());
-            }
-        }
-        GgmlType::Q8_0 => {
-            // Signed q stored as q + 128.
-            for (o, &b) in out[..32].iter_mut().zip(&block[2..34]) {
-                *o = b ^ 0x80;
-            }
-        }
-        GgmlType::MXFP4 => {
-            // 8-bit: the packed bytes are the doubled values plus 16.
-            for (o, v) in out[..32].iter_mut().zip(mxfp4_values(block)) {
-                *o = (v + MXFP4_OFFSET) as u8;
-            }
-        }
+        GgmlType::Q4_0 => pack_q4_legacy(&block[2..18], out),
+        GgmlType::Q4_1 => pack_q4_legacy(&block[4..20], out),
+        GgmlType::Q8_0 => pack_q8_0(block, out),
+        GgmlType::MXFP4 => pack_mxfp4(block, out),
         GgmlType::Q6_K => {
             // 8-bit: the packed bytes are the values. Each half of 128 takes 64 bytes of the low
             // nibbles and 32 of the high bits (layout at `dequantize_q6_k`).
