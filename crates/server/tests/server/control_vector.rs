@@ -200,3 +200,59 @@ async fn a_malformed_control_vector_is_refused_at_start_naming_the_file() {
         .unwrap_or_else(|| panic!("a missing file loads"));
     assert!(err.contains("missing.gguf"), "{err}");
 }
+
+/// Keys and values computed under a control vector hold only under the same vector: a slot
+/// file saved by a server without one is refused by a server with one (the vector's digest is
+/// part of the model's fingerprint), while that server restores its own file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_saved_under_another_control_vector_is_refused() {
+    if skip_model_tests() {
+        return;
+    }
+    let (good, _) = vectors();
+    let dir = tempfile::tempdir().unwrap();
+    let config = || ServerConfig {
+        slot_save_path: Some(dir.path().to_owned()),
+        ..ServerConfig::default()
+    };
+    let route = |action: &str| format!("/slots/0?action={action}");
+    let body = json!({"prompt": "The capital of France is", "n_predict": 4, "temperature": 0});
+    async fn load(args: &[&str]) -> std::sync::Arc<Engine> {
+        let mut options = parse_server_args(args).unwrap().engine_options().unwrap();
+        options.prefix_cache_bytes = 1 << 30;
+        let engine = tokio::task::spawn_blocking(move || Engine::load(None, options))
+            .await
+            .unwrap()
+            .unwrap();
+        std::sync::Arc::new(engine)
+    }
+    let plain = TestServer::start(config(), Some(load(&[]).await)).await;
+    let reply = plain.post_json("/completion", body.clone()).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let saved = plain
+        .post_json(&route("save"), json!({"filename": "plain.bin"}))
+        .await;
+    assert_eq!(saved.status, StatusCode::OK, "{}", saved.body);
+
+    let steered = TestServer::start(
+        config(),
+        Some(load(&["--control-vector", good.to_str().unwrap()]).await),
+    )
+    .await;
+    let refused = steered
+        .post_json(&route("restore"), json!({"filename": "plain.bin"}))
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
+    assert!(refused.body.contains("fingerprint"), "{}", refused.body);
+    // Its own file, saved under the same vector, restores.
+    let reply = steered.post_json("/completion", body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let saved = steered
+        .post_json(&route("save"), json!({"filename": "steered.bin"}))
+        .await;
+    assert_eq!(saved.status, StatusCode::OK, "{}", saved.body);
+    let restored = steered
+        .post_json(&route("restore"), json!({"filename": "steered.bin"}))
+        .await;
+    assert_eq!(restored.status, StatusCode::OK, "{}", restored.body);
+}
