@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates check-samplers check-ngram-proposers test test-mlx-only check-package e2e check-webui soak check-lora
+.PHONY: verify fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates check-samplers check-ngram-proposers test test-mlx-only check-package e2e check-webui soak check-lora check-control-vectors
 
 verify: fmt-check clippy deny check-versions check-env-docs check-layers check-compat check-dequant check-families check-chat-templates check-samplers check-ngram-proposers test test-mlx-only check-package e2e check-webui
 
@@ -47,6 +47,12 @@ check-families:
 # scripts/check-families-gguf, whose cached libllama build it shares.
 check-lora:
 	scripts/check-lora
+
+# Control vectors (--control-vector ...) against llama.cpp's own loader and graph on the default
+# model written as F32 (docs/model.md). Not part of verify, like scripts/check-rope-overrides;
+# it links the reference build of scripts/bench-references --build-llama.
+check-control-vectors:
+	scripts/check-control-vectors
 
 # The chat-template corpus against jinja2 with Hugging Face's settings (pinned, cached venv); the
 # mlxcel-model tests hold minijinja to the same expected files (docs/model.md).

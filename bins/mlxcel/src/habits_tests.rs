@@ -285,7 +285,6 @@ fn missing_llama_options_are_refused_by_name() {
     for (flag, says) in [
         ("-mli", "end a line with \\"),
         ("--chat-template", "--no-chat-template"),
-        ("--control-vector", "merge them"),
         ("--in-prefix", "--no-chat-template"),
     ] {
         let err = parse(&["generate", flag, "x"]).expect_err(flag);

@@ -77,8 +77,6 @@ pub struct Refused {
 const NO_DOWNLOADS: &str = "this subcommand does not download models by name; give -m a local \
                             .gguf file or checkpoint directory (`mlxcel serve` fetches with -hf, \
                             -mu and -dr as llama-server; `mlxcel pull` installs the default model)";
-const NO_ADAPTERS: &str = "adapters are not applied at load: merge them into the checkpoint \
-                           first and give -m the merged model";
 const ROPE: &str = "self-extend is not implemented; --rope-scaling/--rope-scale and the --yarn-* flags stretch the context instead";
 const NO_PROMPT_CACHE: &str = "there is no prompt-cache file; `mlxcel serve` keeps a prefix cache \
                                in memory (--cache-ram)";
@@ -111,16 +109,6 @@ pub const REFUSED: &[Refused] = &[
         names: &["-dr", "--docker-repo"],
         does: "downloads a model from Docker Hub",
         instead: NO_DOWNLOADS,
-    },
-    Refused {
-        names: &["--control-vector"],
-        does: "adds a control vector",
-        instead: NO_ADAPTERS,
-    },
-    Refused {
-        names: &["--control-vector-scaled"],
-        does: "adds a scaled control vector",
-        instead: NO_ADAPTERS,
     },
     Refused {
         names: &["-mli", "--multiline-input"],

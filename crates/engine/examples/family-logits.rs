@@ -6,11 +6,16 @@
 //! ```sh
 //! cargo run -p mlxcel-engine --example family-logits -- \
 //!     --model DIR --backend mlx --prompt 1,2,3 --steps 8 [--activations f32|int8] \
-//!     [--lora ADAPTER --lora-scale S] [--rope NAME=VALUE]...
+//!     [--lora ADAPTER --lora-scale S] [--rope NAME=VALUE]... \
+//!     [--control-vector FILE[:SCALE]]... [--control-vector-layer-range START END]
 //! ```
 //!
 //! `--lora` applies one LoRA adapter (GGUF or PEFT) at `--lora-scale` (default 1), as
 //! `scripts/check-lora` compares it with llama.cpp.
+//!
+//! `--control-vector` adds a control vector at SCALE (default 1; repeat for several, summed in
+//! order) and `--control-vector-layer-range` limits the layers, as the engine's
+//! `EngineOptions::control_vector` does for `mlxcel-server`'s flags (scripts/check-control-vectors).
 //!
 //! `--model` is a checkpoint directory or a GGUF file (converted by the importer, as `-m`).
 //!
@@ -32,7 +37,7 @@ use mlxcel_engine::{
     Activations, BackendKind, EngineOptions, MaxNewTokens, RequestShape, SequenceStep, argmax,
     load_backend,
 };
-use mlxcel_model::{Checkpoint, RopeOverrides};
+use mlxcel_model::{Checkpoint, ControlVectorSpec, RopeOverrides};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -44,11 +49,13 @@ struct Args {
     activations: Option<Activations>,
     lora: Option<(PathBuf, f32)>,
     rope: RopeOverrides,
+    control_vector: ControlVectorSpec,
 }
 
 const USAGE: &str = "usage: family-logits --model DIR --backend mlx|xla --prompt ID,ID,... \
                      [--steps N] [--activations f32|int8] [--lora ADAPTER [--lora-scale S]] \
-                     [--rope NAME=VALUE]...";
+                     [--rope NAME=VALUE]... [--control-vector FILE[:SCALE]]... \
+                     [--control-vector-layer-range START END]";
 
 /// One `--rope NAME=VALUE` into `rope`.
 fn set_rope(rope: &mut RopeOverrides, setting: &str) -> Result<(), Error> {
@@ -75,6 +82,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, Error> {
     let (mut steps, mut activations) = (8, None);
     let (mut lora, mut lora_scale) = (None, 1.0f32);
     let mut rope = RopeOverrides::default();
+    let mut control_vector = ControlVectorSpec::default();
     while let Some(flag) = argv.next() {
         let mut value = || {
             argv.next()
@@ -96,6 +104,19 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, Error> {
             "--lora" => lora = Some(PathBuf::from(value()?)),
             "--lora-scale" => lora_scale = value()?.parse()?,
             "--rope" => set_rope(&mut rope, &value()?)?,
+            "--control-vector" => {
+                let item = value()?;
+                let (path, scale) = match item.rsplit_once(':') {
+                    Some((path, scale)) => (path.to_string(), scale.parse::<f32>()?),
+                    None => (item, 1.0),
+                };
+                control_vector.files.push((PathBuf::from(path), scale));
+            }
+            "--control-vector-layer-range" => {
+                let start = value()?.parse::<i32>()?;
+                let end = value()?.parse::<i32>()?;
+                control_vector.layer_range = Some((start, end));
+            }
             _ => return Err(format!("unknown argument {flag:?}; {USAGE}").into()),
         }
     }
@@ -108,6 +129,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, Error> {
         activations,
         lora: lora.map(|path| (path, lora_scale)),
         rope,
+        control_vector,
     })
 }
 
@@ -122,6 +144,7 @@ fn run(args: &Args) -> Result<(Vec<Vec<f32>>, Vec<u32>), Error> {
         backend: args.backend,
         activations: args.activations,
         lora_adapters: args.lora.iter().map(|(path, _)| path.clone()).collect(),
+        control_vector: args.control_vector.clone(),
         ..EngineOptions::default()
     };
     let mut backend = load_backend(&checkpoint, &options)?;

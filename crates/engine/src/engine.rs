@@ -175,6 +175,8 @@ pub struct Engine {
     cannot_sleep: Option<&'static str>,
     /// The LoRA adapters loaded beside the model, by id ([`EngineOptions::lora_adapters`]).
     lora: Vec<LoraInfo>,
+    /// [`mlxcel_model::ControlVector::digest`] of the control vectors the model runs with.
+    control_digest: Option<String>,
     /// A reranker's classification head ([`Engine::rank`]).
     rank_head: Option<Arc<mlxcel_model::RankHead>>,
 }
@@ -223,6 +225,13 @@ impl Engine {
         };
         // Each adapter is checked against the model here, before the backend loads it.
         let lora = crate::lora::open_adapters(&options.lora_adapters, loaded.config())?;
+        // The control vectors too: a malformed file is refused here, named, before loading.
+        let control_digest = mlxcel_model::ControlVector::load(
+            &options.control_vector,
+            loaded.config().hidden_size,
+            loaded.config().num_hidden_layers,
+        )?
+        .map(|v| v.digest());
         let info = ModelInfo::from_loaded(&loaded, options.backend);
         let tokenizer = Arc::new(loaded.tokenizer.clone());
         let chat_template = match &options.chat_template {
@@ -308,8 +317,15 @@ impl Engine {
             sleeping,
             cannot_sleep,
             lora,
+            control_digest,
             rank_head,
         })
+    }
+
+    /// The digest of the control vectors the model runs with (`--control-vector` ...), `None`
+    /// without: keys and values computed under them are valid under the same ones only.
+    pub fn control_vector_digest(&self) -> Option<&str> {
+        self.control_digest.as_deref()
     }
 
     /// The LoRA adapters loaded beside the model, by id.

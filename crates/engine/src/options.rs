@@ -117,6 +117,11 @@ pub struct EngineOptions {
     /// the importer before the config and tokenizer are derived (`mlxcel_model::KvOverride`); a
     /// checkpoint directory refuses them. Default: none.
     pub kv_overrides: Vec<mlxcel_model::KvOverride>,
+    /// llama.cpp's control vectors (`--control-vector`, `--control-vector-scaled`,
+    /// `--control-vector-layer-range`): directions added to the model's decoder layers'
+    /// outputs for every request (`mlxcel_model::ControlVector`). The target model only, never
+    /// the draft model, as llama.cpp. The MLX backend only. Default: none.
+    pub control_vector: mlxcel_model::ControlVectorSpec,
 }
 
 /// One rank of a pipeline of processes, each holding a contiguous range of the model's decoder
@@ -179,6 +184,7 @@ impl Default for EngineOptions {
             lora_adapters: Vec::new(),
             rope: mlxcel_model::RopeOverrides::default(),
             kv_overrides: Vec::new(),
+            control_vector: mlxcel_model::ControlVectorSpec::default(),
         }
     }
 }
@@ -259,9 +265,34 @@ impl EngineOptions {
     }
 }
 
+impl EngineOptions {
+    /// The options the draft model's backend loads with: these without the control vector,
+    /// which llama.cpp applies to the target model only.
+    pub(crate) fn for_draft(&self) -> EngineOptions {
+        EngineOptions {
+            control_vector: mlxcel_model::ControlVectorSpec::default(),
+            ..self.clone()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn the_draft_model_loads_without_the_control_vector() {
+        let options = EngineOptions {
+            control_vector: mlxcel_model::ControlVectorSpec {
+                files: vec![("steer.gguf".into(), 0.5)],
+                layer_range: Some((2, 4)),
+            },
+            lora_adapters: vec!["a.gguf".into()],
+            ..EngineOptions::default()
+        };
+        let draft = options.for_draft();
+        assert!(draft.control_vector.is_empty());
+        assert_eq!(draft.lora_adapters, options.lora_adapters);
+    }
 
     #[test]
     fn small_models_run_mixed_activations_only_under_the_application_default() {

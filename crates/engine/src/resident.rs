@@ -50,7 +50,10 @@ impl Loader {
             .with_breaker_vocabulary(self.breakers.clone())
             .with_prefix_cache(self.options.prefix_cache_bytes);
         match draft {
-            Some(draft) => scheduler.with_draft(backends::load(&draft.checkpoint, &self.options)?),
+            Some(draft) => scheduler.with_draft(backends::load(
+                &draft.checkpoint,
+                &self.options.for_draft(),
+            )?),
             None => Ok(scheduler),
         }
     }

@@ -9,6 +9,12 @@ pub enum Error {
         /// What is wrong, naming the adapter or the step.
         reason: String,
     },
+    /// A control vector that does not fit the model (`reason` says how).
+    #[error("control vector: {reason}")]
+    ControlVector {
+        /// What does not fit.
+        reason: String,
+    },
     /// MLX rejected an operation (shape mismatch, bad axis, unsupported dtype, ...).
     /// `message` is MLX's own exception text.
     #[error("MLX {op} failed: {message}")]

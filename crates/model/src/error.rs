@@ -139,6 +139,8 @@ pub enum ModelError {
     // Adapters.
     #[error("{path}: LoRA adapter: {reason}")]
     Adapter { path: PathBuf, reason: String },
+    #[error("{path}: control vector: {reason}")]
+    ControlVector { path: PathBuf, reason: String },
     /// A command-line override of the model (`--rope-freq-base`, `--override-kv` ...) that
     /// cannot apply, naming the flag.
     #[error("{flag}: {reason}")]

@@ -29,6 +29,7 @@ mod activations;
 mod chat;
 mod checkpoint;
 mod config;
+mod control_vector;
 mod default_model;
 mod error;
 mod experts;
@@ -59,6 +60,7 @@ pub use config::blocks::{
 pub use config::rope::{RopeScaling, Yarn};
 pub use config::rope_override::{RopeOverrides, RopeScalingType};
 pub use config::{MAX_LAYERS, ModelConfig};
+pub use control_vector::{ControlVector, ControlVectorSpec};
 pub use default_model::{
     CACHE_DIR_ENV, DEFAULT_MODEL_PIN, DefaultModel, PYTHON_ENV, cache_dir, sha256_file,
 };

@@ -558,6 +558,11 @@ pub struct ServerArgs {
     #[command(flatten)]
     pub lora: crate::lora_args::LoraArgs,
 
+    /// Control vectors (`--control-vector`, `--control-vector-scaled`,
+    /// `--control-vector-layer-range`).
+    #[command(flatten)]
+    pub control_vector: crate::control_vector_args::ControlVectorArgs,
+
     /// llama-server options without effect here (accepted, one warning line each).
     #[command(flatten)]
     pub ignored: IgnoredOptions,
@@ -677,6 +682,7 @@ impl ServerArgs {
         let parallel = self.parallel()?;
         options.scheduler.max_batch = parallel;
         options.lora_adapters = self.lora.paths();
+        options.control_vector = self.control_vector.spec.clone();
         options.threads = (self.threads > 0).then_some(self.threads as usize);
         // `--activations`, else the application default: int8 where the kernels are fast, f32
         // for a model under 500 M parameters (decided at load, once its size is known).

@@ -54,9 +54,36 @@ pub fn model_fingerprint(dir: &Path) -> std::io::Result<String> {
         .collect())
 }
 
+/// `fingerprint` of a model that runs with the control vectors of `digest`
+/// (`mlxcel_engine::Engine::control_vector_digest`): unchanged without, else a SHA-256 over
+/// both, so that slot files saved under one vector (or none) are not restored under another.
+pub fn with_control_vector(fingerprint: &str, digest: Option<&str>) -> String {
+    let Some(digest) = digest else {
+        return fingerprint.to_owned();
+    };
+    let mut sha = Sha256::new();
+    sha.update(b"mlxcel model fingerprint with a control vector v1\n");
+    sha.update(fingerprint.as_bytes());
+    sha.update(b"\n");
+    sha.update(digest.as_bytes());
+    sha.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_control_vector_changes_the_fingerprint_and_none_keeps_it() {
+        let base = "ab".repeat(32);
+        assert_eq!(with_control_vector(&base, None), base);
+        let one = with_control_vector(&base, Some("11"));
+        let other = with_control_vector(&base, Some("22"));
+        assert_ne!(one, base);
+        assert_ne!(one, other);
+        assert_eq!(one.len(), 64);
+        assert_eq!(one, with_control_vector(&base, Some("11")));
+    }
 
     #[test]
     fn the_fingerprint_follows_the_weights() {

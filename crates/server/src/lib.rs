@@ -46,6 +46,7 @@ mod chat;
 mod chat_templates;
 mod config;
 pub mod constraint_args;
+pub mod control_vector_args;
 mod cors;
 mod download;
 mod error;

@@ -408,13 +408,17 @@ impl AppState {
         if let Some(known) = self.fingerprint.get() {
             return Ok(known.clone());
         }
-        let dir = self.engine()?.info().dir.clone();
+        let engine = self.engine()?;
+        let dir = engine.info().dir.clone();
         let computed = crate::fingerprint::model_fingerprint(&dir).map_err(|e| {
             ApiError::Internal(format!(
                 "fingerprinting the model in {}: {e}",
                 dir.display()
             ))
         })?;
+        // Keys and values computed under a control vector hold only under the same vector.
+        let computed =
+            crate::fingerprint::with_control_vector(&computed, engine.control_vector_digest());
         Ok(self.fingerprint.get_or_init(|| computed).clone())
     }
 }

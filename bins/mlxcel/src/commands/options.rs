@@ -138,6 +138,11 @@ pub struct Options {
     #[command(flatten)]
     pub lora: mlxcel_server::lora_args::LoraArgs,
 
+    /// Control vectors, as llama-cli takes them (`--control-vector`, `--control-vector-scaled`,
+    /// `--control-vector-layer-range`).
+    #[command(flatten)]
+    pub control_vector: mlxcel_server::control_vector_args::ControlVectorArgs,
+
     #[command(flatten)]
     pub pipeline: Box<super::pipeline::PipelineArgs>,
 
@@ -355,6 +360,7 @@ impl Options {
             kv_types: self.kv.kv_types(),
             kv_budget_bytes: self.kv.kv_budget_bytes(),
             lora_adapters: self.lora.paths(),
+            control_vector: self.control_vector.spec.clone(),
             // One request at a time: one without a token limit may use the whole KV budget.
             scheduler: SchedulerConfig {
                 max_batch: 1,

@@ -57,6 +57,13 @@ impl MlxBackend {
         checkpoint: &Checkpoint,
         options: &EngineOptions,
     ) -> Result<Self, EngineError> {
+        if !options.control_vector.is_empty() && options.pipeline.is_some() {
+            return Err(EngineError::backend(
+                "mlx",
+                "control vectors (--control-vector) are not supported in a pipeline yet \
+                 (docs/distributed.md)",
+            ));
+        }
         let (mut pipe, stage) = match &options.pipeline {
             Some(pipeline) => {
                 let (pipe, stage) = Pipe::open(checkpoint, pipeline)?;
@@ -80,6 +87,17 @@ impl MlxBackend {
             model
                 .set_adapters(&adapters)
                 .map_err(|e| EngineError::InvalidLora(e.to_string()))?;
+        }
+        let config = checkpoint.config();
+        let control = mlxcel_model::ControlVector::load(
+            &options.control_vector,
+            config.hidden_size,
+            config.num_hidden_layers,
+        )?;
+        if let Some(control) = &control {
+            model
+                .set_control_vector(Some(control))
+                .map_err(backend_error)?;
         }
         let (mut position_bytes, mut state_bytes) = (
             model.kv_bytes_per_position(),

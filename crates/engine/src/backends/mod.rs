@@ -76,6 +76,15 @@ pub(crate) fn load(
             reason: "its compiled programs hold no low-rank deltas; use the mlx backend",
         });
     }
+    if !options.control_vector.is_empty() && options.backend != BackendKind::Mlx {
+        return Err(EngineError::Unsupported {
+            what: "control vectors (--control-vector, --control-vector-scaled, \
+                   --control-vector-layer-range)"
+                .into(),
+            backend: options.backend.as_str(),
+            reason: "its compiled programs add nothing between decoder layers; use the mlx backend",
+        });
+    }
     match options.backend {
         BackendKind::Mlx => load_mlx(checkpoint, options, activations),
         BackendKind::Xla => load_xla(checkpoint, options, activations),

@@ -17,7 +17,7 @@ use crate::fast::{
 };
 use crate::kernels::KernelBackend;
 use crate::kv_cache::KvCache;
-use crate::layer::{LayerSeq, LayerShape, Qkv, decoder_stack};
+use crate::layer::{LayerSeq, LayerShape, Qkv};
 use crate::quantized::{Epilogue, QuantizedWeight};
 
 /// What a forward pass returns per selected row.
@@ -295,7 +295,7 @@ impl LlamaModel {
                     (tensors, layer_seqs)
                 })
                 .collect::<Vec<_>>();
-            x = decoder_stack(&x, &layers, &shape, kn)?;
+            x = self.fused_stack(x, &layers, &shape)?;
         } else {
             // Gemma 4's per-layer token inputs, made once per step for every layer.
             let per_layer_inputs = match &self.varied {
@@ -305,7 +305,7 @@ impl LlamaModel {
                 }
                 None => None,
             };
-            for layer in &self.order {
+            for (position, layer) in self.order.iter().enumerate() {
                 x = match *layer {
                     LayerRef::Varied(index) => {
                         let mut parts: Vec<(&mut KvCache, usize)> = seqs
@@ -338,6 +338,7 @@ impl LlamaModel {
                         self.feed_forward(x, &conv.post_norm, &conv.mlp)?
                     }
                 };
+                x = self.control.apply(x, self.stage.first + position)?;
             }
         }
         Ok(x)

@@ -180,6 +180,7 @@ impl LlamaModel {
             kv_types: (KvType::F32, KvType::F32),
             fusable: false,
             adapters: Default::default(),
+            control: Default::default(),
         };
         model.fusable = model.varied.is_none()
             && model

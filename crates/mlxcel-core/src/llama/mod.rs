@@ -34,9 +34,14 @@
 //!   step over hidden states another stage computed.
 //! - `lora.rs` holds LoRA adapters' low-rank pairs and adds their deltas to a step's
 //!   projections, each sequence at its own scales.
+//! - `control.rs` holds control vectors (llama.cpp's `--control-vector`), added to decoder
+//!   layers' outputs in both paths of `forward.rs`; `control_model.rs` sets them on the model
+//!   and runs the fused node between them.
 //! - `forward.rs` runs a step ([`ForwardSeq`] per sequence) through the fused decoder-layer node
 //!   or a per-op graph.
 
+mod control;
+mod control_model;
 mod delta_net;
 mod experts;
 mod forward;

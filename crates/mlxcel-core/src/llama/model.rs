@@ -3,6 +3,7 @@
 
 use mlxcel_model::ModelConfig;
 
+use super::control::ControlVectors;
 use super::delta_net::LinearLayer;
 use super::linear::{Linear, linear_arrays};
 use super::lora::Adapters;
@@ -77,6 +78,9 @@ pub struct LlamaModel {
     pub(super) fusable: bool,
     /// The LoRA adapters a step may apply ([`LlamaModel::set_adapters`]); none at load.
     pub(super) adapters: Adapters,
+    /// The control vectors added after decoder layers ([`LlamaModel::set_control_vector`]);
+    /// none at load.
+    pub(super) control: ControlVectors,
 }
 
 impl LlamaModel {

@@ -4,6 +4,7 @@
 mod array_ops;
 mod attention;
 mod attention_head256;
+mod control_vector;
 mod device;
 mod errors;
 mod experts;

@@ -23,6 +23,7 @@ mod args;
 mod auth;
 mod compat;
 mod concurrency;
+mod control_vector;
 mod cors;
 mod downloads;
 mod edges;
