@@ -30,6 +30,7 @@ mod chat;
 mod checkpoint;
 mod config;
 mod default_model;
+pub mod encoder;
 mod error;
 mod experts;
 mod families;

@@ -14,6 +14,9 @@ pub struct RankHead {
     /// `[outputs][hidden]`, row-major.
     weight: Vec<f32>,
     bias: Option<Vec<f32>>,
+    /// A dense layer and tanh before the outputs (llama.cpp's `cls` tensors: a RoBERTa-style
+    /// classification head, `[hidden][hidden]` row-major, and its bias).
+    pooler: Option<(Vec<f32>, Option<Vec<f32>>)>,
     outputs: usize,
     hidden: usize,
 }
@@ -123,6 +126,7 @@ impl RankHead {
             file,
             weight,
             bias,
+            pooler: None,
             outputs,
             hidden,
         }))
@@ -142,9 +146,19 @@ impl RankHead {
             file,
             weight,
             bias,
+            pooler: None,
             outputs,
             hidden,
         }
+    }
+
+    /// The head with a dense layer and tanh before its outputs (`weight` `[hidden][hidden]`
+    /// row-major), as llama.cpp's rank pooling applies a `cls` tensor.
+    pub fn with_pooler(mut self, weight: Vec<f32>, bias: Option<Vec<f32>>) -> Self {
+        assert_eq!(weight.len(), self.hidden * self.hidden);
+        assert!(bias.as_ref().is_none_or(|b| b.len() == self.hidden));
+        self.pooler = Some((weight, bias));
+        self
     }
 
     /// How many outputs the head has.
@@ -160,6 +174,26 @@ impl RankHead {
             self.hidden,
             "a hidden state of the model's size"
         );
+        let pooled: Vec<f32>;
+        let state = match &self.pooler {
+            None => state,
+            Some((weight, bias)) => {
+                pooled = weight
+                    .chunks_exact(self.hidden)
+                    .enumerate()
+                    .map(|(i, row)| {
+                        let dot: f64 = row
+                            .iter()
+                            .zip(state)
+                            .map(|(&w, &x)| f64::from(w) * f64::from(x))
+                            .sum();
+                        let b = bias.as_ref().map_or(0.0, |b| f64::from(b[i]));
+                        (dot + b).tanh() as f32
+                    })
+                    .collect();
+                &pooled
+            }
+        };
         let mut out: Vec<f64> = self
             .weight
             .chunks_exact(self.hidden)
@@ -260,6 +294,22 @@ mod tests {
             2,
         );
         assert_eq!(with_bias.score(&states), Some(2.5));
+    }
+
+    #[test]
+    fn a_pooler_is_a_dense_layer_and_tanh_before_the_outputs() {
+        let file = RankHeadFile {
+            token: RankToken::First,
+            softmax: false,
+            labels: Vec::new(),
+            prompt: None,
+        };
+        // Pooler: swap the two values, add [0, 1], tanh; output: 2 * first + 0.25.
+        let head = RankHead::new(file, vec![2.0, 0.0], Some(vec![0.25]), 2)
+            .with_pooler(vec![0.0, 1.0, 1.0, 0.0], Some(vec![0.0, 1.0]));
+        let states = vec![vec![0.5, -1.5], vec![9.0, 9.0]];
+        let expected = 2.0 * (-1.5f64).tanh() + 0.25;
+        assert!((head.score(&states).unwrap() - expected).abs() < 1e-6);
     }
 
     #[test]
