@@ -3,7 +3,9 @@
 //! computes it.
 
 use crate::checkpoint::Checkpoint;
+use crate::encoder::activation::round_activations;
 use crate::error::{ModelError, Result};
+use crate::gguf::GgmlType;
 use crate::rank::{RANK_HEAD_FILE, RANK_HEAD_MODULE, RankHeadFile, RankToken};
 use crate::safetensors_files::Dtype;
 
@@ -17,6 +19,10 @@ pub struct RankHead {
     /// A dense layer and tanh before the outputs (llama.cpp's `cls` tensors: a RoBERTa-style
     /// classification head, `[hidden][hidden]` row-major, and its bias).
     pooler: Option<(Vec<f32>, Option<Vec<f32>>)>,
+    /// The weight types of the pooler and of the outputs, whose inputs llama.cpp rounds
+    /// ([`crate::encoder::activation::round_activations`]); F32 (no rounding) unless a GGUF
+    /// encoder's head says otherwise.
+    input_types: [GgmlType; 2],
     outputs: usize,
     hidden: usize,
 }
@@ -127,6 +133,7 @@ impl RankHead {
             weight,
             bias,
             pooler: None,
+            input_types: [GgmlType::F32; 2],
             outputs,
             hidden,
         }))
@@ -147,9 +154,17 @@ impl RankHead {
             weight,
             bias,
             pooler: None,
+            input_types: [GgmlType::F32; 2],
             outputs,
             hidden,
         }
+    }
+
+    /// The head with its inputs rounded as llama.cpp's CPU matmuls round them for weights of
+    /// these types: the pooler's input for `pooler`, the outputs' input for `output`.
+    pub fn with_input_types(mut self, pooler: GgmlType, output: GgmlType) -> Self {
+        self.input_types = [pooler, output];
+        self
     }
 
     /// The head with a dense layer and tanh before its outputs (`weight` `[hidden][hidden]`
@@ -175,16 +190,18 @@ impl RankHead {
             "a hidden state of the model's size"
         );
         let pooled: Vec<f32>;
-        let state = match &self.pooler {
+        let state: &[f32] = match &self.pooler {
             None => state,
             Some((weight, bias)) => {
+                let mut input = state.to_vec();
+                round_activations(self.input_types[0], &mut input);
                 pooled = weight
                     .chunks_exact(self.hidden)
                     .enumerate()
                     .map(|(i, row)| {
                         let dot: f64 = row
                             .iter()
-                            .zip(state)
+                            .zip(&input)
                             .map(|(&w, &x)| f64::from(w) * f64::from(x))
                             .sum();
                         let b = bias.as_ref().map_or(0.0, |b| f64::from(b[i]));
@@ -194,6 +211,9 @@ impl RankHead {
                 &pooled
             }
         };
+        let mut rounded = state.to_vec();
+        round_activations(self.input_types[1], &mut rounded);
+        let state = &rounded;
         let mut out: Vec<f64> = self
             .weight
             .chunks_exact(self.hidden)

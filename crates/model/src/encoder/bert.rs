@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::encoder::wpm::{WpmOptions, WpmVocab};
 use crate::error::{ModelError, Result};
 use crate::gguf::dequant::dequantize_reference;
-use crate::gguf::{GgufFile, GgufValue};
+use crate::gguf::{GgmlType, GgufFile, GgufValue};
 use crate::rank::{RankHeadFile, RankToken};
 use crate::rank_head::RankHead;
 
@@ -51,6 +51,9 @@ pub struct Dense {
     /// Row-major (PyTorch) shape: `[rows, row length]` or `[n]`.
     pub shape: Vec<usize>,
     pub data: Vec<f32>,
+    /// The type the file stores it in: what llama.cpp rounds a matmul's input to
+    /// ([`crate::encoder::activation::round_activations`]).
+    pub ggml_type: GgmlType,
 }
 
 /// One encoder layer: attention with biases, post-norm, GELU feed-forward, post-norm.
@@ -394,6 +397,7 @@ impl Reader<'_> {
         Ok(Some(Dense {
             shape: shape.to_vec(),
             data,
+            ggml_type: info.ggml_type,
         }))
     }
 
@@ -493,16 +497,20 @@ impl Reader<'_> {
         }
         let weight = self.tensor("cls.output.weight", &[outputs, h])?;
         let bias = self.optional("cls.output.bias", &[outputs])?;
+        let output_type = weight.ggml_type;
         let file = RankHeadFile {
             token: RankToken::First,
             softmax: false,
             labels,
             prompt: None,
         };
-        let mut head = RankHead::new(file, weight.data, bias.map(|b| b.data), h);
+        let mut head = RankHead::new(file, weight.data, bias.map(|b| b.data), h)
+            .with_input_types(GgmlType::F32, output_type);
         if let Some(dense) = self.optional("cls.weight", &[h, h])? {
             let bias = self.optional("cls.bias", &[h])?;
-            head = head.with_pooler(dense.data, bias.map(|b| b.data));
+            head = head
+                .with_pooler(dense.data, bias.map(|b| b.data))
+                .with_input_types(dense.ggml_type, output_type);
         }
         Ok(Some(head))
     }

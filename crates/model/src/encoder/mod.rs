@@ -3,11 +3,13 @@
 //! families: no KV cache, no generation, no config.json; a backend runs them whole over one
 //! input (`mlxcel_core::BertModel`).
 //!
+//! - `activation.rs`: the rounding llama.cpp's CPU matmuls give a layer's input.
 //! - `bert.rs`: BERT (`general.architecture = "bert"`): hyperparameters, weights, head.
 //! - `wpm.rs`: its WordPiece vocabulary and llama.cpp's WPM tokenizer.
 //! - `wordpiece_json.rs`: the vocabulary as a `tokenizer.json`, for decoding.
 //! - `fixture.rs`: a tiny random BERT reranker GGUF for tests and tools.
 
+pub mod activation;
 mod bert;
 mod fixture;
 #[cfg(test)]

@@ -171,8 +171,8 @@ fn the_engine_tokenizer_of_a_bert_gguf_encodes_with_wpm_and_decodes_wordpiece() 
         tokenizer.decode(&ids, false).unwrap(),
         "the cat runs, [UNK] cafe!"
     );
-    // add_special: [CLS] before (the fixture adds no SEP on its own: add_sep is false).
-    assert_eq!(tokenizer.encode("cat", true, false).unwrap(), [2, 6]);
+    // add_special: [CLS] before and [SEP] after, as llama.cpp's WPM.
+    assert_eq!(tokenizer.encode("cat", true, false).unwrap(), [2, 6, 3]);
     assert_eq!(tokenizer.encode("cat[SEP]", false, true).unwrap(), [6, 3]);
     assert_eq!(tokenizer.token_to_id("[SEP]"), Some(3));
     assert_eq!(tokenizer.id_to_token(22).as_deref(), Some("##s"));

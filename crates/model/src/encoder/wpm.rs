@@ -93,14 +93,11 @@ impl WpmVocab {
     }
 
     /// Token ids of `text`, as `llama_tokenize` gives them: `add_special` puts the BOS before
-    /// and the SEP after (when the vocabulary adds them), `parse_special` recognises control
-    /// tokens written in the text.
+    /// and the SEP after (llama.cpp's WPM adds both whatever the vocabulary's add flags say),
+    /// `parse_special` recognises control tokens written in the text.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
         let mut out = Vec::new();
-        if add_special
-            && self.options.add_bos
-            && let Some(bos) = self.options.bos
-        {
+        if add_special && let Some(bos) = self.options.bos {
             out.push(bos);
         }
         if parse_special {
@@ -121,10 +118,7 @@ impl WpmVocab {
         } else {
             self.tokenize_into(text, &mut out);
         }
-        if add_special
-            && self.options.add_sep
-            && let Some(sep) = self.options.sep
-        {
+        if add_special && let Some(sep) = self.options.sep {
             out.push(sep);
         }
         out
@@ -365,11 +359,12 @@ mod tests {
         assert_eq!(v.encode("hello[SEP]world", false, true), [4, 3, 5]);
         // As text, the brackets are punctuation and "sep" is unknown.
         assert_eq!(v.encode("[SEP]", false, false), [1, 1, 1]);
-        // add_special: BOS before; SEP after only with add_sep.
-        assert_eq!(v.encode("hello", true, false), [2, 4]);
-        let mut with_sep = v.clone();
-        with_sep.options.add_sep = true;
-        assert_eq!(with_sep.encode("hello", true, false), [2, 4, 3]);
+        // add_special: BOS before and SEP after, whatever the add flags (as llama.cpp's WPM).
+        assert_eq!(v.encode("hello", true, false), [2, 4, 3]);
+        let mut flags_off = v.clone();
+        flags_off.options.add_bos = false;
+        flags_off.options.add_sep = false;
+        assert_eq!(flags_off.encode("hello", true, false), [2, 4, 3]);
     }
 
     #[test]
