@@ -1,7 +1,7 @@
 //! Encoders: bidirectional models read straight from a GGUF file, for llama.cpp's rank pooling
-//! (a cross-encoder reranker such as bge-reranker) and embeddings. They are not decoder
-//! families: no KV cache, no generation, no config.json; a backend runs them whole over one
-//! input (`mlxcel_core::BertModel`).
+//! (a BERT cross-encoder reranker, such as the ms-marco MiniLM ones) and embeddings. They are not
+//! decoder families: no KV cache, no generation, no config.json; a backend runs them whole over
+//! one input (`mlxcel_core::BertModel`).
 //!
 //! - `activation.rs`: the rounding llama.cpp's CPU matmuls give a layer's input.
 //! - `bert.rs`: BERT (`general.architecture = "bert"`): hyperparameters, weights, head.
