@@ -4,6 +4,9 @@
 // tokens parsed, as llama-server's format_prompt_rerank does), runs each pair as its own sequence
 // with rank pooling, and prints one JSON line per document: its token ids and its score, the
 // first value of the pooled output (what llama-server's /rerank answers as relevance_score).
+// A model without a rerank prompt (a BERT cross-encoder) has its pair put together as
+// format_prompt_rerank's other branch does: BOS, the query, EOS (SEP without one), SEP, the
+// document, EOS, each where the vocabulary adds it, the texts tokenized without special tokens.
 //
 //   llama-rank MODEL.gguf QUERY DOCUMENT...
 //
@@ -68,10 +71,6 @@ int main(int argc, char ** argv) {
     }
     const llama_vocab * vocab = llama_model_get_vocab(model);
     const char * templ = llama_model_chat_template(model, "rerank");
-    if (templ == nullptr) {
-        fprintf(stderr, "llama-rank: %s has no rerank prompt (tokenizer.chat_template.rerank)\n", argv[1]);
-        return 1;
-    }
 
     llama_context_params cparams = llama_context_default_params();
     cparams.n_ctx = 512;
@@ -93,17 +92,50 @@ int main(int argc, char ** argv) {
 
     const std::string query = argv[2];
     for (int d = 3; d < argc; d++) {
-        std::string prompt = templ;
-        replace_all(prompt, "{query}", query);
-        replace_all(prompt, "{document}", argv[d]);
-        std::vector<llama_token> tokens(prompt.size() + 16);
-        int n = llama_tokenize(vocab, prompt.c_str(), (int32_t) prompt.size(), tokens.data(),
-                               (int32_t) tokens.size(), /*add_special*/ false, /*parse_special*/ true);
-        if (n < 0 || n > (int) cparams.n_ctx) {
-            fprintf(stderr, "llama-rank: document %d: tokenizing gave %d\n", d - 3, n);
+        std::vector<llama_token> tokens;
+        auto tokenize = [&](const std::string & text, bool parse_special) {
+            std::vector<llama_token> out(text.size() + 16);
+            int k = llama_tokenize(vocab, text.c_str(), (int32_t) text.size(), out.data(),
+                                   (int32_t) out.size(), /*add_special*/ false, parse_special);
+            if (k < 0) {
+                fprintf(stderr, "llama-rank: document %d: tokenizing gave %d\n", d - 3, k);
+                exit(1);
+            }
+            out.resize(k);
+            return out;
+        };
+        if (templ != nullptr) {
+            std::string prompt = templ;
+            replace_all(prompt, "{query}", query);
+            replace_all(prompt, "{document}", argv[d]);
+            tokens = tokenize(prompt, true);
+        } else {
+            std::vector<llama_token> q = tokenize(query, false);
+            std::vector<llama_token> doc = tokenize(argv[d], false);
+            llama_token eos = llama_vocab_eos(vocab);
+            if (eos == LLAMA_TOKEN_NULL) {
+                eos = llama_vocab_sep(vocab);
+            }
+            if (llama_vocab_get_add_bos(vocab)) {
+                tokens.push_back(llama_vocab_bos(vocab));
+            }
+            tokens.insert(tokens.end(), q.begin(), q.end());
+            if (llama_vocab_get_add_eos(vocab)) {
+                tokens.push_back(eos);
+            }
+            if (llama_vocab_get_add_sep(vocab)) {
+                tokens.push_back(llama_vocab_sep(vocab));
+            }
+            tokens.insert(tokens.end(), doc.begin(), doc.end());
+            if (llama_vocab_get_add_eos(vocab)) {
+                tokens.push_back(eos);
+            }
+        }
+        int n = (int) tokens.size();
+        if (n > (int) cparams.n_ctx) {
+            fprintf(stderr, "llama-rank: document %d: %d tokens\n", d - 3, n);
             return 1;
         }
-        tokens.resize(n);
         llama_memory_clear(llama_get_memory(ctx), true);
         llama_batch batch = llama_batch_init(n, 0, 1);
         for (int i = 0; i < n; i++) {

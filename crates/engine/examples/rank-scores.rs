@@ -1,7 +1,8 @@
-//! mlxcel's side of `scripts/check-rerank`: loads a reranker (a checkpoint directory or a GGUF
-//! file), puts the query and each document together with its rerank prompt
-//! ([`mlxcel_model::RankHead::prompt`]), tokenizes the pair as llama-server does (no added
-//! special tokens, special tokens parsed) and prints one JSON line per document: its token ids
+//! mlxcel's side of `scripts/check-rerank` and `scripts/check-rerank-bert`: loads a reranker (a
+//! checkpoint directory or a GGUF file), puts the query and each document together with its
+//! rerank prompt ([`mlxcel_model::RankHead::prompt`]), tokenizes the pair as llama-server does
+//! (no added special tokens, special tokens parsed) or, for an encoder without a prompt (BERT),
+//! puts the pair together from its vocabulary ([`mlxcel_engine::Engine::rank_pair`]), and prints one JSON line per document: its token ids
 //! and its score ([`mlxcel_engine::Engine::rank`]), the same lines `scripts/rerank/llama_rank.cpp`
 //! prints for llama.cpp.
 //!
@@ -54,10 +55,12 @@ fn run() -> Result<(), Error> {
         .rank_head()
         .ok_or("the model is not a reranker (no classification head)")?;
     for document in rest {
-        let prompt = head
-            .prompt(&query, &document)
-            .ok_or("the reranker has no rerank prompt")?;
-        let tokens = engine.tokenizer().encode(&prompt, false, true)?;
+        let tokens = match head.prompt(&query, &document) {
+            Some(prompt) => engine.tokenizer().encode(&prompt, false, true)?,
+            None => engine
+                .rank_pair(&query, &document)
+                .ok_or("the reranker has no rerank prompt")?,
+        };
         let score = engine.rank(tokens.clone())?;
         println!(
             "{}",

@@ -179,6 +179,33 @@ pub struct Engine {
     control_digest: Option<String>,
     /// A reranker's classification head ([`Engine::rank`]).
     rank_head: Option<Arc<mlxcel_model::RankHead>>,
+    /// An encoder's vocabulary ([`Engine::load_encoder`]); `None` for a decoder.
+    encoder: Option<Arc<mlxcel_model::encoder::WpmVocab>>,
+}
+
+/// What the engine thread builds its scheduler from.
+enum Source {
+    /// A decoder checkpoint and its draft model.
+    Decoder(Box<LoadedModel>, Option<Box<LoadedModel>>),
+    /// An encoder.
+    Encoder(Box<mlxcel_model::encoder::BertCheckpoint>),
+}
+
+/// What [`Engine::start`] takes.
+struct Start {
+    source: Source,
+    info: ModelInfo,
+    tokenizer: Arc<Tokenizer>,
+    chat_template: Option<ChatTemplate>,
+    options: EngineOptions,
+    speculative: Option<crate::SpeculativeConfig>,
+    lora: Vec<LoraInfo>,
+    rank_head: Option<Arc<mlxcel_model::RankHead>>,
+    /// The first end token (structured output's end).
+    eos: u32,
+    vocab_size: usize,
+    dir: PathBuf,
+    encoder: Option<Arc<mlxcel_model::encoder::WpmVocab>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -190,6 +217,11 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     /// Loads a model: `None` is the default model, else a checkpoint directory or a `.gguf` file.
     pub fn load(model: Option<&str>, options: EngineOptions) -> Result<Self, EngineError> {
+        if let Some(path) = model.map(std::path::Path::new)
+            && mlxcel_model::encoder::is_encoder_gguf(path)
+        {
+            return Self::load_encoder(path, options);
+        }
         let dir = resolve_model_with(model, &options.kv_overrides)?;
         let loaded = LoadedModel::open(&dir)?;
         Self::from_loaded(loaded, options)
@@ -211,7 +243,6 @@ impl Engine {
                 crate::speculative::NEEDS_SCORING.into(),
             ));
         }
-        let scheduler_config = options.scheduler;
         if speculative.is_some_and(|s| s.proposer.uses_draft()) && options.draft_model.is_none() {
             return Err(EngineError::InvalidSpeculation(
                 "the draft-model proposer needs a draft model (EngineOptions::draft_model, \
@@ -244,8 +275,84 @@ impl Engine {
             }
             None => loaded.chat_template.take(),
         };
-        let metrics = Arc::new(Mutex::new(EngineMetrics::default()));
         let rank_head = loaded.rank_head.take().map(Arc::new);
+        Self::start(Start {
+            eos: loaded.eos_token_ids.first().copied().unwrap_or(0),
+            vocab_size: loaded.checkpoint.config().vocab_size,
+            dir: loaded.dir().to_owned(),
+            source: Source::Decoder(Box::new(loaded), draft.map(Box::new)),
+            info,
+            tokenizer,
+            chat_template,
+            options,
+            speculative,
+            lora,
+            rank_head,
+            encoder: None,
+        })
+    }
+
+    /// Loads an encoder (a BERT GGUF, [`mlxcel_model::encoder::BertCheckpoint`]): it serves
+    /// [`Engine::embed`] and, with a classification head, [`Engine::rank`]; generation is
+    /// refused. Options that apply to decoders only are refused by name
+    /// ([`crate::encoder::check_options`]).
+    pub fn load_encoder(
+        path: &std::path::Path,
+        options: EngineOptions,
+    ) -> Result<Self, EngineError> {
+        crate::encoder::check_options(&options)?;
+        let bert = mlxcel_model::encoder::BertCheckpoint::open(path)?;
+        let vocab = Arc::new(bert.vocab.clone());
+        let tokenizer = Arc::new(Tokenizer::from_wpm(vocab.clone(), path)?);
+        let info = ModelInfo {
+            dir: path.to_owned(),
+            name: bert.name.clone(),
+            backend: options.backend,
+            window: bert.config.positions,
+            vocab_size: bert.config.vocab,
+            eos_token_ids: bert.vocab.options.sep.into_iter().collect(),
+            fim_tokens: FimTokens::default(),
+            weight_bytes: std::fs::metadata(path).map_or(0, |m| m.len()),
+            parameters: bert.parameters(),
+            hidden_size: bert.config.hidden,
+            features: crate::encoder::describe(&bert),
+            model_ftype: bert.ftype.clone(),
+        };
+        Self::start(Start {
+            eos: bert.vocab.options.sep.unwrap_or(0),
+            vocab_size: bert.config.vocab,
+            dir: path.to_owned(),
+            rank_head: bert.head.clone().map(Arc::new),
+            source: Source::Encoder(Box::new(bert)),
+            info,
+            tokenizer,
+            chat_template: None,
+            options,
+            speculative: None,
+            lora: Vec::new(),
+            encoder: Some(vocab),
+        })
+    }
+
+    /// Starts the engine thread, which builds the backend and the scheduler over `start.source`,
+    /// and returns the handle once they are built.
+    fn start(start: Start) -> Result<Self, EngineError> {
+        let Start {
+            source,
+            info,
+            tokenizer,
+            chat_template,
+            options,
+            speculative,
+            lora,
+            rank_head,
+            eos,
+            vocab_size,
+            dir,
+            encoder,
+        } = start;
+        let scheduler_config = options.scheduler;
+        let metrics = Arc::new(Mutex::new(EngineMetrics::default()));
 
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
@@ -256,8 +363,6 @@ impl Engine {
         // the first end token closes a complete output.
         let constraint_tokenizer = tokenizer.clone();
         let breakers = Arc::new(BreakerVocabulary::new(tokenizer.clone()));
-        let eos = loaded.eos_token_ids.first().copied().unwrap_or(0);
-        let vocab_size = loaded.checkpoint.config().vocab_size;
         let worker_metrics = metrics.clone();
         let backend_name = options.backend.as_str();
         let sleeping = Arc::new(AtomicBool::new(false));
@@ -272,8 +377,9 @@ impl Engine {
             .spawn(move || {
                 // The backend is built on the thread that runs it; the loader is kept to build
                 // it again when the engine wakes from sleep.
+                let encoder_path = matches!(source, Source::Encoder(_)).then(|| dir.clone());
                 let loader = Loader {
-                    dir: loaded.dir().to_owned(),
+                    dir,
                     options,
                     tokenizer: loader_tokenizer,
                     decoder,
@@ -283,13 +389,18 @@ impl Engine {
                         vocab_size,
                     )),
                     breakers,
+                    encoder: encoder_path,
                 };
-                let scheduler = loader.build(&loaded.checkpoint, draft.as_ref());
-                drop(draft);
+                let scheduler = match &source {
+                    Source::Decoder(loaded, draft) => {
+                        loader.build(&loaded.checkpoint, draft.as_deref())
+                    }
+                    Source::Encoder(bert) => loader.build_encoder(bert),
+                };
                 match scheduler {
                     Ok(scheduler) => {
                         let _ = ready_tx.send(Ok(()));
-                        drop(loaded);
+                        drop(source);
                         let resident = Resident::new(scheduler, loader, worker_sleeping);
                         run_worker(resident, inbox, worker_metrics);
                     }
@@ -319,6 +430,7 @@ impl Engine {
             lora,
             control_digest,
             rank_head,
+            encoder,
         })
     }
 
@@ -506,6 +618,13 @@ impl Engine {
         self.rank_head.as_deref()
     }
 
+    /// An encoder's tokens of a (query, document) pair for [`Engine::rank`], as llama-server's
+    /// `/rerank` puts them together for a model without a rerank prompt
+    /// ([`mlxcel_model::encoder::WpmVocab::rerank_pair`]); `None` for a decoder.
+    pub fn rank_pair(&self, query: &str, document: &str) -> Option<Vec<u32>> {
+        Some(self.encoder.as_ref()?.rerank_pair(query, document))
+    }
+
     /// A reranker's relevance score of `tokens` (a query and a document put together, e.g. by
     /// [`mlxcel_model::RankHead::prompt`]): its classification head over the final hidden
     /// states, as llama.cpp's rank pooling computes it. Refused for a model without a head and
@@ -631,6 +750,9 @@ impl Engine {
         mut request: GenerationRequest,
         reply: Reply,
     ) -> Result<events::UnboundedReceiver<Event>, EngineError> {
+        if self.encoder.is_some() {
+            return Err(crate::encoder::generation_refused());
+        }
         self.check_tokens(&request.prompt)?;
         self.check_lora(&request.lora)?;
         if request.speculative.is_none() {

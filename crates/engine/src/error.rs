@@ -89,6 +89,11 @@ pub enum EngineError {
          `cls.output.weight`, such as a Qwen3-Reranker converted by llama.cpp)"
     )]
     NotAReranker,
+    /// Generation asked of an encoder model (a BERT GGUF), which has no next-token logits.
+    #[error(
+        "the model is an encoder (BERT): it serves embeddings and reranking, not text generation"
+    )]
+    EncoderCannotGenerate,
 
     /// An empty prompt: there is no position to predict from.
     #[error("the prompt is empty: give at least one token of input")]

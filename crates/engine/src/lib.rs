@@ -49,6 +49,7 @@ mod constraint;
 mod constraint_trigger;
 mod decode;
 mod embedding;
+mod encoder;
 mod engine;
 mod error;
 #[doc(hidden)]

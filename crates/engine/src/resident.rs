@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use mlxcel_model::encoder::BertCheckpoint;
 use mlxcel_model::{Checkpoint, LoadedModel, Tokenizer, resolve_model};
 
 use crate::backend::Backend;
@@ -35,6 +36,8 @@ pub(crate) struct Loader {
     pub(crate) decoder: Arc<dyn TextDecoder>,
     pub(crate) constraints: Arc<ConstraintSource>,
     pub(crate) breakers: Arc<BreakerVocabulary>,
+    /// The GGUF file of an encoder model (BERT), read again on waking; `None` for a decoder.
+    pub(crate) encoder: Option<PathBuf>,
 }
 
 impl Loader {
@@ -58,8 +61,18 @@ impl Loader {
         }
     }
 
+    /// Builds an encoder's backend over `checkpoint`, and the scheduler over it (which serves
+    /// its hidden states and refuses to generate).
+    pub(crate) fn build_encoder(&self, checkpoint: &BertCheckpoint) -> Result<Loaded, EngineError> {
+        let backend = backends::load_encoder(checkpoint, &self.options)?;
+        Scheduler::new(backend, self.decoder.clone(), self.options.scheduler)
+    }
+
     /// Opens the checkpoint (and the draft model) again and builds the scheduler over them.
     fn reload(&self) -> Result<Loaded, EngineError> {
+        if let Some(path) = &self.encoder {
+            return self.build_encoder(&BertCheckpoint::open(path)?);
+        }
         let mut checkpoint = Checkpoint::open(&self.dir)?;
         checkpoint.apply_rope_overrides(&self.options.rope)?;
         let draft = match &self.options.draft_model {

@@ -37,6 +37,7 @@
 //! ```
 
 mod array;
+mod bert;
 pub mod delta_rule;
 mod device;
 pub mod distributed;
@@ -55,6 +56,7 @@ mod recurrent_state;
 mod sys;
 
 pub use array::{Array, eval};
+pub use bert::BertModel;
 pub use device::{
     HEAP_MMAP_THRESHOLD, HEAP_TRIM_THRESHOLD, HeapSettings, MlxBuildInfo, keep_freed_heap_memory,
     mlx_build_info, mlx_memory, mlx_version, release_unused_memory, set_default_device_cpu,

@@ -31,6 +31,7 @@ mod checkpoint;
 mod config;
 mod control_vector;
 mod default_model;
+pub mod encoder;
 mod error;
 mod experts;
 mod families;

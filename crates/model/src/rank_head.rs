@@ -3,7 +3,9 @@
 //! computes it.
 
 use crate::checkpoint::Checkpoint;
+use crate::encoder::activation::round_activations;
 use crate::error::{ModelError, Result};
+use crate::gguf::GgmlType;
 use crate::rank::{RANK_HEAD_FILE, RANK_HEAD_MODULE, RankHeadFile, RankToken};
 use crate::safetensors_files::Dtype;
 
@@ -14,6 +16,13 @@ pub struct RankHead {
     /// `[outputs][hidden]`, row-major.
     weight: Vec<f32>,
     bias: Option<Vec<f32>>,
+    /// A dense layer and tanh before the outputs (llama.cpp's `cls` tensors: a RoBERTa-style
+    /// classification head, `[hidden][hidden]` row-major, and its bias).
+    pooler: Option<(Vec<f32>, Option<Vec<f32>>)>,
+    /// The weight types of the pooler and of the outputs, whose inputs llama.cpp rounds
+    /// ([`crate::encoder::activation::round_activations`]); F32 (no rounding) unless a GGUF
+    /// encoder's head says otherwise.
+    input_types: [GgmlType; 2],
     outputs: usize,
     hidden: usize,
 }
@@ -123,6 +132,8 @@ impl RankHead {
             file,
             weight,
             bias,
+            pooler: None,
+            input_types: [GgmlType::F32; 2],
             outputs,
             hidden,
         }))
@@ -142,9 +153,27 @@ impl RankHead {
             file,
             weight,
             bias,
+            pooler: None,
+            input_types: [GgmlType::F32; 2],
             outputs,
             hidden,
         }
+    }
+
+    /// The head with its inputs rounded as llama.cpp's CPU matmuls round them for weights of
+    /// these types: the pooler's input for `pooler`, the outputs' input for `output`.
+    pub fn with_input_types(mut self, pooler: GgmlType, output: GgmlType) -> Self {
+        self.input_types = [pooler, output];
+        self
+    }
+
+    /// The head with a dense layer and tanh before its outputs (`weight` `[hidden][hidden]`
+    /// row-major), as llama.cpp's rank pooling applies a `cls` tensor.
+    pub fn with_pooler(mut self, weight: Vec<f32>, bias: Option<Vec<f32>>) -> Self {
+        assert_eq!(weight.len(), self.hidden * self.hidden);
+        assert!(bias.as_ref().is_none_or(|b| b.len() == self.hidden));
+        self.pooler = Some((weight, bias));
+        self
     }
 
     /// How many outputs the head has.
@@ -160,6 +189,31 @@ impl RankHead {
             self.hidden,
             "a hidden state of the model's size"
         );
+        let pooled: Vec<f32>;
+        let state: &[f32] = match &self.pooler {
+            None => state,
+            Some((weight, bias)) => {
+                let mut input = state.to_vec();
+                round_activations(self.input_types[0], &mut input);
+                pooled = weight
+                    .chunks_exact(self.hidden)
+                    .enumerate()
+                    .map(|(i, row)| {
+                        let dot: f64 = row
+                            .iter()
+                            .zip(&input)
+                            .map(|(&w, &x)| f64::from(w) * f64::from(x))
+                            .sum();
+                        let b = bias.as_ref().map_or(0.0, |b| f64::from(b[i]));
+                        (dot + b).tanh() as f32
+                    })
+                    .collect();
+                &pooled
+            }
+        };
+        let mut rounded = state.to_vec();
+        round_activations(self.input_types[1], &mut rounded);
+        let state = &rounded;
         let mut out: Vec<f64> = self
             .weight
             .chunks_exact(self.hidden)
@@ -260,6 +314,22 @@ mod tests {
             2,
         );
         assert_eq!(with_bias.score(&states), Some(2.5));
+    }
+
+    #[test]
+    fn a_pooler_is_a_dense_layer_and_tanh_before_the_outputs() {
+        let file = RankHeadFile {
+            token: RankToken::First,
+            softmax: false,
+            labels: Vec::new(),
+            prompt: None,
+        };
+        // Pooler: swap the two values, add [0, 1], tanh; output: 2 * first + 0.25.
+        let head = RankHead::new(file, vec![2.0, 0.0], Some(vec![0.25]), 2)
+            .with_pooler(vec![0.0, 1.0, 1.0, 0.0], Some(vec![0.0, 1.0]));
+        let states = vec![vec![0.5, -1.5], vec![9.0, 9.0]];
+        let expected = 2.0 * (-1.5f64).tanh() + 0.25;
+        assert!((head.score(&states).unwrap() - expected).abs() < 1e-6);
     }
 
     #[test]

@@ -12,6 +12,9 @@ pub struct Tokenizer {
     /// The same tokenizer with special-token parsing off, built on first use.
     plain: OnceLock<tokenizers::Tokenizer>,
     path: PathBuf,
+    /// A BERT vocabulary read from a GGUF file: [`Tokenizer::encode`] runs llama.cpp's WPM
+    /// tokenizer over it; `inner` is its WordPiece form, for decoding and the vocabulary.
+    wpm: Option<Arc<crate::encoder::WpmVocab>>,
 }
 
 impl Tokenizer {
@@ -48,6 +51,27 @@ impl Tokenizer {
             inner,
             plain: OnceLock::new(),
             path: path.to_owned(),
+            wpm: None,
+        })
+    }
+
+    /// The tokenizer of a BERT GGUF's WordPiece vocabulary (`path` is the GGUF file): encoding
+    /// is llama.cpp's WPM tokenizer ([`crate::encoder::WpmVocab::encode`]); decoding is the
+    /// WordPiece decoder's (pieces joined, `##` continuations glued).
+    pub fn from_wpm(vocab: Arc<crate::encoder::WpmVocab>, path: &Path) -> Result<Self> {
+        let json = crate::encoder::wordpiece_json(&vocab);
+        let inner: tokenizers::Tokenizer =
+            json.to_string()
+                .parse()
+                .map_err(|e: tokenizers::Error| ModelError::Tokenizer {
+                    path: path.to_owned(),
+                    reason: e.to_string(),
+                })?;
+        Ok(Self {
+            inner,
+            plain: OnceLock::new(),
+            path: path.to_owned(),
+            wpm: Some(vocab),
         })
     }
 
@@ -55,6 +79,9 @@ impl Tokenizer {
     /// `parse_special` recognises special tokens written in the text (`<|im_start|>`), otherwise
     /// they are tokenized as plain text.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        if let Some(wpm) = &self.wpm {
+            return Ok(wpm.encode(text, add_special, parse_special));
+        }
         let tokenizer = if parse_special {
             &self.inner
         } else {

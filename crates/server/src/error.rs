@@ -353,7 +353,9 @@ impl From<EngineError> for ApiError {
                 retry_after: 1,
             },
             EngineError::Stopped => Self::Unavailable,
-            EngineError::NotAReranker => Self::NotImplemented(err.to_string().into()),
+            EngineError::NotAReranker | EngineError::EncoderCannotGenerate => {
+                Self::NotImplemented(err.to_string().into())
+            }
             _ => Self::Internal(err.to_string()),
         }
     }

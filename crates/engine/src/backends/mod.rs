@@ -6,6 +6,8 @@
 //! embeds the engine compiles the same whichever backends it builds.
 
 #[cfg(feature = "mlx")]
+mod encoder;
+#[cfg(feature = "mlx")]
 mod mlx;
 #[cfg(feature = "mlx")]
 mod pipeline;
@@ -89,6 +91,40 @@ pub(crate) fn load(
         BackendKind::Mlx => load_mlx(checkpoint, options, activations),
         BackendKind::Xla => load_xla(checkpoint, options, activations),
     }
+}
+
+/// Builds the backend of an encoder (a BERT GGUF, [`mlxcel_model::encoder::BertCheckpoint`]):
+/// only the MLX backend runs one.
+pub(crate) fn load_encoder(
+    checkpoint: &mlxcel_model::encoder::BertCheckpoint,
+    options: &EngineOptions,
+) -> Result<Box<dyn Backend>, EngineError> {
+    match options.backend {
+        BackendKind::Mlx => load_mlx_encoder(checkpoint),
+        BackendKind::Xla => Err(EngineError::Unsupported {
+            what: "an encoder model (BERT)".into(),
+            backend: BackendKind::Xla.as_str(),
+            reason: "its programs are emitted for decoder families only; use the mlx backend",
+        }),
+    }
+}
+
+#[cfg(feature = "mlx")]
+fn load_mlx_encoder(
+    checkpoint: &mlxcel_model::encoder::BertCheckpoint,
+) -> Result<Box<dyn Backend>, EngineError> {
+    mlxcel_core::keep_freed_heap_memory();
+    Ok(Box::new(encoder::EncoderBackend::load(checkpoint)?))
+}
+
+#[cfg(not(feature = "mlx"))]
+fn load_mlx_encoder(
+    _: &mlxcel_model::encoder::BertCheckpoint,
+) -> Result<Box<dyn Backend>, EngineError> {
+    Err(EngineError::BackendNotCompiled {
+        backend: BackendKind::Mlx.as_str(),
+        feature: "mlx",
+    })
 }
 
 #[cfg(feature = "mlx")]

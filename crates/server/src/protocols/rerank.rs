@@ -2,8 +2,10 @@
 //! served when the server was started with `--reranking` over a reranker model (a classification
 //! head, [`mlxcel_model::RankHead`]). Each document is put together with the query by the
 //! model's rerank prompt (GGUF `tokenizer.chat_template.rerank`, tokenized without added special
-//! tokens and with special tokens parsed, as llama-server does), run through the model, and
-//! scored by the head ([`mlxcel_engine::Engine::rank`]); the results come back best first.
+//! tokens and with special tokens parsed, as llama-server does) or, for an encoder (a BERT
+//! cross-encoder), as `[CLS] query [SEP] document [SEP]` from its vocabulary's flags
+//! ([`mlxcel_engine::Engine::rank_pair`]); run through the model, and scored by the head
+//! ([`mlxcel_engine::Engine::rank`]); the results come back best first.
 //!
 //! Two answer shapes, as llama-server's: Jina's (`documents`: `results` of `index` and
 //! `relevance_score`, with `usage`) and, when the body has `texts`, Hugging Face TEI's (an array
@@ -123,25 +125,23 @@ pub async fn rerank(state: &Arc<AppState>, body: RequestBody) -> Result<Response
     let documents = documents(request.documents.or(request.texts))?;
     let top_n = top_n(request.top_n, documents.len())?;
     let head = engine.rank_head().ok_or(EngineError::NotAReranker)?;
-    let prompts = documents
+    // A rerank prompt (a decoder's template) is tokenized with special tokens parsed; an
+    // encoder without one puts the pair together from its vocabulary's special tokens.
+    let lists = documents
         .iter()
-        .map(|document| {
-            head.prompt(&query, document).ok_or_else(|| {
+        .map(|document| match head.prompt(&query, document) {
+            Some(prompt) => engine
+                .tokenizer()
+                .encode(&prompt, false, true)
+                .map_err(|e| ApiError::from(EngineError::from(e))),
+            None => engine.rank_pair(&query, document).ok_or_else(|| {
                 ApiError::NotImplemented(
                     "this reranker has no rerank prompt (GGUF `tokenizer.chat_template.rerank`); \
-                     pairs put together from the vocabulary's separators are not supported yet"
+                     pairs put together from the vocabulary's separators are supported for \
+                     encoder models (BERT) only"
                         .into(),
                 )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let lists = prompts
-        .iter()
-        .map(|prompt| {
-            engine
-                .tokenizer()
-                .encode(prompt, false, true)
-                .map_err(|e| ApiError::from(EngineError::from(e)))
+            }),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let prompt_tokens: usize = lists.iter().map(Vec::len).sum();

@@ -12,7 +12,8 @@
 //! `n_indent`, the parser fields on raw-text routes, accepted tokens per draft position),
 //! `streams` (resumable streams: `X-Conversation-Id`, `/v1/stream`, `/v1/streams/lookup`), `idle` (`--sleep-idle-seconds`,
 //! `--cache-idle-slots` with `id_slot`, Vertex AI's prediction route), `rerank` (`--reranking`
-//! and the rerank routes on a reranker made from the default model), `router` (many models
+//! and the rerank routes on a reranker made from the default model), `rerank_bert` (a tiny BERT
+//! cross-encoder written in the test), `router` (many models
 //! behind one server: `--models-dir`, `--models-preset`, `--models-max`), `speculation`
 //! (llama.cpp's hashed n-gram speculative types from its flags).
 //! Tests on the default model are skipped with `MLXCEL_SKIP_MODEL_TESTS=1`.
@@ -38,6 +39,7 @@ mod model_overrides;
 mod parity_fields;
 mod reasoning;
 mod rerank;
+mod rerank_bert;
 mod responses;
 mod router;
 mod routes;
