@@ -69,6 +69,8 @@ fn main() {
             "cpp/kernels/rowops.cc",
             "cpp/kernels/rowops_avx512.cc",
             "cpp/kernels/layer.cc",
+            "cpp/kernels/lora.cc",
+            "cpp/kernels/lora_plan.cc",
             "cpp/kernels/moe.cc",
             "cpp/kernels/moe_node.cc",
             "cpp/kernels/attention.cc",

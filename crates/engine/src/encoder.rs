@@ -39,6 +39,9 @@ pub(crate) fn check_options(options: &EngineOptions) -> Result<(), EngineError> 
     if !options.kv_overrides.is_empty() {
         return refuse("metadata overrides (--override-kv)");
     }
+    if !options.control_vector.is_empty() {
+        return refuse("control vectors (--control-vector, --control-vector-layer-range)");
+    }
     Ok(())
 }
 
@@ -98,6 +101,16 @@ mod tests {
                     ..EngineOptions::default()
                 },
                 "--rope-freq-base",
+            ),
+            (
+                EngineOptions {
+                    control_vector: mlxcel_model::ControlVectorSpec {
+                        files: vec![("v.gguf".into(), 1.0)],
+                        layer_range: None,
+                    },
+                    ..EngineOptions::default()
+                },
+                "--control-vector",
             ),
         ];
         for (options, flag) in cases {

@@ -200,6 +200,8 @@ struct Start {
     options: EngineOptions,
     speculative: Option<crate::SpeculativeConfig>,
     lora: Vec<LoraInfo>,
+    /// [`Engine::control_vector_digest`].
+    control_digest: Option<String>,
     rank_head: Option<Arc<mlxcel_model::RankHead>>,
     /// The first end token (structured output's end).
     eos: u32,
@@ -287,6 +289,7 @@ impl Engine {
             options,
             speculative,
             lora,
+            control_digest,
             rank_head,
             encoder: None,
         })
@@ -330,6 +333,7 @@ impl Engine {
             options,
             speculative: None,
             lora: Vec::new(),
+            control_digest: None,
             encoder: Some(vocab),
         })
     }
@@ -345,6 +349,7 @@ impl Engine {
             options,
             speculative,
             lora,
+            control_digest,
             rank_head,
             eos,
             vocab_size,

@@ -217,14 +217,22 @@ const kernels::MoePlan& routed_experts_kernel_plan(const RoutedExpertsPlan& plan
 // order, its experts (the MLP of kernels/moe.h, which norms x1 and adds its residual); `seqs`: per layer, (n, position, blocks) per sequence
 // in x's row order; `softcaps`: per layer, the attention scores' soft-cap (0: none); `sinks`:
 // per layer with sinks, in layer order, its heads' sink logits (kernels/attention.h);
-// `rope_mscale`: the factor on the rotated features (1: none).
+// `rope_mscale`: the factor on the rotated features (1: none); `lora`, `lora_pairs`,
+// `lora_factors`, `lora_scales`: LoRA deltas (kernels/lora.h), per pair (layer, target 0-6 for
+// q, k, v, o, gate, up, down, adapter) with its Aᵀ [in, rank] and Bᵀ [rank, out] (f32) in
+// `lora` and its alpha / rank in `lora_factors`, and each adapter's scale per row of x
+// ([adapters, tokens]); all empty without adapters.
 std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const ArrayList& caches,
                                                rust::Slice<const int32_t> dims,
                                                rust::Slice<const int32_t> quant,
                                                rust::Slice<const int32_t> seqs,
                                                rust::Slice<const float> softcaps,
                                                rust::Slice<const float> sinks,
-                                               const ExpertsList& experts, float eps,
+                                               const ExpertsList& experts,
+                                               const ArrayList& lora,
+                                               rust::Slice<const int32_t> lora_pairs,
+                                               rust::Slice<const float> lora_factors,
+                                               rust::Slice<const float> lora_scales, float eps,
                                                float scale, float rope_scale, float rope_mscale,
                                                uint8_t isa, int32_t threads);
 // `matrices`: per routed expert, then for the shared expert if any, gate/up stacked (w, scales,

@@ -125,6 +125,53 @@ pub(crate) struct LayerSeq<'a> {
     pub values: Vec<&'a Array>,
 }
 
+/// LoRA deltas for a fused stack (`cpp/kernels/lora.h`): each layer's projections get
+/// `Σ_j s_j(row) · B_j (A_j h)` over the adapters' pairs on them, `s_j(row)` the row's scale for
+/// adapter `j` times the pair's factor.
+#[derive(Debug, Default)]
+pub(crate) struct StackLora<'a> {
+    pub pairs: Vec<StackLoraPair<'a>>,
+    /// Each adapter's scale per row of x: `[adapters, tokens]`, adapter-major.
+    pub scales: Vec<f32>,
+}
+
+impl<'a> StackLora<'a> {
+    /// The pairs on the stack's layers `range`, renumbered from its first (for a stack run in
+    /// pieces); the scales are the rows', the same for every piece.
+    pub fn layers(&self, range: std::ops::RangeInclusive<usize>) -> StackLora<'a> {
+        let start = *range.start();
+        StackLora {
+            pairs: self
+                .pairs
+                .iter()
+                .filter(|p| range.contains(&p.layer))
+                .map(|p| StackLoraPair {
+                    layer: p.layer - start,
+                    ..*p
+                })
+                .collect(),
+            scales: self.scales.clone(),
+        }
+    }
+}
+
+/// One adapter's pair on one projection of one layer of the stack.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StackLoraPair<'a> {
+    /// The layer's place in the stack.
+    pub layer: usize,
+    /// 0 to 6: q, k, v, o, gate, up, down.
+    pub target: i32,
+    /// The adapter: its row of [`StackLora::scales`].
+    pub adapter: usize,
+    /// `Aᵀ`, f32 `[in, rank]`, contiguous.
+    pub a_t: &'a Array,
+    /// `Bᵀ`, f32 `[rank, out]`, contiguous.
+    pub b_t: &'a Array,
+    /// alpha / rank (1 where alpha is 0).
+    pub factor: f32,
+}
+
 /// `x` (`[tokens, hidden]`, the sequences' rows in order) through the decoder layers
 /// `layers` (each with its sequences' view of its caches), one after the other, as one MLX node:
 /// each node costs MLX a fixed ~10–15 µs of scheduling and allocation, 30 of them a decode step of
@@ -138,6 +185,7 @@ pub(crate) fn decoder_stack(
     layers: &[(LayerTensors<'_>, Vec<LayerSeq<'_>>)],
     shape: &LayerShape,
     kernels: &Kernels,
+    lora: Option<&StackLora<'_>>,
 ) -> Result<Array> {
     let to_i32 = |v: usize| {
         i32::try_from(v).map_err(|_| Error::Mlx {
@@ -254,6 +302,13 @@ pub(crate) fn decoder_stack(
         }
     }
     let threads = kernels.threads.min(i32::MAX as usize) as i32;
+    let no_lora = StackLora::default();
+    let lora = lora.unwrap_or(&no_lora);
+    let mut lora_pairs = Vec::with_capacity(3 * lora.pairs.len());
+    for p in &lora.pairs {
+        lora_pairs.extend([to_i32(p.layer)?, p.target, to_i32(p.adapter)?]);
+    }
+    let lora_factors: Vec<f32> = lora.pairs.iter().map(|p| p.factor).collect();
     sys::with_lock(|| {
         let mut tensor_list = ffi::array_list_new();
         for a in tensors {
@@ -267,6 +322,11 @@ pub(crate) fn decoder_stack(
         for node in experts {
             ffi::experts_list_push(experts_list.pin_mut(), node.experts());
         }
+        let mut lora_list = ffi::array_list_new();
+        for p in &lora.pairs {
+            ffi::array_list_push(lora_list.pin_mut(), p.a_t.raw());
+            ffi::array_list_push(lora_list.pin_mut(), p.b_t.raw());
+        }
         ffi::native_decoder_stack(
             &tensor_list,
             &cache_list,
@@ -276,6 +336,10 @@ pub(crate) fn decoder_stack(
             &softcaps,
             &sinks,
             &experts_list,
+            &lora_list,
+            &lora_pairs,
+            &lora_factors,
+            &lora.scales,
             shape.eps,
             shape.scale,
             shape.rope_scale,
@@ -419,13 +483,13 @@ mod tests {
         let (a, b, e) = (layer(11, FFN), layer(23, FFN), layer(37, FFN));
         let (c, d, f) = (layer(11, FFN), layer(23, FFN), layer(37, FFN));
         let stack = [tensors(&a), tensors(&b), tensors(&e)];
-        let together = decoder_stack(&x, &stack, &shape(), &kernels)
+        let together = decoder_stack(&x, &stack, &shape(), &kernels, None)
             .unwrap()
             .to_vec_f32()
             .unwrap();
         let mut apart = x.clone();
         for one in [&c, &d, &f] {
-            apart = decoder_stack(&apart, &[tensors(one)], &shape(), &kernels).unwrap();
+            apart = decoder_stack(&apart, &[tensors(one)], &shape(), &kernels, None).unwrap();
         }
         let apart = apart.to_vec_f32().unwrap();
         assert!(together.iter().all(|v| v.is_finite()));
@@ -458,6 +522,7 @@ mod tests {
             &[tensors(&a), tensors(&b)],
             &shape(),
             &Kernels::native(),
+            None,
         )
         .unwrap_err()
         .to_string();

@@ -15,6 +15,9 @@
 //   out = x1 + the routed-expert MLP of rms_norm(x1) (kernels/moe.h, the routed-expert node's
 //   own kernel)
 //
+// and, with LoRA adapters, each projection's low-rank deltas (kernels/lora.h) added where the
+// per-op graph adds them: to q/k/v after their biases, to o after the residual (Gemma: before
+// the norm), to gate and up before the GLU, to down before the residual (and its norm),
 // with the same kernels (and so the same numbers) as the per-op graph.
 //
 // The KV caches are blocks of kKvBlock positions, each block an input array ([1, kv_heads,
@@ -38,6 +41,8 @@
 #include "mlxcel-core/cpp/bridge.h"
 #include "mlxcel-core/cpp/kernels/attention.h"
 #include "mlxcel-core/cpp/kernels/dispatch.h"
+#include "mlxcel-core/cpp/kernels/lora.h"
+#include "mlxcel-core/cpp/kernels/lora_plan.h"
 #include "mlxcel-core/cpp/kernels/moe.h"
 #include "mlxcel-core/cpp/kernels/pool.h"
 #include "mlxcel-core/cpp/kernels/qmatmul.h"
@@ -206,6 +211,13 @@ struct Layer {
   int first;
   std::vector<float> sinks;  // [heads] sink logits, or empty: none
   std::shared_ptr<const RoutedExpertsPlan> experts;  // the routed experts, when d.moe
+  // LoRA pairs on this layer: the stack's input index of Aᵀ (Bᵀ follows it), the target
+  // (kernels::LoraTarget), the adapter (its row of the step's scales), shape and alpha / rank.
+  struct LoraPair {
+    int input, target, adapter, in, out, rank;
+    float factor;
+  };
+  std::vector<LoraPair> lora;
 };
 
 // What run() takes for one layer, read from the stack's inputs.
@@ -215,27 +227,36 @@ struct LayerArgs {
   std::vector<float> sinks;  // a copy: the task may outlive the call that plans it
   // Held (as the routed-expert node holds it) so that the plan outlives the task.
   std::shared_ptr<const RoutedExpertsPlan> experts;
+  kernels::LoraTargets lora;  // pointing into the inputs and into the step's scales
   const float *in_norm, *post_norm, *inv_freq, *q_norm, *k_norm, *post_attn, *post_ff, *bqkv, *bo;
   Weights wqkv, wk, wv, wo, wgu, wdown;
 };
 
 class DecoderStackCpu : public mx::UnaryPrimitive {
  public:
-  DecoderStackCpu(mx::Stream stream, std::vector<Layer> layers, Isa isa, int threads)
-      : mx::UnaryPrimitive(stream), layers_(std::move(layers)), isa_(isa), threads_(threads) {}
+  DecoderStackCpu(mx::Stream stream, std::vector<Layer> layers,
+                  std::shared_ptr<const std::vector<float>> lora_scales, Isa isa, int threads)
+      : mx::UnaryPrimitive(stream),
+        layers_(std::move(layers)),
+        lora_scales_(std::move(lora_scales)),
+        isa_(isa),
+        threads_(threads) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[kX].flags().row_contiguous)
       throw std::runtime_error("mlxcel decoder layer: x must be row-contiguous");
     std::vector<LayerArgs> args;
     args.reserve(layers_.size());
-    for (const Layer& layer : layers_) args.push_back(layer_args(layer, inputs));
+    const int rows = static_cast<int>(inputs[kX].shape(0));
+    for (const Layer& layer : layers_)
+      args.push_back(layer_args(layer, inputs, lora_scales_->data(), rows));
     out.set_data(mx::allocator::malloc(out.nbytes()));
 
     auto& encoder = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs) encoder.set_input_array(a);
     encoder.set_output_array(out);
-    encoder.dispatch([args = std::move(args), x = inputs[kX].data<float>(), y = out.data<float>(),
+    encoder.dispatch([args = std::move(args), scales = lora_scales_, x = inputs[kX].data<float>(),
+                      y = out.data<float>(),
                       T = static_cast<int>(inputs[kX].shape(0)),
                       isa = std::min(isa_, kernels::best_isa()), threads = threads_]() {
       // Each layer's output is the next one's x; the last writes the node's output.
@@ -248,8 +269,8 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
                          : grow(l % 2 == 0 ? ping : pong, static_cast<size_t>(T) * a.d.hidden);
         run(a.d, a.seqs, a.sinks,
             a.experts ? &routed_experts_kernel_plan(*a.experts) : nullptr, cur, a.in_norm, a.post_norm, a.inv_freq, a.q_norm, a.k_norm,
-            a.post_attn, a.post_ff, a.bqkv, a.bo, a.wqkv, a.wk, a.wv, a.wo, a.wgu, a.wdown, dst, T, isa,
-            threads);
+            a.post_attn, a.post_ff, a.bqkv, a.bo, a.wqkv, a.wk, a.wv, a.wo, a.wgu, a.wdown, a.lora,
+            dst, T, isa, threads);
         cur = dst;
       }
     });
@@ -272,7 +293,8 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
 
  private:
   // One layer's cache blocks, norms and weights, from the stack's inputs.
-  static LayerArgs layer_args(const Layer& layer, const std::vector<mx::array>& inputs) {
+  static LayerArgs layer_args(const Layer& layer, const std::vector<mx::array>& inputs,
+                              const float* lora_scales, int rows) {
     const Dims& d = layer.dims;
     auto in = [&](int i) -> const mx::array& { return inputs[layer.first + i - 1]; };
     for (int i = 1; i < d.first_cache; ++i) {
@@ -334,10 +356,16 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
     };
     auto floats = [&](bool present, int i) { return present ? in(i).data<float>() : nullptr; };
     const bool dense = d.moe == 0;
+    kernels::LoraTargets lora;
+    for (const auto& p : layer.lora)
+      lora[p.target].push_back(kernels::LoraDelta{
+          inputs[p.input].data<float>(), inputs[p.input + 1].data<float>(), p.in, p.out, p.rank,
+          p.factor, lora_scales + static_cast<int64_t>(p.adapter) * rows});
     return LayerArgs{d,
                      std::move(seqs),
                      layer.sinks,
                      layer.experts,
+                     std::move(lora),
                      in(kInputNorm).data<float>(),
                      in(kPostNorm).data<float>(),
                      in(kInvFreq).data<float>(),
@@ -363,7 +391,8 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
                   const Weights& wqkv,
                   const Weights& wk, const Weights& wv, const Weights& wo,
                   const Weights& wgu,
-                  const Weights& wdown, float* y, int T, Isa isa, int threads) {
+                  const Weights& wdown, const kernels::LoraTargets& lora, float* y, int T,
+                  Isa isa, int threads) {
     const int D = d.head_dim, H = d.heads, KV = d.kv_heads, hidden = d.hidden;
     const int C = (H + 2 * KV) * D;
     const int F = d.moe != 0 ? 0 : d.intermediate;
@@ -415,11 +444,18 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
     }
     const int half = d.rotary / 2;
     for_rows(T, threads, [&](int t0, int t1) {
+      if (bqkv != nullptr)
+        for (int t = t0; t < t1; ++t) {
+          float* r = qkv + static_cast<int64_t>(t) * C;
+          for (int c = 0; c < C; ++c) r[c] += bqkv[c];
+        }
+      // The q, k and v deltas of the normed rows, after the biases.
+      const int64_t column[3] = {0, static_cast<int64_t>(H) * D, static_cast<int64_t>(H + KV) * D};
+      for (int p = 0; p < 3; ++p)
+        kernels::lora_add_rows(lora[kernels::kLoraQ + p], h, hidden, qkv + column[p], C, t0, t1);
       std::vector<float> cos_t(half), sin_t(half);
       for (int t = t0; t < t1; ++t) {
         float* r = qkv + static_cast<int64_t>(t) * C;
-        if (bqkv != nullptr)
-          for (int c = 0; c < C; ++c) r[c] += bqkv[c];
         if (d.qk_norm_whole) {
           // OLMoE: q's and k's whole rows normed before the heads are split.
           kernels::rms_norm_rows(r, 1, H * D, q_norm, d.eps, r);
@@ -506,18 +542,34 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
       for_rows(T, threads, [&](int t0, int t1) {
         const int64_t at = static_cast<int64_t>(t0) * hidden;
         add_into(x1 + at, x + at, static_cast<int64_t>(t1 - t0) * hidden);
+        kernels::lora_add_rows(lora[kernels::kLoraO], att, H * D, x1, hidden, t0, t1);
       });
       kernels::routed_experts(*moe, x1, post_norm, d.eps, true, d.moe == 2, y, T, isa, threads);
       return;
     }
     for_rows(T, threads, [&](int t0, int t1) {
       const int64_t at = static_cast<int64_t>(t0) * hidden;
-      if (post_attn != nullptr)
+      // o's delta: on its product before the post-attention norm (Gemma), else after the
+      // residual add.
+      const auto& o_lora = lora[kernels::kLoraO];
+      if (post_attn != nullptr) {
+        kernels::lora_add_rows(o_lora, att, H * D, x1, hidden, t0, t1);
         kernels::rms_norm_rows(x1 + at, t1 - t0, hidden, post_attn, d.eps, x1 + at);
+      }
       add_into(x1 + at, x + at, static_cast<int64_t>(t1 - t0) * hidden);
+      if (post_attn == nullptr) kernels::lora_add_rows(o_lora, att, H * D, x1, hidden, t0, t1);
       kernels::rms_norm_rows(x1 + at, t1 - t0, hidden, post_norm, d.eps, h + at);
     });
     matmul(h, wgu, d.gate_up, T, 2 * F, hidden, gu, isa, threads);
+    if (!lora[kernels::kLoraGate].empty() || !lora[kernels::kLoraUp].empty()) {
+      // gate's and up's deltas of the normed rows, in a pass of their own: the GLU writes its
+      // rows (F wide) over h's (hidden wide), so no chunk may run it before every chunk has
+      // read h.
+      for_rows(T, threads, [&](int t0, int t1) {
+        kernels::lora_add_rows(lora[kernels::kLoraGate], h, hidden, gu, 2 * F, t0, t1);
+        kernels::lora_add_rows(lora[kernels::kLoraUp], h, hidden, gu + F, 2 * F, t0, t1);
+      });
+    }
     for_rows(T, threads, [&](int t0, int t1) {
       (d.gelu ? kernels::geglu_rows : kernels::swiglu_rows)(
           gu + static_cast<int64_t>(t0) * 2 * F, t1 - t0, 2 * F,
@@ -526,6 +578,7 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
     matmul(g, wdown, d.down, T, hidden, F, y, isa, threads);
     for_rows(T, threads, [&](int t0, int t1) {
       const int64_t at = static_cast<int64_t>(t0) * hidden;
+      kernels::lora_add_rows(lora[kernels::kLoraDown], g, F, y, hidden, t0, t1);
       if (post_ff != nullptr)
         kernels::rms_norm_rows(y + at, t1 - t0, hidden, post_ff, d.eps, y + at);
       add_into(y + at, x1 + at, static_cast<int64_t>(t1 - t0) * hidden);
@@ -533,6 +586,7 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
   }
 
   std::vector<Layer> layers_;
+  std::shared_ptr<const std::vector<float>> lora_scales_;  // [adapters, T]
   Isa isa_;
   int threads_;
 };
@@ -737,7 +791,30 @@ Layer plan_layer(std::vector<mx::array> inputs, const std::vector<mx::array>& ca
   const int first = static_cast<int>(stack.size());
   stack.insert(stack.end(), inputs.begin() + 1, inputs.end());
   return Layer{d, std::vector<int32_t>(seqs.begin(), seqs.end()), first, std::move(sinks),
-               std::move(experts)};
+               std::move(experts), {}};
+}
+
+// The LoRA pairs checked against their layers (lora_plan.h), each added to its layer.
+void plan_lora(const ArrayList& matrices, rust::Slice<const int32_t> pairs,
+               rust::Slice<const float> factors, rust::Slice<const float> scales, int T,
+               std::vector<Layer>& plan, std::vector<mx::array>& stack) {
+  auto shape_of = [&](int layer, int target) -> LoraShape {
+    if (layer < 0 || static_cast<size_t>(layer) >= plan.size())
+      refuse("LoRA: layer " + std::to_string(layer) + " is not in the stack");
+    const Dims& d = plan[layer].dims;
+    if (target >= kernels::kLoraGate && d.moe != 0)
+      refuse("LoRA: an MLP target on layer " + std::to_string(layer) +
+             ", whose MLP is routed experts");
+    const int q = d.heads * d.head_dim, kv = d.kv_heads * d.head_dim;
+    const int ins[] = {d.hidden, d.hidden, d.hidden, q, d.hidden, d.hidden, d.intermediate};
+    const int outs[] = {q, kv, kv, d.hidden, d.intermediate, d.intermediate, d.hidden};
+    return LoraShape{ins[target], outs[target]};
+  };
+  for (const LoraPlan& p : plan_lora_pairs(matrices.items, pairs.data(), pairs.size(),
+                                           factors.data(), factors.size(), scales.size(), T,
+                                           shape_of, stack))
+    plan[p.layer].lora.push_back(
+        Layer::LoraPair{p.input, p.target, p.adapter, p.in, p.out, p.rank, p.factor});
 }
 
 }  // namespace
@@ -748,7 +825,11 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
                                                rust::Slice<const int32_t> seqs,
                                                rust::Slice<const float> softcaps,
                                                rust::Slice<const float> sinks,
-                                               const ExpertsList& experts, float eps,
+                                               const ExpertsList& experts,
+                                               const ArrayList& lora,
+                                               rust::Slice<const int32_t> lora_pairs,
+                                               rust::Slice<const float> lora_factors,
+                                               rust::Slice<const float> lora_scales, float eps,
                                                float scale, float rope_scale, float rope_mscale,
                                                uint8_t isa, int32_t threads) {
   if (dims.empty() || dims.size() % kDims != 0)
@@ -817,8 +898,12 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
       next_experts != experts.items.size())
     refuse("more tensors, cache blocks, quant values, sink logits or routed-expert plans than "
            "the layers' dims and seqs name");
-  auto prim = std::make_shared<DecoderStackCpu>(mlxcel_stream(), std::move(plan),
-                                                static_cast<Isa>(isa), threads < 1 ? 1 : threads);
+  plan_lora(lora, lora_pairs, lora_factors, lora_scales, static_cast<int>(x.shape(0)), plan,
+            stack);
+  auto prim = std::make_shared<DecoderStackCpu>(
+      mlxcel_stream(), std::move(plan),
+      std::make_shared<const std::vector<float>>(lora_scales.begin(), lora_scales.end()),
+      static_cast<Isa>(isa), threads < 1 ? 1 : threads);
   auto shape = x.shape();
   return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), std::move(stack)));
 }

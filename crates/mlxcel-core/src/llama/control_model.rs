@@ -7,7 +7,7 @@ use super::control::ControlVectors;
 use super::model::LlamaModel;
 use crate::array::Array;
 use crate::error::{Error, Result};
-use crate::layer::{LayerSeq, LayerShape, LayerTensors, decoder_stack};
+use crate::layer::{LayerSeq, LayerShape, LayerTensors, StackLora, decoder_stack};
 
 impl LlamaModel {
     /// Adds `vector`'s directions to the decoder layers' outputs from now on (`None` removes
@@ -54,15 +54,23 @@ impl LlamaModel {
         mut x: Array,
         layers: &[(LayerTensors<'_>, Vec<LayerSeq<'_>>)],
         shape: &LayerShape,
+        lora: Option<&StackLora<'_>>,
     ) -> Result<Array> {
         if !self.control.active() {
-            return decoder_stack(&x, layers, shape, &self.kernels);
+            return decoder_stack(&x, layers, shape, &self.kernels, lora);
         }
         let first = self.stage.first;
         let mut start = 0;
         for end in 0..layers.len() {
             if self.control.has(first + end) || end + 1 == layers.len() {
-                x = decoder_stack(&x, &layers[start..=end], shape, &self.kernels)?;
+                let piece = lora.map(|l| l.layers(start..=end));
+                x = decoder_stack(
+                    &x,
+                    &layers[start..=end],
+                    shape,
+                    &self.kernels,
+                    piece.as_ref(),
+                )?;
                 x = self.control.apply(x, first + end)?;
                 start = end + 1;
             }

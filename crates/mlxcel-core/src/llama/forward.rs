@@ -247,7 +247,7 @@ impl LlamaModel {
     }
 
     /// [`LlamaModel::run_layers`] adding LoRA deltas where `lora` has an adapter at a non-zero
-    /// scale (then through the per-op graph: the fused node has no place for them).
+    /// scale: inside the fused node where the model runs it, else in the per-op graph.
     fn run_layers_with(
         &self,
         mut x: Array,
@@ -257,12 +257,13 @@ impl LlamaModel {
         let c = &self.config;
         let kn = &self.kernels;
         let lora = lora.filter(|l| l.active());
-        let fused = if lora.is_some() {
-            None
-        } else {
-            self.fused_layers()
+        let fused = self.fused_layers();
+        // The pairs the node adds; `None` in the outer option: they cannot go into it.
+        let stack_lora = match (&fused, lora) {
+            (Some(layers), Some(l)) => l.for_stack(layers).map(Some),
+            _ => Some(None),
         };
-        if let Some(fused) = fused {
+        if let (Some(fused), Some(stack_lora)) = (fused, stack_lora) {
             let shape = LayerShape {
                 hidden: c.hidden_size as i32,
                 heads: c.num_attention_heads as i32,
@@ -295,7 +296,7 @@ impl LlamaModel {
                     (tensors, layer_seqs)
                 })
                 .collect::<Vec<_>>();
-            x = self.fused_stack(x, &layers, &shape)?;
+            x = self.fused_stack(x, &layers, &shape, stack_lora.as_ref())?;
         } else {
             // Gemma 4's per-layer token inputs, made once per step for every layer.
             let per_layer_inputs = match &self.varied {

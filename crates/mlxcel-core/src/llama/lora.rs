@@ -3,13 +3,17 @@
 //! `y = W x + s · B (A x)` with each sequence's own scale `s` (its scale for the adapter times
 //! `alpha / rank`), so that sequences with different adapters, or none, share a step.
 //!
-//! The deltas run as MLX matmuls in f32 beside the layer's own kernels; a step with any adapter
-//! at a non-zero scale runs the per-op graph (`forward.rs`), whose projections they join.
+//! Where the model's layers run as the fused decoder-layer node, the pairs and each row's scales
+//! go into the node ([`StepAdapters::for_stack`]), which adds the deltas inside it
+//! (`cpp/kernels/lora.h`); in the per-op graph (`forward.rs`) they run as MLX matmuls in f32
+//! beside the projections ([`StepAdapters::delta`]). The two differ only in the order of the
+//! sums inside the rank-`r` products.
 
 use mlxcel_model::{LoraAdapter, LoraTarget};
 
 use crate::array::Array;
 use crate::error::{Error, Result};
+use crate::layer::{LayerMlp, LayerTensors, StackLora, StackLoraPair};
 
 /// One projection's pair, transposed for `x · Aᵀ · Bᵀ`.
 #[derive(Debug)]
@@ -101,6 +105,51 @@ impl StepAdapters<'_> {
     /// Whether any sequence has a non-zero scale for an adapter.
     pub(super) fn active(&self) -> bool {
         self.seqs.iter().any(|s| s.scales.iter().any(|&x| x != 0.0))
+    }
+
+    /// The step's pairs and per-row scales for the fused node over `layers` (the model's decoder
+    /// layers in order), or `None` when a pair cannot go into it (an MLP target on a layer of
+    /// routed experts): then the step runs the per-op graph. Adapters at scale 0 in every
+    /// sequence of the step add no pairs.
+    pub(super) fn for_stack<'s>(&'s self, layers: &[LayerTensors<'_>]) -> Option<StackLora<'s>> {
+        let count = self.adapters.adapters.len();
+        let total: usize = self.seqs.iter().map(|s| s.rows).sum();
+        let mut scales = Vec::with_capacity(count * total);
+        for j in 0..count {
+            for s in self.seqs {
+                let scale = s.scales.get(j).copied().unwrap_or(0.0);
+                scales.extend(std::iter::repeat_n(scale, s.rows));
+            }
+        }
+        let mut pairs = Vec::new();
+        for (j, adapter) in self.adapters.adapters.iter().enumerate() {
+            for (layer, targets) in adapter.layers.iter().enumerate() {
+                for (t, pair) in targets.iter().enumerate() {
+                    let Some(pair) = pair else { continue };
+                    // The per-op graph's test: skipped when every sequence's scale is 0.
+                    let scale_of =
+                        |s: &SeqScales<'_>| s.scales.get(j).copied().unwrap_or(0.0) * pair.factor;
+                    if self.seqs.iter().all(|s| scale_of(s) == 0.0) {
+                        continue;
+                    }
+                    let routed = matches!(layers.get(layer)?.mlp, LayerMlp::Routed(_));
+                    if routed && t >= target_index(LoraTarget::Gate) {
+                        return None;
+                    }
+                    // `t` is the place in `LoraTarget::ALL`, whose order (q, k, v, o, gate, up,
+                    // down) is the node's target codes (`cpp/kernels/lora.h`).
+                    pairs.push(StackLoraPair {
+                        layer,
+                        target: t as i32,
+                        adapter: j,
+                        a_t: &pair.a_t,
+                        b_t: &pair.b_t,
+                        factor: pair.factor,
+                    });
+                }
+            }
+        }
+        Some(StackLora { pairs, scales })
     }
 
     /// Whether layer `layer`'s `target` gets a delta this step.
