@@ -200,6 +200,7 @@ struct Start {
     options: EngineOptions,
     speculative: Option<crate::SpeculativeConfig>,
     lora: Vec<LoraInfo>,
+    control_digest: Option<String>,
     rank_head: Option<Arc<mlxcel_model::RankHead>>,
     /// The first end token (structured output's end).
     eos: u32,
@@ -287,6 +288,7 @@ impl Engine {
             options,
             speculative,
             lora,
+            control_digest,
             rank_head,
             encoder: None,
         })
@@ -330,6 +332,7 @@ impl Engine {
             options,
             speculative: None,
             lora: Vec::new(),
+            control_digest: None,
             encoder: Some(vocab),
         })
     }
@@ -345,6 +348,7 @@ impl Engine {
             options,
             speculative,
             lora,
+            control_digest,
             rank_head,
             eos,
             vocab_size,
