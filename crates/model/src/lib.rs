@@ -52,7 +52,7 @@ mod tokenizer;
 
 pub use activations::{Activations, KvType};
 pub use chat::caps::TemplateCaps;
-pub use chat::{ChatMessage, ChatTemplate, MAX_RENDER_BYTES, MAX_RENDER_TIME};
+pub use chat::{ChatMessage, ChatTemplate, MAX_RENDER_BYTES, MAX_RENDER_TIME, strftime_now};
 pub use checkpoint::{Checkpoint, Module, ModuleKind, expected_modules};
 pub use config::blocks::{
     FeedForward, GatedDeltaNet, HiddenActivation, LayerAttention, LayerSpec, PerLayerInput,

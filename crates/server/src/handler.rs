@@ -13,8 +13,11 @@ use crate::body::{Body, event_stream};
 use crate::chat::{self, ToolPlan};
 use crate::error::ApiError;
 use crate::generate::{Outcome, StreamFormat, Tracked, collect, stream, submit, tokenize};
-use crate::reasoning::{Form, ReasoningDefaults, ReasoningPlan, chat_budget, completion_budget};
-use crate::request::{Chat, Generation, Params, Prompt, PromptInput};
+use crate::reasoning::{
+    Form, ReasoningDefaults, ReasoningFields, ReasoningPlan, TemplateOptions, chat_budget,
+    completion_budget,
+};
+use crate::request::{Chat, Continuation, Generation, Params, Prompt, PromptInput, Turn};
 use crate::state::AppState;
 use crate::tools::ToolFormat;
 
@@ -109,20 +112,14 @@ fn prepare(
         }
         Prompt::Chat(chat) => chat,
     };
-    let options = chat.reasoning.resolve(defaults)?;
-    let mut templated = chat::render_ending(
+    let (templated, form, options) = render_chat(
         engine,
+        defaults,
         &chat.turns,
         chat.continuation,
         chat.tools.listed,
-        &options.variables,
+        &chat.reasoning,
     )?;
-    let source = engine.chat_template_source().unwrap_or_default();
-    let mut form = Form::of(&source, &templated);
-    if options.close_thinking && form == (Form::Think { open: true }) {
-        templated.push_str("\n\n</think>\n\n");
-        form = Form::Think { open: false };
-    }
     params.reasoning_budget = chat_budget(
         &params.budget_fields,
         options.budget_tokens,
@@ -148,6 +145,47 @@ fn prepare(
     Ok((PromptInput::Templated(templated), prepared))
 }
 
+/// The prompt a chat generates from, as llama-server renders it (`/apply-template` answers it):
+/// the turns through the template with the request's reasoning options over the server's
+/// `defaults`, and the variables llama-server gives every template. A template that reads
+/// `enable_thinking` gets it true unless thinking is off (llama-server's `--reasoning auto`
+/// and `on`), and `date_string` (`%d %b %Y`) and `datetime` (`%b %d %Y`) are today's date in
+/// local time unless the request's `chat_template_kwargs` name them; they are given only to
+/// templates that name them, so that others keep the plain context. Thinking switched off
+/// closes a thinking block the template left open. Returns the prompt, its form and the
+/// options.
+pub(crate) fn render_chat(
+    engine: &Engine,
+    defaults: &ReasoningDefaults,
+    turns: &[Turn],
+    continuation: Continuation,
+    tools: Vec<serde_json::Value>,
+    reasoning: &ReasoningFields,
+) -> Result<(String, Form, TemplateOptions), ApiError> {
+    let options = reasoning.resolve(defaults)?;
+    let source = engine.chat_template_source().unwrap_or_default();
+    let mut variables = options.variables.clone();
+    if source.contains("enable_thinking") {
+        variables
+            .entry("enable_thinking")
+            .or_insert(serde_json::Value::Bool(true));
+    }
+    for (name, format) in [("date_string", "%d %b %Y"), ("datetime", "%b %d %Y")] {
+        if source.contains(name) {
+            variables
+                .entry(name)
+                .or_insert_with(|| mlxcel_model::strftime_now(format).into());
+        }
+    }
+    let mut templated = chat::render_ending(engine, turns, continuation, tools, &variables)?;
+    let mut form = Form::of(&source, &templated);
+    if options.close_thinking && form == (Form::Think { open: true }) {
+        templated.push_str("\n\n</think>\n\n");
+        form = Form::Think { open: false };
+    }
+    Ok((templated, form, options))
+}
+
 /// The tokens of the templated prompt a chat would generate from (its usage's input tokens), for
 /// the token-counting routes.
 pub(crate) async fn count_tokens(
@@ -156,12 +194,13 @@ pub(crate) async fn count_tokens(
     mut chat: Chat,
 ) -> Result<usize, ApiError> {
     chat.continuation.prefill = state.config().prefill_assistant;
-    let prompt = chat::render_ending(
+    let (prompt, _, _) = render_chat(
         &engine,
+        &state.config().reasoning,
         &chat.turns,
         chat.continuation,
         chat.tools.listed,
-        &serde_json::Map::new(),
+        &chat.reasoning,
     )?;
     tokio::task::spawn_blocking(move || {
         tokenize(&engine, PromptInput::Templated(prompt)).map(|t| t.len())

@@ -223,14 +223,6 @@ impl Default for Client {
     }
 }
 
-fn response_error(method: &str, url: &str, what: String) -> OutboundError {
-    OutboundError {
-        method: method.into(),
-        url: redact(url),
-        what,
-    }
-}
-
 /// `location` (absolute, or relative to `base`) as an absolute URL.
 pub fn join_url(base: &str, location: &str) -> String {
     if location.contains("://") {

@@ -33,6 +33,13 @@ pub(crate) use tokenizer_config::TokenizerConfig;
 
 use crate::error::{ModelError, Result};
 
+/// The current local time formatted as Python's `datetime.now().strftime(format)`, as a
+/// template's `strftime_now(format)` reads it unpinned: for variables a server gives templates
+/// (llama-server's `date_string` and `datetime`).
+pub fn strftime_now(format: &str) -> String {
+    strftime::strftime(&jiff::Zoned::now().datetime(), format)
+}
+
 /// One chat message with text content. Richer messages (content parts, tool calls, tool results)
 /// go through [`ChatTemplate::render_with`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -28,7 +28,7 @@ use std::borrow::Cow;
 use mlxcel_engine::Engine;
 
 pub use budget::{BudgetFields, BudgetText, chat_budget, completion_budget};
-pub use fields::{ReasoningDefaults, ReasoningFields, thinking_of_budget};
+pub use fields::{ReasoningDefaults, ReasoningFields, TemplateOptions, thinking_of_budget};
 pub use format::{Form, ReasoningFormat};
 use harmony::HarmonySplitter;
 pub use split::{Split, SplitCall};

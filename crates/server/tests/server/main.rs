@@ -20,6 +20,7 @@
 
 mod agent;
 mod anthropic;
+mod apply_template;
 mod args;
 mod auth;
 mod compat;

@@ -3,15 +3,18 @@
 use std::sync::Arc;
 
 use hyper::{Response, StatusCode};
-use mlxcel_engine::ChatMessage;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::body::{Body, json};
 use crate::error::ApiError;
 use crate::generate::token_piece;
+use crate::handler::render_chat;
 use crate::protocols::openai::{MessageField, turns};
 use crate::read::RequestBody;
 use crate::read::{parse_json, read_json};
+use crate::reasoning::ReasoningFields;
+use crate::request::Continuation;
 use crate::state::AppState;
 
 /// The bodies of these routes through their parse (for the fuzz targets; see `crate::fuzzing`).
@@ -21,17 +24,10 @@ pub(super) fn check_body(endpoint: &str, bytes: &[u8]) -> Result<(), ApiError> {
         "detokenize" => parse_json::<DetokenizeRequest>(bytes).map(drop),
         _ => {
             let request: ApplyTemplateRequest = parse_json(bytes)?;
-            chat_messages(request.messages).map(drop)
+            request.reasoning.check()?;
+            turns(request.messages).map(drop)
         }
     }
-}
-
-/// The messages as the template's text turns.
-fn chat_messages(messages: Vec<MessageField>) -> Result<Vec<ChatMessage>, ApiError> {
-    Ok(turns(messages)?
-        .into_iter()
-        .map(|t| ChatMessage::new(t.role, t.content))
-        .collect())
 }
 
 #[derive(Debug, Deserialize)]
@@ -128,18 +124,42 @@ pub async fn detokenize(
     Ok(json(StatusCode::OK, &ContentResponse { content }))
 }
 
+/// `/apply-template`'s body: the chat request's fields that make its prompt (llama-server
+/// renders it as `/v1/chat/completions` does, without generating).
 #[derive(Debug, Deserialize)]
 struct ApplyTemplateRequest {
     messages: Vec<MessageField>,
+    /// Function tools in OpenAI's shape, given to the template as they are.
+    tools: Option<Vec<Value>>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<Value>,
+    #[serde(flatten)]
+    reasoning: ReasoningFields,
 }
 
-/// `POST /apply-template`.
+/// `POST /apply-template`: the prompt `/v1/chat/completions` would generate from for the same
+/// body (turns, tools, `add_generation_prompt`, `continue_final_message`, reasoning options and
+/// `chat_template_kwargs` over the server's flags).
 pub async fn apply_template(
     state: &Arc<AppState>,
     body: RequestBody,
 ) -> Result<Response<Body>, ApiError> {
     let request: ApplyTemplateRequest = read_json(body, state.config().body_limit).await?;
+    request.reasoning.check()?;
+    let mut continuation = Continuation::from_fields(
+        request.add_generation_prompt,
+        request.continue_final_message.as_ref(),
+    )?;
+    continuation.prefill = state.config().prefill_assistant;
+    let turns = turns(request.messages)?;
     let engine = state.awake_engine().await?;
-    let prompt = engine.apply_chat_template(&chat_messages(request.messages)?)?;
+    let (prompt, _, _) = render_chat(
+        &engine,
+        &state.config().reasoning,
+        &turns,
+        continuation,
+        request.tools.unwrap_or_default(),
+        &request.reasoning,
+    )?;
     Ok(json(StatusCode::OK, &PromptResponse { prompt }))
 }
