@@ -41,6 +41,12 @@ impl Tokenizer {
                 reason: format!("not valid JSON: {e}"),
             }
         })?;
+        Self::parse(&text, path, None)
+    }
+
+    /// A tokenizer from `tokenizer.json` text (`path` names it in errors), encoding with `wpm`
+    /// where given.
+    fn parse(text: &str, path: &Path, wpm: Option<Arc<crate::encoder::WpmVocab>>) -> Result<Self> {
         let inner: tokenizers::Tokenizer =
             text.parse()
                 .map_err(|e: tokenizers::Error| ModelError::Tokenizer {
@@ -51,7 +57,7 @@ impl Tokenizer {
             inner,
             plain: OnceLock::new(),
             path: path.to_owned(),
-            wpm: None,
+            wpm,
         })
     }
 
@@ -59,20 +65,8 @@ impl Tokenizer {
     /// is llama.cpp's WPM tokenizer ([`crate::encoder::WpmVocab::encode`]); decoding is the
     /// WordPiece decoder's (pieces joined, `##` continuations glued).
     pub fn from_wpm(vocab: Arc<crate::encoder::WpmVocab>, path: &Path) -> Result<Self> {
-        let json = crate::encoder::wordpiece_json(&vocab);
-        let inner: tokenizers::Tokenizer =
-            json.to_string()
-                .parse()
-                .map_err(|e: tokenizers::Error| ModelError::Tokenizer {
-                    path: path.to_owned(),
-                    reason: e.to_string(),
-                })?;
-        Ok(Self {
-            inner,
-            plain: OnceLock::new(),
-            path: path.to_owned(),
-            wpm: Some(vocab),
-        })
+        let json = crate::encoder::wordpiece_json(&vocab).to_string();
+        Self::parse(&json, path, Some(vocab))
     }
 
     /// Token ids of `text`. `add_special` applies the tokenizer's post-processor (e.g. a BOS);
