@@ -416,14 +416,8 @@ fn load_linear_layer(
             linear.interleave_int8(layout, threads)?;
         }
         layer.net.out.interleave_int8(layout, threads)?;
-        match &mut layer.mlp {
-            Mlp::Dense { gate_up, down } => {
-                gate_up.interleave_int8(layout, threads)?;
-                down.interleave_int8(layout, threads)?;
-            }
-            Mlp::Routed(moe) => moe.interleave_int8(layout, threads)?,
-        }
     }
+    prepare_host_layer_mlp(&mut layer.mlp, kernels)?;
     Ok(layer)
 }
 
@@ -517,7 +511,19 @@ fn load_conv_layer(
         let (layout, threads) = (kernels.int8_layout, kernels.threads);
         layer.in_proj.interleave_int8(layout, threads)?;
         layer.out.interleave_int8(layout, threads)?;
-        match &mut layer.mlp {
+    }
+    prepare_host_layer_mlp(&mut layer.mlp, kernels)?;
+    Ok(layer)
+}
+
+/// The MLP of a layer whose mixer runs on the host (linear attention, short convolution): its
+/// matrices rewritten into the int8 layout where the kernels take it, and a routed-expert MLP's
+/// fused node prepared, as a decoder layer's (`load_decoder_layer`): without it such a layer
+/// routed its tokens on the host and ran each expert as its own graph.
+fn prepare_host_layer_mlp(mlp: &mut Mlp, kernels: &Kernels) -> Result<()> {
+    if kernels.int8_layout_weights() {
+        let (layout, threads) = (kernels.int8_layout, kernels.threads);
+        match mlp {
             Mlp::Dense { gate_up, down } => {
                 gate_up.interleave_int8(layout, threads)?;
                 down.interleave_int8(layout, threads)?;
@@ -525,7 +531,10 @@ fn load_conv_layer(
             Mlp::Routed(moe) => moe.interleave_int8(layout, threads)?,
         }
     }
-    Ok(layer)
+    if let Mlp::Routed(moe) = mlp {
+        moe.prepare_node(kernels)?;
+    }
+    Ok(())
 }
 
 /// `1 / period` per rotated pair: `base^(-2i/dims)` (computed in f64, rounded once) or the
