@@ -38,15 +38,16 @@ pub(crate) fn render_ending(
 /// Renders `turns` with the generation prompt; `tools` are the function tools in OpenAI's shape
 /// (`{"type": "function", "function": {"name", "description", "parameters"}}`), as Hugging Face
 /// passes them to templates. A conversation of text turns without tools is rendered as
-/// `apply_chat_template(messages)`; tools, tool turns or extra `variables` (a request's
-/// `chat_template_kwargs`, `enable_thinking` ...) give the template the rich context.
+/// `apply_chat_template(messages)`; tools, tool turns, turns with reasoning or extra `variables`
+/// (a request's `chat_template_kwargs`, `enable_thinking` ...) give the template the rich
+/// context.
 pub(crate) fn render(
     engine: &Engine,
     turns: &[Turn],
     tools: Vec<Value>,
     variables: &Map<String, Value>,
 ) -> Result<String, ApiError> {
-    if tools.is_empty() && variables.is_empty() && !turns.iter().any(Turn::is_tool_turn) {
+    if tools.is_empty() && variables.is_empty() && !turns.iter().any(Turn::needs_rich_context) {
         let messages: Vec<ChatMessage> = turns
             .iter()
             .map(|t| ChatMessage::new(t.role.clone(), t.content.clone()))

@@ -685,8 +685,9 @@ pub trait StreamFormat: Send + 'static {
         (None, err.body())
     }
 
-    /// The chunk for one generated token, or `None` to send nothing for it.
-    fn token(&mut self, token: TokenRecord) -> Option<Self::Chunk>;
+    /// The chunks for one generated token (none to send nothing for it; several where the
+    /// token also opens or closes a part of the reply, as Anthropic's content blocks).
+    fn token(&mut self, token: TokenRecord) -> Vec<Self::Chunk>;
 
     /// A `return_progress` report (with the request's timings at it), or `None` where the format
     /// sends none (its route refuses the field).
@@ -779,17 +780,15 @@ pub async fn stream<F: StreamFormat>(mut tracked: Tracked, sender: StreamSender,
                     logprob,
                     top_logprobs,
                 };
-                let chunk = format.token(record).map(|chunk| {
-                    if tracked.timings_per_token {
+                for chunk in format.token(record) {
+                    let chunk = if tracked.timings_per_token {
                         F::with_timings(chunk, tracked.timings_object(tracked.generated))
                     } else {
                         chunk
+                    };
+                    if !sender.named_event(F::event_name(&chunk), &chunk).await {
+                        return tracked.cancel().await;
                     }
-                });
-                if let Some(chunk) = chunk
-                    && !sender.named_event(F::event_name(&chunk), &chunk).await
-                {
-                    return tracked.cancel().await;
                 }
             }
             Event::Finished {

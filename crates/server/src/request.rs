@@ -185,6 +185,10 @@ pub(crate) struct Turn {
     pub tool_call_id: Option<String>,
     /// The function's name on a `tool` turn.
     pub name: Option<String>,
+    /// An assistant turn's reasoning (OpenAI-style `reasoning_content`, Anthropic's `thinking`
+    /// blocks), given to the template as the message's `reasoning_content`, which reasoning
+    /// templates (Qwen3's, DeepSeek-R1's ...) render in their thinking block.
+    pub reasoning_content: Option<String>,
 }
 
 impl Turn {
@@ -196,12 +200,19 @@ impl Turn {
             tool_calls: None,
             tool_call_id: None,
             name: None,
+            reasoning_content: None,
         }
     }
 
     /// Whether the turn makes or answers tool calls (then templates get the tools' context).
     pub fn is_tool_turn(&self) -> bool {
         self.tool_calls.is_some() || self.tool_call_id.is_some() || self.role == "tool"
+    }
+
+    /// Whether the turn carries more than a role and text (tool calls or results, reasoning):
+    /// then the template gets the rich context, where the turn is given whole.
+    pub fn needs_rich_context(&self) -> bool {
+        self.is_tool_turn() || self.reasoning_content.is_some()
     }
 
     /// The turn as Hugging Face passes it to a chat template.
@@ -215,6 +226,9 @@ impl Turn {
         }
         if let Some(name) = &self.name {
             turn["name"] = json!(name);
+        }
+        if let Some(reasoning) = &self.reasoning_content {
+            turn["reasoning_content"] = json!(reasoning);
         }
         turn
     }

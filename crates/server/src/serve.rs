@@ -194,6 +194,11 @@ impl Server {
             }
         }
         drop(listeners);
+        // A `/tools` call waiting on a slow MCP tool would hold its connection open until the
+        // deadline: the calls in flight are cancelled first, so that their requests end now.
+        if let Some(agent) = state.agent() {
+            agent.cancel();
+        }
         let deadline = state.config().shutdown_timeout;
         tracing::info!(
             in_flight = state.active_requests().len(),

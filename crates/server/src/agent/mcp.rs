@@ -4,7 +4,9 @@
 //! JSON-RPC 2.0 (protocol 2024-11-05). At start each server is spawned once, its tools listed
 //! (10 s at most per server) and stopped; a call spawns it again on demand and keeps it; a server
 //! that dies is started again on the next call, one that fails to start is left alone for 5 s.
-//! Its tools appear in `/tools` as `<server>_<tool>`. Shutdown ends every child.
+//! Its tools appear in `/tools` as `<server>_<tool>`. Shutdown first cancels the calls in flight
+//! (each answers `cancelled` within 100 ms, so that their requests end and the server's graceful
+//! shutdown does not wait on a slow tool), then ends every child.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -20,6 +22,11 @@ use tokio::sync::{Mutex, mpsc};
 
 const PROTOCOL_VERSION: &str = "2024-11-05";
 const COOLDOWN: Duration = Duration::from_secs(5);
+/// How long a server has to exit once its stdin is closed before its process group is killed.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// The same at the server's shutdown, which must not wait on a server busy in a call (a stdio
+/// server reads its closed stdin only between calls).
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(200);
 const WARMUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Replies and notifications buffered between calls.
 const QUEUE: usize = 65536;
@@ -385,8 +392,8 @@ impl Transport {
         }
     }
 
-    /// Ends the server: stdin closed, 2 s to exit, then its process group killed.
-    async fn close(&self) {
+    /// Ends the server: stdin closed, `grace` to exit, then its process group killed.
+    async fn close(&self, grace: Duration) {
         let child = self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
         let Some(mut child) = child else {
             return;
@@ -396,10 +403,7 @@ impl Transport {
             let _ = session.stdin.shutdown().await;
         }
         let pid = child.id();
-        if tokio::time::timeout(Duration::from_secs(2), child.wait())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(grace, child.wait()).await.is_err() {
             let _ = child.start_kill();
         }
         if let Some(pid) = pid {
@@ -474,7 +478,7 @@ impl Manager {
                     transport.diagnostics()
                 ),
             }
-            transport.close().await;
+            transport.close(CLOSE_GRACE).await;
         }
         Ok(manager)
     }
@@ -521,7 +525,7 @@ impl Manager {
         };
         if let Some(stale) = stale {
             tracing::warn!("MCP '{name}' is no longer alive: {}", stale.diagnostics());
-            stale.close().await;
+            stale.close(CLOSE_GRACE).await;
         }
         let cfg = self.configs.iter().find(|c| c.name == name)?;
         match Transport::start(cfg) {
@@ -538,7 +542,7 @@ impl Manager {
                     }
                 };
                 if let Some(t) = existing {
-                    fresh.close().await;
+                    fresh.close(CLOSE_GRACE).await;
                     return Some(t);
                 }
                 Some(fresh)
@@ -554,9 +558,15 @@ impl Manager {
         }
     }
 
-    /// Cancels calls in flight and ends every running server.
-    pub async fn shutdown(&self) {
+    /// Cancels the calls in flight (each returns `cancelled` within 100 ms) and refuses new
+    /// ones; the servers keep running until [`Manager::shutdown`].
+    pub fn cancel(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// Cancels calls in flight and ends every running server, all at once.
+    pub async fn shutdown(&self) {
+        self.cancel();
         let all: Vec<_> = self
             .transports
             .lock()
@@ -564,9 +574,11 @@ impl Manager {
             .drain()
             .map(|(_, t)| t)
             .collect();
+        let mut closing = tokio::task::JoinSet::new();
         for t in all {
-            t.close().await;
+            closing.spawn(async move { t.close(SHUTDOWN_GRACE).await });
         }
+        while closing.join_next().await.is_some() {}
     }
 }
 

@@ -229,6 +229,14 @@ impl Agent {
         })
     }
 
+    /// Cancels the MCP calls in flight, so that the requests waiting on them end (the server's
+    /// graceful shutdown waits on its open requests); [`Agent::shutdown`] ends the servers.
+    pub fn cancel(&self) {
+        if let Some(mcp) = &self.mcp {
+            mcp.cancel();
+        }
+    }
+
     /// Ends the MCP servers and the runtime container this server started.
     pub async fn shutdown(&self) {
         if let Some(mcp) = &self.mcp {

@@ -280,6 +280,73 @@ async fn mcp_tools_are_listed_called_and_their_server_ended_at_shutdown() {
     assert!(gone, "MCP server {pid} outlived the server");
 }
 
+/// A stdio MCP server whose one tool, `nap`, sleeps 10 s before it answers (writing
+/// `napping` to its working directory as it starts) and which reads nothing while it sleeps.
+const SLOW_MCP_SERVER: &str = r#"
+import json, sys, time
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue
+    m = msg["method"]
+    if m == "initialize":
+        r = {"protocolVersion": "2024-11-05", "capabilities": {"tools": {}}, "serverInfo": {"name": "slow", "version": "1"}}
+    elif m == "tools/list":
+        r = {"tools": [{"name": "nap", "description": "Sleeps 10 s", "inputSchema": {"type": "object", "properties": {}}}]}
+    elif m == "tools/call":
+        open("napping", "w").close()
+        time.sleep(10)
+        r = {"content": [{"type": "text", "text": "rested"}]}
+    else:
+        r = {}
+    print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": r}), flush=True)
+"#;
+
+/// A shutdown while a `/tools` call waits on a slow MCP tool (10 s, under a 30 s call timeout and
+/// the default 30 s shutdown deadline) cancels the call and ends the server within 3 s, as
+/// llama.cpp's suite (`test_mcp_slow_tool_call_slot_release`) wants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_a_slow_mcp_call_and_ends_promptly() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("slow.py"), SLOW_MCP_SERVER).unwrap();
+    let config = json!({ "mcpServers": { "slow": { "command": "python3", "args": [dir.path().join("slow.py")], "cwd": dir.path(), "timeout_ms": 30000 } } });
+    let mut server = TestServer::start(
+        with_agent(AgentConfig {
+            mcp_json: Some(config.to_string()),
+            ..Default::default()
+        }),
+        None,
+    )
+    .await;
+    let addr = server.addr;
+    let call = tokio::spawn(async move {
+        send(
+            addr,
+            "POST",
+            "/tools",
+            &[],
+            Some(&json!({ "tool": "slow_nap", "params": {} }).to_string()),
+        )
+        .await
+    });
+    let napping = dir.path().join("napping");
+    assert!(
+        crate::support::eventually(std::time::Duration::from_secs(20), || napping.exists()).await,
+        "the slow tool never started"
+    );
+    let start = std::time::Instant::now();
+    server.shutdown();
+    tokio::time::timeout(std::time::Duration::from_secs(8), &mut server.task)
+        .await
+        .expect("the server ended within 8 s")
+        .unwrap();
+    let took = start.elapsed();
+    assert!(took.as_secs_f64() < 3.0, "shutdown took {took:?}");
+    let reply = call.await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.json(), json!({ "error": "cancelled" }));
+}
+
 /// A local HTTP server that answers every request with what it received (`/nocontent`: 204).
 async fn target() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1,8 +1,13 @@
 //! Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`) on the default model:
 //! whole and streamed replies with their event order, stop reasons, a tool_use round trip,
-//! `x-api-key`, and errors in Anthropic's shape.
+//! `x-api-key`, and errors in Anthropic's shape; no messages at all; extended `thinking` (on,
+//! off, its budget, the reply's `thinking` blocks) and `thinking` blocks of earlier turns, under a
+//! reasoning template of this file's own.
+
+use std::sync::Arc;
 
 use hyper::StatusCode;
+use mlxcel_engine::Engine;
 use mlxcel_server::{ApiKeys, ServerConfig};
 use serde_json::{Value, json};
 
@@ -286,15 +291,19 @@ async fn errors_have_anthropic_shape() {
             json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
             "web_search_20250305",
         ),
+        (json!({"thinking": {"type": "sometimes"}}), "thinking.type"),
         (
-            json!({"thinking": {"type": "enabled", "budget_tokens": 1024}}),
-            "thinking",
+            json!({"thinking": {"type": "enabled", "budget_tokens": 0}}),
+            "thinking.budget_tokens",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]}),
+            "messages[0].content[0]",
         ),
         (
             json!({"tools": [weather_tool()], "tool_choice": {"type": "tool", "name": "nope"}}),
             "nope",
         ),
-        (json!({"messages": []}), "messages"),
         (json!({"max_tokens": "many"}), "max_tokens"),
     ] {
         let reply = server.post_json("/v1/messages", ask(extra)).await;
@@ -375,4 +384,224 @@ async fn x_api_key_and_anthropic_version_are_accepted() {
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
         assert_eq!(reply.json()["type"], "message");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_messages_render_the_system_alone() {
+    if skip_model_tests() {
+        return;
+    }
+    let server = TestServer::with_model(ServerConfig::default()).await;
+    let bare = json!({"max_tokens": 4, "temperature": 0, "messages": []});
+    let reply = server.post_json("/v1/messages", bare.clone()).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let body = reply.json();
+    assert_eq!(body["type"], "message");
+    assert_eq!(body["content"][0]["type"], "text");
+    let mut with_system = bare.clone();
+    with_system["system"] = json!("You are a helpful assistant who answers briefly.");
+    let reply = server.post_json("/v1/messages", with_system.clone()).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let count = |body: Value| {
+        let server = &server;
+        async move {
+            let reply = server.post_json("/v1/messages/count_tokens", body).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            reply.json()["input_tokens"].as_u64().unwrap()
+        }
+    };
+    let (bare_count, system_count) = (count(bare).await, count(with_system).await);
+    assert!(
+        bare_count > 0 && system_count > bare_count,
+        "{bare_count} {system_count}"
+    );
+    assert_eq!(reply.json()["usage"]["input_tokens"], system_count);
+}
+
+/// Writes each turn with its reasoning in a `<think>` block, and after the generation prompt a
+/// thinking block that stays open unless `enable_thinking` is false (as Qwen3's template does
+/// with `enable_thinking`). The open tag starts a line, so that the prompt's tokens hold it as
+/// the reasoning budget looks for it (after `|>` it would tokenize across the boundary).
+const THINKING_TEMPLATE: &str = "{%- for m in messages %}<|{{ m.role }}|>\
+{%- if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}\
+{{ m.content }}{% endfor -%}\
+{%- if add_generation_prompt %}<|assistant|>\n<think>\n\
+{% if enable_thinking is defined and not enable_thinking %}</think>\n{% endif %}{% endif %}";
+
+/// A server over the default model with [`THINKING_TEMPLATE`].
+async fn thinking_server() -> TestServer {
+    let dir = std::env::temp_dir().join(format!("mlxcel-anthropic-think-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("template.jinja");
+    std::fs::write(&path, THINKING_TEMPLATE).unwrap();
+    let parsed = parse_server_args(&["--chat-template-file", path.to_str().unwrap()]).unwrap();
+    let options = parsed.engine_options().unwrap();
+    let config = parsed.server_config().unwrap();
+    let engine = tokio::task::spawn_blocking(move || Engine::load(None, options))
+        .await
+        .unwrap()
+        .unwrap();
+    TestServer::start(config, Some(Arc::new(engine))).await
+}
+
+fn think(thinking: Value, max_tokens: u64, stream: bool) -> Value {
+    json!({
+        "max_tokens": max_tokens, "temperature": 0, "stream": stream, "thinking": thinking,
+        "messages": [{"role": "user", "content": "What is 2+2?"}],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinking_turns_reasoning_on_and_off_and_comes_back_as_thinking_blocks() {
+    if skip_model_tests() {
+        return;
+    }
+    let server = thinking_server().await;
+    let prompt = |body: Value| {
+        let server = &server;
+        async move {
+            let reply = server.post_json("/apply-template", body).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            reply.json()["prompt"].as_str().unwrap().to_owned()
+        }
+    };
+    let messages = json!([{"role": "user", "content": "What is 2+2?"}]);
+    assert!(
+        prompt(json!({"messages": messages}))
+            .await
+            .ends_with("<think>\n"),
+        "the template leaves the block open"
+    );
+
+    // Enabled: the whole reply (the block is open) is reasoning, a thinking block first.
+    let on = think(json!({"type": "enabled", "budget_tokens": 1000}), 12, false);
+    let reply = server.post_json("/v1/messages", on.clone()).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let body = reply.json();
+    let content = body["content"].as_array().unwrap();
+    assert_eq!(content[0]["type"], "thinking", "{body}");
+    let reasoning = content[0]["thinking"].as_str().unwrap().to_owned();
+    assert!(!reasoning.is_empty(), "{body}");
+    assert_eq!(content[0]["signature"], "");
+    assert_eq!(content.last().unwrap()["type"], "text", "{body}");
+
+    // Streamed: the thinking block at index 0 (thinking deltas, an empty signature, then its
+    // stop), the text block after it, the same reasoning.
+    let mut streamed = on.clone();
+    streamed["stream"] = json!(true);
+    let events = named_events(&server.post_json("/v1/messages", streamed).await.body);
+    let starts: Vec<(&Value, &Value)> = events
+        .iter()
+        .filter(|(n, _)| n == "content_block_start")
+        .map(|(_, d)| (&d["index"], &d["content_block"]["type"]))
+        .collect();
+    assert_eq!(
+        starts,
+        [(&json!(0), &json!("thinking")), (&json!(1), &json!("text"))],
+        "{events:?}"
+    );
+    let at_zero: Vec<&Value> = events
+        .iter()
+        .filter(|(n, d)| n == "content_block_delta" && d["index"] == 0)
+        .map(|(_, d)| &d["delta"])
+        .collect();
+    let thought: String = at_zero
+        .iter()
+        .filter(|d| d["type"] == "thinking_delta")
+        .map(|d| d["thinking"].as_str().unwrap())
+        .collect();
+    assert_eq!(thought, reasoning);
+    assert_eq!(
+        at_zero.last().unwrap(),
+        &&json!({"type": "signature_delta", "signature": ""})
+    );
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names[..3], ["message_start", "content_block_start", "ping"]);
+    assert_eq!(names[names.len() - 2..], ["message_delta", "message_stop"]);
+
+    // budget_tokens is the reasoning budget: the block ends after that many tokens, and the
+    // reply goes on as the answer.
+    let budgeted = think(json!({"type": "enabled", "budget_tokens": 3}), 24, false);
+    let body = server.post_json("/v1/messages", budgeted).await.json();
+    let content = body["content"].as_array().unwrap();
+    assert_eq!(content[0]["type"], "thinking", "{body}");
+    let short = content[0]["thinking"].as_str().unwrap();
+    assert!(
+        short.len() < reasoning.len() && reasoning.starts_with(short.trim_end()),
+        "{short:?} of {reasoning:?}"
+    );
+    assert_eq!(content[1]["type"], "text", "{body}");
+
+    // Disabled: the template closes the block, and the reply is all text.
+    let off = think(json!({"type": "disabled"}), 12, false);
+    let body = server.post_json("/v1/messages", off).await.json();
+    let content = body["content"].as_array().unwrap();
+    assert_eq!(content.len(), 1, "{body}");
+    assert_eq!(content[0]["type"], "text", "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinking_blocks_of_earlier_turns_reach_the_template_and_the_count() {
+    if skip_model_tests() {
+        return;
+    }
+    let server = thinking_server().await;
+    let tool = json!({"name": "list_files", "description": "List files",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}});
+    let conversation = |assistant: Value| {
+        json!({"tools": [tool], "messages": [
+            {"role": "user", "content": "Fix the bug"},
+            {"role": "assistant", "content": assistant},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "main.py"}]},
+        ]})
+    };
+    let call =
+        json!({"type": "tool_use", "id": "call_1", "name": "list_files", "input": {"path": "."}});
+    let thought = "I should look at the project first.";
+    let count = |body: Value| {
+        let server = &server;
+        async move {
+            let reply = server.post_json("/v1/messages/count_tokens", body).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            reply.json()["input_tokens"].as_u64().unwrap()
+        }
+    };
+    let without = count(conversation(json!([call]))).await;
+    let with = count(conversation(json!([
+        {"type": "thinking", "thinking": thought, "signature": "sig"},
+        call,
+    ])))
+    .await;
+    // The reasoning (8 words) and its tags are counted.
+    assert!(
+        with >= without + 8,
+        "{with} tokens with the thinking block, {without} without"
+    );
+    // A redacted block has no text for the template: the count is the plain one.
+    let redacted = count(conversation(json!([
+        {"type": "redacted_thinking", "data": "opaque"},
+        call,
+    ])))
+    .await;
+    assert_eq!(redacted, without);
+
+    // The chat route's `reasoning_content` is the same turn's reasoning (`/apply-template`).
+    let prompt = server
+        .post_json(
+            "/apply-template",
+            json!({"messages": [
+                {"role": "user", "content": "Fix the bug"},
+                {"role": "assistant", "content": "", "reasoning_content": thought,
+                 "tool_calls": [{"id": "call_1", "type": "function",
+                                 "function": {"name": "list_files", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "main.py"},
+            ]}),
+        )
+        .await;
+    assert_eq!(prompt.status, StatusCode::OK, "{}", prompt.body);
+    let prompt = prompt.json()["prompt"].as_str().unwrap().to_owned();
+    assert!(
+        prompt.contains(&format!("<|assistant|><think>{thought}</think>")),
+        "{prompt}"
+    );
 }

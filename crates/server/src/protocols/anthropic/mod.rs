@@ -61,6 +61,7 @@ pub async fn messages(
             stops,
         },
         engine: engine.clone(),
+        reasoning: prepared.reasoning,
     })
     .await
 }

@@ -1,5 +1,8 @@
-//! Anthropic's answers: a message of `text` and `tool_use` content blocks with Anthropic's
-//! `stop_reason`, whole or as Anthropic's named stream events.
+//! Anthropic's answers: a message of `thinking`, `text` and `tool_use` content blocks with
+//! Anthropic's `stop_reason`, whole or as Anthropic's named stream events. The reasoning a
+//! reasoning model writes (split as the chat route's `reasoning_content` is) is the `thinking`
+//! block, first, with an empty `signature` (Anthropic's check of its own models' reasoning, which
+//! a local model cannot give).
 
 use std::sync::Arc;
 
@@ -13,7 +16,8 @@ use crate::chat;
 use crate::error::ApiError;
 use crate::generate::{Outcome, StreamFormat, TokenRecord, Tracked};
 use crate::handler::Reply;
-use crate::tools::{ToolCall, ToolFormat};
+use crate::reasoning::{ReasoningPlan, SplitCall, Splitter, marker_text, split_reply};
+use crate::tools::{self, ToolCall, ToolFormat};
 
 /// Characters of a call's JSON input per `input_json_delta`.
 const INPUT_PIECE: usize = 16;
@@ -22,6 +26,8 @@ const INPUT_PIECE: usize = 16;
 pub(super) struct MessagesReply {
     pub meta: ReplyMeta,
     pub engine: Arc<Engine>,
+    /// How the reply splits into reasoning and answer (`None`: left whole).
+    pub reasoning: Option<ReasoningPlan>,
 }
 
 impl Reply for MessagesReply {
@@ -34,14 +40,47 @@ impl Reply for MessagesReply {
             engine: self.engine,
             tokens: Vec::new(),
             text: String::new(),
+            splitter: self.reasoning.as_ref().and_then(ReasoningPlan::splitter),
+            answer: String::new(),
+            split_calls: Vec::new(),
+            open: None,
+            next_index: 0,
+            text_opened: false,
+            pinged: false,
         }
     }
 
     fn whole(self, _: &Tracked, outcome: Outcome) -> Response<Body> {
         let reply = self.meta;
         let tokens: Vec<u32> = outcome.tokens.iter().map(|t| t.token).collect();
-        let ending = reply.ending(&self.engine, &outcome.text, outcome.reason, &tokens);
+        let (answer, reasoning, split_calls) =
+            match self.reasoning.as_ref().and_then(ReasoningPlan::splitter) {
+                Some(splitter) => {
+                    let split = split_reply(
+                        &self.engine,
+                        splitter,
+                        outcome.tokens.iter().map(|t| (t.token, t.text.as_str())),
+                        &outcome.text,
+                    );
+                    (split.content, split.reasoning, split.calls)
+                }
+                None => (outcome.text.clone(), String::new(), Vec::new()),
+            };
+        let ending = reply.ending(
+            &self.engine,
+            &outcome.text,
+            answer,
+            split_calls,
+            outcome.reason,
+            &tokens,
+        );
         let mut content = Vec::new();
+        if !reasoning.is_empty() {
+            content.push(ContentBlock::Thinking {
+                thinking: reasoning,
+                signature: String::new(),
+            });
+        }
         if !ending.text.is_empty() || ending.calls.is_empty() {
             content.push(ContentBlock::Text { text: ending.text });
         }
@@ -77,6 +116,10 @@ pub(super) struct MessageBody {
 #[derive(Debug, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub(super) enum ContentBlock {
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
     Text {
         text: String,
     },
@@ -125,10 +168,31 @@ pub(super) struct ReplyMeta {
 }
 
 impl ReplyMeta {
-    /// The reply's calls and stop reason: `tool_use` when it made calls, `max_tokens` when the
-    /// budget ran out, `stop_sequence` (with the one that matched) or `end_turn`.
-    fn ending(&self, engine: &Engine, text: &str, reason: FinishReason, tokens: &[u32]) -> Ending {
-        if let Some((text, calls)) = chat::calls_in(text, reason, self.tools, &self.id) {
+    /// The reply's calls and stop reason: `tool_use` when it made calls (in the tools' format
+    /// in `answer`, or `split_calls` in the model's own form), `max_tokens` when the budget ran
+    /// out, `stop_sequence` (with the one that matched the whole reply `text`) or `end_turn`.
+    fn ending(
+        &self,
+        engine: &Engine,
+        text: &str,
+        answer: String,
+        split_calls: Vec<SplitCall>,
+        reason: FinishReason,
+        tokens: &[u32],
+    ) -> Ending {
+        if !split_calls.is_empty() {
+            let calls = tools::named_calls(
+                split_calls.into_iter().map(|c| (c.name, c.arguments)),
+                &self.id,
+            );
+            return Ending {
+                text: answer,
+                calls,
+                stop_reason: "tool_use",
+                stop_sequence: None,
+            };
+        }
+        if let Some((text, calls)) = chat::calls_in(&answer, reason, self.tools, &self.id) {
             return Ending {
                 text,
                 calls,
@@ -145,7 +209,7 @@ impl ReplyMeta {
             _ => "end_turn",
         };
         Ending {
-            text: text.to_owned(),
+            text: answer,
             calls: Vec::new(),
             stop_reason,
             stop_sequence,
@@ -212,11 +276,18 @@ impl StreamEvent {
     }
 }
 
+/// A content block's delta; its `type` is the variant's name with `_delta` after it.
 #[derive(Debug, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(tag = "type")]
 pub(super) enum BlockDelta {
-    TextDelta { text: String },
-    InputJsonDelta { partial_json: String },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: String },
+    #[serde(rename = "signature_delta")]
+    Signature { signature: String },
+    #[serde(rename = "text_delta")]
+    Text { text: String },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: String },
 }
 
 #[derive(Debug, Serialize)]
@@ -225,18 +296,142 @@ pub(super) struct MessageDelta {
     stop_sequence: Option<String>,
 }
 
+/// The kind of the content block a stream has open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Thinking,
+    Text,
+}
+
 /// Anthropic's stream: `message_start`, then per content block `content_block_start`, its
-/// deltas and `content_block_stop`, then `message_delta` (stop reason, usage) and `message_stop`.
-/// Without tools the text block opens at once and its deltas follow the tokens; with tools the
-/// text is held back until the end, then sent as a text block and a `tool_use` block per call.
+/// deltas and `content_block_stop`, then `message_delta` (stop reason, usage) and
+/// `message_stop`; `ping` follows the first block's start. The reasoning (split as on the chat
+/// route) streams as a `thinking` block of `thinking_delta`s, closed by an empty
+/// `signature_delta`; the answer as a `text` block of `text_delta`s, which a reply without tools
+/// always has (opened at once when nothing is split). With tools the answer is held back until
+/// the end, then sent as a text block and a `tool_use` block per call.
 pub(super) struct MessagesStream {
     reply: ReplyMeta,
     engine: Arc<Engine>,
     input_tokens: usize,
     /// Every generated token (to tell which stop sequence ended the reply).
     tokens: Vec<u32>,
-    /// The reply's text so far.
+    /// The reply's whole text so far.
     text: String,
+    /// With a reasoning format: the reply's splitter.
+    splitter: Option<Splitter>,
+    /// The answer so far (the text past the reasoning).
+    answer: String,
+    /// The calls the splitter found (in the model's own form).
+    split_calls: Vec<SplitCall>,
+    /// The block open now, and its index.
+    open: Option<(Open, usize)>,
+    /// The index the next block gets.
+    next_index: usize,
+    /// Whether a text block was opened.
+    text_opened: bool,
+    /// Whether `ping` was sent.
+    pinged: bool,
+}
+
+impl MessagesStream {
+    /// Closes the open block (a thinking block after its empty signature).
+    fn close(&mut self, events: &mut Vec<StreamEvent>) {
+        if let Some((kind, index)) = self.open.take() {
+            if kind == Open::Thinking {
+                events.push(StreamEvent::ContentBlockDelta {
+                    index,
+                    delta: BlockDelta::Signature {
+                        signature: String::new(),
+                    },
+                });
+            }
+            events.push(StreamEvent::ContentBlockStop { index });
+        }
+    }
+
+    /// Opens a block of `kind` (closing another one open); returns its index.
+    fn enter(&mut self, kind: Open, events: &mut Vec<StreamEvent>) -> usize {
+        if let Some((open, index)) = self.open
+            && open == kind
+        {
+            return index;
+        }
+        self.close(events);
+        let index = self.next_index;
+        self.next_index += 1;
+        let content_block = match kind {
+            Open::Thinking => ContentBlock::Thinking {
+                thinking: String::new(),
+                signature: String::new(),
+            },
+            Open::Text => {
+                self.text_opened = true;
+                ContentBlock::Text {
+                    text: String::new(),
+                }
+            }
+        };
+        events.push(StreamEvent::ContentBlockStart {
+            index,
+            content_block,
+        });
+        self.ping(events);
+        self.open = Some((kind, index));
+        index
+    }
+
+    fn ping(&mut self, events: &mut Vec<StreamEvent>) {
+        if !self.pinged {
+            self.pinged = true;
+            events.push(StreamEvent::Ping);
+        }
+    }
+
+    /// The events of a piece of reasoning and of answer (held back with tools).
+    fn pieces(&mut self, reasoning: String, answer: String, events: &mut Vec<StreamEvent>) {
+        if !reasoning.is_empty() {
+            let index = self.enter(Open::Thinking, events);
+            events.push(StreamEvent::ContentBlockDelta {
+                index,
+                delta: BlockDelta::Thinking {
+                    thinking: reasoning,
+                },
+            });
+        }
+        if answer.is_empty() {
+            return;
+        }
+        self.answer.push_str(&answer);
+        if self.reply.tools.is_none() {
+            let index = self.enter(Open::Text, events);
+            events.push(StreamEvent::ContentBlockDelta {
+                index,
+                delta: BlockDelta::Text { text: answer },
+            });
+        }
+    }
+
+    /// A whole block: its start, one delta when `delta` is given, its stop.
+    fn block(
+        &mut self,
+        content_block: ContentBlock,
+        delta: Option<BlockDelta>,
+        events: &mut Vec<StreamEvent>,
+    ) {
+        self.close(events);
+        let index = self.next_index;
+        self.next_index += 1;
+        events.push(StreamEvent::ContentBlockStart {
+            index,
+            content_block,
+        });
+        self.ping(events);
+        if let Some(delta) = delta {
+            events.push(StreamEvent::ContentBlockDelta { index, delta });
+        }
+        events.push(StreamEvent::ContentBlockStop { index });
+    }
 }
 
 impl StreamFormat for MessagesStream {
@@ -253,15 +448,13 @@ impl StreamFormat for MessagesStream {
         let mut events = vec![StreamEvent::MessageStart {
             message: self.reply.message(Vec::new(), None, None, usage),
         }];
-        if self.reply.tools.is_none() {
-            events.push(StreamEvent::ContentBlockStart {
-                index: 0,
-                content_block: ContentBlock::Text {
-                    text: String::new(),
-                },
-            });
+        if self.splitter.is_none() {
+            if self.reply.tools.is_none() {
+                self.enter(Open::Text, &mut events);
+            } else {
+                self.ping(&mut events);
+            }
         }
-        events.push(StreamEvent::Ping);
         events
     }
 
@@ -273,15 +466,20 @@ impl StreamFormat for MessagesStream {
         (Some("error"), err.anthropic_body())
     }
 
-    fn token(&mut self, record: TokenRecord) -> Option<StreamEvent> {
+    fn token(&mut self, record: TokenRecord) -> Vec<StreamEvent> {
         self.tokens.push(record.token);
         self.text.push_str(&record.text);
-        (self.reply.tools.is_none() && !record.text.is_empty()).then(|| {
-            StreamEvent::ContentBlockDelta {
-                index: 0,
-                delta: BlockDelta::TextDelta { text: record.text },
+        let (reasoning, answer) = match &mut self.splitter {
+            Some(splitter) => {
+                let split = splitter.push(&marker_text(&self.engine, record.token, &record.text));
+                self.split_calls.extend(split.calls);
+                (split.reasoning, split.content)
             }
-        })
+            None => (String::new(), record.text),
+        };
+        let mut events = Vec::new();
+        self.pieces(reasoning, answer, &mut events);
+        events
     }
 
     fn finish(
@@ -292,56 +490,64 @@ impl StreamFormat for MessagesStream {
         usage: Usage,
     ) -> Vec<StreamEvent> {
         self.text.push_str(&tail);
-        let ending = self
-            .reply
-            .ending(&self.engine, &self.text, reason, &self.tokens);
         let mut events = Vec::new();
-        let text_delta = |index, text| StreamEvent::ContentBlockDelta {
-            index,
-            delta: BlockDelta::TextDelta { text },
+        let (reasoning, answer) = match self.splitter.take() {
+            Some(mut splitter) => {
+                let mut split = splitter.push(&tail);
+                split.extend(splitter.finish());
+                self.split_calls.append(&mut split.calls);
+                (split.reasoning, split.content)
+            }
+            None => (String::new(), tail),
         };
+        self.pieces(reasoning, answer, &mut events);
+        let ending = self.reply.ending(
+            &self.engine,
+            &self.text,
+            std::mem::take(&mut self.answer),
+            std::mem::take(&mut self.split_calls),
+            reason,
+            &self.tokens,
+        );
         if self.reply.tools.is_none() {
-            if !tail.is_empty() {
-                events.push(text_delta(0, tail));
+            // The answer went out as it came; a reply without calls has a text block, if empty.
+            if !self.text_opened && ending.calls.is_empty() {
+                self.enter(Open::Text, &mut events);
             }
-            events.push(StreamEvent::ContentBlockStop { index: 0 });
-        } else {
-            let mut index = 0;
-            if !ending.text.is_empty() || ending.calls.is_empty() {
-                events.push(StreamEvent::ContentBlockStart {
+            self.close(&mut events);
+        } else if !ending.text.is_empty() || ending.calls.is_empty() {
+            let delta = (!ending.text.is_empty()).then(|| BlockDelta::Text {
+                text: ending.text.clone(),
+            });
+            let text = ContentBlock::Text {
+                text: String::new(),
+            };
+            self.block(text, delta, &mut events);
+        }
+        for call in &ending.calls {
+            self.close(&mut events);
+            let index = self.next_index;
+            self.next_index += 1;
+            events.push(StreamEvent::ContentBlockStart {
+                index,
+                content_block: ContentBlock::ToolUse {
+                    id: call.id.clone(),
+                    name: call.function.name.clone(),
+                    input: json!({}),
+                },
+            });
+            self.ping(&mut events);
+            let input = chat::arguments_value(call).to_string();
+            let chars: Vec<char> = input.chars().collect();
+            for piece in chars.chunks(INPUT_PIECE) {
+                events.push(StreamEvent::ContentBlockDelta {
                     index,
-                    content_block: ContentBlock::Text {
-                        text: String::new(),
+                    delta: BlockDelta::InputJson {
+                        partial_json: piece.iter().collect(),
                     },
                 });
-                if !ending.text.is_empty() {
-                    events.push(text_delta(index, ending.text.clone()));
-                }
-                events.push(StreamEvent::ContentBlockStop { index });
-                index += 1;
             }
-            for call in &ending.calls {
-                events.push(StreamEvent::ContentBlockStart {
-                    index,
-                    content_block: ContentBlock::ToolUse {
-                        id: call.id.clone(),
-                        name: call.function.name.clone(),
-                        input: json!({}),
-                    },
-                });
-                let input = chat::arguments_value(call).to_string();
-                let chars: Vec<char> = input.chars().collect();
-                for piece in chars.chunks(INPUT_PIECE) {
-                    events.push(StreamEvent::ContentBlockDelta {
-                        index,
-                        delta: BlockDelta::InputJsonDelta {
-                            partial_json: piece.iter().collect(),
-                        },
-                    });
-                }
-                events.push(StreamEvent::ContentBlockStop { index });
-                index += 1;
-            }
+            events.push(StreamEvent::ContentBlockStop { index });
         }
         events.push(StreamEvent::MessageDelta {
             delta: MessageDelta {

@@ -1,6 +1,7 @@
 //! Anthropic's Messages request and its translation into the one request: `system` and the text
-//! blocks become typed turns, assistant `tool_use` blocks their calls and user `tool_result`
-//! blocks `tool` turns, custom tools function tools and `tool_choice` the server's choices.
+//! blocks become typed turns, assistant `tool_use` blocks their calls, assistant `thinking`
+//! blocks their reasoning and user `tool_result` blocks `tool` turns, custom tools function tools,
+//! `tool_choice` the server's choices and `thinking` the reasoning options.
 
 use std::collections::HashMap;
 
@@ -9,6 +10,7 @@ use serde_json::{Value, json};
 
 use crate::error::ApiError;
 use crate::read::GenerationBody;
+use crate::reasoning::ReasoningFields;
 use crate::request::{
     Call, Chat, Generation, Params, Prompt, ToolRequest, Turn, budget, function_tool,
 };
@@ -59,6 +61,9 @@ pub(super) struct Block {
     /// `tool_result`: the call it answers and what the tool returned.
     tool_use_id: Option<String>,
     content: Option<Content>,
+    /// `thinking`: the reasoning of an earlier assistant turn (its `signature` is Anthropic's
+    /// check of the text, which a local model has no use for).
+    thinking: Option<String>,
 }
 
 /// A custom tool; Anthropic's server tools carry another `type`.
@@ -79,10 +84,78 @@ pub(super) struct InputToolChoice {
     disable_parallel_tool_use: Option<bool>,
 }
 
+/// Extended thinking: `{"type": "enabled", "budget_tokens": N}`, `{"type": "adaptive"}` or
+/// `{"type": "disabled"}`.
 #[derive(Debug, Deserialize)]
 pub(super) struct Thinking {
     #[serde(rename = "type")]
     kind: String,
+    budget_tokens: Option<i64>,
+    /// How Anthropic returns the reasoning: `summarized` (the whole reasoning here: a local
+    /// model has no summary of it) or `omitted` (not supported).
+    display: Option<String>,
+}
+
+impl Thinking {
+    /// The reasoning options `thinking` asks for: `enabled` turns the template's thinking on
+    /// (`enable_thinking: true`) with `budget_tokens` as the reasoning budget (the tokens the
+    /// reply may reason for before the server ends the block), `adaptive` turns it on without a
+    /// budget (the model decides how long it thinks), `disabled` turns it off (as a reasoning
+    /// budget of 0 does).
+    fn reasoning(&self) -> Result<ReasoningFields, ApiError> {
+        if let Some(display) = self.display.as_deref().filter(|d| *d != "summarized") {
+            return Err(ApiError::unsupported(
+                "thinking.display",
+                format!(
+                    "thinking.display `{display}` is not supported; the reasoning is returned \
+                     whole (as `summarized`)"
+                ),
+            ));
+        }
+        let on = |budget_tokens: Option<i64>| {
+            let mut kwargs = serde_json::Map::new();
+            kwargs.insert("enable_thinking".into(), Value::Bool(true));
+            ReasoningFields {
+                chat_template_kwargs: Some(kwargs),
+                thinking_budget_tokens: budget_tokens,
+                ..ReasoningFields::default()
+            }
+        };
+        let unbudgeted = |kind: &str| {
+            ApiError::invalid_param(
+                "thinking.budget_tokens",
+                format!("thinking.budget_tokens is for thinking of type `enabled`, not `{kind}`"),
+            )
+        };
+        match self.kind.as_str() {
+            "enabled" => {
+                if let Some(n) = self.budget_tokens.filter(|&n| n < 1) {
+                    return Err(ApiError::invalid_param(
+                        "thinking.budget_tokens",
+                        format!(
+                            "thinking.budget_tokens={n}: expected at least 1 (send \
+                             {{\"type\": \"disabled\"}} to turn thinking off)"
+                        ),
+                    ));
+                }
+                Ok(on(self.budget_tokens))
+            }
+            kind @ ("adaptive" | "disabled") if self.budget_tokens.is_some() => {
+                Err(unbudgeted(kind))
+            }
+            "adaptive" => Ok(on(None)),
+            "disabled" => Ok(ReasoningFields {
+                thinking_budget_tokens: Some(0),
+                ..ReasoningFields::default()
+            }),
+            other => Err(ApiError::invalid_param(
+                "thinking.type",
+                format!(
+                    "thinking.type `{other}` is unknown: expected enabled, adaptive or disabled"
+                ),
+            )),
+        }
+    }
 }
 
 /// The text of `content`: a string, or text blocks concatenated; `at` names it in refusals.
@@ -110,17 +183,14 @@ fn unsupported_block(at: &str, kind: &str) -> ApiError {
 }
 
 /// The conversation as typed turns: `system` first, text blocks as text, assistant `tool_use`
-/// blocks as the turn's calls and user `tool_result` blocks as `tool` turns.
+/// blocks as the turn's calls, assistant `thinking` blocks as its reasoning (`redacted_thinking`
+/// blocks, whose reasoning is encrypted for Anthropic's models, are left out) and user
+/// `tool_result` blocks as `tool` turns. No messages at all is the template's render of
+/// `system` alone (or of nothing), as llama-server takes it.
 pub(super) fn turns(
     system: Option<Content>,
     messages: Vec<InputMessage>,
 ) -> Result<Vec<Turn>, ApiError> {
-    if messages.is_empty() {
-        return Err(ApiError::invalid_param(
-            "messages",
-            "messages is empty; send at least one",
-        ));
-    }
     let mut out: Vec<Turn> = Vec::new();
     if let Some(system) = system {
         out.push(Turn::text("system", text_of(system, "system")?));
@@ -146,12 +216,26 @@ pub(super) fn turns(
             Content::Blocks(blocks) => blocks,
         };
         let mut text = String::new();
+        let mut reasoning: Option<String> = None;
         let mut calls = Vec::new();
         let mut results = Vec::new();
         for (j, block) in blocks.into_iter().enumerate() {
             let at = format!("{at}[{j}]");
             match (block.kind.as_str(), role) {
                 ("text", _) => text.push_str(&block.text.unwrap_or_default()),
+                ("thinking", "assistant") => {
+                    let Some(thinking) = block.thinking else {
+                        return Err(ApiError::invalid_param(
+                            at.clone(),
+                            format!("{at}: a thinking block needs `thinking`"),
+                        ));
+                    };
+                    reasoning
+                        .get_or_insert_with(String::new)
+                        .push_str(&thinking);
+                }
+                // Reasoning only Anthropic can read: nothing of it can reach the template.
+                ("redacted_thinking", "assistant") => {}
                 ("tool_use", "assistant") => {
                     let (Some(id), Some(name)) = (block.id, block.name) else {
                         return Err(ApiError::invalid_param(
@@ -190,6 +274,7 @@ pub(super) fn turns(
         if role == "assistant" {
             out.push(Turn {
                 tool_calls: (!calls.is_empty()).then_some(calls),
+                reasoning_content: reasoning,
                 ..Turn::text("assistant", text)
             });
         } else if !had_results || !text.is_empty() {
@@ -276,18 +361,16 @@ fn read_anthropic_tools(
 impl MessagesRequest {
     /// The conversation and its tools (what `/v1/messages` renders and `count_tokens` counts).
     pub(super) fn chat(&mut self) -> Result<Chat, ApiError> {
-        if let Some(thinking) = self.thinking.take().filter(|t| t.kind != "disabled") {
-            return Err(ApiError::unsupported(
-                "thinking",
-                format!("thinking of type `{}` is not supported", thinking.kind),
-            ));
-        }
+        let reasoning = match self.thinking.take() {
+            Some(thinking) => thinking.reasoning()?,
+            None => ReasoningFields::default(),
+        };
         let tools = read_anthropic_tools(self.tools.take(), self.tool_choice.take())?;
         let turns = turns(self.system.take(), std::mem::take(&mut self.messages))?;
         Ok(Chat {
             turns,
             tools,
-            reasoning: Default::default(),
+            reasoning: Box::new(reasoning),
             continuation: Default::default(),
         })
     }
@@ -396,6 +479,99 @@ mod tests {
             ),
         ] {
             let err = turns(None, parse(messages)).unwrap_err();
+            assert!(format!("{err:?}").contains(named), "{err:?}");
+        }
+    }
+
+    #[test]
+    fn thinking_blocks_are_the_assistant_turns_reasoning() {
+        let messages = parse(json!([
+            {"role": "user", "content": "Fix it"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "Look first. ", "signature": "s"},
+                {"type": "redacted_thinking", "data": "opaque"},
+                {"type": "thinking", "thinking": "Then fix."},
+                {"type": "text", "text": "Done."},
+            ]},
+            {"role": "assistant", "content": [
+                {"type": "redacted_thinking", "data": "opaque"},
+                {"type": "text", "text": "More."},
+            ]},
+        ]));
+        let turns = turns(None, messages).unwrap();
+        assert_eq!(
+            turns[1].template_value(),
+            json!({"role": "assistant", "content": "Done.", "reasoning_content": "Look first. Then fix."})
+        );
+        assert!(turns[1].needs_rich_context());
+        assert_eq!(turns[2], Turn::text("assistant", "More."));
+        let missing = parse(json!([{"role": "assistant", "content": [{"type": "thinking"}]}]));
+        let err = super::turns(None, missing).unwrap_err();
+        assert!(
+            format!("{err:?}").contains("messages[0].content[0]"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn no_messages_are_the_system_alone() {
+        let system = Some(Content::Text("Be brief.".into()));
+        assert_eq!(
+            turns(system, Vec::new()).unwrap(),
+            [Turn::text("system", "Be brief.")]
+        );
+        assert!(turns(None, Vec::new()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn thinking_turns_the_templates_thinking_on_with_its_budget_or_off() {
+        let thinking = |value: Value| serde_json::from_value::<Thinking>(value).unwrap();
+        let on = thinking(json!({"type": "enabled", "budget_tokens": 50}))
+            .reasoning()
+            .unwrap();
+        assert_eq!(
+            on.chat_template_kwargs,
+            Some(
+                json!({"enable_thinking": true})
+                    .as_object()
+                    .unwrap()
+                    .clone()
+            )
+        );
+        assert_eq!(on.thinking_budget_tokens, Some(50));
+        for unbudgeted in [
+            json!({"type": "enabled"}),
+            json!({"type": "adaptive", "display": "summarized"}),
+        ] {
+            let fields = thinking(unbudgeted).reasoning().unwrap();
+            assert_eq!(fields.thinking_budget_tokens, None);
+            assert_eq!(fields.chat_template_kwargs, on.chat_template_kwargs);
+        }
+        let off = thinking(json!({"type": "disabled"})).reasoning().unwrap();
+        assert_eq!(
+            (off.chat_template_kwargs, off.thinking_budget_tokens),
+            (None, Some(0))
+        );
+        for (value, named) in [
+            (
+                json!({"type": "enabled", "budget_tokens": 0}),
+                "thinking.budget_tokens",
+            ),
+            (
+                json!({"type": "disabled", "budget_tokens": 10}),
+                "thinking.budget_tokens",
+            ),
+            (
+                json!({"type": "adaptive", "budget_tokens": 10}),
+                "thinking.budget_tokens",
+            ),
+            (json!({"type": "sometimes"}), "thinking.type"),
+            (
+                json!({"type": "enabled", "display": "omitted"}),
+                "thinking.display",
+            ),
+        ] {
+            let err = thinking(value).reasoning().unwrap_err();
             assert!(format!("{err:?}").contains(named), "{err:?}");
         }
     }

@@ -300,15 +300,15 @@ impl StreamFormat for CompletionStream {
     type Chunk = CompletionChunk;
     const DONE_LINE: bool = false;
 
-    fn token(&mut self, record: TokenRecord) -> Option<CompletionChunk> {
+    fn token(&mut self, record: TokenRecord) -> Vec<CompletionChunk> {
         self.last_token = Some(record.token);
         if record.text.is_empty() && !self.n_probs {
-            return None;
+            return Vec::new();
         }
         let completion_probabilities = self
             .n_probs
             .then(|| vec![TokenProbs::new(&self.end.engine, &record).value(self.post_sampling)]);
-        Some(CompletionChunk::Partial(Box::new(PartialCompletion {
+        vec![CompletionChunk::Partial(Box::new(PartialCompletion {
             content: record.text,
             tokens: vec![record.token],
             stop: false,
@@ -317,7 +317,7 @@ impl StreamFormat for CompletionStream {
             timings: None,
             prompt_progress: None,
             completion_probabilities,
-        })))
+        }))]
     }
 
     fn progress(&mut self, progress: PromptProgress) -> Option<CompletionChunk> {

@@ -151,31 +151,8 @@ impl StreamFormat for OpenAiStream {
         chunk.with_timings(timings)
     }
 
-    fn token(&mut self, record: TokenRecord) -> Option<CompletionBody> {
-        if let Some((_, content, last)) = &mut self.verbose {
-            content.push_str(&record.text);
-            *last = Some(record.token);
-        }
-        if let Some(splitter) = &mut self.splitter {
-            let split = splitter.push(&marker_text(&self.engine, record.token, &record.text));
-            return self.split_token(split, record);
-        }
-        if let Some((_, held)) = &mut self.tools {
-            held.push_str(&record.text);
-            return None;
-        }
-        if record.text.is_empty() && !self.envelope.logprobs {
-            return None;
-        }
-        let chunk = self.envelope.chunk(
-            &self.engine,
-            &record.text,
-            std::slice::from_ref(&record),
-            self.offset,
-            None,
-        );
-        self.offset += record.text.len();
-        Some(chunk)
+    fn token(&mut self, record: TokenRecord) -> Vec<CompletionBody> {
+        self.token_chunk(record).into_iter().collect()
     }
 
     fn finish(
@@ -207,6 +184,34 @@ impl StreamFormat for OpenAiStream {
 }
 
 impl OpenAiStream {
+    /// The chunk of one token, if any.
+    fn token_chunk(&mut self, record: TokenRecord) -> Option<CompletionBody> {
+        if let Some((_, content, last)) = &mut self.verbose {
+            content.push_str(&record.text);
+            *last = Some(record.token);
+        }
+        if let Some(splitter) = &mut self.splitter {
+            let split = splitter.push(&marker_text(&self.engine, record.token, &record.text));
+            return self.split_token(split, record);
+        }
+        if let Some((_, held)) = &mut self.tools {
+            held.push_str(&record.text);
+            return None;
+        }
+        if record.text.is_empty() && !self.envelope.logprobs {
+            return None;
+        }
+        let chunk = self.envelope.chunk(
+            &self.engine,
+            &record.text,
+            std::slice::from_ref(&record),
+            self.offset,
+            None,
+        );
+        self.offset += record.text.len();
+        Some(chunk)
+    }
+
     /// The chunk of one token whose text the splitter turned into `split`: its reasoning as
     /// `delta.reasoning_content`, its answer as `delta.content` (held back with tools).
     fn split_token(&mut self, split: Split, record: TokenRecord) -> Option<CompletionBody> {

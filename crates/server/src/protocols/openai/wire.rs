@@ -188,6 +188,9 @@ pub(crate) struct MessageField {
     tool_call_id: Option<String>,
     /// The function's name on a `tool`/`function` turn.
     name: Option<String>,
+    /// An assistant turn's reasoning (llama-server's `reasoning_content`), which reasoning
+    /// templates render in the turn's thinking block.
+    reasoning_content: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -218,7 +221,8 @@ fn call_of(call: &Value) -> Call {
     )
 }
 
-/// The messages as typed turns (text content only), with their tool calls and results.
+/// The messages as typed turns (text content only), with their tool calls and results and an
+/// assistant turn's reasoning.
 pub(crate) fn turns(messages: Vec<MessageField>) -> Result<Vec<Turn>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid_param(
@@ -255,6 +259,7 @@ pub(crate) fn turns(messages: Vec<MessageField>) -> Result<Vec<Turn>, ApiError> 
                 tool_calls: m.tool_calls.map(|calls| calls.iter().map(call_of).collect()),
                 tool_call_id: m.tool_call_id,
                 name: m.name,
+                reasoning_content: m.reasoning_content,
             })
         })
         .collect()

@@ -248,13 +248,13 @@ impl StreamFormat for ResponsesStream {
         chunk
     }
 
-    fn token(&mut self, record: TokenRecord) -> Option<StreamEvent> {
+    fn token(&mut self, record: TokenRecord) -> Vec<StreamEvent> {
         self.text.push_str(&record.text);
         if self.reply.tools.is_some() || record.text.is_empty() {
-            return None;
+            return Vec::new();
         }
         let event = self.delta(0, record.text);
-        Some(self.numbered(event))
+        vec![self.numbered(event)]
     }
 
     fn finish(
