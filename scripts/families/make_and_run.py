@@ -304,6 +304,19 @@ def variants():
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "partial_rotary_factor": 0.5}),
          {"prompt_len": 100}),
+        # 4-bit groups of 32: the routed experts, the shared expert and every projection
+        # quantized, so that the linear-attention layers' MoE MLPs run the fused routed-expert
+        # node as the attention layers' do.
+        ("qwen3_5_moe-q4", "qwen3_5_moe", base_config(
+            architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe",
+            num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+            linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=True,
+            rms_norm_eps=1e-6, rope_theta=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5}),
+         {"prompt_len": 100, "quantize": (32, 4)}),
         # LFM2: short-convolution layers (3 taps) at 0 and 2, attention with per-head q/k norms
         # at 1 and 3 (`layer_types`), LFM2's own keys (`norm_eps`, `tie_embedding`), and the MLP
         # sized from block_ff_dim 200 (two thirds, 133, rounded up to block_multiple_of 32: 160).

@@ -191,6 +191,7 @@ impl LlamaModel {
             .layers
             .iter()
             .map(|layer| &layer.mlp)
+            .chain(self.linear_layers.iter().map(|layer| &layer.mlp))
             .chain(self.conv_layers.iter().map(|layer| &layer.mlp))
             .filter_map(|mlp| match mlp {
                 Mlp::Routed(moe) => Some(moe.unread_bytes()),
