@@ -216,6 +216,7 @@ struct Layer {
   struct LoraPair {
     int input, target, adapter, in, out, rank;
     float factor;
+    bool half;
   };
   std::vector<LoraPair> lora;
 };
@@ -359,8 +360,8 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
     kernels::LoraTargets lora;
     for (const auto& p : layer.lora)
       lora[p.target].push_back(kernels::LoraDelta{
-          inputs[p.input].data<float>(), inputs[p.input + 1].data<float>(), p.in, p.out, p.rank,
-          p.factor, lora_scales + static_cast<int64_t>(p.adapter) * rows});
+          inputs[p.input].data<void>(), inputs[p.input + 1].data<void>(), p.in, p.out, p.rank,
+          p.factor, lora_scales + static_cast<int64_t>(p.adapter) * rows, p.half});
     return LayerArgs{d,
                      std::move(seqs),
                      layer.sinks,
@@ -814,7 +815,7 @@ void plan_lora(const ArrayList& matrices, rust::Slice<const int32_t> pairs,
                                            factors.data(), factors.size(), scales.size(), T,
                                            shape_of, stack))
     plan[p.layer].lora.push_back(
-        Layer::LoraPair{p.input, p.target, p.adapter, p.in, p.out, p.rank, p.factor});
+        Layer::LoraPair{p.input, p.target, p.adapter, p.in, p.out, p.rank, p.factor, p.half});
 }
 
 }  // namespace

@@ -17,11 +17,12 @@ namespace mlxcel::kernels {
 
 // One adapter's pair on one projection.
 struct LoraDelta {
-  const float* a_t;  // [in, rank]: Aᵀ
-  const float* b_t;  // [rank, out]: Bᵀ
+  const void* a_t;  // [in, rank]: Aᵀ, f32 or (half) f16
+  const void* b_t;  // [rank, out]: Bᵀ, of a_t's type
   int in, out, rank;
   float factor;              // alpha / rank (or 1)
   const float* row_scales;   // [T]: each row's user scale for this adapter
+  bool half;                 // the pair is f16 (widened exactly as it is read)
 };
 
 // y[t, :out] += the deltas' sum for rows [t0, t1) of x (rows `x_stride` apart) into y (rows

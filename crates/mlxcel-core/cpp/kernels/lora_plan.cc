@@ -46,16 +46,18 @@ std::vector<LoraPlan> plan_lora_pairs(const std::vector<mx::array>& matrices,
     const mx::array& a = matrices[2 * i];
     const mx::array& b = matrices[2 * i + 1];
     const int rank = a.ndim() == 2 ? a.shape(1) : 0;
-    if (a.dtype() != mx::float32 || a.ndim() != 2 || a.shape(0) != shape.in || rank < 1 ||
+    const bool half = a.dtype() == mx::float16;
+    const mx::Dtype dtype = half ? mx::float16 : mx::float32;
+    if (a.dtype() != dtype || a.ndim() != 2 || a.shape(0) != shape.in || rank < 1 ||
         !a.flags().row_contiguous)
-      refuse(what + ": Aᵀ must be a contiguous float32 [" + std::to_string(shape.in) +
+      refuse(what + ": Aᵀ must be a contiguous float32 or float16 [" + std::to_string(shape.in) +
              ", rank]");
-    if (b.dtype() != mx::float32 || b.ndim() != 2 || b.shape(0) != rank ||
+    if (b.dtype() != dtype || b.ndim() != 2 || b.shape(0) != rank ||
         b.shape(1) != shape.out || !b.flags().row_contiguous)
-      refuse(what + ": Bᵀ must be a contiguous float32 [" + std::to_string(rank) + ", " +
-             std::to_string(shape.out) + "]");
+      refuse(what + ": Bᵀ must be a contiguous [" + std::to_string(rank) + ", " +
+             std::to_string(shape.out) + "] of Aᵀ's type");
     out.push_back(LoraPlan{layer, static_cast<int>(stack.size()), target, adapter, shape.in,
-                           shape.out, rank, factors[i]});
+                           shape.out, rank, factors[i], half});
     stack.push_back(a);
     stack.push_back(b);
   }

@@ -21,10 +21,11 @@ struct LoraShape {
 struct LoraPlan {
   int layer, input, target, adapter, in, out, rank;
   float factor;
+  bool half;  // the pair is float16 (else float32)
 };
 
 // `pairs`: (layer, target, adapter) per pair; `matrices`: per pair Aᵀ [in, rank] and Bᵀ
-// [rank, out], float32 and contiguous; `factors`: per pair alpha / rank; `scales` floats: each
+// [rank, out], both float32 or both float16, contiguous; `factors`: per pair alpha / rank; `scales` floats: each
 // adapter's scale per row of x ([adapters, T]). `shape_of(layer, target)` gives the projection's
 // widths or throws. Appends the matrices to `stack` (the node's inputs). Throws
 // std::invalid_argument naming what is wrong.

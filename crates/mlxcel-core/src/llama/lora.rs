@@ -12,6 +12,7 @@
 use mlxcel_model::{LoraAdapter, LoraTarget};
 
 use crate::array::Array;
+use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::layer::{LayerMlp, LayerTensors, StackLora, StackLoraPair};
 
@@ -59,6 +60,22 @@ fn target_index(target: LoraTarget) -> usize {
         .unwrap_or_default()
 }
 
+/// Whether every value is an f16 bit for bit (widening its f16 gives it back).
+fn exact_in_f16(values: &[f32]) -> bool {
+    values
+        .iter()
+        .all(|&v| half::f16::from_f32(v).to_f32().to_bits() == v.to_bits())
+}
+
+/// A pair's matrix as f32 for the per-op graph's matmuls (an f16 one widened, exactly).
+fn widened(m: &Array) -> Result<Array> {
+    if m.dtype() == Dtype::F16 {
+        m.astype(Dtype::F32)
+    } else {
+        Ok(m.clone())
+    }
+}
+
 impl Adapters {
     /// Builds the pairs of `adapters` for a model of `layers` decoder layers.
     pub(super) fn new(adapters: &[LoraAdapter], layers: usize) -> Result<Self> {
@@ -79,8 +96,15 @@ impl Adapters {
                         ),
                     })?;
                 let (rank, din, dout) = (w.rank as i32, w.in_dim as i32, w.out_dim as i32);
-                let a_t = Array::from_f32(&w.a, &[rank, din])?.transpose(&[1, 0])?;
-                let b_t = Array::from_f32(&w.b, &[dout, rank])?.transpose(&[1, 0])?;
+                let mut a_t = Array::from_f32(&w.a, &[rank, din])?.transpose(&[1, 0])?;
+                let mut b_t = Array::from_f32(&w.b, &[dout, rank])?.transpose(&[1, 0])?;
+                // A pair whose every value is an f16 (llama.cpp's converter writes adapters in
+                // f16 by default; PEFT's f16 ones) is kept in f16: half the bytes each step
+                // reads, widened back to the same values.
+                if exact_in_f16(&w.a) && exact_in_f16(&w.b) {
+                    a_t = a_t.astype(Dtype::F16)?;
+                    b_t = b_t.astype(Dtype::F16)?;
+                }
                 // Contiguous copies, so that each step reads them as they are.
                 let (a_t, b_t) = (a_t.deep_copy()?, b_t.deep_copy()?);
                 crate::array::eval(&[&a_t, &b_t])?;
@@ -185,7 +209,7 @@ impl StepAdapters<'_> {
             if self.seqs.iter().all(|s| scale_of(s) == 0.0) {
                 continue;
             }
-            let low = x.matmul(&pair.a_t)?;
+            let low = x.matmul(&widened(&pair.a_t)?)?;
             // One scale for every row when the sequences agree (a scalar), else one per row.
             let first = scale_of(&self.seqs[0]);
             let low = if self.seqs.iter().all(|s| scale_of(s) == first) {
@@ -197,7 +221,7 @@ impl StepAdapters<'_> {
                 }
                 low.multiply(&Array::from_f32(&rows, &[total as i32, 1])?)?
             };
-            let d = low.matmul(&pair.b_t)?;
+            let d = low.matmul(&widened(&pair.b_t)?)?;
             sum = Some(match sum {
                 Some(acc) => acc.add(&d)?,
                 None => d,
@@ -218,5 +242,44 @@ impl StepAdapters<'_> {
             Some(d) => y.add(&d),
             None => Ok(y),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_storage_only_for_values_an_f16_holds_exactly() {
+        let smallest = 2f32.powi(-24); // f16's smallest subnormal
+        let near_tenth = half::f16::from_f32(0.1).to_f32();
+        assert!(exact_in_f16(&[
+            0.0, -0.0, 1.0, -2.5, 65504.0, smallest, near_tenth
+        ]));
+        assert!(!exact_in_f16(&[0.1]));
+        assert!(!exact_in_f16(&[1.0, 70000.0]));
+        assert!(!exact_in_f16(&[1.0e-9]));
+        let one = |v: f32| {
+            let adapter = LoraAdapter {
+                path: "t".into(),
+                alpha: 2.0,
+                task_name: String::new(),
+                prompt_prefix: String::new(),
+                weights: vec![mlxcel_model::LoraWeight {
+                    layer: 0,
+                    target: LoraTarget::Q,
+                    rank: 1,
+                    a: vec![v; 16],
+                    b: vec![0.5; 16],
+                    in_dim: 16,
+                    out_dim: 16,
+                }],
+            };
+            let adapters = Adapters::new(&[adapter], 1).unwrap();
+            let pair = adapters.adapters[0].layers[0][0].as_ref().unwrap();
+            (pair.a_t.dtype(), pair.b_t.dtype())
+        };
+        assert_eq!(one(0.25), (Dtype::F16, Dtype::F16));
+        assert_eq!(one(0.1), (Dtype::F32, Dtype::F32));
     }
 }

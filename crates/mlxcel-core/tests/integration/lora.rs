@@ -210,6 +210,18 @@ fn mixed_adapters_in_one_batch_match_each_sequence_alone() {
 /// 2-core AVX2 machine); the bound is 2e-4, while the adapters move the logits by more than 1e-2.
 #[test]
 fn the_fused_node_with_adapters_matches_the_per_op_graph() {
+    fused_matches_per_op(false);
+}
+
+/// The same with every adapter value an f16 (as llama.cpp's converter writes adapters): the
+/// pairs are then kept in f16, which the node widens as it reads them and the per-op graph
+/// widens before its matmuls, so the two still agree as above.
+#[test]
+fn the_fused_node_with_f16_adapters_matches_the_per_op_graph() {
+    fused_matches_per_op(true);
+}
+
+fn fused_matches_per_op(f16_values: bool) {
     if skip() {
         return;
     }
@@ -225,11 +237,21 @@ fn the_fused_node_with_adapters_matches_the_per_op_graph() {
     }
     let attention = [LoraTarget::Q, LoraTarget::K, LoraTarget::V, LoraTarget::O];
     let mlp = [LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down];
-    let adapters = [
+    let mut adapters = [
         random_adapter(config, 16, &attention, 1),
         random_adapter(config, 4, &mlp, 2),
         random_adapter(config, 8, &LoraTarget::ALL, 3),
     ];
+    if f16_values {
+        let round = |v: &mut Vec<f32>| {
+            v.iter_mut()
+                .for_each(|x| *x = half::f16::from_f32(*x).to_f32())
+        };
+        for w in adapters.iter_mut().flat_map(|a| a.weights.iter_mut()) {
+            round(&mut w.a);
+            round(&mut w.b);
+        }
+    }
     let load = |fused_layers| {
         let mut model = LlamaModel::load_with(
             &loaded.checkpoint,
