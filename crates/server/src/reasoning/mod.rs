@@ -161,6 +161,18 @@ impl ReasoningPlan {
     pub fn splitter(&self) -> Option<Splitter> {
         Splitter::new(self.format, self.form)
     }
+
+    /// A finished reply split as `plan` asks ([`split_reply`]); `None` where there is no plan
+    /// or it splits nothing (`reasoning_format: none`).
+    pub fn split<'a>(
+        plan: Option<&Self>,
+        engine: &Engine,
+        tokens: impl Iterator<Item = (u32, &'a str)> + Clone,
+        text: &'a str,
+    ) -> Option<Split> {
+        let splitter = plan.and_then(Self::splitter)?;
+        Some(split_reply(engine, splitter, tokens, text))
+    }
 }
 
 #[cfg(test)]

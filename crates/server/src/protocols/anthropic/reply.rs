@@ -16,7 +16,7 @@ use crate::chat;
 use crate::error::ApiError;
 use crate::generate::{Outcome, StreamFormat, TokenRecord, Tracked};
 use crate::handler::Reply;
-use crate::reasoning::{ReasoningPlan, SplitCall, Splitter, marker_text, split_reply};
+use crate::reasoning::{ReasoningPlan, SplitCall, Splitter, marker_text};
 use crate::tools::{self, ToolCall, ToolFormat};
 
 /// Characters of a call's JSON input per `input_json_delta`.
@@ -53,19 +53,15 @@ impl Reply for MessagesReply {
     fn whole(self, _: &Tracked, outcome: Outcome) -> Response<Body> {
         let reply = self.meta;
         let tokens: Vec<u32> = outcome.tokens.iter().map(|t| t.token).collect();
-        let (answer, reasoning, split_calls) =
-            match self.reasoning.as_ref().and_then(ReasoningPlan::splitter) {
-                Some(splitter) => {
-                    let split = split_reply(
-                        &self.engine,
-                        splitter,
-                        outcome.tokens.iter().map(|t| (t.token, t.text.as_str())),
-                        &outcome.text,
-                    );
-                    (split.content, split.reasoning, split.calls)
-                }
-                None => (outcome.text.clone(), String::new(), Vec::new()),
-            };
+        let (answer, reasoning, split_calls) = match ReasoningPlan::split(
+            self.reasoning.as_ref(),
+            &self.engine,
+            outcome.tokens.iter().map(|t| (t.token, t.text.as_str())),
+            &outcome.text,
+        ) {
+            Some(split) => (split.content, split.reasoning, split.calls),
+            None => (outcome.text.clone(), String::new(), Vec::new()),
+        };
         let ending = reply.ending(
             &self.engine,
             &outcome.text,

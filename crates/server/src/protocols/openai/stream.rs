@@ -12,7 +12,7 @@ use crate::chat;
 use crate::generate::{Outcome, StreamFormat, Timings, TokenRecord, Tracked};
 use crate::handler::Reply;
 use crate::progress::PromptProgress;
-use crate::reasoning::{ReasoningPlan, Split, SplitCall, Splitter, marker_text, split_reply};
+use crate::reasoning::{ReasoningPlan, Split, SplitCall, Splitter, marker_text};
 use crate::tools::{self, ToolCall, ToolFormat};
 
 use super::response::{CompletionBody, Envelope, Kind};
@@ -66,20 +66,18 @@ impl Reply for OpenAiReply {
             }
             .value(&self.engine, tracked)
         });
-        let (text, reasoning, split_calls) =
-            match self.reasoning.as_ref().and_then(ReasoningPlan::splitter) {
-                Some(splitter) => {
-                    let split = split_reply(
-                        &self.engine,
-                        splitter,
-                        outcome.tokens.iter().map(|t| (t.token, t.text.as_str())),
-                        &outcome.text,
-                    );
-                    let reasoning = (!split.reasoning.is_empty()).then_some(split.reasoning);
-                    (split.content, reasoning, split.calls)
-                }
-                None => (outcome.text, None, Vec::new()),
-            };
+        let (text, reasoning, split_calls) = match ReasoningPlan::split(
+            self.reasoning.as_ref(),
+            &self.engine,
+            outcome.tokens.iter().map(|t| (t.token, t.text.as_str())),
+            &outcome.text,
+        ) {
+            Some(split) => {
+                let reasoning = (!split.reasoning.is_empty()).then_some(split.reasoning);
+                (split.content, reasoning, split.calls)
+            }
+            None => (outcome.text, None, Vec::new()),
+        };
         let calls = if split_calls.is_empty() {
             chat::calls_in(&text, outcome.reason, self.tools, &envelope.id)
         } else {
