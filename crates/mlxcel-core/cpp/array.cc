@@ -1,5 +1,6 @@
 // Construction, metadata, evaluation and read-back of arrays; device and memory knobs.
 #include "mlxcel-core/cpp/bridge.h"
+#include "mlxcel-core/src/sys.rs.h"
 
 #include <cstring>
 #if defined(__GLIBC__)
@@ -100,6 +101,31 @@ std::unique_ptr<MlxArray> array_alloc(rust::Slice<const int32_t> shape, uint8_t 
     elements *= static_cast<size_t>(d);
   }
   return wrap(mx::array(mx::allocator::malloc(elements * mx::size_of(dt)), to_shape(shape), dt));
+}
+
+std::unique_ptr<MlxArray> array_over_mapping(size_t address, rust::Slice<const int32_t> shape,
+                                             uint8_t dtype, rust::Box<MappingKeep> keep) {
+  mx::Dtype dt = dtype_from_code(dtype);
+  size_t elements = 1;
+  for (int32_t d : shape) {
+    if (d < 0) throw std::invalid_argument("mlxcel: negative dimension in array shape");
+    elements *= static_cast<size_t>(d);
+  }
+  const size_t nbytes = elements * mx::size_of(dt);
+  // MLX's CPU allocator hands out a buffer as the address of a size word with the bytes after
+  // it (`Buffer::raw_ptr` is the buffer plus 8, `size` reads the word). The mapped file keeps
+  // that word in front of every array, so the buffer is the word's address and MLX reads the
+  // bytes where they are mapped: no copy. The buffer is not owned by the allocator, so it is
+  // never freed there; the deleter drops the Rust side's hold on the mapping instead.
+  auto* word = reinterpret_cast<size_t*>(address - sizeof(size_t));
+  if (address % alignof(size_t) != 0 || *word != nbytes) {
+    throw std::invalid_argument("mlxcel: mapped array at " + std::to_string(address) +
+                                " does not carry its size (" + std::to_string(nbytes) + ")");
+  }
+  auto hold = std::make_shared<rust::Box<MappingKeep>>(std::move(keep));
+  mx::allocator::Data data(mx::allocator::Buffer(word),
+                           [hold](mx::allocator::Buffer) mutable { hold.reset(); });
+  return wrap(mx::array(std::move(data), to_shape(shape), dt));
 }
 
 size_t array_data_address(const MlxArray& a) {

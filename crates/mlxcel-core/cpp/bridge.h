@@ -60,6 +60,10 @@ std::unique_ptr<MlxArray> array_from_bytes(rust::Slice<const uint8_t> bytes,
 // caller writes every byte before the array is read (quantized.rs, the int8 layout written
 // straight from GGUF blocks).
 std::unique_ptr<MlxArray> array_alloc(rust::Slice<const int32_t> shape, uint8_t dtype);
+// Keeps a mapped file alive (src/sys.rs): dropped when the last array over it is destroyed.
+struct MappingKeep;
+std::unique_ptr<MlxArray> array_over_mapping(size_t address, rust::Slice<const int32_t> shape,
+                                             uint8_t dtype, rust::Box<MappingKeep> keep);
 size_t array_data_address(const MlxArray& a);
 std::unique_ptr<MlxArray> array_deep_copy(const MlxArray& a);
 std::unique_ptr<MlxArray> array_clone(const MlxArray& a);

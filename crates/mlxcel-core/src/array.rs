@@ -102,18 +102,48 @@ impl Array {
         dtype: Dtype,
         fill: impl FnOnce(&mut [std::mem::MaybeUninit<u8>]) -> R,
     ) -> Result<(Array, R)> {
-        let elements = shape.iter().try_fold(1usize, |n, &d| {
-            usize::try_from(d).ok().and_then(|d| n.checked_mul(d))
-        });
-        let nbytes = elements
-            .and_then(|n| n.checked_mul(dtype.size_in_bytes()))
-            .ok_or_else(|| Error::Mlx {
-                op: "Array::filled",
-                message: format!("shape {shape:?} is negative or too large"),
-            })?;
+        let nbytes = Array::byte_len(shape, dtype)?;
         let (handle, result) = sys::alloc_and_fill(shape, dtype.code(), nbytes, fill)
             .map_err(Error::mlx("Array::filled"))?;
         Ok((Array::from_handle(handle), result))
+    }
+
+    /// The bytes of an array of `shape` and `dtype`; an error for a negative or overflowing
+    /// shape.
+    pub(crate) fn byte_len(shape: &[i32], dtype: Dtype) -> Result<usize> {
+        shape
+            .iter()
+            .try_fold(1usize, |n, &d| {
+                usize::try_from(d).ok().and_then(|d| n.checked_mul(d))
+            })
+            .and_then(|n| n.checked_mul(dtype.size_in_bytes()))
+            .ok_or_else(|| Error::Mlx {
+                op: "Array::byte_len",
+                message: format!("shape {shape:?} is negative or too large"),
+            })
+    }
+
+    /// The array of `shape` and `dtype` whose bytes are `mapping`'s at `offset`, without a copy
+    /// (the layout cache, `crate::layout_cache`).
+    pub(crate) fn over_mapping(
+        mapping: &std::sync::Arc<sys::Mapping>,
+        offset: usize,
+        shape: &[i32],
+        dtype: Dtype,
+    ) -> Result<Array> {
+        let nbytes = Array::byte_len(shape, dtype)?;
+        sys::array_over(mapping, offset, shape, dtype.code(), nbytes)
+            .map(Array::from_handle)
+            .map_err(|message| Error::Mlx {
+                op: "Array::over_mapping",
+                message,
+            })
+    }
+
+    /// Where this (computed) array's bytes start in `mapping`, if they lie in it.
+    pub(crate) fn offset_in(&self, mapping: &sys::Mapping) -> Option<usize> {
+        let address = sys::with_lock(|| ffi::array_data_address(self.raw()));
+        mapping.offset_of(address, self.size() * self.dtype().size_in_bytes())
     }
 
     fn from_plain<T: sys::Plain>(

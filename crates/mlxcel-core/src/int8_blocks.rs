@@ -27,6 +27,7 @@ use mlxcel_model::gguf::dequant::{
 use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
+use crate::layout_cache::Place;
 use crate::quantized::QuantizedWeight;
 use crate::sys::{self, ffi};
 
@@ -112,6 +113,16 @@ impl QuantizedWeight {
         parts: &[GgufBlocks<'_>],
         threads: usize,
     ) -> Result<Option<QuantizedWeight>> {
+        Self::int8_from_gguf_blocks_in(parts, threads, &Place::Heap)
+    }
+
+    /// [`QuantizedWeight::int8_from_gguf_blocks`] with its arrays built at `place` (the layout
+    /// cache's file while it is written).
+    pub(crate) fn int8_from_gguf_blocks_in(
+        parts: &[GgufBlocks<'_>],
+        threads: usize,
+        place: &Place<'_>,
+    ) -> Result<Option<QuantizedWeight>> {
         let Some(first) = parts.first() else {
             return Ok(None);
         };
@@ -151,13 +162,14 @@ impl QuantizedWeight {
         let weight_shape = [dim(n), dim(k * form.out_bits / 32)];
         let stored_bias = form.bias_multiple.is_none();
         // Three arrays, each written in place: the codes, the scales, the stored biases.
-        let (weight, inner) = Array::filled(&weight_shape, Dtype::U32, |w| {
-            Array::filled(&scale_shape, scale_dtype, |s| {
+        let (weight, inner) = place.filled(&weight_shape, Dtype::U32, |w| {
+            place.filled(&scale_shape, scale_dtype, |s| {
                 if stored_bias {
-                    Array::filled(&scale_shape, scale_dtype, |b| {
-                        write_tiles(&form, &rows, k, w, s, Some(b), threads)
-                    })
-                    .map(|(b, written)| (Some(b), written))
+                    place
+                        .filled(&scale_shape, scale_dtype, |b| {
+                            write_tiles(&form, &rows, k, w, s, Some(b), threads)
+                        })
+                        .map(|(b, written)| (Some(b), written))
                 } else {
                     Ok((None, write_tiles(&form, &rows, k, w, s, None, threads)))
                 }
@@ -182,6 +194,51 @@ impl QuantizedWeight {
             int8: true,
             activations: None,
         }))
+    }
+}
+
+impl QuantizedWeight {
+    /// Whether this weight has the shapes, dtypes, bits and group size that
+    /// [`QuantizedWeight::int8_from_gguf_blocks`] gives `parts` (its scales f16 or f32 for
+    /// MXFP4, which only the blocks' bytes decide): the layout cache's check of a cached weight
+    /// against the checkpoint, reading no block.
+    pub(crate) fn is_int8_layout_of(&self, parts: &[GgufBlocks<'_>]) -> bool {
+        let Some(form) = parts.first().and_then(|p| Form::of(p.ggml_type)) else {
+            return false;
+        };
+        let k = parts[0].cols;
+        let n: usize = parts.iter().map(|p| p.rows).sum();
+        if parts.iter().any(|p| p.ggml_type != form.ty || p.cols != k)
+            || !n.is_multiple_of(TILE_ROWS)
+            || !k.is_multiple_of(form.block_len)
+        {
+            return false;
+        }
+        let dim = |d: usize| d as i32;
+        let scales_ok = if form.factored {
+            self.scales.dtype() == Dtype::U8
+                && self.scales.shape() == [dim(n / TILE_ROWS), dim(form.scale_tile_bytes(k))]
+        } else {
+            let dtype = self.scales.dtype();
+            (dtype == Dtype::F16 || (form.ty == GgmlType::MXFP4 && dtype == Dtype::F32))
+                && self.scales.shape() == [dim(n), dim(k / form.group)]
+        };
+        let biases_ok = match form.bias_multiple {
+            Some(m) => {
+                self.biases.shape() == [1] && self.biases.to_vec_f32().is_ok_and(|b| b == [m])
+            }
+            None => {
+                self.biases.dtype() == self.scales.dtype()
+                    && self.biases.shape() == self.scales.shape()
+            }
+        };
+        self.int8
+            && self.bits == form.out_bits as i32
+            && self.group_size == form.group as i32
+            && self.weight.dtype() == Dtype::U32
+            && self.weight.shape() == [dim(n), dim(k * form.out_bits / 32)]
+            && scales_ok
+            && biases_ok
     }
 }
 

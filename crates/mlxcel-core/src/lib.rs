@@ -48,6 +48,7 @@ mod int8_blocks;
 pub mod kernels;
 mod kv_cache;
 mod layer;
+mod layout_cache;
 mod llama;
 mod moe;
 pub mod pin;

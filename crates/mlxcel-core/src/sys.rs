@@ -37,6 +37,12 @@ pub(crate) mod ffi {
 
         fn array_from_bytes(bytes: &[u8], shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;
         fn array_alloc(shape: &[i32], dtype: u8) -> Result<UniquePtr<MlxArray>>;
+        fn array_over_mapping(
+            address: usize,
+            shape: &[i32],
+            dtype: u8,
+            keep: Box<MappingKeep>,
+        ) -> Result<UniquePtr<MlxArray>>;
         fn array_data_address(a: &MlxArray) -> usize;
         fn array_clone(a: &MlxArray) -> UniquePtr<MlxArray>;
         fn array_deep_copy(a: &MlxArray) -> Result<UniquePtr<MlxArray>>;
@@ -330,6 +336,10 @@ pub(crate) mod ffi {
         ) -> Result<()>;
         fn kernels_available_cores() -> i32;
     }
+
+    extern "Rust" {
+        type MappingKeep;
+    }
 }
 
 static MLX_LOCK: Mutex<()> = Mutex::new(());
@@ -489,4 +499,187 @@ pub(crate) fn copy_tensor_then_release<T: 'static, E: 'static>(
         unsafe { checkpoint.release_tensor(name) };
     }
     Some(copied)
+}
+
+/// A file mapped into memory, with arrays made over its bytes ([`array_over`]): the int8 layout
+/// cache of `crate::layout_cache`. Read privately (copy-on-write: nothing writes a weight, and
+/// if something did, the file would not change) or shared while it is being written
+/// ([`Arena`]). Unmapped when the last array over it and the last `Arc` are gone.
+pub(crate) struct Mapping {
+    map: memmap2::MmapMut,
+    base: *mut u8,
+}
+
+// SAFETY: `base` points into `map`, owned by the struct and never moved or unmapped while it
+// lives. Bytes are written only through `Arena::filled`, into regions it hands out once each
+// (a bump allocator under a lock), before any array or reader can see them; reads go through
+// `&self` to bytes that are no longer written.
+unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps all of `file` privately, copy-on-write.
+    pub(crate) fn private(file: &std::fs::File) -> std::io::Result<std::sync::Arc<Mapping>> {
+        // SAFETY: the cache file is written once, under another name, and renamed into place
+        // complete (`crate::layout_cache`); nothing rewrites or truncates it afterwards, the
+        // same assumption every mmap-based loader makes of its weights. The map is private, so
+        // a stray write would copy a page, not change the file.
+        let mut map = unsafe { memmap2::MmapOptions::new().map_copy(file)? };
+        let base = map.as_mut_ptr();
+        Ok(std::sync::Arc::new(Mapping { map, base }))
+    }
+
+    /// The mapped bytes `[offset, offset + len)`, `None` past the end.
+    pub(crate) fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
+        self.map.get(offset..offset.checked_add(len)?)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The offset of `nbytes` at `address` when they lie inside the mapping.
+    pub(crate) fn offset_of(&self, address: usize, nbytes: usize) -> Option<usize> {
+        let offset = address.checked_sub(self.base as usize)?;
+        (offset.checked_add(nbytes)? <= self.len()).then_some(offset)
+    }
+}
+
+/// What an array over a [`Mapping`] holds on to (the bridge's deleter drops it).
+pub(crate) struct MappingKeep(#[allow(dead_code)] std::sync::Arc<Mapping>);
+
+/// The array of `shape` and `dtype` whose bytes are the mapping's at `offset`, without a copy.
+/// The 8 bytes before `offset` must hold the array's byte count (what MLX's CPU allocator keeps
+/// in front of its buffers; the bridge checks it), and `offset` be 8-aligned.
+pub(crate) fn array_over(
+    mapping: &std::sync::Arc<Mapping>,
+    offset: usize,
+    shape: &[i32],
+    dtype: u8,
+    nbytes: usize,
+) -> Result<Handle, String> {
+    if offset < 8 || !offset.is_multiple_of(8) || mapping.bytes(offset - 8, nbytes + 8).is_none() {
+        return Err(format!(
+            "an array of {nbytes} bytes at {offset} is outside the {} mapped bytes",
+            mapping.len()
+        ));
+    }
+    let address = mapping.base as usize + offset;
+    let keep = Box::new(MappingKeep(mapping.clone()));
+    with_lock(|| ffi::array_over_mapping(address, shape, dtype, keep))
+        .map(Handle::new)
+        .map_err(|e| e.what().to_owned())
+}
+
+/// Regions of a file being written, mapped shared, handed out one at a time (a bump allocator):
+/// each array is written in place into the file's pages, so the layout a load builds is the
+/// file the next load maps. Every region is reserved on disk (`fallocate`) before it is
+/// written, so a full disk ends the writing with an error instead of a fault at a page.
+pub(crate) struct Arena {
+    mapping: std::sync::Arc<Mapping>,
+    file: std::fs::File,
+    /// The next free offset, and the end no region may pass.
+    next: Mutex<usize>,
+    limit: usize,
+}
+
+/// Alignment of every region's bytes (a cache line, and the kernels' widest load).
+pub(crate) const ARENA_ALIGN: usize = 64;
+
+impl Arena {
+    /// `file` (new and empty) sized to `limit` bytes (sparse: nothing is stored until written)
+    /// and mapped shared; regions start at `start`.
+    pub(crate) fn new(file: std::fs::File, start: usize, limit: usize) -> std::io::Result<Arena> {
+        file.set_len(limit as u64)?;
+        // SAFETY: the file is this process's own, new (a name with its pid), and only this
+        // arena writes it until it is renamed; its length is `limit` for as long as the map
+        // lives (it is shortened only in `finish`, past every region handed out).
+        let mut map = unsafe { memmap2::MmapOptions::new().len(limit).map_mut(&file)? };
+        let base = map.as_mut_ptr();
+        Ok(Arena {
+            mapping: std::sync::Arc::new(Mapping { map, base }),
+            file,
+            next: Mutex::new(start),
+            limit,
+        })
+    }
+
+    pub(crate) fn mapping(&self) -> &std::sync::Arc<Mapping> {
+        &self.mapping
+    }
+
+    pub(crate) fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+
+    /// The end of the last region handed out.
+    pub(crate) fn used(&self) -> usize {
+        *self.next.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A region of `nbytes` (after its 8-byte size word, the bytes `ARENA_ALIGN`-aligned),
+    /// reserved on disk; `fill` writes every byte of it. Returns the region's offset and what
+    /// `fill` returned, or `None` when the arena is full or the disk refuses the space.
+    pub(crate) fn filled<R>(
+        &self,
+        nbytes: usize,
+        fill: impl FnOnce(&mut [std::mem::MaybeUninit<u8>]) -> R,
+    ) -> Option<(usize, R)> {
+        let offset = {
+            let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+            let offset = (*next + 8).next_multiple_of(ARENA_ALIGN);
+            let end = offset.checked_add(nbytes)?;
+            if end > self.limit || !reserve(&self.file, *next, end - *next) {
+                return None;
+            }
+            *next = end;
+            offset
+        };
+        // SAFETY: `[offset - 8, offset + nbytes)` lies inside the map (`end <= limit`), was
+        // handed out to this call alone (the lock above moved `next` past it), and no array or
+        // reader refers to it yet; the disk blocks behind it are reserved, so writing its pages
+        // cannot fault. The size word is 8-aligned (offset is a multiple of 64).
+        let (word, bytes) = unsafe {
+            let word = self.mapping.base.add(offset - 8).cast::<u64>();
+            let bytes = std::slice::from_raw_parts_mut(
+                self.mapping
+                    .base
+                    .add(offset)
+                    .cast::<std::mem::MaybeUninit<u8>>(),
+                nbytes,
+            );
+            (word, bytes)
+        };
+        // SAFETY: as above: the word is inside this call's region.
+        unsafe { word.write(nbytes as u64) };
+        Some((offset, fill(bytes)))
+    }
+}
+
+/// Reserves `[offset, offset + len)` of `file` on disk (`fallocate`, keeping the size).
+fn reserve(file: &std::fs::File, offset: usize, len: usize) -> bool {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return false;
+    };
+    // SAFETY: a plain system call on an open descriptor this function borrows; it reads no
+    // memory of ours.
+    unsafe { libc::fallocate(file.as_raw_fd(), 0, offset, len) == 0 }
+}
+
+/// Bytes free to an unprivileged user on the file system holding `path`.
+pub(crate) fn free_disk_bytes(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; `stat` is written by the
+    // call when it returns 0, and read only then.
+    let stat = unsafe {
+        if libc::statvfs(c.as_ptr(), stat.as_mut_ptr()) != 0 {
+            return None;
+        }
+        stat.assume_init()
+    };
+    Some((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
 }

@@ -420,6 +420,13 @@ impl Checkpoint {
         self.files.gguf_blocks(name)
     }
 
+    /// Whether the checkpoint is read straight from a GGUF file (a directory prepared by
+    /// [`crate::gguf::prepare_gguf`]): then [`Checkpoint::dir`] is mlxcel's own, the prepared
+    /// directory, where a loader may keep what it derives from the file.
+    pub fn is_from_gguf(&self) -> bool {
+        self.files.any_on_demand()
+    }
+
     /// Lets go of the resident pages of the GGUF file behind `name`, once a loader is done with
     /// [`Checkpoint::gguf_blocks`] (no-op for other checkpoints).
     pub fn release_gguf_blocks(&self, name: &str) {

@@ -454,6 +454,13 @@ impl SafetensorsFiles {
         }
     }
 
+    /// Whether some tensor is produced on demand (read from a GGUF file's blocks).
+    pub fn any_on_demand(&self) -> bool {
+        self.shards
+            .iter()
+            .any(|shard| matches!(shard.bytes, Bytes::OnDemand { .. }))
+    }
+
     fn on_demand_entry(&self, name: &str) -> Option<(&dyn ConvertedFrom, usize, &Entry, &[usize])> {
         let shard = &self.shards[*self.names.get(name)?];
         let entry = shard.entries.get(name)?;

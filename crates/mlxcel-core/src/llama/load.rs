@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::fast::{Rope, RopeFrequencies};
 use crate::kernels::{Int8Layout, KernelBackend, Kernels, Matrix};
 use crate::kv_cache::KvType;
+use crate::layout_cache::LayoutCache;
 use crate::quantized::QuantizedWeight;
 use crate::sys::copy_tensor_then_release;
 
@@ -46,15 +47,24 @@ impl LlamaModel {
     pub fn load_stage(checkpoint: &Checkpoint, kernels: Kernels, stage: Stage) -> Result<Self> {
         let config = checkpoint.config().clone();
         stage.check(&config)?;
+        let int8_from_blocks = (kernels.int8_layout_weights()
+            && kernels.int8_layout == Int8Layout::Compact)
+            .then_some(kernels.threads);
+        // The layout those weights take, mapped from the prepared directory when an earlier
+        // load kept it there (`layout_cache`): only for a checkpoint read from a GGUF file.
+        let cache = if int8_from_blocks.is_some() && checkpoint.is_from_gguf() {
+            LayoutCache::open(checkpoint.dir(), &stage.cache_name(&config))?
+        } else {
+            LayoutCache::off()
+        };
         let loader = Loader {
             checkpoint,
             norm_offset: config.norm_weight_offset,
             // mlxcel's kernels read f16 scales and biases as stored (fewer bytes per weight to
             // stream); MLX's quantized_matmul wants them in the activations' dtype.
             keep_f16_scales: kernels.backend == KernelBackend::Native,
-            int8_from_blocks: (kernels.int8_layout_weights()
-                && kernels.int8_layout == Int8Layout::Compact)
-                .then_some(kernels.threads),
+            int8_from_blocks,
+            cache,
         };
         // The table in the int8 layout, straight from a GGUF file's blocks when the kernels
         // take that layout and it is read from one: its lookups read rows back exactly
@@ -188,6 +198,7 @@ impl LlamaModel {
                 .iter()
                 .all(|layer| layer.fusable(model.rope_of(layer).1, model.features));
         model.materialize()?;
+        loader.cache.finish();
         // Loading read the checkpoint and, for int8, rewrote it: hand back what that freed.
         crate::device::release_unused_memory();
         Ok(model)
@@ -582,6 +593,8 @@ struct Loader<'a> {
     /// Quantized weights go straight into the compact int8 layout, written on this many
     /// threads from the blocks of a GGUF file when the checkpoint is read from one.
     int8_from_blocks: Option<usize>,
+    /// Those weights as an earlier load kept them, or the file this load keeps them in.
+    cache: LayoutCache,
 }
 
 impl Loader<'_> {
@@ -601,7 +614,18 @@ impl Loader<'_> {
         else {
             return Ok(None);
         };
-        let weight = QuantizedWeight::int8_from_gguf_blocks(&parts, threads)?;
+        let key = modules.join("+");
+        let weight = match self.cache.get(&key, |w| w.is_int8_layout_of(&parts))? {
+            Some(cached) => Some(cached),
+            None => {
+                let place = self.cache.place();
+                let built = QuantizedWeight::int8_from_gguf_blocks_in(&parts, threads, &place)?;
+                if let Some(w) = &built {
+                    self.cache.record(&key, w)?;
+                }
+                built
+            }
+        };
         if weight.is_some() {
             for name in &names {
                 self.checkpoint.release_gguf_blocks(name);

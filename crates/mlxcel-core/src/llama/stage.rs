@@ -41,6 +41,22 @@ impl Stage {
     /// stage `r`'s last layer, ascending, the last one the model's layer count): the first stage
     /// embeds, the last one norms, and the projection sits on the last stage, or on the first
     /// when it is the (tied) embedding table.
+    /// The part of the layout cache's file name that says which weights this stage holds:
+    /// empty for the whole model, else its layers and ends (`-layers-8-16-eh`: embedding,
+    /// head), so a stage's file and the whole model's are apart (`crate::layout_cache`).
+    pub(crate) fn cache_name(&self, config: &ModelConfig) -> String {
+        if *self == Stage::whole(config) {
+            return String::new();
+        }
+        let mut name = format!("-layers-{}-{}-", self.first, self.end);
+        for (on, c) in [(self.embeds, 'e'), (self.norm, 'n'), (self.head, 'h')] {
+            if on {
+                name.push(c);
+            }
+        }
+        name
+    }
+
     pub fn of_pipeline(config: &ModelConfig, ends: &[usize], rank: usize) -> Result<Stage> {
         let bad = |message: String| Error::Mlx {
             op: "pipeline stage",
@@ -155,5 +171,20 @@ mod tests {
             let stage = Stage::of_pipeline(&config, &[2, 4], rank).unwrap();
             assert_eq!(stage.cache_bytes(&config, f32s), (kv / 2, state / 2));
         }
+    }
+
+    #[test]
+    fn each_stage_keeps_its_layout_in_a_file_of_its_own() {
+        let config = lfm2();
+        assert_eq!(Stage::whole(&config).cache_name(&config), "");
+        let names: Vec<String> = (0..2)
+            .map(|rank| {
+                Stage::of_pipeline(&config, &[2, 4], rank)
+                    .unwrap()
+                    .cache_name(&config)
+            })
+            .collect();
+        // Tied embeddings (LFM2): the table, and so the head, on the first stage.
+        assert_eq!(names, ["-layers-0-2-eh", "-layers-2-4-n"]);
     }
 }

@@ -20,7 +20,7 @@ use fixtures::TinyLlama;
 use crate::pseudo_random;
 
 /// Every GGUF type with an affine form, over the linears of three tiny models.
-fn mixes() -> [TinyLlama; 3] {
+pub(crate) fn mixes() -> [TinyLlama; 3] {
     let base = TinyLlama {
         hidden: 256,
         ffn: 512,
@@ -69,7 +69,7 @@ fn mixes() -> [TinyLlama; 3] {
 
 /// A GGUF fixture, as `-m FILE.gguf` reads it (weights from the file's blocks) and as
 /// `mlxcel convert` writes it (safetensors: no blocks to read, the general path).
-fn prepared(model: &TinyLlama, dir: &Path, seed: u64) -> (Checkpoint, Checkpoint) {
+pub(crate) fn prepared(model: &TinyLlama, dir: &Path, seed: u64) -> (Checkpoint, Checkpoint) {
     let gguf = dir.join(format!("m{seed}.gguf"));
     model.write(&gguf, seed);
     let written = dir.join(format!("written{seed}"));

@@ -12,6 +12,7 @@ mod gemma4;
 mod hybrid;
 mod int8_blocks;
 mod kernels;
+mod layout_cache;
 mod lfm2;
 mod llama;
 mod lora;

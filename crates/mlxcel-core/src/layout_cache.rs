@@ -1,0 +1,534 @@
+//! The int8 layout of a GGUF checkpoint's weights, kept in a file beside the prepared checkpoint
+//! and mapped by later loads.
+//!
+//! A load from a GGUF file writes each quantized weight into the int8 layout from the file's
+//! blocks ([`QuantizedWeight::int8_from_gguf_blocks`]). That memory is new to the process, and on
+//! a warm start (the file already in the page cache) most of a load's time is the system
+//! providing and zeroing those pages, not the rewrite. So the first load writes the layout into
+//! a file of the prepared directory (`int8-layout-v<VERSION>.bin`, the arrays built in place in
+//! its shared mapping: no second copy), and every later load maps that file and makes its arrays
+//! over the mapped bytes, as llama.cpp maps its GGUF: a warm start then pays for page-cache pages
+//! it only maps.
+//!
+//! The file: a 64-byte header (magic, [`VERSION`]), the arrays (each 64-aligned, its byte count
+//! in the 8 bytes before it, as MLX's allocator keeps it), a JSON index (per weight: its key,
+//! group size, bits, and its arrays' offsets, dtypes and shapes), and a 24-byte trailer (the
+//! index's offset and length, a second magic). It is written under a temporary name, renamed to
+//! `.pending` once complete, and to `.bin` once its bytes are on disk (`fdatasync`, on a thread
+//! that does not hold up the load). A `.pending` file is trusted only in the boot that wrote it
+//! (the index keeps the boot's id): the page cache then holds what was written, and a crash
+//! before the bytes reached the disk cannot leave a file that is mapped as if whole.
+//!
+//! `MLXCEL_LAYOUT_CACHE=off` turns it off (nothing read, nothing written); the file is not
+//! written when the disk would keep less than [`MARGIN`] free. A file that fails a check is
+//! removed and written again, with a message that says so; one whose index does not match a
+//! weight's expected shapes is not used for that weight.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::array::Array;
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::quantized::QuantizedWeight;
+use crate::sys::{ARENA_ALIGN, Arena, Mapping};
+
+/// The layout's format. Raise it whenever the bytes [`QuantizedWeight::int8_from_gguf_blocks`]
+/// writes for the same blocks change (a test of `int8_blocks` fingerprints them and names this
+/// constant), or the file's own format changes: a file of another version is not read.
+pub(crate) const VERSION: u32 = 1;
+const MAGIC: &[u8; 8] = b"MLXCELL8";
+const TRAILER_MAGIC: &[u8; 8] = b"MLXCELIX";
+const HEADER: usize = 64;
+const TRAILER: usize = 24;
+/// Disk space the file leaves free, at least.
+const MARGIN: u64 = 2 << 30;
+const ENV: &str = "MLXCEL_LAYOUT_CACHE";
+
+/// One array of an entry: where its bytes start, its dtype code and shape.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Slot {
+    offset: usize,
+    dtype: u8,
+    shape: Vec<i32>,
+}
+
+/// One weight: its arrays (codes, scales, and the stored biases unless `derived_bias`, the
+/// multiple of the scales the biases are).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Entry {
+    group_size: i32,
+    bits: i32,
+    derived_bias: Option<f32>,
+    arrays: Vec<Slot>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Index {
+    version: u32,
+    boot_id: String,
+    entries: HashMap<String, Entry>,
+}
+
+/// Where a weight's arrays are built: the heap, or the cache file being written.
+pub(crate) enum Place<'a> {
+    Heap,
+    Arena(&'a Arena),
+}
+
+impl Place<'_> {
+    /// [`Array::filled`], in the arena when there is one and it takes the array (else on the
+    /// heap, and the weight is then not recorded).
+    pub(crate) fn filled<R>(
+        &self,
+        shape: &[i32],
+        dtype: Dtype,
+        fill: impl FnOnce(&mut [std::mem::MaybeUninit<u8>]) -> R,
+    ) -> Result<(Array, R)> {
+        match self {
+            Place::Heap => Array::filled(shape, dtype, fill),
+            Place::Arena(arena) => {
+                // `fill` is called once: by the arena if it has room, else by the heap.
+                let mut fill = Some(fill);
+                let nbytes = Array::byte_len(shape, dtype)?;
+                match arena.filled(nbytes, |bytes| (fill.take().expect("called once"))(bytes)) {
+                    Some((offset, r)) => Ok((
+                        Array::over_mapping(arena.mapping(), offset, shape, dtype)?,
+                        r,
+                    )),
+                    None => Array::filled(shape, dtype, fill.take().expect("not called")),
+                }
+            }
+        }
+    }
+}
+
+/// The cache of one load: off, read from a complete file, or being written.
+pub(crate) struct LayoutCache {
+    state: State,
+}
+
+enum State {
+    Off,
+    Read {
+        mapping: Arc<Mapping>,
+        entries: HashMap<String, Entry>,
+        path: PathBuf,
+        warned: Mutex<bool>,
+    },
+    Write(Box<Writer>),
+}
+
+struct Writer {
+    arena: Arena,
+    tmp: PathBuf,
+    pending: PathBuf,
+    done: PathBuf,
+    entries: Mutex<HashMap<String, Entry>>,
+    /// Some weight did not fit in the file (the disk's room ran out): the file is not kept,
+    /// since a later load would map part of the model and build the rest every time.
+    incomplete: std::sync::atomic::AtomicBool,
+}
+
+impl LayoutCache {
+    /// No cache: every weight is built on the heap.
+    pub(crate) fn off() -> LayoutCache {
+        LayoutCache { state: State::Off }
+    }
+
+    /// The cache named `name` (which part of the model it holds) in the prepared directory
+    /// `dir`: read when a trusted complete file is there, else written by this load when the
+    /// disk has room. Refuses only an invalid `MLXCEL_LAYOUT_CACHE`; a file that cannot be
+    /// read or written leaves the load on the heap, with a message.
+    pub(crate) fn open(dir: &Path, name: &str) -> Result<LayoutCache> {
+        if !switched_on(std::env::var(ENV).ok().as_deref())? {
+            return Ok(Self::off());
+        }
+        let base = format!("int8-layout-v{VERSION}{name}");
+        let done = dir.join(format!("{base}.bin"));
+        let pending = dir.join(format!("{base}.pending"));
+        remove_stale_temporaries(dir, &base);
+        let boot = boot_id();
+        for (path, trusted) in [(&done, true), (&pending, false)] {
+            if !path.exists() {
+                continue;
+            }
+            match read(path, (!trusted).then_some(boot.as_deref()).flatten()) {
+                Ok(Some((mapping, entries))) => {
+                    if !trusted {
+                        sync_then_rename(path.clone(), done.clone());
+                    }
+                    return Ok(LayoutCache {
+                        state: State::Read {
+                            mapping,
+                            entries,
+                            path: path.clone(),
+                            warned: Mutex::new(false),
+                        },
+                    });
+                }
+                Ok(None) => {
+                    // A pending file of an earlier boot: perhaps never written to disk whole.
+                    let _ = std::fs::remove_file(path);
+                }
+                Err(why) => {
+                    eprintln!(
+                        "mlxcel: {} is not a usable int8 layout ({why}); removed, written again",
+                        path.display()
+                    );
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
+        Ok(match Writer::new(dir, &base, done, pending) {
+            Some(writer) => LayoutCache {
+                state: State::Write(Box::new(writer)),
+            },
+            None => Self::off(),
+        })
+    }
+
+    /// Where this load builds the weights it does not find here.
+    pub(crate) fn place(&self) -> Place<'_> {
+        match &self.state {
+            State::Write(w) => Place::Arena(&w.arena),
+            _ => Place::Heap,
+        }
+    }
+
+    /// The weight cached under `key`, made over the mapped file, if `fits` it (the shapes the
+    /// checkpoint's blocks give).
+    pub(crate) fn get(
+        &self,
+        key: &str,
+        fits: impl Fn(&QuantizedWeight) -> bool,
+    ) -> Result<Option<QuantizedWeight>> {
+        let State::Read {
+            mapping,
+            entries,
+            path,
+            warned,
+        } = &self.state
+        else {
+            return Ok(None);
+        };
+        let Some(entry) = entries.get(key) else {
+            return Ok(None);
+        };
+        let array = |slot: &Slot| {
+            let dtype = Dtype::from_code(slot.dtype).ok_or_else(|| Error::Mlx {
+                op: "layout cache",
+                message: format!("dtype code {} in {}", slot.dtype, path.display()),
+            })?;
+            Array::over_mapping(mapping, slot.offset, &slot.shape, dtype)
+        };
+        let weight = match (&entry.arrays[..], entry.derived_bias) {
+            ([w, s], Some(m)) => Some((array(w)?, array(s)?, Array::from_f32(&[m], &[1])?)),
+            ([w, s, b], None) => Some((array(w)?, array(s)?, array(b)?)),
+            _ => None,
+        }
+        .map(|(weight, scales, biases)| QuantizedWeight {
+            weight,
+            scales,
+            biases,
+            group_size: entry.group_size,
+            bits: entry.bits,
+            int8: true,
+            activations: None,
+        })
+        .filter(|w| fits(w));
+        if weight.is_none() {
+            let mut warned = warned.lock().unwrap_or_else(|p| p.into_inner());
+            if !*warned {
+                *warned = true;
+                eprintln!(
+                    "mlxcel: {} holds {key} in another form than the checkpoint's blocks give; \
+                     such weights are built again (remove the file to have it written anew)",
+                    path.display()
+                );
+            }
+        }
+        Ok(weight)
+    }
+
+    /// Records `weight` under `key` when the file being written holds its arrays.
+    pub(crate) fn record(&self, key: &str, weight: &QuantizedWeight) -> Result<()> {
+        let State::Write(w) = &self.state else {
+            return Ok(());
+        };
+        let mapping = w.arena.mapping();
+        let slot = |a: &Array| {
+            a.offset_in(mapping).map(|offset| Slot {
+                offset,
+                dtype: a.dtype().code(),
+                shape: a.shape(),
+            })
+        };
+        let derived_bias = if weight.biases.shape().iter().product::<i32>() == 1 {
+            Some(weight.biases.to_vec_f32()?[0])
+        } else {
+            None
+        };
+        let mut arrays = vec![slot(&weight.weight), slot(&weight.scales)];
+        if derived_bias.is_none() {
+            arrays.push(slot(&weight.biases));
+        }
+        let Some(arrays) = arrays.into_iter().collect::<Option<Vec<_>>>() else {
+            w.incomplete
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            return Ok(());
+        };
+        {
+            let entry = Entry {
+                group_size: weight.group_size,
+                bits: weight.bits,
+                derived_bias,
+                arrays,
+            };
+            w.entries
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.to_owned(), entry);
+        }
+        Ok(())
+    }
+
+    /// Ends the load: a file being written gets its index and becomes the next load's.
+    pub(crate) fn finish(self) {
+        if let State::Write(w) = self.state {
+            let path = w.done.clone();
+            if let Err(why) = w.finish() {
+                eprintln!(
+                    "mlxcel: the int8 layout was not kept in {} ({why}); the next load builds it again",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+impl Writer {
+    fn new(dir: &Path, base: &str, done: PathBuf, pending: PathBuf) -> Option<Writer> {
+        let free = crate::sys::free_disk_bytes(dir)?;
+        let limit = free.saturating_sub(MARGIN + free / 10);
+        if limit < 64 << 20 {
+            eprintln!(
+                "mlxcel: not keeping the int8 layout in {}: {} MB free on its disk",
+                dir.display(),
+                free >> 20
+            );
+            return None;
+        }
+        let tmp = dir.join(format!("{base}.tmp.{}", std::process::id()));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .ok()?;
+        match Arena::new(file, HEADER, usize::try_from(limit).ok()?) {
+            Ok(arena) => Some(Writer {
+                arena,
+                tmp,
+                pending,
+                done,
+                entries: Mutex::new(HashMap::new()),
+                incomplete: Default::default(),
+            }),
+            Err(_) => {
+                let _ = std::fs::remove_file(&tmp);
+                None
+            }
+        }
+    }
+
+    fn finish(self) -> std::io::Result<()> {
+        let result = self.write_index();
+        // The mapping and file stay open while arrays over them live; the name moves.
+        if result.is_err() {
+            let _ = std::fs::remove_file(&self.tmp);
+            return result;
+        }
+        std::fs::rename(&self.tmp, &self.pending)?;
+        sync_then_rename(self.pending.clone(), self.done.clone());
+        Ok(())
+    }
+
+    fn write_index(&self) -> std::io::Result<()> {
+        let entries = std::mem::take(&mut *self.entries.lock().unwrap_or_else(|p| p.into_inner()));
+        if entries.is_empty() {
+            return Err(std::io::Error::other("no weight took the layout"));
+        }
+        if self.incomplete.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(std::io::Error::other(format!(
+                "the disk had room for {} MB of it, keeping {} GB free",
+                self.arena.used() >> 20,
+                MARGIN >> 30
+            )));
+        }
+        let index = Index {
+            version: VERSION,
+            boot_id: boot_id().unwrap_or_default(),
+            entries,
+        };
+        let json = serde_json::to_vec(&index).map_err(std::io::Error::other)?;
+        let file = self.arena.file();
+        let at = self.arena.used().next_multiple_of(ARENA_ALIGN);
+        let mut header = [0u8; HEADER];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        let mut trailer = Vec::with_capacity(TRAILER);
+        trailer.extend_from_slice(&(at as u64).to_le_bytes());
+        trailer.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        trailer.extend_from_slice(TRAILER_MAGIC);
+        // Shorten the file first: past `used` nothing is mapped by an array, and the index and
+        // trailer are written by `pwrite` after the arrays.
+        let end = at + json.len() + TRAILER;
+        file.set_len(end as u64)?;
+        file.write_all_at(&json, at as u64)?;
+        file.write_all_at(&trailer, (at + json.len()) as u64)?;
+        file.write_all_at(&header, 0)
+    }
+}
+
+impl Drop for Writer {
+    /// A load that failed (or a file that could not be finished) leaves no temporary behind;
+    /// after `finish` renamed it there is nothing to remove.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// A complete file's mapping and index; `Ok(None)` for a pending file of another boot (or one
+/// whose boot is unknown) when `boot` is given.
+#[allow(clippy::type_complexity)]
+fn read(
+    path: &Path,
+    boot: Option<&str>,
+) -> std::result::Result<Option<(Arc<Mapping>, HashMap<String, Entry>)>, String> {
+    let file = File::open(path).map_err(|e| e.to_string())?;
+    let mapping = Mapping::private(&file).map_err(|e| e.to_string())?;
+    let len = mapping.len();
+    let header = mapping.bytes(0, HEADER).ok_or("shorter than its header")?;
+    if &header[..8] != MAGIC {
+        return Err("not an mlxcel int8 layout file".into());
+    }
+    let version = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
+    if version != VERSION {
+        return Err(format!("format {version}, this build reads {VERSION}"));
+    }
+    let trailer = mapping
+        .bytes(len.checked_sub(TRAILER).ok_or("no trailer")?, TRAILER)
+        .ok_or("no trailer")?;
+    if &trailer[16..] != TRAILER_MAGIC {
+        return Err("incomplete (no trailer)".into());
+    }
+    let at = u64::from_le_bytes(trailer[..8].try_into().expect("8 bytes")) as usize;
+    let n = u64::from_le_bytes(trailer[8..16].try_into().expect("8 bytes")) as usize;
+    if at.checked_add(n).and_then(|e| e.checked_add(TRAILER)) != Some(len) {
+        return Err("its index is not where the trailer says".into());
+    }
+    let json = mapping.bytes(at, n).ok_or("index out of range")?;
+    let index: Index = serde_json::from_slice(json).map_err(|e| format!("index: {e}"))?;
+    if index.version != VERSION {
+        return Err(format!("index of format {}", index.version));
+    }
+    if let Some(boot) = boot
+        && index.boot_id != boot
+    {
+        return Ok(None);
+    }
+    // Every array inside the data (before the index), aligned, its size word in front of it.
+    for (key, entry) in &index.entries {
+        for slot in &entry.arrays {
+            let dtype = Dtype::from_code(slot.dtype).ok_or_else(|| format!("{key}: dtype"))?;
+            let bytes = Array::byte_len(&slot.shape, dtype).map_err(|e| format!("{key}: {e}"))?;
+            let ok = slot.offset >= HEADER
+                && slot.offset.is_multiple_of(ARENA_ALIGN)
+                && slot.offset.checked_add(bytes).is_some_and(|end| end <= at)
+                && mapping
+                    .bytes(slot.offset - 8, 8)
+                    .is_some_and(|w| u64::from_le_bytes(w.try_into().expect("8")) == bytes as u64);
+            if !ok {
+                return Err(format!("{key}: an array outside the file's data"));
+            }
+        }
+    }
+    Ok(Some((mapping, index.entries)))
+}
+
+/// Puts a pending file's bytes on disk, then gives it its final name, on a thread of its own
+/// (best effort: if the process ends first, the next load in this boot does it).
+fn sync_then_rename(pending: PathBuf, done: PathBuf) {
+    std::thread::spawn(move || {
+        if let Ok(file) = File::open(&pending)
+            && file.sync_data().is_ok()
+        {
+            let _ = std::fs::rename(&pending, &done);
+        }
+    });
+}
+
+/// Removes temporary files of `base` whose writing process is gone.
+fn remove_stale_temporaries(dir: &Path, base: &str) {
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!("{base}.tmp.");
+    for entry in read.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// This boot's id (Linux), which a pending file is trusted within.
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// `MLXCEL_LAYOUT_CACHE`'s value: on when unset or empty, `on`/`1`/`true`, off for
+/// `off`/`0`/`false`; anything else is refused by name.
+fn switched_on(value: Option<&str>) -> Result<bool> {
+    match value.unwrap_or("") {
+        "" | "on" | "1" | "true" => Ok(true),
+        "off" | "0" | "false" => Ok(false),
+        other => Err(Error::InvalidEnv {
+            variable: ENV,
+            value: other.to_owned(),
+            expected: "on or off",
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_switch_takes_on_and_off_and_refuses_the_rest() {
+        for on in [None, Some(""), Some("on"), Some("1"), Some("true")] {
+            assert!(switched_on(on).unwrap(), "{on:?}");
+        }
+        for off in ["off", "0", "false"] {
+            assert!(!switched_on(Some(off)).unwrap(), "{off}");
+        }
+        let err = switched_on(Some("yes please")).unwrap_err().to_string();
+        assert!(
+            err.contains("MLXCEL_LAYOUT_CACHE") && err.contains("on or off"),
+            "{err}"
+        );
+    }
+}
