@@ -176,12 +176,21 @@ impl LayoutCache {
                     // A pending file of an earlier boot: perhaps never written to disk whole.
                     let _ = std::fs::remove_file(path);
                 }
-                Err(why) => {
+                Err(Unusable::Damaged(why)) => {
                     eprintln!(
                         "mlxcel: {} is not a usable int8 layout ({why}); removed, written again",
                         path.display()
                     );
                     let _ = std::fs::remove_file(path);
+                }
+                Err(Unusable::Unreadable(why)) => {
+                    // Not the file's fault (permissions, no address space): kept for a later
+                    // load, this one builds the layout on the heap.
+                    eprintln!(
+                        "mlxcel: cannot map {} ({why}); building the int8 layout instead",
+                        path.display()
+                    );
+                    return Ok(Self::off());
                 }
             }
         }
@@ -404,15 +413,36 @@ impl Drop for Writer {
     }
 }
 
+/// Why a cache file is not used.
+enum Unusable {
+    /// Its bytes: removed and written again.
+    Damaged(String),
+    /// Opening or mapping it failed: left alone.
+    Unreadable(String),
+}
+
+impl From<String> for Unusable {
+    fn from(why: String) -> Unusable {
+        Unusable::Damaged(why)
+    }
+}
+
+impl From<&str> for Unusable {
+    fn from(why: &str) -> Unusable {
+        Unusable::Damaged(why.to_owned())
+    }
+}
+
 /// A complete file's mapping and index; `Ok(None)` for a pending file of another boot (or one
 /// whose boot is unknown) when `boot` is given.
 #[allow(clippy::type_complexity)]
 fn read(
     path: &Path,
     boot: Option<&str>,
-) -> std::result::Result<Option<(Arc<Mapping>, HashMap<String, Entry>)>, String> {
-    let file = File::open(path).map_err(|e| e.to_string())?;
-    let mapping = Mapping::private(&file).map_err(|e| e.to_string())?;
+) -> std::result::Result<Option<(Arc<Mapping>, HashMap<String, Entry>)>, Unusable> {
+    let unreadable = |e: std::io::Error| Unusable::Unreadable(e.to_string());
+    let file = File::open(path).map_err(unreadable)?;
+    let mapping = Mapping::read_only(&file).map_err(unreadable)?;
     let len = mapping.len();
     let header = mapping.bytes(0, HEADER).ok_or("shorter than its header")?;
     if &header[..8] != MAGIC {
@@ -420,7 +450,7 @@ fn read(
     }
     let version = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
     if version != VERSION {
-        return Err(format!("format {version}, this build reads {VERSION}"));
+        return Err(format!("format {version}, this build reads {VERSION}").into());
     }
     let trailer = mapping
         .bytes(len.checked_sub(TRAILER).ok_or("no trailer")?, TRAILER)
@@ -436,7 +466,7 @@ fn read(
     let json = mapping.bytes(at, n).ok_or("index out of range")?;
     let index: Index = serde_json::from_slice(json).map_err(|e| format!("index: {e}"))?;
     if index.version != VERSION {
-        return Err(format!("index of format {}", index.version));
+        return Err(format!("index of format {}", index.version).into());
     }
     if let Some(boot) = boot
         && index.boot_id != boot
@@ -455,7 +485,7 @@ fn read(
                     .bytes(slot.offset - 8, 8)
                     .is_some_and(|w| u64::from_le_bytes(w.try_into().expect("8")) == bytes as u64);
             if !ok {
-                return Err(format!("{key}: an array outside the file's data"));
+                return Err(format!("{key}: an array outside the file's data").into());
             }
         }
     }

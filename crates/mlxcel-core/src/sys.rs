@@ -506,8 +506,14 @@ pub(crate) fn copy_tensor_then_release<T: 'static, E: 'static>(
 /// if something did, the file would not change) or shared while it is being written
 /// ([`Arena`]). Unmapped when the last array over it and the last `Arc` are gone.
 pub(crate) struct Mapping {
-    map: memmap2::MmapMut,
+    map: Map,
     base: *mut u8,
+}
+
+/// The mapping itself, kept for its length and to unmap it when dropped.
+enum Map {
+    ReadOnly(#[allow(dead_code)] memmap2::Mmap),
+    Shared(memmap2::MmapMut),
 }
 
 // SAFETY: `base` points into `map`, owned by the struct and never moved or unmapped while it
@@ -519,24 +525,37 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps all of `file` privately, copy-on-write.
-    pub(crate) fn private(file: &std::fs::File) -> std::io::Result<std::sync::Arc<Mapping>> {
+    /// Maps all of `file` read-only (private: no commit charge, and the process's view cannot
+    /// change the file).
+    pub(crate) fn read_only(file: &std::fs::File) -> std::io::Result<std::sync::Arc<Mapping>> {
         // SAFETY: the cache file is written once, under another name, and renamed into place
         // complete (`crate::layout_cache`); nothing rewrites or truncates it afterwards, the
-        // same assumption every mmap-based loader makes of its weights. The map is private, so
-        // a stray write would copy a page, not change the file.
-        let mut map = unsafe { memmap2::MmapOptions::new().map_copy(file)? };
-        let base = map.as_mut_ptr();
-        Ok(std::sync::Arc::new(Mapping { map, base }))
+        // same assumption every mmap-based loader makes of its weights. Nothing writes through
+        // `base` of a read-only mapping: only `Arena::filled` writes, into an arena's own
+        // shared mapping, and the arrays over this one are weights, which MLX never donates to
+        // an op's output while the model holds them.
+        let map = unsafe { memmap2::MmapOptions::new().map_copy_read_only(file)? };
+        let base = map.as_ptr().cast_mut();
+        Ok(std::sync::Arc::new(Mapping {
+            map: Map::ReadOnly(map),
+            base,
+        }))
     }
 
     /// The mapped bytes `[offset, offset + len)`, `None` past the end.
     pub(crate) fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
-        self.map.get(offset..offset.checked_add(len)?)
+        let all: &[u8] = match &self.map {
+            Map::ReadOnly(m) => m,
+            Map::Shared(m) => m,
+        };
+        all.get(offset..offset.checked_add(len)?)
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        match &self.map {
+            Map::ReadOnly(m) => m.len(),
+            Map::Shared(m) => m.len(),
+        }
     }
 
     /// The offset of `nbytes` at `address` when they lie inside the mapping.
@@ -598,7 +617,10 @@ impl Arena {
         let mut map = unsafe { memmap2::MmapOptions::new().len(limit).map_mut(&file)? };
         let base = map.as_mut_ptr();
         Ok(Arena {
-            mapping: std::sync::Arc::new(Mapping { map, base }),
+            mapping: std::sync::Arc::new(Mapping {
+                map: Map::Shared(map),
+                base,
+            }),
             file,
             next: Mutex::new(start),
             limit,
