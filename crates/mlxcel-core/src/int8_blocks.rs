@@ -11,9 +11,12 @@
 //! [`Int8Layout::Compact`](crate::Int8Layout::Compact) for the same weights: the kernels compute
 //! the same bits from it as from the general path's (tests compare the two).
 //!
-//! MXFP4 takes the layout without loss too: its doubled E2M1 values plus 16 are 5-bit codes
-//! (4..=28), its E8M0 scale is a power of two (f16 when every block's fits, else f32), and its
-//! bias is −16 times the scale, derived by the kernels.
+//! MXFP4 takes the layout without loss too: its doubled E2M1 values plus 16 are codes 4..=28,
+//! its E8M0 scale is a power of two (f16 when every block's fits, else f32), and its bias is
+//! −16 times the scale, derived by the kernels. Written from its blocks, it keeps its 4-bit E2M1
+//! indices (the "E2M1 codes" of the kernels: `bits` 4 and the bias placeholder `[−16, 1]`), which
+//! the kernels look up as those codes in registers; the general path's conversion gives the same
+//! codes in 5 bits. The kernels compute the same bits from either.
 
 use std::mem::MaybeUninit;
 
@@ -52,14 +55,17 @@ struct Form {
     bias_multiple: Option<f32>,
     /// Per-group scales in f32 rather than f16 (an MXFP4 weight with a scale f16 cannot hold).
     f32_scales: bool,
+    /// MXFP4: the codes are the blocks' own 4-bit E2M1 indices (`bits` and `out_bits` 4).
+    e2m1: bool,
 }
 
 impl Form {
     fn of(ty: GgmlType) -> Option<Form> {
         let (block_len, block_bytes) = ty.layout()?;
-        let bits = affine_bits(ty)? as usize;
+        let e2m1 = ty == GgmlType::MXFP4;
+        let bits = if e2m1 { 4 } else { affine_bits(ty)? as usize };
         let out_bits = match ty {
-            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::MXFP4 => 5,
+            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => 5,
             GgmlType::Q6_K => 6,
             _ => bits,
         };
@@ -73,6 +79,7 @@ impl Form {
             factored: block_len == SUPER_BLOCK,
             bias_multiple: bias_multiple(ty),
             f32_scales: false,
+            e2m1,
         })
     }
 
@@ -182,6 +189,8 @@ impl QuantizedWeight {
         }
         let biases = match (biases, form.bias_multiple) {
             (Some(b), _) => b,
+            // (E2M1 indices: the placeholder's second value marks them)
+            (None, Some(m)) if form.e2m1 => Array::from_f32(&[m, 1.0], &[2])?,
             (None, Some(m)) => Array::from_f32(&[m], &[1])?,
             (None, None) => unreachable!("stored biases are written"),
         };
@@ -310,11 +319,12 @@ fn write_run(
             .map(|b| &mut b[t * scale_tile..(t + 1) * scale_tile]);
         let code_bytes = sys::as_bytes_mut(&mut codes);
         for (j, row) in tile_rows.iter().enumerate() {
-            pack_row(
-                form.ty,
-                row,
-                &mut code_bytes[j * row_code_bytes..(j + 1) * row_code_bytes],
-            );
+            let out = &mut code_bytes[j * row_code_bytes..(j + 1) * row_code_bytes];
+            if form.e2m1 {
+                pack_e2m1_indices(row, form.block_bytes, out);
+            } else {
+                pack_row(form.ty, row, out);
+            }
             if !write_row_scales(form, row, j, scales, biases.as_deref_mut()) {
                 return Ok(false);
             }
@@ -333,6 +343,17 @@ fn write_run(
         }
     }
     Ok(true)
+}
+
+/// An MXFP4 row's E2M1 indices packed as 4-bit codes (value `k` in byte `k / 2`, low nibble
+/// first): a block's byte `i` holds values `i` (low nibble) and `i + 16` (high).
+fn pack_e2m1_indices(row: &[u8], block_bytes: usize, out: &mut [u8]) {
+    for (block, out) in row.chunks_exact(block_bytes).zip(out.chunks_exact_mut(16)) {
+        for (i, pair) in block[1..17].chunks_exact(2).enumerate() {
+            out[i] = (pair[0] & 0x0F) | (pair[1] << 4);
+            out[8 + i] = (pair[0] >> 4) | (pair[1] & 0xF0);
+        }
+    }
 }
 
 /// Tile row `j`'s scales (and stored biases), every block of `row`: false when some block's

@@ -197,9 +197,19 @@ impl QuantizedWeight {
     /// Whether the int8 layout keeps the biases as one power of two times the scales (a
     /// symmetric format's code offset: GGUF Q4_0, Q5_0, Q8_0, Q6_K, Q3_K): `biases` is then
     /// that multiple, a `[1]` f32 array, and the kernels compute each bias from its scale,
-    /// the same bits.
+    /// the same bits. (`[m, 1]` when the codes are E2M1 indices: [`QuantizedWeight::e2m1_codes`].)
     pub fn derived_biases(&self) -> bool {
-        self.int8 && self.biases.dtype() == Dtype::F32 && self.biases.shape() == [1]
+        self.int8
+            && self.biases.dtype() == Dtype::F32
+            && (self.biases.shape() == [1] || self.biases.shape() == [2])
+    }
+
+    /// Whether the int8 layout's 4-bit codes are MXFP4's E2M1 indices, which the kernels look
+    /// up as the codes the compact 5-bit form stores (4..=28; the same bits either way): what
+    /// an MXFP4 weight written from its GGUF blocks holds, a fifth fewer code bytes than 5 bits.
+    /// The derived biases' placeholder is then `[m, 1]`.
+    pub fn e2m1_codes(&self) -> bool {
+        self.bits == 4 && self.derived_biases() && self.biases.shape() == [2]
     }
 
     /// Whether only mlxcel's kernels can read this weight, whatever the chosen kernels: the int8

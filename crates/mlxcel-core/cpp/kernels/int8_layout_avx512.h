@@ -47,10 +47,32 @@ LAYOUT512_TARGET inline __attribute__((always_inline)) __m512 factor16(const uin
 // and 4-5 of h or h >> 2), the lower field moved up by a 16-bit shift (what crosses into the
 // next byte lands in its low nibble, which the nibbles replace). Values Q and Q + 4 (5 bits), or
 // the pairs of a chunk (6 bits), share one masked form. 8 bits: chunk Q.
+//
+// E2M1 indices (kE2m1Bits, kE2m1VbmiBits: the 4-bit layout, qmatmul.h): the nibbles as for 4
+// bits, looked up in kE2m1Codes. vpshufb reads bits 0-3 of each index (and zeroes where bit 7 is
+// set), so the nibble is masked first; vpermb reads bits 0-5 of a 64-byte table, which holds the
+// 16 codes four times, so bits 4 and 5 (the other nibble) do not matter and nothing is masked.
+// vpermb goes through asm: the kernels' target attributes leave VBMI out (a VNNI CPU may lack
+// it; dispatch_layout takes this form only where has_vbmi()).
+LAYOUT512_TARGET inline __attribute__((always_inline)) __m512i e2m1_table() {
+  const __m128i t = _mm_setr_epi8(16, 17, 18, 19, 20, 22, 24, 28, 16, 15, 14, 13, 12, 10, 8, 4);
+  return _mm512_broadcast_i32x4(t);
+}
+
 template <int BITS, int Q>
 LAYOUT512_TARGET inline __attribute__((always_inline)) __m512i codes(const uint8_t* wb) {
   const __m512i low = _mm512_set1_epi8(0x0F);
-  if constexpr (BITS == 8) {
+  if constexpr (BITS == kE2m1Bits || BITS == kE2m1VbmiBits) {
+    const __m512i v = _mm512_loadu_si512(wb + (Q / 2) * 64);
+    const __m512i index = Q % 2 == 0 ? v : _mm512_srli_epi16(v, 4);
+    if constexpr (BITS == kE2m1VbmiBits) {
+      __m512i out;
+      __asm__("vpermb %2, %1, %0" : "=v"(out) : "v"(index), "v"(e2m1_table()));
+      return out;
+    } else {
+      return _mm512_shuffle_epi8(e2m1_table(), _mm512_and_si512(index, low));
+    }
+  } else if constexpr (BITS == 8) {
     return _mm512_loadu_si512(wb + Q * 64);
   } else {
     const __m512i v = _mm512_loadu_si512(wb + (Q / 2) * 64);
@@ -144,7 +166,11 @@ inline void dispatch_scales(const QProblem& p, Args... args) {
 template <template <int, int, bool> class Kernel, typename... Args>
 inline void dispatch_layout(const QProblem& p, Args... args) {
   switch (p.bits) {
-    case 4: return dispatch_scales<Kernel, 4>(p, args...);
+    case 4:
+      if (p.e2m1)
+        return has_vbmi() ? dispatch_scales<Kernel, kE2m1VbmiBits>(p, args...)
+                          : dispatch_scales<Kernel, kE2m1Bits>(p, args...);
+      return dispatch_scales<Kernel, 4>(p, args...);
     case 5: return dispatch_scales<Kernel, 5>(p, args...);
     case 6: return dispatch_scales<Kernel, 6>(p, args...);
     default: return dispatch_scales<Kernel, 8>(p, args...);

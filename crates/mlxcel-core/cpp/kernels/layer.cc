@@ -142,12 +142,14 @@ struct Weights {
   const void* biases;
   bool half, factored;
   float bias_scale;  // nonzero: the biases are this multiple of the scales (kernels/qmatmul.h)
+  bool e2m1;         // 4-bit codes that are E2M1 indices (kernels/qmatmul.h)
 };
 
 // Biases kept as their multiple of the scales (int8 only; kernels/qmatmul.h): one f32 in a [1]
-// array.
+// array, or [m, 1] for 4-bit E2M1 indices.
 bool derived_biases(const mx::array& biases) {
-  return biases.dtype() == mx::float32 && biases.ndim() == 1 && biases.shape(0) == 1;
+  return biases.dtype() == mx::float32 && biases.ndim() == 1 &&
+         (biases.shape(0) == 1 || biases.shape(0) == 2);
 }
 
 float* grow(std::vector<float>& buffer, size_t floats) {
@@ -165,6 +167,7 @@ kernels::QProblem problem(const float* x, const Weights& w, Quant q, int M, int 
   p.half = w.half;
   p.factored = w.factored;
   p.bias_scale = w.bias_scale;
+  p.e2m1 = w.e2m1 && q.bits == 4;
   p.y = y;
   p.M = M;
   p.N = N;
@@ -353,7 +356,7 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
       const bool derived = derived_biases(b);
       return Weights{in(w).data<uint32_t>(), in(w + 1).data<uint8_t>(), b.data<uint8_t>(),
                      in(w + 1).dtype() == mx::float16, in(w + 1).dtype() == mx::uint8,
-                     derived ? b.data<float>()[0] : 0.0f};
+                     derived ? b.data<float>()[0] : 0.0f, derived && b.shape(0) == 2};
     };
     auto floats = [&](bool present, int i) { return present ? in(i).data<float>() : nullptr; };
     const bool dense = d.moe == 0;

@@ -55,8 +55,9 @@ kernels::QProblem matrix(const std::vector<mx::array>& in, size_t first, int n, 
            std::to_string(k * bits / 32) + "]");
   for (const auto* a : {&w, &scales, &biases})
     if (!a->flags().row_contiguous) refuse(what + ": every array must be row-contiguous");
+  // (the derived-bias placeholder: [m], or [m, 1] for 4-bit E2M1 indices; kernels/qmatmul.h)
   const bool derived = int8 != 0 && biases.dtype() == mx::float32 && biases.ndim() == 1 &&
-                       biases.shape(0) == 1;
+                       (biases.shape(0) == 1 || biases.shape(0) == 2);
   const bool factored = int8 != 0 && scales.dtype() == mx::uint8;
   if (factored) {
     const mx::Shape shape{n / kernels::kInt8TileRows,
@@ -88,6 +89,7 @@ kernels::QProblem matrix(const std::vector<mx::array>& in, size_t first, int n, 
   p.scales = scales.data<uint8_t>();
   p.biases = biases.data<uint8_t>();
   p.bias_scale = derived ? biases.data<float>()[0] : 0.0f;
+  p.e2m1 = derived && biases.shape(0) == 2 && bits == 4;
   return p;
 }
 

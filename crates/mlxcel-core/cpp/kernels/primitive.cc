@@ -62,9 +62,16 @@ enum class Epilogue : uint8_t { None = 0, Residual = 1, Swiglu = 2, Geglu = 3 };
 
 bool gated(Epilogue e) { return e == Epilogue::Swiglu || e == Epilogue::Geglu; }
 
-// Biases kept as their multiple of the scales (kernels::bias_multiple): one f32 in a [1] array.
+// Biases kept as their multiple of the scales (kernels::bias_multiple): one f32 in a [1] array,
+// or [m, 1] for 4-bit E2M1 indices (kernels/qmatmul.h, "E2M1 codes").
 bool derived_biases(const mx::array& biases) {
-  return biases.dtype() == mx::float32 && biases.ndim() == 1 && biases.shape(0) == 1;
+  return biases.dtype() == mx::float32 && biases.ndim() == 1 &&
+         (biases.shape(0) == 1 || biases.shape(0) == 2);
+}
+
+// Whether an int8-layout weight's 4-bit codes are E2M1 indices (the [m, 1] placeholder).
+bool e2m1_codes(const mx::array& biases, int bits) {
+  return bits == 4 && derived_biases(biases) && biases.shape(0) == 2;
 }
 
 // A QProblem's weight half: the packed weight (N rows of K values), its scales and biases
@@ -85,6 +92,7 @@ kernels::QProblem weight_problem(const mx::array& w, const mx::array& scales,
   p.scales = scales.data<uint8_t>();
   p.biases = biases.data<uint8_t>();
   p.bias_scale = int8 && derived_biases(biases) ? biases.data<float>()[0] : 0.0f;
+  p.e2m1 = int8 && e2m1_codes(biases, bits);
   return p;
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <vector>
 
 #include "mlxcel-core/cpp/kernels/dispatch.h"
@@ -201,6 +202,18 @@ bool has_vnni() {
     return __builtin_cpu_supports("avx512vnni") != 0;
   }();
   return vnni;
+}
+
+bool has_vbmi() {
+  // MLXCEL_NO_VBMI=1 takes the lookup without VBMI (as a VNNI CPU without it does): how the
+  // tests reach that path on a CPU that has VBMI.
+  static const bool vbmi = [] {
+    __builtin_cpu_init();
+    const char* off = std::getenv("MLXCEL_NO_VBMI");
+    if (off != nullptr && off[0] == '1') return false;
+    return __builtin_cpu_supports("avx512vbmi") != 0;
+  }();
+  return vbmi;
 }
 
 Isa best_isa() {

@@ -30,6 +30,9 @@ struct QProblem {
   // (int8 layout only) x stays f32: the weights are read in the int8 layout, any of its forms,
   // and multiplied by x unquantized (below, "f32 activations over the int8 layout").
   bool f32x;
+  // (int8 layout, 4-bit codes only) the nibbles are E2M1 (MXFP4) indices, not codes: the code
+  // each stands for is kE2m1Codes[nibble] (below, "E2M1 codes").
+  bool e2m1;
 };
 
 // IEEE half to float, portable (the scalar path; the SIMD paths use F16C).
@@ -165,6 +168,21 @@ bool factor_int8_superblock(const float* v, int count, float* d, int8_t* c);
 // int8 layout keeps m instead of the biases (QProblem::bias_scale): Q4_0 then reads 18 bytes per
 // 32 weights, as its GGUF block, not 20; Q6_K 212 per 256, not 232.
 float bias_multiple(const void* scales, const void* biases, bool half, int64_t count);
+//
+// E2M1 codes (QProblem::e2m1). MXFP4's values are 2^e · E2M1, E2M1 ∈ {±0, ±0.5, ±1, ±1.5, ±2,
+// ±3, ±4, ±6}: as the compact 5-bit form stores them, the code is the doubled value plus 16
+// (4 .. 28) with the scale halved and the bias −16 times the scale. The E2M1 form stores each
+// value's 4-bit E2M1 index instead (the 4-bit layout, a fifth fewer bytes than 5 bits) and the
+// kernels look the code up in registers (vpshufb, or vpermb with AVX-512 VBMI): the same codes,
+// so the same integer sums and the same bits as the 5-bit form. The derived-bias placeholder
+// marks it: [m, 1] (two f32) where plain derived biases are [m].
+constexpr uint8_t kE2m1Codes[16] = {16, 17, 18, 19, 20, 22, 24, 28,
+                                    16, 15, 14, 13, 12, 10, 8, 4};
+// Kernels' template code widths for the E2M1 form (4-bit storage, the lookup by vpshufb or by
+// vpermb); int8_code_bits gives the stored width of any template width.
+constexpr int kE2m1Bits = 4 | 16;
+constexpr int kE2m1VbmiBits = 4 | 32;
+constexpr int int8_code_bits(int bits) { return bits & 15; }
 
 // x quantized for the int8 path. Rows are kept in blocks of kInt8RowBlock, each block's values
 // four at a time row after row, so that a kernel serving up to eight rows finds every row's next
@@ -260,5 +278,8 @@ void f32x_avx512_gemm(const QProblem& p, const float* xp, float* panel, int m0, 
 
 // Whether the CPU has AVX-512 VNNI (the int8 path's fastest form; AVX2 has its own).
 bool has_vnni();
+// Whether the CPU has AVX-512 VBMI (vpermb: the E2M1 lookup without masking the index), and
+// MLXCEL_NO_VBMI is not 1 (the tests' way to the lookup without it).
+bool has_vbmi();
 
 }  // namespace mlxcel::kernels

@@ -64,8 +64,11 @@ template <int Q, int R, int SP, int BITS>
 MLXCEL_INLINE void gemv_step(__m512 (&dot)[R][SP], const uint8_t* wb, const float* xk,
                                     int K) {
   __m512 f[4];
-  if constexpr (BITS == 4) {
-    const __m512 values = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  if constexpr (int8_code_bits(BITS) == 4) {
+    // The nibble's code: itself, or its E2M1 code (qmatmul.h), by the same permute.
+    const __m512 values =
+        BITS == 4 ? _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                  : _mm512_set_ps(4, 8, 10, 12, 13, 14, 15, 16, 28, 24, 22, 20, 19, 18, 17, 16);
     const __m512i v = _mm512_loadu_si512(wb + (Q / 2) * 64);
     f[0] = nibble_f32<0 + Q % 2>(v, values);
     f[1] = nibble_f32<2 + Q % 2>(v, values);
@@ -93,6 +96,7 @@ template <int R, int BITS, int SM, bool G16>
 MLXCEL_TARGET void gemv_tile(const QProblem& p, const TileScales& at, int t, const float* sums,
                              int m, const uint8_t* limit) {
   constexpr int SP = R == 1 ? 4 : (R == 2 ? 2 : 1);
+  constexpr int kCodeBits = int8_code_bits(BITS);  // (the stored width)
   const int K = p.K, G = K / p.group_size;
   const uint8_t* w = at.codes(p, t);
   const uint8_t* stile = at.scales(p, t);
@@ -122,7 +126,7 @@ MLXCEL_TARGET void gemv_tile(const QProblem& p, const TileScales& at, int t, con
   const auto prefetch = [&](const uint8_t* wb) MLXCEL_TARGET {
     if (wb + kPrefetchAhead >= limit) return;
 #pragma GCC unroll 8
-    for (int l = 0; l < BITS; ++l)
+    for (int l = 0; l < kCodeBits; ++l)
       _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(wb) +
                                                  kPrefetchAhead + 64 * l),
                    _MM_HINT_T1);
@@ -130,7 +134,7 @@ MLXCEL_TARGET void gemv_tile(const QProblem& p, const TileScales& at, int t, con
   const int blocks = K / kInt8Block;
   if constexpr (G16) {
     for (int j = 0; j < blocks; ++j) {
-      const uint8_t* wb = w + static_cast<int64_t>(j) * 64 * BITS;
+      const uint8_t* wb = w + static_cast<int64_t>(j) * 64 * int8_code_bits(BITS);
       const float* xk = x + j * kInt8Block;
       prefetch(wb);
       clear();
@@ -151,7 +155,7 @@ MLXCEL_TARGET void gemv_tile(const QProblem& p, const TileScales& at, int t, con
     for (int g = 0; g < G; ++g) {
       clear();
       for (int j = g * per_group; j < (g + 1) * per_group; ++j) {
-        const uint8_t* wb = w + static_cast<int64_t>(j) * 64 * BITS;
+        const uint8_t* wb = w + static_cast<int64_t>(j) * 64 * int8_code_bits(BITS);
         const float* xk = x + j * kInt8Block;
         prefetch(wb);
         gemv_step<0, R, SP, BITS>(dot, wb, xk, K);
@@ -224,7 +228,7 @@ MLXCEL_TARGET void dequant_tile(const QProblem& p, const TileScales& at, int t, 
                    : factor16<SM>(btile, at.sb_bytes, at.pshift, g);
   };
   for (int j = 0; j < p.K / kInt8Block; ++j) {
-    const uint8_t* wb = w + static_cast<int64_t>(j) * 64 * BITS;
+    const uint8_t* wb = w + static_cast<int64_t>(j) * 64 * int8_code_bits(BITS);
     float* out = panel + static_cast<int64_t>(j) * kInt8Block * kInt8TileRows;
     __m512 scale, bias;
     factors(G16 ? 2 * j : j >> at.gshift, scale, bias);

@@ -303,7 +303,8 @@ int32_t int8_code(const QProblem& p, int n, int k) {
   const int per_chunk = p.bits == 4 ? 8 : 4, c = k / per_chunk, within = k % per_chunk;
   const uint8_t byte = tile[static_cast<int64_t>(c) * 64 + 4 * j + within % 4];
   if (p.bits == 8) return byte;
-  return within < 4 ? (byte & 0x0F) : (byte >> 4);
+  const int nibble = within < 4 ? (byte & 0x0F) : (byte >> 4);
+  return p.e2m1 ? kE2m1Codes[nibble] : nibble;
 }
 
 void int8_factor_parts(const QProblem& p, const void* a, int n, int g, float* d, int32_t* c) {

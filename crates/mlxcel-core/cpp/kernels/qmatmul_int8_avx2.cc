@@ -75,7 +75,8 @@ MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t t, int
   const int16_t* sumb = kSuper ? x.sums + kInt8SbSums * int8_sb_index(m, 0, p.K) : nullptr;
   constexpr int kRow = kInt8RowBlock * 4;
   constexpr int kParts = G16 ? 2 : 1;  // parts of the block with their own group
-  constexpr int kBlockBytes = 64 * BITS;
+  constexpr int kCodeBits = int8_code_bits(BITS);  // (the stored width)
+  constexpr int kBlockBytes = 64 * kCodeBits;
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256i two = _mm256_set1_epi8(0x03);
   const __m256i one = _mm256_set1_epi8(0x01);
@@ -107,7 +108,7 @@ MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t t, int
     // kernel does: qmatmul_int8_avx512.cc); the second half reads them from there.
     if (h == 0) {
 #pragma GCC unroll 8
-      for (int l = 0; l < BITS; ++l)
+      for (int l = 0; l < kCodeBits; ++l)
         _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(wb) +
                                                    kInt8PrefetchAhead + 64 * l),
                      _MM_HINT_T1);
@@ -117,7 +118,31 @@ MLXCEL_TARGET void half_tile(const QProblem& p, const uint8_t* w, int64_t t, int
       // high parts (value = 16·high + low).
       __m256i lo_sum[R], hi_sum[R];
       for (int r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
-      if constexpr (BITS == 8) {
+      if constexpr (BITS == kE2m1Bits) {
+        // E2M1 indices (qmatmul.h): each nibble's code looked up (codes 4 .. 28), then split as
+        // the 5-bit form's are (code = 16·high + low), so the pair sums stay in 16 bits and the
+        // totals are the same integers.
+        const __m256i table = _mm256_broadcastsi128_si256(
+            _mm_setr_epi8(16, 17, 18, 19, 20, 22, 24, 28, 16, 15, 14, 13, 12, 10, 8, 4));
+        for (int c = part * 4 / kParts; c < (part + 1) * 4 / kParts; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + c * 64));
+          const __m256i ca = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low));
+          const __m256i cb =
+              _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+          const __m256i alo = _mm256_and_si256(ca, low), blo = _mm256_and_si256(cb, low);
+          const __m256i ahi = _mm256_and_si256(_mm256_srli_epi16(ca, 4), one);
+          const __m256i bhi = _mm256_and_si256(_mm256_srli_epi16(cb, 4), one);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* xr = xj + (2 * c) * kRow + 4 * r;
+            lo_sum[r] = _mm256_add_epi16(lo_sum[r], _mm256_maddubs_epi16(alo, bcast4(xr)));
+            lo_sum[r] =
+                _mm256_add_epi16(lo_sum[r], _mm256_maddubs_epi16(blo, bcast4(xr + kRow)));
+            hi_sum[r] = _mm256_add_epi16(hi_sum[r], _mm256_maddubs_epi16(ahi, bcast4(xr)));
+            hi_sum[r] =
+                _mm256_add_epi16(hi_sum[r], _mm256_maddubs_epi16(bhi, bcast4(xr + kRow)));
+          }
+        }
+      } else if constexpr (BITS == 8) {
         for (int c = part * 8 / kParts; c < (part + 1) * 8 / kParts; ++c) {
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + c * 64));
           const __m256i lo = _mm256_and_si256(v, low);
@@ -235,7 +260,7 @@ MLXCEL_TARGET void run(const QProblem& p, const Int8X& x, int m0, int m1, int t0
   // once for eight rows instead of four: 18% faster alone, Q4_0's shape of 4096 × 4096 at
   // M = 128, docs/kernels.md); factored 4-bit codes keep four (their R superblock sums too).
   constexpr int RM = BITS == 4 && SM != kFactored && !G16 ? 8 : BITS == 4 ? 4 : 2;
-  const int64_t tile_bytes = static_cast<int64_t>(2) * p.K * BITS;
+  const int64_t tile_bytes = static_cast<int64_t>(2) * p.K * int8_code_bits(BITS);
   const int gshift =
       G16 ? 0 : __builtin_ctz(static_cast<unsigned>(p.group_size / kInt8Block));
   const auto* wbase = reinterpret_cast<const uint8_t*>(p.w);
@@ -454,7 +479,10 @@ MLXCEL_TARGET void quantize_rows_sb(const float* x, int M, int K, int8_t* xq, fl
 void int8_avx2(const QProblem& p, const Int8X& x, int m0, int m1, int t0, int t1) {
   switch (p.bits) {
     case 4:
-      run_scales<4>(p, x, m0, m1, t0, t1);
+      if (p.e2m1)
+        run_scales<kE2m1Bits>(p, x, m0, m1, t0, t1);
+      else
+        run_scales<4>(p, x, m0, m1, t0, t1);
       break;
     case 5:
       run_scales<5>(p, x, m0, m1, t0, t1);

@@ -83,6 +83,7 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stil
                         const uint8_t* btile, int64_t sb_bytes, int pshift, int gshift,
                         const Int8X& x, int m, int n0) {
   constexpr bool kSuper = SM == kFactored;
+  constexpr int kCodeBits = int8_code_bits(BITS);  // (the stored width)
   const int blocks = p.K / kInt8Block;
   // This row block's codes, 32 bytes (four values of each of 8 rows) per four values of K.
   const int8_t* xblock = x.q + int8_x_index(m, 0, p.K);
@@ -108,9 +109,9 @@ MLXCEL_TARGET void tile(const QProblem& p, const uint8_t* w, const uint8_t* stil
   }
   for (int j = 0; j < blocks; ++j) {
     const int8_t* xj = xblock + static_cast<int64_t>(j) * 8 * kRow;
-    const uint8_t* wb = w + static_cast<int64_t>(j) * 64 * BITS;
+    const uint8_t* wb = w + static_cast<int64_t>(j) * 64 * kCodeBits;
 #pragma GCC unroll 8
-    for (int l = 0; l < BITS; ++l)
+    for (int l = 0; l < kCodeBits; ++l)
       _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(wb) +
                                                  kPrefetchAhead + 64 * l),
                    _MM_HINT_T1);

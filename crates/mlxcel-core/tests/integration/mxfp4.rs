@@ -1,5 +1,6 @@
 //! MXFP4 weights on mlxcel's kernels without loss: written into the int8 layout straight from
-//! their GGUF blocks (5-bit codes, power-of-two scales, derived biases) and converted to MLX's
+//! their GGUF blocks (4-bit E2M1 indices looked up as codes, power-of-two scales, derived
+//! biases), interleaved the general way (5-bit codes), and converted to MLX's
 //! layout (8-bit affine groups of 32), the values read back are llama.cpp's bit for bit at scale
 //! bytes from 0 to 251, and the matmuls of both layouts, int8 or f32 activations, every path,
 //! are exactly the dequantized weight's f64 product where x is on the int8 grid, and within the
@@ -102,22 +103,23 @@ fn assert_bits(got: &[f32], want: &[f32], what: &str) {
 
 /// Every value read back equals llama.cpp's, at every kind of scale byte the form holds (the
 /// f32 subnormals 2^−128 and 2^−127, f16's edges 104 and 143 and just past them, 2^123): from
-/// the layout written from the blocks (5-bit codes, f32 scales since f16 cannot hold them all,
-/// biases derived), from the general path's interleaving of the converted weight, and from the
-/// converted weight itself through MLX's `dequantize`.
+/// the layout written from the blocks (E2M1 indices, f32 scales since f16 cannot hold them all,
+/// biases derived), from the general path's interleaving of the converted weight (5-bit codes),
+/// and from the converted weight itself through MLX's `dequantize`.
 #[test]
 fn mxfp4_values_read_back_exactly_at_the_scale_extremes() {
     let dir = tempfile::tempdir().unwrap();
     let bytes = [0u8, 1, 2, 50, 103, 104, 127, 128, 143, 144, 200, 251];
     let (ckpt, want) = patched(dir.path(), 3901, |b| bytes[b % bytes.len()]);
     let direct = direct(&ckpt);
-    assert_eq!((direct.bits, direct.group_size), (5, 32));
-    assert!(direct.derived_biases());
+    assert_eq!((direct.bits, direct.group_size), (4, 32));
+    assert!(direct.derived_biases() && direct.e2m1_codes());
     assert_eq!(direct.scales.dtype(), Dtype::F32);
     let mlx = mlx_layout(&ckpt);
     assert_eq!(mlx.scales.dtype(), Dtype::F32);
     let general = mlx.interleave_int8_as(Int8Layout::Compact).unwrap();
     assert_eq!((general.bits, general.derived_biases()), (5, true));
+    assert!(!general.e2m1_codes());
     let ids = Array::from_u32(&(0..512).collect::<Vec<_>>(), &[512]).unwrap();
     for (w, what) in [(&direct, "from the blocks"), (&general, "interleaved")] {
         let rows = w.int8_rows(&ids).unwrap().to_vec_f32().unwrap();
@@ -173,15 +175,54 @@ fn int8_bound(w: &[f32], x: &[f32], k: usize, (i, j): (usize, usize), magnitude:
 /// blocks (scalar, AVX2, AVX-512; 1 and 2 threads; GEMV and GEMM shapes), and MLX's layout on
 /// mlxcel's f32 kernel and on MLX's own (`MLXCEL_KERNELS=mlx`). On the grid every sum is exact,
 /// so each equals the f64 product bit for bit; off it int8 is within its quantization bound and
-/// f32 within 1e-5 of Σ|w·x|.
+/// f32 within 1e-5 of Σ|w·x|. The layout from the blocks (E2M1 indices) gives the same bits as
+/// the general path's (5-bit codes) on every path.
 #[test]
 fn mxfp4_matmuls_equal_the_dequantized_weights_product() {
+    mxfp4_matmuls_check();
+}
+
+/// The same, in a child process with `MLXCEL_NO_VBMI=1`: the AVX-512 kernels' E2M1 lookup by
+/// vpshufb (a VNNI CPU without VBMI), which a CPU with VBMI would not otherwise reach.
+#[test]
+fn mxfp4_matmuls_without_vbmi() {
+    let me = std::env::current_exe().expect("test binary path");
+    let out = std::process::Command::new(me)
+        .args([
+            "--ignored",
+            "--exact",
+            "mxfp4::child_mxfp4_matmuls_without_vbmi",
+        ])
+        .env("MLXCEL_NO_VBMI", "1")
+        .output()
+        .expect("test binary starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Run by `mxfp4_matmuls_without_vbmi` in a child process.
+#[test]
+#[ignore = "run as a child process by mxfp4_matmuls_without_vbmi"]
+fn child_mxfp4_matmuls_without_vbmi() {
+    assert_eq!(std::env::var("MLXCEL_NO_VBMI").as_deref(), Ok("1"));
+    mxfp4_matmuls_check();
+}
+
+fn mxfp4_matmuls_check() {
     let dir = tempfile::tempdir().unwrap();
     let (ckpt, w) = patched(dir.path(), 3902, |b| 124 + (b * 7 % 3) as u8);
     let (n, k) = (512, 256);
     let direct = direct(&ckpt);
     assert_eq!(direct.scales.dtype(), Dtype::F16, "2^−4 .. 2^−2 fit f16");
+    assert!(direct.e2m1_codes());
     let mlx = mlx_layout(&ckpt);
+    // The general path's 5-bit codes: the same codes, so the same bits on every path.
+    let general = mlx.interleave_int8_as(Int8Layout::Compact).unwrap();
+    assert_eq!(general.bits, 5);
     let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
         .into_iter()
         .filter(|&isa| isa <= Isa::best())
@@ -218,10 +259,22 @@ fn mxfp4_matmuls_equal_the_dequantized_weights_product() {
         for &isa in &isas {
             for threads in [1, 2] {
                 let what = format!("{isa:?}×{threads}");
-                check(run(&direct, isa, threads, Activations::Int8), true, &what);
+                let int8 = run(&direct, isa, threads, Activations::Int8);
+                assert_bits(
+                    &int8,
+                    &run(&general, isa, threads, Activations::Int8),
+                    &format!("{what} E2M1 vs 5-bit codes, int8 m={m}"),
+                );
+                check(int8, true, &what);
                 if isa != Isa::Avx2 {
                     // f32 activations read the int8 layout on the scalar and AVX-512 paths.
-                    check(run(&direct, isa, threads, Activations::F32), false, &what);
+                    let f32 = run(&direct, isa, threads, Activations::F32);
+                    assert_bits(
+                        &f32,
+                        &run(&general, isa, threads, Activations::F32),
+                        &format!("{what} E2M1 vs 5-bit codes, f32 m={m}"),
+                    );
+                    check(f32, false, &what);
                 }
                 check(
                     run(&mlx, isa, threads, Activations::F32),
