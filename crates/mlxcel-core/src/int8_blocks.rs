@@ -234,7 +234,10 @@ impl QuantizedWeight {
         };
         let biases_ok = match form.bias_multiple {
             Some(m) => {
-                self.biases.shape() == [1] && self.biases.to_vec_f32().is_ok_and(|b| b == [m])
+                // The placeholder: the multiple, and 1 after it for E2M1 codes.
+                let expected: &[f32] = if form.e2m1 { &[m, 1.0] } else { &[m] };
+                self.biases.shape() == [expected.len() as i32]
+                    && self.biases.to_vec_f32().is_ok_and(|b| b == expected)
             }
             None => {
                 self.biases.dtype() == self.scales.dtype()

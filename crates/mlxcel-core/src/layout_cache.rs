@@ -20,7 +20,7 @@
 //! before the bytes reached the disk cannot leave a file that is mapped as if whole.
 //!
 //! `MLXCEL_LAYOUT_CACHE=off` turns it off (nothing read, nothing written); the file is not
-//! written when the disk would keep less than [`MARGIN`] free. A file that fails a check is
+//! written beyond what leaves [`MARGIN`] free. A file that fails a check is
 //! removed and written again, with a message that says so; one whose index does not match a
 //! weight's expected shapes is not used for that weight.
 
@@ -41,12 +41,13 @@ use crate::sys::{ARENA_ALIGN, Arena, Mapping};
 /// The layout's format. Raise it whenever the bytes [`QuantizedWeight::int8_from_gguf_blocks`]
 /// writes for the same blocks change (a test of `int8_blocks` fingerprints them and names this
 /// constant), or the file's own format changes: a file of another version is not read.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 const MAGIC: &[u8; 8] = b"MLXCELL8";
 const TRAILER_MAGIC: &[u8; 8] = b"MLXCELIX";
 const HEADER: usize = 64;
 const TRAILER: usize = 24;
-/// Disk space the file leaves free, at least.
+/// Disk space the file leaves free: this plus a tenth of what was free, or half of what was
+/// free when that is less (a nearly full disk still takes a small model's layout).
 const MARGIN: u64 = 2 << 30;
 const ENV: &str = "MLXCEL_LAYOUT_CACHE";
 
@@ -58,13 +59,14 @@ struct Slot {
     shape: Vec<i32>,
 }
 
-/// One weight: its arrays (codes, scales, and the stored biases unless `derived_bias`, the
-/// multiple of the scales the biases are).
+/// One weight: its arrays (codes, scales, and the stored biases unless `derived_biases`, the
+/// placeholder of biases the kernels derive from the scales: the multiple, and a marker after
+/// it for MXFP4's E2M1 codes).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Entry {
     group_size: i32,
     bits: i32,
-    derived_bias: Option<f32>,
+    derived_biases: Option<Vec<f32>>,
     arrays: Vec<Slot>,
 }
 
@@ -236,8 +238,11 @@ impl LayoutCache {
             })?;
             Array::over_mapping(mapping, slot.offset, &slot.shape, dtype)
         };
-        let weight = match (&entry.arrays[..], entry.derived_bias) {
-            ([w, s], Some(m)) => Some((array(w)?, array(s)?, Array::from_f32(&[m], &[1])?)),
+        let weight = match (&entry.arrays[..], &entry.derived_biases) {
+            ([w, s], Some(b)) if !b.is_empty() && b.len() <= 2 => {
+                let derived = Array::from_f32(b, &[b.len() as i32])?;
+                Some((array(w)?, array(s)?, derived))
+            }
             ([w, s, b], None) => Some((array(w)?, array(s)?, array(b)?)),
             _ => None,
         }
@@ -278,13 +283,13 @@ impl LayoutCache {
                 shape: a.shape(),
             })
         };
-        let derived_bias = if weight.biases.shape().iter().product::<i32>() == 1 {
-            Some(weight.biases.to_vec_f32()?[0])
+        let derived_biases = if weight.derived_biases() {
+            Some(weight.biases.to_vec_f32()?)
         } else {
             None
         };
         let mut arrays = vec![slot(&weight.weight), slot(&weight.scales)];
-        if derived_bias.is_none() {
+        if derived_biases.is_none() {
             arrays.push(slot(&weight.biases));
         }
         let Some(arrays) = arrays.into_iter().collect::<Option<Vec<_>>>() else {
@@ -296,7 +301,7 @@ impl LayoutCache {
             let entry = Entry {
                 group_size: weight.group_size,
                 bits: weight.bits,
-                derived_bias,
+                derived_biases,
                 arrays,
             };
             w.entries
@@ -324,7 +329,7 @@ impl LayoutCache {
 impl Writer {
     fn new(dir: &Path, base: &str, done: PathBuf, pending: PathBuf) -> Option<Writer> {
         let free = crate::sys::free_disk_bytes(dir)?;
-        let limit = free.saturating_sub(MARGIN + free / 10);
+        let limit = free.saturating_sub(MARGIN + free / 10).max(free / 2);
         if limit < 64 << 20 {
             eprintln!(
                 "mlxcel: not keeping the int8 layout in {}: {} MB free on its disk",
@@ -375,7 +380,7 @@ impl Writer {
         }
         if self.incomplete.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(std::io::Error::other(format!(
-                "the disk had room for {} MB of it, keeping {} GB free",
+                "the disk had room for {} MB of it, keeping {} GB or half of its free space free",
                 self.arena.used() >> 20,
                 MARGIN >> 30
             )));
@@ -504,7 +509,8 @@ fn sync_then_rename(pending: PathBuf, done: PathBuf) {
     });
 }
 
-/// Removes temporary files of `base` whose writing process is gone.
+/// Removes temporary files of `base` whose writing process is gone, and every file of another
+/// layout version (never read again by this build: they would only take the disk).
 fn remove_stale_temporaries(dir: &Path, base: &str) {
     let Ok(read) = std::fs::read_dir(dir) else {
         return;
@@ -512,10 +518,18 @@ fn remove_stale_temporaries(dir: &Path, base: &str) {
     let prefix = format!("{base}.tmp.");
     for entry in read.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+        let Some(name) = name.to_str() else {
             continue;
         };
-        if !Path::new("/proc").join(pid).exists() {
+        let version: Option<u32> = name
+            .strip_prefix("int8-layout-v")
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|digits| digits.parse().ok());
+        let stale = match name.strip_prefix(&prefix) {
+            Some(pid) => !Path::new("/proc").join(pid).exists(),
+            None => version.is_some_and(|v| v != VERSION),
+        };
+        if stale {
             let _ = std::fs::remove_file(entry.path());
         }
     }

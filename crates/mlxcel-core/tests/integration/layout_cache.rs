@@ -70,10 +70,15 @@ fn wait_for_done(dir: &Path) -> PathBuf {
     let start = Instant::now();
     loop {
         let files = cache_files(dir);
-        if let [one] = files.as_slice()
-            && one.extension().is_some_and(|e| e == "bin")
-        {
-            return one.clone();
+        let done: Vec<&PathBuf> = files
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "bin"))
+            .collect();
+        let pending = files
+            .iter()
+            .any(|p| p.extension().is_some_and(|e| e == "pending"));
+        if let ([one], false) = (done.as_slice(), pending) {
+            return (*one).clone();
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
@@ -124,6 +129,42 @@ fn a_second_load_maps_the_layout_the_first_one_kept() {
         );
         assert_eq!(cache_files(&prepared_dir), vec![done]);
     }
+}
+
+/// Files of another layout version, and temporaries of processes that are gone, are removed
+/// by the next load; a temporary of a live process is left alone.
+#[test]
+fn stale_layout_files_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let [model, _, _] = mixes();
+    let (lazy, _) = prepared(&model, dir.path(), 71);
+    let prepared_dir = lazy.dir().to_path_buf();
+    // pid 1 is always alive (and is not this process, whose own temporary this load writes).
+    let live = 1;
+    let names = [
+        "int8-layout-v0.bin".to_owned(),
+        "int8-layout-v0-layers-0-1-eh.pending".to_owned(),
+        "int8-layout-v9999.bin".to_owned(),
+        // No process has pid 0 in /proc.
+        "int8-layout-v2.tmp.0".to_owned(),
+        format!("int8-layout-v2.tmp.{live}"),
+    ];
+    for name in &names {
+        std::fs::write(prepared_dir.join(name), b"old").unwrap();
+    }
+    let _ = logits(&lazy);
+    let done = wait_for_done(&prepared_dir);
+    let left: Vec<String> = cache_files(&prepared_dir)
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        left,
+        [
+            done.file_name().unwrap().to_string_lossy().into_owned(),
+            format!("int8-layout-v2.tmp.{live}")
+        ]
+    );
 }
 
 #[test]
@@ -207,7 +248,7 @@ fn the_cached_layouts_bytes_are_those_of_its_version() {
     }
     assert_eq!(
         format!("{hash:016x}"),
-        "3ffa9597ab85a4b7",
+        "51a2cd811f64bbf3",
         "the int8 layout's bytes changed: raise VERSION in crates/mlxcel-core/src/layout_cache.rs \
          and put the new digest here"
     );
