@@ -370,6 +370,12 @@ impl Writer {
         }
         std::fs::rename(&self.tmp, &self.pending)?;
         sync_then_rename(self.pending.clone(), self.done.clone());
+        eprintln!(
+            "mlxcel: kept the int8 layout in {} ({} MB): later loads map it instead of writing it \
+             (MLXCEL_LAYOUT_CACHE=off: neither)",
+            self.done.display(),
+            self.arena.used() >> 20
+        );
         Ok(())
     }
 

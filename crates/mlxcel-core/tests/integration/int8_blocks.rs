@@ -81,6 +81,18 @@ pub(crate) fn prepared(model: &TinyLlama, dir: &Path, seed: u64) -> (Checkpoint,
     )
 }
 
+/// The last position's logits of one fixed six-token prompt.
+pub(crate) fn six_token_logits(model: &LlamaModel) -> Vec<f32> {
+    let mut cache = model.new_cache(16);
+    model
+        .forward(&mut [ForwardSeq {
+            cache: &mut cache,
+            tokens: &[5, 80, 200, 17, 3, 99],
+        }])
+        .unwrap()
+        .remove(0)
+}
+
 /// The general path: the converted affine tensors, stacked, then interleaved (compact).
 fn general(ckpt: &Checkpoint, modules: &[String]) -> QuantizedWeight {
     let array = |name: String| {
@@ -233,17 +245,8 @@ fn a_model_loaded_from_gguf_blocks_gives_the_general_paths_logits() {
         let (lazy, written) = prepared(model, dir.path(), seed as u64 + 7);
         let up = "model.layers.0.mlp.up_proj.weight";
         assert!(lazy.gguf_blocks(up).is_some(), "{}", model.arch);
-        let logits = |ckpt: &Checkpoint| {
-            let model = LlamaModel::load_with(ckpt, kernels).unwrap();
-            let mut cache = model.new_cache(16);
-            model
-                .forward(&mut [ForwardSeq {
-                    cache: &mut cache,
-                    tokens: &[5, 80, 200, 17, 3, 99],
-                }])
-                .unwrap()
-                .remove(0)
-        };
+        let logits =
+            |ckpt: &Checkpoint| six_token_logits(&LlamaModel::load_with(ckpt, kernels).unwrap());
         let (a, b) = (logits(&lazy), logits(&written));
         assert!(a.iter().all(|v| v.is_finite()));
         assert!(

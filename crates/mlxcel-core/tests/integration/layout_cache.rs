@@ -7,10 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mlxcel_core::{Activations, ForwardSeq, Kernels, LlamaModel, QuantizedWeight};
+use mlxcel_core::{Activations, Kernels, LlamaModel, QuantizedWeight};
 use mlxcel_model::Checkpoint;
 
-use crate::int8_blocks::{mixes, prepared};
+use crate::int8_blocks::{mixes, prepared, six_token_logits as logits_of};
 
 fn kernels() -> Kernels {
     Kernels {
@@ -20,19 +20,7 @@ fn kernels() -> Kernels {
 }
 
 fn logits(ckpt: &Checkpoint) -> Vec<f32> {
-    let model = LlamaModel::load_with(ckpt, kernels()).unwrap();
-    logits_of(&model)
-}
-
-fn logits_of(model: &LlamaModel) -> Vec<f32> {
-    let mut cache = model.new_cache(16);
-    model
-        .forward(&mut [ForwardSeq {
-            cache: &mut cache,
-            tokens: &[5, 80, 200, 17, 3, 99],
-        }])
-        .unwrap()
-        .remove(0)
+    logits_of(&LlamaModel::load_with(ckpt, kernels()).unwrap())
 }
 
 /// The cache files in `dir` (any state: being written, pending, done).
