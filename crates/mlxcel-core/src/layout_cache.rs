@@ -121,7 +121,7 @@ enum State {
         mapping: Arc<Mapping>,
         entries: HashMap<String, Entry>,
         path: PathBuf,
-        warned: Mutex<bool>,
+        warned: std::sync::atomic::AtomicBool,
     },
     Write(Box<Writer>),
 }
@@ -155,12 +155,11 @@ impl LayoutCache {
         let done = dir.join(format!("{base}.bin"));
         let pending = dir.join(format!("{base}.pending"));
         remove_stale_temporaries(dir, &base);
-        let boot = boot_id();
         for (path, trusted) in [(&done, true), (&pending, false)] {
             if !path.exists() {
                 continue;
             }
-            match read(path, (!trusted).then_some(boot.as_deref()).flatten()) {
+            match read(path, !trusted) {
                 Ok(Some((mapping, entries))) => {
                     if !trusted {
                         sync_then_rename(path.clone(), done.clone());
@@ -170,7 +169,7 @@ impl LayoutCache {
                             mapping,
                             entries,
                             path: path.clone(),
-                            warned: Mutex::new(false),
+                            warned: Default::default(),
                         },
                     });
                 }
@@ -256,16 +255,12 @@ impl LayoutCache {
             activations: None,
         })
         .filter(|w| fits(w));
-        if weight.is_none() {
-            let mut warned = warned.lock().unwrap_or_else(|p| p.into_inner());
-            if !*warned {
-                *warned = true;
-                eprintln!(
-                    "mlxcel: {} holds {key} in another form than the checkpoint's blocks give; \
+        if weight.is_none() && !warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            eprintln!(
+                "mlxcel: {} holds {key} in another form than the checkpoint's blocks give; \
                      such weights are built again (remove the file to have it written anew)",
-                    path.display()
-                );
-            }
+                path.display()
+            );
         }
         Ok(weight)
     }
@@ -444,12 +439,12 @@ impl From<&str> for Unusable {
     }
 }
 
-/// A complete file's mapping and index; `Ok(None)` for a pending file of another boot (or one
-/// whose boot is unknown) when `boot` is given.
+/// A complete file's mapping and index; `Ok(None)` for a `pending` file not written in this
+/// boot (or when either boot is unknown).
 #[allow(clippy::type_complexity)]
 fn read(
     path: &Path,
-    boot: Option<&str>,
+    pending: bool,
 ) -> std::result::Result<Option<(Arc<Mapping>, HashMap<String, Entry>)>, Unusable> {
     let unreadable = |e: std::io::Error| Unusable::Unreadable(e.to_string());
     let file = File::open(path).map_err(unreadable)?;
@@ -479,9 +474,7 @@ fn read(
     if index.version != VERSION {
         return Err(format!("index of format {}", index.version).into());
     }
-    if let Some(boot) = boot
-        && index.boot_id != boot
-    {
+    if pending && boot_id().as_deref() != Some(index.boot_id.as_str()) {
         return Ok(None);
     }
     // Every array inside the data (before the index), aligned, its size word in front of it.
