@@ -238,7 +238,8 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
                                                rust::Slice<const float> lora_factors,
                                                rust::Slice<const float> lora_scales, float eps,
                                                float scale, float rope_scale, float rope_mscale,
-                                               uint8_t isa, int32_t threads);
+                                               rust::Slice<const int32_t> keep, uint8_t isa,
+                                               int32_t threads);
 // `matrices`: per routed expert, then for the shared expert if any, gate/up stacked (w, scales,
 // biases; [2·intermediate, hidden]) and down (w, scales, biases; [hidden, intermediate]), or
 // with `split` each routed expert's gate, up and down apart (the shared expert stays stacked);

@@ -180,12 +180,16 @@ pub(crate) struct StackLoraPair<'a> {
 /// The blocks holding new positions must each own their buffer (not a broadcast, a view or an
 /// array shared with another cache): the node writes the new keys and values into them.
 /// [`crate::KvCache`] keeps them that way (a shared block is copied before it is written).
+///
+/// `keep`: empty, or the rows (ascending) the last layer's MLP runs on, and the only rows the
+/// node returns (`[keep.len(), hidden]`): the rows whose logits a step reads. Not with LoRA.
 pub(crate) fn decoder_stack(
     x: &Array,
     layers: &[(LayerTensors<'_>, Vec<LayerSeq<'_>>)],
     shape: &LayerShape,
     kernels: &Kernels,
     lora: Option<&StackLora<'_>>,
+    keep: &[u32],
 ) -> Result<Array> {
     let to_i32 = |v: usize| {
         i32::try_from(v).map_err(|_| Error::Mlx {
@@ -309,6 +313,10 @@ pub(crate) fn decoder_stack(
         lora_pairs.extend([to_i32(p.layer)?, p.target, to_i32(p.adapter)?]);
     }
     let lora_factors: Vec<f32> = lora.pairs.iter().map(|p| p.factor).collect();
+    let keep = keep
+        .iter()
+        .map(|&r| to_i32(r as usize))
+        .collect::<Result<Vec<i32>>>()?;
     sys::with_lock(|| {
         let mut tensor_list = ffi::array_list_new();
         for a in tensors {
@@ -344,6 +352,7 @@ pub(crate) fn decoder_stack(
             shape.scale,
             shape.rope_scale,
             shape.rope_mscale,
+            &keep,
             kernels.isa as u8,
             threads,
         )
@@ -483,13 +492,13 @@ mod tests {
         let (a, b, e) = (layer(11, FFN), layer(23, FFN), layer(37, FFN));
         let (c, d, f) = (layer(11, FFN), layer(23, FFN), layer(37, FFN));
         let stack = [tensors(&a), tensors(&b), tensors(&e)];
-        let together = decoder_stack(&x, &stack, &shape(), &kernels, None)
+        let together = decoder_stack(&x, &stack, &shape(), &kernels, None, &[])
             .unwrap()
             .to_vec_f32()
             .unwrap();
         let mut apart = x.clone();
         for one in [&c, &d, &f] {
-            apart = decoder_stack(&apart, &[tensors(one)], &shape(), &kernels, None).unwrap();
+            apart = decoder_stack(&apart, &[tensors(one)], &shape(), &kernels, None, &[]).unwrap();
         }
         let apart = apart.to_vec_f32().unwrap();
         assert!(together.iter().all(|v| v.is_finite()));
@@ -512,6 +521,102 @@ mod tests {
         assert_eq!(bits(&row(&written, 4)), bits(&row(&fresh, 4)));
     }
 
+    /// With rows to keep, the node returns those rows alone, each the same as the whole step
+    /// gives it (bit for bit with int8 activations, whose every row is a function of that row
+    /// alone; within rounding with f32, whose kernels sum in another order for fewer rows),
+    /// while the caches get every row's keys and values; rows that do not ascend or lie past
+    /// the step are refused.
+    #[test]
+    fn kept_rows_are_the_rows_the_whole_step_gives() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let rows = 5usize;
+        let x =
+            Array::from_f32(&values(rows * HIDDEN as usize, 7), &[rows as i32, HIDDEN]).unwrap();
+        fn step(l: &Owned, n: usize) -> (LayerTensors<'_>, Vec<LayerSeq<'_>>) {
+            let (t, _) = tensors(l);
+            let seq = LayerSeq {
+                n,
+                position: 3,
+                keys: vec![&l.keys],
+                values: vec![&l.values],
+            };
+            (t, vec![seq])
+        }
+        for activations in [Activations::F32, Activations::Int8] {
+            let kernels = Kernels {
+                activations,
+                ..Kernels::native()
+            };
+            // Int8 activations multiply weights in the int8 layout (as a model loads them).
+            let made = |seed| {
+                let mut l = layer(seed, FFN);
+                if activations == Activations::Int8 {
+                    for w in [&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down] {
+                        *w = w.interleave_int8().unwrap();
+                        eval(&[&w.weight]).unwrap();
+                    }
+                }
+                l
+            };
+            let (a, b) = (made(11), made(23));
+            let (c, d) = (made(11), made(23));
+            let whole = decoder_stack(
+                &x,
+                &[step(&a, rows), step(&b, rows)],
+                &shape(),
+                &kernels,
+                None,
+                &[],
+            )
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+            let kept = decoder_stack(
+                &x,
+                &[step(&c, rows), step(&d, rows)],
+                &shape(),
+                &kernels,
+                None,
+                &[1, 4],
+            )
+            .unwrap();
+            assert_eq!(kept.shape(), vec![2, HIDDEN]);
+            let kept = kept.to_vec_f32().unwrap();
+            let h = HIDDEN as usize;
+            for (i, r) in [1usize, 4].into_iter().enumerate() {
+                let (k, w) = (&kept[i * h..(i + 1) * h], &whole[r * h..(r + 1) * h]);
+                if activations == Activations::Int8 {
+                    assert_eq!(bits(k), bits(w), "row {r}");
+                } else {
+                    for (a, b) in k.iter().zip(w) {
+                        assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "row {r}: {a} {b}");
+                    }
+                }
+            }
+            // Both layers' caches hold the same keys either way.
+            for (one, other) in [(&a, &c), (&b, &d)] {
+                assert_eq!(
+                    bits(&one.keys.to_vec_f32().unwrap()),
+                    bits(&other.keys.to_vec_f32().unwrap())
+                );
+            }
+        }
+        for bad in [&[3u32, 1][..], &[2, 2], &[5]] {
+            let (e, f) = (layer(11, FFN), layer(23, FFN));
+            let err = decoder_stack(
+                &x,
+                &[step(&e, rows), step(&f, rows)],
+                &shape(),
+                &Kernels::native(),
+                None,
+                bad,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("rows to keep must ascend"), "{bad:?}: {err}");
+        }
+    }
+
     /// A malformed layer is refused with the layer's index and what is wrong with it.
     #[test]
     fn a_malformed_layer_is_refused_by_index() {
@@ -523,6 +628,7 @@ mod tests {
             &shape(),
             &Kernels::native(),
             None,
+            &[],
         )
         .unwrap_err()
         .to_string();

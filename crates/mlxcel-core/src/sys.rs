@@ -243,6 +243,7 @@ pub(crate) mod ffi {
             scale: f32,
             rope_scale: f32,
             rope_mscale: f32,
+            keep: &[i32],
             isa: u8,
             threads: i32,
         ) -> Result<UniquePtr<MlxArray>>;

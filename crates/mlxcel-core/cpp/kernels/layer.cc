@@ -236,13 +236,33 @@ struct LayerArgs {
   Weights wqkv, wk, wv, wo, wgu, wdown;
 };
 
+// The rows of a step the last layer's MLP runs on (`rows`, ascending, `count` of them), or all
+// (`rows` null): the rows whose logits are read. The other rows' last MLP changes nothing any
+// later step reads (their keys and values were written by the attention before it), so a
+// prefill's last layer runs its MLP on the last row of each sequence only.
+struct Keep {
+  const int32_t* rows;
+  int count;
+};
+
+// The kept rows of `x` ([T, width]) side by side in `buffer`.
+float* gather(std::vector<float>& buffer, const float* x, int width, const Keep& keep) {
+  float* out = grow(buffer, static_cast<size_t>(keep.count) * width);
+  for (int i = 0; i < keep.count; ++i)
+    std::memcpy(out + static_cast<int64_t>(i) * width,
+                x + static_cast<int64_t>(keep.rows[i]) * width, sizeof(float) * width);
+  return out;
+}
+
 class DecoderStackCpu : public mx::UnaryPrimitive {
  public:
   DecoderStackCpu(mx::Stream stream, std::vector<Layer> layers,
-                  std::shared_ptr<const std::vector<float>> lora_scales, Isa isa, int threads)
+                  std::shared_ptr<const std::vector<float>> lora_scales, std::vector<int32_t> keep,
+                  Isa isa, int threads)
       : mx::UnaryPrimitive(stream),
         layers_(std::move(layers)),
         lora_scales_(std::move(lora_scales)),
+        keep_(std::move(keep)),
         isa_(isa),
         threads_(threads) {}
 
@@ -259,8 +279,8 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
     auto& encoder = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs) encoder.set_input_array(a);
     encoder.set_output_array(out);
-    encoder.dispatch([args = std::move(args), scales = lora_scales_, x = inputs[kX].data<float>(),
-                      y = out.data<float>(),
+    encoder.dispatch([args = std::move(args), scales = lora_scales_, keep = keep_,
+                      x = inputs[kX].data<float>(), y = out.data<float>(),
                       T = static_cast<int>(inputs[kX].shape(0)),
                       isa = std::min(isa_, kernels::best_isa()), threads = threads_]() {
       // Each layer's output is the next one's x; the last writes the node's output.
@@ -268,13 +288,15 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
       const float* cur = x;
       for (size_t l = 0; l < args.size(); ++l) {
         const LayerArgs& a = args[l];
-        float* dst = l + 1 == args.size()
-                         ? y
-                         : grow(l % 2 == 0 ? ping : pong, static_cast<size_t>(T) * a.d.hidden);
+        const bool last = l + 1 == args.size();
+        float* dst =
+            last ? y : grow(l % 2 == 0 ? ping : pong, static_cast<size_t>(T) * a.d.hidden);
+        const Keep rows{last && !keep.empty() ? keep.data() : nullptr,
+                        static_cast<int>(keep.size())};
         run(a.d, a.seqs, a.sinks,
             a.experts ? &routed_experts_kernel_plan(*a.experts) : nullptr, cur, a.in_norm, a.post_norm, a.inv_freq, a.q_norm, a.k_norm,
             a.post_attn, a.post_ff, a.bqkv, a.bo, a.wqkv, a.wk, a.wv, a.wo, a.wgu, a.wdown, a.lora,
-            dst, T, isa, threads);
+            rows, dst, T, isa, threads);
         cur = dst;
       }
     });
@@ -292,7 +314,9 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[kX].shape()};
+    auto shape = inputs[kX].shape();
+    if (!keep_.empty()) shape[0] = static_cast<int>(keep_.size());
+    return {shape};
   }
 
  private:
@@ -395,12 +419,12 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
                   const Weights& wqkv,
                   const Weights& wk, const Weights& wv, const Weights& wo,
                   const Weights& wgu,
-                  const Weights& wdown, const kernels::LoraTargets& lora, float* y, int T,
-                  Isa isa, int threads) {
+                  const Weights& wdown, const kernels::LoraTargets& lora, const Keep& keep,
+                  float* y, int T, Isa isa, int threads) {
     const int D = d.head_dim, H = d.heads, KV = d.kv_heads, hidden = d.hidden;
     const int C = (H + 2 * KV) * D;
     const int F = d.moe != 0 ? 0 : d.intermediate;
-    static thread_local std::vector<float> b_h, b_qkv, b_att, b_x1, b_gu, b_split;
+    static thread_local std::vector<float> b_h, b_qkv, b_att, b_x1, b_gu, b_split, b_kept;
     float* h = grow(b_h, static_cast<size_t>(T) * std::max(hidden, F));
     float* qkv = grow(b_qkv, static_cast<size_t>(T) * C);
     float* att = grow(b_att, static_cast<size_t>(T) * H * D);
@@ -548,6 +572,12 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
         add_into(x1 + at, x + at, static_cast<int64_t>(t1 - t0) * hidden);
         kernels::lora_add_rows(lora[kernels::kLoraO], att, H * D, x1, hidden, t0, t1);
       });
+      if (keep.rows != nullptr) {
+        float* kept = gather(b_kept, x1, hidden, keep);
+        kernels::routed_experts(*moe, kept, post_norm, d.eps, true, d.moe == 2, y, keep.count,
+                                isa, threads);
+        return;
+      }
       kernels::routed_experts(*moe, x1, post_norm, d.eps, true, d.moe == 2, y, T, isa, threads);
       return;
     }
@@ -564,6 +594,17 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
       if (post_attn == nullptr) kernels::lora_add_rows(o_lora, att, H * D, x1, hidden, t0, t1);
       kernels::rms_norm_rows(x1 + at, t1 - t0, hidden, post_norm, d.eps, h + at);
     });
+    if (keep.rows != nullptr) {
+      // The MLP over the kept rows only: their x1 and normed rows gathered to the front (the
+      // kept rows ascend, so row i moves to i ≤ its index and is read before it is written).
+      for (int i = 0; i < keep.count; ++i) {
+        const int64_t from = static_cast<int64_t>(keep.rows[i]) * hidden, to = static_cast<int64_t>(i) * hidden;
+        if (from == to) continue;
+        std::memcpy(x1 + to, x1 + from, sizeof(float) * hidden);
+        std::memcpy(h + to, h + from, sizeof(float) * hidden);
+      }
+      T = keep.count;
+    }
     matmul(h, wgu, d.gate_up, T, 2 * F, hidden, gu, isa, threads);
     if (!lora[kernels::kLoraGate].empty() || !lora[kernels::kLoraUp].empty()) {
       // gate's and up's deltas of the normed rows, in a pass of their own: the GLU writes its
@@ -591,6 +632,7 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
 
   std::vector<Layer> layers_;
   std::shared_ptr<const std::vector<float>> lora_scales_;  // [adapters, T]
+  std::vector<int32_t> keep_;  // the rows the node returns (Keep), or empty: all
   Isa isa_;
   int threads_;
 };
@@ -835,7 +877,8 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
                                                rust::Slice<const float> lora_factors,
                                                rust::Slice<const float> lora_scales, float eps,
                                                float scale, float rope_scale, float rope_mscale,
-                                               uint8_t isa, int32_t threads) {
+                                               rust::Slice<const int32_t> keep, uint8_t isa,
+                                               int32_t threads) {
   if (dims.empty() || dims.size() % kDims != 0)
     refuse(
         "dims must be, per layer, hidden, heads, kv_heads, head_dim, intermediate, qk_norm, "
@@ -904,11 +947,21 @@ std::unique_ptr<MlxArray> native_decoder_stack(const ArrayList& tensors, const A
            "the layers' dims and seqs name");
   plan_lora(lora, lora_pairs, lora_factors, lora_scales, static_cast<int>(x.shape(0)), plan,
             stack);
+  // The rows the last layer's MLP runs on and the node returns (empty: all of them), ascending.
+  const int rows = static_cast<int>(x.shape(0));
+  for (size_t i = 0; i < keep.size(); ++i) {
+    if (keep[i] < 0 || keep[i] >= rows || (i > 0 && keep[i] <= keep[i - 1]))
+      refuse("the rows to keep must ascend within the step's " + std::to_string(rows) + " rows");
+  }
+  if (!keep.empty() && !lora_pairs.empty())
+    refuse("rows to keep with LoRA pairs: the deltas are per row of the whole step");
   auto prim = std::make_shared<DecoderStackCpu>(
       mlxcel_stream(), std::move(plan),
       std::make_shared<const std::vector<float>>(lora_scales.begin(), lora_scales.end()),
-      static_cast<Isa>(isa), threads < 1 ? 1 : threads);
+      std::vector<int32_t>(keep.begin(), keep.end()), static_cast<Isa>(isa),
+      threads < 1 ? 1 : threads);
   auto shape = x.shape();
+  if (!keep.empty()) shape[0] = static_cast<int>(keep.size());
   return wrap(mx::array(std::move(shape), mx::float32, std::move(prim), std::move(stack)));
 }
 

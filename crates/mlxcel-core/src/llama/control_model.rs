@@ -48,16 +48,21 @@ impl LlamaModel {
 
     /// The fused decoder-layer node over the stage's `layers`: one node for them all without a
     /// control vector, else one per run of layers up to each layer with a vector, the vector
-    /// added after it.
+    /// added after it. `keep` (rows, ascending; empty: all): the one node's last MLP runs on
+    /// those rows only and it returns them alone ([`decoder_stack`]); with a control vector or
+    /// LoRA every row is returned, and the caller is told which (`true`: only `keep`'s).
     pub(super) fn fused_stack(
         &self,
         mut x: Array,
         layers: &[(LayerTensors<'_>, Vec<LayerSeq<'_>>)],
         shape: &LayerShape,
         lora: Option<&StackLora<'_>>,
-    ) -> Result<Array> {
+        keep: &[u32],
+    ) -> Result<(Array, bool)> {
         if !self.control.active() {
-            return decoder_stack(&x, layers, shape, &self.kernels, lora);
+            let keep = if lora.is_none() { keep } else { &[] };
+            let x = decoder_stack(&x, layers, shape, &self.kernels, lora, keep)?;
+            return Ok((x, !keep.is_empty()));
         }
         let first = self.stage.first;
         let mut start = 0;
@@ -70,12 +75,13 @@ impl LlamaModel {
                     shape,
                     &self.kernels,
                     piece.as_ref(),
+                    &[],
                 )?;
                 x = self.control.apply(x, first + end)?;
                 start = end + 1;
             }
         }
-        Ok(x)
+        Ok((x, false))
     }
 
     /// Whether a control vector is set (on any layer).

@@ -15,7 +15,7 @@ use crate::fast::{
     AttentionMask, HeadSlice, Scores, attention_native_blocks, rms_norm,
     scaled_dot_product_attention_with_sinks, split_heads,
 };
-use crate::kernels::KernelBackend;
+use crate::kernels::{Activations, KernelBackend};
 use crate::kv_cache::KvCache;
 use crate::layer::{LayerSeq, LayerShape, Qkv};
 use crate::quantized::{Epilogue, QuantizedWeight};
@@ -184,8 +184,24 @@ impl LlamaModel {
         }
         let ids = self.begin_step(seqs)?;
         let x = self.embed_tokens(&ids)?;
-        let x = self.run_layers_with(x, seqs, lora)?;
-        let last = self.final_rows(x, seqs, from)?;
+        // The rows that leave the step: the last layer's MLP runs on them alone where it can
+        // and where that changes no bit (int8 activations: every row's matmuls are a function
+        // of that row alone; f32's kernels sum in another order for fewer rows).
+        let rows = output_rows(seqs, from);
+        let keep = (self.norm.is_some()
+            && self.kernels.activations == Activations::Int8
+            && rows.len() < ids.len())
+        .then_some(rows.as_slice());
+        let (x, kept) = self.run_layers_with(x, seqs, lora, keep)?;
+        let last = if kept {
+            let norm = self
+                .norm
+                .as_ref()
+                .expect("kept rows only with the final norm");
+            rms_norm(&x, norm, self.config.rms_norm_eps)?
+        } else {
+            self.final_rows(x, seqs, from)?
+        };
         if output == Output::Hidden {
             let hidden = last.astype(Dtype::F32)?;
             self.end_step(seqs, &[&hidden])?;
@@ -243,17 +259,21 @@ impl LlamaModel {
 
     /// The model's decoder layers (a stage's) over `x`, the step's rows in sequence order.
     pub(super) fn run_layers(&self, x: Array, seqs: &mut [ForwardSeq<'_>]) -> Result<Array> {
-        self.run_layers_with(x, seqs, None)
+        Ok(self.run_layers_with(x, seqs, None, None)?.0)
     }
 
     /// [`LlamaModel::run_layers`] adding LoRA deltas where `lora` has an adapter at a non-zero
-    /// scale: inside the fused node where the model runs it, else in the per-op graph.
+    /// scale: inside the fused node where the model runs it, else in the per-op graph. With
+    /// `keep` (the step's rows that leave it, ascending; the stage holding the model's last
+    /// layer), the fused node runs its last MLP on those rows only and returns them alone,
+    /// said by the `true` beside the rows; otherwise every row is returned.
     fn run_layers_with(
         &self,
         mut x: Array,
         seqs: &mut [ForwardSeq<'_>],
         lora: Option<&StepAdapters<'_>>,
-    ) -> Result<Array> {
+        keep: Option<&[u32]>,
+    ) -> Result<(Array, bool)> {
         let c = &self.config;
         let kn = &self.kernels;
         let lora = lora.filter(|l| l.active());
@@ -296,7 +316,7 @@ impl LlamaModel {
                     (tensors, layer_seqs)
                 })
                 .collect::<Vec<_>>();
-            x = self.fused_stack(x, &layers, &shape, stack_lora.as_ref())?;
+            return self.fused_stack(x, &layers, &shape, stack_lora.as_ref(), keep.unwrap_or(&[]));
         } else {
             // Gemma 4's per-layer token inputs, made once per step for every layer.
             let per_layer_inputs = match &self.varied {
@@ -342,7 +362,7 @@ impl LlamaModel {
                 x = self.control.apply(x, self.stage.first + position)?;
             }
         }
-        Ok(x)
+        Ok((x, false))
     }
 
     /// The final norm over the rows that leave the step: each sequence's last row, or with
@@ -360,18 +380,11 @@ impl LlamaModel {
                 self.stage.first, self.stage.end
             ),
         })?;
-        let mut last_rows = Vec::with_capacity(seqs.len());
-        let mut start = 0u32;
-        for (index, seq) in seqs.iter().enumerate() {
-            let end = start + seq.tokens.len() as u32;
-            let first = from.map_or(end - 1, |firsts| start + firsts[index] as u32);
-            last_rows.extend(first..end);
-            start = end;
-        }
+        let last_rows = output_rows(seqs, from);
+        let start: usize = seqs.iter().map(|seq| seq.tokens.len()).sum();
         let batch = last_rows.len() as i32;
         // Every row in order (a decode step: one new token per sequence) needs no gather node.
-        let every_row =
-            last_rows.len() == start as usize && (0u32..).zip(&last_rows).all(|(i, &r)| i == r);
+        let every_row = last_rows.len() == start && (0u32..).zip(&last_rows).all(|(i, &r)| i == r);
         let last = if every_row {
             x
         } else {
@@ -777,6 +790,20 @@ impl LlamaModel {
 }
 
 /// Whether any of the MLP's projections in layer `index` gets a delta this step.
+/// The step's rows that leave it, ascending: each sequence's last row, or with `from:
+/// Some(firsts)` its rows from `firsts[i]` on.
+fn output_rows(seqs: &[ForwardSeq<'_>], from: Option<&[usize]>) -> Vec<u32> {
+    let mut rows = Vec::with_capacity(seqs.len());
+    let mut start = 0u32;
+    for (index, seq) in seqs.iter().enumerate() {
+        let end = start + seq.tokens.len() as u32;
+        let first = from.map_or(end - 1, |firsts| start + firsts[index] as u32);
+        rows.extend(first..end);
+        start = end;
+    }
+    rows
+}
+
 fn mlp_applies(l: &StepAdapters<'_>, index: usize) -> bool {
     [LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down]
         .into_iter()
