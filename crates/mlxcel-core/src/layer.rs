@@ -558,28 +558,23 @@ mod tests {
                 }
                 l
             };
-            let (a, b) = (made(11), made(23));
-            let (c, d) = (made(11), made(23));
-            let whole = decoder_stack(
-                &x,
-                &[step(&a, rows), step(&b, rows)],
-                &shape(),
-                &kernels,
-                None,
-                &[],
-            )
-            .unwrap()
-            .to_vec_f32()
-            .unwrap();
-            let kept = decoder_stack(
-                &x,
-                &[step(&c, rows), step(&d, rows)],
-                &shape(),
-                &kernels,
-                None,
-                &[1, 4],
-            )
-            .unwrap();
+            // Fresh layers (and caches) for each run: the node writes the caches.
+            let run = |keep: &[u32]| {
+                let (a, b) = (made(11), made(23));
+                let out = decoder_stack(
+                    &x,
+                    &[step(&a, rows), step(&b, rows)],
+                    &shape(),
+                    &kernels,
+                    None,
+                    keep,
+                )
+                .unwrap();
+                (out, a, b)
+            };
+            let (whole, a, b) = run(&[]);
+            let whole = whole.to_vec_f32().unwrap();
+            let (kept, c, d) = run(&[1, 4]);
             assert_eq!(kept.shape(), vec![2, HIDDEN]);
             let kept = kept.to_vec_f32().unwrap();
             let h = HIDDEN as usize;

@@ -245,13 +245,14 @@ struct Keep {
   int count;
 };
 
-// The kept rows of `x` ([T, width]) side by side in `buffer`.
-float* gather(std::vector<float>& buffer, const float* x, int width, const Keep& keep) {
-  float* out = grow(buffer, static_cast<size_t>(keep.count) * width);
-  for (int i = 0; i < keep.count; ++i)
-    std::memcpy(out + static_cast<int64_t>(i) * width,
+// The kept rows of `x` ([T, width]) moved to its first keep.count rows, in place: the rows
+// ascend, so row i comes from a row at or after i and is read before anything overwrites it.
+void compact_rows(float* x, int width, const Keep& keep) {
+  for (int i = 0; i < keep.count; ++i) {
+    if (keep.rows[i] == i) continue;
+    std::memcpy(x + static_cast<int64_t>(i) * width,
                 x + static_cast<int64_t>(keep.rows[i]) * width, sizeof(float) * width);
-  return out;
+  }
 }
 
 class DecoderStackCpu : public mx::UnaryPrimitive {
@@ -424,7 +425,7 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
     const int D = d.head_dim, H = d.heads, KV = d.kv_heads, hidden = d.hidden;
     const int C = (H + 2 * KV) * D;
     const int F = d.moe != 0 ? 0 : d.intermediate;
-    static thread_local std::vector<float> b_h, b_qkv, b_att, b_x1, b_gu, b_split, b_kept;
+    static thread_local std::vector<float> b_h, b_qkv, b_att, b_x1, b_gu, b_split;
     float* h = grow(b_h, static_cast<size_t>(T) * std::max(hidden, F));
     float* qkv = grow(b_qkv, static_cast<size_t>(T) * C);
     float* att = grow(b_att, static_cast<size_t>(T) * H * D);
@@ -573,10 +574,8 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
         kernels::lora_add_rows(lora[kernels::kLoraO], att, H * D, x1, hidden, t0, t1);
       });
       if (keep.rows != nullptr) {
-        float* kept = gather(b_kept, x1, hidden, keep);
-        kernels::routed_experts(*moe, kept, post_norm, d.eps, true, d.moe == 2, y, keep.count,
-                                isa, threads);
-        return;
+        compact_rows(x1, hidden, keep);
+        T = keep.count;
       }
       kernels::routed_experts(*moe, x1, post_norm, d.eps, true, d.moe == 2, y, T, isa, threads);
       return;
@@ -595,14 +594,9 @@ class DecoderStackCpu : public mx::UnaryPrimitive {
       kernels::rms_norm_rows(x1 + at, t1 - t0, hidden, post_norm, d.eps, h + at);
     });
     if (keep.rows != nullptr) {
-      // The MLP over the kept rows only: their x1 and normed rows gathered to the front (the
-      // kept rows ascend, so row i moves to i ≤ its index and is read before it is written).
-      for (int i = 0; i < keep.count; ++i) {
-        const int64_t from = static_cast<int64_t>(keep.rows[i]) * hidden, to = static_cast<int64_t>(i) * hidden;
-        if (from == to) continue;
-        std::memcpy(x1 + to, x1 + from, sizeof(float) * hidden);
-        std::memcpy(h + to, h + from, sizeof(float) * hidden);
-      }
+      // The MLP over the kept rows only.
+      compact_rows(x1, hidden, keep);
+      compact_rows(h, hidden, keep);
       T = keep.count;
     }
     matmul(h, wgu, d.gate_up, T, 2 * F, hidden, gu, isa, threads);
