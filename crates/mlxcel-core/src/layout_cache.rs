@@ -50,6 +50,13 @@ const TRAILER: usize = 24;
 /// free when that is less (a nearly full disk still takes a small model's layout).
 const MARGIN: u64 = 2 << 30;
 const ENV: &str = "MLXCEL_LAYOUT_CACHE";
+/// Where a mapped layout's bytes are read from: [`Residence`].
+const MEMORY_ENV: &str = "MLXCEL_LAYOUT_MEMORY";
+/// How long after the load's end a layout starts moving into memory: a one-shot command that is done
+/// by then (a short `mlxcel generate`) does not pay for a move it would not use.
+const MOVE_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
+/// Memory `auto` leaves beside the moved layout and the file's cached pages.
+const MOVE_MARGIN: u64 = 1 << 30;
 
 /// One array of an entry: where its bytes start, its dtype code and shape.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -113,6 +120,7 @@ impl Place<'_> {
 /// The cache of one load: off, read from a complete file, or being written.
 pub(crate) struct LayoutCache {
     state: State,
+    residence: Residence,
 }
 
 enum State {
@@ -140,7 +148,10 @@ struct Writer {
 impl LayoutCache {
     /// No cache: every weight is built on the heap.
     pub(crate) fn off() -> LayoutCache {
-        LayoutCache { state: State::Off }
+        LayoutCache {
+            state: State::Off,
+            residence: Residence::Map,
+        }
     }
 
     /// The cache named `name` (which part of the model it holds) in the prepared directory
@@ -148,6 +159,7 @@ impl LayoutCache {
     /// disk has room. Refuses only an invalid `MLXCEL_LAYOUT_CACHE`; a file that cannot be
     /// read or written leaves the load on the heap, with a message.
     pub(crate) fn open(dir: &Path, name: &str) -> Result<LayoutCache> {
+        let residence = Residence::parse(std::env::var(MEMORY_ENV).ok().as_deref())?;
         if !switched_on(std::env::var(ENV).ok().as_deref())? {
             return Ok(Self::off());
         }
@@ -171,6 +183,7 @@ impl LayoutCache {
                             path: path.clone(),
                             warned: Default::default(),
                         },
+                        residence,
                     });
                 }
                 Ok(None) => {
@@ -198,6 +211,7 @@ impl LayoutCache {
         Ok(match Writer::new(dir, &base, done, pending) {
             Some(writer) => LayoutCache {
                 state: State::Write(Box::new(writer)),
+                residence,
             },
             None => Self::off(),
         })
@@ -307,16 +321,25 @@ impl LayoutCache {
         Ok(())
     }
 
-    /// Ends the load: a file being written gets its index and becomes the next load's.
+    /// Ends the load: a file being written gets its index and becomes the next load's; a file
+    /// the arrays are over (read, or written and kept) moves into memory when the residence
+    /// says so.
     pub(crate) fn finish(self) {
-        if let State::Write(w) = self.state {
-            let path = w.done.clone();
-            if let Err(why) = w.finish() {
-                eprintln!(
-                    "mlxcel: the int8 layout was not kept in {} ({why}); the next load builds it again",
-                    path.display()
-                );
+        match self.state {
+            State::Write(w) => {
+                let path = w.done.clone();
+                let (mapping, used) = (w.arena.mapping().clone(), w.arena.used());
+                match w.finish() {
+                    Ok(()) => self.residence.apply(&mapping, used),
+                    Err(why) => eprintln!(
+                        "mlxcel: the int8 layout was not kept in {} ({why}); the next load \
+                         builds it again",
+                        path.display()
+                    ),
+                }
             }
+            State::Read { mapping, .. } => self.residence.apply(&mapping, mapping.len()),
+            State::Off => {}
         }
     }
 }
@@ -542,6 +565,73 @@ fn boot_id() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// Where the arrays over a layout file read their bytes from (`MLXCEL_LAYOUT_MEMORY`): the
+/// file's mapped page-cache pages, or the process's own memory, the bytes moved there at the
+/// same addresses after the load ([`Mapping::move_into_memory`]), which decode reads faster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Residence {
+    /// Moved when the memory available holds the layout twice over (the moved copy and the
+    /// file's cached pages, kept for the next start) and [`MOVE_MARGIN`] more; mapped else.
+    Auto,
+    /// Left mapped: one copy, shared with every process that maps the file.
+    Map,
+    /// Moved whatever the memory.
+    Move,
+}
+
+impl Residence {
+    fn parse(value: Option<&str>) -> Result<Residence> {
+        match value.unwrap_or("") {
+            "" | "auto" => Ok(Residence::Auto),
+            "map" => Ok(Residence::Map),
+            "move" => Ok(Residence::Move),
+            other => Err(Error::InvalidEnv {
+                variable: MEMORY_ENV,
+                value: other.to_owned(),
+                expected: "auto, map or move",
+            }),
+        }
+    }
+
+    /// Whether a layout of `len` bytes moves, given the memory available.
+    fn moves(self, len: usize, available: Option<u64>) -> bool {
+        match self {
+            Residence::Map => false,
+            Residence::Move => true,
+            Residence::Auto => available.is_some_and(|a| {
+                (len as u64)
+                    .checked_mul(2)
+                    .and_then(|twice| twice.checked_add(MOVE_MARGIN))
+                    .is_some_and(|need| a >= need)
+            }),
+        }
+    }
+
+    /// Starts moving the mapping's first `len` bytes into memory when this residence says so.
+    fn apply(self, mapping: &Arc<Mapping>, len: usize) {
+        if self.moves(len, memory_available()) {
+            Mapping::move_into_memory(mapping, len, MOVE_DELAY, move |moved, error| {
+                if let Some(error) = error {
+                    eprintln!(
+                        "mlxcel: moved {} of {} MB of the int8 layout into memory, the rest \
+                         stays mapped ({error})",
+                        moved >> 20,
+                        len >> 20
+                    );
+                }
+            });
+        }
+    }
+}
+
+/// The memory the system could give without swapping (`MemAvailable`), in bytes.
+fn memory_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
 /// `MLXCEL_LAYOUT_CACHE`'s value: on when unset or empty, `on`/`1`/`true`, off for
 /// `off`/`0`/`false`; anything else is refused by name.
 fn switched_on(value: Option<&str>) -> Result<bool> {
@@ -559,6 +649,26 @@ fn switched_on(value: Option<&str>) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_residence_moves_what_fits_and_refuses_other_values() {
+        assert_eq!(Residence::parse(None).unwrap(), Residence::Auto);
+        assert_eq!(Residence::parse(Some("")).unwrap(), Residence::Auto);
+        assert_eq!(Residence::parse(Some("map")).unwrap(), Residence::Map);
+        assert_eq!(Residence::parse(Some("move")).unwrap(), Residence::Move);
+        let err = Residence::parse(Some("copy")).unwrap_err().to_string();
+        assert!(
+            err.contains("MLXCEL_LAYOUT_MEMORY") && err.contains("auto, map or move"),
+            "{err}"
+        );
+        let gb = 1u64 << 30;
+        // auto: twice the layout and the margin.
+        assert!(Residence::Auto.moves(2 << 30, Some(5 * gb)));
+        assert!(!Residence::Auto.moves(2 << 30, Some(5 * gb - 1)));
+        assert!(!Residence::Auto.moves(1, None));
+        assert!(Residence::Move.moves(usize::MAX, Some(0)));
+        assert!(!Residence::Map.moves(1, Some(u64::MAX)));
+    }
 
     #[test]
     fn the_switch_takes_on_and_off_and_refuses_the_rest() {

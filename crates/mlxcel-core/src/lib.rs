@@ -72,3 +72,4 @@ pub use kv_cache::{KV_BLOCK, KV_CHUNK, KvCache, KvType, dequantize_q8_0, quantiz
 pub use llama::{ForwardSeq, LlamaModel, Stage};
 pub use quantized::{Epilogue, QuantizedWeight};
 pub use recurrent_state::RecurrentState;
+pub use sys::wait_for_layout_moves;

@@ -469,8 +469,23 @@ pub(crate) fn alloc_and_fill<R>(
         // `MaybeUninit` claims nothing about their initial contents.
         unsafe { std::slice::from_raw_parts_mut(address as *mut std::mem::MaybeUninit<u8>, nbytes) }
     };
+    advise_huge_pages(address, nbytes);
     let result = fill(bytes);
     Ok((handle, result))
+}
+
+/// Asks for transparent huge pages under the whole huge pages of `[address, address + nbytes)`,
+/// before they are first written: a large weight built on the heap is then read through a
+/// fraction of the TLB entries (decode of gpt-oss's shape 4–6% faster here, docs/model.md).
+/// Advice only: a system without them, or a range already touched, keeps what it has.
+fn advise_huge_pages(address: usize, nbytes: usize) {
+    let start = address.next_multiple_of(HUGE_PAGE);
+    let end = (address + nbytes) / HUGE_PAGE * HUGE_PAGE;
+    if end > start {
+        // SAFETY: the range lies inside an allocation of our own; `MADV_HUGEPAGE` changes how
+        // its pages are provided, never their contents.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+    }
 }
 
 /// Primitive numeric types whose memory may be viewed as bytes.
@@ -505,64 +520,325 @@ pub(crate) fn copy_tensor_then_release<T: 'static, E: 'static>(
 /// A file mapped into memory, with arrays made over its bytes ([`array_over`]): the int8 layout
 /// cache of `crate::layout_cache`. Read privately (copy-on-write: nothing writes a weight, and
 /// if something did, the file would not change) or shared while it is being written
-/// ([`Arena`]). Unmapped when the last array over it and the last `Arc` are gone.
+/// ([`Arena`]). Mapped at a huge-page boundary, so that [`Mapping::move_into_memory`] can put
+/// its bytes, at the same addresses, into anonymous memory on huge pages. Unmapped when the
+/// last array over it and the last `Arc` are gone.
 pub(crate) struct Mapping {
-    map: Map,
     base: *mut u8,
+    /// The bytes of the file the mapping covers (an arena's: its limit).
+    len: usize,
+    /// What `Drop` unmaps: `len` rounded up to pages.
+    span: usize,
+    /// The mapped file, which [`Mapping::move_into_memory`] reads (`pread` copies from the page
+    /// cache without faulting the mapping's pages in).
+    file: Option<std::fs::File>,
 }
 
-/// The mapping itself, kept for its length and to unmap it when dropped.
-enum Map {
-    ReadOnly(#[allow(dead_code)] memmap2::Mmap),
-    Shared(memmap2::MmapMut),
-}
-
-// SAFETY: `base` points into `map`, owned by the struct and never moved or unmapped while it
-// lives. Bytes are written only through `Arena::filled`, into regions it hands out once each
-// (a bump allocator under a lock), before any array or reader can see them; reads go through
-// `&self` to bytes that are no longer written.
+// SAFETY: `base..base + span` is mapped for as long as the struct lives and never moved or
+// unmapped before its `Drop`; `move_into_memory` replaces pages of it with pages holding the
+// same bytes, at the same addresses. Bytes are written only through `Arena::filled`, into
+// regions it hands out once each (a bump allocator under a lock), before any array or reader
+// can see them; reads go through `&self` to bytes that are no longer written.
 unsafe impl Send for Mapping {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Mapping {}
 
+/// Transparent huge pages' size on x86-64 and most arm64 kernels: the alignment that lets
+/// the kernel map a moved region by whole huge pages.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// The system's page size.
+fn page_size() -> usize {
+    // SAFETY: `sysconf` reads a constant of the system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page)
+        .ok()
+        .filter(|&p| p > 0)
+        .unwrap_or(4096)
+}
+
+/// Address space of `span` bytes (a multiple of pages) starting at a [`HUGE_PAGE`] boundary,
+/// reserved without access or commit charge: what `map_at` and `anonymous` place their pages
+/// into.
+fn reserve_aligned(span: usize) -> std::io::Result<*mut u8> {
+    let padded = span
+        .checked_add(HUGE_PAGE)
+        .ok_or_else(|| std::io::Error::other("mapping too large"))?;
+    // SAFETY: a new private mapping at an address the kernel picks; nothing of ours is there.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            padded,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let raw = raw.cast::<u8>();
+    let lead = (raw as usize).next_multiple_of(HUGE_PAGE) - raw as usize;
+    // SAFETY: both ranges lie inside the reservation just made and outside the aligned span
+    // kept; unmapping them touches nothing else.
+    unsafe {
+        if lead > 0 {
+            libc::munmap(raw.cast(), lead);
+        }
+        let tail = padded - lead - span;
+        if tail > 0 {
+            libc::munmap(raw.add(lead + span).cast(), tail);
+        }
+        Ok(raw.add(lead))
+    }
+}
+
 impl Mapping {
+    /// Maps `len` bytes of `file` at a huge-page boundary: private and read-only, or shared and
+    /// writable.
+    fn map(file: &std::fs::File, len: usize, shared: bool) -> std::io::Result<Mapping> {
+        use std::os::fd::AsRawFd;
+        if len == 0 {
+            return Ok(Mapping {
+                base: std::ptr::NonNull::dangling().as_ptr(),
+                len: 0,
+                span: 0,
+                file: None,
+            });
+        }
+        let span = len.next_multiple_of(page_size());
+        let base = reserve_aligned(span)?;
+        let (prot, flags) = if shared {
+            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED)
+        } else {
+            (libc::PROT_READ, libc::MAP_PRIVATE)
+        };
+        // SAFETY: `base..base + span` is this function's own reservation (`MAP_FIXED` replaces
+        // only it); the file's descriptor is open for the call.
+        let at = unsafe {
+            libc::mmap(
+                base.cast(),
+                span,
+                prot,
+                flags | libc::MAP_FIXED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            let error = std::io::Error::last_os_error();
+            // SAFETY: the reservation above, which nothing else refers to.
+            unsafe { libc::munmap(base.cast(), span) };
+            return Err(error);
+        }
+        Ok(Mapping {
+            base,
+            len,
+            span,
+            file: file.try_clone().ok(),
+        })
+    }
+
     /// Maps all of `file` read-only (private: no commit charge, and the process's view cannot
     /// change the file).
     pub(crate) fn read_only(file: &std::fs::File) -> std::io::Result<std::sync::Arc<Mapping>> {
-        // SAFETY: the cache file is written once, under another name, and renamed into place
-        // complete (`crate::layout_cache`); nothing rewrites or truncates it afterwards, the
-        // same assumption every mmap-based loader makes of its weights. Nothing writes through
-        // `base` of a read-only mapping: only `Arena::filled` writes, into an arena's own
-        // shared mapping, and the arrays over this one are weights, which MLX never donates to
-        // an op's output while the model holds them.
-        let map = unsafe { memmap2::MmapOptions::new().map_copy_read_only(file)? };
-        let base = map.as_ptr().cast_mut();
-        Ok(std::sync::Arc::new(Mapping {
-            map: Map::ReadOnly(map),
-            base,
-        }))
+        let len = usize::try_from(file.metadata()?.len())
+            .map_err(|_| std::io::Error::other("file larger than the address space"))?;
+        // SAFETY (of what the mapping then hands out): the cache file is written once, under
+        // another name, and renamed into place complete (`crate::layout_cache`); nothing
+        // rewrites or truncates it afterwards, the same assumption every mmap-based loader
+        // makes of its weights. Nothing writes through `base` of a read-only mapping: only
+        // `Arena::filled` writes, into an arena's own shared mapping, and the arrays over this
+        // one are weights, which MLX never donates to an op's output while the model holds
+        // them.
+        Ok(std::sync::Arc::new(Mapping::map(file, len, false)?))
     }
 
     /// The mapped bytes `[offset, offset + len)`, `None` past the end.
     pub(crate) fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
-        let all: &[u8] = match &self.map {
-            Map::ReadOnly(m) => m,
-            Map::Shared(m) => m,
-        };
-        all.get(offset..offset.checked_add(len)?)
+        let end = offset.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        // SAFETY: `[offset, end)` lies inside the `len` mapped bytes, which live as long as
+        // `self`; no one writes them any more (see the `Send` impl).
+        Some(unsafe { std::slice::from_raw_parts(self.base.add(offset), len) })
     }
 
     pub(crate) fn len(&self) -> usize {
-        match &self.map {
-            Map::ReadOnly(m) => m.len(),
-            Map::Shared(m) => m.len(),
-        }
+        self.len
     }
 
     /// The offset of `nbytes` at `address` when they lie inside the mapping.
     pub(crate) fn offset_of(&self, address: usize, nbytes: usize) -> Option<usize> {
         let offset = address.checked_sub(self.base as usize)?;
         (offset.checked_add(nbytes)? <= self.len()).then_some(offset)
+    }
+
+    /// Puts the mapping's first `end` bytes into private anonymous memory (on transparent huge
+    /// pages where the system grants them) at the same addresses, on a thread of its own, a
+    /// chunk at a time: each chunk is copied into new memory, made read-only, and moved over
+    /// the file's pages (`mremap`), so every array over the mapping keeps its address and
+    /// reads the same bytes before, during and after. Decode reads such memory faster than a
+    /// file's mapped page-cache pages on the systems measured (docs/model.md). Stops where the
+    /// model is dropped first, or where the system refuses (the rest then stays mapped).
+    /// The thread waits `delay` first. `done` is called on the thread with the bytes moved and
+    /// the error that stopped it.
+    pub(crate) fn move_into_memory(
+        mapping: &std::sync::Arc<Mapping>,
+        end: usize,
+        delay: std::time::Duration,
+        done: impl FnOnce(usize, Option<std::io::Error>) + Send + 'static,
+    ) {
+        let weak = std::sync::Arc::downgrade(mapping);
+        let end = end
+            .min(mapping.len)
+            .next_multiple_of(page_size())
+            .min(mapping.span);
+        let moving = Moving::start();
+        let spawned = std::thread::Builder::new()
+            .name("mlxcel-layout-move".into())
+            .spawn(move || {
+                let _moving = moving;
+                std::thread::sleep(delay);
+                let mut moved = 0;
+                while moved < end {
+                    // The model may be gone: then so is the mapping, and there is nothing left
+                    // to move.
+                    let Some(mapping) = weak.upgrade() else {
+                        return done(moved, None);
+                    };
+                    let n = MOVE_CHUNK.min(end - moved);
+                    if let Err(e) = mapping.move_chunk(moved, n) {
+                        return done(moved, Some(e));
+                    }
+                    moved += n;
+                }
+                done(moved, None)
+            });
+        if let Err(e) = spawned {
+            eprintln!("mlxcel: the int8 layout stays mapped (no thread to move it: {e})");
+        }
+    }
+
+    /// Moves `[offset, offset + n)` (page-aligned, inside `span`) into anonymous memory: see
+    /// [`Mapping::move_into_memory`].
+    fn move_chunk(&self, offset: usize, n: usize) -> std::io::Result<()> {
+        let fresh = reserve_aligned(n)?;
+        // SAFETY: `fresh..fresh + n` is the reservation just made, which nothing else refers
+        // to; `MAP_FIXED` replaces only it.
+        let at = unsafe {
+            libc::mmap(
+                fresh.cast(),
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        let unmap_fresh = || {
+            // SAFETY: the new memory, which nothing but this function refers to.
+            unsafe { libc::munmap(fresh.cast(), n) };
+        };
+        if at == libc::MAP_FAILED {
+            let error = std::io::Error::last_os_error();
+            unmap_fresh();
+            return Err(error);
+        }
+        // SAFETY: `fresh..fresh + n` is new memory of our own, which nothing else refers to.
+        let chunk = unsafe {
+            libc::madvise(fresh.cast(), n, libc::MADV_HUGEPAGE);
+            std::slice::from_raw_parts_mut(fresh, n)
+        };
+        // The file's bytes of the chunk; past its end, within the last page, the new memory's
+        // zeros are what the mapping reads there too.
+        let in_file = n.min(self.len.saturating_sub(offset));
+        let read = match &self.file {
+            Some(file) => {
+                use std::os::unix::fs::FileExt;
+                file.read_exact_at(&mut chunk[..in_file], offset as u64)
+            }
+            None => Err(std::io::Error::other("the file is not open")),
+        };
+        if let Err(error) = read {
+            unmap_fresh();
+            return Err(error);
+        }
+        // SAFETY: `mprotect` narrows our own new memory to reading. `mremap` with
+        // `MREMAP_FIXED` then replaces the pages at `base + offset` (`offset + n <= span`: the
+        // mapping's own) in one step under the address-space lock: a concurrent reader either
+        // still reads the file's page or, faulting, waits for the move and reads the moved
+        // one, which holds the same bytes (the file is not written while mapped, see the
+        // `Send` impl, and an arena's writes are in the page cache `pread` reads).
+        unsafe {
+            if libc::mprotect(fresh.cast(), n, libc::PROT_READ) != 0 {
+                let error = std::io::Error::last_os_error();
+                unmap_fresh();
+                return Err(error);
+            }
+            let to = libc::mremap(
+                fresh.cast(),
+                n,
+                n,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                self.base.add(offset).cast::<libc::c_void>(),
+            );
+            if to == libc::MAP_FAILED {
+                let error = std::io::Error::last_os_error();
+                unmap_fresh();
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The moves of [`Mapping::move_into_memory`] still running in this process.
+static MOVES: (Mutex<usize>, std::sync::Condvar) = (Mutex::new(0), std::sync::Condvar::new());
+
+/// One running move, counted in [`MOVES`] while it lives.
+struct Moving;
+
+impl Moving {
+    fn start() -> Moving {
+        *MOVES.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        Moving
+    }
+}
+
+impl Drop for Moving {
+    fn drop(&mut self) {
+        let mut n = MOVES.0.lock().unwrap_or_else(|p| p.into_inner());
+        *n -= 1;
+        MOVES.1.notify_all();
+    }
+}
+
+/// Waits, `timeout` at most, until no int8 layout of this process is still being moved into
+/// memory after its load (`MLXCEL_LAYOUT_MEMORY`, docs/environment.md); whether none is.
+/// What a benchmark calls before it measures, so that it times the memory decode will read.
+pub fn wait_for_layout_moves(timeout: std::time::Duration) -> bool {
+    let n = MOVES.0.lock().unwrap_or_else(|p| p.into_inner());
+    let (n, _) = MOVES
+        .1
+        .wait_timeout_while(n, timeout, |n| *n > 0)
+        .unwrap_or_else(|p| p.into_inner());
+    *n == 0
+}
+
+/// How much [`Mapping::move_into_memory`] copies and moves at a time: the extra memory it
+/// holds while moving, and how long it holds the address space's lock.
+const MOVE_CHUNK: usize = if cfg!(test) { 2 << 20 } else { 64 << 20 };
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if self.span > 0 {
+            // SAFETY: `base..base + span` is this mapping's own (file pages or pages moved in
+            // their place); the last array over it and the last `Arc` are gone.
+            unsafe { libc::munmap(self.base.cast(), self.span) };
+        }
     }
 }
 
@@ -612,16 +888,13 @@ impl Arena {
     /// and mapped shared; regions start at `start`.
     pub(crate) fn new(file: std::fs::File, start: usize, limit: usize) -> std::io::Result<Arena> {
         file.set_len(limit as u64)?;
-        // SAFETY: the file is this process's own, new (a name with its pid), and only this
-        // arena writes it until it is renamed; its length is `limit` for as long as the map
-        // lives (it is shortened only in `finish`, past every region handed out).
-        let mut map = unsafe { memmap2::MmapOptions::new().len(limit).map_mut(&file)? };
-        let base = map.as_mut_ptr();
+        // SAFETY (of the writes `filled` makes through it): the file is this process's own,
+        // new (a name with its pid), and only this arena writes it until it is renamed; its
+        // length is `limit` for as long as regions are handed out (it is shortened only in
+        // `finish`, past every region handed out).
+        let mapping = Mapping::map(&file, limit, true)?;
         Ok(Arena {
-            mapping: std::sync::Arc::new(Mapping {
-                map: Map::Shared(map),
-                base,
-            }),
+            mapping: std::sync::Arc::new(mapping),
             file,
             next: Mutex::new(start),
             limit,
@@ -705,4 +978,108 @@ pub(crate) fn free_disk_bytes(path: &std::path::Path) -> Option<u64> {
         stat.assume_init()
     };
     Some((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    /// The `/proc/self/maps` line of the mapping that holds `address`.
+    fn maps_line(address: usize) -> Option<String> {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .find(|l| {
+                let range = l.split(' ').next().unwrap();
+                let (a, b) = range.split_once('-').unwrap();
+                let (a, b) = (
+                    usize::from_str_radix(a, 16).unwrap(),
+                    usize::from_str_radix(b, 16).unwrap(),
+                );
+                (a..b).contains(&address)
+            })
+            .map(str::to_owned)
+    }
+
+    /// A file of `len` bytes that are not all alike, its mapping, and the bytes.
+    fn mapped(len: usize) -> (tempfile::NamedTempFile, std::sync::Arc<Mapping>, Vec<u8>) {
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 131 + i / 4096) as u8).collect();
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(&bytes).unwrap();
+        file.flush().unwrap();
+        let mapping = Mapping::read_only(file.as_file()).unwrap();
+        (file, mapping, bytes)
+    }
+
+    /// The layout's bytes move into anonymous memory at the same addresses, chunk by chunk,
+    /// while another thread keeps reading them: every read sees the file's bytes, the file is
+    /// no longer mapped afterwards, and the moved memory is read-only, like the mapping was.
+    #[test]
+    fn a_mapping_moves_into_memory_under_its_readers() {
+        // Three chunks and a partial page at the end.
+        let len = 2 * MOVE_CHUNK + MOVE_CHUNK / 2 + 123;
+        let (file, mapping, bytes) = mapped(len);
+        let base = mapping.bytes(0, 1).unwrap().as_ptr() as usize;
+        assert!(base.is_multiple_of(HUGE_PAGE), "mapped at a huge page");
+        let path = file.path().to_str().unwrap().to_owned();
+        assert!(maps_line(base).unwrap().contains(&path));
+
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (mapping, stop) = (mapping.clone(), stop.clone());
+            let expected = bytes.clone();
+            std::thread::spawn(move || {
+                let mut reads = 0;
+                while !stop.load(Ordering::Relaxed) || reads == 0 {
+                    assert!(
+                        mapping.bytes(0, len).unwrap() == &expected[..],
+                        "read {reads}"
+                    );
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        Mapping::move_into_memory(&mapping, len, Duration::ZERO, move |moved, error| {
+            tx.send((moved, error.map(|e| e.to_string()))).unwrap();
+        });
+        let (moved, error) = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+        assert!(wait_for_layout_moves(Duration::from_secs(10)));
+        stop.store(true, Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+        assert_eq!(error, None);
+        assert_eq!(moved, len.next_multiple_of(page_size()));
+
+        assert_eq!(mapping.bytes(0, 1).unwrap().as_ptr() as usize, base);
+        assert!(mapping.bytes(0, len).unwrap() == &bytes[..]);
+        for chunk in 0..3 {
+            let line = maps_line(base + chunk * MOVE_CHUNK).unwrap();
+            assert!(!line.contains(&path), "chunk {chunk} still mapped: {line}");
+            assert!(line.contains(" r--p "), "chunk {chunk} read-only: {line}");
+        }
+        drop(mapping);
+        assert!(maps_line(base).is_none_or(|l| !l.contains(" r--p 00000000 00:00 0 ")));
+    }
+
+    /// A model dropped before its layout moves ends the move: nothing is moved, and the
+    /// mapping is gone.
+    #[test]
+    fn a_move_ends_with_its_mapping() {
+        let (file, mapping, _) = mapped(3 * MOVE_CHUNK);
+        let base = mapping.bytes(0, 1).unwrap().as_ptr() as usize;
+        let (tx, rx) = std::sync::mpsc::channel();
+        Mapping::move_into_memory(&mapping, mapping.len(), Duration::from_millis(200), {
+            move |moved, error| tx.send((moved, error.is_some())).unwrap()
+        });
+        drop(mapping);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(60)).unwrap(),
+            (0, false)
+        );
+        let path = file.path().to_str().unwrap();
+        assert!(maps_line(base).is_none_or(|l| !l.contains(path)));
+    }
 }

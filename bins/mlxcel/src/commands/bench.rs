@@ -152,6 +152,10 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     let mut bench = super::session::shown("loading", args.model.as_deref(), || {
         BackendBench::load(args.model.as_deref(), &options)
     })?;
+    // A load that maps a kept int8 layout then moves it into memory on a thread of its own
+    // (`MLXCEL_LAYOUT_MEMORY`, docs/environment.md): the tests time the memory decode reads
+    // once that is done, as a long-running server reads it.
+    mlxcel_core::wait_for_layout_moves(std::time::Duration::from_secs(300));
 
     // The read bandwidth the decode rows are set against, probed before and after the tests
     // (best of three rounds each): on a shared machine one probe can fall in a busy spell the

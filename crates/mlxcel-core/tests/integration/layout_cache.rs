@@ -76,8 +76,37 @@ fn wait_for_done(dir: &Path) -> PathBuf {
     }
 }
 
+/// Runs the ignored test `name` of this binary in a child process with `MLXCEL_LAYOUT_MEMORY`
+/// set to `residence` (the variable is read at each load, so a test of one residence must not
+/// share its process with loads of another).
+fn in_child(name: &str, residence: &str) {
+    let me = std::env::current_exe().expect("test binary path");
+    let out = std::process::Command::new(me)
+        .args(["--ignored", "--exact", name])
+        .env("MLXCEL_LAYOUT_MEMORY", residence)
+        .output()
+        .expect("test binary starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn a_second_load_maps_the_layout_the_first_one_kept() {
+    in_child(
+        "layout_cache::child_a_second_load_maps_the_layout_the_first_one_kept",
+        "map",
+    );
+}
+
+/// Run by `a_second_load_maps_the_layout_the_first_one_kept` in a child process.
+#[test]
+#[ignore = "run as a child process with MLXCEL_LAYOUT_MEMORY=map"]
+fn child_a_second_load_maps_the_layout_the_first_one_kept() {
+    assert_eq!(std::env::var("MLXCEL_LAYOUT_MEMORY").as_deref(), Ok("map"));
     let dir = tempfile::tempdir().unwrap();
     for (seed, model) in mixes().iter().enumerate() {
         let (lazy, written) = prepared(model, dir.path(), seed as u64 + 40);
@@ -116,6 +145,53 @@ fn a_second_load_maps_the_layout_the_first_one_kept() {
             "mix {seed}: logits differ from the general path's"
         );
         assert_eq!(cache_files(&prepared_dir), vec![done]);
+    }
+}
+
+/// With `MLXCEL_LAYOUT_MEMORY=move`, a load that writes the layout and one that maps it both
+/// move it into memory after the load: the logits are the same bits before and after the move,
+/// and the second load's file is no longer mapped once its move is done.
+#[test]
+fn a_layout_moved_into_memory_gives_the_same_bits() {
+    in_child(
+        "layout_cache::child_a_layout_moved_into_memory_gives_the_same_bits",
+        "move",
+    );
+}
+
+/// Run by `a_layout_moved_into_memory_gives_the_same_bits` in a child process.
+#[test]
+#[ignore = "run as a child process with MLXCEL_LAYOUT_MEMORY=move"]
+fn child_a_layout_moved_into_memory_gives_the_same_bits() {
+    assert_eq!(std::env::var("MLXCEL_LAYOUT_MEMORY").as_deref(), Ok("move"));
+    let moved = || mlxcel_core::wait_for_layout_moves(Duration::from_secs(60));
+    let dir = tempfile::tempdir().unwrap();
+    for (seed, model) in mixes().iter().enumerate() {
+        let (lazy, written) = prepared(model, dir.path(), seed as u64 + 80);
+        let prepared_dir = lazy.dir().to_path_buf();
+        let first = LlamaModel::load_with(&lazy, kernels()).unwrap();
+        let a = logits_of(&first);
+        assert!(moved(), "mix {seed}: the first load's move is not done");
+        assert!(
+            same_bits(&a, &logits_of(&first)),
+            "mix {seed}: the first load's logits changed with the move"
+        );
+        drop(first);
+        wait_for_done(&prepared_dir);
+        let second = LlamaModel::load_with(&lazy, kernels()).unwrap();
+        let b = logits_of(&second);
+        assert!(moved(), "mix {seed}: the second load's move is not done");
+        assert!(
+            !mapped_under(&prepared_dir),
+            "mix {seed}: the file is still mapped after the move"
+        );
+        let c = logits_of(&second);
+        drop(second);
+        let general = logits(&written);
+        assert!(a.iter().all(|v| v.is_finite()));
+        for (what, x) in [("mapped", &b), ("moved", &c), ("general path's", &general)] {
+            assert!(same_bits(&a, x), "mix {seed}: the {what} logits differ");
+        }
     }
 }
 
