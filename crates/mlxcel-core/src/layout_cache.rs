@@ -624,12 +624,45 @@ impl Residence {
     }
 }
 
-/// The memory the system could give without swapping (`MemAvailable`), in bytes.
+/// The memory this process could be given without swapping, in bytes: the system's
+/// `MemAvailable`, or less where its cgroup (v2) has a limit: the limit less what the group
+/// holds other than file pages (which the kernel reclaims first).
 fn memory_available() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let system = available_in_meminfo(&meminfo)?;
+    let group = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| {
+            let path = c.lines().find_map(|l| l.strip_prefix("0::"))?.to_owned();
+            let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+            let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+            available_in_cgroup(
+                &read("memory.max")?,
+                &read("memory.current")?,
+                &read("memory.stat")?,
+            )
+        });
+    Some(group.map_or(system, |g| g.min(system)))
+}
+
+/// `MemAvailable` of `/proc/meminfo`'s text, in bytes.
+fn available_in_meminfo(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kb.checked_mul(1024)
+}
+
+/// What a cgroup v2 group with these `memory.max`, `memory.current` and `memory.stat` texts can
+/// still be given: `None` without a limit (`max`).
+fn available_in_cgroup(max: &str, current: &str, stat: &str) -> Option<u64> {
+    let max: u64 = max.trim().parse().ok()?;
+    let current: u64 = current.trim().parse().ok()?;
+    let file = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("file "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    Some(max.saturating_sub(current.saturating_sub(file)))
 }
 
 /// `MLXCEL_LAYOUT_CACHE`'s value: on when unset or empty, `on`/`1`/`true`, off for
@@ -668,6 +701,23 @@ mod tests {
         assert!(!Residence::Auto.moves(1, None));
         assert!(Residence::Move.moves(usize::MAX, Some(0)));
         assert!(!Residence::Map.moves(1, Some(u64::MAX)));
+    }
+
+    #[test]
+    fn the_memory_available_is_the_systems_or_the_cgroups_allowance() {
+        let meminfo =
+            "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(available_in_meminfo(meminfo), Some(20_000_000 * 1024));
+        assert_eq!(available_in_meminfo("MemTotal: 1 kB\n"), None);
+        // No limit; a limit with file pages counted as reclaimable; a group over its limit.
+        let stat = "anon 1000\nfile 3000\nkernel 5\n";
+        assert_eq!(available_in_cgroup("max\n", "4000\n", stat), None);
+        assert_eq!(available_in_cgroup("10000\n", "4000\n", stat), Some(9000));
+        assert_eq!(
+            available_in_cgroup("10000\n", "20000\n", "file 0\n"),
+            Some(0)
+        );
+        assert!(memory_available().is_some_and(|a| a > 0));
     }
 
     #[test]

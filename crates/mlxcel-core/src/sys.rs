@@ -529,9 +529,11 @@ pub(crate) struct Mapping {
     len: usize,
     /// What `Drop` unmaps: `len` rounded up to pages.
     span: usize,
+    /// Shared and writable (an [`Arena`]'s), or private and read-only.
+    shared: bool,
     /// The mapped file, which [`Mapping::move_into_memory`] reads (`pread` copies from the page
-    /// cache without faulting the mapping's pages in).
-    file: Option<std::fs::File>,
+    /// cache without faulting the mapping's pages in); closed once all of it has moved.
+    file: Mutex<Option<std::fs::File>>,
 }
 
 // SAFETY: `base..base + span` is mapped for as long as the struct lives and never moved or
@@ -555,6 +557,33 @@ fn page_size() -> usize {
         .ok()
         .filter(|&p| p > 0)
         .unwrap_or(4096)
+}
+
+/// Maps `[offset, offset + len)` of the file `fd` at `at` (`MAP_FIXED`): shared and writable,
+/// or private and read-only.
+///
+/// # Safety
+/// `at..at + len` must be address space of the caller's own, whose current pages nothing
+/// relies on, and `offset` a multiple of pages.
+unsafe fn map_file_at(
+    at: *mut u8,
+    len: usize,
+    fd: std::os::fd::RawFd,
+    offset: usize,
+    shared: bool,
+) -> std::io::Result<()> {
+    let (prot, flags) = if shared {
+        (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED)
+    } else {
+        (libc::PROT_READ, libc::MAP_PRIVATE)
+    };
+    let offset = libc::off_t::try_from(offset).map_err(std::io::Error::other)?;
+    // SAFETY: as the caller promises.
+    let mapped = unsafe { libc::mmap(at.cast(), len, prot, flags | libc::MAP_FIXED, fd, offset) };
+    if mapped == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Address space of `span` bytes (a multiple of pages) starting at a [`HUGE_PAGE`] boundary,
@@ -604,31 +633,16 @@ impl Mapping {
                 base: std::ptr::NonNull::dangling().as_ptr(),
                 len: 0,
                 span: 0,
-                file: None,
+                shared,
+                file: Mutex::new(None),
             });
         }
         let span = len.next_multiple_of(page_size());
         let base = reserve_aligned(span)?;
-        let (prot, flags) = if shared {
-            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED)
-        } else {
-            (libc::PROT_READ, libc::MAP_PRIVATE)
-        };
-        // SAFETY: `base..base + span` is this function's own reservation (`MAP_FIXED` replaces
-        // only it); the file's descriptor is open for the call.
-        let at = unsafe {
-            libc::mmap(
-                base.cast(),
-                span,
-                prot,
-                flags | libc::MAP_FIXED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if at == libc::MAP_FAILED {
-            let error = std::io::Error::last_os_error();
-            // SAFETY: the reservation above, which nothing else refers to.
+        // SAFETY: `base..base + span` is this function's own reservation, which nothing else
+        // refers to.
+        if let Err(error) = unsafe { map_file_at(base, span, file.as_raw_fd(), 0, shared) } {
+            // SAFETY: the reservation above.
             unsafe { libc::munmap(base.cast(), span) };
             return Err(error);
         }
@@ -636,7 +650,8 @@ impl Mapping {
             base,
             len,
             span,
-            file: file.try_clone().ok(),
+            shared,
+            file: Mutex::new(file.try_clone().ok()),
         })
     }
 
@@ -714,6 +729,17 @@ impl Mapping {
                         return done(moved, Some(e));
                     }
                     moved += n;
+                    if moved == end
+                        && let Some(mapping) = weak.upgrade()
+                    {
+                        // Nothing reads the file any more (an arena's tail past `end` is
+                        // still mapped, but holds no array): deleting it frees its disk.
+                        mapping
+                            .file
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .take();
+                    }
                 }
                 done(moved, None)
             });
@@ -752,16 +778,22 @@ impl Mapping {
             libc::madvise(fresh.cast(), n, libc::MADV_HUGEPAGE);
             std::slice::from_raw_parts_mut(fresh, n)
         };
-        // The file's bytes of the chunk; past its end, within the last page, the new memory's
-        // zeros are what the mapping reads there too.
-        let in_file = n.min(self.len.saturating_sub(offset));
-        let read = match &self.file {
-            Some(file) => {
-                use std::os::unix::fs::FileExt;
-                file.read_exact_at(&mut chunk[..in_file], offset as u64)
-            }
-            None => Err(std::io::Error::other("the file is not open")),
+        // The file's bytes of the chunk, as long as it is now (an arena's file was shortened
+        // to its index's end, which may end inside the last page); past its end, within the
+        // last page, the new memory's zeros are what the mapping reads there too.
+        let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(file) = file.as_ref() else {
+            unmap_fresh();
+            return Err(std::io::Error::other("the file is not open"));
         };
+        let read = file.metadata().and_then(|m| {
+            use std::os::unix::fs::FileExt;
+            let in_file = usize::try_from(m.len())
+                .unwrap_or(usize::MAX)
+                .saturating_sub(offset)
+                .min(n);
+            file.read_exact_at(&mut chunk[..in_file], offset as u64)
+        });
         if let Err(error) = read {
             unmap_fresh();
             return Err(error);
@@ -788,6 +820,18 @@ impl Mapping {
             if to == libc::MAP_FAILED {
                 let error = std::io::Error::last_os_error();
                 unmap_fresh();
+                // The kernel may have unmapped the destination before the move failed: map the
+                // file's pages back in place, or stop the process rather than leave a hole
+                // under the arrays.
+                use std::os::fd::AsRawFd;
+                let at = self.base.add(offset);
+                if let Err(again) = map_file_at(at, n, file.as_raw_fd(), offset, self.shared) {
+                    eprintln!(
+                        "mlxcel: moving the int8 layout into memory failed ({error}) and its \
+                         file could not be mapped back ({again}); stopping"
+                    );
+                    std::process::abort();
+                }
                 return Err(error);
             }
         }
@@ -1027,29 +1071,34 @@ mod tests {
         assert!(maps_line(base).unwrap().contains(&path));
 
         let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let reads = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let reader = {
-            let (mapping, stop) = (mapping.clone(), stop.clone());
+            let (mapping, stop, reads) = (mapping.clone(), stop.clone(), reads.clone());
             let expected = bytes.clone();
             std::thread::spawn(move || {
-                let mut reads = 0;
-                while !stop.load(Ordering::Relaxed) || reads == 0 {
-                    assert!(
-                        mapping.bytes(0, len).unwrap() == &expected[..],
-                        "read {reads}"
-                    );
-                    reads += 1;
+                while !stop.load(Ordering::Relaxed) {
+                    let n = reads.load(Ordering::Relaxed);
+                    assert!(mapping.bytes(0, len).unwrap() == &expected[..], "read {n}");
+                    reads.fetch_add(1, Ordering::Relaxed);
                 }
-                reads
             })
         };
+        // The reader reads before the move starts and after it ends.
+        while reads.load(Ordering::Relaxed) == 0 {
+            std::thread::yield_now();
+        }
         let (tx, rx) = std::sync::mpsc::channel();
         Mapping::move_into_memory(&mapping, len, Duration::ZERO, move |moved, error| {
             tx.send((moved, error.map(|e| e.to_string()))).unwrap();
         });
         let (moved, error) = rx.recv_timeout(Duration::from_secs(60)).unwrap();
         assert!(wait_for_layout_moves(Duration::from_secs(10)));
+        let after = reads.load(Ordering::Relaxed);
+        while reads.load(Ordering::Relaxed) < after + 2 {
+            std::thread::yield_now();
+        }
         stop.store(true, Ordering::Relaxed);
-        assert!(reader.join().unwrap() > 0);
+        reader.join().unwrap();
         assert_eq!(error, None);
         assert_eq!(moved, len.next_multiple_of(page_size()));
 
@@ -1071,7 +1120,7 @@ mod tests {
         let (file, mapping, _) = mapped(3 * MOVE_CHUNK);
         let base = mapping.bytes(0, 1).unwrap().as_ptr() as usize;
         let (tx, rx) = std::sync::mpsc::channel();
-        Mapping::move_into_memory(&mapping, mapping.len(), Duration::from_millis(200), {
+        Mapping::move_into_memory(&mapping, mapping.len(), Duration::from_secs(2), {
             move |moved, error| tx.send((moved, error.is_some())).unwrap()
         });
         drop(mapping);
@@ -1081,5 +1130,56 @@ mod tests {
         );
         let path = file.path().to_str().unwrap();
         assert!(maps_line(base).is_none_or(|l| !l.contains(path)));
+    }
+
+    /// An arena (the first load's file, written through a shared mapping) moves too, after its
+    /// file was cut to the index's end inside the last page: the bytes written, the zeros past
+    /// the end, and no error.
+    #[test]
+    fn an_arena_moves_into_memory_after_its_file_is_cut() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let arena = Arena::new(file.reopen().unwrap(), 64, 8 * MOVE_CHUNK).unwrap();
+        let mut expected = Vec::new();
+        for (i, nbytes) in [MOVE_CHUNK + 1000, 777, MOVE_CHUNK / 2 + 5]
+            .into_iter()
+            .enumerate()
+        {
+            let (offset, ()) = arena
+                .filled(nbytes, |b| {
+                    for (j, byte) in b.iter_mut().enumerate() {
+                        byte.write((j * 7 + i) as u8);
+                    }
+                })
+                .unwrap();
+            expected.push((offset, nbytes, i));
+        }
+        let used = arena.used();
+        // As `Writer::finish` leaves it: an index and trailer of a few bytes after the arrays.
+        let end = used.next_multiple_of(64) + 40;
+        assert!(!end.is_multiple_of(page_size()));
+        arena.file().set_len(end as u64).unwrap();
+        let mapping = arena.mapping().clone();
+        let base = mapping.bytes(0, 1).unwrap().as_ptr() as usize;
+        let (tx, rx) = std::sync::mpsc::channel();
+        Mapping::move_into_memory(&mapping, used, Duration::ZERO, move |moved, error| {
+            tx.send((moved, error.map(|e| e.to_string()))).unwrap();
+        });
+        let (moved, error) = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+        assert_eq!(error, None);
+        assert_eq!(moved, used.next_multiple_of(page_size()));
+        for (offset, nbytes, i) in expected {
+            let bytes = mapping.bytes(offset, nbytes).unwrap();
+            assert!(
+                bytes
+                    .iter()
+                    .enumerate()
+                    .all(|(j, &b)| b == (j * 7 + i) as u8)
+            );
+        }
+        let path = file.path().to_str().unwrap();
+        for at in [base, base + used - 1] {
+            let line = maps_line(at).unwrap();
+            assert!(!line.contains(path) && line.contains(" r--p "), "{line}");
+        }
     }
 }

@@ -87,11 +87,13 @@ fn in_child(name: &str, residence: &str) {
         .output()
         .expect("test binary starts");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && stdout.contains("1 passed"),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+        "{stdout}{stderr}"
     );
+    // A move that stopped says so (and would leave part of the layout mapped).
+    assert!(!stderr.contains("into memory"), "{stderr}");
 }
 
 #[test]
