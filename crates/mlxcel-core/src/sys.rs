@@ -729,9 +729,7 @@ impl Mapping {
                         return done(moved, Some(e));
                     }
                     moved += n;
-                    if moved == end
-                        && let Some(mapping) = weak.upgrade()
-                    {
+                    if moved == end {
                         // Nothing reads the file any more (an arena's tail past `end` is
                         // still mapped, but holds no array): deleting it frees its disk.
                         mapping

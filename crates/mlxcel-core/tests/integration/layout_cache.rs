@@ -80,18 +80,7 @@ fn wait_for_done(dir: &Path) -> PathBuf {
 /// set to `residence` (the variable is read at each load, so a test of one residence must not
 /// share its process with loads of another).
 fn in_child(name: &str, residence: &str) {
-    let me = std::env::current_exe().expect("test binary path");
-    let out = std::process::Command::new(me)
-        .args(["--ignored", "--exact", name])
-        .env("MLXCEL_LAYOUT_MEMORY", residence)
-        .output()
-        .expect("test binary starts");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{stdout}{stderr}"
-    );
+    let stderr = crate::run_ignored_test_in_child(name, &[("MLXCEL_LAYOUT_MEMORY", residence)]);
     // A move that stopped says so (and would leave part of the layout mapped).
     assert!(!stderr.contains("into memory"), "{stderr}");
 }

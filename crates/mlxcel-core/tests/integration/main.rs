@@ -27,6 +27,25 @@ mod rpath;
 mod stages;
 mod threads;
 
+/// Runs this binary's ignored test `name` alone in a child process with `env` set, asserts that
+/// it passed, and returns the child's standard error: for tests of settings read from the
+/// environment, which a test must not change under the others running beside it.
+pub fn run_ignored_test_in_child(name: &str, env: &[(&str, &str)]) -> String {
+    let me = std::env::current_exe().expect("test binary path");
+    let out = std::process::Command::new(me)
+        .args(["--ignored", "--exact", name])
+        .envs(env.iter().copied())
+        .output()
+        .expect("test binary starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{stdout}{stderr}"
+    );
+    stderr
+}
+
 /// Deterministic pseudo-random f32s in `[-1, 1)` (a 64-bit LCG; no dependency needed).
 pub fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
     let mut state = seed

@@ -186,21 +186,9 @@ fn mxfp4_matmuls_equal_the_dequantized_weights_product() {
 /// vpshufb (a VNNI CPU without VBMI), which a CPU with VBMI would not otherwise reach.
 #[test]
 fn mxfp4_matmuls_without_vbmi() {
-    let me = std::env::current_exe().expect("test binary path");
-    let out = std::process::Command::new(me)
-        .args([
-            "--ignored",
-            "--exact",
-            "mxfp4::child_mxfp4_matmuls_without_vbmi",
-        ])
-        .env("MLXCEL_NO_VBMI", "1")
-        .output()
-        .expect("test binary starts");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+    crate::run_ignored_test_in_child(
+        "mxfp4::child_mxfp4_matmuls_without_vbmi",
+        &[("MLXCEL_NO_VBMI", "1")],
     );
 }
 
